@@ -1,0 +1,121 @@
+//! The TOML file as written, before validation. Numbers are read as `i64`
+//! so that a negative value gets our path-qualified message instead of a
+//! parser error; unknown fields are rejected.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub store: RawStore,
+    #[serde(default)]
+    pub estimation: RawEstimation,
+    #[serde(default)]
+    pub upstreams: Vec<RawUpstream>,
+    #[serde(default)]
+    pub models: Vec<RawModel>,
+    #[serde(default)]
+    pub tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<String>,
+    pub max_body_bytes: Option<i64>,
+    pub max_request_secs: Option<i64>,
+    pub lease_secs: Option<i64>,
+    pub settle_retry_secs: Option<i64>,
+    pub concurrency_retry_secs: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawStore {
+    pub kind: Option<String>,
+    pub url: Option<String>,
+    pub timeout_ms: Option<i64>,
+    pub key_prefix: Option<String>,
+    pub domain: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawEstimation {
+    pub min_output_tokens: Option<i64>,
+    pub image_part_tokens: Option<i64>,
+    pub audio_part_tokens: Option<i64>,
+    pub structured_margin_percent: Option<i64>,
+    pub structured_margin_tokens: Option<i64>,
+    pub stream_extension_step: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    pub rpm: Option<i64>,
+    pub tpm: Option<i64>,
+    pub rpm_burst: Option<i64>,
+    pub tpm_burst: Option<i64>,
+    pub max_concurrent: Option<i64>,
+    pub tokens_per_day: Option<i64>,
+    pub tokens_per_month: Option<i64>,
+    pub requests_per_day: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub name: String,
+    pub kind: Option<String>,
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    pub api_version: Option<String>,
+    #[serde(default)]
+    pub limits: RawLimits,
+    pub refund_unused: Option<bool>,
+    pub max_tokens_only: Option<bool>,
+    pub supports_n: Option<bool>,
+    pub timeout_secs: Option<i64>,
+    pub connect_timeout_secs: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    pub name: String,
+    #[serde(default)]
+    pub upstreams: Vec<String>,
+    pub upstream_model: Option<String>,
+    pub encoding: Option<String>,
+    pub default_max_output_tokens: Option<i64>,
+    pub max_output_tokens: Option<i64>,
+    pub reasoning: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    pub name: String,
+    #[serde(default)]
+    pub keys: Vec<RawKey>,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub model_limits: BTreeMap<String, RawLimits>,
+    pub on_store_error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    pub id: String,
+    pub sha256: String,
+    #[serde(default)]
+    pub limits: RawLimits,
+}

@@ -1,0 +1,434 @@
+//! Token-cost estimation of OpenAI-compatible request bodies (DESIGN §1.4, §4).
+//!
+//! [`estimate`] turns a parsed request body into an [`Estimate`]: the prompt
+//! (input) tokens counted with the model's tiktoken [`Encoding`], plus the
+//! output tokens the gateway reserves (`choices × output cap per choice`).
+//! Every figure is in **tokens**.
+//!
+//! # Input
+//!
+//! * **Chat completions** follow OpenAI's published counting rule for plain
+//!   and named text messages (OpenAI Cookbook, "How to count tokens with
+//!   tiktoken", `num_tokens_from_messages`,
+//!   <https://cookbook.openai.com/examples/how_to_count_tokens_with_tiktoken>):
+//!   [`TOKENS_PER_MESSAGE`] (3) per message, the token count of every string
+//!   field value (`role`, `content`, `name`, and any other string such as
+//!   `tool_call_id` or `refusal`), [`TOKENS_PER_NAME`] (1) more per `name`,
+//!   and [`REPLY_PRIMING_TOKENS`] (3) once to prime the reply. For such
+//!   messages the estimate *equals* the rule.
+//! * **Structured content** has no published exact rule: content-part text,
+//!   `tools` / `functions` definitions (counted as their JSON serialisation),
+//!   assistant `tool_calls` / `function_call` (name + arguments +
+//!   [`TOOL_CALL_OVERHEAD_TOKENS`] per call), `tool_choice` objects,
+//!   `response_format` JSON schemas, unknown content parts and unknown
+//!   non-string message fields (JSON serialisation). Their token count `s` is
+//!   charged as `s + ceil(s × structured_margin_percent / 100)`, and
+//!   `structured_margin_tokens` is added once per request when any
+//!   structured content is present. JSON serialisation over-counts the
+//!   TypeScript-like form OpenAI renders tools into, so together with the
+//!   margin this errs on the high side.
+//! * **Image parts** cost a flat [`EstimateSettings::image_part_tokens`];
+//!   **audio and file parts** a flat [`EstimateSettings::audio_part_tokens`].
+//! * **Legacy completions** count every prompt (`prompt` may be a string, an
+//!   array of strings, a token array or an array of token arrays; token
+//!   arrays count their length) plus `suffix`.
+//! * **Embeddings** count `input` the same way and reserve no output.
+//!
+//! Strings are counted with `encode_ordinary`, so client text such as
+//! `<|endoftext|>` counts as ordinary text and can never be interpreted as a
+//! special token.
+//!
+//! # Output
+//!
+//! See [`estimate`]: the client's cap (the larger of `max_tokens` /
+//! `max_completion_tokens`) when given, otherwise the model's default output
+//! cap, lowered to fit the tightest token bucket capacity but never below
+//! `min_output_tokens`.
+
+mod input;
+#[cfg(test)]
+mod tests;
+
+use serde_json::{Map, Value};
+
+/// Tokens of framing per chat message (OpenAI Cookbook,
+/// `num_tokens_from_messages`: `tokens_per_message = 3`).
+pub const TOKENS_PER_MESSAGE: u64 = 3;
+/// Extra tokens per message that carries a `name` field (OpenAI Cookbook,
+/// `num_tokens_from_messages`: `tokens_per_name = 1`).
+pub const TOKENS_PER_NAME: u64 = 1;
+/// Tokens added once per chat request to prime the assistant's reply
+/// (OpenAI Cookbook, `num_tokens_from_messages`: "every reply is primed with
+/// `<|start|>assistant<|message|>`", 3 tokens).
+pub const REPLY_PRIMING_TOKENS: u64 = 3;
+/// Framing tokens charged per assistant tool call / legacy `function_call`,
+/// on top of the function name and arguments (no published rule; before the
+/// structured margin).
+pub const TOOL_CALL_OVERHEAD_TOKENS: u64 = 8;
+/// Largest accepted `n` (choices per request), as OpenAI's API enforces.
+pub const MAX_N: u64 = 128;
+
+/// Which tiktoken encoding a model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// `o200k_base`: gpt-4o, gpt-4.1, gpt-5 and the o-series.
+    O200kBase,
+    /// `cl100k_base`: gpt-4, gpt-3.5-turbo, text-embedding-3 / ada-002.
+    Cl100kBase,
+}
+
+impl Encoding {
+    /// Parses an encoding name as written in config: `"o200k_base"` or
+    /// `"cl100k_base"`. Anything else is `None`.
+    pub fn parse(name: &str) -> Option<Encoding> {
+        match name {
+            "o200k_base" => Some(Encoding::O200kBase),
+            "cl100k_base" => Some(Encoding::Cl100kBase),
+            _ => None,
+        }
+    }
+
+    /// The encoding OpenAI uses for a model name, by prefix (ASCII
+    /// case-insensitive; a fine-tune `ft:` prefix is looked through).
+    ///
+    /// `gpt-4o*`, `chatgpt-4o*`, `gpt-4.1*`, `gpt-5*`, `gpt-oss*`, `o1*`,
+    /// `o3*`, `o4*` → `o200k_base`; `gpt-4*`, `gpt-3.5*`,
+    /// `text-embedding-3*`, `text-embedding-ada-002`, `davinci-002`,
+    /// `babbage-002` → `cl100k_base`; anything else (e.g. an Azure deployment
+    /// name) → `None`, and the caller uses its configured default.
+    pub fn for_model(model: &str) -> Option<Encoding> {
+        let lower = model.to_ascii_lowercase();
+        let name = lower.strip_prefix("ft:").unwrap_or(&lower);
+        const O200K: &[&str] = &[
+            "gpt-4o",
+            "chatgpt-4o",
+            "gpt-4.1",
+            "gpt-5",
+            "gpt-oss",
+            "o1",
+            "o3",
+            "o4",
+        ];
+        const CL100K: &[&str] = &[
+            "gpt-4",
+            "gpt-3.5",
+            "text-embedding-3",
+            "text-embedding-ada-002",
+            "davinci-002",
+            "babbage-002",
+        ];
+        if O200K.iter().any(|p| name.starts_with(p)) {
+            Some(Encoding::O200kBase)
+        } else if CL100K.iter().any(|p| name.starts_with(p)) {
+            Some(Encoding::Cl100kBase)
+        } else {
+            None
+        }
+    }
+
+    /// Number of tokens in `text` under this encoding, counting every byte as
+    /// ordinary text (`encode_ordinary`: special-token text such as
+    /// `<|endoftext|>` is not special).
+    pub fn count(self, text: &str) -> u64 {
+        if text.is_empty() {
+            return 0;
+        }
+        self.bpe().encode_ordinary(text).len() as u64
+    }
+
+    fn bpe(self) -> &'static tiktoken_rs::CoreBPE {
+        match self {
+            Encoding::O200kBase => tiktoken_rs::o200k_base_singleton(),
+            Encoding::Cl100kBase => tiktoken_rs::cl100k_base_singleton(),
+        }
+    }
+}
+
+/// Forces both encoders to load so the first request does not pay for it
+/// (building one takes 40–160 ms). Call once at start-up; idempotent.
+pub fn warm_up() {
+    for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+        let _ = enc.count("warm up");
+    }
+}
+
+/// Estimation knobs from config. All costs are in tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EstimateSettings {
+    /// Tokens charged per image content part (`image_url`). Default 1536:
+    /// at least the high-detail maximum of gpt-4o / gpt-4.1 (85 + 8 tiles ×
+    /// 170 = 1445 tokens) and of o1 / o3 (75 + 8 × 150 = 1275), and equal to
+    /// the 1536-patch cap of patch-based models before their multiplier.
+    /// Models that report inflated image tokens (gpt-4o-mini, gpt-4.1-mini /
+    /// nano, o4-mini) need a larger value.
+    pub image_part_tokens: u64,
+    /// Tokens charged per `input_audio` or `file` content part. Default
+    /// 4096. There is no way to size these from the part without decoding
+    /// it; configure from observed usage.
+    pub audio_part_tokens: u64,
+    /// Margin, in percent, added (rounded up) to the token count of
+    /// structured content: tools / functions definitions, tool calls,
+    /// content-part text, JSON schemas. Default 10.
+    pub structured_margin_percent: u64,
+    /// Tokens added once per request when any structured content is present
+    /// (covers the framing OpenAI adds around tool definitions and parts).
+    /// Default 32.
+    pub structured_margin_tokens: u64,
+}
+
+impl Default for EstimateSettings {
+    fn default() -> Self {
+        EstimateSettings {
+            image_part_tokens: 1536,
+            audio_part_tokens: 4096,
+            structured_margin_percent: 10,
+            structured_margin_tokens: 32,
+        }
+    }
+}
+
+/// What the caller knows about the model (from config). All figures in
+/// tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelEstimation {
+    /// The model's tiktoken encoding.
+    pub encoding: Encoding,
+    /// Output tokens reserved per choice when the client gives no cap.
+    pub default_max_output_tokens: u64,
+    /// The model's hard output limit in tokens (≥ the default); a client cap
+    /// above it is rejected.
+    pub max_output_tokens: u64,
+    /// The floor, in tokens per choice, below which a lowered default makes
+    /// the request impossible (default 16).
+    pub min_output_tokens: u64,
+}
+
+/// Which OpenAI endpoint the body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/completions` (legacy).
+    Completions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+}
+
+/// Cost breakdown of one request, in tokens.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Estimate {
+    /// Estimated prompt tokens, framing and margins included.
+    pub input_tokens: u64,
+    /// The reserved output cap per choice, in tokens (0 for embeddings).
+    pub output_tokens_per_choice: u64,
+    /// Number of choices the output cap applies to: `n` (chat);
+    /// `prompts × max(n, best_of)` (legacy completions, which generate that
+    /// many completions per prompt); 0 for embeddings.
+    pub choices: u64,
+    /// `choices × output_tokens_per_choice`, in tokens.
+    pub output_tokens: u64,
+    /// `input_tokens + output_tokens`: the cost to reserve.
+    pub total_tokens: u64,
+    /// The client's own output cap per choice in tokens (the larger of
+    /// `max_tokens` / `max_completion_tokens`), when it gave one.
+    pub client_max_output: Option<u64>,
+    /// True when the model's default output cap was lowered to fit the
+    /// tightest token capacity.
+    pub lowered_default: bool,
+}
+
+/// Why a request could not be estimated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EstimateError {
+    /// The body is invalid: maps to HTTP 400 `invalid_request_error` with
+    /// `param`.
+    #[error("{message}")]
+    Invalid {
+        /// The offending request parameter (OpenAI's `param`), if one.
+        param: Option<String>,
+        /// Human-readable message for the client.
+        message: String,
+    },
+    /// No output cap fits: even `min_output_tokens` per choice would not fit
+    /// the tightest token capacity (tokens).
+    #[error(
+        "request needs at least {needed} tokens (prompt plus the minimum output per choice), \
+         more than the {capacity}-token capacity of the tightest token budget"
+    )]
+    Impossible {
+        /// Prompt tokens plus `choices × min_output_tokens`.
+        needed: u64,
+        /// The tightest token capacity it was compared with.
+        capacity: u64,
+    },
+}
+
+impl EstimateError {
+    fn invalid(param: Option<&str>, message: impl Into<String>) -> Self {
+        EstimateError::Invalid {
+            param: param.map(str::to_owned),
+            message: message.into(),
+        }
+    }
+}
+
+/// Estimates the token cost of one request body.
+///
+/// Validates what affects cost (the input field's shape, `max_tokens`,
+/// `max_completion_tokens`, `n`, `best_of`), counts the input (see the
+/// module docs), and picks the output cap per choice:
+///
+/// * **Client cap** (the larger of `max_tokens` / `max_completion_tokens`
+///   for chat, `max_tokens` for completions): used as is, never lowered; a
+///   cap above `model.max_output_tokens` is
+///   [`Invalid`](EstimateError::Invalid).
+/// * **No client cap**: `model.default_max_output_tokens`. When
+///   `tightest_token_capacity` is `Some(c)` and
+///   `input + choices × default > c`, it is lowered to
+///   `floor((c − input) / choices)` (`lowered_default = true`), never below
+///   `model.min_output_tokens`; if even that does not fit,
+///   [`Impossible`](EstimateError::Impossible).
+/// * **Embeddings** reserve no output (`choices = 0`).
+///
+/// Arithmetic saturates; it never panics on any input.
+pub fn estimate(
+    endpoint: Endpoint,
+    body: &Value,
+    model: &ModelEstimation,
+    settings: &EstimateSettings,
+    tightest_token_capacity: Option<u64>,
+) -> Result<Estimate, EstimateError> {
+    let Value::Object(body) = body else {
+        return Err(EstimateError::invalid(
+            None,
+            "the request body must be a JSON object",
+        ));
+    };
+    let enc = model.encoding;
+    let (input_tokens, prompts) = match endpoint {
+        Endpoint::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
+        Endpoint::Completions => input::completions_input(body, enc)?,
+        Endpoint::Embeddings => {
+            let tokens = input::embeddings_input(body, enc)?;
+            return Ok(Estimate {
+                input_tokens: tokens,
+                output_tokens_per_choice: 0,
+                choices: 0,
+                output_tokens: 0,
+                total_tokens: tokens,
+                client_max_output: None,
+                lowered_default: false,
+            });
+        }
+    };
+
+    // Output parameters.
+    let n = positive_int(body, "n")?.unwrap_or(1);
+    if n > MAX_N {
+        return Err(EstimateError::invalid(
+            Some("n"),
+            format!("'n' must be at most {MAX_N}, got {n}"),
+        ));
+    }
+    let (choices, caps): (u64, &[&str]) = match endpoint {
+        Endpoint::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
+        _ => {
+            let best_of = positive_int(body, "best_of")?.unwrap_or(1);
+            (prompts.saturating_mul(n.max(best_of)), &["max_tokens"])
+        }
+    };
+    let mut client_max_output: Option<u64> = None;
+    for &param in caps {
+        if let Some(cap) = positive_int(body, param)? {
+            if cap > model.max_output_tokens {
+                return Err(EstimateError::invalid(
+                    Some(param),
+                    format!(
+                        "'{param}' is {cap}, but this model supports at most {} output tokens",
+                        model.max_output_tokens
+                    ),
+                ));
+            }
+            client_max_output = Some(client_max_output.map_or(cap, |c| c.max(cap)));
+        }
+    }
+
+    let (per_choice, lowered_default) = match client_max_output {
+        Some(cap) => (cap, false),
+        None => default_output(input_tokens, choices, model, tightest_token_capacity)?,
+    };
+    let output_tokens = choices.saturating_mul(per_choice);
+    Ok(Estimate {
+        input_tokens,
+        output_tokens_per_choice: per_choice,
+        choices,
+        output_tokens,
+        total_tokens: input_tokens.saturating_add(output_tokens),
+        client_max_output,
+        lowered_default,
+    })
+}
+
+/// The per-choice output cap when the client gave none, and whether it was
+/// lowered to fit `capacity`.
+fn default_output(
+    input: u64,
+    choices: u64,
+    model: &ModelEstimation,
+    capacity: Option<u64>,
+) -> Result<(u64, bool), EstimateError> {
+    let default = model.default_max_output_tokens.min(model.max_output_tokens);
+    let Some(capacity) = capacity else {
+        return Ok((default, false));
+    };
+    let choices = choices.max(1);
+    // Checked, not saturating: an overflow must read as "does not fit".
+    let fits = |per_choice: u64| {
+        choices
+            .checked_mul(per_choice)
+            .and_then(|out| input.checked_add(out))
+            .is_some_and(|total| total <= capacity)
+    };
+    if fits(default) {
+        return Ok((default, false));
+    }
+    if !fits(model.min_output_tokens) {
+        let needed = input.saturating_add(choices.saturating_mul(model.min_output_tokens));
+        return Err(EstimateError::Impossible { needed, capacity });
+    }
+    // input <= capacity here, and the floor is >= min_output_tokens.
+    let lowered = (capacity - input) / choices;
+    Ok((lowered.max(model.min_output_tokens), true))
+}
+
+/// Reads an optional integer parameter that must be ≥ 1 (absent and `null`
+/// mean "not given").
+fn positive_int(body: &Map<String, Value>, param: &str) -> Result<Option<u64>, EstimateError> {
+    match body.get(param) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(x) if x >= 1 => Ok(Some(x)),
+            _ => Err(EstimateError::invalid(
+                Some(param),
+                format!(
+                    "'{param}' must be an integer >= 1, got {}",
+                    describe(v)
+                ),
+            )),
+        },
+    }
+}
+
+/// A short description of a JSON value for error messages (never echoes a
+/// long client string).
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(_) => "a string".to_owned(),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}

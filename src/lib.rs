@@ -1,0 +1,24 @@
+//! budgetgate: an OpenAI-compatible LLM token-budget gateway.
+//!
+//! Clients point their OpenAI SDK at the gateway; for every request it
+//! estimates the token cost, reserves it atomically against every budget the
+//! request touches, forwards the request upstream, meters the answer
+//! (streams included) and settles the real usage, refunding what was not used.
+//!
+//! # Layout
+//!
+//! - [`clock`]: the one place that reads the wall clock.
+//! - [`config`]: typed TOML configuration and its validation.
+//! - [`estimate`]: tiktoken cost estimation of request bodies.
+//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores.
+//! - [`server`]: axum router, handlers, error map, rate-limit headers.
+//! - [`upstreams`]: upstream client, SSE relay and metering.
+//! - [`app`]: wiring a policy, a store and a listener into a running gateway.
+
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod estimate;
+pub mod reserve;
+pub mod server;
+pub mod upstreams;

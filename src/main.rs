@@ -1,0 +1,209 @@
+//! The `budgetgate` command: `serve`, `check-config`, `estimate`, `hash-key`.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use budgetgate::config::{hash_key, Policy};
+use budgetgate::estimate::{self, Endpoint, ModelEstimation};
+use budgetgate::reserve::{keys::KeySpace, plan};
+
+#[derive(Parser)]
+#[command(name = "budgetgate", version, about = "An OpenAI-compatible LLM token-budget gateway")]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true, env = "BUDGETGATE_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Config file (TOML).
+        #[arg(long, short, env = "BUDGETGATE_CONFIG")]
+        config: PathBuf,
+        /// Listen address, overriding `server.listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Validate a config file; print every error with its path.
+    CheckConfig {
+        /// Config file (TOML).
+        config: PathBuf,
+    },
+    /// Print the cost breakdown of a request body (tokens).
+    Estimate {
+        /// Config file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Public model name.
+        #[arg(long, short)]
+        model: Option<String>,
+        /// Endpoint: chat, completions or embeddings.
+        #[arg(long, default_value = "chat")]
+        endpoint: String,
+        /// Request body file, or `-` for stdin.
+        #[arg(default_value = "-")]
+        file: String,
+    },
+    /// Read an API key on stdin, print its SHA-256 digest for `keys[].sha256`.
+    HashKey,
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if json {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { config, listen } => {
+            init_logging(cli.log_json);
+            let policy = match Policy::load(&config) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("{}: {e}", config.display());
+                    return ExitCode::FAILURE;
+                }
+            };
+            estimate::warm_up();
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(budgetgate::app::run(policy, listen, config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("budgetgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::CheckConfig { config } => match Policy::load(&config) {
+            Ok(p) => {
+                println!(
+                    "{}: ok (policy version {}, {} upstreams, {} models, {} tenants)",
+                    config.display(),
+                    p.version,
+                    p.upstreams.len(),
+                    p.models.len(),
+                    p.tenants.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                for line in &e.0 {
+                    println!("{line}");
+                }
+                eprintln!("{}: {} error(s)", config.display(), e.0.len());
+                ExitCode::FAILURE
+            }
+        },
+        Command::Estimate { config, model, endpoint, file } => estimate_cmd(config, model, &endpoint, &file),
+        Command::HashKey => {
+            let mut key = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut key) {
+                eprintln!("cannot read stdin: {e}");
+                return ExitCode::FAILURE;
+            }
+            let key = key.trim_end_matches(['\n', '\r']);
+            if key.is_empty() {
+                eprintln!("no key on stdin");
+                return ExitCode::FAILURE;
+            }
+            println!("{}", hash_key(key));
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &str) -> ExitCode {
+    let policy = match Policy::load(&config) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{}: {e}", config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let endpoint = match endpoint {
+        "chat" | "chat/completions" => Endpoint::ChatCompletions,
+        "completions" => Endpoint::Completions,
+        "embeddings" => Endpoint::Embeddings,
+        other => {
+            eprintln!("unknown endpoint {other:?} (chat, completions, embeddings)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = if file == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::stdin().read_to_string(&mut s) {
+            eprintln!("cannot read stdin: {e}");
+            return ExitCode::FAILURE;
+        }
+        s
+    } else {
+        match std::fs::read_to_string(file) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{file}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
+    let body: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("the body is not JSON: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let model_name = model.or_else(|| body.get("model").and_then(|m| m.as_str()).map(str::to_string));
+    let Some(model_name) = model_name else {
+        eprintln!("give --model or a `model` field in the body");
+        return ExitCode::FAILURE;
+    };
+    let Some(m) = policy.model(&model_name) else {
+        eprintln!("unknown model {model_name:?}");
+        return ExitCode::FAILURE;
+    };
+    let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let candidates = plan::candidate_budgets(&ks, &policy, m);
+    let tightest = plan::tightest_token_capacity(&[], &candidates);
+    let me = ModelEstimation {
+        encoding: m.encoding,
+        default_max_output_tokens: m.default_max_output_tokens,
+        max_output_tokens: m.max_output_tokens,
+        min_output_tokens: policy.min_output_tokens,
+    };
+    match estimate::estimate(endpoint, &body, &me, &policy.estimation, tightest) {
+        Ok(e) => {
+            println!("model:             {}", m.name);
+            println!("encoding:          {:?}", m.encoding);
+            println!("input tokens:      {}", e.input_tokens);
+            println!("output per choice: {}", e.output_tokens_per_choice);
+            println!("choices:           {}", e.choices);
+            println!("output reserved:   {}", e.output_tokens);
+            println!("total reserved:    {}", e.total_tokens);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

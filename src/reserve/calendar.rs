@@ -1,0 +1,117 @@
+//! UTC calendar windows for daily and monthly quotas, in pure integer math
+//! (mirrored by the Lua scripts). Days and months are counted from the Unix
+//! epoch; month boundaries use the proleptic Gregorian calendar
+//! (days-from-civil conversion after H. Hinnant, "chrono-Compatible
+//! Low-Level Date Algorithms").
+
+/// Microseconds per UTC day.
+pub const MICROS_PER_DAY: u64 = 86_400_000_000;
+
+/// A quota window length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    /// A UTC calendar day.
+    Day,
+    /// A UTC calendar month.
+    Month,
+}
+
+impl Window {
+    /// Identifier of the window containing `now` (UTC µs): days since the
+    /// epoch for [`Window::Day`], `year × 12 + month − 1` for [`Window::Month`].
+    pub fn id(self, now: u64) -> u64 {
+        let day = now / MICROS_PER_DAY;
+        match self {
+            Window::Day => day,
+            Window::Month => {
+                let (y, m, _) = civil_from_days(day as i64);
+                (y as u64) * 12 + (m as u64 - 1)
+            }
+        }
+    }
+
+    /// End of the window containing `now` (exclusive), UTC µs.
+    pub fn end(self, now: u64) -> u64 {
+        let day = now / MICROS_PER_DAY;
+        match self {
+            Window::Day => (day + 1) * MICROS_PER_DAY,
+            Window::Month => {
+                let (y, m, _) = civil_from_days(day as i64);
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                days_from_civil(ny, nm, 1) as u64 * MICROS_PER_DAY
+            }
+        }
+    }
+
+    /// Window length in seconds, as written in the `w` parameter of the
+    /// IETF `RateLimit-Policy` field (a month is written as 30 days).
+    pub fn seconds(self) -> u64 {
+        match self {
+            Window::Day => 86_400,
+            Window::Month => 30 * 86_400,
+        }
+    }
+}
+
+/// `(year, month 1..=12, day 1..=31)` of a day count since 1970-01-01.
+pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Days since 1970-01-01 of a civil date.
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_end_handles_leap_february_and_december() {
+        // 2028-02-10 → ends 2028-03-01
+        let feb10 = days_from_civil(2028, 2, 10) as u64 * MICROS_PER_DAY;
+        assert_eq!(
+            Window::Month.end(feb10),
+            days_from_civil(2028, 3, 1) as u64 * MICROS_PER_DAY
+        );
+        let dec31 = days_from_civil(2026, 12, 31) as u64 * MICROS_PER_DAY + 5;
+        assert_eq!(
+            Window::Month.end(dec31),
+            days_from_civil(2027, 1, 1) as u64 * MICROS_PER_DAY
+        );
+        assert_eq!(Window::Month.id(dec31) + 1, Window::Month.id(Window::Month.end(dec31)));
+    }
+
+    #[test]
+    fn round_trips_civil_dates() {
+        for z in [-1000i64, 0, 1, 59, 365, 20_000, 20_787] {
+            let (y, m, d) = civil_from_days(z);
+            assert_eq!(days_from_civil(y, m, d), z);
+        }
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+    }
+
+    #[test]
+    fn day_boundary_is_exact() {
+        let end = Window::Day.end(MICROS_PER_DAY - 1);
+        assert_eq!(end, MICROS_PER_DAY);
+        assert_ne!(Window::Day.id(MICROS_PER_DAY - 1), Window::Day.id(MICROS_PER_DAY));
+    }
+}

@@ -1,0 +1,126 @@
+//! Stored key names: one pure function per kind of key (DESIGN section 3).
+//!
+//! Shape: `<prefix>:{<domain>}:v<version>:<kind>:<scope parts…>`. Every key
+//! of one budget domain carries the same `{hash tag}`, so every key one
+//! reservation touches lives on one Redis Cluster slot. The version suffix
+//! changes whenever the stored layout or script semantics change, so a
+//! rolling deploy never mixes script versions on the same state.
+//!
+//! Tenant and key ids are restricted to `[A-Za-z0-9._-]{1,64}`; model and
+//! upstream names (which may contain `/` or `:`) are percent-encoded.
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+use super::{BudgetName, Scope};
+
+/// Version of the stored layout and script semantics.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Characters left as they are in encoded names.
+const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
+
+/// True for a valid tenant or key id: `[A-Za-z0-9._-]{1,64}`.
+pub fn is_valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// True for a valid key prefix: non-empty, printable ASCII, no `{`, `}` or whitespace.
+pub fn is_valid_prefix(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+}
+
+/// Percent-encodes a model or upstream name for use inside a key.
+pub fn encode_name(name: &str) -> String {
+    utf8_percent_encode(name, NAME).to_string()
+}
+
+/// Names keys within one budget domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpace {
+    base: String,
+}
+
+impl KeySpace {
+    /// Key space `<prefix>:{<domain>}:v<LAYOUT_VERSION>`. `prefix` must satisfy
+    /// [`is_valid_prefix`] and `domain` [`is_valid_id`] (checked at config load).
+    pub fn new(prefix: &str, domain: &str) -> Self {
+        Self {
+            base: format!("{prefix}:{{{domain}}}:v{LAYOUT_VERSION}"),
+        }
+    }
+
+    /// The shared prefix of every key, including the hash tag.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Key of one budget of one scope.
+    pub fn budget(&self, scope: &Scope, name: BudgetName) -> String {
+        let b = &self.base;
+        let n = name.as_str();
+        match scope {
+            Scope::Tenant(t) => format!("{b}:tenant:{t}:{n}"),
+            Scope::Key(t, k) => format!("{b}:key:{t}:{k}:{n}"),
+            Scope::TenantModel(t, m) => format!("{b}:tenant_model:{t}:{}:{n}", encode_name(m)),
+            Scope::Upstream(u) => format!("{b}:upstream:{}:{n}", encode_name(u)),
+        }
+    }
+
+    /// Key of the hold of one reservation id (ids are gateway-generated UUIDs).
+    pub fn hold(&self, reservation_id: &str) -> String {
+        format!("{}:hold:{}", self.base, encode_name(reservation_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_a_domain_shares_one_hash_tag() {
+        let ks = KeySpace::new("bg", "default");
+        let keys = [
+            ks.budget(&Scope::Tenant("acme".into()), BudgetName::Tpm),
+            ks.budget(&Scope::Key("acme".into(), "batch".into()), BudgetName::Rpm),
+            ks.budget(
+                &Scope::TenantModel("acme".into(), "meta/llama-3".into()),
+                BudgetName::TokensPerDay,
+            ),
+            ks.budget(&Scope::Upstream("azure:east".into()), BudgetName::MaxConcurrent),
+            ks.hold("0192-abc"),
+        ];
+        for k in &keys {
+            let open = k.find('{').expect("hash tag");
+            let close = k.find('}').expect("hash tag");
+            assert_eq!(&k[open..=close], "{default}", "{k}");
+            assert_eq!(k.matches('{').count(), 1, "{k}");
+        }
+        assert_eq!(keys[0], "bg:{default}:v1:tenant:acme:tpm");
+        assert_eq!(keys[2], "bg:{default}:v1:tenant_model:acme:meta%2Fllama-3:tokens_per_day");
+        assert_eq!(keys[3], "bg:{default}:v1:upstream:azure%3Aeast:max_concurrent");
+    }
+
+    #[test]
+    fn names_cannot_smuggle_hash_tags_or_separators() {
+        let ks = KeySpace::new("bg", "d");
+        let k = ks.budget(&Scope::Upstream("x}{y:z".into()), BudgetName::Tpm);
+        assert_eq!(k, "bg:{d}:v1:upstream:x%7D%7By%3Az:tpm");
+    }
+
+    #[test]
+    fn id_and_prefix_validation() {
+        assert!(is_valid_id("acme-prod_1.x"));
+        assert!(!is_valid_id(""));
+        assert!(!is_valid_id("a/b"));
+        assert!(!is_valid_id(&"a".repeat(65)));
+        assert!(is_valid_prefix("budgetgate"));
+        assert!(!is_valid_prefix("bg{x}"));
+        assert!(!is_valid_prefix("b g"));
+    }
+}

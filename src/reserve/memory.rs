@@ -1,0 +1,552 @@
+//! The in-process store: exact within one process, the embedded default and
+//! the fail-open fallback. One mutex guards all state, so every operation is
+//! atomic, like one Lua script call in the Redis store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::bucket::BucketState;
+use super::{
+    Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial,
+    ExtendOutcome, Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome,
+    Settlement, StoreError,
+};
+use crate::clock::Clock;
+
+/// Operations between sweeps of expired holds, leases and full idle buckets.
+const SWEEP_EVERY: u64 = 4096;
+
+/// In-process [`BudgetStore`]. Time comes from the injected [`Clock`].
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    buckets: HashMap<String, BucketState>,
+    quotas: HashMap<String, QuotaState>,
+    slots: HashMap<String, HashMap<String, u64>>,
+    holds: HashMap<String, Hold>,
+    ops: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct QuotaState {
+    window: u64,
+    used: u64,
+}
+
+struct Hold {
+    lines: Vec<HoldLine>,
+    reserved_tokens: u64,
+    lease_micros: u64,
+    expires_at: u64,
+    admission: Admission,
+    settled: bool,
+}
+
+struct HoldLine {
+    spec: BudgetSpec,
+    /// Quota debits as `(window id, tokens)`, so refunds go only to the window debited.
+    debits: Vec<(u64, u64)>,
+}
+
+enum Check {
+    Ok,
+    Denied(Denial),
+    Impossible(Impossibility),
+}
+
+impl MemoryStore {
+    /// An empty store reading time from `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Number of live (unsettled, unexpired) holds; used by tests to wait
+    /// for settlement.
+    pub fn live_holds(&self) -> usize {
+        let now = self.clock.now_micros();
+        self.lock()
+            .holds
+            .values()
+            .filter(|h| !h.settled && h.expires_at > now)
+            .count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied
+        // decision (checks happen before writes), so poisoning is ignored.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Synchronous core of [`BudgetStore::reserve`].
+    pub fn reserve_sync(&self, req: &ReserveRequest) -> ReserveOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        if let Some(hold) = inner.holds.get(&req.id) {
+            if hold.expires_at > now {
+                let mut admission = hold.admission.clone();
+                admission.replayed = true;
+                return ReserveOutcome::Admitted(admission);
+            }
+        }
+        match inner.check_all(&req.common, req, now) {
+            Check::Ok => {}
+            Check::Denied(d) => return ReserveOutcome::Denied(d),
+            Check::Impossible(i) => return ReserveOutcome::Impossible(i),
+        }
+        let mut chosen = None;
+        let mut best_denial: Option<Denial> = None;
+        let mut first_impossible: Option<Impossibility> = None;
+        for (idx, cand) in req.candidates.iter().enumerate() {
+            match inner.check_all(cand, req, now) {
+                Check::Ok => {
+                    chosen = Some(idx);
+                    break;
+                }
+                Check::Denied(d) => {
+                    if best_denial
+                        .as_ref()
+                        .is_none_or(|b| d.retry_after_micros < b.retry_after_micros)
+                    {
+                        best_denial = Some(d);
+                    }
+                }
+                Check::Impossible(i) => {
+                    first_impossible.get_or_insert(i);
+                }
+            }
+        }
+        let Some(candidate) = chosen else {
+            if let Some(d) = best_denial {
+                return ReserveOutcome::Denied(d);
+            }
+            if let Some(i) = first_impossible {
+                return ReserveOutcome::Impossible(i);
+            }
+            // No candidates at all: treat as an empty one.
+            return inner.admit(req, &[], 0, now);
+        };
+        let cand = req.candidates[candidate].clone();
+        inner.admit(req, &cand, candidate, now)
+    }
+
+    /// Synchronous core of [`BudgetStore::extend`].
+    pub fn extend_sync(&self, id: &str, want: u64) -> ExtendOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        let Some(hold) = inner.holds.get(id) else {
+            return ExtendOutcome::Unknown;
+        };
+        if hold.expires_at <= now {
+            return ExtendOutcome::Unknown;
+        }
+        if hold.settled {
+            return ExtendOutcome::AlreadySettled;
+        }
+        let specs: Vec<BudgetSpec> = hold
+            .lines
+            .iter()
+            .filter(|l| l.spec.name.counts_tokens())
+            .map(|l| l.spec.clone())
+            .collect();
+        let mut grant = want;
+        let mut tightest: Option<(i64, &BudgetSpec)> = None;
+        for spec in &specs {
+            let avail = inner.available(spec, now);
+            if tightest.is_none_or(|(a, _)| avail < a) {
+                tightest = Some((avail, spec));
+            }
+            grant = grant.min(avail.max(0) as u64);
+        }
+        if grant == 0 && want > 0 {
+            let (avail, spec) = tightest.expect("a zero grant needs a limiting budget");
+            let state = inner.state_of(spec, now);
+            let retry = inner.wait_for(spec, 1, now);
+            return ExtendOutcome::Exhausted(Denial {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                limit: spec.limit(),
+                requested: want,
+                available: avail,
+                retry_after_micros: retry,
+                now_micros: now,
+                state,
+            });
+        }
+        let mut window_debits = Vec::with_capacity(specs.len());
+        for spec in &specs {
+            window_debits.push(inner.debit(spec, grant, now, id));
+        }
+        let hold = inner.holds.get_mut(id).expect("hold checked above");
+        let mut wd = window_debits.into_iter();
+        for line in hold.lines.iter_mut().filter(|l| l.spec.name.counts_tokens()) {
+            if let Some(Some(w)) = wd.next() {
+                line.debits.push((w, grant));
+            }
+        }
+        hold.reserved_tokens += grant;
+        ExtendOutcome::Extended {
+            granted: grant,
+            now_micros: now,
+        }
+    }
+
+    /// Synchronous core of [`BudgetStore::renew`].
+    pub fn renew_sync(&self, id: &str) -> RenewOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        let Some(hold) = inner.holds.get(id) else {
+            return RenewOutcome::Unknown;
+        };
+        if hold.expires_at <= now {
+            return RenewOutcome::Unknown;
+        }
+        if hold.settled {
+            return RenewOutcome::AlreadySettled;
+        }
+        let until = now + hold.lease_micros;
+        let keys: Vec<String> = hold
+            .lines
+            .iter()
+            .filter(|l| matches!(l.spec.kind, BudgetKind::Concurrency { .. }))
+            .map(|l| l.spec.key.clone())
+            .collect();
+        for key in keys {
+            if let Some(lease) = inner.slots.get_mut(&key).and_then(|s| s.get_mut(id)) {
+                // An expired lease stays expired: renewing it could exceed the limit.
+                if *lease > now {
+                    *lease = until;
+                }
+            }
+        }
+        RenewOutcome::Renewed {
+            lease_until_micros: until,
+        }
+    }
+
+    /// Synchronous core of [`BudgetStore::settle`].
+    pub fn settle_sync(&self, id: &str, s: Settlement) -> SettleOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        let Some(hold) = inner.holds.get_mut(id) else {
+            return SettleOutcome::Unknown;
+        };
+        if hold.expires_at <= now {
+            return SettleOutcome::Unknown;
+        }
+        if hold.settled {
+            return SettleOutcome::AlreadySettled;
+        }
+        hold.settled = true;
+        let reserved = hold.reserved_tokens;
+        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> = hold
+            .lines
+            .iter()
+            .map(|l| (l.spec.clone(), l.debits.clone()))
+            .collect();
+        let actual = s.actual_tokens;
+        let unused = reserved.saturating_sub(actual);
+        let debt = actual.saturating_sub(reserved);
+        let mut refunded = 0;
+        for (spec, debits) in &lines {
+            match spec.kind {
+                BudgetKind::Concurrency { .. } => {
+                    if let Some(set) = inner.slots.get_mut(&spec.key) {
+                        set.remove(id);
+                    }
+                }
+                _ if !spec.name.counts_tokens() => {}
+                BudgetKind::Bucket { per_minute, burst } => {
+                    let refundable = spec.refund_unused || s.upstream_failed;
+                    let mut b = inner.bucket(&spec.key, per_minute, burst, now);
+                    if unused > 0 && refundable {
+                        b.credit(unused);
+                        refunded = unused;
+                    }
+                    if debt > 0 {
+                        b.debit(debt);
+                    }
+                    inner.buckets.insert(spec.key.clone(), b);
+                }
+                BudgetKind::Quota { window, .. } => {
+                    let refundable = spec.refund_unused || s.upstream_failed;
+                    let w = window.id(now);
+                    let q = inner.quota(&spec.key, w);
+                    let mut used = q.used;
+                    if unused > 0 && refundable {
+                        let debited_here: u64 =
+                            debits.iter().filter(|(dw, _)| *dw == w).map(|(_, a)| a).sum();
+                        used = used.saturating_sub(unused.min(debited_here));
+                        refunded = unused;
+                    }
+                    if debt > 0 {
+                        used += debt;
+                    }
+                    inner.quotas.insert(spec.key.clone(), QuotaState { window: w, used });
+                }
+            }
+        }
+        SettleOutcome::Settled {
+            reserved,
+            refunded,
+            debt,
+            now_micros: now,
+        }
+    }
+
+    /// Synchronous core of [`BudgetStore::inspect`].
+    pub fn inspect_sync(&self, specs: &[BudgetSpec]) -> Vec<BudgetState> {
+        let now = self.clock.now_micros();
+        let inner = self.lock();
+        specs.iter().map(|s| inner.state_of(s, now)).collect()
+    }
+}
+
+impl Inner {
+    fn tick(&mut self, now: u64) {
+        self.ops += 1;
+        if self.ops.is_multiple_of(SWEEP_EVERY) {
+            self.holds.retain(|_, h| h.expires_at > now);
+            for set in self.slots.values_mut() {
+                set.retain(|_, lease| *lease > now);
+            }
+            self.slots.retain(|_, s| !s.is_empty());
+            self.buckets.retain(|_, b| {
+                let b = b.advance(b.per_minute, b.burst, now);
+                !b.is_full()
+            });
+        }
+    }
+
+    fn bucket(&self, key: &str, per_minute: u64, burst: u64, now: u64) -> BucketState {
+        match self.buckets.get(key) {
+            Some(b) => b.advance(per_minute, burst, now),
+            None => BucketState::full(per_minute, burst, now),
+        }
+    }
+
+    fn quota(&self, key: &str, window: u64) -> QuotaState {
+        match self.quotas.get(key) {
+            Some(q) if q.window == window => *q,
+            _ => QuotaState { window, used: 0 },
+        }
+    }
+
+    fn live_slots(&self, key: &str, now: u64) -> u64 {
+        self.slots
+            .get(key)
+            .map(|s| s.values().filter(|lease| **lease > now).count() as u64)
+            .unwrap_or(0)
+    }
+
+    fn available(&self, spec: &BudgetSpec, now: u64) -> i64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                self.bucket(&spec.key, per_minute, burst, now).available()
+            }
+            BudgetKind::Quota { limit, window } => {
+                limit as i64 - self.quota(&spec.key, window.id(now)).used as i64
+            }
+            BudgetKind::Concurrency { max } => max as i64 - self.live_slots(&spec.key, now) as i64,
+        }
+    }
+
+    fn wait_for(&self, spec: &BudgetSpec, cost: u64, now: u64) -> u64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                self.bucket(&spec.key, per_minute, burst, now).wait_for(cost)
+            }
+            BudgetKind::Quota { window, .. } => window.end(now) - now,
+            BudgetKind::Concurrency { .. } => 0,
+        }
+    }
+
+    fn state_of(&self, spec: &BudgetSpec, now: u64) -> BudgetState {
+        let (remaining, reset, window) = match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let b = self.bucket(&spec.key, per_minute, burst, now);
+                (b.available(), b.until_full(), None)
+            }
+            BudgetKind::Quota { limit, window } => {
+                let q = self.quota(&spec.key, window.id(now));
+                (limit as i64 - q.used as i64, window.end(now) - now, Some(window))
+            }
+            BudgetKind::Concurrency { max } => {
+                (max as i64 - self.live_slots(&spec.key, now) as i64, 0, None)
+            }
+        };
+        BudgetState {
+            scope: spec.scope.clone(),
+            name: spec.name,
+            limit: spec.limit(),
+            remaining,
+            reset_micros: reset,
+            window,
+        }
+    }
+
+    fn check(&self, spec: &BudgetSpec, tokens: u64, id: &str, now: u64) -> Check {
+        let cost = spec.cost(tokens);
+        if !matches!(spec.kind, BudgetKind::Concurrency { .. }) && cost > spec.capacity() {
+            return Check::Impossible(Impossibility {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                capacity: spec.capacity(),
+                requested: cost,
+            });
+        }
+        let available = self.available(spec, now);
+        let fits = match spec.kind {
+            BudgetKind::Concurrency { .. } => {
+                available >= 1 || self.slots.get(&spec.key).is_some_and(|s| s.contains_key(id))
+            }
+            _ => available >= cost as i64,
+        };
+        if fits {
+            Check::Ok
+        } else {
+            Check::Denied(Denial {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                limit: spec.limit(),
+                requested: cost,
+                available,
+                retry_after_micros: self.wait_for(spec, cost, now),
+                now_micros: now,
+                state: self.state_of(spec, now),
+            })
+        }
+    }
+
+    /// Checks every spec; an impossible budget wins over a denial, and among
+    /// denials the longest wait (every budget must admit).
+    fn check_all(&self, specs: &[BudgetSpec], req: &ReserveRequest, now: u64) -> Check {
+        let mut worst: Option<Denial> = None;
+        for spec in specs {
+            match self.check(spec, req.tokens, &req.id, now) {
+                Check::Ok => {}
+                Check::Impossible(i) => return Check::Impossible(i),
+                Check::Denied(d) => {
+                    if worst
+                        .as_ref()
+                        .is_none_or(|w| d.retry_after_micros > w.retry_after_micros)
+                    {
+                        worst = Some(d);
+                    }
+                }
+            }
+        }
+        match worst {
+            Some(d) => Check::Denied(d),
+            None => Check::Ok,
+        }
+    }
+
+    /// Debits `amount` (in the spec's unit) and returns the quota window debited, if any.
+    fn debit(&mut self, spec: &BudgetSpec, amount: u64, now: u64, id: &str) -> Option<u64> {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                b.debit(amount);
+                self.buckets.insert(spec.key.clone(), b);
+                None
+            }
+            BudgetKind::Quota { window, .. } => {
+                let w = window.id(now);
+                let mut q = self.quota(&spec.key, w);
+                q.used += amount;
+                self.quotas.insert(spec.key.clone(), q);
+                Some(w)
+            }
+            BudgetKind::Concurrency { .. } => {
+                // The lease end is written by the caller, which knows the lease length.
+                let _ = id;
+                None
+            }
+        }
+    }
+
+    fn admit(
+        &mut self,
+        req: &ReserveRequest,
+        cand: &[BudgetSpec],
+        candidate: usize,
+        now: u64,
+    ) -> ReserveOutcome {
+        let mut lines = Vec::with_capacity(req.common.len() + cand.len());
+        let mut budgets = Vec::new();
+        for spec in req.common.iter().chain(cand.iter()) {
+            let cost = spec.cost(req.tokens);
+            let window = self.debit(spec, cost, now, &req.id);
+            if let BudgetKind::Concurrency { .. } = spec.kind {
+                self.slots
+                    .entry(spec.key.clone())
+                    .or_default()
+                    .insert(req.id.clone(), now + req.lease_micros);
+            } else {
+                budgets.push(self.state_of(spec, now));
+            }
+            lines.push(HoldLine {
+                spec: spec.clone(),
+                debits: window.map(|w| vec![(w, cost)]).unwrap_or_default(),
+            });
+        }
+        let admission = Admission {
+            now_micros: now,
+            candidate,
+            budgets,
+            replayed: false,
+        };
+        self.holds.insert(
+            req.id.clone(),
+            Hold {
+                lines,
+                reserved_tokens: req.tokens,
+                lease_micros: req.lease_micros,
+                expires_at: now + req.hold_ttl_micros,
+                admission: admission.clone(),
+                settled: false,
+            },
+        );
+        ReserveOutcome::Admitted(admission)
+    }
+}
+
+#[async_trait]
+impl BudgetStore for MemoryStore {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        Ok(self.reserve_sync(req))
+    }
+
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        Ok(self.extend_sync(id, tokens))
+    }
+
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        Ok(self.renew_sync(id))
+    }
+
+    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError> {
+        Ok(self.settle_sync(id, settlement))
+    }
+
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        Ok(self.inspect_sync(specs))
+    }
+}
+
+/// Names used only to keep `BudgetName` imported for docs of this module.
+#[allow(dead_code)]
+const _NAMES: [BudgetName; 1] = [BudgetName::Tpm];

@@ -1,0 +1,360 @@
+//! The budget model and the stores that enforce it (DESIGN sections 2 and 3).
+//!
+//! This module knows nothing of HTTP. A request handler turns policy into a
+//! [`ReserveRequest`] (one [`BudgetSpec`] per budget the request touches),
+//! calls [`BudgetStore::reserve`] once, and later settles by reservation id.
+//!
+//! - [`bucket`]: token-bucket arithmetic in exact integer units.
+//! - [`calendar`]: UTC day/month quota windows.
+//! - [`keys`]: the one pure function that names stored keys.
+//! - [`memory`]: the in-process store.
+//! - [`plan`]: which budgets a request touches, from policy.
+
+pub mod bucket;
+pub mod calendar;
+pub mod keys;
+pub mod memory;
+pub mod plan;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+pub use calendar::Window;
+
+/// Who shares a budget.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub enum Scope {
+    /// Every request of a tenant: `tenant:<t>`.
+    Tenant(String),
+    /// One API key of a tenant: `key:<t>/<key id>`.
+    Key(String, String),
+    /// A tenant's use of one public model: `tenant_model:<t>/<model>`.
+    TenantModel(String, String),
+    /// One upstream deployment, shared by all tenants: `upstream:<deployment>`.
+    Upstream(String),
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::Tenant(t) => write!(f, "tenant:{t}"),
+            Scope::Key(t, k) => write!(f, "key:{t}/{k}"),
+            Scope::TenantModel(t, m) => write!(f, "tenant_model:{t}/{m}"),
+            Scope::Upstream(u) => write!(f, "upstream:{u}"),
+        }
+    }
+}
+
+impl Scope {
+    /// True for `upstream:` scopes.
+    pub fn is_upstream(&self) -> bool {
+        matches!(self, Scope::Upstream(_))
+    }
+}
+
+/// Which limit of a scope a budget enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetName {
+    /// Requests per minute (token bucket, 1 per request).
+    Rpm,
+    /// Tokens per minute, input + output (token bucket).
+    Tpm,
+    /// Requests in flight (leased slots).
+    MaxConcurrent,
+    /// Tokens per UTC day (calendar quota).
+    TokensPerDay,
+    /// Tokens per UTC month (calendar quota).
+    TokensPerMonth,
+    /// Requests per UTC day (calendar quota).
+    RequestsPerDay,
+}
+
+impl BudgetName {
+    /// Config spelling, e.g. `tpm`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetName::Rpm => "rpm",
+            BudgetName::Tpm => "tpm",
+            BudgetName::MaxConcurrent => "max_concurrent",
+            BudgetName::TokensPerDay => "tokens_per_day",
+            BudgetName::TokensPerMonth => "tokens_per_month",
+            BudgetName::RequestsPerDay => "requests_per_day",
+        }
+    }
+
+    /// True when the budget counts tokens (and is refunded/charged at settle).
+    pub fn counts_tokens(self) -> bool {
+        matches!(
+            self,
+            BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth
+        )
+    }
+}
+
+impl std::fmt::Display for BudgetName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a budget is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum BudgetKind {
+    /// Token bucket: capacity `burst`, refilled continuously at `per_minute / 60` per second.
+    Bucket {
+        /// Refill, tokens (or requests) per minute.
+        per_minute: u64,
+        /// Capacity, tokens (or requests).
+        burst: u64,
+    },
+    /// Calendar-window counter, reset at the UTC boundary.
+    Quota {
+        /// Tokens (or requests) per window.
+        limit: u64,
+        /// Window length.
+        window: Window,
+    },
+    /// Leased slots.
+    Concurrency {
+        /// Slots.
+        max: u64,
+    },
+}
+
+/// One budget a request touches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetSpec {
+    /// Who shares it.
+    pub scope: Scope,
+    /// Which limit.
+    pub name: BudgetName,
+    /// Its parameters under the current policy.
+    pub kind: BudgetKind,
+    /// Stored key name (from [`keys::KeySpace::budget`]).
+    pub key: String,
+    /// Whether unused reserved tokens go back at settle (false for upstreams
+    /// that count the output cap at request time, DESIGN section 1.8).
+    pub refund_unused: bool,
+}
+
+impl BudgetSpec {
+    /// Amount one request of `tokens` debits from this budget at reserve.
+    pub fn cost(&self, tokens: u64) -> u64 {
+        match self.name {
+            BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent => 1,
+            _ => tokens,
+        }
+    }
+
+    /// Capacity in the budget's unit: burst, quota limit or slots.
+    pub fn capacity(&self) -> u64 {
+        match self.kind {
+            BudgetKind::Bucket { burst, .. } => burst,
+            BudgetKind::Quota { limit, .. } => limit,
+            BudgetKind::Concurrency { max } => max,
+        }
+    }
+
+    /// The per-minute or per-window limit shown to clients.
+    pub fn limit(&self) -> u64 {
+        match self.kind {
+            BudgetKind::Bucket { per_minute, .. } => per_minute,
+            BudgetKind::Quota { limit, .. } => limit,
+            BudgetKind::Concurrency { max } => max,
+        }
+    }
+}
+
+/// One reservation attempt.
+#[derive(Debug, Clone)]
+pub struct ReserveRequest {
+    /// Gateway-generated reservation id (also the hold's name).
+    pub id: String,
+    /// Estimated cost, tokens (input + reserved output).
+    pub tokens: u64,
+    /// Budgets every candidate shares (tenant, key, tenant×model).
+    pub common: Vec<BudgetSpec>,
+    /// Upstream deployments in preference order, each with its own budgets;
+    /// the first whose budgets admit (together with `common`) is chosen.
+    /// Must hold at least one entry (which may be empty).
+    pub candidates: Vec<Vec<BudgetSpec>>,
+    /// Concurrency lease, microseconds.
+    pub lease_micros: u64,
+    /// How long the hold lives, microseconds (max request duration + settle-retry window).
+    pub hold_ttl_micros: u64,
+}
+
+/// A budget's state as seen by one decision, in its own unit (tokens or requests).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BudgetState {
+    /// Who shares it.
+    pub scope: Scope,
+    /// Which limit.
+    pub name: BudgetName,
+    /// Per-minute (buckets) or per-window (quotas) limit, or slots.
+    pub limit: u64,
+    /// Whole units available now (floor; negative while in debt).
+    pub remaining: i64,
+    /// Microseconds until full (buckets) or until the window resets (quotas); 0 for concurrency.
+    pub reset_micros: u64,
+    /// Window, for quotas.
+    pub window: Option<Window>,
+}
+
+/// A successful reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Admission {
+    /// Store time of the decision, UTC µs.
+    pub now_micros: u64,
+    /// Index into [`ReserveRequest::candidates`] of the chosen deployment.
+    pub candidate: usize,
+    /// State of every touched bucket and quota after the debit.
+    pub budgets: Vec<BudgetState>,
+    /// True when this id was already admitted and the first result is returned again.
+    pub replayed: bool,
+}
+
+/// A refusal that may succeed later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    /// Who refused.
+    pub scope: Scope,
+    /// Which limit refused.
+    pub name: BudgetName,
+    /// Per-minute or per-window limit (or slots).
+    pub limit: u64,
+    /// What this request asked of it.
+    pub requested: u64,
+    /// What it had (floor; negative in debt).
+    pub available: i64,
+    /// Microseconds until the request would fit (buckets: exact ceiling;
+    /// quotas: until the window resets; concurrency: 0 — the caller applies its hint).
+    pub retry_after_micros: u64,
+    /// Store time, UTC µs.
+    pub now_micros: u64,
+    /// State of the refusing budget.
+    pub state: BudgetState,
+}
+
+/// A refusal that can never succeed: larger than the budget's capacity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Impossibility {
+    /// Who refused.
+    pub scope: Scope,
+    /// Which limit refused.
+    pub name: BudgetName,
+    /// Capacity (burst or quota limit).
+    pub capacity: u64,
+    /// What this request asked.
+    pub requested: u64,
+}
+
+/// Result of [`BudgetStore::reserve`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum ReserveOutcome {
+    /// Every budget was debited and a hold recorded.
+    Admitted(Admission),
+    /// Nothing changed; retry later.
+    Denied(Denial),
+    /// Nothing changed; never retry.
+    Impossible(Impossibility),
+}
+
+/// Result of [`BudgetStore::extend`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum ExtendOutcome {
+    /// `granted` tokens (1 ..= requested) were debited from every token budget of the hold.
+    Extended {
+        /// Tokens granted.
+        granted: u64,
+        /// Store time, UTC µs.
+        now_micros: u64,
+    },
+    /// No budget can give even one token now.
+    Exhausted(Denial),
+    /// No such hold.
+    Unknown,
+    /// The hold was settled already.
+    AlreadySettled,
+}
+
+/// Result of [`BudgetStore::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RenewOutcome {
+    /// The lease now ends at `lease_until_micros`.
+    Renewed {
+        /// New lease end, UTC µs.
+        lease_until_micros: u64,
+    },
+    /// No such hold.
+    Unknown,
+    /// The hold was settled already.
+    AlreadySettled,
+}
+
+/// What to settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// Tokens actually used (prompt + completion).
+    pub actual_tokens: u64,
+    /// The upstream never accepted the work (connect error, 5xx, 429 before
+    /// output): refund upstream budgets too, even where `refund_unused` is false.
+    pub upstream_failed: bool,
+}
+
+/// Result of [`BudgetStore::settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SettleOutcome {
+    /// Applied now.
+    Settled {
+        /// Tokens reserved in all (initial + extensions).
+        reserved: u64,
+        /// Tokens returned to refundable budgets (reserved − actual, when positive).
+        refunded: u64,
+        /// Tokens charged beyond the reservation (actual − reserved, when positive).
+        debt: u64,
+        /// Store time, UTC µs.
+        now_micros: u64,
+    },
+    /// A settle of this id was applied before; nothing changed.
+    AlreadySettled,
+    /// No hold with this id (never reserved, or expired); nothing changed.
+    Unknown,
+}
+
+/// A store failure (timeout, connection, script error). The failure policy
+/// decides what the request gets.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The call did not finish within the configured timeout.
+    #[error("budget store timed out")]
+    Timeout,
+    /// The store could not be reached or answered with an error.
+    #[error("budget store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something this version does not understand.
+    #[error("budget store protocol error: {0}")]
+    Protocol(String),
+}
+
+/// The one interface to budget state. Implementations: [`memory::MemoryStore`]
+/// and the Redis store; both pass the same conformance suite.
+///
+/// Every operation is idempotent by reservation id: a retried reserve returns
+/// the first admission, a retried settle changes nothing.
+#[async_trait]
+pub trait BudgetStore: Send + Sync + 'static {
+    /// Reserves `req.tokens` atomically across `req.common` and the first
+    /// admitting candidate, all-or-nothing.
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError>;
+    /// Debits up to `tokens` more from every token budget of the hold: all
+    /// of it when every budget admits, else the largest amount all admit (≥ 1).
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError>;
+    /// Renews the hold's concurrency leases for another lease period.
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
+    /// Settles the hold once: refunds or charges debt, frees slots.
+    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError>;
+    /// Reads budgets without changing them (admin API, tests).
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
+}

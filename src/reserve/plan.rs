@@ -1,0 +1,107 @@
+//! Which budgets a request touches, from policy: the one place that turns
+//! configured [`Limits`] into [`BudgetSpec`]s.
+
+use super::keys::KeySpace;
+use super::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
+use crate::config::{KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+
+/// Budgets of one scope under `limits`.
+pub fn scope_budgets(ks: &KeySpace, scope: Scope, limits: &Limits, refund_unused: bool) -> Vec<BudgetSpec> {
+    let mut out = Vec::new();
+    let mut push = |name: BudgetName, kind: BudgetKind| {
+        out.push(BudgetSpec {
+            key: ks.budget(&scope, name),
+            scope: scope.clone(),
+            name,
+            kind,
+            refund_unused,
+        });
+    };
+    if let Some(rpm) = limits.rpm {
+        push(
+            BudgetName::Rpm,
+            BudgetKind::Bucket { per_minute: rpm, burst: limits.rpm_burst.unwrap_or(rpm) },
+        );
+    }
+    if let Some(tpm) = limits.tpm {
+        push(
+            BudgetName::Tpm,
+            BudgetKind::Bucket { per_minute: tpm, burst: limits.tpm_burst.unwrap_or(tpm) },
+        );
+    }
+    if let Some(max) = limits.max_concurrent {
+        push(BudgetName::MaxConcurrent, BudgetKind::Concurrency { max });
+    }
+    if let Some(limit) = limits.tokens_per_day {
+        push(BudgetName::TokensPerDay, BudgetKind::Quota { limit, window: Window::Day });
+    }
+    if let Some(limit) = limits.tokens_per_month {
+        push(BudgetName::TokensPerMonth, BudgetKind::Quota { limit, window: Window::Month });
+    }
+    if let Some(limit) = limits.requests_per_day {
+        push(BudgetName::RequestsPerDay, BudgetKind::Quota { limit, window: Window::Day });
+    }
+    out
+}
+
+/// Budgets shared by every candidate deployment: tenant, key, tenant×model.
+pub fn tenant_budgets(
+    ks: &KeySpace,
+    tenant: &TenantPolicy,
+    key: &KeyPolicy,
+    model: &ModelPolicy,
+) -> Vec<BudgetSpec> {
+    let mut out = scope_budgets(ks, Scope::Tenant(tenant.name.clone()), &tenant.limits, true);
+    out.extend(scope_budgets(
+        ks,
+        Scope::Key(tenant.name.clone(), key.id.clone()),
+        &key.limits,
+        true,
+    ));
+    if let Some(l) = tenant.model_limits.get(&model.name) {
+        out.extend(scope_budgets(
+            ks,
+            Scope::TenantModel(tenant.name.clone(), model.name.clone()),
+            l,
+            true,
+        ));
+    }
+    out
+}
+
+/// Budgets of one upstream deployment.
+pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetSpec> {
+    scope_budgets(ks, Scope::Upstream(upstream.name.clone()), &upstream.limits, upstream.refund_unused)
+}
+
+/// Candidate budget lists for a model's deployments, in preference order.
+pub fn candidate_budgets(ks: &KeySpace, policy: &Policy, model: &ModelPolicy) -> Vec<Vec<BudgetSpec>> {
+    model
+        .upstreams
+        .iter()
+        .map(|&i| upstream_budgets(ks, &policy.upstreams[i]))
+        .collect()
+}
+
+/// The smallest token capacity a request must fit: the minimum over the
+/// common budgets and the largest over candidates (a request needs only one
+/// deployment to fit). `None` when no token budget applies.
+pub fn tightest_token_capacity(common: &[BudgetSpec], candidates: &[Vec<BudgetSpec>]) -> Option<u64> {
+    let cap = |specs: &[BudgetSpec]| {
+        specs
+            .iter()
+            .filter(|s| s.name.counts_tokens())
+            .map(|s| s.capacity())
+            .min()
+    };
+    let common_cap = cap(common);
+    let cand_cap = if candidates.iter().any(|c| cap(c).is_none()) {
+        None
+    } else {
+        candidates.iter().filter_map(|c| cap(c)).max()
+    };
+    match (common_cap, cand_cap) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,275 @@
+//! Every error a client can get, mapped in one place to its status, OpenAI
+//! error body (`{"error":{"message","type","param","code"}}`, OpenAI API
+//! reference, "Error codes") and retry headers (DESIGN section 6; RFC 6585
+//! section 4 for 429 and `Retry-After`).
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::reserve::{BudgetName, Denial, Impossibility, Scope};
+
+/// A request-ending error, as the client sees it.
+#[derive(Debug)]
+pub enum ApiError {
+    /// No `Authorization: Bearer` or `api-key` header.
+    MissingKey,
+    /// The key matches no configured key.
+    InvalidKey,
+    /// Body over `server.max_body_bytes`.
+    BodyTooLarge {
+        /// The cap, bytes.
+        limit: usize,
+    },
+    /// Malformed or invalid request (400).
+    InvalidRequest {
+        /// Offending parameter, if one.
+        param: Option<String>,
+        /// Explanation.
+        message: String,
+    },
+    /// Unknown model (404 `model_not_found`).
+    ModelNotFound(String),
+    /// Unknown path (404).
+    NotFound(String),
+    /// A budget refused; retry later (429).
+    RateLimited {
+        /// The refusal.
+        denial: Denial,
+        /// Extra headers (`x-ratelimit-*`).
+        headers: HeaderMap,
+        /// Retry hint for concurrency refusals, µs.
+        concurrency_hint_micros: u64,
+    },
+    /// Larger than a budget's capacity; never retry (429).
+    Impossible(Impossibility),
+    /// The upstream failed (connect error, 5xx, bad answer): 502.
+    BadGateway(String),
+    /// The upstream is overloaded or the store is down under fail-closed: 503.
+    Unavailable(String),
+    /// The upstream answered 429.
+    UpstreamRateLimited {
+        /// Seconds from the upstream's `retry-after`, if any.
+        retry_after_secs: Option<u64>,
+    },
+    /// The upstream timed out: 504.
+    GatewayTimeout,
+}
+
+fn body(status: StatusCode, message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Response {
+    let b = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
+    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], b.to_string()).into_response()
+}
+
+fn set(resp: &mut Response, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        resp.headers_mut().insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// `type` of a rate refusal: `requests` for request-counting budgets, `tokens` otherwise.
+fn rate_type(name: BudgetName) -> &'static str {
+    match name {
+        BudgetName::Rpm => "requests",
+        BudgetName::MaxConcurrent => "concurrency",
+        _ => "tokens",
+    }
+}
+
+fn unit(name: BudgetName) -> &'static str {
+    match name {
+        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
+        BudgetName::MaxConcurrent => "requests in flight",
+        _ => "tokens",
+    }
+}
+
+/// `retry-after` value: whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(micros: u64) -> u64 {
+    micros.div_ceil(1_000_000).max(1)
+}
+
+impl ApiError {
+    /// HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
+            ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::RateLimited { .. } | ApiError::Impossible(_) | ApiError::UpstreamRateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Low-cardinality label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ApiError::MissingKey => "missing_key",
+            ApiError::InvalidKey => "invalid_key",
+            ApiError::BodyTooLarge { .. } => "body_too_large",
+            ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => "concurrency",
+            ApiError::RateLimited { denial, .. } if is_quota(denial.name) => "quota",
+            ApiError::RateLimited { .. } => "rate_limited",
+            ApiError::Impossible(_) => "impossible",
+            ApiError::BadGateway(_) => "bad_gateway",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
+            ApiError::GatewayTimeout => "gateway_timeout",
+        }
+    }
+}
+
+fn is_quota(name: BudgetName) -> bool {
+    matches!(
+        name,
+        BudgetName::TokensPerDay | BudgetName::TokensPerMonth | BudgetName::RequestsPerDay
+    )
+}
+
+fn scope_kind(scope: &Scope) -> &'static str {
+    match scope {
+        Scope::Tenant(_) => "tenant",
+        Scope::Key(..) => "key",
+        Scope::TenantModel(..) => "tenant×model",
+        Scope::Upstream(_) => "upstream",
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match self {
+            ApiError::MissingKey => body(
+                status,
+                "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY` (or `api-key: YOUR_KEY`).",
+                "invalid_request_error",
+                None,
+                Some("missing_api_key"),
+            ),
+            ApiError::InvalidKey => body(
+                status,
+                "Incorrect API key provided.",
+                "invalid_request_error",
+                None,
+                Some("invalid_api_key"),
+            ),
+            ApiError::BodyTooLarge { limit } => body(
+                status,
+                &format!("Request body is larger than the gateway's limit of {limit} bytes."),
+                "invalid_request_error",
+                None,
+                Some("request_too_large"),
+            ),
+            ApiError::InvalidRequest { param, message } => {
+                body(status, &message, "invalid_request_error", param.as_deref(), None)
+            }
+            ApiError::ModelNotFound(m) => body(
+                status,
+                &format!("The model `{m}` does not exist or you do not have access to it."),
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ApiError::NotFound(path) => body(
+                status,
+                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."),
+                "invalid_request_error",
+                None,
+                Some("unknown_url"),
+            ),
+            ApiError::RateLimited { denial, headers, concurrency_hint_micros } => {
+                let d = &denial;
+                let quota = is_quota(d.name);
+                let wait = if d.name == BudgetName::MaxConcurrent {
+                    concurrency_hint_micros
+                } else {
+                    d.retry_after_micros
+                };
+                let message = if d.name == BudgetName::MaxConcurrent {
+                    format!(
+                        "Concurrency limit reached for {} {} ({}): limit {} requests in flight. Please retry in {}.",
+                        scope_kind(&d.scope), d.scope, d.name, d.limit, human(wait)
+                    )
+                } else {
+                    format!(
+                        "Rate limit reached for {} budget {} ({}): limit {}, used {}, requested {} {}. {}",
+                        scope_kind(&d.scope),
+                        d.scope,
+                        d.name,
+                        d.limit,
+                        (d.limit as i64 - d.available).max(0),
+                        d.requested,
+                        unit(d.name),
+                        if quota {
+                            format!("The quota resets in {}.", human(wait))
+                        } else {
+                            format!("Please try again in {}.", human(wait))
+                        }
+                    )
+                };
+                let (kind, code) = if quota {
+                    ("insufficient_quota", "insufficient_quota")
+                } else {
+                    (rate_type(d.name), "rate_limit_exceeded")
+                };
+                let mut resp = body(status, &message, kind, None, Some(code));
+                resp.headers_mut().extend(headers);
+                set(&mut resp, "retry-after", retry_after_secs(wait).to_string());
+                set(&mut resp, "retry-after-ms", wait.div_ceil(1000).max(1).to_string());
+                if quota {
+                    set(&mut resp, "x-should-retry", "false".into());
+                }
+                resp
+            }
+            ApiError::Impossible(i) => {
+                let message = format!(
+                    "Request too large for {} budget {} ({}): capacity {} {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+                    scope_kind(&i.scope), i.scope, i.name, i.capacity, unit(i.name), i.requested
+                );
+                let (kind, code) = if is_quota(i.name) {
+                    ("insufficient_quota", "insufficient_quota")
+                } else {
+                    (rate_type(i.name), "rate_limit_exceeded")
+                };
+                let mut resp = body(status, &message, kind, None, Some(code));
+                set(&mut resp, "x-should-retry", "false".into());
+                resp
+            }
+            ApiError::BadGateway(m) => body(status, &m, "upstream_error", None, Some("bad_gateway")),
+            ApiError::Unavailable(m) => body(status, &m, "upstream_error", None, Some("service_unavailable")),
+            ApiError::UpstreamRateLimited { retry_after_secs } => {
+                let mut resp = body(
+                    status,
+                    "The upstream provider is rate limiting this gateway. Please retry later.",
+                    "requests",
+                    None,
+                    Some("rate_limit_exceeded"),
+                );
+                let secs = retry_after_secs.unwrap_or(1).max(1);
+                set(&mut resp, "retry-after", secs.to_string());
+                set(&mut resp, "retry-after-ms", (secs * 1000).to_string());
+                resp
+            }
+            ApiError::GatewayTimeout => body(
+                status,
+                "The upstream did not answer in time.",
+                "upstream_error",
+                None,
+                Some("timeout"),
+            ),
+        }
+    }
+}
+
+/// A wait written for people: `1.5s`, `250ms`, `6m0s` (same as the headers).
+fn human(micros: u64) -> String {
+    super::headers::go_duration(micros)
+}

@@ -1,0 +1,534 @@
+//! The request lifecycle (DESIGN section 1): authenticate, parse and
+//! validate, route, estimate, reserve, forward, meter, settle.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::headers::rate_limit_headers;
+use super::settlement::HeldReservation;
+use super::AppState;
+use crate::config::{ModelPolicy, Policy, UpstreamPolicy};
+use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
+use crate::reserve::{plan, Admission, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope, Settlement};
+use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
+use crate::upstreams::UpstreamError;
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    proxy(st, Endpoint::ChatCompletions, headers, body).await
+}
+
+/// `POST /v1/completions` (legacy completions).
+pub async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    proxy(st, Endpoint::Completions, headers, body).await
+}
+
+/// `POST /v1/embeddings`.
+pub async fn embeddings(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    proxy(st, Endpoint::Embeddings, headers, body).await
+}
+
+/// `GET /v1/models`: the configured public models, OpenAI list shape.
+pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let policy = st.policy.load_full();
+    if let Err(e) = authenticate(&policy, &headers) {
+        return e.into_response();
+    }
+    let data: Vec<Value> = policy.models.iter().map(model_object).collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{model}`.
+pub async fn get_model(State(st): State<Arc<AppState>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
+    let policy = st.policy.load_full();
+    if let Err(e) = authenticate(&policy, &headers) {
+        return e.into_response();
+    }
+    match policy.model(&model) {
+        Some(m) => Json(model_object(m)).into_response(),
+        None => ApiError::ModelNotFound(model).into_response(),
+    }
+}
+
+fn model_object(m: &ModelPolicy) -> Value {
+    json!({"id": m.name, "object": "model", "created": 0, "owned_by": "budgetgate"})
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Response {
+    Json(json!({"status": "ok"})).into_response()
+}
+
+/// `GET /readyz`: the budget store answers.
+pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+    let policy = st.policy.load_full();
+    match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
+        Ok(Ok(_)) => Json(json!({"status": "ready", "policy_version": policy.version})).into_response(),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "store unavailable"}))).into_response(),
+    }
+}
+
+/// Any other path: 404 in OpenAI's shape, never proxied.
+pub async fn unknown_path(OriginalUri(uri): OriginalUri) -> Response {
+    ApiError::NotFound(uri.path().to_string()).into_response()
+}
+
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if let Some(k) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
+            let k = k.trim();
+            if !k.is_empty() {
+                return Some(k);
+            }
+        }
+    }
+    headers
+        .get("api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+fn authenticate<'p>(
+    policy: &'p Policy,
+    headers: &HeaderMap,
+) -> Result<(&'p crate::config::TenantPolicy, &'p crate::config::KeyPolicy), ApiError> {
+    let key = presented_key(headers).ok_or(ApiError::MissingKey)?;
+    policy.authenticate(key).ok_or(ApiError::InvalidKey)
+}
+
+async fn proxy(st: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Response {
+    match proxy_inner(st, endpoint, headers, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::info!(status = e.status().as_u16(), error = e.label(), "request refused");
+            e.into_response()
+        }
+    }
+}
+
+fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+    ApiError::InvalidRequest {
+        param: param.map(str::to_string),
+        message: message.into(),
+    }
+}
+
+/// The body after validation and estimation, ready to reserve.
+struct Prepared {
+    body: Map<String, Value>,
+    model: ModelPolicy,
+    estimate: Estimate,
+    stream: bool,
+    client_wants_usage: bool,
+    common: Vec<BudgetSpec>,
+    /// `(index into policy.upstreams, budgets)` per candidate deployment.
+    candidates: Vec<(usize, Vec<BudgetSpec>)>,
+}
+
+async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if e.to_string().contains("length limit") {
+            ApiError::BodyTooLarge { limit }
+        } else {
+            invalid(None, "The request body could not be read.")
+        }
+    })
+}
+
+fn prepare(
+    policy: &Policy,
+    endpoint: Endpoint,
+    tenant: &crate::config::TenantPolicy,
+    key: &crate::config::KeyPolicy,
+    bytes: &[u8],
+) -> Result<Prepared, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        invalid(
+            None,
+            format!("We could not parse the JSON body of your request ({e}). The OpenAI API expects a JSON payload."),
+        )
+    })?;
+    let Value::Object(body) = value else {
+        return Err(invalid(None, "The request body must be a JSON object."));
+    };
+    let model_name = match body.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        Some(_) => return Err(invalid(Some("model"), "`model` must be a string.")),
+        None => return Err(invalid(Some("model"), "You must provide a model parameter.")),
+    };
+    let model = policy
+        .model(&model_name)
+        .cloned()
+        .ok_or(ApiError::ModelNotFound(model_name))?;
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
+    };
+    if stream && endpoint == Endpoint::Embeddings {
+        return Err(invalid(Some("stream"), "Embeddings cannot be streamed."));
+    }
+    let client_wants_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let n = body.get("n").and_then(Value::as_u64).unwrap_or(1);
+    let ks = AppState::key_space(policy);
+    let common = plan::tenant_budgets(&ks, tenant, key, &model);
+    let candidates: Vec<(usize, Vec<BudgetSpec>)> = model
+        .upstreams
+        .iter()
+        .filter(|&&u| n <= 1 || policy.upstreams[u].supports_n)
+        .map(|&u| (u, plan::upstream_budgets(&ks, &policy.upstreams[u])))
+        .collect();
+    if candidates.is_empty() {
+        return Err(invalid(
+            Some("n"),
+            format!("`n` > 1 is not supported by any deployment of model `{}`.", model.name),
+        ));
+    }
+    let cand_specs: Vec<Vec<BudgetSpec>> = candidates.iter().map(|(_, s)| s.clone()).collect();
+    let tightest = plan::tightest_token_capacity(&common, &cand_specs);
+    let me = ModelEstimation {
+        encoding: model.encoding,
+        default_max_output_tokens: model.default_max_output_tokens,
+        max_output_tokens: model.max_output_tokens,
+        min_output_tokens: policy.min_output_tokens,
+    };
+    let body_value = Value::Object(body);
+    let estimate = match estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest) {
+        Ok(e) => e,
+        Err(EstimateError::Invalid { param, message }) => {
+            return Err(ApiError::InvalidRequest { param, message })
+        }
+        Err(EstimateError::Impossible { needed, capacity }) => {
+            let spec = common
+                .iter()
+                .chain(cand_specs.iter().flatten())
+                .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
+                .min_by_key(|s| s.capacity());
+            let (scope, name) = match spec {
+                Some(s) => (s.scope.clone(), s.name),
+                None => (Scope::Tenant(tenant.name.clone()), crate::reserve::BudgetName::Tpm),
+            };
+            return Err(ApiError::Impossible(Impossibility { scope, name, capacity, requested: needed }));
+        }
+    };
+    let Value::Object(body) = body_value else { unreachable!("constructed as an object above") };
+    Ok(Prepared {
+        body,
+        model,
+        estimate,
+        stream,
+        client_wants_usage,
+        common,
+        candidates,
+    })
+}
+
+/// Rewrites the body for the chosen upstream: model name, output cap
+/// (DESIGN section 1.6), and usage reporting for streams.
+fn rewrite_body(p: &mut Prepared, endpoint: Endpoint, upstream: &UpstreamPolicy) {
+    let b = &mut p.body;
+    b.insert("model".into(), Value::String(p.model.upstream_model.clone()));
+    if endpoint == Endpoint::Embeddings {
+        return;
+    }
+    let cap_field = if endpoint == Endpoint::Completions || upstream.max_tokens_only {
+        "max_tokens"
+    } else {
+        "max_completion_tokens"
+    };
+    let cap = match p.estimate.client_max_output {
+        Some(client) => client,
+        None if p.stream && !p.model.reasoning => p.model.max_output_tokens,
+        None => p.estimate.output_tokens_per_choice,
+    };
+    if cap_field == "max_tokens" {
+        b.remove("max_completion_tokens");
+    }
+    if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
+        b.insert(cap_field.into(), Value::from(cap));
+    }
+    if p.stream {
+        let opts = b
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !opts.is_object() {
+            *opts = Value::Object(Map::new());
+        }
+        if let Value::Object(o) = opts {
+            o.insert("include_usage".into(), Value::Bool(true));
+        }
+    }
+}
+
+async fn proxy_inner(
+    st: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let policy = st.policy.load_full();
+    let (tenant, key) = authenticate(&policy, &headers)?;
+    let bytes = read_body(body, policy.server.max_body_bytes, &headers).await?;
+    let mut prepared = prepare(&policy, endpoint, tenant, key, &bytes)?;
+
+    let id = uuid::Uuid::now_v7().to_string();
+    let request = ReserveRequest {
+        id: id.clone(),
+        tokens: prepared.estimate.total_tokens,
+        common: prepared.common.clone(),
+        candidates: prepared.candidates.iter().map(|(_, s)| s.clone()).collect(),
+        lease_micros: policy.server.lease.as_micros() as u64,
+        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros() as u64,
+    };
+    let outcome = match tokio::time::timeout(policy.store.timeout.max(std::time::Duration::from_millis(1)), st.store.reserve(&request)).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, tenant = %tenant.name, "budget store failed");
+            return Err(ApiError::Unavailable("The budget store is unavailable; please retry.".into()));
+        }
+        Err(_) => {
+            tracing::error!(tenant = %tenant.name, "budget store timed out");
+            return Err(ApiError::Unavailable("The budget store is unavailable; please retry.".into()));
+        }
+    };
+    let admission = match outcome {
+        ReserveOutcome::Admitted(a) => a,
+        ReserveOutcome::Denied(denial) => {
+            let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
+            return Err(ApiError::RateLimited {
+                denial,
+                headers,
+                concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+            });
+        }
+        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(i)),
+    };
+    let hold = HeldReservation::new(
+        id.clone(),
+        st.store.clone(),
+        st.settlements.clone(),
+        prepared.estimate.total_tokens,
+        policy.server.lease,
+        policy.server.settle_retry,
+    );
+    let upstream_idx = prepared.candidates[admission.candidate].0;
+    let upstream = policy.upstreams[upstream_idx].clone();
+    rewrite_body(&mut prepared, endpoint, &upstream);
+    let out_body = match serde_json::to_vec(&prepared.body) {
+        Ok(b) => Bytes::from(b),
+        Err(_) => {
+            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            return Err(invalid(None, "The request body could not be re-encoded."));
+        }
+    };
+    tracing::debug!(reservation_id = %id, tenant = %tenant.name, model = %prepared.model.name, deployment = %upstream.name, estimated = prepared.estimate.total_tokens, "admitted");
+
+    let sent = st
+        .upstream
+        .send(&upstream, endpoint, &prepared.model.upstream_model, out_body, &id)
+        .await;
+    let resp = match sent {
+        Ok(r) => r,
+        Err(e) => {
+            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            tracing::warn!(reservation_id = %id, deployment = %upstream.name, error = %e, "upstream request failed");
+            return Err(match e {
+                UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
+                _ => ApiError::BadGateway("The upstream could not be reached.".into()),
+            });
+        }
+    };
+    let status = resp.status();
+    let upstream_request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if !status.is_success() {
+        return upstream_failure(resp, hold, &id, &admission).await;
+    }
+
+    let mut out_headers = rate_limit_headers(&admission.budgets);
+    put(&mut out_headers, "x-request-id", &id);
+    if let Some(u) = &upstream_request_id {
+        put(&mut out_headers, "x-upstream-request-id", u);
+    }
+    if let Some(v) = resp.headers().get("openai-processing-ms") {
+        out_headers.insert(HeaderName::from_static("openai-processing-ms"), v.clone());
+    }
+
+    if prepared.stream {
+        let choices = prepared.estimate.choices.max(1);
+        let proc = StreamProcessor::new(endpoint, prepared.model.encoding, prepared.client_wants_usage, choices);
+        let extend_step = if prepared.estimate.client_max_output.is_some() || prepared.model.reasoning {
+            None
+        } else {
+            Some(policy.stream_extension_step)
+        };
+        let plan = ExtendPlan {
+            reserved_output: prepared.estimate.output_tokens,
+            step: extend_step,
+            max_output: prepared.model.max_output_tokens * choices,
+            input_tokens: prepared.estimate.input_tokens,
+        };
+        let (tx, rx) = mpsc::channel::<Bytes>(16);
+        let log_id = id.clone();
+        let tenant_name = tenant.name.clone();
+        let model_name = prepared.model.name.clone();
+        let deployment = upstream.name.clone();
+        let estimated = prepared.estimate.total_tokens;
+        tokio::spawn(async move {
+            let summary = relay::run(resp, proc, hold, plan, tx).await;
+            tracing::info!(reservation_id = %log_id, tenant = %tenant_name, model = %model_name, deployment = %deployment,
+                estimated, settled = summary.settled_tokens, ending = ?summary.ending, "stream finished");
+        });
+        let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
+        }));
+        let mut response = Response::new(body);
+        response.headers_mut().extend(out_headers);
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return Ok(response);
+    }
+
+    // Non-streaming: read the whole answer, settle from its usage.
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = match resp.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            tracing::warn!(reservation_id = %id, error = %e, "upstream body failed");
+            return Err(ApiError::BadGateway("The upstream response was interrupted.".into()));
+        }
+    };
+    let parsed: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            return Err(ApiError::BadGateway("The upstream returned a response that is not JSON.".into()));
+        }
+    };
+    let actual = usage_tokens(&parsed, endpoint).unwrap_or_else(|| {
+        prepared.estimate.input_tokens + count_output(&parsed, endpoint, &prepared.model)
+    });
+    hold.settle(Settlement { actual_tokens: actual, upstream_failed: false });
+    tracing::info!(reservation_id = %id, tenant = %tenant.name, model = %prepared.model.name, deployment = %upstream.name,
+        estimated = prepared.estimate.total_tokens, settled = actual, "request finished");
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().extend(out_headers);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    Ok(response)
+}
+
+fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        h.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// `prompt_tokens + completion_tokens` from an upstream `usage` object.
+fn usage_tokens(v: &Value, endpoint: Endpoint) -> Option<u64> {
+    let u = v.get("usage")?.as_object()?;
+    let prompt = u.get("prompt_tokens").and_then(Value::as_u64);
+    let completion = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+    match endpoint {
+        Endpoint::Embeddings => prompt.or_else(|| u.get("total_tokens").and_then(Value::as_u64)),
+        _ => prompt.map(|p| p + completion),
+    }
+}
+
+/// The gateway's own count of a non-streamed answer's output, when the upstream sent no usage.
+fn count_output(v: &Value, endpoint: Endpoint, model: &ModelPolicy) -> u64 {
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else { return 0 };
+    let enc = model.encoding;
+    let count = |x: Option<&Value>| x.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
+    choices
+        .iter()
+        .map(|c| match endpoint {
+            Endpoint::Completions => count(c.get("text")),
+            _ => {
+                let m = c.get("message");
+                let mut n = count(m.and_then(|m| m.get("content"))) + count(m.and_then(|m| m.get("refusal")));
+                if let Some(calls) = m.and_then(|m| m.get("tool_calls")).and_then(Value::as_array) {
+                    for call in calls {
+                        let f = call.get("function");
+                        n += count(f.and_then(|f| f.get("arguments"))) + count(f.and_then(|f| f.get("name")));
+                    }
+                }
+                n
+            }
+        })
+        .sum()
+}
+
+/// An upstream answered with an error status before any output: refund the
+/// tokens (the request count stays spent) and tell the client.
+async fn upstream_failure(
+    resp: reqwest::Response,
+    hold: HeldReservation,
+    id: &str,
+    admission: &Admission,
+) -> Result<Response, ApiError> {
+    let status = resp.status();
+    hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+    tracing::warn!(reservation_id = %id, status = status.as_u16(), "upstream answered with an error");
+    match status.as_u16() {
+        429 => {
+            let retry = resp
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            Err(ApiError::UpstreamRateLimited { retry_after_secs: retry })
+        }
+        401 | 403 => Err(ApiError::BadGateway(
+            "The upstream rejected the gateway's credentials.".into(),
+        )),
+        400..=499 => {
+            let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+            let body = resp.bytes().await.unwrap_or_default();
+            let mut r = Response::new(Body::from(body));
+            *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
+            r.headers_mut().extend(rate_limit_headers(&admission.budgets));
+            put(r.headers_mut(), "x-request-id", id);
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                content_type.unwrap_or(HeaderValue::from_static("application/json")),
+            );
+            Ok(r)
+        }
+        503 => Err(ApiError::Unavailable("The upstream is unavailable; please retry.".into())),
+        _ => Err(ApiError::BadGateway(format!("The upstream failed with status {}.", status.as_u16()))),
+    }
+}

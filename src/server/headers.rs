@@ -1,0 +1,167 @@
+//! Rate-limit headers clients see (DESIGN section 6): OpenAI's
+//! `x-ratelimit-*` names (OpenAI API reference, "Rate limits" guide) for the
+//! per-minute buckets, and the IETF `RateLimit-Policy` / `RateLimit` fields
+//! (draft-ietf-httpapi-ratelimit-headers revision 11, structured-field
+//! syntax) for every bucket and quota.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::reserve::{BudgetName, BudgetState, Scope};
+
+/// Formats a duration the way Go's `time.Duration.String` does and OpenAI
+/// writes `x-ratelimit-reset-*`: `0s`, `250µs`, `17ms`, `1.5s`, `6m0s`, `1h2m3s`.
+/// Millisecond precision above one millisecond.
+pub fn go_duration(micros: u64) -> String {
+    if micros == 0 {
+        return "0s".into();
+    }
+    if micros < 1_000 {
+        return format!("{micros}µs");
+    }
+    if micros < 1_000_000 {
+        let ms = micros / 1000;
+        let frac = micros % 1000;
+        return if frac == 0 {
+            format!("{ms}ms")
+        } else {
+            trim(format!("{ms}.{frac:03}")) + "ms"
+        };
+    }
+    let ms_total = micros.div_ceil(1000);
+    let h = ms_total / 3_600_000;
+    let m = (ms_total / 60_000) % 60;
+    let s = (ms_total / 1000) % 60;
+    let ms = ms_total % 1000;
+    let secs = if ms == 0 {
+        format!("{s}s")
+    } else {
+        trim(format!("{s}.{ms:03}")) + "s"
+    };
+    if h > 0 {
+        format!("{h}h{m}m{secs}")
+    } else if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
+    }
+}
+
+fn trim(s: String) -> String {
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn scope_label(scope: &Scope) -> &'static str {
+    match scope {
+        Scope::Tenant(_) => "tenant",
+        Scope::Key(..) => "key",
+        Scope::TenantModel(..) => "model",
+        Scope::Upstream(_) => "upstream",
+    }
+}
+
+/// The state with the lowest remaining/limit among `states` of `name`
+/// (compared exactly by cross-multiplication).
+fn tightest(states: &[BudgetState], name: BudgetName) -> Option<&BudgetState> {
+    states
+        .iter()
+        .filter(|s| s.name == name && s.limit > 0)
+        .min_by(|a, b| {
+            let l = a.remaining as i128 * b.limit as i128;
+            let r = b.remaining as i128 * a.limit as i128;
+            l.cmp(&r)
+        })
+}
+
+fn put(h: &mut HeaderMap, name: &'static str, value: String) {
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// Headers describing the budgets one decision touched. `states` are the
+/// values right after this request's debit (before its settle). Tenant-side
+/// scopes are preferred when reporting; upstream budgets are reported only
+/// when no tenant-side budget of that kind exists.
+pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let client_side: Vec<BudgetState> =
+        states.iter().filter(|s| !s.scope.is_upstream()).cloned().collect();
+    for (name, suffix) in [(BudgetName::Rpm, "requests"), (BudgetName::Tpm, "tokens")] {
+        let pick = tightest(&client_side, name).or_else(|| tightest(states, name));
+        if let Some(s) = pick {
+            let remaining = s.remaining.clamp(0, s.limit as i64);
+            let (l, r, t) = match suffix {
+                "requests" => (
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                ),
+                _ => (
+                    "x-ratelimit-limit-tokens",
+                    "x-ratelimit-remaining-tokens",
+                    "x-ratelimit-reset-tokens",
+                ),
+            };
+            put(&mut h, l, s.limit.to_string());
+            put(&mut h, r, remaining.to_string());
+            put(&mut h, t, go_duration(s.reset_micros));
+        }
+    }
+    let mut policies = Vec::new();
+    let mut values = Vec::new();
+    for s in &client_side {
+        let w = match (s.name, s.window) {
+            (BudgetName::Rpm | BudgetName::Tpm, _) => 60,
+            (_, Some(w)) => w.seconds(),
+            _ => continue,
+        };
+        let key = format!("{}-{}", scope_label(&s.scope), s.name.as_str().replace('_', "-"));
+        policies.push(format!("\"{key}\";q={};w={w}", s.limit));
+        values.push(format!(
+            "\"{key}\";r={};t={}",
+            s.remaining.clamp(0, s.limit as i64),
+            s.reset_micros.div_ceil(1_000_000)
+        ));
+    }
+    if !policies.is_empty() {
+        put(&mut h, "ratelimit-policy", policies.join(", "));
+        put(&mut h, "ratelimit", values.join(", "));
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_match_openai_examples() {
+        assert_eq!(go_duration(0), "0s");
+        assert_eq!(go_duration(250_000), "250ms");
+        assert_eq!(go_duration(1_000_000), "1s");
+        assert_eq!(go_duration(1_500_000), "1.5s");
+        assert_eq!(go_duration(360_000_000), "6m0s");
+        assert_eq!(go_duration(8_640_000), "8.64s");
+        assert_eq!(go_duration(3_723_000_000), "1h2m3s");
+        assert_eq!(go_duration(17), "17µs");
+    }
+
+    fn st(scope: Scope, name: BudgetName, limit: u64, remaining: i64) -> BudgetState {
+        BudgetState { scope, name, limit, remaining, reset_micros: 1_000_000, window: None }
+    }
+
+    #[test]
+    fn picks_lowest_ratio_and_clamps() {
+        let states = vec![
+            st(Scope::Tenant("a".into()), BudgetName::Tpm, 1000, 500),
+            st(Scope::Key("a".into(), "k".into()), BudgetName::Tpm, 100, 40),
+            st(Scope::Tenant("a".into()), BudgetName::Rpm, 10, -3),
+        ];
+        let h = rate_limit_headers(&states);
+        assert_eq!(h["x-ratelimit-limit-tokens"], "100");
+        assert_eq!(h["x-ratelimit-remaining-tokens"], "40");
+        assert_eq!(h["x-ratelimit-remaining-requests"], "0");
+        assert_eq!(h["x-ratelimit-reset-tokens"], "1s");
+        assert!(h["ratelimit-policy"].to_str().unwrap().contains("\"tenant-tpm\";q=1000;w=60"));
+    }
+}

@@ -1,0 +1,205 @@
+//! A reservation as a value that must be settled. [`HeldReservation`]
+//! renews its concurrency lease while alive, settles exactly once, and its
+//! `Drop` is the backstop that settles on every exit path (handler
+//! cancelled by a client disconnect, panic, early return). Settlements run
+//! as tracked tasks, off the response's critical path, retried with the
+//! same reservation id (idempotent) for a bounded time, and drained at
+//! shutdown.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
+
+/// Counts settlement tasks in flight so tests and shutdown can wait for them.
+#[derive(Clone, Default)]
+pub struct SettlementTracker {
+    inner: Arc<TrackerInner>,
+}
+
+#[derive(Default)]
+struct TrackerInner {
+    pending: AtomicUsize,
+    idle: Notify,
+    settled: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl SettlementTracker {
+    /// Settlements queued or running.
+    pub fn pending(&self) -> usize {
+        self.inner.pending.load(Ordering::SeqCst)
+    }
+
+    /// Settlements applied since start (including `AlreadySettled` answers).
+    pub fn settled(&self) -> u64 {
+        self.inner.settled.load(Ordering::SeqCst)
+    }
+
+    /// Settlements given up after the retry window.
+    pub fn failed(&self) -> u64 {
+        self.inner.failed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no settlement is pending.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.pending() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn spawn_settle(&self, store: Arc<dyn BudgetStore>, id: String, s: Settlement, retry_for: Duration) {
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let outcome = settle_with_retry(store.as_ref(), &id, s, retry_for).await;
+            match outcome {
+                Some(o) => {
+                    inner.settled.fetch_add(1, Ordering::SeqCst);
+                    tracing::debug!(reservation_id = %id, outcome = ?o, "settled");
+                }
+                None => {
+                    inner.failed.fetch_add(1, Ordering::SeqCst);
+                    tracing::error!(reservation_id = %id, actual_tokens = s.actual_tokens, "settlement failed after retries");
+                }
+            }
+            if inner.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+                inner.idle.notify_waiters();
+            }
+        });
+    }
+}
+
+/// Settles, retrying store errors with a growing back-off for up to `retry_for`.
+pub async fn settle_with_retry(
+    store: &dyn BudgetStore,
+    id: &str,
+    s: Settlement,
+    retry_for: Duration,
+) -> Option<SettleOutcome> {
+    let deadline = tokio::time::Instant::now() + retry_for;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match store.settle(id, s).await {
+            Ok(o) => return Some(o),
+            Err(e) => {
+                tracing::warn!(reservation_id = %id, error = %e, "settle failed, retrying");
+                if tokio::time::Instant::now() + backoff > deadline {
+                    return None;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
+/// dropped unsettled, the whole reservation is charged (no refund) and its
+/// slots are freed.
+pub struct HeldReservation {
+    id: String,
+    store: Arc<dyn BudgetStore>,
+    tracker: SettlementTracker,
+    reserved_tokens: u64,
+    settle_retry: Duration,
+    renewer: Option<JoinHandle<()>>,
+    done: bool,
+}
+
+impl HeldReservation {
+    /// Wraps an admitted reservation of `reserved_tokens` and starts renewing
+    /// its lease every `lease / 3`.
+    pub fn new(
+        id: String,
+        store: Arc<dyn BudgetStore>,
+        tracker: SettlementTracker,
+        reserved_tokens: u64,
+        lease: Duration,
+        settle_retry: Duration,
+    ) -> Self {
+        let renew_store = store.clone();
+        let renew_id = id.clone();
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let renewer = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = renew_store.renew(&renew_id).await {
+                    tracing::warn!(reservation_id = %renew_id, error = %e, "lease renewal failed");
+                }
+            }
+        });
+        Self {
+            id,
+            store,
+            tracker,
+            reserved_tokens,
+            settle_retry,
+            renewer: Some(renewer),
+            done: false,
+        }
+    }
+
+    /// The reservation id (also the response's `x-request-id`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Tokens reserved so far (initial + extensions).
+    pub fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens
+    }
+
+    /// Records an extension granted by the store.
+    pub fn add_extension(&mut self, granted: u64) {
+        self.reserved_tokens += granted;
+    }
+
+    /// The store holding this reservation.
+    pub fn store(&self) -> &Arc<dyn BudgetStore> {
+        &self.store
+    }
+
+    /// Settles in the background (tracked); consumes the reservation.
+    pub fn settle(mut self, s: Settlement) {
+        self.finish(s);
+    }
+
+    fn finish(&mut self, s: Settlement) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+        self.tracker
+            .spawn_settle(self.store.clone(), self.id.clone(), s, self.settle_retry);
+    }
+}
+
+impl Drop for HeldReservation {
+    fn drop(&mut self) {
+        if !self.done {
+            tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
+            let s = Settlement {
+                actual_tokens: self.reserved_tokens,
+                upstream_failed: false,
+            };
+            // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.finish(s);
+            }
+        }
+    }
+}

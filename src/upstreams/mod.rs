@@ -1,0 +1,119 @@
+//! Talking to upstream deployments: URLs and auth per provider kind, one
+//! pooled HTTP client, and the SSE relay that meters streams. This module
+//! knows nothing of budgets except through the reservation handle the relay
+//! is given.
+//!
+//! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
+//! - [`relay`]: metering, extension, cutoff and settlement of a stream.
+
+pub mod relay;
+pub mod sse;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::config::{UpstreamKind, UpstreamPolicy};
+use crate::estimate::Endpoint;
+
+/// A failure before any response arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// TCP/TLS connect failed.
+    #[error("could not connect to upstream {0}")]
+    Connect(String),
+    /// No answer within the upstream's timeout.
+    #[error("upstream {0} timed out")]
+    Timeout(String),
+    /// Any other transport error.
+    #[error("upstream {0} request failed")]
+    Other(String),
+}
+
+/// One pooled client for every upstream.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+}
+
+impl Default for UpstreamClient {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl UpstreamClient {
+    /// A client with pooled keep-alive connections.
+    pub fn new() -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Self { http }
+    }
+
+    /// Sends `body` (JSON bytes) to `endpoint` of `upstream`, with the
+    /// upstream's key injected and the gateway's reservation id as
+    /// `x-request-id`. Returns once response headers arrived.
+    pub async fn send(
+        &self,
+        upstream: &UpstreamPolicy,
+        endpoint: Endpoint,
+        upstream_model: &str,
+        body: Bytes,
+        request_id: &str,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = endpoint_url(upstream, endpoint, upstream_model);
+        let mut req = self
+            .http
+            .post(url)
+            .timeout(upstream.timeout)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", request_id)
+            .body(body);
+        if let Some(key) = &upstream.api_key {
+            req = match upstream.kind {
+                UpstreamKind::Azure => req.header("api-key", key),
+                _ => req.bearer_auth(key),
+            };
+        }
+        req.send().await.map_err(|e| {
+            let name = upstream.name.clone();
+            if e.is_connect() {
+                UpstreamError::Connect(name)
+            } else if e.is_timeout() {
+                UpstreamError::Timeout(name)
+            } else {
+                UpstreamError::Other(name)
+            }
+        })
+    }
+}
+
+/// Path of an endpoint under an OpenAI-style base URL.
+pub fn endpoint_path(endpoint: Endpoint) -> &'static str {
+    match endpoint {
+        Endpoint::ChatCompletions => "chat/completions",
+        Endpoint::Completions => "completions",
+        Endpoint::Embeddings => "embeddings",
+    }
+}
+
+/// Full URL for a request: `<base>/<path>` for OpenAI-compatible upstreams,
+/// `<base>/openai/deployments/<deployment>/<path>?api-version=<v>` for Azure
+/// (Azure OpenAI REST reference).
+pub fn endpoint_url(upstream: &UpstreamPolicy, endpoint: Endpoint, upstream_model: &str) -> String {
+    let path = endpoint_path(endpoint);
+    match upstream.kind {
+        UpstreamKind::Azure => format!(
+            "{}/openai/deployments/{}/{}?api-version={}",
+            upstream.base_url,
+            crate::reserve::keys::encode_name(upstream_model),
+            path,
+            upstream.api_version.as_deref().unwrap_or("2024-10-21")
+        ),
+        _ => format!("{}/{}", upstream.base_url, path),
+    }
+}

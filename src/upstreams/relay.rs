@@ -1,0 +1,397 @@
+//! Relaying a streamed completion (DESIGN section 5): frames are forwarded
+//! byte for byte as they arrive, metered as they pass, the reservation is
+//! extended as output grows, and the stream is cut off cleanly when no
+//! budget is left. The relay task owns the reservation and settles it on
+//! every exit path: completion, cutoff, upstream error, client disconnect.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::sse::{parse_frame, FrameSplitter};
+use crate::estimate::{Encoding, Endpoint};
+use crate::reserve::{ExtendOutcome, Settlement};
+use crate::server::settlement::HeldReservation;
+
+/// What the processor does with one frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameAction {
+    /// Send these bytes to the client.
+    Forward(Bytes),
+    /// Send nothing (stripped usage chunk, unparseable or field-only frame).
+    Drop,
+}
+
+/// Usage reported by the upstream (cumulative: the last one wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens (reasoning tokens included, as OpenAI reports them).
+    pub completion_tokens: u64,
+}
+
+/// The metering state machine, independent of I/O so it can be tested on
+/// any split of a recorded stream.
+#[derive(Debug)]
+pub struct StreamProcessor {
+    endpoint: Endpoint,
+    encoding: Encoding,
+    client_wants_usage: bool,
+    choices: u64,
+    output_tokens: u64,
+    usage: Option<Usage>,
+    finished: BTreeSet<u64>,
+    done: bool,
+    errored: bool,
+    id: Option<String>,
+    model: Option<String>,
+    created: Option<i64>,
+}
+
+impl StreamProcessor {
+    /// A processor for a stream of `choices` choices.
+    pub fn new(endpoint: Endpoint, encoding: Encoding, client_wants_usage: bool, choices: u64) -> Self {
+        Self {
+            endpoint,
+            encoding,
+            client_wants_usage,
+            choices: choices.max(1),
+            output_tokens: 0,
+            usage: None,
+            finished: BTreeSet::new(),
+            done: false,
+            errored: false,
+            id: None,
+            model: None,
+            created: None,
+        }
+    }
+
+    /// Output tokens counted from deltas so far, summed over choices.
+    pub fn output_tokens(&self) -> u64 {
+        self.output_tokens
+    }
+
+    /// The upstream's last usage, if any.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// True once `data: [DONE]` passed.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// True once an error event passed.
+    pub fn is_errored(&self) -> bool {
+        self.errored
+    }
+
+    /// True when every choice has a `finish_reason`.
+    pub fn all_finished(&self) -> bool {
+        self.finished.len() as u64 >= self.choices
+    }
+
+    /// Processes one complete frame (with its terminating blank line).
+    pub fn on_frame(&mut self, raw: Bytes) -> FrameAction {
+        let frame = parse_frame(&raw);
+        if frame.comment_only {
+            // Comments (keep-alives) are forwarded; empty frames are noise.
+            return if raw.iter().all(|b| *b == b'\n' || *b == b'\r') {
+                FrameAction::Drop
+            } else {
+                FrameAction::Forward(raw)
+            };
+        }
+        let Some(data) = frame.data else {
+            // `id:`/`retry:`/`event:`-only frames carry nothing the SDKs can use.
+            return FrameAction::Drop;
+        };
+        let trimmed = data.trim();
+        if trimmed == "[DONE]" {
+            self.done = true;
+            return FrameAction::Forward(raw);
+        }
+        let Ok(v) = serde_json::from_str::<Value>(trimmed) else {
+            tracing::debug!("dropping an SSE frame whose data is not JSON");
+            return FrameAction::Drop;
+        };
+        if v.get("error").is_some_and(|e| !e.is_null()) {
+            self.errored = true;
+            return FrameAction::Forward(raw);
+        }
+        if self.id.is_none() {
+            self.id = v.get("id").and_then(Value::as_str).map(str::to_string);
+        }
+        if self.model.is_none() {
+            self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+        }
+        if self.created.is_none() {
+            self.created = v.get("created").and_then(Value::as_i64);
+        }
+        let mut usage_only = false;
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(Usage {
+                prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+                completion_tokens: u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+            });
+            usage_only = v
+                .get("choices")
+                .and_then(Value::as_array)
+                .is_none_or(|c| c.is_empty());
+        }
+        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for c in choices {
+                self.output_tokens += self.count_choice(c);
+                if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
+                    let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    self.finished.insert(idx);
+                }
+            }
+        }
+        if usage_only && !self.client_wants_usage {
+            return FrameAction::Drop;
+        }
+        FrameAction::Forward(raw)
+    }
+
+    fn count_choice(&self, c: &Value) -> u64 {
+        let enc = self.encoding;
+        let count = |v: Option<&Value>| v.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
+        match self.endpoint {
+            Endpoint::Completions => count(c.get("text")),
+            _ => {
+                let Some(delta) = c.get("delta") else { return 0 };
+                let mut n = count(delta.get("content")) + count(delta.get("refusal"));
+                if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                    for call in calls {
+                        if let Some(f) = call.get("function") {
+                            n += count(f.get("arguments")) + count(f.get("name"));
+                        }
+                    }
+                }
+                if let Some(f) = delta.get("function_call") {
+                    n += count(f.get("arguments")) + count(f.get("name"));
+                }
+                n
+            }
+        }
+    }
+
+    fn chunk_frame(v: &Value) -> Bytes {
+        Bytes::from(format!("data: {v}\n\n"))
+    }
+
+    /// Frames ending a stream that was cut off: a final chunk with
+    /// `finish_reason: "length"` for every unfinished choice, the usage chunk
+    /// when the client asked for usage (delivered counts), then `[DONE]`.
+    pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
+        let id = self.id.clone().unwrap_or_else(|| "chatcmpl-budgetgate".into());
+        let model = self.model.clone().unwrap_or_default();
+        let created = self.created.unwrap_or(0);
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            _ => "chat.completion.chunk",
+        };
+        let mut out = Vec::new();
+        for i in 0..self.choices {
+            if self.finished.contains(&i) {
+                continue;
+            }
+            let choice = match self.endpoint {
+                Endpoint::Completions => {
+                    json!({"index": i, "text": "", "logprobs": null, "finish_reason": "length"})
+                }
+                _ => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": "length"}),
+            };
+            out.push(Self::chunk_frame(&json!({
+                "id": id, "object": object, "created": created, "model": model,
+                "choices": [choice]
+            })));
+        }
+        if self.client_wants_usage {
+            out.push(Self::chunk_frame(&json!({
+                "id": id, "object": object, "created": created, "model": model,
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": self.output_tokens,
+                    "total_tokens": prompt_tokens + self.output_tokens
+                }
+            })));
+        }
+        out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+        out
+    }
+}
+
+/// An SSE error event in OpenAI's error shape; the official SDKs raise on it.
+pub fn error_frame(message: &str, code: &str) -> Bytes {
+    let v = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": code}});
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// How a stream ended, for logs and settlement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// `[DONE]` passed (or was appended because every choice finished).
+    Completed,
+    /// The budget ran out; cut off cleanly.
+    CutOff,
+    /// The client went away.
+    ClientGone,
+    /// The upstream failed or closed early; an error event was sent.
+    UpstreamError,
+}
+
+/// Extension policy of one stream.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtendPlan {
+    /// Output tokens reserved so far, all choices.
+    pub reserved_output: u64,
+    /// Extension step, tokens; `None` when output is bounded by the client's
+    /// own cap or the model is a reasoning model.
+    pub step: Option<u64>,
+    /// Largest output the upstream may produce, all choices.
+    pub max_output: u64,
+    /// Tokens charged for the prompt when no upstream usage arrives.
+    pub input_tokens: u64,
+}
+
+/// What the relay reports when it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct RelaySummary {
+    /// How it ended.
+    pub ending: Ending,
+    /// Tokens settled.
+    pub settled_tokens: u64,
+    /// Output tokens counted from deltas.
+    pub counted_output: u64,
+}
+
+/// Relays `upstream` to `tx`, metering and extending; settles `hold` before
+/// returning. `first` holds bytes already read (none usually).
+pub async fn run(
+    upstream: reqwest::Response,
+    mut proc: StreamProcessor,
+    mut hold: HeldReservation,
+    mut plan: ExtendPlan,
+    tx: mpsc::Sender<Bytes>,
+) -> RelaySummary {
+    let mut splitter = FrameSplitter::new();
+    let mut body = upstream.bytes_stream();
+    let mut extensions_work = true;
+    let ending = 'relay: loop {
+        let next = tokio::select! {
+            biased;
+            _ = tx.closed() => break 'relay Ending::ClientGone,
+            next = body.next() => next,
+        };
+        let chunk = match next {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(e)) => {
+                tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream stream failed");
+                let _ = tx
+                    .send(error_frame("The upstream connection failed mid-stream.", "upstream_stream_error"))
+                    .await;
+                break Ending::UpstreamError;
+            }
+            None => {
+                let rest = splitter.finish();
+                if !rest.is_empty() {
+                    // A last frame without its blank line: complete it.
+                    let mut framed = rest.to_vec();
+                    framed.extend_from_slice(b"\n\n");
+                    if let FrameAction::Forward(b) = proc.on_frame(Bytes::from(framed)) {
+                        if tx.send(b).await.is_err() {
+                            break Ending::ClientGone;
+                        }
+                    }
+                }
+                if proc.is_done() {
+                    break Ending::Completed;
+                }
+                if proc.is_errored() {
+                    break Ending::UpstreamError;
+                }
+                if proc.all_finished() {
+                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                    break Ending::Completed;
+                }
+                let _ = tx
+                    .send(error_frame(
+                        "The upstream closed the stream before it finished.",
+                        "upstream_stream_truncated",
+                    ))
+                    .await;
+                break Ending::UpstreamError;
+            }
+        };
+        for frame in splitter.push(&chunk) {
+            if let FrameAction::Forward(b) = proc.on_frame(frame) {
+                if tx.send(b).await.is_err() {
+                    break 'relay Ending::ClientGone;
+                }
+            }
+            if proc.is_done() {
+                break 'relay Ending::Completed;
+            }
+            let Some(step) = plan.step else { continue };
+            while extensions_work
+                && proc.output_tokens() >= plan.reserved_output
+                && plan.reserved_output < plan.max_output
+            {
+                let want = step.min(plan.max_output - plan.reserved_output);
+                let outcome = hold.store().extend(hold.id(), want).await;
+                match outcome {
+                    Ok(ExtendOutcome::Extended { granted, .. }) => {
+                        plan.reserved_output += granted;
+                        hold.add_extension(granted);
+                    }
+                    Ok(ExtendOutcome::Exhausted(d)) => {
+                        tracing::info!(reservation_id = %hold.id(), scope = %d.scope, budget = %d.name, "budget exhausted mid-stream; cutting off");
+                        for f in proc.cutoff_frames(plan.input_tokens) {
+                            if tx.send(f).await.is_err() {
+                                break;
+                            }
+                        }
+                        break 'relay Ending::CutOff;
+                    }
+                    Ok(other) => {
+                        tracing::warn!(reservation_id = %hold.id(), outcome = ?other, "extension of a missing hold; cutting off");
+                        for f in proc.cutoff_frames(plan.input_tokens) {
+                            if tx.send(f).await.is_err() {
+                                break;
+                            }
+                        }
+                        break 'relay Ending::CutOff;
+                    }
+                    Err(e) => {
+                        // The upstream cap still bounds the output; the limiter must not become the outage.
+                        tracing::warn!(reservation_id = %hold.id(), error = %e, "extension failed; continuing under the upstream cap");
+                        extensions_work = false;
+                    }
+                }
+            }
+        }
+    };
+    drop(body); // aborts the upstream request if it is still running
+    let settled_tokens = match (ending, proc.usage()) {
+        (Ending::Completed, Some(u)) => u.prompt_tokens + u.completion_tokens,
+        _ => plan.input_tokens + proc.output_tokens(),
+    };
+    let counted_output = proc.output_tokens();
+    hold.settle(Settlement {
+        actual_tokens: settled_tokens,
+        upstream_failed: false,
+    });
+    RelaySummary {
+        ending,
+        settled_tokens,
+        counted_output,
+    }
+}

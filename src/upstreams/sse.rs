@@ -1,0 +1,167 @@
+//! Server-sent events by frames (DESIGN section 5; WHATWG HTML Living
+//! Standard, "Server-sent events", for line endings and fields).
+//!
+//! [`FrameSplitter`] cuts a raw byte stream into frames, each ending with a
+//! blank line (`\n\n`, `\r\n\r\n`, `\r\r` or mixtures), keeping each frame's
+//! original bytes so the relay can forward it untouched. A `\r` at the end
+//! of a read is held back until the next read says whether `\n` follows,
+//! and frames split inside UTF-8 characters are fine because splitting
+//! works on bytes. [`parse_frame`] reads a frame's fields.
+
+use bytes::{Bytes, BytesMut};
+
+/// Cuts a byte stream into SSE frames.
+#[derive(Debug, Default)]
+pub struct FrameSplitter {
+    buf: BytesMut,
+    /// Where the current frame starts in `buf` is always 0; `scan` is where
+    /// the next unexamined line starts.
+    scan: usize,
+}
+
+impl FrameSplitter {
+    /// An empty splitter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds bytes read from the upstream and returns every frame completed,
+    /// each with its terminating blank line.
+    pub fn push(&mut self, data: &[u8]) -> Vec<Bytes> {
+        self.buf.extend_from_slice(data);
+        let mut frames = Vec::new();
+        loop {
+            let mut line_start = self.scan;
+            let mut complete = None;
+            let mut i = line_start;
+            while i < self.buf.len() {
+                let b = self.buf[i];
+                if b == b'\n' || b == b'\r' {
+                    let term = if b == b'\r' {
+                        if i + 1 >= self.buf.len() {
+                            break; // need the next byte to know if it is CRLF
+                        }
+                        if self.buf[i + 1] == b'\n' {
+                            2
+                        } else {
+                            1
+                        }
+                    } else {
+                        1
+                    };
+                    let end = i + term;
+                    if i == line_start {
+                        complete = Some(end);
+                        break;
+                    }
+                    line_start = end;
+                    i = end;
+                } else {
+                    i += 1;
+                }
+            }
+            match complete {
+                Some(end) => {
+                    frames.push(self.buf.split_to(end).freeze());
+                    self.scan = 0;
+                }
+                None => {
+                    self.scan = line_start;
+                    return frames;
+                }
+            }
+        }
+    }
+
+    /// Bytes of an unfinished frame left at end of stream (empty if none).
+    pub fn finish(&mut self) -> Bytes {
+        self.scan = 0;
+        self.buf.split().freeze()
+    }
+}
+
+/// What a frame carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// `event:` value, if any.
+    pub event: Option<String>,
+    /// `data:` lines joined with `\n`; `None` when the frame has no data line.
+    pub data: Option<String>,
+    /// True when the frame has only comments (`: keep-alive`) or is empty.
+    pub comment_only: bool,
+}
+
+/// Parses one frame's fields (`data`, `event`; `id` and `retry` are read
+/// and ignored, comments noted). Invalid UTF-8 is replaced, never panics.
+pub fn parse_frame(raw: &[u8]) -> Frame {
+    let text = String::from_utf8_lossy(raw);
+    let mut data: Option<String> = None;
+    let mut event = None;
+    let mut only_comments = true;
+    for line in text.split(['\n', '\r']) {
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with(':') {
+            continue;
+        }
+        only_comments = false;
+        let (field, value) = match line.find(':') {
+            Some(p) => {
+                let v = &line[p + 1..];
+                (&line[..p], v.strip_prefix(' ').unwrap_or(v))
+            }
+            None => (line, ""),
+        };
+        match field {
+            "data" => match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            },
+            "event" => event = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    Frame {
+        event,
+        data,
+        comment_only: only_comments,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_on_every_blank_line_style() {
+        let mut s = FrameSplitter::new();
+        let f = s.push(b"data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d\n");
+        assert_eq!(f, vec![
+            Bytes::from_static(b"data: a\n\n"),
+            Bytes::from_static(b"data: b\r\n\r\n"),
+            Bytes::from_static(b"data: c\r\r"),
+        ]);
+        assert_eq!(s.push(b"\n"), vec![Bytes::from_static(b"data: d\n\n")]);
+    }
+
+    #[test]
+    fn cr_at_end_of_read_waits_for_next_byte() {
+        let mut s = FrameSplitter::new();
+        assert!(s.push(b"data: x\r\n\r").is_empty());
+        assert_eq!(s.push(b"\n"), vec![Bytes::from_static(b"data: x\r\n\r\n")]);
+    }
+
+    #[test]
+    fn multi_line_data_and_comments() {
+        let f = parse_frame(b": keep-alive\ndata: {\"a\":\ndata: 1}\nid: 7\n\n");
+        assert_eq!(f.data.as_deref(), Some("{\"a\":\n1}"));
+        assert!(!f.comment_only);
+        assert!(parse_frame(b": ping\n\n").comment_only);
+        let only_id = parse_frame(b"id: 3\nretry: 100\n\n");
+        assert_eq!(only_id.data, None);
+    }
+}
