@@ -882,16 +882,28 @@ fn prompt_filter_results() -> Value {
 }
 
 /// Reads an optional positive integer parameter.
-fn positive_param(body: &Value, key: &str) -> Result<Option<u64>, Response> {
+fn positive_param(body: &Value, key: &str) -> Result<Option<u64>, ParamError> {
     match body.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => Ok(Some(n)),
-            _ => Err(bad_param(
-                key,
-                &format!("Invalid '{key}': expected an integer >= 1, got {v}."),
-            )),
+            _ => Err(ParamError {
+                param: key.to_string(),
+                message: format!("Invalid '{key}': expected an integer >= 1, got {v}."),
+            }),
         },
+    }
+}
+
+/// An invalid request parameter (answered as a 400).
+struct ParamError {
+    param: String,
+    message: String,
+}
+
+impl From<ParamError> for Response {
+    fn from(e: ParamError) -> Response {
+        bad_param(&e.param, &e.message)
     }
 }
 

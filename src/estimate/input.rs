@@ -3,8 +3,8 @@
 use serde_json::{Map, Value};
 
 use super::{
-    describe, Encoding, EstimateError, EstimateSettings, REPLY_PRIMING_TOKENS,
-    TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOOL_CALL_OVERHEAD_TOKENS,
+    describe, Encoding, EstimateError, EstimateSettings, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE,
+    TOKENS_PER_NAME, TOOL_CALL_OVERHEAD_TOKENS,
 };
 
 /// Running input count of one request.
@@ -92,7 +92,10 @@ pub(super) fn chat_input(
         let Value::Object(message) = message else {
             return Err(EstimateError::invalid(
                 Some("messages"),
-                format!("'messages[{i}]' must be an object, got {}", describe(message)),
+                format!(
+                    "'messages[{i}]' must be an object, got {}",
+                    describe(message)
+                ),
             ));
         };
         message_tokens(message, enc, settings, &mut t);
@@ -203,12 +206,16 @@ fn count_text_or_tokens(
     };
     let token_array = |a: &[Value]| -> Result<u64, EstimateError> {
         if a.is_empty() {
-            return Err(bad(format!("'{param}' must not contain an empty token array")));
+            return Err(bad(format!(
+                "'{param}' must not contain an empty token array"
+            )));
         }
         if a.iter().all(Value::is_u64) {
             Ok(a.len() as u64)
         } else {
-            Err(bad(format!("'{param}' token ids must be non-negative integers")))
+            Err(bad(format!(
+                "'{param}' token ids must be non-negative integers"
+            )))
         }
     };
     match v {

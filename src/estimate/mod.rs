@@ -411,10 +411,7 @@ fn positive_int(body: &Map<String, Value>, param: &str) -> Result<Option<u64>, E
             Some(x) if x >= 1 => Ok(Some(x)),
             _ => Err(EstimateError::invalid(
                 Some(param),
-                format!(
-                    "'{param}' must be an integer >= 1, got {}",
-                    describe(v)
-                ),
+                format!("'{param}' must be an integer >= 1, got {}", describe(v)),
             )),
         },
     }

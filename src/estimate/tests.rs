@@ -73,7 +73,9 @@ fn rule_user(text: &str) -> u64 {
 
 fn margin(structured: u64) -> u64 {
     let s = EstimateSettings::default();
-    structured + (structured * s.structured_margin_percent).div_ceil(100) + s.structured_margin_tokens
+    structured
+        + (structured * s.structured_margin_percent).div_ceil(100)
+        + s.structured_margin_tokens
 }
 
 // ---- encodings -------------------------------------------------------------
@@ -249,7 +251,10 @@ fn legacy_functions_and_json_schema_response_format_are_counted() {
     });
     let s = o200k(&serde_json::to_string(&functions).unwrap())
         + o200k(&serde_json::to_string(&schema).unwrap());
-    assert_eq!(chat(body).unwrap().input_tokens, rule_user("hi") + margin(s));
+    assert_eq!(
+        chat(body).unwrap().input_tokens,
+        rule_user("hi") + margin(s)
+    );
 }
 
 #[test]
@@ -316,17 +321,33 @@ fn missing_empty_or_malformed_messages_are_rejected_with_param_messages() {
         json!({"messages": ["hello"]}),
         json!({"messages": [{"role": "user", "content": "ok"}, 5]}),
     ] {
-        assert_eq!(invalid_param(chat(body.clone())).as_deref(), Some("messages"), "{body}");
+        assert_eq!(
+            invalid_param(chat(body.clone())).as_deref(),
+            Some("messages"),
+            "{body}"
+        );
     }
 }
 
 #[test]
 fn out_of_range_output_caps_are_rejected_with_their_param() {
     for param in ["max_tokens", "max_completion_tokens"] {
-        for bad in [json!(0), json!(-5), json!(1.5), json!(10.0), json!("100"), json!(true), json!([1])] {
+        for bad in [
+            json!(0),
+            json!(-5),
+            json!(1.5),
+            json!(10.0),
+            json!("100"),
+            json!(true),
+            json!([1]),
+        ] {
             let mut body = user("hi");
             body[param] = bad.clone();
-            assert_eq!(invalid_param(chat(body)).as_deref(), Some(param), "{param}={bad}");
+            assert_eq!(
+                invalid_param(chat(body)).as_deref(),
+                Some(param),
+                "{param}={bad}"
+            );
         }
         let mut body = user("hi");
         body[param] = json!(4001);
@@ -488,7 +509,11 @@ fn completions_prompt_shapes_are_counted() {
 
 #[test]
 fn batched_completion_prompts_reserve_output_for_every_prompt() {
-    let e = completions(json!({"prompt": ["a", "b", "c"], "max_tokens": 10, "n": 2}), None).unwrap();
+    let e = completions(
+        json!({"prompt": ["a", "b", "c"], "max_tokens": 10, "n": 2}),
+        None,
+    )
+    .unwrap();
     assert_eq!(e.choices, 6);
     assert_eq!(e.output_tokens, 60);
     let e = completions(json!({"prompt": [[1], [2]], "max_tokens": 10}), None).unwrap();
@@ -497,10 +522,18 @@ fn batched_completion_prompts_reserve_output_for_every_prompt() {
 
 #[test]
 fn completions_multiply_output_by_the_larger_of_n_and_best_of() {
-    let e = completions(json!({"prompt": "x", "max_tokens": 10, "n": 2, "best_of": 5}), None).unwrap();
+    let e = completions(
+        json!({"prompt": "x", "max_tokens": 10, "n": 2, "best_of": 5}),
+        None,
+    )
+    .unwrap();
     assert_eq!(e.choices, 5);
     assert_eq!(e.output_tokens, 50);
-    let e = completions(json!({"prompt": "x", "max_tokens": 10, "n": 4, "best_of": 1}), None).unwrap();
+    let e = completions(
+        json!({"prompt": "x", "max_tokens": 10, "n": 4, "best_of": 1}),
+        None,
+    )
+    .unwrap();
     assert_eq!(e.choices, 4);
 }
 
@@ -535,7 +568,10 @@ fn completions_validation_errors_name_their_param() {
     ] {
         let mut body = json!({"prompt": "x"});
         body[param] = bad;
-        assert_eq!(invalid_param(completions(body, None)).as_deref(), Some(param));
+        assert_eq!(
+            invalid_param(completions(body, None)).as_deref(),
+            Some(param)
+        );
     }
 }
 
@@ -555,7 +591,10 @@ fn embeddings_cost_input_only_for_every_shape() {
     let cl = |s: &str| Encoding::Cl100kBase.count(s);
     for (input, want) in [
         (json!("hello world"), cl("hello world")),
-        (json!(["hello", "world peace"]), cl("hello") + cl("world peace")),
+        (
+            json!(["hello", "world peace"]),
+            cl("hello") + cl("world peace"),
+        ),
         (json!([10, 20, 30]), 3),
         (json!([[10, 20], [30]]), 3),
     ] {
@@ -585,7 +624,11 @@ fn empty_or_malformed_embeddings_input_is_rejected() {
         json!({"input": {"a": 1}}),
         json!({"input": 7}),
     ] {
-        assert_eq!(invalid_param(embeddings(body.clone())).as_deref(), Some("input"), "{body}");
+        assert_eq!(
+            invalid_param(embeddings(body.clone())).as_deref(),
+            Some("input"),
+            "{body}"
+        );
     }
 }
 
@@ -618,6 +661,22 @@ fn huge_values_saturate_instead_of_overflowing() {
     )
     .unwrap();
     assert!(e.lowered_default);
+    // An overflowing minimum must read as "does not fit", not saturate into
+    // a fit.
+    let m = ModelEstimation {
+        min_output_tokens: u64::MAX,
+        ..m
+    };
+    let mut body = user("hi");
+    body["n"] = json!(2);
+    let r = estimate(
+        Endpoint::ChatCompletions,
+        &body,
+        &m,
+        &EstimateSettings::default(),
+        Some(u64::MAX),
+    );
+    assert!(matches!(r, Err(EstimateError::Impossible { .. })), "{r:?}");
 }
 
 #[test]
