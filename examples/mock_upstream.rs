@@ -860,7 +860,7 @@ fn usage_json(prompt: u64, completion: Option<u64>) -> Value {
         Some(c) => json!({
             "prompt_tokens": prompt,
             "completion_tokens": c,
-            "total_tokens": prompt + c,
+            "total_tokens": prompt.saturating_add(c),
             "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
             "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
                 "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0},
@@ -957,8 +957,8 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
     } else {
         "stop"
     };
-    let choices = n * prompts;
-    let (p_usage, c_usage) = st.usage(prompt_tokens, choices * k);
+    let choices = n.saturating_mul(prompts);
+    let (p_usage, c_usage) = st.usage(prompt_tokens, choices.saturating_mul(k));
     let usage = (fault != Some(Fault::MissingUsage)).then(|| usage_json(p_usage, Some(c_usage)));
     let token_delay = *lock(&st.token_delay);
     let created = now_secs();
