@@ -11,7 +11,10 @@ use crate::reserve::BudgetStore;
 use crate::server::{router, AppState};
 
 /// Builds the store `policy` configures, reading time from `clock`.
-pub async fn build_store(policy: &Policy, clock: Arc<dyn Clock>) -> Result<Arc<dyn BudgetStore>, String> {
+pub async fn build_store(
+    policy: &Policy,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<dyn BudgetStore>, String> {
     match &policy.store.kind {
         StoreKind::Memory => Ok(Arc::new(MemoryStore::new(clock))),
         StoreKind::Redis { url } => Err(format!(
@@ -28,13 +31,19 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(state.clone());
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
     state.settlements.wait_idle().await;
     Ok(())
 }
 
 /// Starts a gateway for `policy` on the system clock (the `serve` command).
-pub async fn run(policy: Policy, listen: Option<std::net::SocketAddr>, _config_path: std::path::PathBuf) -> Result<(), String> {
+pub async fn run(
+    policy: Policy,
+    listen: Option<std::net::SocketAddr>,
+    _config_path: std::path::PathBuf,
+) -> Result<(), String> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = build_store(&policy, clock.clone()).await?;
     let addr = listen.unwrap_or(policy.server.listen);

@@ -12,7 +12,11 @@ use budgetgate::estimate::{self, Endpoint, ModelEstimation};
 use budgetgate::reserve::{keys::KeySpace, plan};
 
 #[derive(Parser)]
-#[command(name = "budgetgate", version, about = "An OpenAI-compatible LLM token-budget gateway")]
+#[command(
+    name = "budgetgate",
+    version,
+    about = "An OpenAI-compatible LLM token-budget gateway"
+)]
 struct Cli {
     /// Log as JSON lines instead of text.
     #[arg(long, global = true, env = "BUDGETGATE_LOG_JSON")]
@@ -60,9 +64,16 @@ fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if json {
-        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
     }
 }
 
@@ -114,7 +125,12 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Estimate { config, model, endpoint, file } => estimate_cmd(config, model, &endpoint, &file),
+        Command::Estimate {
+            config,
+            model,
+            endpoint,
+            file,
+        } => estimate_cmd(config, model, &endpoint, &file),
         Command::HashKey => {
             let mut key = String::new();
             if let Err(e) = std::io::stdin().read_to_string(&mut key) {
@@ -172,7 +188,11 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
             return ExitCode::FAILURE;
         }
     };
-    let model_name = model.or_else(|| body.get("model").and_then(|m| m.as_str()).map(str::to_string));
+    let model_name = model.or_else(|| {
+        body.get("model")
+            .and_then(|m| m.as_str())
+            .map(str::to_string)
+    });
     let Some(model_name) = model_name else {
         eprintln!("give --model or a `model` field in the body");
         return ExitCode::FAILURE;

@@ -19,9 +19,15 @@ fn chat_input_estimate(body: &Value) -> u64 {
         max_output_tokens: 4096,
         min_output_tokens: 16,
     };
-    estimate(Endpoint::ChatCompletions, body, &me, &EstimateSettings::default(), None)
-        .expect("estimate")
-        .input_tokens
+    estimate(
+        Endpoint::ChatCompletions,
+        body,
+        &me,
+        &EstimateSettings::default(),
+        None,
+    )
+    .expect("estimate")
+    .input_tokens
 }
 
 async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
@@ -35,7 +41,9 @@ async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
 }
 
 fn header(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers().get(name).map(|v| v.to_str().unwrap().to_string())
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
 }
 
 async fn tenant_state(gw: &Gateway, name: BudgetName) -> i64 {
@@ -58,7 +66,9 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
     let mock = start_mock().await;
     mock.state.hold();
     let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 1000", "")).await;
-    let e = chat_input_estimate(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})) + 100;
+    let e = chat_input_estimate(
+        &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+    ) + 100;
     let expected = (1000 / e) as usize;
 
     let base = gw.base_url();
@@ -68,27 +78,42 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
     let mut stable_since = None;
     loop {
         let held = mock.state.held_count();
-        assert!(held <= expected, "more requests reached the upstream ({held}) than fit ({expected})");
-        assert!(gw.store.live_holds() as u64 * e <= 1000, "live reservations exceed the bucket");
+        assert!(
+            held <= expected,
+            "more requests reached the upstream ({held}) than fit ({expected})"
+        );
+        assert!(
+            gw.store.live_holds() as u64 * e <= 1000,
+            "live reservations exceed the bucket"
+        );
         if held == expected {
             let since = *stable_since.get_or_insert_with(tokio::time::Instant::now);
             if since.elapsed() > Duration::from_millis(500) {
                 break;
             }
         }
-        assert!(tokio::time::Instant::now() < deadline, "only {held} of {expected} admissions reached the upstream");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {held} of {expected} admissions reached the upstream"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     mock.state.release();
     let r = py.await.unwrap().json();
     let results = r.as_array().unwrap();
     let admitted = results.iter().filter(|x| x["ok"] == true).count();
-    assert_eq!(admitted, expected, "E = {e}: admitted {admitted}, expected floor(1000/E) = {expected}");
+    assert_eq!(
+        admitted, expected,
+        "E = {e}: admitted {admitted}, expected floor(1000/E) = {expected}"
+    );
     for x in results.iter().filter(|x| x["ok"] != true) {
         assert_eq!(x["status"], 429, "{x}");
         assert_eq!(x["code"], "rate_limit_exceeded", "{x}");
         assert_eq!(x["type"], "tokens", "{x}");
-        assert!(x["retry_after"].as_str().unwrap().parse::<u64>().unwrap() >= 1, "{x}");
+        assert!(
+            x["retry_after"].as_str().unwrap().parse::<u64>().unwrap() >= 1,
+            "{x}"
+        );
         assert!(x["remaining_tokens"].is_string(), "{x}");
     }
 }
@@ -108,7 +133,10 @@ async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
     assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), a);
     gw.settled().await;
     let r2 = post(&gw, &body).await;
-    let remaining: i64 = header(&r2, "x-ratelimit-remaining-tokens").unwrap().parse().unwrap();
+    let remaining: i64 = header(&r2, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
     // Without the refund: 1000 - E - E. With it: higher by E - A.
     assert_eq!(remaining, 1000 - e as i64 - e as i64 + (e - a) as i64);
 }
@@ -131,11 +159,22 @@ async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() 
     let wait_micros = (e as i64 - (1000 - a as i64)) as u64 * 60_000_000 / 1000;
     let r = post(&gw, &body).await;
     assert_eq!(r.status(), 429);
-    assert_eq!(header(&r, "retry-after-ms").unwrap(), wait_micros.div_ceil(1000).to_string());
+    assert_eq!(
+        header(&r, "retry-after-ms").unwrap(),
+        wait_micros.div_ceil(1000).to_string()
+    );
     gw.clock.advance(wait_micros - 1);
-    assert_eq!(post(&gw, &body).await.status(), 429, "one microsecond early is still refused");
+    assert_eq!(
+        post(&gw, &body).await.status(),
+        429,
+        "one microsecond early is still refused"
+    );
     gw.clock.advance(1);
-    assert_eq!(post(&gw, &body).await.status(), 200, "admitted exactly when the debt is repaid");
+    assert_eq!(
+        post(&gw, &body).await.status(),
+        200,
+        "admitted exactly when the debt is repaid"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,9 +186,18 @@ async fn the_output_cap_always_goes_upstream() {
     let capped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7});
     assert_eq!(post(&gw, &capped).await.status(), 200);
     let reqs = mock.state.requests();
-    assert_eq!(reqs[0].body["max_completion_tokens"], 100, "uncapped: the reserved output is the cap");
-    assert_eq!(reqs[1].body["max_completion_tokens"], 7, "capped: the client's cap");
-    assert!(reqs.iter().all(|r| r.header("authorization").is_none()), "the client's key is never forwarded");
+    assert_eq!(
+        reqs[0].body["max_completion_tokens"], 100,
+        "uncapped: the reserved output is the cap"
+    );
+    assert_eq!(
+        reqs[1].body["max_completion_tokens"], 7,
+        "capped: the client's cap"
+    );
+    assert!(
+        reqs.iter().all(|r| r.header("authorization").is_none()),
+        "the client's key is never forwarded"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,7 +237,10 @@ async fn a_request_larger_than_capacity_is_refused_for_good_and_changes_nothing(
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "tokens");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("capacity 1000") && msg.contains("requested"), "{msg}");
+    assert!(
+        msg.contains("capacity 1000") && msg.contains("requested"),
+        "{msg}"
+    );
     assert_eq!(tenant_state(&gw, BudgetName::Tpm).await, 1000);
     assert_eq!(tenant_state(&gw, BudgetName::Rpm).await, 10);
     assert_eq!(mock.state.request_count(), 0);
@@ -202,5 +253,8 @@ async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     let input = chat_input_estimate(&body);
     assert_eq!(post(&gw, &body).await.status(), 200);
-    assert_eq!(mock.state.requests()[0].body["max_completion_tokens"], 300 - input);
+    assert_eq!(
+        mock.state.requests()[0].body["max_completion_tokens"],
+        300 - input
+    );
 }

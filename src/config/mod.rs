@@ -306,22 +306,37 @@ impl V {
 fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
     let mut v = V { errors: Vec::new() };
 
-    let listen_text = raw.server.listen.clone().unwrap_or_else(|| "127.0.0.1:8080".into());
+    let listen_text = raw
+        .server
+        .listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:8080".into());
     let listen = match listen_text.parse::<SocketAddr>() {
         Ok(a) => a,
         Err(_) => {
-            v.err("server.listen", format!("not a socket address: {listen_text:?}"));
+            v.err(
+                "server.listen",
+                format!("not a socket address: {listen_text:?}"),
+            );
             SocketAddr::from(([127, 0, 0, 1], 8080))
         }
     };
     let server = ServerPolicy {
         listen,
         max_body_bytes: v
-            .positive("server.max_body_bytes", raw.server.max_body_bytes, 256 << 20)
+            .positive(
+                "server.max_body_bytes",
+                raw.server.max_body_bytes,
+                256 << 20,
+            )
             .unwrap_or(4 << 20) as usize,
         max_request: v.secs("server.max_request_secs", raw.server.max_request_secs, 600),
         lease: v.secs("server.lease_secs", raw.server.lease_secs, 30),
-        settle_retry: v.secs("server.settle_retry_secs", raw.server.settle_retry_secs, 300),
+        settle_retry: v.secs(
+            "server.settle_retry_secs",
+            raw.server.settle_retry_secs,
+            300,
+        ),
         concurrency_retry: v.secs(
             "server.concurrency_retry_secs",
             raw.server.concurrency_retry_secs,
@@ -339,13 +354,23 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             }
         },
         other => {
-            v.err("store.kind", format!("must be \"memory\" or \"redis\", not {other:?}"));
+            v.err(
+                "store.kind",
+                format!("must be \"memory\" or \"redis\", not {other:?}"),
+            );
             StoreKind::Memory
         }
     };
-    let key_prefix = raw.store.key_prefix.clone().unwrap_or_else(|| "budgetgate".into());
+    let key_prefix = raw
+        .store
+        .key_prefix
+        .clone()
+        .unwrap_or_else(|| "budgetgate".into());
     if !is_valid_prefix(&key_prefix) {
-        v.err("store.key_prefix", "must be 1-64 printable characters without '{', '}' or spaces");
+        v.err(
+            "store.key_prefix",
+            "must be 1-64 printable characters without '{', '}' or spaces",
+        );
     }
     let domain = raw.store.domain.clone().unwrap_or_else(|| "default".into());
     if !is_valid_id(&domain) {
@@ -354,7 +379,8 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
     let store = StorePolicy {
         kind,
         timeout: Duration::from_millis(
-            v.positive("store.timeout_ms", raw.store.timeout_ms, 60_000).unwrap_or(50),
+            v.positive("store.timeout_ms", raw.store.timeout_ms, 60_000)
+                .unwrap_or(50),
         ),
         key_prefix,
         domain,
@@ -364,14 +390,25 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
     let defaults = EstimateSettings::default();
     let estimation = EstimateSettings {
         image_part_tokens: v
-            .positive("estimation.image_part_tokens", e.image_part_tokens, MAX_LIMIT)
+            .positive(
+                "estimation.image_part_tokens",
+                e.image_part_tokens,
+                MAX_LIMIT,
+            )
             .unwrap_or(defaults.image_part_tokens),
         audio_part_tokens: v
-            .positive("estimation.audio_part_tokens", e.audio_part_tokens, MAX_LIMIT)
+            .positive(
+                "estimation.audio_part_tokens",
+                e.audio_part_tokens,
+                MAX_LIMIT,
+            )
             .unwrap_or(defaults.audio_part_tokens),
         structured_margin_percent: match e.structured_margin_percent {
             Some(p) if !(0..=1000).contains(&p) => {
-                v.err("estimation.structured_margin_percent", "must be within 0..=1000");
+                v.err(
+                    "estimation.structured_margin_percent",
+                    "must be within 0..=1000",
+                );
                 defaults.structured_margin_percent
             }
             Some(p) => p as u64,
@@ -379,7 +416,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
         },
         structured_margin_tokens: match e.structured_margin_tokens {
             Some(p) if !(0..=1_000_000).contains(&p) => {
-                v.err("estimation.structured_margin_tokens", "must be within 0..=1000000");
+                v.err(
+                    "estimation.structured_margin_tokens",
+                    "must be within 0..=1000000",
+                );
                 defaults.structured_margin_tokens
             }
             Some(p) => p as u64,
@@ -387,10 +427,18 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
         },
     };
     let min_output_tokens = v
-        .positive("estimation.min_output_tokens", e.min_output_tokens, MAX_LIMIT)
+        .positive(
+            "estimation.min_output_tokens",
+            e.min_output_tokens,
+            MAX_LIMIT,
+        )
         .unwrap_or(16);
     let stream_extension_step = v
-        .positive("estimation.stream_extension_step", e.stream_extension_step, MAX_LIMIT)
+        .positive(
+            "estimation.stream_extension_step",
+            e.stream_extension_step,
+            MAX_LIMIT,
+        )
         .unwrap_or(256);
 
     let mut upstreams = Vec::new();
@@ -401,7 +449,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             v.err(format!("{path}.name"), "must not be empty");
         }
         if upstream_index.insert(u.name.clone(), i).is_some() {
-            v.err(format!("{path}.name"), format!("duplicate upstream {:?}", u.name));
+            v.err(
+                format!("{path}.name"),
+                format!("duplicate upstream {:?}", u.name),
+            );
         }
         let kind = match u.kind.as_deref().unwrap_or("openai") {
             "openai" => UpstreamKind::Openai,
@@ -417,7 +468,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
         };
         match reqwest::Url::parse(&u.base_url) {
             Ok(url) if url.scheme() == "http" || url.scheme() == "https" => {}
-            _ => v.err(format!("{path}.base_url"), format!("not an http(s) URL: {:?}", u.base_url)),
+            _ => v.err(
+                format!("{path}.base_url"),
+                format!("not an http(s) URL: {:?}", u.base_url),
+            ),
         }
         let api_key = match &u.api_key_env {
             Some(var) => match std::env::var(var) {
@@ -433,7 +487,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             None => None,
         };
         if kind == UpstreamKind::Azure && u.api_version.is_none() {
-            v.err(format!("{path}.api_version"), "required for kind = \"azure\"");
+            v.err(
+                format!("{path}.api_version"),
+                "required for kind = \"azure\"",
+            );
         }
         let limits = v.limits(&format!("{path}.limits"), &u.limits);
         for (field, set) in [
@@ -442,7 +499,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             ("requests_per_day", limits.requests_per_day),
         ] {
             if set.is_some() {
-                v.err(format!("{path}.limits.{field}"), "quotas apply to tenants, not upstreams");
+                v.err(
+                    format!("{path}.limits.{field}"),
+                    "quotas apply to tenants, not upstreams",
+                );
             }
         }
         upstreams.push(UpstreamPolicy {
@@ -472,16 +532,25 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             v.err(format!("{path}.name"), "must not be empty");
         }
         if model_index.insert(m.name.clone(), i).is_some() {
-            v.err(format!("{path}.name"), format!("duplicate model {:?}", m.name));
+            v.err(
+                format!("{path}.name"),
+                format!("duplicate model {:?}", m.name),
+            );
         }
         if m.upstreams.is_empty() {
-            v.err(format!("{path}.upstreams"), "must list at least one upstream");
+            v.err(
+                format!("{path}.upstreams"),
+                "must list at least one upstream",
+            );
         }
         let mut ups = Vec::new();
         for (j, name) in m.upstreams.iter().enumerate() {
             match upstream_index.get(name) {
                 Some(&idx) => ups.push(idx),
-                None => v.err(format!("{path}.upstreams[{j}]"), format!("unknown upstream {name:?}")),
+                None => v.err(
+                    format!("{path}.upstreams[{j}]"),
+                    format!("unknown upstream {name:?}"),
+                ),
             }
         }
         let encoding = match &m.encoding {
@@ -495,10 +564,18 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             None => Encoding::for_model(&m.name).unwrap_or(Encoding::O200kBase),
         };
         let default_out = v
-            .positive(&format!("{path}.default_max_output_tokens"), m.default_max_output_tokens, MAX_LIMIT)
+            .positive(
+                &format!("{path}.default_max_output_tokens"),
+                m.default_max_output_tokens,
+                MAX_LIMIT,
+            )
             .unwrap_or(1024);
         let max_out = v
-            .positive(&format!("{path}.max_output_tokens"), m.max_output_tokens, MAX_LIMIT)
+            .positive(
+                &format!("{path}.max_output_tokens"),
+                m.max_output_tokens,
+                MAX_LIMIT,
+            )
             .unwrap_or(default_out.max(16_384));
         if default_out > max_out {
             v.err(
@@ -526,7 +603,10 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             v.err(format!("{path}.name"), "must match [A-Za-z0-9._-]{1,64}");
         }
         if tenant_names.insert(t.name.clone(), i).is_some() {
-            v.err(format!("{path}.name"), format!("duplicate tenant {:?}", t.name));
+            v.err(
+                format!("{path}.name"),
+                format!("duplicate tenant {:?}", t.name),
+            );
         }
         let mut keys = Vec::new();
         let mut key_ids = HashMap::new();

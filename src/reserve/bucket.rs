@@ -153,7 +153,11 @@ mod tests {
         b.debit(60);
         b.level -= 1; // one unit of debt
         assert_eq!(b.available(), -1, "floor, not truncation toward zero");
-        assert_eq!(b.wait_for(0), 1, "one unit at 60 units/µs takes 1 µs (ceil)");
+        assert_eq!(
+            b.wait_for(0),
+            1,
+            "one unit at 60 units/µs takes 1 µs (ceil)"
+        );
     }
 
     #[test]

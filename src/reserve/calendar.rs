@@ -96,7 +96,10 @@ mod tests {
             Window::Month.end(dec31),
             days_from_civil(2027, 1, 1) as u64 * MICROS_PER_DAY
         );
-        assert_eq!(Window::Month.id(dec31) + 1, Window::Month.id(Window::Month.end(dec31)));
+        assert_eq!(
+            Window::Month.id(dec31) + 1,
+            Window::Month.id(Window::Month.end(dec31))
+        );
     }
 
     #[test]
@@ -112,6 +115,9 @@ mod tests {
     fn day_boundary_is_exact() {
         let end = Window::Day.end(MICROS_PER_DAY - 1);
         assert_eq!(end, MICROS_PER_DAY);
-        assert_ne!(Window::Day.id(MICROS_PER_DAY - 1), Window::Day.id(MICROS_PER_DAY));
+        assert_ne!(
+            Window::Day.id(MICROS_PER_DAY - 1),
+            Window::Day.id(MICROS_PER_DAY)
+        );
     }
 }

@@ -92,7 +92,10 @@ mod tests {
                 &Scope::TenantModel("acme".into(), "meta/llama-3".into()),
                 BudgetName::TokensPerDay,
             ),
-            ks.budget(&Scope::Upstream("azure:east".into()), BudgetName::MaxConcurrent),
+            ks.budget(
+                &Scope::Upstream("azure:east".into()),
+                BudgetName::MaxConcurrent,
+            ),
             ks.hold("0192-abc"),
         ];
         for k in &keys {
@@ -102,8 +105,14 @@ mod tests {
             assert_eq!(k.matches('{').count(), 1, "{k}");
         }
         assert_eq!(keys[0], "bg:{default}:v1:tenant:acme:tpm");
-        assert_eq!(keys[2], "bg:{default}:v1:tenant_model:acme:meta%2Fllama-3:tokens_per_day");
-        assert_eq!(keys[3], "bg:{default}:v1:upstream:azure%3Aeast:max_concurrent");
+        assert_eq!(
+            keys[2],
+            "bg:{default}:v1:tenant_model:acme:meta%2Fllama-3:tokens_per_day"
+        );
+        assert_eq!(
+            keys[3],
+            "bg:{default}:v1:upstream:azure%3Aeast:max_concurrent"
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 
 use super::bucket::BucketState;
 use super::{
-    Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial,
-    ExtendOutcome, Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome,
-    Settlement, StoreError,
+    Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement,
+    StoreError,
 };
 use crate::clock::Clock;
 
@@ -189,7 +189,11 @@ impl MemoryStore {
         }
         let hold = inner.holds.get_mut(id).expect("hold checked above");
         let mut wd = window_debits.into_iter();
-        for line in hold.lines.iter_mut().filter(|l| l.spec.name.counts_tokens()) {
+        for line in hold
+            .lines
+            .iter_mut()
+            .filter(|l| l.spec.name.counts_tokens())
+        {
             if let Some(Some(w)) = wd.next() {
                 line.debits.push((w, grant));
             }
@@ -286,15 +290,20 @@ impl MemoryStore {
                     let q = inner.quota(&spec.key, w);
                     let mut used = q.used;
                     if unused > 0 && refundable {
-                        let debited_here: u64 =
-                            debits.iter().filter(|(dw, _)| *dw == w).map(|(_, a)| a).sum();
+                        let debited_here: u64 = debits
+                            .iter()
+                            .filter(|(dw, _)| *dw == w)
+                            .map(|(_, a)| a)
+                            .sum();
                         used = used.saturating_sub(unused.min(debited_here));
                         refunded = unused;
                     }
                     if debt > 0 {
                         used += debt;
                     }
-                    inner.quotas.insert(spec.key.clone(), QuotaState { window: w, used });
+                    inner
+                        .quotas
+                        .insert(spec.key.clone(), QuotaState { window: w, used });
                 }
             }
         }
@@ -365,9 +374,9 @@ impl Inner {
 
     fn wait_for(&self, spec: &BudgetSpec, cost: u64, now: u64) -> u64 {
         match spec.kind {
-            BudgetKind::Bucket { per_minute, burst } => {
-                self.bucket(&spec.key, per_minute, burst, now).wait_for(cost)
-            }
+            BudgetKind::Bucket { per_minute, burst } => self
+                .bucket(&spec.key, per_minute, burst, now)
+                .wait_for(cost),
             BudgetKind::Quota { window, .. } => window.end(now) - now,
             BudgetKind::Concurrency { .. } => 0,
         }
@@ -381,7 +390,11 @@ impl Inner {
             }
             BudgetKind::Quota { limit, window } => {
                 let q = self.quota(&spec.key, window.id(now));
-                (limit as i64 - q.used as i64, window.end(now) - now, Some(window))
+                (
+                    limit as i64 - q.used as i64,
+                    window.end(now) - now,
+                    Some(window),
+                )
             }
             BudgetKind::Concurrency { max } => {
                 (max as i64 - self.live_slots(&spec.key, now) as i64, 0, None)
@@ -410,7 +423,11 @@ impl Inner {
         let available = self.available(spec, now);
         let fits = match spec.kind {
             BudgetKind::Concurrency { .. } => {
-                available >= 1 || self.slots.get(&spec.key).is_some_and(|s| s.contains_key(id))
+                available >= 1
+                    || self
+                        .slots
+                        .get(&spec.key)
+                        .is_some_and(|s| s.contains_key(id))
             }
             _ => available >= cost as i64,
         };

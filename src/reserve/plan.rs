@@ -6,7 +6,12 @@ use super::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
 use crate::config::{KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
 
 /// Budgets of one scope under `limits`.
-pub fn scope_budgets(ks: &KeySpace, scope: Scope, limits: &Limits, refund_unused: bool) -> Vec<BudgetSpec> {
+pub fn scope_budgets(
+    ks: &KeySpace,
+    scope: Scope,
+    limits: &Limits,
+    refund_unused: bool,
+) -> Vec<BudgetSpec> {
     let mut out = Vec::new();
     let mut push = |name: BudgetName, kind: BudgetKind| {
         out.push(BudgetSpec {
@@ -20,26 +25,50 @@ pub fn scope_budgets(ks: &KeySpace, scope: Scope, limits: &Limits, refund_unused
     if let Some(rpm) = limits.rpm {
         push(
             BudgetName::Rpm,
-            BudgetKind::Bucket { per_minute: rpm, burst: limits.rpm_burst.unwrap_or(rpm) },
+            BudgetKind::Bucket {
+                per_minute: rpm,
+                burst: limits.rpm_burst.unwrap_or(rpm),
+            },
         );
     }
     if let Some(tpm) = limits.tpm {
         push(
             BudgetName::Tpm,
-            BudgetKind::Bucket { per_minute: tpm, burst: limits.tpm_burst.unwrap_or(tpm) },
+            BudgetKind::Bucket {
+                per_minute: tpm,
+                burst: limits.tpm_burst.unwrap_or(tpm),
+            },
         );
     }
     if let Some(max) = limits.max_concurrent {
         push(BudgetName::MaxConcurrent, BudgetKind::Concurrency { max });
     }
     if let Some(limit) = limits.tokens_per_day {
-        push(BudgetName::TokensPerDay, BudgetKind::Quota { limit, window: Window::Day });
+        push(
+            BudgetName::TokensPerDay,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Day,
+            },
+        );
     }
     if let Some(limit) = limits.tokens_per_month {
-        push(BudgetName::TokensPerMonth, BudgetKind::Quota { limit, window: Window::Month });
+        push(
+            BudgetName::TokensPerMonth,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Month,
+            },
+        );
     }
     if let Some(limit) = limits.requests_per_day {
-        push(BudgetName::RequestsPerDay, BudgetKind::Quota { limit, window: Window::Day });
+        push(
+            BudgetName::RequestsPerDay,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Day,
+            },
+        );
     }
     out
 }
@@ -71,11 +100,20 @@ pub fn tenant_budgets(
 
 /// Budgets of one upstream deployment.
 pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetSpec> {
-    scope_budgets(ks, Scope::Upstream(upstream.name.clone()), &upstream.limits, upstream.refund_unused)
+    scope_budgets(
+        ks,
+        Scope::Upstream(upstream.name.clone()),
+        &upstream.limits,
+        upstream.refund_unused,
+    )
 }
 
 /// Candidate budget lists for a model's deployments, in preference order.
-pub fn candidate_budgets(ks: &KeySpace, policy: &Policy, model: &ModelPolicy) -> Vec<Vec<BudgetSpec>> {
+pub fn candidate_budgets(
+    ks: &KeySpace,
+    policy: &Policy,
+    model: &ModelPolicy,
+) -> Vec<Vec<BudgetSpec>> {
     model
         .upstreams
         .iter()
@@ -86,7 +124,10 @@ pub fn candidate_budgets(ks: &KeySpace, policy: &Policy, model: &ModelPolicy) ->
 /// The smallest token capacity a request must fit: the minimum over the
 /// common budgets and the largest over candidates (a request needs only one
 /// deployment to fit). `None` when no token budget applies.
-pub fn tightest_token_capacity(common: &[BudgetSpec], candidates: &[Vec<BudgetSpec>]) -> Option<u64> {
+pub fn tightest_token_capacity(
+    common: &[BudgetSpec],
+    candidates: &[Vec<BudgetSpec>],
+) -> Option<u64> {
     let cap = |specs: &[BudgetSpec]| {
         specs
             .iter()

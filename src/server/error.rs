@@ -35,14 +35,14 @@ pub enum ApiError {
     /// A budget refused; retry later (429).
     RateLimited {
         /// The refusal.
-        denial: Denial,
+        denial: Box<Denial>,
         /// Extra headers (`x-ratelimit-*`).
         headers: HeaderMap,
         /// Retry hint for concurrency refusals, µs.
         concurrency_hint_micros: u64,
     },
     /// Larger than a budget's capacity; never retry (429).
-    Impossible(Impossibility),
+    Impossible(Box<Impossibility>),
     /// The upstream failed (connect error, 5xx, bad answer): 502.
     BadGateway(String),
     /// The upstream is overloaded or the store is down under fail-closed: 503.
@@ -56,9 +56,20 @@ pub enum ApiError {
     GatewayTimeout,
 }
 
-fn body(status: StatusCode, message: &str, kind: &str, param: Option<&str>, code: Option<&str>) -> Response {
+fn body(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
     let b = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
-    (status, [(axum::http::header::CONTENT_TYPE, "application/json")], b.to_string()).into_response()
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        b.to_string(),
+    )
+        .into_response()
 }
 
 fn set(resp: &mut Response, name: &'static str, value: String) {
@@ -97,9 +108,9 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::RateLimited { .. } | ApiError::Impossible(_) | ApiError::UpstreamRateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::RateLimited { .. }
+            | ApiError::Impossible(_)
+            | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -115,7 +126,9 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) => "not_found",
-            ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => "concurrency",
+            ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
+                "concurrency"
+            }
             ApiError::RateLimited { denial, .. } if is_quota(denial.name) => "quota",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Impossible(_) => "impossible",

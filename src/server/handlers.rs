@@ -18,22 +18,36 @@ use super::settlement::HeldReservation;
 use super::AppState;
 use crate::config::{ModelPolicy, Policy, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
-use crate::reserve::{plan, Admission, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope, Settlement};
+use crate::reserve::{
+    plan, Admission, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope, Settlement,
+};
 use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
 use crate::upstreams::UpstreamError;
 
 /// `POST /v1/chat/completions`.
-pub async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     proxy(st, Endpoint::ChatCompletions, headers, body).await
 }
 
 /// `POST /v1/completions` (legacy completions).
-pub async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     proxy(st, Endpoint::Completions, headers, body).await
 }
 
 /// `POST /v1/embeddings`.
-pub async fn embeddings(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+pub async fn embeddings(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     proxy(st, Endpoint::Embeddings, headers, body).await
 }
 
@@ -48,7 +62,11 @@ pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) ->
 }
 
 /// `GET /v1/models/{model}`.
-pub async fn get_model(State(st): State<Arc<AppState>>, Path(model): Path<String>, headers: HeaderMap) -> Response {
+pub async fn get_model(
+    State(st): State<Arc<AppState>>,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     let policy = st.policy.load_full();
     if let Err(e) = authenticate(&policy, &headers) {
         return e.into_response();
@@ -72,8 +90,14 @@ pub async fn healthz() -> Response {
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
-        Ok(Ok(_)) => Json(json!({"status": "ready", "policy_version": policy.version})).into_response(),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "store unavailable"}))).into_response(),
+        Ok(Ok(_)) => {
+            Json(json!({"status": "ready", "policy_version": policy.version})).into_response()
+        }
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "store unavailable"})),
+        )
+            .into_response(),
     }
 }
 
@@ -83,9 +107,15 @@ pub async fn unknown_path(OriginalUri(uri): OriginalUri) -> Response {
 }
 
 fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         let v = v.trim();
-        if let Some(k) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) {
+        if let Some(k) = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+        {
             let k = k.trim();
             if !k.is_empty() {
                 return Some(k);
@@ -102,7 +132,13 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 fn authenticate<'p>(
     policy: &'p Policy,
     headers: &HeaderMap,
-) -> Result<(&'p crate::config::TenantPolicy, &'p crate::config::KeyPolicy), ApiError> {
+) -> Result<
+    (
+        &'p crate::config::TenantPolicy,
+        &'p crate::config::KeyPolicy,
+    ),
+    ApiError,
+> {
     let key = presented_key(headers).ok_or(ApiError::MissingKey)?;
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
@@ -111,7 +147,11 @@ async fn proxy(st: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: 
     match proxy_inner(st, endpoint, headers, body).await {
         Ok(r) => r,
         Err(e) => {
-            tracing::info!(status = e.status().as_u16(), error = e.label(), "request refused");
+            tracing::info!(
+                status = e.status().as_u16(),
+                error = e.label(),
+                "request refused"
+            );
             e.into_response()
         }
     }
@@ -172,7 +212,12 @@ fn prepare(
     let model_name = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(invalid(Some("model"), "`model` must be a string.")),
-        None => return Err(invalid(Some("model"), "You must provide a model parameter.")),
+        None => {
+            return Err(invalid(
+                Some("model"),
+                "You must provide a model parameter.",
+            ))
+        }
     };
     let model = policy
         .model(&model_name)
@@ -203,7 +248,10 @@ fn prepare(
     if candidates.is_empty() {
         return Err(invalid(
             Some("n"),
-            format!("`n` > 1 is not supported by any deployment of model `{}`.", model.name),
+            format!(
+                "`n` > 1 is not supported by any deployment of model `{}`.",
+                model.name
+            ),
         ));
     }
     let cand_specs: Vec<Vec<BudgetSpec>> = candidates.iter().map(|(_, s)| s.clone()).collect();
@@ -215,25 +263,36 @@ fn prepare(
         min_output_tokens: policy.min_output_tokens,
     };
     let body_value = Value::Object(body);
-    let estimate = match estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest) {
-        Ok(e) => e,
-        Err(EstimateError::Invalid { param, message }) => {
-            return Err(ApiError::InvalidRequest { param, message })
-        }
-        Err(EstimateError::Impossible { needed, capacity }) => {
-            let spec = common
-                .iter()
-                .chain(cand_specs.iter().flatten())
-                .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
-                .min_by_key(|s| s.capacity());
-            let (scope, name) = match spec {
-                Some(s) => (s.scope.clone(), s.name),
-                None => (Scope::Tenant(tenant.name.clone()), crate::reserve::BudgetName::Tpm),
-            };
-            return Err(ApiError::Impossible(Impossibility { scope, name, capacity, requested: needed }));
-        }
+    let estimate =
+        match estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest) {
+            Ok(e) => e,
+            Err(EstimateError::Invalid { param, message }) => {
+                return Err(ApiError::InvalidRequest { param, message })
+            }
+            Err(EstimateError::Impossible { needed, capacity }) => {
+                let spec = common
+                    .iter()
+                    .chain(cand_specs.iter().flatten())
+                    .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
+                    .min_by_key(|s| s.capacity());
+                let (scope, name) = match spec {
+                    Some(s) => (s.scope.clone(), s.name),
+                    None => (
+                        Scope::Tenant(tenant.name.clone()),
+                        crate::reserve::BudgetName::Tpm,
+                    ),
+                };
+                return Err(ApiError::Impossible(Box::new(Impossibility {
+                    scope,
+                    name,
+                    capacity,
+                    requested: needed,
+                })));
+            }
+        };
+    let Value::Object(body) = body_value else {
+        unreachable!("constructed as an object above")
     };
-    let Value::Object(body) = body_value else { unreachable!("constructed as an object above") };
     Ok(Prepared {
         body,
         model,
@@ -249,7 +308,10 @@ fn prepare(
 /// (DESIGN section 1.6), and usage reporting for streams.
 fn rewrite_body(p: &mut Prepared, endpoint: Endpoint, upstream: &UpstreamPolicy) {
     let b = &mut p.body;
-    b.insert("model".into(), Value::String(p.model.upstream_model.clone()));
+    b.insert(
+        "model".into(),
+        Value::String(p.model.upstream_model.clone()),
+    );
     if endpoint == Endpoint::Embeddings {
         return;
     }
@@ -300,17 +362,30 @@ async fn proxy_inner(
         common: prepared.common.clone(),
         candidates: prepared.candidates.iter().map(|(_, s)| s.clone()).collect(),
         lease_micros: policy.server.lease.as_micros() as u64,
-        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros() as u64,
+        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
+            as u64,
     };
-    let outcome = match tokio::time::timeout(policy.store.timeout.max(std::time::Duration::from_millis(1)), st.store.reserve(&request)).await {
+    let outcome = match tokio::time::timeout(
+        policy
+            .store
+            .timeout
+            .max(std::time::Duration::from_millis(1)),
+        st.store.reserve(&request),
+    )
+    .await
+    {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
             tracing::error!(error = %e, tenant = %tenant.name, "budget store failed");
-            return Err(ApiError::Unavailable("The budget store is unavailable; please retry.".into()));
+            return Err(ApiError::Unavailable(
+                "The budget store is unavailable; please retry.".into(),
+            ));
         }
         Err(_) => {
             tracing::error!(tenant = %tenant.name, "budget store timed out");
-            return Err(ApiError::Unavailable("The budget store is unavailable; please retry.".into()));
+            return Err(ApiError::Unavailable(
+                "The budget store is unavailable; please retry.".into(),
+            ));
         }
     };
     let admission = match outcome {
@@ -318,12 +393,12 @@ async fn proxy_inner(
         ReserveOutcome::Denied(denial) => {
             let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
             return Err(ApiError::RateLimited {
-                denial,
+                denial: Box::new(denial),
                 headers,
                 concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
             });
         }
-        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(i)),
+        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
     };
     let hold = HeldReservation::new(
         id.clone(),
@@ -339,7 +414,10 @@ async fn proxy_inner(
     let out_body = match serde_json::to_vec(&prepared.body) {
         Ok(b) => Bytes::from(b),
         Err(_) => {
-            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            hold.settle(Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+            });
             return Err(invalid(None, "The request body could not be re-encoded."));
         }
     };
@@ -347,12 +425,21 @@ async fn proxy_inner(
 
     let sent = st
         .upstream
-        .send(&upstream, endpoint, &prepared.model.upstream_model, out_body, &id)
+        .send(
+            &upstream,
+            endpoint,
+            &prepared.model.upstream_model,
+            out_body,
+            &id,
+        )
         .await;
     let resp = match sent {
         Ok(r) => r,
         Err(e) => {
-            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            hold.settle(Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+            });
             tracing::warn!(reservation_id = %id, deployment = %upstream.name, error = %e, "upstream request failed");
             return Err(match e {
                 UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
@@ -381,12 +468,18 @@ async fn proxy_inner(
 
     if prepared.stream {
         let choices = prepared.estimate.choices.max(1);
-        let proc = StreamProcessor::new(endpoint, prepared.model.encoding, prepared.client_wants_usage, choices);
-        let extend_step = if prepared.estimate.client_max_output.is_some() || prepared.model.reasoning {
-            None
-        } else {
-            Some(policy.stream_extension_step)
-        };
+        let proc = StreamProcessor::new(
+            endpoint,
+            prepared.model.encoding,
+            prepared.client_wants_usage,
+            choices,
+        );
+        let extend_step =
+            if prepared.estimate.client_max_output.is_some() || prepared.model.reasoning {
+                None
+            } else {
+                Some(policy.stream_extension_step)
+            };
         let plan = ExtendPlan {
             reserved_output: prepared.estimate.output_tokens,
             step: extend_step,
@@ -405,13 +498,16 @@ async fn proxy_inner(
                 estimated, settled = summary.settled_tokens, ending = ?summary.ending, "stream finished");
         });
         let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
+            rx.recv()
+                .await
+                .map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
         }));
         let mut response = Response::new(body);
         response.headers_mut().extend(out_headers);
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
         response
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -423,22 +519,35 @@ async fn proxy_inner(
     let body = match resp.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+            hold.settle(Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+            });
             tracing::warn!(reservation_id = %id, error = %e, "upstream body failed");
-            return Err(ApiError::BadGateway("The upstream response was interrupted.".into()));
+            return Err(ApiError::BadGateway(
+                "The upstream response was interrupted.".into(),
+            ));
         }
     };
     let parsed: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
         _ => {
-            hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
-            return Err(ApiError::BadGateway("The upstream returned a response that is not JSON.".into()));
+            hold.settle(Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+            });
+            return Err(ApiError::BadGateway(
+                "The upstream returned a response that is not JSON.".into(),
+            ));
         }
     };
     let actual = usage_tokens(&parsed, endpoint).unwrap_or_else(|| {
         prepared.estimate.input_tokens + count_output(&parsed, endpoint, &prepared.model)
     });
-    hold.settle(Settlement { actual_tokens: actual, upstream_failed: false });
+    hold.settle(Settlement {
+        actual_tokens: actual,
+        upstream_failed: false,
+    });
     tracing::info!(reservation_id = %id, tenant = %tenant.name, model = %prepared.model.name, deployment = %upstream.name,
         estimated = prepared.estimate.total_tokens, settled = actual, "request finished");
     let mut response = Response::new(Body::from(body));
@@ -461,7 +570,10 @@ fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
 fn usage_tokens(v: &Value, endpoint: Endpoint) -> Option<u64> {
     let u = v.get("usage")?.as_object()?;
     let prompt = u.get("prompt_tokens").and_then(Value::as_u64);
-    let completion = u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let completion = u
+        .get("completion_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
     match endpoint {
         Endpoint::Embeddings => prompt.or_else(|| u.get("total_tokens").and_then(Value::as_u64)),
         _ => prompt.map(|p| p + completion),
@@ -470,7 +582,9 @@ fn usage_tokens(v: &Value, endpoint: Endpoint) -> Option<u64> {
 
 /// The gateway's own count of a non-streamed answer's output, when the upstream sent no usage.
 fn count_output(v: &Value, endpoint: Endpoint, model: &ModelPolicy) -> u64 {
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else { return 0 };
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+        return 0;
+    };
     let enc = model.encoding;
     let count = |x: Option<&Value>| x.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
     choices
@@ -479,11 +593,16 @@ fn count_output(v: &Value, endpoint: Endpoint, model: &ModelPolicy) -> u64 {
             Endpoint::Completions => count(c.get("text")),
             _ => {
                 let m = c.get("message");
-                let mut n = count(m.and_then(|m| m.get("content"))) + count(m.and_then(|m| m.get("refusal")));
-                if let Some(calls) = m.and_then(|m| m.get("tool_calls")).and_then(Value::as_array) {
+                let mut n = count(m.and_then(|m| m.get("content")))
+                    + count(m.and_then(|m| m.get("refusal")));
+                if let Some(calls) = m
+                    .and_then(|m| m.get("tool_calls"))
+                    .and_then(Value::as_array)
+                {
                     for call in calls {
                         let f = call.get("function");
-                        n += count(f.and_then(|f| f.get("arguments"))) + count(f.and_then(|f| f.get("name")));
+                        n += count(f.and_then(|f| f.get("arguments")))
+                            + count(f.and_then(|f| f.get("name")));
                     }
                 }
                 n
@@ -501,7 +620,10 @@ async fn upstream_failure(
     admission: &Admission,
 ) -> Result<Response, ApiError> {
     let status = resp.status();
-    hold.settle(Settlement { actual_tokens: 0, upstream_failed: true });
+    hold.settle(Settlement {
+        actual_tokens: 0,
+        upstream_failed: true,
+    });
     tracing::warn!(reservation_id = %id, status = status.as_u16(), "upstream answered with an error");
     match status.as_u16() {
         429 => {
@@ -510,7 +632,9 @@ async fn upstream_failure(
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok());
-            Err(ApiError::UpstreamRateLimited { retry_after_secs: retry })
+            Err(ApiError::UpstreamRateLimited {
+                retry_after_secs: retry,
+            })
         }
         401 | 403 => Err(ApiError::BadGateway(
             "The upstream rejected the gateway's credentials.".into(),
@@ -519,8 +643,10 @@ async fn upstream_failure(
             let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
             let body = resp.bytes().await.unwrap_or_default();
             let mut r = Response::new(Body::from(body));
-            *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
-            r.headers_mut().extend(rate_limit_headers(&admission.budgets));
+            *r.status_mut() =
+                StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
+            r.headers_mut()
+                .extend(rate_limit_headers(&admission.budgets));
             put(r.headers_mut(), "x-request-id", id);
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -528,7 +654,12 @@ async fn upstream_failure(
             );
             Ok(r)
         }
-        503 => Err(ApiError::Unavailable("The upstream is unavailable; please retry.".into())),
-        _ => Err(ApiError::BadGateway(format!("The upstream failed with status {}.", status.as_u16()))),
+        503 => Err(ApiError::Unavailable(
+            "The upstream is unavailable; please retry.".into(),
+        )),
+        _ => Err(ApiError::BadGateway(format!(
+            "The upstream failed with status {}.",
+            status.as_u16()
+        ))),
     }
 }

@@ -84,8 +84,11 @@ fn put(h: &mut HeaderMap, name: &'static str, value: String) {
 /// when no tenant-side budget of that kind exists.
 pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
     let mut h = HeaderMap::new();
-    let client_side: Vec<BudgetState> =
-        states.iter().filter(|s| !s.scope.is_upstream()).cloned().collect();
+    let client_side: Vec<BudgetState> = states
+        .iter()
+        .filter(|s| !s.scope.is_upstream())
+        .cloned()
+        .collect();
     for (name, suffix) in [(BudgetName::Rpm, "requests"), (BudgetName::Tpm, "tokens")] {
         let pick = tightest(&client_side, name).or_else(|| tightest(states, name));
         if let Some(s) = pick {
@@ -115,7 +118,11 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
             (_, Some(w)) => w.seconds(),
             _ => continue,
         };
-        let key = format!("{}-{}", scope_label(&s.scope), s.name.as_str().replace('_', "-"));
+        let key = format!(
+            "{}-{}",
+            scope_label(&s.scope),
+            s.name.as_str().replace('_', "-")
+        );
         policies.push(format!("\"{key}\";q={};w={w}", s.limit));
         values.push(format!(
             "\"{key}\";r={};t={}",
@@ -147,7 +154,14 @@ mod tests {
     }
 
     fn st(scope: Scope, name: BudgetName, limit: u64, remaining: i64) -> BudgetState {
-        BudgetState { scope, name, limit, remaining, reset_micros: 1_000_000, window: None }
+        BudgetState {
+            scope,
+            name,
+            limit,
+            remaining,
+            reset_micros: 1_000_000,
+            window: None,
+        }
     }
 
     #[test]
@@ -162,6 +176,9 @@ mod tests {
         assert_eq!(h["x-ratelimit-remaining-tokens"], "40");
         assert_eq!(h["x-ratelimit-remaining-requests"], "0");
         assert_eq!(h["x-ratelimit-reset-tokens"], "1s");
-        assert!(h["ratelimit-policy"].to_str().unwrap().contains("\"tenant-tpm\";q=1000;w=60"));
+        assert!(h["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .contains("\"tenant-tpm\";q=1000;w=60"));
     }
 }

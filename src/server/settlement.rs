@@ -56,7 +56,13 @@ impl SettlementTracker {
         }
     }
 
-    fn spawn_settle(&self, store: Arc<dyn BudgetStore>, id: String, s: Settlement, retry_for: Duration) {
+    fn spawn_settle(
+        &self,
+        store: Arc<dyn BudgetStore>,
+        id: String,
+        s: Settlement,
+        retry_for: Duration,
+    ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         tokio::spawn(async move {

@@ -54,7 +54,12 @@ pub struct StreamProcessor {
 
 impl StreamProcessor {
     /// A processor for a stream of `choices` choices.
-    pub fn new(endpoint: Endpoint, encoding: Encoding, client_wants_usage: bool, choices: u64) -> Self {
+    pub fn new(
+        endpoint: Endpoint,
+        encoding: Encoding,
+        client_wants_usage: bool,
+        choices: u64,
+    ) -> Self {
         Self {
             endpoint,
             encoding,
@@ -137,7 +142,10 @@ impl StreamProcessor {
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(Usage {
                 prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
-                completion_tokens: u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+                completion_tokens: u
+                    .get("completion_tokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
             });
             usage_only = v
                 .get("choices")
@@ -161,11 +169,14 @@ impl StreamProcessor {
 
     fn count_choice(&self, c: &Value) -> u64 {
         let enc = self.encoding;
-        let count = |v: Option<&Value>| v.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
+        let count =
+            |v: Option<&Value>| v.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
         match self.endpoint {
             Endpoint::Completions => count(c.get("text")),
             _ => {
-                let Some(delta) = c.get("delta") else { return 0 };
+                let Some(delta) = c.get("delta") else {
+                    return 0;
+                };
                 let mut n = count(delta.get("content")) + count(delta.get("refusal"));
                 if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
                     for call in calls {
@@ -190,7 +201,10 @@ impl StreamProcessor {
     /// `finish_reason: "length"` for every unfinished choice, the usage chunk
     /// when the client asked for usage (delivered counts), then `[DONE]`.
     pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
-        let id = self.id.clone().unwrap_or_else(|| "chatcmpl-budgetgate".into());
+        let id = self
+            .id
+            .clone()
+            .unwrap_or_else(|| "chatcmpl-budgetgate".into());
         let model = self.model.clone().unwrap_or_default();
         let created = self.created.unwrap_or(0);
         let object = match self.endpoint {
@@ -296,7 +310,10 @@ pub async fn run(
             Some(Err(e)) => {
                 tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream stream failed");
                 let _ = tx
-                    .send(error_frame("The upstream connection failed mid-stream.", "upstream_stream_error"))
+                    .send(error_frame(
+                        "The upstream connection failed mid-stream.",
+                        "upstream_stream_error",
+                    ))
                     .await;
                 break Ending::UpstreamError;
             }

@@ -140,11 +140,14 @@ mod tests {
     fn splits_on_every_blank_line_style() {
         let mut s = FrameSplitter::new();
         let f = s.push(b"data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d\n");
-        assert_eq!(f, vec![
-            Bytes::from_static(b"data: a\n\n"),
-            Bytes::from_static(b"data: b\r\n\r\n"),
-            Bytes::from_static(b"data: c\r\r"),
-        ]);
+        assert_eq!(
+            f,
+            vec![
+                Bytes::from_static(b"data: a\n\n"),
+                Bytes::from_static(b"data: b\r\n\r\n"),
+                Bytes::from_static(b"data: c\r\r"),
+            ]
+        );
         assert_eq!(s.push(b"\n"), vec![Bytes::from_static(b"data: d\n\n")]);
     }
 
