@@ -7,6 +7,7 @@ use tokio::net::TcpListener;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Policy, StoreKind};
 use crate::reserve::memory::MemoryStore;
+use crate::reserve::redis::RedisStore;
 use crate::reserve::BudgetStore;
 use crate::server::{router, AppState};
 
@@ -17,9 +18,13 @@ pub async fn build_store(
 ) -> Result<Arc<dyn BudgetStore>, String> {
     match &policy.store.kind {
         StoreKind::Memory => Ok(Arc::new(MemoryStore::new(clock))),
-        StoreKind::Redis { url } => Err(format!(
-            "store.kind = \"redis\" ({url}) is not available in this build yet"
-        )),
+        StoreKind::Redis { url } => {
+            // Redis mode reads time from Redis TIME (one clock for the fleet), not `clock`.
+            let store = RedisStore::from_policy(&policy.store)
+                .await
+                .map_err(|e| format!("store.url {url}: {e}"))?;
+            Ok(Arc::new(store))
+        }
     }
 }
 

@@ -76,7 +76,13 @@ async fn assert_nothing_leaked(gw: &Gateway, rpm_spent: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_input_gets_its_status_and_charges_nothing() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    // A small body cap keeps the oversized body within socket buffers, so the
+    // client always reads the 413 instead of racing a reset connection.
+    let cfg = config(&mock.base_url(), 100, LIMITS, "").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nmax_body_bytes = 65536",
+    );
+    let gw = start_gateway(&cfg).await;
     let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, u16, Option<&str>)> = vec![
         (
             "missing key",
@@ -106,7 +112,7 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
             "body over the cap",
             "/chat/completions",
             Some(KEY),
-            vec![b' '; 5 << 20],
+            vec![b' '; 70_000],
             413,
             None,
         ),
@@ -241,8 +247,22 @@ async fn upstream_failures_refund_tokens_and_free_the_slot() {
         assert_nothing_leaked(&gw, spent).await;
     }
     mock.state.set_fault(None);
+    let (got, v) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
+    assert_eq!(
+        got, 429,
+        "the deployment cools down for the upstream's retry-after: {v}"
+    );
+    assert_eq!(
+        mock.state.request_count(),
+        5,
+        "no traffic to a cooling deployment"
+    );
+    gw.clock.advance(2_000_000);
     let (got, _) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
-    assert_eq!(got, 200, "a healthy request is admitted afterwards");
+    assert_eq!(
+        got, 200,
+        "a healthy request is admitted after the cool-down"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

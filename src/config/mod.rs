@@ -129,6 +129,11 @@ pub struct UpstreamPolicy {
     pub timeout: Duration,
     /// Connect timeout.
     pub connect_timeout: Duration,
+    /// How long this deployment gets no traffic after it answers 429 without `retry-after`.
+    pub cooldown: Duration,
+    /// Client request headers forwarded to this upstream (lower-case names;
+    /// e.g. `openai-organization`). Credentials are never forwarded.
+    pub forward_client_headers: Vec<String>,
 }
 
 /// `[[models]]`: a public model name.
@@ -492,6 +497,22 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 "required for kind = \"azure\"",
             );
         }
+        let mut forward_client_headers = Vec::new();
+        for (j, h) in u.forward_client_headers.iter().enumerate() {
+            let h = h.to_ascii_lowercase();
+            if matches!(
+                h.as_str(),
+                "authorization" | "api-key" | "cookie" | "host" | "content-length"
+            ) || axum::http::HeaderName::from_bytes(h.as_bytes()).is_err()
+            {
+                v.err(
+                    format!("{path}.forward_client_headers[{j}]"),
+                    format!("{h:?} cannot be forwarded"),
+                );
+            } else {
+                forward_client_headers.push(h);
+            }
+        }
         let limits = v.limits(&format!("{path}.limits"), &u.limits);
         for (field, set) in [
             ("tokens_per_day", limits.tokens_per_day),
@@ -521,6 +542,8 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 u.connect_timeout_secs,
                 10,
             ),
+            cooldown: v.secs(&format!("{path}.cooldown_secs"), u.cooldown_secs, 5),
+            forward_client_headers,
         });
     }
 

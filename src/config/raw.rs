@@ -83,6 +83,9 @@ pub struct RawUpstream {
     pub supports_n: Option<bool>,
     pub timeout_secs: Option<i64>,
     pub connect_timeout_secs: Option<i64>,
+    pub cooldown_secs: Option<i64>,
+    #[serde(default)]
+    pub forward_client_headers: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

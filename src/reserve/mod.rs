@@ -9,12 +9,14 @@
 //! - [`keys`]: the one pure function that names stored keys.
 //! - [`memory`]: the in-process store.
 //! - [`plan`]: which budgets a request touches, from policy.
+//! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
 
 pub mod bucket;
 pub mod calendar;
 pub mod keys;
 pub mod memory;
 pub mod plan;
+pub mod redis;
 
 use async_trait::async_trait;
 use serde::Serialize;

@@ -19,7 +19,8 @@ use super::AppState;
 use crate::config::{ModelPolicy, Policy, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
 use crate::reserve::{
-    plan, Admission, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope, Settlement,
+    plan, Admission, BudgetName, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope,
+    Settlement,
 };
 use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
 use crate::upstreams::UpstreamError;
@@ -30,7 +31,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::ChatCompletions, headers, body).await
+    proxy(st, Endpoint::ChatCompletions, headers, body, None).await
 }
 
 /// `POST /v1/completions` (legacy completions).
@@ -39,7 +40,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Completions, headers, body).await
+    proxy(st, Endpoint::Completions, headers, body, None).await
 }
 
 /// `POST /v1/embeddings`.
@@ -48,7 +49,7 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Embeddings, headers, body).await
+    proxy(st, Endpoint::Embeddings, headers, body, None).await
 }
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
@@ -143,8 +144,14 @@ fn authenticate<'p>(
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
-async fn proxy(st: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: Body) -> Response {
-    match proxy_inner(st, endpoint, headers, body).await {
+async fn proxy(
+    st: Arc<AppState>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Body,
+    path_model: Option<String>,
+) -> Response {
+    match proxy_inner(st, endpoint, headers, body, path_model).await {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(
@@ -155,6 +162,43 @@ async fn proxy(st: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: 
             e.into_response()
         }
     }
+}
+
+/// `POST /openai/deployments/{deployment}/chat/completions` (Azure path form; `{deployment}` is the model).
+pub async fn azure_chat_completions(
+    State(st): State<Arc<AppState>>,
+    Path(deployment): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    proxy(
+        st,
+        Endpoint::ChatCompletions,
+        headers,
+        body,
+        Some(deployment),
+    )
+    .await
+}
+
+/// `POST /openai/deployments/{deployment}/completions` (Azure path form).
+pub async fn azure_completions(
+    State(st): State<Arc<AppState>>,
+    Path(deployment): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    proxy(st, Endpoint::Completions, headers, body, Some(deployment)).await
+}
+
+/// `POST /openai/deployments/{deployment}/embeddings` (Azure path form).
+pub async fn azure_embeddings(
+    State(st): State<Arc<AppState>>,
+    Path(deployment): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    proxy(st, Endpoint::Embeddings, headers, body, Some(deployment)).await
 }
 
 fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
@@ -199,6 +243,7 @@ fn prepare(
     tenant: &crate::config::TenantPolicy,
     key: &crate::config::KeyPolicy,
     bytes: &[u8],
+    path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         invalid(
@@ -206,9 +251,13 @@ fn prepare(
             format!("We could not parse the JSON body of your request ({e}). The OpenAI API expects a JSON payload."),
         )
     })?;
-    let Value::Object(body) = value else {
+    let Value::Object(mut body) = value else {
         return Err(invalid(None, "The request body must be a JSON object."));
     };
+    if let Some(m) = path_model {
+        // Azure path form: the deployment in the URL names the model.
+        body.insert("model".into(), Value::String(m));
+    }
     let model_name = match body.get("model") {
         Some(Value::String(m)) => m.clone(),
         Some(_) => return Err(invalid(Some("model"), "`model` must be a string.")),
@@ -304,16 +353,21 @@ fn prepare(
     })
 }
 
-/// Rewrites the body for the chosen upstream: model name, output cap
-/// (DESIGN section 1.6), and usage reporting for streams.
-fn rewrite_body(p: &mut Prepared, endpoint: Endpoint, upstream: &UpstreamPolicy) {
-    let b = &mut p.body;
+/// The body to send to `upstream`: model name, output cap (DESIGN
+/// section 1.6), and usage reporting for streams. Everything else passes
+/// through untouched.
+fn upstream_body(
+    p: &Prepared,
+    endpoint: Endpoint,
+    upstream: &UpstreamPolicy,
+) -> Map<String, Value> {
+    let mut b = p.body.clone();
     b.insert(
         "model".into(),
         Value::String(p.model.upstream_model.clone()),
     );
     if endpoint == Endpoint::Embeddings {
-        return;
+        return b;
     }
     let cap_field = if endpoint == Endpoint::Completions || upstream.max_tokens_only {
         "max_tokens"
@@ -342,6 +396,25 @@ fn rewrite_body(p: &mut Prepared, endpoint: Endpoint, upstream: &UpstreamPolicy)
             o.insert("include_usage".into(), Value::Bool(true));
         }
     }
+    b
+}
+
+/// A client-supplied `x-request-id`, if it is short printable ASCII.
+fn client_request_id(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get("x-request-id")?.to_str().ok()?.trim();
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| v.to_string())
+}
+
+/// Most deployments one request is tried on (first attempt included).
+const MAX_ATTEMPTS: usize = 3;
+
+/// What became of one attempt on one deployment.
+enum Attempt {
+    /// The answer for the client.
+    Done(Response),
+    /// The deployment failed before any output; another may be tried.
+    Retry(ApiError),
 }
 
 async fn proxy_inner(
@@ -349,117 +422,203 @@ async fn proxy_inner(
     endpoint: Endpoint,
     headers: HeaderMap,
     body: Body,
+    path_model: Option<String>,
 ) -> Result<Response, ApiError> {
     let policy = st.policy.load_full();
     let (tenant, key) = authenticate(&policy, &headers)?;
     let bytes = read_body(body, policy.server.max_body_bytes, &headers).await?;
-    let mut prepared = prepare(&policy, endpoint, tenant, key, &bytes)?;
+    let prepared = prepare(&policy, endpoint, tenant, key, &bytes, path_model)?;
+    let client_id = client_request_id(&headers);
 
-    let id = uuid::Uuid::now_v7().to_string();
-    let request = ReserveRequest {
-        id: id.clone(),
-        tokens: prepared.estimate.total_tokens,
-        common: prepared.common.clone(),
-        candidates: prepared.candidates.iter().map(|(_, s)| s.clone()).collect(),
-        lease_micros: policy.server.lease.as_micros() as u64,
-        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
-            as u64,
-    };
-    let outcome = match tokio::time::timeout(
-        policy
-            .store
-            .timeout
-            .max(std::time::Duration::from_millis(1)),
-        st.store.reserve(&request),
-    )
-    .await
-    {
-        Ok(Ok(o)) => o,
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, tenant = %tenant.name, "budget store failed");
-            return Err(ApiError::Unavailable(
-                "The budget store is unavailable; please retry.".into(),
-            ));
-        }
-        Err(_) => {
-            tracing::error!(tenant = %tenant.name, "budget store timed out");
-            return Err(ApiError::Unavailable(
-                "The budget store is unavailable; please retry.".into(),
-            ));
-        }
-    };
-    let admission = match outcome {
-        ReserveOutcome::Admitted(a) => a,
-        ReserveOutcome::Denied(denial) => {
-            let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
-            return Err(ApiError::RateLimited {
-                denial: Box::new(denial),
-                headers,
-                concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_error = None;
+    for attempt in 0..MAX_ATTEMPTS.min(prepared.candidates.len()) {
+        let now = st.clock.now_micros();
+        let mut cooling_until = None;
+        let candidates: Vec<&(usize, Vec<BudgetSpec>)> = prepared
+            .candidates
+            .iter()
+            .filter(|(u, _)| !tried.contains(u))
+            .filter(
+                |(u, _)| match st.cooldown_until(&policy.upstreams[*u].name, now) {
+                    Some(until) => {
+                        cooling_until = Some(cooling_until.map_or(until, |c: u64| c.min(until)));
+                        false
+                    }
+                    None => true,
+                },
+            )
+            .collect();
+        if candidates.is_empty() {
+            if let Some(e) = last_error {
+                return Err(e);
+            }
+            let wait = cooling_until.map_or(1_000_000, |u| u.saturating_sub(now));
+            return Err(ApiError::UpstreamRateLimited {
+                retry_after_secs: Some(super::error::retry_after_secs(wait)),
             });
         }
-        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
-    };
-    let hold = HeldReservation::new(
-        id.clone(),
-        st.store.clone(),
-        st.settlements.clone(),
-        prepared.estimate.total_tokens,
-        policy.server.lease,
-        policy.server.settle_retry,
-    );
-    let upstream_idx = prepared.candidates[admission.candidate].0;
-    let upstream = policy.upstreams[upstream_idx].clone();
-    rewrite_body(&mut prepared, endpoint, &upstream);
-    let out_body = match serde_json::to_vec(&prepared.body) {
+        // A retry on another deployment is the same client request: its request count is already spent.
+        let common: Vec<BudgetSpec> = if attempt == 0 {
+            prepared.common.clone()
+        } else {
+            prepared
+                .common
+                .iter()
+                .filter(|s| s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+                .cloned()
+                .collect()
+        };
+        let id = uuid::Uuid::now_v7().to_string();
+        let request = ReserveRequest {
+            id: id.clone(),
+            tokens: prepared.estimate.total_tokens,
+            common,
+            candidates: candidates.iter().map(|(_, s)| s.clone()).collect(),
+            lease_micros: policy.server.lease.as_micros() as u64,
+            hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
+                as u64,
+        };
+        let outcome =
+            match tokio::time::timeout(policy.store.timeout, st.store.reserve(&request)).await {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, tenant = %tenant.name, "budget store failed");
+                    return Err(ApiError::Unavailable(
+                        "The budget store is unavailable; please retry.".into(),
+                    ));
+                }
+                Err(_) => {
+                    tracing::error!(tenant = %tenant.name, "budget store timed out");
+                    return Err(ApiError::Unavailable(
+                        "The budget store is unavailable; please retry.".into(),
+                    ));
+                }
+            };
+        let admission = match outcome {
+            ReserveOutcome::Admitted(a) => a,
+            ReserveOutcome::Denied(denial) => {
+                let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
+                return Err(ApiError::RateLimited {
+                    denial: Box::new(denial),
+                    headers,
+                    concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+                });
+            }
+            ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        };
+        let upstream_idx = candidates[admission.candidate].0;
+        tried.push(upstream_idx);
+        let hold = HeldReservation::new(
+            id.clone(),
+            st.store.clone(),
+            st.settlements.clone(),
+            prepared.estimate.total_tokens,
+            policy.server.lease,
+            policy.server.settle_retry,
+        );
+        let upstream = &policy.upstreams[upstream_idx];
+        match forward(
+            &st,
+            &policy,
+            &prepared,
+            endpoint,
+            upstream,
+            hold,
+            &admission,
+            &headers,
+            client_id.as_deref(),
+            tenant,
+        )
+        .await
+        {
+            Attempt::Done(r) => return Ok(r),
+            Attempt::Retry(e) => {
+                tracing::warn!(reservation_id = %id, deployment = %upstream.name, error = e.label(), attempt, "deployment failed before any output; trying the next one");
+                last_error = Some(e);
+            }
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        ApiError::BadGateway("No upstream deployment could serve the request.".into())
+    }))
+}
+
+/// Sends one attempt to `upstream` and turns its answer into a client
+/// response, or into [`Attempt::Retry`] when the deployment failed before
+/// producing anything (its reservation is then refunded before returning).
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    st: &Arc<AppState>,
+    policy: &Policy,
+    prepared: &Prepared,
+    endpoint: Endpoint,
+    upstream: &UpstreamPolicy,
+    hold: HeldReservation,
+    admission: &Admission,
+    client_headers: &HeaderMap,
+    client_id: Option<&str>,
+    tenant: &crate::config::TenantPolicy,
+) -> Attempt {
+    let id = hold.id().to_string();
+    let out_body = match serde_json::to_vec(&upstream_body(prepared, endpoint, upstream)) {
         Ok(b) => Bytes::from(b),
         Err(_) => {
             hold.settle(Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
             });
-            return Err(invalid(None, "The request body could not be re-encoded."));
+            return Attempt::Done(
+                invalid(None, "The request body could not be re-encoded.").into_response(),
+            );
         }
     };
-    tracing::debug!(reservation_id = %id, tenant = %tenant.name, model = %prepared.model.name, deployment = %upstream.name, estimated = prepared.estimate.total_tokens, "admitted");
-
+    let mut extra = Vec::new();
+    for name in &upstream.forward_client_headers {
+        if let Some(v) = client_headers.get(name.as_str()) {
+            extra.push((name.clone(), v.clone()));
+        }
+    }
     let sent = st
         .upstream
         .send(
-            &upstream,
+            upstream,
             endpoint,
             &prepared.model.upstream_model,
             out_body,
-            &id,
+            client_id.unwrap_or(&id),
+            &extra,
         )
         .await;
     let resp = match sent {
         Ok(r) => r,
         Err(e) => {
-            hold.settle(Settlement {
+            hold.settle_now(Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
-            });
+            })
+            .await;
             tracing::warn!(reservation_id = %id, deployment = %upstream.name, error = %e, "upstream request failed");
-            return Err(match e {
+            return Attempt::Retry(match e {
                 UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
                 _ => ApiError::BadGateway("The upstream could not be reached.".into()),
             });
         }
     };
     let status = resp.status();
-    let upstream_request_id = resp
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    observe_provider_limits(upstream, resp.headers());
     if !status.is_success() {
-        return upstream_failure(resp, hold, &id, &admission).await;
+        return upstream_failure(st, resp, hold, admission, upstream, client_id).await;
     }
 
     let mut out_headers = rate_limit_headers(&admission.budgets);
-    put(&mut out_headers, "x-request-id", &id);
-    if let Some(u) = &upstream_request_id {
+    put(&mut out_headers, "x-request-id", client_id.unwrap_or(&id));
+    put(&mut out_headers, "x-reservation-id", &id);
+    if let Some(u) = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+    {
         put(&mut out_headers, "x-upstream-request-id", u);
     }
     if let Some(v) = resp.headers().get("openai-processing-ms") {
@@ -487,14 +646,13 @@ async fn proxy_inner(
             input_tokens: prepared.estimate.input_tokens,
         };
         let (tx, rx) = mpsc::channel::<Bytes>(16);
-        let log_id = id.clone();
         let tenant_name = tenant.name.clone();
         let model_name = prepared.model.name.clone();
         let deployment = upstream.name.clone();
         let estimated = prepared.estimate.total_tokens;
         tokio::spawn(async move {
             let summary = relay::run(resp, proc, hold, plan, tx).await;
-            tracing::info!(reservation_id = %log_id, tenant = %tenant_name, model = %model_name, deployment = %deployment,
+            tracing::info!(reservation_id = %id, tenant = %tenant_name, model = %model_name, deployment = %deployment,
                 estimated, settled = summary.settled_tokens, ending = ?summary.ending, "stream finished");
         });
         let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
@@ -511,7 +669,7 @@ async fn proxy_inner(
         response
             .headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return Ok(response);
+        return Attempt::Done(response);
     }
 
     // Non-streaming: read the whole answer, settle from its usage.
@@ -524,9 +682,10 @@ async fn proxy_inner(
                 upstream_failed: true,
             });
             tracing::warn!(reservation_id = %id, error = %e, "upstream body failed");
-            return Err(ApiError::BadGateway(
-                "The upstream response was interrupted.".into(),
-            ));
+            return Attempt::Done(
+                ApiError::BadGateway("The upstream response was interrupted.".into())
+                    .into_response(),
+            );
         }
     };
     let parsed: Value = match serde_json::from_slice(&body) {
@@ -536,9 +695,10 @@ async fn proxy_inner(
                 actual_tokens: 0,
                 upstream_failed: true,
             });
-            return Err(ApiError::BadGateway(
-                "The upstream returned a response that is not JSON.".into(),
-            ));
+            return Attempt::Done(
+                ApiError::BadGateway("The upstream returned a response that is not JSON.".into())
+                    .into_response(),
+            );
         }
     };
     let actual = usage_tokens(&parsed, endpoint).unwrap_or_else(|| {
@@ -557,7 +717,23 @@ async fn proxy_inner(
         header::CONTENT_TYPE,
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
     );
-    Ok(response)
+    Attempt::Done(response)
+}
+
+/// Records what the provider says is left of its own limits (DESIGN: learn
+/// from the provider). Values are logged; they never reach the client.
+fn observe_provider_limits(upstream: &UpstreamPolicy, headers: &reqwest::header::HeaderMap) {
+    let read = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let tokens = read("x-ratelimit-remaining-tokens");
+    let requests = read("x-ratelimit-remaining-requests");
+    if tokens.is_some() || requests.is_some() {
+        tracing::debug!(deployment = %upstream.name, remaining_tokens = ?tokens, remaining_requests = ?requests, "provider rate-limit headers");
+    }
 }
 
 fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
@@ -612,19 +788,25 @@ fn count_output(v: &Value, endpoint: Endpoint, model: &ModelPolicy) -> u64 {
 }
 
 /// An upstream answered with an error status before any output: refund the
-/// tokens (the request count stays spent) and tell the client.
+/// tokens (the request count stays spent). 429 and 5xx may be retried on
+/// another deployment; other 4xx answers go to the client (401/403 as 502:
+/// that is the gateway's key, not the client's fault).
 async fn upstream_failure(
+    st: &Arc<AppState>,
     resp: reqwest::Response,
     hold: HeldReservation,
-    id: &str,
     admission: &Admission,
-) -> Result<Response, ApiError> {
+    upstream: &UpstreamPolicy,
+    client_id: Option<&str>,
+) -> Attempt {
     let status = resp.status();
-    hold.settle(Settlement {
+    let id = hold.id().to_string();
+    hold.settle_now(Settlement {
         actual_tokens: 0,
         upstream_failed: true,
-    });
-    tracing::warn!(reservation_id = %id, status = status.as_u16(), "upstream answered with an error");
+    })
+    .await;
+    tracing::warn!(reservation_id = %id, deployment = %upstream.name, status = status.as_u16(), "upstream answered with an error");
     match status.as_u16() {
         429 => {
             let retry = resp
@@ -632,13 +814,19 @@ async fn upstream_failure(
                 .get(header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok());
-            Err(ApiError::UpstreamRateLimited {
+            let cool = retry.map_or(upstream.cooldown, std::time::Duration::from_secs);
+            st.cool_down(
+                &upstream.name,
+                st.clock.now_micros() + cool.as_micros() as u64,
+            );
+            Attempt::Retry(ApiError::UpstreamRateLimited {
                 retry_after_secs: retry,
             })
         }
-        401 | 403 => Err(ApiError::BadGateway(
-            "The upstream rejected the gateway's credentials.".into(),
-        )),
+        401 | 403 => Attempt::Done(
+            ApiError::BadGateway("The upstream rejected the gateway's credentials.".into())
+                .into_response(),
+        ),
         400..=499 => {
             let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
             let body = resp.bytes().await.unwrap_or_default();
@@ -647,17 +835,18 @@ async fn upstream_failure(
                 StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
             r.headers_mut()
                 .extend(rate_limit_headers(&admission.budgets));
-            put(r.headers_mut(), "x-request-id", id);
+            put(r.headers_mut(), "x-request-id", client_id.unwrap_or(&id));
+            put(r.headers_mut(), "x-reservation-id", &id);
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 content_type.unwrap_or(HeaderValue::from_static("application/json")),
             );
-            Ok(r)
+            Attempt::Done(r)
         }
-        503 => Err(ApiError::Unavailable(
+        503 => Attempt::Retry(ApiError::Unavailable(
             "The upstream is unavailable; please retry.".into(),
         )),
-        _ => Err(ApiError::BadGateway(format!(
+        _ => Attempt::Retry(ApiError::BadGateway(format!(
             "The upstream failed with status {}.",
             status.as_u16()
         ))),

@@ -12,7 +12,8 @@ pub mod handlers;
 pub mod headers;
 pub mod settlement;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use axum::routing::{any, get, post};
@@ -37,6 +38,8 @@ pub struct AppState {
     pub upstream: UpstreamClient,
     /// Settlement tasks in flight.
     pub settlements: SettlementTracker,
+    /// Deployments that answered 429: no traffic until the given UTC µs (per gateway).
+    cooldowns: Mutex<HashMap<String, u64>>,
 }
 
 impl AppState {
@@ -48,7 +51,21 @@ impl AppState {
             clock,
             upstream: UpstreamClient::new(),
             settlements: SettlementTracker::default(),
+            cooldowns: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Keeps traffic away from `deployment` until `until_micros` (UTC µs).
+    pub fn cool_down(&self, deployment: &str, until_micros: u64) {
+        let mut c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = c.entry(deployment.to_string()).or_insert(0);
+        *entry = (*entry).max(until_micros);
+    }
+
+    /// When `deployment` is cooling down at `now` (UTC µs), the end of its cool-down.
+    pub fn cooldown_until(&self, deployment: &str, now: u64) -> Option<u64> {
+        let c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
+        c.get(deployment).copied().filter(|until| *until > now)
     }
 
     /// Key space of the current policy.
@@ -65,6 +82,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(handlers::embeddings))
         .route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{model}", get(handlers::get_model))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(handlers::azure_chat_completions),
+        )
+        .route(
+            "/openai/deployments/{deployment}/completions",
+            post(handlers::azure_completions),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(handlers::azure_embeddings),
+        )
         .route("/healthz", get(handlers::healthz))
         .route("/readyz", get(handlers::readyz))
         .route("/v1/{*rest}", any(handlers::unknown_path))

@@ -181,6 +181,17 @@ impl HeldReservation {
         self.finish(s);
     }
 
+    /// Settles and waits for the store's answer (used before retrying on
+    /// another deployment, so the refund and the freed slot are visible to
+    /// the next reservation).
+    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+        self.done = true;
+        if let Some(r) = self.renewer.take() {
+            r.abort();
+        }
+        settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await
+    }
+
     fn finish(&mut self, s: Settlement) {
         if self.done {
             return;

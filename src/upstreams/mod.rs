@@ -64,6 +64,7 @@ impl UpstreamClient {
         upstream_model: &str,
         body: Bytes,
         request_id: &str,
+        extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
         let url = endpoint_url(upstream, endpoint, upstream_model);
         let mut req = self
@@ -73,6 +74,9 @@ impl UpstreamClient {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("x-request-id", request_id)
             .body(body);
+        for (name, value) in extra_headers {
+            req = req.header(name.as_str(), value.as_bytes());
+        }
         if let Some(key) = &upstream.api_key {
             req = match upstream.kind {
                 UpstreamKind::Azure => req.header("api-key", key),

@@ -129,14 +129,22 @@ impl StreamProcessor {
             self.errored = true;
             return FrameAction::Forward(raw);
         }
+        // Azure's content-filter chunks carry `"id":""`, `"model":""`,
+        // `"created":0`: take the first real values for the cutoff chunk.
+        let text = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
         if self.id.is_none() {
-            self.id = v.get("id").and_then(Value::as_str).map(str::to_string);
+            self.id = text("id");
         }
         if self.model.is_none() {
-            self.model = v.get("model").and_then(Value::as_str).map(str::to_string);
+            self.model = text("model");
         }
         if self.created.is_none() {
-            self.created = v.get("created").and_then(Value::as_i64);
+            self.created = v.get("created").and_then(Value::as_i64).filter(|c| *c > 0);
         }
         let mut usage_only = false;
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
@@ -318,12 +326,9 @@ pub async fn run(
                 break Ending::UpstreamError;
             }
             None => {
-                let rest = splitter.finish();
-                if !rest.is_empty() {
-                    // A last frame without its blank line: complete it.
-                    let mut framed = rest.to_vec();
-                    framed.extend_from_slice(b"\n\n");
-                    if let FrameAction::Forward(b) = proc.on_frame(Bytes::from(framed)) {
+                if let Some(last) = splitter.finish() {
+                    // The last frame (completed if its blank line is missing).
+                    if let FrameAction::Forward(b) = proc.on_frame(last) {
                         if tx.send(b).await.is_err() {
                             break Ending::ClientGone;
                         }
@@ -358,14 +363,16 @@ pub async fn run(
                 break 'relay Ending::Completed;
             }
             let Some(step) = plan.step else { continue };
+            // Once every choice has finished no more output can come: no extension.
             while extensions_work
+                && !proc.all_finished()
                 && proc.output_tokens() >= plan.reserved_output
                 && plan.reserved_output < plan.max_output
             {
                 let want = step.min(plan.max_output - plan.reserved_output);
                 let outcome = hold.store().extend(hold.id(), want).await;
                 match outcome {
-                    Ok(ExtendOutcome::Extended { granted, .. }) => {
+                    Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
                         plan.reserved_output += granted;
                         hold.add_extension(granted);
                     }
@@ -379,7 +386,7 @@ pub async fn run(
                         break 'relay Ending::CutOff;
                     }
                     Ok(other) => {
-                        tracing::warn!(reservation_id = %hold.id(), outcome = ?other, "extension of a missing hold; cutting off");
+                        tracing::warn!(reservation_id = %hold.id(), outcome = ?other, "extension not granted (hold missing or nothing left); cutting off");
                         for f in proc.cutoff_frames(plan.input_tokens) {
                             if tx.send(f).await.is_err() {
                                 break;
@@ -397,9 +404,11 @@ pub async fn run(
         }
     };
     drop(body); // aborts the upstream request if it is still running
-    let settled_tokens = match (ending, proc.usage()) {
-        (Ending::Completed, Some(u)) => u.prompt_tokens + u.completion_tokens,
-        _ => plan.input_tokens + proc.output_tokens(),
+                // Usage comes after the last delta, so when it arrived everything it
+                // counts was relayed, whatever happened after it.
+    let settled_tokens = match proc.usage() {
+        Some(u) => u.prompt_tokens + u.completion_tokens,
+        None => plan.input_tokens + proc.output_tokens(),
     };
     let counted_output = proc.output_tokens();
     hold.settle(Settlement {

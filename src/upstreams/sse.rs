@@ -73,10 +73,44 @@ impl FrameSplitter {
         }
     }
 
-    /// Bytes of an unfinished frame left at end of stream (empty if none).
-    pub fn finish(&mut self) -> Bytes {
+    /// At end of stream: the last frame, if bytes are left, terminated with
+    /// a blank line. A `\r` held back by [`push`](Self::push) is a line end
+    /// now that no `\n` can follow, so a frame that was already complete
+    /// (`data: x\r\r`) comes back byte for byte; an unterminated one gets
+    /// the fewest line ends that complete it.
+    pub fn finish(&mut self) -> Option<Bytes> {
         self.scan = 0;
-        self.buf.split().freeze()
+        let rest = self.buf.split();
+        if rest.is_empty() {
+            return None;
+        }
+        let mut framed = rest.to_vec();
+        match ends_with_line_end(&framed) {
+            None => framed.extend_from_slice(b"\n\n"),
+            Some(len) => {
+                let last_line_start = framed[..framed.len() - len]
+                    .iter()
+                    .rposition(|b| *b == b'\n' || *b == b'\r')
+                    .map_or(0, |p| p + 1);
+                if last_line_start < framed.len() - len {
+                    // The last line has content: repeat its line end to end the frame.
+                    let end = framed[framed.len() - len..].to_vec();
+                    framed.extend_from_slice(&end);
+                }
+            }
+        }
+        Some(Bytes::from(framed))
+    }
+}
+
+/// Length of the line end (`\r\n`, `\n` or `\r`) at the end of `b`, if any.
+fn ends_with_line_end(b: &[u8]) -> Option<usize> {
+    if b.ends_with(b"\r\n") {
+        Some(2)
+    } else if b.ends_with(b"\n") || b.ends_with(b"\r") {
+        Some(1)
+    } else {
+        None
     }
 }
 
@@ -156,6 +190,37 @@ mod tests {
         let mut s = FrameSplitter::new();
         assert!(s.push(b"data: x\r\n\r").is_empty());
         assert_eq!(s.push(b"\n"), vec![Bytes::from_static(b"data: x\r\n\r\n")]);
+    }
+
+    #[test]
+    fn finish_completes_the_last_frame_with_the_fewest_bytes() {
+        let fin = |input: &[u8]| {
+            let mut s = FrameSplitter::new();
+            let mut out = s.push(input);
+            out.extend(s.finish());
+            out
+        };
+        // A complete frame whose final `\r` was held back comes out unchanged.
+        assert_eq!(
+            fin(b"data: c\r\r"),
+            vec![Bytes::from_static(b"data: c\r\r")]
+        );
+        assert_eq!(
+            fin(b"data: c\r\n\r"),
+            vec![Bytes::from_static(b"data: c\r\n\r")]
+        );
+        assert_eq!(
+            fin(b"data: c\r\n"),
+            vec![Bytes::from_static(b"data: c\r\n\r\n")]
+        );
+        assert_eq!(fin(b"data: c\n"), vec![Bytes::from_static(b"data: c\n\n")]);
+        assert_eq!(fin(b"data: c\r"), vec![Bytes::from_static(b"data: c\r\r")]);
+        assert_eq!(fin(b"data: c"), vec![Bytes::from_static(b"data: c\n\n")]);
+        assert_eq!(
+            fin(b"data: a\n\n"),
+            vec![Bytes::from_static(b"data: a\n\n")]
+        );
+        assert!(FrameSplitter::new().finish().is_none());
     }
 
     #[test]

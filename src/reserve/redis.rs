@@ -1,0 +1,910 @@
+//! The Redis store: one atomic Lua script call per operation, exact across a
+//! fleet of gateways sharing one Redis (or one Redis Cluster slot).
+//!
+//! Semantics are those of [`super::memory::MemoryStore`], reproduced exactly:
+//! the scripts in `lua/` mirror its decisions and the integer arithmetic of
+//! [`super::bucket`] and [`super::calendar`] line for line (DESIGN sections 2
+//! and 3). The conformance suite (`tests/store_conformance.rs`) and the
+//! differential property test run both stores side by side.
+//!
+//! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
+//!   each of `reserve.lua`, `extend.lua`, `renew.lua`, `settle.lua` and
+//!   `inspect.lua`; each is called with EVALSHA and reloaded on NOSCRIPT (on
+//!   every primary of a cluster).
+//! - Keys: every key a call touches is passed in `KEYS` and carries the
+//!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
+//! - Time: Redis `TIME`, one clock for the fleet. Builds with the
+//!   `test-clock` feature may inject a [`Clock`] instead
+//!   ([`RedisStore::with_test_clock`]); release builds never pass a time.
+//! - Holds: a JSON document per reservation id recording what was debited
+//!   where ([`HoldRecord`]). Extend, renew and settle need the hold's budget
+//!   keys up front (cluster routing and script hygiene both want `KEYS`
+//!   complete), so the store remembers them for the holds it created and
+//!   otherwise reads the hold first; the script verifies the list and answers
+//!   `K` when it is stale, which makes the two-step read safe.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
+use serde_json::Value as Json;
+
+#[cfg(feature = "test-clock")]
+use crate::clock::Clock;
+use crate::config::{StoreKind, StorePolicy};
+
+use super::keys::KeySpace;
+use super::{
+    Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
+    StoreError, Window,
+};
+
+/// Source of `lua/lib.lua`, the helpers every script starts with.
+pub const LIB_LUA: &str = include_str!("../../lua/lib.lua");
+/// Source of the reserve script (library included).
+pub const RESERVE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/reserve.lua")
+);
+/// Source of the extend script (library included).
+pub const EXTEND_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/extend.lua")
+);
+/// Source of the renew script (library included).
+pub const RENEW_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/renew.lua")
+);
+/// Source of the settle script (library included).
+pub const SETTLE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/settle.lua")
+);
+/// Source of the inspect script (library included).
+pub const INSPECT_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/inspect.lua")
+);
+
+/// Hold budget-key lists remembered locally before the map is cleared
+/// (a cleared entry only costs one extra read at settle).
+const HOLD_CACHE_MAX: usize = 100_000;
+
+/// A Redis-backed [`BudgetStore`] for one budget domain.
+pub struct RedisStore {
+    conn: Conn,
+    keys: KeySpace,
+    timeout: Duration,
+    scripts: Scripts,
+    /// Reservation id → the hold's budget specs in line order, for the holds
+    /// this process created (saves a read at extend/renew/settle).
+    holds: Mutex<HashMap<String, Arc<Vec<BudgetSpec>>>>,
+    #[cfg(feature = "test-clock")]
+    clock: Option<Arc<dyn Clock>>,
+}
+
+struct Scripts {
+    reserve: Script,
+    extend: Script,
+    renew: Script,
+    settle: Script,
+    inspect: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            reserve: Script::new(RESERVE_LUA),
+            extend: Script::new(EXTEND_LUA),
+            renew: Script::new(RENEW_LUA),
+            settle: Script::new(SETTLE_LUA),
+            inspect: Script::new(INSPECT_LUA),
+        }
+    }
+}
+
+/// A single-node or cluster connection; both are cheap handles to one
+/// multiplexed connection (set), cloned per call.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Node URLs of a `redis+cluster://[user:pass@]h1:p1,h2:p2[/]` URL, or `None`
+/// for a plain single-node URL. Credentials apply to every node.
+pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("redis+cluster://") {
+        ("redis", r)
+    } else if let Some(r) = url.strip_prefix("rediss+cluster://") {
+        ("rediss", r)
+    } else {
+        return None;
+    };
+    let rest = rest.trim_end_matches('/');
+    let (auth, hosts) = match rest.rfind('@') {
+        Some(i) => (&rest[..=i], &rest[i + 1..]),
+        None => ("", rest),
+    };
+    Some(
+        hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("{scheme}://{auth}{h}"))
+            .collect(),
+    )
+}
+
+fn map_err(e: RedisError) -> StoreError {
+    if e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_cluster_error()
+    {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
+}
+
+fn protocol(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Protocol(what.to_string())
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://…` for one node, `redis+cluster://h1:p1,h2:p2`
+    /// for Redis Cluster). Every later call is bounded by `timeout`
+    /// (→ [`StoreError::Timeout`]); keys are named by `keys`.
+    pub async fn connect(url: &str, timeout: Duration, keys: KeySpace) -> Result<Self, StoreError> {
+        // Reconnection attempts get more time than one call: a call that
+        // times out is the caller's problem, a reconnect should still finish.
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        let conn = match cluster_nodes(url) {
+            Some(nodes) => {
+                let client = redis::cluster::ClusterClient::builder(nodes)
+                    .connection_timeout(connect_timeout)
+                    .build()
+                    .map_err(map_err)?;
+                let c = tokio::time::timeout(connect_timeout, client.get_async_connection())
+                    .await
+                    .map_err(|_| StoreError::Timeout)?
+                    .map_err(map_err)?;
+                Conn::Cluster(c)
+            }
+            None => {
+                let client = redis::Client::open(url).map_err(map_err)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_millis(500));
+                let c = tokio::time::timeout(
+                    connect_timeout,
+                    ConnectionManager::new_with_config(client, config),
+                )
+                .await
+                .map_err(|_| StoreError::Timeout)?
+                .map_err(map_err)?;
+                Conn::Single(c)
+            }
+        };
+        Ok(Self {
+            conn,
+            keys,
+            timeout,
+            scripts: Scripts::new(),
+            holds: Mutex::new(HashMap::new()),
+            #[cfg(feature = "test-clock")]
+            clock: None,
+        })
+    }
+
+    /// Connects as `[store]` configures (`kind` must be `redis`).
+    pub async fn from_policy(policy: &StorePolicy) -> Result<Self, StoreError> {
+        let StoreKind::Redis { url } = &policy.kind else {
+            return Err(StoreError::Unavailable(
+                "store.kind is not \"redis\"".into(),
+            ));
+        };
+        Self::connect(
+            url,
+            policy.timeout,
+            KeySpace::new(&policy.key_prefix, &policy.domain),
+        )
+        .await
+    }
+
+    /// Test builds only: pass `clock`'s time to every script instead of
+    /// Redis `TIME`, so tests can cross UTC boundaries and expire leases
+    /// without sleeping.
+    #[cfg(feature = "test-clock")]
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The key space this store names holds in.
+    pub fn key_space(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// Reads the hold of `id` as stored (for tests and the admin API);
+    /// `None` when Redis has no such key.
+    pub async fn read_hold(&self, id: &str) -> Result<Option<HoldRecord>, StoreError> {
+        let mut conn = self.conn.clone();
+        let raw: Option<String> = self
+            .bounded(
+                redis::cmd("GET")
+                    .arg(self.keys.hold(id))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        raw.map(|r| HoldRecord::parse(&r)).transpose()
+    }
+
+    /// `""` (scripts read Redis `TIME`) unless a test clock is injected.
+    fn now_arg(&self) -> String {
+        #[cfg(feature = "test-clock")]
+        if let Some(c) = &self.clock {
+            return c.now_micros().to_string();
+        }
+        String::new()
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r.map_err(map_err),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<String>, StoreError> {
+        let mut conn = self.conn.clone();
+        self.bounded(inv.invoke_async(&mut conn)).await
+    }
+
+    fn cached_hold(&self, id: &str) -> Option<Arc<Vec<BudgetSpec>>> {
+        self.lock_holds().get(id).cloned()
+    }
+
+    fn remember_hold(&self, id: &str, specs: Vec<BudgetSpec>) {
+        let mut holds = self.lock_holds();
+        if holds.len() >= HOLD_CACHE_MAX {
+            holds.clear();
+        }
+        holds.insert(id.to_string(), Arc::new(specs));
+    }
+
+    fn forget_hold(&self, id: &str) {
+        self.lock_holds().remove(id);
+    }
+
+    fn lock_holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<BudgetSpec>>>> {
+        // The map is a cache: a panic mid-update cannot make it wrong, only stale.
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hold's specs as stored, or empty when there is no hold (the
+    /// script then answers "unknown").
+    async fn fetch_hold_specs(&self, id: &str) -> Result<Arc<Vec<BudgetSpec>>, StoreError> {
+        Ok(Arc::new(match self.read_hold(id).await? {
+            Some(h) => h.lines.into_iter().map(|l| l.spec).collect(),
+            None => Vec::new(),
+        }))
+    }
+
+    /// Runs a hold script (`extend`, `renew`, `settle`) with the hold's keys,
+    /// refreshing them once when the script says they are stale.
+    async fn hold_call(
+        &self,
+        script: &Script,
+        id: &str,
+        args: &[String],
+    ) -> Result<(Vec<String>, Arc<Vec<BudgetSpec>>), StoreError> {
+        let mut specs = match self.cached_hold(id) {
+            Some(s) => s,
+            None => self.fetch_hold_specs(id).await?,
+        };
+        for attempt in 0..2 {
+            let mut inv = script.prepare_invoke();
+            inv.key(self.keys.hold(id));
+            for s in specs.iter() {
+                inv.key(&s.key);
+            }
+            inv.arg(self.now_arg()).arg(id);
+            for a in args {
+                inv.arg(a);
+            }
+            let reply = self.invoke(&inv).await?;
+            if reply.first().map(String::as_str) != Some("K") {
+                return Ok((reply, specs));
+            }
+            if attempt == 0 {
+                specs = self.fetch_hold_specs(id).await?;
+            }
+        }
+        Err(protocol(format!("hold {id}: budget keys keep changing")))
+    }
+}
+
+fn push_spec_args(inv: &mut ScriptInvocation<'_>, spec: &BudgetSpec, tokens: u64) {
+    let (kind, a, b) = kind_args(&spec.kind);
+    inv.arg(kind)
+        .arg(a)
+        .arg(b)
+        .arg(spec.cost(tokens))
+        .arg(if spec.name.counts_tokens() { "1" } else { "0" })
+        .arg(if spec.refund_unused { "1" } else { "0" })
+        .arg(meta_of(spec));
+}
+
+/// `(kind, a, b)` as the scripts expect them (see `spec_from_argv` in `lua/lib.lua`).
+fn kind_args(kind: &BudgetKind) -> (&'static str, String, String) {
+    match *kind {
+        BudgetKind::Bucket { per_minute, burst } => {
+            ("B", per_minute.to_string(), burst.to_string())
+        }
+        BudgetKind::Quota { limit, window } => (
+            "Q",
+            limit.to_string(),
+            match window {
+                Window::Day => "D".into(),
+                Window::Month => "M".into(),
+            },
+        ),
+        BudgetKind::Concurrency { max } => ("C", max.to_string(), "0".into()),
+    }
+}
+
+/// Scope and budget name as a JSON array, stored opaquely in the hold so a
+/// gateway that did not create it can still name the budget that refused.
+fn meta_of(spec: &BudgetSpec) -> String {
+    let mut parts: Vec<&str> = match &spec.scope {
+        Scope::Tenant(t) => vec!["tenant", t],
+        Scope::Key(t, k) => vec!["key", t, k],
+        Scope::TenantModel(t, m) => vec!["tenant_model", t, m],
+        Scope::Upstream(u) => vec!["upstream", u],
+    };
+    parts.push(spec.name.as_str());
+    serde_json::Value::from(parts).to_string()
+}
+
+fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> {
+    let parts: Vec<String> =
+        serde_json::from_str(meta).map_err(|e| protocol(format!("hold meta {meta:?}: {e}")))?;
+    let bad = || protocol(format!("hold meta {meta:?}"));
+    let (name, scope) = parts.split_last().ok_or_else(bad)?;
+    let scope = match scope {
+        [k, t] if k == "tenant" => Scope::Tenant(t.clone()),
+        [k, t, key] if k == "key" => Scope::Key(t.clone(), key.clone()),
+        [k, t, m] if k == "tenant_model" => Scope::TenantModel(t.clone(), m.clone()),
+        [k, u] if k == "upstream" => Scope::Upstream(u.clone()),
+        _ => return Err(bad()),
+    };
+    let name = match name.as_str() {
+        "rpm" => BudgetName::Rpm,
+        "tpm" => BudgetName::Tpm,
+        "max_concurrent" => BudgetName::MaxConcurrent,
+        "tokens_per_day" => BudgetName::TokensPerDay,
+        "tokens_per_month" => BudgetName::TokensPerMonth,
+        "requests_per_day" => BudgetName::RequestsPerDay,
+        _ => return Err(bad()),
+    };
+    Ok((scope, name))
+}
+
+fn window_of(kind: &BudgetKind) -> Option<Window> {
+    match kind {
+        BudgetKind::Quota { window, .. } => Some(*window),
+        _ => None,
+    }
+}
+
+/// A script reply: a flat array of strings read front to back.
+struct Reply<'a> {
+    items: &'a [String],
+    pos: usize,
+}
+
+impl<'a> Reply<'a> {
+    fn new(items: &'a [String]) -> Self {
+        Self { items, pos: 0 }
+    }
+
+    fn str(&mut self) -> Result<&'a str, StoreError> {
+        let v = self
+            .items
+            .get(self.pos)
+            .ok_or_else(|| protocol(format!("short reply {:?}", self.items)))?;
+        self.pos += 1;
+        Ok(v)
+    }
+
+    fn u64(&mut self) -> Result<u64, StoreError> {
+        let s = self.str()?;
+        s.parse()
+            .map_err(|_| protocol(format!("bad number {s:?} in reply")))
+    }
+
+    fn i64(&mut self) -> Result<i64, StoreError> {
+        let s = self.str()?;
+        s.parse()
+            .map_err(|_| protocol(format!("bad number {s:?} in reply")))
+    }
+
+    fn usize(&mut self) -> Result<usize, StoreError> {
+        let v = self.u64()?;
+        usize::try_from(v).map_err(|_| protocol(format!("index {v} out of range")))
+    }
+
+    fn rest(&self) -> usize {
+        self.items.len() - self.pos
+    }
+}
+
+fn state(spec: &BudgetSpec, remaining: i64, reset_micros: u64) -> BudgetState {
+    BudgetState {
+        scope: spec.scope.clone(),
+        name: spec.name,
+        limit: spec.limit(),
+        remaining,
+        reset_micros,
+        window: window_of(&spec.kind),
+    }
+}
+
+/// Reads `available, retry_after, reset` of a refusing `spec` into a [`Denial`].
+fn denial(
+    r: &mut Reply<'_>,
+    spec: &BudgetSpec,
+    requested: u64,
+    now_micros: u64,
+) -> Result<Denial, StoreError> {
+    let available = r.i64()?;
+    let retry_after_micros = r.u64()?;
+    let reset = r.u64()?;
+    Ok(Denial {
+        scope: spec.scope.clone(),
+        name: spec.name,
+        limit: spec.limit(),
+        requested,
+        available,
+        retry_after_micros,
+        now_micros,
+        state: state(spec, available, reset),
+    })
+}
+
+#[async_trait]
+impl BudgetStore for RedisStore {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let all: Vec<&BudgetSpec> = req
+            .common
+            .iter()
+            .chain(req.candidates.iter().flatten())
+            .collect();
+        let mut inv = self.scripts.reserve.prepare_invoke();
+        inv.key(self.keys.hold(&req.id));
+        for s in &all {
+            inv.key(&s.key);
+        }
+        inv.arg(self.now_arg())
+            .arg(&req.id)
+            .arg(req.tokens)
+            .arg(req.lease_micros)
+            .arg(req.hold_ttl_micros)
+            .arg(req.common.len())
+            .arg(req.candidates.len());
+        for c in &req.candidates {
+            inv.arg(c.len());
+        }
+        for s in &all {
+            push_spec_args(&mut inv, s, req.tokens);
+        }
+        let items = self.invoke(&inv).await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        match tag {
+            "A" => {
+                let candidate = r.usize()?;
+                let replayed = r.str()? == "1";
+                let chosen: Vec<BudgetSpec> = req
+                    .common
+                    .iter()
+                    .chain(req.candidates.get(candidate).into_iter().flatten())
+                    .cloned()
+                    .collect();
+                let metered: Vec<&BudgetSpec> = chosen
+                    .iter()
+                    .filter(|s| !matches!(s.kind, BudgetKind::Concurrency { .. }))
+                    .collect();
+                if r.rest() != 2 * metered.len() {
+                    return Err(protocol(format!(
+                        "admission of {} has {} values for {} budgets",
+                        req.id,
+                        r.rest(),
+                        metered.len()
+                    )));
+                }
+                let mut budgets = Vec::with_capacity(metered.len());
+                for spec in metered {
+                    let remaining = r.i64()?;
+                    let reset = r.u64()?;
+                    budgets.push(state(spec, remaining, reset));
+                }
+                self.remember_hold(&req.id, chosen);
+                Ok(ReserveOutcome::Admitted(Admission {
+                    now_micros: now,
+                    candidate,
+                    budgets,
+                    replayed,
+                }))
+            }
+            "D" => {
+                let spec = all
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("denial names no budget"))?;
+                let d = denial(&mut r, spec, spec.cost(req.tokens), now)?;
+                Ok(ReserveOutcome::Denied(d))
+            }
+            "I" => {
+                let spec = all
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("impossibility names no budget"))?;
+                Ok(ReserveOutcome::Impossible(Impossibility {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                    capacity: spec.capacity(),
+                    requested: spec.cost(req.tokens),
+                }))
+            }
+            other => Err(protocol(format!("reserve replied {other:?}"))),
+        }
+    }
+
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        let (items, specs) = self
+            .hold_call(&self.scripts.extend, id, &[tokens.to_string()])
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        match tag {
+            "E" => Ok(ExtendOutcome::Extended {
+                granted: r.u64()?,
+                now_micros: now,
+            }),
+            "X" => {
+                let spec = specs
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("exhaustion names no budget"))?;
+                Ok(ExtendOutcome::Exhausted(denial(&mut r, spec, tokens, now)?))
+            }
+            "U" => {
+                self.forget_hold(id);
+                Ok(ExtendOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(id);
+                Ok(ExtendOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("extend replied {other:?}"))),
+        }
+    }
+
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        let (items, _) = self.hold_call(&self.scripts.renew, id, &[]).await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let _now = r.u64()?;
+        match tag {
+            "R" => Ok(RenewOutcome::Renewed {
+                lease_until_micros: r.u64()?,
+            }),
+            "U" => {
+                self.forget_hold(id);
+                Ok(RenewOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(id);
+                Ok(RenewOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("renew replied {other:?}"))),
+        }
+    }
+
+    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        let args = [
+            s.actual_tokens.to_string(),
+            if s.upstream_failed { "1" } else { "0" }.to_string(),
+        ];
+        let (items, _) = self.hold_call(&self.scripts.settle, id, &args).await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        let outcome = match tag {
+            "T" => SettleOutcome::Settled {
+                reserved: r.u64()?,
+                refunded: r.u64()?,
+                debt: r.u64()?,
+                now_micros: now,
+            },
+            "U" => SettleOutcome::Unknown,
+            "S" => SettleOutcome::AlreadySettled,
+            other => return Err(protocol(format!("settle replied {other:?}"))),
+        };
+        self.forget_hold(id);
+        Ok(outcome)
+    }
+
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        if specs.is_empty() {
+            // The health check: a round trip proves the store answers.
+            let mut conn = self.conn.clone();
+            let _: String = self
+                .bounded(redis::cmd("PING").query_async(&mut conn))
+                .await?;
+            return Ok(Vec::new());
+        }
+        let mut inv = self.scripts.inspect.prepare_invoke();
+        for s in specs {
+            inv.key(&s.key);
+        }
+        inv.arg(self.now_arg());
+        for s in specs {
+            let (kind, a, b) = kind_args(&s.kind);
+            inv.arg(kind).arg(a).arg(b);
+        }
+        let items = self.invoke(&inv).await?;
+        let mut r = Reply::new(&items);
+        let _now = r.u64()?;
+        if r.rest() != 2 * specs.len() {
+            return Err(protocol(format!("inspect replied {items:?}")));
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let remaining = r.i64()?;
+            let reset = r.u64()?;
+            out.push(state(spec, remaining, reset));
+        }
+        Ok(out)
+    }
+}
+
+/// A hold as stored in Redis: what one reservation debited where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldRecord {
+    /// Reservation id.
+    pub id: String,
+    /// Store time of the admission, UTC µs.
+    pub admitted_micros: u64,
+    /// Logical expiry, UTC µs (the key's TTL adds a margin).
+    pub expires_micros: u64,
+    /// Concurrency lease, µs.
+    pub lease_micros: u64,
+    /// Tokens reserved, initial + extensions.
+    pub reserved_tokens: u64,
+    /// Index of the chosen candidate deployment.
+    pub candidate: usize,
+    /// One line per budget debited, in order (common, then the candidate's).
+    pub lines: Vec<HoldLine>,
+    /// Extensions as `(store time µs, tokens granted)`.
+    pub extensions: Vec<(u64, u64)>,
+    /// Set once settled.
+    pub settlement: Option<HoldSettlement>,
+}
+
+/// One budget of a hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldLine {
+    /// The budget, with the policy it was reserved under.
+    pub spec: BudgetSpec,
+    /// What the reservation debited from it, in its unit.
+    pub cost: u64,
+    /// Quota debits as `(window id, amount)`, reservation and extensions.
+    pub quota_debits: Vec<(u64, u64)>,
+}
+
+/// The settle applied to a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldSettlement {
+    /// Store time of the settle, UTC µs.
+    pub now_micros: u64,
+    /// Tokens refunded to refundable budgets.
+    pub refunded: u64,
+    /// Tokens charged as debt.
+    pub debt: u64,
+}
+
+fn json_u64(v: &Json, field: &str) -> Result<u64, StoreError> {
+    v.get(field)
+        .and_then(Json::as_str)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol(format!("hold field {field} missing or not a number")))
+}
+
+fn json_str<'a>(v: &'a Json, field: &str) -> Result<&'a str, StoreError> {
+    v.get(field)
+        .and_then(Json::as_str)
+        .ok_or_else(|| protocol(format!("hold field {field} missing")))
+}
+
+/// Elements of a JSON array; Lua's cjson writes an empty array as `{}`.
+fn json_list<'a>(v: &'a Json, field: &str) -> &'a [Json] {
+    v.get(field)
+        .and_then(Json::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+fn json_pairs(v: &Json, field: &str) -> Result<Vec<(u64, u64)>, StoreError> {
+    json_list(v, field)
+        .iter()
+        .map(|p| {
+            let n = |i: usize| {
+                p.get(i)
+                    .and_then(Json::as_str)
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| protocol(format!("hold field {field}: bad pair {p}")))
+            };
+            Ok((n(0)?, n(1)?))
+        })
+        .collect()
+}
+
+impl HoldRecord {
+    /// Decodes the JSON document the scripts store (see `lua/lib.lua`).
+    pub fn parse(raw: &str) -> Result<Self, StoreError> {
+        let v: Json = serde_json::from_str(raw).map_err(|e| protocol(format!("hold: {e}")))?;
+        let mut lines = Vec::new();
+        for l in json_list(&v, "lines") {
+            let key = json_str(l, "k")?.to_string();
+            let a = json_u64(l, "a")?;
+            let kind = match json_str(l, "kind")? {
+                "B" => BudgetKind::Bucket {
+                    per_minute: a,
+                    burst: json_u64(l, "b")?,
+                },
+                "Q" => BudgetKind::Quota {
+                    limit: a,
+                    window: match json_str(l, "b")? {
+                        "D" => Window::Day,
+                        "M" => Window::Month,
+                        w => return Err(protocol(format!("hold: bad window {w:?}"))),
+                    },
+                },
+                "C" => BudgetKind::Concurrency { max: a },
+                k => return Err(protocol(format!("hold: bad kind {k:?}"))),
+            };
+            let (scope, name) = parse_meta(json_str(l, "m")?)?;
+            lines.push(HoldLine {
+                spec: BudgetSpec {
+                    scope,
+                    name,
+                    kind,
+                    key,
+                    refund_unused: json_str(l, "ref")? == "1",
+                },
+                cost: json_u64(l, "c")?,
+                quota_debits: json_pairs(l, "d")?,
+            });
+        }
+        let settlement = if json_str(&v, "st")? == "1" {
+            Some(HoldSettlement {
+                now_micros: json_u64(&v, "snow")?,
+                refunded: json_u64(&v, "refunded")?,
+                debt: json_u64(&v, "debt")?,
+            })
+        } else {
+            None
+        };
+        Ok(HoldRecord {
+            id: json_str(&v, "id")?.to_string(),
+            admitted_micros: json_u64(&v, "now")?,
+            expires_micros: json_u64(&v, "exp")?,
+            lease_micros: json_u64(&v, "lease")?,
+            reserved_tokens: json_u64(&v, "res")?,
+            candidate: json_u64(&v, "cand")? as usize,
+            lines,
+            extensions: json_pairs(&v, "ext")?,
+            settlement,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_become_node_lists() {
+        assert_eq!(cluster_nodes("redis://127.0.0.1:7000/"), None);
+        assert_eq!(
+            cluster_nodes("redis+cluster://127.0.0.1:7001,127.0.0.1:7002/").unwrap(),
+            vec!["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:p@h1:1,h2:2").unwrap(),
+            vec!["redis://u:p@h1:1", "redis://u:p@h2:2"]
+        );
+    }
+
+    #[test]
+    fn meta_round_trips_every_scope() {
+        let ks = KeySpace::new("bg", "d");
+        for scope in [
+            Scope::Tenant("acme".into()),
+            Scope::Key("acme".into(), "batch".into()),
+            Scope::TenantModel("acme".into(), "meta/llama:3".into()),
+            Scope::Upstream("azure \"east\"".into()),
+        ] {
+            let spec = BudgetSpec {
+                key: ks.budget(&scope, BudgetName::TokensPerDay),
+                scope: scope.clone(),
+                name: BudgetName::TokensPerDay,
+                kind: BudgetKind::Quota {
+                    limit: 5,
+                    window: Window::Day,
+                },
+                refund_unused: true,
+            };
+            assert_eq!(
+                parse_meta(&meta_of(&spec)).unwrap(),
+                (scope, BudgetName::TokensPerDay)
+            );
+        }
+    }
+
+    #[test]
+    fn hold_with_empty_lua_arrays_parses() {
+        // cjson encodes empty Lua tables as `{}`.
+        let raw = r#"{"v":"1","id":"r1","now":"5","exp":"9","lease":"3","res":"7","st":"0",
+            "cand":"0","adm":{},"lines":{},"ext":{}}"#;
+        let h = HoldRecord::parse(raw).unwrap();
+        assert!(h.lines.is_empty() && h.extensions.is_empty() && h.settlement.is_none());
+        assert_eq!(h.reserved_tokens, 7);
+    }
+}
