@@ -417,3 +417,85 @@ async fn upstream_keys_never_reach_responses_or_logs() {
     assert!(!seen.contains(secret), "the upstream key leaked");
     assert!(!seen.contains(KEY), "the client key leaked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_utilised_routing_prefers_the_deployment_with_most_spare_share() {
+    let (a, b) = (start_mock().await, start_mock().await);
+    let cfg = two_deployments(&a.base_url(), &b.base_url(), "openai", "tpm = 50000")
+        .replacen(
+            "limits = { tpm = 1000 }\n[[models]]",
+            "limits = { tpm = 2000 }\n[[models]]",
+            1,
+        )
+        .replace(
+            "default_max_output_tokens = 100",
+            "default_max_output_tokens = 100\nrouting = \"least_utilised\"",
+        );
+    let gw = start_gateway(&cfg).await;
+    let body = hundred_token_body(&[&a, &b]);
+    // A: 1000, B: 2000. Shares after each request: A .9/B 1 → B; A .9/B .95 → B; A .9/B .9 → A (tie keeps order).
+    for _ in 0..4 {
+        assert_eq!(post(&gw, &body).await.0, 200);
+    }
+    assert_eq!((a.state.request_count(), b.state.request_count()), (2, 2));
+    // Priority order would have sent all four to A.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_request_ids_are_echoed_and_organisation_headers_are_dropped_unless_configured() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 50, "tpm = 10000", "")).await;
+    let send = |gw_url: String, rid: Option<&'static str>| async move {
+        let mut r = reqwest::Client::new()
+            .post(format!("{gw_url}/chat/completions"))
+            .bearer_auth(KEY)
+            .header("openai-organization", "org-client")
+            .json(
+                &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+            );
+        if let Some(id) = rid {
+            r = r.header("x-request-id", id);
+        }
+        r.send().await.unwrap()
+    };
+    let r = send(gw.base_url(), Some("client-trace-123")).await;
+    assert_eq!(r.headers()["x-request-id"], "client-trace-123");
+    assert!(r.headers().get("x-reservation-id").is_some());
+    assert!(
+        r.headers().get("openai-organization").is_none(),
+        "upstream organisation not relayed"
+    );
+    assert!(
+        r.headers().get("set-cookie").is_none(),
+        "upstream cookies not relayed"
+    );
+    let r2 = send(gw.base_url(), None).await;
+    assert_eq!(
+        r2.headers()["x-request-id"],
+        r2.headers()["x-reservation-id"]
+    );
+    let reqs = mock.state.requests();
+    assert_eq!(
+        reqs[0].header("x-request-id"),
+        Some("client-trace-123"),
+        "forwarded upstream"
+    );
+    assert!(reqs
+        .iter()
+        .all(|r| r.header("openai-organization").is_none()));
+
+    let cfg = config(&mock.base_url(), 50, "tpm = 10000", "").replace(
+        "kind = \"self_hosted\"",
+        "kind = \"self_hosted\"\nforward_client_headers = [\"OpenAI-Organization\"]",
+    );
+    let gw2 = start_gateway(&cfg).await;
+    send(gw2.base_url(), None).await;
+    assert_eq!(
+        mock.state
+            .requests()
+            .last()
+            .unwrap()
+            .header("openai-organization"),
+        Some("org-client")
+    );
+}

@@ -153,6 +153,18 @@ pub struct ModelPolicy {
     pub max_output_tokens: u64,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
+    /// Order in which deployments are tried.
+    pub routing: Routing,
+}
+
+/// How a model's deployments are ordered for each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routing {
+    /// In the configured order: later deployments take overflow.
+    Priority,
+    /// Most spare token-bucket capacity (remaining/limit) first; costs one
+    /// extra store read per request.
+    LeastUtilised,
 }
 
 /// What a store failure does to a tenant's requests (DESIGN section 7).
@@ -606,6 +618,17 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 format!("must be ≤ max_output_tokens ({max_out})"),
             );
         }
+        let routing = match m.routing.as_deref().unwrap_or("priority") {
+            "priority" => Routing::Priority,
+            "least_utilised" | "least_utilized" => Routing::LeastUtilised,
+            other => {
+                v.err(
+                    format!("{path}.routing"),
+                    format!("must be \"priority\" or \"least_utilised\", not {other:?}"),
+                );
+                Routing::Priority
+            }
+        };
         models.push(ModelPolicy {
             name: m.name.clone(),
             upstreams: ups,
@@ -614,6 +637,7 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             default_max_output_tokens: default_out,
             max_output_tokens: max_out,
             reasoning: m.reasoning.unwrap_or(false),
+            routing,
         });
     }
 

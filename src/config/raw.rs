@@ -99,6 +99,7 @@ pub struct RawModel {
     pub default_max_output_tokens: Option<i64>,
     pub max_output_tokens: Option<i64>,
     pub reasoning: Option<bool>,
+    pub routing: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

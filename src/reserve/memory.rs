@@ -423,11 +423,15 @@ impl Inner {
         let available = self.available(spec, now);
         let fits = match spec.kind {
             BudgetKind::Concurrency { .. } => {
+                // Only a live lease of this id counts: an expired one lingers
+                // until the next sweep, and honouring it would make the
+                // decision depend on sweep timing (and exceed the limit).
                 available >= 1
                     || self
                         .slots
                         .get(&spec.key)
-                        .is_some_and(|s| s.contains_key(id))
+                        .and_then(|s| s.get(id))
+                        .is_some_and(|lease| *lease > now)
             }
             _ => available >= cost as i64,
         };

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::headers::rate_limit_headers;
 use super::settlement::HeldReservation;
 use super::AppState;
-use crate::config::{ModelPolicy, Policy, UpstreamPolicy};
+use crate::config::{ModelPolicy, Policy, Routing, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
 use crate::reserve::{
     plan, Admission, BudgetName, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope,
@@ -435,7 +435,7 @@ async fn proxy_inner(
     for attempt in 0..MAX_ATTEMPTS.min(prepared.candidates.len()) {
         let now = st.clock.now_micros();
         let mut cooling_until = None;
-        let candidates: Vec<&(usize, Vec<BudgetSpec>)> = prepared
+        let mut candidates: Vec<&(usize, Vec<BudgetSpec>)> = prepared
             .candidates
             .iter()
             .filter(|(u, _)| !tried.contains(u))
@@ -457,6 +457,9 @@ async fn proxy_inner(
             return Err(ApiError::UpstreamRateLimited {
                 retry_after_secs: Some(super::error::retry_after_secs(wait)),
             });
+        }
+        if prepared.model.routing == Routing::LeastUtilised && candidates.len() > 1 {
+            order_by_spare_capacity(&st, &mut candidates).await;
         }
         // A retry on another deployment is the same client request: its request count is already spent.
         let common: Vec<BudgetSpec> = if attempt == 0 {
@@ -542,6 +545,38 @@ async fn proxy_inner(
     Err(last_error.unwrap_or_else(|| {
         ApiError::BadGateway("No upstream deployment could serve the request.".into())
     }))
+}
+
+/// Sorts candidates by the spare share (remaining/limit) of their tightest
+/// token bucket, most spare first; deployments without one come first. A
+/// failed read keeps the configured order.
+async fn order_by_spare_capacity(st: &Arc<AppState>, candidates: &mut [&(usize, Vec<BudgetSpec>)]) {
+    let specs: Vec<BudgetSpec> = candidates
+        .iter()
+        .flat_map(|(_, s)| s.iter().filter(|b| b.name == BudgetName::Tpm).cloned())
+        .collect();
+    let Ok(Ok(states)) = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        st.store.inspect(&specs),
+    )
+    .await
+    else {
+        return;
+    };
+    // Spare share as a fraction in parts per million, per candidate (1e6 = unlimited).
+    let share = |c: &(usize, Vec<BudgetSpec>)| -> i64 {
+        c.1.iter()
+            .filter(|b| b.name == BudgetName::Tpm)
+            .filter_map(|b| {
+                states
+                    .iter()
+                    .find(|s| s.scope == b.scope && s.name == b.name)
+            })
+            .map(|s| s.remaining.max(0) * 1_000_000 / s.limit.max(1) as i64)
+            .min()
+            .unwrap_or(1_000_000)
+    };
+    candidates.sort_by_key(|c| std::cmp::Reverse(share(c)));
 }
 
 /// Sends one attempt to `upstream` and turns its answer into a client
