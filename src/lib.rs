@@ -10,6 +10,7 @@
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
+//! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores.
 //! - [`server`]: axum router, handlers, error map, rate-limit headers.
 //! - [`upstreams`]: upstream client, SSE relay and metering.
@@ -19,6 +20,7 @@ pub mod app;
 pub mod clock;
 pub mod config;
 pub mod estimate;
+pub mod metrics;
 pub mod reserve;
 pub mod server;
 pub mod upstreams;

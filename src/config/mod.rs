@@ -1,9 +1,11 @@
 //! Typed configuration (DESIGN section 8): the TOML file is read into
 //! [`raw`] structs, then validated as a whole into a [`Policy`]. Validation
 //! collects every error with its path (`tenants[2].limits.tpm: must be > 0`)
-//! instead of stopping at the first.
+//! instead of stopping at the first. [`reload`] swaps in a new file at
+//! runtime (SIGHUP, file change).
 
 pub mod raw;
+pub mod reload;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -45,6 +47,9 @@ pub struct StorePolicy {
     pub key_prefix: String,
     /// Budget domain: the hash tag shared by every key (DESIGN section 3).
     pub domain: String,
+    /// Share of every budget (0 < share ≤ 1) one gateway may use on its own
+    /// while the store is down, for `fail_open` tenants (e.g. 1/N for N gateways).
+    pub fallback_share: f64,
 }
 
 /// `[server]`.
@@ -62,6 +67,12 @@ pub struct ServerPolicy {
     pub settle_retry: Duration,
     /// `retry-after` sent with a concurrency refusal.
     pub concurrency_retry: Duration,
+    /// Name of the environment variable holding the admin API bearer token
+    /// (read once at start; the admin API is disabled when it is unset or empty).
+    pub admin_token_env: String,
+    /// How long in-flight requests and streams may run after SIGTERM/ctrl-c
+    /// before streams are cut off and what is left is aborted (0: at once).
+    pub shutdown_grace: Duration,
 }
 
 /// Limits of one scope. Every field optional; absent means unlimited.
@@ -262,6 +273,13 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
+/// `[A-Za-z_][A-Za-z0-9_]*`: a portable environment variable name.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
 struct V {
     errors: Vec<String>,
 }
@@ -359,6 +377,25 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             raw.server.concurrency_retry_secs,
             1,
         ),
+        admin_token_env: match raw.server.admin_token_env.as_deref() {
+            None => "BUDGETGATE_ADMIN_TOKEN".into(),
+            Some(name) if is_env_name(name) => name.to_string(),
+            Some(name) => {
+                v.err(
+                    "server.admin_token_env",
+                    format!("not an environment variable name: {name:?}"),
+                );
+                "BUDGETGATE_ADMIN_TOKEN".into()
+            }
+        },
+        shutdown_grace: match raw.server.shutdown_grace_secs {
+            None => Duration::from_secs(30),
+            Some(s) if (0..=3600).contains(&s) => Duration::from_secs(s as u64),
+            Some(_) => {
+                v.err("server.shutdown_grace_secs", "must be within 0..=3600");
+                Duration::from_secs(30)
+            }
+        },
     };
 
     let kind = match raw.store.kind.as_deref().unwrap_or("memory") {
@@ -401,6 +438,14 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
         ),
         key_prefix,
         domain,
+        fallback_share: match raw.store.fallback_share {
+            None => 1.0,
+            Some(f) if f > 0.0 && f <= 1.0 => f,
+            Some(_) => {
+                v.err("store.fallback_share", "must be within (0, 1]");
+                1.0
+            }
+        },
     };
 
     let e = &raw.estimation;

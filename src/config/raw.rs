@@ -32,6 +32,8 @@ pub struct RawServer {
     pub lease_secs: Option<i64>,
     pub settle_retry_secs: Option<i64>,
     pub concurrency_retry_secs: Option<i64>,
+    pub admin_token_env: Option<String>,
+    pub shutdown_grace_secs: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -42,6 +44,7 @@ pub struct RawStore {
     pub timeout_ms: Option<i64>,
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
+    pub fallback_share: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -9,10 +9,14 @@
 //! - [`keys`]: the one pure function that names stored keys.
 //! - [`memory`]: the in-process store.
 //! - [`plan`]: which budgets a request touches, from policy.
+//! - [`guarded`]: timeout, metrics and circuit breaker around a store.
+//! - [`deny_cache`]: local refusals for budgets known to be empty.
 //! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
 
 pub mod bucket;
 pub mod calendar;
+pub mod deny_cache;
+pub mod guarded;
 pub mod keys;
 pub mod memory;
 pub mod plan;

@@ -16,11 +16,12 @@ use super::error::ApiError;
 use super::headers::rate_limit_headers;
 use super::settlement::HeldReservation;
 use super::AppState;
-use crate::config::{ModelPolicy, Policy, Routing, UpstreamPolicy};
+use crate::config::{ModelPolicy, OnStoreError, Policy, Routing, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
+use crate::metrics;
 use crate::reserve::{
-    plan, Admission, BudgetName, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope,
-    Settlement,
+    plan, Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Impossibility,
+    ReserveOutcome, ReserveRequest, Scope, Settlement,
 };
 use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
 use crate::upstreams::UpstreamError;
@@ -80,6 +81,18 @@ pub async fn get_model(
 
 fn model_object(m: &ModelPolicy) -> Value {
     json!({"id": m.name, "object": "model", "created": 0, "owned_by": "budgetgate"})
+}
+
+/// `GET /metrics`: Prometheus text exposition.
+pub async fn metrics() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics::render(),
+    )
+        .into_response()
 }
 
 /// `GET /healthz`: the process is up.
@@ -482,44 +495,107 @@ async fn proxy_inner(
             hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
                 as u64,
         };
-        let outcome =
-            match tokio::time::timeout(policy.store.timeout, st.store.reserve(&request)).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, tenant = %tenant.name, "budget store failed");
-                    return Err(ApiError::Unavailable(
-                        "The budget store is unavailable; please retry.".into(),
-                    ));
-                }
-                Err(_) => {
-                    tracing::error!(tenant = %tenant.name, "budget store timed out");
-                    return Err(ApiError::Unavailable(
-                        "The budget store is unavailable; please retry.".into(),
-                    ));
-                }
-            };
-        let admission = match outcome {
-            ReserveOutcome::Admitted(a) => a,
-            ReserveOutcome::Denied(denial) => {
+        let concurrency_hint = policy.server.concurrency_retry.as_micros() as u64;
+        if attempt == 0 {
+            if let Some(denial) = st.deny_cache.check(&request.common, request.tokens, now) {
+                metrics::deny_cache_hit(&tenant.name, denial.name);
+                metrics::decision(
+                    &tenant.name,
+                    metrics::scope_kind(&denial.scope),
+                    denial.name.as_str(),
+                    "deny_cache",
+                    &policy.version,
+                );
                 let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
                 return Err(ApiError::RateLimited {
                     denial: Box::new(denial),
                     headers,
-                    concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+                    concurrency_hint_micros: concurrency_hint,
                 });
             }
-            ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        }
+        let (hold_store, outcome) = match st.store.reserve(&request).await {
+            Ok(o) => (st.store.clone(), o),
+            Err(e) => match tenant.on_store_error {
+                OnStoreError::FailClosed => {
+                    tracing::error!(error = %e, tenant = %tenant.name, policy_version = %policy.version, "budget store failed; failing closed");
+                    metrics::degraded(&tenant.name, "fail_closed");
+                    metrics::decision(
+                        &tenant.name,
+                        "tenant",
+                        "none",
+                        "fail_closed",
+                        &policy.version,
+                    );
+                    return Err(ApiError::Unavailable(
+                        "The budget store is unavailable; please retry.".into(),
+                    ));
+                }
+                OnStoreError::FailOpen => {
+                    tracing::warn!(error = %e, tenant = %tenant.name, policy_version = %policy.version, "budget store failed; failing open to the local limiter");
+                    metrics::degraded(&tenant.name, "fail_open");
+                    let local = fallback_request(&request, policy.store.fallback_share);
+                    let fallback: Arc<dyn BudgetStore> = st.fallback.clone();
+                    let o = fallback.reserve(&local).await.map_err(|_| {
+                        ApiError::Unavailable(
+                            "The budget store is unavailable; please retry.".into(),
+                        )
+                    })?;
+                    (fallback, o)
+                }
+            },
+        };
+        let admission = match outcome {
+            ReserveOutcome::Admitted(a) => a,
+            ReserveOutcome::Denied(denial) => {
+                metrics::decision(
+                    &tenant.name,
+                    metrics::scope_kind(&denial.scope),
+                    denial.name.as_str(),
+                    "denied",
+                    &policy.version,
+                );
+                tracing::info!(tenant = %tenant.name, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
+                if Arc::ptr_eq(&hold_store, &st.store) {
+                    if let Some(spec) = request
+                        .common
+                        .iter()
+                        .find(|s| s.scope == denial.scope && s.name == denial.name)
+                    {
+                        st.deny_cache.record(spec, &denial, now);
+                    }
+                }
+                let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
+                return Err(ApiError::RateLimited {
+                    denial: Box::new(denial),
+                    headers,
+                    concurrency_hint_micros: concurrency_hint,
+                });
+            }
+            ReserveOutcome::Impossible(i) => {
+                metrics::decision(
+                    &tenant.name,
+                    metrics::scope_kind(&i.scope),
+                    i.name.as_str(),
+                    "impossible",
+                    &policy.version,
+                );
+                return Err(ApiError::Impossible(Box::new(i)));
+            }
         };
         let upstream_idx = candidates[admission.candidate].0;
         tried.push(upstream_idx);
+        metrics::decision(&tenant.name, "tenant", "none", "admitted", &policy.version);
+        metrics::reserved(&tenant.name, request.tokens);
         let hold = HeldReservation::new(
             id.clone(),
-            st.store.clone(),
+            hold_store,
             st.settlements.clone(),
             prepared.estimate.total_tokens,
             policy.server.lease,
             policy.server.settle_retry,
-        );
+        )
+        .with_tenant(&tenant.name);
         let upstream = &policy.upstreams[upstream_idx];
         match forward(
             &st,
@@ -545,6 +621,36 @@ async fn proxy_inner(
     Err(last_error.unwrap_or_else(|| {
         ApiError::BadGateway("No upstream deployment could serve the request.".into())
     }))
+}
+
+/// The same reservation scaled to this gateway's share of every budget,
+/// for the local fallback limiter (fail-open).
+fn fallback_request(req: &ReserveRequest, share: f64) -> ReserveRequest {
+    let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
+    let shrink = |s: &BudgetSpec| {
+        let mut s = s.clone();
+        s.kind = match s.kind {
+            BudgetKind::Bucket { per_minute, burst } => BudgetKind::Bucket {
+                per_minute: scale(per_minute),
+                burst: scale(burst),
+            },
+            BudgetKind::Quota { limit, window } => BudgetKind::Quota {
+                limit: scale(limit),
+                window,
+            },
+            BudgetKind::Concurrency { max } => BudgetKind::Concurrency { max: scale(max) },
+        };
+        s
+    };
+    ReserveRequest {
+        common: req.common.iter().map(shrink).collect(),
+        candidates: req
+            .candidates
+            .iter()
+            .map(|c| c.iter().map(shrink).collect())
+            .collect(),
+        ..req.clone()
+    }
 }
 
 /// Sorts candidates by the spare share (remaining/limit) of their tightest
@@ -614,6 +720,7 @@ async fn forward(
             extra.push((name.clone(), v.clone()));
         }
     }
+    let started = std::time::Instant::now();
     let sent = st
         .upstream
         .send(
@@ -626,8 +733,16 @@ async fn forward(
         )
         .await;
     let resp = match sent {
-        Ok(r) => r,
+        Ok(r) => {
+            metrics::upstream(
+                &upstream.name,
+                r.status().as_str(),
+                started.elapsed().as_secs_f64(),
+            );
+            r
+        }
         Err(e) => {
+            metrics::upstream(&upstream.name, "error", started.elapsed().as_secs_f64());
             hold.settle_now(Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
@@ -686,7 +801,18 @@ async fn forward(
         let deployment = upstream.name.clone();
         let estimated = prepared.estimate.total_tokens;
         tokio::spawn(async move {
+            metrics::active_streams(1.0);
             let summary = relay::run(resp, proc, hold, plan, tx).await;
+            metrics::active_streams(-1.0);
+            metrics::stream_ended(
+                &deployment,
+                match summary.ending {
+                    relay::Ending::Completed => "completed",
+                    relay::Ending::CutOff => "cut_off",
+                    relay::Ending::ClientGone => "client_gone",
+                    relay::Ending::UpstreamError => "upstream_error",
+                },
+            );
             tracing::info!(reservation_id = %id, tenant = %tenant_name, model = %model_name, deployment = %deployment,
                 estimated, settled = summary.settled_tokens, ending = ?summary.ending, "stream finished");
         });
@@ -766,6 +892,12 @@ fn observe_provider_limits(upstream: &UpstreamPolicy, headers: &reqwest::header:
     };
     let tokens = read("x-ratelimit-remaining-tokens");
     let requests = read("x-ratelimit-remaining-requests");
+    if let Some(t) = tokens {
+        metrics::provider_remaining(&upstream.name, "tokens", t);
+    }
+    if let Some(r) = requests {
+        metrics::provider_remaining(&upstream.name, "requests", r);
+    }
     if tokens.is_some() || requests.is_some() {
         tracing::debug!(deployment = %upstream.name, remaining_tokens = ?tokens, remaining_requests = ?requests, "provider rate-limit headers");
     }

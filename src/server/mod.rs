@@ -6,7 +6,9 @@
 //! - [`error`]: every error → status, OpenAI body, retry headers.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`settlement`]: the reservation guard and settlement tasks.
+//! - [`admin`]: the operator API under `/admin/v1/`.
 
+pub mod admin;
 pub mod error;
 pub mod handlers;
 pub mod headers;
@@ -21,7 +23,10 @@ use axum::Router;
 
 use crate::clock::Clock;
 use crate::config::Policy;
+use crate::reserve::deny_cache::DenyCache;
+use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
+use crate::reserve::memory::MemoryStore;
 use crate::reserve::BudgetStore;
 use crate::upstreams::UpstreamClient;
 use settlement::SettlementTracker;
@@ -40,19 +45,47 @@ pub struct AppState {
     pub settlements: SettlementTracker,
     /// Deployments that answered 429: no traffic until the given UTC µs (per gateway).
     cooldowns: Mutex<HashMap<String, u64>>,
+    /// Refusals answered locally without a store call.
+    pub deny_cache: DenyCache,
+    /// The local limiter used for fail-open tenants while the store is down.
+    pub fallback: Arc<MemoryStore>,
+    /// SHA-256 of the admin API bearer token; `None` disables the admin API.
+    admin_token: Mutex<Option<[u8; 32]>>,
 }
 
 impl AppState {
     /// State for `policy` over `store`.
+    /// The store is wrapped in a [`GuardedStore`] (timeout, metrics, circuit breaker).
     pub fn new(policy: Policy, store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let store: Arc<dyn BudgetStore> = Arc::new(GuardedStore::new(store, policy.store.timeout));
+        crate::metrics::install();
+        crate::metrics::policy_version(None, &policy.version);
         Arc::new(Self {
+            fallback: Arc::new(MemoryStore::new(clock.clone())),
+            deny_cache: DenyCache::new(),
             policy: ArcSwap::from_pointee(policy),
             store,
             clock,
             upstream: UpstreamClient::new(),
             settlements: SettlementTracker::default(),
             cooldowns: Mutex::new(HashMap::new()),
+            admin_token: Mutex::new(None),
         })
+    }
+
+    /// Enables the admin API with bearer `token`, or disables it (`None` or
+    /// empty). Only the token's SHA-256 is kept.
+    pub fn set_admin_token(&self, token: Option<&str>) {
+        use sha2::Digest;
+        let digest = token
+            .filter(|t| !t.is_empty())
+            .map(|t| <[u8; 32]>::from(sha2::Sha256::digest(t.as_bytes())));
+        *self.admin_token.lock().unwrap_or_else(|e| e.into_inner()) = digest;
+    }
+
+    /// SHA-256 of the admin token, when the admin API is enabled.
+    pub fn admin_token_digest(&self) -> Option<[u8; 32]> {
+        *self.admin_token.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps traffic away from `deployment` until `until_micros` (UTC µs).
@@ -94,9 +127,45 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/openai/deployments/{deployment}/embeddings",
             post(handlers::azure_embeddings),
         )
+        .route("/admin/v1/policy", get(admin::policy))
+        .route(
+            "/admin/v1/tenants/{tenant}/budgets",
+            get(admin::tenant_budgets),
+        )
+        .route(
+            "/admin/v1/upstreams/{upstream}/budgets",
+            get(admin::upstream_budgets),
+        )
         .route("/healthz", get(handlers::healthz))
+        .route("/metrics", get(handlers::metrics))
         .route("/readyz", get(handlers::readyz))
         .route("/v1/{*rest}", any(handlers::unknown_path))
         .fallback(handlers::unknown_path)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            end_at_shutdown_cutoff,
+        ))
         .with_state(state)
+}
+
+/// Ends a request whose handler is still running when the shutdown grace
+/// period is over: the handler is dropped (its reservation settles through
+/// its guard, tracked, so shutdown waits for it) and the client gets 503.
+/// Streams are not affected once their response has started: the relay
+/// cuts them off itself.
+async fn end_at_shutdown_cutoff(
+    axum::extract::State(st): axum::extract::State<Arc<AppState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let tracker = st.settlements.clone();
+    tokio::select! {
+        biased;
+        resp = next.run(req) => resp,
+        _ = tracker.cutoff() => {
+            error::ApiError::Unavailable("The gateway is shutting down; retry the request.".into())
+                .into_response()
+        }
+    }
 }

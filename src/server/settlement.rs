@@ -4,13 +4,14 @@
 //! cancelled by a client disconnect, panic, early return). Settlements run
 //! as tracked tasks, off the response's critical path, retried with the
 //! same reservation id (idempotent) for a bounded time, and drained at
-//! shutdown.
+//! shutdown. The tracker also carries the shutdown *cutoff*: at the end of
+//! the grace period every stream still relaying is told to cut off cleanly.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
@@ -21,12 +22,25 @@ pub struct SettlementTracker {
     inner: Arc<TrackerInner>,
 }
 
-#[derive(Default)]
 struct TrackerInner {
     pending: AtomicUsize,
     idle: Notify,
     settled: AtomicU64,
     failed: AtomicU64,
+    /// Becomes true at the shutdown deadline.
+    cutoff: watch::Sender<bool>,
+}
+
+impl Default for TrackerInner {
+    fn default() -> Self {
+        Self {
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            settled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            cutoff: watch::Sender::new(false),
+        }
+    }
 }
 
 impl SettlementTracker {
@@ -43,6 +57,24 @@ impl SettlementTracker {
     /// Settlements given up after the retry window.
     pub fn failed(&self) -> u64 {
         self.inner.failed.load(Ordering::SeqCst)
+    }
+
+    /// Tells every stream still relaying, and every request still waiting
+    /// for its upstream, to end now (the shutdown grace period is over).
+    pub fn begin_cutoff(&self) {
+        self.inner.cutoff.send_replace(true);
+    }
+
+    /// True once [`SettlementTracker::begin_cutoff`] was called.
+    pub fn is_cut_off(&self) -> bool {
+        *self.inner.cutoff.borrow()
+    }
+
+    /// Resolves once [`SettlementTracker::begin_cutoff`] is called (at once
+    /// if it was). Cancel-safe.
+    pub async fn cutoff(&self) {
+        let mut rx = self.inner.cutoff.subscribe();
+        let _ = rx.wait_for(|cut| *cut).await;
     }
 
     /// Waits until no settlement is pending.
@@ -62,6 +94,7 @@ impl SettlementTracker {
         id: String,
         s: Settlement,
         retry_for: Duration,
+        tenant: Option<String>,
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
@@ -69,6 +102,7 @@ impl SettlementTracker {
             let outcome = settle_with_retry(store.as_ref(), &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
+                    record_settlement(tenant.as_deref(), &o, s);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     tracing::debug!(reservation_id = %id, outcome = ?o, "settled");
                 }
@@ -81,6 +115,12 @@ impl SettlementTracker {
                 inner.idle.notify_waiters();
             }
         });
+    }
+}
+
+fn record_settlement(tenant: Option<&str>, outcome: &SettleOutcome, s: Settlement) {
+    if let (Some(t), SettleOutcome::Settled { reserved, .. }) = (tenant, outcome) {
+        crate::metrics::settled(t, *reserved, s.actual_tokens);
     }
 }
 
@@ -119,6 +159,7 @@ pub struct HeldReservation {
     settle_retry: Duration,
     renewer: Option<JoinHandle<()>>,
     done: bool,
+    tenant: Option<String>,
 }
 
 impl HeldReservation {
@@ -153,7 +194,14 @@ impl HeldReservation {
             settle_retry,
             renewer: Some(renewer),
             done: false,
+            tenant: None,
         }
+    }
+
+    /// Labels this reservation's settlement metrics with `tenant` (a config name).
+    pub fn with_tenant(mut self, tenant: &str) -> Self {
+        self.tenant = Some(tenant.to_string());
+        self
     }
 
     /// The reservation id (also the response's `x-request-id`).
@@ -169,6 +217,12 @@ impl HeldReservation {
     /// Records an extension granted by the store.
     pub fn add_extension(&mut self, granted: u64) {
         self.reserved_tokens += granted;
+    }
+
+    /// Resolves when the gateway's shutdown grace period ends: the holder
+    /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
+    pub async fn shutdown_cutoff(&self) {
+        self.tracker.cutoff().await
     }
 
     /// The store holding this reservation.
@@ -189,7 +243,11 @@ impl HeldReservation {
         if let Some(r) = self.renewer.take() {
             r.abort();
         }
-        settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await
+        let outcome = settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await;
+        if let Some(o) = &outcome {
+            record_settlement(self.tenant.as_deref(), o, s);
+        }
+        outcome
     }
 
     fn finish(&mut self, s: Settlement) {
@@ -200,8 +258,13 @@ impl HeldReservation {
         if let Some(r) = self.renewer.take() {
             r.abort();
         }
-        self.tracker
-            .spawn_settle(self.store.clone(), self.id.clone(), s, self.settle_retry);
+        self.tracker.spawn_settle(
+            self.store.clone(),
+            self.id.clone(),
+            s,
+            self.settle_retry,
+            self.tenant.clone(),
+        );
     }
 }
 

@@ -311,6 +311,16 @@ pub async fn run(
         let next = tokio::select! {
             biased;
             _ = tx.closed() => break 'relay Ending::ClientGone,
+            // Shutdown grace period over: end cleanly, as when the budget runs out.
+            _ = hold.shutdown_cutoff() => {
+                tracing::info!(reservation_id = %hold.id(), "gateway shutting down; cutting the stream off");
+                for f in proc.cutoff_frames(plan.input_tokens) {
+                    if tx.send(f).await.is_err() {
+                        break;
+                    }
+                }
+                break 'relay Ending::CutOff;
+            }
             next = body.next() => next,
         };
         let chunk = match next {

@@ -5,6 +5,7 @@
 
 #[path = "../../examples/mock_upstream.rs"]
 pub mod mock_upstream;
+pub mod redis_server;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,360 @@
+//! Hot reload (DESIGN sections 2 and 8): on SIGHUP and on a change of the
+//! config file, re-read and validate it; when valid, swap the active
+//! [`Policy`] atomically, otherwise keep the running one and log every error.
+//!
+//! - Requests load the policy once (`ArcSwap::load_full`) and keep that
+//!   `Arc<Policy>` to the end, so in-flight requests and streams finish
+//!   under the policy they started with.
+//! - Stored budget state adopts new limits on first access (lower capacity
+//!   clamps, a raise grants nothing at once); nothing is rewritten here.
+//! - Some settings are bound at start and cannot change at runtime:
+//!   `server.listen` (the socket is bound), `server.admin_token_env` (the
+//!   token is read at start) and the whole `[store]` section (the store is
+//!   built at start). When a new file changes them, a warning says a restart
+//!   is needed and the running values are kept; the rest of the file applies.
+//! - The file's *directory* is watched, not the file, so editors that save
+//!   by writing a temporary file and renaming it over the original, and
+//!   Kubernetes ConfigMap volumes (a symlink swapped in the directory), are
+//!   seen. Events are debounced ([`DEBOUNCE`]); a file whose bytes did not
+//!   change (same policy version) is not swapped again.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use notify::event::{AccessKind, AccessMode};
+use notify::{EventKind, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use super::Policy;
+
+/// Quiet time after the last file event before the file is re-read.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// What asked for a reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// SIGHUP.
+    Signal,
+    /// A change in the config file's directory.
+    FileChange,
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Trigger::Signal => "sighup",
+            Trigger::FileChange => "file_change",
+        })
+    }
+}
+
+/// What one reload attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// The new policy is active.
+    Applied {
+        /// Version that was running.
+        old_version: String,
+        /// Version now running.
+        new_version: String,
+        /// Restart-only settings the file changed; their running values were kept.
+        restart_needed: Vec<&'static str>,
+    },
+    /// The file has the running version's bytes; nothing was swapped.
+    Unchanged {
+        /// The running version.
+        version: String,
+    },
+    /// The file is unreadable or invalid; the running policy stays.
+    Rejected {
+        /// The running (kept) version.
+        kept_version: String,
+        /// Every error, each prefixed by its path.
+        errors: Vec<String>,
+    },
+}
+
+/// Copies the settings that cannot change at runtime from `running` into
+/// `new`, returning the names of those the new file changed.
+pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    if new.server.listen != running.server.listen {
+        changed.push("server.listen");
+        new.server.listen = running.server.listen;
+    }
+    if new.server.admin_token_env != running.server.admin_token_env {
+        changed.push("server.admin_token_env");
+        new.server.admin_token_env = running.server.admin_token_env.clone();
+    }
+    // Compared through `Debug` so that every field of `[store]`, present and
+    // future, counts, without requiring `PartialEq` of each.
+    if format!("{:?}", new.store) != format!("{:?}", running.store) {
+        changed.push("store");
+        new.store = running.store.clone();
+    }
+    changed
+}
+
+/// Reads and validates `path`; when valid, swaps it into `current` (keeping
+/// the restart-only settings) and logs the new version; when not, keeps the
+/// running policy and logs every error on its own line.
+pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> ReloadOutcome {
+    let running = current.load_full();
+    let mut new = match Policy::load(path) {
+        Ok(p) => p,
+        Err(e) => {
+            for error in &e.0 {
+                tracing::error!(config = %path.display(), %trigger, %error, "config reload: invalid");
+            }
+            tracing::error!(
+                config = %path.display(),
+                %trigger,
+                errors = e.0.len(),
+                policy_version = %running.version,
+                "config reload rejected; the running policy stays"
+            );
+            return ReloadOutcome::Rejected {
+                kept_version: running.version.clone(),
+                errors: e.0,
+            };
+        }
+    };
+    if new.version == running.version {
+        tracing::debug!(config = %path.display(), %trigger, policy_version = %running.version, "config unchanged");
+        return ReloadOutcome::Unchanged {
+            version: running.version.clone(),
+        };
+    }
+    let restart_needed = keep_restart_only(&running, &mut new);
+    for setting in &restart_needed {
+        tracing::warn!(
+            config = %path.display(),
+            setting,
+            "config reload: this setting changed but takes effect only after a restart; keeping the running value"
+        );
+    }
+    let new_version = new.version.clone();
+    current.store(Arc::new(new));
+    tracing::info!(
+        config = %path.display(),
+        %trigger,
+        old_version = %running.version,
+        policy_version = %new_version,
+        "policy reloaded"
+    );
+    ReloadOutcome::Applied {
+        old_version: running.version.clone(),
+        new_version,
+        restart_needed,
+    }
+}
+
+/// True for events that may mean new file content (not our own reads).
+fn is_change(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
+/// The directory to watch for `path` (`.` for a bare file name).
+fn watch_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Calls `apply` on every SIGHUP and, debounced, on every change in the
+/// directory of `path`. Runs until the task is aborted. When the directory
+/// cannot be watched, logs a warning and keeps serving SIGHUP alone.
+pub async fn watch(path: PathBuf, apply: impl Fn(Trigger) + Send + 'static) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let dir = watch_dir(&path);
+    let watcher =
+        notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+            Ok(ev) if is_change(&ev.kind) => {
+                let _ = tx.send(());
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "config file watcher error"),
+        })
+        .and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w));
+    let watcher = match watcher {
+        Ok(w) => {
+            tracing::info!(config = %path.display(), dir = %dir.display(), "watching the config file for changes");
+            Some(w)
+        }
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
+            None
+        }
+    };
+    let mut hup = hangup();
+    let mut files_open = watcher.is_some();
+    loop {
+        tokio::select! {
+            _ = hup.recv() => apply(Trigger::Signal),
+            ev = rx.recv(), if files_open => {
+                if ev.is_none() {
+                    files_open = false;
+                    continue;
+                }
+                // Debounce: wait for DEBOUNCE of quiet.
+                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
+                apply(Trigger::FileChange);
+            }
+        }
+    }
+}
+
+/// SIGHUP as a stream of notifications (never fires off Unix).
+struct Hangup {
+    #[cfg(unix)]
+    sig: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(s) = self.sig.as_mut() {
+            if s.recv().await.is_some() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await
+    }
+}
+
+fn hangup() -> Hangup {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::hangup()) {
+            Ok(sig) => Hangup { sig: Some(sig) },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP");
+                Hangup { sig: None }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    Hangup {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+[[upstreams]]
+name = "u"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:9/v1"
+[[models]]
+name = "m"
+upstreams = ["u"]
+[[tenants]]
+name = "t"
+limits = { tpm = 1000 }
+"#;
+
+    fn write(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("budgetgate.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn applies_valid_rejects_invalid_and_skips_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), BASE);
+        let current = ArcSwap::from_pointee(Policy::load(&path).unwrap());
+        let v0 = current.load().version.clone();
+        assert_eq!(
+            reload(&current, &path, Trigger::Signal),
+            ReloadOutcome::Unchanged {
+                version: v0.clone()
+            }
+        );
+
+        write(dir.path(), &BASE.replace("tpm = 1000", "tpm = 500"));
+        let ReloadOutcome::Applied {
+            old_version,
+            new_version,
+            restart_needed,
+        } = reload(&current, &path, Trigger::FileChange)
+        else {
+            panic!("not applied")
+        };
+        assert_eq!(old_version, v0);
+        assert_ne!(new_version, v0);
+        assert!(restart_needed.is_empty());
+        assert_eq!(current.load().tenants[0].limits.tpm, Some(500));
+
+        write(
+            dir.path(),
+            &BASE
+                .replace("tpm = 1000", "tpm = -1")
+                .replace("upstreams = [\"u\"]", "upstreams = [\"nope\"]"),
+        );
+        let ReloadOutcome::Rejected {
+            kept_version,
+            errors,
+        } = reload(&current, &path, Trigger::Signal)
+        else {
+            panic!("not rejected")
+        };
+        assert_eq!(kept_version, new_version);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors
+            .iter()
+            .any(|e| e.starts_with("tenants[0].limits.tpm:")));
+        assert!(errors
+            .iter()
+            .any(|e| e.starts_with("models[0].upstreams[0]:")));
+        assert_eq!(current.load().version, new_version);
+    }
+
+    #[test]
+    fn restart_only_settings_keep_their_running_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), BASE);
+        let current = ArcSwap::from_pointee(Policy::load(&path).unwrap());
+        write(
+            dir.path(),
+            &BASE
+                .replace("127.0.0.1:8080", "127.0.0.1:9090")
+                .replace("tpm = 1000", "tpm = 10")
+                .replace(
+                    "[server]",
+                    "[store]\nkey_prefix = \"other\"\n[server]\nadmin_token_env = \"X_TOKEN\"",
+                ),
+        );
+        let ReloadOutcome::Applied { restart_needed, .. } =
+            reload(&current, &path, Trigger::Signal)
+        else {
+            panic!("not applied")
+        };
+        assert_eq!(
+            restart_needed,
+            vec!["server.listen", "server.admin_token_env", "store"]
+        );
+        let p = current.load();
+        assert_eq!(p.server.listen.port(), 8080);
+        assert_eq!(p.server.admin_token_env, "BUDGETGATE_ADMIN_TOKEN");
+        assert_eq!(p.store.key_prefix, "budgetgate");
+        assert_eq!(p.tenants[0].limits.tpm, Some(10));
+    }
+
+    #[test]
+    fn watch_dir_of_bare_name_is_cwd() {
+        assert_eq!(watch_dir(Path::new("a.toml")), PathBuf::from("."));
+        assert_eq!(watch_dir(Path::new("/etc/a.toml")), PathBuf::from("/etc"));
+    }
+}

@@ -1,0 +1,222 @@
+//! Local deny cache (DESIGN section 7): after the store refuses a request
+//! because a tenant-side budget is empty, later requests that certainly
+//! cannot fit are refused locally, without a store call, until they could.
+//!
+//! What is cached is an *upper bound* of the budget: for a bucket, the
+//! whole tokens available at the refusal plus one (the store reports a
+//! floor) growing by the refill rate; for a quota, what was left in the
+//! window. A request is refused locally only when its cost exceeds that
+//! bound, so the cache never refuses what the store would admit — except
+//! after a refund elsewhere (another gateway settling under its estimate),
+//! which the cache cannot see: worst case, a tenant is refused until the
+//! cached retry time although a refund freed room earlier. The cache never
+//! admits anything, and concurrency refusals are never cached (a slot can
+//! free at any moment). Upstream budgets are not cached: another deployment
+//! may serve the request.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::bucket::UNITS_PER_TOKEN;
+use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
+
+struct Entry {
+    /// Time of the refusal, UTC µs.
+    t0: u64,
+    /// Upper bound of what was available at `t0`, in the budget's unit.
+    available_bound: i64,
+    /// Refill, per minute (units per µs); 0 for quotas.
+    rate: u64,
+    /// When the entry stops mattering (bucket full again / window reset), UTC µs.
+    until: u64,
+    denial: Denial,
+}
+
+/// Refusals known locally, by budget key.
+#[derive(Default)]
+pub struct DenyCache {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl DenyCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Remembers a store refusal of `spec` (the budget named by `denial`)
+    /// taken at `now` (UTC µs). Concurrency and upstream refusals are ignored.
+    pub fn record(&self, spec: &BudgetSpec, denial: &Denial, now: u64) {
+        if spec.name == BudgetName::MaxConcurrent || spec.scope.is_upstream() {
+            return;
+        }
+        let (bound, rate, until) = match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let bound = denial.available + 1;
+                let missing = (burst as i64 - bound).max(0) * UNITS_PER_TOKEN;
+                let until = now + (missing as u64).div_ceil(per_minute);
+                (bound, per_minute, until)
+            }
+            BudgetKind::Quota { .. } => (denial.available, 0, now + denial.retry_after_micros),
+            BudgetKind::Concurrency { .. } => return,
+        };
+        let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        e.insert(
+            spec.key.clone(),
+            Entry {
+                t0: now,
+                available_bound: bound,
+                rate,
+                until,
+                denial: denial.clone(),
+            },
+        );
+    }
+
+    /// A local refusal for a request of `tokens` touching `specs` at `now`,
+    /// when one of them certainly cannot fit; the refusal's wait is the time
+    /// until it could.
+    pub fn check(&self, specs: &[BudgetSpec], tokens: u64, now: u64) -> Option<Denial> {
+        let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_empty() {
+            return None;
+        }
+        let mut worst: Option<Denial> = None;
+        for spec in specs {
+            let Some(entry) = e.get(&spec.key) else {
+                continue;
+            };
+            if now >= entry.until || now < entry.t0 {
+                e.remove(&spec.key);
+                continue;
+            }
+            let cost = spec.cost(tokens) as i64;
+            let wait = if entry.rate > 0 {
+                let bound_units = entry.available_bound * UNITS_PER_TOKEN
+                    + ((now - entry.t0) as i64).saturating_mul(entry.rate as i64);
+                let need = cost * UNITS_PER_TOKEN - bound_units;
+                if need <= 0 {
+                    continue;
+                }
+                (need as u64).div_ceil(entry.rate)
+            } else {
+                if cost <= entry.available_bound {
+                    continue;
+                }
+                entry.until - now
+            };
+            if worst.as_ref().is_none_or(|w| wait > w.retry_after_micros) {
+                let mut d = entry.denial.clone();
+                d.retry_after_micros = wait;
+                d.requested = cost as u64;
+                d.now_micros = now;
+                worst = Some(d);
+            }
+        }
+        worst
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reserve::{BudgetState, Scope};
+
+    fn spec(name: BudgetName, kind: BudgetKind) -> BudgetSpec {
+        BudgetSpec {
+            scope: Scope::Tenant("t".into()),
+            name,
+            kind,
+            key: format!("k:{name}"),
+            refund_unused: true,
+        }
+    }
+
+    fn denial(name: BudgetName, available: i64, retry: u64) -> Denial {
+        Denial {
+            scope: Scope::Tenant("t".into()),
+            name,
+            limit: 60,
+            requested: 1,
+            available,
+            retry_after_micros: retry,
+            now_micros: 0,
+            state: BudgetState {
+                scope: Scope::Tenant("t".into()),
+                name,
+                limit: 60,
+                remaining: available,
+                reset_micros: 0,
+                window: None,
+            },
+        }
+    }
+
+    #[test]
+    fn tpm_refuses_locally_only_what_cannot_fit_even_after_refill() {
+        let c = DenyCache::new();
+        let tpm = spec(
+            BudgetName::Tpm,
+            BudgetKind::Bucket {
+                per_minute: 60,
+                burst: 60,
+            },
+        );
+        // 0 whole tokens left at t=0 (bound: 1 token); 60/min refills 1 token per second.
+        c.record(&tpm, &denial(BudgetName::Tpm, 0, 9_000_000), 0);
+        let d = c
+            .check(std::slice::from_ref(&tpm), 10, 0)
+            .expect("10 tokens cannot fit");
+        assert_eq!(d.retry_after_micros, 9_000_000);
+        assert!(
+            c.check(std::slice::from_ref(&tpm), 1, 0).is_none(),
+            "1 token might fit: ask the store"
+        );
+        assert!(
+            c.check(std::slice::from_ref(&tpm), 10, 9_000_000).is_none(),
+            "refilled enough by then"
+        );
+    }
+
+    #[test]
+    fn concurrency_and_upstream_refusals_are_never_cached() {
+        let c = DenyCache::new();
+        let conc = spec(
+            BudgetName::MaxConcurrent,
+            BudgetKind::Concurrency { max: 1 },
+        );
+        c.record(&conc, &denial(BudgetName::MaxConcurrent, 0, 0), 0);
+        assert!(c.check(&[conc], 1, 0).is_none());
+        let mut up = spec(
+            BudgetName::Rpm,
+            BudgetKind::Bucket {
+                per_minute: 1,
+                burst: 1,
+            },
+        );
+        up.scope = Scope::Upstream("u".into());
+        c.record(&up, &denial(BudgetName::Rpm, 0, 60_000_000), 0);
+        assert!(c.check(&[up], 1, 0).is_none());
+    }
+
+    #[test]
+    fn exhausted_quota_refuses_until_the_window_resets() {
+        let c = DenyCache::new();
+        let q = spec(
+            BudgetName::TokensPerDay,
+            BudgetKind::Quota {
+                limit: 100,
+                window: crate::reserve::Window::Day,
+            },
+        );
+        c.record(&q, &denial(BudgetName::TokensPerDay, 5, 1_000), 0);
+        assert_eq!(
+            c.check(std::slice::from_ref(&q), 6, 400)
+                .unwrap()
+                .retry_after_micros,
+            600
+        );
+        assert!(c.check(std::slice::from_ref(&q), 5, 400).is_none());
+        assert!(c.check(std::slice::from_ref(&q), 6, 1_000).is_none());
+    }
+}

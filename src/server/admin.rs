@@ -1,0 +1,271 @@
+//! The operator API under `/admin/v1/` (issue 6, item 6): the active
+//! policy version and, for a tenant or an upstream deployment, the current
+//! limit, capacity, remaining and reset of every budget.
+//!
+//! - Enabled only when the environment variable named by
+//!   `server.admin_token_env` (default `BUDGETGATE_ADMIN_TOKEN`) is set and
+//!   non-empty at start; otherwise every admin path answers 404, as if it
+//!   did not exist.
+//! - `Authorization: Bearer <token>`; the SHA-256 of the presented token is
+//!   compared with the configured token's in constant time. Anything else
+//!   gets 401 in OpenAI's error shape.
+//! - Nothing here reveals API keys or their digests: tenants are listed
+//!   with their key *ids* (the names of `key:` scopes) only.
+//! - Reading budgets never changes them ([`BudgetStore::inspect`]).
+//!
+//! [`BudgetStore::inspect`]: crate::reserve::BudgetStore::inspect
+
+use std::sync::Arc;
+
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::headers::go_duration;
+use super::AppState;
+use crate::config::Policy;
+use crate::reserve::plan::{self, scope_budgets};
+use crate::reserve::{BudgetKind, BudgetSpec, Scope};
+
+/// True when `presented`'s SHA-256 equals `expected`, comparing every byte
+/// whatever the first difference (constant time over equal-length digests).
+pub fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
+    let got = Sha256::digest(presented.as_bytes());
+    let diff = expected
+        .iter()
+        .zip(got.iter())
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    std::hint::black_box(diff) == 0
+}
+
+fn json_response(status: StatusCode, v: Value) -> Response {
+    let mut r = (status, v.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn unauthorized() -> Response {
+    let mut r = json_response(
+        StatusCode::UNAUTHORIZED,
+        json!({"error": {
+            "message": "The admin API needs `Authorization: Bearer <admin token>`.",
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "invalid_admin_token"
+        }}),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"budgetgate-admin\""),
+    );
+    r
+}
+
+fn not_found(what: &str) -> Response {
+    json_response(
+        StatusCode::NOT_FOUND,
+        json!({"error": {
+            "message": format!("No such {what}."),
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "not_found"
+        }}),
+    )
+}
+
+/// Checks the admin token: `Err` holds the response to send (404 when the
+/// admin API is disabled, 401 without a valid token).
+fn authorize(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<(), Response> {
+    let Some(expected) = st.admin_token_digest() else {
+        return Err(ApiError::NotFound(uri.path().to_string()).into_response());
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        });
+    match presented {
+        Some(token) if token_matches(&expected, token) => Ok(()),
+        _ => Err(unauthorized()),
+    }
+}
+
+/// `GET /admin/v1/policy`: the active policy's version and the names of its
+/// tenants (with key ids), models and upstream deployments.
+pub async fn policy(
+    State(st): State<Arc<AppState>>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorize(&st, &headers, &uri) {
+        return r;
+    }
+    let p = st.policy.load_full();
+    let tenants: Vec<Value> = p
+        .tenants
+        .iter()
+        .map(|t| {
+            json!({
+                "name": t.name,
+                "keys": t.keys.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+                "models_limited": t.model_limits.keys().collect::<Vec<_>>(),
+                "on_store_error": t.on_store_error,
+            })
+        })
+        .collect();
+    let models: Vec<Value> = p
+        .models
+        .iter()
+        .map(|m| {
+            json!({
+                "name": m.name,
+                "upstreams": m.upstreams.iter().map(|&i| p.upstreams[i].name.as_str()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let upstreams: Vec<Value> = p
+        .upstreams
+        .iter()
+        .map(|u| json!({"name": u.name, "kind": u.kind}))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "version": p.version,
+            "tenants": tenants,
+            "models": models,
+            "upstreams": upstreams,
+        }),
+    )
+}
+
+/// Every budget of tenant `t`: the tenant scope, each key scope and each
+/// tenant×model scope, in that order.
+fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
+    let ks = AppState::key_space(policy);
+    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.clone()), &t.limits, true);
+    for k in &t.keys {
+        out.extend(scope_budgets(
+            &ks,
+            Scope::Key(t.name.clone(), k.id.clone()),
+            &k.limits,
+            true,
+        ));
+    }
+    for (model, limits) in &t.model_limits {
+        out.extend(scope_budgets(
+            &ks,
+            Scope::TenantModel(t.name.clone(), model.clone()),
+            limits,
+            true,
+        ));
+    }
+    out
+}
+
+/// Reads `specs` from the store and renders them.
+async fn budgets_response(
+    st: &AppState,
+    policy: &Policy,
+    subject: (&str, &str),
+    specs: Vec<BudgetSpec>,
+) -> Response {
+    let states = match st.store.inspect(&specs).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "admin: budget store inspect failed");
+            return ApiError::Unavailable("The budget store did not answer.".into())
+                .into_response();
+        }
+    };
+    let budgets: Vec<Value> = specs
+        .iter()
+        .zip(states.iter())
+        .map(|(spec, s)| {
+            let kind = match spec.kind {
+                BudgetKind::Bucket { .. } => "bucket",
+                BudgetKind::Quota { .. } => "quota",
+                BudgetKind::Concurrency { .. } => "concurrency",
+            };
+            json!({
+                "scope": spec.scope.to_string(),
+                "budget": spec.name,
+                "kind": kind,
+                "limit": s.limit,
+                "capacity": spec.capacity(),
+                "remaining": s.remaining,
+                "reset_micros": s.reset_micros,
+                "reset": go_duration(s.reset_micros),
+                "window": s.window,
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        json!({
+            "policy_version": policy.version,
+            subject.0: subject.1,
+            "budgets": budgets,
+        }),
+    )
+}
+
+/// `GET /admin/v1/tenants/{tenant}/budgets`.
+pub async fn tenant_budgets(
+    State(st): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorize(&st, &headers, &uri) {
+        return r;
+    }
+    let p = st.policy.load_full();
+    let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
+        return not_found("tenant");
+    };
+    let specs = tenant_specs(&p, t);
+    budgets_response(&st, &p, ("tenant", &t.name), specs).await
+}
+
+/// `GET /admin/v1/upstreams/{upstream}/budgets` (percent-encode a `/` in the name).
+pub async fn upstream_budgets(
+    State(st): State<Arc<AppState>>,
+    Path(upstream): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = authorize(&st, &headers, &uri) {
+        return r;
+    }
+    let p = st.policy.load_full();
+    let Some(u) = p.upstreams.iter().find(|u| u.name == upstream) else {
+        return not_found("upstream");
+    };
+    let specs = plan::upstream_budgets(&AppState::key_space(&p), u);
+    budgets_response(&st, &p, ("upstream", &u.name), specs).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_compare() {
+        let d: [u8; 32] = Sha256::digest(b"secret").into();
+        assert!(token_matches(&d, "secret"));
+        assert!(!token_matches(&d, "secreT"));
+        assert!(!token_matches(&d, ""));
+        assert!(!token_matches(&d, "secret "));
+    }
+}
