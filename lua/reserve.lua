@@ -15,10 +15,12 @@
 -- then 7 fields per spec (see spec_from_argv): kind, a, b, cost, tok, ref, meta
 --
 -- Reply (every element a string):
---   {'A', now, candidate (0-based), replayed '0'|'1', rem_1, reset_1, ...}
+--   {'A', now, candidate (0-based), '0', rem_1, reset_1, ...}
 --       admitted; one (remaining, reset µs) pair per bucket/quota of the
---       common specs and the chosen candidate, after the debit. A replay
---       returns the first admission's values and its `now`.
+--       common specs and the chosen candidate, after the debit.
+--   {'A', now, candidate, '1', rem_1, reset_1, kind_1, a_1, b_1, meta_1, ...}
+--       replayed: the first admission's `now` and values, each with its
+--       budget (the retry may not carry the same budgets); nothing written.
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
 --       denied; nothing was written.
 --   {'I', now, spec index (0-based)}
@@ -55,10 +57,22 @@ end
 
 -- A live hold means this id was admitted: replay the first admission.
 local prior = hold_load(KEYS[1])
+-- The replay describes each budget itself (kind, a, b, meta), since a retry
+-- need not carry the same budgets as the first request.
 if prior ~= nil and tonumber(prior.exp) > now then
   local out = { 'A', prior.now, prior.cand, '1' }
-  for _, v in ipairs(prior.adm or {}) do
-    out[#out + 1] = v
+  local adm = prior.adm or {}
+  local j = 1
+  for _, line in ipairs(prior.lines or {}) do
+    if line.kind ~= 'C' then
+      out[#out + 1] = adm[j]
+      out[#out + 1] = adm[j + 1]
+      out[#out + 1] = line.kind
+      out[#out + 1] = line.a
+      out[#out + 1] = line.b
+      out[#out + 1] = line.m
+      j = j + 2
+    end
   end
   return out
 end

@@ -3,9 +3,10 @@
 //! cannot fit are refused locally, without a store call, until they could.
 //!
 //! What is cached is an *upper bound* of the budget: for a bucket, the
-//! whole tokens available at the refusal plus one (the store reports a
-//! floor) growing by the refill rate; for a quota, what was left in the
-//! window. A request is refused locally only when its cost exceeds that
+//! level at the refusal derived from the store's exact retry time (the
+//! refused cost fits after `retry` µs and not one µs earlier, so the level
+//! was at most `cost − (retry − 1) × rate − 1` units), growing by the refill
+//! rate; for a quota, what was left in the window. A request is refused locally only when its cost exceeds that
 //! bound, so the cache never refuses what the store would admit — except
 //! after a refund elsewhere (another gateway settling under its estimate),
 //! which the cache cannot see: worst case, a tenant is refused until the
@@ -23,7 +24,8 @@ use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
 struct Entry {
     /// Time of the refusal, UTC µs.
     t0: u64,
-    /// Upper bound of what was available at `t0`, in the budget's unit.
+    /// Upper bound of what was available at `t0`: units (1/60,000,000) for
+    /// buckets, the budget's own unit for quotas.
     available_bound: i64,
     /// Refill, per minute (units per µs); 0 for quotas.
     rate: u64,
@@ -52,8 +54,11 @@ impl DenyCache {
         }
         let (bound, rate, until) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
-                let bound = denial.available + 1;
-                let missing = (burst as i64 - bound).max(0) * UNITS_PER_TOKEN;
+                let rate = per_minute as i64;
+                let retry = denial.retry_after_micros as i64;
+                let bound =
+                    denial.requested as i64 * UNITS_PER_TOKEN - (retry - 1).max(0) * rate - 1;
+                let missing = (burst as i64 * UNITS_PER_TOKEN - bound).max(0);
                 let until = now + (missing as u64).div_ceil(per_minute);
                 (bound, per_minute, until)
             }
@@ -92,7 +97,7 @@ impl DenyCache {
             }
             let cost = spec.cost(tokens) as i64;
             let wait = if entry.rate > 0 {
-                let bound_units = entry.available_bound * UNITS_PER_TOKEN
+                let bound_units = entry.available_bound
                     + ((now - entry.t0) as i64).saturating_mul(entry.rate as i64);
                 let need = cost * UNITS_PER_TOKEN - bound_units;
                 if need <= 0 {
@@ -162,12 +167,18 @@ mod tests {
                 burst: 60,
             },
         );
-        // 0 whole tokens left at t=0 (bound: 1 token); 60/min refills 1 token per second.
-        c.record(&tpm, &denial(BudgetName::Tpm, 0, 9_000_000), 0);
-        let d = c
+        // 10 tokens refused with retry 9 s at 60/min (1 token per second): the level was ~1 token.
+        let mut d = denial(BudgetName::Tpm, 1, 9_000_000);
+        d.requested = 10;
+        c.record(&tpm, &d, 0);
+        let again = c
             .check(std::slice::from_ref(&tpm), 10, 0)
             .expect("10 tokens cannot fit");
-        assert_eq!(d.retry_after_micros, 9_000_000);
+        assert_eq!(
+            again.retry_after_micros, 9_000_000,
+            "the store's exact wait"
+        );
+        assert!(c.check(std::slice::from_ref(&tpm), 10, 8_999_999).is_some());
         assert!(
             c.check(std::slice::from_ref(&tpm), 1, 0).is_none(),
             "1 token might fit: ask the store"

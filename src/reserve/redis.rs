@@ -495,6 +495,49 @@ fn state(spec: &BudgetSpec, remaining: i64, reset_micros: u64) -> BudgetState {
     }
 }
 
+/// Reads `remaining, reset, kind, a, b, meta` of one budget of a replayed admission.
+fn replayed_state(r: &mut Reply<'_>) -> Result<BudgetState, StoreError> {
+    let remaining = r.i64()?;
+    let reset_micros = r.u64()?;
+    let kind = parse_kind(r.str()?, r.u64()?, r.str()?)?;
+    let (scope, name) = parse_meta(r.str()?)?;
+    let limit = match kind {
+        BudgetKind::Bucket { per_minute, .. } => per_minute,
+        BudgetKind::Quota { limit, .. } => limit,
+        BudgetKind::Concurrency { max } => max,
+    };
+    Ok(BudgetState {
+        scope,
+        name,
+        limit,
+        remaining,
+        reset_micros,
+        window: window_of(&kind),
+    })
+}
+
+/// The inverse of [`kind_args`].
+fn parse_kind(kind: &str, a: u64, b: &str) -> Result<BudgetKind, StoreError> {
+    Ok(match kind {
+        "B" => BudgetKind::Bucket {
+            per_minute: a,
+            burst: b
+                .parse()
+                .map_err(|_| protocol(format!("bad burst {b:?}")))?,
+        },
+        "Q" => BudgetKind::Quota {
+            limit: a,
+            window: match b {
+                "D" => Window::Day,
+                "M" => Window::Month,
+                w => return Err(protocol(format!("bad window {w:?}"))),
+            },
+        },
+        "C" => BudgetKind::Concurrency { max: a },
+        k => return Err(protocol(format!("bad budget kind {k:?}"))),
+    })
+}
+
 /// Reads `available, retry_after, reset` of a refusing `spec` into a [`Denial`].
 fn denial(
     r: &mut Reply<'_>,
@@ -551,31 +594,42 @@ impl BudgetStore for RedisStore {
             "A" => {
                 let candidate = r.usize()?;
                 let replayed = r.str()? == "1";
-                let chosen: Vec<BudgetSpec> = req
-                    .common
-                    .iter()
-                    .chain(req.candidates.get(candidate).into_iter().flatten())
-                    .cloned()
-                    .collect();
-                let metered: Vec<&BudgetSpec> = chosen
-                    .iter()
-                    .filter(|s| !matches!(s.kind, BudgetKind::Concurrency { .. }))
-                    .collect();
-                if r.rest() != 2 * metered.len() {
-                    return Err(protocol(format!(
-                        "admission of {} has {} values for {} budgets",
-                        req.id,
-                        r.rest(),
-                        metered.len()
-                    )));
-                }
-                let mut budgets = Vec::with_capacity(metered.len());
-                for spec in metered {
-                    let remaining = r.i64()?;
-                    let reset = r.u64()?;
-                    budgets.push(state(spec, remaining, reset));
-                }
-                self.remember_hold(&req.id, chosen);
+                let budgets = if replayed {
+                    // The first admission, described by the hold itself.
+                    self.forget_hold(&req.id);
+                    let mut budgets = Vec::new();
+                    while r.rest() > 0 {
+                        budgets.push(replayed_state(&mut r)?);
+                    }
+                    budgets
+                } else {
+                    let chosen: Vec<BudgetSpec> = req
+                        .common
+                        .iter()
+                        .chain(req.candidates.get(candidate).into_iter().flatten())
+                        .cloned()
+                        .collect();
+                    let metered: Vec<&BudgetSpec> = chosen
+                        .iter()
+                        .filter(|s| !matches!(s.kind, BudgetKind::Concurrency { .. }))
+                        .collect();
+                    if r.rest() != 2 * metered.len() {
+                        return Err(protocol(format!(
+                            "admission of {} has {} values for {} budgets",
+                            req.id,
+                            r.rest(),
+                            metered.len()
+                        )));
+                    }
+                    let mut budgets = Vec::with_capacity(metered.len());
+                    for spec in metered {
+                        let remaining = r.i64()?;
+                        let reset = r.u64()?;
+                        budgets.push(state(spec, remaining, reset));
+                    }
+                    self.remember_hold(&req.id, chosen);
+                    budgets
+                };
                 Ok(ReserveOutcome::Admitted(Admission {
                     now_micros: now,
                     candidate,
@@ -802,23 +856,7 @@ impl HoldRecord {
         let mut lines = Vec::new();
         for l in json_list(&v, "lines") {
             let key = json_str(l, "k")?.to_string();
-            let a = json_u64(l, "a")?;
-            let kind = match json_str(l, "kind")? {
-                "B" => BudgetKind::Bucket {
-                    per_minute: a,
-                    burst: json_u64(l, "b")?,
-                },
-                "Q" => BudgetKind::Quota {
-                    limit: a,
-                    window: match json_str(l, "b")? {
-                        "D" => Window::Day,
-                        "M" => Window::Month,
-                        w => return Err(protocol(format!("hold: bad window {w:?}"))),
-                    },
-                },
-                "C" => BudgetKind::Concurrency { max: a },
-                k => return Err(protocol(format!("hold: bad kind {k:?}"))),
-            };
+            let kind = parse_kind(json_str(l, "kind")?, json_u64(l, "a")?, json_str(l, "b")?)?;
             let (scope, name) = parse_meta(json_str(l, "m")?)?;
             lines.push(HoldLine {
                 spec: BudgetSpec {

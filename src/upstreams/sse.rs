@@ -31,42 +31,13 @@ impl FrameSplitter {
         self.buf.extend_from_slice(data);
         let mut frames = Vec::new();
         loop {
-            let mut line_start = self.scan;
-            let mut complete = None;
-            let mut i = line_start;
-            while i < self.buf.len() {
-                let b = self.buf[i];
-                if b == b'\n' || b == b'\r' {
-                    let term = if b == b'\r' {
-                        if i + 1 >= self.buf.len() {
-                            break; // need the next byte to know if it is CRLF
-                        }
-                        if self.buf[i + 1] == b'\n' {
-                            2
-                        } else {
-                            1
-                        }
-                    } else {
-                        1
-                    };
-                    let end = i + term;
-                    if i == line_start {
-                        complete = Some(end);
-                        break;
-                    }
-                    line_start = end;
-                    i = end;
-                } else {
-                    i += 1;
-                }
-            }
-            match complete {
-                Some(end) => {
+            match scan_frame(&self.buf, self.scan) {
+                Ok(end) => {
                     frames.push(self.buf.split_to(end).freeze());
                     self.scan = 0;
                 }
-                None => {
-                    self.scan = line_start;
+                Err(resume) => {
+                    self.scan = resume;
                     return frames;
                 }
             }
@@ -100,6 +71,35 @@ impl FrameSplitter {
             }
         }
         Some(Bytes::from(framed))
+    }
+}
+
+/// Scans `buf` line by line from `line_start` (the start of a line) for the
+/// blank line that ends the first frame: `Ok(frame end)`, or `Err(where to
+/// resume)` when more bytes are needed. A `\r` as the last byte is not
+/// decided until the next byte says whether it starts a `\r\n`.
+fn scan_frame(buf: &[u8], mut line_start: usize) -> Result<usize, usize> {
+    loop {
+        let Some(off) = buf[line_start..]
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+        else {
+            return Err(line_start);
+        };
+        let i = line_start + off;
+        let end = if buf[i] == b'\r' {
+            match buf.get(i + 1) {
+                None => return Err(line_start),
+                Some(b'\n') => i + 2,
+                Some(_) => i + 1,
+            }
+        } else {
+            i + 1
+        };
+        if i == line_start {
+            return Ok(end);
+        }
+        line_start = end;
     }
 }
 

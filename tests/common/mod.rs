@@ -133,6 +133,36 @@ pub async fn start_gateway_at(config_toml: &str, clock: ManualClock) -> Gateway 
     }
 }
 
+/// Starts a gateway for `config_toml` over `store`, reading time from `clock`.
+/// The returned `store` field is a fresh, unused memory store.
+pub async fn start_gateway_with(
+    config_toml: &str,
+    clock: ManualClock,
+    store: Arc<dyn BudgetStore>,
+) -> Gateway {
+    let policy =
+        Policy::from_toml(config_toml).unwrap_or_else(|e| panic!("test config invalid: {e}"));
+    let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let state = AppState::new(policy, store, dyn_clock.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = oneshot::channel::<()>();
+    let st = state.clone();
+    tokio::spawn(async move {
+        let _ = budgetgate::app::serve(listener, st, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    Gateway {
+        addr,
+        state,
+        clock,
+        store: Arc::new(MemoryStore::new(dyn_clock)),
+        shutdown: Some(tx),
+    }
+}
+
 /// Starts the simulated upstream with default settings.
 pub async fn start_mock() -> mock_upstream::MockUpstream {
     mock_upstream::start(mock_upstream::MockConfig::default())

@@ -1,0 +1,227 @@
+//! Operating under trouble (issue: failure policy, deny cache, metrics):
+//! store outages with fail-open / fail-closed tenants, the local deny cache,
+//! and the Prometheus exposition.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use budgetgate::clock::{Clock, ManualClock};
+use budgetgate::reserve::memory::MemoryStore;
+use budgetgate::reserve::*;
+use common::*;
+use serde_json::json;
+
+/// A memory store that counts reserve calls and can be switched "down".
+struct Flaky {
+    inner: MemoryStore,
+    down: AtomicBool,
+    reserves: AtomicUsize,
+}
+
+impl Flaky {
+    fn new(clock: &ManualClock) -> Arc<Self> {
+        let c: Arc<dyn Clock> = Arc::new(clock.clone());
+        Arc::new(Self {
+            inner: MemoryStore::new(c),
+            down: AtomicBool::new(false),
+            reserves: AtomicUsize::new(0),
+        })
+    }
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::Unavailable("connection refused".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl BudgetStore for Flaky {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.reserves.fetch_add(1, Ordering::SeqCst);
+        self.check()?;
+        self.inner.reserve(req).await
+    }
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        self.check()?;
+        self.inner.extend(id, tokens).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.check()?;
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        self.check()?;
+        self.inner.settle(id, s).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.check()?;
+        self.inner.inspect(specs).await
+    }
+}
+
+async fn post(gw: &Gateway, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(key)
+        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() {
+    let mock = start_mock().await;
+    let clock = ManualClock::new(NOON);
+    let store = Flaky::new(&clock);
+    let gw = start_gateway_with(
+        &config(&mock.base_url(), 50, "rpm = 2", ""),
+        clock.clone(),
+        store.clone(),
+    )
+    .await;
+    for _ in 0..2 {
+        assert_eq!(post(&gw, KEY).await.status(), 200);
+    }
+    let before = store.reserves.load(Ordering::SeqCst);
+    for _ in 0..50 {
+        let r = post(&gw, KEY).await;
+        assert_eq!(r.status(), 429);
+        assert!(r.headers().get("retry-after").is_some());
+    }
+    assert_eq!(
+        store.reserves.load(Ordering::SeqCst) - before,
+        1,
+        "one store call, 49 local refusals"
+    );
+    // rpm = 2: one request refills every 30 s.
+    clock.advance(29_999_999);
+    assert_eq!(post(&gw, KEY).await.status(), 429);
+    assert_eq!(
+        store.reserves.load(Ordering::SeqCst) - before,
+        1,
+        "still known empty"
+    );
+    clock.advance(1);
+    assert_eq!(
+        post(&gw, KEY).await.status(),
+        200,
+        "the cache never refuses what fits"
+    );
+    assert_eq!(store.reserves.load(Ordering::SeqCst) - before, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_recovers() {
+    let mock = start_mock().await;
+    let clock = ManualClock::new(NOON);
+    let store = Flaky::new(&clock);
+    let closed_key = "sk-closed-tenant";
+    let extra = format!(
+        "on_store_error = \"fail_open\"\n[[tenants]]\nname = \"t2\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\nlimits = {{ rpm = 10 }}\non_store_error = \"fail_closed\"",
+        budgetgate::config::hash_key(closed_key)
+    );
+    let cfg = config(&mock.base_url(), 50, "rpm = 10", &extra).replace(
+        "[estimation]",
+        "[store]\nkind = \"memory\"\nfallback_share = 0.5\n[estimation]",
+    );
+    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
+    assert_eq!(post(&gw, KEY).await.status(), 200);
+    store.down.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        statuses.push(post(&gw, KEY).await.status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 200, 200, 200, 200, 429, 429],
+        "fail-open: limited by the local share (5 of 10 rpm)"
+    );
+    assert_eq!(
+        post(&gw, closed_key).await.status(),
+        503,
+        "fail-closed tenant"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no request hangs"
+    );
+    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("budgetgate_degraded_decisions_total{tenant=\"t1\",mode=\"fail_open\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("budgetgate_degraded_decisions_total{tenant=\"t2\",mode=\"fail_closed\"}"),
+        "{text}"
+    );
+
+    store.down.store(false, Ordering::SeqCst);
+    // Decisions return to the store once the back-off (≤ 5 s, here the first steps) has passed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = store.reserves.load(Ordering::SeqCst);
+        let s = post(&gw, closed_key).await.status();
+        if s == 200 {
+            assert!(store.reserves.load(Ordering::SeqCst) > before);
+            break;
+        }
+        assert_eq!(s, 503);
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_carry_the_operational_series() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 50, "rpm = 1, tpm = 100000", "")).await;
+    assert_eq!(post(&gw, KEY).await.status(), 200);
+    assert_eq!(post(&gw, KEY).await.status(), 429);
+    assert_eq!(post(&gw, KEY).await.status(), 429); // deny cache
+    let r = reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let _ = r.text().await;
+    gw.settled().await;
+    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text exposition");
+    let names: std::collections::BTreeSet<&str> =
+        scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+    for series in [
+        "budgetgate_decisions_total",
+        "budgetgate_reserved_tokens_total",
+        "budgetgate_settled_tokens_total",
+        "budgetgate_store_call_seconds_count",
+        "budgetgate_deny_cache_hits_total",
+        "budgetgate_upstream_requests_total",
+        "budgetgate_upstream_latency_seconds_count",
+        "budgetgate_estimate_ratio_count",
+        "budgetgate_policy_info",
+    ] {
+        assert!(names.contains(series), "{series} missing from:\n{text}");
+    }
+    assert!(!text.contains(KEY), "no keys in metrics");
+}

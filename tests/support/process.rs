@@ -1,0 +1,149 @@
+//! The real `budgetgate` binary as a child process: started on a config
+//! file, JSON logs captured line by line, signals sent with `kill`.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+use tokio::sync::Notify;
+
+/// A running gateway process.
+pub struct GatewayProcess {
+    child: Child,
+    /// `http://127.0.0.1:PORT`
+    pub root: String,
+    logs: Arc<Mutex<Vec<Value>>>,
+    log_added: Arc<Notify>,
+}
+
+impl GatewayProcess {
+    /// Starts `budgetgate --log-json serve --config PATH --listen 127.0.0.1:0`
+    /// with `envs`, and waits for its "listening" line.
+    pub async fn start(config: &Path, envs: &[(&str, &str)]) -> GatewayProcess {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));
+        cmd.args(["--log-json", "serve", "--config"])
+            .arg(config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .env_remove("BUDGETGATE_ADMIN_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start budgetgate");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let log_added = Arc::new(Notify::new());
+        let stderr = child.stderr.take().unwrap();
+        {
+            let logs = logs.clone();
+            let log_added = log_added.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let v = serde_json::from_str::<Value>(&line)
+                        .unwrap_or_else(|_| serde_json::json!({"raw": line}));
+                    logs.lock().unwrap().push(v);
+                    log_added.notify_waiters();
+                }
+            });
+        }
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let root = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let line = lines
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("gateway exited before listening");
+                if let Some(a) = line.strip_prefix("budgetgate listening on ") {
+                    break a.to_string();
+                }
+            }
+        })
+        .await
+        .expect("gateway did not start within 30 s");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        GatewayProcess {
+            child,
+            root,
+            logs,
+            log_added,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("process still running")
+    }
+
+    /// Sends `signal` (e.g. `HUP`, `TERM`) with the `kill` command.
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Every log line so far (JSON objects; `fields.message` is the message).
+    pub fn logs(&self) -> Vec<Value> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Log lines whose message is `message`.
+    pub fn logs_with(&self, message: &str) -> Vec<Value> {
+        self.logs()
+            .into_iter()
+            .filter(|l| l.pointer("/fields/message").and_then(Value::as_str) == Some(message))
+            .collect()
+    }
+
+    /// Waits until at least `count` lines have message `message`; returns them.
+    pub async fn wait_log(&self, message: &str, count: usize) -> Vec<Value> {
+        let r = tokio::time::timeout(Duration::from_secs(15), async {
+            loop {
+                let notified = self.log_added.notified();
+                let found = self.logs_with(message);
+                if found.len() >= count {
+                    return found;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        match r {
+            Ok(found) => found,
+            Err(_) => panic!(
+                "no {count} log line(s) {message:?} within 15 s; logs:\n{}",
+                self.dump_logs()
+            ),
+        }
+    }
+
+    /// All logs as text, for failure messages.
+    pub fn dump_logs(&self) -> String {
+        self.logs()
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(s) => s.expect("wait"),
+            Err(_) => panic!(
+                "gateway did not exit within {within:?}; logs:\n{}",
+                self.dump_logs()
+            ),
+        }
+    }
+}
