@@ -194,3 +194,51 @@ async fn a_stream_still_running_at_the_deadline_is_cut_off_cleanly_and_settled()
             >= 1
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_still_waiting_for_its_upstream_at_the_deadline_gets_503_and_is_settled() {
+    let mock = start_mock().await;
+    // Non-streaming answers wait K × token_delay: 100 × 100 ms = 10 s.
+    mock.state.set_token_delay(Duration::from_millis(100));
+    mock.state.set_output_tokens(100);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), &mock.base_url(), 1);
+    let mut gw = GatewayProcess::start(&path, &[]).await;
+
+    let root = gw.root.clone();
+    let pending = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{root}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+    });
+    // Wait until the upstream has the request.
+    let t = Instant::now();
+    while mock.state.request_count() == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.signal("TERM");
+    let t0 = Instant::now();
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "The gateway is shutting down; retry the request."
+    );
+    let status = gw.wait_exit(Duration::from_secs(20)).await;
+    assert_eq!(status.code(), Some(0), "{}", gw.dump_logs());
+    let done = gw
+        .wait_log("settlements drained; shutdown complete", 1)
+        .await;
+    assert_eq!(done[0].pointer("/fields/settled"), Some(&json!(1)));
+    assert_eq!(done[0].pointer("/fields/failed"), Some(&json!(0)));
+}

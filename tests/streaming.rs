@@ -1024,11 +1024,15 @@ async fn streamed_responses_carry_the_rate_limit_headers() {
     assert_eq!(h["x-ratelimit-remaining-requests"], "59");
 }
 
-/// A store that counts lease renewals, so the lease test can wait for one
-/// instead of sleeping.
+/// A store that records the clock time of the latest lease renewal, so the
+/// lease test can wait for one that saw the advanced clock instead of
+/// sleeping.
 struct CountingStore {
     inner: Arc<MemoryStore>,
-    renewals: AtomicU64,
+    clock: ManualClock,
+    /// Clock time read just before the latest renewal (the store reads it
+    /// again, later, so its own time is at least this).
+    renewed_at: AtomicU64,
 }
 
 #[async_trait]
@@ -1040,8 +1044,9 @@ impl BudgetStore for CountingStore {
         self.inner.extend(id, tokens).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        let at = self.clock.now_micros();
         let r = self.inner.renew(id).await;
-        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.renewed_at.fetch_max(at, Ordering::SeqCst);
         r
     }
     async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
@@ -1069,7 +1074,8 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     let memory = Arc::new(MemoryStore::new(dyn_clock.clone()));
     let store = Arc::new(CountingStore {
         inner: memory.clone(),
-        renewals: AtomicU64::new(0),
+        clock: clock.clone(),
+        renewed_at: AtomicU64::new(0),
     });
     let state = AppState::new(Policy::from_toml(&toml).unwrap(), store.clone(), dyn_clock);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1093,13 +1099,13 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
         long.chunk().await.unwrap().is_some(),
         "the stream is running"
     );
-    // Three lease lengths pass on the store's clock in 0.6 s steps; after each
-    // step wait for a renewal (every lease/3 of real time) to land.
-    for _ in 0..5 {
+    // 2.4 lease lengths pass on the store's clock in 0.6 s steps; after each
+    // step wait for a renewal (every lease/3 of real time) at the new time.
+    for _ in 0..4 {
         clock.advance(600_000);
-        let seen = store.renewals.load(Ordering::SeqCst);
+        let now = clock.now_micros();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while store.renewals.load(Ordering::SeqCst) <= seen {
+        while store.renewed_at.load(Ordering::SeqCst) < now {
             assert!(Instant::now() < deadline, "no lease renewal within 5 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1118,7 +1124,7 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     assert_eq!(
         second.status(),
         429,
-        "the long stream still holds its slot after 3 s on a 1 s lease"
+        "the long stream still holds its slot after 2.4 s on a 1 s lease"
     );
     let err: Value = second.json().await.unwrap();
     assert_eq!(err["error"]["type"], "concurrency", "{err}");

@@ -53,8 +53,8 @@ impl Tally {
 fn json_tokens(enc: Encoding, v: &Value) -> u64 {
     match v {
         // A bare string serialises with quotes and escapes; count it as text.
-        Value::String(s) => enc.count(s),
-        _ => serde_json::to_string(v).map_or(0, |s| enc.count(&s)),
+        Value::String(s) => enc.count_cached(s),
+        _ => serde_json::to_string(v).map_or(0, |s| enc.count_cached(&s)),
     }
 }
 
@@ -132,10 +132,12 @@ fn message_tokens(
     for (key, value) in message {
         match (key.as_str(), value) {
             (_, Value::Null) => {}
-            ("name", Value::String(s)) => t.exact(enc.count(s).saturating_add(TOKENS_PER_NAME)),
+            ("name", Value::String(s)) => {
+                t.exact(enc.count_cached(s).saturating_add(TOKENS_PER_NAME))
+            }
             // role, string content, tool_call_id, refusal, and any other
             // string field: the rule counts every string value.
-            (_, Value::String(s)) => t.exact(enc.count(s)),
+            (_, Value::String(s)) => t.exact(enc.count_cached(s)),
             ("content", Value::Array(parts)) => {
                 t.any_structured = true;
                 for part in parts {
@@ -174,7 +176,7 @@ fn part_tokens(part: &Value, enc: Encoding, settings: &EstimateSettings, t: &mut
         Some("text") | Some("refusal") => {
             let key = kind.unwrap_or("text");
             match part.get(key) {
-                Some(Value::String(s)) => t.structured(enc.count(s)),
+                Some(Value::String(s)) => t.structured(enc.count_cached(s)),
                 _ => t.structured(json_tokens(enc, part)),
             }
         }
@@ -224,7 +226,7 @@ fn count_text_or_tokens(
             if s.is_empty() && !allow_empty_string {
                 return Err(bad(format!("'{param}' must not be an empty string")));
             }
-            Ok((enc.count(s), 1))
+            Ok((enc.count_cached(s), 1))
         }
         Some(Value::Array(a)) => match a.first() {
             None => Err(bad(format!("'{param}' must not be an empty array"))),
@@ -237,7 +239,7 @@ fn count_text_or_tokens(
                     if s.is_empty() && !allow_empty_string {
                         return Err(bad(format!("'{param}' must not contain empty strings")));
                     }
-                    tokens = tokens.saturating_add(enc.count(s));
+                    tokens = tokens.saturating_add(enc.count_cached(s));
                 }
                 Ok((tokens, a.len() as u64))
             }
@@ -267,7 +269,7 @@ pub(super) fn completions_input(
     let (tokens, prompts) = count_text_or_tokens(body.get("prompt"), "prompt", enc, true)?;
     // `suffix` goes with every prompt of a batch.
     let suffix = match body.get("suffix") {
-        Some(Value::String(s)) => enc.count(s).saturating_mul(prompts),
+        Some(Value::String(s)) => enc.count_cached(s).saturating_mul(prompts),
         _ => 0,
     };
     Ok((tokens.saturating_add(suffix), prompts))

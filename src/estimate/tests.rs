@@ -693,3 +693,55 @@ fn odd_but_parseable_message_fields_never_panic_and_are_charged() {
     let e = chat(body).unwrap();
     assert!(e.input_tokens > 7 * TOKENS_PER_MESSAGE + REPLY_PRIMING_TOKENS);
 }
+
+#[test]
+fn off_io_threads_runs_inline_or_in_place_on_every_runtime_flavor() {
+    let big = OFF_IO_THREAD_BYTES + 1;
+    // No runtime (the CLI).
+    assert_eq!(off_io_threads(big, || 7), 7);
+    // Current-thread runtime: block_in_place would panic there; runs inline.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(async { off_io_threads(big, || 8) }), 8);
+    // Multi-threaded runtime, on a worker: runs in place, other tasks move.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let got = rt.block_on(async {
+        tokio::spawn(async move { off_io_threads(big, || 9) + off_io_threads(1, || 1) })
+            .await
+            .unwrap()
+    });
+    assert_eq!(got, 10);
+}
+
+#[test]
+fn repeated_bodies_estimate_the_same_through_the_cache() {
+    let system = "You are a meticulous assistant; answer in JSON. ".repeat(100);
+    let tools = json!([{"type": "function", "function": {
+        "name": "lookup", "description": "d".repeat(300),
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]);
+    let b = json!({
+        "model": "gpt-4o",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        "tools": tools,
+    });
+    let m = ModelEstimation {
+        encoding: Encoding::O200kBase,
+        default_max_output_tokens: 100,
+        max_output_tokens: 1000,
+        min_output_tokens: 16,
+    };
+    let s = EstimateSettings::default();
+    let first = estimate(Endpoint::ChatCompletions, &b, &m, &s, None).unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            estimate(Endpoint::ChatCompletions, &b, &m, &s, None).unwrap(),
+            first
+        );
+    }
+    let expected_system = Encoding::O200kBase.count(&system);
+    assert!(first.input_tokens > expected_system);
+}

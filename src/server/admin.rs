@@ -81,11 +81,11 @@ fn not_found(what: &str) -> Response {
     )
 }
 
-/// Checks the admin token: `Err` holds the response to send (404 when the
+/// Checks the admin token: `Some` holds the refusal to send (404 when the
 /// admin API is disabled, 401 without a valid token).
-fn authorize(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<(), Response> {
+fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
     let Some(expected) = st.admin_token_digest() else {
-        return Err(ApiError::NotFound(uri.path().to_string()).into_response());
+        return Some(ApiError::NotFound(uri.path().to_string()).into_response());
     };
     let presented = headers
         .get(header::AUTHORIZATION)
@@ -95,8 +95,8 @@ fn authorize(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<()
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
         });
     match presented {
-        Some(token) if token_matches(&expected, token) => Ok(()),
-        _ => Err(unauthorized()),
+        Some(token) if token_matches(&expected, token) => None,
+        _ => Some(unauthorized()),
     }
 }
 
@@ -107,7 +107,7 @@ pub async fn policy(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
+    if let Some(r) = refuse(&st, &headers, &uri) {
         return r;
     }
     let p = st.policy.load_full();
@@ -227,7 +227,7 @@ pub async fn tenant_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
+    if let Some(r) = refuse(&st, &headers, &uri) {
         return r;
     }
     let p = st.policy.load_full();
@@ -245,7 +245,7 @@ pub async fn upstream_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorize(&st, &headers, &uri) {
+    if let Some(r) = refuse(&st, &headers, &uri) {
         return r;
     }
     let p = st.policy.load_full();

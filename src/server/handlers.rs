@@ -325,33 +325,35 @@ fn prepare(
         min_output_tokens: policy.min_output_tokens,
     };
     let body_value = Value::Object(body);
-    let estimate =
-        match estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest) {
-            Ok(e) => e,
-            Err(EstimateError::Invalid { param, message }) => {
-                return Err(ApiError::InvalidRequest { param, message })
-            }
-            Err(EstimateError::Impossible { needed, capacity }) => {
-                let spec = common
-                    .iter()
-                    .chain(cand_specs.iter().flatten())
-                    .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
-                    .min_by_key(|s| s.capacity());
-                let (scope, name) = match spec {
-                    Some(s) => (s.scope.clone(), s.name),
-                    None => (
-                        Scope::Tenant(tenant.name.clone()),
-                        crate::reserve::BudgetName::Tpm,
-                    ),
-                };
-                return Err(ApiError::Impossible(Box::new(Impossibility {
-                    scope,
-                    name,
-                    capacity,
-                    requested: needed,
-                })));
-            }
-        };
+    // Large bodies are counted off the async I/O threads (issue 7).
+    let estimate = match estimate::off_io_threads(bytes.len(), || {
+        estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest)
+    }) {
+        Ok(e) => e,
+        Err(EstimateError::Invalid { param, message }) => {
+            return Err(ApiError::InvalidRequest { param, message })
+        }
+        Err(EstimateError::Impossible { needed, capacity }) => {
+            let spec = common
+                .iter()
+                .chain(cand_specs.iter().flatten())
+                .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
+                .min_by_key(|s| s.capacity());
+            let (scope, name) = match spec {
+                Some(s) => (s.scope.clone(), s.name),
+                None => (
+                    Scope::Tenant(tenant.name.clone()),
+                    crate::reserve::BudgetName::Tpm,
+                ),
+            };
+            return Err(ApiError::Impossible(Box::new(Impossibility {
+                scope,
+                name,
+                capacity,
+                requested: needed,
+            })));
+        }
+    };
     let Value::Object(body) = body_value else {
         unreachable!("constructed as an object above")
     };

@@ -414,8 +414,9 @@ pub async fn run(
         }
     };
     drop(body); // aborts the upstream request if it is still running
-                // Usage comes after the last delta, so when it arrived everything it
-                // counts was relayed, whatever happened after it.
+
+    // Usage comes after the last delta, so when it arrived everything it
+    // counts was relayed, whatever happened after it.
     let settled_tokens = match proc.usage() {
         Some(u) => u.prompt_tokens + u.completion_tokens,
         None => plan.input_tokens + proc.output_tokens(),

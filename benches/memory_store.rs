@@ -1,0 +1,75 @@
+//! Memory-store micro-benchmark (issue 7): one reserve + settle pair across
+//! the budgets a typical request touches (tenant RPM, TPM, concurrency and
+//! daily quota; upstream RPM, TPM and concurrency), in ns per pair.
+//! Limits are high enough that nothing is ever refused.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use budgetgate::clock::{Clock, SystemClock};
+use budgetgate::config::Limits;
+use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::memory::MemoryStore;
+use budgetgate::reserve::plan::scope_budgets;
+use budgetgate::reserve::{ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+fn request(ks: &KeySpace) -> ReserveRequest {
+    let big = 50_000_000;
+    let tenant = Limits {
+        rpm: Some(big),
+        tpm: Some(big),
+        max_concurrent: Some(100_000),
+        tokens_per_day: Some(big * 1000),
+        ..Limits::default()
+    };
+    let upstream = Limits {
+        rpm: Some(big),
+        tpm: Some(big),
+        max_concurrent: Some(100_000),
+        ..Limits::default()
+    };
+    ReserveRequest {
+        id: String::new(),
+        tokens: 300,
+        common: scope_budgets(ks, Scope::Tenant("acme".into()), &tenant, true),
+        candidates: vec![scope_budgets(
+            ks,
+            Scope::Upstream("mock".into()),
+            &upstream,
+            true,
+        )],
+        lease_micros: 30_000_000,
+        hold_ttl_micros: 900_000_000,
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let ks = KeySpace::new("bg", "default");
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = MemoryStore::new(clock);
+    let mut req = request(&ks);
+    let mut n = 0u64;
+    let mut g = c.benchmark_group("memory_store");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("reserve_settle_pair", |b| {
+        b.iter(|| {
+            n += 1;
+            req.id = format!("bench-{n}");
+            let r = store.reserve_sync(black_box(&req));
+            assert!(matches!(r, ReserveOutcome::Admitted(_)), "{r:?}");
+            let s = store.settle_sync(
+                &req.id,
+                Settlement {
+                    actual_tokens: 120,
+                    upstream_failed: false,
+                },
+            );
+            assert!(matches!(s, SettleOutcome::Settled { .. }));
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(memory_store, benches);
+criterion_main!(memory_store);

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# End-to-end benchmark (issue 7): the simulated upstream driven directly and
+# through budgetgate (memory store; Redis store), in one run, on 127.0.0.1.
+#
+#   scripts/bench.sh                 # ~5 minutes: 10 s per point after a 2 s warm-up
+#   QUICK=1 scripts/bench.sh         # ~1 minute: 2 s per point after a 0.5 s warm-up
+#
+# Environment:
+#   QUICK=1           short run
+#   DURATION=10s      measured time per point (overrides QUICK)
+#   WARMUP=2s         warm-up per point (overrides QUICK)
+#   CONCURRENCY="1 16 64"
+#   MODES="nonstream stream"
+#   REDIS=0           skip the Redis-store gateway
+#   NO_BUILD=1        use the release binaries already built
+#   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
+#
+# Prints one table (target, mode, concurrency, RPS, p50, p99, added p50/p99
+# versus the direct upstream at the same point, gateway RPS / direct RPS,
+# non-2xx responses) and the gateways' idle and peak RSS. The three targets
+# of one point run back to back, so ratios compare neighbours. Needs: cargo,
+# jq, oha (installed with `cargo install oha --locked` when missing),
+# redis-server (for the Redis target).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export PATH="$HOME/.cargo/bin:$PATH"
+
+if [[ "${QUICK:-0}" == 1 ]]; then
+    DURATION=${DURATION:-2s}
+    WARMUP=${WARMUP:-0.5s}
+else
+    DURATION=${DURATION:-10s}
+    WARMUP=${WARMUP:-2s}
+fi
+CONCURRENCY=${CONCURRENCY:-"1 16 64"}
+MODES=${MODES:-"nonstream stream"}
+export RUST_LOG=${RUST_LOG:-warn}
+
+TMP=$(mktemp -d /tmp/budgetgate-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]:-}"; do
+        [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]:-}"; do
+        [[ -n "$pid" ]] && wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "bench: $*" >&2; }
+die() { say "$*"; exit 1; }
+
+command -v jq >/dev/null || die "jq is required (apt-get install -y jq)"
+
+# --- binaries ---------------------------------------------------------------
+if [[ "${NO_BUILD:-0}" != 1 ]]; then
+    say "building release binaries (cargo build --release --bins --examples)"
+    cargo build --release --bins --examples >&2
+fi
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps 2>/dev/null | jq -r .target_directory)
+GATEWAY="$TARGET_DIR/release/budgetgate"
+MOCK="$TARGET_DIR/release/examples/mock_upstream"
+[[ -x "$GATEWAY" && -x "$MOCK" ]] || die "release binaries missing under $TARGET_DIR/release"
+
+if ! oha --version >/dev/null 2>&1; then
+    say "oha not found: installing it with 'cargo install oha --locked' (a release build, several minutes)"
+    cargo install oha --locked >&2
+fi
+say "load generator: $(oha --version)"
+if oha --help 2>/dev/null | grep -q -- '--output-format'; then
+    OHA_JSON=(--output-format json)
+else
+    OHA_JSON=(-j)
+fi
+OHA_EXTRA=()
+if oha --help 2>/dev/null | grep -q -- '--no-tui'; then
+    OHA_EXTRA+=(--no-tui)
+fi
+
+# --- helpers ----------------------------------------------------------------
+# Waits for "<prefix>http://ADDR" in a log file; prints ADDR.
+wait_listening() {
+    local log=$1 prefix=$2 pid=$3 i
+    for i in $(seq 1 200); do
+        if grep -q "^$prefix http://" "$log" 2>/dev/null; then
+            grep -m1 "^$prefix http://" "$log" | sed "s|^$prefix http://||"
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+    local p
+    for _ in $(seq 1 50); do
+        p=$((20000 + RANDOM % 40000))
+        if port_free "$p"; then echo "$p"; return 0; fi
+    done
+    return 1
+}
+
+rss_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+
+# --- servers ----------------------------------------------------------------
+"$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>"$TMP/mock.err" &
+PIDS+=($!)
+MOCK_ADDR=$(wait_listening "$TMP/mock.out" "mock_upstream listening on" "$!") ||
+    die "mock upstream did not start: $(tail -5 "$TMP/mock.err")"
+say "mock upstream on $MOCK_ADDR (no token delay)"
+
+KEY="sk-bench-$$"
+KEY_SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
+
+write_config() { # $1 file, $2 store section
+    cat >"$1" <<EOF
+# Written by scripts/bench.sh: limits high enough never to refuse.
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+$2
+
+[[upstreams]]
+name = "mock"
+kind = "self_hosted"
+base_url = "http://$MOCK_ADDR/v1"
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+
+[[models]]
+name = "gpt-4o-mini"
+upstreams = ["mock"]
+encoding = "o200k_base"
+default_max_output_tokens = 256
+max_output_tokens = 16384
+
+[[tenants]]
+name = "bench"
+keys = [{ id = "bench", sha256 = "$KEY_SHA" }]
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000 }
+on_store_error = "fail_closed"
+EOF
+}
+
+declare -A ADDR GW_PID IDLE_RSS
+TARGETS=(direct)
+ADDR[direct]=$MOCK_ADDR
+
+start_gateway() { # $1 name, $2 config
+    local name=$1 cfg=$2 pid addr
+    "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    pid=$!
+    PIDS+=("$pid")
+    if ! addr=$(wait_listening "$TMP/$name.out" "budgetgate listening on" "$pid"); then
+        say "gateway $name did not start; skipping it. Its log:"
+        tail -5 "$TMP/$name.err" >&2 || true
+        kill "$pid" 2>/dev/null || true
+        return 1
+    fi
+    ADDR[$name]=$addr
+    GW_PID[$name]=$pid
+    TARGETS+=("$name")
+    sleep 0.5
+    IDLE_RSS[$name]=$(rss_kb "$pid" VmRSS)
+    say "gateway $name on $addr (pid $pid)"
+}
+
+write_config "$TMP/memory.toml" 'kind = "memory"'
+start_gateway gw-memory "$TMP/memory.toml" || die "the memory-store gateway must start"
+
+if [[ "${REDIS:-1}" != 0 ]]; then
+    if command -v redis-server >/dev/null; then
+        RPORT=$(free_port) || die "no free port for redis-server"
+        redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
+            >"$TMP/redis.log" 2>&1 &
+        PIDS+=($!)
+        for _ in $(seq 1 50); do
+            redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        say "redis-server on 127.0.0.1:$RPORT"
+        write_config "$TMP/redis.toml" "kind = \"redis\"
+url = \"redis://127.0.0.1:$RPORT/\""
+        start_gateway gw-redis "$TMP/redis.toml" || true
+    else
+        say "redis-server not installed: skipping the Redis-store gateway"
+    fi
+fi
+
+# --- load -------------------------------------------------------------------
+BODY_NONSTREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
+BODY_STREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"stream":true}'
+
+run_oha() { # $1 addr, $2 body, $3 concurrency, $4 duration
+    oha "${OHA_EXTRA[@]}" "${OHA_JSON[@]}" -z "$4" -c "$3" -m POST \
+        -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
+        -d "$2" "http://$1/v1/chat/completions"
+}
+
+npoints=0
+for _ in $MODES; do for _ in $CONCURRENCY; do npoints=$((npoints + ${#TARGETS[@]})); done; done
+say "targets: ${TARGETS[*]}; $npoints points of $DURATION after $WARMUP warm-up each"
+
+RESULTS="$TMP/results.tsv"
+: >"$RESULTS"
+for mode in $MODES; do
+    if [[ $mode == stream ]]; then body=$BODY_STREAM; else body=$BODY_NONSTREAM; fi
+    for c in $CONCURRENCY; do
+        for t in "${TARGETS[@]}"; do
+            run_oha "${ADDR[$t]}" "$body" "$c" "$WARMUP" >/dev/null 2>&1 || true
+            out="$TMP/oha-$t-$mode-$c.json"
+            run_oha "${ADDR[$t]}" "$body" "$c" "$DURATION" >"$out" 2>"$out.err" ||
+                die "oha failed for $t $mode c=$c: $(tail -3 "$out.err")"
+            jq -r --arg t "$t" --arg m "$mode" --arg c "$c" '
+                [$t, $m, $c,
+                 .summary.requestsPerSec,
+                 .latencyPercentiles.p50 * 1000,
+                 .latencyPercentiles.p99 * 1000,
+                 ([.statusCodeDistribution | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0)
+                ] | @tsv' "$out" >>"$RESULTS"
+            say "$(tail -1 "$RESULTS")"
+        done
+    done
+done
+
+# --- report -----------------------------------------------------------------
+echo
+echo "budgetgate benchmark: $(date -u +%FT%TZ), $(nproc) CPUs, load generator, upstream, redis and gateway on one machine"
+echo "oha -z $DURATION after $WARMUP warm-up; gateway RUST_LOG=$RUST_LOG; latencies in ms; added = gateway − direct at the same mode and concurrency"
+echo
+awk -F'\t' '
+    { key = $2 "/" $3; if ($1 == "direct") { drps[key] = $4; dp50[key] = $5; dp99[key] = $6 }
+      row[NR] = $0 }
+    END {
+        printf "%-10s %-9s %5s %10s %9s %9s %10s %10s %11s %8s\n",
+            "target", "mode", "conc", "RPS", "p50", "p99", "added p50", "added p99", "RPS/direct", "non-2xx"
+        for (i = 1; i <= NR; i++) {
+            split(row[i], f, "\t"); key = f[2] "/" f[3]
+            if (f[1] == "direct") { a50 = "-"; a99 = "-"; ratio = "-" }
+            else {
+                a50 = sprintf("%+.3f", f[5] - dp50[key]); a99 = sprintf("%+.3f", f[6] - dp99[key])
+                ratio = (drps[key] > 0) ? sprintf("%.2f", f[4] / drps[key]) : "-"
+            }
+            printf "%-10s %-9s %5s %10.0f %9.3f %9.3f %10s %10s %11s %8d\n",
+                f[1], f[2], f[3], f[4], f[5], f[6], a50, a99, ratio, f[7]
+        }
+    }' "$RESULTS"
+echo
+for t in "${TARGETS[@]}"; do
+    [[ $t == direct ]] && continue
+    pid=${GW_PID[$t]}
+    awk -v t="$t" -v idle="${IDLE_RSS[$t]:-0}" -v peak="$(rss_kb "$pid" VmHWM)" \
+        'BEGIN { printf "%s: RSS idle %.1f MB, peak (VmHWM) %.1f MB\n", t, idle / 1024, peak / 1024 }'
+done

@@ -1,0 +1,146 @@
+//! Retried calls after a lost reply apply exactly once (DESIGN section 3:
+//! "A retried call with the same id never double-debits or double-refunds").
+//!
+//! The lost reply is real: `CLIENT PAUSE … WRITE` holds the script in the
+//! server while the store's call times out and drops its future; the script
+//! then runs, its reply goes nowhere, and the caller retries.
+//!
+//! Run: `cargo test --test redis_retry` (needs `redis-server`; uses Redis
+//! `TIME`, so no test-clock feature is required).
+
+mod common;
+
+use std::time::Duration;
+
+use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::redis::RedisStore;
+use budgetgate::reserve::{
+    BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
+    SettleOutcome, Settlement, StoreError,
+};
+use common::redis_server::RedisServer;
+
+fn spec(ks: &KeySpace) -> BudgetSpec {
+    let scope = Scope::Tenant("acme".into());
+    BudgetSpec {
+        key: ks.budget(&scope, BudgetName::Tpm),
+        scope,
+        name: BudgetName::Tpm,
+        // 1 token per minute of refill: the test's few seconds refill nothing
+        // measurable, so remaining counts are exact.
+        kind: BudgetKind::Bucket {
+            per_minute: 1,
+            burst: 1000,
+        },
+        refund_unused: true,
+    }
+}
+
+fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
+    ReserveRequest {
+        id: id.into(),
+        tokens,
+        common: vec![spec(ks)],
+        candidates: vec![vec![]],
+        lease_micros: 30_000_000,
+        hold_ttl_micros: 600_000_000,
+    }
+}
+
+async fn remaining(store: &RedisStore, ks: &KeySpace) -> i64 {
+    store.inspect(&[spec(ks)]).await.expect("inspect")[0].remaining
+}
+
+/// Pauses writes (scripts count as writes) on `server` for `ms`.
+fn pause_writes(server: &RedisServer, ms: u64) {
+    let out = server.cli(&["client", "pause", &ms.to_string(), "write"]);
+    assert!(out.contains("OK"), "CLIENT PAUSE failed: {out}");
+}
+
+#[tokio::test]
+async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgretry", "d");
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+        .await
+        .expect("connect");
+    // Same Redis, a timeout short enough to lose replies on purpose.
+    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(150), ks.clone())
+        .await
+        .expect("connect");
+
+    let s = Settlement {
+        actual_tokens: 100,
+        upstream_failed: false,
+    };
+
+    // Plain retry: the second settle changes nothing.
+    assert!(matches!(
+        store.reserve(&request(&ks, "a", 400)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    assert_eq!(remaining(&store, &ks).await, 600);
+    assert!(matches!(
+        store.settle("a", s).await,
+        Ok(SettleOutcome::Settled { refunded: 300, .. })
+    ));
+    assert_eq!(store.settle("a", s).await.ok(), Some(SettleOutcome::AlreadySettled));
+    assert_eq!(remaining(&store, &ks).await, 900);
+
+    // Lost reply: the settle is applied but its caller sees a timeout.
+    assert!(matches!(
+        store.reserve(&request(&ks, "b", 400)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    assert_eq!(remaining(&store, &ks).await, 500);
+    pause_writes(&server, 500);
+    let lost = hasty.settle("b", s).await;
+    assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(remaining(&store, &ks).await, 800, "the lost settle was applied");
+    // The caller retries (from this process or another): nothing more happens.
+    assert_eq!(hasty.settle("b", s).await.ok(), Some(SettleOutcome::AlreadySettled));
+    assert_eq!(store.settle("b", s).await.ok(), Some(SettleOutcome::AlreadySettled));
+    assert_eq!(remaining(&store, &ks).await, 800, "refunded exactly once");
+}
+
+#[tokio::test]
+async fn reserve_after_a_lost_reply_debits_once() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgretry", "d");
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+        .await
+        .expect("connect");
+    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(150), ks.clone())
+        .await
+        .expect("connect");
+    // Load the script first: a lost *first* call would come back NOSCRIPT
+    // after the pause and apply nothing, which is safe but not this test.
+    assert!(matches!(
+        hasty.reserve(&request(&ks, "warm", 0)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    pause_writes(&server, 500);
+    let lost = hasty.reserve(&request(&ks, "r", 300)).await;
+    assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    match store.reserve(&request(&ks, "r", 300)).await {
+        Ok(ReserveOutcome::Admitted(a)) => assert!(a.replayed, "the retry replays"),
+        other => panic!("expected a replayed admission, got {other:?}"),
+    }
+    assert_eq!(remaining(&store, &ks).await, 700, "debited exactly once");
+    // The process that lost the reply settles by id without knowing the keys.
+    assert!(matches!(
+        hasty
+            .settle(
+                "r",
+                Settlement {
+                    actual_tokens: 0,
+                    upstream_failed: false
+                }
+            )
+            .await,
+        Ok(SettleOutcome::Settled { refunded: 300, .. })
+    ));
+    assert_eq!(remaining(&store, &ks).await, 1000);
+}
