@@ -137,6 +137,7 @@ pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> Reloa
     }
     let new_version = new.version.clone();
     current.store(Arc::new(new));
+    crate::metrics::policy_version(Some(&running.version), &new_version);
     tracing::info!(
         config = %path.display(),
         %trigger,
