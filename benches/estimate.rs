@@ -256,9 +256,12 @@ fn summary() {
         est(&case.body(None, None));
         for _ in 0..rounds {
             nonce += 1;
+            // Distinct nonces: the cold body's user message must not warm
+            // the warm body's.
             let cold = case.body(Some(nonce), Some(nonce));
-            let warm = case.body(None, Some(nonce));
-            let user = format!("Question {nonce}: {}", case.user);
+            let warm_nonce = nonce + (1 << 50);
+            let warm = case.body(None, Some(warm_nonce));
+            let user = format!("Question {warm_nonce}: {}", case.user);
             let t = Instant::now();
             black_box(raw(black_box(&all)));
             t_raw.push(t.elapsed());

@@ -225,7 +225,9 @@ for mode in $MODES; do
                  .summary.requestsPerSec,
                  .latencyPercentiles.p50 * 1000,
                  .latencyPercentiles.p99 * 1000,
-                 ([.statusCodeDistribution | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0)
+                 ([.statusCodeDistribution | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0),
+                 ([.statusCodeDistribution | to_entries[] | select(.key | startswith("2") | not) | "\(.key):\(.value)"] | join(",")),
+                 ([.errorDistribution // {} | to_entries[] | .value] | add // 0)
                 ] | @tsv' "$out" >>"$RESULTS"
             say "$(tail -1 "$RESULTS")"
         done
@@ -241,8 +243,8 @@ awk -F'\t' '
     { key = $2 "/" $3; if ($1 == "direct") { drps[key] = $4; dp50[key] = $5; dp99[key] = $6 }
       row[NR] = $0 }
     END {
-        printf "%-10s %-9s %5s %10s %9s %9s %10s %10s %11s %8s\n",
-            "target", "mode", "conc", "RPS", "p50", "p99", "added p50", "added p99", "RPS/direct", "non-2xx"
+        printf "%-10s %-9s %5s %10s %9s %9s %10s %10s %11s %8s  %s\n",
+            "target", "mode", "conc", "RPS", "p50", "p99", "added p50", "added p99", "RPS/direct", "non-2xx", "statuses"
         for (i = 1; i <= NR; i++) {
             split(row[i], f, "\t"); key = f[2] "/" f[3]
             if (f[1] == "direct") { a50 = "-"; a99 = "-"; ratio = "-" }
@@ -250,8 +252,8 @@ awk -F'\t' '
                 a50 = sprintf("%+.3f", f[5] - dp50[key]); a99 = sprintf("%+.3f", f[6] - dp99[key])
                 ratio = (drps[key] > 0) ? sprintf("%.2f", f[4] / drps[key]) : "-"
             }
-            printf "%-10s %-9s %5s %10.0f %9.3f %9.3f %10s %10s %11s %8d\n",
-                f[1], f[2], f[3], f[4], f[5], f[6], a50, a99, ratio, f[7]
+            printf "%-10s %-9s %5s %10.0f %9.3f %9.3f %10s %10s %11s %8d  %s\n",
+                f[1], f[2], f[3], f[4], f[5], f[6], a50, a99, ratio, f[7], f[8]
         }
     }' "$RESULTS"
 echo

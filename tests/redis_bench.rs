@@ -37,7 +37,11 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
     let common = vec![
         spec(t(), BudgetName::Rpm, big),
         spec(t(), BudgetName::Tpm, big),
-        spec(t(), BudgetName::MaxConcurrent, BudgetKind::Concurrency { max: 1_000_000 }),
+        spec(
+            t(),
+            BudgetName::MaxConcurrent,
+            BudgetKind::Concurrency { max: 1_000_000 },
+        ),
         spec(
             t(),
             BudgetName::TokensPerDay,
@@ -56,12 +60,21 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
     let upstream = vec![
         spec(up(), BudgetName::Rpm, big),
         spec(up(), BudgetName::Tpm, big),
-        spec(up(), BudgetName::MaxConcurrent, BudgetKind::Concurrency { max: 1_000_000 }),
+        spec(
+            up(),
+            BudgetName::MaxConcurrent,
+            BudgetKind::Concurrency { max: 1_000_000 },
+        ),
     ];
     (common, upstream)
 }
 
-async fn pairs_per_second(store: Arc<RedisStore>, ks: &KeySpace, callers: usize, total: usize) -> f64 {
+async fn pairs_per_second(
+    store: Arc<RedisStore>,
+    ks: &KeySpace,
+    callers: usize,
+    total: usize,
+) -> f64 {
     let per = total / callers;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -98,7 +111,10 @@ async fn pairs_per_second(store: Arc<RedisStore>, ks: &KeySpace, callers: usize,
 
 /// `redis-benchmark -c callers EVALSHA <sha of "return 1"> 0`, requests/s.
 fn redis_benchmark_evalsha(server: &RedisServer, callers: usize) -> Option<f64> {
-    let sha = server.cli(&["script", "load", "return 1"]).trim().to_string();
+    let sha = server
+        .cli(&["script", "load", "return 1"])
+        .trim()
+        .to_string();
     let out = std::process::Command::new("redis-benchmark")
         .args(["-p", &server.port().to_string(), "-n", "100000", "-c"])
         .arg(callers.to_string())
@@ -107,7 +123,11 @@ fn redis_benchmark_evalsha(server: &RedisServer, callers: usize) -> Option<f64> 
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     // "evalsha …: 71428.57 requests per second, p50=…" (after \r progress lines)
-    let line = text.rsplit('\r').next()?.lines().find(|l| l.contains("requests per second"))?;
+    let line = text
+        .rsplit('\r')
+        .next()?
+        .lines()
+        .find(|l| l.contains("requests per second"))?;
     let before = line.split(" requests per second").next()?;
     before.rsplit(' ').next()?.parse().ok()
 }
@@ -124,7 +144,9 @@ async fn redis_store_throughput_and_memory() {
     );
     // Warm up: load scripts, create keys.
     pairs_per_second(store.clone(), &ks, 1, 200).await;
-    println!("reserve+settle pairs/s (8 budgets per request) vs redis-benchmark EVALSHA \"return 1\":");
+    println!(
+        "reserve+settle pairs/s (8 budgets per request) vs redis-benchmark EVALSHA \"return 1\":"
+    );
     for callers in [1usize, 16, 64] {
         let pairs = pairs_per_second(store.clone(), &ks, callers, 4_000.max(callers * 100)).await;
         let trivial = redis_benchmark_evalsha(&server, callers);

@@ -120,8 +120,14 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    println!("slot freed {} ms after SIGKILL (lease 1 s)", freed.as_millis());
-    assert!(freed <= Duration::from_millis(1600), "freed after {freed:?}");
+    println!(
+        "slot freed {} ms after SIGKILL (lease 1 s)",
+        freed.as_millis()
+    );
+    assert!(
+        freed <= Duration::from_millis(1600),
+        "freed after {freed:?}"
+    );
 
     // A restarted gateway admits again.
     let restarted = GatewayProcess::start(&cfg).await;

@@ -175,7 +175,11 @@ async fn three_gateways_never_over_admit() {
     let (mut tokens_reserved, mut tokens_refunded, mut unsettled) = (0i64, 0i64, 0usize);
     let (mut first, mut last) = (u64::MAX, 0u64);
     for k in &keys {
-        let raw: String = redis::cmd("GET").arg(k).query_async(&mut conn).await.expect("GET");
+        let raw: String = redis::cmd("GET")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
         let h = HoldRecord::parse(&raw).expect("hold");
         admitted_ids.insert(h.id.clone());
         first = first.min(h.admitted_micros);

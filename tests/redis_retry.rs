@@ -84,7 +84,10 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
         store.settle("a", s).await,
         Ok(SettleOutcome::Settled { refunded: 300, .. })
     ));
-    assert_eq!(store.settle("a", s).await.ok(), Some(SettleOutcome::AlreadySettled));
+    assert_eq!(
+        store.settle("a", s).await.ok(),
+        Some(SettleOutcome::AlreadySettled)
+    );
     assert_eq!(remaining(&store, &ks).await, 900);
 
     // Lost reply: the settle is applied but its caller sees a timeout.
@@ -97,10 +100,20 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     let lost = hasty.settle("b", s).await;
     assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
     tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(remaining(&store, &ks).await, 800, "the lost settle was applied");
+    assert_eq!(
+        remaining(&store, &ks).await,
+        800,
+        "the lost settle was applied"
+    );
     // The caller retries (from this process or another): nothing more happens.
-    assert_eq!(hasty.settle("b", s).await.ok(), Some(SettleOutcome::AlreadySettled));
-    assert_eq!(store.settle("b", s).await.ok(), Some(SettleOutcome::AlreadySettled));
+    assert_eq!(
+        hasty.settle("b", s).await.ok(),
+        Some(SettleOutcome::AlreadySettled)
+    );
+    assert_eq!(
+        store.settle("b", s).await.ok(),
+        Some(SettleOutcome::AlreadySettled)
+    );
     assert_eq!(remaining(&store, &ks).await, 800, "refunded exactly once");
 }
 

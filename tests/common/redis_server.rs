@@ -256,9 +256,8 @@ pub fn shared_cluster() -> &'static RedisCluster {
 
 // ---------------------------------------------------------------- gateways
 
-/// `budgetgate serve` processes for fleet tests: each started from a config
+/// A `budgetgate serve` process for fleet tests: started from a config
 /// file, its address read from the line it prints, killed (SIGKILL) on drop.
-
 pub struct GatewayProcess {
     /// `http://127.0.0.1:PORT`
     pub root: String,
