@@ -189,34 +189,34 @@ fn benches(c: &mut Criterion) {
         g.bench_function("raw_encode_ordinary", |b| b.iter(|| raw(black_box(&all))));
         g.throughput(Throughput::Bytes(body_len));
         g.bench_function("cold", |b| {
-            b.iter_batched(
+            b.iter_batched_ref(
                 || {
                     nonce += 1;
                     case.body(Some(nonce), Some(nonce))
                 },
-                |body| est(&body),
+                |body| est(body),
                 BatchSize::LargeInput,
             )
         });
         // The system prompt is in the cache from here on.
         est(&case.body(None, None));
         g.bench_function("warm_system_prompt", |b| {
-            b.iter_batched(
+            b.iter_batched_ref(
                 || {
                     nonce += 1;
                     case.body(None, Some(nonce))
                 },
-                |body| est(&body),
+                |body| est(body),
                 BatchSize::LargeInput,
             )
         });
         g.bench_function("parse_and_estimate_warm", |b| {
-            b.iter_batched(
+            b.iter_batched_ref(
                 || {
                     nonce += 1;
                     serde_json::to_vec(&case.body(None, Some(nonce))).unwrap()
                 },
-                |bytes| est(&serde_json::from_slice::<Value>(&bytes).unwrap()),
+                |bytes| est(&serde_json::from_slice::<Value>(bytes).unwrap()),
                 BatchSize::LargeInput,
             )
         });
