@@ -265,12 +265,13 @@ end
 
 ---------------------------------------------------------------- budgets
 
--- A budget as passed by Rust (7 ARGV fields from position p) or stored in a hold line:
+-- A budget as passed by Rust (8 ARGV fields from position p) or stored in a hold line:
 --   kind 'B' (bucket: a = per_minute, b = burst), 'Q' (quota: a = limit,
 --   b = 'D' | 'M'), 'C' (concurrency: a = max slots, b unused);
 --   cost (this request's debit in the budget's unit), tok ('1' when the
 --   budget counts tokens), ref ('1' when unused tokens are refunded), meta
---   (opaque to Lua: scope and name for the Rust side).
+--   (opaque to Lua: scope and name for the Rust side), sh ('1' for a shadow
+--   budget: debited when it admits, a refusal only reported, never enforced).
 local function spec_from_argv(key, argv, p)
   local sp = {
     key = key,
@@ -281,6 +282,7 @@ local function spec_from_argv(key, argv, p)
     tok = argv[p + 4] == '1',
     ref = argv[p + 5] == '1',
     meta = argv[p + 6],
+    sh = argv[p + 7] == '1',
   }
   if sp.kind == 'B' then
     sp.b = num(sp.b, 'burst')

@@ -12,15 +12,17 @@
 -- ARGV[6]        number of common specs
 -- ARGV[7]        number of candidates C
 -- ARGV[8..7+C]   number of specs of each candidate
--- then 7 fields per spec (see spec_from_argv): kind, a, b, cost, tok, ref, meta
+-- then 8 fields per spec (see spec_from_argv): kind, a, b, cost, tok, ref, meta, sh
 --
 -- Reply (every element a string):
---   {'A', now, candidate (0-based), '0', rem_1, reset_1, ...}
---       admitted; one (remaining, reset µs) pair per bucket/quota of the
---       common specs and the chosen candidate, after the debit.
---   {'A', now, candidate, '1', rem_1, reset_1, kind_1, a_1, b_1, meta_1, ...}
---       replayed: the first admission's `now` and values, each with its
---       budget (the retry may not carry the same budgets); nothing written.
+--   {'A', now, candidate (0-based), '0', W, wd_1..wd_W, rem_1, reset_1, ...}
+--       admitted; W shadow specs would have refused (their 0-based spec
+--       indexes; not debited), then one (remaining, reset µs) pair per
+--       debited bucket/quota of the common specs and the chosen candidate.
+--   {'A', now, candidate, '1', W, meta_1..meta_W, rem_1, reset_1, kind_1, a_1, b_1, meta_1, ...}
+--       replayed: the first admission's `now`, would-deny budgets (metas) and
+--       values, each with its budget (the retry may not carry the same
+--       budgets); nothing written.
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
 --       denied; nothing was written.
 --   {'I', now, spec index (0-based)}
@@ -52,7 +54,7 @@ end
 local specs = {}
 for i = 1, first - 1 do
   specs[i] = spec_from_argv(KEYS[i + 1], ARGV, p)
-  p = p + 7
+  p = p + 8
 end
 
 -- A live hold means this id was admitted: replay the first admission.
@@ -60,7 +62,10 @@ local prior = hold_load(KEYS[1])
 -- The replay describes each budget itself (kind, a, b, meta), since a retry
 -- need not carry the same budgets as the first request.
 if prior ~= nil and tonumber(prior.exp) > now then
-  local out = { 'A', prior.now, prior.cand, '1' }
+  local out = { 'A', prior.now, prior.cand, '1', tostring(#(prior.wd or {})) }
+  for _, m in ipairs(prior.wd or {}) do
+    out[#out + 1] = m
+  end
   local adm = prior.adm or {}
   local j = 1
   for _, line in ipairs(prior.lines or {}) do
@@ -103,7 +108,11 @@ end
 local function check_all(lo, hi)
   local worst = nil
   for i = lo, hi do
-    local r = check(i)
+    -- A shadow budget never blocks; it is evaluated again at admission.
+    local r = nil
+    if not specs[i].sh then
+      r = check(i)
+    end
     if r ~= nil then
       if r[1] == 'I' then
         return r
@@ -123,17 +132,8 @@ local function reply(r)
   return { 'D', s(now), s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
 end
 
-local function admit(candidate, lo, hi)
-  local lines, adm = {}, {}
-  local order = {}
-  for i = 1, ncommon do
-    order[#order + 1] = i
-  end
-  for i = lo, hi do
-    order[#order + 1] = i
-  end
-  for _, i in ipairs(order) do
-    local sp = specs[i]
+-- Debits one admitted spec and records its hold line and admission values.
+local function admit_one(sp, lines, adm)
     local debits = {}
     if sp.kind == 'B' then
       local b = bucket_load(sp.key, sp.a, sp.b, now)
@@ -168,6 +168,25 @@ local function admit(candidate, lo, hi)
       m = sp.meta,
       d = debits,
     }
+end
+
+local function admit(candidate, lo, hi)
+  local lines, adm, wd, wd_meta = {}, {}, {}, {}
+  local order = {}
+  for i = 1, ncommon do
+    order[#order + 1] = i
+  end
+  for i = lo, hi do
+    order[#order + 1] = i
+  end
+  for _, i in ipairs(order) do
+    local sp = specs[i]
+    if sp.sh and check(i) ~= nil then
+      wd[#wd + 1] = s(i - 1)
+      wd_meta[#wd_meta + 1] = sp.meta
+    else
+      admit_one(sp, lines, adm)
+    end
   end
   local hold = {
     v = '1',
@@ -180,15 +199,20 @@ local function admit(candidate, lo, hi)
     cand = s(candidate),
     adm = adm,
     lines = lines,
+    wd = wd_meta,
     ext = {},
   }
   hold_save(KEYS[1], hold, now)
-  local out = { 'A', s(now), s(candidate), '0' }
+  local out = { 'A', s(now), s(candidate), '0', s(#wd) }
+  for _, v in ipairs(wd) do
+    out[#out + 1] = v
+  end
   for _, v in ipairs(adm) do
     out[#out + 1] = v
   end
   return out
 end
+
 
 local common = check_all(1, ncommon)
 if common ~= nil then

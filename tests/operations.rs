@@ -225,3 +225,42 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_operational_series() {
     }
     assert!(!text.contains(KEY), "no keys in metrics");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_counted() {
+    let mock = start_mock().await;
+    // The whole tenant in shadow mode, and a trial TPM in shadow on top.
+    let cfg = config(
+        &mock.base_url(),
+        50,
+        "rpm = 2",
+        "shadow = true\nshadow_limits = { tpm = 1000000 }",
+    )
+    .replace("name = \"t1\"", "name = \"shadowed\"");
+    let gw = start_gateway(&cfg).await;
+    let count = || async {
+        let text = reqwest::get(format!("{}/metrics", gw.root_url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with("budgetgate_shadow_denials_total{")
+                    && l.contains("tenant=\"shadowed\"")
+            })
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let before = count().await;
+    for _ in 0..7 {
+        assert_eq!(
+            post(&gw, KEY).await.status(),
+            200,
+            "shadow mode never blocks"
+        );
+    }
+    // rpm = 2: the first two fit, the next five would have been denied.
+    assert_eq!(count().await - before, 5.0);
+}

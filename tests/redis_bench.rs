@@ -28,6 +28,7 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
         name,
         kind,
         refund_unused: true,
+        shadow: false,
     };
     let t = || Scope::Tenant(tenant.into());
     let big = BudgetKind::Bucket {

@@ -86,6 +86,7 @@ fn universe(ks: &KeySpace) -> Universe {
         name,
         kind,
         refund_unused,
+        shadow: false,
     };
     let t = || Scope::Tenant("acme".into());
     let m = || Scope::TenantModel("acme".into(), "gpt/4o".into());

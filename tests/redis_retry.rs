@@ -33,6 +33,7 @@ fn spec(ks: &KeySpace) -> BudgetSpec {
             burst: 1000,
         },
         refund_unused: true,
+        shadow: false,
     }
 }
 

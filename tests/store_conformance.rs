@@ -151,6 +151,7 @@ impl H {
             name,
             kind,
             refund_unused: true,
+            shadow: false,
         }
     }
 
@@ -407,6 +408,7 @@ conformance!(
     every_key_has_a_ttl_after_each_operation,
     clock_going_backwards_is_harmless,
     upstream_failure_refunds_non_refundable_budgets,
+    shadow_budgets_report_but_never_block,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -963,4 +965,42 @@ async fn upstream_failure_refunds_non_refundable_budgets(h: H) {
     assert!(matches!(s, SettleOutcome::Settled { refunded: 400, .. }));
     assert_eq!((h.remaining(&t).await, h.remaining(&up).await), (900, 600));
     h.check_keys().await;
+}
+
+/// A shadow budget is debited while it admits; once it would refuse, the
+/// request is still admitted, the refusal reported, and nothing debited
+/// from it; a replay reports the same would-deny.
+async fn shadow_budgets_report_but_never_block(h: H) {
+    let real = h.tpm(tenant(), 1000, 1000);
+    let mut shadow = h.tpm(tenant(), 100, 100);
+    shadow.key = h.ks.shadow_budget(&shadow.scope, shadow.name);
+    shadow.shadow = true;
+    let specs = vec![real.clone(), shadow.clone()];
+    let a = h.admit("s1", 80, &specs).await;
+    assert!(a.would_deny.is_empty());
+    assert_eq!(
+        h.remaining(&shadow).await,
+        20,
+        "an admitting shadow budget is debited"
+    );
+    let b = h.admit("s2", 80, &specs).await;
+    assert_eq!(b.would_deny.len(), 1, "{b:?}");
+    assert_eq!(b.would_deny[0].name, BudgetName::Tpm);
+    assert_eq!(
+        h.remaining(&shadow).await,
+        20,
+        "a refusing shadow budget is not debited"
+    );
+    assert_eq!(
+        h.remaining(&real).await,
+        840,
+        "the real budget is enforced and debited"
+    );
+    let replay = admitted(h.reserve("s2", 80, &specs).await);
+    assert!(replay.replayed);
+    assert_eq!(replay.would_deny, b.would_deny);
+    // Settling the request that skipped the shadow budget leaves it alone.
+    h.settle("s2", 50).await;
+    assert_eq!(h.remaining(&shadow).await, 20);
+    assert_eq!(h.remaining(&real).await, 870);
 }

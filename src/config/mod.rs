@@ -212,6 +212,10 @@ pub struct TenantPolicy {
     pub model_limits: BTreeMap<String, Limits>,
     /// Failure policy.
     pub on_store_error: OnStoreError,
+    /// Shadow mode: every limit of this tenant is evaluated and reported, never enforced.
+    pub shadow: bool,
+    /// Extra tenant-wide limits evaluated in shadow (e.g. a lower TPM being trialled).
+    pub shadow_limits: Limits,
 }
 
 /// A whole validated configuration.
@@ -750,6 +754,8 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             limits: v.limits(&format!("{path}.limits"), &t.limits),
             model_limits,
             on_store_error,
+            shadow: t.shadow.unwrap_or(false),
+            shadow_limits: v.limits(&format!("{path}.shadow_limits"), &t.shadow_limits),
         });
     }
 

@@ -116,6 +116,9 @@ pub struct RawTenant {
     #[serde(default)]
     pub model_limits: BTreeMap<String, RawLimits>,
     pub on_store_error: Option<String>,
+    pub shadow: Option<bool>,
+    #[serde(default)]
+    pub shadow_limits: RawLimits,
 }
 
 #[derive(Debug, Deserialize)]

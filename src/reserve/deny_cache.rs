@@ -134,6 +134,7 @@ mod tests {
             kind,
             key: format!("k:{name}"),
             refund_unused: true,
+            shadow: false,
         }
     }
 

@@ -72,6 +72,11 @@ impl KeySpace {
         }
     }
 
+    /// Key of a shadow budget (evaluated, never enforced) of one scope.
+    pub fn shadow_budget(&self, scope: &Scope, name: BudgetName) -> String {
+        format!("{}:shadow", self.budget(scope, name))
+    }
+
     /// Key of the hold of one reservation id (ids are gateway-generated UUIDs).
     pub fn hold(&self, reservation_id: &str) -> String {
         format!("{}:hold:{}", self.base, encode_name(reservation_id))

@@ -11,7 +11,7 @@ use super::bucket::BucketState;
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement,
-    StoreError,
+    StoreError, WouldDeny,
 };
 use crate::clock::Clock;
 
@@ -456,6 +456,10 @@ impl Inner {
     fn check_all(&self, specs: &[BudgetSpec], req: &ReserveRequest, now: u64) -> Check {
         let mut worst: Option<Denial> = None;
         for spec in specs {
+            if spec.shadow {
+                // Evaluated again at admission; a shadow refusal never blocks.
+                continue;
+            }
             match self.check(spec, req.tokens, &req.id, now) {
                 Check::Ok => {}
                 Check::Impossible(i) => return Check::Impossible(i),
@@ -508,7 +512,15 @@ impl Inner {
     ) -> ReserveOutcome {
         let mut lines = Vec::with_capacity(req.common.len() + cand.len());
         let mut budgets = Vec::new();
+        let mut would_deny = Vec::new();
         for spec in req.common.iter().chain(cand.iter()) {
+            if spec.shadow && !matches!(self.check(spec, req.tokens, &req.id, now), Check::Ok) {
+                would_deny.push(WouldDeny {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                });
+                continue;
+            }
             let cost = spec.cost(req.tokens);
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
@@ -529,6 +541,7 @@ impl Inner {
             candidate,
             budgets,
             replayed: false,
+            would_deny,
         };
         self.holds.insert(
             req.id.clone(),

@@ -142,6 +142,9 @@ pub struct BudgetSpec {
     /// Whether unused reserved tokens go back at settle (false for upstreams
     /// that count the output cap at request time, DESIGN section 1.8).
     pub refund_unused: bool,
+    /// Shadow budget: evaluated in the same call and debited when it admits,
+    /// but a refusal is only reported (as [`Admission::would_deny`]), never enforced.
+    pub shadow: bool,
 }
 
 impl BudgetSpec {
@@ -219,6 +222,17 @@ pub struct Admission {
     pub budgets: Vec<BudgetState>,
     /// True when this id was already admitted and the first result is returned again.
     pub replayed: bool,
+    /// Shadow budgets that would have refused (not debited).
+    pub would_deny: Vec<WouldDeny>,
+}
+
+/// A shadow budget that would have refused this request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WouldDeny {
+    /// Who would have refused.
+    pub scope: Scope,
+    /// Which limit.
+    pub name: BudgetName,
 }
 
 /// A refusal that may succeed later.

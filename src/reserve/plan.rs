@@ -20,6 +20,7 @@ pub fn scope_budgets(
             name,
             kind,
             refund_unused,
+            shadow: false,
         });
     };
     if let Some(rpm) = limits.rpm {
@@ -73,7 +74,22 @@ pub fn scope_budgets(
     out
 }
 
+/// Shadow budgets of one scope: evaluated and debited like the others but
+/// never enforced; stored under their own keys.
+pub fn shadow_budgets(ks: &KeySpace, scope: Scope, limits: &Limits) -> Vec<BudgetSpec> {
+    scope_budgets(ks, scope, limits, true)
+        .into_iter()
+        .map(|mut s| {
+            s.key = ks.shadow_budget(&s.scope, s.name);
+            s.shadow = true;
+            s
+        })
+        .collect()
+}
+
 /// Budgets shared by every candidate deployment: tenant, key, tenant×model.
+/// A tenant in shadow mode has every one of them in shadow; its
+/// `shadow_limits` add shadow budgets of the tenant scope.
 pub fn tenant_budgets(
     ks: &KeySpace,
     tenant: &TenantPolicy,
@@ -95,6 +111,16 @@ pub fn tenant_budgets(
             true,
         ));
     }
+    if tenant.shadow {
+        for s in &mut out {
+            s.shadow = true;
+        }
+    }
+    out.extend(shadow_budgets(
+        ks,
+        Scope::Tenant(tenant.name.clone()),
+        &tenant.shadow_limits,
+    ));
     out
 }
 

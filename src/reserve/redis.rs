@@ -41,7 +41,7 @@ use super::keys::KeySpace;
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
-    StoreError, Window,
+    StoreError, Window, WouldDeny,
 };
 
 /// Source of `lua/lib.lua`, the helpers every script starts with.
@@ -377,7 +377,8 @@ fn push_spec_args(inv: &mut ScriptInvocation<'_>, spec: &BudgetSpec, tokens: u64
         .arg(spec.cost(tokens))
         .arg(if spec.name.counts_tokens() { "1" } else { "0" })
         .arg(if spec.refund_unused { "1" } else { "0" })
-        .arg(meta_of(spec));
+        .arg(meta_of(spec))
+        .arg(if spec.shadow { "1" } else { "0" });
 }
 
 /// `(kind, a, b)` as the scripts expect them (see `spec_from_argv` in `lua/lib.lua`).
@@ -594,6 +595,25 @@ impl BudgetStore for RedisStore {
             "A" => {
                 let candidate = r.usize()?;
                 let replayed = r.str()? == "1";
+                let n_would_deny = r.usize()?;
+                let mut would_deny = Vec::with_capacity(n_would_deny);
+                let mut denied_idx = Vec::with_capacity(n_would_deny);
+                for _ in 0..n_would_deny {
+                    if replayed {
+                        let (scope, name) = parse_meta(r.str()?)?;
+                        would_deny.push(WouldDeny { scope, name });
+                    } else {
+                        let idx = r.usize()?;
+                        let spec = all
+                            .get(idx)
+                            .ok_or_else(|| protocol("would-deny names no budget"))?;
+                        denied_idx.push(idx);
+                        would_deny.push(WouldDeny {
+                            scope: spec.scope.clone(),
+                            name: spec.name,
+                        });
+                    }
+                }
                 let budgets = if replayed {
                     // The first admission, described by the hold itself.
                     self.forget_hold(&req.id);
@@ -603,11 +623,19 @@ impl BudgetStore for RedisStore {
                     }
                     budgets
                 } else {
-                    let chosen: Vec<BudgetSpec> = req
-                        .common
-                        .iter()
-                        .chain(req.candidates.get(candidate).into_iter().flatten())
-                        .cloned()
+                    // Spec indexes into `all` of the common specs and the chosen candidate's.
+                    let cand_start = req.common.len()
+                        + req
+                            .candidates
+                            .iter()
+                            .take(candidate)
+                            .map(Vec::len)
+                            .sum::<usize>();
+                    let cand_len = req.candidates.get(candidate).map_or(0, Vec::len);
+                    let chosen: Vec<BudgetSpec> = (0..req.common.len())
+                        .chain(cand_start..cand_start + cand_len)
+                        .filter(|i| !denied_idx.contains(i))
+                        .filter_map(|i| all.get(i).map(|s| (*s).clone()))
                         .collect();
                     let metered: Vec<&BudgetSpec> = chosen
                         .iter()
@@ -635,6 +663,7 @@ impl BudgetStore for RedisStore {
                     candidate,
                     budgets,
                     replayed,
+                    would_deny,
                 }))
             }
             "D" => {
@@ -865,6 +894,7 @@ impl HoldRecord {
                     kind,
                     key,
                     refund_unused: json_str(l, "ref")? == "1",
+                    shadow: false,
                 },
                 cost: json_u64(l, "c")?,
                 quota_debits: json_pairs(l, "d")?,
@@ -928,6 +958,7 @@ mod tests {
                     window: Window::Day,
                 },
                 refund_unused: true,
+                shadow: false,
             };
             assert_eq!(
                 parse_meta(&meta_of(&spec)).unwrap(),

@@ -588,6 +588,11 @@ async fn proxy_inner(
         let upstream_idx = candidates[admission.candidate].0;
         tried.push(upstream_idx);
         metrics::decision(&tenant.name, "tenant", "none", "admitted", &policy.version);
+        for w in &admission.would_deny {
+            metrics::shadow_denial(&tenant.name, &w.scope, w.name);
+            tracing::info!(reservation_id = %id, tenant = %tenant.name, scope = %w.scope, budget = %w.name,
+                policy_version = %policy.version, "would deny (shadow mode); admitted");
+        }
         metrics::reserved(&tenant.name, request.tokens);
         let hold = HeldReservation::new(
             id.clone(),
