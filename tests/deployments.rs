@@ -499,3 +499,35 @@ async fn client_request_ids_are_echoed_and_organisation_headers_are_dropped_unle
         Some("org-client")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_follows_the_providers_remaining_tokens_when_configured() {
+    let mock = start_mock().await; // reports x-ratelimit-remaining-tokens: 999000
+    let cfg = config(&mock.base_url(), 50, "tpm = 100000", "").replace(
+        "base_url = ",
+        "learn_from_headers = true\nlimits = { tpm = 2000000 }\nbase_url = ",
+    );
+    let gw = start_gateway(&cfg).await;
+    assert_eq!(
+        post(
+            &gw,
+            &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+        )
+        .await
+        .0,
+        200
+    );
+    gw.settled().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let r = remaining(&gw, Scope::Upstream("mock".into()), BudgetName::Tpm).await;
+        if r == 999_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "remaining stayed at {r}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

@@ -63,6 +63,9 @@ impl BudgetStore for Flaky {
         self.check()?;
         self.inner.inspect(specs).await
     }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
 }
 
 async fn post(gw: &Gateway, key: &str) -> reqwest::Response {

@@ -409,6 +409,7 @@ conformance!(
     clock_going_backwards_is_harmless,
     upstream_failure_refunds_non_refundable_budgets,
     shadow_budgets_report_but_never_block,
+    lowering_follows_the_provider_and_never_raises,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -1003,4 +1004,18 @@ async fn shadow_budgets_report_but_never_block(h: H) {
     h.settle("s2", 50).await;
     assert_eq!(h.remaining(&shadow).await, 20);
     assert_eq!(h.remaining(&real).await, 870);
+}
+
+/// Following a provider's view lowers a bucket and never raises it.
+async fn lowering_follows_the_provider_and_never_raises(h: H) {
+    let tpm = h.tpm(upstream("a"), 1000, 1000);
+    assert_eq!(h.store.lower(&tpm, 300).await.unwrap(), 300);
+    assert_eq!(h.remaining(&tpm).await, 300);
+    assert_eq!(h.store.lower(&tpm, 800).await.unwrap(), 300, "never raised");
+    h.clock.advance(6_000_000); // 100 tokens of refill at 1000/min
+    assert_eq!(
+        h.remaining(&tpm).await,
+        400,
+        "refill continues from the lowered level"
+    );
 }

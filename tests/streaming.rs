@@ -1055,6 +1055,9 @@ impl BudgetStore for CountingStore {
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await
     }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,6 +142,9 @@ pub struct UpstreamPolicy {
     pub connect_timeout: Duration,
     /// How long this deployment gets no traffic after it answers 429 without `retry-after`.
     pub cooldown: Duration,
+    /// Lower this deployment's RPM/TPM buckets to the provider's
+    /// `x-ratelimit-remaining-requests` / `-tokens` when those are lower.
+    pub learn_from_headers: bool,
     /// Client request headers forwarded to this upstream (lower-case names;
     /// e.g. `openai-organization`). Credentials are never forwarded.
     pub forward_client_headers: Vec<String>,
@@ -604,6 +607,7 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 10,
             ),
             cooldown: v.secs(&format!("{path}.cooldown_secs"), u.cooldown_secs, 5),
+            learn_from_headers: u.learn_from_headers.unwrap_or(false),
             forward_client_headers,
         });
     }

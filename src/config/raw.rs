@@ -87,6 +87,7 @@ pub struct RawUpstream {
     pub timeout_secs: Option<i64>,
     pub connect_timeout_secs: Option<i64>,
     pub cooldown_secs: Option<i64>,
+    pub learn_from_headers: Option<bool>,
     #[serde(default)]
     pub forward_client_headers: Vec<String>,
 }

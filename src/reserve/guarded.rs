@@ -105,4 +105,8 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.call("inspect", self.inner.inspect(specs)).await
     }
+
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.call("lower", self.inner.lower(spec, at_most)).await
+    }
 }

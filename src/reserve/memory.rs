@@ -315,6 +315,22 @@ impl MemoryStore {
         }
     }
 
+    /// Synchronous core of [`BudgetStore::lower`].
+    pub fn lower_sync(&self, spec: &BudgetSpec, at_most: u64) -> i64 {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
+            return inner.available(spec, now);
+        };
+        let mut b = inner.bucket(&spec.key, per_minute, burst, now);
+        let cap = at_most as i64 * super::bucket::UNITS_PER_TOKEN;
+        if b.level > cap {
+            b.level = cap;
+            inner.buckets.insert(spec.key.clone(), b);
+        }
+        b.available()
+    }
+
     /// Synchronous core of [`BudgetStore::inspect`].
     pub fn inspect_sync(&self, specs: &[BudgetSpec]) -> Vec<BudgetState> {
         let now = self.clock.now_micros();
@@ -578,6 +594,10 @@ impl BudgetStore for MemoryStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         Ok(self.inspect_sync(specs))
+    }
+
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        Ok(self.lower_sync(spec, at_most))
     }
 }
 

@@ -377,4 +377,9 @@ pub trait BudgetStore: Send + Sync + 'static {
     async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
+    /// Lowers a token bucket (never raises it) so that at most `at_most`
+    /// whole units remain now: the gateway follows a provider's own
+    /// `x-ratelimit-remaining-*` view of a deployment. Returns the whole
+    /// units remaining afterwards. Non-bucket specs are left alone.
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError>;
 }

@@ -70,6 +70,12 @@ pub const SETTLE_LUA: &str = concat!(
     "\n",
     include_str!("../../lua/settle.lua")
 );
+/// Source of the lower script (library included).
+pub const LOWER_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/lower.lua")
+);
 /// Source of the inspect script (library included).
 pub const INSPECT_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
@@ -100,6 +106,7 @@ struct Scripts {
     renew: Script,
     settle: Script,
     inspect: Script,
+    lower: Script,
 }
 
 impl Scripts {
@@ -110,6 +117,7 @@ impl Scripts {
             renew: Script::new(RENEW_LUA),
             settle: Script::new(SETTLE_LUA),
             inspect: Script::new(INSPECT_LUA),
+            lower: Script::new(LOWER_LUA),
         }
     }
 }
@@ -761,6 +769,23 @@ impl BudgetStore for RedisStore {
         };
         self.forget_hold(id);
         Ok(outcome)
+    }
+
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
+            let states = self.inspect(std::slice::from_ref(spec)).await?;
+            return Ok(states.first().map_or(0, |s| s.remaining));
+        };
+        let mut inv = self.scripts.lower.prepare_invoke();
+        inv.key(&spec.key)
+            .arg(self.now_arg())
+            .arg(per_minute)
+            .arg(burst)
+            .arg(at_most);
+        let items = self.invoke(&inv).await?;
+        let mut r = Reply::new(&items);
+        let _now = r.u64()?;
+        r.i64()
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {

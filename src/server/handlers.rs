@@ -763,7 +763,7 @@ async fn forward(
         }
     };
     let status = resp.status();
-    observe_provider_limits(upstream, resp.headers());
+    observe_provider_limits(st, policy, upstream, resp.headers());
     if !status.is_success() {
         return upstream_failure(st, resp, hold, admission, upstream, client_id).await;
     }
@@ -890,7 +890,12 @@ async fn forward(
 
 /// Records what the provider says is left of its own limits (DESIGN: learn
 /// from the provider). Values are logged; they never reach the client.
-fn observe_provider_limits(upstream: &UpstreamPolicy, headers: &reqwest::header::HeaderMap) {
+fn observe_provider_limits(
+    st: &Arc<AppState>,
+    policy: &Policy,
+    upstream: &UpstreamPolicy,
+    headers: &reqwest::header::HeaderMap,
+) {
     let read = |name: &str| {
         headers
             .get(name)
@@ -904,6 +909,26 @@ fn observe_provider_limits(upstream: &UpstreamPolicy, headers: &reqwest::header:
     }
     if let Some(r) = requests {
         metrics::provider_remaining(&upstream.name, "requests", r);
+    }
+    if upstream.learn_from_headers && (tokens.is_some() || requests.is_some()) {
+        // Off the response path: the provider knows of spending this gateway
+        // cannot see (other gateways' clients, other tools on the same key).
+        let specs = plan::upstream_budgets(&AppState::key_space(policy), upstream);
+        let store = st.store.clone();
+        tokio::spawn(async move {
+            for spec in specs {
+                let seen = match spec.name {
+                    BudgetName::Tpm => tokens,
+                    BudgetName::Rpm => requests,
+                    _ => None,
+                };
+                if let Some(v) = seen {
+                    if let Err(e) = store.lower(&spec, v).await {
+                        tracing::warn!(scope = %spec.scope, budget = %spec.name, error = %e, "could not follow the provider's limit");
+                    }
+                }
+            }
+        });
     }
     if tokens.is_some() || requests.is_some() {
         tracing::debug!(deployment = %upstream.name, remaining_tokens = ?tokens, remaining_requests = ?requests, "provider rate-limit headers");
