@@ -77,6 +77,11 @@ impl RedisServer {
         panic!("redis-server did not start on any of 5 free ports");
     }
 
+    /// Starts a node on `port` (e.g. to restart one that was stopped), if free.
+    pub fn start_on(port: u16) -> Option<Self> {
+        Self::try_start(port, &[])
+    }
+
     fn try_start(port: u16, extra: &[&str]) -> Option<Self> {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut args: Vec<String> = [
