@@ -111,16 +111,14 @@ fn text(len: usize, seed: u64) -> String {
 }
 
 struct Case {
-    name: &'static str,
     system: String,
     user: String,
 }
 
 impl Case {
-    fn new(name: &'static str, size: usize) -> Case {
+    fn new(size: usize) -> Case {
         let user_len = 240.min(size / 4);
         Case {
-            name,
             // JSON framing adds about 120 bytes.
             system: text(size - user_len - 120, 1),
             user: text(user_len, 2),
@@ -177,7 +175,7 @@ fn benches(c: &mut Criterion) {
     budgetgate::estimate::warm_up();
     let mut nonce = 0u64;
     for (name, size) in SIZES {
-        let case = Case::new(name, size);
+        let case = Case::new(size);
         let body_len = case.body_len();
         let all = case.all_text();
         let mut g = c.benchmark_group(format!("estimate/{name}"));
@@ -249,7 +247,7 @@ fn summary() {
     );
     let mut nonce = 1u64 << 40;
     for (name, size) in SIZES {
-        let case = Case::new(name, size);
+        let case = Case::new(size);
         let all = case.all_text();
         let rounds = if size > 100_000 { 15 } else { 200 };
         let (mut t_raw, mut t_cold, mut t_warm, mut t_user) = (vec![], vec![], vec![], vec![]);

@@ -359,6 +359,10 @@ pub async fn start_on(listener: tokio::net::TcpListener, config: MockConfig) -> 
     let state = Arc::new(MockState::new(&config));
     let app = router(state.clone());
     let task = tokio::spawn(async move {
+        // Frames leave at once (no Nagle delay), like a real provider's stream.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let _ = axum::serve(listener, app).await;
     });
     MockUpstream {

@@ -11,6 +11,7 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -55,6 +56,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = router(state.clone());
     let (began_tx, began_rx) = oneshot::channel::<()>();
+    // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's
+    // algorithm and delayed ACKs hold each frame for up to ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

@@ -89,7 +89,12 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            estimate::warm_up();
+            // Only the configured encodings: each one costs tens of MB of RSS.
+            let mut encodings: Vec<_> = policy.models.iter().map(|m| m.encoding).collect();
+            encodings.dedup();
+            for enc in encodings {
+                enc.warm_up();
+            }
             let rt = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

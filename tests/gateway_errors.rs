@@ -73,6 +73,16 @@ async fn assert_nothing_leaked(gw: &Gateway, rpm_spent: i64) {
     );
 }
 
+/// (what, path, key, body, expected status, expected `param`).
+type Case = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    Vec<u8>,
+    u16,
+    Option<&'static str>,
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_input_gets_its_status_and_charges_nothing() {
     let mock = start_mock().await;
@@ -83,7 +93,7 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
         "listen = \"127.0.0.1:0\"\nmax_body_bytes = 65536",
     );
     let gw = start_gateway(&cfg).await;
-    let cases: Vec<(&str, &str, Option<&str>, Vec<u8>, u16, Option<&str>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "missing key",
             "/chat/completions",

@@ -45,9 +45,13 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
             &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 100\nfallback_share = 0.5\n[estimation]", redis.url()),
         );
     let store: Arc<dyn BudgetStore> = Arc::new(
-        RedisStore::connect(&redis.url(), Duration::from_millis(100), KeySpace::new("budgetgate", "default"))
-            .await
-            .expect("connect"),
+        RedisStore::connect(
+            &redis.url(),
+            Duration::from_millis(100),
+            KeySpace::new("budgetgate", "default"),
+        )
+        .await
+        .expect("connect"),
     );
     let gw = start_gateway_with(&cfg, ManualClock::new(NOON), store).await;
     assert_eq!(post(&gw, KEY).await, 200);
@@ -59,14 +63,35 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
     for _ in 0..7 {
         let t = Instant::now();
         open.push(post(&gw, KEY).await);
-        assert!(t.elapsed() < Duration::from_secs(2), "a degraded answer took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "a degraded answer took {:?}",
+            t.elapsed()
+        );
     }
-    assert_eq!(open, vec![200, 200, 200, 200, 200, 429, 429], "fail-open: half of rpm 10 locally");
+    assert_eq!(
+        open,
+        vec![200, 200, 200, 200, 200, 429, 429],
+        "fail-open: half of rpm 10 locally"
+    );
     assert_eq!(post(&gw, closed_key).await, 503, "fail-closed");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let text = reqwest::get(format!("{}/metrics", gw.root_url())).await.unwrap().text().await.unwrap();
-    assert!(text.contains("budgetgate_degraded_decisions_total{tenant=\"open\",mode=\"fail_open\"} 7"), "{text}");
-    assert!(text.contains("budgetgate_degraded_decisions_total{tenant=\"closed\",mode=\"fail_closed\"} 1"), "{text}");
+    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("budgetgate_degraded_decisions_total{tenant=\"open\",mode=\"fail_open\"} 7"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "budgetgate_degraded_decisions_total{tenant=\"closed\",mode=\"fail_closed\"} 1"
+        ),
+        "{text}"
+    );
 
     let _redis = RedisServer::start_on(port).expect("restart Redis on the same port");
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -76,7 +101,10 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
             break;
         }
         assert_eq!(s, 503);
-        assert!(Instant::now() < deadline, "decisions never returned to Redis");
+        assert!(
+            Instant::now() < deadline,
+            "decisions never returned to Redis"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Back on Redis: the open tenant's budget there is its full rpm again (minus the first request).

@@ -131,6 +131,11 @@ impl Encoding {
     /// Number of tokens in `text` under this encoding, counting every byte as
     /// ordinary text (`encode_ordinary`: special-token text such as
     /// `<|endoftext|>` is not special).
+    /// Loads this encoding's tables now (40–160 ms) instead of on the first request.
+    pub fn warm_up(self) {
+        let _ = self.count("warm up");
+    }
+
     pub fn count(self, text: &str) -> u64 {
         if text.is_empty() {
             return 0;
@@ -158,7 +163,7 @@ impl Encoding {
 /// (building one takes 40–160 ms). Call once at start-up; idempotent.
 pub fn warm_up() {
     for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
-        let _ = enc.count("warm up");
+        enc.warm_up();
     }
 }
 
