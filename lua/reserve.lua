@@ -12,26 +12,39 @@
 -- ARGV[6]        number of common specs
 -- ARGV[7]        number of candidates C
 -- ARGV[8..7+C]   number of specs of each candidate
--- then 8 fields per spec (see spec_from_argv): kind, a, b, cost, tok, ref, meta, sh
+-- then 8 fields per spec, each a decimal string where a number:
+--   kind   'B' bucket (a = per_minute tokens/min, b = burst tokens),
+--          'Q' quota (a = limit per window, b = 'D' | 'M'),
+--          'C' concurrency (a = max slots, b unused)
+--   a, b   as above
+--   cost   this request's debit in the budget's unit (tokens or requests)
+--   tok    '1' when the budget counts tokens (extend and settle adjust it)
+--   ref    '1' when unused tokens are refunded at settle
+--   meta   opaque to Lua (scope and budget name for the Rust side)
+--   sh     '1' for a shadow budget: debited when it admits, a refusal is
+--          only reported, never enforced
 --
 -- Reply (every element a string):
 --   {'A', now, candidate (0-based), '0', W, wd_1..wd_W, rem_1, reset_1, ...}
 --       admitted; W shadow specs would have refused (their 0-based spec
 --       indexes; not debited), then one (remaining, reset µs) pair per
 --       debited bucket/quota of the common specs and the chosen candidate.
---   {'A', now, candidate, '1', W, meta_1..meta_W, rem_1, reset_1, kind_1, a_1, b_1, meta_1, ...}
---       replayed: the first admission's `now`, would-deny budgets (metas) and
---       values, each with its budget (the retry may not carry the same
---       budgets); nothing written.
+--   {'A', now, candidate, '1', hold}
+--       replayed: the first admission's `now` and candidate, and the stored
+--       hold (layout in lib.lua), whose adm section describes each budget
+--       itself (the retry may not carry the same budgets); nothing written.
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
 --       denied; nothing was written.
 --   {'I', now, spec index (0-based)}
 --       impossible (cost above capacity); nothing was written.
 --
--- Phase 1 reads every budget; phase 2 (only when all admit) writes:
+-- Reads every string key once (MGET) and each slot set with ZCOUNT (and
+-- ZSCORE when full). Phase 2 (only when all admit) writes:
 --   buckets  SET PX until full again + margin
 --   quotas   SET PX until the window ends + margin
---   slots    ZADD id lease_end, PEXPIRE until the longest lease ends + margin
+--   slots    ZREMRANGEBYSCORE expired leases, ZADD id lease_end, PEXPIRE
+--            (GT when the set already existed) until the new lease ends +
+--            margin, so the set lives until its longest lease ends + margin
 --   hold     SET PX until the hold expires + margin
 
 local now = clock(ARGV[1])
@@ -42,6 +55,18 @@ local hold_ttl = num(ARGV[5], 'hold_ttl')
 local ncommon = num(ARGV[6], 'ncommon')
 local ncand = num(ARGV[7], 'ncand')
 
+local raw = load_all()
+
+-- A live hold means this id was admitted: replay the first admission.
+local prior = raw[KEYS[1]]
+if prior then
+  local _, exp = hold_head(prior)
+  if exp > now then
+    local pnow, pcand = match(prior, '^%d %d+ %d+ %d+ (%d+) (%d+)')
+    return { 'A', pnow, pcand, '1', prior }
+  end
+end
+
 local p = 8
 local ranges = {}
 local first = ncommon + 1
@@ -51,56 +76,78 @@ for c = 1, ncand do
   first = first + n
   p = p + 1
 end
+-- spec: { p = first ARGV field, key, kind, a, b (burst for buckets), cost, sh }
 local specs = {}
 for i = 1, first - 1 do
-  specs[i] = spec_from_argv(KEYS[i + 1], ARGV, p)
+  local kind = ARGV[p]
+  local b = ARGV[p + 2]
+  if kind == 'B' then
+    b = num(b, 'burst')
+  end
+  specs[i] = { p = p, key = KEYS[i + 1], kind = kind, a = num(ARGV[p + 1], 'a'), b = b,
+    cost = num(ARGV[p + 3], 'cost'), sh = ARGV[p + 7] == '1' }
   p = p + 8
 end
 
--- A live hold means this id was admitted: replay the first admission.
-local prior = hold_load(KEYS[1])
--- The replay describes each budget itself (kind, a, b, meta), since a retry
--- need not carry the same budgets as the first request.
-if prior ~= nil and tonumber(prior.exp) > now then
-  local out = { 'A', prior.now, prior.cand, '1', tostring(#(prior.wd or {})) }
-  for _, m in ipairs(prior.wd or {}) do
-    out[#out + 1] = m
+-- Live leases per slot set (ZCOUNT), until this call writes the set.
+local live = {}
+local function live_slots(key)
+  local n = live[key]
+  if n == nil then
+    n = call('ZCOUNT', key, '(' .. s(now), '+inf')
+    live[key] = n
   end
-  local adm = prior.adm or {}
-  local j = 1
-  for _, line in ipairs(prior.lines or {}) do
-    if line.kind ~= 'C' then
-      out[#out + 1] = adm[j]
-      out[#out + 1] = adm[j + 1]
-      out[#out + 1] = line.kind
-      out[#out + 1] = line.a
-      out[#out + 1] = line.b
-      out[#out + 1] = line.m
-      j = j + 2
-    end
-  end
-  return out
+  return n
 end
 
--- nil when the spec admits, else {'I', i} or {'D', i, available, retry, reset}.
+-- Whole units available now (floor; negative in debt); for buckets also
+-- the level in units.
+local function available(sp)
+  if sp.kind == 'B' then
+    local level = bucket_at(raw[sp.key], sp.b, now, sp.key)
+    return fdiv(level, UNITS), level
+  elseif sp.kind == 'Q' then
+    return sp.a - quota_used(raw[sp.key], (window(sp.b, now)), sp.key)
+  end
+  return sp.a - live_slots(sp.key)
+end
+
+-- nil when the spec admits, else {'I', i} or {'D', i, available, retry, reset}
+-- (retry: exact ceiling for buckets, the window end for quotas, 0 for
+-- concurrency: the caller applies its hint).
 local function check(i)
   local sp = specs[i]
-  if sp.kind ~= 'C' and sp.cost > capacity(sp) then
-    return { 'I', i }
+  local kind = sp.kind
+  if kind == 'B' then
+    if sp.cost > sp.b then
+      return { 'I', i }
+    end
+    local avail, level = available(sp)
+    if avail >= sp.cost then
+      return nil
+    end
+    return { 'D', i, avail, refill_wait(sp.cost * UNITS - level, sp.a),
+      refill_wait(sp.b * UNITS - level, sp.a) }
+  elseif kind == 'Q' then
+    if sp.cost > sp.a then
+      return { 'I', i }
+    end
+    local avail = available(sp)
+    if avail >= sp.cost then
+      return nil
+    end
+    local _, wend = window(sp.b, now)
+    return { 'D', i, avail, wend - now, wend - now }
   end
-  local avail = available(sp, now)
-  local fits
-  if sp.kind == 'C' then
-    local l = lease_of(sp.key, id)
-    fits = avail >= 1 or (l ~= nil and l > now)
-  else
-    fits = avail >= sp.cost
-  end
-  if fits then
+  local avail = available(sp)
+  if avail >= 1 then
     return nil
   end
-  local _, reset = state_of(sp, now)
-  return { 'D', i, avail, wait_for(sp, sp.cost, now), reset }
+  local l = call('ZSCORE', sp.key, id)
+  if l and tonumber(l) > now then
+    return nil
+  end
+  return { 'D', i, avail, 0, 0 }
 end
 
 -- Every spec in [lo, hi] must admit: an impossible one wins at once, else
@@ -132,46 +179,70 @@ local function reply(r)
   return { 'D', s(now), s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
 end
 
--- Debits one admitted spec and records its hold line and admission values.
-local function admit_one(sp, lines, adm)
-    local debits = {}
-    if sp.kind == 'B' then
-      local b = bucket_load(sp.key, sp.a, sp.b, now)
-      bucket_debit(b, sp.cost)
-      bucket_save(sp.key, b)
-    elseif sp.kind == 'Q' then
-      local w = window_id(sp.b, now)
-      quota_save(sp.key, sp.b, w, quota_used(sp.key, w) + sp.cost, now)
-      debits[1] = { s(w), s(sp.cost) }
+local snow = s(now)
+
+-- Debits spec i; appends its hold key, live entry and adm fields, and the
+-- (remaining, reset) pair of buckets and quotas to `out`.
+local function admit_one(i, n, keys, lines, adm, out)
+  local sp = specs[i]
+  local key, kind, q = sp.key, sp.kind, sp.p
+  local rem, reset = '', ''
+  if kind == 'B' then
+    local level, last = bucket_at(raw[key], sp.b, now, key)
+    level = level - sp.cost * UNITS
+    local floor_units = -(sp.b * UNITS)
+    if level < floor_units then
+      level = floor_units
+    end
+    local v = bucket_value(level, last, sp.a, sp.b)
+    local until_full = refill_wait(sp.b * UNITS - level, sp.a)
+    call('SET', key, v, 'PX', ttl_ms(until_full))
+    raw[key] = v
+    rem, reset = s(fdiv(level, UNITS)), s(until_full)
+    if ARGV[q + 4] == '1' then
+      lines[#lines + 1] = n .. ' B ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2] .. ' ;'
+    end
+  elseif kind == 'Q' then
+    local w, wend = window(sp.b, now)
+    local used = quota_used(raw[key], w, key) + sp.cost
+    local v = s(w) .. ' ' .. s(used)
+    call('SET', key, v, 'PX', ttl_ms(wend - now))
+    raw[key] = v
+    rem, reset = s(sp.a - used), s(wend - now)
+    if ARGV[q + 4] == '1' then
+      lines[#lines + 1] = n .. ' Q ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2]
+        .. ' ' .. s(w) .. ':' .. ARGV[q + 3] .. ';'
+    end
+  else
+    local existed = live_slots(key) > 0
+    call('ZREMRANGEBYSCORE', key, '-inf', snow)
+    call('ZADD', key, s(now + lease), id)
+    -- A set that existed has a TTL reaching past its longest lease; a new one has none.
+    if existed then
+      call('PEXPIRE', key, ttl_ms(lease), 'GT')
     else
-      slots_purge(sp.key, now)
-      redis.call('ZADD', sp.key, s(now + lease), id)
-      slots_expire(sp.key, now)
+      call('PEXPIRE', key, ttl_ms(lease))
     end
-    if sp.kind ~= 'C' then
-      local rem, reset = state_of(sp, now)
-      adm[#adm + 1] = s(rem)
-      adm[#adm + 1] = s(reset)
-    end
-    local b = sp.b
-    if sp.kind == 'B' then
-      b = s(sp.b)
-    end
-    lines[#lines + 1] = {
-      k = sp.key,
-      kind = sp.kind,
-      a = s(sp.a),
-      b = b,
-      c = s(sp.cost),
-      tok = sp.tok and '1' or '0',
-      ref = sp.ref and '1' or '0',
-      m = sp.meta,
-      d = debits,
-    }
+    live[key] = nil
+    lines[#lines + 1] = n .. ' C 0 ' .. ARGV[q + 1] .. ' 0 ;'
+  end
+  if kind ~= 'C' then
+    out[#out + 1] = rem
+    out[#out + 1] = reset
+  end
+  keys[n] = key
+  local a = #adm
+  adm[a + 1] = kind
+  adm[a + 2] = ARGV[q + 1]
+  adm[a + 3] = ARGV[q + 2]
+  adm[a + 4] = ARGV[q + 3]
+  adm[a + 5] = ARGV[q + 5]
+  adm[a + 6] = ARGV[q + 6]
+  adm[a + 7] = rem
+  adm[a + 8] = reset
 end
 
 local function admit(candidate, lo, hi)
-  local lines, adm, wd, wd_meta = {}, {}, {}, {}
   local order = {}
   for i = 1, ncommon do
     order[#order + 1] = i
@@ -179,35 +250,32 @@ local function admit(candidate, lo, hi)
   for i = lo, hi do
     order[#order + 1] = i
   end
+  local keys, lines, adm, wd, wd_meta, vals = {}, {}, {}, {}, {}, {}
   for _, i in ipairs(order) do
     local sp = specs[i]
     if sp.sh and check(i) ~= nil then
       wd[#wd + 1] = s(i - 1)
-      wd_meta[#wd_meta + 1] = sp.meta
+      wd_meta[#wd_meta + 1] = ARGV[sp.p + 6]
     else
-      admit_one(sp, lines, adm)
+      admit_one(i, #keys + 1, keys, lines, adm, vals)
     end
   end
-  local hold = {
-    v = '1',
-    id = id,
-    now = s(now),
-    exp = s(now + hold_ttl),
-    lease = s(lease),
-    res = s(tokens),
-    st = '0',
-    cand = s(candidate),
-    adm = adm,
-    lines = lines,
-    wd = wd_meta,
-    ext = {},
-  }
-  hold_save(KEYS[1], hold, now)
-  local out = { 'A', s(now), s(candidate), '0', s(#wd) }
+  local exp = now + hold_ttl
+  local head = fmt('0 %d %d %d %d %d 0 0 0', exp, tokens, lease, now, candidate)
+  local admsec = #wd_meta .. '\t' .. table.concat(wd_meta, '\t')
+  if #wd_meta == 0 then
+    admsec = '0'
+  end
+  if #adm > 0 then
+    admsec = admsec .. '\t' .. table.concat(adm, '\t')
+  end
+  hold_save(head .. '\n' .. table.concat(keys, ' ') .. '\n' .. table.concat(lines) .. '\n\n'
+    .. admsec .. '\n' .. id, exp, now)
+  local out = { 'A', snow, s(candidate), '0', s(#wd) }
   for _, v in ipairs(wd) do
     out[#out + 1] = v
   end
-  for _, v in ipairs(adm) do
+  for _, v in ipairs(vals) do
     out[#out + 1] = v
   end
   return out

@@ -531,3 +531,45 @@ async fn a_deployment_follows_the_providers_remaining_tokens_when_configured() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_reach_the_upstream_untouched() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 50, "tpm = 100000", "")).await;
+    let extra = json!({
+        "seed": 12345678901234567u64,
+        "temperature": 0.25,
+        "logit_bias": {"50256": -100},
+        "metadata": {"zeta": [1, {"nested": "é ✓"}], "alpha": null},
+        "user": "user-42",
+        "response_format": {"type": "json_object"},
+    });
+    let mut body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": true,
+        "stream_options": {"include_usage": false, "vendor_flag": 7}});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await;
+    let sent = &mock.state.requests()[0].body;
+    for (k, v) in extra.as_object().unwrap() {
+        assert_eq!(&sent[k], v, "field {k} changed on the way");
+    }
+    assert_eq!(sent["messages"], body["messages"]);
+    assert_eq!(
+        sent["stream_options"],
+        json!({"include_usage": true, "vendor_flag": 7}),
+        "only include_usage is forced"
+    );
+    assert_eq!(
+        sent["max_completion_tokens"], 4096,
+        "streams get the model's max output as the cap"
+    );
+}

@@ -255,10 +255,11 @@ impl MemoryStore {
         }
         hold.settled = true;
         let reserved = hold.reserved_tokens;
-        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> = hold
-            .lines
-            .iter()
-            .map(|l| (l.spec.clone(), l.debits.clone()))
+        // A settled hold only answers AlreadySettled (and replays its
+        // admission): its lines are no longer needed, so free them now.
+        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> = std::mem::take(&mut hold.lines)
+            .into_iter()
+            .map(|l| (l.spec, l.debits))
             .collect();
         let actual = s.actual_tokens;
         let unused = reserved.saturating_sub(actual);

@@ -9,7 +9,9 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
@@ -223,7 +225,8 @@ fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
 
 /// The body after validation and estimation, ready to reserve.
 struct Prepared {
-    body: Map<String, Value>,
+    /// The client's body as received (forwarded with only the gateway's fields rewritten).
+    raw: Bytes,
     model: ModelPolicy,
     estimate: Estimate,
     stream: bool,
@@ -357,8 +360,9 @@ fn prepare(
     let Value::Object(body) = body_value else {
         unreachable!("constructed as an object above")
     };
+    drop(body);
     Ok(Prepared {
-        body,
+        raw: Bytes::copy_from_slice(bytes),
         model,
         estimate,
         stream,
@@ -375,43 +379,63 @@ fn upstream_body(
     p: &Prepared,
     endpoint: Endpoint,
     upstream: &UpstreamPolicy,
-) -> Map<String, Value> {
-    let mut b = p.body.clone();
-    b.insert(
-        "model".into(),
-        Value::String(p.model.upstream_model.clone()),
-    );
-    if endpoint == Endpoint::Embeddings {
-        return b;
-    }
-    let cap_field = if endpoint == Endpoint::Completions || upstream.max_tokens_only {
-        "max_tokens"
-    } else {
-        "max_completion_tokens"
-    };
-    let cap = match p.estimate.client_max_output {
-        Some(client) => client,
-        None if p.stream && !p.model.reasoning => p.model.max_output_tokens,
-        None => p.estimate.output_tokens_per_choice,
-    };
-    if cap_field == "max_tokens" {
-        b.remove("max_completion_tokens");
-    }
-    if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
-        b.insert(cap_field.into(), Value::from(cap));
-    }
-    if p.stream {
-        let opts = b
-            .entry("stream_options")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if !opts.is_object() {
-            *opts = Value::Object(Map::new());
+) -> Result<Vec<u8>, serde_json::Error> {
+    // Top-level fields as raw JSON slices: values are copied byte for byte,
+    // never re-serialised (a 400 KB prompt costs a scan, not a rebuild).
+    let top: BTreeMap<String, &RawValue> = serde_json::from_slice(&p.raw)?;
+    let mut set: Vec<(&str, String)> =
+        vec![("model", serde_json::to_string(&p.model.upstream_model)?)];
+    let mut removed: Vec<&str> = Vec::new();
+    if endpoint != Endpoint::Embeddings {
+        let cap_field = if endpoint == Endpoint::Completions || upstream.max_tokens_only {
+            "max_tokens"
+        } else {
+            "max_completion_tokens"
+        };
+        let cap = match p.estimate.client_max_output {
+            Some(client) => client,
+            None if p.stream && !p.model.reasoning => p.model.max_output_tokens,
+            None => p.estimate.output_tokens_per_choice,
+        };
+        if cap_field == "max_tokens" {
+            removed.push("max_completion_tokens");
         }
-        if let Value::Object(o) = opts {
-            o.insert("include_usage".into(), Value::Bool(true));
+        if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
+            set.push((cap_field, cap.to_string()));
+        }
+        if p.stream {
+            let mut opts: Map<String, Value> = top
+                .get("stream_options")
+                .and_then(|r| serde_json::from_str(r.get()).ok())
+                .unwrap_or_default();
+            opts.insert("include_usage".into(), Value::Bool(true));
+            set.push(("stream_options", serde_json::to_string(&opts)?));
         }
     }
-    b
+    let mut out = Vec::with_capacity(p.raw.len() + 128);
+    out.push(b'{');
+    let mut first = true;
+    let mut field = |out: &mut Vec<u8>, key: &str, value: &str| -> Result<(), serde_json::Error> {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, key)?;
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+        Ok(())
+    };
+    for (k, v) in &top {
+        if removed.contains(&k.as_str()) || set.iter().any(|(s, _)| s == k) {
+            continue;
+        }
+        field(&mut out, k, v.get())?;
+    }
+    for (k, v) in &set {
+        field(&mut out, k, v)?;
+    }
+    out.push(b'}');
+    Ok(out)
 }
 
 /// A client-supplied `x-request-id`, if it is short printable ASCII.
@@ -709,7 +733,7 @@ async fn forward(
     tenant: &crate::config::TenantPolicy,
 ) -> Attempt {
     let id = hold.id().to_string();
-    let out_body = match serde_json::to_vec(&upstream_body(prepared, endpoint, upstream)) {
+    let out_body = match upstream_body(prepared, endpoint, upstream) {
         Ok(b) => Bytes::from(b),
         Err(_) => {
             hold.settle(Settlement {
