@@ -19,61 +19,80 @@
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
 -- Writes: buckets SET PX until full + margin; quotas SET PX until window end
--- + margin; hold SET PX until its expiry + margin.
+-- + margin; hold SET PX until its expiry + margin (res, the quota debits and
+-- the extension list updated).
 
 local now = clock(ARGV[1])
 local want = num(ARGV[3], 'want')
 
-local h, early = hold_for_update(now)
+local raw = load_all()
+local h, early = hold_for_update(raw[KEYS[1]], now)
 if h == nil then
   return early
 end
 
 local grant = want
-local tight_i, tight_avail = nil, nil
-local specs = {}
-for i, line in ipairs(h.lines) do
-  local sp = line_spec(line)
-  specs[i] = sp
-  if sp.tok then
-    local avail = available(sp, now)
-    if tight_i == nil or avail < tight_avail then
-      tight_i, tight_avail = i, avail
+local tight, tight_avail = nil, nil
+local lines = {}
+for i, kind, ref, a, b, d in live_lines(h.live) do
+  local ln = { i = tonumber(i), key = KEYS[i + 1], kind = kind, ref = ref, a = tonumber(a), b = b, d = d }
+  lines[#lines + 1] = ln
+  if kind ~= 'C' then
+    local avail
+    if kind == 'B' then
+      ln.b = tonumber(b)
+      avail = fdiv((bucket_at(raw[ln.key], ln.b, now, ln.key)), UNITS)
+    else
+      avail = ln.a - quota_used(raw[ln.key], (window(b, now)), ln.key)
+    end
+    if tight == nil or avail < tight_avail then
+      tight, tight_avail = ln, avail
     end
     grant = math.min(grant, math.max(avail, 0))
   end
 end
 
 if grant == 0 and want > 0 then
-  local sp = specs[tight_i]
-  local _, reset = state_of(sp, now)
-  return { 'X', s(now), s(tight_i - 1), s(tight_avail), s(wait_for(sp, 1, now)), s(reset) }
+  local ln = tight
+  local retry, reset
+  if ln.kind == 'B' then
+    local level = bucket_at(raw[ln.key], ln.b, now, ln.key)
+    retry = refill_wait(UNITS - level, ln.a)
+    reset = refill_wait(ln.b * UNITS - level, ln.a)
+  else
+    local _, wend = window(ln.b, now)
+    retry, reset = wend - now, wend - now
+  end
+  return { 'X', s(now), s(ln.i - 1), s(tight_avail), s(retry), s(reset) }
 end
 
-for i, sp in ipairs(specs) do
-  if sp.tok then
-    if sp.kind == 'B' then
-      local b = bucket_load(sp.key, sp.a, sp.b, now)
-      bucket_debit(b, grant)
-      bucket_save(sp.key, b)
-    elseif sp.kind == 'Q' then
-      local w = window_id(sp.b, now)
-      quota_save(sp.key, sp.b, w, quota_used(sp.key, w) + grant, now)
-      local d = h.lines[i].d
-      if type(d) ~= 'table' then
-        d = {}
-      end
-      d[#d + 1] = { s(w), s(grant) }
-      h.lines[i].d = d
+local live = {}
+for _, ln in ipairs(lines) do
+  local key, d = ln.key, ln.d
+  if ln.kind == 'B' then
+    local level, last = bucket_at(raw[key], ln.b, now, key)
+    level = math.max(level - grant * UNITS, -(ln.b * UNITS))
+    local v = bucket_value(level, last, ln.a, ln.b)
+    call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a)))
+    raw[key] = v
+  elseif ln.kind == 'Q' then
+    local w, wend = window(ln.b, now)
+    local v = s(w) .. ' ' .. s(quota_used(raw[key], w, key) + grant)
+    call('SET', key, v, 'PX', ttl_ms(wend - now))
+    raw[key] = v
+    if d ~= '' then
+      d = d .. ','
     end
+    d = d .. s(w) .. ':' .. s(grant)
   end
+  live[#live + 1] = fmt('%d %s %s %d %s %s;', ln.i, ln.kind, ln.ref, ln.a, tostring(ln.b), d)
 end
-h.res = s(tonumber(h.res) + grant)
-local ext = h.ext
-if type(ext) ~= 'table' then
-  ext = {}
+local res = h.res + grant
+local head = string.gsub(h.head, '^(%d+ %d+ )%d+', '%1' .. s(res), 1)
+local ext = s(now) .. ':' .. s(grant)
+if h.ext ~= '' then
+  ext = h.ext .. ' ' .. ext
 end
-ext[#ext + 1] = { s(now), s(grant) }
-h.ext = ext
-hold_save(KEYS[1], h, now)
+hold_save(head .. '\n' .. table.concat(KEYS, ' ', 2) .. '\n' .. table.concat(live) .. '\n' .. ext
+  .. '\n' .. h.rest, h.exp, now)
 return { 'E', s(now), s(grant) }

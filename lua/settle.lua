@@ -2,7 +2,8 @@
 -- Mirrors MemoryStore::settle_sync (src/reserve/memory.rs); lib.lua is prepended.
 --
 -- KEYS[1]        the hold
--- KEYS[2..N+1]   the hold's budget keys, in the hold's line order
+-- KEYS[2..N+1]   the hold's budget keys, in the hold's line order (none for
+--                a settled hold: its tombstone keeps no keys)
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        actual tokens used (prompt + completion)
@@ -12,8 +13,9 @@
 -- Refunds reserved − actual to every refundable token budget (never above
 -- capacity; a quota only to the window its debits went to, if it is the
 -- current one), charges actual − reserved as debt (to the current window),
--- frees the slots, and marks the hold settled (kept until it expires, so a
--- retried settle answers 'S' and a retried reserve still replays).
+-- frees the slots, and shrinks the hold to its settled tombstone (kept until
+-- it expires, so a retried settle answers 'S' and a retried reserve still
+-- replays).
 --
 -- Reply (strings):
 --   {'T', now, reserved, refunded, debt}           settled now, tokens
@@ -21,51 +23,59 @@
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
 -- Writes: buckets SET PX until full + margin; quotas SET PX until window end
--- + margin; slots ZREM (the set keeps its TTL; Redis deletes an empty set);
--- hold SET PX until its expiry + margin.
+-- + margin; slots ZREM + ZREMRANGEBYSCORE of expired leases (the set keeps
+-- its TTL; Redis deletes an empty set); hold SET PX until its expiry + margin.
 
 local now = clock(ARGV[1])
 local id = ARGV[2]
 local actual = num(ARGV[3], 'actual')
 local failed = ARGV[4] == '1'
 
-local h, early = hold_for_update(now)
+local raw = load_all()
+local h, early = hold_for_update(raw[KEYS[1]], now)
 if h == nil then
   return early
 end
 
-h.st = '1'
-local reserved = tonumber(h.res)
+local reserved = h.res
 local unused = math.max(reserved - actual, 0)
 local debt = math.max(actual - reserved, 0)
 local refunded = 0
-for _, line in ipairs(h.lines) do
-  local sp = line_spec(line)
-  if sp.kind == 'C' then
-    redis.call('ZREM', sp.key, id)
-    slots_purge(sp.key, now)
-  elseif sp.tok then
-    local refundable = sp.ref or failed
-    if sp.kind == 'B' then
-      local b = bucket_load(sp.key, sp.a, sp.b, now)
+for i, kind, ref, a, b, d in live_lines(h.live) do
+  local key = KEYS[i + 1]
+  if kind == 'C' then
+    call('ZREM', key, id)
+    call('ZREMRANGEBYSCORE', key, '-inf', s(now))
+  else
+    local refundable = ref == '1' or failed
+    if kind == 'B' then
+      local per_minute, burst = tonumber(a), tonumber(b)
+      local level, last = bucket_at(raw[key], burst, now, key)
+      local cap = burst * UNITS
       if unused > 0 and refundable then
-        bucket_credit(b, unused)
+        level = level + unused * UNITS
+        if level > cap then
+          level = cap
+        end
         refunded = unused
       end
       if debt > 0 then
-        bucket_debit(b, debt)
+        level = level - debt * UNITS
+        if level < -cap then
+          level = -cap
+        end
       end
-      bucket_save(sp.key, b)
+      local v = bucket_value(level, last, per_minute, burst)
+      call('SET', key, v, 'PX', ttl_ms(refill_wait(cap - level, per_minute)))
+      raw[key] = v
     else
-      local w = window_id(sp.b, now)
-      local used = quota_used(sp.key, w)
+      local w, wend = window(b, now)
+      local used = quota_used(raw[key], w, key)
       if unused > 0 and refundable then
         local here = 0
-        if type(line.d) == 'table' then
-          for _, d in ipairs(line.d) do
-            if tonumber(d[1]) == w then
-              here = here + tonumber(d[2])
-            end
+        for dw, da in string.gmatch(d, '(%d+):(%d+)') do
+          if tonumber(dw) == w then
+            here = here + tonumber(da)
           end
         end
         used = math.max(used - math.min(unused, here), 0)
@@ -74,12 +84,14 @@ for _, line in ipairs(h.lines) do
       if debt > 0 then
         used = used + debt
       end
-      quota_save(sp.key, sp.b, w, used, now)
+      local v = s(w) .. ' ' .. s(used)
+      call('SET', key, v, 'PX', ttl_ms(wend - now))
+      raw[key] = v
     end
   end
 end
-h.snow = s(now)
-h.refunded = s(refunded)
-h.debt = s(debt)
-hold_save(KEYS[1], h, now)
-return { 'T', s(now), s(reserved), s(refunded), s(debt) }
+local snow = s(now)
+local head = fmt('1 %d %d %d %s %d %d', h.exp, reserved, h.lease,
+  string.match(h.head, '^%d+ %d+ %d+ %d+ (%d+ %d+)'), now, refunded, debt)
+hold_save(head .. '\n\n\n' .. h.ext .. '\n' .. h.rest, h.exp, now)
+return { 'T', snow, s(reserved), s(refunded), s(debt) }
