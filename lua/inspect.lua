@@ -3,20 +3,32 @@
 --
 -- KEYS[1..N]     budget keys
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
--- then 3 fields per key: kind, a, b (as in spec_from_argv)
+-- then 3 fields per key: kind, a, b (as in reserve.lua: 'B' per_minute
+-- burst | 'Q' limit 'D'/'M' | 'C' max unused)
 --
 -- Reply (strings): {now, remaining_1, reset_1 µs, ..., remaining_N, reset_N}
+-- (remaining whole tokens/requests/slots, floor; reset µs until a bucket is
+-- full again, until a quota window ends, 0 for concurrency)
+-- Reads every string key with one MGET, each slot set with ZCOUNT.
 -- Writes nothing.
 
 local now = clock(ARGV[1])
+local raw = load_all()
 local out = { s(now) }
 for i = 1, #KEYS do
   local p = 2 + (i - 1) * 3
-  local sp = { key = KEYS[i], kind = ARGV[p], a = num(ARGV[p + 1], 'a'), b = ARGV[p + 2] }
-  if sp.kind == 'B' then
-    sp.b = num(sp.b, 'burst')
+  local key, kind, a, b = KEYS[i], ARGV[p], num(ARGV[p + 1], 'a'), ARGV[p + 2]
+  local rem, reset
+  if kind == 'B' then
+    local burst = num(b, 'burst')
+    local level = bucket_at(raw[key], burst, now, key)
+    rem, reset = fdiv(level, UNITS), refill_wait(burst * UNITS - level, a)
+  elseif kind == 'Q' then
+    local w, wend = window(b, now)
+    rem, reset = a - quota_used(raw[key], w, key), wend - now
+  else
+    rem, reset = a - call('ZCOUNT', key, '(' .. s(now), '+inf'), 0
   end
-  local rem, reset = state_of(sp, now)
   out[#out + 1] = s(rem)
   out[#out + 1] = s(reset)
 end

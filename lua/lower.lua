@@ -3,7 +3,8 @@
 --
 -- KEYS[1]        a bucket key
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
--- ARGV[2], [3]   per_minute, burst of the bucket under the current policy
+-- ARGV[2], [3]   per_minute (tokens or requests/min), burst of the bucket
+--                under the current policy
 -- ARGV[4]        at most this many whole tokens (or requests) may remain
 --
 -- Reply (strings): {now, remaining} after lowering. The level only ever
@@ -15,9 +16,10 @@ local now = clock(ARGV[1])
 local per_minute = num(ARGV[2], 'per_minute')
 local burst = num(ARGV[3], 'burst')
 local at_most = num(ARGV[4], 'at_most')
-local b = bucket_load(KEYS[1], per_minute, burst, now)
-if b.level > at_most * UNITS then
-  b.level = at_most * UNITS
-  bucket_save(KEYS[1], b)
+local level, last = bucket_at(call('GET', KEYS[1]), burst, now, KEYS[1])
+if level > at_most * UNITS then
+  level = at_most * UNITS
+  call('SET', KEYS[1], bucket_value(level, last, per_minute, burst), 'PX',
+    ttl_ms(refill_wait(burst * UNITS - level, per_minute)))
 end
-return { s(now), s(bucket_available(b)) }
+return { s(now), s(fdiv(level, UNITS)) }

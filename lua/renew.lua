@@ -14,26 +14,27 @@
 --   {'U', now} unknown or expired hold   {'S', now} already settled
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
--- Writes: slots ZADD XX + PEXPIRE until the longest lease ends + margin.
--- The hold is not written.
+-- Writes: slots ZADD XX + ZREMRANGEBYSCORE of expired leases + PEXPIRE until
+-- the longest lease ends + margin. The hold is not written.
 
 local now = clock(ARGV[1])
 local id = ARGV[2]
 
-local h, early = hold_for_update(now)
+local h, early = hold_for_update(call('GET', KEYS[1]), now)
 if h == nil then
   return early
 end
 
-local lease_until = now + tonumber(h.lease)
-for _, line in ipairs(h.lines) do
-  if line.kind == 'C' then
-    local l = lease_of(line.k, id)
-    if l ~= nil and l > now then
-      redis.call('ZADD', line.k, 'XX', s(lease_until), id)
+local lease_until = now + h.lease
+for i, kind in live_lines(h.live) do
+  if kind == 'C' then
+    local key = KEYS[i + 1]
+    local l = call('ZSCORE', key, id)
+    if l and tonumber(l) > now then
+      call('ZADD', key, 'XX', s(lease_until), id)
     end
-    slots_purge(line.k, now)
-    slots_expire(line.k, now)
+    call('ZREMRANGEBYSCORE', key, '-inf', s(now))
+    slots_expire(key, now)
   end
 end
 return { 'R', s(now), s(lease_until) }

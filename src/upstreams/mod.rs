@@ -9,6 +9,8 @@
 pub mod relay;
 pub mod sse;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,10 +32,11 @@ pub enum UpstreamError {
     Other(String),
 }
 
-/// One pooled client for every upstream.
+/// Pooled HTTP clients: one per distinct connect timeout (usually one for
+/// every upstream), each keeping keep-alive connections to every upstream.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    http: reqwest::Client,
+    clients: Arc<Mutex<HashMap<Duration, reqwest::Client>>>,
 }
 
 impl Default for UpstreamClient {
@@ -45,13 +48,25 @@ impl Default for UpstreamClient {
 impl UpstreamClient {
     /// A client with pooled keep-alive connections.
     pub fn new() -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .unwrap_or_else(|_| reqwest::Client::new());
-        Self { http }
+        Self {
+            clients: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The pooled client with `connect_timeout`, built on first use.
+    fn client(&self, connect_timeout: Duration) -> reqwest::Client {
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        clients
+            .entry(connect_timeout)
+            .or_insert_with(|| {
+                reqwest::Client::builder()
+                    .connect_timeout(connect_timeout)
+                    .pool_idle_timeout(Duration::from_secs(90))
+                    .tcp_nodelay(true)
+                    .build()
+                    .unwrap_or_else(|_| reqwest::Client::new())
+            })
+            .clone()
     }
 
     /// Sends `body` (JSON bytes) to `endpoint` of `upstream`, with the
@@ -68,7 +83,7 @@ impl UpstreamClient {
     ) -> Result<reqwest::Response, UpstreamError> {
         let url = endpoint_url(upstream, endpoint, upstream_model);
         let mut req = self
-            .http
+            .client(upstream.connect_timeout)
             .post(url)
             .timeout(upstream.timeout)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
