@@ -108,33 +108,16 @@ pub async fn start_gateway(config_toml: &str) -> Gateway {
 
 /// Starts a gateway for `config_toml` reading time from `clock`.
 pub async fn start_gateway_at(config_toml: &str, clock: ManualClock) -> Gateway {
-    let policy =
-        Policy::from_toml(config_toml).unwrap_or_else(|e| panic!("test config invalid: {e}"));
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
-    let store = Arc::new(MemoryStore::new(dyn_clock.clone()));
-    let dyn_store: Arc<dyn BudgetStore> = store.clone();
-    let state = AppState::new(policy, dyn_store, dyn_clock);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = oneshot::channel::<()>();
-    let st = state.clone();
-    tokio::spawn(async move {
-        let _ = budgetgate::app::serve(listener, st, async {
-            let _ = rx.await;
-        })
-        .await;
-    });
-    Gateway {
-        addr,
-        state,
-        clock,
-        store,
-        shutdown: Some(tx),
-    }
+    let store = Arc::new(MemoryStore::new(dyn_clock));
+    let mut gw = start_gateway_with(config_toml, clock, store.clone()).await;
+    gw.store = store;
+    gw
 }
 
 /// Starts a gateway for `config_toml` over `store`, reading time from `clock`.
-/// The returned `store` field is a fresh, unused memory store.
+/// The returned `store` field is a fresh, unused memory store (tests of a
+/// custom store read it directly).
 pub async fn start_gateway_with(
     config_toml: &str,
     clock: ManualClock,
