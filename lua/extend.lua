@@ -41,9 +41,9 @@ for i, kind, ref, a, b, d in live_lines(h.live) do
     local avail
     if kind == 'B' then
       ln.b = tonumber(b)
-      avail = fdiv((bucket_at(raw[ln.key], ln.b, now, ln.key)), UNITS)
+      avail = fdiv((bucket_at(raw[ln.key], ln.b, now)), UNITS)
     else
-      avail = ln.a - quota_used(raw[ln.key], (window(b, now)), ln.key)
+      avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
     end
     if tight == nil or avail < tight_avail then
       tight, tight_avail = ln, avail
@@ -56,7 +56,7 @@ if grant == 0 and want > 0 then
   local ln = tight
   local retry, reset
   if ln.kind == 'B' then
-    local level = bucket_at(raw[ln.key], ln.b, now, ln.key)
+    local level = bucket_at(raw[ln.key], ln.b, now)
     retry = refill_wait(UNITS - level, ln.a)
     reset = refill_wait(ln.b * UNITS - level, ln.a)
   else
@@ -70,14 +70,14 @@ local live = {}
 for _, ln in ipairs(lines) do
   local key, d = ln.key, ln.d
   if ln.kind == 'B' then
-    local level, last = bucket_at(raw[key], ln.b, now, key)
+    local level, last = bucket_at(raw[key], ln.b, now)
     level = math.max(level - grant * UNITS, -(ln.b * UNITS))
-    local v = bucket_value(level, last, ln.a, ln.b)
+    local v = pack('<dddd', level, last, ln.a, ln.b)
     call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a)))
     raw[key] = v
   elseif ln.kind == 'Q' then
     local w, wend = window(ln.b, now)
-    local v = s(w) .. ' ' .. s(quota_used(raw[key], w, key) + grant)
+    local v = pack('<dd', w, quota_used(raw[key], w) + grant)
     call('SET', key, v, 'PX', ttl_ms(wend - now))
     raw[key] = v
     if d ~= '' then
@@ -87,12 +87,11 @@ for _, ln in ipairs(lines) do
   end
   live[#live + 1] = fmt('%d %s %s %d %s %s;', ln.i, ln.kind, ln.ref, ln.a, tostring(ln.b), d)
 end
-local res = h.res + grant
-local head = string.gsub(h.head, '^(%d+ %d+ )%d+', '%1' .. s(res), 1)
+local head = string.gsub(h.head, '^(%d+ )%d+', '%1' .. s(h.res + grant), 1)
 local ext = s(now) .. ':' .. s(grant)
 if h.ext ~= '' then
   ext = h.ext .. ' ' .. ext
 end
-hold_save(head .. '\n' .. table.concat(KEYS, ' ', 2) .. '\n' .. table.concat(live) .. '\n' .. ext
-  .. '\n' .. h.rest, h.exp, now)
+call('SET', KEYS[1], '0 ' .. head .. ' 0 0 0\n' .. table.concat(KEYS, ' ', 2) .. '\n'
+  .. table.concat(live) .. '\n' .. ext .. '\n' .. h.rest, 'PX', ttl_ms(h.exp - now))
 return { 'E', s(now), s(grant) }

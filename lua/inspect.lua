@@ -21,11 +21,11 @@ for i = 1, #KEYS do
   local rem, reset
   if kind == 'B' then
     local burst = num(b, 'burst')
-    local level = bucket_at(raw[key], burst, now, key)
+    local level = bucket_at(raw[key], burst, now)
     rem, reset = fdiv(level, UNITS), refill_wait(burst * UNITS - level, a)
   elseif kind == 'Q' then
     local w, wend = window(b, now)
-    rem, reset = a - quota_used(raw[key], w, key), wend - now
+    rem, reset = a - quota_used(raw[key], w), wend - now
   else
     rem, reset = a - call('ZCOUNT', key, '(' .. s(now), '+inf'), 0
   end

@@ -10,18 +10,23 @@
 -- Numbers: Lua 5.1 numbers are doubles. Every value here is an integer below
 -- 2^53 (bucket levels are at most 3e15 units in magnitude, times below 2e15 µs),
 -- so additions, subtractions and products are exact; only division needs care,
--- see fdiv. Every number crosses the script boundary as a decimal integer
--- string (s() to write, tonumber() to read), never as a Lua number reply.
+-- see fdiv. Every number crosses the script boundary (ARGV, replies) as a
+-- decimal integer string (s() to write, tonumber() to read), never as a Lua
+-- number reply.
 --
--- Cost: this chunk runs on every call, so it defines few functions, and the
--- scripts read each key once per call (MGET of every string key up front,
--- a per-call cache of what they wrote since) instead of once per question.
+-- Cost (measured: each redis.call, tonumber, string.format or pattern match
+-- costs thousands of CPU instructions, as much as a whole token-bucket
+-- computation): this chunk runs on every call, so it defines few functions;
+-- the scripts read every string key once per call (one MGET, then a per-call
+-- cache of what they wrote since), convert each ARGV number once, reuse
+-- ARGV strings instead of re-formatting them, and keep budget state binary.
 --
 -- Stored values (every key is written with a TTL):
---   bucket  string "<level units> <last µs> <per_minute> <burst>"
---   quota   string "<window id> <used>"
+--   bucket  struct.pack('<dddd', level units, last µs, per_minute, burst):
+--           32 bytes, four little-endian IEEE doubles, each an exact integer
+--   quota   struct.pack('<dd', window id, used): 16 bytes
 --   slots   sorted set: member = reservation id, score = lease end (UTC µs)
---   hold    string of 6 sections separated by "\n" (layout v2):
+--   hold    text, 6 sections separated by "\n" (layout v2):
 --     1 header  "<st> <exp> <res> <lease> <now> <cand> <snow> <refunded> <debt>"
 --               st '0' live | '1' settled; exp logical expiry µs; res tokens
 --               reserved incl. extensions; lease µs; now admission µs; cand
@@ -52,6 +57,9 @@ local DAY = 86400000000
 local MARGIN_MS = 60000
 
 local call, fmt, match, floor = redis.call, string.format, string.match, math.floor
+-- Binary budget state (see above): pack('<dddd', ...), unpack('<dddd', v);
+-- a value of the wrong length raises an error.
+local pack, unpack_ = struct.pack, struct.unpack
 
 -- Floor of a / b for b > 0, exact for |a| < 2^53. math.floor(a / b) alone can
 -- be off by one when a / b rounds to the next integer; the remainder corrects it.
@@ -109,26 +117,21 @@ end
 
 -- BucketState::advance of the stored value `v` (false when absent: full under
 -- the new policy): refill at the stored rate up to the stored capacity, then
--- adopt the new policy (a lower burst clamps; a higher one grants nothing).
--- Returns level (units) and last (µs); per_minute and burst are the new policy.
-local function bucket_at(v, burst, now, key)
+-- adopt the new burst (a lower burst clamps; a higher one grants nothing).
+-- Returns level (units) and last (µs).
+local function bucket_at(v, burst, now)
   local cap = burst * UNITS
   if not v then
     return cap, now
   end
-  local l, t, p, b = match(v, '^(%-?%d+) (%d+) (%d+) (%d+)$')
-  if not l then
-    error('budgetgate: bad bucket state at ' .. key)
-  end
-  local level, last = tonumber(l), tonumber(t)
+  local level, last, rate, sburst = unpack_('<dddd', v)
   local at = last
   if now > at then
     at = now
   end
-  local scap = tonumber(b) * UNITS
+  local scap = sburst * UNITS
   if level < scap then
-    -- refill(level, at − last, rate, stored capacity)
-    local rate = tonumber(p)
+    -- refill(level, at − last, stored rate, stored capacity)
     local need = scap - level
     local elapsed = at - last
     local max_elapsed = cdiv(need, rate)
@@ -152,11 +155,6 @@ local function refill_wait(need, per_minute)
     return 0
   end
   return cdiv(need, per_minute)
-end
-
--- The stored form of a bucket; written with SET PX ttl_ms(until full again).
-local function bucket_value(level, last, per_minute, burst)
-  return fmt('%d %d %d %d', level, last, per_minute, burst)
 end
 
 ---------------------------------------------------------------- calendar
@@ -225,28 +223,15 @@ end
 
 -- Tokens (or requests) used in window `w` of the stored value `v` (false when
 -- absent; 0 when the stored counter is of another window).
-local function quota_used(v, w, key)
+local function quota_used(v, w)
   if not v then
     return 0
   end
-  local sw, su = match(v, '^(%d+) (%d+)$')
-  if not sw then
-    error('budgetgate: bad quota state at ' .. key)
-  end
-  if tonumber(sw) == w then
-    return tonumber(su)
+  local sw, used = unpack_('<dd', v)
+  if sw == w then
+    return used
   end
   return 0
-end
-
----------------------------------------------------------------- concurrency
-
--- TTL: until the longest lease ends + margin (an empty set is deleted by Redis).
-local function slots_expire(key, now)
-  local top = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if top[2] then
-    call('PEXPIRE', key, ttl_ms(tonumber(top[2]) - now))
-  end
 end
 
 ---------------------------------------------------------------- holds
@@ -263,45 +248,35 @@ local function load_all()
   return raw
 end
 
--- Header fields of a hold value: st, exp, res, lease (numbers but st) and
--- the position of its second section.
-local function hold_head(h)
-  local st, exp, res, lease, p = match(h, '^(%d) (%d+) (%d+) (%d+) [^\n]*\n()')
-  if not st then
-    error('budgetgate: bad hold at ' .. KEYS[1])
-  end
-  return st, tonumber(exp), tonumber(res), tonumber(lease), p
-end
-
--- Loads the hold for extend/renew/settle. Returns the hold fields, or
+-- Loads the hold value `h` for extend/renew/settle. Returns the hold, or
 -- (nil, reply): 'U' unknown or expired, 'S' settled, 'K' when KEYS[2..] are
 -- not exactly the hold's budget keys (the caller refreshes them and retries).
--- Fields: { exp, res, lease, head (header), live, ext, rest (adm .. id) }.
+-- Hold: { exp, res, lease (numbers), head (header fields 2–6 as stored:
+-- "<exp> <res> <lease> <now> <cand>"), live, ext, rest (adm .. id) }.
 local function hold_for_update(h, now)
   if not h then
     return nil, { 'U', s(now) }
   end
-  local st, exp, res, lease, p = hold_head(h)
+  local st, head, exp, res, lease, keys, live, ext, q =
+    match(h, '^(%d) ((%d+) (%d+) (%d+) %d+ %d+) [^\n]*\n([^\n]*)\n([^\n]*)\n([^\n]*)\n()')
+  if not st then
+    error('budgetgate: bad hold at ' .. KEYS[1])
+  end
+  exp = tonumber(exp)
   if exp <= now then
     return nil, { 'U', s(now) }
   end
   if st == '1' then
     return nil, { 'S', s(now) }
   end
-  local keys, live, ext, q = match(h, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n()', p)
   if keys ~= table.concat(KEYS, ' ', 2) then
     return nil, { 'K', s(now) }
   end
-  return { exp = exp, res = res, lease = lease, head = string.sub(h, 1, p - 2),
-    live = live, ext = ext, rest = string.sub(h, q) }, nil
+  return { exp = exp, res = tonumber(res), lease = lease, head = head, live = live, ext = ext,
+    rest = string.sub(h, q) }, nil
 end
 
--- Iterates the live section: i, kind, ref, a, b, d (see the layout above).
+-- Iterates the live section: i, kind, ref, a, b, d (strings; see above).
 local function live_lines(live)
   return string.gmatch(live, '(%d+) (%a) (%d) (%d+) (%w+) ([^;]*);')
-end
-
--- TTL: until the hold's logical expiry + margin.
-local function hold_save(value, exp, now)
-  call('SET', KEYS[1], value, 'PX', ttl_ms(exp - now))
 end

@@ -25,7 +25,15 @@ if h == nil then
   return early
 end
 
-local lease_until = now + h.lease
+-- TTL: until the longest lease ends + margin (an empty set is deleted by Redis).
+local function slots_expire(key)
+  local top = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if top[2] then
+    call('PEXPIRE', key, ttl_ms(tonumber(top[2]) - now))
+  end
+end
+
+local lease_until = now + tonumber(h.lease)
 for i, kind in live_lines(h.live) do
   if kind == 'C' then
     local key = KEYS[i + 1]
@@ -34,7 +42,7 @@ for i, kind in live_lines(h.live) do
       call('ZADD', key, 'XX', s(lease_until), id)
     end
     call('ZREMRANGEBYSCORE', key, '-inf', s(now))
-    slots_expire(key, now)
+    slots_expire(key)
   end
 end
 return { 'R', s(now), s(lease_until) }

@@ -38,20 +38,20 @@
 --   {'I', now, spec index (0-based)}
 --       impossible (cost above capacity); nothing was written.
 --
--- Reads every string key once (MGET) and each slot set with ZCOUNT (and
--- ZSCORE when full). Phase 2 (only when all admit) writes:
+-- Phase 1 reads every string key once (MGET) and each slot set with ZCARD
+-- (ZCOUNT of live leases, and ZSCORE of this id, only when the set holds
+-- `max` members or more). Phase 2 (only when all admit) writes:
 --   buckets  SET PX until full again + margin
 --   quotas   SET PX until the window ends + margin
---   slots    ZREMRANGEBYSCORE expired leases, ZADD id lease_end, PEXPIRE
---            (GT when the set already existed) until the new lease ends +
---            margin, so the set lives until its longest lease ends + margin
+--   slots    ZREMRANGEBYSCORE of expired leases (only when the set held
+--            `max` or more: the set stays near its limit in size), ZADD id
+--            lease_end, PEXPIRE until the new lease ends + margin (with GT
+--            when the set already existed: it keeps its longer TTL), so a set
+--            lives until its longest lease ends + margin
 --   hold     SET PX until the hold expires + margin
 
 local now = clock(ARGV[1])
 local id = ARGV[2]
-local tokens = num(ARGV[3], 'tokens')
-local lease = num(ARGV[4], 'lease')
-local hold_ttl = num(ARGV[5], 'hold_ttl')
 local ncommon = num(ARGV[6], 'ncommon')
 local ncand = num(ARGV[7], 'ncand')
 
@@ -60,9 +60,8 @@ local raw = load_all()
 -- A live hold means this id was admitted: replay the first admission.
 local prior = raw[KEYS[1]]
 if prior then
-  local _, exp = hold_head(prior)
-  if exp > now then
-    local pnow, pcand = match(prior, '^%d %d+ %d+ %d+ (%d+) (%d+)')
+  local exp, pnow, pcand = match(prior, '^%d (%d+) %d+ %d+ (%d+) (%d+)')
+  if tonumber(exp) > now then
     return { 'A', pnow, pcand, '1', prior }
   end
 end
@@ -76,74 +75,72 @@ for c = 1, ncand do
   first = first + n
   p = p + 1
 end
--- spec: { p = first ARGV field, key, kind, a, b (burst for buckets), cost, sh }
-local specs = {}
+-- Specs as flat arrays (one table each, not one per spec): the first ARGV
+-- field, kind, a, b (a number for buckets), cost (a number but for slots).
+local P, KIND, A, B, COST = {}, {}, {}, {}, {}
 for i = 1, first - 1 do
   local kind = ARGV[p]
-  local b = ARGV[p + 2]
+  P[i], KIND[i], A[i] = p, kind, num(ARGV[p + 1], 'a')
   if kind == 'B' then
-    b = num(b, 'burst')
+    B[i], COST[i] = num(ARGV[p + 2], 'burst'), num(ARGV[p + 3], 'cost')
+  elseif kind == 'Q' then
+    B[i], COST[i] = ARGV[p + 2], num(ARGV[p + 3], 'cost')
   end
-  specs[i] = { p = p, key = KEYS[i + 1], kind = kind, a = num(ARGV[p + 1], 'a'), b = b,
-    cost = num(ARGV[p + 3], 'cost'), sh = ARGV[p + 7] == '1' }
   p = p + 8
 end
 
--- Live leases per slot set (ZCOUNT), until this call writes the set.
-local live = {}
-local function live_slots(key)
-  local n = live[key]
+-- Slot sets: member count (ZCARD, until this call writes the set) and, when
+-- that reaches the limit, live leases (ZCOUNT of leases ending after now).
+local card = {}
+local snow = s(now)
+local function slots_card(key)
+  local n = card[key]
   if n == nil then
-    n = call('ZCOUNT', key, '(' .. s(now), '+inf')
-    live[key] = n
+    n = call('ZCARD', key)
+    card[key] = n
   end
   return n
 end
 
--- Whole units available now (floor; negative in debt); for buckets also
--- the level in units.
-local function available(sp)
-  if sp.kind == 'B' then
-    local level = bucket_at(raw[sp.key], sp.b, now, sp.key)
-    return fdiv(level, UNITS), level
-  elseif sp.kind == 'Q' then
-    return sp.a - quota_used(raw[sp.key], (window(sp.b, now)), sp.key)
-  end
-  return sp.a - live_slots(sp.key)
-end
-
--- nil when the spec admits, else {'I', i} or {'D', i, available, retry, reset}
--- (retry: exact ceiling for buckets, the window end for quotas, 0 for
--- concurrency: the caller applies its hint).
+-- nil when spec i admits, else {'I', i} or {'D', i, available, retry, reset}:
+-- available whole units (floor; negative in debt), retry µs (exact ceiling
+-- for buckets, the window end for quotas, 0 for concurrency: the caller
+-- applies its hint), reset µs.
 local function check(i)
-  local sp = specs[i]
-  local kind = sp.kind
+  local kind, key = KIND[i], KEYS[i + 1]
   if kind == 'B' then
-    if sp.cost > sp.b then
+    local burst, cost = B[i], COST[i]
+    if cost > burst then
       return { 'I', i }
     end
-    local avail, level = available(sp)
-    if avail >= sp.cost then
+    local level = bucket_at(raw[key], burst, now)
+    local avail = fdiv(level, UNITS)
+    if avail >= cost then
       return nil
     end
-    return { 'D', i, avail, refill_wait(sp.cost * UNITS - level, sp.a),
-      refill_wait(sp.b * UNITS - level, sp.a) }
+    return { 'D', i, avail, refill_wait(cost * UNITS - level, A[i]),
+      refill_wait(burst * UNITS - level, A[i]) }
   elseif kind == 'Q' then
-    if sp.cost > sp.a then
+    local cost = COST[i]
+    if cost > A[i] then
       return { 'I', i }
     end
-    local avail = available(sp)
-    if avail >= sp.cost then
+    local w, wend = window(B[i], now)
+    local avail = A[i] - quota_used(raw[key], w)
+    if avail >= cost then
       return nil
     end
-    local _, wend = window(sp.b, now)
     return { 'D', i, avail, wend - now, wend - now }
   end
-  local avail = available(sp)
+  -- Fewer members than slots: some slot is free whatever the leases say.
+  if slots_card(key) < A[i] then
+    return nil
+  end
+  local avail = A[i] - call('ZCOUNT', key, '(' .. snow, '+inf')
   if avail >= 1 then
     return nil
   end
-  local l = call('ZSCORE', sp.key, id)
+  local l = call('ZSCORE', key, id)
   if l and tonumber(l) > now then
     return nil
   end
@@ -157,7 +154,7 @@ local function check_all(lo, hi)
   for i = lo, hi do
     -- A shadow budget never blocks; it is evaluated again at admission.
     local r = nil
-    if not specs[i].sh then
+    if ARGV[P[i] + 7] ~= '1' then
       r = check(i)
     end
     if r ~= nil then
@@ -174,75 +171,14 @@ end
 
 local function reply(r)
   if r[1] == 'I' then
-    return { 'I', s(now), s(r[2] - 1) }
+    return { 'I', snow, s(r[2] - 1) }
   end
-  return { 'D', s(now), s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
-end
-
-local snow = s(now)
-
--- Debits spec i; appends its hold key, live entry and adm fields, and the
--- (remaining, reset) pair of buckets and quotas to `out`.
-local function admit_one(i, n, keys, lines, adm, out)
-  local sp = specs[i]
-  local key, kind, q = sp.key, sp.kind, sp.p
-  local rem, reset = '', ''
-  if kind == 'B' then
-    local level, last = bucket_at(raw[key], sp.b, now, key)
-    level = level - sp.cost * UNITS
-    local floor_units = -(sp.b * UNITS)
-    if level < floor_units then
-      level = floor_units
-    end
-    local v = bucket_value(level, last, sp.a, sp.b)
-    local until_full = refill_wait(sp.b * UNITS - level, sp.a)
-    call('SET', key, v, 'PX', ttl_ms(until_full))
-    raw[key] = v
-    rem, reset = s(fdiv(level, UNITS)), s(until_full)
-    if ARGV[q + 4] == '1' then
-      lines[#lines + 1] = n .. ' B ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2] .. ' ;'
-    end
-  elseif kind == 'Q' then
-    local w, wend = window(sp.b, now)
-    local used = quota_used(raw[key], w, key) + sp.cost
-    local v = s(w) .. ' ' .. s(used)
-    call('SET', key, v, 'PX', ttl_ms(wend - now))
-    raw[key] = v
-    rem, reset = s(sp.a - used), s(wend - now)
-    if ARGV[q + 4] == '1' then
-      lines[#lines + 1] = n .. ' Q ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2]
-        .. ' ' .. s(w) .. ':' .. ARGV[q + 3] .. ';'
-    end
-  else
-    local existed = live_slots(key) > 0
-    call('ZREMRANGEBYSCORE', key, '-inf', snow)
-    call('ZADD', key, s(now + lease), id)
-    -- A set that existed has a TTL reaching past its longest lease; a new one has none.
-    if existed then
-      call('PEXPIRE', key, ttl_ms(lease), 'GT')
-    else
-      call('PEXPIRE', key, ttl_ms(lease))
-    end
-    live[key] = nil
-    lines[#lines + 1] = n .. ' C 0 ' .. ARGV[q + 1] .. ' 0 ;'
-  end
-  if kind ~= 'C' then
-    out[#out + 1] = rem
-    out[#out + 1] = reset
-  end
-  keys[n] = key
-  local a = #adm
-  adm[a + 1] = kind
-  adm[a + 2] = ARGV[q + 1]
-  adm[a + 3] = ARGV[q + 2]
-  adm[a + 4] = ARGV[q + 3]
-  adm[a + 5] = ARGV[q + 5]
-  adm[a + 6] = ARGV[q + 6]
-  adm[a + 7] = rem
-  adm[a + 8] = reset
+  return { 'D', snow, s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
 end
 
 local function admit(candidate, lo, hi)
+  -- ARGV numbers are stored as passed (decimal integer strings) once checked.
+  local lease = ARGV[4]
   local order = {}
   for i = 1, ncommon do
     order[#order + 1] = i
@@ -250,33 +186,107 @@ local function admit(candidate, lo, hi)
   for i = lo, hi do
     order[#order + 1] = i
   end
-  local keys, lines, adm, wd, wd_meta, vals = {}, {}, {}, {}, {}, {}
+  local slot_score, slot_ttl
+  -- keys: the hold's budget keys; lines: its live entries; adm: its adm
+  -- fields; wd, wd_meta: would-deny spec indexes and metas; out: the reply.
+  local keys, lines, adm, wd, wd_meta = {}, {}, {}, {}, {}
+  local out = { 'A', snow, s(candidate), '0', '0' }
   for _, i in ipairs(order) do
-    local sp = specs[i]
-    if sp.sh and check(i) ~= nil then
+    local q = P[i]
+    if ARGV[q + 7] == '1' and check(i) ~= nil then
       wd[#wd + 1] = s(i - 1)
-      wd_meta[#wd_meta + 1] = ARGV[sp.p + 6]
+      wd_meta[#wd_meta + 1] = ARGV[q + 6]
     else
-      admit_one(i, #keys + 1, keys, lines, adm, vals)
+      local key, kind = KEYS[i + 1], KIND[i]
+      local n = #keys + 1
+      local rem, reset = '', ''
+      if kind == 'B' then
+        local burst, per_minute = B[i], A[i]
+        local level, last = bucket_at(raw[key], burst, now)
+        level = level - COST[i] * UNITS
+        if level < -(burst * UNITS) then
+          level = -(burst * UNITS)
+        end
+        local v = pack('<dddd', level, last, per_minute, burst)
+        local until_full = refill_wait(burst * UNITS - level, per_minute)
+        call('SET', key, v, 'PX', ttl_ms(until_full))
+        raw[key] = v
+        rem, reset = s(fdiv(level, UNITS)), s(until_full)
+        if ARGV[q + 4] == '1' then
+          lines[#lines + 1] = n .. ' B ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2] .. ' ;'
+        end
+      elseif kind == 'Q' then
+        local w, wend = window(B[i], now)
+        local used = quota_used(raw[key], w) + COST[i]
+        local v = pack('<dd', w, used)
+        call('SET', key, v, 'PX', ttl_ms(wend - now))
+        raw[key] = v
+        rem, reset = s(A[i] - used), s(wend - now)
+        if ARGV[q + 4] == '1' then
+          lines[#lines + 1] = n .. ' Q ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2]
+            .. ' ' .. w .. ':' .. ARGV[q + 3] .. ';'
+        end
+      else
+        if slot_score == nil then
+          local lease_n = num(lease, 'lease')
+          slot_score, slot_ttl = s(now + lease_n), ttl_ms(lease_n)
+        end
+        local c = slots_card(key)
+        if c >= A[i] then
+          -- Near the limit: drop expired leases (the set existed before
+          -- iff some lease is live, since Redis deletes an emptied set).
+          c = c - call('ZREMRANGEBYSCORE', key, '-inf', snow)
+        end
+        call('ZADD', key, slot_score, id)
+        if c > 0 then
+          call('PEXPIRE', key, slot_ttl, 'GT')
+        else
+          call('PEXPIRE', key, slot_ttl)
+        end
+        card[key] = nil
+        lines[#lines + 1] = n .. ' C 0 ' .. ARGV[q + 1] .. ' 0 ;'
+      end
+      if kind ~= 'C' then
+        out[#out + 1] = rem
+        out[#out + 1] = reset
+      end
+      keys[n] = key
+      local a = #adm
+      adm[a + 1] = kind
+      adm[a + 2] = ARGV[q + 1]
+      adm[a + 3] = ARGV[q + 2]
+      adm[a + 4] = ARGV[q + 3]
+      adm[a + 5] = ARGV[q + 5]
+      adm[a + 6] = ARGV[q + 6]
+      adm[a + 7] = rem
+      adm[a + 8] = reset
     end
   end
-  local exp = now + hold_ttl
-  local head = fmt('0 %d %d %d %d %d 0 0 0', exp, tokens, lease, now, candidate)
-  local admsec = #wd_meta .. '\t' .. table.concat(wd_meta, '\t')
-  if #wd_meta == 0 then
-    admsec = '0'
+  local hold_ttl = num(ARGV[5], 'hold_ttl')
+  num(ARGV[3], 'tokens')
+  local admsec = #wd_meta .. ''
+  if #wd_meta > 0 then
+    admsec = admsec .. '\t' .. table.concat(wd_meta, '\t')
   end
   if #adm > 0 then
     admsec = admsec .. '\t' .. table.concat(adm, '\t')
   end
-  hold_save(head .. '\n' .. table.concat(keys, ' ') .. '\n' .. table.concat(lines) .. '\n\n'
-    .. admsec .. '\n' .. id, exp, now)
-  local out = { 'A', snow, s(candidate), '0', s(#wd) }
-  for _, v in ipairs(wd) do
-    out[#out + 1] = v
-  end
-  for _, v in ipairs(vals) do
-    out[#out + 1] = v
+  call('SET', KEYS[1], '0 ' .. s(now + hold_ttl) .. ' ' .. ARGV[3] .. ' ' .. lease
+    .. ' ' .. snow .. ' ' .. candidate .. ' 0 0 0\n' .. table.concat(keys, ' ') .. '\n'
+    .. table.concat(lines) .. '\n\n' .. admsec .. '\n' .. id, 'PX', ttl_ms(hold_ttl))
+  if #wd > 0 then
+    -- Insert the would-deny indexes before the (remaining, reset) pairs.
+    local pairs_ = {}
+    for j = 6, #out do
+      pairs_[#pairs_ + 1] = out[j]
+    end
+    out = { 'A', snow, s(candidate), '0', s(#wd) }
+    for _, v in ipairs(wd) do
+      out[#out + 1] = v
+    end
+    for _, v in ipairs(pairs_) do
+      out[#out + 1] = v
+    end
   end
   return out
 end

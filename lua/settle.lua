@@ -41,16 +41,17 @@ local reserved = h.res
 local unused = math.max(reserved - actual, 0)
 local debt = math.max(actual - reserved, 0)
 local refunded = 0
+local snow = s(now)
 for i, kind, ref, a, b, d in live_lines(h.live) do
   local key = KEYS[i + 1]
   if kind == 'C' then
     call('ZREM', key, id)
-    call('ZREMRANGEBYSCORE', key, '-inf', s(now))
+    call('ZREMRANGEBYSCORE', key, '-inf', snow)
   else
     local refundable = ref == '1' or failed
     if kind == 'B' then
       local per_minute, burst = tonumber(a), tonumber(b)
-      local level, last = bucket_at(raw[key], burst, now, key)
+      local level, last = bucket_at(raw[key], burst, now)
       local cap = burst * UNITS
       if unused > 0 and refundable then
         level = level + unused * UNITS
@@ -65,12 +66,12 @@ for i, kind, ref, a, b, d in live_lines(h.live) do
           level = -cap
         end
       end
-      local v = bucket_value(level, last, per_minute, burst)
+      local v = pack('<dddd', level, last, per_minute, burst)
       call('SET', key, v, 'PX', ttl_ms(refill_wait(cap - level, per_minute)))
       raw[key] = v
     else
       local w, wend = window(b, now)
-      local used = quota_used(raw[key], w, key)
+      local used = quota_used(raw[key], w)
       if unused > 0 and refundable then
         local here = 0
         for dw, da in string.gmatch(d, '(%d+):(%d+)') do
@@ -84,14 +85,13 @@ for i, kind, ref, a, b, d in live_lines(h.live) do
       if debt > 0 then
         used = used + debt
       end
-      local v = s(w) .. ' ' .. s(used)
+      local v = pack('<dd', w, used)
       call('SET', key, v, 'PX', ttl_ms(wend - now))
       raw[key] = v
     end
   end
 end
-local snow = s(now)
-local head = fmt('1 %d %d %d %s %d %d', h.exp, reserved, h.lease,
-  string.match(h.head, '^%d+ %d+ %d+ %d+ (%d+ %d+)'), now, refunded, debt)
-hold_save(head .. '\n\n\n' .. h.ext .. '\n' .. h.rest, h.exp, now)
+-- The tombstone: header (settled), no keys, no live entries, the rest as it was.
+call('SET', KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n' .. h.rest,
+  'PX', ttl_ms(h.exp - now))
 return { 'T', snow, s(reserved), s(refunded), s(debt) }

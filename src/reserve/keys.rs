@@ -14,7 +14,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use super::{BudgetName, Scope};
 
 /// Version of the stored layout and script semantics.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Characters left as they are in encoded names.
 const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -109,14 +109,14 @@ mod tests {
             assert_eq!(&k[open..=close], "{default}", "{k}");
             assert_eq!(k.matches('{').count(), 1, "{k}");
         }
-        assert_eq!(keys[0], "bg:{default}:v1:tenant:acme:tpm");
+        assert_eq!(keys[0], "bg:{default}:v2:tenant:acme:tpm");
         assert_eq!(
             keys[2],
-            "bg:{default}:v1:tenant_model:acme:meta%2Fllama-3:tokens_per_day"
+            "bg:{default}:v2:tenant_model:acme:meta%2Fllama-3:tokens_per_day"
         );
         assert_eq!(
             keys[3],
-            "bg:{default}:v1:upstream:azure%3Aeast:max_concurrent"
+            "bg:{default}:v2:upstream:azure%3Aeast:max_concurrent"
         );
     }
 
@@ -124,7 +124,7 @@ mod tests {
     fn names_cannot_smuggle_hash_tags_or_separators() {
         let ks = KeySpace::new("bg", "d");
         let k = ks.budget(&Scope::Upstream("x}{y:z".into()), BudgetName::Tpm);
-        assert_eq!(k, "bg:{d}:v1:upstream:x%7D%7By%3Az:tpm");
+        assert_eq!(k, "bg:{d}:v2:upstream:x%7D%7By%3Az:tpm");
     }
 
     #[test]

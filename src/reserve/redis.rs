@@ -8,20 +8,26 @@
 //! differential property test run both stores side by side.
 //!
 //! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
-//!   each of `reserve.lua`, `extend.lua`, `renew.lua`, `settle.lua` and
-//!   `inspect.lua`; each is called with EVALSHA and reloaded on NOSCRIPT (on
-//!   every primary of a cluster).
+//!   each of `reserve.lua`, `extend.lua`, `renew.lua`, `settle.lua`,
+//!   `inspect.lua` and `lower.lua`; each is called with EVALSHA and reloaded
+//!   on NOSCRIPT (on every primary of a cluster).
 //! - Keys: every key a call touches is passed in `KEYS` and carries the
 //!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
 //! - Time: Redis `TIME`, one clock for the fleet. Builds with the
 //!   `test-clock` feature may inject a [`Clock`] instead
 //!   ([`RedisStore::with_test_clock`]); release builds never pass a time.
-//! - Holds: a JSON document per reservation id recording what was debited
-//!   where ([`HoldRecord`]). Extend, renew and settle need the hold's budget
-//!   keys up front (cluster routing and script hygiene both want `KEYS`
-//!   complete), so the store remembers them for the holds it created and
-//!   otherwise reads the hold first; the script verifies the list and answers
-//!   `K` when it is stale, which makes the two-step read safe.
+//! - Holds: a compact text record per reservation id of what was debited
+//!   where ([`HoldRecord`]; layout in `lua/lib.lua`), shrunk to a tombstone
+//!   at settle (enough to answer "already settled" and to replay the
+//!   admission). Extend, renew and settle need the hold's budget keys up
+//!   front (cluster routing and script hygiene both want `KEYS` complete),
+//!   so the store remembers them for the holds it created and otherwise
+//!   reads the hold first; the script verifies the list and answers `K` when
+//!   it is stale, which makes the two-step read safe.
+//! - Cost: every `redis.call`, number conversion and string built in a
+//!   script costs server time on the one slot all reservations share, so
+//!   the scripts read each key once per call, keep budget state binary
+//!   (exact doubles) and format only what they reply or store.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,7 +37,6 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
-use serde_json::Value as Json;
 
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
@@ -338,8 +343,9 @@ impl RedisStore {
     /// script then answers "unknown").
     async fn fetch_hold_specs(&self, id: &str) -> Result<Arc<Vec<BudgetSpec>>, StoreError> {
         Ok(Arc::new(match self.read_hold(id).await? {
-            Some(h) => h.lines.into_iter().map(|l| l.spec).collect(),
-            None => Vec::new(),
+            // A settled hold keeps no budget keys; the script answers from the hold alone.
+            Some(h) if h.settlement.is_none() => h.lines.into_iter().map(|l| l.spec).collect(),
+            _ => Vec::new(),
         }))
     }
 
@@ -389,7 +395,7 @@ fn push_spec_args(inv: &mut ScriptInvocation<'_>, spec: &BudgetSpec, tokens: u64
         .arg(if spec.shadow { "1" } else { "0" });
 }
 
-/// `(kind, a, b)` as the scripts expect them (see `spec_from_argv` in `lua/lib.lua`).
+/// `(kind, a, b)` as the scripts expect them (see the ARGV of `lua/reserve.lua`).
 fn kind_args(kind: &BudgetKind) -> (&'static str, String, String) {
     match *kind {
         BudgetKind::Bucket { per_minute, burst } => {
@@ -504,27 +510,6 @@ fn state(spec: &BudgetSpec, remaining: i64, reset_micros: u64) -> BudgetState {
     }
 }
 
-/// Reads `remaining, reset, kind, a, b, meta` of one budget of a replayed admission.
-fn replayed_state(r: &mut Reply<'_>) -> Result<BudgetState, StoreError> {
-    let remaining = r.i64()?;
-    let reset_micros = r.u64()?;
-    let kind = parse_kind(r.str()?, r.u64()?, r.str()?)?;
-    let (scope, name) = parse_meta(r.str()?)?;
-    let limit = match kind {
-        BudgetKind::Bucket { per_minute, .. } => per_minute,
-        BudgetKind::Quota { limit, .. } => limit,
-        BudgetKind::Concurrency { max } => max,
-    };
-    Ok(BudgetState {
-        scope,
-        name,
-        limit,
-        remaining,
-        reset_micros,
-        window: window_of(&kind),
-    })
-}
-
 /// The inverse of [`kind_args`].
 fn parse_kind(kind: &str, a: u64, b: &str) -> Result<BudgetKind, StoreError> {
     Ok(match kind {
@@ -603,34 +588,48 @@ impl BudgetStore for RedisStore {
             "A" => {
                 let candidate = r.usize()?;
                 let replayed = r.str()? == "1";
+                if replayed {
+                    // The first admission, described by the hold itself.
+                    self.forget_hold(&req.id);
+                    let hold = HoldRecord::parse(r.str()?)?;
+                    let budgets = hold
+                        .lines
+                        .iter()
+                        .filter_map(|l| {
+                            let (remaining, reset_micros) = l.admitted?;
+                            Some(BudgetState {
+                                scope: l.spec.scope.clone(),
+                                name: l.spec.name,
+                                limit: l.spec.limit(),
+                                remaining,
+                                reset_micros,
+                                window: window_of(&l.spec.kind),
+                            })
+                        })
+                        .collect();
+                    return Ok(ReserveOutcome::Admitted(Admission {
+                        now_micros: now,
+                        candidate,
+                        budgets,
+                        replayed,
+                        would_deny: hold.would_deny,
+                    }));
+                }
                 let n_would_deny = r.usize()?;
                 let mut would_deny = Vec::with_capacity(n_would_deny);
                 let mut denied_idx = Vec::with_capacity(n_would_deny);
                 for _ in 0..n_would_deny {
-                    if replayed {
-                        let (scope, name) = parse_meta(r.str()?)?;
-                        would_deny.push(WouldDeny { scope, name });
-                    } else {
-                        let idx = r.usize()?;
-                        let spec = all
-                            .get(idx)
-                            .ok_or_else(|| protocol("would-deny names no budget"))?;
-                        denied_idx.push(idx);
-                        would_deny.push(WouldDeny {
-                            scope: spec.scope.clone(),
-                            name: spec.name,
-                        });
-                    }
+                    let idx = r.usize()?;
+                    let spec = all
+                        .get(idx)
+                        .ok_or_else(|| protocol("would-deny names no budget"))?;
+                    denied_idx.push(idx);
+                    would_deny.push(WouldDeny {
+                        scope: spec.scope.clone(),
+                        name: spec.name,
+                    });
                 }
-                let budgets = if replayed {
-                    // The first admission, described by the hold itself.
-                    self.forget_hold(&req.id);
-                    let mut budgets = Vec::new();
-                    while r.rest() > 0 {
-                        budgets.push(replayed_state(&mut r)?);
-                    }
-                    budgets
-                } else {
+                let budgets = {
                     // Spec indexes into `all` of the common specs and the chosen candidate's.
                     let cand_start = req.common.len()
                         + req
@@ -839,6 +838,8 @@ pub struct HoldRecord {
     pub candidate: usize,
     /// One line per budget debited, in order (common, then the candidate's).
     pub lines: Vec<HoldLine>,
+    /// Shadow budgets that would have refused the admission (not debited).
+    pub would_deny: Vec<WouldDeny>,
     /// Extensions as `(store time µs, tokens granted)`.
     pub extensions: Vec<(u64, u64)>,
     /// Set once settled.
@@ -848,12 +849,17 @@ pub struct HoldRecord {
 /// One budget of a hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HoldLine {
-    /// The budget, with the policy it was reserved under.
+    /// The budget, with the policy it was reserved under. Its `key` is empty
+    /// once the hold is settled (the tombstone keeps no keys).
     pub spec: BudgetSpec,
     /// What the reservation debited from it, in its unit.
     pub cost: u64,
-    /// Quota debits as `(window id, amount)`, reservation and extensions.
+    /// Token-quota debits as `(window id, amount)`, reservation and
+    /// extensions (what settle refunds from); empty for other budgets and
+    /// once settled.
     pub quota_debits: Vec<(u64, u64)>,
+    /// `(remaining, reset µs)` answered at admission (buckets and quotas).
+    pub admitted: Option<(i64, u64)>,
 }
 
 /// The settle applied to a hold.
@@ -867,83 +873,123 @@ pub struct HoldSettlement {
     pub debt: u64,
 }
 
-fn json_u64(v: &Json, field: &str) -> Result<u64, StoreError> {
-    v.get(field)
-        .and_then(Json::as_str)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| protocol(format!("hold field {field} missing or not a number")))
+fn hold_num<T: std::str::FromStr>(s: Option<&str>, what: &str) -> Result<T, StoreError> {
+    s.and_then(|s| s.parse().ok())
+        .ok_or_else(|| protocol(format!("hold field {what} missing or not a number")))
 }
 
-fn json_str<'a>(v: &'a Json, field: &str) -> Result<&'a str, StoreError> {
-    v.get(field)
-        .and_then(Json::as_str)
-        .ok_or_else(|| protocol(format!("hold field {field} missing")))
-}
-
-/// Elements of a JSON array; Lua's cjson writes an empty array as `{}`.
-fn json_list<'a>(v: &'a Json, field: &str) -> &'a [Json] {
-    v.get(field)
-        .and_then(Json::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
-}
-
-fn json_pairs(v: &Json, field: &str) -> Result<Vec<(u64, u64)>, StoreError> {
-    json_list(v, field)
-        .iter()
+/// `"a:b a:b"`-style pairs (`sep` between pairs).
+fn hold_pairs(s: &str, sep: char, what: &str) -> Result<Vec<(u64, u64)>, StoreError> {
+    s.split(sep)
+        .filter(|p| !p.is_empty())
         .map(|p| {
-            let n = |i: usize| {
-                p.get(i)
-                    .and_then(Json::as_str)
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| protocol(format!("hold field {field}: bad pair {p}")))
-            };
-            Ok((n(0)?, n(1)?))
+            let (a, b) = p
+                .split_once(':')
+                .ok_or_else(|| protocol(format!("hold field {what}: bad pair {p:?}")))?;
+            Ok((hold_num(Some(a), what)?, hold_num(Some(b), what)?))
         })
         .collect()
 }
 
 impl HoldRecord {
-    /// Decodes the JSON document the scripts store (see `lua/lib.lua`).
+    /// Decodes the text the scripts store (layout v2, see `lua/lib.lua`):
+    /// header, keys, live entries, extensions, admission, id, one per line.
     pub fn parse(raw: &str) -> Result<Self, StoreError> {
-        let v: Json = serde_json::from_str(raw).map_err(|e| protocol(format!("hold: {e}")))?;
-        let mut lines = Vec::new();
-        for l in json_list(&v, "lines") {
-            let key = json_str(l, "k")?.to_string();
-            let kind = parse_kind(json_str(l, "kind")?, json_u64(l, "a")?, json_str(l, "b")?)?;
-            let (scope, name) = parse_meta(json_str(l, "m")?)?;
+        let mut sections = raw.splitn(6, '\n');
+        let mut section = |what: &str| {
+            sections
+                .next()
+                .ok_or_else(|| protocol(format!("hold: no {what} section")))
+        };
+        let header = section("header")?;
+        let keys = section("keys")?;
+        let live = section("live")?;
+        let ext = section("ext")?;
+        let adm = section("adm")?;
+        let id = section("id")?;
+
+        let mut h = header.split(' ');
+        let settled = match h.next() {
+            Some("0") => false,
+            Some("1") => true,
+            other => return Err(protocol(format!("hold: bad state {other:?}"))),
+        };
+        let expires_micros = hold_num(h.next(), "exp")?;
+        let reserved_tokens = hold_num(h.next(), "res")?;
+        let lease_micros = hold_num(h.next(), "lease")?;
+        let admitted_micros = hold_num(h.next(), "now")?;
+        let candidate = hold_num(h.next(), "cand")?;
+        let settlement = HoldSettlement {
+            now_micros: hold_num(h.next(), "snow")?,
+            refunded: hold_num(h.next(), "refunded")?,
+            debt: hold_num(h.next(), "debt")?,
+        };
+
+        // Quota debits by 1-based line index, from the live entries.
+        let mut debits: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        for entry in live.split(';').filter(|e| !e.is_empty()) {
+            let f: Vec<&str> = entry.splitn(6, ' ').collect();
+            if f.len() != 6 {
+                return Err(protocol(format!("hold: bad live entry {entry:?}")));
+            }
+            if f[1] == "Q" {
+                debits.insert(hold_num(Some(f[0]), "line")?, hold_pairs(f[5], ',', "d")?);
+            }
+        }
+
+        let mut a = adm.split('\t');
+        let n_would_deny: usize = hold_num(a.next(), "adm")?;
+        let mut would_deny = Vec::with_capacity(n_would_deny);
+        for _ in 0..n_would_deny {
+            let (scope, name) = parse_meta(a.next().ok_or_else(|| protocol("hold: short adm"))?)?;
+            would_deny.push(WouldDeny { scope, name });
+        }
+        let fields: Vec<&str> = a.collect();
+        if !fields.len().is_multiple_of(8) {
+            return Err(protocol(format!("hold: adm has {} fields", fields.len())));
+        }
+        let keys: Vec<&str> = keys.split(' ').filter(|k| !k.is_empty()).collect();
+        if !settled && keys.len() != fields.len() / 8 {
+            return Err(protocol(format!(
+                "hold: {} keys for {} lines",
+                keys.len(),
+                fields.len() / 8
+            )));
+        }
+        let mut lines = Vec::with_capacity(fields.len() / 8);
+        for (j, f) in fields.chunks(8).enumerate() {
+            let kind = parse_kind(f[0], hold_num(Some(f[1]), "a")?, f[2])?;
+            let (scope, name) = parse_meta(f[5])?;
+            let admitted = if f[0] == "C" {
+                None
+            } else {
+                Some((hold_num(Some(f[6]), "rem")?, hold_num(Some(f[7]), "reset")?))
+            };
             lines.push(HoldLine {
                 spec: BudgetSpec {
                     scope,
                     name,
                     kind,
-                    key,
-                    refund_unused: json_str(l, "ref")? == "1",
+                    key: keys.get(j).map_or_else(String::new, |k| k.to_string()),
+                    refund_unused: f[4] == "1",
                     shadow: false,
                 },
-                cost: json_u64(l, "c")?,
-                quota_debits: json_pairs(l, "d")?,
+                cost: hold_num(Some(f[3]), "cost")?,
+                quota_debits: debits.remove(&(j + 1)).unwrap_or_default(),
+                admitted,
             });
         }
-        let settlement = if json_str(&v, "st")? == "1" {
-            Some(HoldSettlement {
-                now_micros: json_u64(&v, "snow")?,
-                refunded: json_u64(&v, "refunded")?,
-                debt: json_u64(&v, "debt")?,
-            })
-        } else {
-            None
-        };
         Ok(HoldRecord {
-            id: json_str(&v, "id")?.to_string(),
-            admitted_micros: json_u64(&v, "now")?,
-            expires_micros: json_u64(&v, "exp")?,
-            lease_micros: json_u64(&v, "lease")?,
-            reserved_tokens: json_u64(&v, "res")?,
-            candidate: json_u64(&v, "cand")? as usize,
+            id: id.to_string(),
+            admitted_micros,
+            expires_micros,
+            lease_micros,
+            reserved_tokens,
+            candidate,
             lines,
-            extensions: json_pairs(&v, "ext")?,
-            settlement,
+            would_deny,
+            extensions: hold_pairs(ext, ' ', "ext")?,
+            settlement: settled.then_some(settlement),
         })
     }
 }
@@ -993,12 +1039,31 @@ mod tests {
     }
 
     #[test]
-    fn hold_with_empty_lua_arrays_parses() {
-        // cjson encodes empty Lua tables as `{}`.
-        let raw = r#"{"v":"1","id":"r1","now":"5","exp":"9","lease":"3","res":"7","st":"0",
-            "cand":"0","adm":{},"lines":{},"ext":{}}"#;
-        let h = HoldRecord::parse(raw).unwrap();
+    fn empty_hold_and_tombstone_parse() {
+        let h = HoldRecord::parse("0 9 7 3 5 0 0 0 0\n\n\n\n0\nr1").unwrap();
         assert!(h.lines.is_empty() && h.extensions.is_empty() && h.settlement.is_none());
-        assert_eq!(h.reserved_tokens, 7);
+        assert_eq!(
+            (h.id.as_str(), h.reserved_tokens, h.expires_micros),
+            ("r1", 7, 9)
+        );
+        let raw = "1 9 7 3 5 1 6 2 0\n\n\n6:4\n1\t[\"tenant\",\"t\",\"tpm\"]\t\
+                   B\t100\t100\t3\t1\t[\"tenant\",\"t\",\"tpm\"]\t97\t1800\t\
+                   C\t2\t0\t1\t1\t[\"tenant\",\"t\",\"max_concurrent\"]\t\t\nid\nwith newline";
+        let h = HoldRecord::parse(raw).unwrap();
+        assert_eq!(h.id, "id\nwith newline");
+        assert_eq!(h.extensions, vec![(6, 4)]);
+        assert_eq!(h.would_deny.len(), 1);
+        assert_eq!(h.lines.len(), 2);
+        assert_eq!(h.lines[0].admitted, Some((97, 1800)));
+        assert_eq!(h.lines[0].cost, 3);
+        assert!(h.lines[0].spec.key.is_empty() && h.lines[1].admitted.is_none());
+        assert_eq!(
+            h.settlement,
+            Some(HoldSettlement {
+                now_micros: 6,
+                refunded: 2,
+                debt: 0
+            })
+        );
     }
 }
