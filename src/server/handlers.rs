@@ -166,12 +166,15 @@ async fn proxy(
     body: Body,
     path_model: Option<String>,
 ) -> Response {
+    let started = std::time::Instant::now();
     match proxy_inner(st, endpoint, headers, body, path_model).await {
         Ok(r) => r,
         Err(e) => {
             tracing::info!(
+                decision = "refused",
                 status = e.status().as_u16(),
                 error = e.label(),
+                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "request refused"
             );
             e.into_response()
@@ -225,6 +228,8 @@ fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
 
 /// The body after validation and estimation, ready to reserve.
 struct Prepared {
+    /// When the body had been read and parsing began (for the request log line).
+    started: std::time::Instant,
     /// The client's body as received (forwarded with only the gateway's fields rewritten).
     raw: Bytes,
     model: ModelPolicy,
@@ -261,6 +266,7 @@ fn prepare(
     bytes: &[u8],
     path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
+    let started = std::time::Instant::now();
     let value: Value = serde_json::from_slice(bytes).map_err(|e| {
         invalid(
             None,
@@ -362,6 +368,7 @@ fn prepare(
     };
     drop(body);
     Ok(Prepared {
+        started,
         raw: Bytes::copy_from_slice(bytes),
         model,
         estimate,
@@ -831,6 +838,7 @@ async fn forward(
         let model_name = prepared.model.name.clone();
         let deployment = upstream.name.clone();
         let estimated = prepared.estimate.total_tokens;
+        let started = prepared.started;
         tokio::spawn(async move {
             metrics::active_streams(1.0);
             let summary = relay::run(resp, proc, hold, plan, tx).await;
@@ -845,7 +853,8 @@ async fn forward(
                 },
             );
             tracing::info!(reservation_id = %id, tenant = %tenant_name, model = %model_name, deployment = %deployment,
-                estimated, settled = summary.settled_tokens, ending = ?summary.ending, "stream finished");
+                estimated, settled = summary.settled_tokens, ending = ?summary.ending, decision = "admitted",
+                latency_ms = started.elapsed().as_secs_f64() * 1000.0, "stream finished");
         });
         let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv()
@@ -901,7 +910,8 @@ async fn forward(
         upstream_failed: false,
     });
     tracing::info!(reservation_id = %id, tenant = %tenant.name, model = %prepared.model.name, deployment = %upstream.name,
-        estimated = prepared.estimate.total_tokens, settled = actual, "request finished");
+        estimated = prepared.estimate.total_tokens, settled = actual, decision = "admitted",
+        latency_ms = prepared.started.elapsed().as_secs_f64() * 1000.0, "request finished");
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     response.headers_mut().extend(out_headers);
