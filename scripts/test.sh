@@ -24,4 +24,5 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai" >/dev/null
 fi
 export BUDGETGATE_PYTHON="$PWD/.venv/bin/python"
 
-cargo test --all-features --all-targets "$@"
+# --no-fail-fast: one failing test file must not hide the results of the others.
+cargo test --all-features --all-targets --no-fail-fast "$@"

@@ -339,3 +339,34 @@ limits = { tpm = 0 }
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_methods_and_unreadable_keys_still_get_openai_shaped_errors() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .get(format!("{}/chat/completions", gw.base_url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert_openai_error(&v);
+    let r = client
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .header(
+            "authorization",
+            reqwest::header::HeaderValue::from_bytes(b"Bearer sk-\xe9t\xe9").unwrap(),
+        )
+        .body(chat(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["error"]["code"], "invalid_api_key",
+        "a present but unreadable key is invalid, not missing: {v}"
+    );
+}

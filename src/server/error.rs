@@ -54,6 +54,8 @@ pub enum ApiError {
     },
     /// The upstream timed out: 504.
     GatewayTimeout,
+    /// The client did not send its body in time: 408.
+    RequestTimeout,
 }
 
 fn body(
@@ -114,6 +116,7 @@ impl ApiError {
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -136,6 +139,7 @@ impl ApiError {
             ApiError::Unavailable(_) => "unavailable",
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
+            ApiError::RequestTimeout => "request_timeout",
         }
     }
 }
@@ -271,6 +275,13 @@ impl IntoResponse for ApiError {
                 set(&mut resp, "retry-after-ms", (secs * 1000).to_string());
                 resp
             }
+            ApiError::RequestTimeout => body(
+                status,
+                "The request body was not received in time.",
+                "invalid_request_error",
+                None,
+                Some("request_timeout"),
+            ),
             ApiError::GatewayTimeout => body(
                 status,
                 "The upstream did not answer in time.",

@@ -117,6 +117,17 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// A known path with the wrong method: 405 in OpenAI's shape.
+pub async fn method_not_allowed(
+    method: axum::http::Method,
+    OriginalUri(uri): OriginalUri,
+) -> Response {
+    let body = json!({"error": {
+        "message": format!("{method} is not supported on {}.", uri.path()),
+        "type": "invalid_request_error", "param": null, "code": "method_not_allowed"}});
+    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+}
+
 /// Any other path: 404 in OpenAI's shape, never proxied.
 pub async fn unknown_path(OriginalUri(uri): OriginalUri) -> Response {
     ApiError::NotFound(uri.path().to_string()).into_response()
@@ -155,7 +166,14 @@ fn authenticate<'p>(
     ),
     ApiError,
 > {
-    let key = presented_key(headers).ok_or(ApiError::MissingKey)?;
+    let key = presented_key(headers).ok_or_else(|| {
+        // A credential header that is present but unreadable is a wrong key, not a missing one.
+        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key("api-key") {
+            ApiError::InvalidKey
+        } else {
+            ApiError::MissingKey
+        }
+    })?;
     policy.authenticate(key).ok_or(ApiError::InvalidKey)
 }
 
@@ -249,7 +267,12 @@ async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Byte
     if declared.is_some_and(|n| n > limit) {
         return Err(ApiError::BodyTooLarge { limit });
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
+    // A client that stops sending its body must not hold a connection forever.
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit));
+    let Ok(read) = read.await else {
+        return Err(ApiError::RequestTimeout);
+    };
+    read.map_err(|e| {
         if e.to_string().contains("length limit") {
             ApiError::BodyTooLarge { limit }
         } else {
@@ -451,6 +474,9 @@ fn client_request_id(headers: &HeaderMap) -> Option<String> {
     (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .then(|| v.to_string())
 }
+
+/// Longest a client may take to send its request body.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Most deployments one request is tried on (first attempt included).
 const MAX_ATTEMPTS: usize = 3;

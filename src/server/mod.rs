@@ -141,6 +141,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(handlers::readyz))
         .route("/v1/{*rest}", any(handlers::unknown_path))
         .fallback(handlers::unknown_path)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             end_at_shutdown_cutoff,
