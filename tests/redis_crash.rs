@@ -1,6 +1,6 @@
 //! Crash safety (DESIGN section 2, "Concurrency"): a gateway killed with
 //! SIGKILL mid-stream cannot leak its concurrency slot. The slot frees once
-//! the lease expires (`server.lease_secs = 1`), and a restarted gateway
+//! the lease expires (`server.lease_secs = 2`), and a restarted gateway
 //! admits again.
 //!
 //! Run: `cargo test --test redis_crash -- --nocapture` (needs `redis-server`).
@@ -19,7 +19,7 @@ fn config(upstream: &str, redis_url: &str) -> String {
         r#"
 [server]
 listen = "127.0.0.1:0"
-lease_secs = 1
+lease_secs = 2
 [store]
 kind = "redis"
 url = "{redis_url}"
@@ -81,7 +81,9 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     let survivor = GatewayProcess::start(&cfg).await;
     let http = reqwest::Client::new();
 
-    // A long stream through the doomed gateway takes the only slot.
+    // A long stream through the doomed gateway takes the only slot. Its lease
+    // lasts at least until `started` + 2 s (the reservation came after it).
+    let started = Instant::now();
     let resp = http
         .post(format!("{}/chat/completions", doomed.base_url()))
         .bearer_auth(KEY)
@@ -101,12 +103,17 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     let killed_at = Instant::now();
     drop(stream);
 
-    // The slot is still leased to the dead process…
-    assert_eq!(
-        post(&http, &survivor.base_url(), 2).await,
-        429,
-        "the lease outlives the process for up to lease_secs"
-    );
+    // The slot is still leased to the dead process… (checked only while the
+    // first lease certainly runs: a loaded machine may have delayed us).
+    let status = post(&http, &survivor.base_url(), 2).await;
+    if started.elapsed() < Duration::from_millis(1900) {
+        assert_eq!(
+            status, 429,
+            "the lease outlives the process for up to lease_secs"
+        );
+    } else {
+        println!("machine too slow to observe the live lease; skipped that check");
+    }
     // …until the lease expires.
     let freed = loop {
         let status = post(&http, &survivor.base_url(), 2).await;
@@ -115,17 +122,18 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
         }
         assert_eq!(status, 429);
         assert!(
-            killed_at.elapsed() < Duration::from_secs(5),
+            killed_at.elapsed() < Duration::from_secs(8),
             "slot never freed"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     println!(
-        "slot freed {} ms after SIGKILL (lease 1 s)",
+        "slot freed {} ms after SIGKILL (lease 2 s)",
         freed.as_millis()
     );
+    // No renewal can follow the kill: the lease ends within 2 s of it (plus polling slack).
     assert!(
-        freed <= Duration::from_millis(1600),
+        freed <= Duration::from_millis(3000),
         "freed after {freed:?}"
     );
 
