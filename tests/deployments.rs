@@ -4,29 +4,10 @@
 
 mod common;
 
-use budgetgate::estimate::{estimate, Encoding, Endpoint, EstimateSettings, ModelEstimation};
 use budgetgate::reserve::{BudgetName, BudgetStore, Scope};
 use common::mock_upstream::{self, Fault, MockUpstream};
 use common::*;
 use serde_json::{json, Value};
-
-fn input_tokens(body: &Value) -> u64 {
-    let me = ModelEstimation {
-        encoding: Encoding::O200kBase,
-        default_max_output_tokens: 100,
-        max_output_tokens: 4096,
-        min_output_tokens: 16,
-    };
-    estimate(
-        Endpoint::ChatCompletions,
-        body,
-        &me,
-        &EstimateSettings::default(),
-        None,
-    )
-    .unwrap()
-    .input_tokens
-}
 
 /// Two deployments of `gpt-4o-mini` (A then B) and tenant `t1`.
 fn two_deployments(a: &str, b: &str, kind: &str, tenant_limits: &str) -> String {
@@ -95,7 +76,7 @@ async fn remaining(gw: &Gateway, scope: Scope, name: BudgetName) -> i64 {
 fn hundred_token_body(mocks: &[&MockUpstream]) -> Value {
     let mut body =
         json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hello"}]});
-    let input = input_tokens(&body);
+    let input = chat_input_tokens(&body);
     body["max_tokens"] = json!(100 - input);
     for m in mocks {
         m.state.set_output_tokens(100 - input);
@@ -250,8 +231,8 @@ name = "t1"
     );
     let gw = start_gateway(&cfg).await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
-    let e = input_tokens(&body) + 100;
-    let a = input_tokens(&body) + 10;
+    let e = chat_input_tokens(&body) + 100;
+    let a = chat_input_tokens(&body) + 10;
     assert_eq!(post(&gw, &body).await.0, 200);
     assert_eq!(
         post(

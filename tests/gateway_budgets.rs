@@ -7,28 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use budgetgate::estimate::{estimate, Endpoint, EstimateSettings, ModelEstimation};
 use budgetgate::reserve::{BudgetName, Scope};
 use common::*;
 use serde_json::{json, Value};
-
-fn chat_input_estimate(body: &Value) -> u64 {
-    let me = ModelEstimation {
-        encoding: budgetgate::estimate::Encoding::O200kBase,
-        default_max_output_tokens: 100,
-        max_output_tokens: 4096,
-        min_output_tokens: 16,
-    };
-    estimate(
-        Endpoint::ChatCompletions,
-        body,
-        &me,
-        &EstimateSettings::default(),
-        None,
-    )
-    .expect("estimate")
-    .input_tokens
-}
 
 async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
     reqwest::Client::new()
@@ -66,7 +47,7 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
     let mock = start_mock().await;
     mock.state.hold();
     let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 1000", "")).await;
-    let e = chat_input_estimate(
+    let e = chat_input_tokens(
         &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
     ) + 100;
     let expected = (1000 / e) as usize;
@@ -124,7 +105,7 @@ async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
     mock.state.set_output_tokens(10);
     let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 1000", "")).await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
-    let input = chat_input_estimate(&body);
+    let input = chat_input_tokens(&body);
     let e = input + 100;
     let a = input + 10; // the mock's prompt count equals OpenAI's rule, which the estimate equals
     let r1 = post(&gw, &body).await;
@@ -146,7 +127,7 @@ async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() 
     let mock = start_mock().await;
     let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000", "")).await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
-    let input = chat_input_estimate(&body);
+    let input = chat_input_tokens(&body);
     let e = input + 10;
     // The upstream reports far more than reserved (as if it ignored the cap).
     mock.state.set_usage_override(Some(input), Some(1010));
@@ -251,7 +232,7 @@ async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
     let mock = start_mock().await;
     let gw = start_gateway(&config(&mock.base_url(), 1000, "tpm = 300", "")).await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
-    let input = chat_input_estimate(&body);
+    let input = chat_input_tokens(&body);
     assert_eq!(post(&gw, &body).await.status(), 200);
     assert_eq!(
         mock.state.requests()[0].body["max_completion_tokens"],

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::config::Policy;
-use budgetgate::estimate::{self, Encoding, Endpoint, EstimateSettings, ModelEstimation};
+use budgetgate::estimate::{Encoding, Endpoint};
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
     plan, BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome,
@@ -364,25 +364,6 @@ limits = {{ {tenant_limits} }}
     )
 }
 
-/// The gateway's input estimate of a chat body (gpt-4o-mini, default settings).
-fn estimated_input(body: &Value) -> u64 {
-    let me = ModelEstimation {
-        encoding: Encoding::O200kBase,
-        default_max_output_tokens: 16,
-        max_output_tokens: 4096,
-        min_output_tokens: 16,
-    };
-    estimate::estimate(
-        Endpoint::ChatCompletions,
-        body,
-        &me,
-        &EstimateSettings::default(),
-        None,
-    )
-    .expect("estimate")
-    .input_tokens
-}
-
 /// Tokens used from tenant t1's `tokens_per_day` quota.
 fn quota_used(gw: &Gateway) -> u64 {
     let policy = gw.state.policy.load_full();
@@ -454,7 +435,7 @@ async fn cutoff_case(client_usage: bool) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(300);
     let messages = msgs("Write an endless story.");
-    let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages}));
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let quota = input + 50;
     let gw = start_gateway(&stream_config(
         &mock.base_url(),
@@ -516,7 +497,7 @@ async fn refused_extension_step_grants_the_largest_admissible_remainder_before_c
     let mock = start_mock().await;
     mock.state.set_output_tokens(300);
     let messages = msgs("Another endless story.");
-    let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages}));
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     // 20 reserved, +10, +10, then only 5 of the next 10 fit: 45 delivered.
     let gw = start_gateway(&stream_config(
         &mock.base_url(),
@@ -573,7 +554,7 @@ async fn budget_gone_before_first_byte_is_a_429_with_headers_not_a_200_stream() 
     let mock = start_mock().await;
     mock.state.set_output_tokens(300);
     let messages = msgs("Once more.");
-    let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages}));
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let gw = start_gateway(&stream_config(
         &mock.base_url(),
         20,
@@ -631,7 +612,7 @@ async fn upstream_dropping_the_connection_mid_stream_makes_the_sdk_raise_and_cha
     mock.state.set_output_tokens(100);
     mock.state.set_fault(Some(Fault::DropMidStream));
     let messages = msgs("Tell me something.");
-    let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages}));
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let gw = start_gateway(&stream_config(
         &mock.base_url(),
         20,
@@ -687,7 +668,7 @@ async fn client_disconnects_while_upstream_is_idle_free_their_slots_at_once() {
         "disconnects were noticed while the upstream was idle"
     );
     let used = quota_used(&gw);
-    let input = estimated_input(
+    let input = chat_input_tokens(
         &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Tell me a long story."}]}),
     );
     assert_eq!(
@@ -843,7 +824,7 @@ async fn upstream_eof_before_every_choice_finished_makes_the_sdk_raise() {
     ))
     .await;
     let messages = msgs("Hi.");
-    let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages}));
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let r = sdk_stream(&gw, &json!({"model": "gpt-4o-mini", "messages": messages})).await;
     assert_eq!(
         r["error"]["type"], "APIError",
@@ -954,7 +935,8 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
         ))
         .await;
         let messages = msgs("Three answers please.");
-        let input = estimated_input(&json!({"model": "gpt-4o-mini", "messages": messages, "n": 3}));
+        let input =
+            chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages, "n": 3}));
         let r = sdk_stream(
             &gw,
             &json!({"model": "gpt-4o-mini", "messages": messages, "n": 3, "stream_options": {"include_usage": true}}),

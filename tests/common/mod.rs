@@ -146,6 +146,26 @@ pub async fn start_gateway_with(
     }
 }
 
+/// The gateway's input-token estimate of a `gpt-4o-mini` (o200k_base) chat body.
+pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
+    use budgetgate::estimate::{estimate, Encoding, Endpoint, EstimateSettings, ModelEstimation};
+    let me = ModelEstimation {
+        encoding: Encoding::O200kBase,
+        default_max_output_tokens: 16,
+        max_output_tokens: 4096,
+        min_output_tokens: 16,
+    };
+    estimate(
+        Endpoint::ChatCompletions,
+        body,
+        &me,
+        &EstimateSettings::default(),
+        None,
+    )
+    .expect("estimate")
+    .input_tokens
+}
+
 /// Starts the simulated upstream with default settings.
 pub async fn start_mock() -> mock_upstream::MockUpstream {
     mock_upstream::start(mock_upstream::MockConfig::default())
