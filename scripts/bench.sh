@@ -14,10 +14,15 @@
 #   REDIS=0           skip the Redis-store gateway
 #   NO_BUILD=1        use the release binaries already built
 #   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
+#   STREAMS=1000      concurrent streams of the memory phase (0 skips it)
+#   COLD=1            run the cold-400-KB-body isolation phase (0 skips it)
 #
 # Prints one table (target, mode, concurrency, RPS, p50, p99, added p50/p99
 # versus the direct upstream at the same point, gateway RPS / direct RPS,
-# non-2xx responses) and the gateways' idle and peak RSS. The three targets
+# non-2xx responses) and the gateways' idle and peak RSS; then two phases:
+# STREAMS concurrent streams held open by a slow upstream (peak RSS with
+# that many streams in flight), and small requests beside a stream of
+# never-seen 400 KB prompts (their p99 with and without). The three targets
 # of one point run back to back, so ratios compare neighbours. Needs: cargo,
 # jq, oha (installed with `cargo install oha --locked` when missing),
 # redis-server (for the Redis target).
@@ -112,11 +117,19 @@ free_port() {
 rss_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 # --- servers ----------------------------------------------------------------
+# Thousands of sockets in the streams phase (client side and upstream side).
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 "$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>"$TMP/mock.err" &
 PIDS+=($!)
 MOCK_ADDR=$(wait_listening "$TMP/mock.out" "mock_upstream listening on" "$!") ||
     die "mock upstream did not start: $(tail -5 "$TMP/mock.err")"
 say "mock upstream on $MOCK_ADDR (no token delay)"
+# A slow upstream (20 ms per token: a 64-token stream lasts ~1.3 s) keeps
+# streams open for the concurrent-streams phase.
+"$MOCK" --listen 127.0.0.1:0 --token-delay-ms 20 >"$TMP/slow.out" 2>"$TMP/slow.err" &
+PIDS+=($!)
+SLOW_ADDR=$(wait_listening "$TMP/slow.out" "mock_upstream listening on" "$!") ||
+    die "slow mock upstream did not start: $(tail -5 "$TMP/slow.err")"
 
 KEY="sk-bench-$$"
 KEY_SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
@@ -135,6 +148,19 @@ name = "mock"
 kind = "self_hosted"
 base_url = "http://$MOCK_ADDR/v1"
 limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+
+[[upstreams]]
+name = "slow"
+kind = "self_hosted"
+base_url = "http://$SLOW_ADDR/v1"
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+
+[[models]]
+name = "gpt-4o-mini-slow"
+upstreams = ["slow"]
+encoding = "o200k_base"
+default_max_output_tokens = 256
+max_output_tokens = 16384
 
 [[models]]
 name = "gpt-4o-mini"
@@ -234,6 +260,86 @@ for mode in $MODES; do
     done
 done
 
+# --- concurrent streams ------------------------------------------------------
+# STREAMS clients each hold a stream from the slow upstream open (~1.3 s),
+# back to back, for 8 s; RSS is sampled while they are all in flight.
+STREAMS=${STREAMS:-1000}
+PHASES="$TMP/phases.txt"
+: >"$PHASES"
+if [[ "$STREAMS" != 0 ]]; then
+    SLOW_BODY='{"model":"gpt-4o-mini-slow","messages":[{"role":"user","content":"Count to sixty-four."}],"max_tokens":64,"stream":true}'
+    for t in "${TARGETS[@]}"; do
+        [[ $t == direct ]] && continue
+        pid=${GW_PID[$t]}
+        out="$TMP/streams-$t.json"
+        say "$t: $STREAMS concurrent streams for 8 s"
+        run_oha "${ADDR[$t]}" "$SLOW_BODY" "$STREAMS" 8s >"$out" 2>"$out.err" &
+        oha_pid=$!
+        sleep 5
+        during=$(rss_kb "$pid" VmRSS)
+        wait "$oha_pid" || die "oha failed for $t streams: $(tail -3 "$out.err")"
+        jq -r --arg t "$t" --arg n "$STREAMS" --arg during "$during" --arg peak "$(rss_kb "$pid" VmHWM)" '
+            "\($t): \($n) concurrent streams: \(.summary.requestsPerSec | floor) streams/s, p50 \(.latencyPercentiles.p50 * 1000 | floor) ms, " +
+            "non-2xx \([.statusCodeDistribution | to_entries[] | select(.key | startswith("2") | not) | .value] | add // 0), " +
+            "errors \([.errorDistribution // {} | to_entries[] | .value] | add // 0); " +
+            "RSS with them in flight \(($during | tonumber) / 1024 | floor) MB, peak (VmHWM) \(($peak | tonumber) / 1024 | floor) MB"' \
+            "$out" >>"$PHASES"
+        say "$(tail -1 "$PHASES")"
+    done
+fi
+
+# --- cold large prompts beside small requests ---------------------------------
+# Small requests at concurrency 4 alone, then while two clients send 400 KB
+# prompts never seen before (a random number first: the token-count cache
+# cannot help), back to back. Counting one costs ~20 ms of CPU; it runs on
+# the blocking pool, so the small requests' p99 should barely move.
+if [[ "${COLD:-1}" != 0 ]]; then
+    t=gw-memory
+    say "$t: small requests alone, then beside cold 400 KB prompts"
+    run_oha "${ADDR[$t]}" "$BODY_NONSTREAM" 4 "$WARMUP" >/dev/null 2>&1 || true
+    run_oha "${ADDR[$t]}" "$BODY_NONSTREAM" 4 "$DURATION" >"$TMP/cold-alone.json" 2>/dev/null ||
+        die "oha failed (small requests alone)"
+    rm -f "$TMP/cold.stop"
+    for i in 1 2; do
+        python3 - "${ADDR[$t]}" "$KEY" "$TMP/cold.stop" >"$TMP/cold-$i.out" 2>"$TMP/cold-$i.err" <<'PY' &
+import http.client, json, os, random, sys, time
+addr, key, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+host, port = addr.rsplit(":", 1)
+words = ("budget token gateway stream reserve settle refund quota tenant upstream "
+         "latency deployment minute bucket window lease").split()
+rng = random.Random(os.getpid())
+filler = " ".join(rng.choice(words) + str(rng.randrange(1000)) for _ in range(60000))[:400_000]
+conn = http.client.HTTPConnection(host, int(port), timeout=60)
+sent, nbytes, secs = 0, 0, 0.0
+while not os.path.exists(stop):
+    body = json.dumps({"model": "gpt-4o-mini", "max_tokens": 16, "messages": [
+        {"role": "user", "content": f"{rng.random()} {filler}"}]}).encode()
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", body=body, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    r = conn.getresponse(); r.read()
+    secs += time.perf_counter() - t0
+    if r.status == 200:
+        sent += 1; nbytes += len(body)
+print(sent, nbytes, secs)
+PY
+    done
+    sleep 1
+    run_oha "${ADDR[$t]}" "$BODY_NONSTREAM" 4 "$DURATION" >"$TMP/cold-beside.json" 2>/dev/null ||
+        die "oha failed (small requests beside cold prompts)"
+    touch "$TMP/cold.stop"
+    wait_cold() { local f; for f in "$TMP"/cold-[12].out; do for _ in $(seq 1 600); do [[ -s $f ]] && break; sleep 0.1; done; done; }
+    wait_cold
+    read -r n1 b1 s1 <"$TMP/cold-1.out" || true
+    read -r n2 b2 s2 <"$TMP/cold-2.out" || true
+    jq -rn --slurpfile a "$TMP/cold-alone.json" --slurpfile b "$TMP/cold-beside.json" \
+        --arg n "$(( ${n1:-0} + ${n2:-0} ))" --arg mb "$(( (${b1:-0} + ${b2:-0}) / 1000000 ))" \
+        --arg secs "$(awk -v a="${s1:-0}" -v b="${s2:-0}" -v n="$(( ${n1:-0} + ${n2:-0} ))" 'BEGIN { if (n > 0) printf "%.1f", (a + b) * 1000 / n; else print "-" }')" '
+        "gw-memory: small requests (c=4) p50/p99 \($a[0].latencyPercentiles.p50 * 1000 * 1000 | floor / 1000)/\($a[0].latencyPercentiles.p99 * 1000 * 1000 | floor / 1000) ms alone, " +
+        "\($b[0].latencyPercentiles.p50 * 1000 * 1000 | floor / 1000)/\($b[0].latencyPercentiles.p99 * 1000 * 1000 | floor / 1000) ms beside \($n) cold 400 KB prompts (\($mb) MB, \($secs) ms each end to end)"' >>"$PHASES"
+    say "$(tail -1 "$PHASES")"
+fi
+
 # --- report -----------------------------------------------------------------
 echo
 echo "budgetgate benchmark: $(date -u +%FT%TZ), $(nproc) CPUs, load generator, upstream, redis and gateway on one machine"
@@ -263,3 +369,7 @@ for t in "${TARGETS[@]}"; do
     awk -v t="$t" -v idle="${IDLE_RSS[$t]:-0}" -v peak="$(rss_kb "$pid" VmHWM)" \
         'BEGIN { printf "%s: RSS idle %.1f MB, peak (VmHWM) %.1f MB\n", t, idle / 1024, peak / 1024 }'
 done
+if [[ -s $PHASES ]]; then
+    echo
+    cat "$PHASES"
+fi

@@ -44,12 +44,29 @@ pub async fn build_store(
 /// server stops waiting for them (a client that stopped reading).
 const AFTER_CUTOFF: Duration = Duration::from_secs(5);
 
+/// How often histogram samples are folded into buckets when nobody scrapes.
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+
 /// Serves `state` on `listener` until `shutdown` resolves, then shuts down
 /// gracefully: no new connections; in-flight requests and streams get
 /// `server.shutdown_grace_secs` (of the policy active then) to finish; at the
 /// deadline streams are cut off cleanly and unfinished requests answered
 /// 503; finally waits for every settlement task.
 pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
+    let result = serve_connections(listener, state.clone(), shutdown).await;
+    wait_for_settlements(&state).await;
+    upkeep.abort();
+    result
+}
+
+/// The connection part of [`serve`]: returns once every connection is done
+/// (or abandoned after the cutoff), without waiting for settlements.
+async fn serve_connections(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -68,10 +85,13 @@ pub async fn serve(
         })
         .into_future();
     tokio::pin!(server);
-    let result = tokio::select! {
+    tokio::select! {
         r = &mut server => r,
         Ok(()) = began_rx => drain(&state, &mut server).await,
-    };
+    }
+}
+
+async fn wait_for_settlements(state: &AppState) {
     let pending = state.settlements.pending();
     if pending > 0 {
         tracing::info!(pending, "waiting for settlements");
@@ -82,7 +102,6 @@ pub async fn serve(
         failed = state.settlements.failed(),
         "settlements drained; shutdown complete"
     );
-    result
 }
 
 /// The graceful part of shutdown: waits for `server` (which no longer
@@ -114,31 +133,147 @@ async fn drain(
     }
 }
 
+/// Serving threads to start when `--threads` is 0: one per available CPU.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Runs the `serve` command: [`run`] on a single-threaded runtime on this
+/// thread, which becomes serving thread 0.
+pub fn run_blocking(
+    policy: Policy,
+    listen: Option<std::net::SocketAddr>,
+    config_path: std::path::PathBuf,
+    threads: usize,
+) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(run(policy, listen, config_path, threads))
+}
+
+/// A listener that other serving threads can bind to as well
+/// (`SO_REUSEPORT`: the kernel spreads new connections over them).
+fn bind_shared(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
 /// Starts a gateway for `policy` on the system clock (the `serve` command),
 /// reloading `config_path` on SIGHUP and on change.
+///
+/// Thread per core: the calling runtime serves, and `threads - 1` more OS
+/// threads each run their own single-threaded runtime with their own
+/// listener on the same address, their own upstream connections and their
+/// own store connection (the memory store is one, shared). A request is
+/// served start to end on the thread that accepted its connection, so it
+/// never waits for another thread to be woken (issue 7: a multi-threaded
+/// runtime spent a quarter of its CPU time handing work between threads).
+/// Policy, settlements, leases, deny cache and the fallback limiter are
+/// shared by all threads.
 pub async fn run(
     policy: Policy,
     listen: Option<std::net::SocketAddr>,
     config_path: std::path::PathBuf,
+    threads: usize,
 ) -> Result<(), String> {
+    let threads = threads.max(1);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = build_store(&policy, clock.clone()).await?;
     let addr = listen.unwrap_or(policy.server.listen);
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let listener = bind_shared(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(listen = %local, policy_version = %policy.version, "budgetgate listening");
-    println!("budgetgate listening on http://{local}");
     let token_env = policy.server.admin_token_env.clone();
-    let state = AppState::new(policy, store, clock);
+    let shared_store = matches!(policy.store.kind, StoreKind::Memory).then(|| store.clone());
+    let state = AppState::new(policy, store, clock.clone());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
+    state.set_admin_token(token.as_deref());
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut workers = Vec::new();
+    let mut ready = Vec::new();
+    for i in 1..threads {
+        let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
+        ready.push(ready_rx);
+        let base = state.clone();
+        let shared_store = shared_store.clone();
+        let clock = clock.clone();
+        let mut stop = stop_rx.clone();
+        let worker = std::thread::Builder::new()
+            .name(format!("budgetgate-{i}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("cannot start a runtime: {e}")));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    let store = match shared_store {
+                        Some(s) => Ok(s),
+                        None => build_store(&base.policy.load(), clock).await,
+                    };
+                    let bound = store.and_then(|s| {
+                        bind_shared(local)
+                            .map(|l| (s, l))
+                            .map_err(|e| format!("cannot listen on {local}: {e}"))
+                    });
+                    let (store, listener) = match bound {
+                        Ok(x) => x,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready_tx.send(Ok(()));
+                    let shutdown = async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    };
+                    if let Err(e) =
+                        serve_connections(listener, base.with_store(store), shutdown).await
+                    {
+                        tracing::error!(thread = i, error = %e, "serving thread failed");
+                    }
+                    // Settlement tasks run on this thread's runtime: it must outlive them.
+                    base.settlements.wait_idle().await;
+                });
+            })
+            .map_err(|e| format!("cannot start a serving thread: {e}"))?;
+        workers.push(worker);
+    }
+    let mut failed = None;
+    for r in ready {
+        match r.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(e),
+            Err(_) => failed = Some("a serving thread ended during start-up".into()),
+        }
+    }
+    if let Some(e) = failed {
+        let _ = stop_tx.send(true);
+        join(workers).await;
+        return Err(e);
+    }
+    tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
+    println!("budgetgate listening on http://{local}");
     if token.is_some() {
         tracing::info!(token_env = %token_env, "admin API enabled under /admin/v1/");
     } else {
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
-    state.set_admin_token(token.as_deref());
     let reloader = {
         let st = state.clone();
         let path = config_path.clone();
@@ -146,9 +281,25 @@ pub async fn run(
             reload::reload(&st.policy, &path, trigger);
         }))
     };
-    let result = serve(listener, state, shutdown_signal()).await;
+    let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    let result = serve_connections(listener, state.clone(), shutdown).await;
+    join(workers).await;
+    wait_for_settlements(&state).await;
+    upkeep.abort();
     reloader.abort();
     result.map_err(|e| e.to_string())
+}
+
+/// Waits for serving threads to end without blocking this runtime (its
+/// tasks, such as the lease keeper, may still be needed by them).
+async fn join(workers: Vec<std::thread::JoinHandle<()>>) {
+    for w in workers {
+        let _ = tokio::task::spawn_blocking(move || w.join()).await;
+    }
 }
 
 async fn shutdown_signal() {

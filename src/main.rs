@@ -11,6 +11,11 @@ use budgetgate::config::{hash_key, Policy};
 use budgetgate::estimate::{self, Endpoint, ModelEstimation};
 use budgetgate::reserve::{keys::KeySpace, plan};
 
+// mimalloc instead of glibc malloc: allocation was the largest single item
+// in the gateway's CPU profile under load (docs/DESIGN.md section 11).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "budgetgate",
@@ -35,6 +40,11 @@ enum Command {
         /// Listen address, overriding `server.listen`.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Serving threads, each with its own single-threaded runtime,
+        /// listener (SO_REUSEPORT), upstream and store connections; 0 means
+        /// one per available CPU.
+        #[arg(long, env = "BUDGETGATE_THREADS", default_value_t = 0)]
+        threads: usize,
     },
     /// Validate a config file; print every error with its path.
     CheckConfig {
@@ -80,7 +90,11 @@ fn init_logging(json: bool) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve { config, listen } => {
+        Command::Serve {
+            config,
+            listen,
+            threads,
+        } => {
             init_logging(cli.log_json);
             let policy = match Policy::load(&config) {
                 Ok(p) => p,
@@ -95,14 +109,12 @@ fn main() -> ExitCode {
             for enc in encodings {
                 enc.warm_up();
             }
-            let rt = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+            let threads = if threads == 0 {
+                budgetgate::app::default_threads()
+            } else {
+                threads
             };
-            match rt.block_on(budgetgate::app::run(policy, listen, config)) {
+            match budgetgate::app::run_blocking(policy, listen, config, threads) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("budgetgate: {e}");

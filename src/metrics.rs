@@ -29,6 +29,23 @@ pub fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
+/// Drains histogram samples into their buckets every `period` until the
+/// returned task is aborted. The exporter keeps raw samples until upkeep
+/// runs, so without this a gateway that is never scraped grows by every
+/// histogram sample it records (a few dozen bytes per request).
+pub fn spawn_upkeep(period: std::time::Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Some(h) = install() {
+                h.run_upkeep();
+            }
+        }
+    })
+}
+
 /// The current exposition text (empty if no recorder could be installed).
 pub fn render() -> String {
     match install() {

@@ -19,19 +19,24 @@
 //! * **Concurrency**: one mutex held only for the map look-up or insert,
 //!   never while tokenising; two requests counting the same new string at
 //!   once both count it (same result), and one insert wins.
-//! * Strings shorter than [`MIN_CACHED_BYTES`] are counted directly:
-//!   tokenising them costs about as much as a look-up, and caching them
-//!   would churn the cache with short unique user messages.
+//! * **Two partitions** of [`DEFAULT_CAPACITY`] entries each: strings of
+//!   at least [`MIN_CACHED_BYTES`] (system prompts, schemas) and shorter
+//!   ones (chat turns, which clients resend with the whole history on every
+//!   turn). Counting a 30-byte string still runs the tokenizer's regex
+//!   machinery, about 17,000 instructions against about 1,000 for a hash
+//!   and look-up (callgrind, issue 7), so short strings are cached too; in
+//!   their own partition, so a stream of unique short user messages cannot
+//!   evict a long system prompt.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{LazyLock, Mutex};
 
 use super::Encoding;
 
-/// Entries of the process-wide cache.
+/// Entries of each partition of the process-wide cache.
 pub const DEFAULT_CAPACITY: usize = 4096;
 
-/// Strings shorter than this (in bytes) bypass the cache.
+/// Strings of at least this many bytes go to the long-string partition.
 pub const MIN_CACHED_BYTES: usize = 128;
 
 /// The process-wide cache used by [`Encoding::count_cached`].
@@ -64,26 +69,34 @@ struct Clock {
 #[derive(Debug)]
 pub struct TokenCache {
     capacity: usize,
-    inner: Mutex<Clock>,
+    /// Strings of at least [`MIN_CACHED_BYTES`].
+    long: Mutex<Clock>,
+    /// Non-empty strings below [`MIN_CACHED_BYTES`].
+    short: Mutex<Clock>,
 }
 
 impl TokenCache {
-    /// An empty cache holding at most `capacity` (≥ 1) entries.
+    /// An empty cache holding at most `capacity` (≥ 1) entries in each
+    /// partition.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
+        let clock = || {
+            Mutex::new(Clock {
+                index: HashMap::default(),
+                slots: Vec::new(),
+                hand: 0,
+            })
+        };
         TokenCache {
             capacity,
-            inner: Mutex::new(Clock {
-                index: HashMap::with_capacity(capacity),
-                slots: Vec::with_capacity(capacity),
-                hand: 0,
-            }),
+            long: clock(),
+            short: clock(),
         }
     }
 
-    /// Number of entries held (never above the capacity).
+    /// Number of entries held (never above twice the capacity).
     pub fn len(&self) -> usize {
-        self.lock().slots.len()
+        lock(&self.long).slots.len() + lock(&self.short).slots.len()
     }
 
     /// True when the cache holds nothing.
@@ -91,75 +104,91 @@ impl TokenCache {
         self.len() == 0
     }
 
-    /// The most entries it holds.
+    /// The most entries each partition holds.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Drops every entry.
     pub fn clear(&self) {
-        let mut c = self.lock();
-        c.index.clear();
-        c.slots.clear();
-        c.hand = 0;
+        for part in [&self.long, &self.short] {
+            let mut c = lock(part);
+            c.index.clear();
+            c.slots.clear();
+            c.hand = 0;
+        }
     }
 
     /// Tokens of `text` under `encoding` (`encode_ordinary`), from the cache
-    /// when this text was counted before; short strings are counted
-    /// directly.
+    /// when this text was counted before.
     pub fn count(&self, encoding: Encoding, text: &str) -> u64 {
-        if text.len() < MIN_CACHED_BYTES {
-            return encoding.count(text);
+        if text.is_empty() {
+            return 0;
         }
+        let part = if text.len() < MIN_CACHED_BYTES {
+            &self.short
+        } else {
+            &self.long
+        };
         let key = Key {
             digest: digest(text),
             len: text.len() as u64,
             encoding,
         };
-        if let Some(tokens) = self.get(&key) {
+        if let Some(tokens) = lock(part).get(&key) {
             return tokens;
         }
         let tokens = encoding.count(text);
-        self.insert(key, tokens);
+        lock(part).insert(key, tokens, self.capacity);
         tokens
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Clock> {
-        // A panic while holding the lock cannot leave the map inconsistent
-        // with the slots in a way that matters (worst case: a stale miss).
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
+    #[cfg(test)]
     fn get(&self, key: &Key) -> Option<u64> {
-        let mut c = self.lock();
-        let i = *c.index.get(key)?;
-        let slot = &mut c.slots[i];
+        let part = if key.len < MIN_CACHED_BYTES as u64 {
+            &self.short
+        } else {
+            &self.long
+        };
+        lock(part).get(key)
+    }
+}
+
+fn lock(m: &Mutex<Clock>) -> std::sync::MutexGuard<'_, Clock> {
+    // A panic while holding the lock cannot leave the map inconsistent
+    // with the slots in a way that matters (worst case: a stale miss).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Clock {
+    fn get(&mut self, key: &Key) -> Option<u64> {
+        let i = *self.index.get(key)?;
+        let slot = &mut self.slots[i];
         slot.referenced = true;
         Some(slot.tokens)
     }
 
-    fn insert(&self, key: Key, tokens: u64) {
-        let mut c = self.lock();
-        if c.index.contains_key(&key) {
+    fn insert(&mut self, key: Key, tokens: u64, capacity: usize) {
+        if self.index.contains_key(&key) {
             return; // another thread counted it meanwhile
         }
-        if c.slots.len() < self.capacity {
-            let i = c.slots.len();
-            c.slots.push(Slot {
+        if self.slots.len() < capacity {
+            let i = self.slots.len();
+            self.slots.push(Slot {
                 key,
                 tokens,
                 referenced: false,
             });
-            c.index.insert(key, i);
+            self.index.insert(key, i);
             return;
         }
         // CLOCK: clear reference bits until an unreferenced slot comes up
         // (at most one full turn plus one step).
-        let n = c.slots.len();
+        let n = self.slots.len();
         loop {
-            let h = c.hand;
-            c.hand = (h + 1) % n;
-            let slot = &mut c.slots[h];
+            let h = self.hand;
+            self.hand = (h + 1) % n;
+            let slot = &mut self.slots[h];
             if slot.referenced {
                 slot.referenced = false;
                 continue;
@@ -172,8 +201,8 @@ impl TokenCache {
                     referenced: false,
                 },
             );
-            c.index.remove(&old.key);
-            c.index.insert(key, h);
+            self.index.remove(&old.key);
+            self.index.insert(key, h);
             return;
         }
     }
@@ -246,11 +275,39 @@ mod tests {
             assert!(cache.len() <= 8, "len {} after {i}", cache.len());
         }
         assert_eq!(cache.len(), 8);
-        assert_eq!(cache.lock().index.len(), 8, "index and slots agree");
-        // Short strings never enter it.
-        cache.clear();
-        cache.count(Encoding::O200kBase, "short");
-        assert!(cache.is_empty());
+        assert_eq!(lock(&cache.long).index.len(), 8, "index and slots agree");
+        // Short strings have their own bounded partition.
+        for i in 0..200 {
+            cache.count(Encoding::O200kBase, &format!("short {i}"));
+        }
+        assert_eq!(cache.len(), 16);
+        assert_eq!(lock(&cache.short).index.len(), 8);
+    }
+
+    #[test]
+    fn unique_short_strings_never_evict_a_long_one() {
+        let cache = TokenCache::new(4);
+        let system = "You are a careful assistant. ".repeat(50);
+        cache.count(Encoding::O200kBase, &system);
+        for i in 0..1000 {
+            cache.count(Encoding::O200kBase, &format!("question {i}"));
+        }
+        let key = Key {
+            digest: digest(&system),
+            len: system.len() as u64,
+            encoding: Encoding::O200kBase,
+        };
+        assert!(cache.get(&key).is_some());
+        // A repeated short string is served from the cache.
+        let turn = Key {
+            digest: digest("question 999"),
+            len: 12,
+            encoding: Encoding::O200kBase,
+        };
+        assert_eq!(
+            cache.get(&turn),
+            Some(Encoding::O200kBase.count("question 999"))
+        );
     }
 
     #[test]

@@ -172,22 +172,26 @@ pub fn warm_up() {
 /// about 1.5 ms of CPU.
 pub const OFF_IO_THREAD_BYTES: usize = 32 * 1024;
 
-/// Runs `f` (parsing or estimating a body of `body_len` bytes) so that a
-/// large body does not stall the other requests of the async worker thread
-/// it arrived on: above [`OFF_IO_THREAD_BYTES`], on a multi-threaded tokio
-/// runtime, through [`tokio::task::block_in_place`] (the worker's other
-/// tasks move to another thread while `f` runs). Small bodies, and callers
-/// outside a multi-threaded runtime (the CLI, current-thread test
-/// runtimes), run `f` inline.
-pub fn off_io_threads<R>(body_len: usize, f: impl FnOnce() -> R) -> R {
-    if body_len > OFF_IO_THREAD_BYTES {
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-                return tokio::task::block_in_place(f);
-            }
-        }
+/// Runs `f` (parsing and estimating a body of `body_len` bytes) so that a
+/// large body does not stall the other requests of the serving thread it
+/// arrived on: above [`OFF_IO_THREAD_BYTES`], inside a tokio runtime, on the
+/// blocking pool ([`tokio::task::spawn_blocking`]; the serving thread goes
+/// on with its other connections meanwhile). Small bodies, and callers
+/// outside a runtime, run `f` inline. `None` when the runtime is shutting
+/// down and dropped the job; a panic in `f` is resumed in the caller.
+pub async fn off_io_threads<R, F>(body_len: usize, f: F) -> Option<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    if body_len > OFF_IO_THREAD_BYTES && tokio::runtime::Handle::try_current().is_ok() {
+        return match tokio::task::spawn_blocking(f).await {
+            Ok(r) => Some(r),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        };
     }
-    f()
+    Some(f())
 }
 
 /// Estimation knobs from config. All costs are in tokens.

@@ -695,26 +695,44 @@ fn odd_but_parseable_message_fields_never_panic_and_are_charged() {
 }
 
 #[test]
-fn off_io_threads_runs_inline_or_in_place_on_every_runtime_flavor() {
-    let big = OFF_IO_THREAD_BYTES + 1;
-    // No runtime (the CLI).
-    assert_eq!(off_io_threads(big, || 7), 7);
-    // Current-thread runtime: block_in_place would panic there; runs inline.
+fn a_large_body_is_estimated_while_the_serving_thread_goes_on() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    // A single-threaded runtime, as each serving thread runs.
     let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
         .unwrap();
-    assert_eq!(rt.block_on(async { off_io_threads(big, || 8) }), 8);
-    // Multi-threaded runtime, on a worker: runs in place, other tasks move.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .unwrap();
-    let got = rt.block_on(async {
-        tokio::spawn(async move { off_io_threads(big, || 9) + off_io_threads(1, || 1) })
-            .await
-            .unwrap()
+    let ticks = Arc::new(AtomicU64::new(0));
+    let seen = rt.block_on(async {
+        let t = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                t.fetch_add(1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        });
+        let t = ticks.clone();
+        let big = OFF_IO_THREAD_BYTES + 1;
+        // The job blocks its thread until the ticker has run 100 times: it
+        // can only finish if it does not run on the serving thread.
+        let got = off_io_threads(big, move || {
+            while t.load(Ordering::SeqCst) < 100 {
+                std::thread::yield_now();
+            }
+            7
+        })
+        .await;
+        ticker.abort();
+        got
     });
-    assert_eq!(got, 10);
+    assert_eq!(seen, Some(7));
+    // Small bodies run inline, as does a caller outside any runtime.
+    let small = rt.block_on(off_io_threads(10, || 1));
+    assert_eq!(small, Some(1));
+    let outside =
+        futures_util::FutureExt::now_or_never(off_io_threads(OFF_IO_THREAD_BYTES + 1, || 2));
+    assert_eq!(outside, Some(Some(2)));
 }
 
 #[test]

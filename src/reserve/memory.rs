@@ -2,7 +2,9 @@
 //! the fail-open fallback. One mutex guards all state, so every operation is
 //! atomic, like one Lua script call in the Redis store.
 
-use std::collections::HashMap;
+// foldhash: these maps are looked up several times per request; their keys
+// are config-derived budget keys and gateway-made reservation ids.
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;

@@ -150,9 +150,9 @@ pub fn candidate_budgets(
 /// The smallest token capacity a request must fit: the minimum over the
 /// common budgets and the largest over candidates (a request needs only one
 /// deployment to fit). `None` when no token budget applies.
-pub fn tightest_token_capacity(
+pub fn tightest_token_capacity<C: AsRef<[BudgetSpec]>>(
     common: &[BudgetSpec],
-    candidates: &[Vec<BudgetSpec>],
+    candidates: &[C],
 ) -> Option<u64> {
     let cap = |specs: &[BudgetSpec]| {
         specs
@@ -162,10 +162,10 @@ pub fn tightest_token_capacity(
             .min()
     };
     let common_cap = cap(common);
-    let cand_cap = if candidates.iter().any(|c| cap(c).is_none()) {
+    let cand_cap = if candidates.iter().any(|c| cap(c.as_ref()).is_none()) {
         None
     } else {
-        candidates.iter().filter_map(|c| cap(c)).max()
+        candidates.iter().filter_map(|c| cap(c.as_ref())).max()
     };
     match (common_cap, cand_cap) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::headers::rate_limit_headers;
 use super::settlement::HeldReservation;
-use super::AppState;
+use super::{AppState, BudgetPlan};
 use crate::config::{ModelPolicy, OnStoreError, Policy, Routing, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
 use crate::metrics;
@@ -254,9 +254,10 @@ struct Prepared {
     estimate: Estimate,
     stream: bool,
     client_wants_usage: bool,
-    common: Vec<BudgetSpec>,
-    /// `(index into policy.upstreams, budgets)` per candidate deployment.
-    candidates: Vec<(usize, Vec<BudgetSpec>)>,
+    /// Budgets of this tenant, key and model.
+    plan: Arc<BudgetPlan>,
+    /// Positions in `plan.upstreams` of the deployments that can serve the request.
+    candidates: Vec<usize>,
 }
 
 async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, ApiError> {
@@ -282,11 +283,12 @@ async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Byte
 }
 
 fn prepare(
-    policy: &Policy,
+    st: &AppState,
+    policy: &Arc<Policy>,
     endpoint: Endpoint,
     tenant: &crate::config::TenantPolicy,
     key: &crate::config::KeyPolicy,
-    bytes: &[u8],
+    bytes: &Bytes,
     path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
     let started = std::time::Instant::now();
@@ -313,10 +315,10 @@ fn prepare(
             ))
         }
     };
-    let model = policy
-        .model(&model_name)
-        .cloned()
-        .ok_or(ApiError::ModelNotFound(model_name))?;
+    let Some(model_ref) = policy.model(&model_name) else {
+        return Err(ApiError::ModelNotFound(model_name));
+    };
+    let model = model_ref.clone();
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -331,13 +333,13 @@ fn prepare(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let n = body.get("n").and_then(Value::as_u64).unwrap_or(1);
-    let ks = AppState::key_space(policy);
-    let common = plan::tenant_budgets(&ks, tenant, key, &model);
-    let candidates: Vec<(usize, Vec<BudgetSpec>)> = model
+    let plan = st.budget_plan(policy, tenant, key, model_ref);
+    let candidates: Vec<usize> = plan
         .upstreams
         .iter()
-        .filter(|&&u| n <= 1 || policy.upstreams[u].supports_n)
-        .map(|&u| (u, plan::upstream_budgets(&ks, &policy.upstreams[u])))
+        .enumerate()
+        .filter(|(_, (u, _))| n <= 1 || policy.upstreams[*u].supports_n)
+        .map(|(i, _)| i)
         .collect();
     if candidates.is_empty() {
         return Err(invalid(
@@ -348,8 +350,12 @@ fn prepare(
             ),
         ));
     }
-    let cand_specs: Vec<Vec<BudgetSpec>> = candidates.iter().map(|(_, s)| s.clone()).collect();
-    let tightest = plan::tightest_token_capacity(&common, &cand_specs);
+    let common = &plan.common;
+    let cand_specs: Vec<&[BudgetSpec]> = candidates
+        .iter()
+        .map(|&i| plan.upstreams[i].1.as_slice())
+        .collect();
+    let tightest = plan::tightest_token_capacity(common, &cand_specs);
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
@@ -357,47 +363,45 @@ fn prepare(
         min_output_tokens: policy.min_output_tokens,
     };
     let body_value = Value::Object(body);
-    // Large bodies are counted off the async I/O threads (issue 7).
-    let estimate = match estimate::off_io_threads(bytes.len(), || {
-        estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest)
-    }) {
-        Ok(e) => e,
-        Err(EstimateError::Invalid { param, message }) => {
-            return Err(ApiError::InvalidRequest { param, message })
-        }
-        Err(EstimateError::Impossible { needed, capacity }) => {
-            let spec = common
-                .iter()
-                .chain(cand_specs.iter().flatten())
-                .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
-                .min_by_key(|s| s.capacity());
-            let (scope, name) = match spec {
-                Some(s) => (s.scope.clone(), s.name),
-                None => (
-                    Scope::Tenant(tenant.name.clone()),
-                    crate::reserve::BudgetName::Tpm,
-                ),
-            };
-            return Err(ApiError::Impossible(Box::new(Impossibility {
-                scope,
-                name,
-                capacity,
-                requested: needed,
-            })));
-        }
-    };
+    let estimate =
+        match estimate::estimate(endpoint, &body_value, &me, &policy.estimation, tightest) {
+            Ok(e) => e,
+            Err(EstimateError::Invalid { param, message }) => {
+                return Err(ApiError::InvalidRequest { param, message })
+            }
+            Err(EstimateError::Impossible { needed, capacity }) => {
+                let spec = common
+                    .iter()
+                    .chain(cand_specs.iter().copied().flatten())
+                    .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
+                    .min_by_key(|s| s.capacity());
+                let (scope, name) = match spec {
+                    Some(s) => (s.scope.clone(), s.name),
+                    None => (
+                        Scope::Tenant(tenant.name.clone()),
+                        crate::reserve::BudgetName::Tpm,
+                    ),
+                };
+                return Err(ApiError::Impossible(Box::new(Impossibility {
+                    scope,
+                    name,
+                    capacity,
+                    requested: needed,
+                })));
+            }
+        };
     let Value::Object(body) = body_value else {
         unreachable!("constructed as an object above")
     };
     drop(body);
     Ok(Prepared {
         started,
-        raw: Bytes::copy_from_slice(bytes),
+        raw: bytes.clone(),
         model,
         estimate,
         stream,
         client_wants_usage,
-        common,
+        plan,
         candidates,
     })
 }
@@ -499,7 +503,34 @@ async fn proxy_inner(
     let policy = st.policy.load_full();
     let (tenant, key) = authenticate(&policy, &headers)?;
     let bytes = read_body(body, policy.server.max_body_bytes, &headers).await?;
-    let prepared = prepare(&policy, endpoint, tenant, key, &bytes, path_model)?;
+    // Large bodies are parsed and counted on the blocking pool, so that the
+    // serving thread's other connections go on meanwhile (issue 7).
+    let position = |t: &crate::config::TenantPolicy, k: &crate::config::KeyPolicy| {
+        let ti = policy.tenants.iter().position(|x| std::ptr::eq(x, t))?;
+        let ki = t.keys.iter().position(|x| std::ptr::eq(x, k))?;
+        Some((ti, ki))
+    };
+    let (ti, ki) = position(tenant, key).ok_or(ApiError::InvalidKey)?;
+    let job = {
+        let (st, policy, bytes) = (st.clone(), policy.clone(), bytes.clone());
+        move || {
+            let tenant = &policy.tenants[ti];
+            prepare(
+                &st,
+                &policy,
+                endpoint,
+                tenant,
+                &tenant.keys[ki],
+                &bytes,
+                path_model,
+            )
+        }
+    };
+    let prepared = estimate::off_io_threads(bytes.len(), job)
+        .await
+        .ok_or_else(|| {
+            ApiError::Unavailable("The gateway is shutting down; retry the request.".into())
+        })??;
     let client_id = client_request_id(&headers);
 
     let mut tried: Vec<usize> = Vec::new();
@@ -510,6 +541,7 @@ async fn proxy_inner(
         let mut candidates: Vec<&(usize, Vec<BudgetSpec>)> = prepared
             .candidates
             .iter()
+            .map(|&i| &prepared.plan.upstreams[i])
             .filter(|(u, _)| !tried.contains(u))
             .filter(
                 |(u, _)| match st.cooldown_until(&policy.upstreams[*u].name, now) {
@@ -535,9 +567,10 @@ async fn proxy_inner(
         }
         // A retry on another deployment is the same client request: its request count is already spent.
         let common: Vec<BudgetSpec> = if attempt == 0 {
-            prepared.common.clone()
+            prepared.plan.common.clone()
         } else {
             prepared
+                .plan
                 .common
                 .iter()
                 .filter(|s| s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
@@ -915,8 +948,11 @@ async fn forward(
             );
         }
     };
-    let parsed: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
+    // Only `usage` is read out of the answer; the rest is checked to be
+    // JSON and passed on untouched (the whole tree is built only when the
+    // upstream sent no usage and the output must be counted here).
+    let usage = match serde_json::from_slice::<Answer>(&body) {
+        Ok(a) if body.trim_ascii_start().starts_with(b"{") => a.usage,
         _ => {
             hold.settle(Settlement {
                 actual_tokens: 0,
@@ -928,9 +964,12 @@ async fn forward(
             );
         }
     };
-    let actual = usage_tokens(&parsed, endpoint).unwrap_or_else(|| {
-        prepared.estimate.input_tokens + count_output(&parsed, endpoint, &prepared.model)
-    });
+    let actual = usage
+        .and_then(|u| usage_tokens(u.get(), endpoint))
+        .unwrap_or_else(|| {
+            let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            prepared.estimate.input_tokens + count_output(&parsed, endpoint, &prepared.model)
+        });
     hold.settle(Settlement {
         actual_tokens: actual,
         upstream_failed: false,
@@ -1001,16 +1040,35 @@ fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
     }
 }
 
-/// `prompt_tokens + completion_tokens` from an upstream `usage` object.
-fn usage_tokens(v: &Value, endpoint: Endpoint) -> Option<u64> {
-    let u = v.get("usage")?.as_object()?;
-    let prompt = u.get("prompt_tokens").and_then(Value::as_u64);
+/// The part of a non-streamed answer the gateway reads (OpenAI API
+/// reference: `usage` of chat completions, completions and embeddings).
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+/// `prompt_tokens + completion_tokens` from an upstream `usage` object
+/// (raw JSON); `None` when it is not an object with a `prompt_tokens` count.
+fn usage_tokens(raw: &str, endpoint: Endpoint) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        prompt_tokens: Option<Value>,
+        completion_tokens: Option<Value>,
+        total_tokens: Option<Value>,
+    }
+    if !raw.starts_with('{') {
+        return None;
+    }
+    let u: Usage = serde_json::from_str(raw).ok()?;
+    let prompt = u.prompt_tokens.as_ref().and_then(Value::as_u64);
     let completion = u
-        .get("completion_tokens")
+        .completion_tokens
+        .as_ref()
         .and_then(Value::as_u64)
         .unwrap_or(0);
     match endpoint {
-        Endpoint::Embeddings => prompt.or_else(|| u.get("total_tokens").and_then(Value::as_u64)),
+        Endpoint::Embeddings => prompt.or_else(|| u.total_tokens.as_ref().and_then(Value::as_u64)),
         _ => prompt.map(|p| p + completion),
     }
 }

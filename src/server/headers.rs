@@ -61,9 +61,11 @@ fn scope_label(scope: &Scope) -> &'static str {
 
 /// The state with the lowest remaining/limit among `states` of `name`
 /// (compared exactly by cross-multiplication).
-fn tightest(states: &[BudgetState], name: BudgetName) -> Option<&BudgetState> {
+fn tightest<'a>(
+    states: impl Iterator<Item = &'a BudgetState>,
+    name: BudgetName,
+) -> Option<&'a BudgetState> {
     states
-        .iter()
         .filter(|s| s.name == name && s.limit > 0)
         .min_by(|a, b| {
             let l = a.remaining as i128 * b.limit as i128;
@@ -72,67 +74,88 @@ fn tightest(states: &[BudgetState], name: BudgetName) -> Option<&BudgetState> {
         })
 }
 
-fn put(h: &mut HeaderMap, name: &'static str, value: String) {
-    if let Ok(v) = HeaderValue::from_str(&value) {
+fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
         h.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// A budget's name in a `RateLimit` policy key (hyphens, as in `tenant-tpm`).
+fn key_name(name: BudgetName) -> &'static str {
+    match name {
+        BudgetName::Rpm => "rpm",
+        BudgetName::Tpm => "tpm",
+        BudgetName::MaxConcurrent => "max-concurrent",
+        BudgetName::TokensPerDay => "tokens-per-day",
+        BudgetName::TokensPerMonth => "tokens-per-month",
+        BudgetName::RequestsPerDay => "requests-per-day",
     }
 }
 
 /// Headers describing the budgets one decision touched. `states` are the
 /// values right after this request's debit (before its settle). Tenant-side
 /// scopes are preferred when reporting; upstream budgets are reported only
-/// when no tenant-side budget of that kind exists.
+/// when no tenant-side budget of that kind exists. (On every response:
+/// written into two reused buffers rather than formatted piece by piece.)
 pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
+    use std::fmt::Write;
     let mut h = HeaderMap::new();
-    let client_side: Vec<BudgetState> = states
-        .iter()
-        .filter(|s| !s.scope.is_upstream())
-        .cloned()
-        .collect();
-    for (name, suffix) in [(BudgetName::Rpm, "requests"), (BudgetName::Tpm, "tokens")] {
-        let pick = tightest(&client_side, name).or_else(|| tightest(states, name));
+    let client_side = || states.iter().filter(|s| !s.scope.is_upstream());
+    let mut buf = String::with_capacity(32);
+    for (name, [l, r, t]) in [
+        (
+            BudgetName::Rpm,
+            [
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ],
+        ),
+        (
+            BudgetName::Tpm,
+            [
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ],
+        ),
+    ] {
+        let pick = tightest(client_side(), name).or_else(|| tightest(states.iter(), name));
         if let Some(s) = pick {
             let remaining = s.remaining.clamp(0, s.limit as i64);
-            let (l, r, t) = match suffix {
-                "requests" => (
-                    "x-ratelimit-limit-requests",
-                    "x-ratelimit-remaining-requests",
-                    "x-ratelimit-reset-requests",
-                ),
-                _ => (
-                    "x-ratelimit-limit-tokens",
-                    "x-ratelimit-remaining-tokens",
-                    "x-ratelimit-reset-tokens",
-                ),
-            };
-            put(&mut h, l, s.limit.to_string());
-            put(&mut h, r, remaining.to_string());
-            put(&mut h, t, go_duration(s.reset_micros));
+            buf.clear();
+            let _ = write!(buf, "{}", s.limit);
+            put(&mut h, l, &buf);
+            buf.clear();
+            let _ = write!(buf, "{remaining}");
+            put(&mut h, r, &buf);
+            put(&mut h, t, &go_duration(s.reset_micros));
         }
     }
-    let mut policies = Vec::new();
-    let mut values = Vec::new();
-    for s in &client_side {
+    let mut policies = String::with_capacity(128);
+    let mut values = String::with_capacity(128);
+    for s in client_side() {
         let w = match (s.name, s.window) {
             (BudgetName::Rpm | BudgetName::Tpm, _) => 60,
             (_, Some(w)) => w.seconds(),
             _ => continue,
         };
-        let key = format!(
-            "{}-{}",
-            scope_label(&s.scope),
-            s.name.as_str().replace('_', "-")
-        );
-        policies.push(format!("\"{key}\";q={};w={w}", s.limit));
-        values.push(format!(
-            "\"{key}\";r={};t={}",
+        if !policies.is_empty() {
+            policies.push_str(", ");
+            values.push_str(", ");
+        }
+        let (scope, name) = (scope_label(&s.scope), key_name(s.name));
+        let _ = write!(policies, "\"{scope}-{name}\";q={};w={w}", s.limit);
+        let _ = write!(
+            values,
+            "\"{scope}-{name}\";r={};t={}",
             s.remaining.clamp(0, s.limit as i64),
             s.reset_micros.div_ceil(1_000_000)
-        ));
+        );
     }
     if !policies.is_empty() {
-        put(&mut h, "ratelimit-policy", policies.join(", "));
-        put(&mut h, "ratelimit", values.join(", "));
+        put(&mut h, "ratelimit-policy", &policies);
+        put(&mut h, "ratelimit", &values);
     }
     h
 }

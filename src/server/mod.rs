@@ -6,12 +6,14 @@
 //! - [`error`]: every error → status, OpenAI body, retry headers.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`settlement`]: the reservation guard and settlement tasks.
+//! - [`lease`]: one task renewing the leases of all live reservations.
 //! - [`admin`]: the operator API under `/admin/v1/`.
 
 pub mod admin;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod lease;
 pub mod settlement;
 
 use std::collections::HashMap;
@@ -22,19 +24,21 @@ use axum::routing::{any, get, post};
 use axum::Router;
 
 use crate::clock::Clock;
-use crate::config::Policy;
+use crate::config::{KeyPolicy, ModelPolicy, Policy, TenantPolicy};
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::memory::MemoryStore;
-use crate::reserve::BudgetStore;
+use crate::reserve::{plan, BudgetSpec, BudgetStore};
 use crate::upstreams::UpstreamClient;
 use settlement::SettlementTracker;
 
-/// Everything a request needs, shared by all handlers.
+/// Everything a request needs. One per serving thread: the store handle
+/// (and with it the store connection and circuit breaker) is the thread's
+/// own, everything else is shared by all threads ([`AppState::with_store`]).
 pub struct AppState {
     /// The active policy; swapped atomically on reload, each request keeps the one it started with.
-    pub policy: ArcSwap<Policy>,
+    pub policy: Arc<ArcSwap<Policy>>,
     /// Budget state.
     pub store: Arc<dyn BudgetStore>,
     /// Time source (the store reads its own; this one stamps logs and responses).
@@ -44,13 +48,33 @@ pub struct AppState {
     /// Settlement tasks in flight.
     pub settlements: SettlementTracker,
     /// Deployments that answered 429: no traffic until the given UTC µs (per gateway).
-    cooldowns: Mutex<HashMap<String, u64>>,
+    cooldowns: Arc<Mutex<HashMap<String, u64>>>,
     /// Refusals answered locally without a store call.
-    pub deny_cache: DenyCache,
+    pub deny_cache: Arc<DenyCache>,
     /// The local limiter used for fail-open tenants while the store is down.
     pub fallback: Arc<MemoryStore>,
     /// SHA-256 of the admin API bearer token; `None` disables the admin API.
-    admin_token: Mutex<Option<[u8; 32]>>,
+    admin_token: Arc<Mutex<Option<[u8; 32]>>>,
+    /// Budget lists per (tenant, key, model) of the active policy.
+    plans: Arc<Mutex<PlanCache>>,
+}
+
+/// The budgets a request of one (tenant, key, model) reserves against,
+/// derived from the policy once rather than on every request.
+pub struct BudgetPlan {
+    /// Tenant-side budgets (tenant, key, tenant × model, shadow limits).
+    pub common: Vec<BudgetSpec>,
+    /// `(index into policy.upstreams, its budgets)` for every deployment of
+    /// the model, in configured order.
+    pub upstreams: Vec<(usize, Vec<BudgetSpec>)>,
+}
+
+#[derive(Default)]
+struct PlanCache {
+    /// The policy the plans belong to; holding it keeps the addresses used
+    /// as keys from being reused while the plans are cached.
+    policy: Option<Arc<Policy>>,
+    plans: HashMap<(usize, usize, usize), Arc<BudgetPlan>>,
 }
 
 impl AppState {
@@ -62,14 +86,76 @@ impl AppState {
         crate::metrics::policy_version(None, &policy.version);
         Arc::new(Self {
             fallback: Arc::new(MemoryStore::new(clock.clone())),
-            deny_cache: DenyCache::new(),
-            policy: ArcSwap::from_pointee(policy),
+            deny_cache: Arc::new(DenyCache::new()),
+            policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
             clock,
             upstream: UpstreamClient::new(),
             settlements: SettlementTracker::default(),
-            cooldowns: Mutex::new(HashMap::new()),
-            admin_token: Mutex::new(None),
+            cooldowns: Arc::new(Mutex::new(HashMap::new())),
+            admin_token: Arc::new(Mutex::new(None)),
+            plans: Arc::default(),
+        })
+    }
+
+    /// The budget plan of `tenant`, `key` and `model` under `policy` (all
+    /// three borrowed from `policy`); built on first use per policy.
+    pub fn budget_plan(
+        &self,
+        policy: &Arc<Policy>,
+        tenant: &TenantPolicy,
+        key: &KeyPolicy,
+        model: &ModelPolicy,
+    ) -> Arc<BudgetPlan> {
+        let id = (
+            tenant as *const TenantPolicy as usize,
+            key as *const KeyPolicy as usize,
+            model as *const ModelPolicy as usize,
+        );
+        let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if !cache
+            .policy
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, policy))
+        {
+            cache.policy = Some(policy.clone());
+            cache.plans.clear();
+        }
+        cache
+            .plans
+            .entry(id)
+            .or_insert_with(|| {
+                let ks = Self::key_space(policy);
+                Arc::new(BudgetPlan {
+                    common: plan::tenant_budgets(&ks, tenant, key, model),
+                    upstreams: model
+                        .upstreams
+                        .iter()
+                        .map(|&u| (u, plan::upstream_budgets(&ks, &policy.upstreams[u])))
+                        .collect(),
+                })
+            })
+            .clone()
+    }
+
+    /// The same gateway state over another handle to the budget store (a
+    /// serving thread's own Redis connection, or the shared memory store),
+    /// wrapped in its own [`GuardedStore`]. Policy, reloads, settlements,
+    /// leases, deny cache, cool-downs, fallback limiter and admin token are
+    /// shared with `self`.
+    pub fn with_store(&self, store: Arc<dyn BudgetStore>) -> Arc<Self> {
+        let timeout = self.policy.load().store.timeout;
+        Arc::new(Self {
+            policy: self.policy.clone(),
+            store: Arc::new(GuardedStore::new(store, timeout)),
+            clock: self.clock.clone(),
+            upstream: self.upstream.clone(),
+            settlements: self.settlements.clone(),
+            cooldowns: self.cooldowns.clone(),
+            deny_cache: self.deny_cache.clone(),
+            fallback: self.fallback.clone(),
+            admin_token: self.admin_token.clone(),
+            plans: self.plans.clone(),
         })
     }
 

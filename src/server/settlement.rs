@@ -7,12 +7,14 @@
 //! shutdown. The tracker also carries the shutdown *cutoff*: at the end of
 //! the grace period every stream still relaying is told to cut off cleanly.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
+
+use super::lease::{LeaseHandle, LeaseKeeper};
 
 use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
 
@@ -29,6 +31,8 @@ struct TrackerInner {
     failed: AtomicU64,
     /// Becomes true at the shutdown deadline.
     cutoff: watch::Sender<bool>,
+    /// Renews the leases of live reservations.
+    leases: LeaseKeeper,
 }
 
 impl Default for TrackerInner {
@@ -39,6 +43,7 @@ impl Default for TrackerInner {
             settled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             cutoff: watch::Sender::new(false),
+            leases: LeaseKeeper::default(),
         }
     }
 }
@@ -57,6 +62,11 @@ impl SettlementTracker {
     /// Settlements given up after the retry window.
     pub fn failed(&self) -> u64 {
         self.inner.failed.load(Ordering::SeqCst)
+    }
+
+    /// Reservations whose leases are being renewed (live ones).
+    pub fn live_leases(&self) -> usize {
+        self.inner.leases.live()
     }
 
     /// Tells every stream still relaying, and every request still waiting
@@ -98,7 +108,7 @@ impl SettlementTracker {
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
-        tokio::spawn(async move {
+        let mut settle = Box::pin(async move {
             let outcome = settle_with_retry(store.as_ref(), &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
@@ -115,6 +125,15 @@ impl SettlementTracker {
                 inner.idle.notify_waiters();
             }
         });
+        // A store that answers without I/O (the memory store) settles in
+        // this first poll, which saves a task and a cross-thread wake-up per
+        // request; otherwise the request is already on its way to the store
+        // and a task waits for the answer. (A future may be polled again
+        // with another waker; only the last one is woken.)
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        if settle.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(settle);
+        }
     }
 }
 
@@ -157,14 +176,14 @@ pub struct HeldReservation {
     tracker: SettlementTracker,
     reserved_tokens: u64,
     settle_retry: Duration,
-    renewer: Option<JoinHandle<()>>,
+    lease: Option<LeaseHandle>,
     done: bool,
     tenant: Option<String>,
 }
 
 impl HeldReservation {
-    /// Wraps an admitted reservation of `reserved_tokens` and starts renewing
-    /// its lease every `lease / 3`.
+    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
+    /// renewed every `lease / 3` (by the tracker's [`LeaseKeeper`]).
     pub fn new(
         id: String,
         store: Arc<dyn BudgetStore>,
@@ -173,26 +192,14 @@ impl HeldReservation {
         lease: Duration,
         settle_retry: Duration,
     ) -> Self {
-        let renew_store = store.clone();
-        let renew_id = id.clone();
-        let every = (lease / 3).max(Duration::from_millis(10));
-        let renewer = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                if let Err(e) = renew_store.renew(&renew_id).await {
-                    tracing::warn!(reservation_id = %renew_id, error = %e, "lease renewal failed");
-                }
-            }
-        });
+        let lease = tracker.inner.leases.register(&id, store.clone(), lease);
         Self {
             id,
             store,
             tracker,
             reserved_tokens,
             settle_retry,
-            renewer: Some(renewer),
+            lease: Some(lease),
             done: false,
             tenant: None,
         }
@@ -240,8 +247,8 @@ impl HeldReservation {
     /// the next reservation).
     pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
         self.done = true;
-        if let Some(r) = self.renewer.take() {
-            r.abort();
+        if let Some(l) = self.lease.take() {
+            self.tracker.inner.leases.release(l);
         }
         let outcome = settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await;
         if let Some(o) = &outcome {
@@ -255,8 +262,8 @@ impl HeldReservation {
             return;
         }
         self.done = true;
-        if let Some(r) = self.renewer.take() {
-            r.abort();
+        if let Some(l) = self.lease.take() {
+            self.tracker.inner.leases.release(l);
         }
         self.tracker.spawn_settle(
             self.store.clone(),

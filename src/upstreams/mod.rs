@@ -32,12 +32,19 @@ pub enum UpstreamError {
     Other(String),
 }
 
-/// Pooled HTTP clients: one per distinct connect timeout (usually one for
-/// every upstream), each keeping keep-alive connections to every upstream.
+/// Pooled HTTP clients: per thread, one per distinct connect timeout
+/// (usually one for every upstream), each keeping keep-alive connections
+/// to every upstream.
 #[derive(Clone)]
 pub struct UpstreamClient {
-    clients: Arc<Mutex<HashMap<Duration, reqwest::Client>>>,
+    /// Parsed request URLs by their text: parsing (IDNA, percent-encoding)
+    /// showed in the per-request profile; the set is small (upstreams ×
+    /// endpoints × models), bounded by [`URL_CACHE_MAX`] anyway.
+    urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
 }
+
+/// Most parsed URLs kept; the cache starts over when full.
+const URL_CACHE_MAX: usize = 1024;
 
 impl Default for UpstreamClient {
     fn default() -> Self {
@@ -49,24 +56,50 @@ impl UpstreamClient {
     /// A client with pooled keep-alive connections.
     pub fn new() -> Self {
         Self {
-            clients: Arc::new(Mutex::new(HashMap::new())),
+            urls: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
-    /// The pooled client with `connect_timeout`, built on first use.
+    /// The pooled client with `connect_timeout`, built on first use. Each
+    /// thread has its own clients (and so its own connections): a request
+    /// served by a thread-per-core runtime then never hands its upstream
+    /// I/O to another thread's connection task.
     fn client(&self, connect_timeout: Duration) -> reqwest::Client {
-        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        clients
-            .entry(connect_timeout)
-            .or_insert_with(|| {
-                reqwest::Client::builder()
-                    .connect_timeout(connect_timeout)
-                    .pool_idle_timeout(Duration::from_secs(90))
-                    .tcp_nodelay(true)
-                    .build()
-                    .unwrap_or_else(|_| reqwest::Client::new())
-            })
-            .clone()
+        thread_local! {
+            static CLIENTS: std::cell::RefCell<Vec<(Duration, reqwest::Client)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        CLIENTS.with_borrow_mut(|cs| {
+            if let Some((_, c)) = cs.iter().find(|(t, _)| *t == connect_timeout) {
+                return c.clone();
+            }
+            let c = build_client(connect_timeout);
+            cs.push((connect_timeout, c.clone()));
+            c
+        })
+    }
+
+    /// The parsed URL of `endpoint` on `upstream` (see [`endpoint_url`]).
+    fn url(
+        &self,
+        upstream: &UpstreamPolicy,
+        endpoint: Endpoint,
+        upstream_model: &str,
+    ) -> Result<reqwest::Url, UpstreamError> {
+        let text = endpoint_url(upstream, endpoint, upstream_model);
+        let mut urls = self.urls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = urls.get(&text) {
+            return Ok(u.clone());
+        }
+        // Config validation accepted the base URL, so this fails only for
+        // a model name that cannot appear in a URL path.
+        let url =
+            reqwest::Url::parse(&text).map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
+        if urls.len() >= URL_CACHE_MAX {
+            urls.clear();
+        }
+        urls.insert(text, url.clone());
+        Ok(url)
     }
 
     /// Sends `body` (JSON bytes) to `endpoint` of `upstream`, with the
@@ -81,7 +114,7 @@ impl UpstreamClient {
         request_id: &str,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
-        let url = endpoint_url(upstream, endpoint, upstream_model);
+        let url = self.url(upstream, endpoint, upstream_model)?;
         let mut req = self
             .client(upstream.connect_timeout)
             .post(url)
@@ -109,6 +142,18 @@ impl UpstreamClient {
             }
         })
     }
+}
+
+fn build_client(connect_timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .tcp_nodelay(true)
+        // A gateway relays the upstream's answer; following a redirect
+        // would resend the prompt (and key) elsewhere.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 /// Path of an endpoint under an OpenAI-style base URL.
