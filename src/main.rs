@@ -11,11 +11,6 @@ use budgetgate::config::{hash_key, Policy};
 use budgetgate::estimate::{self, Endpoint, ModelEstimation};
 use budgetgate::reserve::{keys::KeySpace, plan};
 
-// mimalloc instead of glibc malloc: allocation was the largest single item
-// in the gateway's CPU profile under load (docs/DESIGN.md section 11).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "budgetgate",
