@@ -47,6 +47,7 @@
 
 pub mod cache;
 mod input;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -174,22 +175,18 @@ pub const OFF_IO_THREAD_BYTES: usize = 32 * 1024;
 
 /// Runs `f` (parsing and estimating a body of `body_len` bytes) so that a
 /// large body does not stall the other requests of the serving thread it
-/// arrived on: above [`OFF_IO_THREAD_BYTES`], inside a tokio runtime, on the
-/// blocking pool ([`tokio::task::spawn_blocking`]; the serving thread goes
-/// on with its other connections meanwhile). Small bodies, and callers
-/// outside a runtime, run `f` inline. `None` when the runtime is shutting
-/// down and dropped the job; a panic in `f` is resumed in the caller.
+/// arrived on, nor take CPU from them: above [`OFF_IO_THREAD_BYTES`],
+/// inside a tokio runtime, on the low-priority estimation threads
+/// ([`pool`]); the serving thread goes on with its other connections
+/// meanwhile. Small bodies, and callers outside a runtime, run `f` inline.
+/// `None` when no estimation thread could run it (or it panicked).
 pub async fn off_io_threads<R, F>(body_len: usize, f: F) -> Option<R>
 where
     F: FnOnce() -> R + Send + 'static,
     R: Send + 'static,
 {
     if body_len > OFF_IO_THREAD_BYTES && tokio::runtime::Handle::try_current().is_ok() {
-        return match tokio::task::spawn_blocking(f).await {
-            Ok(r) => Some(r),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => None,
-        };
+        return pool::run(f).await;
     }
     Some(f())
 }

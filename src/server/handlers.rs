@@ -529,7 +529,7 @@ async fn proxy_inner(
     let prepared = estimate::off_io_threads(bytes.len(), job)
         .await
         .ok_or_else(|| {
-            ApiError::Unavailable("The gateway is shutting down; retry the request.".into())
+            ApiError::Unavailable("The request could not be estimated; please retry.".into())
         })??;
     let client_id = client_request_id(&headers);
 
