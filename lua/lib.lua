@@ -45,8 +45,8 @@
 --               remaining, reset µs (remaining/reset '' for concurrency)
 --     6 id      the reservation id (last: it may contain anything)
 --   Settle shrinks the hold to a tombstone: header (st '1'), empty keys and
---   live sections, ext, adm, id; it answers AlreadySettled and replays until
---   it expires.
+--   live sections, ext, adm '0' (no budgets), id; it answers AlreadySettled
+--   and replays (without budgets) until it expires.
 
 -- Units per token: 60 s × 1,000,000 µs, so one µs of refill at L tokens/min adds L units.
 local UNITS = 60000000

@@ -91,7 +91,10 @@ for i, kind, ref, a, b, d in live_lines(h.live) do
     end
   end
 end
--- The tombstone: header (settled), no keys, no live entries, the rest as it was.
-call('SET', KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n' .. h.rest,
+-- The tombstone: header (settled), no keys, no live entries, the
+-- extensions, an empty adm ('0': a replayed reserve reports no budgets) and
+-- the id. It lives as long as the hold would have (a retried settle must
+-- still find it), so it is kept small.
+call('SET', KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n0\n' .. id,
   'PX', ttl_ms(h.exp - now))
 return { 'T', snow, s(reserved), s(refunded), s(debt) }

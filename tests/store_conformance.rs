@@ -741,7 +741,12 @@ async fn reserve_and_settle_are_idempotent(h: H) {
     assert_eq!(h.settle("a", 50).await, SettleOutcome::AlreadySettled);
     assert_eq!(h.settle("a", 0).await, SettleOutcome::AlreadySettled);
     assert_eq!(h.remaining(&tpm).await, 966, "refunded exactly once");
-    assert!(admitted(h.reserve("a", 100, std::slice::from_ref(&tpm)).await).replayed);
+    let late = admitted(h.reserve("a", 100, std::slice::from_ref(&tpm)).await);
+    assert!(late.replayed);
+    assert!(
+        late.budgets.is_empty(),
+        "a settled hold (kept as long as the hold) keeps no budget states"
+    );
     assert_eq!(h.remaining(&tpm).await, 966);
     assert_eq!(h.settle("nope", 1).await, SettleOutcome::Unknown);
     h.check_keys().await;

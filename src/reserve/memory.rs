@@ -256,6 +256,11 @@ impl MemoryStore {
             return SettleOutcome::AlreadySettled;
         }
         hold.settled = true;
+        // Like the Redis tombstone: a settled hold lives on (for retried
+        // settles) as long as the hold would have, so it keeps no budget
+        // states; a replayed reserve then reports none.
+        hold.admission.budgets = Vec::new();
+        hold.admission.would_deny = Vec::new();
         let reserved = hold.reserved_tokens;
         // A settled hold only answers AlreadySettled (and replays its
         // admission): its lines are no longer needed, so free them now.
