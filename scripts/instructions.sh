@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Instructions per request of the gateway (user space), counted by
+# valgrind's callgrind: a figure that does not depend on what else the
+# machine is doing, for comparing two versions of the hot path (issue 7).
+#
+#   scripts/instructions.sh            # memory store, 2,000 requests at c=1
+#   REQUESTS=5000 scripts/instructions.sh
+#
+# Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
+# (`cargo build --release --bins --examples`). Writes the callgrind profile
+# to target/callgrind.out.* for `callgrind_annotate --inclusive=yes`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+REQUESTS=${REQUESTS:-2000}
+command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
+command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
+GATEWAY=target/release/budgetgate
+MOCK=target/release/examples/mock_upstream
+[[ -x $GATEWAY && -x $MOCK ]] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
+
+TMP=$(mktemp -d /tmp/budgetgate-instructions.XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+wait_line() { # $1 file, $2 prefix
+    for _ in $(seq 1 300); do
+        grep -q "^$2 http://" "$1" 2>/dev/null && { grep -m1 "^$2 http://" "$1" | sed "s|^$2 http://||"; return 0; }
+        sleep 0.1
+    done
+    return 1
+}
+
+"$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>&1 &
+PIDS+=($!)
+MOCK_ADDR=$(wait_line "$TMP/mock.out" "mock_upstream listening on")
+KEY="sk-instructions-$$"
+SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
+cat >"$TMP/gw.toml" <<EOF
+[server]
+listen = "127.0.0.1:0"
+[store]
+kind = "memory"
+[[upstreams]]
+name = "mock"
+kind = "self_hosted"
+base_url = "http://$MOCK_ADDR/v1"
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+[[models]]
+name = "gpt-4o-mini"
+upstreams = ["mock"]
+encoding = "o200k_base"
+[[tenants]]
+name = "bench"
+keys = [{ id = "bench", sha256 = "$SHA" }]
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000 }
+EOF
+RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$PWD/target/callgrind.out.%p" \
+    "$GATEWAY" serve --threads 1 --config "$TMP/gw.toml" >"$TMP/gw.out" 2>"$TMP/gw.err" &
+VG=$!
+PIDS+=($VG)
+ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
+BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
+load() { oha --no-tui -n "$1" -c 1 -m POST -H "Authorization: Bearer $KEY" \
+    -H 'content-type: application/json' -d "$BODY" "http://$ADDR/v1/chat/completions" >/dev/null; }
+load 300                       # warm-up: caches, pooled connections
+callgrind_control -z "$VG" >/dev/null
+load "$REQUESTS"
+callgrind_control -d "$VG" >/dev/null
+sleep 1
+OUT=$(ls -t target/callgrind.out.* | head -1)
+TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+echo "instructions per request (memory store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
