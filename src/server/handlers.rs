@@ -503,17 +503,20 @@ async fn proxy_inner(
     let policy = st.policy.load_full();
     let (tenant, key) = authenticate(&policy, &headers)?;
     let bytes = read_body(body, policy.server.max_body_bytes, &headers).await?;
-    // Large bodies are parsed and counted on the blocking pool, so that the
-    // serving thread's other connections go on meanwhile (issue 7).
-    let position = |t: &crate::config::TenantPolicy, k: &crate::config::KeyPolicy| {
-        let ti = policy.tenants.iter().position(|x| std::ptr::eq(x, t))?;
-        let ki = t.keys.iter().position(|x| std::ptr::eq(x, k))?;
-        Some((ti, ki))
-    };
-    let (ti, ki) = position(tenant, key).ok_or(ApiError::InvalidKey)?;
-    let job = {
+    // Large bodies are parsed and counted on the low-priority estimation
+    // threads, so that the serving thread's other connections go on
+    // meanwhile (issue 7); small ones right here, without the hand-off.
+    let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
+        prepare(&st, &policy, endpoint, tenant, key, &bytes, path_model)?
+    } else {
+        let ti = policy.tenants.iter().position(|x| std::ptr::eq(x, tenant));
+        let ki = tenant.keys.iter().position(|x| std::ptr::eq(x, key));
+        let (Some(ti), Some(ki)) = (ti, ki) else {
+            return Err(ApiError::InvalidKey);
+        };
+        let len = bytes.len();
         let (st, policy, bytes) = (st.clone(), policy.clone(), bytes.clone());
-        move || {
+        let job = move || {
             let tenant = &policy.tenants[ti];
             prepare(
                 &st,
@@ -524,13 +527,11 @@ async fn proxy_inner(
                 &bytes,
                 path_model,
             )
-        }
-    };
-    let prepared = estimate::off_io_threads(bytes.len(), job)
-        .await
-        .ok_or_else(|| {
+        };
+        estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
-        })??;
+        })??
+    };
     let client_id = client_request_id(&headers);
 
     let mut tried: Vec<usize> = Vec::new();
