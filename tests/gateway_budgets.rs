@@ -239,3 +239,52 @@ async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
         300 - input
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let gw = start_gateway(&config(
+        &mock.base_url(),
+        100,
+        "tpm = 1000000, rpm = 10",
+        "",
+    ))
+    .await;
+    let system =
+        "The gateway reserves tokens before forwarding — naïve café 日本語.\n".repeat(1500);
+    let body = json!({
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        "max_tokens": 50,
+        "temperature": 0.25,
+    });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    assert!(bytes.len() > budgetgate::estimate::OFF_IO_THREAD_BYTES);
+    let input = chat_input_tokens(&body);
+    assert!(input > 10_000, "{input}");
+    let r = post(&gw, &body).await;
+    assert_eq!(r.status(), 200);
+    // Reserved: exactly the estimate (input + max_tokens).
+    assert_eq!(
+        header(&r, "x-ratelimit-remaining-tokens").unwrap(),
+        (1_000_000 - input - 50).to_string()
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(input));
+    assert_eq!(mock.state.requests()[0].body, body);
+    gw.settled().await;
+    // Settled: the unused output is refunded.
+    assert_eq!(
+        tenant_state(&gw, BudgetName::Tpm).await,
+        1_000_000 - input as i64 - 10
+    );
+    assert_eq!(gw.store.live_holds(), 0);
+    // The same prompt again (now from the token-count cache): the same figure.
+    let r = post(&gw, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-ratelimit-remaining-tokens").unwrap(),
+        (1_000_000 - input - 10 - input - 50).to_string()
+    );
+}

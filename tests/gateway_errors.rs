@@ -57,6 +57,15 @@ fn chat(extra: Value) -> Vec<u8> {
     serde_json::to_vec(&b).unwrap()
 }
 
+/// `prefix` followed by an unterminated 40,000-byte string: invalid JSON
+/// larger than the 32 KB that is parsed on the serving thread.
+fn large(prefix: &[u8]) -> Vec<u8> {
+    let mut b = prefix.to_vec();
+    b.push(b'"');
+    b.extend(std::iter::repeat_n(b'a', 40_000));
+    b
+}
+
 /// After a failure: nothing charged and the single slot is free again.
 async fn assert_nothing_leaked(gw: &Gateway, rpm_spent: i64) {
     gw.settled().await;
@@ -181,6 +190,32 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
             br#"{"model":"gpt-4o-mini"}"#.to_vec(),
             400,
             Some("messages"),
+        ),
+        // Bodies over 32 KB are parsed on the estimation threads (issue 7):
+        // the same errors, the same nothing charged.
+        (
+            "malformed JSON over 32 KB",
+            "/chat/completions",
+            Some(KEY),
+            large(br#"{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "#),
+            400,
+            None,
+        ),
+        (
+            "unknown model over 32 KB",
+            "/chat/completions",
+            Some(KEY),
+            chat(json!({"model": "gpt-nope", "user": "x".repeat(40_000)})),
+            404,
+            Some("model"),
+        ),
+        (
+            "negative max_tokens over 32 KB",
+            "/chat/completions",
+            Some(KEY),
+            chat(json!({"max_tokens": -5, "user": "x".repeat(40_000)})),
+            400,
+            Some("max_tokens"),
         ),
         (
             "unknown path",
