@@ -110,6 +110,104 @@ async fn pairs_per_second(
     (per * callers) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// Microseconds Redis spends in one reserve and in one settle script call
+/// (`INFO commandstats` `usec_per_call` of EVALSHA, each phase measured
+/// alone from 16 callers), and the Redis commands one reserve+settle pair
+/// runs (the `calls` of every `INFO commandstats` line, which counts
+/// commands run by scripts too).
+async fn script_cost(
+    store: &Arc<RedisStore>,
+    server: &RedisServer,
+    ks: &KeySpace,
+) -> (f64, f64, f64) {
+    const CALLERS: usize = 16;
+    const PER: usize = 250;
+    let field = |info: &str, prefix: &str, name: &str| -> f64 {
+        info.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split([',', ':']).find_map(|kv| kv.strip_prefix(name)))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let reqs: Vec<Vec<ReserveRequest>> = (0..CALLERS)
+        .map(|c| {
+            let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
+            (0..PER)
+                .map(|i| ReserveRequest {
+                    id: format!("cost-{c}-{i}"),
+                    tokens: 1000,
+                    common: common.clone(),
+                    candidates: vec![upstream.clone()],
+                    lease_micros: 30_000_000,
+                    hold_ttl_micros: 60_000_000,
+                })
+                .collect()
+        })
+        .collect();
+    let ids: Vec<Vec<String>> = reqs
+        .iter()
+        .map(|r| r.iter().map(|r| r.id.clone()).collect())
+        .collect();
+    server.cli(&["config", "resetstat"]);
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|batch| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for req in batch {
+                    assert!(matches!(
+                        store.reserve(&req).await,
+                        Ok(ReserveOutcome::Admitted(_))
+                    ));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    let stats = server.cli(&["info", "commandstats"]);
+    let reserve = field(&stats, "cmdstat_evalsha", "usec_per_call=");
+    let mut commands = all_calls(&stats);
+    server.cli(&["config", "resetstat"]);
+    let tasks: Vec<_> = ids
+        .into_iter()
+        .map(|batch| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for id in batch {
+                    let s = Settlement {
+                        actual_tokens: 700,
+                        upstream_failed: false,
+                    };
+                    store.settle(&id, s).await.expect("settle");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    let stats = server.cli(&["info", "commandstats"]);
+    let settle = field(&stats, "cmdstat_evalsha", "usec_per_call=");
+    commands += all_calls(&stats);
+    (reserve, settle, commands / (CALLERS * PER) as f64)
+}
+
+/// Sum of `calls=` over the `cmdstat_*` lines of `INFO commandstats`.
+fn all_calls(stats: &str) -> f64 {
+    stats
+        .lines()
+        .filter(|l| {
+            l.starts_with("cmdstat_")
+                && !l.starts_with("cmdstat_info")
+                && !l.starts_with("cmdstat_config")
+        })
+        .filter_map(|l| l.split([',', ':']).find_map(|kv| kv.strip_prefix("calls=")))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
 /// `redis-benchmark -c callers EVALSHA <sha of "return 1"> 0`, requests/s.
 fn redis_benchmark_evalsha(server: &RedisServer, callers: usize) -> Option<f64> {
     let sha = server
@@ -157,6 +255,13 @@ async fn redis_store_throughput_and_memory() {
             trivial.map_or("n/a".into(), |r| format!("{r:.0} calls/s"))
         );
     }
+
+    let (reserve_us, settle_us, calls_per_pair) = script_cost(&store, &server, &ks).await;
+    println!(
+        "Redis time per script call (INFO commandstats, 16 callers): reserve {reserve_us:.1} µs, \
+         settle {settle_us:.1} µs; {calls_per_pair:.1} commands per reserve+settle pair \
+         (redis.call inside the scripts, EVALSHA included)"
+    );
 
     // Memory of one idle tenant: its budget keys after one reservation settled.
     let mut conn = redis::Client::open(server.url())

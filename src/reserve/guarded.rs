@@ -88,9 +88,18 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
             metrics::store_call(op, start.elapsed().as_secs_f64(), false);
             return Err(StoreError::Timeout);
         };
-        let result = match tokio::time::timeout(self.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout),
+        // One timer per call at most: on a current-thread runtime, arming a
+        // timer that is due before the driver's next planned wake-up writes
+        // to the runtime's eventfd (tokio `time::Handle::reregister`), and
+        // stacked timeouts cost one such write each (measured: three per
+        // Redis call, six per request, before this).
+        let result = if self.inner.times_out_calls() {
+            fut.await
+        } else {
+            match tokio::time::timeout(self.timeout, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Timeout),
+            }
         };
         let now = Instant::now();
         metrics::store_call(op, (now - start).as_secs_f64(), result.is_ok());
@@ -139,6 +148,10 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.call("lower", self.inner.lower(spec, at_most)).await
     }
+
+    fn times_out_calls(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
@@ -154,6 +167,7 @@ mod tests {
         service: Duration,
         calls: AtomicUsize,
         fail: fn(usize) -> bool,
+        own_timeout: bool,
     }
 
     #[async_trait]
@@ -183,6 +197,9 @@ mod tests {
         async fn lower(&self, _: &BudgetSpec, _: u64) -> Result<i64, StoreError> {
             unimplemented!()
         }
+        fn times_out_calls(&self) -> bool {
+            self.own_timeout
+        }
     }
 
     fn serial(service: Duration, fail: fn(usize) -> bool) -> Arc<Serial> {
@@ -191,6 +208,7 @@ mod tests {
             service,
             calls: AtomicUsize::new(0),
             fail,
+            own_timeout: false,
         })
     }
 
@@ -250,5 +268,27 @@ mod tests {
             2,
             "the paused call never reached the store"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_guard_times_out_only_stores_without_their_own_timeout() {
+        let slow = serial(Duration::from_millis(80), |_| false);
+        let guarded = GuardedStore::new(slow, Duration::from_millis(50));
+        assert!(matches!(
+            guarded.inspect(&[]).await,
+            Err(StoreError::Timeout)
+        ));
+        // A store that bounds its own calls (Redis) gets no second timer:
+        // its answer stands, whatever the guard's timeout.
+        let self_timed = Arc::new(Serial {
+            lock: tokio::sync::Mutex::new(()),
+            service: Duration::from_millis(80),
+            calls: AtomicUsize::new(0),
+            fail: |_| false,
+            own_timeout: true,
+        });
+        let guarded = GuardedStore::new(self_timed, Duration::from_millis(50));
+        assert!(guarded.inspect(&[]).await.is_ok());
+        assert!(guarded.times_out_calls());
     }
 }

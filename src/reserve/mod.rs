@@ -382,4 +382,10 @@ pub trait BudgetStore: Send + Sync + 'static {
     /// `x-ratelimit-remaining-*` view of a deployment. Returns the whole
     /// units remaining afterwards. Non-bucket specs are left alone.
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError>;
+    /// True when every call of this store already ends by its own timeout
+    /// (with [`StoreError::Timeout`]), so a wrapper need not add a timer of
+    /// its own. Default `false`.
+    fn times_out_calls(&self) -> bool {
+        false
+    }
 }

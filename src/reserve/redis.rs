@@ -228,6 +228,10 @@ impl RedisStore {
                 let client = redis::Client::open(url).map_err(map_err)?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
+                    // Calls are bounded by `bounded` (this store's timeout);
+                    // a second timer per call would cost an eventfd write
+                    // on the serving thread's runtime (see guarded.rs).
+                    .set_response_timeout(None)
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_millis(500));
                 let c = tokio::time::timeout(
@@ -818,6 +822,11 @@ impl BudgetStore for RedisStore {
             out.push(state(spec, remaining, reset));
         }
         Ok(out)
+    }
+
+    /// Every round trip is bounded by this store's timeout (`bounded`).
+    fn times_out_calls(&self) -> bool {
+        true
     }
 }
 
