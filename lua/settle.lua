@@ -23,8 +23,8 @@
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
 -- Writes: buckets SET PX until full + margin; quotas SET PX until window end
--- + margin; slots ZREM + ZREMRANGEBYSCORE of expired leases (the set keeps
--- its TTL; Redis deletes an empty set); hold SET PX until its expiry + margin.
+-- + margin; slots ZREM of this id (the set keeps its TTL; Redis deletes an
+-- empty set); hold SET PX until its expiry + margin.
 
 local now = clock(ARGV[1])
 local id = ARGV[2]
@@ -45,8 +45,9 @@ local snow = s(now)
 for i, kind, ref, a, b, d in live_lines(h.live) do
   local key = KEYS[i + 1]
   if kind == 'C' then
+    -- Expired leases of others are left to the reserve that finds the set
+    -- at its limit (it drops them then): one call here instead of two.
     call('ZREM', key, id)
-    call('ZREMRANGEBYSCORE', key, '-inf', snow)
   else
     local refundable = ref == '1' or failed
     if kind == 'B' then

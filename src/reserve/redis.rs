@@ -427,7 +427,7 @@ fn meta_of(spec: &BudgetSpec) -> String {
         Scope::Upstream(u) => vec!["upstream", u],
     };
     parts.push(spec.name.as_str());
-    serde_json::Value::from(parts).to_string()
+    serde_json::to_string(&parts).unwrap_or_default()
 }
 
 fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> {
