@@ -149,38 +149,46 @@ async fn script_cost(
         .map(|r| r.iter().map(|r| r.id.clone()).collect())
         .collect();
     server.cli(&["config", "resetstat"]);
-    let tasks: Vec<_> = reqs
-        .into_iter()
-        .map(|batch| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                for req in batch {
-                    assert!(matches!(
-                        store.reserve(&req).await,
-                        Ok(ReserveOutcome::Admitted(_))
-                    ));
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("caller");
-    }
+    in_parallel(store, reqs, |store, req| async move {
+        assert!(matches!(
+            store.reserve(&req).await,
+            Ok(ReserveOutcome::Admitted(_))
+        ));
+    })
+    .await;
     let stats = server.cli(&["info", "commandstats"]);
     let reserve = field(&stats, "cmdstat_evalsha", "usec_per_call=");
     let mut commands = all_calls(&stats);
     server.cli(&["config", "resetstat"]);
-    let tasks: Vec<_> = ids
+    in_parallel(store, ids, |store, id| async move {
+        let s = Settlement {
+            actual_tokens: 700,
+            upstream_failed: false,
+        };
+        store.settle(&id, s).await.expect("settle");
+    })
+    .await;
+    let stats = server.cli(&["info", "commandstats"]);
+    let settle = field(&stats, "cmdstat_evalsha", "usec_per_call=");
+    commands += all_calls(&stats);
+    (reserve, settle, commands / (CALLERS * PER) as f64)
+}
+
+/// One task per batch, each running `op` on its items in order; returns
+/// when every task is done.
+async fn in_parallel<T, F, Fut>(store: &Arc<RedisStore>, batches: Vec<Vec<T>>, op: F)
+where
+    T: Send + 'static,
+    F: Fn(Arc<RedisStore>, T) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let tasks: Vec<_> = batches
         .into_iter()
         .map(|batch| {
             let store = store.clone();
             tokio::spawn(async move {
-                for id in batch {
-                    let s = Settlement {
-                        actual_tokens: 700,
-                        upstream_failed: false,
-                    };
-                    store.settle(&id, s).await.expect("settle");
+                for item in batch {
+                    op(store.clone(), item).await;
                 }
             })
         })
@@ -188,10 +196,6 @@ async fn script_cost(
     for t in tasks {
         t.await.expect("caller");
     }
-    let stats = server.cli(&["info", "commandstats"]);
-    let settle = field(&stats, "cmdstat_evalsha", "usec_per_call=");
-    commands += all_calls(&stats);
-    (reserve, settle, commands / (CALLERS * PER) as f64)
 }
 
 /// Sum of `calls=` over the `cmdstat_*` lines of `INFO commandstats`.
