@@ -158,3 +158,33 @@ async fn reserve_after_a_lost_reply_debits_once() {
     ));
     assert_eq!(remaining(&store, &ks).await, 1000);
 }
+
+#[tokio::test]
+async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgflush", "d");
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+        .await
+        .expect("connect");
+    assert!(matches!(
+        store.reserve(&request(&ks, "a", 100)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    // As after a Redis restart or failover: the script cache is empty.
+    assert!(server.cli(&["script", "flush"]).contains("OK"));
+    assert!(matches!(
+        store.reserve(&request(&ks, "b", 100)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    server.cli(&["script", "flush"]);
+    let s = Settlement {
+        actual_tokens: 40,
+        upstream_failed: false,
+    };
+    assert!(matches!(
+        store.settle("b", s).await,
+        Ok(SettleOutcome::Settled { refunded: 60, .. })
+    ));
+    server.cli(&["script", "flush"]);
+    assert_eq!(remaining(&store, &ks).await, 1000 - 100 - 40);
+}

@@ -36,7 +36,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, ScriptInvocation, Value};
+use redis::{
+    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Script, ServerErrorKind, ToRedisArgs, Value,
+};
 
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
@@ -317,9 +319,20 @@ impl RedisStore {
         }
     }
 
-    async fn invoke(&self, inv: &ScriptInvocation<'_>) -> Result<Vec<String>, StoreError> {
+    async fn invoke(&self, call: &ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
+        debug_assert_eq!(call.keys_added, call.keys, "keys passed as declared");
         let mut conn = self.conn.clone();
-        self.bounded(inv.invoke_async(&mut conn)).await
+        self.bounded(async {
+            match call.cmd.query_async(&mut conn).await {
+                // Not loaded yet (or Redis restarted / SCRIPT FLUSH): load it, once.
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    call.script.load_async(&mut conn).await?;
+                    call.cmd.query_async(&mut conn).await
+                }
+                r => r,
+            }
+        })
+        .await
     }
 
     fn cached_hold(&self, id: &str) -> Option<Arc<Vec<BudgetSpec>>> {
@@ -366,7 +379,7 @@ impl RedisStore {
             None => self.fetch_hold_specs(id).await?,
         };
         for attempt in 0..2 {
-            let mut inv = script.prepare_invoke();
+            let mut inv = ScriptCall::new(script, 1 + specs.len());
             inv.key(self.keys.hold(id));
             for s in specs.iter() {
                 inv.key(&s.key);
@@ -387,7 +400,42 @@ impl RedisStore {
     }
 }
 
-fn push_spec_args(inv: &mut ScriptInvocation<'_>, spec: &BudgetSpec, tokens: u64) {
+/// One EVALSHA call, written straight into the command buffer: keys first
+/// (as many as declared), then arguments. (redis-rs's `ScriptInvocation`
+/// keeps each argument in a `Vec<u8>` of its own and copies them all into a
+/// new command on every call: ~80 allocations per reservation.)
+struct ScriptCall<'a> {
+    script: &'a Script,
+    cmd: Cmd,
+    keys: usize,
+    keys_added: usize,
+}
+
+impl<'a> ScriptCall<'a> {
+    fn new(script: &'a Script, keys: usize) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        Self {
+            script,
+            cmd,
+            keys,
+            keys_added: 0,
+        }
+    }
+
+    fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys_added += 1;
+        self.cmd.arg(key);
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
+
+fn push_spec_args(inv: &mut ScriptCall<'_>, spec: &BudgetSpec, tokens: u64) {
     let (kind, a, b) = kind_args(&spec.kind);
     inv.arg(kind)
         .arg(a)
@@ -566,7 +614,7 @@ impl BudgetStore for RedisStore {
             .iter()
             .chain(req.candidates.iter().flatten())
             .collect();
-        let mut inv = self.scripts.reserve.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.scripts.reserve, 1 + all.len());
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&s.key);
@@ -779,7 +827,7 @@ impl BudgetStore for RedisStore {
             let states = self.inspect(std::slice::from_ref(spec)).await?;
             return Ok(states.first().map_or(0, |s| s.remaining));
         };
-        let mut inv = self.scripts.lower.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.scripts.lower, 1);
         inv.key(&spec.key)
             .arg(self.now_arg())
             .arg(per_minute)
@@ -800,7 +848,7 @@ impl BudgetStore for RedisStore {
                 .await?;
             return Ok(Vec::new());
         }
-        let mut inv = self.scripts.inspect.prepare_invoke();
+        let mut inv = ScriptCall::new(&self.scripts.inspect, specs.len());
         for s in specs {
             inv.key(&s.key);
         }
