@@ -59,7 +59,7 @@ async fn remaining(gw: &Gateway, scope: Scope, name: BudgetName) -> i64 {
         Scope::Upstream(u) => policy
             .upstreams
             .iter()
-            .find(|x| &x.name == u)
+            .find(|x| x.name.as_str() == &**u)
             .unwrap()
             .limits
             .clone(),

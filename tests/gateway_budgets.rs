@@ -34,7 +34,7 @@ async fn tenant_state(gw: &Gateway, name: BudgetName) -> i64 {
     let tenant = &policy.tenants[0];
     let specs = budgetgate::reserve::plan::scope_budgets(
         &ks,
-        Scope::Tenant(tenant.name.clone()),
+        Scope::Tenant(tenant.name.as_str().into()),
         &tenant.limits,
         true,
     );

@@ -17,7 +17,7 @@ async fn tenant(gw: &Gateway, name: BudgetName) -> i64 {
     let t = &policy.tenants[0];
     let specs: Vec<_> = budgetgate::reserve::plan::scope_budgets(
         &ks,
-        Scope::Tenant(t.name.clone()),
+        Scope::Tenant(t.name.as_str().into()),
         &t.limits,
         true,
     )

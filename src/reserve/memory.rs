@@ -290,7 +290,7 @@ impl MemoryStore {
                     if debt > 0 {
                         b.debit(debt);
                     }
-                    inner.buckets.insert(spec.key.clone(), b);
+                    store_at(&mut inner.buckets, &spec.key, b);
                 }
                 BudgetKind::Quota { window, .. } => {
                     let refundable = spec.refund_unused || s.upstream_failed;
@@ -309,9 +309,7 @@ impl MemoryStore {
                     if debt > 0 {
                         used += debt;
                     }
-                    inner
-                        .quotas
-                        .insert(spec.key.clone(), QuotaState { window: w, used });
+                    store_at(&mut inner.quotas, &spec.key, QuotaState { window: w, used });
                 }
             }
         }
@@ -334,7 +332,7 @@ impl MemoryStore {
         let cap = at_most as i64 * super::bucket::UNITS_PER_TOKEN;
         if b.level > cap {
             b.level = cap;
-            inner.buckets.insert(spec.key.clone(), b);
+            store_at(&mut inner.buckets, &spec.key, b);
         }
         b.available()
     }
@@ -509,14 +507,14 @@ impl Inner {
             BudgetKind::Bucket { per_minute, burst } => {
                 let mut b = self.bucket(&spec.key, per_minute, burst, now);
                 b.debit(amount);
-                self.buckets.insert(spec.key.clone(), b);
+                store_at(&mut self.buckets, &spec.key, b);
                 None
             }
             BudgetKind::Quota { window, .. } => {
                 let w = window.id(now);
                 let mut q = self.quota(&spec.key, w);
                 q.used += amount;
-                self.quotas.insert(spec.key.clone(), q);
+                store_at(&mut self.quotas, &spec.key, q);
                 Some(w)
             }
             BudgetKind::Concurrency { .. } => {
@@ -548,10 +546,16 @@ impl Inner {
             let cost = spec.cost(req.tokens);
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
-                self.slots
-                    .entry(spec.key.clone())
-                    .or_default()
-                    .insert(req.id.clone(), now + req.lease_micros);
+                let lease_end = now + req.lease_micros;
+                match self.slots.get_mut(spec.key.as_str()) {
+                    Some(set) => {
+                        set.insert(req.id.clone(), lease_end);
+                    }
+                    None => {
+                        let set = HashMap::from_iter([(req.id.clone(), lease_end)]);
+                        self.slots.insert(spec.key.clone(), set);
+                    }
+                }
             } else {
                 budgets.push(self.state_of(spec, now));
             }
@@ -579,6 +583,17 @@ impl Inner {
             },
         );
         ReserveOutcome::Admitted(admission)
+    }
+}
+
+/// Writes `v` at `key`, allocating the key only when it is new (every
+/// reservation rewrites the same few budget keys).
+fn store_at<V>(map: &mut HashMap<String, V>, key: &str, v: V) {
+    match map.get_mut(key) {
+        Some(slot) => *slot = v,
+        None => {
+            map.insert(key.to_owned(), v);
+        }
     }
 }
 

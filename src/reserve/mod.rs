@@ -27,17 +27,21 @@ use serde::Serialize;
 
 pub use calendar::Window;
 
-/// Who shares a budget.
+use std::sync::Arc;
+
+/// Who shares a budget. Names are shared strings (`Arc<str>`): a scope is
+/// cloned into every budget state and hold a request produces, and a clone
+/// is then a reference count, not an allocation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
 pub enum Scope {
     /// Every request of a tenant: `tenant:<t>`.
-    Tenant(String),
+    Tenant(Arc<str>),
     /// One API key of a tenant: `key:<t>/<key id>`.
-    Key(String, String),
+    Key(Arc<str>, Arc<str>),
     /// A tenant's use of one public model: `tenant_model:<t>/<model>`.
-    TenantModel(String, String),
+    TenantModel(Arc<str>, Arc<str>),
     /// One upstream deployment, shared by all tenants: `upstream:<deployment>`.
-    Upstream(String),
+    Upstream(Arc<str>),
 }
 
 impl std::fmt::Display for Scope {

@@ -96,17 +96,22 @@ pub fn tenant_budgets(
     key: &KeyPolicy,
     model: &ModelPolicy,
 ) -> Vec<BudgetSpec> {
-    let mut out = scope_budgets(ks, Scope::Tenant(tenant.name.clone()), &tenant.limits, true);
+    let mut out = scope_budgets(
+        ks,
+        Scope::Tenant(tenant.name.as_str().into()),
+        &tenant.limits,
+        true,
+    );
     out.extend(scope_budgets(
         ks,
-        Scope::Key(tenant.name.clone(), key.id.clone()),
+        Scope::Key(tenant.name.as_str().into(), key.id.as_str().into()),
         &key.limits,
         true,
     ));
     if let Some(l) = tenant.model_limits.get(&model.name) {
         out.extend(scope_budgets(
             ks,
-            Scope::TenantModel(tenant.name.clone(), model.name.clone()),
+            Scope::TenantModel(tenant.name.as_str().into(), model.name.as_str().into()),
             l,
             true,
         ));
@@ -118,7 +123,7 @@ pub fn tenant_budgets(
     }
     out.extend(shadow_budgets(
         ks,
-        Scope::Tenant(tenant.name.clone()),
+        Scope::Tenant(tenant.name.as_str().into()),
         &tenant.shadow_limits,
     ));
     out
@@ -128,7 +133,7 @@ pub fn tenant_budgets(
 pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetSpec> {
     scope_budgets(
         ks,
-        Scope::Upstream(upstream.name.clone()),
+        Scope::Upstream(upstream.name.as_str().into()),
         &upstream.limits,
         upstream.refund_unused,
     )

@@ -486,10 +486,12 @@ fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> {
     let bad = || protocol(format!("hold meta {meta:?}"));
     let (name, scope) = parts.split_last().ok_or_else(bad)?;
     let scope = match scope {
-        [k, t] if k == "tenant" => Scope::Tenant(t.clone()),
-        [k, t, key] if k == "key" => Scope::Key(t.clone(), key.clone()),
-        [k, t, m] if k == "tenant_model" => Scope::TenantModel(t.clone(), m.clone()),
-        [k, u] if k == "upstream" => Scope::Upstream(u.clone()),
+        [k, t] if k == "tenant" => Scope::Tenant(t.as_str().into()),
+        [k, t, key] if k == "key" => Scope::Key(t.as_str().into(), key.as_str().into()),
+        [k, t, m] if k == "tenant_model" => {
+            Scope::TenantModel(t.as_str().into(), m.as_str().into())
+        }
+        [k, u] if k == "upstream" => Scope::Upstream(u.as_str().into()),
         _ => return Err(bad()),
     };
     let name = match name.as_str() {

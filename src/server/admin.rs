@@ -153,11 +153,11 @@ pub async fn policy(
 /// tenant×model scope, in that order.
 fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
     let ks = AppState::key_space(policy);
-    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.clone()), &t.limits, true);
+    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.as_str().into()), &t.limits, true);
     for k in &t.keys {
         out.extend(scope_budgets(
             &ks,
-            Scope::Key(t.name.clone(), k.id.clone()),
+            Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
             &k.limits,
             true,
         ));
@@ -165,7 +165,7 @@ fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetS
     for (model, limits) in &t.model_limits {
         out.extend(scope_budgets(
             &ks,
-            Scope::TenantModel(t.name.clone(), model.clone()),
+            Scope::TenantModel(t.name.as_str().into(), model.as_str().into()),
             limits,
             true,
         ));

@@ -378,7 +378,7 @@ fn prepare(
                 let (scope, name) = match spec {
                     Some(s) => (s.scope.clone(), s.name),
                     None => (
-                        Scope::Tenant(tenant.name.clone()),
+                        Scope::Tenant(tenant.name.as_str().into()),
                         crate::reserve::BudgetName::Tpm,
                     ),
                 };
