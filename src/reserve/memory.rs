@@ -31,8 +31,69 @@ struct Inner {
     buckets: HashMap<String, BucketState>,
     quotas: HashMap<String, QuotaState>,
     slots: HashMap<String, HashMap<String, u64>>,
+    /// Live (unsettled) holds: as many as requests in flight.
     holds: HashMap<String, Hold>,
+    /// Settled holds.
+    settled: Tombstones,
     ops: u64,
+}
+
+/// Settled holds: what a retried settle (`AlreadySettled`) and a replayed
+/// reserve need, ~40 bytes each instead of a whole hold. They must answer
+/// as long as the hold would have lived (`hold_ttl`, 15 minutes by
+/// default), which at thousands of requests per second is millions of
+/// entries, so they are never scanned: entries go into `current`; once per
+/// `period` (the longest remaining hold lifetime seen) `current` becomes
+/// `previous` and the old `previous` is dropped whole. An entry is kept one
+/// to two periods and answers only until its own expiry.
+#[derive(Default)]
+struct Tombstones {
+    current: HashMap<Box<str>, Tombstone>,
+    previous: HashMap<Box<str>, Tombstone>,
+    rotated_at: u64,
+    period: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tombstone {
+    expires_at: u64,
+    /// The admission's store time and chosen candidate, for replays.
+    now_micros: u64,
+    candidate: usize,
+}
+
+impl Tombstones {
+    /// The unexpired tombstone of `id`.
+    fn get(&self, id: &str, now: u64) -> Option<Tombstone> {
+        self.current
+            .get(id)
+            .or_else(|| self.previous.get(id))
+            .copied()
+            .filter(|t| t.expires_at > now)
+    }
+
+    fn insert(&mut self, id: &str, t: Tombstone, now: u64) {
+        // An entry inserted now is dropped two rotations later, at least
+        // `period` from now: the period covers its remaining lifetime.
+        self.period = self.period.max(t.expires_at.saturating_sub(now));
+        self.current.insert(id.into(), t);
+    }
+
+    fn rotate(&mut self, now: u64) {
+        if now >= self.rotated_at.saturating_add(self.period) {
+            let old = std::mem::replace(&mut self.previous, std::mem::take(&mut self.current));
+            self.rotated_at = now;
+            // Freeing millions of entries takes long: not under the store's lock.
+            if old.len() > 10_000 {
+                let dropped = std::thread::Builder::new()
+                    .name("budgetgate-tombstones".into())
+                    .spawn(move || drop(old));
+                if let Err(e) = dropped {
+                    tracing::warn!(error = %e, "could not free settled holds on a thread");
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -47,7 +108,6 @@ struct Hold {
     lease_micros: u64,
     expires_at: u64,
     admission: Admission,
-    settled: bool,
 }
 
 struct HoldLine {
@@ -78,7 +138,7 @@ impl MemoryStore {
         self.lock()
             .holds
             .values()
-            .filter(|h| !h.settled && h.expires_at > now)
+            .filter(|h| h.expires_at > now)
             .count()
     }
 
@@ -99,6 +159,16 @@ impl MemoryStore {
                 admission.replayed = true;
                 return ReserveOutcome::Admitted(admission);
             }
+        } else if let Some(t) = inner.settled.get(&req.id, now) {
+            // Settled: the first admission, without budget states (they
+            // changed since; like the Redis tombstone).
+            return ReserveOutcome::Admitted(Admission {
+                now_micros: t.now_micros,
+                candidate: t.candidate,
+                budgets: Vec::new(),
+                replayed: true,
+                would_deny: Vec::new(),
+            });
         }
         match inner.check_all(&req.common, req, now) {
             Check::Ok => {}
@@ -147,13 +217,13 @@ impl MemoryStore {
         let mut inner = self.lock();
         inner.tick(now);
         let Some(hold) = inner.holds.get(id) else {
-            return ExtendOutcome::Unknown;
+            return match inner.settled.get(id, now) {
+                Some(_) => ExtendOutcome::AlreadySettled,
+                None => ExtendOutcome::Unknown,
+            };
         };
         if hold.expires_at <= now {
             return ExtendOutcome::Unknown;
-        }
-        if hold.settled {
-            return ExtendOutcome::AlreadySettled;
         }
         let specs: Vec<BudgetSpec> = hold
             .lines
@@ -213,13 +283,13 @@ impl MemoryStore {
         let mut inner = self.lock();
         inner.tick(now);
         let Some(hold) = inner.holds.get(id) else {
-            return RenewOutcome::Unknown;
+            return match inner.settled.get(id, now) {
+                Some(_) => RenewOutcome::AlreadySettled,
+                None => RenewOutcome::Unknown,
+            };
         };
         if hold.expires_at <= now {
             return RenewOutcome::Unknown;
-        }
-        if hold.settled {
-            return RenewOutcome::AlreadySettled;
         }
         let until = now + hold.lease_micros;
         let keys: Vec<String> = hold
@@ -246,28 +316,31 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         let mut inner = self.lock();
         inner.tick(now);
-        let Some(hold) = inner.holds.get_mut(id) else {
+        match inner.holds.get(id) {
+            Some(h) if h.expires_at > now => {}
+            Some(_) => return SettleOutcome::Unknown,
+            None => {
+                return match inner.settled.get(id, now) {
+                    Some(_) => SettleOutcome::AlreadySettled,
+                    None => SettleOutcome::Unknown,
+                };
+            }
+        }
+        let Some(hold) = inner.holds.remove(id) else {
             return SettleOutcome::Unknown;
         };
-        if hold.expires_at <= now {
-            return SettleOutcome::Unknown;
-        }
-        if hold.settled {
-            return SettleOutcome::AlreadySettled;
-        }
-        hold.settled = true;
-        // Like the Redis tombstone: a settled hold lives on (for retried
-        // settles) as long as the hold would have, so it keeps no budget
-        // states; a replayed reserve then reports none.
-        hold.admission.budgets = Vec::new();
-        hold.admission.would_deny = Vec::new();
+        // Like the Redis tombstone: a settled hold answers (retried settles,
+        // replayed reserves) as long as the hold would have lived, but keeps
+        // neither its lines nor its budget states.
+        let tombstone = Tombstone {
+            expires_at: hold.expires_at,
+            now_micros: hold.admission.now_micros,
+            candidate: hold.admission.candidate,
+        };
+        inner.settled.insert(id, tombstone, now);
         let reserved = hold.reserved_tokens;
-        // A settled hold only answers AlreadySettled (and replays its
-        // admission): its lines are no longer needed, so free them now.
-        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> = std::mem::take(&mut hold.lines)
-            .into_iter()
-            .map(|l| (l.spec, l.debits))
-            .collect();
+        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> =
+            hold.lines.into_iter().map(|l| (l.spec, l.debits)).collect();
         let actual = s.actual_tokens;
         let unused = reserved.saturating_sub(actual);
         let debt = actual.saturating_sub(reserved);
@@ -348,6 +421,7 @@ impl MemoryStore {
 impl Inner {
     fn tick(&mut self, now: u64) {
         self.ops += 1;
+        self.settled.rotate(now);
         if self.ops.is_multiple_of(SWEEP_EVERY) {
             self.holds.retain(|_, h| h.expires_at > now);
             for set in self.slots.values_mut() {
@@ -579,7 +653,6 @@ impl Inner {
                 lease_micros: req.lease_micros,
                 expires_at: now + req.hold_ttl_micros,
                 admission: admission.clone(),
-                settled: false,
             },
         );
         ReserveOutcome::Admitted(admission)
@@ -627,3 +700,43 @@ impl BudgetStore for MemoryStore {
 /// Names used only to keep `BudgetName` imported for docs of this module.
 #[allow(dead_code)]
 const _NAMES: [BudgetName; 1] = [BudgetName::Tpm];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000_000;
+
+    fn stone(expires_at: u64) -> Tombstone {
+        Tombstone {
+            expires_at,
+            now_micros: 0,
+            candidate: 0,
+        }
+    }
+
+    #[test]
+    fn a_tombstone_answers_until_its_expiry_across_rotations_then_is_freed() {
+        let mut t = Tombstones::default();
+        // Settled at minute 0 and minute 10, each hold living 15 minutes from
+        // its admission (the second admitted at minute 5).
+        t.insert("a", stone(15 * MIN), 0);
+        t.rotate(10 * MIN);
+        t.insert("b", stone(20 * MIN), 10 * MIN);
+        for now in (0..15 * MIN).step_by(MIN as usize) {
+            t.rotate(now);
+            assert!(t.get("a", now).is_some(), "a at minute {}", now / MIN);
+        }
+        t.rotate(15 * MIN);
+        assert!(t.get("a", 15 * MIN).is_none(), "expired");
+        for now in (15 * MIN..20 * MIN).step_by(MIN as usize) {
+            t.rotate(now);
+            assert!(t.get("b", now).is_some(), "b at minute {}", now / MIN);
+        }
+        assert!(t.get("b", 20 * MIN).is_none());
+        // Two periods with nothing settled: both generations are gone.
+        t.rotate(40 * MIN);
+        t.rotate(60 * MIN);
+        assert_eq!(t.current.len() + t.previous.len(), 0);
+    }
+}
