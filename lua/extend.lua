@@ -26,7 +26,7 @@ local now = clock(ARGV[1])
 local want = num(ARGV[3], 'want')
 
 local raw = load_all()
-local h, early = hold_for_update(raw[KEYS[1]], now)
+local h, early = hold_for_update(raw[KEYS[1]], now, KEYS)
 if h == nil then
   return early
 end

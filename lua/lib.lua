@@ -1,7 +1,8 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
--- (src/reserve/redis.rs concatenates lib.lua with reserve.lua, extend.lua,
--- renew.lua, settle.lua, inspect.lua and lower.lua; each result is one
--- EVALSHA script).
+-- (src/reserve/redis.rs concatenates lib.lua with extend.lua, renew.lua,
+-- inspect.lua and lower.lua, and with reserve.lua + settle.lua + batch.lua;
+-- each result is one EVALSHA script). State below (`raw`, deferred writes,
+-- slot counts) lives for one script call, which may carry a whole batch.
 --
 -- It mirrors the Rust reference in src/reserve/bucket.rs (token buckets),
 -- src/reserve/calendar.rs (UTC quota windows) and the decisions of
@@ -95,12 +96,17 @@ end
 
 -- Store time, UTC µs: the explicit ARGV value when the caller passes one
 -- (only test builds do), else Redis TIME, one clock for the whole fleet.
+-- A batch reads TIME once: its items run in one atomic call, at one instant.
+local time_now = nil
 local function clock(arg)
   if arg ~= nil and arg ~= '' then
     return num(arg, 'now')
   end
-  local t = call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if time_now == nil then
+    local t = call('TIME')
+    time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return time_now
 end
 
 -- TTL in ms (≥ 1 + margin) for a key that stops mattering `micros` from now.
@@ -196,11 +202,15 @@ local function days_from_civil(y, m, d)
   return era * 146097 + doe - 719468
 end
 
--- Window::id and Window::end of the window 'D' | 'M' containing now (one
--- `now` per call, so each is computed once per call): days since the epoch
--- or year × 12 + month − 1, and the exclusive end, UTC µs.
-local windows = {}
+-- Window::id and Window::end of the window 'D' | 'M' containing now
+-- (computed once per `now`: a call, or a batch without a test clock, has
+-- one): days since the epoch or year × 12 + month − 1, and the exclusive
+-- end, UTC µs.
+local windows, windows_now = {}, nil
 local function window(w, now)
+  if windows_now ~= now then
+    windows, windows_now = {}, now
+  end
   local c = windows[w]
   if c == nil then
     local day = fdiv(now, DAY)
@@ -236,16 +246,110 @@ end
 
 ---------------------------------------------------------------- holds
 
--- String values of KEYS[1..] in one read (false for absent keys and for the
--- slot sets, which MGET reports as nil), indexed by key name so that later
--- writes in the same call can replace them (a key may appear twice).
-local function load_all()
-  local vals = call('MGET', unpack(KEYS))
-  local raw = {}
-  for i = #KEYS, 1, -1 do
-    raw[KEYS[i]] = vals[i]
+---------------------------------------------------------------- state
+
+-- String values by key name: what Redis held when first read (false for
+-- absent keys and for the slot sets, which MGET reports as nil), replaced by
+-- every later write of the same call. A key is read at most once per call.
+local raw = {}
+
+-- Reads the keys of `keys` not read yet, in one MGET; returns `raw`.
+local function load(keys)
+  local missing, seen = {}, {}
+  for i = 1, #keys do
+    local k = keys[i]
+    if raw[k] == nil and not seen[k] then
+      seen[k] = true
+      missing[#missing + 1] = k
+    end
+  end
+  if #missing > 0 then
+    local vals = call('MGET', unpack(missing))
+    for i = 1, #missing do
+      raw[missing[i]] = vals[i]
+    end
   end
   return raw
+end
+
+local function load_all()
+  return load(KEYS)
+end
+
+-- String writes are deferred to flush(), once per key per call with the
+-- last value and its TTL (ms): a batch that debits one bucket for many
+-- reservations writes it once. Reads go through `raw`, so a deferred write
+-- is seen by everything after it in the same call.
+local dirty, dirty_order = {}, {}
+local function put(key, v, ttl)
+  if dirty[key] == nil then
+    dirty_order[#dirty_order + 1] = key
+  end
+  dirty[key] = ttl
+  raw[key] = v
+end
+
+-- Slot sets are written at once (ZADD, ZREM: later checks count their
+-- members), but their TTLs are deferred like string writes. expiring[key] =
+-- { ttl ms, plain }: plain when the set was created in this call (PEXPIRE,
+-- since GT never sets a TTL on a key without one), else PEXPIRE GT (a set
+-- keeps the TTL of its longest lease).
+local card, expiring, expiring_order = {}, {}, {}
+
+-- Member count of a slot set (ZCARD once per call, then kept up to date
+-- from what ZADD, ZREM and ZREMRANGEBYSCORE report).
+local function slots_card(key)
+  local n = card[key]
+  if n == nil then
+    n = call('ZCARD', key)
+    card[key] = n
+  end
+  return n
+end
+
+-- Takes a slot until `score` (lease end, µs string) for `id`; `ttl` ms is
+-- the lease's TTL. Drops expired leases first when the set is at `max`.
+local function slot_take(key, score, id, ttl, max, snow)
+  local c = slots_card(key)
+  if c >= max then
+    -- Near the limit: drop expired leases (the set existed before iff some
+    -- lease is live, since Redis deletes an emptied set).
+    c = c - call('ZREMRANGEBYSCORE', key, '-inf', snow)
+  end
+  card[key] = c + call('ZADD', key, score, id)
+  local e = expiring[key]
+  if e == nil then
+    expiring_order[#expiring_order + 1] = key
+  end
+  if c == 0 or e == nil then
+    expiring[key] = { ttl, c == 0 }
+  elseif ttl > e[1] then
+    e[1] = ttl
+  end
+end
+
+-- Frees the slot of `id` (the set keeps its TTL; Redis deletes an empty set).
+local function slot_free(key, id)
+  local removed = call('ZREM', key, id)
+  if card[key] ~= nil then
+    card[key] = card[key] - removed
+  end
+end
+
+-- Applies the deferred writes: SET PX per string key, PEXPIRE per slot set.
+local function flush()
+  for _, key in ipairs(dirty_order) do
+    call('SET', key, raw[key], 'PX', dirty[key])
+  end
+  for _, key in ipairs(expiring_order) do
+    local e = expiring[key]
+    if e[2] then
+      call('PEXPIRE', key, e[1])
+    else
+      call('PEXPIRE', key, e[1], 'GT')
+    end
+  end
+  dirty, dirty_order, expiring, expiring_order = {}, {}, {}, {}
 end
 
 -- Loads the hold value `h` for extend/renew/settle. Returns the hold, or
@@ -253,7 +357,7 @@ end
 -- not exactly the hold's budget keys (the caller refreshes them and retries).
 -- Hold: { exp, res, lease (numbers), head (header fields 2–6 as stored:
 -- "<exp> <res> <lease> <now> <cand>"), live, ext, rest (adm .. id) }.
-local function hold_for_update(h, now)
+local function hold_for_update(h, now, KEYS)
   if not h then
     return nil, { 'U', s(now) }
   end

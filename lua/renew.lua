@@ -20,7 +20,7 @@
 local now = clock(ARGV[1])
 local id = ARGV[2]
 
-local h, early = hold_for_update(call('GET', KEYS[1]), now)
+local h, early = hold_for_update(call('GET', KEYS[1]), now, KEYS)
 if h == nil then
   return early
 end

@@ -1,5 +1,7 @@
 -- budgetgate settle: apply a hold's final usage exactly once.
--- Mirrors MemoryStore::settle_sync (src/reserve/memory.rs); lib.lua is prepended.
+-- Mirrors MemoryStore::settle_sync (src/reserve/memory.rs). Defines
+-- settle(KEYS, ARGV), one item of a batch (batch.lua); lib.lua is prepended.
+-- KEYS and ARGV below are the item's own.
 --
 -- KEYS[1]        the hold
 -- KEYS[2..N+1]   the hold's budget keys, in the hold's line order (none for
@@ -22,80 +24,80 @@
 --   {'U', now} unknown or expired hold   {'S', now} already settled
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
--- Writes: buckets SET PX until full + margin; quotas SET PX until window end
--- + margin; slots ZREM of this id (the set keeps its TTL; Redis deletes an
--- empty set); hold SET PX until its expiry + margin.
+-- Writes (deferred to the end of the batch, once per key): buckets SET PX
+-- until full + margin; quotas SET PX until window end + margin; hold SET PX
+-- until its expiry + margin. Slots: ZREM of this id, at once (the set keeps
+-- its TTL; Redis deletes an empty set).
 
-local now = clock(ARGV[1])
-local id = ARGV[2]
-local actual = num(ARGV[3], 'actual')
-local failed = ARGV[4] == '1'
+local function settle(KEYS, ARGV)
+  local now = clock(ARGV[1])
+  local id = ARGV[2]
+  local actual = num(ARGV[3], 'actual')
+  local failed = ARGV[4] == '1'
 
-local raw = load_all()
-local h, early = hold_for_update(raw[KEYS[1]], now)
-if h == nil then
-  return early
-end
+  load(KEYS)
+  local h, early = hold_for_update(raw[KEYS[1]], now, KEYS)
+  if h == nil then
+    return early
+  end
 
-local reserved = h.res
-local unused = math.max(reserved - actual, 0)
-local debt = math.max(actual - reserved, 0)
-local refunded = 0
-local snow = s(now)
-for i, kind, ref, a, b, d in live_lines(h.live) do
-  local key = KEYS[i + 1]
-  if kind == 'C' then
-    -- Expired leases of others are left to the reserve that finds the set
-    -- at its limit (it drops them then): one call here instead of two.
-    call('ZREM', key, id)
-  else
-    local refundable = ref == '1' or failed
-    if kind == 'B' then
-      local per_minute, burst = tonumber(a), tonumber(b)
-      local level, last = bucket_at(raw[key], burst, now)
-      local cap = burst * UNITS
-      if unused > 0 and refundable then
-        level = level + unused * UNITS
-        if level > cap then
-          level = cap
-        end
-        refunded = unused
-      end
-      if debt > 0 then
-        level = level - debt * UNITS
-        if level < -cap then
-          level = -cap
-        end
-      end
-      local v = pack('<dddd', level, last, per_minute, burst)
-      call('SET', key, v, 'PX', ttl_ms(refill_wait(cap - level, per_minute)))
-      raw[key] = v
+  local reserved = h.res
+  local unused = math.max(reserved - actual, 0)
+  local debt = math.max(actual - reserved, 0)
+  local refunded = 0
+  local snow = s(now)
+  for i, kind, ref, a, b, d in live_lines(h.live) do
+    local key = KEYS[i + 1]
+    if kind == 'C' then
+      -- Expired leases of others are left to the reserve that finds the set
+      -- at its limit (it drops them then): one call here instead of two.
+      slot_free(key, id)
     else
-      local w, wend = window(b, now)
-      local used = quota_used(raw[key], w)
-      if unused > 0 and refundable then
-        local here = 0
-        for dw, da in string.gmatch(d, '(%d+):(%d+)') do
-          if tonumber(dw) == w then
-            here = here + tonumber(da)
+      local refundable = ref == '1' or failed
+      if kind == 'B' then
+        local per_minute, burst = tonumber(a), tonumber(b)
+        local level, last = bucket_at(raw[key], burst, now)
+        local cap = burst * UNITS
+        if unused > 0 and refundable then
+          level = level + unused * UNITS
+          if level > cap then
+            level = cap
+          end
+          refunded = unused
+        end
+        if debt > 0 then
+          level = level - debt * UNITS
+          if level < -cap then
+            level = -cap
           end
         end
-        used = math.max(used - math.min(unused, here), 0)
-        refunded = unused
+        put(key, pack('<dddd', level, last, per_minute, burst),
+          ttl_ms(refill_wait(cap - level, per_minute)))
+      else
+        local w, wend = window(b, now)
+        local used = quota_used(raw[key], w)
+        if unused > 0 and refundable then
+          local here = 0
+          for dw, da in string.gmatch(d, '(%d+):(%d+)') do
+            if tonumber(dw) == w then
+              here = here + tonumber(da)
+            end
+          end
+          used = math.max(used - math.min(unused, here), 0)
+          refunded = unused
+        end
+        if debt > 0 then
+          used = used + debt
+        end
+        put(key, pack('<dd', w, used), ttl_ms(wend - now))
       end
-      if debt > 0 then
-        used = used + debt
-      end
-      local v = pack('<dd', w, used)
-      call('SET', key, v, 'PX', ttl_ms(wend - now))
-      raw[key] = v
     end
   end
+  -- The tombstone: header (settled), no keys, no live entries, the
+  -- extensions, an empty adm ('0': a replayed reserve reports no budgets) and
+  -- the id. It lives as long as the hold would have (a retried settle must
+  -- still find it), so it is kept small.
+  put(KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n0\n' .. id,
+    ttl_ms(h.exp - now))
+  return { 'T', snow, s(reserved), s(refunded), s(debt) }
 end
--- The tombstone: header (settled), no keys, no live entries, the
--- extensions, an empty adm ('0': a replayed reserve reports no budgets) and
--- the id. It lives as long as the hold would have (a retried settle must
--- still find it), so it is kept small.
-call('SET', KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n0\n' .. id,
-  'PX', ttl_ms(h.exp - now))
-return { 'T', snow, s(reserved), s(refunded), s(debt) }

@@ -2,6 +2,9 @@
 //! / settle with random costs and clock steps, applied to the memory store
 //! (the reference) and the Redis store on one shared [`ManualClock`], must
 //! give identical outcomes and identical `inspect` values after every step.
+//! Waves of reserves (and of settles) are issued concurrently, so the Redis
+//! store sends them in batches (`redis_batch`); the memory store applies them
+//! one by one in the order they were issued, and every outcome must match.
 //!
 //! Run: `cargo test --features test-clock --test redis_differential`
 //! (`PROPTEST_CASES=N` for more or fewer cases; needs `redis-server`).
@@ -22,6 +25,7 @@ use budgetgate::reserve::{
 };
 use common::redis_server;
 use common::NOON;
+use futures_util::future::join_all;
 use proptest::prelude::*;
 
 /// Lease of every reservation, µs (short, so random steps expire leases).
@@ -52,6 +56,10 @@ enum Op {
     Advance {
         micros: u64,
     },
+    /// Reserves issued at once: `(id, tokens, common, candidates)` each.
+    ReserveWave(Vec<(u8, u64, u8, u8)>),
+    /// Settles issued at once: `(id, actual, failed)` each.
+    SettleWave(Vec<(u8, u64, bool)>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -70,6 +78,13 @@ fn op() -> impl Strategy<Value = Op> {
             0u64..(2 * 86_400_000_000),
         ]
         .prop_map(|micros| Op::Advance { micros }),
+        2 => prop::collection::vec(
+            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6),
+            2..12
+        )
+        .prop_map(Op::ReserveWave),
+        2 => prop::collection::vec((0u8..6, 0u64..2500, any::<bool>()), 2..8)
+            .prop_map(Op::SettleWave),
     ]
 }
 
@@ -202,6 +217,7 @@ struct Fixture {
     rt: tokio::runtime::Runtime,
     clock: ManualClock,
     redis: Arc<RedisStore>,
+    raw: redis::aio::MultiplexedConnection,
 }
 
 fn fixture() -> Fixture {
@@ -214,17 +230,45 @@ fn fixture() -> Fixture {
     let server = redis_server::shared();
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
     let ks = KeySpace::new(&format!("bgdiff{}", std::process::id()), "d");
-    let redis = rt.block_on(async {
-        RedisStore::connect(&server.url(), Duration::from_secs(5), ks)
+    let (redis, raw) = rt.block_on(async {
+        let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks)
             .await
             .expect("connect")
-            .with_test_clock(dyn_clock)
+            .with_test_clock(dyn_clock);
+        let raw = redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection");
+        (store, raw)
     });
     Fixture {
         rt,
         clock,
         redis: Arc::new(redis),
+        raw,
     }
+}
+
+/// Fails unless every key of case `case` has a TTL (batches defer the
+/// writes and the slot-set TTLs to their end: none may be lost).
+async fn every_key_expires(f: &Fixture, case: u64) -> Result<(), TestCaseError> {
+    let mut raw = f.raw.clone();
+    let pattern = format!("bgdiff{}c{case}:*", std::process::id());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut raw)
+        .await
+        .expect("KEYS");
+    for k in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut raw)
+            .await
+            .expect("PTTL");
+        prop_assert!(ttl > 0, "{} has no TTL ({})", k, ttl);
+    }
+    Ok(())
 }
 
 fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
@@ -239,10 +283,73 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
         .chain(u.upstreams.iter().flatten())
         .cloned()
         .collect();
+    // Ids whose hold specs the Redis store surely has cached (admitted, not
+    // replayed, not touched since): their settles are queued in the order
+    // issued, with no read first, so a settle wave of them is in order.
+    let mut cached: std::collections::BTreeSet<u8> = Default::default();
     f.rt.block_on(async {
         for (step, op) in ops.iter().enumerate() {
             let ctx = format!("step {step}: {op:?}");
             match op {
+                Op::ReserveWave(wave) => {
+                    let reqs: Vec<ReserveRequest> = wave
+                        .iter()
+                        .map(|&(id, tokens, common, cands)| {
+                            request(&u, case, id, tokens, common, cands)
+                        })
+                        .collect();
+                    let before = f.redis.batch_counts();
+                    let redis = join_all(reqs.iter().map(|r| f.redis.reserve(r))).await;
+                    let after = f.redis.batch_counts();
+                    // The first two go at once; the rest wait and go together.
+                    prop_assert!(
+                        after.batches - before.batches <= 3,
+                        "{} reserves in {} batches",
+                        reqs.len(),
+                        after.batches - before.batches
+                    );
+                    for (j, (req, r)) in reqs.iter().zip(redis).enumerate() {
+                        let id = wave[j].0;
+                        let m = memory.reserve(req).await.expect("memory");
+                        let r = r.expect("redis reserve");
+                        seen(format!("wave {}", label(&format!("{m:?}"))));
+                        let once = wave.iter().filter(|w| w.0 == id).count() == 1;
+                        match &m {
+                            budgetgate::reserve::ReserveOutcome::Admitted(a)
+                                if once && !a.replayed =>
+                            {
+                                cached.insert(id);
+                            }
+                            _ => {
+                                cached.remove(&id);
+                            }
+                        }
+                        prop_assert_eq!(m, r, "{} item {}", ctx, j);
+                    }
+                    every_key_expires(f, case).await?;
+                }
+                Op::SettleWave(wave) => {
+                    let mut ids = Vec::new();
+                    let mut items = Vec::new();
+                    for &(id, actual, failed) in wave {
+                        if cached.remove(&id) {
+                            ids.push(format!("c{case}-r{id}"));
+                            items.push(Settlement {
+                                actual_tokens: actual,
+                                upstream_failed: failed,
+                            });
+                        }
+                    }
+                    let redis =
+                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, *s)))
+                            .await;
+                    for (j, ((id, s), r)) in ids.iter().zip(&items).zip(redis).enumerate() {
+                        let m = memory.settle(id, *s).await.expect("memory");
+                        seen(format!("wave {}", label(&format!("{m:?}"))));
+                        prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
+                    }
+                    every_key_expires(f, case).await?;
+                }
                 Op::Reserve {
                     id,
                     tokens,
@@ -253,9 +360,18 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     let m = memory.reserve(&req).await.expect("memory");
                     let r = f.redis.reserve(&req).await.expect("redis reserve");
                     seen(label(&format!("{m:?}")));
+                    match &m {
+                        budgetgate::reserve::ReserveOutcome::Admitted(a) if !a.replayed => {
+                            cached.insert(*id);
+                        }
+                        _ => {
+                            cached.remove(id);
+                        }
+                    }
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Extend { id, tokens } => {
+                    cached.remove(id);
                     let id = format!("c{case}-r{id}");
                     let m = memory.extend(&id, *tokens).await.expect("memory");
                     let r = f.redis.extend(&id, *tokens).await.expect("redis extend");
@@ -263,6 +379,7 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Renew { id } => {
+                    cached.remove(id);
                     let id = format!("c{case}-r{id}");
                     let m = memory.renew(&id).await.expect("memory");
                     let r = f.redis.renew(&id).await.expect("redis renew");
@@ -270,6 +387,7 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Settle { id, actual, failed } => {
+                    cached.remove(id);
                     let id = format!("c{case}-r{id}");
                     let s = Settlement {
                         actual_tokens: *actual,

@@ -36,15 +36,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Script, ServerErrorKind, ToRedisArgs, Value,
-};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
 use crate::config::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
+pub use super::redis_batch::BatchCounts;
+use super::redis_batch::{run_script, BatchOp, Batcher, ScriptArgs};
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
@@ -53,11 +53,17 @@ use super::{
 
 /// Source of `lua/lib.lua`, the helpers every script starts with.
 pub const LIB_LUA: &str = include_str!("../../lua/lib.lua");
-/// Source of the reserve script (library included).
-pub const RESERVE_LUA: &str = concat!(
+/// Source of the batch script: the library, `reserve(KEYS, ARGV)`,
+/// `settle(KEYS, ARGV)` and the driver that runs a batch of them in order
+/// (see [`super::redis_batch`]).
+pub const BATCH_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
-    include_str!("../../lua/reserve.lua")
+    include_str!("../../lua/reserve.lua"),
+    "\n",
+    include_str!("../../lua/settle.lua"),
+    "\n",
+    include_str!("../../lua/batch.lua")
 );
 /// Source of the extend script (library included).
 pub const EXTEND_LUA: &str = concat!(
@@ -70,12 +76,6 @@ pub const RENEW_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
     include_str!("../../lua/renew.lua")
-);
-/// Source of the settle script (library included).
-pub const SETTLE_LUA: &str = concat!(
-    include_str!("../../lua/lib.lua"),
-    "\n",
-    include_str!("../../lua/settle.lua")
 );
 /// Source of the lower script (library included).
 pub const LOWER_LUA: &str = concat!(
@@ -100,6 +100,8 @@ pub struct RedisStore {
     keys: KeySpace,
     timeout: Duration,
     scripts: Scripts,
+    /// Reserve and settle calls, sent in batches.
+    batcher: Arc<Batcher>,
     /// Reservation id → the hold's budget specs in line order, for the holds
     /// this process created (saves a read at extend/renew/settle).
     holds: Mutex<HashMap<String, Arc<Vec<BudgetSpec>>>>,
@@ -108,10 +110,8 @@ pub struct RedisStore {
 }
 
 struct Scripts {
-    reserve: Script,
     extend: Script,
     renew: Script,
-    settle: Script,
     inspect: Script,
     lower: Script,
 }
@@ -119,20 +119,24 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Self {
-            reserve: Script::new(RESERVE_LUA),
             extend: Script::new(EXTEND_LUA),
             renew: Script::new(RENEW_LUA),
-            settle: Script::new(SETTLE_LUA),
             inspect: Script::new(INSPECT_LUA),
             lower: Script::new(LOWER_LUA),
         }
     }
 }
 
+/// Where a hold call goes: its own script, or a batch item.
+enum Route<'a> {
+    Direct(&'a Script),
+    Batched(BatchOp),
+}
+
 /// A single-node or cluster connection; both are cheap handles to one
 /// multiplexed connection (set), cloned per call.
 #[derive(Clone)]
-enum Conn {
+pub(super) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -189,7 +193,7 @@ pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
     )
 }
 
-fn map_err(e: RedisError) -> StoreError {
+pub(super) fn map_err(e: RedisError) -> StoreError {
     if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
@@ -247,6 +251,7 @@ impl RedisStore {
             }
         };
         Ok(Self {
+            batcher: Batcher::new(conn.clone(), Script::new(BATCH_LUA), timeout),
             conn,
             keys,
             timeout,
@@ -279,6 +284,13 @@ impl RedisStore {
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
+    }
+
+    /// How many batches of reserve and settle calls were sent, and how many
+    /// calls they carried (calls that arrive while earlier ones are on the
+    /// wire go together: see `redis_batch`).
+    pub fn batch_counts(&self) -> BatchCounts {
+        self.batcher.counts()
     }
 
     /// The key space this store names holds in.
@@ -319,20 +331,9 @@ impl RedisStore {
         }
     }
 
-    async fn invoke(&self, call: &ScriptCall<'_>) -> Result<Vec<String>, StoreError> {
-        debug_assert_eq!(call.keys_added, call.keys, "keys passed as declared");
-        let mut conn = self.conn.clone();
-        self.bounded(async {
-            match call.cmd.query_async(&mut conn).await {
-                // Not loaded yet (or Redis restarted / SCRIPT FLUSH): load it, once.
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    call.script.load_async(&mut conn).await?;
-                    call.cmd.query_async(&mut conn).await
-                }
-                r => r,
-            }
-        })
-        .await
+    async fn invoke(&self, script: &Script, call: &ScriptArgs) -> Result<Vec<String>, StoreError> {
+        self.bounded(run_script(&self.conn, script, &call.evalsha(script)))
+            .await
     }
 
     fn cached_hold(&self, id: &str) -> Option<Arc<Vec<BudgetSpec>>> {
@@ -370,7 +371,7 @@ impl RedisStore {
     /// refreshing them once when the script says they are stale.
     async fn hold_call(
         &self,
-        script: &Script,
+        route: Route<'_>,
         id: &str,
         args: &[String],
     ) -> Result<(Vec<String>, Arc<Vec<BudgetSpec>>), StoreError> {
@@ -379,7 +380,7 @@ impl RedisStore {
             None => self.fetch_hold_specs(id).await?,
         };
         for attempt in 0..2 {
-            let mut inv = ScriptCall::new(script, 1 + specs.len());
+            let mut inv = ScriptArgs::new(1 + specs.len());
             inv.key(self.keys.hold(id));
             for s in specs.iter() {
                 inv.key(&s.key);
@@ -388,7 +389,10 @@ impl RedisStore {
             for a in args {
                 inv.arg(a);
             }
-            let reply = self.invoke(&inv).await?;
+            let reply = match route {
+                Route::Direct(script) => self.invoke(script, &inv).await?,
+                Route::Batched(op) => self.batcher.call(op, inv).await?,
+            };
             if reply.first().map(String::as_str) != Some("K") {
                 return Ok((reply, specs));
             }
@@ -400,44 +404,7 @@ impl RedisStore {
     }
 }
 
-/// One EVALSHA call, written straight into the command buffer: keys first
-/// (as many as declared), then arguments. (redis-rs's `ScriptInvocation`
-/// keeps each argument in a `Vec<u8>` of its own and copies them all into a
-/// new command on every call: ~80 allocations per reservation.)
-struct ScriptCall<'a> {
-    script: &'a Script,
-    cmd: Cmd,
-    keys: usize,
-    keys_added: usize,
-}
-
-impl<'a> ScriptCall<'a> {
-    fn new(script: &'a Script, keys: usize) -> Self {
-        // Room for the largest call (a reservation: ~1.3 KB and 9 arguments
-        // per key) in one allocation instead of a chain of regrowths.
-        let mut cmd = Cmd::with_capacity(16 + 9 * keys, 256 + 160 * keys);
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-        Self {
-            script,
-            cmd,
-            keys,
-            keys_added: 0,
-        }
-    }
-
-    fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        self.keys_added += 1;
-        self.cmd.arg(key);
-        self
-    }
-
-    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.cmd.arg(arg);
-        self
-    }
-}
-
-fn push_spec_args(inv: &mut ScriptCall<'_>, spec: &BudgetSpec, tokens: u64) {
+fn push_spec_args(inv: &mut ScriptArgs, spec: &BudgetSpec, tokens: u64) {
     let (kind, a, b) = kind_args(&spec.kind);
     inv.arg(kind)
         .arg(a)
@@ -618,7 +585,7 @@ impl BudgetStore for RedisStore {
             .iter()
             .chain(req.candidates.iter().flatten())
             .collect();
-        let mut inv = ScriptCall::new(&self.scripts.reserve, 1 + all.len());
+        let mut inv = ScriptArgs::new(1 + all.len());
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&s.key);
@@ -636,7 +603,7 @@ impl BudgetStore for RedisStore {
         for s in &all {
             push_spec_args(&mut inv, s, req.tokens);
         }
-        let items = self.invoke(&inv).await?;
+        let items = self.batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
         let now = r.u64()?;
@@ -753,7 +720,11 @@ impl BudgetStore for RedisStore {
 
     async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
         let (items, specs) = self
-            .hold_call(&self.scripts.extend, id, &[tokens.to_string()])
+            .hold_call(
+                Route::Direct(&self.scripts.extend),
+                id,
+                &[tokens.to_string()],
+            )
             .await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
@@ -782,7 +753,9 @@ impl BudgetStore for RedisStore {
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        let (items, _) = self.hold_call(&self.scripts.renew, id, &[]).await?;
+        let (items, _) = self
+            .hold_call(Route::Direct(&self.scripts.renew), id, &[])
+            .await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
         let _now = r.u64()?;
@@ -807,7 +780,9 @@ impl BudgetStore for RedisStore {
             s.actual_tokens.to_string(),
             if s.upstream_failed { "1" } else { "0" }.to_string(),
         ];
-        let (items, _) = self.hold_call(&self.scripts.settle, id, &args).await?;
+        let (items, _) = self
+            .hold_call(Route::Batched(BatchOp::Settle), id, &args)
+            .await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
         let now = r.u64()?;
@@ -831,13 +806,13 @@ impl BudgetStore for RedisStore {
             let states = self.inspect(std::slice::from_ref(spec)).await?;
             return Ok(states.first().map_or(0, |s| s.remaining));
         };
-        let mut inv = ScriptCall::new(&self.scripts.lower, 1);
+        let mut inv = ScriptArgs::new(1);
         inv.key(&spec.key)
             .arg(self.now_arg())
             .arg(per_minute)
             .arg(burst)
             .arg(at_most);
-        let items = self.invoke(&inv).await?;
+        let items = self.invoke(&self.scripts.lower, &inv).await?;
         let mut r = Reply::new(&items);
         let _now = r.u64()?;
         r.i64()
@@ -852,7 +827,7 @@ impl BudgetStore for RedisStore {
                 .await?;
             return Ok(Vec::new());
         }
-        let mut inv = ScriptCall::new(&self.scripts.inspect, specs.len());
+        let mut inv = ScriptArgs::new(specs.len());
         for s in specs {
             inv.key(&s.key);
         }
@@ -861,7 +836,7 @@ impl BudgetStore for RedisStore {
             let (kind, a, b) = kind_args(&s.kind);
             inv.arg(kind).arg(a).arg(b);
         }
-        let items = self.invoke(&inv).await?;
+        let items = self.invoke(&self.scripts.inspect, &inv).await?;
         let mut r = Reply::new(&items);
         let _now = r.u64()?;
         if r.rest() != 2 * specs.len() {
