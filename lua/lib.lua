@@ -253,19 +253,20 @@ end
 -- every later write of the same call. A key is read at most once per call.
 local raw = {}
 
--- Reads the keys of `keys` not read yet, in one MGET; returns `raw`.
+-- Reads the keys of `keys` not read yet, in one MGET; returns `raw`. (A
+-- key listed twice is read twice: cheaper than tracking which were listed.)
 local function load(keys)
-  local missing, seen = {}, {}
+  local missing, n = {}, 0
   for i = 1, #keys do
     local k = keys[i]
-    if raw[k] == nil and not seen[k] then
-      seen[k] = true
-      missing[#missing + 1] = k
+    if raw[k] == nil then
+      n = n + 1
+      missing[n] = k
     end
   end
-  if #missing > 0 then
+  if n > 0 then
     local vals = call('MGET', unpack(missing))
-    for i = 1, #missing do
+    for i = 1, n do
       raw[missing[i]] = vals[i]
     end
   end
@@ -338,10 +339,12 @@ end
 
 -- Applies the deferred writes: SET PX per string key, PEXPIRE per slot set.
 local function flush()
-  for _, key in ipairs(dirty_order) do
+  for i = 1, #dirty_order do
+    local key = dirty_order[i]
     call('SET', key, raw[key], 'PX', dirty[key])
   end
-  for _, key in ipairs(expiring_order) do
+  for i = 1, #expiring_order do
+    local key = expiring_order[i]
     local e = expiring[key]
     if e[2] then
       call('PEXPIRE', key, e[1])

@@ -110,17 +110,22 @@ async fn pairs_per_second(
     (per * callers) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Microseconds Redis spends in one reserve and in one settle script call
-/// (`INFO commandstats` `usec_per_call` of EVALSHA, each phase measured
-/// alone from 16 callers), and the Redis commands one reserve+settle pair
-/// runs (the `calls` of every `INFO commandstats` line, which counts
-/// commands run by scripts too).
+/// Microseconds of Redis time per reservation and per settlement (`INFO
+/// commandstats` `usec` of EVALSHA over the calls made, each phase measured
+/// alone from 16 callers; the store sends them in batches), the Redis
+/// commands one reserve+settle pair runs (the `calls` of every `INFO
+/// commandstats` line, which counts commands run by scripts too), and the
+/// mean number of calls per batch.
 async fn script_cost(
     store: &Arc<RedisStore>,
     server: &RedisServer,
     ks: &KeySpace,
-) -> (f64, f64, f64) {
-    const CALLERS: usize = 16;
+) -> (f64, f64, f64, f64) {
+    let callers_env = std::env::var("COST_CALLERS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    #[allow(non_snake_case)]
+    let CALLERS: usize = callers_env.unwrap_or(16);
     const PER: usize = 250;
     let field = |info: &str, prefix: &str, name: &str| -> f64 {
         info.lines()
@@ -148,6 +153,8 @@ async fn script_cost(
         .iter()
         .map(|r| r.iter().map(|r| r.id.clone()).collect())
         .collect();
+    let n = (CALLERS * PER) as f64;
+    let before = store.batch_counts();
     server.cli(&["config", "resetstat"]);
     in_parallel(store, reqs, |store, req| async move {
         assert!(matches!(
@@ -157,7 +164,7 @@ async fn script_cost(
     })
     .await;
     let stats = server.cli(&["info", "commandstats"]);
-    let reserve = field(&stats, "cmdstat_evalsha", "usec_per_call=");
+    let reserve = field(&stats, "cmdstat_evalsha", "usec=") / n;
     let mut commands = all_calls(&stats);
     server.cli(&["config", "resetstat"]);
     in_parallel(store, ids, |store, id| async move {
@@ -169,9 +176,11 @@ async fn script_cost(
     })
     .await;
     let stats = server.cli(&["info", "commandstats"]);
-    let settle = field(&stats, "cmdstat_evalsha", "usec_per_call=");
+    let settle = field(&stats, "cmdstat_evalsha", "usec=") / n;
     commands += all_calls(&stats);
-    (reserve, settle, commands / (CALLERS * PER) as f64)
+    let after = store.batch_counts();
+    let per_batch = (after.items - before.items) as f64 / (after.batches - before.batches) as f64;
+    (reserve, settle, commands / n, per_batch)
 }
 
 /// One task per batch, each running `op` on its items in order; returns
@@ -251,19 +260,24 @@ async fn redis_store_throughput_and_memory() {
         "reserve+settle pairs/s (8 budgets per request) vs redis-benchmark EVALSHA \"return 1\":"
     );
     for callers in [1usize, 16, 64] {
+        let before = store.batch_counts();
         let pairs = pairs_per_second(store.clone(), &ks, callers, 4_000.max(callers * 100)).await;
+        let after = store.batch_counts();
         let trivial = redis_benchmark_evalsha(&server, callers);
         println!(
-            "  {callers:>2} callers: {pairs:>8.0} pairs/s ({:>8.0} script calls/s) | redis-benchmark EVALSHA: {}",
+            "  {callers:>2} callers: {pairs:>8.0} pairs/s ({:>8.0} calls/s, {:.1} calls per batch) | redis-benchmark EVALSHA: {}",
             pairs * 2.0,
+            (after.items - before.items) as f64 / (after.batches - before.batches) as f64,
             trivial.map_or("n/a".into(), |r| format!("{r:.0} calls/s"))
         );
     }
 
-    let (reserve_us, settle_us, calls_per_pair) = script_cost(&store, &server, &ks).await;
+    let (reserve_us, settle_us, calls_per_pair, per_batch) =
+        script_cost(&store, &server, &ks).await;
     println!(
-        "Redis time per script call (INFO commandstats, 16 callers): reserve {reserve_us:.1} µs, \
-         settle {settle_us:.1} µs; {calls_per_pair:.1} commands per reserve+settle pair \
+        "Redis time (INFO commandstats, 16 callers, {per_batch:.1} calls per batch): \
+         {reserve_us:.1} µs per reservation, {settle_us:.1} µs per settlement; \
+         {calls_per_pair:.1} commands per reserve+settle pair \
          (redis.call inside the scripts, EVALSHA included)"
     );
 

@@ -8,9 +8,13 @@
 //! differential property test run both stores side by side.
 //!
 //! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
-//!   each of `reserve.lua`, `extend.lua`, `renew.lua`, `settle.lua`,
-//!   `inspect.lua` and `lower.lua`; each is called with EVALSHA and reloaded
-//!   on NOSCRIPT (on every primary of a cluster).
+//!   each of `extend.lua`, `renew.lua`, `inspect.lua` and `lower.lua`, and
+//!   to `reserve.lua` and `settle.lua`, which define one function each: a
+//!   call sent alone runs it, a batch (`batch.lua`, both functions) runs
+//!   many in order. Reserve and settle calls go through the batcher
+//!   (`redis_batch.rs`): calls that arrive while two batches are on the wire
+//!   go together in the next. Each script is called with EVALSHA and
+//!   reloaded on NOSCRIPT (on every primary of a cluster).
 //! - Keys: every key a call touches is passed in `KEYS` and carries the
 //!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
 //! - Time: Redis `TIME`, one clock for the fleet. Builds with the
@@ -44,7 +48,7 @@ use crate::config::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
 pub use super::redis_batch::BatchCounts;
-use super::redis_batch::{run_script, BatchOp, Batcher, ScriptArgs};
+use super::redis_batch::{run_script, BatchOp, BatchScripts, Batcher, ScriptArgs};
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
@@ -53,9 +57,25 @@ use super::{
 
 /// Source of `lua/lib.lua`, the helpers every script starts with.
 pub const LIB_LUA: &str = include_str!("../../lua/lib.lua");
+/// Source of the reserve script for a call sent alone (library included;
+/// the same `reserve(KEYS, ARGV)` as in [`BATCH_LUA`], without the batch
+/// driver's per-item bookkeeping).
+pub const RESERVE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/reserve.lua"),
+    "\nlocal reply = reserve(KEYS, ARGV)\nflush()\nreturn reply\n"
+);
+/// Source of the settle script for a call sent alone (library included).
+pub const SETTLE_LUA: &str = concat!(
+    include_str!("../../lua/lib.lua"),
+    "\n",
+    include_str!("../../lua/settle.lua"),
+    "\nlocal reply = settle(KEYS, ARGV)\nflush()\nreturn reply\n"
+);
 /// Source of the batch script: the library, `reserve(KEYS, ARGV)`,
 /// `settle(KEYS, ARGV)` and the driver that runs a batch of them in order
-/// (see [`super::redis_batch`]).
+/// (see `src/reserve/redis_batch.rs`).
 pub const BATCH_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
@@ -251,7 +271,15 @@ impl RedisStore {
             }
         };
         Ok(Self {
-            batcher: Batcher::new(conn.clone(), Script::new(BATCH_LUA), timeout),
+            batcher: Batcher::new(
+                conn.clone(),
+                BatchScripts {
+                    batch: Script::new(BATCH_LUA),
+                    reserve: Script::new(RESERVE_LUA),
+                    settle: Script::new(SETTLE_LUA),
+                },
+                timeout,
+            ),
             conn,
             keys,
             timeout,
