@@ -112,7 +112,8 @@ async fn pairs_per_second(
 
 /// Microseconds of Redis time per reservation and per settlement (`INFO
 /// commandstats` `usec` of EVALSHA over the calls made, each phase measured
-/// alone from 16 callers; the store sends them in batches), the Redis
+/// alone from `COST_CALLERS` callers, 16 by default; the store sends them
+/// in batches), the Redis
 /// commands one reserve+settle pair runs (the `calls` of every `INFO
 /// commandstats` line, which counts commands run by scripts too), and the
 /// mean number of calls per batch.
@@ -120,12 +121,11 @@ async fn script_cost(
     store: &Arc<RedisStore>,
     server: &RedisServer,
     ks: &KeySpace,
-) -> (f64, f64, f64, f64) {
-    let callers_env = std::env::var("COST_CALLERS")
+) -> (usize, f64, f64, f64, f64) {
+    let callers: usize = std::env::var("COST_CALLERS")
         .ok()
-        .and_then(|v| v.parse().ok());
-    #[allow(non_snake_case)]
-    let CALLERS: usize = callers_env.unwrap_or(16);
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
     const PER: usize = 250;
     let field = |info: &str, prefix: &str, name: &str| -> f64 {
         info.lines()
@@ -134,7 +134,7 @@ async fn script_cost(
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(f64::NAN)
     };
-    let reqs: Vec<Vec<ReserveRequest>> = (0..CALLERS)
+    let reqs: Vec<Vec<ReserveRequest>> = (0..callers)
         .map(|c| {
             let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
             (0..PER)
@@ -153,7 +153,7 @@ async fn script_cost(
         .iter()
         .map(|r| r.iter().map(|r| r.id.clone()).collect())
         .collect();
-    let n = (CALLERS * PER) as f64;
+    let n = (callers * PER) as f64;
     let before = store.batch_counts();
     server.cli(&["config", "resetstat"]);
     in_parallel(store, reqs, |store, req| async move {
@@ -180,7 +180,7 @@ async fn script_cost(
     commands += all_calls(&stats);
     let after = store.batch_counts();
     let per_batch = (after.items - before.items) as f64 / (after.batches - before.batches) as f64;
-    (reserve, settle, commands / n, per_batch)
+    (callers, reserve, settle, commands / n, per_batch)
 }
 
 /// One task per batch, each running `op` on its items in order; returns
@@ -272,10 +272,10 @@ async fn redis_store_throughput_and_memory() {
         );
     }
 
-    let (reserve_us, settle_us, calls_per_pair, per_batch) =
+    let (callers, reserve_us, settle_us, calls_per_pair, per_batch) =
         script_cost(&store, &server, &ks).await;
     println!(
-        "Redis time (INFO commandstats, 16 callers, {per_batch:.1} calls per batch): \
+        "Redis time (INFO commandstats, {callers} callers, {per_batch:.1} calls per batch): \
          {reserve_us:.1} µs per reservation, {settle_us:.1} µs per settlement; \
          {calls_per_pair:.1} commands per reserve+settle pair \
          (redis.call inside the scripts, EVALSHA included)"
