@@ -20,10 +20,12 @@
 //! [`MAX_IN_FLIGHT`] batches are on the wire, so at low load every batch has
 //! one item, sent as a plain call of its own script (`RESERVE_LUA`,
 //! `SETTLE_LUA`). Batches are sent by a task (not by a caller's future,
-//! which a client disconnect may drop), and a call never waits past its own
-//! deadline: one timer per batch, set to the earliest deadline of its items;
-//! an item whose deadline passed while it waited is failed with
-//! [`StoreError::Timeout`] and never sent, so it cannot have been applied.
+//! which a client disconnect may drop), with one timer per batch, set to
+//! the latest deadline of its items (each is the store timeout from the
+//! call). An item whose deadline passed while it waited is failed with
+//! [`StoreError::Timeout`] and never sent, so it cannot have been applied;
+//! a sent item waits at most the timeout plus the time it queued (under the
+//! timeout), so at most twice the timeout.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -288,7 +290,11 @@ impl Batcher {
             // Never sent: it cannot have been applied.
             let _ = p.reply.send(Err(StoreError::Timeout));
         }
-        let Some(deadline) = batch.iter().map(|p| p.deadline).min() else {
+        // The latest deadline bounds the batch: with the earliest, one item
+        // about to expire would time out every fresh item beside it, and a
+        // timed-out batch may still have been applied by Redis (its
+        // reservations then wait for their TTL, unknown to their callers).
+        let Some(deadline) = batch.iter().map(|p| p.deadline).max() else {
             return;
         };
         // A batch of one goes as a plain call of its own script: the batch
