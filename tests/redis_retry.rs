@@ -3,7 +3,9 @@
 //!
 //! The lost reply is real: `CLIENT PAUSE … WRITE` holds the script in the
 //! server while the store's call times out and drops its future; the script
-//! then runs, its reply goes nowhere, and the caller retries.
+//! then runs, its reply goes nowhere, and the caller retries. The same
+//! pause shows that a call which times out while waiting for a batch was
+//! never sent, so it is never applied.
 //!
 //! Run: `cargo test --test redis_retry` (needs `redis-server`; uses Redis
 //! `TIME`, so no test-clock feature is required).
@@ -187,4 +189,71 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
     ));
     server.cli(&["script", "flush"]);
     assert_eq!(remaining(&store, &ks).await, 1000 - 100 - 40);
+}
+
+/// Calls that arrive while two batches are on the wire wait for the next
+/// batch; one whose deadline passes while it waits is failed without being
+/// sent. So of calls that all time out, only those that were on the wire
+/// can have been applied once Redis runs them; the others never are.
+#[tokio::test]
+async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgqueue", "d");
+    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(300), ks.clone())
+        .await
+        .expect("connect");
+    // Load the scripts and create the bucket first.
+    assert!(matches!(
+        hasty.reserve(&request(&ks, "warm", 1)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+    let before = hasty.batch_counts();
+
+    pause_writes(&server, 1500);
+    let reqs: Vec<ReserveRequest> = (0..5).map(|i| request(&ks, &format!("q{i}"), 10)).collect();
+    let results = futures_util::future::join_all(reqs.iter().map(|r| hasty.reserve(r))).await;
+    for (i, r) in results.iter().enumerate() {
+        assert!(matches!(r, Err(StoreError::Timeout)), "q{i}: {r:?}");
+    }
+    let after = hasty.batch_counts();
+    assert_eq!(
+        (after.batches - before.batches, after.items - before.items),
+        (2, 2),
+        "two calls went at once, the other three waited and expired unsent"
+    );
+
+    // Once the pause ends, the two sent scripts run; wait for them (reads
+    // are not paused), then check which reservations exist.
+    let mut raw = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let exists = |raw: &mut redis::aio::MultiplexedConnection, id: &str| {
+        let key = ks.hold(id);
+        let mut raw = raw.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query_async::<i64>(&mut raw)
+                .await
+                .expect("EXISTS")
+                == 1
+        }
+    };
+    let start = std::time::Instant::now();
+    while !(exists(&mut raw, "q0").await && exists(&mut raw, "q1").await) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the two sent reservations never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for id in ["q2", "q3", "q4"] {
+        assert!(!exists(&mut raw, id).await, "{id} was applied");
+    }
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+        .await
+        .expect("connect");
+    assert_eq!(remaining(&store, &ks).await, 1000 - 1 - 2 * 10);
 }
