@@ -4,6 +4,8 @@
 # machine is doing, for comparing two versions of the hot path (issue 7).
 #
 #   scripts/instructions.sh            # memory store, 2,000 requests at c=1
+#   STORE=redis scripts/instructions.sh  # Redis store (a private redis-server;
+#                                        # counts the gateway only, not Redis)
 #   REQUESTS=5000 scripts/instructions.sh
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
@@ -13,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 REQUESTS=${REQUESTS:-2000}
+STORE=${STORE:-memory}
 command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
 command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
 GATEWAY=target/release/budgetgate
@@ -35,13 +38,23 @@ wait_line() { # $1 file, $2 prefix
 "$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>&1 &
 PIDS+=($!)
 MOCK_ADDR=$(wait_line "$TMP/mock.out" "mock_upstream listening on")
+STORE_TOML='kind = "memory"'
+if [[ $STORE == redis ]]; then
+    command -v redis-server >/dev/null || { echo "redis-server is required" >&2; exit 1; }
+    RPORT=$((20000 + RANDOM % 40000))
+    redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no >"$TMP/redis.out" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    STORE_TOML="kind = \"redis\"
+url = \"redis://127.0.0.1:$RPORT/\""
+fi
 KEY="sk-instructions-$$"
 SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
 cat >"$TMP/gw.toml" <<EOF
 [server]
 listen = "127.0.0.1:0"
 [store]
-kind = "memory"
+$STORE_TOML
 [[upstreams]]
 name = "mock"
 kind = "self_hosted"
@@ -71,5 +84,5 @@ callgrind_control -d "$VG" >/dev/null
 sleep 1
 OUT=$(ls -t target/callgrind.out.* | head -1)
 TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-echo "instructions per request (memory store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+echo "instructions per request ($STORE store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
 echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"

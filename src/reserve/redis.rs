@@ -360,7 +360,7 @@ impl RedisStore {
     }
 
     async fn invoke(&self, script: &Script, call: &ScriptArgs) -> Result<Vec<String>, StoreError> {
-        self.bounded(run_script(&self.conn, script, &call.evalsha(script)))
+        self.bounded(run_script(&self.conn, script, call.command()))
             .await
     }
 
@@ -408,7 +408,11 @@ impl RedisStore {
             None => self.fetch_hold_specs(id).await?,
         };
         for attempt in 0..2 {
-            let mut inv = ScriptArgs::new(1 + specs.len());
+            let script = match route {
+                Route::Direct(script) => script,
+                Route::Batched(op) => self.batcher.script_for(op),
+            };
+            let mut inv = ScriptArgs::new(script, 1 + specs.len());
             inv.key(self.keys.hold(id));
             for s in specs.iter() {
                 inv.key(&s.key);
@@ -613,7 +617,7 @@ impl BudgetStore for RedisStore {
             .iter()
             .chain(req.candidates.iter().flatten())
             .collect();
-        let mut inv = ScriptArgs::new(1 + all.len());
+        let mut inv = ScriptArgs::new(self.batcher.script_for(BatchOp::Reserve), 1 + all.len());
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&s.key);
@@ -834,7 +838,7 @@ impl BudgetStore for RedisStore {
             let states = self.inspect(std::slice::from_ref(spec)).await?;
             return Ok(states.first().map_or(0, |s| s.remaining));
         };
-        let mut inv = ScriptArgs::new(1);
+        let mut inv = ScriptArgs::new(&self.scripts.lower, 1);
         inv.key(&spec.key)
             .arg(self.now_arg())
             .arg(per_minute)
@@ -855,7 +859,7 @@ impl BudgetStore for RedisStore {
                 .await?;
             return Ok(Vec::new());
         }
-        let mut inv = ScriptArgs::new(specs.len());
+        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len());
         for s in specs {
             inv.key(&s.key);
         }

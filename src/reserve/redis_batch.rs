@@ -48,63 +48,78 @@ pub const MAX_IN_FLIGHT: usize = 2;
 /// while a batch runs, so a batch is kept to a few milliseconds.
 pub const MAX_BATCH: usize = 32;
 
-/// Keys and arguments of one script call, each written straight into a
-/// command buffer (redis-rs's `ScriptInvocation` keeps each argument in a
-/// `Vec<u8>` of its own: ~80 allocations per reservation).
+/// One script call, written straight into a command buffer as
+/// `EVALSHA <sha> <numkeys> keys… args…` (redis-rs's `ScriptInvocation`
+/// keeps each argument in a `Vec<u8>` of its own: ~80 allocations per
+/// reservation). Sent alone as it is; a batch copies its keys and arguments.
 pub struct ScriptArgs {
-    keys: Cmd,
-    args: Cmd,
+    cmd: Cmd,
+    keys: usize,
+    keys_added: usize,
 }
 
+/// `EVALSHA`, the SHA and the key count precede the keys.
+const HEADER: usize = 3;
+
 impl ScriptArgs {
-    /// Room for `keys` keys and the arguments of a reservation over them
-    /// (~160 bytes and 9 arguments per key) without regrowth.
-    pub fn new(keys: usize) -> Self {
+    /// A call of `script` with exactly `keys` keys, with room for the
+    /// arguments of a reservation over them (~160 bytes and 9 arguments per
+    /// key) without regrowth.
+    pub fn new(script: &Script, keys: usize) -> Self {
+        let mut cmd = Cmd::with_capacity(HEADER + 16 + 10 * keys, 256 + 160 * keys);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Self {
-            keys: Cmd::with_capacity(keys, 96 * keys),
-            args: Cmd::with_capacity(16 + 9 * keys, 256 + 64 * keys),
+            cmd,
+            keys,
+            keys_added: 0,
         }
     }
 
-    /// Appends a key (`KEYS[n]`).
+    /// Appends a key (`KEYS[n]`); all keys come before the first argument.
     pub fn key(&mut self, key: impl redis::ToRedisArgs) -> &mut Self {
-        self.keys.arg(key);
+        self.keys_added += 1;
+        self.cmd.arg(key);
         self
     }
 
     /// Appends an argument (`ARGV[n]`).
     pub fn arg(&mut self, arg: impl redis::ToRedisArgs) -> &mut Self {
-        self.args.arg(arg);
+        debug_assert_eq!(
+            self.keys_added, self.keys,
+            "keys as declared, before arguments"
+        );
+        self.cmd.arg(arg);
         self
     }
 
     /// Number of keys.
     pub fn key_count(&self) -> usize {
-        self.keys.args_iter().len()
+        self.keys
     }
 
     /// Number of arguments.
     pub fn arg_count(&self) -> usize {
-        self.args.args_iter().len()
+        self.cmd.args_iter().len() - HEADER - self.keys
+    }
+
+    /// The command for a call sent alone.
+    pub fn command(&self) -> &Cmd {
+        &self.cmd
     }
 
     fn bytes(&self) -> usize {
-        self.keys.args_iter().map(arg_len).sum::<usize>()
-            + self.args.args_iter().map(arg_len).sum::<usize>()
+        self.cmd.args_iter().skip(HEADER).map(arg_len).sum()
     }
 
-    /// `EVALSHA <sha> <numkeys> keys… args…` for a call of `script` alone.
-    pub fn evalsha(&self, script: &Script) -> Cmd {
-        let mut cmd = Cmd::with_capacity(
-            3 + self.key_count() + self.arg_count(),
-            64 + self.bytes() + 4 * (self.key_count() + self.arg_count()),
-        );
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(self.key_count());
-        copy_args(&mut cmd, &self.keys);
-        copy_args(&mut cmd, &self.args);
-        cmd
+    fn parts(
+        &self,
+    ) -> (
+        impl Iterator<Item = Arg<&[u8]>>,
+        impl Iterator<Item = Arg<&[u8]>>,
+    ) {
+        let keys = self.cmd.args_iter().skip(HEADER).take(self.keys);
+        let args = self.cmd.args_iter().skip(HEADER + self.keys);
+        (keys, args)
     }
 }
 
@@ -115,8 +130,8 @@ fn arg_len(a: Arg<&[u8]>) -> usize {
     }
 }
 
-fn copy_args(into: &mut Cmd, from: &Cmd) {
-    for a in from.args_iter() {
+fn copy_args<'a>(into: &mut Cmd, from: impl Iterator<Item = Arg<&'a [u8]>>) {
+    for a in from {
         if let Arg::Simple(b) = a {
             into.arg(b);
         }
@@ -217,6 +232,15 @@ impl Batcher {
         })
     }
 
+    /// The script a call of `op` sent alone runs: build its [`ScriptArgs`]
+    /// for this one.
+    pub fn script_for(&self, op: BatchOp) -> &Script {
+        match op {
+            BatchOp::Reserve => &self.scripts.reserve,
+            BatchOp::Settle => &self.scripts.settle,
+        }
+    }
+
     /// Batches sent so far and the items in them.
     pub fn counts(&self) -> BatchCounts {
         BatchCounts {
@@ -299,20 +323,18 @@ impl Batcher {
         };
         // A batch of one goes as a plain call of its own script: the batch
         // driver's bookkeeping is ~15% of a lone reservation's Redis time.
+        let batched;
         let (script, cmd) = match batch.as_slice() {
-            [one] => {
-                let script = match one.op {
-                    BatchOp::Reserve => &self.scripts.reserve,
-                    BatchOp::Settle => &self.scripts.settle,
-                };
-                (script, one.call.evalsha(script))
+            [one] => (self.script_for(one.op), one.call.command()),
+            _ => {
+                batched = self.command(&batch);
+                (&self.scripts.batch, &batched)
             }
-            _ => (&self.scripts.batch, self.command(&batch)),
         };
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let result =
-            match tokio::time::timeout_at(deadline, run_script::<Value>(&self.conn, script, &cmd))
+            match tokio::time::timeout_at(deadline, run_script::<Value>(&self.conn, script, cmd))
                 .await
             {
                 Ok(Ok(v)) if batch.len() == 1 => Ok(vec![v]),
@@ -351,7 +373,7 @@ impl Batcher {
             .arg(self.scripts.batch.get_hash())
             .arg(keys);
         for p in batch {
-            copy_args(&mut cmd, &p.call.keys);
+            copy_args(&mut cmd, p.call.parts().0);
         }
         cmd.arg(batch.len());
         for p in batch {
@@ -360,7 +382,7 @@ impl Batcher {
                 .arg(p.call.arg_count());
         }
         for p in batch {
-            copy_args(&mut cmd, &p.call.args);
+            copy_args(&mut cmd, p.call.parts().1);
         }
         cmd
     }
