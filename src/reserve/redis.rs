@@ -437,33 +437,25 @@ impl RedisStore {
 }
 
 fn push_spec_args(inv: &mut ScriptArgs, spec: &BudgetSpec, tokens: u64) {
-    let (kind, a, b) = kind_args(&spec.kind);
-    inv.arg(kind)
-        .arg(a)
-        .arg(b)
-        .arg(spec.cost(tokens))
+    push_kind(inv, &spec.kind);
+    inv.arg(spec.cost(tokens))
         .arg(if spec.name.counts_tokens() { "1" } else { "0" })
         .arg(if spec.refund_unused { "1" } else { "0" })
         .arg(meta_of(spec))
         .arg(if spec.shadow { "1" } else { "0" });
 }
 
-/// `(kind, a, b)` as the scripts expect them (see the ARGV of `lua/reserve.lua`).
-fn kind_args(kind: &BudgetKind) -> (&'static str, String, String) {
+/// `kind, a, b` as the scripts expect them (see the ARGV of `lua/reserve.lua`),
+/// numbers written straight into the command.
+fn push_kind(inv: &mut ScriptArgs, kind: &BudgetKind) {
     match *kind {
-        BudgetKind::Bucket { per_minute, burst } => {
-            ("B", per_minute.to_string(), burst.to_string())
-        }
-        BudgetKind::Quota { limit, window } => (
-            "Q",
-            limit.to_string(),
-            match window {
-                Window::Day => "D".into(),
-                Window::Month => "M".into(),
-            },
-        ),
-        BudgetKind::Concurrency { max } => ("C", max.to_string(), "0".into()),
-    }
+        BudgetKind::Bucket { per_minute, burst } => inv.arg("B").arg(per_minute).arg(burst),
+        BudgetKind::Quota { limit, window } => inv.arg("Q").arg(limit).arg(match window {
+            Window::Day => "D",
+            Window::Month => "M",
+        }),
+        BudgetKind::Concurrency { max } => inv.arg("C").arg(max).arg("0"),
+    };
 }
 
 /// Scope and budget name as a JSON array, stored opaquely in the hold so a
@@ -565,7 +557,7 @@ fn state(spec: &BudgetSpec, remaining: i64, reset_micros: u64) -> BudgetState {
     }
 }
 
-/// The inverse of [`kind_args`].
+/// The inverse of [`push_kind`].
 fn parse_kind(kind: &str, a: u64, b: &str) -> Result<BudgetKind, StoreError> {
     Ok(match kind {
         "B" => BudgetKind::Bucket {
@@ -865,8 +857,7 @@ impl BudgetStore for RedisStore {
         }
         inv.arg(self.now_arg());
         for s in specs {
-            let (kind, a, b) = kind_args(&s.kind);
-            inv.arg(kind).arg(a).arg(b);
+            push_kind(&mut inv, &s.kind);
         }
         let items = self.invoke(&self.scripts.inspect, &inv).await?;
         let mut r = Reply::new(&items);
