@@ -121,6 +121,14 @@ pub fn store_call(op: &'static str, seconds: f64, ok: bool) {
     }
 }
 
+/// One batch of `calls` reserve and settle calls sent to Redis (calls
+/// that arrive while earlier batches are on the wire go together; calls per
+/// batch = `budgetgate_redis_batch_calls_total / budgetgate_redis_batches_total`).
+pub fn redis_batch(calls: usize) {
+    counter!("budgetgate_redis_batches_total").increment(1);
+    counter!("budgetgate_redis_batch_calls_total").increment(calls as u64);
+}
+
 /// A decision taken without the store (`fail_open` or `fail_closed`).
 pub fn degraded(tenant: &str, mode: &'static str) {
     counter!("budgetgate_degraded_decisions_total", "tenant" => tenant.to_string(), "mode" => mode)
