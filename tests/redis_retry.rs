@@ -257,3 +257,47 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
         .expect("connect");
     assert_eq!(remaining(&store, &ks).await, 1000 - 1 - 2 * 10);
 }
+
+/// A batch waits for the latest deadline of its calls, not the earliest: a
+/// call about to expire must not time out the fresh calls sent beside it
+/// (they would fail although Redis applies them a moment later).
+#[tokio::test]
+async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgdeadline", "d");
+    let store = RedisStore::connect(&server.url(), Duration::from_millis(600), ks.clone())
+        .await
+        .expect("connect");
+    assert!(matches!(
+        store.reserve(&request(&ks, "warm", 1)).await,
+        Ok(ReserveOutcome::Admitted(_))
+    ));
+
+    // t = 0: Redis holds scripts for 900 ms; two calls go on the wire and
+    // time out at 600 ms. Call a queues at 100 ms (deadline 700), call b at
+    // 400 ms (deadline 1000); both go together at 600 ms, and Redis answers
+    // them at ~900 ms: after a's deadline, before b's.
+    pause_writes(&server, 900);
+    let wire_reqs = [request(&ks, "w0", 10), request(&ks, "w1", 10)];
+    let on_wire = futures_util::future::join_all(wire_reqs.iter().map(|r| store.reserve(r)));
+    let a = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.reserve(&request(&ks, "a", 10)).await
+    };
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        store.reserve(&request(&ks, "b", 10)).await
+    };
+    let (wire, a, b) = tokio::join!(on_wire, a, b);
+    for r in &wire {
+        assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+    }
+    assert!(
+        matches!(b, Ok(ReserveOutcome::Admitted(_))),
+        "fresh call: {b:?}"
+    );
+    assert!(
+        matches!(a, Ok(ReserveOutcome::Admitted(_))),
+        "late answer, still an answer: {a:?}"
+    );
+}
