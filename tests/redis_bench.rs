@@ -70,6 +70,18 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
     (common, upstream)
 }
 
+/// A 1,000-token reservation `id` on the tenant's and one upstream's budgets.
+fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> ReserveRequest {
+    ReserveRequest {
+        id,
+        tokens: 1000,
+        common: common.to_vec(),
+        candidates: vec![upstream.to_vec()],
+        lease_micros: 30_000_000,
+        hold_ttl_micros: 60_000_000,
+    }
+}
+
 async fn pairs_per_second(
     store: Arc<RedisStore>,
     ks: &KeySpace,
@@ -84,14 +96,7 @@ async fn pairs_per_second(
         let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
         tasks.push(tokio::spawn(async move {
             for i in 0..per {
-                let req = ReserveRequest {
-                    id: format!("b{callers}-{c}-{i}"),
-                    tokens: 1000,
-                    common: common.clone(),
-                    candidates: vec![upstream.clone()],
-                    lease_micros: 30_000_000,
-                    hold_ttl_micros: 60_000_000,
-                };
+                let req = bench_request(format!("b{callers}-{c}-{i}"), &common, &upstream);
                 match store.reserve(&req).await {
                     Ok(ReserveOutcome::Admitted(_)) => {}
                     other => panic!("benchmark reservation refused: {other:?}"),
@@ -138,14 +143,7 @@ async fn script_cost(
         .map(|c| {
             let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
             (0..PER)
-                .map(|i| ReserveRequest {
-                    id: format!("cost-{c}-{i}"),
-                    tokens: 1000,
-                    common: common.clone(),
-                    candidates: vec![upstream.clone()],
-                    lease_micros: 30_000_000,
-                    hold_ttl_micros: 60_000_000,
-                })
+                .map(|i| bench_request(format!("cost-{c}-{i}"), &common, &upstream))
                 .collect()
         })
         .collect();

@@ -54,6 +54,13 @@ async fn remaining(store: &RedisStore, ks: &KeySpace) -> i64 {
     store.inspect(&[spec(ks)]).await.expect("inspect")[0].remaining
 }
 
+/// A store on `server` whose calls time out after `timeout`.
+async fn connect(server: &RedisServer, ks: &KeySpace, timeout: Duration) -> RedisStore {
+    RedisStore::connect(&server.url(), timeout, ks.clone())
+        .await
+        .expect("connect")
+}
+
 /// Pauses writes (scripts count as writes) on `server` for `ms`.
 fn pause_writes(server: &RedisServer, ms: u64) {
     let out = server.cli(&["client", "pause", &ms.to_string(), "write"]);
@@ -64,13 +71,9 @@ fn pause_writes(server: &RedisServer, ms: u64) {
 async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgretry", "d");
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
-        .await
-        .expect("connect");
+    let store = connect(&server, &ks, Duration::from_secs(5)).await;
     // Same Redis, a timeout short enough to lose replies on purpose.
-    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(150), ks.clone())
-        .await
-        .expect("connect");
+    let hasty = connect(&server, &ks, Duration::from_millis(150)).await;
 
     let s = Settlement {
         actual_tokens: 100,
@@ -124,12 +127,8 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
 async fn reserve_after_a_lost_reply_debits_once() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgretry", "d");
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
-        .await
-        .expect("connect");
-    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(150), ks.clone())
-        .await
-        .expect("connect");
+    let store = connect(&server, &ks, Duration::from_secs(5)).await;
+    let hasty = connect(&server, &ks, Duration::from_millis(150)).await;
     // Load the script first: a lost *first* call would come back NOSCRIPT
     // after the pause and apply nothing, which is safe but not this test.
     assert!(matches!(
@@ -165,9 +164,7 @@ async fn reserve_after_a_lost_reply_debits_once() {
 async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgflush", "d");
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
-        .await
-        .expect("connect");
+    let store = connect(&server, &ks, Duration::from_secs(5)).await;
     assert!(matches!(
         store.reserve(&request(&ks, "a", 100)).await,
         Ok(ReserveOutcome::Admitted(_))
@@ -199,9 +196,7 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
 async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgqueue", "d");
-    let hasty = RedisStore::connect(&server.url(), Duration::from_millis(300), ks.clone())
-        .await
-        .expect("connect");
+    let hasty = connect(&server, &ks, Duration::from_millis(300)).await;
     // Load the scripts and create the bucket first.
     assert!(matches!(
         hasty.reserve(&request(&ks, "warm", 1)).await,
@@ -252,9 +247,7 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
     for id in ["q2", "q3", "q4"] {
         assert!(!exists(&mut raw, id).await, "{id} was applied");
     }
-    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
-        .await
-        .expect("connect");
+    let store = connect(&server, &ks, Duration::from_secs(5)).await;
     assert_eq!(remaining(&store, &ks).await, 1000 - 1 - 2 * 10);
 }
 
@@ -265,9 +258,7 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
 async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgdeadline", "d");
-    let store = RedisStore::connect(&server.url(), Duration::from_millis(600), ks.clone())
-        .await
-        .expect("connect");
+    let store = connect(&server, &ks, Duration::from_millis(600)).await;
     assert!(matches!(
         store.reserve(&request(&ks, "warm", 1)).await,
         Ok(ReserveOutcome::Admitted(_))
