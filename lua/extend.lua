@@ -93,5 +93,5 @@ if h.ext ~= '' then
   ext = h.ext .. ' ' .. ext
 end
 call('SET', KEYS[1], '0 ' .. head .. ' 0 0 0\n' .. table.concat(KEYS, ' ', 2) .. '\n'
-  .. table.concat(live) .. '\n' .. ext .. '\n' .. h.rest, 'PX', ttl_ms(h.exp - now))
+  .. table.concat(live) .. '\n' .. ext .. '\n' .. string.sub(h.raw, h.rest_at), 'PX', ttl_ms(h.exp - now))
 return { 'E', s(now), s(grant) }

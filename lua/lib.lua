@@ -338,18 +338,20 @@ local function slot_free(key, id)
 end
 
 -- Applies the deferred writes: SET PX per string key, PEXPIRE per slot set.
+-- TTLs go to redis.call as s() strings: Redis formats a Lua number argument
+-- with snprintf('%.17g'), which costs more than '%d' (measured).
 local function flush()
   for i = 1, #dirty_order do
     local key = dirty_order[i]
-    call('SET', key, raw[key], 'PX', dirty[key])
+    call('SET', key, raw[key], 'PX', s(dirty[key]))
   end
   for i = 1, #expiring_order do
     local key = expiring_order[i]
     local e = expiring[key]
     if e[2] then
-      call('PEXPIRE', key, e[1])
+      call('PEXPIRE', key, s(e[1]))
     else
-      call('PEXPIRE', key, e[1], 'GT')
+      call('PEXPIRE', key, s(e[1]), 'GT')
     end
   end
   dirty, dirty_order, expiring, expiring_order = {}, {}, {}, {}
@@ -358,8 +360,9 @@ end
 -- Loads the hold value `h` for extend/renew/settle. Returns the hold, or
 -- (nil, reply): 'U' unknown or expired, 'S' settled, 'K' when KEYS[2..] are
 -- not exactly the hold's budget keys (the caller refreshes them and retries).
--- Hold: { exp, res, lease (numbers), head (header fields 2–6 as stored:
--- "<exp> <res> <lease> <now> <cand>"), live, ext, rest (adm .. id) }.
+-- Hold: { exp, res (numbers), res_s (res as stored), lease, head (header
+-- fields 2–6 as stored: "<exp> <res> <lease> <now> <cand>"), live, ext,
+-- raw (the whole value), rest_at (where its adm section starts) }.
 local function hold_for_update(h, now, KEYS)
   if not h then
     return nil, { 'U', s(now) }
@@ -379,8 +382,8 @@ local function hold_for_update(h, now, KEYS)
   if keys ~= table.concat(KEYS, ' ', 2) then
     return nil, { 'K', s(now) }
   end
-  return { exp = exp, res = tonumber(res), lease = lease, head = head, live = live, ext = ext,
-    rest = string.sub(h, q) }, nil
+  return { exp = exp, res = tonumber(res), res_s = res, lease = lease, head = head, live = live,
+    ext = ext, raw = h, rest_at = q }, nil
 end
 
 -- Iterates the live section: i, kind, ref, a, b, d (strings; see above).

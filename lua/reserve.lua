@@ -14,17 +14,26 @@
 -- ARGV[6]        number of common specs
 -- ARGV[7]        number of candidates C
 -- ARGV[8..7+C]   number of specs of each candidate
--- then 8 fields per spec, each a decimal string where a number:
---   kind   'B' bucket (a = per_minute tokens/min, b = burst tokens),
---          'Q' quota (a = limit per window, b = 'D' | 'M'),
---          'C' concurrency (a = max slots, b unused)
+-- ARGV[8+C]      the numbers of the N specs, 5 per spec, each an exact
+--                integer as a little-endian IEEE double (struct.pack('<d'),
+--                8 bytes): one string read with one struct.unpack, instead of
+--                5 decimal strings each converted with tonumber
+--   kind   1 bucket (a = per_minute tokens/min, b = burst tokens),
+--          2 quota (a = limit per window, b = 0 day | 1 month),
+--          3 concurrency (a = max slots, b = 0)
 --   a, b   as above
 --   cost   this request's debit in the budget's unit (tokens or requests)
---   tok    '1' when the budget counts tokens (extend and settle adjust it)
---   ref    '1' when unused tokens are refunded at settle
---   meta   opaque to Lua (scope and budget name for the Rust side)
---   sh     '1' for a shadow budget: debited when it admits, a refusal is
---          only reported, never enforced
+--   sh     1 for a shadow budget: debited when it admits, a refusal is
+--          only reported, never enforced (else 0)
+-- then 2 strings per spec, the hold text the Rust side renders once:
+--   line   the spec's live entry without its line index (layout in lib.lua):
+--          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', or for a quota
+--          ' Q <ref> <a> <b> ' (the script appends '<window>:<tokens>;': a
+--          token budget's cost is the request's tokens, ARGV[3]); '' for a
+--          budget with no live entry (one that does not count tokens)
+--   adm    the first six adm fields of the spec, tab-separated:
+--          '<kind>\t<a>\t<b>\t<cost>\t<ref>\t<meta>' (meta is opaque to Lua:
+--          scope and budget name for the Rust side)
 --
 -- Reply (every element a string):
 --   {'A', now, candidate (0-based), '0', W, wd_1..wd_W, rem_1, reset_1, ...}
@@ -40,6 +49,11 @@
 --   {'I', now, spec index (0-based)}
 --       impossible (cost above capacity); nothing was written.
 --
+-- Building the hold costs the script string concatenations only: every
+-- static part comes rendered in ARGV (measured, `PROFILE=redis
+-- scripts/instructions.sh`: formatting and joining ~60 fields per
+-- reservation in Lua cost more than all its budget arithmetic).
+--
 -- Phase 1 reads every string key once per batch (MGET) and each slot set
 -- with ZCARD (ZCOUNT of live leases, and ZSCORE of this id, only when the
 -- set holds `max` members or more). Phase 2 (only when all admit) writes:
@@ -53,6 +67,73 @@
 --   hold     SET PX until the hold expires + margin (deferred)
 -- Every ARGV number is checked before the first write, so an item that
 -- raises an error has written nothing.
+
+-- Line indexes as strings, so building the hold formats no number.
+local LINE_INDEX = { '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16' }
+
+-- nil when spec i (numbers at V[o + 1 .. o + 5], o = 5(i − 1)) admits, else
+-- {'I', i} or {'D', i, available, retry, reset}: available whole units
+-- (floor; negative in debt), retry µs (exact ceiling for buckets, the window
+-- end for quotas, 0 for concurrency: the caller applies its hint), reset µs.
+local function reserve_check(V, i, key, now, snow, id)
+  local o = 5 * i - 5
+  local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  if kind == 1 then
+    if cost > b then
+      return { 'I', i }
+    end
+    local level = bucket_at(raw[key], b, now)
+    local avail = fdiv(level, UNITS)
+    if avail >= cost then
+      return nil
+    end
+    return { 'D', i, avail, refill_wait(cost * UNITS - level, a), refill_wait(b * UNITS - level, a) }
+  elseif kind == 2 then
+    if cost > a then
+      return { 'I', i }
+    end
+    local w, wend = window(b == 0 and 'D' or 'M', now)
+    local avail = a - quota_used(raw[key], w)
+    if avail >= cost then
+      return nil
+    end
+    return { 'D', i, avail, wend - now, wend - now }
+  end
+  -- Fewer members than slots: some slot is free whatever the leases say.
+  if slots_card(key) < a then
+    return nil
+  end
+  local avail = a - call('ZCOUNT', key, '(' .. snow, '+inf')
+  if avail >= 1 then
+    return nil
+  end
+  local l = call('ZSCORE', key, id)
+  if l and tonumber(l) > now then
+    return nil
+  end
+  return { 'D', i, avail, 0, 0 }
+end
+
+-- Every spec in [lo, hi] must admit: an impossible one wins at once, else
+-- the denial with the longest wait (the first of equals). A shadow budget
+-- never blocks; it is evaluated again at admission.
+local function reserve_check_all(V, KEYS, lo, hi, now, snow, id)
+  local worst = nil
+  for i = lo, hi do
+    if V[5 * i] ~= 1 then
+      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id)
+      if r ~= nil then
+        if r[1] == 'I' then
+          return r
+        end
+        if worst == nil or r[4] > worst[4] then
+          worst = r
+        end
+      end
+    end
+  end
+  return worst
+end
 
 local function reserve(KEYS, ARGV)
   local now = clock(ARGV[1])
@@ -74,97 +155,19 @@ local function reserve(KEYS, ARGV)
     end
   end
 
-  local p = 8
-  local ranges = {}
+  -- Candidate c's specs are LO[c] .. HI[c].
+  local LO, HI = {}, {}
   local first = ncommon + 1
   for c = 1, ncand do
-    local n = num(ARGV[p], 'candidate size')
-    ranges[c] = { first, first + n - 1 }
+    local n = num(ARGV[7 + c], 'candidate size')
+    LO[c], HI[c] = first, first + n - 1
     first = first + n
-    p = p + 1
   end
-  -- Specs as flat arrays (one table each, not one per spec): the first ARGV
-  -- field, kind, a, b (a number for buckets), cost (a number but for slots).
-  local P, KIND, A, B, COST = {}, {}, {}, {}, {}
-  for i = 1, first - 1 do
-    local kind = ARGV[p]
-    P[i], KIND[i], A[i] = p, kind, num(ARGV[p + 1], 'a')
-    if kind == 'B' then
-      B[i], COST[i] = num(ARGV[p + 2], 'burst'), num(ARGV[p + 3], 'cost')
-    elseif kind == 'Q' then
-      B[i], COST[i] = ARGV[p + 2], num(ARGV[p + 3], 'cost')
-    end
-    p = p + 8
-  end
-
+  local nspec = first - 1
+  -- ARGV index of the numbers; spec i's line is at T + 2i − 1, its adm at T + 2i.
+  local T = 8 + ncand
+  local V = { unpack_('<' .. string.rep('d', 5 * nspec), ARGV[T]) }
   local snow = s(now)
-
-  -- nil when spec i admits, else {'I', i} or {'D', i, available, retry, reset}:
-  -- available whole units (floor; negative in debt), retry µs (exact ceiling
-  -- for buckets, the window end for quotas, 0 for concurrency: the caller
-  -- applies its hint), reset µs.
-  local function check(i)
-    local kind, key = KIND[i], KEYS[i + 1]
-    if kind == 'B' then
-      local burst, cost = B[i], COST[i]
-      if cost > burst then
-        return { 'I', i }
-      end
-      local level = bucket_at(raw[key], burst, now)
-      local avail = fdiv(level, UNITS)
-      if avail >= cost then
-        return nil
-      end
-      return { 'D', i, avail, refill_wait(cost * UNITS - level, A[i]),
-        refill_wait(burst * UNITS - level, A[i]) }
-    elseif kind == 'Q' then
-      local cost = COST[i]
-      if cost > A[i] then
-        return { 'I', i }
-      end
-      local w, wend = window(B[i], now)
-      local avail = A[i] - quota_used(raw[key], w)
-      if avail >= cost then
-        return nil
-      end
-      return { 'D', i, avail, wend - now, wend - now }
-    end
-    -- Fewer members than slots: some slot is free whatever the leases say.
-    if slots_card(key) < A[i] then
-      return nil
-    end
-    local avail = A[i] - call('ZCOUNT', key, '(' .. snow, '+inf')
-    if avail >= 1 then
-      return nil
-    end
-    local l = call('ZSCORE', key, id)
-    if l and tonumber(l) > now then
-      return nil
-    end
-    return { 'D', i, avail, 0, 0 }
-  end
-
-  -- Every spec in [lo, hi] must admit: an impossible one wins at once, else
-  -- the denial with the longest wait (the first of equals).
-  local function check_all(lo, hi)
-    local worst = nil
-    for i = lo, hi do
-      -- A shadow budget never blocks; it is evaluated again at admission.
-      local r = nil
-      if ARGV[P[i] + 7] ~= '1' then
-        r = check(i)
-      end
-      if r ~= nil then
-        if r[1] == 'I' then
-          return r
-        end
-        if worst == nil or r[4] > worst[4] then
-          worst = r
-        end
-      end
-    end
-    return worst
-  end
 
   local function reply(r)
     if r[1] == 'I' then
@@ -174,81 +177,74 @@ local function reserve(KEYS, ARGV)
   end
 
   local function admit(candidate, lo, hi)
-    -- ARGV numbers are stored as passed (decimal integer strings) once checked.
-    local lease = ARGV[4]
-    local order = {}
-    for i = 1, ncommon do
-      order[#order + 1] = i
-    end
-    for i = lo, hi do
-      order[#order + 1] = i
-    end
     local slot_score, slot_ttl = s(now + lease_n), ttl_ms(lease_n)
+    local scand = s(candidate)
     -- keys: the hold's budget keys; lines: its live entries; adm: its adm
-    -- fields; wd, wd_meta: would-deny spec indexes and metas; out: the reply.
+    -- fields (static text, remaining, reset per line); wd, wd_meta:
+    -- would-deny spec indexes and metas; out: the reply.
     local keys, lines, adm, wd, wd_meta = {}, {}, {}, {}, {}
-    local out = { 'A', snow, s(candidate), '0', '0' }
-    for _, i in ipairs(order) do
-      local q = P[i]
-      if ARGV[q + 7] == '1' and check(i) ~= nil then
-        wd[#wd + 1] = s(i - 1)
-        wd_meta[#wd_meta + 1] = ARGV[q + 6]
-      else
-        local key, kind = KEYS[i + 1], KIND[i]
-        local n = #keys + 1
-        local rem, reset = '', ''
-        if kind == 'B' then
-          local burst, per_minute = B[i], A[i]
-          local level, last = bucket_at(raw[key], burst, now)
-          level = level - COST[i] * UNITS
-          if level < -(burst * UNITS) then
-            level = -(burst * UNITS)
-          end
-          local v = pack('<dddd', level, last, per_minute, burst)
-          local until_full = refill_wait(burst * UNITS - level, per_minute)
-          put(key, v, ttl_ms(until_full))
-          rem, reset = s(fdiv(level, UNITS)), s(until_full)
-          if ARGV[q + 4] == '1' then
-            lines[#lines + 1] = n .. ' B ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2] .. ' ;'
-          end
-        elseif kind == 'Q' then
-          local w, wend = window(B[i], now)
-          local used = quota_used(raw[key], w) + COST[i]
-          put(key, pack('<dd', w, used), ttl_ms(wend - now))
-          rem, reset = s(A[i] - used), s(wend - now)
-          if ARGV[q + 4] == '1' then
-            lines[#lines + 1] = n .. ' Q ' .. ARGV[q + 5] .. ' ' .. ARGV[q + 1] .. ' ' .. ARGV[q + 2]
-              .. ' ' .. w .. ':' .. ARGV[q + 3] .. ';'
-          end
+    local out = { 'A', snow, scand, '0', '0' }
+    local n = 0
+    for pass = 1, 2 do
+      local from, to = 1, ncommon
+      if pass == 2 then
+        from, to = lo, hi
+      end
+      for i = from, to do
+        local o = 5 * i - 5
+        local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id) ~= nil then
+          wd[#wd + 1] = s(i - 1)
+          wd_meta[#wd_meta + 1] = match(ARGV[T + 2 * i], '([^\t]*)$')
         else
-          slot_take(key, slot_score, id, slot_ttl, A[i], snow)
-          lines[#lines + 1] = n .. ' C 0 ' .. ARGV[q + 1] .. ' 0 ;'
+          local key, line = KEYS[i + 1], ARGV[T + 2 * i - 1]
+          n = n + 1
+          keys[n] = key
+          local rem, reset = '', ''
+          if kind == 1 then
+            local level, last = bucket_at(raw[key], b, now)
+            level = level - cost * UNITS
+            if level < -(b * UNITS) then
+              level = -(b * UNITS)
+            end
+            local until_full = refill_wait(b * UNITS - level, a)
+            put(key, pack('<dddd', level, last, a, b), ttl_ms(until_full))
+            rem, reset = s(fdiv(level, UNITS)), s(until_full)
+            if line ~= '' then
+              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line
+            end
+          elseif kind == 2 then
+            local w, wend = window(b == 0 and 'D' or 'M', now)
+            local used = quota_used(raw[key], w) + cost
+            put(key, pack('<dd', w, used), ttl_ms(wend - now))
+            rem, reset = s(a - used), s(wend - now)
+            if line ~= '' then
+              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. ARGV[3] .. ';'
+            end
+          else
+            slot_take(key, slot_score, id, slot_ttl, a, snow)
+            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line
+          end
+          if kind ~= 3 then
+            out[#out + 1] = rem
+            out[#out + 1] = reset
+          end
+          local m = #adm
+          adm[m + 1] = ARGV[T + 2 * i]
+          adm[m + 2] = rem
+          adm[m + 3] = reset
         end
-        if kind ~= 'C' then
-          out[#out + 1] = rem
-          out[#out + 1] = reset
-        end
-        keys[n] = key
-        local a = #adm
-        adm[a + 1] = kind
-        adm[a + 2] = ARGV[q + 1]
-        adm[a + 3] = ARGV[q + 2]
-        adm[a + 4] = ARGV[q + 3]
-        adm[a + 5] = ARGV[q + 5]
-        adm[a + 6] = ARGV[q + 6]
-        adm[a + 7] = rem
-        adm[a + 8] = reset
       end
     end
-    local admsec = #wd_meta .. ''
+    local admsec = '0'
     if #wd_meta > 0 then
-      admsec = admsec .. '\t' .. table.concat(wd_meta, '\t')
+      admsec = s(#wd_meta) .. '\t' .. table.concat(wd_meta, '\t')
     end
     if #adm > 0 then
       admsec = admsec .. '\t' .. table.concat(adm, '\t')
     end
-    put(KEYS[1], '0 ' .. s(now + hold_ttl) .. ' ' .. ARGV[3] .. ' ' .. lease
-      .. ' ' .. snow .. ' ' .. candidate .. ' 0 0 0\n' .. table.concat(keys, ' ') .. '\n'
+    put(KEYS[1], '0 ' .. s(now + hold_ttl) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
+      .. ' ' .. snow .. ' ' .. scand .. ' 0 0 0\n' .. table.concat(keys, ' ') .. '\n'
       .. table.concat(lines) .. '\n\n' .. admsec .. '\n' .. id, ttl_ms(hold_ttl))
     if #wd > 0 then
       -- Insert the would-deny indexes before the (remaining, reset) pairs.
@@ -256,7 +252,7 @@ local function reserve(KEYS, ARGV)
       for j = 6, #out do
         pairs_[#pairs_ + 1] = out[j]
       end
-      out = { 'A', snow, s(candidate), '0', s(#wd) }
+      out = { 'A', snow, scand, '0', s(#wd) }
       for _, v in ipairs(wd) do
         out[#out + 1] = v
       end
@@ -267,17 +263,16 @@ local function reserve(KEYS, ARGV)
     return out
   end
 
-
-  local common = check_all(1, ncommon)
+  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id)
   if common ~= nil then
     return reply(common)
   end
 
   local best_denial, first_impossible = nil, nil
   for c = 1, ncand do
-    local r = check_all(ranges[c][1], ranges[c][2])
+    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id)
     if r == nil then
-      return admit(c - 1, ranges[c][1], ranges[c][2])
+      return admit(c - 1, LO[c], HI[c])
     end
     if r[1] == 'D' then
       if best_denial == nil or r[4] < best_denial[4] then

@@ -97,7 +97,15 @@ local function settle(KEYS, ARGV)
   -- extensions, an empty adm ('0': a replayed reserve reports no budgets) and
   -- the id. It lives as long as the hold would have (a retried settle must
   -- still find it), so it is kept small.
-  put(KEYS[1], fmt('1 %s %d %d %d\n\n\n', h.head, now, refunded, debt) .. h.ext .. '\n0\n' .. id,
-    ttl_ms(h.exp - now))
-  return { 'T', snow, s(reserved), s(refunded), s(debt) }
+  -- (Most settlements refund nothing or charge no debt: '0' formats nothing.)
+  local srefunded, sdebt = '0', '0'
+  if refunded ~= 0 then
+    srefunded = s(refunded)
+  end
+  if debt ~= 0 then
+    sdebt = s(debt)
+  end
+  put(KEYS[1], '1 ' .. h.head .. ' ' .. snow .. ' ' .. srefunded .. ' ' .. sdebt .. '\n\n\n' .. h.ext
+    .. '\n0\n' .. id, ttl_ms(h.exp - now))
+  return { 'T', snow, h.res_s, srefunded, sdebt }
 end

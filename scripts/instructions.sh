@@ -6,6 +6,8 @@
 #   scripts/instructions.sh            # memory store, 2,000 requests at c=1
 #   STORE=redis scripts/instructions.sh  # Redis store (a private redis-server;
 #                                        # counts the gateway only, not Redis)
+#   PROFILE=redis scripts/instructions.sh  # Redis store; counts redis-server
+#                                        # instead (reserve + settle scripts)
 #   REQUESTS=5000 scripts/instructions.sh
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
@@ -16,6 +18,10 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 REQUESTS=${REQUESTS:-2000}
 STORE=${STORE:-memory}
+# Which process callgrind counts: the gateway, or (PROFILE=redis, which
+# implies STORE=redis) the redis-server its budgets live in.
+PROFILE=${PROFILE:-gateway}
+[[ $PROFILE == redis ]] && STORE=redis
 command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
 command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
 GATEWAY=target/release/budgetgate
@@ -42,11 +48,18 @@ STORE_TOML='kind = "memory"'
 if [[ $STORE == redis ]]; then
     command -v redis-server >/dev/null || { echo "redis-server is required" >&2; exit 1; }
     RPORT=$((20000 + RANDOM % 40000))
-    redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no >"$TMP/redis.out" 2>&1 &
-    PIDS+=($!)
-    for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    REDIS_CMD=(redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no)
+    if [[ $PROFILE == redis ]]; then
+        REDIS_CMD=(valgrind --tool=callgrind --callgrind-out-file="$PWD/target/callgrind.out.%p" "${REDIS_CMD[@]}")
+    fi
+    "${REDIS_CMD[@]}" >"$TMP/redis.out" 2>&1 &
+    REDIS_PID=$!
+    PIDS+=($REDIS_PID)
+    for _ in $(seq 1 300); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    # Under valgrind a script runs ~50 times slower: give calls time.
     STORE_TOML="kind = \"redis\"
-url = \"redis://127.0.0.1:$RPORT/\""
+url = \"redis://127.0.0.1:$RPORT/\"
+timeout_ms = 5000"
 fi
 KEY="sk-instructions-$$"
 SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
@@ -69,10 +82,14 @@ name = "bench"
 keys = [{ id = "bench", sha256 = "$SHA" }]
 limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000 }
 EOF
-RUST_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$PWD/target/callgrind.out.%p" \
-    "$GATEWAY" serve --threads 1 --config "$TMP/gw.toml" >"$TMP/gw.out" 2>"$TMP/gw.err" &
-VG=$!
-PIDS+=($VG)
+GW_CMD=("$GATEWAY" serve --threads 1 --config "$TMP/gw.toml")
+if [[ $PROFILE == gateway ]]; then
+    GW_CMD=(valgrind --tool=callgrind --callgrind-out-file="$PWD/target/callgrind.out.%p" "${GW_CMD[@]}")
+fi
+RUST_LOG=warn "${GW_CMD[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
+GW_PID=$!
+PIDS+=($GW_PID)
+if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
 ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
 BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
 load() { oha --no-tui -n "$1" -c 1 -m POST -H "Authorization: Bearer $KEY" \
@@ -80,9 +97,14 @@ load() { oha --no-tui -n "$1" -c 1 -m POST -H "Authorization: Bearer $KEY" \
 load 300                       # warm-up: caches, pooled connections
 callgrind_control -z "$VG" >/dev/null
 load "$REQUESTS"
+sleep 1                        # let the last settles land
 callgrind_control -d "$VG" >/dev/null
 sleep 1
 OUT=$(ls -t target/callgrind.out.* | head -1)
 TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-echo "instructions per request ($STORE store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+if [[ $PROFILE == redis ]]; then
+    echo "redis-server instructions per request (reserve + settle, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+else
+    echo "instructions per request ($STORE store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+fi
 echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
