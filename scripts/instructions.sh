@@ -9,6 +9,8 @@
 #   PROFILE=redis scripts/instructions.sh  # Redis store; counts redis-server
 #                                        # instead (reserve + settle scripts)
 #   REQUESTS=5000 scripts/instructions.sh
+#   CONC=16 PROFILE=redis scripts/instructions.sh  # 16 clients: Redis calls
+#                                        # then go in batches (lua/batch.lua)
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -21,6 +23,7 @@ STORE=${STORE:-memory}
 # Which process callgrind counts: the gateway, or (PROFILE=redis, which
 # implies STORE=redis) the redis-server its budgets live in.
 PROFILE=${PROFILE:-gateway}
+CONC=${CONC:-1}
 [[ $PROFILE == redis ]] && STORE=redis
 command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
 command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
@@ -92,7 +95,7 @@ PIDS+=($GW_PID)
 if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
 ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
 BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
-load() { oha --no-tui -n "$1" -c 1 -m POST -H "Authorization: Bearer $KEY" \
+load() { oha --no-tui -n "$1" -c "$CONC" -m POST -H "Authorization: Bearer $KEY" \
     -H 'content-type: application/json' -d "$BODY" "http://$ADDR/v1/chat/completions" >/dev/null; }
 load 300                       # warm-up: caches, pooled connections
 callgrind_control -z "$VG" >/dev/null
@@ -103,8 +106,8 @@ sleep 1
 OUT=$(ls -t target/callgrind.out.* | head -1)
 TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
 if [[ $PROFILE == redis ]]; then
-    echo "redis-server instructions per request (reserve + settle, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+    echo "redis-server instructions per request (reserve + settle, c=$CONC): $((TOTAL / REQUESTS)) over $REQUESTS requests"
 else
-    echo "instructions per request ($STORE store, 1 serving thread, c=1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC): $((TOTAL / REQUESTS)) over $REQUESTS requests"
 fi
 echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
