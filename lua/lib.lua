@@ -57,7 +57,8 @@ local DAY = 86400000000
 -- a key is never dropped while its logical state still differs from "absent".
 local MARGIN_MS = 60000
 
-local call, fmt, match, floor = redis.call, string.format, string.match, math.floor
+local call, fmt, match, find, sub, floor =
+  redis.call, string.format, string.match, string.find, string.sub, math.floor
 -- Binary budget state (see above): pack('<dddd', ...), unpack('<dddd', v);
 -- a value of the wrong length raises an error.
 local pack, unpack_ = struct.pack, struct.unpack
@@ -367,8 +368,17 @@ local function hold_for_update(h, now, KEYS)
   if not h then
     return nil, { 'U', s(now) }
   end
-  local st, head, exp, res, lease, keys, live, ext, q =
-    match(h, '^(%d) ((%d+) (%d+) (%d+) %d+ %d+) [^\n]*\n([^\n]*)\n([^\n]*)\n([^\n]*)\n()')
+  -- Sections by plain searches for '\n' (memchr) rather than one pattern
+  -- with [^\n]* classes, which tests every byte of the ~400-byte keys
+  -- section one class match at a time (measured: a fifth of a settle).
+  local e1 = find(h, '\n', 1, true)
+  local e2 = e1 and find(h, '\n', e1 + 1, true)
+  local e3 = e2 and find(h, '\n', e2 + 1, true)
+  local e4 = e3 and find(h, '\n', e3 + 1, true)
+  local st, head, exp, res, lease
+  if e4 then
+    st, head, exp, res, lease = match(h, '^(%d) ((%d+) (%d+) (%d+) %d+ %d+) ')
+  end
   if not st then
     error('budgetgate: bad hold at ' .. KEYS[1])
   end
@@ -379,11 +389,11 @@ local function hold_for_update(h, now, KEYS)
   if st == '1' then
     return nil, { 'S', s(now) }
   end
-  if keys ~= table.concat(KEYS, ' ', 2) then
+  if sub(h, e1 + 1, e2 - 1) ~= table.concat(KEYS, ' ', 2) then
     return nil, { 'K', s(now) }
   end
-  return { exp = exp, res = tonumber(res), res_s = res, lease = lease, head = head, live = live,
-    ext = ext, raw = h, rest_at = q }, nil
+  return { exp = exp, res = tonumber(res), res_s = res, lease = lease, head = head,
+    live = sub(h, e2 + 1, e3 - 1), ext = sub(h, e3 + 1, e4 - 1), raw = h, rest_at = e4 + 1 }, nil
 end
 
 -- Iterates the live section: i, kind, ref, a, b, d (strings; see above).
