@@ -370,7 +370,8 @@ local function hold_for_update(h, now, KEYS)
   end
   -- Sections by plain searches for '\n' (memchr) rather than one pattern
   -- with [^\n]* classes, which tests every byte of the ~400-byte keys
-  -- section one class match at a time (measured: a fifth of a settle).
+  -- section one class match at a time (measured: 18k fewer of a settle's
+  -- ~360k instructions).
   local e1 = find(h, '\n', 1, true)
   local e2 = e1 and find(h, '\n', e1 + 1, true)
   local e3 = e2 and find(h, '\n', e2 + 1, true)

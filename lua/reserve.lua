@@ -50,9 +50,11 @@
 --       impossible (cost above capacity); nothing was written.
 --
 -- Building the hold costs the script string concatenations only: every
--- static part comes rendered in ARGV (measured, `PROFILE=redis
--- scripts/instructions.sh`: formatting and joining ~60 fields per
--- reservation in Lua cost more than all its budget arithmetic).
+-- static part comes rendered in ARGV. (Measured with callgrind on
+-- redis-server: building the adm fields and live entries from eight ARGV
+-- fields per spec cost ~95k of a ~770k-instruction reservation alone, and
+-- the numbers' tonumber calls and ARGV strings ~50k more; see
+-- `PROFILE=redis scripts/instructions.sh`.)
 --
 -- Phase 1 reads every string key once per batch (MGET) and each slot set
 -- with ZCARD (ZCOUNT of live leases, and ZSCORE of this id, only when the
