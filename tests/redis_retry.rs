@@ -50,6 +50,15 @@ fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
     }
 }
 
+/// Reserves `tokens` for `id` and asserts the store admitted it.
+async fn admit(store: &RedisStore, ks: &KeySpace, id: &str, tokens: u64) {
+    let outcome = store.reserve(&request(ks, id, tokens)).await;
+    assert!(
+        matches!(outcome, Ok(ReserveOutcome::Admitted(_))),
+        "reserve {id}: {outcome:?}"
+    );
+}
+
 async fn remaining(store: &RedisStore, ks: &KeySpace) -> i64 {
     store.inspect(&[spec(ks)]).await.expect("inspect")[0].remaining
 }
@@ -81,10 +90,7 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     };
 
     // Plain retry: the second settle changes nothing.
-    assert!(matches!(
-        store.reserve(&request(&ks, "a", 400)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&store, &ks, "a", 400).await;
     assert_eq!(remaining(&store, &ks).await, 600);
     assert!(matches!(
         store.settle("a", s).await,
@@ -97,10 +103,7 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     assert_eq!(remaining(&store, &ks).await, 900);
 
     // Lost reply: the settle is applied but its caller sees a timeout.
-    assert!(matches!(
-        store.reserve(&request(&ks, "b", 400)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&store, &ks, "b", 400).await;
     assert_eq!(remaining(&store, &ks).await, 500);
     pause_writes(&server, 500);
     let lost = hasty.settle("b", s).await;
@@ -131,10 +134,7 @@ async fn reserve_after_a_lost_reply_debits_once() {
     let hasty = connect(&server, &ks, Duration::from_millis(150)).await;
     // Load the script first: a lost *first* call would come back NOSCRIPT
     // after the pause and apply nothing, which is safe but not this test.
-    assert!(matches!(
-        hasty.reserve(&request(&ks, "warm", 0)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&hasty, &ks, "warm", 0).await;
     pause_writes(&server, 500);
     let lost = hasty.reserve(&request(&ks, "r", 300)).await;
     assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
@@ -165,16 +165,10 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
     let server = RedisServer::start();
     let ks = KeySpace::new("bgflush", "d");
     let store = connect(&server, &ks, Duration::from_secs(5)).await;
-    assert!(matches!(
-        store.reserve(&request(&ks, "a", 100)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&store, &ks, "a", 100).await;
     // As after a Redis restart or failover: the script cache is empty.
     assert!(server.cli(&["script", "flush"]).contains("OK"));
-    assert!(matches!(
-        store.reserve(&request(&ks, "b", 100)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&store, &ks, "b", 100).await;
     server.cli(&["script", "flush"]);
     let s = Settlement {
         actual_tokens: 40,
@@ -198,10 +192,7 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
     let ks = KeySpace::new("bgqueue", "d");
     let hasty = connect(&server, &ks, Duration::from_millis(300)).await;
     // Load the scripts and create the bucket first.
-    assert!(matches!(
-        hasty.reserve(&request(&ks, "warm", 1)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&hasty, &ks, "warm", 1).await;
     let before = hasty.batch_counts();
 
     pause_writes(&server, 1500);
@@ -259,10 +250,7 @@ async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch
     let server = RedisServer::start();
     let ks = KeySpace::new("bgdeadline", "d");
     let store = connect(&server, &ks, Duration::from_millis(600)).await;
-    assert!(matches!(
-        store.reserve(&request(&ks, "warm", 1)).await,
-        Ok(ReserveOutcome::Admitted(_))
-    ));
+    admit(&store, &ks, "warm", 1).await;
 
     // t = 0: Redis holds scripts for 900 ms; two calls go on the wire and
     // time out at 600 ms. Call a queues at 100 ms (deadline 700), call b at
