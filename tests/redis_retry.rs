@@ -63,6 +63,15 @@ async fn remaining(store: &RedisStore, ks: &KeySpace) -> i64 {
     store.inspect(&[spec(ks)]).await.expect("inspect")[0].remaining
 }
 
+/// A fresh `redis-server`, a key space with `prefix`, and a store on it
+/// whose calls time out after `timeout`.
+async fn start(prefix: &str, timeout: Duration) -> (RedisServer, KeySpace, RedisStore) {
+    let server = RedisServer::start();
+    let ks = KeySpace::new(prefix, "d");
+    let store = connect(&server, &ks, timeout).await;
+    (server, ks, store)
+}
+
 /// A store on `server` whose calls time out after `timeout`.
 async fn connect(server: &RedisServer, ks: &KeySpace, timeout: Duration) -> RedisStore {
     RedisStore::connect(&server.url(), timeout, ks.clone())
@@ -78,9 +87,7 @@ fn pause_writes(server: &RedisServer, ms: u64) {
 
 #[tokio::test]
 async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
-    let server = RedisServer::start();
-    let ks = KeySpace::new("bgretry", "d");
-    let store = connect(&server, &ks, Duration::from_secs(5)).await;
+    let (server, ks, store) = start("bgretry", Duration::from_secs(5)).await;
     // Same Redis, a timeout short enough to lose replies on purpose.
     let hasty = connect(&server, &ks, Duration::from_millis(150)).await;
 
@@ -128,9 +135,7 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
 
 #[tokio::test]
 async fn reserve_after_a_lost_reply_debits_once() {
-    let server = RedisServer::start();
-    let ks = KeySpace::new("bgretry", "d");
-    let store = connect(&server, &ks, Duration::from_secs(5)).await;
+    let (server, ks, store) = start("bgretry", Duration::from_secs(5)).await;
     let hasty = connect(&server, &ks, Duration::from_millis(150)).await;
     // Load the script first: a lost *first* call would come back NOSCRIPT
     // after the pause and apply nothing, which is safe but not this test.
@@ -162,9 +167,7 @@ async fn reserve_after_a_lost_reply_debits_once() {
 
 #[tokio::test]
 async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
-    let server = RedisServer::start();
-    let ks = KeySpace::new("bgflush", "d");
-    let store = connect(&server, &ks, Duration::from_secs(5)).await;
+    let (server, ks, store) = start("bgflush", Duration::from_secs(5)).await;
     admit(&store, &ks, "a", 100).await;
     // As after a Redis restart or failover: the script cache is empty.
     assert!(server.cli(&["script", "flush"]).contains("OK"));
@@ -188,9 +191,7 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
 /// can have been applied once Redis runs them; the others never are.
 #[tokio::test]
 async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
-    let server = RedisServer::start();
-    let ks = KeySpace::new("bgqueue", "d");
-    let hasty = connect(&server, &ks, Duration::from_millis(300)).await;
+    let (server, ks, hasty) = start("bgqueue", Duration::from_millis(300)).await;
     // Load the scripts and create the bucket first.
     admit(&hasty, &ks, "warm", 1).await;
     let before = hasty.batch_counts();
@@ -247,9 +248,7 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
 /// (they would fail although Redis applies them a moment later).
 #[tokio::test]
 async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch() {
-    let server = RedisServer::start();
-    let ks = KeySpace::new("bgdeadline", "d");
-    let store = connect(&server, &ks, Duration::from_millis(600)).await;
+    let (server, ks, store) = start("bgdeadline", Duration::from_millis(600)).await;
     admit(&store, &ks, "warm", 1).await;
 
     // t = 0: Redis holds scripts for 900 ms; two calls go on the wire and
