@@ -267,3 +267,104 @@ async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_co
     // rpm = 2: the first two fit, the next five would have been denied.
     assert_eq!(count().await - before, 5.0);
 }
+
+/// Sum of the samples of `metric` whose labels include every `labels` pair.
+fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_values_count_every_request_under_the_policy_version_that_admitted_it() {
+    // Tenant and deployment names of their own: the recorder is shared by
+    // every test of this binary.
+    let mock = start_mock().await;
+    let cfg = config(&mock.base_url(), 50, "rpm = 1000", "")
+        .replace("name = \"t1\"", "name = \"metered\"")
+        .replace("\"mock\"", "\"metered-mock\"");
+    let gw = start_gateway(&cfg).await;
+    let v1 = gw.state.policy.load().version.clone();
+    let mut used = 0.0;
+    for _ in 0..3 {
+        let r = post(&gw, KEY).await;
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        used += body["usage"]["total_tokens"].as_f64().unwrap();
+    }
+    // A reload: admissions from now on are counted under the new version.
+    let reloaded =
+        budgetgate::config::Policy::from_toml(&cfg.replace("rpm = 1000", "rpm = 999")).unwrap();
+    let v2 = reloaded.version.clone();
+    assert_ne!(v1, v2);
+    gw.state.policy.store(Arc::new(reloaded));
+    for _ in 0..2 {
+        assert_eq!(post(&gw, KEY).await.status(), 200);
+    }
+    gw.settled().await;
+    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("valid Prometheus text exposition");
+    let sum = |metric: &str, labels: &[(&str, &str)]| sample_sum(&scrape, metric, labels);
+    let tenant = ("tenant", "metered");
+    let deployment = ("deployment", "metered-mock");
+    let admitted = |version: &str| {
+        sum(
+            "budgetgate_decisions_total",
+            &[tenant, ("outcome", "admitted"), ("policy_version", version)],
+        )
+    };
+    assert_eq!(admitted(&v1), 3.0, "{text}");
+    assert_eq!(admitted(&v2), 2.0, "{text}");
+    assert_eq!(
+        sum(
+            "budgetgate_upstream_requests_total",
+            &[deployment, ("status", "200")]
+        ),
+        5.0
+    );
+    assert_eq!(
+        sum("budgetgate_upstream_latency_seconds_count", &[deployment]),
+        5.0
+    );
+    assert_eq!(sum("budgetgate_estimate_ratio_count", &[tenant]), 5.0);
+    // The simulated upstream reports these on every answer.
+    assert_eq!(
+        sum(
+            "budgetgate_provider_remaining",
+            &[deployment, ("limit", "tokens")]
+        ),
+        999000.0
+    );
+    assert_eq!(
+        sum(
+            "budgetgate_provider_remaining",
+            &[deployment, ("limit", "requests")]
+        ),
+        9999.0
+    );
+    // Every reserved token is settled, refunded or both (debt when the
+    // answer used more than reserved).
+    let reserved = sum("budgetgate_reserved_tokens_total", &[tenant]);
+    let settled = sum("budgetgate_settled_tokens_total", &[tenant]);
+    let refunded = sum("budgetgate_refunded_tokens_total", &[tenant]);
+    let debt = sum("budgetgate_debt_tokens_total", &[tenant]);
+    assert!(settled >= used && reserved > 0.0, "{text}");
+    assert_eq!(reserved - refunded + debt, settled, "{text}");
+    assert!(sum("budgetgate_store_call_seconds_count", &[("op", "reserve")]) >= 5.0);
+    assert!(sum("budgetgate_store_call_seconds_count", &[("op", "settle")]) >= 5.0);
+}

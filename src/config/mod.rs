@@ -243,7 +243,9 @@ pub struct Policy {
     /// Tenants in file order.
     pub tenants: Vec<TenantPolicy>,
     model_index: HashMap<String, usize>,
-    key_index: HashMap<String, (usize, usize)>,
+    /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
+    /// is then not followed by hex-encoding it into a new string).
+    key_index: HashMap<[u8; 32], (usize, usize)>,
 }
 
 impl Policy {
@@ -268,7 +270,7 @@ impl Policy {
 
     /// Authenticates a presented API key: `(tenant, key)` when its SHA-256 matches.
     pub fn authenticate(&self, presented_key: &str) -> Option<(&TenantPolicy, &KeyPolicy)> {
-        let digest = hex::encode(Sha256::digest(presented_key.as_bytes()));
+        let digest: [u8; 32] = Sha256::digest(presented_key.as_bytes()).into();
         self.key_index
             .get(&digest)
             .map(|&(t, k)| (&self.tenants[t], &self.tenants[t].keys[k]))
@@ -719,12 +721,13 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 v.err(format!("{kp}.id"), format!("duplicate key id {:?}", k.id));
             }
             let digest = k.sha256.to_ascii_lowercase();
-            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let mut raw = [0u8; 32];
+            if hex::decode_to_slice(&digest, &mut raw).is_err() {
                 v.err(
                     format!("{kp}.sha256"),
                     "must be 64 hex digits (run `budgetgate hash-key`)",
                 );
-            } else if key_index.insert(digest.clone(), (i, j)).is_some() {
+            } else if key_index.insert(raw, (i, j)).is_some() {
                 v.err(format!("{kp}.sha256"), "the same key is configured twice");
             }
             keys.push(KeyPolicy {

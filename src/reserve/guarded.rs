@@ -50,6 +50,7 @@ pub struct GuardedStore<S: ?Sized> {
     timeout: Duration,
     breaker: Mutex<Breaker>,
     turns: tokio::sync::Semaphore,
+    call_metrics: metrics::StoreCallMetrics,
 }
 
 impl<S: BudgetStore + ?Sized> GuardedStore<S> {
@@ -64,6 +65,7 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
                 last_success: None,
             }),
             turns: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            call_metrics: metrics::StoreCallMetrics::new(),
         }
     }
 
@@ -102,7 +104,8 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
             }
         };
         let now = Instant::now();
-        metrics::store_call(op, (now - start).as_secs_f64(), result.is_ok());
+        self.call_metrics
+            .record(op, (now - start).as_secs_f64(), result.is_ok());
         let mut b = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
             Ok(_) => {

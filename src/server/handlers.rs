@@ -17,10 +17,11 @@ use tokio::sync::mpsc;
 use super::error::ApiError;
 use super::headers::rate_limit_headers;
 use super::settlement::HeldReservation;
-use super::{AppState, BudgetPlan};
+use super::{AppState, BudgetPlan, PlannedDeployment};
 use crate::config::{ModelPolicy, OnStoreError, Policy, Routing, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
 use crate::metrics;
+use crate::metrics::DeploymentMetrics;
 use crate::reserve::{
     plan, Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Impossibility,
     ReserveOutcome, ReserveRequest, Scope, Settlement,
@@ -150,7 +151,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
         }
     }
     headers
-        .get("api-key")
+        .get(API_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|k| !k.is_empty())
@@ -168,7 +169,7 @@ fn authenticate<'p>(
 > {
     let key = presented_key(headers).ok_or_else(|| {
         // A credential header that is present but unreadable is a wrong key, not a missing one.
-        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key("api-key") {
+        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(API_KEY) {
             ApiError::InvalidKey
         } else {
             ApiError::MissingKey
@@ -338,7 +339,7 @@ fn prepare(
         .upstreams
         .iter()
         .enumerate()
-        .filter(|(_, (u, _))| n <= 1 || policy.upstreams[*u].supports_n)
+        .filter(|(_, d)| n <= 1 || policy.upstreams[d.upstream].supports_n)
         .map(|(i, _)| i)
         .collect();
     if candidates.is_empty() {
@@ -353,7 +354,7 @@ fn prepare(
     let common = &plan.common;
     let cand_specs: Vec<&[BudgetSpec]> = candidates
         .iter()
-        .map(|&i| plan.upstreams[i].1.as_slice())
+        .map(|&i| plan.upstreams[i].budgets.as_slice())
         .collect();
     let tightest = plan::tightest_token_capacity(common, &cand_specs);
     let me = ModelEstimation {
@@ -474,7 +475,7 @@ fn upstream_body(
 
 /// A client-supplied `x-request-id`, if it is short printable ASCII.
 fn client_request_id(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get("x-request-id")?.to_str().ok()?.trim();
+    let v = headers.get(X_REQUEST_ID)?.to_str().ok()?.trim();
     (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .then(|| v.to_string())
 }
@@ -539,13 +540,13 @@ async fn proxy_inner(
     for attempt in 0..MAX_ATTEMPTS.min(prepared.candidates.len()) {
         let now = st.clock.now_micros();
         let mut cooling_until = None;
-        let mut candidates: Vec<&(usize, Vec<BudgetSpec>)> = prepared
+        let mut candidates: Vec<&PlannedDeployment> = prepared
             .candidates
             .iter()
             .map(|&i| &prepared.plan.upstreams[i])
-            .filter(|(u, _)| !tried.contains(u))
+            .filter(|d| !tried.contains(&d.upstream))
             .filter(
-                |(u, _)| match st.cooldown_until(&policy.upstreams[*u].name, now) {
+                |d| match st.cooldown_until(&policy.upstreams[d.upstream].name, now) {
                     Some(until) => {
                         cooling_until = Some(cooling_until.map_or(until, |c: u64| c.min(until)));
                         false
@@ -583,7 +584,7 @@ async fn proxy_inner(
             id: id.clone(),
             tokens: prepared.estimate.total_tokens,
             common,
-            candidates: candidates.iter().map(|(_, s)| s.clone()).collect(),
+            candidates: candidates.iter().map(|d| d.budgets.clone()).collect(),
             lease_micros: policy.server.lease.as_micros() as u64,
             hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
                 as u64,
@@ -676,15 +677,16 @@ async fn proxy_inner(
                 return Err(ApiError::Impossible(Box::new(i)));
             }
         };
-        let upstream_idx = candidates[admission.candidate].0;
+        let deployment = candidates[admission.candidate];
+        let upstream_idx = deployment.upstream;
         tried.push(upstream_idx);
-        metrics::decision(&tenant.name, "tenant", "none", "admitted", &policy.version);
+        let tenant_metrics = &prepared.plan.tenant_metrics;
+        tenant_metrics.admitted(request.tokens);
         for w in &admission.would_deny {
             metrics::shadow_denial(&tenant.name, &w.scope, w.name);
             tracing::info!(reservation_id = %id, tenant = %tenant.name, scope = %w.scope, budget = %w.name,
                 policy_version = %policy.version, "would deny (shadow mode); admitted");
         }
-        metrics::reserved(&tenant.name, request.tokens);
         let hold = HeldReservation::new(
             id.clone(),
             hold_store,
@@ -693,7 +695,7 @@ async fn proxy_inner(
             policy.server.lease,
             policy.server.settle_retry,
         )
-        .with_tenant(&tenant.name);
+        .with_metrics(tenant_metrics.clone());
         let upstream = &policy.upstreams[upstream_idx];
         match forward(
             &st,
@@ -701,6 +703,7 @@ async fn proxy_inner(
             &prepared,
             endpoint,
             upstream,
+            &deployment.metrics,
             hold,
             &admission,
             &headers,
@@ -754,10 +757,15 @@ fn fallback_request(req: &ReserveRequest, share: f64) -> ReserveRequest {
 /// Sorts candidates by the spare share (remaining/limit) of their tightest
 /// token bucket, most spare first; deployments without one come first. A
 /// failed read keeps the configured order.
-async fn order_by_spare_capacity(st: &Arc<AppState>, candidates: &mut [&(usize, Vec<BudgetSpec>)]) {
+async fn order_by_spare_capacity(st: &Arc<AppState>, candidates: &mut [&PlannedDeployment]) {
     let specs: Vec<BudgetSpec> = candidates
         .iter()
-        .flat_map(|(_, s)| s.iter().filter(|b| b.name == BudgetName::Tpm).cloned())
+        .flat_map(|d| {
+            d.budgets
+                .iter()
+                .filter(|b| b.name == BudgetName::Tpm)
+                .cloned()
+        })
         .collect();
     let Ok(Ok(states)) = tokio::time::timeout(
         std::time::Duration::from_millis(50),
@@ -768,8 +776,9 @@ async fn order_by_spare_capacity(st: &Arc<AppState>, candidates: &mut [&(usize, 
         return;
     };
     // Spare share as a fraction in parts per million, per candidate (1e6 = unlimited).
-    let share = |c: &(usize, Vec<BudgetSpec>)| -> i64 {
-        c.1.iter()
+    let share = |d: &PlannedDeployment| -> i64 {
+        d.budgets
+            .iter()
             .filter(|b| b.name == BudgetName::Tpm)
             .filter_map(|b| {
                 states
@@ -793,6 +802,7 @@ async fn forward(
     prepared: &Prepared,
     endpoint: Endpoint,
     upstream: &UpstreamPolicy,
+    deployment_metrics: &DeploymentMetrics,
     hold: HeldReservation,
     admission: &Admission,
     client_headers: &HeaderMap,
@@ -832,15 +842,11 @@ async fn forward(
         .await;
     let resp = match sent {
         Ok(r) => {
-            metrics::upstream(
-                &upstream.name,
-                r.status().as_str(),
-                started.elapsed().as_secs_f64(),
-            );
+            deployment_metrics.answered(r.status().as_str(), started.elapsed().as_secs_f64());
             r
         }
         Err(e) => {
-            metrics::upstream(&upstream.name, "error", started.elapsed().as_secs_f64());
+            deployment_metrics.answered("error", started.elapsed().as_secs_f64());
             hold.settle_now(Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
@@ -854,23 +860,23 @@ async fn forward(
         }
     };
     let status = resp.status();
-    observe_provider_limits(st, policy, upstream, resp.headers());
+    observe_provider_limits(st, policy, upstream, deployment_metrics, resp.headers());
     if !status.is_success() {
         return upstream_failure(st, resp, hold, admission, upstream, client_id).await;
     }
 
     let mut out_headers = rate_limit_headers(&admission.budgets);
-    put(&mut out_headers, "x-request-id", client_id.unwrap_or(&id));
-    put(&mut out_headers, "x-reservation-id", &id);
+    put(&mut out_headers, X_REQUEST_ID, client_id.unwrap_or(&id));
+    put(&mut out_headers, X_RESERVATION_ID, &id);
     if let Some(u) = resp
         .headers()
-        .get("x-request-id")
+        .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
     {
-        put(&mut out_headers, "x-upstream-request-id", u);
+        put(&mut out_headers, X_UPSTREAM_REQUEST_ID, u);
     }
-    if let Some(v) = resp.headers().get("openai-processing-ms") {
-        out_headers.insert(HeaderName::from_static("openai-processing-ms"), v.clone());
+    if let Some(v) = resp.headers().get(OPENAI_PROCESSING_MS) {
+        out_headers.insert(OPENAI_PROCESSING_MS, v.clone());
     }
 
     if prepared.stream {
@@ -994,22 +1000,18 @@ fn observe_provider_limits(
     st: &Arc<AppState>,
     policy: &Policy,
     upstream: &UpstreamPolicy,
+    deployment_metrics: &DeploymentMetrics,
     headers: &reqwest::header::HeaderMap,
 ) {
-    let read = |name: &str| {
+    let read = |name: HeaderName| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
     };
-    let tokens = read("x-ratelimit-remaining-tokens");
-    let requests = read("x-ratelimit-remaining-requests");
-    if let Some(t) = tokens {
-        metrics::provider_remaining(&upstream.name, "tokens", t);
-    }
-    if let Some(r) = requests {
-        metrics::provider_remaining(&upstream.name, "requests", r);
-    }
+    let tokens = read(PROVIDER_REMAINING_TOKENS);
+    let requests = read(PROVIDER_REMAINING_REQUESTS);
+    deployment_metrics.provider_remaining(tokens, requests);
     if upstream.learn_from_headers && (tokens.is_some() || requests.is_some()) {
         // Off the response path: the provider knows of spending this gateway
         // cannot see (other gateways' clients, other tools on the same key).
@@ -1035,9 +1037,21 @@ fn observe_provider_limits(
     }
 }
 
-fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
+// Header names built at compile time: naming a header by a string at run
+// time searches the table of standard names on every use.
+const API_KEY: HeaderName = HeaderName::from_static("api-key");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_RESERVATION_ID: HeaderName = HeaderName::from_static("x-reservation-id");
+const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
+const OPENAI_PROCESSING_MS: HeaderName = HeaderName::from_static("openai-processing-ms");
+const PROVIDER_REMAINING_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-tokens");
+const PROVIDER_REMAINING_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-requests");
+
+fn put(h: &mut HeaderMap, name: HeaderName, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
-        h.insert(HeaderName::from_static(name), v);
+        h.insert(name, v);
     }
 }
 
@@ -1153,8 +1167,8 @@ async fn upstream_failure(
                 StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_REQUEST);
             r.headers_mut()
                 .extend(rate_limit_headers(&admission.budgets));
-            put(r.headers_mut(), "x-request-id", client_id.unwrap_or(&id));
-            put(r.headers_mut(), "x-reservation-id", &id);
+            put(r.headers_mut(), X_REQUEST_ID, client_id.unwrap_or(&id));
+            put(r.headers_mut(), X_RESERVATION_ID, &id);
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 content_type.unwrap_or(HeaderValue::from_static("application/json")),

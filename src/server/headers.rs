@@ -74,12 +74,6 @@ fn tightest<'a>(
         })
 }
 
-fn put(h: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(v) = HeaderValue::from_str(value) {
-        h.insert(HeaderName::from_static(name), v);
-    }
-}
-
 /// A budget's name in a `RateLimit` policy key (hyphens, as in `tenant-tpm`).
 fn key_name(name: BudgetName) -> &'static str {
     match name {
@@ -92,47 +86,69 @@ fn key_name(name: BudgetName) -> &'static str {
     }
 }
 
+// Names built at compile time: `HeaderName::from_static` at run time
+// searches the table of standard names first (~2k instructions per
+// response for the eight names here, callgrind).
+const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
+const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+const LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
+const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
+const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Appends the IETF key and parameter of one budget to a `RateLimit-Policy`
+/// / `RateLimit` member: `"scope-name";q=limit;w=window` or
+/// `"scope-name";r=remaining;t=reset-seconds`.
+fn member(out: &mut String, scope: &str, name: &str, params: [(&str, u64); 2]) {
+    if !out.is_empty() {
+        out.push_str(", ");
+    }
+    out.push('"');
+    out.push_str(scope);
+    out.push('-');
+    out.push_str(name);
+    out.push('"');
+    let mut n = itoa::Buffer::new();
+    for (k, v) in params {
+        out.push(';');
+        out.push_str(k);
+        out.push('=');
+        out.push_str(n.format(v));
+    }
+}
+
 /// Headers describing the budgets one decision touched. `states` are the
 /// values right after this request's debit (before its settle). Tenant-side
 /// scopes are preferred when reporting; upstream budgets are reported only
 /// when no tenant-side budget of that kind exists. (On every response:
-/// written into two reused buffers rather than formatted piece by piece.)
+/// numbers rendered with `itoa` and strings moved into their header values,
+/// not formatted and copied: ~14k instructions per response before, callgrind.)
 pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
-    use std::fmt::Write;
     // Sized for these headers and the few the handlers add: growing a
     // header map reallocates its tables, measured as the largest source of
     // allocator slow paths on the request path.
     let mut h = HeaderMap::with_capacity(16);
     let client_side = || states.iter().filter(|s| !s.scope.is_upstream());
-    let mut buf = String::with_capacity(32);
     for (name, [l, r, t]) in [
         (
             BudgetName::Rpm,
-            [
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-                "x-ratelimit-reset-requests",
-            ],
+            [LIMIT_REQUESTS, REMAINING_REQUESTS, RESET_REQUESTS],
         ),
         (
             BudgetName::Tpm,
-            [
-                "x-ratelimit-limit-tokens",
-                "x-ratelimit-remaining-tokens",
-                "x-ratelimit-reset-tokens",
-            ],
+            [LIMIT_TOKENS, REMAINING_TOKENS, RESET_TOKENS],
         ),
     ] {
         let pick = tightest(client_side(), name).or_else(|| tightest(states.iter(), name));
         if let Some(s) = pick {
             let remaining = s.remaining.clamp(0, s.limit as i64);
-            buf.clear();
-            let _ = write!(buf, "{}", s.limit);
-            put(&mut h, l, &buf);
-            buf.clear();
-            let _ = write!(buf, "{remaining}");
-            put(&mut h, r, &buf);
-            put(&mut h, t, &go_duration(s.reset_micros));
+            h.insert(l, HeaderValue::from(s.limit));
+            h.insert(r, HeaderValue::from(remaining));
+            if let Ok(v) = HeaderValue::try_from(go_duration(s.reset_micros)) {
+                h.insert(t, v);
+            }
         }
     }
     let mut policies = String::with_capacity(128);
@@ -143,22 +159,20 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
             (_, Some(w)) => w.seconds(),
             _ => continue,
         };
-        if !policies.is_empty() {
-            policies.push_str(", ");
-            values.push_str(", ");
-        }
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
-        let _ = write!(policies, "\"{scope}-{name}\";q={};w={w}", s.limit);
-        let _ = write!(
-            values,
-            "\"{scope}-{name}\";r={};t={}",
-            s.remaining.clamp(0, s.limit as i64),
-            s.reset_micros.div_ceil(1_000_000)
-        );
+        member(&mut policies, scope, name, [("q", s.limit), ("w", w)]);
+        let remaining = s.remaining.clamp(0, s.limit as i64) as u64;
+        let reset = s.reset_micros.div_ceil(1_000_000);
+        member(&mut values, scope, name, [("r", remaining), ("t", reset)]);
     }
     if !policies.is_empty() {
-        put(&mut h, "ratelimit-policy", &policies);
-        put(&mut h, "ratelimit", &values);
+        if let (Ok(p), Ok(v)) = (
+            HeaderValue::try_from(policies),
+            HeaderValue::try_from(values),
+        ) {
+            h.insert(RATELIMIT_POLICY, p);
+            h.insert(RATELIMIT, v);
+        }
     }
     h
 }

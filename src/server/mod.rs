@@ -25,6 +25,7 @@ use axum::Router;
 
 use crate::clock::Clock;
 use crate::config::{KeyPolicy, ModelPolicy, Policy, TenantPolicy};
+use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
@@ -64,9 +65,20 @@ pub struct AppState {
 pub struct BudgetPlan {
     /// Tenant-side budgets (tenant, key, tenant × model, shadow limits).
     pub common: Vec<BudgetSpec>,
-    /// `(index into policy.upstreams, its budgets)` for every deployment of
-    /// the model, in configured order.
-    pub upstreams: Vec<(usize, Vec<BudgetSpec>)>,
+    /// Every deployment of the model, in configured order.
+    pub upstreams: Vec<PlannedDeployment>,
+    /// Metric handles of the tenant under this policy version.
+    pub tenant_metrics: Arc<TenantMetrics>,
+}
+
+/// One deployment a request of a [`BudgetPlan`] may be sent to.
+pub struct PlannedDeployment {
+    /// Index into `policy.upstreams`.
+    pub upstream: usize,
+    /// The deployment's budgets.
+    pub budgets: Vec<BudgetSpec>,
+    /// Metric handles of the deployment.
+    pub metrics: DeploymentMetrics,
 }
 
 #[derive(Default)]
@@ -81,8 +93,9 @@ impl AppState {
     /// State for `policy` over `store`.
     /// The store is wrapped in a [`GuardedStore`] (timeout, metrics, circuit breaker).
     pub fn new(policy: Policy, store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let store: Arc<dyn BudgetStore> = Arc::new(GuardedStore::new(store, policy.store.timeout));
+        // Before the store wrapper registers its metric handles.
         crate::metrics::install();
+        let store: Arc<dyn BudgetStore> = Arc::new(GuardedStore::new(store, policy.store.timeout));
         crate::metrics::policy_version(None, &policy.version);
         Arc::new(Self {
             fallback: Arc::new(MemoryStore::new(clock.clone())),
@@ -131,8 +144,13 @@ impl AppState {
                     upstreams: model
                         .upstreams
                         .iter()
-                        .map(|&u| (u, plan::upstream_budgets(&ks, &policy.upstreams[u])))
+                        .map(|&u| PlannedDeployment {
+                            upstream: u,
+                            budgets: plan::upstream_budgets(&ks, &policy.upstreams[u]),
+                            metrics: DeploymentMetrics::new(&policy.upstreams[u].name),
+                        })
                         .collect(),
+                    tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
                 })
             })
             .clone()

@@ -16,6 +16,7 @@ use tokio::sync::{watch, Notify};
 
 use super::lease::{LeaseHandle, LeaseKeeper};
 
+use crate::metrics::TenantMetrics;
 use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
@@ -104,7 +105,7 @@ impl SettlementTracker {
         id: String,
         s: Settlement,
         retry_for: Duration,
-        tenant: Option<String>,
+        tenant: Option<Arc<TenantMetrics>>,
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
@@ -137,9 +138,9 @@ impl SettlementTracker {
     }
 }
 
-fn record_settlement(tenant: Option<&str>, outcome: &SettleOutcome, s: Settlement) {
+fn record_settlement(tenant: Option<&TenantMetrics>, outcome: &SettleOutcome, s: Settlement) {
     if let (Some(t), SettleOutcome::Settled { reserved, .. }) = (tenant, outcome) {
-        crate::metrics::settled(t, *reserved, s.actual_tokens);
+        t.settled(*reserved, s.actual_tokens);
     }
 }
 
@@ -178,7 +179,7 @@ pub struct HeldReservation {
     settle_retry: Duration,
     lease: Option<LeaseHandle>,
     done: bool,
-    tenant: Option<String>,
+    tenant: Option<Arc<TenantMetrics>>,
 }
 
 impl HeldReservation {
@@ -205,9 +206,9 @@ impl HeldReservation {
         }
     }
 
-    /// Labels this reservation's settlement metrics with `tenant` (a config name).
-    pub fn with_tenant(mut self, tenant: &str) -> Self {
-        self.tenant = Some(tenant.to_string());
+    /// Records this reservation's settlement in `tenant`'s metrics.
+    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
+        self.tenant = Some(tenant);
         self
     }
 

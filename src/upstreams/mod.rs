@@ -32,6 +32,10 @@ pub enum UpstreamError {
     Other(String),
 }
 
+// Built at compile time, not parsed per request.
+const X_REQUEST_ID: reqwest::header::HeaderName =
+    reqwest::header::HeaderName::from_static("x-request-id");
+
 /// Pooled HTTP clients: per thread, one per distinct connect timeout
 /// (usually one for every upstream), each keeping keep-alive connections
 /// to every upstream.
@@ -119,8 +123,11 @@ impl UpstreamClient {
             .client(upstream.connect_timeout)
             .post(url)
             .timeout(upstream.timeout)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", request_id)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/json"),
+            )
+            .header(X_REQUEST_ID, request_id)
             .body(body);
         for (name, value) in extra_headers {
             req = req.header(name.as_str(), value.as_bytes());
