@@ -928,7 +928,7 @@ async fn forward(
                 .map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
         }));
         let mut response = Response::new(body);
-        response.headers_mut().extend(out_headers);
+        *response.headers_mut() = out_headers;
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream; charset=utf-8"),
@@ -986,7 +986,7 @@ async fn forward(
         latency_ms = prepared.started.elapsed().as_secs_f64() * 1000.0, "request finished");
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
-    response.headers_mut().extend(out_headers);
+    *response.headers_mut() = out_headers;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
