@@ -193,6 +193,8 @@ pub struct RecordedRequest {
     pub headers: Vec<(String, String)>,
     /// The body parsed as JSON, or `Null` when it is empty or not JSON.
     pub body: Value,
+    /// The body as received, byte for byte.
+    pub raw_body: Bytes,
 }
 
 impl RecordedRequest {
@@ -586,6 +588,7 @@ async fn handle(
             })
             .collect(),
         body: parsed.clone().unwrap_or(Value::Null),
+        raw_body: body.clone(),
     });
     st.wait_hold().await;
 

@@ -288,3 +288,28 @@ async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled(
         (1_000_000 - input - 10 - input - 50).to_string()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untouched_fields_are_forwarded_in_the_clients_order_byte_for_byte() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 100000", "")).await;
+    // Odd but valid JSON: spacing, a number written with a trailing zero,
+    // an escaped member name, members out of alphabetical order.
+    let raw = r#"{"model":"gpt-4o-mini","temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"user\u0041":"x","max_tokens":5}"#;
+    let r = reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    // `model` is the one field the gateway rewrites here (to the upstream's
+    // model name); it goes last, everything else is the client's text.
+    let forwarded = mock.state.requests()[0].raw_body.clone();
+    assert_eq!(
+        std::str::from_utf8(&forwarded).unwrap(),
+        r#"{"temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"userA":"x","max_tokens":5,"model":"gpt-4o-mini"}"#
+    );
+}

@@ -11,7 +11,7 @@ use axum::Json;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
+use std::borrow::Cow;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
@@ -415,9 +415,10 @@ fn upstream_body(
     endpoint: Endpoint,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    // Top-level fields as raw JSON slices: values are copied byte for byte,
-    // never re-serialised (a 400 KB prompt costs a scan, not a rebuild).
-    let top: BTreeMap<String, &RawValue> = serde_json::from_slice(&p.raw)?;
+    // Top-level fields as raw JSON slices, in the client's order: values
+    // are copied byte for byte, never re-serialised (a 400 KB prompt costs
+    // a scan, not a rebuild).
+    let RawMembers(top) = serde_json::from_slice(&p.raw)?;
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&p.model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
@@ -440,8 +441,9 @@ fn upstream_body(
         }
         if p.stream {
             let mut opts: Map<String, Value> = top
-                .get("stream_options")
-                .and_then(|r| serde_json::from_str(r.get()).ok())
+                .iter()
+                .rfind(|(k, _)| k == "stream_options")
+                .and_then(|(_, r)| serde_json::from_str(r.get()).ok())
                 .unwrap_or_default();
             opts.insert("include_usage".into(), Value::Bool(true));
             set.push(("stream_options", serde_json::to_string(&opts)?));
@@ -461,7 +463,7 @@ fn upstream_body(
         Ok(())
     };
     for (k, v) in &top {
-        if removed.contains(&k.as_str()) || set.iter().any(|(s, _)| s == k) {
+        if removed.contains(&k.as_ref()) || set.iter().any(|(s, _)| s == k) {
             continue;
         }
         field(&mut out, k, v.get())?;
@@ -471,6 +473,57 @@ fn upstream_body(
     }
     out.push(b'}');
     Ok(out)
+}
+
+/// A JSON object's members in document order, each value as its raw
+/// slice of the input. Names are borrowed unless they hold escapes. (A
+/// `BTreeMap<String, &RawValue>` allocated a string and a tree node per
+/// member and sorted the forwarded fields.)
+struct RawMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+/// An object member's name, borrowed from the input when it can be.
+struct MemberName<'a>(Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for MemberName<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = MemberName<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(MemberName(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(MemberName(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RawMembers<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawMembers<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(16);
+                while let Some((MemberName(k), v)) = map.next_entry::<MemberName, &RawValue>()? {
+                    members.push((k, v));
+                }
+                Ok(RawMembers(members))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
 }
 
 /// A client-supplied `x-request-id`, if it is short printable ASCII.
