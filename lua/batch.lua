@@ -15,9 +15,9 @@
 --                of keys, number of arguments
 -- then every item's arguments, item after item (its own ARGV layout)
 --
--- Reply: one element per item, in order: the item's own reply, or
--- {'!', message} when that item raised an error (it wrote nothing; the
--- other items are unaffected).
+-- Reply: one element per item, in order: the item's own reply as one
+-- string of words (lib.lua's words), or {'!', message} when that item
+-- raised an error (it wrote nothing; the other items are unaffected).
 
 local n = num(ARGV[1], 'items')
 local items = {}
@@ -55,7 +55,7 @@ for j = 1, n do
     ok, r = pcall(fn, k, a)
   end
   if ok then
-    out[j] = r
+    out[j] = words(r)
   else
     if type(r) == 'table' then
       r = r.err or 'error'

@@ -35,7 +35,8 @@
 --          '<kind>\t<a>\t<b>\t<cost>\t<ref>\t<meta>' (meta is opaque to Lua:
 --          scope and budget name for the Rust side)
 --
--- Reply (every element a string):
+-- Reply (every element a string; sent as one string of space-separated
+-- words, lib.lua's words, except the replay, whose hold has spaces):
 --   {'A', now, candidate (0-based), '0', W, wd_1..wd_W, rem_1, reset_1, ...}
 --       admitted; W shadow specs would have refused (their 0-based spec
 --       indexes; not debited), then one (remaining, reset µs) pair per
@@ -153,7 +154,8 @@ local function reserve(KEYS, ARGV)
   if prior then
     local exp, pnow, pcand = match(prior, '^%d (%d+) %d+ %d+ (%d+) (%d+)')
     if tonumber(exp) > now then
-      return { 'A', pnow, pcand, '1', prior }
+      -- The hold text has spaces and newlines: it stays an array reply.
+      return { 'A', pnow, pcand, '1', prior, array = true }
     end
   end
 

@@ -19,7 +19,8 @@
 -- it expires, so a retried settle answers 'S' and a retried reserve still
 -- replays).
 --
--- Reply (strings):
+-- Reply (strings; sent as one string of space-separated words, lib.lua's
+-- words):
 --   {'T', now, reserved, refunded, debt}           settled now, tokens
 --   {'U', now} unknown or expired hold   {'S', now} already settled
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)

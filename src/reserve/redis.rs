@@ -64,14 +64,14 @@ pub const RESERVE_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
     include_str!("../../lua/reserve.lua"),
-    "\nlocal reply = reserve(KEYS, ARGV)\nflush()\nreturn reply\n"
+    "\nlocal reply = reserve(KEYS, ARGV)\nflush()\nreturn words(reply)\n"
 );
 /// Source of the settle script for a call sent alone (library included).
 pub const SETTLE_LUA: &str = concat!(
     include_str!("../../lua/lib.lua"),
     "\n",
     include_str!("../../lua/settle.lua"),
-    "\nlocal reply = settle(KEYS, ARGV)\nflush()\nreturn reply\n"
+    "\nlocal reply = settle(KEYS, ARGV)\nflush()\nreturn words(reply)\n"
 );
 /// Source of the batch script: the library, `reserve(KEYS, ARGV)`,
 /// `settle(KEYS, ARGV)` and the driver that runs a batch of them in order

@@ -397,8 +397,14 @@ fn take_batch(q: &mut Queue) -> Vec<Pending> {
     }
 }
 
-/// One item's reply: its strings, or the error its script raised.
+/// One item's reply: its words (one string, split here: lib.lua's
+/// `words`), or the error its script raised.
 fn item_reply(v: Value) -> ItemReply {
+    if let Value::BulkString(bytes) = &v {
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| StoreError::Protocol("batch item reply is not UTF-8".into()))?;
+        return Ok(text.split_ascii_whitespace().map(str::to_string).collect());
+    }
     let items: Vec<String> = FromRedisValue::from_redis_value(v)
         .map_err(|e| StoreError::Protocol(format!("batch item reply: {e}")))?;
     if items.first().map(String::as_str) == Some("!") {
