@@ -79,7 +79,15 @@ impl KeySpace {
 
     /// Key of the hold of one reservation id (ids are gateway-generated UUIDs).
     pub fn hold(&self, reservation_id: &str) -> String {
-        format!("{}:hold:{}", self.base, encode_name(reservation_id))
+        // Built by hand: twice per request, and `format!` with the encoder
+        // cost ~2k instructions each (callgrind). A UUID needs no escapes,
+        // so the encoder's borrowed form is copied once.
+        let id: std::borrow::Cow<str> = utf8_percent_encode(reservation_id, NAME).into();
+        let mut key = String::with_capacity(self.base.len() + 6 + id.len());
+        key.push_str(&self.base);
+        key.push_str(":hold:");
+        key.push_str(&id);
+        key
     }
 }
 
