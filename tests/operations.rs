@@ -156,12 +156,7 @@ async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_r
         started.elapsed() < Duration::from_secs(5),
         "no request hangs"
     );
-    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     assert!(
         text.contains("budgetgate_degraded_decisions_total{tenant=\"t1\",mode=\"fail_open\"}"),
         "{text}"
@@ -203,12 +198,7 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_operational_series() {
         .unwrap();
     let _ = r.text().await;
     gw.settled().await;
-    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text exposition");
     let names: std::collections::BTreeSet<&str> =
@@ -242,12 +232,7 @@ async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_co
     .replace("name = \"t1\"", "name = \"shadowed\"");
     let gw = start_gateway(&cfg).await;
     let count = || async {
-        let text = reqwest::get(format!("{}/metrics", gw.root_url()))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = gw.metrics_text().await;
         text.lines()
             .filter(|l| {
                 l.starts_with("budgetgate_shadow_denials_total{")
@@ -311,12 +296,7 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
         assert_eq!(post(&gw, KEY).await.status(), 200);
     }
     gw.settled().await;
-    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("valid Prometheus text exposition");
     let sum = |metric: &str, labels: &[(&str, &str)]| sample_sum(&scrape, metric, labels);

@@ -76,12 +76,7 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
     );
     assert_eq!(post(&gw, closed_key).await, 503, "fail-closed");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let text = reqwest::get(format!("{}/metrics", gw.root_url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics_text().await;
     assert!(
         text.contains("budgetgate_degraded_decisions_total{tenant=\"open\",mode=\"fail_open\"} 7"),
         "{text}"

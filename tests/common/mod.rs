@@ -45,6 +45,16 @@ impl Gateway {
         format!("http://{}", self.addr)
     }
 
+    /// The gateway's Prometheus exposition text (`GET /metrics`).
+    pub async fn metrics_text(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.root_url()))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
     /// Waits until every settlement task has finished.
     pub async fn settled(&self) {
         tokio::time::timeout(Duration::from_secs(10), self.state.settlements.wait_idle())
