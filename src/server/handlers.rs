@@ -481,27 +481,10 @@ fn upstream_body(
 /// member and sorted the forwarded fields.)
 struct RawMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
-/// An object member's name, borrowed from the input when it can be.
-struct MemberName<'a>(Cow<'a, str>);
-
-impl<'de> serde::Deserialize<'de> for MemberName<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = MemberName<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a member name")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(MemberName(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(MemberName(Cow::Owned(v.to_string())))
-            }
-        }
-        d.deserialize_str(Visitor)
-    }
-}
+/// An object member's name, borrowed from the input when it can be
+/// (serde's `borrow` on a `Cow<str>` copies only a name with escapes).
+#[derive(serde::Deserialize)]
+struct MemberName<'a>(#[serde(borrow)] Cow<'a, str>);
 
 impl<'de> serde::Deserialize<'de> for RawMembers<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
