@@ -63,6 +63,30 @@ async fn remaining(store: &RedisStore, ks: &KeySpace) -> i64 {
     store.inspect(&[spec(ks)]).await.expect("inspect")[0].remaining
 }
 
+/// Waits (up to 5 s) until `ready` holds. A paused Redis resumes late by up
+/// to one `serverCron` tick (100 ms at the default `hz 10`) plus whatever the
+/// machine's load adds, so tests wait for the effect instead of sleeping a
+/// fixed time past the pause.
+async fn wait_until<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !ready().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Whether the reservation `id` has a hold in Redis (reads are not paused).
+fn hold_exists(server: &RedisServer, ks: &KeySpace, id: &str) -> bool {
+    server.cli(&["exists", &ks.hold(id)]).trim() == "1"
+}
+
 /// A fresh `redis-server`, a key space with `prefix`, and a store on it
 /// whose calls time out after `timeout`.
 async fn start(prefix: &str, timeout: Duration) -> (RedisServer, KeySpace, RedisStore) {
@@ -115,12 +139,10 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     pause_writes(&server, 500);
     let lost = hasty.settle("b", s).await;
     assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(
-        remaining(&store, &ks).await,
-        800,
-        "the lost settle was applied"
-    );
+    wait_until("the lost settle was applied", || async {
+        remaining(&store, &ks).await == 800
+    })
+    .await;
     // The caller retries (from this process or another): nothing more happens.
     assert_eq!(
         hasty.settle("b", s).await.ok(),
@@ -143,7 +165,12 @@ async fn reserve_after_a_lost_reply_debits_once() {
     pause_writes(&server, 500);
     let lost = hasty.reserve(&request(&ks, "r", 300)).await;
     assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The retry must come after the lost call ran: once the pause ends,
+    // Redis serves the two connections' queued calls in no promised order.
+    wait_until("the lost reserve was applied", || async {
+        hold_exists(&server, &ks, "r")
+    })
+    .await;
     match store.reserve(&request(&ks, "r", 300)).await {
         Ok(ReserveOutcome::Admitted(a)) => assert!(a.replayed, "the retry replays"),
         other => panic!("expected a replayed admission, got {other:?}"),
@@ -211,33 +238,12 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
 
     // Once the pause ends, the two sent scripts run; wait for them (reads
     // are not paused), then check which reservations exist.
-    let mut raw = redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let exists = |raw: &mut redis::aio::MultiplexedConnection, id: &str| {
-        let key = ks.hold(id);
-        let mut raw = raw.clone();
-        async move {
-            redis::cmd("EXISTS")
-                .arg(key)
-                .query_async::<i64>(&mut raw)
-                .await
-                .expect("EXISTS")
-                == 1
-        }
-    };
-    let start = std::time::Instant::now();
-    while !(exists(&mut raw, "q0").await && exists(&mut raw, "q1").await) {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "the two sent reservations never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the two sent reservations ran", || async {
+        hold_exists(&server, &ks, "q0") && hold_exists(&server, &ks, "q1")
+    })
+    .await;
     for id in ["q2", "q3", "q4"] {
-        assert!(!exists(&mut raw, id).await, "{id} was applied");
+        assert!(!hold_exists(&server, &ks, id), "{id} was applied");
     }
     let store = connect(&server, &ks, Duration::from_secs(5)).await;
     assert_eq!(remaining(&store, &ks).await, 1000 - 1 - 2 * 10);
@@ -248,14 +254,17 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
 /// (they would fail although Redis applies them a moment later).
 #[tokio::test]
 async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch() {
-    let (server, ks, store) = start("bgdeadline", Duration::from_millis(600)).await;
+    let (server, ks, store) = start("bgdeadline", Duration::from_millis(1500)).await;
     admit(&store, &ks, "warm", 1).await;
 
-    // t = 0: Redis holds scripts for 900 ms; two calls go on the wire and
-    // time out at 600 ms. Call a queues at 100 ms (deadline 700), call b at
-    // 400 ms (deadline 1000); both go together at 600 ms, and Redis answers
-    // them at ~900 ms: after a's deadline, before b's.
-    pause_writes(&server, 900);
+    // t = 0: Redis holds scripts for 1.9 s; two calls go on the wire and
+    // time out at 1.5 s. Call a queues at 0.1 s (deadline 1.6 s), call b at
+    // 0.7 s (deadline 2.2 s); both go together at 1.5 s, and Redis answers
+    // them at ~1.9 s: after a's deadline, before b's. The margins are wide
+    // because a pause ends up to one `serverCron` tick late and a loaded CI
+    // machine adds more; b must still queue well before the wire calls
+    // give up, or it would go in a batch of its own.
+    pause_writes(&server, 1900);
     let wire_reqs = [request(&ks, "w0", 10), request(&ks, "w1", 10)];
     let on_wire = futures_util::future::join_all(wire_reqs.iter().map(|r| store.reserve(r)));
     let a = async {
@@ -263,7 +272,7 @@ async fn a_call_near_its_deadline_does_not_time_out_the_fresh_calls_in_its_batch
         store.reserve(&request(&ks, "a", 10)).await
     };
     let b = async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
         store.reserve(&request(&ks, "b", 10)).await
     };
     let (wire, a, b) = tokio::join!(on_wire, a, b);
