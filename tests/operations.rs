@@ -253,22 +253,6 @@ async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_co
     assert_eq!(count().await - before, 5.0);
 }
 
-/// Sum of the samples of `metric` whose labels include every `labels` pair.
-fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    scrape
-        .samples
-        .iter()
-        .filter(|s| s.metric == metric)
-        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v)
-            | prometheus_parse::Value::Gauge(v)
-            | prometheus_parse::Value::Untyped(v) => v,
-            _ => 0.0,
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metric_values_count_every_request_under_the_policy_version_that_admitted_it() {
     // Tenant and deployment names of their own: the recorder is shared by

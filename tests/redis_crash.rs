@@ -64,6 +64,27 @@ async fn post(http: &reqwest::Client, base: &str, max_tokens: u64) -> u16 {
         .unwrap_or(0)
 }
 
+/// Posts a small request through `gw`; on 200, also waits (up to 5 s) until
+/// `gw` has settled it. Settlement runs after the response is sent, so until
+/// then the request still holds the tenant's only concurrency slot and the
+/// next request anywhere in the fleet may be refused for it.
+async fn post_settled(http: &reqwest::Client, gw: &GatewayProcess) -> u16 {
+    let settled = || gw.metric("budgetgate_settled_tokens_total", &[("tenant", "t1")]);
+    let before = settled().await;
+    let status = post(http, &gw.base_url(), 2).await;
+    if status == 200 {
+        let start = Instant::now();
+        while settled().await <= before {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "the admitted request was never settled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    status
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_gateway_frees_its_slot_after_the_lease() {
     let redis = RedisServer::start();
@@ -116,7 +137,7 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     }
     // …until the lease expires.
     let freed = loop {
-        let status = post(&http, &survivor.base_url(), 2).await;
+        let status = post_settled(&http, &survivor).await;
         if status == 200 {
             break killed_at.elapsed();
         }
@@ -139,6 +160,6 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
 
     // A restarted gateway admits again.
     let restarted = GatewayProcess::start(&cfg).await;
-    assert_eq!(post(&http, &restarted.base_url(), 2).await, 200);
-    assert_eq!(post(&http, &survivor.base_url(), 2).await, 200);
+    assert_eq!(post_settled(&http, &restarted).await, 200);
+    assert_eq!(post_settled(&http, &survivor).await, 200);
 }

@@ -254,3 +254,19 @@ pub async fn run_python_any(script: &str, base_url: &str, args: &[&str]) -> PyRe
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Sum of the samples of `metric` whose labels include every `labels` pair.
+pub fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == metric)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}

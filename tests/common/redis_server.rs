@@ -307,6 +307,20 @@ impl GatewayProcess {
         format!("{}/v1", self.root)
     }
 
+    /// Sum of the samples of `metric` whose labels include every `labels`
+    /// pair, from the process's `GET /metrics`.
+    pub async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.root))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body");
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("valid Prometheus text exposition");
+        super::sample_sum(&scrape, metric, labels)
+    }
+
     /// SIGKILL: no shutdown, no settlement, no lease release.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
