@@ -15,11 +15,17 @@ use budgetgate::reserve::*;
 use common::*;
 use serde_json::json;
 
-/// A memory store that counts reserve calls and can be switched "down".
+/// A memory store that counts its calls, can be switched "down", and can
+/// hold settlements until released.
 struct Flaky {
     inner: MemoryStore,
     down: AtomicBool,
     reserves: AtomicUsize,
+    settles: AtomicUsize,
+    /// extend, renew, inspect and lower calls.
+    others: AtomicUsize,
+    /// While true, settle calls wait (before touching the store).
+    hold_settles: tokio::sync::watch::Sender<bool>,
 }
 
 impl Flaky {
@@ -29,6 +35,9 @@ impl Flaky {
             inner: MemoryStore::new(c),
             down: AtomicBool::new(false),
             reserves: AtomicUsize::new(0),
+            settles: AtomicUsize::new(0),
+            others: AtomicUsize::new(0),
+            hold_settles: tokio::sync::watch::Sender::new(false),
         })
     }
     fn check(&self) -> Result<(), StoreError> {
@@ -48,22 +57,28 @@ impl BudgetStore for Flaky {
         self.inner.reserve(req).await
     }
     async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.extend(id, tokens).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.renew(id).await
     }
     async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        let _ = self.hold_settles.subscribe().wait_for(|held| !held).await;
         self.check()?;
         self.inner.settle(id, s).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.inspect(specs).await
     }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
         self.inner.lower(spec, at_most).await
     }
 }
@@ -76,6 +91,61 @@ async fn post(gw: &Gateway, key: &str) -> reqwest::Response {
         .send()
         .await
         .unwrap()
+}
+
+/// Issue 7: a non-streaming request costs exactly two store calls (one
+/// reserve, one settle), and its settlement is off the response's critical
+/// path: the client has the whole answer while the settle is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_settle() {
+    let mock = start_mock().await;
+    let clock = ManualClock::new(NOON);
+    let store = Flaky::new(&clock);
+    let gw = start_gateway_with(
+        &config(&mock.base_url(), 50, "rpm = 1000", ""),
+        clock.clone(),
+        store.clone(),
+    )
+    .await;
+    store.hold_settles.send_replace(true);
+    // Were the settle awaited before answering, this would never complete.
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        let r = post(&gw, KEY).await;
+        assert_eq!(r.status(), 200);
+        r.json::<serde_json::Value>()
+            .await
+            .expect("whole JSON answer")
+    })
+    .await
+    .expect("answered while the settlement is held");
+    assert!(answer["usage"]["total_tokens"].as_u64().unwrap_or(0) > 0);
+    let start = std::time::Instant::now();
+    while store.settles.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no settle started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        gw.state.settlements.pending(),
+        1,
+        "the settle is still held"
+    );
+    store.hold_settles.send_replace(false);
+    gw.settled().await;
+
+    for _ in 0..4 {
+        assert_eq!(post(&gw, KEY).await.status(), 200);
+    }
+    gw.settled().await;
+    assert_eq!(store.reserves.load(Ordering::SeqCst), 5);
+    assert_eq!(store.settles.load(Ordering::SeqCst), 5);
+    assert_eq!(
+        store.others.load(Ordering::SeqCst),
+        0,
+        "no extend, renew, inspect or lower"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
