@@ -723,6 +723,16 @@ async fn upstream_eof_without_done_after_every_choice_finished_gets_done_appende
 /// written `piece` bytes at a time, then closes the connection (no length,
 /// no chunking: the close ends the body).
 async fn fixture_upstream(body: Vec<u8>, piece: usize) -> String {
+    gated_fixture_upstream(body, piece, None).await
+}
+
+/// [`fixture_upstream`] that, with `gate = Some((n, notify))`, writes the
+/// first `n` bytes of `body` and waits for `notify` before the rest.
+async fn gated_fixture_upstream(
+    body: Vec<u8>,
+    piece: usize,
+    gate: Option<(usize, Arc<tokio::sync::Notify>)>,
+) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let body = Arc::new(body);
@@ -732,6 +742,7 @@ async fn fixture_upstream(body: Vec<u8>, piece: usize) -> String {
                 return;
             };
             let body = body.clone();
+            let gate = gate.clone();
             tokio::spawn(async move {
                 let mut req = Vec::new();
                 let mut buf = [0u8; 4096];
@@ -761,12 +772,23 @@ async fn fixture_upstream(body: Vec<u8>, piece: usize) -> String {
                 let _ = sock
                     .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n")
                     .await;
-                for p in body.chunks(piece) {
-                    if sock.write_all(p).await.is_err() {
-                        return;
+                let (first, rest) = match &gate {
+                    Some((n, _)) => body.split_at(*n),
+                    None => (&body[..], &[][..]),
+                };
+                for (part, bytes) in [first, rest].into_iter().enumerate() {
+                    if part == 1 {
+                        if let Some((_, notify)) = &gate {
+                            notify.notified().await;
+                        }
                     }
-                    let _ = sock.flush().await;
-                    tokio::task::yield_now().await;
+                    for p in bytes.chunks(piece) {
+                        if sock.write_all(p).await.is_err() {
+                            return;
+                        }
+                        let _ = sock.flush().await;
+                        tokio::task::yield_now().await;
+                    }
                 }
                 let _ = sock.shutdown().await;
             });
@@ -806,6 +828,62 @@ async fn recorded_streams_through_the_real_relay_reach_the_client_byte_for_byte(
             all_settled(&gw).await;
         }
     }
+}
+
+/// Issue 7: frames are relayed as they arrive. The upstream sends two
+/// frames and then waits until the client has them; a relay that buffered
+/// anything past a complete frame would never deliver them and time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_frame_reaches_the_client_before_the_upstream_sends_the_next() {
+    let upstream_bytes = fixture_bytes("openai_chat_usage.sse");
+    let expected = fixture_bytes("openai_chat_usage.client.sse");
+    let two_frames = upstream_bytes
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| *w == b"\n\n")
+        .nth(1)
+        .map(|(i, _)| i + 2)
+        .expect("the fixture has two frames");
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let upstream =
+        gated_fixture_upstream(upstream_bytes, 1024, Some((two_frames, gate.clone()))).await;
+    let gw = start_gateway(&stream_config(
+        &upstream,
+        100,
+        1000,
+        "tokens_per_day = 100000",
+        "",
+    ))
+    .await;
+    let mut resp = post_chat(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "stream": true}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while got.len() < two_frames {
+            let chunk = resp.chunk().await.expect("read").expect("not the end yet");
+            got.extend_from_slice(&chunk);
+        }
+    })
+    .await
+    .expect("the first two frames arrived while the upstream waited");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&expected[..two_frames]),
+        "relayed unchanged"
+    );
+    gate.notify_one();
+    while let Some(chunk) = resp.chunk().await.expect("read") {
+        got.extend_from_slice(&chunk);
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        String::from_utf8_lossy(&expected)
+    );
+    all_settled(&gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
