@@ -93,20 +93,34 @@ async fn post(gw: &Gateway, key: &str) -> reqwest::Response {
         .unwrap()
 }
 
+/// A gateway on a [`Flaky`] store with tenant limits `limits`, in front of
+/// a simulated upstream (returned to keep it running), at a frozen clock.
+async fn flaky_gateway(
+    limits: &str,
+) -> (
+    mock_upstream::MockUpstream,
+    ManualClock,
+    Arc<Flaky>,
+    Gateway,
+) {
+    let mock = start_mock().await;
+    let clock = ManualClock::new(NOON);
+    let store = Flaky::new(&clock);
+    let gw = start_gateway_with(
+        &config(&mock.base_url(), 50, limits, ""),
+        clock.clone(),
+        store.clone(),
+    )
+    .await;
+    (mock, clock, store, gw)
+}
+
 /// Issue 7: a non-streaming request costs exactly two store calls (one
 /// reserve, one settle), and its settlement is off the response's critical
 /// path: the client has the whole answer while the settle is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_settle() {
-    let mock = start_mock().await;
-    let clock = ManualClock::new(NOON);
-    let store = Flaky::new(&clock);
-    let gw = start_gateway_with(
-        &config(&mock.base_url(), 50, "rpm = 1000", ""),
-        clock.clone(),
-        store.clone(),
-    )
-    .await;
+    let (_mock, _clock, store, gw) = flaky_gateway("rpm = 1000").await;
     store.hold_settles.send_replace(true);
     // Were the settle awaited before answering, this would never complete.
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
@@ -150,15 +164,7 @@ async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() {
-    let mock = start_mock().await;
-    let clock = ManualClock::new(NOON);
-    let store = Flaky::new(&clock);
-    let gw = start_gateway_with(
-        &config(&mock.base_url(), 50, "rpm = 2", ""),
-        clock.clone(),
-        store.clone(),
-    )
-    .await;
+    let (_mock, clock, store, gw) = flaky_gateway("rpm = 2").await;
     for _ in 0..2 {
         assert_eq!(post(&gw, KEY).await.status(), 200);
     }

@@ -253,19 +253,8 @@ async fn three_gateways_never_over_admit() {
     // batches: at this concurrency several calls share a batch.
     let (mut batches, mut calls) = (0.0, 0.0);
     for g in &gateways {
-        let text = reqwest::get(format!("{}/metrics", g.root))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        let value = |name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-                .unwrap_or(0.0)
-        };
-        batches += value("budgetgate_redis_batches_total");
-        calls += value("budgetgate_redis_batch_calls_total");
+        batches += g.metric("budgetgate_redis_batches_total", &[]).await;
+        calls += g.metric("budgetgate_redis_batch_calls_total", &[]).await;
     }
     println!(
         "  Redis batches: {batches} carrying {calls} reserve and settle calls ({:.1} per batch)",

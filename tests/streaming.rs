@@ -726,6 +726,19 @@ async fn fixture_upstream(body: Vec<u8>, piece: usize) -> String {
     gated_fixture_upstream(body, piece, None).await
 }
 
+/// A gateway in front of a fixture upstream: tenant t1 with a daily token
+/// quota that every fixture fits in, default output cap 100.
+async fn fixture_gateway(upstream: &str) -> Gateway {
+    start_gateway(&stream_config(
+        upstream,
+        100,
+        1000,
+        "tokens_per_day = 100000",
+        "",
+    ))
+    .await
+}
+
 /// [`fixture_upstream`] that, with `gate = Some((n, notify))`, writes the
 /// first `n` bytes of `body` and waits for `notify` before the rest.
 async fn gated_fixture_upstream(
@@ -802,14 +815,7 @@ async fn recorded_streams_through_the_real_relay_reach_the_client_byte_for_byte(
     for f in FIXTURES {
         for piece in [7, 1024] {
             let upstream = fixture_upstream(fixture_bytes(&format!("{}.sse", f.name)), piece).await;
-            let gw = start_gateway(&stream_config(
-                &upstream,
-                100,
-                1000,
-                "tokens_per_day = 100000",
-                "",
-            ))
-            .await;
+            let gw = fixture_gateway(&upstream).await;
             let resp = post_chat(
                 &gw,
                 &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "stream": true, "n": f.choices}),
@@ -847,14 +853,7 @@ async fn each_frame_reaches_the_client_before_the_upstream_sends_the_next() {
     let gate = Arc::new(tokio::sync::Notify::new());
     let upstream =
         gated_fixture_upstream(upstream_bytes, 1024, Some((two_frames, gate.clone()))).await;
-    let gw = start_gateway(&stream_config(
-        &upstream,
-        100,
-        1000,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await;
+    let gw = fixture_gateway(&upstream).await;
     let mut resp = post_chat(
         &gw,
         &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "stream": true}),
@@ -893,14 +892,7 @@ async fn upstream_eof_before_every_choice_finished_makes_the_sdk_raise() {
     let text = String::from_utf8(full).unwrap();
     let truncated: String = text.split_inclusive("\n\n").take(5).collect();
     let upstream = fixture_upstream(truncated.into_bytes(), 64).await;
-    let gw = start_gateway(&stream_config(
-        &upstream,
-        100,
-        1000,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await;
+    let gw = fixture_gateway(&upstream).await;
     let messages = msgs("Hi.");
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let r = sdk_stream(&gw, &json!({"model": "gpt-4o-mini", "messages": messages})).await;
