@@ -95,6 +95,9 @@ async fn post(gw: &Gateway, key: &str) -> reqwest::Response {
 
 /// A gateway on a [`Flaky`] store with tenant limits `limits`, in front of
 /// a simulated upstream (returned to keep it running), at a frozen clock.
+/// Store calls time out after 10 s, not the default 50 ms: a settle held by
+/// a test must not time out and be retried (which would be right, but
+/// would change the call counts the tests assert).
 async fn flaky_gateway(
     limits: &str,
 ) -> (
@@ -106,12 +109,12 @@ async fn flaky_gateway(
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
     let store = Flaky::new(&clock);
-    let gw = start_gateway_with(
-        &config(&mock.base_url(), 50, limits, ""),
-        clock.clone(),
-        store.clone(),
-    )
-    .await;
+    let cfg = config(&mock.base_url(), 50, limits, "").replace(
+        "[estimation]",
+        "[store]\nkind = \"memory\"\ntimeout_ms = 10000\n[estimation]",
+    );
+    assert!(cfg.contains("timeout_ms = 10000"), "{cfg}");
+    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
     (mock, clock, store, gw)
 }
 
