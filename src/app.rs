@@ -153,6 +153,17 @@ pub fn run_blocking(
     rt.block_on(run(policy, listen, config_path, threads))
 }
 
+/// Checks that no other process listens on `addr`, and resolves port 0 to a
+/// free port. `SO_REUSEPORT` (see [`bind_shared`]) would otherwise let a
+/// second gateway bind a port a first one holds, and the kernel would
+/// silently split the clients between two processes that may run different
+/// policies. A plain bind fails with `EADDRINUSE` whatever the holder set.
+/// Errors: the bind's own (address in use, permission denied, …).
+fn claim_address(addr: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
+    let probe = std::net::TcpListener::bind(addr)?;
+    probe.local_addr()
+}
+
 /// A listener that other serving threads can bind to as well
 /// (`SO_REUSEPORT`: the kernel spreads new connections over them).
 fn bind_shared(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
@@ -190,7 +201,9 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = build_store(&policy, clock.clone()).await?;
     let addr = listen.unwrap_or(policy.server.listen);
-    let listener = bind_shared(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let listener = claim_address(addr)
+        .and_then(bind_shared)
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token_env = policy.server.admin_token_env.clone();
     let shared_store = matches!(policy.store.kind, StoreKind::Memory).then(|| store.clone());
