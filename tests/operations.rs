@@ -199,6 +199,64 @@ async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() 
     assert_eq!(store.reserves.load(Ordering::SeqCst) - before, 2);
 }
 
+/// A refund by this gateway clears what its deny cache knew of the budgets
+/// it credits: a request refused while a large reservation was live is
+/// admitted once that reservation settles under its estimate (before, a
+/// daily-quota refusal stayed cached until UTC midnight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_by_this_gateway_clears_its_cached_refusals() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(5);
+    let gw = start_gateway(&config(&mock.base_url(), 50, "tokens_per_day = 2000", "")).await;
+    let chat = |max_tokens: u64| {
+        let url = format!("{}/chat/completions", gw.base_url());
+        async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}))
+                .send()
+                .await
+                .expect("send")
+        }
+    };
+    // A reserves ~1,900 tokens and waits at the upstream.
+    mock.state.hold();
+    let big = tokio::spawn(chat(1900));
+    let start = std::time::Instant::now();
+    while mock.state.held_count() < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "A never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // B does not fit beside it: refused by the store, then by the cache.
+    for _ in 0..2 {
+        let r = chat(1000).await;
+        assert_eq!(r.status(), 429);
+    }
+    let hits = || async {
+        let text = gw.metrics_text().await;
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("valid Prometheus text exposition");
+        sample_sum(
+            &scrape,
+            "budgetgate_deny_cache_hits_total",
+            &[("tenant", "t1")],
+        )
+    };
+    assert!(
+        hits().await >= 1.0,
+        "the second refusal came from the cache"
+    );
+    // A ends with 5 output tokens: ~1,890 go back to the quota.
+    mock.state.release();
+    assert_eq!(big.await.expect("A").status(), 200);
+    gw.settled().await;
+    assert_eq!(chat(1000).await.status(), 200, "B fits after the refund");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_recovers() {
     let mock = start_mock().await;

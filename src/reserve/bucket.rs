@@ -94,13 +94,15 @@ impl BucketState {
     /// Takes `tokens` (may drive the level negative, never below −capacity).
     pub fn debit(&mut self, tokens: u64) {
         let cap = capacity_units(self.burst);
-        self.level = (self.level - tokens as i64 * UNITS_PER_TOKEN).max(-cap);
+        let units = (tokens.min(i64::MAX as u64) as i64).saturating_mul(UNITS_PER_TOKEN);
+        self.level = self.level.saturating_sub(units).max(-cap);
     }
 
     /// Returns `tokens`, never above capacity.
     pub fn credit(&mut self, tokens: u64) {
         let cap = capacity_units(self.burst);
-        self.level = (self.level + tokens as i64 * UNITS_PER_TOKEN).min(cap);
+        let units = (tokens.min(i64::MAX as u64) as i64).saturating_mul(UNITS_PER_TOKEN);
+        self.level = self.level.saturating_add(units).min(cap);
     }
 
     /// True when the bucket is full (an idle full bucket may be forgotten).
@@ -187,6 +189,16 @@ mod tests {
         let b = b.advance(MAX_LIMIT, MAX_LIMIT, u64::MAX / 4);
         assert!(b.is_full());
         assert!((2 * capacity_units(MAX_LIMIT)) < (1i64 << 53));
+    }
+
+    #[test]
+    fn absurd_token_counts_clamp_instead_of_overflowing() {
+        // Usage comes from the upstream's answer; any count must be safe.
+        let mut b = BucketState::full(60, 100, 0);
+        b.debit(u64::MAX);
+        assert_eq!(b.level, -capacity_units(100));
+        b.credit(u64::MAX);
+        assert_eq!(b.level, capacity_units(100));
     }
 
     #[test]

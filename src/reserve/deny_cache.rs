@@ -10,10 +10,14 @@
 //! bound, so the cache never refuses what the store would admit — except
 //! after a refund elsewhere (another gateway settling under its estimate),
 //! which the cache cannot see: worst case, a tenant is refused until the
-//! cached retry time although a refund freed room earlier. The cache never
+//! cached retry time although a refund freed room earlier. This gateway's
+//! own refunds clear the entries of the budgets they credit
+//! ([`DenyCache::forget`]). The cache never
 //! admits anything, and concurrency refusals are never cached (a slot can
 //! free at any moment). Upstream budgets are not cached: another deployment
-//! may serve the request.
+//! may serve the request. An entry recorded under other limits (before a
+//! reload) is dropped, and a request larger than the budget's capacity is
+//! left to the store, which refuses it for good rather than with a wait.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -22,6 +26,9 @@ use super::bucket::UNITS_PER_TOKEN;
 use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
 
 struct Entry {
+    /// The budget's limits at the refusal: an entry recorded under other
+    /// limits (before a reload) says nothing of the budget now.
+    kind: BudgetKind,
     /// Time of the refusal, UTC µs.
     t0: u64,
     /// Upper bound of what was available at `t0`: units (1/60,000,000) for
@@ -69,6 +76,7 @@ impl DenyCache {
         e.insert(
             spec.key.clone(),
             Entry {
+                kind: spec.kind,
                 t0: now,
                 available_bound: bound,
                 rate,
@@ -76,6 +84,19 @@ impl DenyCache {
                 denial: denial.clone(),
             },
         );
+    }
+
+    /// Drops what is known of the budgets `keys`: this gateway has just
+    /// refunded tokens to them, so the bound recorded at the refusal may be
+    /// too low (the cache must never refuse what the store would admit).
+    pub fn forget(&self, keys: &[String]) {
+        let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if e.is_empty() {
+            return;
+        }
+        for k in keys {
+            e.remove(k);
+        }
     }
 
     /// A local refusal for a request of `tokens` touching `specs` at `now`,
@@ -91,8 +112,12 @@ impl DenyCache {
             let Some(entry) = e.get(&spec.key) else {
                 continue;
             };
-            if now >= entry.until || now < entry.t0 {
+            if now >= entry.until || now < entry.t0 || entry.kind != spec.kind {
                 e.remove(&spec.key);
+                continue;
+            }
+            if spec.cost(tokens) > spec.capacity() {
+                // It can never fit: the store says so, without a retry hint.
                 continue;
             }
             let cost = spec.cost(tokens) as i64;
@@ -230,5 +255,65 @@ mod tests {
         );
         assert!(c.check(std::slice::from_ref(&q), 5, 400).is_none());
         assert!(c.check(std::slice::from_ref(&q), 6, 1_000).is_none());
+    }
+
+    fn day_quota(limit: u64) -> BudgetSpec {
+        spec(
+            BudgetName::TokensPerDay,
+            BudgetKind::Quota {
+                limit,
+                window: crate::reserve::Window::Day,
+            },
+        )
+    }
+
+    #[test]
+    fn an_entry_recorded_under_other_limits_is_dropped() {
+        let c = DenyCache::new();
+        c.record(
+            &day_quota(100),
+            &denial(BudgetName::TokensPerDay, 5, 1_000),
+            0,
+        );
+        assert!(c.check(&[day_quota(100)], 6, 400).is_some());
+        // A reload raised the quota: the same key, other limits.
+        assert!(c.check(&[day_quota(5000)], 6, 400).is_none());
+        assert!(
+            c.check(&[day_quota(100)], 6, 400).is_none(),
+            "dropped, not kept for the old limits"
+        );
+    }
+
+    #[test]
+    fn a_request_above_capacity_is_left_to_the_store() {
+        let c = DenyCache::new();
+        c.record(
+            &day_quota(100),
+            &denial(BudgetName::TokensPerDay, 5, 1_000),
+            0,
+        );
+        assert!(
+            c.check(&[day_quota(100)], 101, 400).is_none(),
+            "the store refuses it for good, without a wait"
+        );
+        assert!(c.check(&[day_quota(100)], 100, 400).is_some());
+    }
+
+    #[test]
+    fn forget_drops_the_named_budgets_only() {
+        let c = DenyCache::new();
+        let tpd = day_quota(100);
+        let rpm = spec(
+            BudgetName::Rpm,
+            BudgetKind::Bucket {
+                per_minute: 1,
+                burst: 1,
+            },
+        );
+        c.record(&tpd, &denial(BudgetName::TokensPerDay, 5, 1_000), 0);
+        c.record(&rpm, &denial(BudgetName::Rpm, 0, 60_000_000), 0);
+        c.forget(std::slice::from_ref(&tpd.key));
+        assert!(c.check(std::slice::from_ref(&tpd), 6, 400).is_none());
+        assert!(c.check(std::slice::from_ref(&rpm), 6, 400).is_some());
     }
 }

@@ -731,7 +731,8 @@ async fn proxy_inner(
             policy.server.lease,
             policy.server.settle_retry,
         )
-        .with_metrics(tenant_metrics.clone());
+        .with_metrics(tenant_metrics.clone())
+        .with_deny_release(prepared.plan.deny_release.clone());
         let upstream = &policy.upstreams[upstream_idx];
         match forward(
             &st,
@@ -1120,7 +1121,7 @@ fn usage_tokens(raw: &str, endpoint: Endpoint) -> Option<u64> {
         .unwrap_or(0);
     match endpoint {
         Endpoint::Embeddings => prompt.or_else(|| u.total_tokens.as_ref().and_then(Value::as_u64)),
-        _ => prompt.map(|p| p + completion),
+        _ => prompt.map(|p| p.saturating_add(completion)),
     }
 }
 

@@ -69,6 +69,8 @@ pub struct BudgetPlan {
     pub upstreams: Vec<PlannedDeployment>,
     /// Metric handles of the tenant under this policy version.
     pub tenant_metrics: Arc<TenantMetrics>,
+    /// The deny-cache entries a refund of this plan's reservations clears.
+    pub deny_release: Arc<settlement::DenyRelease>,
 }
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
@@ -139,8 +141,18 @@ impl AppState {
             .entry(id)
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
+                let common = plan::tenant_budgets(&ks, tenant, key, model);
+                let deny_release = Arc::new(settlement::DenyRelease {
+                    cache: self.deny_cache.clone(),
+                    keys: common
+                        .iter()
+                        .filter(|s| s.refund_unused && s.name.counts_tokens())
+                        .map(|s| s.key.clone())
+                        .collect(),
+                });
                 Arc::new(BudgetPlan {
-                    common: plan::tenant_budgets(&ks, tenant, key, model),
+                    common,
+                    deny_release,
                     upstreams: model
                         .upstreams
                         .iter()

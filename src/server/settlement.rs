@@ -17,7 +17,26 @@ use tokio::sync::{watch, Notify};
 use super::lease::{LeaseHandle, LeaseKeeper};
 
 use crate::metrics::TenantMetrics;
+use crate::reserve::bucket::MAX_LIMIT;
+use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
+
+/// The local deny-cache entries a refund must clear: the refundable token
+/// budgets of a tenant's budget plan. Built once per plan.
+pub struct DenyRelease {
+    /// The gateway's deny cache.
+    pub cache: Arc<DenyCache>,
+    /// Budget keys of the plan's refundable, token-counting tenant budgets.
+    pub keys: Vec<String>,
+}
+
+/// What a settlement reports to besides the store: the tenant's metrics and
+/// the deny-cache entries its refund clears.
+#[derive(Clone, Default)]
+struct SettleReport {
+    tenant: Option<Arc<TenantMetrics>>,
+    deny: Option<Arc<DenyRelease>>,
+}
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
 #[derive(Clone, Default)]
@@ -105,7 +124,7 @@ impl SettlementTracker {
         id: String,
         s: Settlement,
         retry_for: Duration,
-        tenant: Option<Arc<TenantMetrics>>,
+        report: SettleReport,
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
@@ -113,7 +132,7 @@ impl SettlementTracker {
             let outcome = settle_with_retry(store.as_ref(), &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
-                    record_settlement(tenant.as_deref(), &o, s);
+                    record_settlement(&report, &o, s);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     tracing::debug!(reservation_id = %id, outcome = ?o, "settled");
                 }
@@ -138,9 +157,28 @@ impl SettlementTracker {
     }
 }
 
-fn record_settlement(tenant: Option<&TenantMetrics>, outcome: &SettleOutcome, s: Settlement) {
-    if let (Some(t), SettleOutcome::Settled { reserved, .. }) = (tenant, outcome) {
+/// `s` with its usage bounded by the largest single cost (tokens): the
+/// usage comes from the upstream's answer, and an absurd count must not
+/// overflow the budget arithmetic (whose integers stay below 2^53).
+fn bounded(s: Settlement) -> Settlement {
+    Settlement {
+        actual_tokens: s.actual_tokens.min(MAX_LIMIT),
+        ..s
+    }
+}
+
+fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, s: Settlement) {
+    let SettleOutcome::Settled {
+        reserved, refunded, ..
+    } = outcome
+    else {
+        return;
+    };
+    if let Some(t) = &report.tenant {
         t.settled(*reserved, s.actual_tokens);
+    }
+    if let (Some(d), true) = (&report.deny, *refunded > 0) {
+        d.cache.forget(&d.keys);
     }
 }
 
@@ -179,7 +217,7 @@ pub struct HeldReservation {
     settle_retry: Duration,
     lease: Option<LeaseHandle>,
     done: bool,
-    tenant: Option<Arc<TenantMetrics>>,
+    report: SettleReport,
 }
 
 impl HeldReservation {
@@ -202,13 +240,19 @@ impl HeldReservation {
             settle_retry,
             lease: Some(lease),
             done: false,
-            tenant: None,
+            report: SettleReport::default(),
         }
     }
 
     /// Records this reservation's settlement in `tenant`'s metrics.
     pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
-        self.tenant = Some(tenant);
+        self.report.tenant = Some(tenant);
+        self
+    }
+
+    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
+    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
+        self.report.deny = Some(deny);
         self
     }
 
@@ -247,13 +291,14 @@ impl HeldReservation {
     /// another deployment, so the refund and the freed slot are visible to
     /// the next reservation).
     pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+        let s = bounded(s);
         self.done = true;
         if let Some(l) = self.lease.take() {
             self.tracker.inner.leases.release(l);
         }
         let outcome = settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await;
         if let Some(o) = &outcome {
-            record_settlement(self.tenant.as_deref(), o, s);
+            record_settlement(&self.report, o, s);
         }
         outcome
     }
@@ -262,6 +307,7 @@ impl HeldReservation {
         if self.done {
             return;
         }
+        let s = bounded(s);
         self.done = true;
         if let Some(l) = self.lease.take() {
             self.tracker.inner.leases.release(l);
@@ -271,7 +317,7 @@ impl HeldReservation {
             self.id.clone(),
             s,
             self.settle_retry,
-            self.tenant.clone(),
+            self.report.clone(),
         );
     }
 }
@@ -289,5 +335,25 @@ impl Drop for HeldReservation {
                 self.finish(s);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_usage_is_bounded_by_the_largest_single_cost() {
+        let s = bounded(Settlement {
+            actual_tokens: u64::MAX,
+            upstream_failed: true,
+        });
+        assert_eq!(s.actual_tokens, MAX_LIMIT);
+        assert!(s.upstream_failed);
+        let small = Settlement {
+            actual_tokens: 17,
+            upstream_failed: false,
+        };
+        assert_eq!(bounded(small).actual_tokens, 17);
     }
 }

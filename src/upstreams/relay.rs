@@ -418,7 +418,7 @@ pub async fn run(
     // Usage comes after the last delta, so when it arrived everything it
     // counts was relayed, whatever happened after it.
     let settled_tokens = match proc.usage() {
-        Some(u) => u.prompt_tokens + u.completion_tokens,
+        Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),
         None => plan.input_tokens + proc.output_tokens(),
     };
     let counted_output = proc.output_tokens();
