@@ -375,6 +375,33 @@ limits = { tpm = 0 }
     );
 }
 
+/// The `Bearer` scheme is case-insensitive and may be followed by a tab
+/// (RFC 9110 section 11.1, 11.6.2); a scheme without credentials is no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_matched_case_insensitively() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    for (auth, status) in [
+        (format!("BEARER {KEY}"), 200),
+        (format!("bearer {KEY}"), 200),
+        (format!("Bearer\t{KEY}"), 200),
+        (format!("Bearer   {KEY}  "), 200),
+        ("Bearer ".to_string(), 401),
+        (format!("Basic {KEY}"), 401),
+    ] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .header("authorization", &auth)
+            .header("content-type", "application/json")
+            .body(chat(json!({"max_tokens": 5})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{auth:?}");
+        gw.settled().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_methods_and_unreadable_keys_still_get_openai_shaped_errors() {
     let mock = start_mock().await;

@@ -87,14 +87,7 @@ fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Respo
     let Some(expected) = st.admin_token_digest() else {
         return Some(ApiError::NotFound(uri.path().to_string()).into_response());
     };
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let (scheme, rest) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        });
-    match presented {
+    match super::handlers::bearer_token(headers) {
         Some(token) if token_matches(&expected, token) => None,
         _ => Some(unauthorized()),
     }

@@ -134,21 +134,19 @@ pub async fn unknown_path(OriginalUri(uri): OriginalUri) -> Response {
     ApiError::NotFound(uri.path().to_string()).into_response()
 }
 
+/// The credentials of an `Authorization: Bearer <token>` header. The
+/// scheme is case-insensitive and followed by spaces or tabs (RFC 9110
+/// section 11.1 and 11.6.2; RFC 6750 section 2.1).
+pub(super) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    let (scheme, rest) = v.split_once([' ', '\t'])?;
+    let token = rest.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let v = v.trim();
-        if let Some(k) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
-            let k = k.trim();
-            if !k.is_empty() {
-                return Some(k);
-            }
-        }
+    if let Some(k) = bearer_token(headers) {
+        return Some(k);
     }
     headers
         .get(API_KEY)
