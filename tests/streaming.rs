@@ -151,6 +151,22 @@ fn relay_pieces<'a>(
     }
 }
 
+#[test]
+fn finish_reasons_of_choices_never_requested_do_not_finish_the_stream() {
+    let frame = |idx: u64| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": idx, "delta": {"content": "hi"}, "finish_reason": "stop"}]})
+        )
+    };
+    let bytes = format!("{}{}", frame(7), frame(8));
+    let r = relay_pieces([bytes.as_bytes()], false, 1);
+    assert!(!r.all_finished, "choice 0 never finished");
+    let bytes = format!("{}{}", frame(1), frame(0));
+    assert!(relay_pieces([bytes.as_bytes()], false, 2).all_finished);
+}
+
 fn relay_split_at(bytes: &[u8], cuts: &[usize], wants_usage: bool, choices: u64) -> Relayed {
     let mut pieces = Vec::with_capacity(cuts.len() + 1);
     let mut start = 0;

@@ -165,7 +165,11 @@ impl StreamProcessor {
                 self.output_tokens += self.count_choice(c);
                 if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
                     let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                    self.finished.insert(idx);
+                    // Only a requested choice counts: indexes out of range
+                    // must not make a truncated stream look complete.
+                    if idx < self.choices {
+                        self.finished.insert(idx);
+                    }
                 }
             }
         }
