@@ -1128,6 +1128,50 @@ impl BudgetStore for CountingStore {
     }
 }
 
+/// `server.max_request_secs` bounds a request upstream, body included: a
+/// stream that would run 5 s ends after ~1 s, is settled for what was
+/// delivered (its hold lives `max_request + settle_retry`, so the
+/// settlement always finds it), and frees the tenant's only slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_max_request_ends_there_and_is_settled() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(100);
+    mock.state.set_token_delay(Duration::from_millis(50));
+    let gw = start_gateway(&stream_config(
+        &mock.base_url(),
+        100,
+        1000,
+        "max_concurrent = 1, tokens_per_day = 100000",
+        "max_request_secs = 1",
+    ))
+    .await;
+    let body = json!({"model": "gpt-4o-mini", "messages": msgs("Go on."), "stream": true, "max_tokens": 100});
+    let input = chat_input_tokens(&body);
+    let started = Instant::now();
+    let r = post_chat(&gw, &body).await;
+    assert_eq!(r.status(), 200);
+    let text = String::from_utf8_lossy(&r.bytes().await.expect("stream body")).into_owned();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "ran {took:?} of a 5 s stream"
+    );
+    assert!(text.contains("data: "), "{text}");
+    all_settled(&gw).await;
+    let used = quota_used(&gw);
+    assert!(
+        used > input && used < input + 100,
+        "charged {used}: the prompt and what was delivered, not the reservation"
+    );
+    mock.state.set_token_delay(Duration::ZERO);
+    let next = post_chat(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(next.status(), 200, "the slot is free");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     let mock = start_mock().await;

@@ -136,7 +136,8 @@ pub struct UpstreamPolicy {
     pub max_tokens_only: bool,
     /// Whether `n > 1` is accepted.
     pub supports_n: bool,
-    /// Total request timeout.
+    /// Total request timeout, body included: `timeout_secs`, at most
+    /// `server.max_request_secs`.
     pub timeout: Duration,
     /// Connect timeout.
     pub connect_timeout: Duration,
@@ -602,7 +603,11 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
             refund_unused: u.refund_unused.unwrap_or(kind == UpstreamKind::SelfHosted),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
             supports_n: u.supports_n.unwrap_or(true),
-            timeout: v.secs(&format!("{path}.timeout_secs"), u.timeout_secs, 600),
+            // A request runs at most `max_request` (its hold lives that
+            // long plus `settle_retry`): an upstream may not take longer.
+            timeout: v
+                .secs(&format!("{path}.timeout_secs"), u.timeout_secs, 600)
+                .min(server.max_request),
             connect_timeout: v.secs(
                 &format!("{path}.connect_timeout_secs"),
                 u.connect_timeout_secs,
