@@ -267,14 +267,21 @@ mod tests {
         )
     }
 
-    #[test]
-    fn an_entry_recorded_under_other_limits_is_dropped() {
+    /// A cache that saw a 100-token day quota refuse at t = 0 with 5 left
+    /// and the window ending at t = 1,000 µs.
+    fn refused_day_quota_100() -> DenyCache {
         let c = DenyCache::new();
         c.record(
             &day_quota(100),
             &denial(BudgetName::TokensPerDay, 5, 1_000),
             0,
         );
+        c
+    }
+
+    #[test]
+    fn an_entry_recorded_under_other_limits_is_dropped() {
+        let c = refused_day_quota_100();
         assert!(c.check(&[day_quota(100)], 6, 400).is_some());
         // A reload raised the quota: the same key, other limits.
         assert!(c.check(&[day_quota(5000)], 6, 400).is_none());
@@ -286,12 +293,7 @@ mod tests {
 
     #[test]
     fn a_request_above_capacity_is_left_to_the_store() {
-        let c = DenyCache::new();
-        c.record(
-            &day_quota(100),
-            &denial(BudgetName::TokensPerDay, 5, 1_000),
-            0,
-        );
+        let c = refused_day_quota_100();
         assert!(
             c.check(&[day_quota(100)], 101, 400).is_none(),
             "the store refuses it for good, without a wait"
