@@ -21,7 +21,6 @@ pub mod keys;
 pub mod memory;
 pub mod plan;
 pub mod redis;
-mod redis_batch;
 
 use async_trait::async_trait;
 use serde::Serialize;
