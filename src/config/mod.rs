@@ -182,15 +182,7 @@ pub enum Routing {
     LeastUtilised,
 }
 
-/// What a store failure does to a tenant's requests (DESIGN section 7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    /// Fall back to a local limiter.
-    FailOpen,
-    /// Answer 503.
-    FailClosed,
-}
+pub use crate::reserve::OnStoreError;
 
 /// One API key of a tenant.
 #[derive(Debug, Clone)]

@@ -52,15 +52,19 @@ fn json_response(status: StatusCode, v: Value) -> Response {
     r
 }
 
+/// An admin API refusal: an OpenAI error body, never cached.
+fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
+    let mut r = super::error::body(status, message, "invalid_request_error", None, code);
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
 fn unauthorized() -> Response {
-    let mut r = json_response(
+    let mut r = error_response(
         StatusCode::UNAUTHORIZED,
-        json!({"error": {
-            "message": "The admin API needs `Authorization: Bearer <admin token>`.",
-            "type": "invalid_request_error",
-            "param": null,
-            "code": "invalid_admin_token"
-        }}),
+        "The admin API needs `Authorization: Bearer <admin token>`.",
+        Some("invalid_admin_token"),
     );
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
@@ -70,14 +74,10 @@ fn unauthorized() -> Response {
 }
 
 fn not_found(what: &str) -> Response {
-    json_response(
+    error_response(
         StatusCode::NOT_FOUND,
-        json!({"error": {
-            "message": format!("No such {what}."),
-            "type": "invalid_request_error",
-            "param": null,
-            "code": "not_found"
-        }}),
+        &format!("No such {what}."),
+        Some("not_found"),
     )
 }
 
@@ -177,8 +177,7 @@ async fn budgets_response(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "admin: budget store inspect failed");
-            return ApiError::Unavailable("The budget store did not answer.".into())
-                .into_response();
+            return ApiError::StoreUnavailable.into_response();
         }
     };
     let budgets: Vec<Value> = specs
