@@ -18,6 +18,7 @@
 //! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores.
 //! - [`server`]: axum router, handlers, error map, rate-limit headers.
 //! - [`upstreams`]: upstream client, SSE relay and metering.
+//! - [`tls`]: HTTPS on the listener, certificate reload.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
 pub mod app;
@@ -29,4 +30,5 @@ pub mod metrics;
 pub mod reservation;
 pub mod reserve;
 pub mod server;
+pub mod tls;
 pub mod upstreams;

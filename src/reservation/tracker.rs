@@ -200,9 +200,11 @@ pub async fn settle_with_retry(
             Err(e) => {
                 tracing::warn!(reservation_id = %id, error = %e, "settle failed, retrying");
                 if tokio::time::Instant::now() + backoff > deadline {
+                    crate::metrics::settlement_failed();
                     return None;
                 }
                 tokio::time::sleep(backoff).await;
+                crate::metrics::settlement_retry();
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
