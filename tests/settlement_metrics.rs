@@ -13,7 +13,7 @@ use budgetgate::reserve::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
-use budgetgate::server::settlement::settle_with_retry;
+use budgetgate::reservation::tracker::settle_with_retry;
 
 /// A store whose first `failures` settle calls fail.
 struct FlakySettle {

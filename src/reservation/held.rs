@@ -103,7 +103,7 @@ impl HeldReservation {
         let s = bounded(s);
         self.done = true;
         self.lease = None;
-        let outcome = settle_with_retry(&self.store, &self.id, s, self.settle_retry).await;
+        let outcome = settle_with_retry(&*self.store, &self.id, s, self.settle_retry).await;
         if let Some(o) = &outcome {
             record_settlement(&self.report, o, s);
         }

@@ -132,7 +132,7 @@ impl SettlementTracker {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_with_retry(&store, &id, s, retry_for).await;
+            let outcome = settle_with_retry(&*store, &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
                     record_settlement(&report, &o, s);
@@ -186,8 +186,8 @@ pub(super) fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, 
 }
 
 /// Settles, retrying store errors with a growing back-off for up to `retry_for`.
-pub async fn settle_with_retry(
-    store: &GatewayStore,
+pub async fn settle_with_retry<S: crate::reserve::BudgetStore + ?Sized>(
+    store: &S,
     id: &str,
     s: Settlement,
     retry_for: Duration,
