@@ -4,6 +4,7 @@
 //! instead of stopping at the first. [`reload`] swaps in a new file at
 //! runtime (SIGHUP, file change).
 
+mod ids;
 pub mod raw;
 pub mod reload;
 
@@ -183,6 +184,7 @@ pub enum Routing {
 }
 
 pub use crate::reserve::OnStoreError;
+pub use ids::{DeploymentId, KeyId, ModelId, TenantId};
 
 /// One API key of a tenant.
 #[derive(Debug, Clone)]
@@ -259,14 +261,6 @@ impl Policy {
     /// A model by public name.
     pub fn model(&self, name: &str) -> Option<&ModelPolicy> {
         self.model_index.get(name).map(|&i| &self.models[i])
-    }
-
-    /// Authenticates a presented API key: `(tenant, key)` when its SHA-256 matches.
-    pub fn authenticate(&self, presented_key: &str) -> Option<(&TenantPolicy, &KeyPolicy)> {
-        let digest: [u8; 32] = Sha256::digest(presented_key.as_bytes()).into();
-        self.key_index
-            .get(&digest)
-            .map(|&(t, k)| (&self.tenants[t], &self.tenants[t].keys[k]))
     }
 }
 
