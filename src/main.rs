@@ -8,8 +8,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use budgetgate::config::{hash_key, Policy};
-use budgetgate::estimate::{self, Endpoint, ModelEstimation};
-use budgetgate::reserve::{keys::KeySpace, plan};
+use budgetgate::dialects::Dialect;
+use budgetgate::estimate::{self, ModelEstimation};
+use budgetgate::reservation::plan;
+use budgetgate::reserve::keys::KeySpace;
 
 #[derive(Parser)]
 #[command(
@@ -177,9 +179,9 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         }
     };
     let endpoint = match endpoint {
-        "chat" | "chat/completions" => Endpoint::ChatCompletions,
-        "completions" => Endpoint::Completions,
-        "embeddings" => Endpoint::Embeddings,
+        "chat" | "chat/completions" => Dialect::ChatCompletions,
+        "completions" => Dialect::Completions,
+        "embeddings" => Dialect::Embeddings,
         other => {
             eprintln!("unknown endpoint {other:?} (chat, completions, embeddings)");
             return ExitCode::FAILURE;

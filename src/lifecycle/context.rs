@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName};
 
 use super::finish::Finish;
 use crate::config::Policy;
-use crate::estimate::Endpoint;
+use crate::dialects::Dialect;
 use crate::server::AppState;
 
 /// One request on its way through the phases.
@@ -19,8 +19,8 @@ pub struct RequestContext {
     pub st: Arc<AppState>,
     /// The policy snapshot of this request.
     pub policy: Arc<Policy>,
-    /// The API surface it came in on.
-    pub endpoint: Endpoint,
+    /// The API dialect it came in on.
+    pub dialect: Dialect,
     /// The final line, written by the last phase.
     pub finish: Finish,
 }
@@ -28,14 +28,14 @@ pub struct RequestContext {
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 impl RequestContext {
-    /// A request that arrived now on `endpoint` with `headers`.
-    pub fn new(st: Arc<AppState>, endpoint: Endpoint, headers: &HeaderMap) -> Self {
+    /// A request that arrived now on `dialect` with `headers`.
+    pub fn new(st: Arc<AppState>, dialect: Dialect, headers: &HeaderMap) -> Self {
         let policy = st.policy.load_full();
         let finish = Finish::new(policy.clone(), client_request_id(headers));
         Self {
             st,
             policy,
-            endpoint,
+            dialect,
             finish,
         }
     }

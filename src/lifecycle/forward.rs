@@ -15,8 +15,9 @@ use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
 use crate::config::UpstreamPolicy;
 use crate::metrics::DeploymentMetrics;
+use crate::reservation::plan;
 use crate::reservation::HeldReservation;
-use crate::reserve::{plan, BudgetName, Settlement};
+use crate::reserve::{BudgetName, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
 use crate::server::AppState;
@@ -102,7 +103,7 @@ pub async fn forward(
     let policy = &*cx.policy;
     let upstream = policy.deployment(deployment.upstream);
     let model = policy.model_at(request.model);
-    let out_body = match upstream_body(request, model, cx.endpoint, upstream) {
+    let out_body = match upstream_body(request, model, cx.dialect, upstream) {
         Ok(b) => Bytes::from(b),
         Err(_) => {
             hold.settle(refund());
@@ -122,7 +123,7 @@ pub async fn forward(
         .upstream
         .send(
             upstream,
-            cx.endpoint,
+            cx.dialect,
             &model.upstream_model,
             out_body,
             request_id,

@@ -15,12 +15,13 @@ use super::context::RequestContext;
 use super::finish::Outcome;
 use super::forward::{refund, Answer};
 use super::prepare::Prepared;
-use super::settle::{settle, Usage};
-use crate::config::ModelPolicy;
-use crate::estimate::Endpoint;
+use super::settle::settle;
+use crate::dialects::UsageBreakdown;
 use crate::metrics;
+use crate::reservation::HeldReservation;
+use crate::reserve::ExtendOutcome;
 use crate::server::error::ApiError;
-use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
+use crate::upstreams::relay::{self, ExtendPlan, Extension, Meter, StreamProcessor};
 
 /// How the answer went, for the final line.
 pub enum Metered {
@@ -69,15 +70,15 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             ));
         }
     };
-    let model = cx.policy.model_at(request.model);
-    let usage = Usage {
-        reported: usage.and_then(|u| usage_tokens(u.get(), cx.endpoint)),
-        counted_output: || {
+    let encoding = cx.policy.model_at(request.model).encoding;
+    let used = usage
+        .and_then(|u| cx.dialect.usage_from_answer(u.get()))
+        .unwrap_or_default()
+        .filled(request.estimate.input_tokens, || {
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            count_output(&parsed, cx.endpoint, model)
-        },
-    };
-    let settled = settle(hold, request.estimate.input_tokens, usage);
+            cx.dialect.count_answer_output(&parsed, encoding)
+        });
+    let settled = settle(hold, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -100,7 +101,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let estimate = &request.estimate;
     let choices = estimate.choices.max(1);
     let proc = StreamProcessor::new(
-        cx.endpoint,
+        cx.dialect,
         model.encoding,
         request.client_wants_usage,
         choices,
@@ -149,58 +150,30 @@ struct Whole<'a> {
     usage: Option<&'a RawValue>,
 }
 
-/// `prompt_tokens + completion_tokens` from an upstream `usage` object
-/// (raw JSON); `None` when it is not an object with a `prompt_tokens` count.
-fn usage_tokens(raw: &str, endpoint: Endpoint) -> Option<u64> {
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        prompt_tokens: Option<Value>,
-        completion_tokens: Option<Value>,
-        total_tokens: Option<Value>,
+/// The stream relay meters through the held reservation.
+impl Meter for HeldReservation {
+    fn id(&self) -> &str {
+        HeldReservation::id(self)
     }
-    if !raw.starts_with('{') {
-        return None;
-    }
-    let u: Usage = serde_json::from_str(raw).ok()?;
-    let prompt = u.prompt_tokens.as_ref().and_then(Value::as_u64);
-    let completion = u
-        .completion_tokens
-        .as_ref()
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    match endpoint {
-        Endpoint::Embeddings => prompt.or_else(|| u.total_tokens.as_ref().and_then(Value::as_u64)),
-        _ => prompt.map(|p| p.saturating_add(completion)),
-    }
-}
 
-/// The gateway's own count of a non-streamed answer's output, when the upstream sent no usage.
-fn count_output(v: &Value, endpoint: Endpoint, model: &ModelPolicy) -> u64 {
-    let Some(choices) = v.get("choices").and_then(Value::as_array) else {
-        return 0;
-    };
-    let enc = model.encoding;
-    let count = |x: Option<&Value>| x.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
-    choices
-        .iter()
-        .map(|c| match endpoint {
-            Endpoint::Completions => count(c.get("text")),
-            _ => {
-                let m = c.get("message");
-                let mut n = count(m.and_then(|m| m.get("content")))
-                    + count(m.and_then(|m| m.get("refusal")));
-                if let Some(calls) = m
-                    .and_then(|m| m.get("tool_calls"))
-                    .and_then(Value::as_array)
-                {
-                    for call in calls {
-                        let f = call.get("function");
-                        n += count(f.and_then(|f| f.get("arguments")))
-                            + count(f.and_then(|f| f.get("name")));
-                    }
-                }
-                n
+    async fn extend(&mut self, tokens: u64) -> Extension {
+        match HeldReservation::extend(self, tokens).await {
+            Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
+                Extension::Granted(granted)
             }
-        })
-        .sum()
+            Ok(ExtendOutcome::Exhausted(d)) => {
+                Extension::Exhausted(format!("{} {}", d.scope, d.name))
+            }
+            Ok(other) => Extension::Exhausted(format!("extension not granted: {other:?}")),
+            Err(e) => Extension::Failed(e.to_string()),
+        }
+    }
+
+    async fn shutdown(&self) {
+        self.shutdown_cutoff().await
+    }
+
+    fn settle(self, used: UsageBreakdown) -> u64 {
+        settle(self, used)
+    }
 }

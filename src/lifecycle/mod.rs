@@ -37,19 +37,19 @@ use finish::Outcome;
 use forward::Forwarded;
 use meter::Metered;
 
-use crate::estimate::Endpoint;
+use crate::dialects::Dialect;
 use crate::server::error::ApiError;
 use crate::server::AppState;
 
 /// One proxied request, phase by phase.
 pub async fn handle(
     st: Arc<AppState>,
-    endpoint: Endpoint,
+    dialect: Dialect,
     headers: HeaderMap,
     body: Body,
     path_model: Option<String>,
 ) -> Response {
-    let mut cx = RequestContext::new(st, endpoint, &headers);
+    let mut cx = RequestContext::new(st, dialect, &headers);
     let metered = async {
         let caller = authenticate::authenticate(&mut cx, &headers)?;
         let request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;

@@ -14,8 +14,10 @@ use serde_json::Value;
 use super::authenticate::Caller;
 use super::context::RequestContext;
 use crate::config::{ModelId, Policy};
-use crate::estimate::{self, Endpoint, Estimate, ModelEstimation};
-use crate::reserve::{plan, BudgetName, BudgetSpec, Scope};
+use crate::dialects::Dialect;
+use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::reservation::plan;
+use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::{AppState, BudgetPlan};
 
@@ -51,13 +53,13 @@ pub async fn prepare(
     path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
     let bytes = read_body(body, cx.policy.server.max_body_bytes, headers).await?;
-    let endpoint = cx.endpoint;
+    let dialect = cx.dialect;
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
-        parse(&cx.st, &cx.policy, endpoint, caller, bytes, path_model)?
+        parse(&cx.st, &cx.policy, dialect, caller, bytes, path_model)?
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
-        let job = move || parse(&st, &policy, endpoint, caller, bytes, path_model);
+        let job = move || parse(&st, &policy, dialect, caller, bytes, path_model);
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
         })??
@@ -100,7 +102,7 @@ pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
 fn parse(
     st: &AppState,
     policy: &Policy,
-    endpoint: Endpoint,
+    dialect: Dialect,
     caller: Caller,
     raw: Bytes,
     path_model: Option<String>,
@@ -136,7 +138,7 @@ fn parse(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
     };
-    if stream && endpoint == Endpoint::Embeddings {
+    if stream && !dialect.streams() {
         return Err(invalid(Some("stream"), "Embeddings cannot be streamed."));
     }
     let client_wants_usage = body
@@ -176,7 +178,7 @@ fn parse(
     };
     let body = Value::Object(body);
     let estimate =
-        estimate::estimate(endpoint, &body, &me, &policy.estimation, tightest).map_err(|e| {
+        estimate::estimate(dialect, &body, &me, &policy.estimation, tightest).map_err(|e| {
             ApiError::from_estimate(e, |capacity| {
                 // The tightest token budget is the one the request can never fit.
                 common

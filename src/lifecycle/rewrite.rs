@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
 use crate::config::{ModelPolicy, UpstreamPolicy};
-use crate::estimate::Endpoint;
+use crate::dialects::Dialect;
 
 /// The body to send to `upstream`: model name, output cap (DESIGN
 /// section 1.6), and usage reporting for streams. Everything else passes
@@ -18,7 +18,7 @@ use crate::estimate::Endpoint;
 pub fn upstream_body(
     p: &Prepared,
     model: &ModelPolicy,
-    endpoint: Endpoint,
+    dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
     // Top-level fields as raw JSON slices, in the client's order: values
@@ -28,12 +28,7 @@ pub fn upstream_body(
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
-    if endpoint != Endpoint::Embeddings {
-        let cap_field = if endpoint == Endpoint::Completions || upstream.max_tokens_only {
-            "max_tokens"
-        } else {
-            "max_completion_tokens"
-        };
+    if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
         let cap = match p.estimate.client_max_output {
             Some(client) => client,
             None if p.stream && !model.reasoning => model.max_output_tokens,
@@ -45,6 +40,7 @@ pub fn upstream_body(
         if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
             set.push((cap_field, cap.to_string()));
         }
+        // Streams carry usage only when asked for (DESIGN section 5).
         if p.stream {
             let mut opts: Map<String, Value> = top
                 .iter()

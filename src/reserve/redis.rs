@@ -42,9 +42,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisFuture, Script, Value};
 
+use super::store_config::{StoreKind, StorePolicy};
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
-use crate::config::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
 pub use super::redis_batch::BatchCounts;

@@ -27,7 +27,7 @@ use super::error::ApiError;
 use super::headers::go_duration;
 use super::AppState;
 use crate::config::Policy;
-use crate::reserve::plan::{self, scope_budgets};
+use crate::reservation::plan::{self, scope_budgets};
 use crate::reserve::{BudgetKind, BudgetSpec, Scope};
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::config::ModelPolicy;
-use crate::estimate::Endpoint;
+use crate::dialects::Dialect;
 use crate::lifecycle::authenticate::caller;
 use crate::metrics;
 
@@ -24,7 +24,7 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::ChatCompletions, headers, body, None).await
+    proxy(st, Dialect::ChatCompletions, headers, body, None).await
 }
 
 /// `POST /v1/completions` (legacy completions).
@@ -33,7 +33,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Completions, headers, body, None).await
+    proxy(st, Dialect::Completions, headers, body, None).await
 }
 
 /// `POST /v1/embeddings`.
@@ -42,7 +42,7 @@ pub async fn embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Embeddings, headers, body, None).await
+    proxy(st, Dialect::Embeddings, headers, body, None).await
 }
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
@@ -130,7 +130,7 @@ pub(super) use crate::lifecycle::authenticate::bearer_token;
 
 async fn proxy(
     st: Arc<AppState>,
-    endpoint: Endpoint,
+    endpoint: Dialect,
     headers: HeaderMap,
     body: Body,
     path_model: Option<String>,
@@ -147,7 +147,7 @@ pub async fn azure_chat_completions(
 ) -> Response {
     proxy(
         st,
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         headers,
         body,
         Some(deployment),
@@ -162,7 +162,7 @@ pub async fn azure_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Completions, headers, body, Some(deployment)).await
+    proxy(st, Dialect::Completions, headers, body, Some(deployment)).await
 }
 
 /// `POST /openai/deployments/{deployment}/embeddings` (Azure path form).
@@ -172,5 +172,5 @@ pub async fn azure_embeddings(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    proxy(st, Endpoint::Embeddings, headers, body, Some(deployment)).await
+    proxy(st, Dialect::Embeddings, headers, body, Some(deployment)).await
 }

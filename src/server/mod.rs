@@ -23,12 +23,13 @@ use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::reservation::deny::DenyCachedStore;
+use crate::reservation::plan;
 use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::memory::MemoryStore;
-use crate::reserve::{plan, BudgetSpec, BudgetStore, Requester};
+use crate::reserve::{BudgetSpec, BudgetStore, Requester};
 use crate::upstreams::UpstreamClient;
 
 /// Everything a request needs. One per serving thread: the store handle
