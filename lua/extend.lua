@@ -1,5 +1,5 @@
 -- budgetgate extend: debit more tokens from every token budget of a hold.
--- Mirrors MemoryStore::extend_sync (src/reserve/memory.rs); lib.lua is prepended.
+-- Mirrors MemoryStore::extend_sync (src/reserve/memory/); lib.lua is prepended.
 --
 -- KEYS[1]        the hold
 -- KEYS[2..N+1]   the hold's budget keys, in the hold's line order

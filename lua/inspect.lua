@@ -1,5 +1,5 @@
 -- budgetgate inspect: read budgets without changing them.
--- Mirrors MemoryStore::inspect_sync (src/reserve/memory.rs); lib.lua is prepended.
+-- Mirrors MemoryStore::inspect_sync (src/reserve/memory/); lib.lua is prepended.
 --
 -- KEYS[1..N]     budget keys
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)

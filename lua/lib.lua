@@ -1,12 +1,12 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
--- (src/reserve/redis.rs concatenates lib.lua with extend.lua, renew.lua,
+-- (src/reserve/redis/scripts.rs concatenates lib.lua with extend.lua, renew.lua,
 -- inspect.lua and lower.lua, and with reserve.lua + settle.lua + batch.lua;
 -- each result is one EVALSHA script). State below (`raw`, deferred writes,
 -- slot counts) lives for one script call, which may carry a whole batch.
 --
 -- It mirrors the Rust reference in src/reserve/bucket.rs (token buckets),
 -- src/reserve/calendar.rs (UTC quota windows) and the decisions of
--- src/reserve/memory.rs (DESIGN section 2).
+-- src/reserve/memory/ (DESIGN section 2).
 --
 -- Numbers: Lua 5.1 numbers are doubles. Every value here is an integer below
 -- 2^53 (bucket levels are at most 3e15 units in magnitude, times below 2e15 µs),

@@ -1,5 +1,5 @@
 -- budgetgate reserve: all-or-nothing debit of every budget one request touches.
--- Mirrors MemoryStore::reserve_sync (src/reserve/memory.rs). Defines
+-- Mirrors MemoryStore::reserve_sync (src/reserve/memory/). Defines
 -- reserve(KEYS, ARGV), one item of a batch (batch.lua); lib.lua is prepended.
 -- KEYS and ARGV below are the item's own.
 --

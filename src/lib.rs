@@ -26,6 +26,7 @@
 //!   headers, the admin API and the gateway state.
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
+//! - [`tls`]: HTTPS on the listener, certificate reload.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
 pub mod app;
@@ -38,4 +39,5 @@ pub mod metrics;
 pub mod reservation;
 pub mod reserve;
 pub mod server;
+pub mod tls;
 pub mod upstreams;

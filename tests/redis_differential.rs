@@ -3,7 +3,7 @@
 //! (the reference) and the Redis store on one shared [`ManualClock`], must
 //! give identical outcomes and identical `inspect` values after every step.
 //! Waves of reserves (and of settles) are issued concurrently, so the Redis
-//! store sends them in batches (`redis_batch`); the memory store applies them
+//! store sends them in batches (`reserve::redis::batch`); the memory store applies them
 //! one by one in the order they were issued, and every outcome must match.
 //!
 //! Run: `cargo test --features test-clock --test redis_differential`

@@ -46,6 +46,9 @@ pub struct ServerPolicy {
     /// How long in-flight requests and streams may run after SIGTERM/ctrl-c
     /// before streams are cut off and what is left is aborted (0: at once).
     pub shutdown_grace: Duration,
+    /// `[server.tls]`: serve HTTPS with these files (bound at start; the
+    /// certificate itself is reloaded, see [`crate::tls`]).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 /// Limits of one scope. Every field optional; absent means unlimited.

@@ -20,7 +20,6 @@ pub mod guarded;
 pub mod keys;
 pub mod memory;
 pub mod redis;
-mod redis_batch;
 pub mod store_config;
 
 use async_trait::async_trait;

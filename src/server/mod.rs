@@ -6,8 +6,13 @@
 //! - [`error`]: every error → status, OpenAI body, retry headers.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
+//! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
+//!   remaining-share gauges.
+//! - [`admin_ui`]: the live budget page at `/admin/ui`.
 
 pub mod admin;
+pub mod admin_ui;
+pub mod budget_view;
 pub mod error;
 pub mod handlers;
 pub mod headers;
@@ -246,6 +251,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(handlers::azure_embeddings),
         )
         .route("/admin/v1/policy", get(admin::policy))
+        .route("/admin/v1/budgets", get(budget_view::list))
+        .route("/admin/ui", get(admin_ui::page))
+        .route("/admin/ui/", get(admin_ui::page))
+        .route("/admin/ui/{asset}", get(admin_ui::asset))
         .route(
             "/admin/v1/tenants/{tenant}/budgets",
             get(admin::tenant_budgets),

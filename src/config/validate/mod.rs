@@ -137,6 +137,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 Duration::from_secs(30)
             }
         },
+        tls: crate::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
     };
 
     let kind = match raw.store.kind.as_deref().unwrap_or("memory") {

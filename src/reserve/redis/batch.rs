@@ -35,8 +35,8 @@ use redis::{Arg, Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, Value}
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::redis::{map_err, Conn};
-use super::StoreError;
+use super::conn::{map_err, Conn};
+use crate::reserve::StoreError;
 
 /// Batches on the wire at once. Two lets a reservation go out while the
 /// previous request's settlement is still on the wire (at concurrency 1 it

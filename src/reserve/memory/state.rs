@@ -1,0 +1,312 @@
+//! The store's state under its one lock, and the checks and debits a
+//! reservation makes on it.
+
+// foldhash: these maps are looked up several times per request; their keys
+// are config-derived budget keys and gateway-made reservation ids.
+use foldhash::HashMap;
+
+use super::tombstones::Tombstones;
+use crate::reserve::bucket::BucketState;
+use crate::reserve::{
+    Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
+    ReserveRequest, WouldDeny,
+};
+
+/// Operations between sweeps of expired holds, leases and full idle buckets.
+const SWEEP_EVERY: u64 = 4096;
+
+#[derive(Default)]
+pub(super) struct Inner {
+    pub(super) buckets: HashMap<String, BucketState>,
+    pub(super) quotas: HashMap<String, QuotaState>,
+    pub(super) slots: HashMap<String, HashMap<String, u64>>,
+    /// Live (unsettled) holds: as many as requests in flight.
+    pub(super) holds: HashMap<String, Hold>,
+    /// Settled holds.
+    pub(super) settled: Tombstones,
+    pub(super) ops: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QuotaState {
+    pub(super) window: u64,
+    pub(super) used: u64,
+}
+
+pub(super) struct Hold {
+    pub(super) lines: Vec<HoldLine>,
+    pub(super) reserved_tokens: u64,
+    pub(super) lease_micros: u64,
+    pub(super) expires_at: u64,
+    pub(super) admission: Admission,
+}
+
+pub(super) struct HoldLine {
+    pub(super) spec: BudgetSpec,
+    /// Quota debits as `(window id, tokens)`, so refunds go only to the window debited.
+    pub(super) debits: Vec<(u64, u64)>,
+}
+
+pub(super) enum Check {
+    Ok,
+    Denied(Denial),
+    Impossible(Impossibility),
+}
+
+impl Inner {
+    pub(super) fn tick(&mut self, now: u64) {
+        self.ops += 1;
+        self.settled.rotate(now);
+        if self.ops.is_multiple_of(SWEEP_EVERY) {
+            self.holds.retain(|_, h| h.expires_at > now);
+            for set in self.slots.values_mut() {
+                set.retain(|_, lease| *lease > now);
+            }
+            self.slots.retain(|_, s| !s.is_empty());
+            self.buckets.retain(|_, b| {
+                let b = b.advance(b.per_minute, b.burst, now);
+                !b.is_full()
+            });
+        }
+    }
+
+    pub(super) fn bucket(&self, key: &str, per_minute: u64, burst: u64, now: u64) -> BucketState {
+        match self.buckets.get(key) {
+            Some(b) => b.advance(per_minute, burst, now),
+            None => BucketState::full(per_minute, burst, now),
+        }
+    }
+
+    pub(super) fn quota(&self, key: &str, window: u64) -> QuotaState {
+        match self.quotas.get(key) {
+            Some(q) if q.window == window => *q,
+            _ => QuotaState { window, used: 0 },
+        }
+    }
+
+    pub(super) fn live_slots(&self, key: &str, now: u64) -> u64 {
+        self.slots
+            .get(key)
+            .map(|s| s.values().filter(|lease| **lease > now).count() as u64)
+            .unwrap_or(0)
+    }
+
+    pub(super) fn available(&self, spec: &BudgetSpec, now: u64) -> i64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                self.bucket(&spec.key, per_minute, burst, now).available()
+            }
+            BudgetKind::Quota { limit, window } => {
+                limit as i64 - self.quota(&spec.key, window.id(now)).used as i64
+            }
+            BudgetKind::Concurrency { max } => max as i64 - self.live_slots(&spec.key, now) as i64,
+        }
+    }
+
+    pub(super) fn wait_for(&self, spec: &BudgetSpec, cost: u64, now: u64) -> u64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => self
+                .bucket(&spec.key, per_minute, burst, now)
+                .wait_for(cost),
+            BudgetKind::Quota { window, .. } => window.end(now) - now,
+            BudgetKind::Concurrency { .. } => 0,
+        }
+    }
+
+    pub(super) fn state_of(&self, spec: &BudgetSpec, now: u64) -> BudgetState {
+        let (remaining, reset, window) = match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let b = self.bucket(&spec.key, per_minute, burst, now);
+                (b.available(), b.until_full(), None)
+            }
+            BudgetKind::Quota { limit, window } => {
+                let q = self.quota(&spec.key, window.id(now));
+                (
+                    limit as i64 - q.used as i64,
+                    window.end(now) - now,
+                    Some(window),
+                )
+            }
+            BudgetKind::Concurrency { max } => {
+                (max as i64 - self.live_slots(&spec.key, now) as i64, 0, None)
+            }
+        };
+        BudgetState {
+            scope: spec.scope.clone(),
+            name: spec.name,
+            limit: spec.limit(),
+            remaining,
+            reset_micros: reset,
+            window,
+        }
+    }
+
+    pub(super) fn check(&self, spec: &BudgetSpec, tokens: u64, id: &str, now: u64) -> Check {
+        let cost = spec.cost(tokens);
+        if !matches!(spec.kind, BudgetKind::Concurrency { .. }) && cost > spec.capacity() {
+            return Check::Impossible(Impossibility {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                capacity: spec.capacity(),
+                requested: cost,
+            });
+        }
+        let available = self.available(spec, now);
+        let fits = match spec.kind {
+            BudgetKind::Concurrency { .. } => {
+                // Only a live lease of this id counts: an expired one lingers
+                // until the next sweep, and honouring it would make the
+                // decision depend on sweep timing (and exceed the limit).
+                available >= 1
+                    || self
+                        .slots
+                        .get(&spec.key)
+                        .and_then(|s| s.get(id))
+                        .is_some_and(|lease| *lease > now)
+            }
+            _ => available >= cost as i64,
+        };
+        if fits {
+            Check::Ok
+        } else {
+            Check::Denied(Denial {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                limit: spec.limit(),
+                requested: cost,
+                available,
+                retry_after_micros: self.wait_for(spec, cost, now),
+                now_micros: now,
+                state: self.state_of(spec, now),
+            })
+        }
+    }
+
+    /// Checks every spec; an impossible budget wins over a denial, and among
+    /// denials the longest wait (every budget must admit).
+    pub(super) fn check_all(&self, specs: &[BudgetSpec], req: &ReserveRequest, now: u64) -> Check {
+        let mut worst: Option<Denial> = None;
+        for spec in specs {
+            if spec.shadow {
+                // Evaluated again at admission; a shadow refusal never blocks.
+                continue;
+            }
+            match self.check(spec, req.tokens, &req.id, now) {
+                Check::Ok => {}
+                Check::Impossible(i) => return Check::Impossible(i),
+                Check::Denied(d) => {
+                    if worst
+                        .as_ref()
+                        .is_none_or(|w| d.retry_after_micros > w.retry_after_micros)
+                    {
+                        worst = Some(d);
+                    }
+                }
+            }
+        }
+        match worst {
+            Some(d) => Check::Denied(d),
+            None => Check::Ok,
+        }
+    }
+
+    /// Debits `amount` (in the spec's unit) and returns the quota window debited, if any.
+    pub(super) fn debit(
+        &mut self,
+        spec: &BudgetSpec,
+        amount: u64,
+        now: u64,
+        id: &str,
+    ) -> Option<u64> {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                b.debit(amount);
+                store_at(&mut self.buckets, &spec.key, b);
+                None
+            }
+            BudgetKind::Quota { window, .. } => {
+                let w = window.id(now);
+                let mut q = self.quota(&spec.key, w);
+                q.used += amount;
+                store_at(&mut self.quotas, &spec.key, q);
+                Some(w)
+            }
+            BudgetKind::Concurrency { .. } => {
+                // The lease end is written by the caller, which knows the lease length.
+                let _ = id;
+                None
+            }
+        }
+    }
+
+    pub(super) fn admit(
+        &mut self,
+        req: &ReserveRequest,
+        cand: &[BudgetSpec],
+        candidate: usize,
+        now: u64,
+    ) -> ReserveOutcome {
+        let mut lines = Vec::with_capacity(req.common.len() + cand.len());
+        let mut budgets = Vec::new();
+        let mut would_deny = Vec::new();
+        for spec in req.common.iter().chain(cand.iter()) {
+            if spec.shadow && !matches!(self.check(spec, req.tokens, &req.id, now), Check::Ok) {
+                would_deny.push(WouldDeny {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                });
+                continue;
+            }
+            let cost = spec.cost(req.tokens);
+            let window = self.debit(spec, cost, now, &req.id);
+            if let BudgetKind::Concurrency { .. } = spec.kind {
+                let lease_end = now + req.lease_micros;
+                match self.slots.get_mut(spec.key.as_str()) {
+                    Some(set) => {
+                        set.insert(req.id.clone(), lease_end);
+                    }
+                    None => {
+                        let set = HashMap::from_iter([(req.id.clone(), lease_end)]);
+                        self.slots.insert(spec.key.clone(), set);
+                    }
+                }
+            } else {
+                budgets.push(self.state_of(spec, now));
+            }
+            lines.push(HoldLine {
+                spec: spec.clone(),
+                debits: window.map(|w| vec![(w, cost)]).unwrap_or_default(),
+            });
+        }
+        let admission = Admission {
+            now_micros: now,
+            candidate,
+            budgets,
+            replayed: false,
+            would_deny,
+        };
+        self.holds.insert(
+            req.id.clone(),
+            Hold {
+                lines,
+                reserved_tokens: req.tokens,
+                lease_micros: req.lease_micros,
+                expires_at: now + req.hold_ttl_micros,
+                admission: admission.clone(),
+            },
+        );
+        ReserveOutcome::Admitted(admission)
+    }
+}
+
+/// Writes `v` at `key`, allocating the key only when it is new (every
+/// reservation rewrites the same few budget keys).
+pub(super) fn store_at<V>(map: &mut HashMap<String, V>, key: &str, v: V) {
+    match map.get_mut(key) {
+        Some(slot) => *slot = v,
+        None => {
+            map.insert(key.to_owned(), v);
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The Redis store: one atomic Lua script call per operation, exact across a
+//! fleet of gateways sharing one Redis (or one Redis Cluster slot).
+//!
+//! Semantics are those of [`super::memory::MemoryStore`], reproduced exactly:
+//! the scripts in `lua/` mirror its decisions and the integer arithmetic of
+//! [`super::bucket`] and [`super::calendar`] line for line (DESIGN sections 2
+//! and 3). The conformance suite (`tests/store_conformance.rs`) and the
+//! differential property test run both stores side by side.
+//!
+//! Modules, one seam each: `scripts` (assembly of the Lua sources), `conn`
+//! (the connection and its errors), `wire` (argument encodings and reply
+//! reading), `hold` (the stored hold record), `batch` (group commit of
+//! reserve and settle calls) and `store` (the [`super::BudgetStore`]
+//! operations); this file holds the store's state and the calls they share.
+//!
+//! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
+//!   each of `extend.lua`, `renew.lua`, `inspect.lua` and `lower.lua`, and
+//!   to `reserve.lua` and `settle.lua`, which define one function each: a
+//!   call sent alone runs it, a batch (`batch.lua`, both functions) runs
+//!   many in order. Reserve and settle calls go through the batcher
+//!   (`batch.rs`): calls that arrive while two batches are on the wire
+//!   go together in the next. Each script is called with EVALSHA and
+//!   reloaded on NOSCRIPT (on every primary of a cluster).
+//! - Keys: every key a call touches is passed in `KEYS` and carries the
+//!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
+//! - Time: Redis `TIME`, one clock for the fleet. Builds with the
+//!   `test-clock` feature may inject a [`Clock`] instead
+//!   ([`RedisStore::with_test_clock`]); release builds never pass a time.
+//! - Holds: a compact text record per reservation id of what was debited
+//!   where ([`HoldRecord`]; layout in `lua/lib.lua`), shrunk to a tombstone
+//!   at settle (enough to answer "already settled" and to replay the
+//!   admission). Extend, renew and settle need the hold's budget keys up
+//!   front (cluster routing and script hygiene both want `KEYS` complete),
+//!   so the store remembers them for the holds it created and otherwise
+//!   reads the hold first; the script verifies the list and answers `K` when
+//!   it is stale, which makes the two-step read safe.
+//! - Cost: every `redis.call`, number conversion and string built in a
+//!   script costs server time on the one slot all reservations share, so
+//!   the scripts read each key once per call, keep budget state binary
+//!   (exact doubles) and format only what they reply or store.
+
+mod batch;
+mod conn;
+mod hold;
+mod scripts;
+mod store;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Script;
+
+use super::store_config::{StoreKind, StorePolicy};
+#[cfg(feature = "test-clock")]
+use crate::clock::Clock;
+
+use super::keys::KeySpace;
+use super::{BudgetSpec, StoreError};
+use batch::{run_script, BatchOp, BatchScripts, Batcher, ScriptArgs};
+use conn::{map_err, Conn};
+use scripts::Scripts;
+use wire::protocol;
+
+pub use batch::BatchCounts;
+pub use conn::cluster_nodes;
+pub use hold::{HoldLine, HoldRecord, HoldSettlement};
+pub use scripts::{
+    BATCH_LUA, EXTEND_LUA, INSPECT_LUA, LIB_LUA, LOWER_LUA, RENEW_LUA, RESERVE_LUA, SETTLE_LUA,
+};
+
+/// Hold budget-key lists remembered locally before the map is cleared
+/// (a cleared entry only costs one extra read at settle).
+const HOLD_CACHE_MAX: usize = 100_000;
+
+/// A Redis-backed [`BudgetStore`] for one budget domain.
+pub struct RedisStore {
+    conn: Conn,
+    keys: KeySpace,
+    timeout: Duration,
+    scripts: Scripts,
+    /// Reserve and settle calls, sent in batches.
+    batcher: Arc<Batcher>,
+    /// Reservation id → the hold's budget specs in line order, for the holds
+    /// this process created (saves a read at extend/renew/settle).
+    holds: Mutex<HashMap<String, Arc<Vec<BudgetSpec>>>>,
+    #[cfg(feature = "test-clock")]
+    clock: Option<Arc<dyn Clock>>,
+}
+
+/// Where a hold call goes: its own script, or a batch item.
+enum Route<'a> {
+    Direct(&'a Script),
+    Batched(BatchOp),
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://…` for one node, `redis+cluster://h1:p1,h2:p2`
+    /// for Redis Cluster). Every later call is bounded by `timeout`
+    /// (→ [`StoreError::Timeout`]); keys are named by `keys`.
+    pub async fn connect(url: &str, timeout: Duration, keys: KeySpace) -> Result<Self, StoreError> {
+        let conn = Conn::open(url, timeout).await?;
+        Ok(Self {
+            batcher: Batcher::new(
+                conn.clone(),
+                BatchScripts {
+                    batch: Script::new(BATCH_LUA),
+                    reserve: Script::new(RESERVE_LUA),
+                    settle: Script::new(SETTLE_LUA),
+                },
+                timeout,
+            ),
+            conn,
+            keys,
+            timeout,
+            scripts: Scripts::new(),
+            holds: Mutex::new(HashMap::new()),
+            #[cfg(feature = "test-clock")]
+            clock: None,
+        })
+    }
+
+    /// Connects as `[store]` configures (`kind` must be `redis`).
+    pub async fn from_policy(policy: &StorePolicy) -> Result<Self, StoreError> {
+        let StoreKind::Redis { url } = &policy.kind else {
+            return Err(StoreError::Unavailable(
+                "store.kind is not \"redis\"".into(),
+            ));
+        };
+        Self::connect(
+            url,
+            policy.timeout,
+            KeySpace::new(&policy.key_prefix, &policy.domain),
+        )
+        .await
+    }
+
+    /// Test builds only: pass `clock`'s time to every script instead of
+    /// Redis `TIME`, so tests can cross UTC boundaries and expire leases
+    /// without sleeping.
+    #[cfg(feature = "test-clock")]
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// How many batches of reserve and settle calls were sent, and how many
+    /// calls they carried (calls that arrive while earlier ones are on the
+    /// wire go together: see `batch`).
+    pub fn batch_counts(&self) -> BatchCounts {
+        self.batcher.counts()
+    }
+
+    /// The key space this store names holds in.
+    pub fn key_space(&self) -> &KeySpace {
+        &self.keys
+    }
+
+    /// Reads the hold of `id` as stored (for tests and the admin API);
+    /// `None` when Redis has no such key.
+    pub async fn read_hold(&self, id: &str) -> Result<Option<HoldRecord>, StoreError> {
+        let mut conn = self.conn.clone();
+        let raw: Option<String> = self
+            .bounded(
+                redis::cmd("GET")
+                    .arg(self.keys.hold(id))
+                    .query_async(&mut conn),
+            )
+            .await?;
+        raw.map(|r| HoldRecord::parse(&r)).transpose()
+    }
+
+    /// `""` (scripts read Redis `TIME`) unless a test clock is injected.
+    fn now_arg(&self) -> String {
+        #[cfg(feature = "test-clock")]
+        if let Some(c) = &self.clock {
+            return c.now_micros().to_string();
+        }
+        String::new()
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(r) => r.map_err(map_err),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    async fn invoke(&self, script: &Script, call: &ScriptArgs) -> Result<Vec<String>, StoreError> {
+        self.bounded(run_script(&self.conn, script, call.command()))
+            .await
+    }
+
+    fn cached_hold(&self, id: &str) -> Option<Arc<Vec<BudgetSpec>>> {
+        self.lock_holds().get(id).cloned()
+    }
+
+    fn remember_hold(&self, id: &str, specs: Vec<BudgetSpec>) {
+        let mut holds = self.lock_holds();
+        if holds.len() >= HOLD_CACHE_MAX {
+            holds.clear();
+        }
+        holds.insert(id.to_string(), Arc::new(specs));
+    }
+
+    fn forget_hold(&self, id: &str) {
+        self.lock_holds().remove(id);
+    }
+
+    fn lock_holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<BudgetSpec>>>> {
+        // The map is a cache: a panic mid-update cannot make it wrong, only stale.
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hold's specs as stored, or empty when there is no hold (the
+    /// script then answers "unknown").
+    async fn fetch_hold_specs(&self, id: &str) -> Result<Arc<Vec<BudgetSpec>>, StoreError> {
+        Ok(Arc::new(match self.read_hold(id).await? {
+            // A settled hold keeps no budget keys; the script answers from the hold alone.
+            Some(h) if h.settlement.is_none() => h.lines.into_iter().map(|l| l.spec).collect(),
+            _ => Vec::new(),
+        }))
+    }
+
+    /// Runs a hold script (`extend`, `renew`, `settle`) with the hold's keys,
+    /// refreshing them once when the script says they are stale.
+    async fn hold_call(
+        &self,
+        route: Route<'_>,
+        id: &str,
+        args: &[String],
+    ) -> Result<(Vec<String>, Arc<Vec<BudgetSpec>>), StoreError> {
+        let mut specs = match self.cached_hold(id) {
+            Some(s) => s,
+            None => self.fetch_hold_specs(id).await?,
+        };
+        for attempt in 0..2 {
+            let script = match route {
+                Route::Direct(script) => script,
+                Route::Batched(op) => self.batcher.script_for(op),
+            };
+            let mut inv = ScriptArgs::new(script, 1 + specs.len());
+            inv.key(self.keys.hold(id));
+            for s in specs.iter() {
+                inv.key(&s.key);
+            }
+            inv.arg(self.now_arg()).arg(id);
+            for a in args {
+                inv.arg(a);
+            }
+            let reply = match route {
+                Route::Direct(script) => self.invoke(script, &inv).await?,
+                Route::Batched(op) => self.batcher.call(op, inv).await?,
+            };
+            if reply.first().map(String::as_str) != Some("K") {
+                return Ok((reply, specs));
+            }
+            if attempt == 0 {
+                specs = self.fetch_hold_specs(id).await?;
+            }
+        }
+        Err(protocol(format!("hold {id}: budget keys keep changing")))
+    }
+}

@@ -1,0 +1,297 @@
+//! The store: each [`BudgetStore`] operation as one script call (reserve
+//! and settle through the batcher) and the decoding of its reply.
+
+use async_trait::async_trait;
+
+use crate::reserve::{
+    Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, Impossibility,
+    RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, StoreError, WouldDeny,
+};
+
+use super::batch::{BatchOp, ScriptArgs};
+use super::hold::HoldRecord;
+use super::wire::{
+    adm_fields, denial, live_line, protocol, push_kind, spec_numbers, state, window_of, Reply,
+};
+use super::{RedisStore, Route};
+
+#[async_trait]
+impl BudgetStore for RedisStore {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let all: Vec<&BudgetSpec> = req
+            .common
+            .iter()
+            .chain(req.candidates.iter().flatten())
+            .collect();
+        let mut inv = ScriptArgs::new(self.batcher.script_for(BatchOp::Reserve), 1 + all.len());
+        inv.key(self.keys.hold(&req.id));
+        for s in &all {
+            inv.key(&s.key);
+        }
+        inv.arg(self.now_arg())
+            .arg(&req.id)
+            .arg(req.tokens)
+            .arg(req.lease_micros)
+            .arg(req.hold_ttl_micros)
+            .arg(req.common.len())
+            .arg(req.candidates.len());
+        for c in &req.candidates {
+            inv.arg(c.len());
+        }
+        inv.arg(spec_numbers(&all, req.tokens).as_slice());
+        for s in &all {
+            inv.arg(live_line(s))
+                .arg(adm_fields(s, req.tokens).as_slice());
+        }
+        let items = self.batcher.call(BatchOp::Reserve, inv).await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        match tag {
+            "A" => {
+                let candidate = r.usize()?;
+                let replayed = r.str()? == "1";
+                if replayed {
+                    // The first admission, described by the hold itself.
+                    self.forget_hold(&req.id);
+                    let hold = HoldRecord::parse(r.str()?)?;
+                    let budgets = hold
+                        .lines
+                        .iter()
+                        .filter_map(|l| {
+                            let (remaining, reset_micros) = l.admitted?;
+                            Some(BudgetState {
+                                scope: l.spec.scope.clone(),
+                                name: l.spec.name,
+                                limit: l.spec.limit(),
+                                remaining,
+                                reset_micros,
+                                window: window_of(&l.spec.kind),
+                            })
+                        })
+                        .collect();
+                    return Ok(ReserveOutcome::Admitted(Admission {
+                        now_micros: now,
+                        candidate,
+                        budgets,
+                        replayed,
+                        would_deny: hold.would_deny,
+                    }));
+                }
+                let n_would_deny = r.usize()?;
+                let mut would_deny = Vec::with_capacity(n_would_deny);
+                let mut denied_idx = Vec::with_capacity(n_would_deny);
+                for _ in 0..n_would_deny {
+                    let idx = r.usize()?;
+                    let spec = all
+                        .get(idx)
+                        .ok_or_else(|| protocol("would-deny names no budget"))?;
+                    denied_idx.push(idx);
+                    would_deny.push(WouldDeny {
+                        scope: spec.scope.clone(),
+                        name: spec.name,
+                    });
+                }
+                let budgets = {
+                    // Spec indexes into `all` of the common specs and the chosen candidate's.
+                    let cand_start = req.common.len()
+                        + req
+                            .candidates
+                            .iter()
+                            .take(candidate)
+                            .map(Vec::len)
+                            .sum::<usize>();
+                    let cand_len = req.candidates.get(candidate).map_or(0, Vec::len);
+                    let chosen: Vec<BudgetSpec> = (0..req.common.len())
+                        .chain(cand_start..cand_start + cand_len)
+                        .filter(|i| !denied_idx.contains(i))
+                        .filter_map(|i| all.get(i).map(|s| (*s).clone()))
+                        .collect();
+                    let metered: Vec<&BudgetSpec> = chosen
+                        .iter()
+                        .filter(|s| !matches!(s.kind, BudgetKind::Concurrency { .. }))
+                        .collect();
+                    if r.rest() != 2 * metered.len() {
+                        return Err(protocol(format!(
+                            "admission of {} has {} values for {} budgets",
+                            req.id,
+                            r.rest(),
+                            metered.len()
+                        )));
+                    }
+                    let mut budgets = Vec::with_capacity(metered.len());
+                    for spec in metered {
+                        let remaining = r.i64()?;
+                        let reset = r.u64()?;
+                        budgets.push(state(spec, remaining, reset));
+                    }
+                    self.remember_hold(&req.id, chosen);
+                    budgets
+                };
+                Ok(ReserveOutcome::Admitted(Admission {
+                    now_micros: now,
+                    candidate,
+                    budgets,
+                    replayed,
+                    would_deny,
+                }))
+            }
+            "D" => {
+                let spec = all
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("denial names no budget"))?;
+                let d = denial(&mut r, spec, spec.cost(req.tokens), now)?;
+                Ok(ReserveOutcome::Denied(d))
+            }
+            "I" => {
+                let spec = all
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("impossibility names no budget"))?;
+                Ok(ReserveOutcome::Impossible(Impossibility {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                    capacity: spec.capacity(),
+                    requested: spec.cost(req.tokens),
+                }))
+            }
+            other => Err(protocol(format!("reserve replied {other:?}"))),
+        }
+    }
+
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        let (items, specs) = self
+            .hold_call(
+                Route::Direct(&self.scripts.extend),
+                id,
+                &[tokens.to_string()],
+            )
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        match tag {
+            "E" => Ok(ExtendOutcome::Extended {
+                granted: r.u64()?,
+                now_micros: now,
+            }),
+            "X" => {
+                let spec = specs
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("exhaustion names no budget"))?;
+                Ok(ExtendOutcome::Exhausted(denial(&mut r, spec, tokens, now)?))
+            }
+            "U" => {
+                self.forget_hold(id);
+                Ok(ExtendOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(id);
+                Ok(ExtendOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("extend replied {other:?}"))),
+        }
+    }
+
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        let (items, _) = self
+            .hold_call(Route::Direct(&self.scripts.renew), id, &[])
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let _now = r.u64()?;
+        match tag {
+            "R" => Ok(RenewOutcome::Renewed {
+                lease_until_micros: r.u64()?,
+            }),
+            "U" => {
+                self.forget_hold(id);
+                Ok(RenewOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(id);
+                Ok(RenewOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("renew replied {other:?}"))),
+        }
+    }
+
+    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        let args = [
+            s.actual_tokens.to_string(),
+            if s.upstream_failed { "1" } else { "0" }.to_string(),
+        ];
+        let (items, _) = self
+            .hold_call(Route::Batched(BatchOp::Settle), id, &args)
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        let outcome = match tag {
+            "T" => SettleOutcome::Settled {
+                reserved: r.u64()?,
+                refunded: r.u64()?,
+                debt: r.u64()?,
+                now_micros: now,
+            },
+            "U" => SettleOutcome::Unknown,
+            "S" => SettleOutcome::AlreadySettled,
+            other => return Err(protocol(format!("settle replied {other:?}"))),
+        };
+        self.forget_hold(id);
+        Ok(outcome)
+    }
+
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
+            let states = self.inspect(std::slice::from_ref(spec)).await?;
+            return Ok(states.first().map_or(0, |s| s.remaining));
+        };
+        let mut inv = ScriptArgs::new(&self.scripts.lower, 1);
+        inv.key(&spec.key)
+            .arg(self.now_arg())
+            .arg(per_minute)
+            .arg(burst)
+            .arg(at_most);
+        let items = self.invoke(&self.scripts.lower, &inv).await?;
+        let mut r = Reply::new(&items);
+        let _now = r.u64()?;
+        r.i64()
+    }
+
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        if specs.is_empty() {
+            // The health check: a round trip proves the store answers.
+            let mut conn = self.conn.clone();
+            let _: String = self
+                .bounded(redis::cmd("PING").query_async(&mut conn))
+                .await?;
+            return Ok(Vec::new());
+        }
+        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len());
+        for s in specs {
+            inv.key(&s.key);
+        }
+        inv.arg(self.now_arg());
+        for s in specs {
+            push_kind(&mut inv, &s.kind);
+        }
+        let items = self.invoke(&self.scripts.inspect, &inv).await?;
+        let mut r = Reply::new(&items);
+        let _now = r.u64()?;
+        if r.rest() != 2 * specs.len() {
+            return Err(protocol(format!("inspect replied {items:?}")));
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let remaining = r.i64()?;
+            let reset = r.u64()?;
+            out.push(state(spec, remaining, reset));
+        }
+        Ok(out)
+    }
+
+    /// Every round trip is bounded by this store's timeout (`bounded`).
+    fn times_out_calls(&self) -> bool {
+        true
+    }
+}
