@@ -6,9 +6,8 @@
 //! store sends them in batches (`reserve::redis::batch`); the memory store applies them
 //! one by one in the order they were issued, and every outcome must match.
 //!
-//! Run: `cargo test --features test-clock --test redis_differential`
-//! (`PROPTEST_CASES=N` for more or fewer cases; needs `redis-server`).
-#![cfg(feature = "test-clock")]
+//! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
+//! needs `redis-server`).
 
 mod common;
 

@@ -8,7 +8,7 @@
 //! never sent, so it is never applied.
 //!
 //! Run: `cargo test --test redis_retry` (needs `redis-server`; uses Redis
-//! `TIME`, so no test-clock feature is required).
+//! `TIME`, not a test clock).
 
 mod common;
 

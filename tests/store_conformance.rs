@@ -2,12 +2,10 @@
 //! unchanged against the memory store, the Redis store on one node, and the
 //! Redis store on a 3-node Redis Cluster (DESIGN section 3). Time comes from
 //! one [`ManualClock`] per test (the Redis store passes it to the scripts
-//! through the `test-clock` feature), so nothing sleeps and every expected
-//! value is exact.
+//! through its hidden `with_test_clock` constructor), so nothing sleeps and
+//! every expected value is exact.
 //!
-//! Run: `cargo test --features test-clock --test store_conformance`
-//! (needs `redis-server` and `redis-cli` on PATH).
-#![cfg(feature = "test-clock")]
+//! Runs in every `cargo test` (needs `redis-server` and `redis-cli` on PATH).
 
 mod common;
 
