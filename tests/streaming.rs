@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::config::Policy;
 use budgetgate::dialects::Dialect;
 use budgetgate::dialects::UsageBreakdown as Usage;
 use budgetgate::estimate::Encoding;
@@ -1186,13 +1185,8 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
         clock: clock.clone(),
         renewed_at: AtomicU64::new(0),
     });
-    let state = AppState::new(Policy::from_toml(&toml).unwrap(), store.clone(), dyn_clock);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(budgetgate::app::serve(listener, state.clone(), async {
-        let _ = stopped.await;
-    }));
+    let gw = start_gateway_with(&toml, clock.clone(), store.clone()).await;
+    let addr = gw.addr;
     let url = format!("http://{addr}/v1/chat/completions");
     let client = reqwest::Client::new();
     let body = json!({"model": "gpt-4o-mini", "messages": msgs("Go on forever."), "stream": true});
@@ -1255,5 +1249,4 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
         .unwrap();
     assert_eq!(third.status(), 200, "the slot is free once the client left");
     drop(third);
-    let _ = stop.send(());
 }

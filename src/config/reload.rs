@@ -174,9 +174,15 @@ fn watch_dir(path: &Path) -> PathBuf {
 }
 
 /// Calls `apply` on every SIGHUP and, debounced, on every change in the
-/// directory of `path`. Runs until the task is aborted. When the directory
-/// cannot be watched, logs a warning and keeps serving SIGHUP alone.
-pub async fn watch(path: PathBuf, apply: impl Fn(Trigger) + Send + 'static) {
+/// directory of `path`. The watcher and the SIGHUP handler are in place
+/// when this returns (a signal sent from then on is never lost); the
+/// returned future runs until it is dropped or its task aborted. When the
+/// directory cannot be watched, logs a warning and keeps serving SIGHUP
+/// alone. Must be called within a Tokio runtime.
+pub fn watch(
+    path: PathBuf,
+    apply: impl Fn(Trigger) + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let dir = watch_dir(&path);
     let watcher =
@@ -200,17 +206,21 @@ pub async fn watch(path: PathBuf, apply: impl Fn(Trigger) + Send + 'static) {
     };
     let mut hup = hangup();
     let mut files_open = watcher.is_some();
-    loop {
-        tokio::select! {
-            _ = hup.recv() => apply(Trigger::Signal),
-            ev = rx.recv(), if files_open => {
-                if ev.is_none() {
-                    files_open = false;
-                    continue;
+    async move {
+        // Dropping the watcher would stop the file events.
+        let _watcher = watcher;
+        loop {
+            tokio::select! {
+                _ = hup.recv() => apply(Trigger::Signal),
+                ev = rx.recv(), if files_open => {
+                    if ev.is_none() {
+                        files_open = false;
+                        continue;
+                    }
+                    // Debounce: wait for DEBOUNCE of quiet.
+                    while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
+                    apply(Trigger::FileChange);
                 }
-                // Debounce: wait for DEBOUNCE of quiet.
-                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
-                apply(Trigger::FileChange);
             }
         }
     }

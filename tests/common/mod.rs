@@ -16,7 +16,6 @@ use budgetgate::config::{hash_key, Policy};
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::BudgetStore;
 use budgetgate::server::AppState;
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 /// The API key every test tenant uses.
@@ -32,6 +31,8 @@ pub struct Gateway {
     pub clock: ManualClock,
     pub store: Arc<MemoryStore>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// Holds the config file the reload watcher watches.
+    _dir: tempfile::TempDir,
 }
 
 impl Gateway {
@@ -128,31 +129,58 @@ pub async fn start_gateway_at(config_toml: &str, clock: ManualClock) -> Gateway 
 /// Starts a gateway for `config_toml` over `store`, reading time from `clock`.
 /// The returned `store` field is a fresh, unused memory store (tests of a
 /// custom store read it directly).
+///
+/// Started the way `budgetgate serve` starts one: `app::run` on a serving
+/// thread of its own, the config in a file (reload watcher armed), with
+/// test-sized settings: one thread, no budget-gauge job.
 pub async fn start_gateway_with(
     config_toml: &str,
     clock: ManualClock,
     store: Arc<dyn BudgetStore>,
 ) -> Gateway {
-    let policy =
-        Policy::from_toml(config_toml).unwrap_or_else(|e| panic!("test config invalid: {e}"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("budgetgate.toml");
+    std::fs::write(&path, config_toml).expect("write the test config");
+    let policy = Policy::load(&path).unwrap_or_else(|e| panic!("test config invalid: {e}"));
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
-    let state = AppState::new(policy, store, dyn_clock.clone());
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
+    let launch = budgetgate::app::Launch {
+        threads: 1,
+        clock: dyn_clock.clone(),
+        store: Some(store),
+        budget_gauges: None,
+        ..budgetgate::app::Launch::new(policy, path)
+    };
     let (tx, rx) = oneshot::channel::<()>();
-    let st = state.clone();
-    tokio::spawn(async move {
-        let _ = budgetgate::app::serve(listener, st, async {
-            let _ = rx.await;
+    let (ready_tx, ready_rx) = oneshot::channel::<budgetgate::app::Started>();
+    std::thread::Builder::new()
+        .name("test-gateway".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("gateway runtime");
+            let shutdown = async {
+                let _ = rx.await;
+            };
+            let ready = move |s: budgetgate::app::Started| {
+                let _ = ready_tx.send(s);
+            };
+            if let Err(e) = rt.block_on(budgetgate::app::run(launch, shutdown, ready)) {
+                eprintln!("test gateway: {e}");
+            }
         })
-        .await;
-    });
+        .expect("start the gateway thread");
+    let started = tokio::time::timeout(Duration::from_secs(30), ready_rx)
+        .await
+        .expect("the gateway did not start within 30 s")
+        .expect("the gateway failed to start (its error is above)");
     Gateway {
-        addr,
-        state,
+        addr: started.addr,
+        state: started.state,
         clock,
         store: Arc::new(MemoryStore::new(dyn_clock)),
         shutdown: Some(tx),
+        _dir: dir,
     }
 }
 
