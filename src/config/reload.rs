@@ -174,15 +174,16 @@ fn watch_dir(path: &Path) -> PathBuf {
 }
 
 /// Calls `apply` on every SIGHUP and, debounced, on every change in the
-/// directory of `path`. The watcher and the SIGHUP handler are in place
-/// when this returns (a signal sent from then on is never lost); the
-/// returned future runs until it is dropped or its task aborted. When the
-/// directory cannot be watched, logs a warning and keeps serving SIGHUP
-/// alone. Must be called within a Tokio runtime.
+/// directory of `path`. The SIGHUP handler and the watcher are installed
+/// when this is called, not when the returned future first runs: a SIGHUP
+/// that arrives between start-up and the task's first poll would otherwise
+/// meet the default action and end the process. The future runs until its
+/// task is aborted. When the directory cannot be watched, logs a warning and
+/// keeps serving SIGHUP alone.
 pub fn watch(
     path: PathBuf,
     apply: impl Fn(Trigger) + Send + 'static,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
+) -> impl std::future::Future<Output = ()> + Send {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let dir = watch_dir(&path);
     let watcher =
@@ -207,7 +208,7 @@ pub fn watch(
     let mut hup = hangup();
     let mut files_open = watcher.is_some();
     async move {
-        // Dropping the watcher would stop the file events.
+        // Owned by the task so that the watcher lives as long as it runs.
         let _watcher = watcher;
         loop {
             tokio::select! {
