@@ -5,13 +5,12 @@
 //! instead of the reported `completion_tokens`. Both now settle the input
 //! estimate plus `completion_tokens`.
 
-mod common;
-
+use crate::support::legacy::*;
+use crate::support::*;
 use axum::routing::post;
 use budgetgate::reservation::plan;
 use budgetgate::reserve::{BudgetName, BudgetSpec};
 use budgetgate::server::AppState;
-use common::*;
 use serde_json::{json, Value};
 
 const COMPLETION_TOKENS: u64 = 7;
@@ -66,7 +65,11 @@ fn quota_used(gw: &Gateway) -> u64 {
         .into_iter()
         .filter(|s| s.name == BudgetName::TokensPerDay)
         .collect();
-    let state = gw.store.inspect_sync(&specs).pop().expect("tokens_per_day");
+    let state = gw
+        .memory()
+        .inspect_sync(&specs)
+        .pop()
+        .expect("tokens_per_day");
     (state.limit as i64 - state.remaining) as u64
 }
 

@@ -2,17 +2,16 @@
 //! store outages with fail-open / fail-closed tenants, the local deny cache,
 //! and the Prometheus exposition.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::legacy::*;
+use crate::support::*;
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::*;
-use common::*;
 use serde_json::{json, Value};
 
 /// A memory store that counts its calls, can be switched "down", and can

@@ -4,18 +4,15 @@
 //! against: the final line was written in three places, and some paths
 //! (an upstream failure, a client that left) wrote none or another one.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use common::mock_upstream::Fault;
-use common::{chat_input_tokens, config, start_mock, KEY};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::mock_upstream::Fault;
+use crate::support::GatewayProcess;
+use crate::support::{chat_input_tokens, start_mock, KEY};
 
 const CUT_KEY: &str = "sk-lifecycle-cut";
 const ONE_KEY: &str = "sk-lifecycle-one-rpm";

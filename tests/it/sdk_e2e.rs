@@ -1,9 +1,8 @@
 //! End-to-end: the official `openai` Python SDK through the gateway to the
 //! simulated upstream.
 
-mod common;
-
-use common::*;
+use crate::support::legacy::*;
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_chat_stream_embeddings_and_models_work_through_the_gateway() {
@@ -38,5 +37,5 @@ async fn openai_sdk_chat_stream_embeddings_and_models_work_through_the_gateway()
         .unwrap()
         .starts_with("req_mock_"));
     gw.settled().await;
-    assert_eq!(gw.store.live_holds(), 0, "every reservation settled");
+    assert_eq!(gw.memory().live_holds(), 0, "every reservation settled");
 }

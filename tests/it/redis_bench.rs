@@ -6,18 +6,16 @@
 //! Run: `cargo test --release --test redis_bench -- --ignored --nocapture`
 //! (needs `redis-server` and `redis-benchmark`).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::redis_server::RedisServer;
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     Settlement, Window,
 };
-use common::redis_server::RedisServer;
 
 /// The budgets of a typical request: tenant rpm/tpm/slots/day quota,
 /// tenant×model tpm, upstream rpm/tpm/slots. Limits high enough never to refuse.

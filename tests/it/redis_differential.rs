@@ -9,12 +9,12 @@
 //! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
 //! needs `redis-server`).
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::redis_server;
+use crate::support::NOON;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::memory::MemoryStore;
@@ -22,8 +22,6 @@ use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveRequest, Scope, Settlement, Window,
 };
-use common::redis_server;
-use common::NOON;
 use futures_util::future::join_all;
 use proptest::prelude::*;
 

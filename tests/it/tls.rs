@@ -5,18 +5,15 @@
 //! certificate is served without a restart, and an invalid one leaves the
 //! running certificate in place.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use common::{config, run_python, start_mock};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::GatewayProcess;
+use crate::support::{run_python, start_mock};
 
 /// A certificate authority made for one test.
 struct Ca {

@@ -5,18 +5,15 @@
 //! codes when they go to a file or a pipe, a reload of an unchanged file
 //! says so, and a disabled admin API's 404 names the variable that enables it.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use common::{config, start_gateway, start_mock};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::GatewayProcess;
+use crate::support::{start_mock, Endpoint};
 
 fn budgetgate(args: &[&str], envs: &[(&str, &str)], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));

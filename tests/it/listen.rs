@@ -5,14 +5,11 @@
 //!
 //! Run: `cargo test --test listen`.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::time::Duration;
 
-use common::{config, start_mock, KEY};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::GatewayProcess;
+use crate::support::{start_mock, KEY};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_gateway_on_a_port_in_use_refuses_to_start_and_the_first_serves_on() {

@@ -2,11 +2,10 @@
 //! OpenAI-shaped error, charges nothing (or only the request count when the
 //! upstream was called), and never leaks the concurrency slot.
 
-mod common;
-
-use budgetgate::reserve::{BudgetName, BudgetStore, Scope};
-use common::mock_upstream::Fault;
-use common::*;
+use crate::support::legacy::*;
+use crate::support::mock_upstream::Fault;
+use crate::support::*;
+use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 const LIMITS: &str = "tpm = 10000, rpm = 100, max_concurrent = 1";

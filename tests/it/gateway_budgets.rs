@@ -3,12 +3,11 @@
 //! all-or-nothing, impossible requests. The clock is frozen, so nothing
 //! refills unless a test moves it.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::support::legacy::*;
+use crate::support::*;
 use budgetgate::reserve::{BudgetName, Scope};
-use common::*;
 use serde_json::{json, Value};
 
 async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
@@ -28,7 +27,6 @@ fn header(r: &reqwest::Response, name: &str) -> Option<String> {
 }
 
 async fn tenant_state(gw: &Gateway, name: BudgetName) -> i64 {
-    use budgetgate::reserve::BudgetStore;
     let policy = gw.state.policy.load_full();
     let ks = budgetgate::server::AppState::key_space(&policy);
     let tenant = &policy.tenants[0];
@@ -64,7 +62,7 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
             "more requests reached the upstream ({held}) than fit ({expected})"
         );
         assert!(
-            gw.store.live_holds() as u64 * e <= 1000,
+            gw.memory().live_holds() as u64 * e <= 1000,
             "live reservations exceed the bucket"
         );
         if held == expected {
@@ -279,7 +277,7 @@ async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled(
         tenant_state(&gw, BudgetName::Tpm).await,
         1_000_000 - input as i64 - 10
     );
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(gw.memory().live_holds(), 0);
     // The same prompt again (now from the token-count cache): the same figure.
     let r = post(&gw, &body).await;
     assert_eq!(r.status(), 200);

@@ -1,7 +1,6 @@
 //! Self-test of the simulated upstream in `examples/mock_upstream.rs`.
 
-#[path = "../examples/mock_upstream.rs"]
-mod mock_upstream;
+use crate::support::mock_upstream;
 
 use std::time::{Duration, Instant};
 

@@ -4,18 +4,15 @@
 //! policy and logs every error with its path; a stream started before the
 //! reload completes under the policy it started with.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use common::{config, start_mock, KEY};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::GatewayProcess;
+use crate::support::{start_mock, KEY};
 
 fn cfg(mock: &str, tpm: u64) -> String {
     config(mock, 50, &format!("tpm = {tpm}"), "")

@@ -8,17 +8,17 @@
 //! Run: `cargo test --test redis_fleet -- --nocapture` (needs `redis-server`;
 //! prints admitted vs bound).
 
-mod common;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::legacy::*;
+use crate::support::redis_server::RedisServer;
+use crate::support::GatewayProcess;
+use crate::support::{start_mock, Endpoint, KEY};
 use budgetgate::reserve::bucket::UNITS_PER_TOKEN;
 use budgetgate::reserve::redis::HoldRecord;
-use common::redis_server::{GatewayProcess, RedisServer};
-use common::{key_line, start_mock, KEY};
 
 const CLIENTS: usize = 200;
 const GATEWAYS: usize = 3;
@@ -87,7 +87,7 @@ async fn three_gateways_never_over_admit() {
     std::fs::write(&cfg, config(&mock.base_url(), &redis.url())).expect("write config");
     let mut gateways = Vec::new();
     for _ in 0..GATEWAYS {
-        gateways.push(GatewayProcess::start(&cfg).await);
+        gateways.push(GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await);
     }
     let bases: Arc<Vec<String>> = Arc::new(gateways.iter().map(|g| g.base_url()).collect());
 

@@ -3,12 +3,11 @@
 //! match the `x-ratelimit-*` headers of the request made just before, once
 //! it settled (frozen clock: no refill in between).
 
-mod common;
-
 use serde_json::{json, Value};
 
+use crate::support::legacy::*;
+use crate::support::{start_mock, Endpoint, Gateway, KEY};
 use budgetgate::config::hash_key;
-use common::{start_gateway, start_mock, Gateway, KEY};
 
 const TOKEN: &str = "admin-secret-token";
 

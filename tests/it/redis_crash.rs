@@ -5,13 +5,13 @@
 //!
 //! Run: `cargo test --test redis_crash -- --nocapture` (needs `redis-server`).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::mock_upstream::{self, MockConfig};
-use common::redis_server::{GatewayProcess, RedisServer};
-use common::{key_line, KEY};
+use crate::support::legacy::*;
+use crate::support::mock_upstream::{self, MockConfig};
+use crate::support::redis_server::RedisServer;
+use crate::support::GatewayProcess;
+use crate::support::{Endpoint, KEY};
 use futures_util::StreamExt;
 
 fn config(upstream: &str, redis_url: &str) -> String {
@@ -98,8 +98,8 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = dir.path().join("crash.toml");
     std::fs::write(&cfg, config(&mock.base_url(), &redis.url())).expect("write config");
-    let doomed = GatewayProcess::start(&cfg).await;
-    let survivor = GatewayProcess::start(&cfg).await;
+    let doomed = GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await;
+    let survivor = GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await;
     let http = reqwest::Client::new();
 
     // A long stream through the doomed gateway takes the only slot. Its lease
@@ -159,7 +159,7 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     );
 
     // A restarted gateway admits again.
-    let restarted = GatewayProcess::start(&cfg).await;
+    let restarted = GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await;
     assert_eq!(post_settled(&http, &restarted).await, 200);
     assert_eq!(post_settled(&http, &survivor).await, 200);
 }

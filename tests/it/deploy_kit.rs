@@ -9,17 +9,14 @@
 //! Regenerate the recording rules after editing the dashboard:
 //! `BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit`.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use common::{config, start_mock};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::start_mock;
+use crate::support::GatewayProcess;
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -8,17 +8,13 @@
 //! HTML shows as text and runs nothing; the token is in `sessionStorage`,
 //! not in the URL. `BUDGETGATE_SCREENSHOT=PATH` saves a screenshot.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::start_mock;
-use process::GatewayProcess;
+use crate::support::start_mock;
+use crate::support::GatewayProcess;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";

@@ -8,12 +8,13 @@
 //! on a frozen clock against the simulated upstream (or a raw fixture
 //! upstream) and drive it with the official `openai` Python SDK.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::legacy::*;
+use crate::support::mock_upstream::{self, Fault};
+use crate::support::*;
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::dialects::Dialect;
@@ -29,8 +30,6 @@ use budgetgate::server::AppState;
 use budgetgate::upstreams::relay::{FrameAction, StreamProcessor};
 use budgetgate::upstreams::sse::FrameSplitter;
 use bytes::Bytes;
-use common::mock_upstream::{self, Fault};
-use common::*;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -338,7 +337,7 @@ fn azure_filter_chunk_first_cutoff_chunk_keeps_the_real_id_and_model() {
 // End-to-end harness
 // ---------------------------------------------------------------------------
 
-/// A config like `common::config` with the streaming knobs exposed:
+/// A config like `crate::support::config` with the streaming knobs exposed:
 /// extension `step`, `[server]` extras (e.g. `lease_secs = 1`).
 fn stream_config(
     upstream: &str,
@@ -384,7 +383,7 @@ fn quota_used(gw: &Gateway) -> u64 {
         .filter(|s| s.name == BudgetName::TokensPerDay)
         .collect();
     let state = gw
-        .store
+        .memory()
         .inspect_sync(&specs)
         .pop()
         .expect("tenant has tokens_per_day");
@@ -396,7 +395,7 @@ fn quota_used(gw: &Gateway) -> u64 {
 /// may be after the client finished reading.
 async fn all_settled(gw: &Gateway) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while gw.store.live_holds() > 0 {
+    while gw.memory().live_holds() > 0 {
         assert!(Instant::now() < deadline, "a stream never settled");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -4,18 +4,15 @@
 //! off cleanly at the deadline; either way it is settled and the process
 //! exits 0.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use common::{config, start_mock, KEY};
-use process::GatewayProcess;
+use crate::support::legacy::*;
+use crate::support::GatewayProcess;
+use crate::support::{start_mock, KEY};
 
 fn write_config(dir: &std::path::Path, mock: &str, grace_secs: u64) -> PathBuf {
     let text = config(mock, 50, "tpm = 100000", "").replace(

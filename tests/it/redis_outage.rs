@@ -2,17 +2,16 @@
 //! getting answers within the timeout, limited by the local share;
 //! fail-closed tenants get 503; once Redis is back, decisions return to it.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::legacy::*;
+use crate::support::redis_server::RedisServer;
+use crate::support::*;
 use budgetgate::clock::ManualClock;
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::BudgetStore;
-use common::redis_server::RedisServer;
-use common::*;
 use serde_json::json;
 
 async fn post(gw: &Gateway, key: &str) -> u16 {

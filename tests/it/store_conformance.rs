@@ -7,12 +7,12 @@
 //!
 //! Runs in every `cargo test` (needs `redis-server` and `redis-cli` on PATH).
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::redis_server;
+use crate::support::NOON;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::memory::MemoryStore;
@@ -22,8 +22,6 @@ use budgetgate::reserve::{
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
     Window,
 };
-use common::redis_server;
-use common::NOON;
 
 /// Concurrency lease of every test reservation, µs.
 const LEASE: u64 = 10_000_000;

@@ -10,17 +10,15 @@
 //! Run: `cargo test --test redis_retry` (needs `redis-server`; uses Redis
 //! `TIME`, not a test clock).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::support::redis_server::RedisServer;
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     SettleOutcome, Settlement, StoreError,
 };
-use common::redis_server::RedisServer;
 
 fn spec(ks: &KeySpace) -> BudgetSpec {
     let scope = Scope::Tenant("acme".into());

@@ -6,10 +6,6 @@
 //! gone, so servers shared by a whole test binary (see [`shared`] and
 //! [`shared_cluster`]) never outlive it; servers owned by a test are killed
 //! on drop.
-//!
-//! Also here: [`GatewayProcess`], a `budgetgate serve` process for the
-//! fleet and crash tests that share one Redis.
-#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -257,72 +253,4 @@ pub fn shared() -> &'static RedisServer {
 pub fn shared_cluster() -> &'static RedisCluster {
     static C: OnceLock<RedisCluster> = OnceLock::new();
     C.get_or_init(RedisCluster::start)
-}
-
-// ---------------------------------------------------------------- gateways
-
-/// A `budgetgate serve` process for fleet tests: started from a config
-/// file, its address read from the line it prints, killed (SIGKILL) on drop.
-pub struct GatewayProcess {
-    /// `http://127.0.0.1:PORT`
-    pub root: String,
-    child: tokio::process::Child,
-}
-
-impl GatewayProcess {
-    /// Starts `budgetgate serve --config <config>` and waits for
-    /// `budgetgate listening on http://ADDR`.
-    pub async fn start(config: &std::path::Path) -> Self {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn budgetgate");
-        let stdout = child.stdout.take().expect("stdout");
-        use tokio::io::AsyncBufReadExt;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let root = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(addr) = line.strip_prefix("budgetgate listening on ") {
-                    return addr.trim().to_string();
-                }
-            }
-            panic!("budgetgate exited before listening");
-        })
-        .await
-        .expect("budgetgate did not start within 30 s");
-        // Keep draining stdout so the process never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { root, child }
-    }
-
-    /// `http://127.0.0.1:PORT/v1`
-    pub fn base_url(&self) -> String {
-        format!("{}/v1", self.root)
-    }
-
-    /// Sum of the samples of `metric` whose labels include every `labels`
-    /// pair, from the process's `GET /metrics`.
-    pub async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.root))
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
-        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
-            .expect("valid Prometheus text exposition");
-        super::sample_sum(&scrape, metric, labels)
-    }
-
-    /// SIGKILL: no shutdown, no settlement, no lease release.
-    pub async fn kill(mut self) {
-        let _ = self.child.kill().await;
-    }
 }

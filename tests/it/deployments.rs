@@ -2,11 +2,10 @@
 //! and fallback, Azure OpenAI). Two simulated upstreams A and B serve one
 //! model; the clock is frozen.
 
-mod common;
-
-use budgetgate::reserve::{BudgetName, BudgetStore, Scope};
-use common::mock_upstream::{self, Fault, MockUpstream};
-use common::*;
+use crate::support::legacy::*;
+use crate::support::mock_upstream::{self, Fault, MockUpstream};
+use crate::support::*;
+use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 /// Two deployments of `gpt-4o-mini` (A then B) and tenant `t1`.
