@@ -5,15 +5,21 @@
 //! the back-off never sleeps on the wall clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use budgetgate::clock::{Clock, SystemClock};
+use budgetgate::reservation::deny::DenyCachedStore;
+use budgetgate::reservation::tracker::settle_with_retry;
+use budgetgate::reservation::GatewayStore;
+use budgetgate::reserve::deny_cache::DenyCache;
+use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
-use budgetgate::server::settlement::settle_with_retry;
 
 /// A store whose first `failures` settle calls fail.
 struct FlakySettle {
@@ -47,6 +53,16 @@ impl BudgetStore for FlakySettle {
     }
 }
 
+/// `store` with the gateway's layers over it, as settlements see it.
+fn gateway(store: Arc<FlakySettle>) -> GatewayStore {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    GatewayStore::new(
+        DenyCachedStore::new(store, Arc::new(DenyCache::new()), clock.clone()),
+        Arc::new(MemoryStore::new(clock)),
+        1.0,
+    )
+}
+
 fn counter(name: &str) -> f64 {
     budgetgate::metrics::render()
         .lines()
@@ -67,20 +83,26 @@ async fn settlement_retries_and_failures_are_counted() {
     let failed = || counter("budgetgate_settlements_failed_total");
     let (r0, f0) = (retries(), failed());
 
-    let flaky = FlakySettle {
+    let flaky = Arc::new(FlakySettle {
         failures: 3,
         calls: AtomicUsize::new(0),
-    };
-    let got = settle_with_retry(&flaky, "r1", SETTLEMENT, Duration::from_secs(60)).await;
+    });
+    let got = settle_with_retry(&gateway(flaky), "r1", SETTLEMENT, Duration::from_secs(60)).await;
     assert_eq!(got, Some(SettleOutcome::AlreadySettled));
     assert_eq!(retries() - r0, 3.0);
     assert_eq!(failed() - f0, 0.0);
 
-    let down = FlakySettle {
+    let down = Arc::new(FlakySettle {
         failures: usize::MAX,
         calls: AtomicUsize::new(0),
-    };
-    let got = settle_with_retry(&down, "r2", SETTLEMENT, Duration::from_secs(1)).await;
+    });
+    let got = settle_with_retry(
+        &gateway(down.clone()),
+        "r2",
+        SETTLEMENT,
+        Duration::from_secs(1),
+    )
+    .await;
     assert_eq!(got, None);
     assert_eq!(failed() - f0, 1.0);
     let tries = down.calls.load(Ordering::SeqCst) as f64;
