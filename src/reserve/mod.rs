@@ -184,8 +184,8 @@ impl BudgetSpec {
 pub struct ReserveRequest {
     /// Gateway-generated reservation id (also the hold's name).
     pub id: String,
-    /// Estimated cost, tokens (input + reserved output).
-    pub tokens: u64,
+    /// What the reservation costs each budget.
+    pub costs: Costs,
     /// Budgets every candidate shares (tenant, key, tenant×model).
     pub common: Vec<BudgetSpec>,
     /// Upstream deployments in preference order, each with its own budgets;
@@ -199,6 +199,85 @@ pub struct ReserveRequest {
     /// Who asks: read by the gateway's store wrappers (deny cache, failure
     /// policy), ignored by the stores.
     pub requester: Arc<Requester>,
+}
+
+/// What a reservation costs each budget it touches, in each budget's own
+/// unit (tokens, requests; later micro-dollars).
+///
+/// Stores of contract v2 (today's memory and Redis stores) read only
+/// `tokens`: they debit it from every token budget and 1 from every
+/// request budget. `per_candidate` carries the amount of every spec, so
+/// that budgets may differ (input and output limits apart, dollars priced
+/// per deployment) once the stores read it (contract v3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Costs {
+    /// The common token amount of stores of contract v2: input + reserved output.
+    pub tokens: u64,
+    /// Per candidate, the amount of each spec debited when it is chosen:
+    /// `common` in order, then the candidate's own specs. A common spec may
+    /// cost differently per candidate (a price that depends on the
+    /// deployment). Empty: every spec costs [`BudgetSpec::cost`] of `tokens`.
+    pub per_candidate: Vec<Vec<u64>>,
+}
+
+impl Costs {
+    /// Every spec costs [`BudgetSpec::cost`] of `tokens`.
+    pub const fn tokens(tokens: u64) -> Self {
+        Self {
+            tokens,
+            per_candidate: Vec::new(),
+        }
+    }
+
+    /// The cost of `spec`, at `index` among the specs candidate `candidate`
+    /// debits (`common`, then its own).
+    pub fn of(&self, candidate: usize, index: usize, spec: &BudgetSpec) -> u64 {
+        self.per_candidate
+            .get(candidate)
+            .and_then(|row| row.get(index))
+            .copied()
+            .unwrap_or_else(|| spec.cost(self.tokens))
+    }
+}
+
+/// What an extension asks of each budget of a hold, in each budget's unit.
+/// Stores of contract v2 read only `tokens` (debited from every token
+/// budget of the hold).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Further output tokens.
+    pub tokens: u64,
+    /// The amount of each spec of the hold (`common`, then the chosen
+    /// candidate's), in order. Empty: `tokens` for token budgets, 0 for
+    /// request budgets.
+    pub per_spec: Vec<u64>,
+}
+
+impl Step {
+    /// `tokens` more output on every token budget.
+    pub const fn tokens(tokens: u64) -> Self {
+        Self {
+            tokens,
+            per_spec: Vec::new(),
+        }
+    }
+}
+
+/// What a settlement charges, beyond the common token amount.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Actual {
+    /// `actual_tokens` on every token budget (contract v2).
+    #[default]
+    Tokens,
+    /// The actual amount of each spec of the hold (`common`, then the
+    /// chosen candidate's), in order. Stores of contract v2 apply
+    /// `actual_tokens`, which the gateway sets to the same usage.
+    PerSpec(Vec<u64>),
+    /// Nothing was done for the request: refund every budget of the hold
+    /// (tokens and request counts) and free its slots (DESIGN section 13).
+    /// Stores of contract v2 refund the token budgets (as
+    /// `upstream_failed` with nothing used); request counts stay spent.
+    Void,
 }
 
 /// Who asks for a reservation: the labels of the decision metrics and what
@@ -344,13 +423,36 @@ pub enum RenewOutcome {
 }
 
 /// What to settle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// Tokens actually used (prompt + completion).
+    /// Tokens actually used (prompt + completion): the common token amount
+    /// of stores of contract v2.
     pub actual_tokens: u64,
     /// The upstream never accepted the work (connect error, 5xx, 429 before
     /// output): refund upstream budgets too, even where `refund_unused` is false.
     pub upstream_failed: bool,
+    /// The amount per budget, or `Void`.
+    pub actual: Actual,
+}
+
+impl Settlement {
+    /// What a store of contract v2 applies: the common token amount, and
+    /// `Void` as a refund of the token budgets with nothing used (request
+    /// counts stay spent).
+    pub fn as_v2(&self) -> Settlement {
+        match self.actual {
+            Actual::Void => Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+                actual: Actual::Void,
+            },
+            _ => Settlement {
+                actual_tokens: self.actual_tokens,
+                upstream_failed: self.upstream_failed,
+                actual: Actual::Tokens,
+            },
+        }
+    }
 }
 
 /// Result of [`BudgetStore::settle`].
@@ -395,16 +497,16 @@ pub enum StoreError {
 /// the first admission, a retried settle changes nothing.
 #[async_trait]
 pub trait BudgetStore: Send + Sync + 'static {
-    /// Reserves `req.tokens` atomically across `req.common` and the first
+    /// Reserves `req.costs` atomically across `req.common` and the first
     /// admitting candidate, all-or-nothing.
     async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError>;
-    /// Debits up to `tokens` more from every token budget of the hold: all
+    /// Debits up to `step` more from every token budget of the hold: all
     /// of it when every budget admits, else the largest amount all admit (≥ 1).
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError>;
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError>;
     /// Renews the hold's concurrency leases for another lease period.
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
     /// Settles the hold once: refunds or charges debt, frees slots.
-    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError>;
+    async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
     /// Lowers a token bucket (never raises it) so that at most `at_most`
