@@ -25,6 +25,7 @@ use crate::upstreams::UpstreamError;
 
 // Header names built at compile time: naming a header by a string at run
 // time searches the table of standard names on every use.
+/// The request id an OpenAI-compatible upstream answers with.
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_RESERVATION_ID: HeaderName = HeaderName::from_static("x-reservation-id");
 const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
@@ -161,7 +162,7 @@ pub async fn forward(
         resp.headers(),
     );
     let mut headers = rate_limit_headers(&admission.budgets);
-    put(&mut headers, X_REQUEST_ID, request_id);
+    put(&mut headers, cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
