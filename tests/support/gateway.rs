@@ -199,6 +199,11 @@ impl Gateway {
         self.remaining(Scope::Tenant("t1".into()), name).await
     }
 
+    /// How much of budget `name` of tenant `t1` is used (limit − remaining).
+    pub async fn t1_used(&self, name: BudgetName) -> u64 {
+        self.used(Scope::Tenant("t1".into()), name).await
+    }
+
     /// How much of budget `name` of `scope` is used (limit − remaining).
     pub async fn used(&self, scope: Scope, name: BudgetName) -> u64 {
         let s = self.budget(scope, name).await;
