@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::support::legacy::*;
-use crate::support::start_mock;
-use crate::support::GatewayProcess;
+use crate::support::config::{upstream, RawUpstream};
+use crate::support::*;
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -197,20 +196,24 @@ async fn every_metric_the_kit_reads_is_exported_by_a_freshly_started_gateway() {
 
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("gw.toml");
-    std::fs::write(
-        &cfg,
-        config(
-            &mock.base_url(),
-            50,
-            "rpm = 100, tpm = 10000, max_concurrent = 4, tokens_per_day = 100000",
-            &format!(
-                "model_limits = {{ \"gpt-4o-mini\" = {{ tpm = 5000 }} }}\n[[upstreams]]\nname = \"limited\"\nbase_url = \"{}\"\nlimits = {{ rpm = 60, tpm = 5000 }}\n",
-                mock.base_url()
-            ),
-        ),
-    )
-    .unwrap();
+    let mut config = TestConfig::standard(
+        &mock.base_url(),
+        50,
+        limits()
+            .rpm(100)
+            .tpm(10000)
+            .max_concurrent(4)
+            .tokens_per_day(100000),
+    );
+    config
+        .tenant("t1")
+        .model_limits
+        .insert("gpt-4o-mini".into(), limits().tpm(5000));
+    config.upstreams.push(RawUpstream {
+        limits: limits().rpm(60).tpm(5000),
+        ..upstream("limited", Kind::Openai, &mock.base_url())
+    });
+    let cfg = config.write(dir.path());
     let gw = GatewayProcess::start(&cfg, &[]).await;
     let text = reqwest::get(format!("{}/metrics", gw.root))
         .await

@@ -14,7 +14,6 @@
 pub mod config;
 pub mod gateway;
 pub mod http;
-pub mod legacy;
 #[path = "../../examples/mock_upstream.rs"]
 pub mod mock_upstream;
 pub mod process;
