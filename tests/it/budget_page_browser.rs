@@ -382,7 +382,7 @@ async fn the_budget_page_shows_the_demo_tenant_and_moves_after_traffic() {
 
 /// Writes `docs/budget-page.png` (the screenshot in docs/API.md) from the
 /// README's demo config after some traffic:
-/// `cargo test --all-features --test budget_page_browser -- --ignored`.
+/// `cargo test --test it budget_page_browser:: -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/budget-page.png; run by hand"]
 async fn screenshot_for_the_docs() {

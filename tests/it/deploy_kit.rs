@@ -7,7 +7,7 @@
 //! gateway, before any traffic.
 //!
 //! Regenerate the recording rules after editing the dashboard:
-//! `BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit`.
+//! `BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -66,8 +66,8 @@ fn slug(title: &str) -> String {
 
 fn recording_rules() -> String {
     let mut y = String::from(
-        "# Generated from deploy/grafana/budgetgate.json by tests/deploy_kit.rs; do not edit.\n\
-         # Regenerate: BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit\n\
+        "# Generated from deploy/grafana/budgetgate.json by tests/it/deploy_kit.rs; do not edit.\n\
+         # Regenerate: BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::\n\
          # Every dashboard expression as a recording rule (Grafana variables at \"all\",\n\
          # $__rate_interval as 5m), checked with `promtool check rules`.\n\
          groups:\n  - name: budgetgate-dashboard\n    interval: 30s\n    rules:\n",
@@ -93,7 +93,7 @@ fn the_recording_rules_file_is_generated_from_the_dashboard() {
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         have == want,
-        "{} is not what the dashboard generates; run BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit",
+        "{} is not what the dashboard generates; run BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::",
         path.display()
     );
     // One rule per dashboard query, names unique.

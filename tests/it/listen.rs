@@ -3,7 +3,7 @@
 //! second gateway started on a port a first one holds refuses to start,
 //! instead of silently taking half of the first one's clients.
 //!
-//! Run: `cargo test --test listen`.
+//! Run: `cargo test --test it listen::`.
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! the lease expires (`server.lease_secs = 2`), and a restarted gateway
 //! admits again.
 //!
-//! Run: `cargo test --test redis_crash -- --nocapture` (needs `redis-server`).
+//! Run: `cargo test --test it redis_crash:: -- --nocapture` (needs `redis-server`).
 
 use std::time::{Duration, Instant};
 

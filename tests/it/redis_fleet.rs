@@ -5,7 +5,7 @@
 //! exact integer units from the scripts' own records (each hold keeps the
 //! store's `now` and the amounts debited, extended and refunded).
 //!
-//! Run: `cargo test --test redis_fleet -- --nocapture` (needs `redis-server`;
+//! Run: `cargo test --test it redis_fleet:: -- --nocapture` (needs `redis-server`;
 //! prints admitted vs bound).
 
 use std::collections::{BTreeMap, HashSet};
