@@ -172,7 +172,7 @@ fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) 
     };
     ReserveRequest {
         id: format!("c{case}-r{id}"),
-        tokens,
+        costs: budgetgate::reserve::Costs::tokens(tokens),
         common,
         candidates,
         lease_micros: LEASE,
@@ -338,14 +338,14 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                             items.push(Settlement {
                                 actual_tokens: actual,
                                 upstream_failed: failed,
+                                actual: budgetgate::reserve::Actual::Tokens,
                             });
                         }
                     }
                     let redis =
-                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, *s)))
-                            .await;
+                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, s))).await;
                     for (j, ((id, s), r)) in ids.iter().zip(&items).zip(redis).enumerate() {
-                        let m = memory.settle(id, *s).await.expect("memory");
+                        let m = memory.settle(id, s).await.expect("memory");
                         seen(format!("wave {}", label(&format!("{m:?}"))));
                         prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
                     }
@@ -374,8 +374,15 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                 Op::Extend { id, tokens } => {
                     cached.remove(id);
                     let id = format!("c{case}-r{id}");
-                    let m = memory.extend(&id, *tokens).await.expect("memory");
-                    let r = f.redis.extend(&id, *tokens).await.expect("redis extend");
+                    let m = memory
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("memory");
+                    let r = f
+                        .redis
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("redis extend");
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
@@ -393,9 +400,10 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     let s = Settlement {
                         actual_tokens: *actual,
                         upstream_failed: *failed,
+                        actual: budgetgate::reserve::Actual::Tokens,
                     };
-                    let m = memory.settle(&id, s).await.expect("memory");
-                    let r = f.redis.settle(&id, s).await.expect("redis settle");
+                    let m = memory.settle(&id, &s).await.expect("memory");
+                    let r = f.redis.settle(&id, &s).await.expect("redis settle");
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }

@@ -5,17 +5,11 @@
 //! the back-off never sleeps on the wall clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use budgetgate::clock::{Clock, SystemClock};
-use budgetgate::reservation::deny::DenyCachedStore;
 use budgetgate::reservation::tracker::settle_with_retry;
-use budgetgate::reservation::GatewayStore;
-use budgetgate::reserve::deny_cache::DenyCache;
-use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
@@ -32,13 +26,17 @@ impl BudgetStore for FlakySettle {
     async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         unreachable!("only settle is called")
     }
-    async fn extend(&self, _: &str, _: u64) -> Result<ExtendOutcome, StoreError> {
+    async fn extend(
+        &self,
+        _: &str,
+        _: &budgetgate::reserve::Step,
+    ) -> Result<ExtendOutcome, StoreError> {
         unreachable!("only settle is called")
     }
     async fn renew(&self, _: &str) -> Result<RenewOutcome, StoreError> {
         unreachable!("only settle is called")
     }
-    async fn settle(&self, _: &str, _: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
             Err(StoreError::Unavailable("down".into()))
         } else {
@@ -53,16 +51,6 @@ impl BudgetStore for FlakySettle {
     }
 }
 
-/// `store` with the gateway's layers over it, as settlements see it.
-fn gateway(store: Arc<FlakySettle>) -> GatewayStore {
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    GatewayStore::new(
-        DenyCachedStore::new(store, Arc::new(DenyCache::new()), clock.clone()),
-        Arc::new(MemoryStore::new(clock)),
-        1.0,
-    )
-}
-
 fn counter(name: &str) -> f64 {
     budgetgate::metrics::render()
         .lines()
@@ -73,6 +61,7 @@ fn counter(name: &str) -> f64 {
 const SETTLEMENT: Settlement = Settlement {
     actual_tokens: 10,
     upstream_failed: false,
+    actual: budgetgate::reserve::Actual::Tokens,
 };
 
 /// One test: the counters are process-wide.
@@ -83,26 +72,20 @@ async fn settlement_retries_and_failures_are_counted() {
     let failed = || counter("budgetgate_settlements_failed_total");
     let (r0, f0) = (retries(), failed());
 
-    let flaky = Arc::new(FlakySettle {
+    let flaky = FlakySettle {
         failures: 3,
         calls: AtomicUsize::new(0),
-    });
-    let got = settle_with_retry(&gateway(flaky), "r1", SETTLEMENT, Duration::from_secs(60)).await;
+    };
+    let got = settle_with_retry(&flaky, "r1", SETTLEMENT, Duration::from_secs(60)).await;
     assert_eq!(got, Some(SettleOutcome::AlreadySettled));
     assert_eq!(retries() - r0, 3.0);
     assert_eq!(failed() - f0, 0.0);
 
-    let down = Arc::new(FlakySettle {
+    let down = FlakySettle {
         failures: usize::MAX,
         calls: AtomicUsize::new(0),
-    });
-    let got = settle_with_retry(
-        &gateway(down.clone()),
-        "r2",
-        SETTLEMENT,
-        Duration::from_secs(1),
-    )
-    .await;
+    };
+    let got = settle_with_retry(&down, "r2", SETTLEMENT, Duration::from_secs(1)).await;
     assert_eq!(got, None);
     assert_eq!(failed() - f0, 1.0);
     let tries = down.calls.load(Ordering::SeqCst) as f64;

@@ -5,6 +5,9 @@
 //!   backstop that settles on every exit path.
 //! - [`lease`]: one task renewing the leases of all live reservations; a
 //!   lease is released when its handle is dropped.
+//! - [`amounts`]: what a request costs each budget, at reserve, extend
+//!   and settle (one pure function of the usage breakdown).
+//! - [`plan`]: which budgets a request touches, from policy.
 //! - [`tracker`]: settlements as tracked tasks, drained at shutdown, and
 //!   the shutdown cutoff.
 //! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
@@ -14,10 +17,12 @@
 //! Nothing outside this module calls the raw budget store for a held
 //! reservation.
 
+pub mod amounts;
 pub mod deny;
 pub mod fail_open;
 pub mod held;
 pub mod lease;
+pub mod plan;
 pub mod tracker;
 
 pub use fail_open::GatewayStore;

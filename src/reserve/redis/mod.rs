@@ -52,9 +52,9 @@ use std::time::Duration;
 
 use redis::Script;
 
+use super::store_config::{StoreKind, StorePolicy};
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
-use crate::config::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
 use super::{BudgetSpec, StoreError};

@@ -1,0 +1,90 @@
+//! Phase 1, authenticate (DESIGN section 1.1): the client's key, from
+//! `Authorization: Bearer` or Azure's `api-key`, maps to a tenant and key.
+//! A request carrying two different keys is refused: which one would be
+//! charged is not the client's to leave open.
+
+use axum::http::{header, HeaderMap, HeaderName};
+
+use super::context::RequestContext;
+use crate::config::{KeyId, Policy, TenantId};
+use crate::dialects::KeyHeader;
+use crate::server::error::ApiError;
+
+/// The authenticated caller: tenant and key of the request's policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The key.
+    pub key: KeyId,
+}
+
+/// Authenticates the request and records the tenant for the final line.
+pub fn authenticate(cx: &mut RequestContext, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let caller = caller(&cx.policy, cx.dialect.key_headers(), headers)?;
+    cx.finish.tenant = Some(caller.tenant);
+    Ok(caller)
+}
+
+/// The caller that `headers` (the dialect's `key_headers`) name under `policy`.
+pub fn caller(
+    policy: &Policy,
+    key_headers: &[KeyHeader],
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
+    let key = presented_key(key_headers, headers)?.ok_or_else(|| {
+        // A credential header that is present but unreadable is a wrong key, not a missing one.
+        if key_headers.iter().any(|h| headers.contains_key(name(h))) {
+            ApiError::InvalidKey
+        } else {
+            ApiError::MissingKey
+        }
+    })?;
+    let (tenant, key) = policy.find_key(key).ok_or(ApiError::InvalidKey)?;
+    Ok(Caller { tenant, key })
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers, &header::AUTHORIZATION)
+}
+
+/// The credentials of a `<name>: Bearer <token>` header. The scheme is
+/// case-insensitive and followed by spaces or tabs (RFC 9110 section 11.1
+/// and 11.6.2; RFC 6750 section 2.1).
+fn bearer<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
+    let v = headers.get(name)?.to_str().ok()?.trim();
+    let (scheme, rest) = v.split_once([' ', '\t'])?;
+    let token = rest.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn name(h: &KeyHeader) -> &HeaderName {
+    match h {
+        KeyHeader::Bearer(n) | KeyHeader::Plain(n) => n,
+    }
+}
+
+/// The one key the request presents; two different keys are refused.
+fn presented_key<'h>(
+    key_headers: &[KeyHeader],
+    headers: &'h HeaderMap,
+) -> Result<Option<&'h str>, ApiError> {
+    let mut found: Option<&str> = None;
+    for h in key_headers {
+        let key = match h {
+            KeyHeader::Bearer(n) => bearer(headers, n),
+            KeyHeader::Plain(n) => headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|k| !k.is_empty()),
+        };
+        match (found, key) {
+            (Some(a), Some(b)) if a != b => return Err(ApiError::InvalidKey),
+            (None, Some(k)) => found = Some(k),
+            _ => {}
+        }
+    }
+    Ok(found)
+}
