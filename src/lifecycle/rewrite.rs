@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
-use crate::config::{ModelPolicy, UpstreamPolicy};
+use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
 use crate::dialects::Dialect;
 
 /// The body to send to `upstream`: model name, output cap (DESIGN
@@ -29,11 +29,7 @@ pub fn upstream_body(
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
     if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
-        let cap = match p.estimate.client_max_output {
-            Some(client) => client,
-            None if p.stream && !model.reasoning => model.max_output_tokens,
-            None => p.estimate.output_tokens_per_choice,
-        };
+        let cap = output_cap(p, model);
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         }
@@ -75,6 +71,36 @@ pub fn upstream_body(
     }
     out.push(b'}');
     Ok(out)
+}
+
+/// The output cap per choice sent upstream: the client's own cap, else
+/// the model's largest output for a stream (which extends its reservation
+/// as it grows), else the reserved output.
+pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
+    match p.estimate.client_max_output {
+        Some(client) => client,
+        None if p.stream && !model.reasoning => model.max_output_tokens,
+        None => p.estimate.output_tokens_per_choice,
+    }
+}
+
+/// The cap the gateway enforces on a stream of `upstream` (DESIGN section
+/// 11: the cap we send is the cap we enforce): the cap sent, for upstreams
+/// that may ignore it; `None` for `openai` and `azure` deployments, which
+/// honour it (the gateway never ends their streams before their finish)
+/// and for dialects without output.
+pub fn enforced_cap(
+    p: &Prepared,
+    model: &ModelPolicy,
+    dialect: Dialect,
+    upstream: &UpstreamPolicy,
+) -> Option<u64> {
+    match upstream.kind {
+        UpstreamKind::Openai | UpstreamKind::Azure => None,
+        UpstreamKind::SelfHosted => dialect
+            .cap_field(upstream.max_tokens_only)
+            .map(|_| output_cap(p, model)),
+    }
 }
 
 /// A JSON object's members in document order, each value as its raw

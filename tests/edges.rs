@@ -1,0 +1,296 @@
+//! The edges of issue 18: streams at the request's time limit and at the
+//! cap the gateway sent end with the dialect's clean cutoff (parsed by the
+//! official Python SDK without an exception) and settle what was
+//! delivered; a client that asked for usage gets the gateway's count when
+//! the upstream sends none; a whole answer over its cap settles as debt
+//! and is counted.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use budgetgate::reservation::plan;
+use budgetgate::reserve::{BudgetName, BudgetSpec};
+use budgetgate::server::AppState;
+use common::mock_upstream::Fault;
+use common::*;
+use serde_json::{json, Value};
+
+/// One deployment `mock` of `kind`, model `gpt-4o-mini` with `max_output`,
+/// tenant t1 with a large daily quota (to read what was settled).
+fn edge_config(upstream: &str, kind: &str, max_output: u64, server_extra: &str) -> String {
+    named_config(upstream, "mock", kind, max_output, server_extra)
+}
+
+/// [`edge_config`] with the deployment named `name` (metrics are global to
+/// the test process: each metric test has its own deployment).
+fn named_config(
+    upstream: &str,
+    name: &str,
+    kind: &str,
+    max_output: u64,
+    server_extra: &str,
+) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+{server_extra}
+[estimation]
+stream_extension_step = 64
+[[upstreams]]
+name = "{name}"
+kind = "{kind}"
+base_url = "{upstream}"
+[[models]]
+name = "gpt-4o-mini"
+upstreams = ["{name}"]
+encoding = "o200k_base"
+default_max_output_tokens = 32
+max_output_tokens = {max_output}
+[[tenants]]
+name = "t1"
+{key}
+limits = {{ tokens_per_day = 10000000 }}
+"#,
+        key = key_line()
+    )
+}
+
+/// Tokens used from tenant t1's `tokens_per_day` quota.
+fn quota_used(gw: &Gateway) -> u64 {
+    let policy = gw.state.policy.load_full();
+    let ks = AppState::key_space(&policy);
+    let (tenant, key) = policy.authenticate(KEY).expect("test key");
+    let model = policy.model("gpt-4o-mini").expect("model");
+    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
+        .into_iter()
+        .filter(|s| s.name == BudgetName::TokensPerDay)
+        .collect();
+    let state = gw.store.inspect_sync(&specs).pop().expect("tokens_per_day");
+    (state.limit as i64 - state.remaining) as u64
+}
+
+/// Waits until every hold is settled and every settlement task has run.
+async fn all_settled(gw: &Gateway) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gw.store.live_holds() > 0 {
+        assert!(Instant::now() < deadline, "a stream never settled");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gw.settled().await;
+}
+
+fn messages() -> Value {
+    json!([{"role": "user", "content": "Tell a very long story."}])
+}
+
+fn input_tokens() -> u64 {
+    chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages()}))
+}
+
+async fn sdk_stream(gw: &Gateway, kwargs: &Value) -> Value {
+    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
+        .await
+        .json()
+}
+
+fn deltas(r: &Value) -> u64 {
+    r["deltas"]["0"].as_u64().unwrap_or(0)
+}
+
+async fn over_cap_count(gw: &Gateway, deployment: &str, response: &str) -> f64 {
+    let text = gw.metrics_text().await;
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("metrics parse");
+    sample_sum(
+        &scrape,
+        "budgetgate_output_over_cap_total",
+        &[("deployment", deployment), ("response", response)],
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Finding 1: the request's time limit
+// ---------------------------------------------------------------------------
+
+async fn time_limit_case(client_usage: bool) {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1000);
+    mock.state.set_token_delay(Duration::from_millis(20));
+    let gw = start_gateway(&edge_config(
+        &mock.base_url(),
+        "self_hosted",
+        4096,
+        "max_request_secs = 2",
+    ))
+    .await;
+    let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages()});
+    if client_usage {
+        kwargs["stream_options"] = json!({"include_usage": true});
+    }
+    let started = Instant::now();
+    let r = sdk_stream(&gw, &kwargs).await;
+    let took = started.elapsed();
+    assert!(
+        r["error"].is_null(),
+        "the SDK parsed the time-limit cutoff without an exception: {r}"
+    );
+    assert_eq!(r["finish"]["0"], "length", "clean cutoff: {r}");
+    let delivered = deltas(&r);
+    // 20 ms per token: about 100 tokens in the 2 s the request may take.
+    assert!(
+        delivered > 10 && delivered < 150,
+        "ended at the 2 s limit: {delivered} tokens in {took:?}"
+    );
+    if client_usage {
+        assert_eq!(r["usage_chunks"], 1, "{r}");
+        assert_eq!(r["usage"]["completion_tokens"], delivered, "{r}");
+    } else {
+        assert_eq!(r["usage_chunks"], 0, "{r}");
+    }
+    all_settled(&gw).await;
+    assert_eq!(
+        quota_used(&gw),
+        input_tokens() + delivered,
+        "settled what was delivered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_at_max_request_secs_ends_with_the_clean_cutoff() {
+    time_limit_case(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_at_max_request_secs_ends_with_the_clean_cutoff_and_usage_when_asked() {
+    time_limit_case(true).await;
+}
+
+// ---------------------------------------------------------------------------
+// Finding 5: usage for clients that asked
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_sends_none() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(40);
+    mock.state.set_fault(Some(Fault::MissingUsage));
+    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let r = sdk_stream(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "messages": messages(),
+                "stream_options": {"include_usage": true}}),
+    )
+    .await;
+    assert!(r["error"].is_null(), "{r}");
+    assert_eq!(r["finish"]["0"], "stop", "{r}");
+    assert_eq!(r["usage_chunks"], 1, "one usage chunk, the gateway's: {r}");
+    assert_eq!(r["usage"]["completion_tokens"], 40, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], input_tokens(), "{r}");
+    assert_eq!(r["usage"]["total_tokens"], input_tokens() + 40, "{r}");
+    // A client that did not ask still gets none.
+    let r = sdk_stream(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "messages": messages()}),
+    )
+    .await;
+    assert_eq!(r["usage_chunks"], 0, "{r}");
+    all_settled(&gw).await;
+    assert_eq!(quota_used(&gw), 2 * (input_tokens() + 40));
+}
+
+// ---------------------------------------------------------------------------
+// Finding 6: the cap we send is the cap we enforce
+// ---------------------------------------------------------------------------
+
+/// An upstream that reads only `max_tokens` (llama.cpp's server) gets
+/// `max_completion_tokens` and streams past it.
+async fn over_cap_case(
+    name: &str,
+    kind: &str,
+    client_cap: Option<u64>,
+    model_max: u64,
+) -> (Value, Gateway) {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(400);
+    mock.state.set_fault(Some(Fault::MaxTokensOnly));
+    let gw = start_gateway(&named_config(&mock.base_url(), name, kind, model_max, "")).await;
+    let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages(),
+                            "stream_options": {"include_usage": true}});
+    if let Some(cap) = client_cap {
+        kwargs["max_completion_tokens"] = json!(cap);
+    }
+    let r = sdk_stream(&gw, &kwargs).await;
+    assert!(
+        r["error"].is_null(),
+        "the SDK parsed the stream without an exception: {r}"
+    );
+    all_settled(&gw).await;
+    let sent = &mock.state.requests()[0].body;
+    assert!(
+        sent.get("max_tokens").is_none(),
+        "the cap went as max_completion_tokens"
+    );
+    (r, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance() {
+    let (r, gw) = over_cap_case("capped", "self_hosted", Some(100), 4096).await;
+    // Tolerance max(2 % of 100, one delta of 1 token) = 2.
+    assert_eq!(deltas(&r), 102, "cut off at cap + tolerance: {r}");
+    assert_eq!(r["finish"]["0"], "length", "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 102, "{r}");
+    assert_eq!(quota_used(&gw), input_tokens() + 102);
+    assert_eq!(over_cap_count(&gw, "capped", "stream_cut_off").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream() {
+    let (r, gw) = over_cap_case("uncapped", "self_hosted", None, 200).await;
+    // The gateway sent max_completion_tokens = 200; tolerance 4.
+    assert_eq!(deltas(&r), 204, "{r}");
+    assert_eq!(r["finish"]["0"], "length", "{r}");
+    assert_eq!(quota_used(&gw), input_tokens() + 204);
+    assert_eq!(over_cap_count(&gw, "uncapped", "stream_cut_off").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_streams_are_never_cut_before_the_upstreams_finish() {
+    let (r, gw) = over_cap_case("trusted", "openai", Some(100), 4096).await;
+    assert_eq!(deltas(&r), 400, "{r}");
+    assert_eq!(r["finish"]["0"], "stop", "{r}");
+    assert_eq!(quota_used(&gw), input_tokens() + 400, "the excess is debt");
+    assert_eq!(over_cap_count(&gw, "trusted", "stream_cut_off").await, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(120);
+    mock.state.set_fault(Some(Fault::MaxTokensOnly));
+    let gw = start_gateway(&named_config(
+        &mock.base_url(),
+        "debtor",
+        "self_hosted",
+        4096,
+        "",
+    ))
+    .await;
+    let resp = reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "gpt-4o-mini", "messages": messages(), "max_completion_tokens": 50}))
+        .send()
+        .await
+        .expect("gateway");
+    assert_eq!(resp.status(), 200);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["usage"]["completion_tokens"], 120);
+    all_settled(&gw).await;
+    assert_eq!(
+        quota_used(&gw),
+        body["usage"]["total_tokens"].as_u64().unwrap()
+    );
+    assert_eq!(over_cap_count(&gw, "debtor", "answer_debt").await, 1.0);
+}
