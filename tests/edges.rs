@@ -47,6 +47,10 @@ upstreams = ["{name}"]
 encoding = "o200k_base"
 default_max_output_tokens = 32
 max_output_tokens = {max_output}
+[[models]]
+name = "text-embedding-3-small"
+upstreams = ["{name}"]
+encoding = "cl100k_base"
 [[tenants]]
 name = "t1"
 {key}
@@ -293,4 +297,187 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
         body["usage"]["total_tokens"].as_u64().unwrap()
     );
     assert_eq!(over_cap_count(&gw, "debtor", "answer_debt").await, 1.0);
+}
+
+// ---------------------------------------------------------------------------
+// Finding 3: credentials are never forwarded
+// ---------------------------------------------------------------------------
+
+/// A config whose deployment forwards `forward` (and `credentials`, TOML arrays).
+fn forwarding_config(upstream: &str, forward: &str, credentials: &str) -> String {
+    edge_config(upstream, "self_hosted", 4096, "").replace(
+        "base_url = ",
+        &format!(
+            "forward_client_headers = {forward}\nforward_credential_headers = {credentials}\nbase_url = "
+        ),
+    )
+}
+
+fn load_error(toml: &str) -> String {
+    match budgetgate::config::Policy::from_toml(toml) {
+        Ok(_) => panic!("config accepted: {toml}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
+    let base = "http://127.0.0.1:9";
+    for h in [
+        "x-api-key",
+        "X-Goog-Api-Key",
+        "ocp-apim-subscription-key",
+        "x-amz-security-token",
+        "proxy-authorization",
+        "cookie",
+        "x-custom-token",
+        "x-vendor-secret",
+        "x-partner-key",
+    ] {
+        let e = load_error(&forwarding_config(base, &format!("[\"{h}\"]"), "[]"));
+        assert!(
+            e.contains(&format!("{:?}", h.to_ascii_lowercase())),
+            "names the header: {e}"
+        );
+        assert!(
+            e.contains("forward_credential_headers"),
+            "names the explicit list: {e}"
+        );
+        // Named in the explicit list too, it is accepted.
+        budgetgate::config::Policy::from_toml(&forwarding_config(
+            base,
+            &format!("[\"{h}\"]"),
+            &format!("[\"{h}\"]"),
+        ))
+        .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
+    }
+    // The key's own headers and the gateway's are refused in either list.
+    for h in [
+        "authorization",
+        "Api-Key",
+        "x-request-id",
+        "host",
+        "content-encoding",
+    ] {
+        let e = load_error(&forwarding_config(
+            base,
+            &format!("[\"{h}\"]"),
+            &format!("[\"{h}\"]"),
+        ));
+        assert!(e.contains("cannot be forwarded"), "{h}: {e}");
+    }
+    // A credential list entry that is not forwarded is a mistake.
+    let e = load_error(&forwarding_config(base, "[]", "[\"x-api-key\"]"));
+    assert!(e.contains("not in"), "{e}");
+    // Ordinary headers pass.
+    budgetgate::config::Policy::from_toml(&forwarding_config(
+        base,
+        "[\"openai-organization\", \"OpenAI-Project\"]",
+        "[]",
+    ))
+    .expect("ordinary headers");
+}
+
+#[test]
+fn check_config_names_the_credential_header_and_the_explicit_list() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("forward.toml");
+    std::fs::write(
+        &path,
+        forwarding_config("http://127.0.0.1:9", "[\"x-api-key\"]", "[]"),
+    )
+    .expect("write");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("run budgetgate");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "check-config failed: {all}");
+    assert!(all.contains("\"x-api-key\""), "{all}");
+    assert!(all.contains("forward_credential_headers"), "{all}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_credential_reaches_the_upstream_on_any_route() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(4);
+    let gw = start_gateway(&forwarding_config(
+        &mock.base_url(),
+        "[\"openai-organization\", \"x-api-key\"]",
+        "[\"x-api-key\"]",
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let chat = json!({"model": "gpt-4o-mini", "messages": messages()});
+    let stream = json!({"model": "gpt-4o-mini", "messages": messages(), "stream": true});
+    let completion = json!({"model": "gpt-4o-mini", "prompt": "Say hi"});
+    let embedding = json!({"model": "text-embedding-3-small", "input": "hi"});
+    let root = gw.root_url();
+    let routes = [
+        ("/v1/chat/completions", &chat),
+        ("/v1/chat/completions", &stream),
+        ("/v1/completions", &completion),
+        ("/v1/embeddings", &embedding),
+        ("/openai/deployments/gpt-4o-mini/chat/completions", &chat),
+        ("/openai/deployments/gpt-4o-mini/completions", &completion),
+        (
+            "/openai/deployments/text-embedding-3-small/embeddings",
+            &embedding,
+        ),
+    ];
+    // The key as Bearer, as `api-key`, and sent again as `x-api-key`
+    // (forwardable by config, but never when it holds the gateway key).
+    for (path, body) in routes {
+        for auth in ["bearer", "api-key"] {
+            let mut req = client
+                .post(format!("{root}{path}"))
+                .header("openai-organization", "org-1")
+                .header("x-api-key", KEY)
+                .json(body);
+            req = if auth == "bearer" {
+                req.bearer_auth(KEY)
+            } else {
+                req.header("api-key", KEY)
+            };
+            let resp = req.send().await.expect("gateway");
+            assert_eq!(resp.status(), 200, "{path} ({auth})");
+            resp.bytes().await.expect("body");
+        }
+    }
+    // A different x-api-key (a credential of another service, explicitly allowed) is forwarded.
+    let resp = client
+        .post(format!("{root}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-api-key", "partner-credential")
+        .json(&chat)
+        .send()
+        .await
+        .expect("gateway");
+    assert_eq!(resp.status(), 200);
+    let log = mock.state.requests();
+    assert_eq!(log.len(), 2 * routes.len() + 1);
+    for r in &log {
+        for (name, value) in &r.headers {
+            assert!(
+                !value.contains(KEY),
+                "{} {}: header {name} carries the client's gateway key",
+                r.method,
+                r.path
+            );
+            assert!(name != "api-key", "{}: no api-key upstream", r.path);
+        }
+    }
+    for r in &log[..log.len() - 1] {
+        assert_eq!(r.header("openai-organization"), Some("org-1"), "{}", r.path);
+    }
+    assert_eq!(
+        log.last().unwrap().header("x-api-key"),
+        Some("partner-credential")
+    );
+    assert!(log[0].header("x-api-key").is_none());
 }

@@ -29,7 +29,7 @@ pub fn authenticate(cx: &mut RequestContext, headers: &HeaderMap) -> Result<Call
 
 /// The caller a request's headers name under `policy`.
 pub fn caller(policy: &Policy, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let key = presented_key(headers)?.ok_or_else(|| {
+    let key = one_key(headers)?.ok_or_else(|| {
         // A credential header that is present but unreadable is a wrong key, not a missing one.
         if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(API_KEY) {
             ApiError::InvalidKey
@@ -51,8 +51,14 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// The client's gateway key, if the request presents one (for the
+/// forward phase, which never sends it upstream).
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    one_key(headers).ok().flatten()
+}
+
 /// The one key the request presents; two different keys are refused.
-fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+fn one_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     let api_key = headers
         .get(API_KEY)
         .and_then(|v| v.to_str().ok())
