@@ -481,3 +481,139 @@ async fn no_client_credential_reaches_the_upstream_on_any_route() {
     );
     assert!(log[0].header("x-api-key").is_none());
 }
+
+// ---------------------------------------------------------------------------
+// Finding 2: both header families on every refusal
+// ---------------------------------------------------------------------------
+
+fn limits_config(upstream: &str, limits: &str) -> String {
+    edge_config(upstream, "self_hosted", 4096, "").replace(
+        "limits = { tokens_per_day = 10000000 }",
+        &format!("limits = {{ {limits} }}"),
+    )
+}
+
+async fn chat_status(gw: &Gateway, max_tokens: u64) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "gpt-4o-mini", "messages": messages(), "max_tokens": max_tokens}))
+        .send()
+        .await
+        .expect("gateway")
+}
+
+/// Asserts a 429 carries both `x-ratelimit-*` families and IETF members
+/// for the tenant's RPM and TPM; returns the response's headers.
+fn assert_both_families(resp: &reqwest::Response, rpm: u64, tpm: u64, what: &str) {
+    assert_eq!(resp.status(), 429, "{what}");
+    let h = resp.headers();
+    let get = |n: &str| {
+        h.get(n)
+            .unwrap_or_else(|| panic!("{what}: no {n} header: {h:?}"))
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(get("x-ratelimit-limit-requests"), rpm.to_string(), "{what}");
+    assert_eq!(get("x-ratelimit-limit-tokens"), tpm.to_string(), "{what}");
+    for n in [
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-reset-tokens",
+    ] {
+        get(n);
+    }
+    let policy = get("ratelimit-policy");
+    assert!(
+        policy.contains(&format!("\"tenant-rpm\";q={rpm};w=60")),
+        "{what}: {policy}"
+    );
+    assert!(
+        policy.contains(&format!("\"tenant-tpm\";q={tpm};w=60")),
+        "{what}: {policy}"
+    );
+    let values = get("ratelimit");
+    assert!(
+        values.contains("\"tenant-rpm\";r=") && values.contains("\"tenant-tpm\";r="),
+        "{what}: {values}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_only_their_own() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(600);
+    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 1000, rpm = 100")).await;
+    let first = chat_status(&gw, 600).await;
+    assert_eq!(first.status(), 200);
+    first.bytes().await.unwrap();
+    all_settled(&gw).await;
+    // About 620 of 1000 tokens spent: another 600 does not fit (the store refuses).
+    let refused = chat_status(&gw, 600).await;
+    assert_both_families(&refused, 100, 1000, "TPM refusal from the store");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "tokens", "{body}");
+    // The same again is refused by the deny cache: its own family only.
+    let cached = chat_status(&gw, 600).await;
+    assert_eq!(cached.status(), 429);
+    let h = cached.headers();
+    assert_eq!(h["x-ratelimit-limit-tokens"], "1000");
+    assert!(h.get("x-ratelimit-limit-requests").is_none(), "{h:?}");
+    assert_eq!(mock.state.request_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_refusals_carry_the_token_family_too() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(5);
+    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 50000, rpm = 1")).await;
+    let first = chat_status(&gw, 10).await;
+    assert_eq!(first.status(), 200);
+    first.bytes().await.unwrap();
+    let refused = chat_status(&gw, 10).await;
+    assert_both_families(&refused, 1, 50000, "RPM refusal");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "requests", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_and_concurrency_refusals_carry_both_families() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(5);
+    let gw = start_gateway(&limits_config(
+        &mock.base_url(),
+        "tpm = 1000, rpm = 100, max_concurrent = 1",
+    ))
+    .await;
+    // Larger than the TPM capacity: impossible.
+    let refused = chat_status(&gw, 2000).await;
+    assert_both_families(&refused, 100, 1000, "impossible refusal");
+    assert_eq!(refused.headers()["x-should-retry"], "false");
+    // One request held upstream; a second finds no slot.
+    mock.state.hold();
+    let held = {
+        let gw_url = gw.base_url();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{gw_url}/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&json!({"model": "gpt-4o-mini", "messages": messages(), "max_tokens": 5}))
+                .send()
+                .await
+                .map(|r| r.status())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mock.state.held_count() == 0 {
+        assert!(Instant::now() < deadline, "the first request never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refused = chat_status(&gw, 5).await;
+    assert_both_families(&refused, 100, 1000, "concurrency refusal");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "concurrency", "{body}");
+    mock.state.release();
+    assert_eq!(held.await.unwrap().unwrap(), 200);
+}

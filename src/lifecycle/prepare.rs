@@ -54,16 +54,28 @@ pub async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let bytes = read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
+    let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
-        parse(&cx.st, &cx.policy, dialect, caller, bytes, path_model)?
+        parse(&cx.st, &cx.policy, dialect, caller, bytes, path_model)
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
         let job = move || parse(&st, &policy, dialect, caller, bytes, path_model);
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
-        })??
+        })?
     };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            if matches!(e, ApiError::Impossible(_)) {
+                // The rate-limit headers of the refusal describe the request's budgets.
+                cx.plan = plan_of(cx, caller, &unparsed, azure_model);
+            }
+            return Err(e);
+        }
+    };
+    cx.plan = Some(prepared.plan.clone());
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     Ok(prepared)
@@ -89,6 +101,26 @@ async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Byte
             invalid(None, "The request body could not be read.")
         }
     })
+}
+
+/// The budget plan of a body whose estimate was refused (its model is
+/// known: estimation comes after the model lookup).
+fn plan_of(
+    cx: &RequestContext,
+    caller: Caller,
+    raw: &[u8],
+    path_model: Option<String>,
+) -> Option<Arc<BudgetPlan>> {
+    #[derive(serde::Deserialize)]
+    struct ModelOnly {
+        model: Option<String>,
+    }
+    let model = match path_model {
+        Some(m) => m,
+        None => serde_json::from_slice::<ModelOnly>(raw).ok()?.model?,
+    };
+    let id = cx.policy.model_id(&model)?;
+    Some(cx.st.budget_plan(&cx.policy, caller.tenant, caller.key, id))
 }
 
 /// A 400 `invalid_request_error`.
