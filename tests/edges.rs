@@ -617,3 +617,125 @@ async fn impossible_and_concurrency_refusals_carry_both_families() {
     mock.state.release();
     assert_eq!(held.await.unwrap().unwrap(), 200);
 }
+
+// ---------------------------------------------------------------------------
+// Finding 4: compressed request bodies
+// ---------------------------------------------------------------------------
+
+/// `n` pseudo-random lower-case letters (xorshift): gzip makes them about
+/// 60 % of their size.
+fn letters(n: usize, mut seed: u64) -> String {
+    (0..n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (b'a' + (seed % 26) as u8) as char
+        })
+        .collect()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn zlib(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+async fn post_encoded(gw: &Gateway, encoding: &str, body: Vec<u8>) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .header("content-encoding", encoding)
+        .body(body)
+        .send()
+        .await
+        .expect("gateway")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_bytes() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(3);
+    // No upstream usage: the settlement is the gateway's estimate of the
+    // prompt plus its count of the output.
+    mock.state.set_fault(Some(Fault::MissingUsage));
+    let gw = start_gateway(&edge_config(
+        &mock.base_url(),
+        "self_hosted",
+        4096,
+        "max_body_bytes = 4194304",
+    ))
+    .await;
+
+    // 3 MB of gzip that decodes to 5 MB: over the 4 MiB cap once decoded.
+    let big = json!({"model": "gpt-4o-mini",
+                     "messages": [{"role": "user", "content": letters(5_000_000, 7)}]});
+    let packed = gzip(big.to_string().as_bytes());
+    assert!(
+        (2_500_000..4_194_304).contains(&packed.len()),
+        "about 3 MB compressed: {}",
+        packed.len()
+    );
+    let resp = post_encoded(&gw, "gzip", packed).await;
+    assert_eq!(resp.status(), 413);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "request_too_large", "{body}");
+    assert_eq!(mock.state.request_count(), 0);
+
+    // One that decodes to 1 MB is answered and estimated on the decoded bytes.
+    let text = letters(1_000_000, 11);
+    let small = json!({"model": "gpt-4o-mini",
+                       "messages": [{"role": "user", "content": text}], "max_tokens": 3});
+    let resp = post_encoded(&gw, "GZip", gzip(small.to_string().as_bytes())).await;
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+    all_settled(&gw).await;
+    assert_eq!(quota_used(&gw), chat_input_tokens(&small) + 3);
+    let sent = &mock.state.requests()[0];
+    assert!(sent.header("content-encoding").is_none());
+    assert_eq!(sent.body["messages"][0]["content"], text.as_str());
+
+    // deflate (zlib) too.
+    let resp = post_encoded(&gw, "deflate", zlib(small.to_string().as_bytes())).await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_stacked_and_corrupt_encodings_get_the_dialects_error_body() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let plain = json!({"model": "gpt-4o-mini", "messages": messages()}).to_string();
+    for (encoding, body, status, code) in [
+        (
+            "compress",
+            plain.clone().into_bytes(),
+            415,
+            "unsupported_content_encoding",
+        ),
+        (
+            "gzip, gzip",
+            gzip(&gzip(plain.as_bytes())),
+            415,
+            "unsupported_content_encoding",
+        ),
+        ("gzip", b"not gzip at all".to_vec(), 400, ""),
+    ] {
+        let resp = post_encoded(&gw, encoding, body).await;
+        assert_eq!(resp.status(), status, "{encoding}");
+        let body: Value = resp.json().await.expect("a JSON error body");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+        if !code.is_empty() {
+            assert_eq!(body["error"]["code"], code, "{body}");
+        }
+    }
+    assert_eq!(mock.state.request_count(), 0);
+}

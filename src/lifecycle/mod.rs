@@ -19,6 +19,7 @@
 pub mod admit;
 pub mod authenticate;
 pub mod context;
+pub mod decode;
 pub mod finish;
 pub mod forward;
 pub mod meter;
