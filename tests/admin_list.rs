@@ -4,11 +4,12 @@
 //! its assets are served with their Content-Security-Policy only while the
 //! admin API is enabled.
 
-mod common;
+mod support;
 
 use serde_json::Value;
 
-use common::{config, start_gateway, start_mock, Gateway, KEY};
+use support::legacy::*;
+use support::{start_mock, Endpoint, Gateway, KEY};
 
 const TOKEN: &str = "list-admin-token";
 
@@ -32,7 +33,7 @@ fn names(page: &Value) -> Vec<&str> {
 fn inspect_calls(metrics: &str) -> f64 {
     let scrape =
         prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).unwrap();
-    common::sample_sum(
+    support::sample_sum(
         &scrape,
         "budgetgate_store_call_seconds_count",
         &[("op", "inspect")],

@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::admit::HoldBudgets;
 use super::context::RequestContext;
 use super::finish::Outcome;
 use super::forward::{refund, Answer};
@@ -19,7 +20,7 @@ use super::rewrite::{enforced_cap, output_cap};
 use super::settle::settle;
 use crate::dialects::UsageBreakdown;
 use crate::metrics;
-use crate::reservation::HeldReservation;
+use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::ExtendOutcome;
 use crate::server::error::ApiError;
 use crate::upstreams::relay::{self, ExtendPlan, Extension, Meter, StreamProcessor};
@@ -46,6 +47,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         hold,
         response,
         headers,
+        budgets,
     } = answer;
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
@@ -80,7 +82,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             cx.dialect.count_answer_output(&parsed, encoding)
         });
     count_over_cap(cx, request, &used);
-    let settled = settle(hold, used);
+    let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -116,6 +118,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         hold,
         response: upstream,
         headers,
+        budgets,
     } = answer;
     let model = cx.policy.model_at(request.model);
     let estimate = &request.estimate;
@@ -147,7 +150,8 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let finish = cx.finish.hand_off();
     tokio::spawn(async move {
         metrics::active_streams(1.0);
-        let summary = relay::run(upstream, proc, hold, plan, tx).await;
+        let meter = StreamMeter { hold, budgets };
+        let summary = relay::run(upstream, proc, meter, plan, tx).await;
         metrics::active_streams(-1.0);
         finish.write(Outcome::Streamed(&summary));
     });
@@ -176,14 +180,21 @@ struct Whole<'a> {
     usage: Option<&'a RawValue>,
 }
 
-/// The stream relay meters through the held reservation.
-impl Meter for HeldReservation {
+/// What the stream relay meters through: the held reservation and the
+/// budgets it debited (for the amounts per budget).
+struct StreamMeter {
+    hold: HeldReservation,
+    budgets: HoldBudgets,
+}
+
+impl Meter for StreamMeter {
     fn id(&self) -> &str {
-        HeldReservation::id(self)
+        self.hold.id()
     }
 
     async fn extend(&mut self, tokens: u64) -> Extension {
-        match HeldReservation::extend(self, tokens).await {
+        let step = amounts::extension_step(tokens, self.budgets.specs());
+        match self.hold.extend(&step).await {
             Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
                 Extension::Granted(granted)
             }
@@ -196,10 +207,10 @@ impl Meter for HeldReservation {
     }
 
     async fn shutdown(&self) {
-        self.shutdown_cutoff().await
+        self.hold.shutdown_cutoff().await
     }
 
     fn settle(self, used: UsageBreakdown) -> u64 {
-        settle(self, used)
+        settle(self.hold, &self.budgets, used)
     }
 }

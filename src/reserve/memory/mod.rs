@@ -15,7 +15,7 @@ use async_trait::async_trait;
 
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
-    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
     StoreError,
 };
 use crate::clock::Clock;
@@ -330,16 +330,16 @@ impl BudgetStore for MemoryStore {
         Ok(self.reserve_sync(req))
     }
 
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        Ok(self.extend_sync(id, tokens))
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        Ok(self.extend_sync(id, step.tokens))
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
         Ok(self.renew_sync(id))
     }
 
-    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError> {
-        Ok(self.settle_sync(id, settlement))
+    async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError> {
+        Ok(self.settle_sync(id, settlement.as_v2()))
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
