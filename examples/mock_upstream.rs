@@ -26,7 +26,9 @@
 //!   `cl100k_base`, and one streamed delta carries exactly one token.
 //! * Prompt tokens are counted with the mock's own code, following OpenAI's
 //!   published rule (3 tokens per message, +1 per `name`, +3 reply priming).
-//! * Every request is recorded in [`MockState`] before any hold or fault logic.
+//! * Every request is recorded in [`MockState`] before any hold or fault logic;
+//!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
+//!   as one JSON line (method, path, query, every header): the request log.
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
