@@ -6,80 +6,26 @@
 //! and is counted.
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
-use budgetgate::reservation::plan;
-use budgetgate::reserve::{BudgetName, BudgetSpec};
-use budgetgate::server::AppState;
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
 
 /// One deployment `mock` of `kind`, model `gpt-4o-mini` with `max_output`,
 /// tenant t1 with a large daily quota (to read what was settled).
-fn edge_config(upstream: &str, kind: &str, max_output: u64, server_extra: &str) -> String {
-    named_config(upstream, "mock", kind, max_output, server_extra)
+fn edge_config(upstream: &str, kind: Kind, max_output: u64) -> TestConfig {
+    named_config(upstream, "mock", kind, max_output)
 }
 
 /// [`edge_config`] with the deployment named `name` (metrics are global to
 /// the test process: each metric test has its own deployment).
-fn named_config(
-    upstream: &str,
-    name: &str,
-    kind: &str,
-    max_output: u64,
-    server_extra: &str,
-) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-{server_extra}
-[estimation]
-stream_extension_step = 64
-[[upstreams]]
-name = "{name}"
-kind = "{kind}"
-base_url = "{upstream}"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["{name}"]
-encoding = "o200k_base"
-default_max_output_tokens = 32
-max_output_tokens = {max_output}
-[[models]]
-name = "text-embedding-3-small"
-upstreams = ["{name}"]
-encoding = "cl100k_base"
-[[tenants]]
-name = "t1"
-{key}
-limits = {{ tokens_per_day = 10000000 }}
-"#,
-        key = key_line()
-    )
-}
-
-/// Tokens used from tenant t1's `tokens_per_day` quota.
-fn quota_used(gw: &Gateway) -> u64 {
-    let policy = gw.state.policy.load_full();
-    let ks = AppState::key_space(&policy);
-    let (tenant, key) = policy.authenticate(KEY).expect("test key");
-    let model = policy.model("gpt-4o-mini").expect("model");
-    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
-        .into_iter()
-        .filter(|s| s.name == BudgetName::TokensPerDay)
-        .collect();
-    let state = gw
-        .memory()
-        .inspect_sync(&specs)
-        .pop()
-        .expect("tokens_per_day");
-    (state.limit as i64 - state.remaining) as u64
-}
-
-/// Waits until every hold is settled and every settlement task has run.
-async fn all_settled(gw: &Gateway) {
-    gw.all_settled().await;
+fn named_config(upstream: &str, name: &str, kind: Kind, max_output: u64) -> TestConfig {
+    let mut config = TestConfig::standard(upstream, 32, limits().tokens_per_day(10000000));
+    config.estimation.stream_extension_step = Some(64);
+    config.model("gpt-4o-mini").max_output_tokens = Some(max_output as i64);
+    config.upstream("mock").kind = Some(kind.name().into());
+    config.rename_upstream("mock", name);
+    config
 }
 
 fn messages() -> Value {
@@ -117,12 +63,12 @@ async fn time_limit_case(client_usage: bool) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(1000);
     mock.state.set_token_delay(Duration::from_millis(20));
-    let gw = start_gateway(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        "max_request_secs = 2",
-    ))
+    let gw = {
+        let mut config = edge_config(&mock.base_url(), Kind::SelfHosted, 4096);
+        config.server.max_request_secs = Some(2);
+        config
+    }
+    .start()
     .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages()});
     if client_usage {
@@ -148,9 +94,9 @@ async fn time_limit_case(client_usage: bool) {
     } else {
         assert_eq!(r["usage_chunks"], 0, "{r}");
     }
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         input_tokens() + delivered,
         "settled what was delivered"
     );
@@ -175,7 +121,9 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
     let mock = start_mock().await;
     mock.state.set_output_tokens(40);
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let gw = edge_config(&mock.base_url(), Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let r = sdk_stream(
         &gw,
         &json!({"model": "gpt-4o-mini", "messages": messages(),
@@ -195,8 +143,11 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
     )
     .await;
     assert_eq!(r["usage_chunks"], 0, "{r}");
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), 2 * (input_tokens() + 40));
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        2 * (input_tokens() + 40)
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -207,14 +158,16 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
 /// `max_completion_tokens` and streams past it.
 async fn over_cap_case(
     name: &str,
-    kind: &str,
+    kind: Kind,
     client_cap: Option<u64>,
     model_max: u64,
 ) -> (Value, Gateway) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(400);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_gateway(&named_config(&mock.base_url(), name, kind, model_max, "")).await;
+    let gw = named_config(&mock.base_url(), name, kind, model_max)
+        .start()
+        .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages(),
                             "stream_options": {"include_usage": true}});
     if let Some(cap) = client_cap {
@@ -225,7 +178,7 @@ async fn over_cap_case(
         r["error"].is_null(),
         "the SDK parsed the stream without an exception: {r}"
     );
-    all_settled(&gw).await;
+    gw.all_settled().await;
     let sent = &mock.state.requests()[0].body;
     assert!(
         sent.get("max_tokens").is_none(),
@@ -236,31 +189,41 @@ async fn over_cap_case(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance() {
-    let (r, gw) = over_cap_case("capped", "self_hosted", Some(100), 4096).await;
+    let (r, gw) = over_cap_case("capped", Kind::SelfHosted, Some(100), 4096).await;
     // Tolerance max(2 % of 100, one delta of 1 token) = 2.
     assert_eq!(deltas(&r), 102, "cut off at cap + tolerance: {r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 102, "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 102);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 102
+    );
     assert_eq!(over_cap_count(&gw, "capped", "stream_cut_off").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream() {
-    let (r, gw) = over_cap_case("uncapped", "self_hosted", None, 200).await;
+    let (r, gw) = over_cap_case("uncapped", Kind::SelfHosted, None, 200).await;
     // The gateway sent max_completion_tokens = 200; tolerance 4.
     assert_eq!(deltas(&r), 204, "{r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 204);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 204
+    );
     assert_eq!(over_cap_count(&gw, "uncapped", "stream_cut_off").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_streams_are_never_cut_before_the_upstreams_finish() {
-    let (r, gw) = over_cap_case("trusted", "openai", Some(100), 4096).await;
+    let (r, gw) = over_cap_case("trusted", Kind::Openai, Some(100), 4096).await;
     assert_eq!(deltas(&r), 400, "{r}");
     assert_eq!(r["finish"]["0"], "stop", "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 400, "the excess is debt");
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 400,
+        "the excess is debt"
+    );
     assert_eq!(over_cap_count(&gw, "trusted", "stream_cut_off").await, 0.0);
 }
 
@@ -269,14 +232,9 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(120);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_gateway(&named_config(
-        &mock.base_url(),
-        "debtor",
-        "self_hosted",
-        4096,
-        "",
-    ))
-    .await;
+    let gw = named_config(&mock.base_url(), "debtor", Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let resp = reqwest::Client::new()
         .post(format!("{}/chat/completions", gw.base_url()))
         .bearer_auth(KEY)
@@ -287,9 +245,9 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["usage"]["completion_tokens"], 120);
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         body["usage"]["total_tokens"].as_u64().unwrap()
     );
     assert_eq!(over_cap_count(&gw, "debtor", "answer_debt").await, 1.0);
@@ -299,14 +257,14 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
 // Finding 3: credentials are never forwarded
 // ---------------------------------------------------------------------------
 
-/// A config whose deployment forwards `forward` (and `credentials`, TOML arrays).
-fn forwarding_config(upstream: &str, forward: &str, credentials: &str) -> String {
-    edge_config(upstream, "self_hosted", 4096, "").replace(
-        "base_url = ",
-        &format!(
-            "forward_client_headers = {forward}\nforward_credential_headers = {credentials}\nbase_url = "
-        ),
-    )
+/// A config whose deployment forwards `forward`, of which `credentials`
+/// are listed as credentials.
+fn forwarding_config(upstream: &str, forward: &[&str], credentials: &[&str]) -> TestConfig {
+    let mut config = edge_config(upstream, Kind::SelfHosted, 4096);
+    let up = config.upstream("mock");
+    up.forward_client_headers = forward.iter().map(|h| h.to_string()).collect();
+    up.forward_credential_headers = credentials.iter().map(|h| h.to_string()).collect();
+    config
 }
 
 fn load_error(toml: &str) -> String {
@@ -330,7 +288,7 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
         "x-vendor-secret",
         "x-partner-key",
     ] {
-        let e = load_error(&forwarding_config(base, &format!("[\"{h}\"]"), "[]"));
+        let e = load_error(&forwarding_config(base, &[h], &[]).render());
         assert!(
             e.contains(&format!("{:?}", h.to_ascii_lowercase())),
             "names the header: {e}"
@@ -340,12 +298,8 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
             "names the explicit list: {e}"
         );
         // Named in the explicit list too, it is accepted.
-        budgetgate::config::Policy::from_toml(&forwarding_config(
-            base,
-            &format!("[\"{h}\"]"),
-            &format!("[\"{h}\"]"),
-        ))
-        .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
+        budgetgate::config::Policy::from_toml(&forwarding_config(base, &[h], &[h]).render())
+            .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
     }
     // The key's own headers and the gateway's are refused in either list.
     for h in [
@@ -355,22 +309,16 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
         "host",
         "content-encoding",
     ] {
-        let e = load_error(&forwarding_config(
-            base,
-            &format!("[\"{h}\"]"),
-            &format!("[\"{h}\"]"),
-        ));
+        let e = load_error(&forwarding_config(base, &[h], &[h]).render());
         assert!(e.contains("cannot be forwarded"), "{h}: {e}");
     }
     // A credential list entry that is not forwarded is a mistake.
-    let e = load_error(&forwarding_config(base, "[]", "[\"x-api-key\"]"));
+    let e = load_error(&forwarding_config(base, &[], &["x-api-key"]).render());
     assert!(e.contains("not in"), "{e}");
     // Ordinary headers pass.
-    budgetgate::config::Policy::from_toml(&forwarding_config(
-        base,
-        "[\"openai-organization\", \"OpenAI-Project\"]",
-        "[]",
-    ))
+    budgetgate::config::Policy::from_toml(
+        &forwarding_config(base, &["openai-organization", "OpenAI-Project"], &[]).render(),
+    )
     .expect("ordinary headers");
 }
 
@@ -380,7 +328,7 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
     let path = dir.path().join("forward.toml");
     std::fs::write(
         &path,
-        forwarding_config("http://127.0.0.1:9", "[\"x-api-key\"]", "[]"),
+        forwarding_config("http://127.0.0.1:9", &["x-api-key"], &[]).render(),
     )
     .expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
@@ -402,11 +350,12 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
 async fn no_client_credential_reaches_the_upstream_on_any_route() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(4);
-    let gw = start_gateway(&forwarding_config(
+    let gw = forwarding_config(
         &mock.base_url(),
-        "[\"openai-organization\", \"x-api-key\"]",
-        "[\"x-api-key\"]",
-    ))
+        &["openai-organization", "x-api-key"],
+        &["x-api-key"],
+    )
+    .start()
     .await;
     let client = reqwest::Client::new();
     let chat = json!({"model": "gpt-4o-mini", "messages": messages()});
@@ -482,11 +431,10 @@ async fn no_client_credential_reaches_the_upstream_on_any_route() {
 // Finding 2: both header families on every refusal
 // ---------------------------------------------------------------------------
 
-fn limits_config(upstream: &str, limits: &str) -> String {
-    edge_config(upstream, "self_hosted", 4096, "").replace(
-        "limits = { tokens_per_day = 10000000 }",
-        &format!("limits = {{ {limits} }}"),
-    )
+fn limits_config(upstream: &str, tenant_limits: Limits) -> TestConfig {
+    let mut config = edge_config(upstream, Kind::SelfHosted, 4096);
+    config.tenant("t1").limits = tenant_limits;
+    config
 }
 
 async fn chat_status(gw: &Gateway, max_tokens: u64) -> reqwest::Response {
@@ -541,11 +489,13 @@ fn assert_both_families(resp: &reqwest::Response, rpm: u64, tpm: u64, what: &str
 async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_only_their_own() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(600);
-    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 1000, rpm = 100")).await;
+    let gw = limits_config(&mock.base_url(), limits().tpm(1000).rpm(100))
+        .start()
+        .await;
     let first = chat_status(&gw, 600).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
-    all_settled(&gw).await;
+    gw.all_settled().await;
     // About 620 of 1000 tokens spent: another 600 does not fit (the store refuses).
     let refused = chat_status(&gw, 600).await;
     assert_both_families(&refused, 100, 1000, "TPM refusal from the store");
@@ -564,7 +514,9 @@ async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_onl
 async fn request_refusals_carry_the_token_family_too() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 50000, rpm = 1")).await;
+    let gw = limits_config(&mock.base_url(), limits().tpm(50000).rpm(1))
+        .start()
+        .await;
     let first = chat_status(&gw, 10).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
@@ -578,10 +530,11 @@ async fn request_refusals_carry_the_token_family_too() {
 async fn impossible_and_concurrency_refusals_carry_both_families() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&limits_config(
+    let gw = limits_config(
         &mock.base_url(),
-        "tpm = 1000, rpm = 100, max_concurrent = 1",
-    ))
+        limits().tpm(1000).rpm(100).max_concurrent(1),
+    )
+    .start()
     .await;
     // Larger than the TPM capacity: impossible.
     let refused = chat_status(&gw, 2000).await;
@@ -664,12 +617,12 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
     // No upstream usage: the settlement is the gateway's estimate of the
     // prompt plus its count of the output.
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_gateway(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        "max_body_bytes = 4194304",
-    ))
+    let gw = {
+        let mut config = edge_config(&mock.base_url(), Kind::SelfHosted, 4096);
+        config.server.max_body_bytes = Some(4194304);
+        config
+    }
+    .start()
     .await;
 
     // 3 MB of gzip that decodes to 5 MB: over the 4 MiB cap once decoded.
@@ -694,8 +647,11 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
     let resp = post_encoded(&gw, "GZip", gzip(small.to_string().as_bytes())).await;
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), chat_input_tokens(&small) + 3);
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        chat_input_tokens(&small) + 3
+    );
     let sent = &mock.state.requests()[0];
     assert!(sent.header("content-encoding").is_none());
     assert_eq!(sent.body["messages"][0]["content"], text.as_str());
@@ -708,7 +664,9 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_stacked_and_corrupt_encodings_get_the_dialects_error_body() {
     let mock = start_mock().await;
-    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let gw = edge_config(&mock.base_url(), Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let plain = json!({"model": "gpt-4o-mini", "messages": messages()}).to_string();
     for (encoding, body, status, code) in [
         (
