@@ -36,16 +36,6 @@ fn input_tokens() -> u64 {
     chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages()}))
 }
 
-async fn sdk_stream(gw: &Gateway, kwargs: &Value) -> Value {
-    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
-        .await
-        .json()
-}
-
-fn deltas(r: &Value) -> u64 {
-    r["deltas"]["0"].as_u64().unwrap_or(0)
-}
-
 async fn over_cap_count(gw: &Gateway, deployment: &str, response: &str) -> f64 {
     let scrape = scrape(gw).await;
     sample_sum(
@@ -82,7 +72,7 @@ async fn time_limit_case(client_usage: bool) {
         "the SDK parsed the time-limit cutoff without an exception: {r}"
     );
     assert_eq!(r["finish"]["0"], "length", "clean cutoff: {r}");
-    let delivered = deltas(&r);
+    let delivered = deltas(&r, "0");
     // 20 ms per token: about 100 tokens in the 2 s the request may take.
     assert!(
         delivered > 10 && delivered < 150,
@@ -191,7 +181,7 @@ async fn over_cap_case(
 async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance() {
     let (r, gw) = over_cap_case("capped", Kind::SelfHosted, Some(100), 4096).await;
     // Tolerance max(2 % of 100, one delta of 1 token) = 2.
-    assert_eq!(deltas(&r), 102, "cut off at cap + tolerance: {r}");
+    assert_eq!(deltas(&r, "0"), 102, "cut off at cap + tolerance: {r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 102, "{r}");
     assert_eq!(
@@ -205,7 +195,7 @@ async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance
 async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream() {
     let (r, gw) = over_cap_case("uncapped", Kind::SelfHosted, None, 200).await;
     // The gateway sent max_completion_tokens = 200; tolerance 4.
-    assert_eq!(deltas(&r), 204, "{r}");
+    assert_eq!(deltas(&r, "0"), 204, "{r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
     assert_eq!(
         gw.t1_used(BudgetName::TokensPerDay).await,
@@ -217,7 +207,7 @@ async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_streams_are_never_cut_before_the_upstreams_finish() {
     let (r, gw) = over_cap_case("trusted", Kind::Openai, Some(100), 4096).await;
-    assert_eq!(deltas(&r), 400, "{r}");
+    assert_eq!(deltas(&r, "0"), 400, "{r}");
     assert_eq!(r["finish"]["0"], "stop", "{r}");
     assert_eq!(
         gw.t1_used(BudgetName::TokensPerDay).await,

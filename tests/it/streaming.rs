@@ -376,17 +376,6 @@ fn msgs(text: &str) -> Value {
     json!([{"role": "system", "content": "You are a storyteller."}, {"role": "user", "content": text}])
 }
 
-/// Runs `stream_collect.py` with `kwargs` (JSON object) and returns its report.
-async fn sdk_stream(gw: &Gateway, kwargs: &Value) -> Value {
-    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
-        .await
-        .json()
-}
-
-fn deltas(r: &Value, choice: &str) -> u64 {
-    r["deltas"][choice].as_u64().unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------
 // Cutoff and extension
 // ---------------------------------------------------------------------------
