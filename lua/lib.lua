@@ -1,5 +1,5 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
--- (src/reserve/redis/scripts.rs concatenates lib.lua with extend.lua, renew.lua,
+-- (src/reserve/redis/scripts.rs concatenates a prelude, lib.lua with extend.lua, renew.lua,
 -- inspect.lua and lower.lua, and with reserve.lua + settle.lua + batch.lua;
 -- each result is one EVALSHA script). State below (`raw`, deferred writes,
 -- slot counts) lives for one script call, which may carry a whole batch.
@@ -49,13 +49,10 @@
 --   live sections, ext, adm '0' (no budgets), id; it answers AlreadySettled
 --   and replays (without budgets) until it expires.
 
--- Units per token: 60 s × 1,000,000 µs, so one µs of refill at L tokens/min adds L units.
-local UNITS = 60000000
--- Microseconds per UTC day.
-local DAY = 86400000000
--- Every TTL gets this margin (ms) past the moment the key stops mattering, so
--- a key is never dropped while its logical state still differs from "absent".
-local MARGIN_MS = 60000
+-- Constants shared with Rust (UNITS units per token, DAY µs per UTC day,
+-- MARGIN_MS added to every TTL, LAYOUT the key-layout version) are defined
+-- by a prelude that src/reserve/redis/scripts.rs writes from the Rust
+-- constants in front of every script: they are never copied by hand.
 
 local call, fmt, match, find, sub, floor =
   redis.call, string.format, string.match, string.find, string.sub, math.floor

@@ -80,8 +80,8 @@ async fn after_a_redis_restart_every_request_succeeds_once_redis_answers_for_a_s
     }
 
     drop(redis); // SIGKILL
-    // An outage of ~6 s with traffic: every thread finds its connection
-    // dead and its calls failing.
+                 // An outage of ~6 s with traffic: every thread finds its connection
+                 // dead and its calls failing.
     let down = Instant::now();
     let mut during = Vec::new();
     while down.elapsed() < Duration::from_secs(6) {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind,
-    RedisError, RedisFuture, RedisResult, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo,
+    PushKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
 
 use crate::reserve::StoreError;
@@ -218,6 +218,13 @@ pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
 }
 
 pub fn map_err(e: RedisError) -> StoreError {
+    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        return StoreError::Unavailable(format!(
+            "the Redis user lacks a permission budgetgate needs ({e}): it must be \
+             allowed EVAL and EVALSHA (ACL category @scripting), TIME and the keys \
+             of store.key_prefix; see docs/OPERATIONS.md"
+        ));
+    }
     if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()

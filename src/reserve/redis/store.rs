@@ -260,11 +260,8 @@ impl BudgetStore for RedisStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         if specs.is_empty() {
-            // The health check: a round trip proves the store answers.
-            let mut conn = self.conn.clone();
-            let _: String = self
-                .bounded(redis::cmd("PING").query_async(&mut conn))
-                .await?;
+            // The health check: a read-only script round trip.
+            self.probe().await?;
             return Ok(Vec::new());
         }
         let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len());
