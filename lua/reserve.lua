@@ -46,9 +46,10 @@
 --       hold (layout in lib.lua), whose adm section describes each budget
 --       itself (the retry may not carry the same budgets); nothing written.
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
---       denied; nothing was written.
+--       denied; nothing was debited (buckets whose stored policy differs
+--       from the request's are brought under it: adopt_policies).
 --   {'I', now, spec index (0-based)}
---       impossible (cost above capacity); nothing was written.
+--       impossible (cost above capacity); nothing was debited (as above).
 --
 -- Building the hold costs the script string concatenations only: every
 -- static part comes rendered in ARGV. (Measured with callgrind on
@@ -136,6 +137,30 @@ local function reserve_check_all(V, KEYS, lo, hi, now, snow, id)
     end
   end
   return worst
+end
+
+-- A refusal still brings every bucket of the request under the request's
+-- policy when the stored limit or burst differ (a reload changed them):
+-- refilled up to now at the stored rate, at the new rate from now on, so
+-- the retry hints (computed at the new rate) are what happens next. Written
+-- once per bucket per policy change (MemoryStore's adopt_policies). Runs
+-- after every ARGV number was checked: an item that raises wrote nothing.
+local function adopt_policies(V, KEYS, nspec, now)
+  for i = 1, nspec do
+    local o = 5 * i - 5
+    if V[o + 1] == 1 then
+      local key = KEYS[i + 1]
+      local v = raw[key]
+      if v then
+        local a, b = V[o + 2], V[o + 3]
+        local _, _, rate, sburst = unpack_('<dddd', v)
+        if rate ~= a or sburst ~= b then
+          local level, last = bucket_at(v, b, now)
+          put(key, pack('<dddd', level, last, a, b), ttl_ms(refill_wait(b * UNITS - level, a)))
+        end
+      end
+    end
+  end
 end
 
 local function reserve(KEYS, ARGV)
@@ -269,6 +294,7 @@ local function reserve(KEYS, ARGV)
 
   local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id)
   if common ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(common)
   end
 
@@ -287,9 +313,11 @@ local function reserve(KEYS, ARGV)
     end
   end
   if best_denial ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(best_denial)
   end
   if first_impossible ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(first_impossible)
   end
   -- No candidates at all: admit on the common budgets alone.

@@ -25,7 +25,11 @@ fn user_url(redis: &RedisServer, user: &str) -> String {
 fn acl(redis: &RedisServer, user: &str, rules: &[&str]) {
     let mut args = vec!["acl", "setuser", user, "reset", "on", ">pw", "~*"];
     args.extend_from_slice(rules);
-    assert_eq!(redis.cli(&args).trim(), "OK", "ACL SETUSER {user} {rules:?}");
+    assert_eq!(
+        redis.cli(&args).trim(),
+        "OK",
+        "ACL SETUSER {user} {rules:?}"
+    );
 }
 
 fn request(ks: &KeySpace, id: &str) -> ReserveRequest {
@@ -56,7 +60,14 @@ async fn a_user_denied_the_script_command_works_through_eval() {
     acl(&redis, "app", &["+@all", "-script"]);
     // The restriction is real: this user cannot load a script.
     let refused = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string(), "--user", "app", "--pass", "pw"])
+        .args([
+            "-p",
+            &redis.port().to_string(),
+            "--user",
+            "app",
+            "--pass",
+            "pw",
+        ])
         .args(["script", "load", "return 1"])
         .output()
         .expect("redis-cli");

@@ -272,3 +272,42 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
     let r = chat(&gw.root, 20).await;
     assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 200);
 }
+
+/// An rpm raise by reload reaches a tenant that is being refused (issue 16,
+/// finding 3): the first refusal under the new policy brings the bucket
+/// under the new rate, its retry hint is what the store does next, and the
+/// next request after it is admitted (the tenant used to stay refused for
+/// ~30 s: the bucket kept refilling at 2/min until a request was admitted).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rpm_raise_by_reload_admits_a_refused_tenant() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rpm = |n: u64| config(&mock.base_url(), 50, &format!("rpm = {n}"), "");
+    let path = config_file(dir.path(), &rpm(2));
+    let gw = GatewayProcess::start(&path, &[]).await;
+    gw.wait_log("watching the config file for changes", 1).await;
+    assert_eq!(chat(&gw.root, 5).await.status(), 200);
+    assert_eq!(chat(&gw.root, 5).await.status(), 200);
+    let r = chat(&gw.root, 5).await;
+    assert_eq!(r.status(), 429);
+    assert!(header(&r, "retry-after") >= 20, "one request at 2/min");
+
+    write_in_place(&path, &rpm(600));
+    gw.wait_log("policy reloaded", 1).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = chat(&gw.root, 5).await;
+        statuses.push(r.status().as_u16());
+        if r.status() == 200 {
+            break;
+        }
+        let wait = header(&r, "retry-after-ms");
+        assert!(wait <= 100, "one request at 600/min: {wait} ms");
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+    assert_eq!(statuses.last(), Some(&200), "{statuses:?}");
+    assert!(
+        statuses.len() <= 2,
+        "admitted once its hint passed: {statuses:?}"
+    );
+}

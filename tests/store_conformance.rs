@@ -410,6 +410,7 @@ conformance!(
     upstream_failure_refunds_non_refundable_budgets,
     shadow_budgets_report_but_never_block,
     lowering_follows_the_provider_and_never_raises,
+    a_raised_limit_applies_to_a_refused_tenant_at_once,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -1023,4 +1024,28 @@ async fn lowering_follows_the_provider_and_never_raises(h: H) {
         400,
         "refill continues from the lowered level"
     );
+}
+
+/// A reload raising rpm 2 → 600 reaches a tenant that is being refused: the
+/// refusal brings the bucket under the new rate, so the retry hint (100 ms
+/// for one request at 600/min) is exactly what happens next. (The bucket
+/// used to keep refilling at 2/min until some request was admitted: 30 s.)
+async fn a_raised_limit_applies_to_a_refused_tenant_at_once(h: H) {
+    let slow = h.rpm(tenant(), 2, 2);
+    h.admit("a", 1, std::slice::from_ref(&slow)).await;
+    h.admit("b", 1, std::slice::from_ref(&slow)).await;
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&slow)).await);
+    assert_eq!(d.retry_after_micros, 30 * SEC);
+    let fast = h.rpm(tenant(), 600, 600);
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&fast)).await);
+    assert_eq!(d.retry_after_micros, 100_000, "one request at 600/min");
+    h.clock.advance(99_999);
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&fast)).await);
+    assert_eq!(
+        d.retry_after_micros, 1,
+        "the hint is what the store does next"
+    );
+    h.clock.advance(1);
+    h.admit("c", 1, std::slice::from_ref(&fast)).await;
+    h.check_keys().await;
 }

@@ -78,8 +78,14 @@ impl MemoryStore {
         }
         match inner.check_all(&req.common, req, now) {
             Check::Ok => {}
-            Check::Denied(d) => return ReserveOutcome::Denied(d),
-            Check::Impossible(i) => return ReserveOutcome::Impossible(i),
+            Check::Denied(d) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Denied(d);
+            }
+            Check::Impossible(i) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Impossible(i);
+            }
         }
         let mut chosen = None;
         let mut best_denial: Option<Denial> = None;
@@ -104,6 +110,9 @@ impl MemoryStore {
             }
         }
         let Some(candidate) = chosen else {
+            if best_denial.is_some() || first_impossible.is_some() {
+                inner.adopt_policies(req, now);
+            }
             if let Some(d) = best_denial {
                 return ReserveOutcome::Denied(d);
             }
