@@ -42,6 +42,7 @@ fn request(ks: &KeySpace) -> ReserveRequest {
         )],
         lease_micros: 30_000_000,
         hold_ttl_micros: 900_000_000,
+        requester: Default::default(),
     }
 }
 

@@ -1,19 +1,13 @@
 #!/usr/bin/env bash
 # Runs every test of budgetgate. Installs what the tests need when missing:
-# redis-server (Debian package), a Python virtualenv with the pinned openai SDK.
+# redis-server, chromium + chromedriver and promtool (Debian packages), a
+# Python virtualenv with the pinned openai SDK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-    echo "installing redis-server (tests start their own on free ports)..."
-    if command -v apt-get >/dev/null 2>&1; then
-        SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-        $SUDO apt-get update -qq && $SUDO apt-get install -y -qq redis-server >/dev/null
-    else
-        echo "redis-server is missing and apt-get is unavailable; install Redis 7 and retry" >&2
-        exit 1
-    fi
-fi
+# redis-server, Debian's chromium and chromedriver (the budget page test),
+# promtool (the deploy/ kit test): apt-get, each only when missing.
+scripts/install-test-deps.sh
 
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai" >/dev/null 2>&1 \
    || ! cmp -s tests/python/requirements.txt .venv/.requirements 2>/dev/null; then

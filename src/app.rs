@@ -21,7 +21,8 @@ use crate::config::{Policy, StoreKind};
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::redis::RedisStore;
 use crate::reserve::BudgetStore;
-use crate::server::{router, AppState};
+use crate::server::{budget_view, router, AppState};
+use crate::tls::Tls;
 
 /// Builds the store `policy` configures, reading time from `clock`.
 pub async fn build_store(
@@ -47,6 +48,9 @@ const AFTER_CUTOFF: Duration = Duration::from_secs(5);
 /// How often histogram samples are folded into buckets when nobody scrapes.
 const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 
+/// How often the remaining-share gauges are read from the store.
+const BUDGET_GAUGES: Duration = Duration::from_secs(10);
+
 /// Serves `state` on `listener` until `shutdown` resolves, then shuts down
 /// gracefully: no new connections; in-flight requests and streams get
 /// `server.shutdown_grace_secs` (of the policy active then) to finish; at the
@@ -58,7 +62,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
-    let result = serve_connections(listener, state.clone(), shutdown).await;
+    let result = serve_connections(listener, state.clone(), None, shutdown).await;
     wait_for_settlements(&state).await;
     upkeep.abort();
     result
@@ -66,18 +70,37 @@ pub async fn serve(
 
 /// The connection part of [`serve`]: returns once every connection is done
 /// (or abandoned after the cutoff), without waiting for settlements.
+/// With `tls`, connections are TLS ([`crate::tls`]).
 async fn serve_connections(
     listener: TcpListener,
     state: Arc<AppState>,
+    tls: Option<Arc<Tls>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    match tls {
+        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's
+        // algorithm and delayed ACKs hold each frame for up to ~40 ms.
+        None => {
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            serve_listener(listener, state, shutdown).await
+        }
+        Some(tls) => serve_listener(tls.listener(listener)?, state, shutdown).await,
+    }
+}
+
+async fn serve_listener<L>(
+    listener: L,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let app = router(state.clone());
     let (began_tx, began_rx) = oneshot::channel::<()>();
-    // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's
-    // algorithm and delayed ACKs hold each frame for up to ~40 ms.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
@@ -200,6 +223,7 @@ pub async fn run(
     let threads = threads.max(1);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = build_store(&policy, clock.clone()).await?;
+    let tls = policy.server.tls.clone().map(Tls::new).transpose()?;
     let addr = listen.unwrap_or(policy.server.listen);
     let listener = claim_address(addr)
         .and_then(bind_shared)
@@ -210,6 +234,10 @@ pub async fn run(
     let state = AppState::new(policy, store, clock.clone());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
+    crate::metrics::register_policy_series(&state.policy.load());
+    if let Err(e) = budget_view::refresh_gauges(&state).await {
+        tracing::warn!(error = %e, "budget gauges not set at start: the store did not answer; retrying every few seconds");
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut workers = Vec::new();
@@ -221,6 +249,7 @@ pub async fn run(
         let shared_store = shared_store.clone();
         let clock = clock.clone();
         let mut stop = stop_rx.clone();
+        let tls = tls.clone();
         let worker = std::thread::Builder::new()
             .name(format!("budgetgate-{i}"))
             .spawn(move || {
@@ -256,7 +285,7 @@ pub async fn run(
                         let _ = stop.wait_for(|s| *s).await;
                     };
                     if let Err(e) =
-                        serve_connections(listener, base.with_store(store), shutdown).await
+                        serve_connections(listener, base.with_store(store), tls, shutdown).await
                     {
                         tracing::error!(thread = i, error = %e, "serving thread failed");
                     }
@@ -281,7 +310,15 @@ pub async fn run(
         return Err(e);
     }
     tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
-    println!("budgetgate listening on http://{local}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    println!("budgetgate listening on {scheme}://{local}");
+    let tls_watch = match &tls {
+        Some(t) => {
+            tracing::info!(fingerprint = %t.fingerprint(), "tls enabled: HTTP/2 and HTTP/1.1 by ALPN");
+            t.spawn_watch()
+        }
+        None => Vec::new(),
+    };
     if token.is_some() {
         tracing::info!(token_env = %token_env, "admin API enabled under /admin/v1/");
     } else {
@@ -291,19 +328,26 @@ pub async fn run(
         let st = state.clone();
         let path = config_path.clone();
         tokio::spawn(reload::watch(config_path, move |trigger| {
-            reload::reload(&st.policy, &path, trigger);
+            if let reload::ReloadOutcome::Applied { .. } =
+                reload::reload(&st.policy, &path, trigger)
+            {
+                crate::metrics::register_policy_series(&st.policy.load());
+            }
         }))
     };
+    let gauges = budget_view::spawn_gauges(state.clone(), BUDGET_GAUGES);
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     };
-    let result = serve_connections(listener, state.clone(), shutdown).await;
+    let result = serve_connections(listener, state.clone(), tls, shutdown).await;
     join(workers).await;
     wait_for_settlements(&state).await;
     upkeep.abort();
     reloader.abort();
+    gauges.abort();
+    tls_watch.iter().for_each(|t| t.abort());
     result.map_err(|e| e.to_string())
 }
 

@@ -44,12 +44,17 @@ enum Command {
     /// Validate a config file; print every error with its path.
     CheckConfig {
         /// Config file (TOML).
-        config: PathBuf,
+        #[arg(long, short, env = "BUDGETGATE_CONFIG")]
+        config: Option<PathBuf>,
+        /// Config file (TOML), as an argument: `check-config FILE` (wins over
+        /// `BUDGETGATE_CONFIG`).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
     },
     /// Print the cost breakdown of a request body (tokens).
     Estimate {
         /// Config file (TOML).
-        #[arg(long, short)]
+        #[arg(long, short, env = "BUDGETGATE_CONFIG")]
         config: PathBuf,
         /// Public model name.
         #[arg(long, short)]
@@ -68,6 +73,10 @@ enum Command {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal: redirected to a file or
+    // a journal they are noise. `NO_COLOR` (no-color.org) turns them off too.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     if json {
         tracing_subscriber::fmt()
             .json()
@@ -77,6 +86,7 @@ fn init_logging(json: bool) {
     } else {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(ansi)
             .with_writer(std::io::stderr)
             .init();
     }
@@ -125,26 +135,13 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::CheckConfig { config } => match Policy::load(&config) {
-            Ok(p) => {
-                println!(
-                    "{}: ok (policy version {}, {} upstreams, {} models, {} tenants)",
-                    config.display(),
-                    p.version,
-                    p.upstreams.len(),
-                    p.models.len(),
-                    p.tenants.len()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                for line in &e.0 {
-                    println!("{line}");
-                }
-                eprintln!("{}: {} error(s)", config.display(), e.0.len());
-                ExitCode::FAILURE
-            }
-        },
+        Command::CheckConfig { config, file } => {
+            let Some(config) = file.or(config) else {
+                eprintln!("budgetgate check-config: give the config file: `check-config FILE`, `--config FILE` or BUDGETGATE_CONFIG");
+                return ExitCode::from(2);
+            };
+            check_config(&config)
+        }
         Command::Estimate {
             config,
             model,
@@ -164,6 +161,36 @@ fn main() -> ExitCode {
             }
             println!("{}", hash_key(key));
             ExitCode::SUCCESS
+        }
+    }
+}
+
+fn check_config(config: &std::path::Path) -> ExitCode {
+    match Policy::load(config) {
+        Ok(p) => {
+            if let Some(files) = &p.server.tls {
+                if let Err(e) = budgetgate::tls::load_certified_key(files) {
+                    println!("{e}");
+                    eprintln!("{}: 1 error(s)", config.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            println!(
+                "{}: ok (policy version {}, {} upstreams, {} models, {} tenants)",
+                config.display(),
+                p.version,
+                p.upstreams.len(),
+                p.models.len(),
+                p.tenants.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            for line in &e.0 {
+                println!("{line}");
+            }
+            eprintln!("{}: {} error(s)", config.display(), e.0.len());
+            ExitCode::FAILURE
         }
     }
 }
@@ -243,7 +270,31 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         }
         Err(e) => {
             eprintln!("{e}");
+            if let Some(hint) = endpoint_hint(endpoint, &body) {
+                eprintln!("{hint}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A hint when `body` looks written for another endpoint than the one
+/// asked for (e.g. an embeddings body estimated as chat).
+fn endpoint_hint(endpoint: Endpoint, body: &serde_json::Value) -> Option<&'static str> {
+    let has = |field: &str| body.get(field).is_some();
+    match endpoint {
+        Endpoint::ChatCompletions if !has("messages") && has("input") => {
+            Some("hint: this looks like an embeddings body; add `--endpoint embeddings`")
+        }
+        Endpoint::ChatCompletions if !has("messages") && has("prompt") => {
+            Some("hint: this looks like a legacy completions body; add `--endpoint completions`")
+        }
+        Endpoint::Embeddings | Endpoint::Completions if has("messages") => {
+            Some("hint: this looks like a chat body; add `--endpoint chat` (the default)")
+        }
+        Endpoint::ChatCompletions | Endpoint::Completions if has("input") => {
+            Some("hint: this looks like an embeddings body; add `--endpoint embeddings`")
+        }
+        _ => None,
     }
 }

@@ -281,3 +281,80 @@ pub fn policy_version(previous: Option<&str>, version: &str) {
     }
     gauge!("budgetgate_policy_info", "version" => version.to_string()).set(1.0);
 }
+
+/// A settlement the store failed is retried (same reservation id, so
+/// applying it twice changes nothing).
+pub fn settlement_retry() {
+    counter!("budgetgate_settlement_retries_total").increment(1);
+}
+
+/// A settlement given up after `server.settle_retry_secs` of retries: its
+/// refund is lost and its slots free themselves when their leases expire.
+pub fn settlement_failed() {
+    counter!("budgetgate_settlements_failed_total").increment(1);
+}
+
+/// Share (0 to 1) of a tenant-side budget left: for a scope kind with
+/// several scopes (a tenant's keys, its models) the smallest of them.
+pub fn budget_remaining_share(
+    tenant: &str,
+    scope_kind: &'static str,
+    budget: BudgetName,
+    share: f64,
+) {
+    gauge!("budgetgate_budget_remaining_ratio",
+        "tenant" => tenant.to_string(), "scope" => scope_kind, "budget" => budget.as_str())
+    .set(share);
+}
+
+/// Share (0 to 1) of an upstream deployment's budget left.
+pub fn upstream_budget_remaining_share(deployment: &str, budget: BudgetName, share: f64) {
+    gauge!("budgetgate_upstream_budget_remaining_ratio",
+        "deployment" => deployment.to_string(), "budget" => budget.as_str())
+    .set(share);
+}
+
+/// Every store operation, as the `op` label of the store series.
+const STORE_OPS: [&str; 6] = ["reserve", "settle", "extend", "renew", "inspect", "lower"];
+
+/// Every way a stream ends, as the `ending` label.
+const STREAM_ENDINGS: [&str; 4] = ["completed", "cut_off", "client_gone", "upstream_error"];
+
+/// Registers at zero the series the observability kit (`deploy/`) reads,
+/// for every tenant and deployment of `policy`, so that dashboards and
+/// alerts (`increase(...) > 0`, absence) see them before the first event.
+/// Registering an existing series changes nothing.
+pub fn register_policy_series(policy: &crate::config::Policy) {
+    for t in &policy.tenants {
+        let tn = || t.name.clone();
+        decision_counter(&t.name, "tenant", "none", "admitted", &policy.version).increment(0);
+        for c in [
+            "budgetgate_reserved_tokens_total",
+            "budgetgate_settled_tokens_total",
+            "budgetgate_refunded_tokens_total",
+            "budgetgate_debt_tokens_total",
+        ] {
+            counter!(c, "tenant" => tn()).increment(0);
+        }
+        let _ = histogram!("budgetgate_estimate_ratio", "tenant" => tn());
+        for mode in ["fail_open", "fail_closed"] {
+            counter!("budgetgate_degraded_decisions_total", "tenant" => tn(), "mode" => mode)
+                .increment(0);
+        }
+    }
+    for u in &policy.upstreams {
+        upstream_counter(&u.name, "200").increment(0);
+        let _ = histogram!("budgetgate_upstream_latency_seconds", "deployment" => u.name.clone());
+        for ending in STREAM_ENDINGS {
+            counter!("budgetgate_streams_ended_total", "deployment" => u.name.clone(), "ending" => ending)
+                .increment(0);
+        }
+    }
+    for op in STORE_OPS {
+        let _ = store_call_histogram(op);
+        counter!("budgetgate_store_errors_total", "op" => op).increment(0);
+    }
+    gauge!("budgetgate_active_streams").increment(0.0);
+    counter!("budgetgate_settlement_retries_total").increment(0);
+    counter!("budgetgate_settlements_failed_total").increment(0);
+}

@@ -13,7 +13,7 @@ use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::*;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// A memory store that counts its calls, can be switched "down", and can
 /// hold settlements until released.
@@ -468,4 +468,34 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
     assert_eq!(reserved - refunded + debt, settled, "{text}");
     assert!(sum("budgetgate_store_call_seconds_count", &[("op", "reserve")]) >= 5.0);
     assert!(sum("budgetgate_store_call_seconds_count", &[("op", "settle")]) >= 5.0);
+}
+
+/// Fault guarded against: a fail-closed store outage told clients
+/// `"type": "upstream_error"`, blaming the provider for the gateway's store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_closed_store_outage_answers_503_budget_store_unavailable() {
+    let mock = start_mock().await;
+    let clock = ManualClock::new(NOON);
+    let store = Flaky::new(&clock);
+    let cfg = config(
+        &mock.base_url(),
+        50,
+        "rpm = 10",
+        "on_store_error = \"fail_closed\"",
+    );
+    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
+    store.down.store(true, Ordering::SeqCst);
+    let r = post(&gw, KEY).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"error": {
+            "message": "The budget store is unavailable; please retry.",
+            "type": "server_error",
+            "param": null,
+            "code": "budget_store_unavailable"
+        }})
+    );
+    assert_eq!(mock.state.request_count(), 0, "nothing was forwarded");
 }

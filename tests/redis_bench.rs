@@ -79,6 +79,7 @@ fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> 
         candidates: vec![upstream.to_vec()],
         lease_micros: 30_000_000,
         hold_ttl_micros: 60_000_000,
+        requester: Default::default(),
     }
 }
 
@@ -293,6 +294,7 @@ async fn redis_store_throughput_and_memory() {
         candidates: vec![upstream],
         lease_micros: 30_000_000,
         hold_ttl_micros: 60_000_000,
+        requester: Default::default(),
     };
     store.reserve(&req).await.expect("reserve");
     store

@@ -177,6 +177,7 @@ fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) 
         candidates,
         lease_micros: LEASE,
         hold_ttl_micros: HOLD_TTL,
+        requester: Default::default(),
     }
 }
 

@@ -47,6 +47,7 @@ fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
         candidates: vec![vec![]],
         lease_micros: 30_000_000,
         hold_ttl_micros: 600_000_000,
+        requester: Default::default(),
     }
 }
 

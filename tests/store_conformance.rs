@@ -219,6 +219,7 @@ impl H {
             candidates: candidates.to_vec(),
             lease_micros: LEASE,
             hold_ttl_micros: HOLD_TTL,
+            requester: Default::default(),
         };
         self.store.reserve(&req).await.expect("reserve")
     }

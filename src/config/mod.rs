@@ -73,6 +73,9 @@ pub struct ServerPolicy {
     /// How long in-flight requests and streams may run after SIGTERM/ctrl-c
     /// before streams are cut off and what is left is aborted (0: at once).
     pub shutdown_grace: Duration,
+    /// `[server.tls]`: serve HTTPS with these files (bound at start; the
+    /// certificate itself is reloaded, see [`crate::tls`]).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 /// Limits of one scope. Every field optional; absent means unlimited.
@@ -182,15 +185,7 @@ pub enum Routing {
     LeastUtilised,
 }
 
-/// What a store failure does to a tenant's requests (DESIGN section 7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    /// Fall back to a local limiter.
-    FailOpen,
-    /// Answer 503.
-    FailClosed,
-}
+pub use crate::reserve::OnStoreError;
 
 /// One API key of a tenant.
 #[derive(Debug, Clone)]
@@ -406,6 +401,7 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 Duration::from_secs(30)
             }
         },
+        tls: crate::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
     };
 
     let kind = match raw.store.kind.as_deref().unwrap_or("memory") {

@@ -34,6 +34,7 @@ pub struct RawServer {
     pub concurrency_retry_secs: Option<i64>,
     pub admin_token_env: Option<String>,
     pub shutdown_grace_secs: Option<i64>,
+    pub tls: Option<crate::tls::RawTls>,
 }
 
 #[derive(Debug, Deserialize, Default)]

@@ -88,6 +88,10 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
         changed.push("server.admin_token_env");
         new.server.admin_token_env = running.server.admin_token_env.clone();
     }
+    if new.server.tls != running.server.tls {
+        changed.push("server.tls");
+        new.server.tls = running.server.tls.clone();
+    }
     // Compared through `Debug` so that every field of `[store]`, present and
     // future, counts, without requiring `PartialEq` of each.
     if format!("{:?}", new.store) != format!("{:?}", running.store) {
@@ -122,7 +126,7 @@ pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> Reloa
         }
     };
     if new.version == running.version {
-        tracing::debug!(config = %path.display(), %trigger, policy_version = %running.version, "config unchanged");
+        tracing::info!(config = %path.display(), %trigger, policy_version = %running.version, "config reload: file unchanged; the running policy stays");
         return ReloadOutcome::Unchanged {
             version: running.version.clone(),
         };

@@ -196,6 +196,32 @@ pub struct ReserveRequest {
     pub lease_micros: u64,
     /// How long the hold lives, microseconds (max request duration + settle-retry window).
     pub hold_ttl_micros: u64,
+    /// Who asks: read by the gateway's store wrappers (deny cache, failure
+    /// policy), ignored by the stores.
+    pub requester: Arc<Requester>,
+}
+
+/// Who asks for a reservation: the labels of the decision metrics and what
+/// a store outage does to the request. Built once per budget plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requester {
+    /// Tenant name.
+    pub tenant: Arc<str>,
+    /// Version of the policy the request runs under.
+    pub policy_version: Arc<str>,
+    /// What a store failure does to the request.
+    pub on_store_error: OnStoreError,
+}
+
+/// What a store failure does to a tenant's requests (DESIGN section 7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// Fall back to a local limiter.
+    FailOpen,
+    /// Answer 503.
+    #[default]
+    FailClosed,
 }
 
 /// A budget's state as seen by one decision, in its own unit (tokens or requests).

@@ -24,11 +24,10 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
-use super::headers::go_duration;
 use super::AppState;
 use crate::config::Policy;
 use crate::reserve::plan::{self, scope_budgets};
-use crate::reserve::{BudgetKind, BudgetSpec, Scope};
+use crate::reserve::{BudgetSpec, Scope};
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte
 /// whatever the first difference (constant time over equal-length digests).
@@ -41,7 +40,7 @@ pub fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn json_response(status: StatusCode, v: Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, v: Value) -> Response {
     let mut r = (status, v.to_string()).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -52,15 +51,19 @@ fn json_response(status: StatusCode, v: Value) -> Response {
     r
 }
 
+/// An admin API refusal: an OpenAI error body, never cached.
+fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
+    let mut r = super::error::body(status, message, "invalid_request_error", None, code);
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
 fn unauthorized() -> Response {
-    let mut r = json_response(
+    let mut r = error_response(
         StatusCode::UNAUTHORIZED,
-        json!({"error": {
-            "message": "The admin API needs `Authorization: Bearer <admin token>`.",
-            "type": "invalid_request_error",
-            "param": null,
-            "code": "invalid_admin_token"
-        }}),
+        "The admin API needs `Authorization: Bearer <admin token>`.",
+        Some("invalid_admin_token"),
     );
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
@@ -70,10 +73,24 @@ fn unauthorized() -> Response {
 }
 
 fn not_found(what: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        &format!("No such {what}."),
+        Some("not_found"),
+    )
+}
+
+/// The 404 of an admin URL while the admin API is disabled: the message
+/// says which environment variable enables it.
+pub(crate) fn disabled(st: &AppState, uri: &OriginalUri) -> Response {
+    let var = st.policy.load().server.admin_token_env.clone();
     json_response(
         StatusCode::NOT_FOUND,
         json!({"error": {
-            "message": format!("No such {what}."),
+            "message": format!(
+                "Unknown request URL: {}. The admin API is disabled: set the environment variable {var} (named by server.admin_token_env) to a secret token and restart the gateway to enable it.",
+                uri.path()
+            ),
             "type": "invalid_request_error",
             "param": null,
             "code": "not_found"
@@ -83,9 +100,9 @@ fn not_found(what: &str) -> Response {
 
 /// Checks the admin token: `Some` holds the refusal to send (404 when the
 /// admin API is disabled, 401 without a valid token).
-fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
+pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
     let Some(expected) = st.admin_token_digest() else {
-        return Some(ApiError::NotFound(uri.path().to_string()).into_response());
+        return Some(disabled(st, uri));
     };
     match super::handlers::bearer_token(headers) {
         Some(token) if token_matches(&expected, token) => None,
@@ -144,7 +161,7 @@ pub async fn policy(
 
 /// Every budget of tenant `t`: the tenant scope, each key scope and each
 /// tenant×model scope, in that order.
-fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
+pub(crate) fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
     let ks = AppState::key_space(policy);
     let mut out = scope_budgets(&ks, Scope::Tenant(t.name.as_str().into()), &t.limits, true);
     for k in &t.keys {
@@ -177,31 +194,13 @@ async fn budgets_response(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "admin: budget store inspect failed");
-            return ApiError::Unavailable("The budget store did not answer.".into())
-                .into_response();
+            return ApiError::StoreUnavailable.into_response();
         }
     };
     let budgets: Vec<Value> = specs
         .iter()
         .zip(states.iter())
-        .map(|(spec, s)| {
-            let kind = match spec.kind {
-                BudgetKind::Bucket { .. } => "bucket",
-                BudgetKind::Quota { .. } => "quota",
-                BudgetKind::Concurrency { .. } => "concurrency",
-            };
-            json!({
-                "scope": spec.scope.to_string(),
-                "budget": spec.name,
-                "kind": kind,
-                "limit": s.limit,
-                "capacity": spec.capacity(),
-                "remaining": s.remaining,
-                "reset_micros": s.reset_micros,
-                "reset": go_duration(s.reset_micros),
-                "window": s.window,
-            })
-        })
+        .map(|(spec, s)| super::budget_view::budget_json(spec, s))
         .collect();
     json_response(
         StatusCode::OK,

@@ -1,13 +1,16 @@
-//! Every error a client can get, mapped in one place to its status, OpenAI
-//! error body (`{"error":{"message","type","param","code"}}`, OpenAI API
-//! reference, "Error codes") and retry headers (DESIGN section 6; RFC 6585
-//! section 4 for 429 and `Retry-After`).
+//! The one error map: every error a client can get, mapped in one place
+//! to its status, OpenAI error body (built by [`error_body`]) and retry
+//! headers (DESIGN section 6; RFC 6585 section 4 for 429 and
+//! `Retry-After`). Domain errors (store, upstream, estimate) convert into
+//! [`ApiError`] here and nowhere else.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
-use crate::reserve::{BudgetName, Denial, Impossibility, Scope};
+use crate::dialects::error::error_body;
+use crate::estimate::EstimateError;
+use crate::reserve::{BudgetName, Denial, Impossibility, Scope, StoreError};
+use crate::upstreams::UpstreamError;
 
 /// A request-ending error, as the client sees it.
 #[derive(Debug)]
@@ -45,8 +48,12 @@ pub enum ApiError {
     Impossible(Box<Impossibility>),
     /// The upstream failed (connect error, 5xx, bad answer): 502.
     BadGateway(String),
-    /// The upstream is overloaded or the store is down under fail-closed: 503.
+    /// The upstream is overloaded: 503.
     Unavailable(String),
+    /// The budget store failed and the tenant fails closed: 503.
+    StoreUnavailable,
+    /// The gateway is shutting down: 503.
+    ShuttingDown,
     /// The upstream answered 429.
     UpstreamRateLimited {
         /// Seconds from the upstream's `retry-after`, if any.
@@ -58,20 +65,59 @@ pub enum ApiError {
     RequestTimeout,
 }
 
-fn body(
+/// An error response: `status` with an OpenAI error body.
+pub fn body(
     status: StatusCode,
     message: &str,
     kind: &str,
     param: Option<&str>,
     code: Option<&str>,
 ) -> Response {
-    let b = json!({"error": {"message": message, "type": kind, "param": param, "code": code}});
     (
         status,
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        b.to_string(),
+        error_body(message, kind, param, code),
     )
         .into_response()
+}
+
+impl From<StoreError> for ApiError {
+    fn from(_: StoreError) -> Self {
+        ApiError::StoreUnavailable
+    }
+}
+
+impl From<UpstreamError> for ApiError {
+    fn from(e: UpstreamError) -> Self {
+        match e {
+            UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
+            _ => ApiError::BadGateway("The upstream could not be reached.".into()),
+        }
+    }
+}
+
+impl ApiError {
+    /// The API error of an estimation failure; `refusing` names the budget
+    /// whose capacity (the argument) the request can never fit.
+    pub fn from_estimate(
+        e: EstimateError,
+        refusing: impl FnOnce(u64) -> (Scope, BudgetName),
+    ) -> Self {
+        match e {
+            EstimateError::Invalid { param, message } => {
+                ApiError::InvalidRequest { param, message }
+            }
+            EstimateError::Impossible { needed, capacity } => {
+                let (scope, name) = refusing(capacity);
+                ApiError::Impossible(Box::new(Impossibility {
+                    scope,
+                    name,
+                    capacity,
+                    requested: needed,
+                }))
+            }
+        }
+    }
 }
 
 fn set(resp: &mut Response, name: &'static str, value: String) {
@@ -114,7 +160,9 @@ impl ApiError {
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::StoreUnavailable | ApiError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         }
@@ -137,6 +185,8 @@ impl ApiError {
             ApiError::Impossible(_) => "impossible",
             ApiError::BadGateway(_) => "bad_gateway",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::StoreUnavailable => "store_unavailable",
+            ApiError::ShuttingDown => "shutting_down",
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
             ApiError::RequestTimeout => "request_timeout",
@@ -262,6 +312,20 @@ impl IntoResponse for ApiError {
             }
             ApiError::BadGateway(m) => body(status, &m, "upstream_error", None, Some("bad_gateway")),
             ApiError::Unavailable(m) => body(status, &m, "upstream_error", None, Some("service_unavailable")),
+            ApiError::StoreUnavailable => body(
+                status,
+                "The budget store is unavailable; please retry.",
+                "server_error",
+                None,
+                Some("budget_store_unavailable"),
+            ),
+            ApiError::ShuttingDown => body(
+                status,
+                "The gateway is shutting down; retry the request.",
+                "server_error",
+                None,
+                Some("shutting_down"),
+            ),
             ApiError::UpstreamRateLimited { retry_after_secs } => {
                 let mut resp = body(
                     status,

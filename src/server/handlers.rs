@@ -16,18 +16,17 @@ use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::headers::rate_limit_headers;
-use super::settlement::HeldReservation;
 use super::{AppState, BudgetPlan, PlannedDeployment};
-use crate::config::{ModelPolicy, OnStoreError, Policy, Routing, UpstreamPolicy};
+use crate::config::{ModelPolicy, Policy, Routing, UpstreamPolicy};
 use crate::estimate::{self, Endpoint, Estimate, EstimateError, ModelEstimation};
 use crate::metrics;
 use crate::metrics::DeploymentMetrics;
+use crate::reservation::HeldReservation;
 use crate::reserve::{
-    plan, Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Impossibility,
-    ReserveOutcome, ReserveRequest, Scope, Settlement,
+    plan, Admission, BudgetName, BudgetSpec, Impossibility, ReserveOutcome, ReserveRequest, Scope,
+    Settlement,
 };
 use crate::upstreams::relay::{self, ExtendPlan, StreamProcessor};
-use crate::upstreams::UpstreamError;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
@@ -123,10 +122,13 @@ pub async fn method_not_allowed(
     method: axum::http::Method,
     OriginalUri(uri): OriginalUri,
 ) -> Response {
-    let body = json!({"error": {
-        "message": format!("{method} is not supported on {}.", uri.path()),
-        "type": "invalid_request_error", "param": null, "code": "method_not_allowed"}});
-    (StatusCode::METHOD_NOT_ALLOWED, Json(body)).into_response()
+    super::error::body(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("{method} is not supported on {}.", uri.path()),
+        "invalid_request_error",
+        None,
+        Some("method_not_allowed"),
+    )
 }
 
 /// Any other path: 404 in OpenAI's shape, never proxied.
@@ -622,77 +624,14 @@ async fn proxy_inner(
             lease_micros: policy.server.lease.as_micros() as u64,
             hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
                 as u64,
+            requester: prepared.plan.requester.clone(),
         };
         let concurrency_hint = policy.server.concurrency_retry.as_micros() as u64;
-        if attempt == 0 {
-            if let Some(denial) = st.deny_cache.check(&request.common, request.tokens, now) {
-                metrics::deny_cache_hit(&tenant.name, denial.name);
-                metrics::decision(
-                    &tenant.name,
-                    metrics::scope_kind(&denial.scope),
-                    denial.name.as_str(),
-                    "deny_cache",
-                    &policy.version,
-                );
-                let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
-                return Err(ApiError::RateLimited {
-                    denial: Box::new(denial),
-                    headers,
-                    concurrency_hint_micros: concurrency_hint,
-                });
-            }
-        }
-        let (hold_store, outcome) = match st.store.reserve(&request).await {
-            Ok(o) => (st.store.clone(), o),
-            Err(e) => match tenant.on_store_error {
-                OnStoreError::FailClosed => {
-                    tracing::error!(error = %e, tenant = %tenant.name, policy_version = %policy.version, "budget store failed; failing closed");
-                    metrics::degraded(&tenant.name, "fail_closed");
-                    metrics::decision(
-                        &tenant.name,
-                        "tenant",
-                        "none",
-                        "fail_closed",
-                        &policy.version,
-                    );
-                    return Err(ApiError::Unavailable(
-                        "The budget store is unavailable; please retry.".into(),
-                    ));
-                }
-                OnStoreError::FailOpen => {
-                    tracing::warn!(error = %e, tenant = %tenant.name, policy_version = %policy.version, "budget store failed; failing open to the local limiter");
-                    metrics::degraded(&tenant.name, "fail_open");
-                    let local = fallback_request(&request, policy.store.fallback_share);
-                    let fallback: Arc<dyn BudgetStore> = st.fallback.clone();
-                    let o = fallback.reserve(&local).await.map_err(|_| {
-                        ApiError::Unavailable(
-                            "The budget store is unavailable; please retry.".into(),
-                        )
-                    })?;
-                    (fallback, o)
-                }
-            },
-        };
+        let outcome = st.store.reserve(&request).await?;
         let admission = match outcome {
             ReserveOutcome::Admitted(a) => a,
             ReserveOutcome::Denied(denial) => {
-                metrics::decision(
-                    &tenant.name,
-                    metrics::scope_kind(&denial.scope),
-                    denial.name.as_str(),
-                    "denied",
-                    &policy.version,
-                );
                 tracing::info!(tenant = %tenant.name, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
-                if Arc::ptr_eq(&hold_store, &st.store) {
-                    if let Some(spec) = request
-                        .common
-                        .iter()
-                        .find(|s| s.scope == denial.scope && s.name == denial.name)
-                    {
-                        st.deny_cache.record(spec, &denial, now);
-                    }
-                }
                 let headers = rate_limit_headers(std::slice::from_ref(&denial.state));
                 return Err(ApiError::RateLimited {
                     denial: Box::new(denial),
@@ -701,13 +640,6 @@ async fn proxy_inner(
                 });
             }
             ReserveOutcome::Impossible(i) => {
-                metrics::decision(
-                    &tenant.name,
-                    metrics::scope_kind(&i.scope),
-                    i.name.as_str(),
-                    "impossible",
-                    &policy.version,
-                );
                 return Err(ApiError::Impossible(Box::new(i)));
             }
         };
@@ -723,7 +655,7 @@ async fn proxy_inner(
         }
         let hold = HeldReservation::new(
             id.clone(),
-            hold_store,
+            st.store.clone(),
             st.settlements.clone(),
             prepared.estimate.total_tokens,
             policy.server.lease,
@@ -757,36 +689,6 @@ async fn proxy_inner(
     Err(last_error.unwrap_or_else(|| {
         ApiError::BadGateway("No upstream deployment could serve the request.".into())
     }))
-}
-
-/// The same reservation scaled to this gateway's share of every budget,
-/// for the local fallback limiter (fail-open).
-fn fallback_request(req: &ReserveRequest, share: f64) -> ReserveRequest {
-    let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
-    let shrink = |s: &BudgetSpec| {
-        let mut s = s.clone();
-        s.kind = match s.kind {
-            BudgetKind::Bucket { per_minute, burst } => BudgetKind::Bucket {
-                per_minute: scale(per_minute),
-                burst: scale(burst),
-            },
-            BudgetKind::Quota { limit, window } => BudgetKind::Quota {
-                limit: scale(limit),
-                window,
-            },
-            BudgetKind::Concurrency { max } => BudgetKind::Concurrency { max: scale(max) },
-        };
-        s
-    };
-    ReserveRequest {
-        common: req.common.iter().map(shrink).collect(),
-        candidates: req
-            .candidates
-            .iter()
-            .map(|c| c.iter().map(shrink).collect())
-            .collect(),
-        ..req.clone()
-    }
 }
 
 /// Sorts candidates by the spare share (remaining/limit) of their tightest
@@ -888,10 +790,7 @@ async fn forward(
             })
             .await;
             tracing::warn!(reservation_id = %id, deployment = %upstream.name, error = %e, "upstream request failed");
-            return Attempt::Retry(match e {
-                UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
-                _ => ApiError::BadGateway("The upstream could not be reached.".into()),
-            });
+            return Attempt::Retry(ApiError::from(e));
         }
     };
     let status = resp.status();

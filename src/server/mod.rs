@@ -5,16 +5,17 @@
 //! - [`handlers`]: the request lifecycle of DESIGN section 1.
 //! - [`error`]: every error → status, OpenAI body, retry headers.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
-//! - [`settlement`]: the reservation guard and settlement tasks.
-//! - [`lease`]: one task renewing the leases of all live reservations.
 //! - [`admin`]: the operator API under `/admin/v1/`.
+//! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
+//!   remaining-share gauges.
+//! - [`admin_ui`]: the live budget page at `/admin/ui`.
 
 pub mod admin;
+pub mod admin_ui;
+pub mod budget_view;
 pub mod error;
 pub mod handlers;
 pub mod headers;
-pub mod lease;
-pub mod settlement;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,13 +27,14 @@ use axum::Router;
 use crate::clock::Clock;
 use crate::config::{KeyPolicy, ModelPolicy, Policy, TenantPolicy};
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
+use crate::reservation::deny::DenyCachedStore;
+use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::memory::MemoryStore;
-use crate::reserve::{plan, BudgetSpec, BudgetStore};
+use crate::reserve::{plan, BudgetSpec, BudgetStore, Requester};
 use crate::upstreams::UpstreamClient;
-use settlement::SettlementTracker;
 
 /// Everything a request needs. One per serving thread: the store handle
 /// (and with it the store connection and circuit breaker) is the thread's
@@ -40,8 +42,9 @@ use settlement::SettlementTracker;
 pub struct AppState {
     /// The active policy; swapped atomically on reload, each request keeps the one it started with.
     pub policy: Arc<ArcSwap<Policy>>,
-    /// Budget state.
-    pub store: Arc<dyn BudgetStore>,
+    /// Budget state: the failure policy over the deny cache over the
+    /// guarded store (timeout, metrics, circuit breaker).
+    pub store: Arc<GatewayStore>,
     /// Time source (the store reads its own; this one stamps logs and responses).
     pub clock: Arc<dyn Clock>,
     /// Pooled upstream client.
@@ -50,10 +53,6 @@ pub struct AppState {
     pub settlements: SettlementTracker,
     /// Deployments that answered 429: no traffic until the given UTC µs (per gateway).
     cooldowns: Arc<Mutex<HashMap<String, u64>>>,
-    /// Refusals answered locally without a store call.
-    pub deny_cache: Arc<DenyCache>,
-    /// The local limiter used for fail-open tenants while the store is down.
-    pub fallback: Arc<MemoryStore>,
     /// SHA-256 of the admin API bearer token; `None` disables the admin API.
     admin_token: Arc<Mutex<Option<[u8; 32]>>>,
     /// Budget lists per (tenant, key, model) of the active policy.
@@ -70,7 +69,9 @@ pub struct BudgetPlan {
     /// Metric handles of the tenant under this policy version.
     pub tenant_metrics: Arc<TenantMetrics>,
     /// The deny-cache entries a refund of this plan's reservations clears.
-    pub deny_release: Arc<settlement::DenyRelease>,
+    pub deny_release: Arc<DenyRelease>,
+    /// Who the plan's reservations are for (tenant, policy version, failure policy).
+    pub requester: Arc<Requester>,
 }
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
@@ -93,15 +94,19 @@ struct PlanCache {
 
 impl AppState {
     /// State for `policy` over `store`.
-    /// The store is wrapped in a [`GuardedStore`] (timeout, metrics, circuit breaker).
+    /// The store is composed once into a [`GatewayStore`].
     pub fn new(policy: Policy, store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Arc<Self> {
         // Before the store wrapper registers its metric handles.
         crate::metrics::install();
-        let store: Arc<dyn BudgetStore> = Arc::new(GuardedStore::new(store, policy.store.timeout));
+        let guarded: Arc<dyn BudgetStore> =
+            Arc::new(GuardedStore::new(store, policy.store.timeout));
+        let store = Arc::new(GatewayStore::new(
+            DenyCachedStore::new(guarded, Arc::new(DenyCache::new()), clock.clone()),
+            Arc::new(MemoryStore::new(clock.clone())),
+            policy.store.fallback_share,
+        ));
         crate::metrics::policy_version(None, &policy.version);
         Arc::new(Self {
-            fallback: Arc::new(MemoryStore::new(clock.clone())),
-            deny_cache: Arc::new(DenyCache::new()),
             policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
             clock,
@@ -142,8 +147,8 @@ impl AppState {
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
                 let common = plan::tenant_budgets(&ks, tenant, key, model);
-                let deny_release = Arc::new(settlement::DenyRelease {
-                    cache: self.deny_cache.clone(),
+                let deny_release = Arc::new(DenyRelease {
+                    cache: self.store.deny_cache().clone(),
                     keys: common
                         .iter()
                         .filter(|s| s.refund_unused && s.name.counts_tokens())
@@ -163,6 +168,11 @@ impl AppState {
                         })
                         .collect(),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
+                    requester: Arc::new(Requester {
+                        tenant: tenant.name.as_str().into(),
+                        policy_version: policy.version.as_str().into(),
+                        on_store_error: tenant.on_store_error,
+                    }),
                 })
             })
             .clone()
@@ -170,20 +180,22 @@ impl AppState {
 
     /// The same gateway state over another handle to the budget store (a
     /// serving thread's own Redis connection, or the shared memory store),
-    /// wrapped in its own [`GuardedStore`]. Policy, reloads, settlements,
+    /// wrapped in its own [`GuardedStore`] and the shared layers of the
+    /// [`GatewayStore`]. Policy, reloads, settlements,
     /// leases, deny cache, cool-downs, fallback limiter and admin token are
     /// shared with `self`.
     pub fn with_store(&self, store: Arc<dyn BudgetStore>) -> Arc<Self> {
         let timeout = self.policy.load().store.timeout;
         Arc::new(Self {
             policy: self.policy.clone(),
-            store: Arc::new(GuardedStore::new(store, timeout)),
+            store: Arc::new(
+                self.store
+                    .with_inner(Arc::new(GuardedStore::new(store, timeout))),
+            ),
             clock: self.clock.clone(),
             upstream: self.upstream.clone(),
             settlements: self.settlements.clone(),
             cooldowns: self.cooldowns.clone(),
-            deny_cache: self.deny_cache.clone(),
-            fallback: self.fallback.clone(),
             admin_token: self.admin_token.clone(),
             plans: self.plans.clone(),
         })
@@ -244,6 +256,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             post(handlers::azure_embeddings),
         )
         .route("/admin/v1/policy", get(admin::policy))
+        .route("/admin/v1/budgets", get(budget_view::list))
+        .route("/admin/ui", get(admin_ui::page))
+        .route("/admin/ui/", get(admin_ui::page))
+        .route("/admin/ui/{asset}", get(admin_ui::asset))
         .route(
             "/admin/v1/tenants/{tenant}/budgets",
             get(admin::tenant_budgets),
@@ -281,8 +297,7 @@ async fn end_at_shutdown_cutoff(
         biased;
         resp = next.run(req) => resp,
         _ = tracker.cutoff() => {
-            error::ApiError::Unavailable("The gateway is shutting down; retry the request.".into())
-                .into_response()
+            error::ApiError::ShuttingDown.into_response()
         }
     }
 }

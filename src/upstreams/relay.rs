@@ -13,8 +13,8 @@ use tokio::sync::mpsc;
 
 use super::sse::{parse_frame, FrameSplitter};
 use crate::estimate::{Encoding, Endpoint};
+use crate::reservation::HeldReservation;
 use crate::reserve::{ExtendOutcome, Settlement};
-use crate::server::settlement::HeldReservation;
 
 /// What the processor does with one frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,8 +257,7 @@ impl StreamProcessor {
 
 /// An SSE error event in OpenAI's error shape; the official SDKs raise on it.
 pub fn error_frame(message: &str, code: &str) -> Bytes {
-    let v = json!({"error": {"message": message, "type": "upstream_error", "param": null, "code": code}});
-    Bytes::from(format!("data: {v}\n\n"))
+    crate::dialects::error::error_event(message, "upstream_error", code)
 }
 
 /// How a stream ended, for logs and settlement.
@@ -384,11 +383,10 @@ pub async fn run(
                 && plan.reserved_output < plan.max_output
             {
                 let want = step.min(plan.max_output - plan.reserved_output);
-                let outcome = hold.store().extend(hold.id(), want).await;
+                let outcome = hold.extend(want).await;
                 match outcome {
                     Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
                         plan.reserved_output += granted;
-                        hold.add_extension(granted);
                     }
                     Ok(ExtendOutcome::Exhausted(d)) => {
                         tracing::info!(reservation_id = %hold.id(), scope = %d.scope, budget = %d.name, "budget exhausted mid-stream; cutting off");

@@ -1,11 +1,8 @@
-//! A reservation as a value that must be settled. [`HeldReservation`]
-//! renews its concurrency lease while alive, settles exactly once, and its
-//! `Drop` is the backstop that settles on every exit path (handler
-//! cancelled by a client disconnect, panic, early return). Settlements run
-//! as tracked tasks, off the response's critical path, retried with the
-//! same reservation id (idempotent) for a bounded time, and drained at
-//! shutdown. The tracker also carries the shutdown *cutoff*: at the end of
-//! the grace period every stream still relaying is told to cut off cleanly.
+//! Settlements as tracked work. Settlements run as tasks off the
+//! response's critical path, retried with the same reservation id
+//! (idempotent) for a bounded time, and drained at shutdown. The tracker
+//! also carries the shutdown *cutoff*: at the end of the grace period every
+//! stream still relaying is told to cut off cleanly.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,12 +11,13 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use super::lease::{LeaseHandle, LeaseKeeper};
+use super::lease::LeaseKeeper;
+use super::GatewayStore;
 
 use crate::metrics::TenantMetrics;
 use crate::reserve::bucket::MAX_LIMIT;
 use crate::reserve::deny_cache::DenyCache;
-use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
+use crate::reserve::{SettleOutcome, Settlement};
 
 /// The local deny-cache entries a refund must clear: the refundable token
 /// budgets of a tenant's budget plan. Built once per plan.
@@ -33,9 +31,9 @@ pub struct DenyRelease {
 /// What a settlement reports to besides the store: the tenant's metrics and
 /// the deny-cache entries its refund clears.
 #[derive(Clone, Default)]
-struct SettleReport {
-    tenant: Option<Arc<TenantMetrics>>,
-    deny: Option<Arc<DenyRelease>>,
+pub(super) struct SettleReport {
+    pub(super) tenant: Option<Arc<TenantMetrics>>,
+    pub(super) deny: Option<Arc<DenyRelease>>,
 }
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
@@ -118,9 +116,14 @@ impl SettlementTracker {
         }
     }
 
-    fn spawn_settle(
+    /// The lease keeper of the reservations this tracker settles.
+    pub(super) fn leases(&self) -> &LeaseKeeper {
+        &self.inner.leases
+    }
+
+    pub(super) fn spawn_settle(
         &self,
-        store: Arc<dyn BudgetStore>,
+        store: Arc<GatewayStore>,
         id: String,
         s: Settlement,
         retry_for: Duration,
@@ -129,7 +132,7 @@ impl SettlementTracker {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_with_retry(store.as_ref(), &id, s, retry_for).await;
+            let outcome = settle_with_retry(&store, &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
                     record_settlement(&report, &o, s);
@@ -160,14 +163,14 @@ impl SettlementTracker {
 /// `s` with its usage bounded by the largest single cost (tokens): the
 /// usage comes from the upstream's answer, and an absurd count must not
 /// overflow the budget arithmetic (whose integers stay below 2^53).
-fn bounded(s: Settlement) -> Settlement {
+pub(super) fn bounded(s: Settlement) -> Settlement {
     Settlement {
         actual_tokens: s.actual_tokens.min(MAX_LIMIT),
         ..s
     }
 }
 
-fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, s: Settlement) {
+pub(super) fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, s: Settlement) {
     let SettleOutcome::Settled {
         reserved, refunded, ..
     } = outcome
@@ -184,7 +187,7 @@ fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, s: Settleme
 
 /// Settles, retrying store errors with a growing back-off for up to `retry_for`.
 pub async fn settle_with_retry(
-    store: &dyn BudgetStore,
+    store: &GatewayStore,
     id: &str,
     s: Settlement,
     retry_for: Duration,
@@ -197,142 +200,12 @@ pub async fn settle_with_retry(
             Err(e) => {
                 tracing::warn!(reservation_id = %id, error = %e, "settle failed, retrying");
                 if tokio::time::Instant::now() + backoff > deadline {
+                    crate::metrics::settlement_failed();
                     return None;
                 }
                 tokio::time::sleep(backoff).await;
+                crate::metrics::settlement_retry();
                 backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
-}
-
-/// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
-/// dropped unsettled, the whole reservation is charged (no refund) and its
-/// slots are freed.
-pub struct HeldReservation {
-    id: String,
-    store: Arc<dyn BudgetStore>,
-    tracker: SettlementTracker,
-    reserved_tokens: u64,
-    settle_retry: Duration,
-    lease: Option<LeaseHandle>,
-    done: bool,
-    report: SettleReport,
-}
-
-impl HeldReservation {
-    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
-    /// renewed every `lease / 3` (by the tracker's [`LeaseKeeper`]).
-    pub fn new(
-        id: String,
-        store: Arc<dyn BudgetStore>,
-        tracker: SettlementTracker,
-        reserved_tokens: u64,
-        lease: Duration,
-        settle_retry: Duration,
-    ) -> Self {
-        let lease = tracker.inner.leases.register(&id, store.clone(), lease);
-        Self {
-            id,
-            store,
-            tracker,
-            reserved_tokens,
-            settle_retry,
-            lease: Some(lease),
-            done: false,
-            report: SettleReport::default(),
-        }
-    }
-
-    /// Records this reservation's settlement in `tenant`'s metrics.
-    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
-        self.report.tenant = Some(tenant);
-        self
-    }
-
-    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
-    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
-        self.report.deny = Some(deny);
-        self
-    }
-
-    /// The reservation id (also the response's `x-request-id`).
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// Tokens reserved so far (initial + extensions).
-    pub fn reserved_tokens(&self) -> u64 {
-        self.reserved_tokens
-    }
-
-    /// Records an extension granted by the store.
-    pub fn add_extension(&mut self, granted: u64) {
-        self.reserved_tokens += granted;
-    }
-
-    /// Resolves when the gateway's shutdown grace period ends: the holder
-    /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
-    pub async fn shutdown_cutoff(&self) {
-        self.tracker.cutoff().await
-    }
-
-    /// The store holding this reservation.
-    pub fn store(&self) -> &Arc<dyn BudgetStore> {
-        &self.store
-    }
-
-    /// Settles in the background (tracked); consumes the reservation.
-    pub fn settle(mut self, s: Settlement) {
-        self.finish(s);
-    }
-
-    /// Settles and waits for the store's answer (used before retrying on
-    /// another deployment, so the refund and the freed slot are visible to
-    /// the next reservation).
-    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
-        let s = bounded(s);
-        self.done = true;
-        if let Some(l) = self.lease.take() {
-            self.tracker.inner.leases.release(l);
-        }
-        let outcome = settle_with_retry(self.store.as_ref(), &self.id, s, self.settle_retry).await;
-        if let Some(o) = &outcome {
-            record_settlement(&self.report, o, s);
-        }
-        outcome
-    }
-
-    fn finish(&mut self, s: Settlement) {
-        if self.done {
-            return;
-        }
-        let s = bounded(s);
-        self.done = true;
-        if let Some(l) = self.lease.take() {
-            self.tracker.inner.leases.release(l);
-        }
-        self.tracker.spawn_settle(
-            self.store.clone(),
-            self.id.clone(),
-            s,
-            self.settle_retry,
-            self.report.clone(),
-        );
-    }
-}
-
-impl Drop for HeldReservation {
-    fn drop(&mut self) {
-        if !self.done {
-            tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
-            let s = Settlement {
-                actual_tokens: self.reserved_tokens,
-                upstream_failed: false,
-            };
-            // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
-            if tokio::runtime::Handle::try_current().is_ok() {
-                self.finish(s);
             }
         }
     }

@@ -56,9 +56,24 @@ struct Entry {
     due: Instant,
 }
 
-/// A registration, to pass to [`LeaseKeeper::release`] when the reservation ends.
-#[derive(Debug)]
-pub struct LeaseHandle(u64);
+/// A registration: renewals stop when it is dropped (with the reservation
+/// that holds it), so no exit path can leave a lease renewed forever.
+pub struct LeaseHandle {
+    key: u64,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LeaseHandle").field(&self.key).finish()
+    }
+}
+
+impl Drop for LeaseHandle {
+    fn drop(&mut self) {
+        lock(&self.state).entries.remove(&self.key);
+    }
+}
 
 impl Drop for Shared {
     fn drop(&mut self) {
@@ -69,7 +84,7 @@ impl Drop for Shared {
 
 impl LeaseKeeper {
     /// Renews reservation `id` in `store` every `lease / 3` (at least every
-    /// 10 ms) until the handle is released. Must be called inside a tokio
+    /// 10 ms) until the handle is dropped. Must be called inside a tokio
     /// runtime (the keeper task starts on first use).
     pub fn register(&self, id: &str, store: Arc<dyn BudgetStore>, lease: Duration) -> LeaseHandle {
         let every = (lease / 3).max(MIN_PERIOD);
@@ -102,12 +117,10 @@ impl LeaseKeeper {
         } else if wake {
             self.shared.wake.notify_one();
         }
-        LeaseHandle(handle)
-    }
-
-    /// Stops renewing the reservation of `handle`.
-    pub fn release(&self, handle: LeaseHandle) {
-        lock(&self.shared.state).entries.remove(&handle.0);
+        LeaseHandle {
+            key: handle,
+            state: self.shared.state.clone(),
+        }
     }
 
     /// Reservations currently renewed.
@@ -224,7 +237,7 @@ mod tests {
         assert_eq!(store.renewals.load(Ordering::SeqCst), 1);
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(store.renewals.load(Ordering::SeqCst), 3);
-        keeper.release(h);
+        drop(h);
         assert_eq!(keeper.live(), 0);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(store.renewals.load(Ordering::SeqCst), 3);
@@ -252,7 +265,7 @@ mod tests {
         tokio::task::yield_now().await;
         let wake = keeper.shared.wake.clone();
         assert_eq!(Arc::strong_count(&wake), 3, "keeper, task and this test");
-        keeper.release(h);
+        drop(h);
         drop(keeper);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(Arc::strong_count(&wake), 1, "the keeper task ended");

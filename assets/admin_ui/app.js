@@ -1,0 +1,198 @@
+// The live budget page: reads /admin/v1/budgets with the admin token and
+// draws every budget as a bar of remaining / capacity. No framework, no
+// build step. Names from the config are inserted with textContent only,
+// never as HTML. The token lives in this tab's sessionStorage, never in a URL.
+'use strict';
+
+const TOKEN_KEY = 'budgetgate.adminToken';
+const REFRESH_MS = 5000; // the bound: at most every 5 s
+const PAGE = 200;
+const MAX_PAGES = 50;
+
+const $ = (id) => document.getElementById(id);
+const fmt = new Intl.NumberFormat('en-US');
+
+class AuthError extends Error {}
+
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function isLoopback(host) {
+  return host === 'localhost' || host === '::1' || host === '[::1]' || /^127\./.test(host);
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+async function fetchAll(tok) {
+  const out = { version: '', tenants: [], upstreams: [] };
+  let after = null;
+  for (let i = 0; i < MAX_PAGES; i++) {
+    let url = '/admin/v1/budgets?limit=' + PAGE;
+    if (after !== null) url += '&after=' + encodeURIComponent(after);
+    const r = await fetch(url, { headers: { Authorization: 'Bearer ' + tok }, cache: 'no-store' });
+    if (r.status === 401) throw new AuthError('The admin token was refused.');
+    if (!r.ok) {
+      let msg = 'HTTP ' + r.status;
+      try { msg = (await r.json()).error.message; } catch (_) { /* keep the status */ }
+      throw new Error(msg);
+    }
+    const page = await r.json();
+    out.version = page.policy_version;
+    out.tenants.push(...page.tenants);
+    if (page.upstreams) out.upstreams = page.upstreams;
+    if (!page.next_after) break;
+    after = page.next_after;
+  }
+  return out;
+}
+
+// Durations as the gateway writes them are Go-style; this shows µs compactly.
+function human(micros) {
+  let s = Math.ceil(micros / 1e6);
+  if (s < 60) return s + ' s';
+  const m = Math.floor(s / 60); s %= 60;
+  if (m < 60) return m + ' min ' + (s ? s + ' s' : '');
+  const h = Math.floor(m / 60);
+  if (h < 48) return h + ' h ' + (m % 60) + ' min';
+  return Math.floor(h / 24) + ' d ' + (h % 24) + ' h';
+}
+
+function resetText(b) {
+  if (b.kind === 'bucket') return b.reset_micros > 0 ? 'full in ' + human(b.reset_micros) : 'full';
+  if (b.kind === 'quota') return 'resets in ' + human(b.reset_micros) + (b.window ? ' (' + b.window + ')' : '');
+  return '';
+}
+
+function budgetRow(b) {
+  const row = el('div', 'budget');
+  row.dataset.scope = b.scope;
+  row.dataset.budget = b.budget;
+  row.dataset.remaining = String(b.remaining);
+  row.dataset.capacity = String(b.capacity);
+  row.appendChild(el('span', 'name', b.budget + (b.shadow ? ' (shadow)' : '')));
+  const share = b.capacity > 0 ? Math.max(0, Math.min(1, b.remaining / b.capacity)) : 0;
+  const bar = el('div', 'bar');
+  bar.setAttribute('role', 'meter');
+  bar.setAttribute('aria-valuemin', '0');
+  bar.setAttribute('aria-valuemax', String(b.capacity));
+  bar.setAttribute('aria-valuenow', String(Math.max(0, b.remaining)));
+  bar.setAttribute('aria-label', b.scope + ' ' + b.budget);
+  const fill = el('div', 'fill' + (share < 0.1 ? ' low' : share < 0.3 ? ' mid' : ''));
+  fill.style.width = (share * 100).toFixed(1) + '%';
+  bar.appendChild(fill);
+  row.appendChild(bar);
+  const unit = b.unit || '';
+  row.appendChild(el('span', 'numbers', fmt.format(b.remaining) + ' / ' + fmt.format(b.capacity) + ' ' + unit));
+  row.appendChild(el('span', 'reset', resetText(b)));
+  return row;
+}
+
+const SCOPE_TITLES = { tenant: 'tenant', key: 'key', tenant_model: 'model', upstream: 'deployment' };
+
+function scopes(budgets) {
+  const groups = new Map();
+  for (const b of budgets) {
+    if (!groups.has(b.scope)) groups.set(b.scope, []);
+    groups.get(b.scope).push(b);
+  }
+  const frag = document.createDocumentFragment();
+  for (const [scope, list] of groups) {
+    const s = el('div', 'scope');
+    s.dataset.scope = scope;
+    const first = list[0];
+    s.appendChild(el('h4', null, (SCOPE_TITLES[first.scope_kind] || first.scope_kind) + ' ' + first.scope_name));
+    list.forEach((b) => s.appendChild(budgetRow(b)));
+    frag.appendChild(s);
+  }
+  return frag;
+}
+
+function card(cls, name, meta, budgets) {
+  const c = el('div', 'card ' + cls);
+  c.dataset.name = name;
+  c.appendChild(el('h3', null, name));
+  if (meta) c.appendChild(el('div', 'meta', meta));
+  if (budgets.length === 0) c.appendChild(el('div', 'empty', 'no limits configured'));
+  c.appendChild(scopes(budgets));
+  return c;
+}
+
+function render(data) {
+  const tenants = $('tenants');
+  tenants.replaceChildren(...data.tenants.map((t) => card(
+    'tenant', t.name,
+    (t.keys.length ? 'keys: ' + t.keys.join(', ') : 'no keys') + (t.shadow ? ' · shadow mode' : ''),
+    t.budgets)));
+  if (data.tenants.length === 0) tenants.replaceChildren(el('p', 'empty', 'No tenants configured.'));
+  const ups = $('upstreams');
+  ups.replaceChildren(...data.upstreams.map((u) => card('upstream', u.name, 'kind: ' + u.kind, u.budgets)));
+  if (data.upstreams.length === 0) ups.replaceChildren(el('p', 'empty', 'No upstream deployments configured.'));
+}
+
+function showPrompt(message) {
+  $('view').hidden = true;
+  $('forget').hidden = true;
+  $('tenants').replaceChildren();
+  $('upstreams').replaceChildren();
+  $('status').textContent = '';
+  $('token-form').hidden = false;
+  const err = $('token-error');
+  err.textContent = message || '';
+  err.hidden = !message;
+  $('token').focus();
+}
+
+let timer = null;
+
+async function refresh() {
+  clearTimeout(timer);
+  const tok = token();
+  if (!tok) { showPrompt(); return; }
+  const status = $('status');
+  try {
+    const data = await fetchAll(tok);
+    render(data);
+    $('token-form').hidden = true;
+    $('view').hidden = false;
+    $('forget').hidden = false;
+    status.classList.remove('stale');
+    status.textContent = 'policy ' + data.version + ' · updated ' + new Date().toLocaleTimeString();
+  } catch (e) {
+    if (e instanceof AuthError) {
+      sessionStorage.removeItem(TOKEN_KEY);
+      showPrompt(e.message);
+      return;
+    }
+    status.classList.add('stale');
+    status.textContent = 'not updated: ' + e.message + ' (retrying)';
+  }
+  timer = setTimeout(refresh, REFRESH_MS);
+}
+
+function start() {
+  if (location.protocol === 'http:' && !isLoopback(location.hostname)) {
+    $('plain-http').hidden = false;
+  }
+  $('token-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    const value = $('token').value.trim();
+    $('token').value = '';
+    if (!value) return;
+    sessionStorage.setItem(TOKEN_KEY, value);
+    refresh();
+  });
+  $('forget').addEventListener('click', () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    clearTimeout(timer);
+    showPrompt();
+  });
+  refresh();
+}
+
+document.addEventListener('DOMContentLoaded', start);

@@ -1,0 +1,131 @@
+//! The deny cache as a store wrapper (DESIGN section 7): a reservation
+//! that certainly cannot fit a tenant-side budget the store refused a
+//! moment ago is refused here, without a store call; every refusal of the
+//! store is remembered. The decision metrics of store refusals are counted
+//! here too, since only this layer knows whether a refusal came from the
+//! cache or from the store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::clock::Clock;
+use crate::metrics;
+use crate::reserve::deny_cache::DenyCache;
+use crate::reserve::{
+    BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
+    ReserveRequest, SettleOutcome, Settlement, StoreError,
+};
+
+/// A store behind a local deny cache.
+pub struct DenyCachedStore {
+    inner: Arc<dyn BudgetStore>,
+    cache: Arc<DenyCache>,
+    clock: Arc<dyn Clock>,
+}
+
+impl DenyCachedStore {
+    /// `inner` behind `cache`; `clock` dates the refusals.
+    pub fn new(inner: Arc<dyn BudgetStore>, cache: Arc<DenyCache>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            cache,
+            clock,
+        }
+    }
+
+    /// The same cache in front of another store handle.
+    pub fn with_inner(&self, inner: Arc<dyn BudgetStore>) -> Self {
+        Self::new(inner, self.cache.clone(), self.clock.clone())
+    }
+
+    /// The cache (a refund of this gateway clears its entries).
+    pub fn cache(&self) -> &Arc<DenyCache> {
+        &self.cache
+    }
+
+    /// Refuses locally when the cache knows the request cannot fit, else
+    /// asks the store and remembers a refusal of a tenant-side budget.
+    pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let now = self.clock.now_micros();
+        let who = &r.requester;
+        if let Some(denial) = self.cache.check(&r.common, r.tokens, now) {
+            metrics::deny_cache_hit(&who.tenant, denial.name);
+            metrics::decision(
+                &who.tenant,
+                metrics::scope_kind(&denial.scope),
+                denial.name.as_str(),
+                "deny_cache",
+                &who.policy_version,
+            );
+            return Ok(ReserveOutcome::Denied(denial));
+        }
+        let outcome = self.inner.reserve(r).await?;
+        match &outcome {
+            ReserveOutcome::Admitted(_) => {}
+            ReserveOutcome::Denied(denial) => {
+                count_refusal(r, &denial.scope, denial.name, "denied");
+                let spec = r
+                    .common
+                    .iter()
+                    .find(|s| s.scope == denial.scope && s.name == denial.name);
+                if let Some(spec) = spec {
+                    self.cache.record(spec, denial, now);
+                }
+            }
+            ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+        }
+        Ok(outcome)
+    }
+
+    /// Passed to the store.
+    pub async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        self.inner.extend(id, tokens).await
+    }
+
+    /// Passed to the store.
+    pub async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        self.inner.settle(id, s).await
+    }
+}
+
+/// Counts a refusal in the decision metrics of the request's tenant.
+pub(super) fn count_refusal(
+    r: &ReserveRequest,
+    scope: &crate::reserve::Scope,
+    name: crate::reserve::BudgetName,
+    outcome: &'static str,
+) {
+    metrics::decision(
+        &r.requester.tenant,
+        metrics::scope_kind(scope),
+        name.as_str(),
+        outcome,
+        &r.requester.policy_version,
+    );
+}
+
+#[async_trait]
+impl BudgetStore for DenyCachedStore {
+    async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        DenyCachedStore::reserve(self, r).await
+    }
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        DenyCachedStore::extend(self, id, tokens).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        DenyCachedStore::settle(self, id, s).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.inner.inspect(specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
+    fn times_out_calls(&self) -> bool {
+        self.inner.times_out_calls()
+    }
+}

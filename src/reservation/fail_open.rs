@@ -1,0 +1,218 @@
+//! The failure policy as a store wrapper (DESIGN section 7): when the
+//! store fails a reservation, a `fail_closed` tenant's request fails (503),
+//! a `fail_open` tenant's request is reserved on a local in-process limiter
+//! that enforces this gateway's share of every budget. The reservations
+//! held there are remembered by id, so their extensions, renewals and
+//! settlements go where they were reserved.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::deny::{count_refusal, DenyCachedStore};
+use crate::metrics;
+use crate::reserve::memory::MemoryStore;
+use crate::reserve::{
+    BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, OnStoreError, RenewOutcome,
+    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, StoreError,
+};
+
+/// Reservations held by the local limiter, by id.
+#[derive(Default)]
+struct LocalHolds {
+    /// How many ids `ids` holds: read without the lock on every call, so
+    /// the common case (the store is up) never takes it.
+    count: AtomicUsize,
+    ids: Mutex<HashSet<String>>,
+}
+
+impl LocalHolds {
+    fn contains(&self, id: &str) -> bool {
+        self.count.load(Ordering::Acquire) > 0 && self.lock().contains(id)
+    }
+
+    fn insert(&self, id: &str) {
+        let mut ids = self.lock();
+        if ids.insert(id.to_string()) {
+            self.count.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if self.lock().remove(id) {
+            self.count.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The gateway's budget store: the failure policy over the deny cache over
+/// the guarded store. Composed once at start-up (and once per serving
+/// thread's store handle, sharing cache, local limiter and holds).
+pub struct GatewayStore {
+    inner: DenyCachedStore,
+    fallback: Arc<MemoryStore>,
+    /// This gateway's share of every budget while failing open, (0, 1].
+    share: f64,
+    local: Arc<LocalHolds>,
+}
+
+impl GatewayStore {
+    /// `inner` with the local limiter `fallback` enforcing `share` of every
+    /// budget for `fail_open` tenants while `inner` fails.
+    pub fn new(inner: DenyCachedStore, fallback: Arc<MemoryStore>, share: f64) -> Self {
+        Self {
+            inner,
+            fallback,
+            share,
+            local: Arc::default(),
+        }
+    }
+
+    /// The same layers over another handle to the budget store.
+    pub fn with_inner(&self, inner: Arc<dyn BudgetStore>) -> Self {
+        Self {
+            inner: self.inner.with_inner(inner),
+            fallback: self.fallback.clone(),
+            share: self.share,
+            local: self.local.clone(),
+        }
+    }
+
+    /// The deny cache layer.
+    pub fn deny_cache(&self) -> &Arc<crate::reserve::deny_cache::DenyCache> {
+        self.inner.cache()
+    }
+
+    /// Reserves in the store; when it fails, applies the requester's
+    /// failure policy.
+    pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let e = match self.inner.reserve(r).await {
+            Ok(o) => return Ok(o),
+            Err(e) => e,
+        };
+        let who = &r.requester;
+        match who.on_store_error {
+            OnStoreError::FailClosed => {
+                tracing::error!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing closed");
+                metrics::degraded(&who.tenant, "fail_closed");
+                metrics::decision(
+                    &who.tenant,
+                    "tenant",
+                    "none",
+                    "fail_closed",
+                    &who.policy_version,
+                );
+                Err(e)
+            }
+            OnStoreError::FailOpen => {
+                tracing::warn!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing open to the local limiter");
+                metrics::degraded(&who.tenant, "fail_open");
+                let outcome = self.fallback.reserve(&scaled(r, self.share)).await?;
+                match &outcome {
+                    ReserveOutcome::Admitted(_) => self.local.insert(&r.id),
+                    ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
+                    ReserveOutcome::Impossible(i) => {
+                        count_refusal(r, &i.scope, i.name, "impossible")
+                    }
+                }
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// Extends where the reservation is held.
+    pub async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        if self.local.contains(id) {
+            return self.fallback.extend(id, tokens).await;
+        }
+        self.inner.extend(id, tokens).await
+    }
+
+    /// Settles where the reservation is held.
+    pub async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        if self.local.contains(id) {
+            let o = self.fallback.settle(id, s).await;
+            if o.is_ok() {
+                self.local.remove(id);
+            }
+            return o;
+        }
+        self.inner.settle(id, s).await
+    }
+
+    /// Reads budgets from the store.
+    pub async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        BudgetStore::inspect(&self.inner, specs).await
+    }
+
+    /// Lowers a token bucket in the store (see [`BudgetStore::lower`]).
+    pub async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        BudgetStore::lower(&self.inner, spec, at_most).await
+    }
+}
+
+/// The same reservation scaled to this gateway's share of every budget.
+fn scaled(req: &ReserveRequest, share: f64) -> ReserveRequest {
+    let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
+    let shrink = |s: &BudgetSpec| {
+        let mut s = s.clone();
+        s.kind = match s.kind {
+            BudgetKind::Bucket { per_minute, burst } => BudgetKind::Bucket {
+                per_minute: scale(per_minute),
+                burst: scale(burst),
+            },
+            BudgetKind::Quota { limit, window } => BudgetKind::Quota {
+                limit: scale(limit),
+                window,
+            },
+            BudgetKind::Concurrency { max } => BudgetKind::Concurrency { max: scale(max) },
+        };
+        s
+    };
+    ReserveRequest {
+        common: req.common.iter().map(shrink).collect(),
+        candidates: req
+            .candidates
+            .iter()
+            .map(|c| c.iter().map(shrink).collect())
+            .collect(),
+        ..req.clone()
+    }
+}
+
+#[async_trait]
+impl BudgetStore for GatewayStore {
+    async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        GatewayStore::reserve(self, r).await
+    }
+    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        GatewayStore::extend(self, id, tokens).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        if self.local.contains(id) {
+            return self.fallback.renew(id).await;
+        }
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        GatewayStore::settle(self, id, s).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        GatewayStore::inspect(self, specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        GatewayStore::lower(self, spec, at_most).await
+    }
+    fn times_out_calls(&self) -> bool {
+        self.inner.times_out_calls()
+    }
+}

@@ -1,0 +1,144 @@
+//! A reservation as a value that must be settled. [`HeldReservation`] has
+//! its concurrency lease renewed while alive (released when it is dropped),
+//! records what extensions granted, settles exactly once, and its `Drop` is
+//! the backstop that settles on every exit path (handler cancelled by a
+//! client disconnect, panic, early return).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::lease::LeaseHandle;
+use super::tracker::{bounded, record_settlement, settle_with_retry, SettleReport};
+use super::{DenyRelease, GatewayStore, SettlementTracker};
+use crate::metrics::TenantMetrics;
+use crate::reserve::{BudgetStore, ExtendOutcome, SettleOutcome, Settlement, StoreError};
+
+/// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
+/// dropped unsettled, the whole reservation is charged (no refund) and its
+/// slots are freed.
+pub struct HeldReservation {
+    id: String,
+    store: Arc<GatewayStore>,
+    tracker: SettlementTracker,
+    reserved_tokens: u64,
+    settle_retry: Duration,
+    /// Renewed while held; dropping it stops the renewals.
+    lease: Option<LeaseHandle>,
+    done: bool,
+    report: SettleReport,
+}
+
+impl HeldReservation {
+    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
+    /// renewed every `lease / 3` (by the tracker's lease keeper).
+    pub fn new(
+        id: String,
+        store: Arc<GatewayStore>,
+        tracker: SettlementTracker,
+        reserved_tokens: u64,
+        lease: Duration,
+        settle_retry: Duration,
+    ) -> Self {
+        let renew: Arc<dyn BudgetStore> = store.clone();
+        let lease = tracker.leases().register(&id, renew, lease);
+        Self {
+            id,
+            store,
+            tracker,
+            reserved_tokens,
+            settle_retry,
+            lease: Some(lease),
+            done: false,
+            report: SettleReport::default(),
+        }
+    }
+
+    /// Records this reservation's settlement in `tenant`'s metrics.
+    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
+        self.report.tenant = Some(tenant);
+        self
+    }
+
+    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
+    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
+        self.report.deny = Some(deny);
+        self
+    }
+
+    /// The reservation id (also the response's `x-request-id`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Tokens reserved so far (initial + extensions).
+    pub fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens
+    }
+
+    /// Asks the store for `tokens` more on every token budget of the hold
+    /// and records what it granted.
+    pub async fn extend(&mut self, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+        let outcome = self.store.extend(&self.id, tokens).await?;
+        if let ExtendOutcome::Extended { granted, .. } = outcome {
+            self.reserved_tokens += granted;
+        }
+        Ok(outcome)
+    }
+
+    /// Resolves when the gateway's shutdown grace period ends: the holder
+    /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
+    pub async fn shutdown_cutoff(&self) {
+        self.tracker.cutoff().await
+    }
+
+    /// Settles in the background (tracked); consumes the reservation.
+    pub fn settle(mut self, s: Settlement) {
+        self.finish(s);
+    }
+
+    /// Settles and waits for the store's answer (used before retrying on
+    /// another deployment, so the refund and the freed slot are visible to
+    /// the next reservation).
+    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+        let s = bounded(s);
+        self.done = true;
+        self.lease = None;
+        let outcome = settle_with_retry(&self.store, &self.id, s, self.settle_retry).await;
+        if let Some(o) = &outcome {
+            record_settlement(&self.report, o, s);
+        }
+        outcome
+    }
+
+    fn finish(&mut self, s: Settlement) {
+        if self.done {
+            return;
+        }
+        let s = bounded(s);
+        self.done = true;
+        self.lease = None;
+        self.tracker.spawn_settle(
+            self.store.clone(),
+            self.id.clone(),
+            s,
+            self.settle_retry,
+            self.report.clone(),
+        );
+    }
+}
+
+impl Drop for HeldReservation {
+    fn drop(&mut self) {
+        if !self.done {
+            tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
+            let s = Settlement {
+                actual_tokens: self.reserved_tokens,
+                upstream_failed: false,
+            };
+            // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.finish(s);
+            }
+        }
+    }
+}

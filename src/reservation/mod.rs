@@ -1,0 +1,25 @@
+//! What a request holds once admitted, and the store layers that admit it.
+//!
+//! - [`held`]: [`HeldReservation`], a reservation as a value: it extends
+//!   (recording what was granted), settles once, and its `Drop` is the
+//!   backstop that settles on every exit path.
+//! - [`lease`]: one task renewing the leases of all live reservations; a
+//!   lease is released when its handle is dropped.
+//! - [`tracker`]: settlements as tracked tasks, drained at shutdown, and
+//!   the shutdown cutoff.
+//! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
+//!   wrappers around the guarded store, composed once into the
+//!   [`GatewayStore`] every request reserves through.
+//!
+//! Nothing outside this module calls the raw budget store for a held
+//! reservation.
+
+pub mod deny;
+pub mod fail_open;
+pub mod held;
+pub mod lease;
+pub mod tracker;
+
+pub use fail_open::GatewayStore;
+pub use held::HeldReservation;
+pub use tracker::{DenyRelease, SettlementTracker};

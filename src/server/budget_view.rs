@@ -1,0 +1,304 @@
+//! Every tenant's budgets at once (issue 22): the admin list endpoint
+//! `GET /admin/v1/budgets` that the budget page reads, and the
+//! remaining-share gauges of `/metrics`.
+//!
+//! - One budget renders the same everywhere ([`budget_json`]): its scope,
+//!   scope kind and name, budget, kind, `unit`, limit, capacity, remaining,
+//!   reset. A reader draws any budget as `remaining / capacity unit` without
+//!   knowing its kind, so a new kind (e.g. dollars) needs no page change.
+//! - Tenants are listed by name, `limit` per page (default
+//!   [`DEFAULT_PAGE`], at most [`MAX_PAGE`]), the next page starting after
+//!   the `next_after` name of the previous one. A page costs at most
+//!   ⌈its budgets / [`INSPECT_CHUNK`]⌉ store calls (one for usual pages),
+//!   whatever the number of tenants; reading changes nothing.
+//! - Upstream deployments come with the first page (no `after`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{OriginalUri, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::admin;
+use super::error::ApiError;
+use super::headers::go_duration;
+use super::AppState;
+use crate::config::{Policy, TenantPolicy};
+use crate::reserve::plan;
+use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
+
+/// Tenants per page when the request gives no `limit`.
+pub const DEFAULT_PAGE: usize = 100;
+/// Largest `limit` accepted.
+pub const MAX_PAGE: usize = 500;
+/// Budgets read per store call.
+pub const INSPECT_CHUNK: usize = 512;
+
+/// The unit a budget counts in.
+pub fn unit(name: BudgetName) -> &'static str {
+    match name {
+        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
+        BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth => "tokens",
+        BudgetName::MaxConcurrent => "slots",
+    }
+}
+
+/// The part of a scope after its kind and tenant: the key id, the model,
+/// the deployment, or the tenant's own name.
+fn scope_name(scope: &Scope) -> String {
+    match scope {
+        Scope::Tenant(t) => t.to_string(),
+        Scope::Key(_, k) => k.to_string(),
+        Scope::TenantModel(_, m) => m.to_string(),
+        Scope::Upstream(u) => u.to_string(),
+    }
+}
+
+/// One budget as the admin API reports it.
+pub fn budget_json(spec: &BudgetSpec, s: &BudgetState) -> Value {
+    let kind = match spec.kind {
+        BudgetKind::Bucket { .. } => "bucket",
+        BudgetKind::Quota { .. } => "quota",
+        BudgetKind::Concurrency { .. } => "concurrency",
+    };
+    json!({
+        "scope": spec.scope.to_string(),
+        "scope_kind": crate::metrics::scope_kind(&spec.scope),
+        "scope_name": scope_name(&spec.scope),
+        "budget": spec.name,
+        "kind": kind,
+        "unit": unit(spec.name),
+        "shadow": spec.shadow,
+        "limit": s.limit,
+        "capacity": spec.capacity(),
+        "remaining": s.remaining,
+        "reset_micros": s.reset_micros,
+        "reset": go_duration(s.reset_micros),
+        "window": s.window,
+    })
+}
+
+/// Reads `specs` in chunks of [`INSPECT_CHUNK`].
+async fn inspect_all(st: &AppState, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+    let mut out = Vec::with_capacity(specs.len());
+    for chunk in specs.chunks(INSPECT_CHUNK) {
+        out.extend(st.store.inspect(chunk).await?);
+    }
+    Ok(out)
+}
+
+/// `?limit=&after=`.
+#[derive(Debug, serde::Deserialize)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// Tenants of `policy` sorted by name, the page after `after`.
+fn page<'p>(
+    policy: &'p Policy,
+    after: Option<&str>,
+    limit: usize,
+) -> (Vec<&'p TenantPolicy>, bool) {
+    let mut tenants: Vec<&TenantPolicy> = policy.tenants.iter().collect();
+    tenants.sort_by(|a, b| a.name.cmp(&b.name));
+    let start = after.map_or(0, |a| tenants.partition_point(|t| t.name.as_str() <= a));
+    let rest = &tenants[start..];
+    let more = rest.len() > limit;
+    (rest.iter().take(limit).copied().collect(), more)
+}
+
+/// `GET /admin/v1/budgets?limit=N&after=NAME`.
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    if let Some(r) = admin::refuse(&st, &headers, &uri) {
+        return r;
+    }
+    let Ok(Query(q)) = query else {
+        return ApiError::InvalidRequest {
+            message: "`limit` must be a whole number and `after` a tenant name.".into(),
+            param: Some("limit".into()),
+        }
+        .into_response();
+    };
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return ApiError::InvalidRequest {
+            message: format!("`limit` must be within 1..={MAX_PAGE}."),
+            param: Some("limit".into()),
+        }
+        .into_response();
+    }
+    let p = st.policy.load_full();
+    let ks = AppState::key_space(&p);
+    let (tenants, more) = page(&p, q.after.as_deref(), limit);
+    let mut specs = Vec::new();
+    let mut tenant_ranges = Vec::with_capacity(tenants.len());
+    for t in &tenants {
+        let from = specs.len();
+        specs.extend(admin::tenant_specs(&p, t));
+        tenant_ranges.push(from..specs.len());
+    }
+    let first_page = q.after.is_none();
+    let mut upstream_ranges = Vec::new();
+    if first_page {
+        for u in &p.upstreams {
+            let from = specs.len();
+            specs.extend(plan::upstream_budgets(&ks, u));
+            upstream_ranges.push(from..specs.len());
+        }
+    }
+    let states = match inspect_all(&st, &specs).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "admin: budget store inspect failed");
+            return ApiError::Unavailable("The budget store did not answer.".into())
+                .into_response();
+        }
+    };
+    let render = |r: &std::ops::Range<usize>| -> Vec<Value> {
+        r.clone()
+            .map(|i| budget_json(&specs[i], &states[i]))
+            .collect()
+    };
+    let tenants_json: Vec<Value> = tenants
+        .iter()
+        .zip(&tenant_ranges)
+        .map(|(t, r)| {
+            json!({
+                "name": t.name,
+                "keys": t.keys.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
+                "shadow": t.shadow,
+                "budgets": render(r),
+            })
+        })
+        .collect();
+    let mut body = json!({
+        "policy_version": p.version,
+        "tenants": tenants_json,
+        "next_after": if more { tenants.last().map(|t| t.name.as_str()) } else { None },
+    });
+    if first_page {
+        body["upstreams"] = p
+            .upstreams
+            .iter()
+            .zip(&upstream_ranges)
+            .map(|(u, r)| json!({"name": u.name, "kind": u.kind, "budgets": render(r)}))
+            .collect();
+    }
+    admin::json_response(StatusCode::OK, body)
+}
+
+/// Share of a budget left, within [0, 1] (a bucket in debt counts as empty).
+fn share(spec: &BudgetSpec, s: &BudgetState) -> f64 {
+    let capacity = spec.capacity().max(1) as f64;
+    (s.remaining as f64 / capacity).clamp(0.0, 1.0)
+}
+
+/// Sets the remaining-share gauges of every budget of `policy` from the
+/// store: per tenant, scope kind and budget the smallest share among the
+/// tenant's scopes of that kind (its keys, its models), per deployment and
+/// budget its own. Never per end user. Store calls as for a list page.
+pub async fn refresh_gauges(st: &AppState) -> Result<(), StoreError> {
+    let p = st.policy.load_full();
+    let ks = AppState::key_space(&p);
+    let mut specs = Vec::new();
+    for t in &p.tenants {
+        specs.extend(admin::tenant_specs(&p, t));
+    }
+    for u in &p.upstreams {
+        specs.extend(plan::upstream_budgets(&ks, u));
+    }
+    let specs: Vec<BudgetSpec> = specs.into_iter().filter(|s| !s.shadow).collect();
+    let states = inspect_all(st, &specs).await?;
+    let mut tenant_min: HashMap<(&str, &'static str, BudgetName), f64> = HashMap::new();
+    for (spec, s) in specs.iter().zip(&states) {
+        let v = share(spec, s);
+        match &spec.scope {
+            Scope::Upstream(u) => crate::metrics::upstream_budget_remaining_share(u, spec.name, v),
+            Scope::Tenant(t) | Scope::Key(t, _) | Scope::TenantModel(t, _) => {
+                let e = tenant_min
+                    .entry((
+                        t.as_ref(),
+                        crate::metrics::scope_kind(&spec.scope),
+                        spec.name,
+                    ))
+                    .or_insert(1.0);
+                *e = e.min(v);
+            }
+        }
+    }
+    for ((tenant, kind, name), v) in tenant_min {
+        crate::metrics::budget_remaining_share(tenant, kind, name, v);
+    }
+    Ok(())
+}
+
+/// Refreshes the gauges every `period` until the task is aborted.
+pub fn spawn_gauges(st: Arc<AppState>, period: std::time::Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = refresh_gauges(&st).await {
+                tracing::debug!(error = %e, "budget gauges not refreshed: the store did not answer");
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(names: &[&str]) -> Policy {
+        let mut text = String::from(
+            "[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:9/v1\"\n[[models]]\nname = \"m\"\nupstreams = [\"u\"]\n",
+        );
+        for n in names {
+            text.push_str(&format!(
+                "[[tenants]]\nname = \"{n}\"\nlimits = {{ tpm = 1000 }}\n"
+            ));
+        }
+        Policy::from_toml(&text).unwrap()
+    }
+
+    #[test]
+    fn pages_follow_names_and_end() {
+        let p = policy(&["c", "a", "d", "b", "e"]);
+        let names = |v: Vec<&TenantPolicy>| v.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+        let (first, more) = page(&p, None, 2);
+        assert_eq!(
+            (names(first), more),
+            (vec!["a".to_string(), "b".into()], true)
+        );
+        let (second, more) = page(&p, Some("b"), 2);
+        assert_eq!(
+            (names(second), more),
+            (vec!["c".to_string(), "d".into()], true)
+        );
+        let (last, more) = page(&p, Some("d"), 2);
+        assert_eq!((names(last), more), (vec!["e".to_string()], false));
+        // A cursor naming a tenant removed meanwhile still continues after it.
+        let (after_gone, _) = page(&p, Some("bb"), 10);
+        assert_eq!(names(after_gone), vec!["c", "d", "e"]);
+        let (exact, more) = page(&p, None, 5);
+        assert_eq!((exact.len(), more), (5, false));
+    }
+
+    #[test]
+    fn units_cover_every_budget() {
+        assert_eq!(unit(BudgetName::Tpm), "tokens");
+        assert_eq!(unit(BudgetName::Rpm), "requests");
+        assert_eq!(unit(BudgetName::MaxConcurrent), "slots");
+        assert_eq!(unit(BudgetName::TokensPerMonth), "tokens");
+        assert_eq!(unit(BudgetName::RequestsPerDay), "requests");
+    }
+}
