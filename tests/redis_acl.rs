@@ -51,6 +51,7 @@ fn request(ks: &KeySpace, id: &str) -> ReserveRequest {
         candidates: vec![vec![]],
         lease_micros: 10_000_000,
         hold_ttl_micros: 60_000_000,
+        requester: Default::default(),
     }
 }
 
