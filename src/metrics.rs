@@ -358,3 +358,12 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     counter!("budgetgate_settlement_retries_total").increment(0);
     counter!("budgetgate_settlements_failed_total").increment(0);
 }
+
+/// A memory-store snapshot written (`ok`) or failed.
+pub fn store_snapshot(ok: bool) {
+    if ok {
+        counter!("budgetgate_store_snapshots_total").increment(1);
+    } else {
+        counter!("budgetgate_store_snapshot_failures_total").increment(1);
+    }
+}

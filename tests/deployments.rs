@@ -343,11 +343,13 @@ async fn upstream_keys_never_reach_responses_or_logs() {
         ),
     )
     .unwrap();
+    let state_dir = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
         .args(["serve", "--config"])
         .arg(&cfg_path)
         .args(["--listen", "127.0.0.1:0"])
         .env("BG_SECRET_KEY", secret)
+        .env("STATE_DIRECTORY", state_dir.path())
         .env("RUST_LOG", "debug")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -174,3 +174,58 @@ async fn readiness_is_a_script_round_trip_not_a_ping() {
     acl(&redis, "app", &["+@all"]);
     store.inspect(&[]).await.expect("ready again");
 }
+
+/// The least-privilege user of docs/OPERATIONS.md runs every operation.
+#[tokio::test]
+async fn the_documented_least_privilege_user_runs_every_operation() {
+    let redis = RedisServer::start();
+    let doc = include_str!("../docs/OPERATIONS.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER budgetgate "))
+        .expect("the ACL line in docs/OPERATIONS.md");
+    let mut args: Vec<&str> = line.split_whitespace().collect();
+    // The password of the example.
+    for a in args.iter_mut() {
+        if *a == ">CHANGE-ME" {
+            *a = ">pw";
+        }
+    }
+    assert_eq!(redis.cli(&args).trim(), "OK", "{line}");
+    let ks = KeySpace::new("budgetgate", "default");
+    let store = RedisStore::connect(
+        &user_url(&redis, "budgetgate"),
+        Duration::from_secs(2),
+        ks.clone(),
+    )
+    .await
+    .expect("connect as the documented user");
+    let mut req = request(&ks, "r1");
+    let scope = Scope::Tenant("acme".into());
+    req.common.push(BudgetSpec {
+        key: ks.budget(&scope, BudgetName::MaxConcurrent),
+        scope,
+        name: BudgetName::MaxConcurrent,
+        kind: BudgetKind::Concurrency { max: 2 },
+        refund_unused: true,
+        shadow: false,
+    });
+    let r = store.reserve(&req).await.expect("reserve");
+    assert!(matches!(r, ReserveOutcome::Admitted(_)), "{r:?}");
+    store.extend("r1", 5).await.expect("extend");
+    store.renew("r1").await.expect("renew");
+    let s = store
+        .settle(
+            "r1",
+            Settlement {
+                actual_tokens: 4,
+                upstream_failed: false,
+            },
+        )
+        .await
+        .expect("settle");
+    assert!(matches!(s, SettleOutcome::Settled { .. }), "{s:?}");
+    store.inspect(&req.common).await.expect("inspect");
+    store.inspect(&[]).await.expect("ready");
+    store.read_hold("r1").await.expect("read the hold");
+}

@@ -50,6 +50,9 @@ pub struct StorePolicy {
     /// Share of every budget (0 < share ≤ 1) one gateway may use on its own
     /// while the store is down, for `fail_open` tenants (e.g. 1/N for N gateways).
     pub fallback_share: f64,
+    /// Where the memory store keeps its state across restarts (`None`: the
+    /// default data directory, `reserve::memory::snapshot::default_path`).
+    pub snapshot_path: Option<std::path::PathBuf>,
 }
 
 /// `[server]`.
@@ -451,6 +454,14 @@ fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
                 v.err("store.fallback_share", "must be within (0, 1]");
                 1.0
             }
+        },
+        snapshot_path: match raw.store.snapshot_path.as_deref() {
+            None => None,
+            Some("") => {
+                v.err("store.snapshot_path", "must not be empty");
+                None
+            }
+            Some(p) => Some(p.into()),
         },
     };
 

@@ -1,11 +1,12 @@
 //! The in-process store: exact within one process, the embedded default and
 //! the fail-open fallback. One mutex guards all state, so every operation is
 //! atomic, like one Lua script call in the Redis store.
-
 //!
 //! - `state`: the maps under the lock, and the checks and debits of a reservation.
 //! - `tombstones`: settled holds, kept as long as their holds would have lived.
+//! - [`snapshot`]: the embedded default's persistence across restarts.
 
+pub mod snapshot;
 mod state;
 mod tombstones;
 
@@ -25,7 +26,9 @@ use tombstones::Tombstone;
 /// In-process [`BudgetStore`]. Time comes from the injected [`Clock`].
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// Set when the store persists its state ([`MemoryStore::persistent`]).
+    snapshots: Option<Arc<snapshot::Snapshotter>>,
 }
 
 impl MemoryStore {
@@ -33,8 +36,29 @@ impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            inner: Mutex::new(Inner::default()),
+            inner: Arc::default(),
+            snapshots: None,
         }
+    }
+
+    /// A store that restores its state from `path` (if the file exists)
+    /// and writes it there every second; call [`Self::finish_snapshots`]
+    /// at shutdown. Fails when another process holds `path`, or the file
+    /// cannot be read.
+    pub fn persistent(clock: Arc<dyn Clock>, path: &std::path::Path) -> Result<Self, String> {
+        let inner: Arc<Mutex<Inner>> = Arc::default();
+        let snapshots = snapshot::Snapshotter::start(path, inner.clone(), clock.clone())?;
+        Ok(Self {
+            clock,
+            inner,
+            snapshots: Some(snapshots),
+        })
+    }
+
+    /// Stops the periodic snapshots and writes the final one (no-op for a
+    /// store that does not persist). Returns false when that write failed.
+    pub fn finish_snapshots(&self) -> bool {
+        self.snapshots.as_ref().is_none_or(|s| s.finish())
     }
 
     /// Number of live (unsettled, unexpired) holds; used by tests to wait
