@@ -6,6 +6,8 @@
 -- KEYS[1]        the hold of this reservation id
 -- KEYS[2..N+1]   one budget key per spec: the common specs, then every
 --                candidate's specs, in order (all share one hash tag)
+-- KEYS[N+2..]    the previous key layout's counter of each quota spec, in
+--                spec order (read when the current counter is absent)
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens reserved (input + output estimate), tokens
@@ -79,25 +81,26 @@ local LINE_INDEX = { '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '1
 -- {'I', i} or {'D', i, available, retry, reset}: available whole units
 -- (floor; negative in debt), retry µs (exact ceiling for buckets, the window
 -- end for quotas, 0 for concurrency: the caller applies its hint), reset µs.
-local function reserve_check(V, i, key, now, snow, id)
+local function reserve_check(V, i, key, now, snow, id, LEGACY)
   local o = 5 * i - 5
   local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
   if kind == 1 then
     if cost > b then
       return { 'I', i }
     end
-    local level = bucket_at(raw[key], b, now)
+    local level, last = bucket_at(raw[key], b, now)
     local avail = fdiv(level, UNITS)
     if avail >= cost then
       return nil
     end
-    return { 'D', i, avail, refill_wait(cost * UNITS - level, a), refill_wait(b * UNITS - level, a) }
+    return { 'D', i, avail, refill_wait(cost * UNITS - level, a, now, last),
+      refill_wait(b * UNITS - level, a, now, last) }
   elseif kind == 2 then
     if cost > a then
       return { 'I', i }
     end
     local w, wend = window(b == 0 and 'D' or 'M', now)
-    local avail = a - quota_used(raw[key], w)
+    local avail = a - quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w)
     if avail >= cost then
       return nil
     end
@@ -121,11 +124,11 @@ end
 -- Every spec in [lo, hi] must admit: an impossible one wins at once, else
 -- the denial with the longest wait (the first of equals). A shadow budget
 -- never blocks; it is evaluated again at admission.
-local function reserve_check_all(V, KEYS, lo, hi, now, snow, id)
+local function reserve_check_all(V, KEYS, lo, hi, now, snow, id, LEGACY)
   local worst = nil
   for i = lo, hi do
     if V[5 * i] ~= 1 then
-      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id)
+      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY)
       if r ~= nil then
         if r[1] == 'I' then
           return r
@@ -156,7 +159,7 @@ local function adopt_policies(V, KEYS, nspec, now)
         local _, _, rate, sburst = unpack_('<dddd', v)
         if rate ~= a or sburst ~= b then
           local level, last = bucket_at(v, b, now)
-          put(key, pack('<dddd', level, last, a, b), ttl_ms(refill_wait(b * UNITS - level, a)))
+          put(key, pack('<dddd', level, last, a, b), ttl_ms(refill_wait(b * UNITS - level, a, now, last)))
         end
       end
     end
@@ -197,6 +200,14 @@ local function reserve(KEYS, ARGV)
   local T = 8 + ncand
   local V = { unpack_('<' .. string.rep('d', 5 * nspec), ARGV[T]) }
   local snow = s(now)
+  -- Spec i's previous-layout quota key, for quota specs.
+  local LEGACY, q = {}, nspec + 1
+  for i = 1, nspec do
+    if V[5 * i - 4] == 2 then
+      q = q + 1
+      LEGACY[i] = KEYS[q]
+    end
+  end
 
   local function reply(r)
     if r[1] == 'I' then
@@ -222,7 +233,7 @@ local function reserve(KEYS, ARGV)
       for i = from, to do
         local o = 5 * i - 5
         local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id) ~= nil then
+        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY) ~= nil then
           wd[#wd + 1] = s(i - 1)
           wd_meta[#wd_meta + 1] = match(ARGV[T + 2 * i], '([^\t]*)$')
         else
@@ -232,11 +243,9 @@ local function reserve(KEYS, ARGV)
           local rem, reset = '', ''
           if kind == 1 then
             local level, last = bucket_at(raw[key], b, now)
-            level = level - cost * UNITS
-            if level < -(b * UNITS) then
-              level = -(b * UNITS)
-            end
-            local until_full = refill_wait(b * UNITS - level, a)
+            -- Admitted: cost ≤ what is available, so the floor is never reached.
+            level = bucket_debit(level, cost * UNITS)
+            local until_full = refill_wait(b * UNITS - level, a, now, last)
             put(key, pack('<dddd', level, last, a, b), ttl_ms(until_full))
             rem, reset = s(fdiv(level, UNITS)), s(until_full)
             if line ~= '' then
@@ -244,7 +253,7 @@ local function reserve(KEYS, ARGV)
             end
           elseif kind == 2 then
             local w, wend = window(b == 0 and 'D' or 'M', now)
-            local used = quota_used(raw[key], w) + cost
+            local used = quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w) + cost
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)
             if line ~= '' then
@@ -292,7 +301,7 @@ local function reserve(KEYS, ARGV)
     return out
   end
 
-  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id)
+  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id, LEGACY)
   if common ~= nil then
     adopt_policies(V, KEYS, nspec, now)
     return reply(common)
@@ -300,7 +309,7 @@ local function reserve(KEYS, ARGV)
 
   local best_denial, first_impossible = nil, nil
   for c = 1, ncand do
-    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id)
+    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id, LEGACY)
     if r == nil then
       return admit(c - 1, LO[c], HI[c])
     end

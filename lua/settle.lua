@@ -21,7 +21,8 @@
 --
 -- Reply (strings; sent as one string of space-separated words, lib.lua's
 -- words):
---   {'T', now, reserved, refunded, debt}           settled now, tokens
+--   {'T', now, reserved, refunded, debt, forgiven}  settled now, tokens
+--       (forgiven: units of debt that passed a bucket's floor, DEBT_FLOOR)
 --   {'U', now} unknown or expired hold   {'S', now} already settled
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
 --
@@ -43,6 +44,13 @@ local function settle(KEYS, ARGV)
   end
 
   local reserved = h.res
+  -- Usage comes from the upstream's answer: counts beyond a single cost's
+  -- bound are charged as that bound (bucket::to_units).
+  if actual > MAX_COST then
+    actual = MAX_COST
+  end
+  -- Units of debt that passed a bucket's floor (counted, never silent).
+  local forgiven = 0
   local unused = math.max(reserved - actual, 0)
   local debt = math.max(actual - reserved, 0)
   local refunded = 0
@@ -67,13 +75,12 @@ local function settle(KEYS, ARGV)
           refunded = unused
         end
         if debt > 0 then
-          level = level - debt * UNITS
-          if level < -cap then
-            level = -cap
-          end
+          local passed
+          level, passed = bucket_debit(level, debt * UNITS)
+          forgiven = forgiven + passed
         end
         put(key, pack('<dddd', level, last, per_minute, burst),
-          ttl_ms(refill_wait(cap - level, per_minute)))
+          ttl_ms(refill_wait(cap - level, per_minute, now, last)))
       else
         local w, wend = window(b, now)
         local used = quota_used(raw[key], w)
@@ -108,5 +115,5 @@ local function settle(KEYS, ARGV)
   end
   put(KEYS[1], '1 ' .. h.head .. ' ' .. snow .. ' ' .. srefunded .. ' ' .. sdebt .. '\n\n\n' .. h.ext
     .. '\n0\n' .. id, ttl_ms(h.exp - now))
-  return { 'T', snow, h.res_s, srefunded, sdebt }
+  return { 'T', snow, h.res_s, srefunded, sdebt, forgiven }
 end

@@ -367,3 +367,12 @@ pub fn store_snapshot(ok: bool) {
         counter!("budgetgate_store_snapshot_failures_total").increment(1);
     }
 }
+
+/// Units (1/60,000 token) of debt that passed a bucket's floor
+/// (`reserve::bucket::DEBT_FLOOR`): counted, never silently forgiven.
+pub fn debt_forgiven(units: i64) {
+    if units > 0 {
+        counter!("budgetgate_debt_forgiven_tokens_total")
+            .increment((units as u64).div_ceil(crate::reserve::bucket::UNITS_PER_TOKEN as u64));
+    }
+}

@@ -412,6 +412,7 @@ conformance!(
     shadow_budgets_report_but_never_block,
     lowering_follows_the_provider_and_never_raises,
     a_raised_limit_applies_to_a_refused_tenant_at_once,
+    an_overrun_is_enforced_in_full,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -469,7 +470,8 @@ async fn refill_over_time_is_exact(h: H) {
 }
 
 /// An underestimate settles as debt; the scope admits again only once
-/// refill has repaid it. Indebted levels round toward −∞; debt stops at −capacity.
+/// refill has repaid it. Indebted levels round toward −∞; debt is kept in
+/// full (issue 16: it used to stop at −capacity, forgiving the rest).
 async fn debt_is_repaid_before_admitting_again(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     h.admit("a", 100, std::slice::from_ref(&tpm)).await;
@@ -499,8 +501,8 @@ async fn debt_is_repaid_before_admitting_again(h: H) {
     h.settle("c", 10_000).await;
     assert_eq!(
         h.remaining(&small).await,
-        -100,
-        "debt is clamped at −capacity"
+        -9_900,
+        "debt kept in full, not clamped at −capacity"
     );
     h.check_keys().await;
 }
@@ -1048,5 +1050,27 @@ async fn a_raised_limit_applies_to_a_refused_tenant_at_once(h: H) {
     );
     h.clock.advance(1);
     h.admit("c", 1, std::slice::from_ref(&fast)).await;
+    h.check_keys().await;
+}
+
+/// Issue 16, finding 4: a 6,022-token overrun on tpm 1,000 keeps the tenant
+/// out for the 6 minutes its debt takes to refill (it was enforced as 995
+/// tokens, two minutes, while the debt metric said 5,995).
+async fn an_overrun_is_enforced_in_full(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    h.admit("a", 1000, std::slice::from_ref(&tpm)).await;
+    let s = h.settle("a", 7022).await;
+    assert!(
+        matches!(s, SettleOutcome::Settled { debt: 6022, .. }),
+        "{s:?}"
+    );
+    assert_eq!(h.remaining(&tpm).await, -6022);
+    let d = denied(h.reserve("b", 1, std::slice::from_ref(&tpm)).await);
+    // 6,023 tokens at 1,000/min: 361.38 s, in whole milliseconds.
+    assert_eq!(d.retry_after_micros, 361_380_000);
+    h.clock.advance(361_380_000 - 1);
+    denied(h.reserve("b", 1, std::slice::from_ref(&tpm)).await);
+    h.clock.advance(1);
+    h.admit("b", 1, std::slice::from_ref(&tpm)).await;
     h.check_keys().await;
 }

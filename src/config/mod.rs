@@ -15,7 +15,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use crate::estimate::{Encoding, EstimateSettings};
-use crate::reserve::bucket::MAX_LIMIT;
+use crate::reserve::bucket::{MAX_LIMIT, MAX_QUOTA};
 use crate::reserve::keys::{is_valid_id, is_valid_prefix};
 use raw::{RawConfig, RawLimits};
 
@@ -324,17 +324,9 @@ impl V {
             rpm_burst: self.positive(&p("rpm_burst"), l.rpm_burst, MAX_LIMIT),
             tpm_burst: self.positive(&p("tpm_burst"), l.tpm_burst, MAX_LIMIT),
             max_concurrent: self.positive(&p("max_concurrent"), l.max_concurrent, 1_000_000),
-            tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_LIMIT * 1000),
-            tokens_per_month: self.positive(
-                &p("tokens_per_month"),
-                l.tokens_per_month,
-                MAX_LIMIT * 1000,
-            ),
-            requests_per_day: self.positive(
-                &p("requests_per_day"),
-                l.requests_per_day,
-                MAX_LIMIT * 1000,
-            ),
+            tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_QUOTA),
+            tokens_per_month: self.positive(&p("tokens_per_month"), l.tokens_per_month, MAX_QUOTA),
+            requests_per_day: self.positive(&p("requests_per_day"), l.requests_per_day, MAX_QUOTA),
         };
         if out.rpm_burst.is_some() && l.rpm.is_none() {
             self.err(p("rpm_burst"), "needs rpm");

@@ -20,6 +20,7 @@ use super::{
     StoreError,
 };
 use crate::clock::Clock;
+use crate::reserve::bucket::MAX_LIMIT;
 use state::{store_at, Check, Inner, QuotaState};
 use tombstones::Tombstone;
 
@@ -152,6 +153,7 @@ impl MemoryStore {
 
     /// Synchronous core of [`BudgetStore::extend`].
     pub fn extend_sync(&self, id: &str, want: u64) -> ExtendOutcome {
+        let want = want.min(MAX_LIMIT);
         let now = self.clock.now_micros();
         let mut inner = self.lock();
         inner.tick(now);
@@ -280,7 +282,8 @@ impl MemoryStore {
         let reserved = hold.reserved_tokens;
         let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> =
             hold.lines.into_iter().map(|l| (l.spec, l.debits)).collect();
-        let actual = s.actual_tokens;
+        // Counts beyond a single cost's bound are charged as that bound.
+        let actual = s.actual_tokens.min(MAX_LIMIT);
         let unused = reserved.saturating_sub(actual);
         let debt = actual.saturating_sub(reserved);
         let mut refunded = 0;
@@ -300,7 +303,7 @@ impl MemoryStore {
                         refunded = unused;
                     }
                     if debt > 0 {
-                        b.debit(debt);
+                        crate::metrics::debt_forgiven(b.debit(debt));
                     }
                     store_at(&mut inner.buckets, &spec.key, b);
                 }
@@ -341,7 +344,7 @@ impl MemoryStore {
             return inner.available(spec, now);
         };
         let mut b = inner.bucket(&spec.key, per_minute, burst, now);
-        let cap = at_most as i64 * crate::reserve::bucket::UNITS_PER_TOKEN;
+        let cap = crate::reserve::bucket::to_units(at_most);
         if b.level > cap {
             b.level = cap;
             store_at(&mut inner.buckets, &spec.key, b);

@@ -126,7 +126,7 @@ impl Inner {
         match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => self
                 .bucket(&spec.key, per_minute, burst, now)
-                .wait_for(cost),
+                .wait_for(cost, now),
             BudgetKind::Quota { window, .. } => window.end(now) - now,
             BudgetKind::Concurrency { .. } => 0,
         }
@@ -136,7 +136,7 @@ impl Inner {
         let (remaining, reset, window) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 let b = self.bucket(&spec.key, per_minute, burst, now);
-                (b.available(), b.until_full(), None)
+                (b.available(), b.until_full(now), None)
             }
             BudgetKind::Quota { limit, window } => {
                 let q = self.quota(&spec.key, window.id(now));
@@ -240,6 +240,7 @@ impl Inner {
         match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                // Admitted amounts fit what is available: nothing passes the floor.
                 b.debit(amount);
                 store_at(&mut self.buckets, &spec.key, b);
                 None

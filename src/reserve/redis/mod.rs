@@ -201,6 +201,20 @@ impl RedisStore {
         raw.map(|r| HoldRecord::parse(&r)).transpose()
     }
 
+    /// The previous layout's key of each quota spec, in order (see
+    /// [`KeySpace::previous_layout`]; the scripts read it when the current
+    /// counter is absent).
+    fn previous_quota_keys<'a>(&self, specs: impl Iterator<Item = &'a BudgetSpec>) -> Vec<String> {
+        specs
+            .filter(|s| matches!(s.kind, super::BudgetKind::Quota { .. }))
+            .map(|s| {
+                self.keys
+                    .previous_layout(&s.key)
+                    .unwrap_or_else(|| s.key.clone())
+            })
+            .collect()
+    }
+
     /// `""` (scripts read Redis `TIME`) unless a test clock is injected.
     fn now_arg(&self) -> String {
         #[cfg(feature = "test-clock")]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use redis::Script;
 
-use crate::reserve::bucket::UNITS_PER_TOKEN;
+use crate::reserve::bucket::{DEBT_FLOOR, MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
 use crate::reserve::calendar::MICROS_PER_DAY;
 use crate::reserve::keys::LAYOUT_VERSION;
 
@@ -37,7 +37,10 @@ pub fn prelude() -> String {
          local UNITS = {UNITS_PER_TOKEN}\n\
          local DAY = {MICROS_PER_DAY}\n\
          local MARGIN_MS = {TTL_MARGIN_MS}\n\
-         local LAYOUT = {LAYOUT_VERSION}\n"
+         local LAYOUT = {LAYOUT_VERSION}\n\
+         local DEBT_FLOOR = {DEBT_FLOOR}\n\
+         local MAX_WAIT_MS = {MAX_WAIT_MS}\n\
+         local MAX_COST = {MAX_LIMIT}\n"
     )
 }
 
@@ -146,7 +149,15 @@ mod tests {
         assert!(p.contains(&format!("local UNITS = {UNITS_PER_TOKEN}\n")));
         assert!(p.contains(&format!("local DAY = {MICROS_PER_DAY}\n")));
         for file in [LIB, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT] {
-            for name in ["UNITS", "DAY", "MARGIN_MS", "LAYOUT"] {
+            for name in [
+                "UNITS",
+                "DAY",
+                "MARGIN_MS",
+                "LAYOUT",
+                "DEBT_FLOOR",
+                "MAX_WAIT_MS",
+                "MAX_COST",
+            ] {
                 assert!(
                     !file.contains(&format!("local {name} =")),
                     "{name} is defined in a Lua file; it must come from the prelude"

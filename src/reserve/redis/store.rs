@@ -23,10 +23,17 @@ impl BudgetStore for RedisStore {
             .iter()
             .chain(req.candidates.iter().flatten())
             .collect();
-        let mut inv = ScriptArgs::new(self.batcher.script_for(BatchOp::Reserve), 1 + all.len());
+        let legacy = self.previous_quota_keys(all.iter().copied());
+        let mut inv = ScriptArgs::new(
+            self.batcher.script_for(BatchOp::Reserve),
+            1 + all.len() + legacy.len(),
+        );
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&s.key);
+        }
+        for k in &legacy {
+            inv.key(k);
         }
         inv.arg(self.now_arg())
             .arg(&req.id)
@@ -227,12 +234,16 @@ impl BudgetStore for RedisStore {
         let tag = r.str()?;
         let now = r.u64()?;
         let outcome = match tag {
-            "T" => SettleOutcome::Settled {
-                reserved: r.u64()?,
-                refunded: r.u64()?,
-                debt: r.u64()?,
-                now_micros: now,
-            },
+            "T" => {
+                let outcome = SettleOutcome::Settled {
+                    reserved: r.u64()?,
+                    refunded: r.u64()?,
+                    debt: r.u64()?,
+                    now_micros: now,
+                };
+                crate::metrics::debt_forgiven(r.i64()?);
+                outcome
+            }
             "U" => SettleOutcome::Unknown,
             "S" => SettleOutcome::AlreadySettled,
             other => return Err(protocol(format!("settle replied {other:?}"))),
@@ -264,9 +275,13 @@ impl BudgetStore for RedisStore {
             self.probe().await?;
             return Ok(Vec::new());
         }
-        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len());
+        let legacy = self.previous_quota_keys(specs.iter());
+        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len() + legacy.len());
         for s in specs {
             inv.key(&s.key);
+        }
+        for k in &legacy {
+            inv.key(k);
         }
         inv.arg(self.now_arg());
         for s in specs {
