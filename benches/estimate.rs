@@ -13,7 +13,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use budgetgate::estimate::{estimate, Encoding, Endpoint, EstimateSettings, ModelEstimation};
+use budgetgate::dialects::Dialect;
+use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use serde_json::{json, Value};
 
@@ -155,7 +156,7 @@ impl Case {
 
 fn est(body: &Value) -> u64 {
     estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         body,
         &model(),
         &EstimateSettings::default(),

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use budgetgate::clock::{Clock, SystemClock};
 use budgetgate::config::Limits;
+use budgetgate::reservation::plan::scope_budgets;
 use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::plan::scope_budgets;
 use budgetgate::reserve::{ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 

@@ -9,15 +9,23 @@
 //!
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
-//! - [`dialects`]: what differs between API surfaces (error body shape).
+//! - [`dialects`]: everything that differs between API surfaces (chat,
+//!   completions, embeddings): estimate, cap field, usage breakdown,
+//!   output counting, cutoff frames, error body.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
+//! - [`lifecycle`]: the request path as named phases — authenticate,
+//!   prepare, route, admit, forward, meter, settle, finish — and the
+//!   per-request context they share.
 //! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`reservation`]: a held reservation (extend, settle, drop backstop),
-//!   leases, the settlement tracker, and the deny-cache and fail-open store
-//!   layers composed into the gateway's store.
-//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores.
-//! - [`server`]: axum router, handlers, error map, rate-limit headers.
-//! - [`upstreams`]: upstream client, SSE relay and metering.
+//!   leases, the settlement tracker, the budget plan of a request, and the
+//!   deny-cache and fail-open store layers composed into the gateway's store.
+//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores
+//!   (knows nothing of HTTP, config files or the request path).
+//! - [`server`]: axum router, route handlers, the error map, rate-limit
+//!   headers, the admin API and the gateway state.
+//! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
+//!   budgets (the relay meters through its own `Meter` trait).
 //! - [`tls`]: HTTPS on the listener, certificate reload.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
@@ -26,6 +34,7 @@ pub mod clock;
 pub mod config;
 pub mod dialects;
 pub mod estimate;
+pub mod lifecycle;
 pub mod metrics;
 pub mod reservation;
 pub mod reserve;

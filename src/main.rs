@@ -8,8 +8,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use budgetgate::config::{hash_key, Policy};
-use budgetgate::estimate::{self, Endpoint, ModelEstimation};
-use budgetgate::reserve::{keys::KeySpace, plan};
+use budgetgate::dialects::Dialect;
+use budgetgate::estimate::{self, ModelEstimation};
+use budgetgate::reservation::plan;
+use budgetgate::reserve::keys::KeySpace;
 
 #[derive(Parser)]
 #[command(
@@ -204,9 +206,9 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         }
     };
     let endpoint = match endpoint {
-        "chat" | "chat/completions" => Endpoint::ChatCompletions,
-        "completions" => Endpoint::Completions,
-        "embeddings" => Endpoint::Embeddings,
+        "chat" | "chat/completions" => Dialect::ChatCompletions,
+        "completions" => Dialect::Completions,
+        "embeddings" => Dialect::Embeddings,
         other => {
             eprintln!("unknown endpoint {other:?} (chat, completions, embeddings)");
             return ExitCode::FAILURE;
@@ -280,19 +282,19 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
 
 /// A hint when `body` looks written for another endpoint than the one
 /// asked for (e.g. an embeddings body estimated as chat).
-fn endpoint_hint(endpoint: Endpoint, body: &serde_json::Value) -> Option<&'static str> {
+fn endpoint_hint(endpoint: Dialect, body: &serde_json::Value) -> Option<&'static str> {
     let has = |field: &str| body.get(field).is_some();
     match endpoint {
-        Endpoint::ChatCompletions if !has("messages") && has("input") => {
+        Dialect::ChatCompletions if !has("messages") && has("input") => {
             Some("hint: this looks like an embeddings body; add `--endpoint embeddings`")
         }
-        Endpoint::ChatCompletions if !has("messages") && has("prompt") => {
+        Dialect::ChatCompletions if !has("messages") && has("prompt") => {
             Some("hint: this looks like a legacy completions body; add `--endpoint completions`")
         }
-        Endpoint::Embeddings | Endpoint::Completions if has("messages") => {
+        Dialect::Embeddings | Dialect::Completions if has("messages") => {
             Some("hint: this looks like a chat body; add `--endpoint chat` (the default)")
         }
-        Endpoint::ChatCompletions | Endpoint::Completions if has("input") => {
+        Dialect::ChatCompletions | Dialect::Completions if has("input") => {
             Some("hint: this looks like an embeddings body; add `--endpoint embeddings`")
         }
         _ => None,

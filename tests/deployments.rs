@@ -65,7 +65,7 @@ async fn remaining(gw: &Gateway, scope: Scope, name: BudgetName) -> i64 {
             .clone(),
         _ => unreachable!(),
     };
-    let spec: Vec<_> = budgetgate::reserve::plan::scope_budgets(&ks, scope, &limits, true)
+    let spec: Vec<_> = budgetgate::reservation::plan::scope_budgets(&ks, scope, &limits, true)
         .into_iter()
         .filter(|s| s.name == name)
         .collect();

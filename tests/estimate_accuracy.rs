@@ -19,7 +19,8 @@
 //! String counts use tiktoken-rs directly (`encode_ordinary`, so text like
 //! `<|endoftext|>` is ordinary text, as the gateway must treat client text).
 
-use budgetgate::estimate::{estimate, Encoding, Endpoint, EstimateSettings, ModelEstimation};
+use budgetgate::dialects::Dialect;
+use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -93,7 +94,7 @@ fn model(enc: Encoding) -> ModelEstimation {
 
 fn estimate_input(enc: Encoding, body: &Value) -> u64 {
     estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         body,
         &model(enc),
         &EstimateSettings::default(),

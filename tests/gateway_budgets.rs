@@ -32,7 +32,7 @@ async fn tenant_state(gw: &Gateway, name: BudgetName) -> i64 {
     let policy = gw.state.policy.load_full();
     let ks = budgetgate::server::AppState::key_space(&policy);
     let tenant = &policy.tenants[0];
-    let specs = budgetgate::reserve::plan::scope_budgets(
+    let specs = budgetgate::reservation::plan::scope_budgets(
         &ks,
         Scope::Tenant(tenant.name.as_str().into()),
         &tenant.limits,

@@ -15,7 +15,7 @@ async fn tenant(gw: &Gateway, name: BudgetName) -> i64 {
     let policy = gw.state.policy.load_full();
     let ks = budgetgate::server::AppState::key_space(&policy);
     let t = &policy.tenants[0];
-    let specs: Vec<_> = budgetgate::reserve::plan::scope_budgets(
+    let specs: Vec<_> = budgetgate::reservation::plan::scope_budgets(
         &ks,
         Scope::Tenant(t.name.as_str().into()),
         &t.limits,
@@ -431,4 +431,31 @@ async fn wrong_methods_and_unreadable_keys_still_get_openai_shaped_errors() {
         v["error"]["code"], "invalid_api_key",
         "a present but unreadable key is invalid, not missing: {v}"
     );
+}
+
+/// Fault guarded against: a request carrying a key in `Authorization` and
+/// another in `api-key` was charged to whichever header was read first.
+/// Two different keys are a 401; the same key twice is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_carrying_two_different_keys_gets_401() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    for (api_key, status) in [("sk-someone-else", 401), (KEY, 200)] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .bearer_auth(KEY)
+            .header("api-key", api_key)
+            .header("content-type", "application/json")
+            .body(chat(json!({"max_tokens": 5})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{api_key}");
+        if status == 401 {
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+            assert_eq!(mock.state.request_count(), 0, "never forwarded");
+        }
+        gw.settled().await;
+    }
 }

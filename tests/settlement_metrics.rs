@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use budgetgate::reservation::tracker::settle_with_retry;
 use budgetgate::reserve::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
-use budgetgate::server::settlement::settle_with_retry;
 
 /// A store whose first `failures` settle calls fail.
 struct FlakySettle {

@@ -17,14 +17,17 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::config::Policy;
-use budgetgate::estimate::{Encoding, Endpoint};
+use budgetgate::dialects::Dialect;
+use budgetgate::dialects::UsageBreakdown as Usage;
+use budgetgate::estimate::Encoding;
+use budgetgate::reservation::plan;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
-    plan, BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome,
-    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, StoreError,
+    BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
+    ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
 use budgetgate::server::AppState;
-use budgetgate::upstreams::relay::{FrameAction, StreamProcessor, Usage};
+use budgetgate::upstreams::relay::{FrameAction, StreamProcessor};
 use budgetgate::upstreams::sse::FrameSplitter;
 use bytes::Bytes;
 use common::mock_upstream::{self, Fault};
@@ -55,10 +58,7 @@ const FIXTURES: &[Fixture] = &[
         name: "openai_chat_usage",
         choices: 1,
         tokens: 24,
-        usage: Some(Usage {
-            prompt_tokens: 19,
-            completion_tokens: 24,
-        }),
+        usage: Some(Usage::from_counts(19, 24)),
         has_field_only_frames: false,
     },
     Fixture {
@@ -72,20 +72,14 @@ const FIXTURES: &[Fixture] = &[
         name: "azure_content_filter",
         choices: 1,
         tokens: 7,
-        usage: Some(Usage {
-            prompt_tokens: 13,
-            completion_tokens: 7,
-        }),
+        usage: Some(Usage::from_counts(13, 7)),
         has_field_only_frames: false,
     },
     Fixture {
         name: "n2_interleaved",
         choices: 2,
         tokens: 9,
-        usage: Some(Usage {
-            prompt_tokens: 11,
-            completion_tokens: 9,
-        }),
+        usage: Some(Usage::from_counts(11, 9)),
         has_field_only_frames: false,
     },
     Fixture {
@@ -123,7 +117,7 @@ fn relay_pieces<'a>(
 ) -> Relayed {
     let mut splitter = FrameSplitter::new();
     let mut proc = StreamProcessor::new(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         Encoding::O200kBase,
         wants_usage,
         choices,
@@ -228,7 +222,7 @@ fn frame_split_across_reads_at_every_byte_offset_relays_the_same_bytes_and_token
         let upstream = fixture_bytes(&format!("{}.sse", f.name));
         let process = |frames: &[Bytes], wants_usage: bool| {
             let mut proc = StreamProcessor::new(
-                Endpoint::ChatCompletions,
+                Dialect::ChatCompletions,
                 Encoding::O200kBase,
                 wants_usage,
                 f.choices,
@@ -293,7 +287,7 @@ proptest! {
 fn content_filter_chunks_and_keepalives_pass_through_and_count_zero_tokens() {
     let upstream = fixture_bytes("azure_content_filter.sse");
     let mut splitter = FrameSplitter::new();
-    let mut proc = StreamProcessor::new(Endpoint::ChatCompletions, Encoding::O200kBase, false, 1);
+    let mut proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, false, 1);
     let mut seen = 0;
     for frame in splitter.push(&upstream) {
         let text = String::from_utf8_lossy(&frame).into_owned();
@@ -324,7 +318,7 @@ fn azure_filter_chunk_first_cutoff_chunk_keeps_the_real_id_and_model() {
     // carry the completion's real id and model, like every other chunk.
     let upstream = fixture_bytes("azure_content_filter.sse");
     let mut splitter = FrameSplitter::new();
-    let mut proc = StreamProcessor::new(Endpoint::ChatCompletions, Encoding::O200kBase, true, 1);
+    let mut proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, true, 1);
     for frame in splitter.push(&upstream).into_iter().take(4) {
         proc.on_frame(frame);
     }

@@ -1,5 +1,144 @@
-//! API dialects: what differs between the API surfaces the gateway serves.
+//! API dialects (DESIGN section 11): everything that differs between the
+//! API surfaces the gateway serves, behind one type, so that the
+//! lifecycle, the stores and the stream relay stay dialect-free.
 //!
-//! - [`error`]: the error body shape, for HTTP, admin and SSE errors.
+//! A dialect says how a body is estimated, which field caps the output
+//! upstream and whether usage must be asked for on streams, where usage is
+//! (answer body, stream events) as one [`UsageBreakdown`], how the output
+//! of a choice is counted (one implementation for message bodies and
+//! stream deltas), what a clean cutoff looks like, and the error body.
+//!
+//! - [`chat`], [`completions`], [`embeddings`]: one module per dialect.
+//! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
+//! - [`usage`]: the usage breakdown and its clamping of bad fields.
+//! - [`error`]: the error body, for HTTP, admin and SSE errors.
+//!
+//! [`Dialect`] is an enum with one module per variant, not a trait object:
+//! the set of dialects is closed (every one is written here), the request
+//! path calls a dialect several times per request and per stream frame,
+//! and an enum `match` is static dispatch that inlines, with no vtable
+//! call or boxed state per request. Adding a dialect is a new variant and
+//! a new module; the compiler lists every `match` to extend.
 
+pub mod chat;
+pub mod completions;
+pub mod embeddings;
 pub mod error;
+pub mod openai;
+pub mod usage;
+
+use serde_json::Value;
+
+pub use usage::UsageBreakdown;
+
+use crate::estimate::{self, Encoding, Estimate, EstimateError, EstimateSettings, ModelEstimation};
+
+/// An API surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// OpenAI chat completions: `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI legacy completions: `POST /v1/completions`.
+    Completions,
+    /// OpenAI embeddings: `POST /v1/embeddings`.
+    Embeddings,
+}
+
+/// Which part of a choice carries its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// A whole answer's choice.
+    Answer,
+    /// A stream event's choice (deltas).
+    Delta,
+}
+
+impl Dialect {
+    /// Path of the endpoint under an OpenAI-style base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Dialect::ChatCompletions => chat::PATH,
+            Dialect::Completions => completions::PATH,
+            Dialect::Embeddings => embeddings::PATH,
+        }
+    }
+
+    /// Whether a body may ask for `stream: true`.
+    pub fn streams(self) -> bool {
+        !matches!(self, Dialect::Embeddings)
+    }
+
+    /// Estimates a parsed body: input tokens and the output reservation.
+    pub fn estimate(
+        self,
+        body: &Value,
+        model: &ModelEstimation,
+        settings: &EstimateSettings,
+        tightest_token_capacity: Option<u64>,
+    ) -> Result<Estimate, EstimateError> {
+        estimate::estimate(self, body, model, settings, tightest_token_capacity)
+    }
+
+    /// The field that caps the output upstream (`None`: the dialect
+    /// produces no output), given whether the upstream takes only `max_tokens`.
+    pub fn cap_field(self, max_tokens_only: bool) -> Option<&'static str> {
+        match self {
+            Dialect::ChatCompletions => Some(chat::cap_field(max_tokens_only)),
+            Dialect::Completions => Some(completions::CAP_FIELD),
+            Dialect::Embeddings => None,
+        }
+    }
+
+    /// Usage of a whole answer, from its raw `usage` member.
+    pub fn usage_from_answer(self, raw_usage: &str) -> Option<UsageBreakdown> {
+        match self {
+            Dialect::Embeddings => embeddings::usage(raw_usage),
+            _ => openai::usage_from_raw(raw_usage),
+        }
+    }
+
+    /// Usage carried by a stream event (cumulative: the last one wins).
+    pub fn usage_from_event(self, event: &Value) -> Option<UsageBreakdown> {
+        event
+            .get("usage")
+            .filter(|u| u.is_object())
+            .map(openai::usage_from_value)
+    }
+
+    /// Output tokens of one choice of an answer or of a stream event.
+    pub fn count_output(self, choice: &Value, part: Part, enc: Encoding) -> u64 {
+        match self {
+            Dialect::ChatCompletions => chat::count_output(choice, part, enc),
+            Dialect::Completions => completions::count_output(choice, enc),
+            Dialect::Embeddings => 0,
+        }
+    }
+
+    /// Output tokens of a whole answer (every choice).
+    pub fn count_answer_output(self, answer: &Value, enc: Encoding) -> u64 {
+        answer
+            .get("choices")
+            .and_then(Value::as_array)
+            .map_or(0, |cs| {
+                cs.iter()
+                    .map(|c| self.count_output(c, Part::Answer, enc))
+                    .sum()
+            })
+    }
+
+    /// The `object` of this dialect's stream chunks.
+    pub fn chunk_object(self) -> &'static str {
+        match self {
+            Dialect::Completions => completions::CHUNK_OBJECT,
+            _ => chat::CHUNK_OBJECT,
+        }
+    }
+
+    /// The choice that ends choice `index` of a stream that was cut off.
+    pub fn cutoff_choice(self, index: u64) -> Value {
+        match self {
+            Dialect::Completions => completions::cutoff_choice(index),
+            _ => chat::cutoff_choice(index),
+        }
+    }
+}

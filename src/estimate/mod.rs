@@ -51,6 +51,7 @@ pub mod pool;
 #[cfg(test)]
 mod tests;
 
+use crate::dialects::Dialect;
 use serde_json::{Map, Value};
 
 /// Tokens of framing per chat message (OpenAI Cookbook,
@@ -242,17 +243,6 @@ pub struct ModelEstimation {
     pub min_output_tokens: u64,
 }
 
-/// Which OpenAI endpoint the body was sent to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `POST /v1/chat/completions`.
-    ChatCompletions,
-    /// `POST /v1/completions` (legacy).
-    Completions,
-    /// `POST /v1/embeddings`.
-    Embeddings,
-}
-
 /// Cost breakdown of one request, in tokens.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Estimate {
@@ -331,7 +321,7 @@ impl EstimateError {
 ///
 /// Arithmetic saturates; it never panics on any input.
 pub fn estimate(
-    endpoint: Endpoint,
+    endpoint: Dialect,
     body: &Value,
     model: &ModelEstimation,
     settings: &EstimateSettings,
@@ -345,9 +335,9 @@ pub fn estimate(
     };
     let enc = model.encoding;
     let (input_tokens, prompts) = match endpoint {
-        Endpoint::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
-        Endpoint::Completions => input::completions_input(body, enc)?,
-        Endpoint::Embeddings => {
+        Dialect::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
+        Dialect::Completions => input::completions_input(body, enc)?,
+        Dialect::Embeddings => {
             let tokens = input::embeddings_input(body, enc)?;
             return Ok(Estimate {
                 input_tokens: tokens,
@@ -370,7 +360,7 @@ pub fn estimate(
         ));
     }
     let (choices, caps): (u64, &[&str]) = match endpoint {
-        Endpoint::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
+        Dialect::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
         _ => {
             let best_of = positive_int(body, "best_of")?.unwrap_or(1);
             (prompts.saturating_mul(n.max(best_of)), &["max_tokens"])

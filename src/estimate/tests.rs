@@ -13,7 +13,7 @@ fn model(encoding: Encoding) -> ModelEstimation {
 
 fn chat(body: Value) -> Result<Estimate, EstimateError> {
     estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         &body,
         &model(Encoding::O200kBase),
         &EstimateSettings::default(),
@@ -23,7 +23,7 @@ fn chat(body: Value) -> Result<Estimate, EstimateError> {
 
 fn chat_cap(body: Value, cap: u64) -> Result<Estimate, EstimateError> {
     estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         &body,
         &model(Encoding::O200kBase),
         &EstimateSettings::default(),
@@ -33,7 +33,7 @@ fn chat_cap(body: Value, cap: u64) -> Result<Estimate, EstimateError> {
 
 fn completions(body: Value, cap: Option<u64>) -> Result<Estimate, EstimateError> {
     estimate(
-        Endpoint::Completions,
+        Dialect::Completions,
         &body,
         &model(Encoding::Cl100kBase),
         &EstimateSettings::default(),
@@ -43,7 +43,7 @@ fn completions(body: Value, cap: Option<u64>) -> Result<Estimate, EstimateError>
 
 fn embeddings(body: Value) -> Result<Estimate, EstimateError> {
     estimate(
-        Endpoint::Embeddings,
+        Dialect::Embeddings,
         &body,
         &model(Encoding::Cl100kBase),
         &EstimateSettings::default(),
@@ -205,7 +205,7 @@ fn image_and_audio_parts_cost_the_configured_flat_amount() {
         structured_margin_tokens: 5,
     };
     let e = estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         &body,
         &model(Encoding::O200kBase),
         &settings,
@@ -643,7 +643,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         min_output_tokens: 16,
     };
     let e = estimate(
-        Endpoint::Completions,
+        Dialect::Completions,
         &json!({"prompt": "x", "max_tokens": u64::MAX, "best_of": u64::MAX}),
         &m,
         &EstimateSettings::default(),
@@ -653,7 +653,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     assert_eq!(e.output_tokens, u64::MAX);
     assert_eq!(e.total_tokens, u64::MAX);
     let e = estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         &user("hi"),
         &m,
         &EstimateSettings::default(),
@@ -670,7 +670,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     let mut body = user("hi");
     body["n"] = json!(2);
     let r = estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         &body,
         &m,
         &EstimateSettings::default(),
@@ -753,10 +753,10 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
         min_output_tokens: 16,
     };
     let s = EstimateSettings::default();
-    let first = estimate(Endpoint::ChatCompletions, &b, &m, &s, None).unwrap();
+    let first = estimate(Dialect::ChatCompletions, &b, &m, &s, None).unwrap();
     for _ in 0..3 {
         assert_eq!(
-            estimate(Endpoint::ChatCompletions, &b, &m, &s, None).unwrap(),
+            estimate(Dialect::ChatCompletions, &b, &m, &s, None).unwrap(),
             first
         );
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::lease::LeaseHandle;
-use super::tracker::{bounded, record_settlement, settle_with_retry, SettleReport};
+use super::tracker::{bounded, record_settlement, settle_in_gateway, SettleReport};
 use super::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::metrics::TenantMetrics;
 use crate::reserve::{BudgetStore, ExtendOutcome, SettleOutcome, Settlement, StoreError};
@@ -103,7 +103,7 @@ impl HeldReservation {
         let s = bounded(s);
         self.done = true;
         self.lease = None;
-        let outcome = settle_with_retry(&self.store, &self.id, s, self.settle_retry).await;
+        let outcome = settle_in_gateway(&self.store, &self.id, s, self.settle_retry).await;
         if let Some(o) = &outcome {
             record_settlement(&self.report, o, s);
         }

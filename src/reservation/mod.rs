@@ -5,6 +5,7 @@
 //!   backstop that settles on every exit path.
 //! - [`lease`]: one task renewing the leases of all live reservations; a
 //!   lease is released when its handle is dropped.
+//! - [`plan`]: which budgets a request touches, from policy.
 //! - [`tracker`]: settlements as tracked tasks, drained at shutdown, and
 //!   the shutdown cutoff.
 //! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
@@ -18,6 +19,7 @@ pub mod deny;
 pub mod fail_open;
 pub mod held;
 pub mod lease;
+pub mod plan;
 pub mod tracker;
 
 pub use fail_open::GatewayStore;

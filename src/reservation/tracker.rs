@@ -17,7 +17,7 @@ use super::GatewayStore;
 use crate::metrics::TenantMetrics;
 use crate::reserve::bucket::MAX_LIMIT;
 use crate::reserve::deny_cache::DenyCache;
-use crate::reserve::{SettleOutcome, Settlement};
+use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
 
 /// The local deny-cache entries a refund must clear: the refundable token
 /// budgets of a tenant's budget plan. Built once per plan.
@@ -132,7 +132,7 @@ impl SettlementTracker {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_with_retry(&store, &id, s, retry_for).await;
+            let outcome = settle_in_gateway(&store, &id, s, retry_for).await;
             match outcome {
                 Some(o) => {
                     record_settlement(&report, &o, s);
@@ -185,17 +185,38 @@ pub(super) fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, 
     }
 }
 
-/// Settles, retrying store errors with a growing back-off for up to `retry_for`.
-pub async fn settle_with_retry(
+/// Settles in `store`, retrying store errors with a growing back-off for
+/// up to `retry_for`.
+pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
+    store: &S,
+    id: &str,
+    s: Settlement,
+    retry_for: Duration,
+) -> Option<SettleOutcome> {
+    retry(id, retry_for, || store.settle(id, s)).await
+}
+
+/// [`settle_with_retry`] through the gateway's store layers, called
+/// directly (no boxed future per layer).
+pub(super) async fn settle_in_gateway(
     store: &GatewayStore,
     id: &str,
     s: Settlement,
     retry_for: Duration,
 ) -> Option<SettleOutcome> {
+    retry(id, retry_for, || store.settle(id, s)).await
+}
+
+/// Calls `settle` until it succeeds, with a growing back-off, for up to `retry_for`.
+async fn retry<F, Fut>(id: &str, retry_for: Duration, mut settle: F) -> Option<SettleOutcome>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<SettleOutcome, crate::reserve::StoreError>>,
+{
     let deadline = tokio::time::Instant::now() + retry_for;
     let mut backoff = Duration::from_millis(20);
     loop {
-        match store.settle(id, s).await {
+        match settle().await {
             Ok(o) => return Some(o),
             Err(e) => {
                 tracing::warn!(reservation_id = %id, error = %e, "settle failed, retrying");

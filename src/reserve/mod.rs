@@ -8,10 +8,10 @@
 //! - [`calendar`]: UTC day/month quota windows.
 //! - [`keys`]: the one pure function that names stored keys.
 //! - [`memory`]: the in-process store.
-//! - [`plan`]: which budgets a request touches, from policy.
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
 //! - [`deny_cache`]: local refusals for budgets known to be empty.
 //! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
+//! - [`store_config`]: the `[store]` settings the stores read.
 
 pub mod bucket;
 pub mod calendar;
@@ -19,8 +19,8 @@ pub mod deny_cache;
 pub mod guarded;
 pub mod keys;
 pub mod memory;
-pub mod plan;
 pub mod redis;
+pub mod store_config;
 
 use async_trait::async_trait;
 use serde::Serialize;

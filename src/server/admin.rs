@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 use super::error::ApiError;
 use super::AppState;
 use crate::config::Policy;
-use crate::reserve::plan::{self, scope_budgets};
+use crate::reservation::plan::{self, scope_budgets};
 use crate::reserve::{BudgetSpec, Scope};
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte

@@ -26,7 +26,7 @@ use super::error::ApiError;
 use super::headers::go_duration;
 use super::AppState;
 use crate::config::{Policy, TenantPolicy};
-use crate::reserve::plan;
+use crate::reservation::plan;
 use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
 
 /// Tenants per page when the request gives no `limit`.

@@ -168,6 +168,17 @@ impl ApiError {
         }
     }
 
+    /// True for failures of the upstream (as opposed to refusals of the gateway).
+    pub fn is_upstream_failure(&self) -> bool {
+        matches!(
+            self,
+            ApiError::BadGateway(_)
+                | ApiError::Unavailable(_)
+                | ApiError::UpstreamRateLimited { .. }
+                | ApiError::GatewayTimeout
+        )
+    }
+
     /// Low-cardinality label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {

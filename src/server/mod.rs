@@ -25,15 +25,16 @@ use axum::routing::{any, get, post};
 use axum::Router;
 
 use crate::clock::Clock;
-use crate::config::{KeyPolicy, ModelPolicy, Policy, TenantPolicy};
+use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::reservation::deny::DenyCachedStore;
+use crate::reservation::plan;
 use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::memory::MemoryStore;
-use crate::reserve::{plan, BudgetSpec, BudgetStore, Requester};
+use crate::reserve::{BudgetSpec, BudgetStore, Requester};
 use crate::upstreams::UpstreamClient;
 
 /// Everything a request needs. One per serving thread: the store handle
@@ -76,8 +77,8 @@ pub struct BudgetPlan {
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
 pub struct PlannedDeployment {
-    /// Index into `policy.upstreams`.
-    pub upstream: usize,
+    /// The deployment.
+    pub upstream: DeploymentId,
     /// The deployment's budgets.
     pub budgets: Vec<BudgetSpec>,
     /// Metric handles of the deployment.
@@ -86,10 +87,9 @@ pub struct PlannedDeployment {
 
 #[derive(Default)]
 struct PlanCache {
-    /// The policy the plans belong to; holding it keeps the addresses used
-    /// as keys from being reused while the plans are cached.
-    policy: Option<Arc<Policy>>,
-    plans: HashMap<(usize, usize, usize), Arc<BudgetPlan>>,
+    /// Version of the policy the plans belong to.
+    version: String,
+    plans: HashMap<(TenantId, KeyId, ModelId), Arc<BudgetPlan>>,
 }
 
 impl AppState {
@@ -118,32 +118,28 @@ impl AppState {
         })
     }
 
-    /// The budget plan of `tenant`, `key` and `model` under `policy` (all
-    /// three borrowed from `policy`); built on first use per policy.
+    /// The budget plan of `tenant`, `key` and `model` under `policy`; built
+    /// on first use per policy version.
     pub fn budget_plan(
         &self,
-        policy: &Arc<Policy>,
-        tenant: &TenantPolicy,
-        key: &KeyPolicy,
-        model: &ModelPolicy,
+        policy: &Policy,
+        tenant_id: TenantId,
+        key_id: KeyId,
+        model_id: ModelId,
     ) -> Arc<BudgetPlan> {
-        let id = (
-            tenant as *const TenantPolicy as usize,
-            key as *const KeyPolicy as usize,
-            model as *const ModelPolicy as usize,
-        );
         let mut cache = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if !cache
-            .policy
-            .as_ref()
-            .is_some_and(|p| Arc::ptr_eq(p, policy))
-        {
-            cache.policy = Some(policy.clone());
+        if cache.version != policy.version {
+            cache.version.clone_from(&policy.version);
             cache.plans.clear();
         }
+        let (tenant, key, model) = (
+            policy.tenant(tenant_id),
+            policy.key(tenant_id, key_id),
+            policy.model_at(model_id),
+        );
         cache
             .plans
-            .entry(id)
+            .entry((tenant_id, key_id, model_id))
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
                 let common = plan::tenant_budgets(&ks, tenant, key, model);
@@ -158,13 +154,12 @@ impl AppState {
                 Arc::new(BudgetPlan {
                     common,
                     deny_release,
-                    upstreams: model
-                        .upstreams
-                        .iter()
-                        .map(|&u| PlannedDeployment {
+                    upstreams: policy
+                        .deployments_of(model_id)
+                        .map(|u| PlannedDeployment {
                             upstream: u,
-                            budgets: plan::upstream_budgets(&ks, &policy.upstreams[u]),
-                            metrics: DeploymentMetrics::new(&policy.upstreams[u].name),
+                            budgets: plan::upstream_budgets(&ks, policy.deployment(u)),
+                            metrics: DeploymentMetrics::new(&policy.deployment(u).name),
                         })
                         .collect(),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),

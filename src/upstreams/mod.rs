@@ -1,7 +1,7 @@
 //! Talking to upstream deployments: URLs and auth per provider kind, one
 //! pooled HTTP client, and the SSE relay that meters streams. This module
-//! knows nothing of budgets except through the reservation handle the relay
-//! is given.
+//! knows nothing of budgets: the relay meters through its own
+//! [`relay::Meter`] interface, which the lifecycle implements.
 //!
 //! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
 //! - [`relay`]: metering, extension, cutoff and settlement of a stream.
@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::config::{UpstreamKind, UpstreamPolicy};
-use crate::estimate::Endpoint;
+use crate::dialects::Dialect;
 
 /// A failure before any response arrived.
 #[derive(Debug, thiserror::Error)]
@@ -83,14 +83,14 @@ impl UpstreamClient {
         })
     }
 
-    /// The parsed URL of `endpoint` on `upstream` (see [`endpoint_url`]).
+    /// The parsed URL of `dialect`'s endpoint on `upstream` (see [`endpoint_url`]).
     fn url(
         &self,
         upstream: &UpstreamPolicy,
-        endpoint: Endpoint,
+        dialect: Dialect,
         upstream_model: &str,
     ) -> Result<reqwest::Url, UpstreamError> {
-        let text = endpoint_url(upstream, endpoint, upstream_model);
+        let text = endpoint_url(upstream, dialect, upstream_model);
         let mut urls = self.urls.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = urls.get(&text) {
             return Ok(u.clone());
@@ -106,19 +106,19 @@ impl UpstreamClient {
         Ok(url)
     }
 
-    /// Sends `body` (JSON bytes) to `endpoint` of `upstream`, with the
+    /// Sends `body` (JSON bytes) to `dialect` of `upstream`, with the
     /// upstream's key injected and the gateway's reservation id as
     /// `x-request-id`. Returns once response headers arrived.
     pub async fn send(
         &self,
         upstream: &UpstreamPolicy,
-        endpoint: Endpoint,
+        dialect: Dialect,
         upstream_model: &str,
         body: Bytes,
         request_id: &str,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
-        let url = self.url(upstream, endpoint, upstream_model)?;
+        let url = self.url(upstream, dialect, upstream_model)?;
         let mut req = self
             .client(upstream.connect_timeout)
             .post(url)
@@ -163,25 +163,28 @@ fn build_client(connect_timeout: Duration) -> reqwest::Client {
         .unwrap_or_else(|_| reqwest::Client::new())
 }
 
-/// Path of an endpoint under an OpenAI-style base URL.
-pub fn endpoint_path(endpoint: Endpoint) -> &'static str {
-    match endpoint {
-        Endpoint::ChatCompletions => "chat/completions",
-        Endpoint::Completions => "completions",
-        Endpoint::Embeddings => "embeddings",
-    }
+/// Characters of a path segment left as they are (letters, digits, `.`,
+/// `_`, `-`); everything else is percent-encoded (RFC 3986 section 3.3).
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'-');
+
+/// `name` as one URL path segment.
+fn path_segment(name: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(name, SEGMENT)
 }
 
 /// Full URL for a request: `<base>/<path>` for OpenAI-compatible upstreams,
 /// `<base>/openai/deployments/<deployment>/<path>?api-version=<v>` for Azure
 /// (Azure OpenAI REST reference).
-pub fn endpoint_url(upstream: &UpstreamPolicy, endpoint: Endpoint, upstream_model: &str) -> String {
-    let path = endpoint_path(endpoint);
+pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model: &str) -> String {
+    let path = dialect.path();
     match upstream.kind {
         UpstreamKind::Azure => format!(
             "{}/openai/deployments/{}/{}?api-version={}",
             upstream.base_url,
-            crate::reserve::keys::encode_name(upstream_model),
+            path_segment(upstream_model),
             path,
             upstream.api_version.as_deref().unwrap_or("2024-10-21")
         ),

@@ -1,10 +1,14 @@
 //! Relaying a streamed completion (DESIGN section 5): frames are forwarded
 //! byte for byte as they arrive, metered as they pass, the reservation is
 //! extended as output grows, and the stream is cut off cleanly when no
-//! budget is left. The relay task owns the reservation and settles it on
-//! every exit path: completion, cutoff, upstream error, client disconnect.
+//! budget is left. The relay task owns the reservation, through the
+//! narrow [`Meter`] interface defined here (the relay knows nothing of
+//! budgets), and settles it on every exit path: completion, cutoff,
+//! upstream error, client disconnect. What a frame means (usage, output,
+//! cutoff frames) is the dialect's.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -12,9 +16,31 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::sse::{parse_frame, FrameSplitter};
-use crate::estimate::{Encoding, Endpoint};
-use crate::reservation::HeldReservation;
-use crate::reserve::{ExtendOutcome, Settlement};
+use crate::dialects::{Dialect, Part, UsageBreakdown};
+use crate::estimate::Encoding;
+
+/// What the relay needs of the reservation it meters.
+pub trait Meter: Send + 'static {
+    /// The reservation id, for logs.
+    fn id(&self) -> &str;
+    /// Asks for `tokens` more output.
+    fn extend(&mut self, tokens: u64) -> impl Future<Output = Extension> + Send;
+    /// Resolves when the gateway's shutdown grace period ends. Cancel-safe.
+    fn shutdown(&self) -> impl Future<Output = ()> + Send;
+    /// Settles what the stream used; returns the tokens settled.
+    fn settle(self, used: UsageBreakdown) -> u64;
+}
+
+/// The answer to [`Meter::extend`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Extension {
+    /// This many tokens (≥ 1) were granted.
+    Granted(u64),
+    /// Nothing is left (why, for the log): cut off.
+    Exhausted(String),
+    /// The budget store failed: go on under the upstream's cap, stop extending.
+    Failed(String),
+}
 
 /// What the processor does with one frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,25 +51,16 @@ pub enum FrameAction {
     Drop,
 }
 
-/// Usage reported by the upstream (cumulative: the last one wins).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Completion tokens (reasoning tokens included, as OpenAI reports them).
-    pub completion_tokens: u64,
-}
-
 /// The metering state machine, independent of I/O so it can be tested on
 /// any split of a recorded stream.
 #[derive(Debug)]
 pub struct StreamProcessor {
-    endpoint: Endpoint,
+    dialect: Dialect,
     encoding: Encoding,
     client_wants_usage: bool,
     choices: u64,
     output_tokens: u64,
-    usage: Option<Usage>,
+    usage: Option<UsageBreakdown>,
     finished: BTreeSet<u64>,
     done: bool,
     errored: bool,
@@ -55,13 +72,13 @@ pub struct StreamProcessor {
 impl StreamProcessor {
     /// A processor for a stream of `choices` choices.
     pub fn new(
-        endpoint: Endpoint,
+        dialect: Dialect,
         encoding: Encoding,
         client_wants_usage: bool,
         choices: u64,
     ) -> Self {
         Self {
-            endpoint,
+            dialect,
             encoding,
             client_wants_usage,
             choices: choices.max(1),
@@ -82,8 +99,17 @@ impl StreamProcessor {
     }
 
     /// The upstream's last usage, if any.
-    pub fn usage(&self) -> Option<Usage> {
+    pub fn usage(&self) -> Option<UsageBreakdown> {
         self.usage
+    }
+
+    /// What the stream used: the upstream's usage (which comes after the
+    /// last delta, so everything it counts was relayed), with what it did
+    /// not report filled from the input estimate and the output counted.
+    pub fn used(&self, input_estimate: u64) -> UsageBreakdown {
+        self.usage
+            .unwrap_or_default()
+            .filled(input_estimate, || self.output_tokens)
     }
 
     /// True once `data: [DONE]` passed.
@@ -147,14 +173,8 @@ impl StreamProcessor {
             self.created = v.get("created").and_then(Value::as_i64).filter(|c| *c > 0);
         }
         let mut usage_only = false;
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(Usage {
-                prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
-                completion_tokens: u
-                    .get("completion_tokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0),
-            });
+        if let Some(u) = self.dialect.usage_from_event(&v) {
+            self.usage = Some(u);
             usage_only = v
                 .get("choices")
                 .and_then(Value::as_array)
@@ -162,7 +182,7 @@ impl StreamProcessor {
         }
         if let Some(choices) = v.get("choices").and_then(Value::as_array) {
             for c in choices {
-                self.output_tokens += self.count_choice(c);
+                self.output_tokens += self.dialect.count_output(c, Part::Delta, self.encoding);
                 if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
                     let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
                     // Only a requested choice counts: indexes out of range
@@ -179,32 +199,6 @@ impl StreamProcessor {
         FrameAction::Forward(raw)
     }
 
-    fn count_choice(&self, c: &Value) -> u64 {
-        let enc = self.encoding;
-        let count =
-            |v: Option<&Value>| v.and_then(Value::as_str).map(|s| enc.count(s)).unwrap_or(0);
-        match self.endpoint {
-            Endpoint::Completions => count(c.get("text")),
-            _ => {
-                let Some(delta) = c.get("delta") else {
-                    return 0;
-                };
-                let mut n = count(delta.get("content")) + count(delta.get("refusal"));
-                if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
-                    for call in calls {
-                        if let Some(f) = call.get("function") {
-                            n += count(f.get("arguments")) + count(f.get("name"));
-                        }
-                    }
-                }
-                if let Some(f) = delta.get("function_call") {
-                    n += count(f.get("arguments")) + count(f.get("name"));
-                }
-                n
-            }
-        }
-    }
-
     fn chunk_frame(v: &Value) -> Bytes {
         Bytes::from(format!("data: {v}\n\n"))
     }
@@ -219,21 +213,13 @@ impl StreamProcessor {
             .unwrap_or_else(|| "chatcmpl-budgetgate".into());
         let model = self.model.clone().unwrap_or_default();
         let created = self.created.unwrap_or(0);
-        let object = match self.endpoint {
-            Endpoint::Completions => "text_completion",
-            _ => "chat.completion.chunk",
-        };
+        let object = self.dialect.chunk_object();
         let mut out = Vec::new();
         for i in 0..self.choices {
             if self.finished.contains(&i) {
                 continue;
             }
-            let choice = match self.endpoint {
-                Endpoint::Completions => {
-                    json!({"index": i, "text": "", "logprobs": null, "finish_reason": "length"})
-                }
-                _ => json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": "length"}),
-            };
+            let choice = self.dialect.cutoff_choice(i);
             out.push(Self::chunk_frame(&json!({
                 "id": id, "object": object, "created": created, "model": model,
                 "choices": [choice]
@@ -299,11 +285,11 @@ pub struct RelaySummary {
 }
 
 /// Relays `upstream` to `tx`, metering and extending; settles `hold` before
-/// returning. `first` holds bytes already read (none usually).
-pub async fn run(
+/// returning.
+pub async fn run<M: Meter>(
     upstream: reqwest::Response,
     mut proc: StreamProcessor,
-    mut hold: HeldReservation,
+    mut hold: M,
     mut plan: ExtendPlan,
     tx: mpsc::Sender<Bytes>,
 ) -> RelaySummary {
@@ -315,7 +301,7 @@ pub async fn run(
             biased;
             _ = tx.closed() => break 'relay Ending::ClientGone,
             // Shutdown grace period over: end cleanly, as when the budget runs out.
-            _ = hold.shutdown_cutoff() => {
+            _ = hold.shutdown() => {
                 tracing::info!(reservation_id = %hold.id(), "gateway shutting down; cutting the stream off");
                 for f in proc.cutoff_frames(plan.input_tokens) {
                     if tx.send(f).await.is_err() {
@@ -383,13 +369,10 @@ pub async fn run(
                 && plan.reserved_output < plan.max_output
             {
                 let want = step.min(plan.max_output - plan.reserved_output);
-                let outcome = hold.extend(want).await;
-                match outcome {
-                    Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
-                        plan.reserved_output += granted;
-                    }
-                    Ok(ExtendOutcome::Exhausted(d)) => {
-                        tracing::info!(reservation_id = %hold.id(), scope = %d.scope, budget = %d.name, "budget exhausted mid-stream; cutting off");
+                match hold.extend(want).await {
+                    Extension::Granted(granted) => plan.reserved_output += granted,
+                    Extension::Exhausted(why) => {
+                        tracing::info!(reservation_id = %hold.id(), reason = %why, "budget exhausted mid-stream; cutting off");
                         for f in proc.cutoff_frames(plan.input_tokens) {
                             if tx.send(f).await.is_err() {
                                 break;
@@ -397,16 +380,7 @@ pub async fn run(
                         }
                         break 'relay Ending::CutOff;
                     }
-                    Ok(other) => {
-                        tracing::warn!(reservation_id = %hold.id(), outcome = ?other, "extension not granted (hold missing or nothing left); cutting off");
-                        for f in proc.cutoff_frames(plan.input_tokens) {
-                            if tx.send(f).await.is_err() {
-                                break;
-                            }
-                        }
-                        break 'relay Ending::CutOff;
-                    }
-                    Err(e) => {
+                    Extension::Failed(e) => {
                         // The upstream cap still bounds the output; the limiter must not become the outage.
                         tracing::warn!(reservation_id = %hold.id(), error = %e, "extension failed; continuing under the upstream cap");
                         extensions_work = false;
@@ -417,17 +391,8 @@ pub async fn run(
     };
     drop(body); // aborts the upstream request if it is still running
 
-    // Usage comes after the last delta, so when it arrived everything it
-    // counts was relayed, whatever happened after it.
-    let settled_tokens = match proc.usage() {
-        Some(u) => u.prompt_tokens.saturating_add(u.completion_tokens),
-        None => plan.input_tokens + proc.output_tokens(),
-    };
     let counted_output = proc.output_tokens();
-    hold.settle(Settlement {
-        actual_tokens: settled_tokens,
-        upstream_failed: false,
-    });
+    let settled_tokens = hold.settle(proc.used(plan.input_tokens));
     RelaySummary {
         ending,
         settled_tokens,

@@ -158,7 +158,8 @@ pub async fn start_gateway_with(
 
 /// The gateway's input-token estimate of a `gpt-4o-mini` (o200k_base) chat body.
 pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
-    use budgetgate::estimate::{estimate, Encoding, Endpoint, EstimateSettings, ModelEstimation};
+    use budgetgate::dialects::Dialect;
+    use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
     let me = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 16,
@@ -166,7 +167,7 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
         min_output_tokens: 16,
     };
     estimate(
-        Endpoint::ChatCompletions,
+        Dialect::ChatCompletions,
         body,
         &me,
         &EstimateSettings::default(),

@@ -50,9 +50,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::store_config::{StoreKind, StorePolicy};
 #[cfg(feature = "test-clock")]
 use crate::clock::Clock;
-use crate::config::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
 use super::{BudgetSpec, StoreError};

@@ -1,9 +1,9 @@
 //! Which budgets a request touches, from policy: the one place that turns
 //! configured [`Limits`] into [`BudgetSpec`]s.
 
-use super::keys::KeySpace;
-use super::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
 use crate::config::{KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+use crate::reserve::keys::KeySpace;
+use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
 
 /// Budgets of one scope under `limits`.
 pub fn scope_budgets(

@@ -1,0 +1,68 @@
+//! Typed indices into one policy's lists: what authentication and routing
+//! return, so that a request names its tenant, key, model and deployment
+//! by position in the policy it holds, never by address.
+
+use super::{KeyPolicy, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+
+/// A tenant: index into [`Policy::tenants`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TenantId(pub(super) usize);
+
+/// A key of a tenant: index into [`TenantPolicy::keys`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(pub(super) usize);
+
+/// A public model: index into [`Policy::models`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModelId(pub(super) usize);
+
+/// An upstream deployment: index into [`Policy::upstreams`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeploymentId(pub(super) usize);
+
+impl Policy {
+    /// The tenant and key a presented API key belongs to (by SHA-256).
+    pub fn find_key(&self, presented_key: &str) -> Option<(TenantId, KeyId)> {
+        use sha2::Digest;
+        let digest: [u8; 32] = sha2::Sha256::digest(presented_key.as_bytes()).into();
+        self.key_index
+            .get(&digest)
+            .map(|&(t, k)| (TenantId(t), KeyId(k)))
+    }
+
+    /// Authenticates a presented API key: `(tenant, key)` when its SHA-256 matches.
+    pub fn authenticate(&self, presented_key: &str) -> Option<(&TenantPolicy, &KeyPolicy)> {
+        let (t, k) = self.find_key(presented_key)?;
+        Some((self.tenant(t), self.key(t, k)))
+    }
+
+    /// A model by public name.
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.model_index.get(name).copied().map(ModelId)
+    }
+
+    /// The tenant `id`.
+    pub fn tenant(&self, id: TenantId) -> &TenantPolicy {
+        &self.tenants[id.0]
+    }
+
+    /// Key `key` of tenant `tenant`.
+    pub fn key(&self, tenant: TenantId, key: KeyId) -> &KeyPolicy {
+        &self.tenants[tenant.0].keys[key.0]
+    }
+
+    /// The model `id`.
+    pub fn model_at(&self, id: ModelId) -> &ModelPolicy {
+        &self.models[id.0]
+    }
+
+    /// The deployment `id`.
+    pub fn deployment(&self, id: DeploymentId) -> &UpstreamPolicy {
+        &self.upstreams[id.0]
+    }
+
+    /// The deployments of model `id`, in configured order.
+    pub fn deployments_of(&self, id: ModelId) -> impl Iterator<Item = DeploymentId> + '_ {
+        self.models[id.0].upstreams.iter().map(|&u| DeploymentId(u))
+    }
+}

@@ -1,0 +1,267 @@
+//! Validation of a whole config file into a [`Policy`]: every error
+//! collected with its path. The sections with lists live in their own
+//! modules: [`deployments`] (upstreams and models), [`tenants`].
+
+mod deployments;
+mod tenants;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::raw::{RawConfig, RawLimits};
+use super::*;
+use crate::estimate::EstimateSettings;
+use crate::reserve::bucket::{MAX_LIMIT, MAX_QUOTA};
+use crate::reserve::keys::{is_valid_id, is_valid_prefix};
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: a portable environment variable name.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+pub(super) struct V {
+    errors: Vec<String>,
+}
+
+impl V {
+    fn err(&mut self, path: impl std::fmt::Display, msg: impl std::fmt::Display) {
+        self.errors.push(format!("{path}: {msg}"));
+    }
+
+    fn positive(&mut self, path: &str, v: Option<i64>, max: u64) -> Option<u64> {
+        match v {
+            None => None,
+            Some(x) if x <= 0 => {
+                self.err(path, "must be > 0");
+                None
+            }
+            Some(x) if x as u64 > max => {
+                self.err(path, format!("must be ≤ {max}"));
+                None
+            }
+            Some(x) => Some(x as u64),
+        }
+    }
+
+    fn secs(&mut self, path: &str, v: Option<i64>, default: u64) -> Duration {
+        Duration::from_secs(self.positive(path, v, 86_400 * 31).unwrap_or(default))
+    }
+
+    fn limits(&mut self, path: &str, l: &RawLimits) -> Limits {
+        let p = |f: &str| format!("{path}.{f}");
+        let out = Limits {
+            rpm: self.positive(&p("rpm"), l.rpm, MAX_LIMIT),
+            tpm: self.positive(&p("tpm"), l.tpm, MAX_LIMIT),
+            rpm_burst: self.positive(&p("rpm_burst"), l.rpm_burst, MAX_LIMIT),
+            tpm_burst: self.positive(&p("tpm_burst"), l.tpm_burst, MAX_LIMIT),
+            max_concurrent: self.positive(&p("max_concurrent"), l.max_concurrent, 1_000_000),
+            tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_QUOTA),
+            tokens_per_month: self.positive(&p("tokens_per_month"), l.tokens_per_month, MAX_QUOTA),
+            requests_per_day: self.positive(&p("requests_per_day"), l.requests_per_day, MAX_QUOTA),
+        };
+        if out.rpm_burst.is_some() && l.rpm.is_none() {
+            self.err(p("rpm_burst"), "needs rpm");
+        }
+        if out.tpm_burst.is_some() && l.tpm.is_none() {
+            self.err(p("tpm_burst"), "needs tpm");
+        }
+        out
+    }
+}
+
+pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
+    let mut v = V { errors: Vec::new() };
+
+    let listen_text = raw
+        .server
+        .listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:8080".into());
+    let listen = match listen_text.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => {
+            v.err(
+                "server.listen",
+                format!("not a socket address: {listen_text:?}"),
+            );
+            SocketAddr::from(([127, 0, 0, 1], 8080))
+        }
+    };
+    let server = ServerPolicy {
+        listen,
+        max_body_bytes: v
+            .positive(
+                "server.max_body_bytes",
+                raw.server.max_body_bytes,
+                256 << 20,
+            )
+            .unwrap_or(4 << 20) as usize,
+        max_request: v.secs("server.max_request_secs", raw.server.max_request_secs, 600),
+        lease: v.secs("server.lease_secs", raw.server.lease_secs, 30),
+        settle_retry: v.secs(
+            "server.settle_retry_secs",
+            raw.server.settle_retry_secs,
+            300,
+        ),
+        concurrency_retry: v.secs(
+            "server.concurrency_retry_secs",
+            raw.server.concurrency_retry_secs,
+            1,
+        ),
+        admin_token_env: match raw.server.admin_token_env.as_deref() {
+            None => "BUDGETGATE_ADMIN_TOKEN".into(),
+            Some(name) if is_env_name(name) => name.to_string(),
+            Some(name) => {
+                v.err(
+                    "server.admin_token_env",
+                    format!("not an environment variable name: {name:?}"),
+                );
+                "BUDGETGATE_ADMIN_TOKEN".into()
+            }
+        },
+        shutdown_grace: match raw.server.shutdown_grace_secs {
+            None => Duration::from_secs(30),
+            Some(s) if (0..=3600).contains(&s) => Duration::from_secs(s as u64),
+            Some(_) => {
+                v.err("server.shutdown_grace_secs", "must be within 0..=3600");
+                Duration::from_secs(30)
+            }
+        },
+        tls: crate::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
+    };
+
+    let kind = match raw.store.kind.as_deref().unwrap_or("memory") {
+        "memory" => StoreKind::Memory,
+        "redis" => match &raw.store.url {
+            Some(url) => StoreKind::Redis { url: url.clone() },
+            None => {
+                v.err("store.url", "required when store.kind = \"redis\"");
+                StoreKind::Memory
+            }
+        },
+        other => {
+            v.err(
+                "store.kind",
+                format!("must be \"memory\" or \"redis\", not {other:?}"),
+            );
+            StoreKind::Memory
+        }
+    };
+    let key_prefix = raw
+        .store
+        .key_prefix
+        .clone()
+        .unwrap_or_else(|| "budgetgate".into());
+    if !is_valid_prefix(&key_prefix) {
+        v.err(
+            "store.key_prefix",
+            "must be 1-64 printable characters without '{', '}' or spaces",
+        );
+    }
+    let domain = raw.store.domain.clone().unwrap_or_else(|| "default".into());
+    if !is_valid_id(&domain) {
+        v.err("store.domain", "must match [A-Za-z0-9._-]{1,64}");
+    }
+    let store = StorePolicy {
+        kind,
+        timeout: Duration::from_millis(
+            v.positive("store.timeout_ms", raw.store.timeout_ms, 60_000)
+                .unwrap_or(50),
+        ),
+        key_prefix,
+        domain,
+        fallback_share: match raw.store.fallback_share {
+            None => 1.0,
+            Some(f) if f > 0.0 && f <= 1.0 => f,
+            Some(_) => {
+                v.err("store.fallback_share", "must be within (0, 1]");
+                1.0
+            }
+        },
+        snapshot_path: match raw.store.snapshot_path.as_deref() {
+            None => None,
+            Some("") => {
+                v.err("store.snapshot_path", "must not be empty");
+                None
+            }
+            Some(p) => Some(p.into()),
+        },
+    };
+
+    let e = &raw.estimation;
+    let defaults = EstimateSettings::default();
+    let estimation = EstimateSettings {
+        image_part_tokens: v
+            .positive(
+                "estimation.image_part_tokens",
+                e.image_part_tokens,
+                MAX_LIMIT,
+            )
+            .unwrap_or(defaults.image_part_tokens),
+        audio_part_tokens: v
+            .positive(
+                "estimation.audio_part_tokens",
+                e.audio_part_tokens,
+                MAX_LIMIT,
+            )
+            .unwrap_or(defaults.audio_part_tokens),
+        structured_margin_percent: match e.structured_margin_percent {
+            Some(p) if !(0..=1000).contains(&p) => {
+                v.err(
+                    "estimation.structured_margin_percent",
+                    "must be within 0..=1000",
+                );
+                defaults.structured_margin_percent
+            }
+            Some(p) => p as u64,
+            None => defaults.structured_margin_percent,
+        },
+        structured_margin_tokens: match e.structured_margin_tokens {
+            Some(p) if !(0..=1_000_000).contains(&p) => {
+                v.err(
+                    "estimation.structured_margin_tokens",
+                    "must be within 0..=1000000",
+                );
+                defaults.structured_margin_tokens
+            }
+            Some(p) => p as u64,
+            None => defaults.structured_margin_tokens,
+        },
+    };
+    let min_output_tokens = v
+        .positive(
+            "estimation.min_output_tokens",
+            e.min_output_tokens,
+            MAX_LIMIT,
+        )
+        .unwrap_or(16);
+    let stream_extension_step = v
+        .positive(
+            "estimation.stream_extension_step",
+            e.stream_extension_step,
+            MAX_LIMIT,
+        )
+        .unwrap_or(256);
+
+    let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
+    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index);
+    let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
+    if !v.errors.is_empty() {
+        return Err(ConfigErrors(v.errors));
+    }
+    Ok(Policy {
+        version,
+        server,
+        store,
+        estimation,
+        min_output_tokens,
+        stream_extension_step,
+        upstreams,
+        models,
+        tenants,
+        model_index,
+        key_index,
+    })
+}

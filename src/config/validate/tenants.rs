@@ -1,0 +1,90 @@
+//! Validation of `[[tenants]]`, their keys and limits.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::V;
+use crate::config::raw::RawConfig;
+use crate::config::*;
+use crate::reserve::keys::is_valid_id;
+
+/// The digest-to-(tenant, key) index of every configured key.
+pub(super) type KeyIndex = HashMap<[u8; 32], (usize, usize)>;
+
+/// Validates `[[tenants]]` and their keys; returns them and the key index.
+pub(super) fn tenants(
+    v: &mut V,
+    raw: &RawConfig,
+    model_index: &HashMap<String, usize>,
+) -> (Vec<TenantPolicy>, KeyIndex) {
+    let mut tenants = Vec::new();
+    let mut tenant_names = HashMap::new();
+    let mut key_index = HashMap::new();
+    for (i, t) in raw.tenants.iter().enumerate() {
+        let path = format!("tenants[{i}]");
+        if !is_valid_id(&t.name) {
+            v.err(format!("{path}.name"), "must match [A-Za-z0-9._-]{1,64}");
+        }
+        if tenant_names.insert(t.name.clone(), i).is_some() {
+            v.err(
+                format!("{path}.name"),
+                format!("duplicate tenant {:?}", t.name),
+            );
+        }
+        let mut keys = Vec::new();
+        let mut key_ids = HashMap::new();
+        for (j, k) in t.keys.iter().enumerate() {
+            let kp = format!("{path}.keys[{j}]");
+            if !is_valid_id(&k.id) {
+                v.err(format!("{kp}.id"), "must match [A-Za-z0-9._-]{1,64}");
+            }
+            if key_ids.insert(k.id.clone(), j).is_some() {
+                v.err(format!("{kp}.id"), format!("duplicate key id {:?}", k.id));
+            }
+            let digest = k.sha256.to_ascii_lowercase();
+            let mut raw = [0u8; 32];
+            if hex::decode_to_slice(&digest, &mut raw).is_err() {
+                v.err(
+                    format!("{kp}.sha256"),
+                    "must be 64 hex digits (run `budgetgate hash-key`)",
+                );
+            } else if key_index.insert(raw, (i, j)).is_some() {
+                v.err(format!("{kp}.sha256"), "the same key is configured twice");
+            }
+            keys.push(KeyPolicy {
+                id: k.id.clone(),
+                sha256: digest,
+                limits: v.limits(&format!("{kp}.limits"), &k.limits),
+            });
+        }
+        let mut model_limits = BTreeMap::new();
+        for (model, l) in &t.model_limits {
+            let mp = format!("{path}.model_limits.{model}");
+            if !model_index.contains_key(model) {
+                v.err(&mp, format!("unknown model {model:?}"));
+            }
+            model_limits.insert(model.clone(), v.limits(&mp, l));
+        }
+        let on_store_error = match t.on_store_error.as_deref().unwrap_or("fail_open") {
+            "fail_open" => OnStoreError::FailOpen,
+            "fail_closed" => OnStoreError::FailClosed,
+            other => {
+                v.err(
+                    format!("{path}.on_store_error"),
+                    format!("must be \"fail_open\" or \"fail_closed\", not {other:?}"),
+                );
+                OnStoreError::FailOpen
+            }
+        };
+        tenants.push(TenantPolicy {
+            name: t.name.clone(),
+            keys,
+            limits: v.limits(&format!("{path}.limits"), &t.limits),
+            model_limits,
+            on_store_error,
+            shadow: t.shadow.unwrap_or(false),
+            shadow_limits: v.limits(&format!("{path}.shadow_limits"), &t.shadow_limits),
+        });
+    }
+
+    (tenants, key_index)
+}

@@ -1,0 +1,94 @@
+//! Phase 4, admit (DESIGN section 1.5): one atomic reservation across the
+//! tenant's budgets and the first candidate deployment whose budgets admit
+//! it. The deny cache and the failure policy are layers of the store
+//! ([`crate::reservation::GatewayStore`]), not branches here.
+
+use super::context::RequestContext;
+use super::prepare::Prepared;
+use super::route::Attempts;
+use crate::metrics;
+use crate::reservation::HeldReservation;
+use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
+use crate::server::error::ApiError;
+use crate::server::headers::rate_limit_headers;
+use crate::server::PlannedDeployment;
+
+/// An admitted attempt.
+pub struct Admitted<'p> {
+    /// The reservation, settled on every exit path.
+    pub hold: HeldReservation,
+    /// What the store said (budget states for the rate-limit headers).
+    pub admission: Admission,
+    /// The deployment chosen.
+    pub deployment: &'p PlannedDeployment,
+}
+
+/// Reserves the request's estimate against its budgets and the first
+/// admitting candidate.
+pub async fn admit<'p>(
+    cx: &mut RequestContext,
+    request: &Prepared,
+    candidates: Vec<&'p PlannedDeployment>,
+    attempts: &mut Attempts,
+) -> Result<Admitted<'p>, ApiError> {
+    let policy = &*cx.policy;
+    let plan = &request.plan;
+    // A retry on another deployment is the same client request: its request count is already spent.
+    let common: Vec<BudgetSpec> = if attempts.count() == 0 {
+        plan.common.clone()
+    } else {
+        plan.common
+            .iter()
+            .filter(|s| s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+            .cloned()
+            .collect()
+    };
+    let id = uuid::Uuid::now_v7().to_string();
+    let reserve = ReserveRequest {
+        id: id.clone(),
+        tokens: request.estimate.total_tokens,
+        common,
+        candidates: candidates.iter().map(|d| d.budgets.clone()).collect(),
+        lease_micros: policy.server.lease.as_micros() as u64,
+        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
+            as u64,
+        requester: plan.requester.clone(),
+    };
+    let admission = match cx.st.store.reserve(&reserve).await? {
+        ReserveOutcome::Admitted(a) => a,
+        ReserveOutcome::Denied(denial) => {
+            tracing::info!(tenant = %plan.requester.tenant, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
+            return Err(ApiError::RateLimited {
+                headers: rate_limit_headers(std::slice::from_ref(&denial.state)),
+                denial: Box::new(denial),
+                concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+            });
+        }
+        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+    };
+    let deployment = candidates[admission.candidate];
+    attempts.tried(deployment.upstream);
+    plan.tenant_metrics.admitted(reserve.tokens);
+    for w in &admission.would_deny {
+        metrics::shadow_denial(&plan.requester.tenant, &w.scope, w.name);
+        tracing::info!(reservation_id = %id, tenant = %plan.requester.tenant, scope = %w.scope, budget = %w.name,
+            policy_version = %policy.version, "would deny (shadow mode); admitted");
+    }
+    cx.finish.deployment = Some(deployment.upstream);
+    cx.finish.reservation_id = Some(id.clone());
+    let hold = HeldReservation::new(
+        id,
+        cx.st.store.clone(),
+        cx.st.settlements.clone(),
+        reserve.tokens,
+        policy.server.lease,
+        policy.server.settle_retry,
+    )
+    .with_metrics(plan.tenant_metrics.clone())
+    .with_deny_release(plan.deny_release.clone());
+    Ok(Admitted {
+        hold,
+        admission,
+        deployment,
+    })
+}

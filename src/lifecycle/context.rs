@@ -1,0 +1,49 @@
+//! The per-request context the phases pass along instead of long argument
+//! lists: the gateway state, the policy the request runs under (a request
+//! keeps the one it started with), the API surface, who the caller is
+//! (typed indices into that policy, carried by the prepared request) and
+//! the final-line record.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderName};
+
+use super::finish::Finish;
+use crate::config::Policy;
+use crate::dialects::Dialect;
+use crate::server::AppState;
+
+/// One request on its way through the phases.
+pub struct RequestContext {
+    /// Gateway state.
+    pub st: Arc<AppState>,
+    /// The policy snapshot of this request.
+    pub policy: Arc<Policy>,
+    /// The API dialect it came in on.
+    pub dialect: Dialect,
+    /// The final line, written by the last phase.
+    pub finish: Finish,
+}
+
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+impl RequestContext {
+    /// A request that arrived now on `dialect` with `headers`.
+    pub fn new(st: Arc<AppState>, dialect: Dialect, headers: &HeaderMap) -> Self {
+        let policy = st.policy.load_full();
+        let finish = Finish::new(policy.clone(), client_request_id(headers));
+        Self {
+            st,
+            policy,
+            dialect,
+            finish,
+        }
+    }
+}
+
+/// A client-supplied `x-request-id`, if it is short printable ASCII.
+fn client_request_id(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(X_REQUEST_ID)?.to_str().ok()?.trim();
+    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| v.to_string())
+}

@@ -1,0 +1,197 @@
+//! The last phase: one log line and the request metrics, written exactly
+//! once for every outcome (pingora's "logging" phase). A [`Finish`] is
+//! created when the request arrives and travels with it (into the stream
+//! relay's task for streams); if it is dropped before it was written, the
+//! request was abandoned (the client went away while it waited), and the
+//! drop writes the line.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::{DeploymentId, ModelId, Policy, TenantId};
+use crate::metrics;
+use crate::server::error::ApiError;
+use crate::upstreams::relay::{Ending, RelaySummary};
+
+/// How a request ended.
+pub enum Outcome<'a> {
+    /// Refused before any upstream work (authentication, validation, budgets).
+    Refused(&'a ApiError),
+    /// Answered by the upstream (not streamed); `settled` tokens.
+    Answered {
+        /// Tokens settled.
+        settled: u64,
+    },
+    /// The upstream failed or refused; the client got `status`.
+    UpstreamFailed {
+        /// Status the client got.
+        status: u16,
+        /// Low-cardinality error label.
+        error: &'static str,
+    },
+    /// A stream ended.
+    Streamed(&'a RelaySummary),
+}
+
+/// What the final log line says about a request, gathered as it passes
+/// the phases.
+pub struct Finish {
+    policy: Arc<Policy>,
+    /// When the request arrived.
+    pub started: Instant,
+    /// The client's own request id, if it sent a usable one.
+    pub client_id: Option<String>,
+    /// Set by authentication.
+    pub tenant: Option<TenantId>,
+    /// Set by preparation.
+    pub model: Option<ModelId>,
+    /// The deployment of the last attempt.
+    pub deployment: Option<DeploymentId>,
+    /// The reservation of the last attempt.
+    pub reservation_id: Option<String>,
+    /// Tokens reserved at admission.
+    pub estimated: u64,
+    written: bool,
+}
+
+impl Finish {
+    /// A request that arrived now under `policy`.
+    pub fn new(policy: Arc<Policy>, client_id: Option<String>) -> Self {
+        Self {
+            policy,
+            started: Instant::now(),
+            client_id,
+            tenant: None,
+            model: None,
+            deployment: None,
+            reservation_id: None,
+            estimated: 0,
+            written: false,
+        }
+    }
+
+    /// The id the client sees as `x-request-id`: its own, else the reservation's.
+    pub fn request_id(&self) -> &str {
+        self.client_id
+            .as_deref()
+            .or(self.reservation_id.as_deref())
+            .unwrap_or("")
+    }
+
+    /// Moves the record out (to the task or phase that will end the
+    /// request), leaving one that writes nothing.
+    pub fn hand_off(&mut self) -> Finish {
+        let out = Finish {
+            policy: self.policy.clone(),
+            started: self.started,
+            client_id: self.client_id.take(),
+            tenant: self.tenant,
+            model: self.model,
+            deployment: self.deployment,
+            reservation_id: self.reservation_id.take(),
+            estimated: self.estimated,
+            written: self.written,
+        };
+        self.written = true;
+        out
+    }
+
+    /// Writes the final line and metrics of `outcome`.
+    pub fn write(mut self, outcome: Outcome<'_>) {
+        self.written = true;
+        self.log(outcome);
+    }
+
+    fn log(&self, outcome: Outcome<'_>) {
+        let latency_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let request_id = self.request_id();
+        let p = &*self.policy;
+        let tenant = self.tenant.map_or("", |t| p.tenant(t).name.as_str());
+        let model = self.model.map_or("", |m| p.model_at(m).name.as_str());
+        let deployment = self
+            .deployment
+            .map_or("", |d| p.deployment(d).name.as_str());
+        let reservation_id = self.reservation_id.as_deref().unwrap_or("");
+        let estimated = self.estimated;
+        match outcome {
+            Outcome::Refused(e) => tracing::info!(
+                request_id,
+                tenant,
+                outcome = "refused",
+                decision = "refused",
+                status = e.status().as_u16(),
+                error = e.label(),
+                latency_ms,
+                "request refused"
+            ),
+            Outcome::Answered { settled } => tracing::info!(
+                request_id,
+                reservation_id,
+                tenant,
+                model,
+                deployment,
+                estimated,
+                settled,
+                outcome = "answered",
+                decision = "admitted",
+                latency_ms,
+                "request finished"
+            ),
+            Outcome::UpstreamFailed { status, error } => tracing::info!(
+                request_id,
+                reservation_id,
+                tenant,
+                model,
+                deployment,
+                estimated,
+                outcome = "upstream_failed",
+                decision = "admitted",
+                status,
+                error,
+                latency_ms,
+                "request finished"
+            ),
+            Outcome::Streamed(summary) => {
+                let (label, outcome) = ending_labels(summary.ending);
+                metrics::stream_ended(deployment, label);
+                tracing::info!(
+                    request_id, reservation_id, tenant, model, deployment, estimated,
+                    settled = summary.settled_tokens, ending = ?summary.ending, outcome,
+                    decision = "admitted", latency_ms, "stream finished"
+                )
+            }
+        }
+    }
+}
+
+/// Metric label and request outcome of a stream ending.
+fn ending_labels(e: Ending) -> (&'static str, &'static str) {
+    match e {
+        Ending::Completed => ("completed", "streamed"),
+        Ending::CutOff => ("cut_off", "cut_off"),
+        Ending::ClientGone => ("client_gone", "client_gone"),
+        Ending::UpstreamError => ("upstream_error", "upstream_failed"),
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        self.written = true;
+        let latency_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+        let p = &*self.policy;
+        tracing::info!(
+            request_id = self.request_id(),
+            reservation_id = self.reservation_id.as_deref().unwrap_or(""),
+            tenant = self.tenant.map_or("", |t| p.tenant(t).name.as_str()),
+            deployment = self
+                .deployment
+                .map_or("", |d| p.deployment(d).name.as_str()),
+            outcome = "client_gone",
+            latency_ms,
+            "request abandoned by the client"
+        );
+    }
+}

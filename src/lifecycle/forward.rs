@@ -1,0 +1,278 @@
+//! Phase 5, forward (DESIGN section 1.6): send the rewritten body to the
+//! chosen deployment and classify what came back. An upstream that fails
+//! before any output has its reservation refunded at once (the request
+//! count stays spent), and [`classify`] says whether another deployment
+//! may be tried.
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::admit::Admitted;
+use super::context::RequestContext;
+use super::prepare::{invalid, Prepared};
+use super::rewrite::upstream_body;
+use crate::config::UpstreamPolicy;
+use crate::metrics::DeploymentMetrics;
+use crate::reservation::plan;
+use crate::reservation::HeldReservation;
+use crate::reserve::{BudgetName, Settlement};
+use crate::server::error::ApiError;
+use crate::server::headers::rate_limit_headers;
+use crate::server::AppState;
+
+// Header names built at compile time: naming a header by a string at run
+// time searches the table of standard names on every use.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_RESERVATION_ID: HeaderName = HeaderName::from_static("x-reservation-id");
+const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
+const OPENAI_PROCESSING_MS: HeaderName = HeaderName::from_static("openai-processing-ms");
+const PROVIDER_REMAINING_TOKENS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-tokens");
+const PROVIDER_REMAINING_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-requests");
+
+/// A successful upstream answer, to meter.
+pub struct Answer {
+    /// The reservation it runs under.
+    pub hold: HeldReservation,
+    /// The upstream's response (headers read, body not yet).
+    pub response: reqwest::Response,
+    /// Headers for the client: rate limits and ids.
+    pub headers: HeaderMap,
+}
+
+/// What one attempt on one deployment came to. (One per attempt, moved
+/// once: boxing the large variant would cost an allocation per request.)
+#[allow(clippy::large_enum_variant)]
+pub enum Forwarded {
+    /// A successful answer, to meter.
+    Answer(Answer),
+    /// The upstream's error answer, passed to the client as it is.
+    PassedOn(Response),
+    /// The deployment failed; another may be tried.
+    Retry(ApiError),
+    /// The request failed for good.
+    Failed(ApiError),
+}
+
+/// What an upstream error status before any output means for the attempt loop.
+#[derive(Debug)]
+pub enum Failure {
+    /// Try another deployment; this error if none is left.
+    Retry(ApiError),
+    /// Pass the upstream's answer to the client (its own mistake, e.g. 400).
+    PassOn,
+    /// Answer with this error, no retry.
+    Fail(ApiError),
+}
+
+/// Classifies an upstream error status (with its `retry-after` seconds):
+/// 429 and 5xx may be retried on another deployment; other 4xx answers go
+/// to the client, 401/403 as 502 (that is the gateway's key, not the
+/// client's fault). The reservation is refunded in every case.
+pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
+    match status {
+        429 => Failure::Retry(ApiError::UpstreamRateLimited { retry_after_secs }),
+        401 | 403 => Failure::Fail(ApiError::BadGateway(
+            "The upstream rejected the gateway's credentials.".into(),
+        )),
+        400..=499 => Failure::PassOn,
+        503 => Failure::Retry(ApiError::Unavailable(
+            "The upstream is unavailable; please retry.".into(),
+        )),
+        _ => Failure::Retry(ApiError::BadGateway(format!(
+            "The upstream failed with status {status}."
+        ))),
+    }
+}
+
+/// Sends one attempt and classifies the answer.
+pub async fn forward(
+    cx: &RequestContext,
+    request: &Prepared,
+    admitted: Admitted<'_>,
+    client_headers: &HeaderMap,
+) -> Forwarded {
+    let Admitted {
+        hold,
+        admission,
+        deployment,
+    } = admitted;
+    let policy = &*cx.policy;
+    let upstream = policy.deployment(deployment.upstream);
+    let model = policy.model_at(request.model);
+    let out_body = match upstream_body(request, model, cx.dialect, upstream) {
+        Ok(b) => Bytes::from(b),
+        Err(_) => {
+            hold.settle(refund());
+            return Forwarded::Failed(invalid(None, "The request body could not be re-encoded."));
+        }
+    };
+    let mut extra = Vec::new();
+    for name in &upstream.forward_client_headers {
+        if let Some(v) = client_headers.get(name.as_str()) {
+            extra.push((name.clone(), v.clone()));
+        }
+    }
+    let request_id = cx.finish.request_id();
+    let started = std::time::Instant::now();
+    let sent = cx
+        .st
+        .upstream
+        .send(
+            upstream,
+            cx.dialect,
+            &model.upstream_model,
+            out_body,
+            request_id,
+            &extra,
+        )
+        .await;
+    let resp = match sent {
+        Ok(r) => {
+            deployment
+                .metrics
+                .answered(r.status().as_str(), started.elapsed().as_secs_f64());
+            r
+        }
+        Err(e) => {
+            deployment
+                .metrics
+                .answered("error", started.elapsed().as_secs_f64());
+            tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, error = %e, "upstream request failed");
+            hold.settle_now(refund()).await;
+            return Forwarded::Retry(ApiError::from(e));
+        }
+    };
+    observe_provider_limits(
+        &cx.st,
+        policy,
+        upstream,
+        &deployment.metrics,
+        resp.headers(),
+    );
+    let mut headers = rate_limit_headers(&admission.budgets);
+    put(&mut headers, X_REQUEST_ID, request_id);
+    put(&mut headers, X_RESERVATION_ID, hold.id());
+    let status = resp.status();
+    if !status.is_success() {
+        return upstream_failure(cx, resp, hold, upstream, headers).await;
+    }
+    if let Some(u) = resp
+        .headers()
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+    {
+        put(&mut headers, X_UPSTREAM_REQUEST_ID, u);
+    }
+    if let Some(v) = resp.headers().get(OPENAI_PROCESSING_MS) {
+        headers.insert(OPENAI_PROCESSING_MS, v.clone());
+    }
+    Forwarded::Answer(Answer {
+        hold,
+        response: resp,
+        headers,
+    })
+}
+
+/// The settlement of work the upstream never did: the whole token
+/// reservation goes back (the request count stays spent).
+pub fn refund() -> Settlement {
+    Settlement {
+        actual_tokens: 0,
+        upstream_failed: true,
+    }
+}
+
+/// An upstream answered with an error status before any output: refund,
+/// cool the deployment down after a 429, and act on [`classify`].
+async fn upstream_failure(
+    cx: &RequestContext,
+    resp: reqwest::Response,
+    hold: HeldReservation,
+    upstream: &UpstreamPolicy,
+    headers: HeaderMap,
+) -> Forwarded {
+    let status = resp.status().as_u16();
+    tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, status, "upstream answered with an error");
+    hold.settle_now(refund()).await;
+    let retry_after = resp
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if status == 429 {
+        let cool = retry_after.map_or(upstream.cooldown, std::time::Duration::from_secs);
+        cx.st.cool_down(
+            &upstream.name,
+            cx.st.clock.now_micros() + cool.as_micros() as u64,
+        );
+    }
+    match classify(status, retry_after) {
+        Failure::Retry(e) => Forwarded::Retry(e),
+        Failure::Fail(e) => Forwarded::Failed(e),
+        Failure::PassOn => {
+            let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+            let body = resp.bytes().await.unwrap_or_default();
+            let mut r = Response::new(Body::from(body));
+            *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            *r.headers_mut() = headers;
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                content_type.unwrap_or(HeaderValue::from_static("application/json")),
+            );
+            Forwarded::PassedOn(r)
+        }
+    }
+}
+
+/// Records what the provider says is left of its own limits (DESIGN: learn
+/// from the provider). Values are logged; they never reach the client.
+fn observe_provider_limits(
+    st: &std::sync::Arc<AppState>,
+    policy: &crate::config::Policy,
+    upstream: &UpstreamPolicy,
+    deployment_metrics: &DeploymentMetrics,
+    headers: &reqwest::header::HeaderMap,
+) {
+    let read = |name: HeaderName| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let tokens = read(PROVIDER_REMAINING_TOKENS);
+    let requests = read(PROVIDER_REMAINING_REQUESTS);
+    deployment_metrics.provider_remaining(tokens, requests);
+    if upstream.learn_from_headers && (tokens.is_some() || requests.is_some()) {
+        // Off the response path: the provider knows of spending this gateway
+        // cannot see (other gateways' clients, other tools on the same key).
+        let specs = plan::upstream_budgets(&AppState::key_space(policy), upstream);
+        let store = st.store.clone();
+        tokio::spawn(async move {
+            for spec in specs {
+                let seen = match spec.name {
+                    BudgetName::Tpm => tokens,
+                    BudgetName::Rpm => requests,
+                    _ => None,
+                };
+                if let Some(v) = seen {
+                    if let Err(e) = store.lower(&spec, v).await {
+                        tracing::warn!(scope = %spec.scope, budget = %spec.name, error = %e, "could not follow the provider's limit");
+                    }
+                }
+            }
+        });
+    }
+    if tokens.is_some() || requests.is_some() {
+        tracing::debug!(deployment = %upstream.name, remaining_tokens = ?tokens, remaining_requests = ?requests, "provider rate-limit headers");
+    }
+}
+
+fn put(h: &mut HeaderMap, name: HeaderName, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        h.insert(name, v);
+    }
+}

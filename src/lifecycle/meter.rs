@@ -1,0 +1,179 @@
+//! Phase 6, meter (DESIGN section 1.7): a non-streamed answer is read
+//! whole and its `usage` taken; a streamed one is handed to the relay,
+//! which meters it as it passes and extends the reservation as output
+//! grows (DESIGN section 5).
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::context::RequestContext;
+use super::finish::Outcome;
+use super::forward::{refund, Answer};
+use super::prepare::Prepared;
+use super::settle::settle;
+use crate::dialects::UsageBreakdown;
+use crate::metrics;
+use crate::reservation::HeldReservation;
+use crate::reserve::ExtendOutcome;
+use crate::server::error::ApiError;
+use crate::upstreams::relay::{self, ExtendPlan, Extension, Meter, StreamProcessor};
+
+/// How the answer went, for the final line.
+pub enum Metered {
+    /// Answered whole; `settled` tokens.
+    Answered(Response, u64),
+    /// Handed to the stream relay, which finishes the request itself.
+    Streaming(Response),
+    /// The upstream's error answer, passed on unmetered (refunded).
+    PassedOn(Response),
+    /// Failed while reading the answer.
+    Failed(ApiError),
+}
+
+/// Meters the answer: streams go to the relay (which settles and finishes
+/// them), whole answers are read and settled here.
+pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Metered {
+    if request.stream {
+        return Metered::Streaming(stream(cx, request, answer));
+    }
+    let Answer {
+        hold,
+        response,
+        headers,
+    } = answer;
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let body = match response.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream body failed");
+            hold.settle(refund());
+            return Metered::Failed(ApiError::BadGateway(
+                "The upstream response was interrupted.".into(),
+            ));
+        }
+    };
+    // Only `usage` is read out of the answer; the rest is checked to be
+    // JSON and passed on untouched (the whole tree is built only when the
+    // upstream sent no usage and the output must be counted here).
+    let usage = match serde_json::from_slice::<Whole>(&body) {
+        Ok(a) if body.trim_ascii_start().starts_with(b"{") => a.usage,
+        _ => {
+            hold.settle(refund());
+            return Metered::Failed(ApiError::BadGateway(
+                "The upstream returned a response that is not JSON.".into(),
+            ));
+        }
+    };
+    let encoding = cx.policy.model_at(request.model).encoding;
+    let used = usage
+        .and_then(|u| cx.dialect.usage_from_answer(u.get()))
+        .unwrap_or_default()
+        .filled(request.estimate.input_tokens, || {
+            let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            cx.dialect.count_answer_output(&parsed, encoding)
+        });
+    let settled = settle(hold, used);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        content_type.unwrap_or(HeaderValue::from_static("application/json")),
+    );
+    Metered::Answered(response, settled)
+}
+
+/// Starts the relay of a streamed answer on its own task; the relay
+/// settles, and the task writes the final line when the stream ends.
+fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Response {
+    let Answer {
+        hold,
+        response: upstream,
+        headers,
+    } = answer;
+    let model = cx.policy.model_at(request.model);
+    let estimate = &request.estimate;
+    let choices = estimate.choices.max(1);
+    let proc = StreamProcessor::new(
+        cx.dialect,
+        model.encoding,
+        request.client_wants_usage,
+        choices,
+    );
+    let step = if estimate.client_max_output.is_some() || model.reasoning {
+        None
+    } else {
+        Some(cx.policy.stream_extension_step)
+    };
+    let plan = ExtendPlan {
+        reserved_output: estimate.output_tokens,
+        step,
+        max_output: model.max_output_tokens * choices,
+        input_tokens: estimate.input_tokens,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    let finish = cx.finish.hand_off();
+    tokio::spawn(async move {
+        metrics::active_streams(1.0);
+        let summary = relay::run(upstream, proc, hold, plan, tx).await;
+        metrics::active_streams(-1.0);
+        finish.write(Outcome::Streamed(&summary));
+    });
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
+    }));
+    let mut response = Response::new(body);
+    *response.headers_mut() = headers;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// The part of a non-streamed answer the gateway reads (OpenAI API
+/// reference: `usage` of chat completions, completions and embeddings).
+#[derive(serde::Deserialize)]
+struct Whole<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+}
+
+/// The stream relay meters through the held reservation.
+impl Meter for HeldReservation {
+    fn id(&self) -> &str {
+        HeldReservation::id(self)
+    }
+
+    async fn extend(&mut self, tokens: u64) -> Extension {
+        match HeldReservation::extend(self, tokens).await {
+            Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
+                Extension::Granted(granted)
+            }
+            Ok(ExtendOutcome::Exhausted(d)) => {
+                Extension::Exhausted(format!("{} {}", d.scope, d.name))
+            }
+            Ok(other) => Extension::Exhausted(format!("extension not granted: {other:?}")),
+            Err(e) => Extension::Failed(e.to_string()),
+        }
+    }
+
+    async fn shutdown(&self) {
+        self.shutdown_cutoff().await
+    }
+
+    fn settle(self, used: UsageBreakdown) -> u64 {
+        settle(self, used)
+    }
+}

@@ -1,0 +1,105 @@
+//! The request path as named phases (DESIGN section 1), one module each:
+//!
+//! 1. [`authenticate`]: the client's key → tenant and key.
+//! 2. [`prepare`]: read, parse, validate, estimate; the budget plan.
+//! 3. [`route`]: the deployments this attempt may use, best first.
+//! 4. [`admit`]: one atomic reservation → a held reservation.
+//! 5. [`forward`]: the rewritten body ([`rewrite`]) upstream; failures
+//!    classified (retry on another deployment, pass on, fail).
+//! 6. [`meter`]: usage of a whole answer; streams go to the relay.
+//! 7. [`settle`]: the reservation settled with what was used.
+//! 8. [`finish`]: the final log line and request metrics, exactly once on
+//!    every path, client disconnect included.
+//!
+//! [`context`] holds what the phases share. The lifecycle knows budgets
+//! only through [`crate::reservation`] and upstreams only through
+//! [`crate::upstreams`].
+
+pub mod admit;
+pub mod authenticate;
+pub mod context;
+pub mod finish;
+pub mod forward;
+pub mod meter;
+pub mod prepare;
+pub mod rewrite;
+pub mod route;
+pub mod settle;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+
+use context::RequestContext;
+use finish::Outcome;
+use forward::Forwarded;
+use meter::Metered;
+
+use crate::dialects::Dialect;
+use crate::server::error::ApiError;
+use crate::server::AppState;
+
+/// One proxied request, phase by phase.
+pub async fn handle(
+    st: Arc<AppState>,
+    dialect: Dialect,
+    headers: HeaderMap,
+    body: Body,
+    path_model: Option<String>,
+) -> Response {
+    let mut cx = RequestContext::new(st, dialect, &headers);
+    let metered = async {
+        let caller = authenticate::authenticate(&mut cx, &headers)?;
+        let request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;
+        let mut attempts = route::Attempts::default();
+        loop {
+            let deployments = route::route(&cx, &request, &mut attempts).await?;
+            let admitted = admit::admit(&mut cx, &request, deployments, &mut attempts).await?;
+            match forward::forward(&cx, &request, admitted, &headers).await {
+                // Metering settles (streams: in the relay, which finishes them).
+                Forwarded::Answer(answer) => {
+                    return Ok(meter::meter(&mut cx, &request, answer).await)
+                }
+                Forwarded::PassedOn(response) => return Ok(Metered::PassedOn(response)),
+                Forwarded::Retry(e) => attempts.failed(e),
+                Forwarded::Failed(e) => return Err(e),
+            }
+        }
+    };
+    let metered: Result<Metered, ApiError> = metered.await;
+    finish(cx, metered)
+}
+
+/// The last phase: the client's response, and the final line for every
+/// outcome that did not leave with a stream.
+fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Response {
+    let record = cx.finish.hand_off();
+    match metered {
+        Ok(Metered::Answered(response, settled)) => {
+            record.write(Outcome::Answered { settled });
+            response
+        }
+        // The relay's task holds the stream's record; this one is empty.
+        Ok(Metered::Streaming(response)) => response,
+        Ok(Metered::PassedOn(response)) => {
+            record.write(Outcome::UpstreamFailed {
+                status: response.status().as_u16(),
+                error: "upstream_status",
+            });
+            response
+        }
+        Ok(Metered::Failed(e)) | Err(e) => {
+            if e.is_upstream_failure() {
+                record.write(Outcome::UpstreamFailed {
+                    status: e.status().as_u16(),
+                    error: e.label(),
+                });
+            } else {
+                record.write(Outcome::Refused(&e));
+            }
+            e.into_response()
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Phase 2, prepare (DESIGN section 1.2 and 1.4): read the body within its
+//! size cap and time, parse and validate it, find the model and the
+//! budget plan, and estimate the cost. Large bodies are parsed and counted
+//! on the low-priority estimation threads, so that the serving thread's
+//! other connections go on meanwhile (issue 7); small ones right here.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::authenticate::Caller;
+use super::context::RequestContext;
+use crate::config::{ModelId, Policy};
+use crate::dialects::Dialect;
+use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::reservation::plan;
+use crate::reserve::{BudgetName, BudgetSpec, Scope};
+use crate::server::error::ApiError;
+use crate::server::{AppState, BudgetPlan};
+
+/// Longest a client may take to send its request body.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A request after validation and estimation, ready to route and reserve.
+pub struct Prepared {
+    /// Who sent it.
+    pub caller: Caller,
+    /// The client's body as received (forwarded with only the gateway's fields rewritten).
+    pub raw: Bytes,
+    /// The public model.
+    pub model: ModelId,
+    /// Its cost.
+    pub estimate: Estimate,
+    /// `stream: true`.
+    pub stream: bool,
+    /// The client asked for the usage chunk of a stream.
+    pub client_wants_usage: bool,
+    /// Budgets of this tenant, key and model.
+    pub plan: Arc<BudgetPlan>,
+    /// Positions in `plan.upstreams` of the deployments that can serve the request.
+    pub candidates: Vec<usize>,
+}
+
+/// Reads, parses, validates and estimates the request.
+pub async fn prepare(
+    cx: &mut RequestContext,
+    caller: Caller,
+    headers: &HeaderMap,
+    body: Body,
+    path_model: Option<String>,
+) -> Result<Prepared, ApiError> {
+    let bytes = read_body(body, cx.policy.server.max_body_bytes, headers).await?;
+    let dialect = cx.dialect;
+    let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
+        parse(&cx.st, &cx.policy, dialect, caller, bytes, path_model)?
+    } else {
+        let len = bytes.len();
+        let (st, policy) = (cx.st.clone(), cx.policy.clone());
+        let job = move || parse(&st, &policy, dialect, caller, bytes, path_model);
+        estimate::off_io_threads(len, job).await.ok_or_else(|| {
+            ApiError::Unavailable("The request could not be estimated; please retry.".into())
+        })??
+    };
+    cx.finish.model = Some(prepared.model);
+    cx.finish.estimated = prepared.estimate.total_tokens;
+    Ok(prepared)
+}
+
+async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    // A client that stops sending its body must not hold a connection forever.
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit));
+    let Ok(read) = read.await else {
+        return Err(ApiError::RequestTimeout);
+    };
+    read.map_err(|e| {
+        if e.to_string().contains("length limit") {
+            ApiError::BodyTooLarge { limit }
+        } else {
+            invalid(None, "The request body could not be read.")
+        }
+    })
+}
+
+/// A 400 `invalid_request_error`.
+pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
+    ApiError::InvalidRequest {
+        param: param.map(str::to_string),
+        message: message.into(),
+    }
+}
+
+fn parse(
+    st: &AppState,
+    policy: &Policy,
+    dialect: Dialect,
+    caller: Caller,
+    raw: Bytes,
+    path_model: Option<String>,
+) -> Result<Prepared, ApiError> {
+    let value: Value = serde_json::from_slice(&raw).map_err(|e| {
+        invalid(
+            None,
+            format!("We could not parse the JSON body of your request ({e}). The OpenAI API expects a JSON payload."),
+        )
+    })?;
+    let Value::Object(mut body) = value else {
+        return Err(invalid(None, "The request body must be a JSON object."));
+    };
+    if let Some(m) = path_model {
+        // Azure path form: the deployment in the URL names the model.
+        body.insert("model".into(), Value::String(m));
+    }
+    let model_id = match body.get("model") {
+        Some(Value::String(m)) => policy
+            .model_id(m)
+            .ok_or_else(|| ApiError::ModelNotFound(m.clone()))?,
+        Some(_) => return Err(invalid(Some("model"), "`model` must be a string.")),
+        None => {
+            return Err(invalid(
+                Some("model"),
+                "You must provide a model parameter.",
+            ))
+        }
+    };
+    let model = policy.model_at(model_id);
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
+    };
+    if stream && !dialect.streams() {
+        return Err(invalid(Some("stream"), "Embeddings cannot be streamed."));
+    }
+    let client_wants_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let n = body.get("n").and_then(Value::as_u64).unwrap_or(1);
+    let plan = st.budget_plan(policy, caller.tenant, caller.key, model_id);
+    let candidates: Vec<usize> = plan
+        .upstreams
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| n <= 1 || policy.deployment(d.upstream).supports_n)
+        .map(|(i, _)| i)
+        .collect();
+    if candidates.is_empty() {
+        return Err(invalid(
+            Some("n"),
+            format!(
+                "`n` > 1 is not supported by any deployment of model `{}`.",
+                model.name
+            ),
+        ));
+    }
+    let common = &plan.common;
+    let cand_specs: Vec<&[BudgetSpec]> = candidates
+        .iter()
+        .map(|&i| plan.upstreams[i].budgets.as_slice())
+        .collect();
+    let tightest = plan::tightest_token_capacity(common, &cand_specs);
+    let me = ModelEstimation {
+        encoding: model.encoding,
+        default_max_output_tokens: model.default_max_output_tokens,
+        max_output_tokens: model.max_output_tokens,
+        min_output_tokens: policy.min_output_tokens,
+    };
+    let body = Value::Object(body);
+    let estimate =
+        estimate::estimate(dialect, &body, &me, &policy.estimation, tightest).map_err(|e| {
+            ApiError::from_estimate(e, |capacity| {
+                // The tightest token budget is the one the request can never fit.
+                common
+                    .iter()
+                    .chain(cand_specs.iter().copied().flatten())
+                    .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
+                    .min_by_key(|s| s.capacity())
+                    .map(|s| (s.scope.clone(), s.name))
+                    .unwrap_or_else(|| {
+                        let tenant = policy.tenant(caller.tenant).name.as_str();
+                        (Scope::Tenant(tenant.into()), BudgetName::Tpm)
+                    })
+            })
+        })?;
+    drop(body);
+    Ok(Prepared {
+        caller,
+        raw,
+        model: model_id,
+        estimate,
+        stream,
+        client_wants_usage,
+        plan,
+        candidates,
+    })
+}

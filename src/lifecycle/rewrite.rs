@@ -1,0 +1,112 @@
+//! The byte-exact body rewrite of the forward phase: the client's body
+//! goes upstream with only the gateway's fields changed (model name,
+//! output cap, usage reporting for streams); every other value is copied
+//! byte for byte, in the client's order.
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+
+use super::prepare::Prepared;
+use crate::config::{ModelPolicy, UpstreamPolicy};
+use crate::dialects::Dialect;
+
+/// The body to send to `upstream`: model name, output cap (DESIGN
+/// section 1.6), and usage reporting for streams. Everything else passes
+/// through untouched.
+pub fn upstream_body(
+    p: &Prepared,
+    model: &ModelPolicy,
+    dialect: Dialect,
+    upstream: &UpstreamPolicy,
+) -> Result<Vec<u8>, serde_json::Error> {
+    // Top-level fields as raw JSON slices, in the client's order: values
+    // are copied byte for byte, never re-serialised (a 400 KB prompt costs
+    // a scan, not a rebuild).
+    let RawMembers(top) = serde_json::from_slice(&p.raw)?;
+    let mut set: Vec<(&str, String)> =
+        vec![("model", serde_json::to_string(&model.upstream_model)?)];
+    let mut removed: Vec<&str> = Vec::new();
+    if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
+        let cap = match p.estimate.client_max_output {
+            Some(client) => client,
+            None if p.stream && !model.reasoning => model.max_output_tokens,
+            None => p.estimate.output_tokens_per_choice,
+        };
+        if cap_field == "max_tokens" {
+            removed.push("max_completion_tokens");
+        }
+        if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
+            set.push((cap_field, cap.to_string()));
+        }
+        // Streams carry usage only when asked for (DESIGN section 5).
+        if p.stream {
+            let mut opts: Map<String, Value> = top
+                .iter()
+                .rfind(|(k, _)| k == "stream_options")
+                .and_then(|(_, r)| serde_json::from_str(r.get()).ok())
+                .unwrap_or_default();
+            opts.insert("include_usage".into(), Value::Bool(true));
+            set.push(("stream_options", serde_json::to_string(&opts)?));
+        }
+    }
+    let mut out = Vec::with_capacity(p.raw.len() + 128);
+    out.push(b'{');
+    let mut first = true;
+    let mut field = |out: &mut Vec<u8>, key: &str, value: &str| -> Result<(), serde_json::Error> {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, key)?;
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+        Ok(())
+    };
+    for (k, v) in &top {
+        if removed.contains(&k.as_ref()) || set.iter().any(|(s, _)| s == k) {
+            continue;
+        }
+        field(&mut out, k, v.get())?;
+    }
+    for (k, v) in &set {
+        field(&mut out, k, v)?;
+    }
+    out.push(b'}');
+    Ok(out)
+}
+
+/// A JSON object's members in document order, each value as its raw
+/// slice of the input. Names are borrowed unless they hold escapes. (A
+/// `BTreeMap<String, &RawValue>` allocated a string and a tree node per
+/// member and sorted the forwarded fields.)
+struct RawMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+/// An object member's name, borrowed from the input when it can be
+/// (serde's `borrow` on a `Cow<str>` copies only a name with escapes).
+#[derive(serde::Deserialize)]
+struct MemberName<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for RawMembers<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawMembers<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut members = Vec::with_capacity(16);
+                while let Some((MemberName(k), v)) = map.next_entry::<MemberName, &RawValue>()? {
+                    members.push((k, v));
+                }
+                Ok(RawMembers(members))
+            }
+        }
+        d.deserialize_map(Visitor)
+    }
+}
