@@ -40,7 +40,7 @@ local lines = {}
 for i, kind, ref, a, b, d in live_lines(h.live) do
   local ln = { i = tonumber(i), key = KEYS[i + 1], kind = kind, ref = ref, a = tonumber(a), b = b, d = d }
   lines[#lines + 1] = ln
-  if kind ~= 'C' then
+  if kind == 'B' or kind == 'Q' then
     local avail
     if kind == 'B' then
       ln.b = tonumber(b)

@@ -31,23 +31,27 @@
 --   slots   sorted set: member = reservation id, score = lease end (UTC µs)
 --   hold    text, 6 sections separated by "\n" (layout v2):
 --     1 header  "<st> <exp> <res> <lease> <now> <cand> <snow> <refunded> <debt>"
---               st '0' live | '1' settled; exp logical expiry µs; res tokens
+--               st '0' live | '1' settled | '2' voided (a reserve of the id
+--               answers 'V' and writes nothing); exp logical expiry µs; res tokens
 --               reserved incl. extensions; lease µs; now admission µs; cand
 --               chosen candidate (0-based); snow/refunded/debt the settle
 --               (µs, tokens, tokens; '0' until settled)
 --     2 keys    the budget keys of the hold's lines, in line order, joined by
 --               ' ' (keys never contain whitespace); '' once settled
---     3 live    what extend/renew/settle need, one entry per token budget
---               and per concurrency budget: "<i> <kind> <ref> <a> <b> <d>;"
---               with i the 1-based line index (its key is KEYS[i + 1]) and d
---               the quota debits "w:amount,w:amount" ('' for others);
---               '' once settled
+--     3 live    what extend/renew/settle need, one entry per budget:
+--               "<i> <kind> <ref> <a> <b> <d>;" with i the 1-based line index
+--               (its key is KEYS[i + 1]), kind B/Q (token bucket/quota), C
+--               (concurrency), b/q (request bucket/quota: refunded only by
+--               a void settle), d the quota debits "w:amount,w:amount", a
+--               request bucket's cost, '' for others; '' once settled
 --     4 ext     extensions "now:granted now:granted" (µs, tokens)
 --     5 adm     what a replayed reserve answers, tab-separated: W, the W
 --               would-deny metas, then per line kind, a, b, cost, ref, meta,
 --               remaining, reset µs (remaining/reset '' for concurrency)
 --     6 id      the reservation id (last: it may contain anything)
---   Settle shrinks the hold to a tombstone: header (st '1'), empty keys and
+--   A void of an id with no hold writes a void tombstone:
+--   "2 <exp> 0 0 <now> 0 <now> 0 0\n\n\n\n0\n<id>".
+--   Settle shrinks the hold to a tombstone: header (st '1', '2' for a void), empty keys and
 --   live sections, ext, adm '0' (no budgets), id; it answers AlreadySettled
 --   and replays (without budgets) until it expires.
 
@@ -444,7 +448,8 @@ local function hold_for_update(h, now, KEYS)
   if exp <= now then
     return nil, { 'U', s(now) }
   end
-  if st == '1' then
+  if st ~= '0' then
+    -- Settled ('1') or voided ('2').
     return nil, { 'S', s(now) }
   end
   if sub(h, e1 + 1, e2 - 1) ~= table.concat(KEYS, ' ', 2) then

@@ -29,10 +29,9 @@
 --          only reported, never enforced (else 0)
 -- then 2 strings per spec, the hold text the Rust side renders once:
 --   line   the spec's live entry without its line index (layout in lib.lua):
---          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', or for a quota
---          ' Q <ref> <a> <b> ' (the script appends '<window>:<tokens>;': a
---          token budget's cost is the request's tokens, ARGV[3]); '' for a
---          budget with no live entry (one that does not count tokens)
+--          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', ' b <ref> <a> <b> <cost>;'
+--          (a request bucket), or for a quota ' Q <ref> <a> <b> ' / ' q <ref>
+--          <a> <b> ' (a request quota; the script appends '<window>:<cost>;')
 --   adm    the first six adm fields of the spec, tab-separated:
 --          '<kind>\t<a>\t<b>\t<cost>\t<ref>\t<meta>' (meta is opaque to Lua:
 --          scope and budget name for the Rust side)
@@ -50,6 +49,9 @@
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
 --       denied; nothing was debited (buckets whose stored policy differs
 --       from the request's are brought under it: adopt_policies).
+--   {'V', now}
+--       this id was voided (settle.lua, mode void) before or after it was
+--       reserved: nothing written, never admitted.
 --   {'I', now, spec index (0-based)}
 --       impossible (cost above capacity); nothing was debited (as above).
 --
@@ -171,7 +173,7 @@ local function reserve(KEYS, ARGV)
   local id = ARGV[2]
   local ncommon = num(ARGV[6], 'ncommon')
   local ncand = num(ARGV[7], 'ncand')
-  num(ARGV[3], 'tokens')
+  local tokens = num(ARGV[3], 'tokens')
   local lease_n = num(ARGV[4], 'lease')
   local hold_ttl = num(ARGV[5], 'hold_ttl')
 
@@ -180,8 +182,12 @@ local function reserve(KEYS, ARGV)
   -- A live hold means this id was admitted: replay the first admission.
   local prior = raw[KEYS[1]]
   if prior then
-    local exp, pnow, pcand = match(prior, '^%d (%d+) %d+ %d+ (%d+) (%d+)')
+    local st, exp, pnow, pcand = match(prior, '^(%d) (%d+) %d+ %d+ (%d+) (%d+)')
     if tonumber(exp) > now then
+      if st == '2' then
+        -- Voided (a compensation got here first, or after): write nothing.
+        return { 'V', s(now) }
+      end
       -- The hold text has spaces and newlines: it stays an array reply.
       return { 'A', pnow, pcand, '1', prior, array = true }
     end
@@ -257,7 +263,13 @@ local function reserve(KEYS, ARGV)
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)
             if line ~= '' then
-              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. ARGV[3] .. ';'
+              -- A token quota's debit is the request's tokens (ARGV[3] as
+              -- sent: nothing to format); a request quota's is its cost.
+              local debit = ARGV[3]
+              if cost ~= tokens then
+                debit = s(cost)
+              end
+              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. debit .. ';'
             end
           else
             slot_take(key, slot_score, id, slot_ttl, a, snow)

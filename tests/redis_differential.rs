@@ -48,6 +48,10 @@ enum Op {
     Renew {
         id: u8,
     },
+    /// Settle mode void (before or after the id's reserve).
+    Void {
+        id: u8,
+    },
     Settle {
         id: u8,
         actual: u64,
@@ -69,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         2 => (0u8..6, 0u64..700).prop_map(|(id, tokens)| Op::Extend { id, tokens }),
         1 => (0u8..6).prop_map(|id| Op::Renew { id }),
+        1 => (0u8..6).prop_map(|id| Op::Void { id }),
         2 => (0u8..6, 0u64..2500, any::<bool>())
             .prop_map(|(id, actual, failed)| Op::Settle { id, actual, failed }),
         3 => prop_oneof![
@@ -385,6 +390,14 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     let m = memory.renew(&id).await.expect("memory");
                     let r = f.redis.renew(&id).await.expect("redis renew");
                     seen(label(&format!("{m:?}")));
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
+                Op::Void { id } => {
+                    cached.remove(id);
+                    let id = format!("c{case}-r{id}");
+                    let m = memory.void(&id, HOLD_TTL).await.expect("memory");
+                    let r = f.redis.void(&id, HOLD_TTL).await.expect("redis void");
+                    seen(format!("Void/{}", label(&format!("{m:?}"))));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Settle { id, actual, failed } => {

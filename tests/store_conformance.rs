@@ -413,6 +413,8 @@ conformance!(
     lowering_follows_the_provider_and_never_raises,
     a_raised_limit_applies_to_a_refused_tenant_at_once,
     an_overrun_is_enforced_in_full,
+    void_before_reserve_leaves_every_budget_unchanged,
+    void_after_reserve_refunds_every_budget,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -1072,5 +1074,88 @@ async fn an_overrun_is_enforced_in_full(h: H) {
     denied(h.reserve("b", 1, std::slice::from_ref(&tpm)).await);
     h.clock.advance(1);
     h.admit("b", 1, std::slice::from_ref(&tpm)).await;
+    h.check_keys().await;
+}
+
+/// Every kind of budget a request touches: token bucket and quota, request
+/// bucket and quota, slots.
+fn all_kinds(h: &H) -> Vec<BudgetSpec> {
+    let mut rpm = h.rpm(tenant(), 60, 60);
+    rpm.refund_unused = false;
+    vec![
+        h.tpm(tenant(), 1000, 1000),
+        rpm,
+        h.per_day(tenant(), 5000),
+        h.spec(
+            tenant(),
+            BudgetName::RequestsPerDay,
+            BudgetKind::Quota {
+                limit: 10,
+                window: Window::Day,
+            },
+        ),
+        h.slots(tenant(), 2),
+    ]
+}
+
+async fn remaining_all(h: &H, specs: &[BudgetSpec]) -> Vec<i64> {
+    h.store
+        .inspect(specs)
+        .await
+        .expect("inspect")
+        .iter()
+        .map(|s| s.remaining)
+        .collect()
+}
+
+/// Issue 16, item 2: a void that overtakes its reservation (the reply was
+/// lost and compensated) leaves a void tombstone; the late reserve writes
+/// nothing and answers `Voided`, never a replayed admission.
+async fn void_before_reserve_leaves_every_budget_unchanged(h: H) {
+    let specs = all_kinds(&h);
+    let before = remaining_all(&h, &specs).await;
+    let v = h.store.void("late", HOLD_TTL).await.expect("void");
+    assert_eq!(v, SettleOutcome::Voided);
+    assert_eq!(h.reserve("late", 100, &specs).await, ReserveOutcome::Voided);
+    assert_eq!(remaining_all(&h, &specs).await, before, "nothing written");
+    assert_eq!(h.settle("late", 100).await, SettleOutcome::AlreadySettled);
+    let again = h.store.void("late", HOLD_TTL).await.expect("void");
+    assert_eq!(again, SettleOutcome::AlreadySettled);
+    assert_eq!(h.extend("late", 5).await, ExtendOutcome::AlreadySettled);
+    h.check_keys().await;
+    // The tombstone lives as long as the hold would have, then the id is free.
+    h.clock.advance(HOLD_TTL);
+    h.admit("late", 100, &specs).await;
+}
+
+/// Settle mode void refunds every token and request budget of the hold,
+/// refundable or not (the rpm here is not), extensions included, and frees
+/// its slot; a reserve of the id afterwards answers `Voided`.
+async fn void_after_reserve_refunds_every_budget(h: H) {
+    let specs = all_kinds(&h);
+    let before = remaining_all(&h, &specs).await;
+    h.admit("a", 100, &specs).await;
+    assert!(matches!(
+        h.extend("a", 50).await,
+        ExtendOutcome::Extended { granted: 50, .. }
+    ));
+    assert_eq!(
+        remaining_all(&h, &specs).await,
+        vec![850, 59, 4850, 9, 1],
+        "debited"
+    );
+    let v = h.store.void("a", HOLD_TTL).await.expect("void");
+    assert_eq!(
+        v,
+        SettleOutcome::Settled {
+            reserved: 150,
+            refunded: 150,
+            debt: 0,
+            now_micros: NOON
+        }
+    );
+    assert_eq!(remaining_all(&h, &specs).await, before, "all given back");
+    assert_eq!(h.reserve("a", 100, &specs).await, ReserveOutcome::Voided);
+    assert_eq!(h.settle("a", 10).await, SettleOutcome::AlreadySettled);
     h.check_keys().await;
 }

@@ -74,6 +74,7 @@ impl DenyCachedStore {
                 }
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+            ReserveOutcome::Voided => {}
         }
         Ok(outcome)
     }
@@ -118,6 +119,9 @@ impl BudgetStore for DenyCachedStore {
     }
     async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
         DenyCachedStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, hold_ttl_micros).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await

@@ -123,6 +123,7 @@ impl GatewayStore {
                     ReserveOutcome::Impossible(i) => {
                         count_refusal(r, &i.scope, i.name, "impossible")
                     }
+                    ReserveOutcome::Voided => {}
                 }
                 Ok(outcome)
             }
@@ -205,6 +206,16 @@ impl BudgetStore for GatewayStore {
     }
     async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
         GatewayStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        if self.local.contains(id) {
+            let o = self.fallback.void(id, hold_ttl_micros).await;
+            if o.is_ok() {
+                self.local.remove(id);
+            }
+            return o;
+        }
+        self.inner.void(id, hold_ttl_micros).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         GatewayStore::inspect(self, specs).await

@@ -150,6 +150,11 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.call("inspect", self.inner.inspect(specs)).await
     }
 
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        self.call("void", self.inner.void(id, hold_ttl_micros))
+            .await
+    }
+
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.call("lower", self.inner.lower(spec, at_most)).await
     }
@@ -187,6 +192,9 @@ mod tests {
             unimplemented!()
         }
         async fn settle(&self, _: &str, _: Settlement) -> Result<SettleOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
             unimplemented!()
         }
         async fn inspect(&self, _: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {

@@ -309,6 +309,10 @@ pub enum ReserveOutcome {
     Denied(Denial),
     /// Nothing changed; never retry.
     Impossible(Impossibility),
+    /// This id was voided ([`BudgetStore::void`]) before or after it was
+    /// reserved: nothing was written, and the id is never admitted (a
+    /// reservation whose reply was lost and compensated, arriving late).
+    Voided,
 }
 
 /// Result of [`BudgetStore::extend`].
@@ -371,6 +375,10 @@ pub enum SettleOutcome {
     AlreadySettled,
     /// No hold with this id (never reserved, or expired); nothing changed.
     Unknown,
+    /// [`BudgetStore::void`] of an id with no hold: a void tombstone now
+    /// stands for it, so a reserve of the id arriving later writes nothing
+    /// and answers [`ReserveOutcome::Voided`].
+    Voided,
 }
 
 /// A store failure (timeout, connection, script error). The failure policy
@@ -405,6 +413,14 @@ pub trait BudgetStore: Send + Sync + 'static {
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
     /// Settles the hold once: refunds or charges debt, frees slots.
     async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError>;
+    /// Settle mode `void` (DESIGN section 13): refunds every token and
+    /// request budget of the hold (refundable or not) and frees its slots
+    /// (→ `Settled` with everything refunded). For an id with no hold it
+    /// writes a void tombstone living `hold_ttl_micros` (as long as the
+    /// hold would have), so a reserve of the id that arrives later writes
+    /// nothing and answers [`ReserveOutcome::Voided`] (→ `Voided`). A hold
+    /// or tombstone already settled or voided: `AlreadySettled`.
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
     /// Lowers a token bucket (never raises it) so that at most `at_most`

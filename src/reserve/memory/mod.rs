@@ -91,6 +91,10 @@ impl MemoryStore {
                 return ReserveOutcome::Admitted(admission);
             }
         } else if let Some(t) = inner.settled.get(&req.id, now) {
+            if t.voided {
+                // Compensated before it arrived (or after): never admitted.
+                return ReserveOutcome::Voided;
+            }
             // Settled: the first admission, without budget states (they
             // changed since; like the Redis tombstone).
             return ReserveOutcome::Admitted(Admission {
@@ -277,6 +281,7 @@ impl MemoryStore {
             expires_at: hold.expires_at,
             now_micros: hold.admission.now_micros,
             candidate: hold.admission.candidate,
+            voided: false,
         };
         inner.settled.insert(id, tombstone, now);
         let reserved = hold.reserved_tokens;
@@ -336,6 +341,79 @@ impl MemoryStore {
         }
     }
 
+    /// Synchronous core of [`BudgetStore::void`].
+    pub fn void_sync(&self, id: &str, hold_ttl_micros: u64) -> SettleOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        let live = inner.holds.get(id).is_some_and(|h| h.expires_at > now);
+        if !live {
+            if inner.settled.get(id, now).is_some() {
+                return SettleOutcome::AlreadySettled;
+            }
+            // No hold: a void tombstone, living as long as the hold would have.
+            inner.holds.remove(id);
+            let stone = Tombstone {
+                expires_at: now.saturating_add(hold_ttl_micros),
+                now_micros: now,
+                candidate: 0,
+                voided: true,
+            };
+            inner.settled.insert(id, stone, now);
+            return SettleOutcome::Voided;
+        }
+        let Some(hold) = inner.holds.remove(id) else {
+            return SettleOutcome::Unknown;
+        };
+        let stone = Tombstone {
+            expires_at: hold.expires_at,
+            now_micros: hold.admission.now_micros,
+            candidate: hold.admission.candidate,
+            voided: true,
+        };
+        inner.settled.insert(id, stone, now);
+        let reserved = hold.reserved_tokens;
+        for line in hold.lines {
+            let spec = &line.spec;
+            match spec.kind {
+                BudgetKind::Concurrency { .. } => {
+                    if let Some(set) = inner.slots.get_mut(&spec.key) {
+                        set.remove(id);
+                    }
+                }
+                BudgetKind::Bucket { per_minute, burst } => {
+                    // Every token and request budget, refundable or not.
+                    let amount = if spec.name.counts_tokens() {
+                        reserved
+                    } else {
+                        spec.cost(reserved)
+                    };
+                    let mut b = inner.bucket(&spec.key, per_minute, burst, now);
+                    b.credit(amount);
+                    store_at(&mut inner.buckets, &spec.key, b);
+                }
+                BudgetKind::Quota { window, .. } => {
+                    let w = window.id(now);
+                    let here: u64 = line
+                        .debits
+                        .iter()
+                        .filter(|(dw, _)| *dw == w)
+                        .map(|(_, a)| a)
+                        .sum();
+                    let q = inner.quota(&spec.key, w);
+                    let used = q.used.saturating_sub(here);
+                    store_at(&mut inner.quotas, &spec.key, QuotaState { window: w, used });
+                }
+            }
+        }
+        SettleOutcome::Settled {
+            reserved,
+            refunded: reserved,
+            debt: 0,
+            now_micros: now,
+        }
+    }
+
     /// Synchronous core of [`BudgetStore::lower`].
     pub fn lower_sync(&self, spec: &BudgetSpec, at_most: u64) -> i64 {
         let now = self.clock.now_micros();
@@ -380,6 +458,10 @@ impl BudgetStore for MemoryStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         Ok(self.inspect_sync(specs))
+    }
+
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        Ok(self.void_sync(id, hold_ttl_micros))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {

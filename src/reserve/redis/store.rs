@@ -150,6 +150,7 @@ impl BudgetStore for RedisStore {
                 let d = denial(&mut r, spec, spec.cost(req.tokens), now)?;
                 Ok(ReserveOutcome::Denied(d))
             }
+            "V" => Ok(ReserveOutcome::Voided),
             "I" => {
                 let spec = all
                     .get(r.usize()?)
@@ -227,29 +228,17 @@ impl BudgetStore for RedisStore {
             s.actual_tokens.to_string(),
             if s.upstream_failed { "1" } else { "0" }.to_string(),
         ];
-        let (items, _) = self
-            .hold_call(Route::Batched(BatchOp::Settle), id, &args)
-            .await?;
-        let mut r = Reply::new(&items);
-        let tag = r.str()?;
-        let now = r.u64()?;
-        let outcome = match tag {
-            "T" => {
-                let outcome = SettleOutcome::Settled {
-                    reserved: r.u64()?,
-                    refunded: r.u64()?,
-                    debt: r.u64()?,
-                    now_micros: now,
-                };
-                crate::metrics::debt_forgiven(r.i64()?);
-                outcome
-            }
-            "U" => SettleOutcome::Unknown,
-            "S" => SettleOutcome::AlreadySettled,
-            other => return Err(protocol(format!("settle replied {other:?}"))),
-        };
-        self.forget_hold(id);
-        Ok(outcome)
+        self.finish(id, &args).await
+    }
+
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        let args = [
+            "0".to_string(),
+            "1".to_string(),
+            "V".to_string(),
+            hold_ttl_micros.to_string(),
+        ];
+        self.finish(id, &args).await
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
@@ -305,5 +294,35 @@ impl BudgetStore for RedisStore {
     /// Every round trip is bounded by this store's timeout (`bounded`).
     fn times_out_calls(&self) -> bool {
         true
+    }
+}
+
+impl RedisStore {
+    /// A settle call (`lua/settle.lua`, batched) with `args` after the id.
+    async fn finish(&self, id: &str, args: &[String]) -> Result<SettleOutcome, StoreError> {
+        let (items, _) = self
+            .hold_call(Route::Batched(BatchOp::Settle), id, args)
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        let outcome = match tag {
+            "T" => {
+                let outcome = SettleOutcome::Settled {
+                    reserved: r.u64()?,
+                    refunded: r.u64()?,
+                    debt: r.u64()?,
+                    now_micros: now,
+                };
+                crate::metrics::debt_forgiven(r.i64()?);
+                outcome
+            }
+            "U" => SettleOutcome::Unknown,
+            "S" => SettleOutcome::AlreadySettled,
+            "V" => SettleOutcome::Voided,
+            other => return Err(protocol(format!("settle replied {other:?}"))),
+        };
+        self.forget_hold(id);
+        Ok(outcome)
     }
 }
