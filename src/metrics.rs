@@ -376,3 +376,9 @@ pub fn debt_forgiven(units: i64) {
             .increment((units as u64).div_ceil(crate::reserve::bucket::UNITS_PER_TOKEN as u64));
     }
 }
+
+/// A lost-reply compensation ended: `settled`, `voided`, `voided_ahead`
+/// (a void tombstone written before the late reservation), or `dropped`.
+pub fn compensation(outcome: &'static str) {
+    counter!("budgetgate_compensations_total", "outcome" => outcome).increment(1);
+}

@@ -39,6 +39,11 @@ impl DenyCachedStore {
         Self::new(inner, self.cache.clone(), self.clock.clone())
     }
 
+    /// The store behind the cache (for calls the cache has no part in).
+    pub fn store(&self) -> &Arc<dyn BudgetStore> {
+        &self.inner
+    }
+
     /// The cache (a refund of this gateway clears its entries).
     pub fn cache(&self) -> &Arc<DenyCache> {
         &self.cache

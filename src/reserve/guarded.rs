@@ -83,14 +83,16 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
     {
         if self.is_open() {
             metrics::store_call(op, 0.0, false);
-            return Err(StoreError::Unavailable(
+            return Err(StoreError::NotSent(
                 "store calls paused after recent failures".into(),
             ));
         }
         let start = Instant::now();
         let Ok(Ok(_turn)) = tokio::time::timeout(QUEUE_WAIT, self.turns.acquire()).await else {
             metrics::store_call(op, start.elapsed().as_secs_f64(), false);
-            return Err(StoreError::Timeout);
+            return Err(StoreError::NotSent(
+                "no turn for the call within the queue wait".into(),
+            ));
         };
         // One timer per call at most: on a current-thread runtime, arming a
         // timer that is due before the driver's next planned wake-up writes

@@ -394,6 +394,11 @@ pub enum StoreError {
     /// The store answered something this version does not understand.
     #[error("budget store protocol error: {0}")]
     Protocol(String),
+    /// The call provably never reached the store (no connection, calls
+    /// paused after failures, expired while queued): nothing was applied,
+    /// so nothing needs compensating (DESIGN section 13).
+    #[error("budget store call not sent: {0}")]
+    NotSent(String),
 }
 
 /// The one interface to budget state. Implementations: [`memory::MemoryStore`]

@@ -318,7 +318,9 @@ impl Batcher {
             batch.into_iter().partition(|p| p.deadline <= now);
         for p in late {
             // Never sent: it cannot have been applied.
-            let _ = p.reply.send(Err(StoreError::Timeout));
+            let _ = p.reply.send(Err(StoreError::NotSent(
+                "the store timeout passed before the batch left".into(),
+            )));
         }
         // The latest deadline bounds the batch: with the earliest, one item
         // about to expire would time out every fresh item beside it, and a

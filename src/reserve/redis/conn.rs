@@ -166,7 +166,7 @@ impl Link {
     }
 
     async fn call(&self, cmd: &Cmd) -> RedisResult<Value> {
-        let mut live = self.get().await?;
+        let mut live = self.get().await.map_err(not_connected)?;
         let r = live.conn.send_packed_command(cmd).await;
         if let Err(e) = &r {
             if e.is_unrecoverable_error() || e.is_connection_dropped() {
@@ -182,7 +182,7 @@ impl Link {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        let mut live = self.get().await?;
+        let mut live = self.get().await.map_err(not_connected)?;
         let r = live.conn.send_packed_commands(p, offset, count).await;
         if let Err(e) = &r {
             if e.is_unrecoverable_error() || e.is_connection_dropped() {
@@ -217,7 +217,21 @@ pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Marks a failure to get a connection: the call was never written.
+const NOT_CONNECTED: &str = "budgetgate: not connected";
+
+fn not_connected(e: RedisError) -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        format!("{NOT_CONNECTED}: {e}"),
+    )
+    .into()
+}
+
 pub fn map_err(e: RedisError) -> StoreError {
+    if e.to_string().contains(NOT_CONNECTED) {
+        return StoreError::NotSent(e.to_string());
+    }
     if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
         return StoreError::Unavailable(format!(
             "the Redis user lacks a permission budgetgate needs ({e}): it must be \
