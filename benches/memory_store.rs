@@ -32,7 +32,7 @@ fn request(ks: &KeySpace) -> ReserveRequest {
     };
     ReserveRequest {
         id: String::new(),
-        tokens: 300,
+        costs: budgetgate::reserve::Costs::tokens(300),
         common: scope_budgets(ks, Scope::Tenant("acme".into()), &tenant, true),
         candidates: vec![scope_budgets(
             ks,
@@ -66,6 +66,7 @@ fn benches(c: &mut Criterion) {
                     // Refund everything, so millions of pairs never drain the buckets.
                     actual_tokens: 0,
                     upstream_failed: false,
+                    actual: budgetgate::reserve::Actual::Tokens,
                 },
             );
             assert!(matches!(s, SettleOutcome::Settled { .. }));

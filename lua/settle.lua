@@ -52,7 +52,7 @@ local function settle(KEYS, ARGV)
   load(KEYS)
   local h, early = hold_for_update(raw[KEYS[1]], now, KEYS)
   if h == nil then
-    if void and early[1] == 'U' then
+    if void and early[1] == 'U' and void_ttl > 0 then
       -- No hold (yet): a reservation arriving later must write nothing.
       local snow = s(now)
       put(KEYS[1], '2 ' .. s(now + void_ttl) .. ' 0 0 ' .. snow .. ' 0 ' .. snow .. ' 0 0\n\n\n\n0\n' .. id,

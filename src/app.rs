@@ -334,6 +334,18 @@ pub async fn run(
         join(workers).await;
         return Err(e);
     }
+    // Before the listening line: a SIGHUP sent once it is printed must reload.
+    let reloader = {
+        let st = state.clone();
+        let path = config_path.clone();
+        tokio::spawn(reload::watch(config_path, move |trigger| {
+            if let reload::ReloadOutcome::Applied { .. } =
+                reload::reload(&st.policy, &path, trigger)
+            {
+                crate::metrics::register_policy_series(&st.policy.load());
+            }
+        }))
+    };
     tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("budgetgate listening on {scheme}://{local}");
@@ -349,17 +361,6 @@ pub async fn run(
     } else {
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
-    let reloader = {
-        let st = state.clone();
-        let path = config_path.clone();
-        tokio::spawn(reload::watch(config_path, move |trigger| {
-            if let reload::ReloadOutcome::Applied { .. } =
-                reload::reload(&st.policy, &path, trigger)
-            {
-                crate::metrics::register_policy_series(&st.policy.load());
-            }
-        }))
-    };
     let gauges = budget_view::spawn_gauges(state.clone(), BUDGET_GAUGES);
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {

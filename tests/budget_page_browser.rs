@@ -6,7 +6,8 @@
 //! Without the token the page shows the prompt and no data; with it, the
 //! demo tenant's bars; a bar moves after traffic; a model name written as
 //! HTML shows as text and runs nothing; the token is in `sessionStorage`,
-//! not in the URL. `BUDGETGATE_SCREENSHOT=PATH` saves a screenshot.
+//! not in the URL; reached over plain HTTP by a name that is not loopback,
+//! it warns. `BUDGETGATE_SCREENSHOT=PATH` saves a screenshot.
 
 mod common;
 #[path = "support/process.rs"]
@@ -105,6 +106,9 @@ impl Browser {
                     "--no-first-run", "--disable-background-networking",
                     "--disable-component-update", "--disable-sync",
                     "--window-size=1280,1000",
+                    // A name that is not loopback, resolved to 127.0.0.1 by the browser
+                    // itself: the plain-HTTP warning without leaving loopback.
+                    "--host-resolver-rules=MAP budget.test 127.0.0.1",
                     format!("--user-data-dir={}", profile.path().display()),
                 ]
             }
@@ -361,6 +365,19 @@ async fn the_budget_page_shows_the_demo_tenant_and_moves_after_traffic() {
         .js("return [document.getElementById('token-form').hidden, document.querySelectorAll('.budget').length, sessionStorage.getItem('budgetgate.adminToken')]")
         .await;
     assert_eq!(after, json!([false, 0, null]));
+
+    // Reached by a name that is not loopback over plain HTTP: the warning.
+    let port = gw.root.rsplit(':').next().unwrap();
+    browser
+        .goto(&format!("http://budget.test:{port}/admin/ui"))
+        .await;
+    let warned = browser
+        .wait_for(
+            "the plain-HTTP warning",
+            "return !document.getElementById('plain-http').hidden && document.getElementById('plain-http').textContent",
+        )
+        .await;
+    assert!(warned.as_str().unwrap().contains("unencrypted"), "{warned}");
     browser.quit().await;
 }
 

@@ -56,7 +56,11 @@ impl BudgetStore for Flaky {
         self.check()?;
         self.inner.reserve(req).await
     }
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+    async fn extend(
+        &self,
+        id: &str,
+        tokens: &budgetgate::reserve::Step,
+    ) -> Result<ExtendOutcome, StoreError> {
         self.others.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.extend(id, tokens).await
@@ -66,7 +70,7 @@ impl BudgetStore for Flaky {
         self.check()?;
         self.inner.renew(id).await
     }
-    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.settles.fetch_add(1, Ordering::SeqCst);
         let _ = self.hold_settles.subscribe().wait_for(|held| !held).await;
         self.check()?;

@@ -74,7 +74,7 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
 fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> ReserveRequest {
     ReserveRequest {
         id,
-        tokens: 1000,
+        costs: budgetgate::reserve::Costs::tokens(1000),
         common: common.to_vec(),
         candidates: vec![upstream.to_vec()],
         lease_micros: 30_000_000,
@@ -105,8 +105,9 @@ async fn pairs_per_second(
                 let s = Settlement {
                     actual_tokens: 700,
                     upstream_failed: false,
+                    actual: budgetgate::reserve::Actual::Tokens,
                 };
-                store.settle(&req.id, s).await.expect("settle");
+                store.settle(&req.id, &s).await.expect("settle");
             }
         }));
     }
@@ -170,8 +171,9 @@ async fn script_cost(
         let s = Settlement {
             actual_tokens: 700,
             upstream_failed: false,
+            actual: budgetgate::reserve::Actual::Tokens,
         };
-        store.settle(&id, s).await.expect("settle");
+        store.settle(&id, &s).await.expect("settle");
     })
     .await;
     let stats = server.cli(&["info", "commandstats"]);
@@ -289,7 +291,7 @@ async fn redis_store_throughput_and_memory() {
     let (common, upstream) = budgets(&ks, "idle");
     let req = ReserveRequest {
         id: "idle-1".into(),
-        tokens: 1000,
+        costs: budgetgate::reserve::Costs::tokens(1000),
         common: common.clone(),
         candidates: vec![upstream],
         lease_micros: 30_000_000,
@@ -300,9 +302,10 @@ async fn redis_store_throughput_and_memory() {
     store
         .settle(
             "idle-1",
-            Settlement {
+            &Settlement {
                 actual_tokens: 700,
                 upstream_failed: false,
+                actual: budgetgate::reserve::Actual::Tokens,
             },
         )
         .await

@@ -177,7 +177,7 @@ fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) 
     };
     ReserveRequest {
         id: format!("c{case}-r{id}"),
-        tokens,
+        costs: budgetgate::reserve::Costs::tokens(tokens),
         common,
         candidates,
         lease_micros: LEASE,
@@ -343,14 +343,14 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                             items.push(Settlement {
                                 actual_tokens: actual,
                                 upstream_failed: failed,
+                                actual: budgetgate::reserve::Actual::Tokens,
                             });
                         }
                     }
                     let redis =
-                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, *s)))
-                            .await;
+                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, s))).await;
                     for (j, ((id, s), r)) in ids.iter().zip(&items).zip(redis).enumerate() {
-                        let m = memory.settle(id, *s).await.expect("memory");
+                        let m = memory.settle(id, s).await.expect("memory");
                         seen(format!("wave {}", label(&format!("{m:?}"))));
                         prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
                     }
@@ -379,8 +379,15 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                 Op::Extend { id, tokens } => {
                     cached.remove(id);
                     let id = format!("c{case}-r{id}");
-                    let m = memory.extend(&id, *tokens).await.expect("memory");
-                    let r = f.redis.extend(&id, *tokens).await.expect("redis extend");
+                    let m = memory
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("memory");
+                    let r = f
+                        .redis
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("redis extend");
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
@@ -406,9 +413,10 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     let s = Settlement {
                         actual_tokens: *actual,
                         upstream_failed: *failed,
+                        actual: budgetgate::reserve::Actual::Tokens,
                     };
-                    let m = memory.settle(&id, s).await.expect("memory");
-                    let r = f.redis.settle(&id, s).await.expect("redis settle");
+                    let m = memory.settle(&id, &s).await.expect("memory");
+                    let r = f.redis.settle(&id, &s).await.expect("redis settle");
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
@@ -488,7 +496,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     let both = vec![tpm.clone(), month.clone()];
     let req = |id: &str, tokens: u64, specs: &[BudgetSpec]| ReserveRequest {
         id: id.into(),
-        tokens,
+        costs: budgetgate::reserve::Costs::tokens(tokens),
         common: specs.to_vec(),
         candidates: vec![vec![]],
         lease_micros: LEASE,
@@ -498,6 +506,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     let used = |actual_tokens| budgetgate::reserve::Settlement {
         actual_tokens,
         upstream_failed: false,
+        actual: Default::default(),
     };
     f.rt.block_on(async {
         macro_rules! same {
@@ -531,7 +540,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
             vec![(0, 60_000_000), ((QUOTA - MAX) as i64, window_left)]
         );
         // Usage beyond any single cost counts as that bound: no debt here.
-        let s = same!(settle("x1", used(u64::MAX)));
+        let s = same!(settle("x1", &used(u64::MAX)));
         assert!(matches!(s, SettleOutcome::Settled { debt: 0, .. }), "{s:?}");
 
         // Nine holds of 0 tokens, each settled at 10^10: 9·10^10 tokens of
@@ -542,7 +551,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
             assert!(matches!(a, ReserveOutcome::Admitted(_)), "{a:?}");
         }
         for i in 0..9 {
-            let s = same!(settle(&format!("d{i}"), used(MAX)));
+            let s = same!(settle(&format!("d{i}"), &used(MAX)));
             assert!(
                 matches!(s, SettleOutcome::Settled { debt, .. } if debt == MAX),
                 "{s:?}"

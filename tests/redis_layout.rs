@@ -67,7 +67,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
     assert_eq!(left, 74_000, "v3 reads the v2 counter");
     let req = |id: &str, tokens| ReserveRequest {
         id: id.into(),
-        tokens,
+        costs: budgetgate::reserve::Costs::tokens(tokens),
         common: vec![day.clone()],
         candidates: vec![vec![]],
         lease_micros: 10_000_000,

@@ -156,7 +156,7 @@ async fn a_void_that_overtakes_its_reservation_leaves_every_budget_unchanged() {
     let before = remaining(&fast, &specs).await;
     let req = ReserveRequest {
         id: "lost-1".into(),
-        tokens: 300,
+        costs: budgetgate::reserve::Costs::tokens(300),
         common: specs.clone(),
         candidates: vec![vec![]],
         lease_micros: 10_000_000,

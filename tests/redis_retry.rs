@@ -42,7 +42,7 @@ fn spec(ks: &KeySpace) -> BudgetSpec {
 fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
     ReserveRequest {
         id: id.into(),
-        tokens,
+        costs: budgetgate::reserve::Costs::tokens(tokens),
         common: vec![spec(ks)],
         candidates: vec![vec![]],
         lease_micros: 30_000_000,
@@ -119,17 +119,18 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     let s = Settlement {
         actual_tokens: 100,
         upstream_failed: false,
+        actual: budgetgate::reserve::Actual::Tokens,
     };
 
     // Plain retry: the second settle changes nothing.
     admit(&store, &ks, "a", 400).await;
     assert_eq!(remaining(&store, &ks).await, 600);
     assert!(matches!(
-        store.settle("a", s).await,
+        store.settle("a", &s).await,
         Ok(SettleOutcome::Settled { refunded: 300, .. })
     ));
     assert_eq!(
-        store.settle("a", s).await.ok(),
+        store.settle("a", &s).await.ok(),
         Some(SettleOutcome::AlreadySettled)
     );
     assert_eq!(remaining(&store, &ks).await, 900);
@@ -138,7 +139,7 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     admit(&store, &ks, "b", 400).await;
     assert_eq!(remaining(&store, &ks).await, 500);
     pause_writes(&server, 500);
-    let lost = hasty.settle("b", s).await;
+    let lost = hasty.settle("b", &s).await;
     assert!(matches!(lost, Err(StoreError::Timeout)), "got {lost:?}");
     wait_until("the lost settle was applied", || async {
         remaining(&store, &ks).await == 800
@@ -146,11 +147,11 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     .await;
     // The caller retries (from this process or another): nothing more happens.
     assert_eq!(
-        hasty.settle("b", s).await.ok(),
+        hasty.settle("b", &s).await.ok(),
         Some(SettleOutcome::AlreadySettled)
     );
     assert_eq!(
-        store.settle("b", s).await.ok(),
+        store.settle("b", &s).await.ok(),
         Some(SettleOutcome::AlreadySettled)
     );
     assert_eq!(remaining(&store, &ks).await, 800, "refunded exactly once");
@@ -182,9 +183,10 @@ async fn reserve_after_a_lost_reply_debits_once() {
         hasty
             .settle(
                 "r",
-                Settlement {
+                &Settlement {
                     actual_tokens: 0,
-                    upstream_failed: false
+                    upstream_failed: false,
+                    actual: budgetgate::reserve::Actual::Tokens,
                 }
             )
             .await,
@@ -204,9 +206,10 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
     let s = Settlement {
         actual_tokens: 40,
         upstream_failed: false,
+        actual: budgetgate::reserve::Actual::Tokens,
     };
     assert!(matches!(
-        store.settle("b", s).await,
+        store.settle("b", &s).await,
         Ok(SettleOutcome::Settled { refunded: 60, .. })
     ));
     server.cli(&["script", "flush"]);

@@ -26,13 +26,17 @@ impl BudgetStore for FlakySettle {
     async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         unreachable!("only settle is called")
     }
-    async fn extend(&self, _: &str, _: u64) -> Result<ExtendOutcome, StoreError> {
+    async fn extend(
+        &self,
+        _: &str,
+        _: &budgetgate::reserve::Step,
+    ) -> Result<ExtendOutcome, StoreError> {
         unreachable!("only settle is called")
     }
     async fn renew(&self, _: &str) -> Result<RenewOutcome, StoreError> {
         unreachable!("only settle is called")
     }
-    async fn settle(&self, _: &str, _: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
         if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
             Err(StoreError::Unavailable("down".into()))
         } else {
@@ -60,6 +64,7 @@ fn counter(name: &str) -> f64 {
 const SETTLEMENT: Settlement = Settlement {
     actual_tokens: 10,
     upstream_failed: false,
+    actual: budgetgate::reserve::Actual::Tokens,
 };
 
 /// One test: the counters are process-wide.

@@ -214,7 +214,7 @@ impl H {
     ) -> ReserveOutcome {
         let req = ReserveRequest {
             id: id.to_string(),
-            tokens,
+            costs: budgetgate::reserve::Costs::tokens(tokens),
             common: common.to_vec(),
             candidates: candidates.to_vec(),
             lease_micros: LEASE,
@@ -229,7 +229,10 @@ impl H {
     }
 
     async fn extend(&self, id: &str, tokens: u64) -> ExtendOutcome {
-        self.store.extend(id, tokens).await.expect("extend")
+        self.store
+            .extend(id, &budgetgate::reserve::Step::tokens(tokens))
+            .await
+            .expect("extend")
     }
 
     async fn renew(&self, id: &str) -> RenewOutcome {
@@ -240,9 +243,10 @@ impl H {
         self.store
             .settle(
                 id,
-                Settlement {
+                &Settlement {
                     actual_tokens,
                     upstream_failed: false,
+                    actual: budgetgate::reserve::Actual::Tokens,
                 },
             )
             .await
@@ -967,9 +971,10 @@ async fn upstream_failure_refunds_non_refundable_budgets(h: H) {
         .store
         .settle(
             "b",
-            Settlement {
+            &Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
+                actual: budgetgate::reserve::Actual::Tokens,
             },
         )
         .await

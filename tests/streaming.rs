@@ -1102,7 +1102,11 @@ impl BudgetStore for CountingStore {
     async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         self.inner.reserve(req).await
     }
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+    async fn extend(
+        &self,
+        id: &str,
+        tokens: &budgetgate::reserve::Step,
+    ) -> Result<ExtendOutcome, StoreError> {
         self.inner.extend(id, tokens).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
@@ -1111,7 +1115,7 @@ impl BudgetStore for CountingStore {
         self.renewed_at.fetch_max(at, Ordering::SeqCst);
         r
     }
-    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.inner.settle(id, s).await
     }
     async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {

@@ -174,9 +174,16 @@ fn watch_dir(path: &Path) -> PathBuf {
 }
 
 /// Calls `apply` on every SIGHUP and, debounced, on every change in the
-/// directory of `path`. Runs until the task is aborted. When the directory
-/// cannot be watched, logs a warning and keeps serving SIGHUP alone.
-pub async fn watch(path: PathBuf, apply: impl Fn(Trigger) + Send + 'static) {
+/// directory of `path`. The SIGHUP handler and the watcher are installed
+/// when this is called, not when the returned future first runs: a SIGHUP
+/// that arrives between start-up and the task's first poll would otherwise
+/// meet the default action and end the process. The future runs until its
+/// task is aborted. When the directory cannot be watched, logs a warning and
+/// keeps serving SIGHUP alone.
+pub fn watch(
+    path: PathBuf,
+    apply: impl Fn(Trigger) + Send + 'static,
+) -> impl std::future::Future<Output = ()> + Send {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
     let dir = watch_dir(&path);
     let watcher =
@@ -200,17 +207,21 @@ pub async fn watch(path: PathBuf, apply: impl Fn(Trigger) + Send + 'static) {
     };
     let mut hup = hangup();
     let mut files_open = watcher.is_some();
-    loop {
-        tokio::select! {
-            _ = hup.recv() => apply(Trigger::Signal),
-            ev = rx.recv(), if files_open => {
-                if ev.is_none() {
-                    files_open = false;
-                    continue;
+    async move {
+        // Owned by the task so that the watcher lives as long as it runs.
+        let _watcher = watcher;
+        loop {
+            tokio::select! {
+                _ = hup.recv() => apply(Trigger::Signal),
+                ev = rx.recv(), if files_open => {
+                    if ev.is_none() {
+                        files_open = false;
+                        continue;
+                    }
+                    // Debounce: wait for DEBOUNCE of quiet.
+                    while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
+                    apply(Trigger::FileChange);
                 }
-                // Debounce: wait for DEBOUNCE of quiet.
-                while let Ok(Some(())) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {}
-                apply(Trigger::FileChange);
             }
         }
     }

@@ -6,7 +6,12 @@
 //! upstream and whether usage must be asked for on streams, where usage is
 //! (answer body, stream events) as one [`UsageBreakdown`], how the output
 //! of a choice is counted (one implementation for message bodies and
-//! stream deltas), what a clean cutoff looks like, and the error body.
+//! stream deltas), what a clean cutoff looks like, which headers carry the
+//! client's key and name the request, and the error body. (The three
+//! OpenAI dialects share the `x-ratelimit-*` header family of
+//! [`crate::server::headers`], have no provider-side objects a body refers
+//! to, and keep the end user in `user`; the Responses and Anthropic
+//! dialects add these to the seam.)
 //!
 //! - [`chat`], [`completions`], [`embeddings`]: one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
@@ -27,6 +32,7 @@ pub mod error;
 pub mod openai;
 pub mod usage;
 
+use axum::http::HeaderName;
 use serde_json::Value;
 
 pub use usage::UsageBreakdown;
@@ -42,6 +48,15 @@ pub enum Dialect {
     Completions,
     /// OpenAI embeddings: `POST /v1/embeddings`.
     Embeddings,
+}
+
+/// A request header that may carry the client's key.
+#[derive(Debug, Clone)]
+pub enum KeyHeader {
+    /// `<name>: Bearer <key>` (scheme case-insensitive, RFC 9110 section 11.6.2).
+    Bearer(HeaderName),
+    /// `<name>: <key>`.
+    Plain(HeaderName),
 }
 
 /// Which part of a choice carries its output.
@@ -61,6 +76,16 @@ impl Dialect {
             Dialect::Completions => completions::PATH,
             Dialect::Embeddings => embeddings::PATH,
         }
+    }
+
+    /// The request headers that may carry the client's key.
+    pub fn key_headers(self) -> &'static [KeyHeader] {
+        &openai::KEY_HEADERS
+    }
+
+    /// The header naming the request (the client's id in, the gateway's out).
+    pub fn request_id_header(self) -> HeaderName {
+        openai::REQUEST_ID
     }
 
     /// Whether a body may ask for `stream: true`.

@@ -2,9 +2,20 @@
 //! reference: `prompt_tokens` includes `prompt_tokens_details.cached_tokens`;
 //! `completion_tokens` includes `completion_tokens_details.reasoning_tokens`).
 
+use axum::http::{header, HeaderName};
 use serde_json::Value;
 
 use super::usage::{clamp_count, UsageBreakdown};
+use super::KeyHeader;
+
+/// `Authorization: Bearer <key>`, and `api-key: <key>` as Azure clients send it.
+pub static KEY_HEADERS: [KeyHeader; 2] = [
+    KeyHeader::Bearer(header::AUTHORIZATION),
+    KeyHeader::Plain(HeaderName::from_static("api-key")),
+];
+
+/// The request id header (OpenAI API reference, "Debugging requests").
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The breakdown of an OpenAI `usage` object given as raw JSON.
 pub fn usage_from_raw(raw: &str) -> Option<UsageBreakdown> {

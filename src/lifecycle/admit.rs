@@ -3,15 +3,17 @@
 //! it. The deny cache and the failure policy are layers of the store
 //! ([`crate::reservation::GatewayStore`]), not branches here.
 
+use std::sync::Arc;
+
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::metrics;
-use crate::reservation::HeldReservation;
+use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
-use crate::server::PlannedDeployment;
+use crate::server::{BudgetPlan, PlannedDeployment};
 
 /// An admitted attempt.
 pub struct Admitted<'p> {
@@ -21,6 +23,26 @@ pub struct Admitted<'p> {
     pub admission: Admission,
     /// The deployment chosen.
     pub deployment: &'p PlannedDeployment,
+    /// The budgets the hold debited.
+    pub budgets: HoldBudgets,
+}
+
+/// The budgets a hold debited, in the store's order: the common ones this
+/// attempt reserved, then the chosen deployment's.
+pub struct HoldBudgets {
+    common: Vec<BudgetSpec>,
+    plan: Arc<BudgetPlan>,
+    /// Position of the chosen deployment in `plan.upstreams`.
+    deployment: usize,
+}
+
+impl HoldBudgets {
+    /// Every spec of the hold, in order.
+    pub fn specs(&self) -> impl Iterator<Item = &BudgetSpec> {
+        self.common
+            .iter()
+            .chain(self.plan.upstreams[self.deployment].budgets.iter())
+    }
 }
 
 /// Reserves the request's estimate against its budgets and the first
@@ -44,9 +66,14 @@ pub async fn admit<'p>(
             .collect()
     };
     let id = uuid::Uuid::now_v7().to_string();
+    let costs = amounts::reserve_costs(
+        request.estimate.total_tokens,
+        &common,
+        candidates.iter().map(|d| d.budgets.as_slice()),
+    );
     let reserve = ReserveRequest {
         id: id.clone(),
-        tokens: request.estimate.total_tokens,
+        costs,
         common,
         candidates: candidates.iter().map(|d| d.budgets.clone()).collect(),
         lease_micros: policy.server.lease.as_micros() as u64,
@@ -72,7 +99,7 @@ pub async fn admit<'p>(
     };
     let deployment = candidates[admission.candidate];
     attempts.tried(deployment.upstream);
-    plan.tenant_metrics.admitted(reserve.tokens);
+    plan.tenant_metrics.admitted(reserve.costs.tokens);
     for w in &admission.would_deny {
         metrics::shadow_denial(&plan.requester.tenant, &w.scope, w.name);
         tracing::info!(reservation_id = %id, tenant = %plan.requester.tenant, scope = %w.scope, budget = %w.name,
@@ -84,15 +111,25 @@ pub async fn admit<'p>(
         id,
         cx.st.store.clone(),
         cx.st.settlements.clone(),
-        reserve.tokens,
+        reserve.costs.tokens,
         policy.server.lease,
         policy.server.settle_retry,
     )
     .with_metrics(plan.tenant_metrics.clone())
     .with_deny_release(plan.deny_release.clone());
+    let budgets = HoldBudgets {
+        deployment: plan
+            .upstreams
+            .iter()
+            .position(|d| d.upstream == deployment.upstream)
+            .unwrap_or(0),
+        plan: plan.clone(),
+        common: reserve.common,
+    };
     Ok(Admitted {
         hold,
         admission,
         deployment,
+        budgets,
     })
 }

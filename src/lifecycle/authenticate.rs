@@ -7,9 +7,8 @@ use axum::http::{header, HeaderMap, HeaderName};
 
 use super::context::RequestContext;
 use crate::config::{KeyId, Policy, TenantId};
+use crate::dialects::KeyHeader;
 use crate::server::error::ApiError;
-
-const API_KEY: HeaderName = HeaderName::from_static("api-key");
 
 /// The authenticated caller: tenant and key of the request's policy.
 #[derive(Debug, Clone, Copy)]
@@ -22,16 +21,20 @@ pub struct Caller {
 
 /// Authenticates the request and records the tenant for the final line.
 pub fn authenticate(cx: &mut RequestContext, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let caller = caller(&cx.policy, headers)?;
+    let caller = caller(&cx.policy, cx.dialect.key_headers(), headers)?;
     cx.finish.tenant = Some(caller.tenant);
     Ok(caller)
 }
 
-/// The caller a request's headers name under `policy`.
-pub fn caller(policy: &Policy, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let key = presented_key(headers)?.ok_or_else(|| {
+/// The caller that `headers` (the dialect's `key_headers`) name under `policy`.
+pub fn caller(
+    policy: &Policy,
+    key_headers: &[KeyHeader],
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
+    let key = presented_key(key_headers, headers)?.ok_or_else(|| {
         // A credential header that is present but unreadable is a wrong key, not a missing one.
-        if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(API_KEY) {
+        if key_headers.iter().any(|h| headers.contains_key(name(h))) {
             ApiError::InvalidKey
         } else {
             ApiError::MissingKey
@@ -41,26 +44,47 @@ pub fn caller(policy: &Policy, headers: &HeaderMap) -> Result<Caller, ApiError> 
     Ok(Caller { tenant, key })
 }
 
-/// The credentials of an `Authorization: Bearer <token>` header. The
-/// scheme is case-insensitive and followed by spaces or tabs (RFC 9110
-/// section 11.1 and 11.6.2; RFC 6750 section 2.1).
+/// The credentials of an `Authorization: Bearer <token>` header.
 pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    bearer(headers, &header::AUTHORIZATION)
+}
+
+/// The credentials of a `<name>: Bearer <token>` header. The scheme is
+/// case-insensitive and followed by spaces or tabs (RFC 9110 section 11.1
+/// and 11.6.2; RFC 6750 section 2.1).
+fn bearer<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
+    let v = headers.get(name)?.to_str().ok()?.trim();
     let (scheme, rest) = v.split_once([' ', '\t'])?;
     let token = rest.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// The one key the request presents; two different keys are refused.
-fn presented_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let api_key = headers
-        .get(API_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty());
-    match (bearer_token(headers), api_key) {
-        (Some(a), Some(b)) if a != b => Err(ApiError::InvalidKey),
-        (Some(k), _) | (None, Some(k)) => Ok(Some(k)),
-        (None, None) => Ok(None),
+fn name(h: &KeyHeader) -> &HeaderName {
+    match h {
+        KeyHeader::Bearer(n) | KeyHeader::Plain(n) => n,
     }
+}
+
+/// The one key the request presents; two different keys are refused.
+fn presented_key<'h>(
+    key_headers: &[KeyHeader],
+    headers: &'h HeaderMap,
+) -> Result<Option<&'h str>, ApiError> {
+    let mut found: Option<&str> = None;
+    for h in key_headers {
+        let key = match h {
+            KeyHeader::Bearer(n) => bearer(headers, n),
+            KeyHeader::Plain(n) => headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|k| !k.is_empty()),
+        };
+        match (found, key) {
+            (Some(a), Some(b)) if a != b => return Err(ApiError::InvalidKey),
+            (None, Some(k)) => found = Some(k),
+            _ => {}
+        }
+    }
+    Ok(found)
 }

@@ -25,13 +25,14 @@ pub struct RequestContext {
     pub finish: Finish,
 }
 
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
 impl RequestContext {
     /// A request that arrived now on `dialect` with `headers`.
     pub fn new(st: Arc<AppState>, dialect: Dialect, headers: &HeaderMap) -> Self {
         let policy = st.policy.load_full();
-        let finish = Finish::new(policy.clone(), client_request_id(headers));
+        let finish = Finish::new(
+            policy.clone(),
+            client_request_id(headers, dialect.request_id_header()),
+        );
         Self {
             st,
             policy,
@@ -41,9 +42,9 @@ impl RequestContext {
     }
 }
 
-/// A client-supplied `x-request-id`, if it is short printable ASCII.
-fn client_request_id(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(X_REQUEST_ID)?.to_str().ok()?.trim();
+/// A client-supplied request id (`name`), if it is short printable ASCII.
+fn client_request_id(headers: &HeaderMap, name: HeaderName) -> Option<String> {
+    let v = headers.get(name)?.to_str().ok()?.trim();
     (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .then(|| v.to_string())
 }

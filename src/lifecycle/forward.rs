@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 
-use super::admit::Admitted;
+use super::admit::{Admitted, HoldBudgets};
 use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
@@ -17,13 +17,15 @@ use crate::config::UpstreamPolicy;
 use crate::metrics::DeploymentMetrics;
 use crate::reservation::plan;
 use crate::reservation::HeldReservation;
-use crate::reserve::{BudgetName, Settlement};
+use crate::reserve::{Actual, BudgetName, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
 use crate::server::AppState;
+use crate::upstreams::UpstreamError;
 
 // Header names built at compile time: naming a header by a string at run
 // time searches the table of standard names on every use.
+/// The request id an OpenAI-compatible upstream answers with.
 const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 const X_RESERVATION_ID: HeaderName = HeaderName::from_static("x-reservation-id");
 const X_UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
@@ -41,6 +43,8 @@ pub struct Answer {
     pub response: reqwest::Response,
     /// Headers for the client: rate limits and ids.
     pub headers: HeaderMap,
+    /// The budgets the hold debited.
+    pub budgets: HoldBudgets,
 }
 
 /// What one attempt on one deployment came to. (One per attempt, moved
@@ -99,6 +103,7 @@ pub async fn forward(
         hold,
         admission,
         deployment,
+        budgets,
     } = admitted;
     let policy = &*cx.policy;
     let upstream = policy.deployment(deployment.upstream);
@@ -106,7 +111,7 @@ pub async fn forward(
     let out_body = match upstream_body(request, model, cx.dialect, upstream) {
         Ok(b) => Bytes::from(b),
         Err(_) => {
-            hold.settle(refund());
+            hold.settle(void());
             return Forwarded::Failed(invalid(None, "The request body could not be re-encoded."));
         }
     };
@@ -142,7 +147,10 @@ pub async fn forward(
                 .metrics
                 .answered("error", started.elapsed().as_secs_f64());
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, error = %e, "upstream request failed");
-            hold.settle_now(refund()).await;
+            // A refused connection never carried the request: nothing was done.
+            let never_sent = matches!(e, UpstreamError::Connect(_));
+            hold.settle_now(if never_sent { void() } else { refund() })
+                .await;
             return Forwarded::Retry(ApiError::from(e));
         }
     };
@@ -154,7 +162,7 @@ pub async fn forward(
         resp.headers(),
     );
     let mut headers = rate_limit_headers(&admission.budgets);
-    put(&mut headers, X_REQUEST_ID, request_id);
+    put(&mut headers, cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
@@ -174,6 +182,7 @@ pub async fn forward(
         hold,
         response: resp,
         headers,
+        budgets,
     })
 }
 
@@ -183,6 +192,17 @@ pub fn refund() -> Settlement {
     Settlement {
         actual_tokens: 0,
         upstream_failed: true,
+        actual: Actual::Tokens,
+    }
+}
+
+/// The settlement of a request whose bytes never reached the upstream:
+/// void (DESIGN section 13).
+fn void() -> Settlement {
+    Settlement {
+        actual_tokens: 0,
+        upstream_failed: true,
+        actual: Actual::Void,
     }
 }
 

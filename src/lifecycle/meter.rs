@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::admit::HoldBudgets;
 use super::context::RequestContext;
 use super::finish::Outcome;
 use super::forward::{refund, Answer};
@@ -18,7 +19,7 @@ use super::prepare::Prepared;
 use super::settle::settle;
 use crate::dialects::UsageBreakdown;
 use crate::metrics;
-use crate::reservation::HeldReservation;
+use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::ExtendOutcome;
 use crate::server::error::ApiError;
 use crate::upstreams::relay::{self, ExtendPlan, Extension, Meter, StreamProcessor};
@@ -45,6 +46,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         hold,
         response,
         headers,
+        budgets,
     } = answer;
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
@@ -78,7 +80,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             cx.dialect.count_answer_output(&parsed, encoding)
         });
-    let settled = settle(hold, used);
+    let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -96,6 +98,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         hold,
         response: upstream,
         headers,
+        budgets,
     } = answer;
     let model = cx.policy.model_at(request.model);
     let estimate = &request.estimate;
@@ -121,7 +124,8 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let finish = cx.finish.hand_off();
     tokio::spawn(async move {
         metrics::active_streams(1.0);
-        let summary = relay::run(upstream, proc, hold, plan, tx).await;
+        let meter = StreamMeter { hold, budgets };
+        let summary = relay::run(upstream, proc, meter, plan, tx).await;
         metrics::active_streams(-1.0);
         finish.write(Outcome::Streamed(&summary));
     });
@@ -150,14 +154,21 @@ struct Whole<'a> {
     usage: Option<&'a RawValue>,
 }
 
-/// The stream relay meters through the held reservation.
-impl Meter for HeldReservation {
+/// What the stream relay meters through: the held reservation and the
+/// budgets it debited (for the amounts per budget).
+struct StreamMeter {
+    hold: HeldReservation,
+    budgets: HoldBudgets,
+}
+
+impl Meter for StreamMeter {
     fn id(&self) -> &str {
-        HeldReservation::id(self)
+        self.hold.id()
     }
 
     async fn extend(&mut self, tokens: u64) -> Extension {
-        match HeldReservation::extend(self, tokens).await {
+        let step = amounts::extension_step(tokens, self.budgets.specs());
+        match self.hold.extend(&step).await {
             Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
                 Extension::Granted(granted)
             }
@@ -170,10 +181,10 @@ impl Meter for HeldReservation {
     }
 
     async fn shutdown(&self) {
-        self.shutdown_cutoff().await
+        self.hold.shutdown_cutoff().await
     }
 
     fn settle(self, used: UsageBreakdown) -> u64 {
-        settle(self, used)
+        settle(self.hold, &self.budgets, used)
     }
 }

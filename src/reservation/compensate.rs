@@ -32,7 +32,7 @@ const RETRY_START: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// What a compensation does.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Compensation {
     /// The request was refused: void the id.
     Void,
@@ -97,11 +97,11 @@ async fn run(
     let mut pause = RETRY_START;
     let mut what = what;
     loop {
-        let result = match what {
+        let result = match &what {
             Compensation::Void => store.void(id, ttl_micros).await,
             Compensation::Settle(s) => store.settle(id, s).await,
         };
-        match (what, result) {
+        match (&what, result) {
             // Served, but the store has no hold: the reservation had not
             // applied; a void tombstone keeps it from applying late.
             (Compensation::Settle(_), Ok(SettleOutcome::Unknown)) => {
@@ -136,7 +136,7 @@ mod tests {
         let scope = Scope::Tenant("t".into());
         ReserveRequest {
             id: id.into(),
-            tokens: 100,
+            costs: crate::reserve::Costs::tokens(100),
             common: vec![BudgetSpec {
                 key: "k".into(),
                 scope,
@@ -162,11 +162,12 @@ mod tests {
         let s = Settlement {
             actual_tokens: 40,
             upstream_failed: false,
+            actual: Default::default(),
         };
         c.submit(
             store.clone(),
             "lost".into(),
-            Compensation::Settle(s),
+            Compensation::Settle(s.clone()),
             Duration::from_secs(60),
         );
         while c.pending() > 0 {

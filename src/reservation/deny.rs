@@ -14,7 +14,7 @@ use crate::metrics;
 use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
-    ReserveRequest, SettleOutcome, Settlement, StoreError,
+    ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
 
 /// A store behind a local deny cache.
@@ -54,7 +54,7 @@ impl DenyCachedStore {
     pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         let now = self.clock.now_micros();
         let who = &r.requester;
-        if let Some(denial) = self.cache.check(&r.common, r.tokens, now) {
+        if let Some(denial) = self.cache.check(&r.common, r.costs.tokens, now) {
             metrics::deny_cache_hit(&who.tenant, denial.name);
             metrics::decision(
                 &who.tenant,
@@ -85,12 +85,12 @@ impl DenyCachedStore {
     }
 
     /// Passed to the store.
-    pub async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        self.inner.extend(id, tokens).await
+    pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        self.inner.extend(id, step).await
     }
 
     /// Passed to the store.
-    pub async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.inner.settle(id, s).await
     }
 }
@@ -116,13 +116,13 @@ impl BudgetStore for DenyCachedStore {
     async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         DenyCachedStore::reserve(self, r).await
     }
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        DenyCachedStore::extend(self, id, tokens).await
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        DenyCachedStore::extend(self, id, step).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
         self.inner.renew(id).await
     }
-    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         DenyCachedStore::settle(self, id, s).await
     }
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {

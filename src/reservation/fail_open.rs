@@ -18,7 +18,7 @@ use crate::metrics;
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::{
     BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, OnStoreError, RenewOutcome,
-    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, StoreError,
+    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
 
 /// Reservations held by the local limiter, by id.
@@ -176,21 +176,21 @@ impl GatewayStore {
     }
 
     /// Extends where the reservation is held.
-    pub async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+    pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
         if self.local.contains(id) {
-            return self.fallback.extend(id, tokens).await;
+            return self.fallback.extend(id, step).await;
         }
-        self.inner.extend(id, tokens).await
+        self.inner.extend(id, step).await
     }
 
     /// Settles where the reservation is held.
-    pub async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         if self.local.contains(id) {
             let o = self.fallback.settle(id, s).await;
             if o.is_ok() {
                 self.local.remove(id);
                 if let Some(ttl) = self.lost_reply(id) {
-                    self.compensate(id, Compensation::Settle(s), ttl);
+                    self.compensate(id, Compensation::Settle(s.clone()), ttl);
                 }
             }
             return o;
@@ -243,8 +243,8 @@ impl BudgetStore for GatewayStore {
     async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
         GatewayStore::reserve(self, r).await
     }
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        GatewayStore::extend(self, id, tokens).await
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        GatewayStore::extend(self, id, step).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
         if self.local.contains(id) {
@@ -252,7 +252,7 @@ impl BudgetStore for GatewayStore {
         }
         self.inner.renew(id).await
     }
-    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         GatewayStore::settle(self, id, s).await
     }
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {

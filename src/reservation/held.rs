@@ -11,7 +11,9 @@ use super::lease::LeaseHandle;
 use super::tracker::{bounded, record_settlement, settle_in_gateway, SettleReport};
 use super::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::metrics::TenantMetrics;
-use crate::reserve::{BudgetStore, ExtendOutcome, SettleOutcome, Settlement, StoreError};
+use crate::reserve::{
+    Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
+};
 
 /// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
 /// dropped unsettled, the whole reservation is charged (no refund) and its
@@ -75,10 +77,10 @@ impl HeldReservation {
         self.reserved_tokens
     }
 
-    /// Asks the store for `tokens` more on every token budget of the hold
-    /// and records what it granted.
-    pub async fn extend(&mut self, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        let outcome = self.store.extend(&self.id, tokens).await?;
+    /// Asks the store for `step` more on the budgets of the hold and
+    /// records what it granted.
+    pub async fn extend(&mut self, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        let outcome = self.store.extend(&self.id, step).await?;
         if let ExtendOutcome::Extended { granted, .. } = outcome {
             self.reserved_tokens += granted;
         }
@@ -103,9 +105,9 @@ impl HeldReservation {
         let s = bounded(s);
         self.done = true;
         self.lease = None;
-        let outcome = settle_in_gateway(&self.store, &self.id, s, self.settle_retry).await;
+        let outcome = settle_in_gateway(&self.store, &self.id, &s, self.settle_retry).await;
         if let Some(o) = &outcome {
-            record_settlement(&self.report, o, s);
+            record_settlement(&self.report, o, s.actual_tokens);
         }
         outcome
     }
@@ -134,6 +136,7 @@ impl Drop for HeldReservation {
             let s = Settlement {
                 actual_tokens: self.reserved_tokens,
                 upstream_failed: false,
+                actual: Actual::Tokens,
             };
             // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
             if tokio::runtime::Handle::try_current().is_ok() {

@@ -185,7 +185,7 @@ mod tests {
     use crate::reserve::memory::MemoryStore;
     use crate::reserve::{
         BudgetSpec, BudgetState, ExtendOutcome, RenewOutcome, ReserveOutcome, ReserveRequest,
-        SettleOutcome, Settlement, StoreError,
+        SettleOutcome, Settlement, Step, StoreError,
     };
     use std::sync::atomic::AtomicUsize;
 
@@ -200,14 +200,14 @@ mod tests {
         async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
             self.inner.reserve(r).await
         }
-        async fn extend(&self, id: &str, t: u64) -> Result<ExtendOutcome, StoreError> {
+        async fn extend(&self, id: &str, t: &Step) -> Result<ExtendOutcome, StoreError> {
             self.inner.extend(id, t).await
         }
         async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
             self.renewals.fetch_add(1, Ordering::SeqCst);
             self.inner.renew(id).await
         }
-        async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+        async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
             self.inner.settle(id, s).await
         }
         async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {

@@ -5,6 +5,8 @@
 //!   backstop that settles on every exit path.
 //! - [`lease`]: one task renewing the leases of all live reservations; a
 //!   lease is released when its handle is dropped.
+//! - [`amounts`]: what a request costs each budget, at reserve, extend
+//!   and settle (one pure function of the usage breakdown).
 //! - [`plan`]: which budgets a request touches, from policy.
 //! - [`tracker`]: settlements as tracked tasks, drained at shutdown, and
 //!   the shutdown cutoff.
@@ -17,6 +19,7 @@
 //! Nothing outside this module calls the raw budget store for a held
 //! reservation.
 
+pub mod amounts;
 pub mod compensate;
 pub mod deny;
 pub mod fail_open;

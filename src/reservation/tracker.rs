@@ -132,10 +132,10 @@ impl SettlementTracker {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_in_gateway(&store, &id, s, retry_for).await;
+            let outcome = settle_in_gateway(&store, &id, &s, retry_for).await;
             match outcome {
                 Some(o) => {
-                    record_settlement(&report, &o, s);
+                    record_settlement(&report, &o, s.actual_tokens);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     tracing::debug!(reservation_id = %id, outcome = ?o, "settled");
                 }
@@ -170,7 +170,11 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
     }
 }
 
-pub(super) fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, s: Settlement) {
+pub(super) fn record_settlement(
+    report: &SettleReport,
+    outcome: &SettleOutcome,
+    actual_tokens: u64,
+) {
     let SettleOutcome::Settled {
         reserved, refunded, ..
     } = outcome
@@ -178,7 +182,7 @@ pub(super) fn record_settlement(report: &SettleReport, outcome: &SettleOutcome, 
         return;
     };
     if let Some(t) = &report.tenant {
-        t.settled(*reserved, s.actual_tokens);
+        t.settled(*reserved, actual_tokens);
     }
     if let (Some(d), true) = (&report.deny, *refunded > 0) {
         d.cache.forget(&d.keys);
@@ -193,7 +197,7 @@ pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
     s: Settlement,
     retry_for: Duration,
 ) -> Option<SettleOutcome> {
-    retry(id, retry_for, || store.settle(id, s)).await
+    retry(id, retry_for, || store.settle(id, &s)).await
 }
 
 /// [`settle_with_retry`] through the gateway's store layers, called
@@ -201,7 +205,7 @@ pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
 pub(super) async fn settle_in_gateway(
     store: &GatewayStore,
     id: &str,
-    s: Settlement,
+    s: &Settlement,
     retry_for: Duration,
 ) -> Option<SettleOutcome> {
     retry(id, retry_for, || store.settle(id, s)).await
@@ -241,12 +245,14 @@ mod tests {
         let s = bounded(Settlement {
             actual_tokens: u64::MAX,
             upstream_failed: true,
+            actual: crate::reserve::Actual::Tokens,
         });
         assert_eq!(s.actual_tokens, MAX_LIMIT);
         assert!(s.upstream_failed);
         let small = Settlement {
             actual_tokens: 17,
             upstream_failed: false,
+            actual: crate::reserve::Actual::Tokens,
         };
         assert_eq!(bounded(small).actual_tokens, 17);
     }

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
-    ReserveRequest, SettleOutcome, Settlement, StoreError,
+    ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
 use crate::metrics;
 
@@ -136,15 +136,15 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.call("reserve", self.inner.reserve(req)).await
     }
 
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        self.call("extend", self.inner.extend(id, tokens)).await
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        self.call("extend", self.inner.extend(id, step)).await
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
         self.call("renew", self.inner.renew(id)).await
     }
 
-    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.call("settle", self.inner.settle(id, settlement)).await
     }
 
@@ -187,13 +187,13 @@ mod tests {
         async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
             unimplemented!()
         }
-        async fn extend(&self, _: &str, _: u64) -> Result<ExtendOutcome, StoreError> {
+        async fn extend(&self, _: &str, _: &Step) -> Result<ExtendOutcome, StoreError> {
             unimplemented!()
         }
         async fn renew(&self, _: &str) -> Result<RenewOutcome, StoreError> {
             unimplemented!()
         }
-        async fn settle(&self, _: &str, _: Settlement) -> Result<SettleOutcome, StoreError> {
+        async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
             unimplemented!()
         }
         async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {

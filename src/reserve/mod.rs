@@ -12,7 +12,10 @@
 //! - [`deny_cache`]: local refusals for budgets known to be empty.
 //! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
 //! - [`store_config`]: the `[store]` settings the stores read.
+//! - `amounts`: what a call asks of each budget ([`Costs`], [`Step`],
+//!   [`Actual`]) and who asks ([`Requester`]).
 
+mod amounts;
 pub mod bucket;
 pub mod calendar;
 pub mod deny_cache;
@@ -21,6 +24,8 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 pub mod store_config;
+
+pub use amounts::{Actual, Costs, OnStoreError, Requester, Step};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -184,8 +189,8 @@ impl BudgetSpec {
 pub struct ReserveRequest {
     /// Gateway-generated reservation id (also the hold's name).
     pub id: String,
-    /// Estimated cost, tokens (input + reserved output).
-    pub tokens: u64,
+    /// What the reservation costs each budget.
+    pub costs: Costs,
     /// Budgets every candidate shares (tenant, key, tenant×model).
     pub common: Vec<BudgetSpec>,
     /// Upstream deployments in preference order, each with its own budgets;
@@ -199,29 +204,6 @@ pub struct ReserveRequest {
     /// Who asks: read by the gateway's store wrappers (deny cache, failure
     /// policy), ignored by the stores.
     pub requester: Arc<Requester>,
-}
-
-/// Who asks for a reservation: the labels of the decision metrics and what
-/// a store outage does to the request. Built once per budget plan.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Requester {
-    /// Tenant name.
-    pub tenant: Arc<str>,
-    /// Version of the policy the request runs under.
-    pub policy_version: Arc<str>,
-    /// What a store failure does to the request.
-    pub on_store_error: OnStoreError,
-}
-
-/// What a store failure does to a tenant's requests (DESIGN section 7).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    /// Fall back to a local limiter.
-    FailOpen,
-    /// Answer 503.
-    #[default]
-    FailClosed,
 }
 
 /// A budget's state as seen by one decision, in its own unit (tokens or requests).
@@ -348,13 +330,36 @@ pub enum RenewOutcome {
 }
 
 /// What to settle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// Tokens actually used (prompt + completion).
+    /// Tokens actually used (prompt + completion): the common token amount
+    /// of stores of contract v2.
     pub actual_tokens: u64,
     /// The upstream never accepted the work (connect error, 5xx, 429 before
     /// output): refund upstream budgets too, even where `refund_unused` is false.
     pub upstream_failed: bool,
+    /// The amount per budget, or `Void`.
+    pub actual: Actual,
+}
+
+impl Settlement {
+    /// What a store of contract v2 applies: the common token amount, and
+    /// `Void` as a refund of the token budgets with nothing used (request
+    /// counts stay spent).
+    pub fn as_v2(&self) -> Settlement {
+        match self.actual {
+            Actual::Void => Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+                actual: Actual::Void,
+            },
+            _ => Settlement {
+                actual_tokens: self.actual_tokens,
+                upstream_failed: self.upstream_failed,
+                actual: Actual::Tokens,
+            },
+        }
+    }
 }
 
 /// Result of [`BudgetStore::settle`].
@@ -408,23 +413,25 @@ pub enum StoreError {
 /// the first admission, a retried settle changes nothing.
 #[async_trait]
 pub trait BudgetStore: Send + Sync + 'static {
-    /// Reserves `req.tokens` atomically across `req.common` and the first
+    /// Reserves `req.costs` atomically across `req.common` and the first
     /// admitting candidate, all-or-nothing.
     async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError>;
-    /// Debits up to `tokens` more from every token budget of the hold: all
+    /// Debits up to `step` more from every token budget of the hold: all
     /// of it when every budget admits, else the largest amount all admit (≥ 1).
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError>;
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError>;
     /// Renews the hold's concurrency leases for another lease period.
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
     /// Settles the hold once: refunds or charges debt, frees slots.
-    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError>;
+    async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError>;
     /// Settle mode `void` (DESIGN section 13): refunds every token and
     /// request budget of the hold (refundable or not) and frees its slots
     /// (→ `Settled` with everything refunded). For an id with no hold it
     /// writes a void tombstone living `hold_ttl_micros` (as long as the
     /// hold would have), so a reserve of the id that arrives later writes
     /// nothing and answers [`ReserveOutcome::Voided`] (→ `Voided`). A hold
-    /// or tombstone already settled or voided: `AlreadySettled`.
+    /// or tombstone already settled or voided: `AlreadySettled`. With
+    /// `hold_ttl_micros` 0 no tombstone is written (`Unknown`): a settle of
+    /// `Actual::Void` is this, for a hold the request knows exists.
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::config::ModelPolicy;
+use crate::dialects::openai;
 use crate::dialects::Dialect;
 use crate::lifecycle::authenticate::caller;
 use crate::metrics;
@@ -48,7 +49,7 @@ pub async fn embeddings(
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
 pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let policy = st.policy.load_full();
-    if let Err(e) = caller(&policy, &headers) {
+    if let Err(e) = caller(&policy, &openai::KEY_HEADERS, &headers) {
         return e.into_response();
     }
     let data: Vec<Value> = policy.models.iter().map(model_object).collect();
@@ -62,7 +63,7 @@ pub async fn get_model(
     headers: HeaderMap,
 ) -> Response {
     let policy = st.policy.load_full();
-    if let Err(e) = caller(&policy, &headers) {
+    if let Err(e) = caller(&policy, &openai::KEY_HEADERS, &headers) {
         return e.into_response();
     }
     match policy.model(&model) {

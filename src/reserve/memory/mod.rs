@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
-    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
     StoreError,
 };
 use crate::clock::Clock;
@@ -351,6 +351,9 @@ impl MemoryStore {
             if inner.settled.get(id, now).is_some() {
                 return SettleOutcome::AlreadySettled;
             }
+            if hold_ttl_micros == 0 {
+                return SettleOutcome::Unknown;
+            }
             // No hold: a void tombstone, living as long as the hold would have.
             inner.holds.remove(id);
             let stone = Tombstone {
@@ -444,16 +447,20 @@ impl BudgetStore for MemoryStore {
         Ok(self.reserve_sync(req))
     }
 
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
-        Ok(self.extend_sync(id, tokens))
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        Ok(self.extend_sync(id, step.tokens))
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
         Ok(self.renew_sync(id))
     }
 
-    async fn settle(&self, id: &str, settlement: Settlement) -> Result<SettleOutcome, StoreError> {
-        Ok(self.settle_sync(id, settlement))
+    async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if settlement.actual == crate::reserve::Actual::Void {
+            // Mode void of a hold; no tombstone for an id without one.
+            return Ok(self.void_sync(id, 0));
+        }
+        Ok(self.settle_sync(id, settlement.as_v2()))
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {

@@ -210,7 +210,7 @@ impl Inner {
                 // Evaluated again at admission; a shadow refusal never blocks.
                 continue;
             }
-            match self.check(spec, req.tokens, &req.id, now) {
+            match self.check(spec, req.costs.tokens, &req.id, now) {
                 Check::Ok => {}
                 Check::Impossible(i) => return Check::Impossible(i),
                 Check::Denied(d) => {
@@ -271,14 +271,15 @@ impl Inner {
         let mut budgets = Vec::new();
         let mut would_deny = Vec::new();
         for spec in req.common.iter().chain(cand.iter()) {
-            if spec.shadow && !matches!(self.check(spec, req.tokens, &req.id, now), Check::Ok) {
+            if spec.shadow && !matches!(self.check(spec, req.costs.tokens, &req.id, now), Check::Ok)
+            {
                 would_deny.push(WouldDeny {
                     scope: spec.scope.clone(),
                     name: spec.name,
                 });
                 continue;
             }
-            let cost = spec.cost(req.tokens);
+            let cost = spec.cost(req.costs.tokens);
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
                 let lease_end = now + req.lease_micros;
@@ -310,7 +311,7 @@ impl Inner {
             req.id.clone(),
             Hold {
                 lines,
-                reserved_tokens: req.tokens,
+                reserved_tokens: req.costs.tokens,
                 lease_micros: req.lease_micros,
                 expires_at: now + req.hold_ttl_micros,
                 admission: admission.clone(),

@@ -5,7 +5,8 @@ use async_trait::async_trait;
 
 use crate::reserve::{
     Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, Impossibility,
-    RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, StoreError, WouldDeny,
+    RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
+    WouldDeny,
 };
 
 use super::batch::{BatchOp, ScriptArgs};
@@ -37,7 +38,7 @@ impl BudgetStore for RedisStore {
         }
         inv.arg(self.now_arg())
             .arg(&req.id)
-            .arg(req.tokens)
+            .arg(req.costs.tokens)
             .arg(req.lease_micros)
             .arg(req.hold_ttl_micros)
             .arg(req.common.len())
@@ -45,10 +46,10 @@ impl BudgetStore for RedisStore {
         for c in &req.candidates {
             inv.arg(c.len());
         }
-        inv.arg(spec_numbers(&all, req.tokens).as_slice());
+        inv.arg(spec_numbers(&all, req.costs.tokens).as_slice());
         for s in &all {
             inv.arg(live_line(s))
-                .arg(adm_fields(s, req.tokens).as_slice());
+                .arg(adm_fields(s, req.costs.tokens).as_slice());
         }
         let items = self.batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
@@ -147,7 +148,7 @@ impl BudgetStore for RedisStore {
                 let spec = all
                     .get(r.usize()?)
                     .ok_or_else(|| protocol("denial names no budget"))?;
-                let d = denial(&mut r, spec, spec.cost(req.tokens), now)?;
+                let d = denial(&mut r, spec, spec.cost(req.costs.tokens), now)?;
                 Ok(ReserveOutcome::Denied(d))
             }
             "V" => Ok(ReserveOutcome::Voided),
@@ -159,19 +160,19 @@ impl BudgetStore for RedisStore {
                     scope: spec.scope.clone(),
                     name: spec.name,
                     capacity: spec.capacity(),
-                    requested: spec.cost(req.tokens),
+                    requested: spec.cost(req.costs.tokens),
                 }))
             }
             other => Err(protocol(format!("reserve replied {other:?}"))),
         }
     }
 
-    async fn extend(&self, id: &str, tokens: u64) -> Result<ExtendOutcome, StoreError> {
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
         let (items, specs) = self
             .hold_call(
                 Route::Direct(&self.scripts.extend),
                 id,
-                &[tokens.to_string()],
+                &[step.tokens.to_string()],
             )
             .await?;
         let mut r = Reply::new(&items);
@@ -186,7 +187,12 @@ impl BudgetStore for RedisStore {
                 let spec = specs
                     .get(r.usize()?)
                     .ok_or_else(|| protocol("exhaustion names no budget"))?;
-                Ok(ExtendOutcome::Exhausted(denial(&mut r, spec, tokens, now)?))
+                Ok(ExtendOutcome::Exhausted(denial(
+                    &mut r,
+                    spec,
+                    step.tokens,
+                    now,
+                )?))
             }
             "U" => {
                 self.forget_hold(id);
@@ -223,7 +229,12 @@ impl BudgetStore for RedisStore {
         }
     }
 
-    async fn settle(&self, id: &str, s: Settlement) -> Result<SettleOutcome, StoreError> {
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if s.actual == crate::reserve::Actual::Void {
+            // Mode void of a hold; no tombstone for an id without one.
+            return self.void(id, 0).await;
+        }
+        let s = s.as_v2();
         let args = [
             s.actual_tokens.to_string(),
             if s.upstream_failed { "1" } else { "0" }.to_string(),
