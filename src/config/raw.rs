@@ -1,12 +1,13 @@
 //! The TOML file as written, before validation. Numbers are read as `i64`
 //! so that a negative value gets our path-qualified message instead of a
-//! parser error; unknown fields are rejected.
+//! parser error; unknown fields are rejected. The same types serialize back
+//! to TOML, so tests build configs as values instead of editing text.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default)]
@@ -23,7 +24,7 @@ pub struct RawConfig {
     pub tenants: Vec<RawTenant>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
@@ -37,7 +38,7 @@ pub struct RawServer {
     pub tls: Option<crate::tls::RawTls>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub kind: Option<String>,
@@ -49,7 +50,7 @@ pub struct RawStore {
     pub snapshot_path: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEstimation {
     pub min_output_tokens: Option<i64>,
@@ -60,7 +61,7 @@ pub struct RawEstimation {
     pub stream_extension_step: Option<i64>,
 }
 
-#[derive(Debug, Deserialize, Default, Clone)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
     pub rpm: Option<i64>,
@@ -73,7 +74,7 @@ pub struct RawLimits {
     pub requests_per_day: Option<i64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: String,
@@ -92,9 +93,11 @@ pub struct RawUpstream {
     pub learn_from_headers: Option<bool>,
     #[serde(default)]
     pub forward_client_headers: Vec<String>,
+    #[serde(default)]
+    pub forward_credential_headers: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
     pub name: String,
@@ -108,7 +111,7 @@ pub struct RawModel {
     pub routing: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
     pub name: String,
@@ -124,7 +127,7 @@ pub struct RawTenant {
     pub shadow_limits: RawLimits,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
     pub id: String,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
-use super::deny::{count_refusal, DenyCachedStore};
+use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
 use crate::metrics;
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::{
@@ -124,7 +124,15 @@ impl GatewayStore {
     /// Reserves in the store; when it fails, applies the requester's
     /// failure policy.
     pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
-        let e = match self.inner.reserve(r).await {
+        self.reserve_answered(r).await.map(|(o, _)| o)
+    }
+
+    /// [`Self::reserve`], and which layer answered.
+    pub async fn reserve_answered(
+        &self,
+        r: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
+        let e = match self.inner.reserve_answered(r).await {
             Ok(o) => return Ok(o),
             Err(e) => e,
         };
@@ -170,7 +178,7 @@ impl GatewayStore {
                 if unknown && !matches!(outcome, ReserveOutcome::Admitted(_)) {
                     self.compensate(&r.id, Compensation::Void, hold_ttl);
                 }
-                Ok(outcome)
+                Ok((outcome, AnsweredBy::LocalLimiter))
             }
         }
     }

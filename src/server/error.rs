@@ -63,6 +63,9 @@ pub enum ApiError {
     GatewayTimeout,
     /// The client did not send its body in time: 408.
     RequestTimeout,
+    /// A `Content-Encoding` the gateway does not decode, or stacked
+    /// encodings: 415 (the text names it).
+    UnsupportedEncoding(String),
 }
 
 /// An error response: `status` with an OpenAI error body.
@@ -165,6 +168,7 @@ impl ApiError {
             }
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -201,6 +205,7 @@ impl ApiError {
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
             ApiError::RequestTimeout => "request_timeout",
+            ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
         }
     }
 }
@@ -363,6 +368,13 @@ impl IntoResponse for ApiError {
                 "upstream_error",
                 None,
                 Some("timeout"),
+            ),
+            ApiError::UnsupportedEncoding(why) => body(
+                status,
+                &format!("{why} This gateway decodes one of Content-Encoding gzip, deflate, br or zstd."),
+                "invalid_request_error",
+                None,
+                Some("unsupported_content_encoding"),
             ),
         }
     }
