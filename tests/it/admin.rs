@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
-use crate::support::legacy::*;
-use crate::support::{start_mock, Endpoint, Gateway, KEY};
+use crate::support::config::{model, tenant, upstream, RawModel, RawUpstream};
+use crate::support::*;
 use budgetgate::config::hash_key;
 
 const TOKEN: &str = "admin-secret-token";
@@ -14,37 +14,24 @@ const TOKEN: &str = "admin-secret-token";
 /// Upstream `mock` of kind `openai` (unused output is not refunded to it)
 /// holds the only TPM bucket, so the response's token headers describe it;
 /// key `t1/k1` has the tightest RPM bucket, so the request headers describe it.
-fn admin_config(mock: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[[upstreams]]
-name = "mock"
-kind = "openai"
-base_url = "{mock}"
-limits = {{ tpm = 2000, max_concurrent = 10 }}
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["mock"]
-encoding = "o200k_base"
-default_max_output_tokens = 100
-[[tenants]]
-name = "t1"
-keys = [{{ id = "k1", sha256 = "{digest}", limits = {{ rpm = 50 }} }}]
-limits = {{ rpm = 100, tokens_per_day = 1000000 }}
-model_limits = {{ "gpt-4o-mini" = {{ rpm = 1000, tokens_per_day = 500000 }} }}
-"#,
-        digest = hash_key(KEY)
-    )
-}
-
-async fn admin_get(gw: &Gateway, path: &str, token: Option<&str>) -> reqwest::Response {
-    let mut req = reqwest::Client::new().get(format!("{}{path}", gw.root_url()));
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    req.send().await.unwrap()
+fn admin_config(mock: &str) -> TestConfig {
+    let mut config = TestConfig::new();
+    config.upstreams.push(RawUpstream {
+        limits: limits().tpm(2000).max_concurrent(10),
+        ..upstream("mock", Kind::Openai, mock)
+    });
+    config.models.push(RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(100),
+        ..model("gpt-4o-mini", &["mock"])
+    });
+    let mut t1 = tenant("t1", "k1", KEY, limits().rpm(100).tokens_per_day(1000000));
+    t1.keys[0].limits = limits().rpm(50);
+    t1.model_limits.insert(
+        "gpt-4o-mini".into(),
+        limits().rpm(1000).tokens_per_day(500000),
+    );
+    config.with_tenant(t1)
 }
 
 fn budget<'a>(body: &'a Value, scope: &str, name: &str) -> &'a Value {
@@ -56,19 +43,10 @@ fn budget<'a>(body: &'a Value, scope: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {scope} {name} in {body}"))
 }
 
-fn header(r: &reqwest::Response, name: &str) -> String {
-    r.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name}"))
-        .to_str()
-        .unwrap()
-        .to_string()
-}
-
 #[tokio::test]
 async fn without_the_token_the_admin_api_answers_401_and_when_disabled_404() {
     let mock = start_mock().await;
-    let gw = start_gateway(&admin_config(&mock.base_url())).await;
+    let gw = admin_config(&mock.base_url()).start().await;
 
     // Disabled: as if the routes did not exist.
     for path in ["/admin/v1/policy", "/admin/v1/tenants/t1/budgets"] {
@@ -92,7 +70,7 @@ async fn without_the_token_the_admin_api_answers_401_and_when_disabled_404() {
             let r = admin_get(&gw, path, token).await;
             assert_eq!(r.status(), 401, "{path} {token:?}");
             assert_eq!(
-                header(&r, "www-authenticate"),
+                must_header(&r, "www-authenticate"),
                 "Bearer realm=\"budgetgate-admin\""
             );
             let body: Value = r.json().await.unwrap();
@@ -127,7 +105,7 @@ async fn without_the_token_the_admin_api_answers_401_and_when_disabled_404() {
 #[tokio::test]
 async fn the_policy_endpoint_names_things_and_reveals_no_key() {
     let mock = start_mock().await;
-    let gw = start_gateway(&admin_config(&mock.base_url())).await;
+    let gw = admin_config(&mock.base_url()).start().await;
     gw.state.set_admin_token(Some(TOKEN));
     let r = admin_get(&gw, "/admin/v1/policy", Some(TOKEN)).await;
     assert_eq!(r.status(), 200);
@@ -150,7 +128,7 @@ async fn the_policy_endpoint_names_things_and_reveals_no_key() {
 #[tokio::test]
 async fn budget_numbers_match_the_headers_of_the_request_before_once_settled() {
     let mock = start_mock().await;
-    let gw = start_gateway(&admin_config(&mock.base_url())).await;
+    let gw = admin_config(&mock.base_url()).start().await;
     gw.state.set_admin_token(Some(TOKEN));
 
     let r = reqwest::Client::new()
@@ -162,13 +140,15 @@ async fn budget_numbers_match_the_headers_of_the_request_before_once_settled() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let limit_tokens = header(&r, "x-ratelimit-limit-tokens");
-    let remaining_tokens: i64 = header(&r, "x-ratelimit-remaining-tokens").parse().unwrap();
-    let reset_tokens = header(&r, "x-ratelimit-reset-tokens");
-    let remaining_requests: i64 = header(&r, "x-ratelimit-remaining-requests")
+    let limit_tokens = must_header(&r, "x-ratelimit-limit-tokens");
+    let remaining_tokens: i64 = must_header(&r, "x-ratelimit-remaining-tokens")
         .parse()
         .unwrap();
-    let reset_requests = header(&r, "x-ratelimit-reset-requests");
+    let reset_tokens = must_header(&r, "x-ratelimit-reset-tokens");
+    let remaining_requests: i64 = must_header(&r, "x-ratelimit-remaining-requests")
+        .parse()
+        .unwrap();
+    let reset_requests = must_header(&r, "x-ratelimit-reset-requests");
     let resp: Value = r.json().await.unwrap();
     let actual = resp["usage"]["total_tokens"].as_i64().unwrap();
     gw.settled().await;

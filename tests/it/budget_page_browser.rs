@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::support::start_mock;
-use crate::support::GatewayProcess;
+use crate::support::config::model;
+use crate::support::*;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
@@ -38,20 +38,23 @@ fn ensure_browser() {
 /// `config/local.toml` (the README's demo) in front of the test's upstream,
 /// with a model whose name is HTML.
 fn demo_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
-    let local =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.toml"))
-            .unwrap();
-    assert!(local.contains("http://127.0.0.1:9000/v1"));
-    let mut text = local.replace("http://127.0.0.1:9000/v1", upstream);
-    text = text.replace(
-        "[[tenants]]\nname = \"demo\"",
-        &format!(
-            "[[models]]\nname = {HOSTILE_MODEL:?}\nupstreams = [\"mock\"]\n\n[[tenants]]\nname = \"demo\"\nmodel_limits = {{ {HOSTILE_MODEL:?} = {{ rpm = 5 }} }}"
-        ),
-    );
-    let path = dir.join("demo.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    let mut config = local_config(upstream);
+    config.models.push(model(HOSTILE_MODEL, &["mock"]));
+    config
+        .tenant("demo")
+        .model_limits
+        .insert(HOSTILE_MODEL.into(), limits().rpm(5));
+    config.write(dir)
+}
+
+/// `config/local.toml` (the README's demo) in front of the test's upstream.
+fn local_config(upstream: &str) -> TestConfig {
+    let mut config =
+        TestConfig::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.toml"));
+    let mock = config.upstream("mock");
+    assert_eq!(mock.base_url, "http://127.0.0.1:9000/v1");
+    mock.base_url = upstream.into();
+    config
 }
 
 /// A W3C WebDriver session on chromedriver.
@@ -379,19 +382,14 @@ async fn the_budget_page_shows_the_demo_tenant_and_moves_after_traffic() {
 
 /// Writes `docs/budget-page.png` (the screenshot in docs/API.md) from the
 /// README's demo config after some traffic:
-/// `cargo test --all-features --test budget_page_browser -- --ignored`.
+/// `cargo test --test it budget_page_browser:: -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/budget-page.png; run by hand"]
 async fn screenshot_for_the_docs() {
     ensure_browser();
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let local =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.toml"))
-            .unwrap()
-            .replace("http://127.0.0.1:9000/v1", &mock.base_url());
-    let cfg = dir.path().join("local.toml");
-    std::fs::write(&cfg, local).unwrap();
+    let cfg = local_config(&mock.base_url()).write(dir.path());
     let gw = GatewayProcess::start(&cfg, &[("BUDGETGATE_ADMIN_TOKEN", TOKEN)]).await;
     let client = reqwest::Client::new();
     for (key, n, max_tokens) in [("sk-local-demo", 6, 4000), ("sk-local-trial", 4, 600)] {

@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::legacy::*;
-use crate::support::GatewayProcess;
-use crate::support::{start_mock, Endpoint};
+use crate::support::*;
 
 fn budgetgate(args: &[&str], envs: &[(&str, &str)], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));
@@ -45,9 +43,10 @@ fn text(b: &[u8]) -> String {
 }
 
 fn write_config(dir: &Path) -> String {
-    let path = dir.join("gw.toml");
-    std::fs::write(&path, config("http://127.0.0.1:9/v1", 50, "tpm = 1000", "")).unwrap();
-    path.to_string_lossy().into_owned()
+    TestConfig::standard("http://127.0.0.1:9/v1", 50, limits().tpm(1000))
+        .write(dir)
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[test]
@@ -155,7 +154,9 @@ async fn a_reload_of_an_unchanged_file_logs_that_it_was_unchanged() {
 #[tokio::test]
 async fn a_disabled_admin_api_answers_404_naming_the_variable_that_enables_it() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 50, "tpm = 1000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().tpm(1000))
+        .start()
+        .await;
     for path in ["/admin/v1/policy", "/admin/v1/tenants/t1/budgets"] {
         let r = reqwest::get(format!("{}{path}", gw.root_url()))
             .await

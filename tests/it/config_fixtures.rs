@@ -13,11 +13,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use budgetgate::config::Policy;
+use crate::support::repo_path;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use budgetgate::config::Policy;
 
 /// One fixture file.
 struct Fixture {
@@ -30,7 +28,7 @@ struct Fixture {
 }
 
 fn fixtures() -> Vec<Fixture> {
-    let dir = root().join("tests/config_fixtures");
+    let dir = repo_path("tests/config_fixtures");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())
@@ -199,8 +197,8 @@ fn first_literal(arg: &str) -> Option<String> {
 fn message_sites() -> Vec<Site> {
     // `[server.tls]` validation reports through `|p, m| v.err(p, m)`.
     const FORWARDERS: &[&str] = &["p"];
-    let mut files = vec![root().join("src/tls.rs")];
-    let mut dirs = vec![root().join("src/config")];
+    let mut files = vec![repo_path("src/tls.rs")];
+    let mut dirs = vec![repo_path("src/config")];
     while let Some(dir) = dirs.pop() {
         for e in std::fs::read_dir(&dir).expect("read src/config") {
             let p = e.expect("entry").path();
@@ -214,7 +212,11 @@ fn message_sites() -> Vec<Site> {
     let mut sites = Vec::new();
     for file in files {
         let src = strip_comments(&std::fs::read_to_string(&file).expect("read source"));
-        let rel = file.strip_prefix(root()).unwrap().display().to_string();
+        let rel = file
+            .strip_prefix(repo_path(""))
+            .unwrap()
+            .display()
+            .to_string();
         for (at, _) in src.match_indices("err(") {
             let before = src[..at].chars().next_back();
             if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
@@ -360,7 +362,7 @@ fn the_template_matcher_matches_what_it_should() {
 }
 
 fn shipped_configs() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("config"))
+    let mut v: Vec<PathBuf> = std::fs::read_dir(repo_path("config"))
         .expect("config/")
         .map(|e| e.expect("entry").path())
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))

@@ -7,16 +7,15 @@
 //! gateway, before any traffic.
 //!
 //! Regenerate the recording rules after editing the dashboard:
-//! `BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit`.
+//! `BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::support::legacy::*;
-use crate::support::start_mock;
-use crate::support::GatewayProcess;
+use crate::support::config::{upstream, RawUpstream};
+use crate::support::*;
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -67,8 +66,8 @@ fn slug(title: &str) -> String {
 
 fn recording_rules() -> String {
     let mut y = String::from(
-        "# Generated from deploy/grafana/budgetgate.json by tests/deploy_kit.rs; do not edit.\n\
-         # Regenerate: BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit\n\
+        "# Generated from deploy/grafana/budgetgate.json by tests/it/deploy_kit.rs; do not edit.\n\
+         # Regenerate: BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::\n\
          # Every dashboard expression as a recording rule (Grafana variables at \"all\",\n\
          # $__rate_interval as 5m), checked with `promtool check rules`.\n\
          groups:\n  - name: budgetgate-dashboard\n    interval: 30s\n    rules:\n",
@@ -94,7 +93,7 @@ fn the_recording_rules_file_is_generated_from_the_dashboard() {
     let have = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         have == want,
-        "{} is not what the dashboard generates; run BUDGETGATE_REGENERATE=1 cargo test --all-features --test deploy_kit",
+        "{} is not what the dashboard generates; run BUDGETGATE_REGENERATE=1 cargo test --test it deploy_kit::",
         path.display()
     );
     // One rule per dashboard query, names unique.
@@ -197,20 +196,24 @@ async fn every_metric_the_kit_reads_is_exported_by_a_freshly_started_gateway() {
 
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("gw.toml");
-    std::fs::write(
-        &cfg,
-        config(
-            &mock.base_url(),
-            50,
-            "rpm = 100, tpm = 10000, max_concurrent = 4, tokens_per_day = 100000",
-            &format!(
-                "model_limits = {{ \"gpt-4o-mini\" = {{ tpm = 5000 }} }}\n[[upstreams]]\nname = \"limited\"\nbase_url = \"{}\"\nlimits = {{ rpm = 60, tpm = 5000 }}\n",
-                mock.base_url()
-            ),
-        ),
-    )
-    .unwrap();
+    let mut config = TestConfig::standard(
+        &mock.base_url(),
+        50,
+        limits()
+            .rpm(100)
+            .tpm(10000)
+            .max_concurrent(4)
+            .tokens_per_day(100000),
+    );
+    config
+        .tenant("t1")
+        .model_limits
+        .insert("gpt-4o-mini".into(), limits().tpm(5000));
+    config.upstreams.push(RawUpstream {
+        limits: limits().rpm(60).tpm(5000),
+        ..upstream("limited", Kind::Openai, &mock.base_url())
+    });
+    let cfg = config.write(dir.path());
     let gw = GatewayProcess::start(&cfg, &[]).await;
     let text = reqwest::get(format!("{}/metrics", gw.root))
         .await

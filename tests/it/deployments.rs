@@ -2,73 +2,27 @@
 //! and fallback, Azure OpenAI). Two simulated upstreams A and B serve one
 //! model; the clock is frozen.
 
-use crate::support::legacy::*;
+use crate::support::config::{model, tenant, upstream, RawModel, RawUpstream};
 use crate::support::mock_upstream::{self, Fault, MockUpstream};
 use crate::support::*;
 use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
-/// Two deployments of `gpt-4o-mini` (A then B) and tenant `t1`.
-fn two_deployments(a: &str, b: &str, kind: &str, tenant_limits: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[[upstreams]]
-name = "A"
-kind = "{kind}"
-base_url = "{a}"
-limits = {{ tpm = 1000 }}
-[[upstreams]]
-name = "B"
-kind = "{kind}"
-base_url = "{b}"
-limits = {{ tpm = 1000 }}
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["A", "B"]
-default_max_output_tokens = 100
-[[tenants]]
-name = "t1"
-{key}
-limits = {{ {tenant_limits} }}
-"#,
-        key = key_line()
-    )
-}
-
-async fn post(gw: &Gateway, body: &Value) -> (u16, Value, reqwest::header::HeaderMap) {
-    let r = reqwest::Client::new()
-        .post(format!("{}/chat/completions", gw.base_url()))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let headers = r.headers().clone();
-    (status, r.json().await.unwrap_or(Value::Null), headers)
-}
-
-async fn remaining(gw: &Gateway, scope: Scope, name: BudgetName) -> i64 {
-    let policy = gw.state.policy.load_full();
-    let ks = budgetgate::server::AppState::key_space(&policy);
-    let limits = match &scope {
-        Scope::Tenant(_) => policy.tenants[0].limits.clone(),
-        Scope::Upstream(u) => policy
-            .upstreams
-            .iter()
-            .find(|x| x.name.as_str() == &**u)
-            .unwrap()
-            .limits
-            .clone(),
-        _ => unreachable!(),
-    };
-    let spec: Vec<_> = budgetgate::reservation::plan::scope_budgets(&ks, scope, &limits, true)
-        .into_iter()
-        .filter(|s| s.name == name)
-        .collect();
-    gw.store.inspect(&spec).await.unwrap()[0].remaining
+/// Two deployments of `gpt-4o-mini` (A then B, each `tpm = 1000`) and
+/// tenant `t1` with `tenant_limits`.
+fn two_deployments(a: &str, b: &str, kind: Kind, tenant_limits: Limits) -> TestConfig {
+    let mut config = TestConfig::new();
+    for (name, url) in [("A", a), ("B", b)] {
+        config.upstreams.push(RawUpstream {
+            limits: limits().tpm(1000),
+            ..upstream(name, kind, url)
+        });
+    }
+    config.models.push(RawModel {
+        default_max_output_tokens: Some(100),
+        ..model("gpt-4o-mini", &["A", "B"])
+    });
+    config.with_tenant(tenant("t1", "k1", KEY, tenant_limits))
 }
 
 /// A request costing exactly 100 tokens, with a mock that uses all of it.
@@ -86,21 +40,22 @@ fn hundred_token_body(mocks: &[&MockUpstream]) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_uses_every_deployment_and_never_pushes_one_past_its_quota() {
     let (a, b) = (start_mock().await, start_mock().await);
-    let gw = start_gateway(&two_deployments(
+    let gw = two_deployments(
         &a.base_url(),
         &b.base_url(),
-        "openai",
-        "tpm = 5000",
-    ))
+        Kind::Openai,
+        limits().tpm(5000),
+    )
+    .start()
     .await;
     let body = hundred_token_body(&[&a, &b]);
     for i in 0..20 {
-        let (s, v, _) = post(&gw, &body).await;
+        let (s, v, _) = post_chat_json(&gw, KEY, &body).await;
         assert_eq!(s, 200, "request {i}: {v}");
     }
     assert_eq!(a.state.request_count(), 10, "A holds exactly 1000 tokens");
     assert_eq!(b.state.request_count(), 10, "B holds exactly 1000 tokens");
-    let (s, v, h) = post(&gw, &body).await;
+    let (s, v, h) = post_chat_json(&gw, KEY, &body).await;
     assert_eq!(s, 429, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(
@@ -114,38 +69,42 @@ async fn a_burst_uses_every_deployment_and_never_pushes_one_past_its_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_429_moves_the_request_to_the_next_deployment_and_cools_the_first() {
     let (a, b) = (start_mock().await, start_mock().await);
-    let gw = start_gateway(&two_deployments(
+    let gw = two_deployments(
         &a.base_url(),
         &b.base_url(),
-        "self_hosted",
-        "tpm = 5000, rpm = 100",
-    ))
+        Kind::SelfHosted,
+        limits().tpm(5000).rpm(100),
+    )
+    .start()
     .await;
     let body = hundred_token_body(&[&a, &b]);
     a.state.set_fault(Some(Fault::RateLimited));
-    let (s, v, _) = post(&gw, &body).await;
+    let (s, v, _) = post_chat_json(&gw, KEY, &body).await;
     assert_eq!(s, 200, "served by B: {v}");
     assert_eq!((a.state.request_count(), b.state.request_count()), (1, 1));
     gw.settled().await;
     assert_eq!(
-        remaining(&gw, Scope::Tenant("t1".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Tenant("t1".into()), BudgetName::Tpm)
+            .await,
         4900,
         "tokens charged once"
     );
     assert_eq!(
-        remaining(&gw, Scope::Tenant("t1".into()), BudgetName::Rpm).await,
+        gw.remaining(Scope::Tenant("t1".into()), BudgetName::Rpm)
+            .await,
         99,
         "request counted once"
     );
     assert_eq!(
-        remaining(&gw, Scope::Upstream("A".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Upstream("A".into()), BudgetName::Tpm)
+            .await,
         1000,
         "A refunded"
     );
     a.state.set_fault(None);
     for _ in 0..3 {
         gw.clock.advance(600_000);
-        assert_eq!(post(&gw, &body).await.0, 200);
+        assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
     }
     assert_eq!(
         a.state.request_count(),
@@ -153,7 +112,7 @@ async fn an_upstream_429_moves_the_request_to_the_next_deployment_and_cools_the_
         "A gets no traffic for its retry-after (2 s)"
     );
     gw.clock.advance(200_000); // 2.0 s since the 429
-    assert_eq!(post(&gw, &body).await.0, 200);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
     assert_eq!(
         a.state.request_count(),
         2,
@@ -169,27 +128,31 @@ async fn a_deployment_that_is_down_is_skipped_and_leaks_no_tokens() {
         .local_addr()
         .unwrap()
         .port();
-    let gw = start_gateway(&two_deployments(
+    let gw = two_deployments(
         &format!("http://127.0.0.1:{dead}/v1"),
         &b.base_url(),
-        "self_hosted",
-        "tpm = 5000",
-    ))
+        Kind::SelfHosted,
+        limits().tpm(5000),
+    )
+    .start()
     .await;
     let body = hundred_token_body(&[&b]);
-    let (s, v, _) = post(&gw, &body).await;
+    let (s, v, _) = post_chat_json(&gw, KEY, &body).await;
     assert_eq!(s, 200, "{v}");
     gw.settled().await;
     assert_eq!(
-        remaining(&gw, Scope::Upstream("A".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Upstream("A".into()), BudgetName::Tpm)
+            .await,
         1000
     );
     assert_eq!(
-        remaining(&gw, Scope::Upstream("B".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Upstream("B".into()), BudgetName::Tpm)
+            .await,
         900
     );
     assert_eq!(
-        remaining(&gw, Scope::Tenant("t1".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Tenant("t1".into()), BudgetName::Tpm)
+            .await,
         4900
     );
 }
@@ -198,44 +161,32 @@ async fn a_deployment_that_is_down_is_skipped_and_leaks_no_tokens() {
 async fn unused_output_is_refunded_to_self_hosted_upstreams_only() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let cfg = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[[upstreams]]
-name = "openai-kind"
-kind = "openai"
-base_url = "{u}"
-limits = {{ tpm = 10000 }}
-[[upstreams]]
-name = "vllm"
-kind = "self_hosted"
-base_url = "{u}"
-limits = {{ tpm = 10000 }}
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["openai-kind"]
-default_max_output_tokens = 100
-[[models]]
-name = "local-llama"
-upstreams = ["vllm"]
-encoding = "o200k_base"
-default_max_output_tokens = 100
-[[tenants]]
-name = "t1"
-{key}
-"#,
-        u = mock.base_url(),
-        key = key_line()
-    );
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::new();
+    for (name, kind) in [("openai-kind", Kind::Openai), ("vllm", Kind::SelfHosted)] {
+        config.upstreams.push(RawUpstream {
+            limits: limits().tpm(10000),
+            ..upstream(name, kind, &mock.base_url())
+        });
+    }
+    config.models.push(RawModel {
+        default_max_output_tokens: Some(100),
+        ..model("gpt-4o-mini", &["openai-kind"])
+    });
+    config.models.push(RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(100),
+        ..model("local-llama", &["vllm"])
+    });
+    let config = config.with_tenant(tenant("t1", "k1", KEY, limits()));
+    let gw = config.start().await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     let e = chat_input_tokens(&body) + 100;
     let a = chat_input_tokens(&body) + 10;
-    assert_eq!(post(&gw, &body).await.0, 200);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
     assert_eq!(
-        post(
+        post_chat_json(
             &gw,
+            KEY,
             &json!({"model": "local-llama", "messages": [{"role": "user", "content": "hi"}]})
         )
         .await
@@ -244,11 +195,13 @@ name = "t1"
     );
     gw.settled().await;
     assert_eq!(
-        remaining(&gw, Scope::Upstream("openai-kind".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Upstream("openai-kind".into()), BudgetName::Tpm)
+            .await,
         10000 - e as i64
     );
     assert_eq!(
-        remaining(&gw, Scope::Upstream("vllm".into()), BudgetName::Tpm).await,
+        gw.remaining(Scope::Upstream("vllm".into()), BudgetName::Tpm)
+            .await,
         10000 - a as i64
     );
 }
@@ -256,24 +209,19 @@ name = "t1"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_tokens_only_upstreams_get_the_cap_as_max_tokens() {
     let mock = start_mock().await;
-    let cfg = config(&mock.base_url(), 100, "tpm = 10000", "").replace(
-        "kind = \"self_hosted\"",
-        "kind = \"self_hosted\"\nmax_tokens_only = true",
-    );
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 100, limits().tpm(10000));
+    config.upstream("mock").max_tokens_only = Some(true);
+    let gw = config.start().await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9});
-    assert_eq!(post(&gw, &body).await.0, 200);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
     let sent = &mock.state.requests()[0].body;
     assert_eq!(sent["max_tokens"], 9);
     assert!(sent.get("max_completion_tokens").is_none(), "{sent}");
     let n3 =
         json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "n": 3});
-    let cfg = cfg.replace(
-        "max_tokens_only = true",
-        "max_tokens_only = true\nsupports_n = false",
-    );
-    let gw2 = start_gateway(&cfg).await;
-    let (s, v, _) = post(&gw2, &n3).await;
+    config.upstream("mock").supports_n = Some(false);
+    let gw2 = config.start().await;
+    let (s, v, _) = post_chat_json(&gw2, KEY, &n3).await;
     assert_eq!((s, v["error"]["param"].as_str()), (400, Some("n")), "{v}");
 }
 
@@ -290,28 +238,20 @@ async fn azure_upstreams_get_their_url_form_and_key_and_the_azure_sdk_works_inbo
     .unwrap();
     // SAFETY: a variable only this test reads, set before any thread reads it.
     unsafe { std::env::set_var("BUDGETGATE_TEST_AZURE_KEY", "azure-secret-key-1") };
-    let cfg = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[[upstreams]]
-name = "azure-east"
-kind = "azure"
-base_url = "{root}"
-api_key_env = "BUDGETGATE_TEST_AZURE_KEY"
-api_version = "2024-10-21"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["azure-east"]
-upstream_model = "my-4o-deployment"
-[[tenants]]
-name = "t1"
-{key}
-"#,
-        root = mock.root_url(),
-        key = key_line()
-    );
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::new();
+    config.upstreams.push(RawUpstream {
+        api_key_env: Some("BUDGETGATE_TEST_AZURE_KEY".into()),
+        api_version: Some("2024-10-21".into()),
+        ..upstream("azure-east", Kind::Azure, &mock.root_url())
+    });
+    config.models.push(RawModel {
+        upstream_model: Some("my-4o-deployment".into()),
+        ..model("gpt-4o-mini", &["azure-east"])
+    });
+    let gw = config
+        .with_tenant(tenant("t1", "k1", KEY, limits()))
+        .start()
+        .await;
     let r = run_python("sdk_azure.py", &gw.root_url(), &[]).await.json();
     assert!(!r["content"].as_str().unwrap().is_empty());
     assert_eq!(r["content"], r["stream"]);
@@ -333,34 +273,16 @@ async fn upstream_keys_never_reach_responses_or_logs() {
     let mock = start_mock().await;
     let secret = "sk-upstream-SECRET-4242";
     let dir = tempfile::tempdir().unwrap();
-    let cfg_path = dir.path().join("gw.toml");
-    std::fs::write(
-        &cfg_path,
-        config(&mock.base_url(), 50, "tpm = 100000", "").replace(
-            "kind = \"self_hosted\"",
-            "kind = \"openai\"\napi_key_env = \"BG_SECRET_KEY\"",
-        ),
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().tpm(100000));
+    let up = config.upstream("mock");
+    up.kind = Some("openai".into());
+    up.api_key_env = Some("BG_SECRET_KEY".into());
+    let gw = GatewayProcess::start(
+        &config.write(dir.path()),
+        &[("BG_SECRET_KEY", secret), ("RUST_LOG", "debug")],
     )
-    .unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
-        .args(["serve", "--config"])
-        .arg(&cfg_path)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("BG_SECRET_KEY", secret)
-        .env("RUST_LOG", "debug")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next_line().await.unwrap().expect("gateway exited");
-        if let Some(a) = line.strip_prefix("budgetgate listening on ") {
-            break a.to_string();
-        }
-    };
+    .await;
+    let addr = gw.root.clone();
     let client = reqwest::Client::new();
     let mut seen = String::new();
     for fault in [
@@ -387,12 +309,20 @@ async fn upstream_keys_never_reach_responses_or_logs() {
         .requests()
         .iter()
         .all(|r| r.header("authorization") == Some(&format!("Bearer {secret}"))));
-    child.start_kill().unwrap();
-    let out = child.wait_with_output().await.unwrap();
-    seen.push_str(&String::from_utf8_lossy(&out.stderr));
-    while let Ok(Some(l)) = lines.next_line().await {
-        seen.push_str(&l);
+    // Every request's final line (the one with an outcome) is in, and
+    // with it every line written before.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while gw
+        .logs()
+        .iter()
+        .filter(|l| l.pointer("/fields/outcome").is_some())
+        .count()
+        < 8
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", gw.dump_logs());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    seen.push_str(&gw.dump_logs());
     assert!(seen.contains("request finished"), "logs were captured");
     assert!(!seen.contains(secret), "the upstream key leaked");
     assert!(!seen.contains(KEY), "the client key leaked");
@@ -401,21 +331,19 @@ async fn upstream_keys_never_reach_responses_or_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn least_utilised_routing_prefers_the_deployment_with_most_spare_share() {
     let (a, b) = (start_mock().await, start_mock().await);
-    let cfg = two_deployments(&a.base_url(), &b.base_url(), "openai", "tpm = 50000")
-        .replacen(
-            "limits = { tpm = 1000 }\n[[models]]",
-            "limits = { tpm = 2000 }\n[[models]]",
-            1,
-        )
-        .replace(
-            "default_max_output_tokens = 100",
-            "default_max_output_tokens = 100\nrouting = \"least_utilised\"",
-        );
-    let gw = start_gateway(&cfg).await;
+    let mut config = two_deployments(
+        &a.base_url(),
+        &b.base_url(),
+        Kind::Openai,
+        limits().tpm(50000),
+    );
+    config.upstream("B").limits = limits().tpm(2000);
+    config.model("gpt-4o-mini").routing = Some("least_utilised".into());
+    let gw = config.start().await;
     let body = hundred_token_body(&[&a, &b]);
     // A: 1000, B: 2000. Shares after each request: A .9/B 1 → B; A .9/B .95 → B; A .9/B .9 → A (tie keeps order).
     for _ in 0..4 {
-        assert_eq!(post(&gw, &body).await.0, 200);
+        assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
     }
     assert_eq!((a.state.request_count(), b.state.request_count()), (2, 2));
     // Priority order would have sent all four to A.
@@ -424,7 +352,9 @@ async fn least_utilised_routing_prefers_the_deployment_with_most_spare_share() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_request_ids_are_echoed_and_organisation_headers_are_dropped_unless_configured() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 50, "tpm = 10000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().tpm(10000))
+        .start()
+        .await;
     let send = |gw_url: String, rid: Option<&'static str>| async move {
         let mut r = reqwest::Client::new()
             .post(format!("{gw_url}/chat/completions"))
@@ -464,11 +394,9 @@ async fn client_request_ids_are_echoed_and_organisation_headers_are_dropped_unle
         .iter()
         .all(|r| r.header("openai-organization").is_none()));
 
-    let cfg = config(&mock.base_url(), 50, "tpm = 10000", "").replace(
-        "kind = \"self_hosted\"",
-        "kind = \"self_hosted\"\nforward_client_headers = [\"OpenAI-Organization\"]",
-    );
-    let gw2 = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().tpm(10000));
+    config.upstream("mock").forward_client_headers = vec!["OpenAI-Organization".into()];
+    let gw2 = config.start().await;
     send(gw2.base_url(), None).await;
     assert_eq!(
         mock.state
@@ -483,14 +411,15 @@ async fn client_request_ids_are_echoed_and_organisation_headers_are_dropped_unle
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_follows_the_providers_remaining_tokens_when_configured() {
     let mock = start_mock().await; // reports x-ratelimit-remaining-tokens: 999000
-    let cfg = config(&mock.base_url(), 50, "tpm = 100000", "").replace(
-        "base_url = ",
-        "learn_from_headers = true\nlimits = { tpm = 2000000 }\nbase_url = ",
-    );
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().tpm(100000));
+    let up = config.upstream("mock");
+    up.learn_from_headers = Some(true);
+    up.limits = limits().tpm(2000000);
+    let gw = config.start().await;
     assert_eq!(
-        post(
+        post_chat_json(
             &gw,
+            KEY,
             &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
         )
         .await
@@ -500,7 +429,9 @@ async fn a_deployment_follows_the_providers_remaining_tokens_when_configured() {
     gw.settled().await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let r = remaining(&gw, Scope::Upstream("mock".into()), BudgetName::Tpm).await;
+        let r = gw
+            .remaining(Scope::Upstream("mock".into()), BudgetName::Tpm)
+            .await;
         if r == 999_000 {
             break;
         }
@@ -515,7 +446,9 @@ async fn a_deployment_follows_the_providers_remaining_tokens_when_configured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_fields_reach_the_upstream_untouched() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 50, "tpm = 100000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().tpm(100000))
+        .start()
+        .await;
     let extra = json!({
         "seed": 12345678901234567u64,
         "temperature": 0.25,

@@ -6,18 +6,24 @@
 //! and is counted.
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
+use budgetgate::config::raw::RawServer;
 use budgetgate::reservation::plan;
 use budgetgate::reserve::{BudgetName, BudgetSpec};
 use budgetgate::server::AppState;
 use serde_json::{json, Value};
 
 /// One deployment `mock` of `kind`, model `gpt-4o-mini` with `max_output`,
-/// tenant t1 with a large daily quota (to read what was settled).
-fn edge_config(upstream: &str, kind: &str, max_output: u64, server_extra: &str) -> String {
-    named_config(upstream, "mock", kind, max_output, server_extra)
+/// tenant t1 with a large daily quota (to read what was settled); `server`
+/// sets `[server]` fields.
+fn edge_config(
+    upstream: &str,
+    kind: &str,
+    max_output: u64,
+    server: impl FnOnce(&mut RawServer),
+) -> TestConfig {
+    named_config(upstream, "mock", kind, max_output, server)
 }
 
 /// [`edge_config`] with the deployment named `name` (metrics are global to
@@ -27,36 +33,21 @@ fn named_config(
     name: &str,
     kind: &str,
     max_output: u64,
-    server_extra: &str,
-) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-{server_extra}
-[estimation]
-stream_extension_step = 64
-[[upstreams]]
-name = "{name}"
-kind = "{kind}"
-base_url = "{upstream}"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["{name}"]
-encoding = "o200k_base"
-default_max_output_tokens = 32
-max_output_tokens = {max_output}
-[[models]]
-name = "text-embedding-3-small"
-upstreams = ["{name}"]
-encoding = "cl100k_base"
-[[tenants]]
-name = "t1"
-{key}
-limits = {{ tokens_per_day = 10000000 }}
-"#,
-        key = key_line()
-    )
+    server: impl FnOnce(&mut RawServer),
+) -> TestConfig {
+    let mut c = TestConfig::standard(upstream, 32, limits().tokens_per_day(10_000_000));
+    c.estimation.stream_extension_step = Some(64);
+    c.rename_upstream("mock", name);
+    c.upstream(name).kind = Some(kind.into());
+    c.model("gpt-4o-mini").max_output_tokens = Some(max_output as i64);
+    server(&mut c.server);
+    c
+}
+
+fn no_server_change(_: &mut RawServer) {}
+
+async fn start_config(c: &TestConfig) -> Gateway {
+    c.start().await
 }
 
 /// Tokens used from tenant t1's `tokens_per_day` quota.
@@ -117,12 +108,9 @@ async fn time_limit_case(client_usage: bool) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(1000);
     mock.state.set_token_delay(Duration::from_millis(20));
-    let gw = start_gateway(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        "max_request_secs = 2",
-    ))
+    let gw = start_config(&edge_config(&mock.base_url(), "self_hosted", 4096, |s| {
+        s.max_request_secs = Some(2)
+    }))
     .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages()});
     if client_usage {
@@ -175,7 +163,13 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
     let mock = start_mock().await;
     mock.state.set_output_tokens(40);
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let gw = start_config(&edge_config(
+        &mock.base_url(),
+        "self_hosted",
+        4096,
+        no_server_change,
+    ))
+    .await;
     let r = sdk_stream(
         &gw,
         &json!({"model": "gpt-4o-mini", "messages": messages(),
@@ -214,7 +208,14 @@ async fn over_cap_case(
     let mock = start_mock().await;
     mock.state.set_output_tokens(400);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_gateway(&named_config(&mock.base_url(), name, kind, model_max, "")).await;
+    let gw = start_config(&named_config(
+        &mock.base_url(),
+        name,
+        kind,
+        model_max,
+        no_server_change,
+    ))
+    .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages(),
                             "stream_options": {"include_usage": true}});
     if let Some(cap) = client_cap {
@@ -269,12 +270,12 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(120);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_gateway(&named_config(
+    let gw = start_config(&named_config(
         &mock.base_url(),
         "debtor",
         "self_hosted",
         4096,
-        "",
+        no_server_change,
     ))
     .await;
     let resp = reqwest::Client::new()
@@ -299,18 +300,18 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
 // Finding 3: credentials are never forwarded
 // ---------------------------------------------------------------------------
 
-/// A config whose deployment forwards `forward` (and `credentials`, TOML arrays).
-fn forwarding_config(upstream: &str, forward: &str, credentials: &str) -> String {
-    edge_config(upstream, "self_hosted", 4096, "").replace(
-        "base_url = ",
-        &format!(
-            "forward_client_headers = {forward}\nforward_credential_headers = {credentials}\nbase_url = "
-        ),
-    )
+/// A config whose deployment forwards `forward` (and `credentials`; JSON arrays).
+fn forwarding_config(upstream: &str, forward: &str, credentials: &str) -> TestConfig {
+    let mut c = edge_config(upstream, "self_hosted", 4096, no_server_change);
+    let u = c.upstream("mock");
+    u.forward_client_headers = serde_json::from_str(forward).expect("a JSON array");
+    u.forward_credential_headers = serde_json::from_str(credentials).expect("a JSON array");
+    c
 }
 
-fn load_error(toml: &str) -> String {
-    match budgetgate::config::Policy::from_toml(toml) {
+fn load_error(c: &TestConfig) -> String {
+    let toml = c.render();
+    match budgetgate::config::Policy::from_toml(&toml) {
         Ok(_) => panic!("config accepted: {toml}"),
         Err(e) => e.to_string(),
     }
@@ -340,11 +341,9 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
             "names the explicit list: {e}"
         );
         // Named in the explicit list too, it is accepted.
-        budgetgate::config::Policy::from_toml(&forwarding_config(
-            base,
-            &format!("[\"{h}\"]"),
-            &format!("[\"{h}\"]"),
-        ))
+        budgetgate::config::Policy::from_toml(
+            &forwarding_config(base, &format!("[\"{h}\"]"), &format!("[\"{h}\"]")).render(),
+        )
         .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
     }
     // The key's own headers and the gateway's are refused in either list.
@@ -364,13 +363,11 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
     }
     // A credential list entry that is not forwarded is a mistake.
     let e = load_error(&forwarding_config(base, "[]", "[\"x-api-key\"]"));
-    assert!(e.contains("not in"), "{e}");
+    assert!(e.contains("is not forwarded"), "{e}");
     // Ordinary headers pass.
-    budgetgate::config::Policy::from_toml(&forwarding_config(
-        base,
-        "[\"openai-organization\", \"OpenAI-Project\"]",
-        "[]",
-    ))
+    budgetgate::config::Policy::from_toml(
+        &forwarding_config(base, "[\"openai-organization\", \"OpenAI-Project\"]", "[]").render(),
+    )
     .expect("ordinary headers");
 }
 
@@ -380,7 +377,7 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
     let path = dir.path().join("forward.toml");
     std::fs::write(
         &path,
-        forwarding_config("http://127.0.0.1:9", "[\"x-api-key\"]", "[]"),
+        forwarding_config("http://127.0.0.1:9", "[\"x-api-key\"]", "[]").render(),
     )
     .expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
@@ -402,7 +399,7 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
 async fn no_client_credential_reaches_the_upstream_on_any_route() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(4);
-    let gw = start_gateway(&forwarding_config(
+    let gw = start_config(&forwarding_config(
         &mock.base_url(),
         "[\"openai-organization\", \"x-api-key\"]",
         "[\"x-api-key\"]",
@@ -482,11 +479,11 @@ async fn no_client_credential_reaches_the_upstream_on_any_route() {
 // Finding 2: both header families on every refusal
 // ---------------------------------------------------------------------------
 
-fn limits_config(upstream: &str, limits: &str) -> String {
-    edge_config(upstream, "self_hosted", 4096, "").replace(
-        "limits = { tokens_per_day = 10000000 }",
-        &format!("limits = {{ {limits} }}"),
-    )
+/// [`edge_config`] with tenant t1's limits `limits` (a TOML inline table body).
+fn limits_config(upstream: &str, limits: &str) -> TestConfig {
+    let mut c = edge_config(upstream, "self_hosted", 4096, no_server_change);
+    c.tenant("t1").limits = toml::from_str(&limits.replace(", ", "\n")).expect("limits");
+    c
 }
 
 async fn chat_status(gw: &Gateway, max_tokens: u64) -> reqwest::Response {
@@ -541,7 +538,7 @@ fn assert_both_families(resp: &reqwest::Response, rpm: u64, tpm: u64, what: &str
 async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_only_their_own() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(600);
-    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 1000, rpm = 100")).await;
+    let gw = start_config(&limits_config(&mock.base_url(), "tpm = 1000, rpm = 100")).await;
     let first = chat_status(&gw, 600).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
@@ -564,7 +561,7 @@ async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_onl
 async fn request_refusals_carry_the_token_family_too() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&limits_config(&mock.base_url(), "tpm = 50000, rpm = 1")).await;
+    let gw = start_config(&limits_config(&mock.base_url(), "tpm = 50000, rpm = 1")).await;
     let first = chat_status(&gw, 10).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
@@ -578,7 +575,7 @@ async fn request_refusals_carry_the_token_family_too() {
 async fn impossible_and_concurrency_refusals_carry_both_families() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&limits_config(
+    let gw = start_config(&limits_config(
         &mock.base_url(),
         "tpm = 1000, rpm = 100, max_concurrent = 1",
     ))
@@ -664,12 +661,9 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
     // No upstream usage: the settlement is the gateway's estimate of the
     // prompt plus its count of the output.
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_gateway(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        "max_body_bytes = 4194304",
-    ))
+    let gw = start_config(&edge_config(&mock.base_url(), "self_hosted", 4096, |s| {
+        s.max_body_bytes = Some(4_194_304)
+    }))
     .await;
 
     // 3 MB of gzip that decodes to 5 MB: over the 4 MiB cap once decoded.
@@ -708,7 +702,13 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_stacked_and_corrupt_encodings_get_the_dialects_error_body() {
     let mock = start_mock().await;
-    let gw = start_gateway(&edge_config(&mock.base_url(), "self_hosted", 4096, "")).await;
+    let gw = start_config(&edge_config(
+        &mock.base_url(),
+        "self_hosted",
+        4096,
+        no_server_change,
+    ))
+    .await;
     let plain = json!({"model": "gpt-4o-mini", "messages": messages()}).to_string();
     for (encoding, body, status, code) in [
         (

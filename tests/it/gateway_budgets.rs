@@ -5,46 +5,17 @@
 
 use std::time::Duration;
 
-use crate::support::legacy::*;
 use crate::support::*;
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
-
-async fn post(gw: &Gateway, body: &Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{}/chat/completions", gw.base_url()))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .expect("send")
-}
-
-fn header(r: &reqwest::Response, name: &str) -> Option<String> {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_string())
-}
-
-async fn tenant_state(gw: &Gateway, name: BudgetName) -> i64 {
-    let policy = gw.state.policy.load_full();
-    let ks = budgetgate::server::AppState::key_space(&policy);
-    let tenant = &policy.tenants[0];
-    let specs = budgetgate::reservation::plan::scope_budgets(
-        &ks,
-        Scope::Tenant(tenant.name.as_str().into()),
-        &tenant.limits,
-        true,
-    );
-    let spec: Vec<_> = specs.into_iter().filter(|s| s.name == name).collect();
-    gw.store.inspect(&spec).await.unwrap()[0].remaining
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estimate() {
     let mock = start_mock().await;
     mock.state.hold();
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 1000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
+        .start()
+        .await;
     let e = chat_input_tokens(
         &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
     ) + 100;
@@ -101,17 +72,19 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
 async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 1000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
+        .start()
+        .await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     let input = chat_input_tokens(&body);
     let e = input + 100;
     let a = input + 10; // the mock's prompt count equals OpenAI's rule, which the estimate equals
-    let r1 = post(&gw, &body).await;
+    let r1 = post_chat(&gw, KEY, &body).await;
     assert_eq!(r1.status(), 200);
     let v: Value = r1.json().await.unwrap();
     assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), a);
     gw.settled().await;
-    let r2 = post(&gw, &body).await;
+    let r2 = post_chat(&gw, KEY, &body).await;
     let remaining: i64 = header(&r2, "x-ratelimit-remaining-tokens")
         .unwrap()
         .parse()
@@ -123,20 +96,22 @@ async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000))
+        .start()
+        .await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
     let input = chat_input_tokens(&body);
     let e = input + 10;
     // The upstream reports far more than reserved (as if it ignored the cap).
     mock.state.set_usage_override(Some(input), Some(1010));
     let a = input + 1010;
-    assert_eq!(post(&gw, &body).await.status(), 200);
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
     gw.settled().await;
     mock.state.set_usage_override(None, None);
-    assert_eq!(tenant_state(&gw, BudgetName::Tpm).await, 1000 - a as i64);
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1000 - a as i64);
     // Level is 1000 - A (negative); the next request needs E: wait = (E - (1000 - A)) tokens at 1000/min.
     let wait_micros = (e as i64 - (1000 - a as i64)) as u64 * 60_000_000 / 1000;
-    let r = post(&gw, &body).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 429);
     assert_eq!(
         header(&r, "retry-after-ms").unwrap(),
@@ -144,13 +119,13 @@ async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() 
     );
     gw.clock.advance(wait_micros - 1);
     assert_eq!(
-        post(&gw, &body).await.status(),
+        post_chat(&gw, KEY, &body).await.status(),
         429,
         "one microsecond early is still refused"
     );
     gw.clock.advance(1);
     assert_eq!(
-        post(&gw, &body).await.status(),
+        post_chat(&gw, KEY, &body).await.status(),
         200,
         "admitted exactly when the debt is repaid"
     );
@@ -159,11 +134,13 @@ async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_output_cap_always_goes_upstream() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 100000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000))
+        .start()
+        .await;
     let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
-    assert_eq!(post(&gw, &uncapped).await.status(), 200);
+    assert_eq!(post_chat(&gw, KEY, &uncapped).await.status(), 200);
     let capped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7});
-    assert_eq!(post(&gw, &capped).await.status(), 200);
+    assert_eq!(post_chat(&gw, KEY, &capped).await.status(), 200);
     let reqs = mock.state.requests();
     assert_eq!(
         reqs[0].body["max_completion_tokens"], 100,
@@ -182,33 +159,34 @@ async fn the_output_cap_always_goes_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusing_model_budget_leaves_the_tenant_bucket_unchanged() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(
-        &mock.base_url(),
-        100,
-        "tpm = 100000, rpm = 100",
-        "model_limits = { \"gpt-4o-mini\" = { tpm = 150 } }",
-    ))
-    .await;
+    let mut config = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000).rpm(100));
+    config
+        .tenant("t1")
+        .model_limits
+        .insert("gpt-4o-mini".into(), limits().tpm(150));
+    let gw = config.start().await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
-    assert_eq!(post(&gw, &body).await.status(), 200);
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
     gw.settled().await;
-    let tpm_before = tenant_state(&gw, BudgetName::Tpm).await;
-    let rpm_before = tenant_state(&gw, BudgetName::Rpm).await;
-    let r = post(&gw, &body).await;
+    let tpm_before = gw.t1(BudgetName::Tpm).await;
+    let rpm_before = gw.t1(BudgetName::Rpm).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 429);
     let v: Value = r.json().await.unwrap();
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("tenant_model:t1/gpt-4o-mini"), "{msg}");
-    assert_eq!(tenant_state(&gw, BudgetName::Tpm).await, tpm_before);
-    assert_eq!(tenant_state(&gw, BudgetName::Rpm).await, rpm_before);
+    assert_eq!(gw.t1(BudgetName::Tpm).await, tpm_before);
+    assert_eq!(gw.t1(BudgetName::Rpm).await, rpm_before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_capacity_is_refused_for_good_and_changes_nothing() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 1000, rpm = 10", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(10))
+        .start()
+        .await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000});
-    let r = post(&gw, &body).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 429);
     assert_eq!(header(&r, "x-should-retry").as_deref(), Some("false"));
     assert!(header(&r, "retry-after").is_none());
@@ -220,18 +198,20 @@ async fn a_request_larger_than_capacity_is_refused_for_good_and_changes_nothing(
         msg.contains("capacity 1000") && msg.contains("requested"),
         "{msg}"
     );
-    assert_eq!(tenant_state(&gw, BudgetName::Tpm).await, 1000);
-    assert_eq!(tenant_state(&gw, BudgetName::Rpm).await, 10);
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1000);
+    assert_eq!(gw.t1(BudgetName::Rpm).await, 10);
     assert_eq!(mock.state.request_count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 1000, "tpm = 300", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 1000, limits().tpm(300))
+        .start()
+        .await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     let input = chat_input_tokens(&body);
-    assert_eq!(post(&gw, &body).await.status(), 200);
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
     assert_eq!(
         mock.state.requests()[0].body["max_completion_tokens"],
         300 - input
@@ -242,13 +222,9 @@ async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
 async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let gw = start_gateway(&config(
-        &mock.base_url(),
-        100,
-        "tpm = 1000000, rpm = 10",
-        "",
-    ))
-    .await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000000).rpm(10))
+        .start()
+        .await;
     let system =
         "The gateway reserves tokens before forwarding — naïve café 日本語.\n".repeat(1500);
     let body = json!({
@@ -261,7 +237,7 @@ async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled(
     assert!(bytes.len() > budgetgate::estimate::OFF_IO_THREAD_BYTES);
     let input = chat_input_tokens(&body);
     assert!(input > 10_000, "{input}");
-    let r = post(&gw, &body).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 200);
     // Reserved: exactly the estimate (input + max_tokens).
     assert_eq!(
@@ -273,13 +249,10 @@ async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled(
     assert_eq!(mock.state.requests()[0].body, body);
     gw.settled().await;
     // Settled: the unused output is refunded.
-    assert_eq!(
-        tenant_state(&gw, BudgetName::Tpm).await,
-        1_000_000 - input as i64 - 10
-    );
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1_000_000 - input as i64 - 10);
     assert_eq!(gw.memory().live_holds(), 0);
     // The same prompt again (now from the token-count cache): the same figure.
-    let r = post(&gw, &body).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         header(&r, "x-ratelimit-remaining-tokens").unwrap(),
@@ -290,7 +263,9 @@ async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untouched_fields_are_forwarded_in_the_clients_order_byte_for_byte() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, "tpm = 100000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000))
+        .start()
+        .await;
     // Odd but valid JSON: spacing, a number written with a trailing zero,
     // an escaped member name, members out of alphabetical order.
     let raw = r#"{"model":"gpt-4o-mini","temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"user\u0041":"x","max_tokens":5}"#;

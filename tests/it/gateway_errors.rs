@@ -2,28 +2,14 @@
 //! OpenAI-shaped error, charges nothing (or only the request count when the
 //! upstream was called), and never leaks the concurrency slot.
 
-use crate::support::legacy::*;
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
 
-const LIMITS: &str = "tpm = 10000, rpm = 100, max_concurrent = 1";
-
-async fn tenant(gw: &Gateway, name: BudgetName) -> i64 {
-    let policy = gw.state.policy.load_full();
-    let ks = budgetgate::server::AppState::key_space(&policy);
-    let t = &policy.tenants[0];
-    let specs: Vec<_> = budgetgate::reservation::plan::scope_budgets(
-        &ks,
-        Scope::Tenant(t.name.as_str().into()),
-        &t.limits,
-        true,
-    )
-    .into_iter()
-    .filter(|s| s.name == name)
-    .collect();
-    gw.store.inspect(&specs).await.unwrap()[0].remaining
+/// Tenant `t1`'s limits in every test here.
+fn tenant_limits() -> Limits {
+    limits().tpm(10000).rpm(100).max_concurrent(1)
 }
 
 fn assert_openai_error(v: &Value) {
@@ -32,20 +18,6 @@ fn assert_openai_error(v: &Value) {
     assert!(e["type"].is_string(), "{v}");
     assert!(e.as_object().unwrap().contains_key("param"), "{v}");
     assert!(e.as_object().unwrap().contains_key("code"), "{v}");
-}
-
-async fn send(gw: &Gateway, path: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
-    let mut req = reqwest::Client::new()
-        .post(format!("{}{path}", gw.base_url()))
-        .header("content-type", "application/json")
-        .body(body);
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    let v = r.json::<Value>().await.unwrap_or(Value::Null);
-    (status, v)
 }
 
 fn chat(extra: Value) -> Vec<u8> {
@@ -68,14 +40,10 @@ fn large(prefix: &[u8]) -> Vec<u8> {
 /// After a failure: nothing charged and the single slot is free again.
 async fn assert_nothing_leaked(gw: &Gateway, rpm_spent: i64) {
     gw.settled().await;
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 10000, "tokens were charged");
+    assert_eq!(gw.t1(BudgetName::Rpm).await, 100 - rpm_spent);
     assert_eq!(
-        tenant(gw, BudgetName::Tpm).await,
-        10000,
-        "tokens were charged"
-    );
-    assert_eq!(tenant(gw, BudgetName::Rpm).await, 100 - rpm_spent);
-    assert_eq!(
-        tenant(gw, BudgetName::MaxConcurrent).await,
+        gw.t1(BudgetName::MaxConcurrent).await,
         1,
         "the concurrency slot leaked"
     );
@@ -96,11 +64,9 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
     let mock = start_mock().await;
     // A small body cap keeps the oversized body within socket buffers, so the
     // client always reads the 413 instead of racing a reset connection.
-    let cfg = config(&mock.base_url(), 100, LIMITS, "").replace(
-        "listen = \"127.0.0.1:0\"",
-        "listen = \"127.0.0.1:0\"\nmax_body_bytes = 65536",
-    );
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 100, tenant_limits());
+    config.server.max_body_bytes = Some(65536);
+    let gw = config.start().await;
     let cases: Vec<Case> = vec![
         (
             "missing key",
@@ -234,7 +200,7 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
         ),
     ];
     for (what, path, key, body, status, param) in cases {
-        let (got, v) = send(&gw, path, key, body).await;
+        let (got, v) = post_raw(&gw, path, key, body).await;
         assert_eq!(got, status, "{what}: {v}");
         assert_openai_error(&v);
         if let Some(p) = param {
@@ -247,7 +213,7 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
         0,
         "no rejected request reached the upstream"
     );
-    let (s, v) = send(
+    let (s, v) = post_raw(
         &gw,
         "/chat/completions",
         Some(KEY),
@@ -263,7 +229,9 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_failures_refund_tokens_and_free_the_slot() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
     let mut spent = 0;
     for (fault, status) in [
         (Fault::NonJson, 502u16),
@@ -273,7 +241,7 @@ async fn upstream_failures_refund_tokens_and_free_the_slot() {
         (Fault::RateLimited, 429),
     ] {
         mock.state.set_fault(Some(fault));
-        let (got, v) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
+        let (got, v) = post_raw(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
         assert_eq!(got, status, "{fault:?}: {v}");
         assert_openai_error(&v);
         if fault == Fault::BadRequest {
@@ -291,7 +259,7 @@ async fn upstream_failures_refund_tokens_and_free_the_slot() {
         assert_nothing_leaked(&gw, spent).await;
     }
     mock.state.set_fault(None);
-    let (got, v) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
+    let (got, v) = post_raw(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
     assert_eq!(
         got, 429,
         "the deployment cools down for the upstream's retry-after: {v}"
@@ -302,7 +270,7 @@ async fn upstream_failures_refund_tokens_and_free_the_slot() {
         "no traffic to a cooling deployment"
     );
     gw.clock.advance(2_000_000);
-    let (got, _) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
+    let (got, _) = post_raw(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
     assert_eq!(
         got, 200,
         "a healthy request is admitted after the cool-down"
@@ -317,14 +285,10 @@ async fn an_unreachable_upstream_is_a_502_that_charges_no_tokens() {
         .local_addr()
         .unwrap()
         .port();
-    let gw = start_gateway(&config(
-        &format!("http://127.0.0.1:{port}/v1"),
-        100,
-        LIMITS,
-        "",
-    ))
-    .await;
-    let (got, v) = send(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
+    let gw = TestConfig::standard(&format!("http://127.0.0.1:{port}/v1"), 100, tenant_limits())
+        .start()
+        .await;
+    let (got, v) = post_raw(&gw, "/chat/completions", Some(KEY), chat(json!({}))).await;
     assert_eq!(got, 502, "{v}");
     assert_openai_error(&v);
     assert!(
@@ -379,7 +343,9 @@ limits = { tpm = 0 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_scheme_is_matched_case_insensitively() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
     for (auth, status) in [
         (format!("BEARER {KEY}"), 200),
         (format!("bearer {KEY}"), 200),
@@ -404,7 +370,9 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_methods_and_unreadable_keys_still_get_openai_shaped_errors() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
     let client = reqwest::Client::new();
     let r = client
         .get(format!("{}/chat/completions", gw.base_url()))
@@ -438,7 +406,9 @@ async fn wrong_methods_and_unreadable_keys_still_get_openai_shaped_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_carrying_two_different_keys_gets_401() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 100, LIMITS, "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
     for (api_key, status) in [("sk-someone-else", 401), (KEY, 200)] {
         let r = reqwest::Client::new()
             .post(format!("{}/chat/completions", gw.base_url()))

@@ -9,10 +9,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::support::legacy::*;
+use crate::support::config::tenant;
 use crate::support::mock_upstream::Fault;
-use crate::support::GatewayProcess;
-use crate::support::{chat_input_tokens, start_mock, KEY};
+use crate::support::*;
 
 const CUT_KEY: &str = "sk-lifecycle-cut";
 const ONE_KEY: &str = "sk-lifecycle-one-rpm";
@@ -65,18 +64,19 @@ fn request(gw: &GatewayProcess, key: &str, id: &str, body: Value) -> reqwest::Re
 async fn the_final_log_line_is_written_exactly_once_on_every_path() {
     let mock = start_mock().await;
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages()}));
-    let extra = format!(
-        "[[tenants]]\nname = \"cut\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\nlimits = {{ tokens_per_day = {} }}\n\
-         [[tenants]]\nname = \"one\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\nlimits = {{ rpm = 1 }}",
-        budgetgate::config::hash_key(CUT_KEY),
-        input + 50,
-        budgetgate::config::hash_key(ONE_KEY),
-    );
-    let text = config(&mock.base_url(), 20, "tpm = 1000000", &extra)
-        .replace("stream_extension_step = 256", "stream_extension_step = 10");
+    let mut config = TestConfig::standard(&mock.base_url(), 20, limits().tpm(1000000));
+    config.estimation.stream_extension_step = Some(10);
+    config.tenants.push(tenant(
+        "cut",
+        "k",
+        CUT_KEY,
+        limits().tokens_per_day(input + 50),
+    ));
+    config
+        .tenants
+        .push(tenant("one", "k", ONE_KEY, limits().rpm(1)));
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("budgetgate.toml");
-    std::fs::write(&path, text).unwrap();
+    let path = config.write(dir.path());
     let gw = GatewayProcess::start(&path, &[]).await;
     let plain = json!({"model": "gpt-4o-mini", "messages": messages()});
     let streamed = json!({"model": "gpt-4o-mini", "messages": messages(), "stream": true});

@@ -3,20 +3,17 @@
 //! second gateway started on a port a first one holds refuses to start,
 //! instead of silently taking half of the first one's clients.
 //!
-//! Run: `cargo test --test listen`.
+//! Run: `cargo test --test it listen::`.
 
 use std::time::Duration;
 
-use crate::support::legacy::*;
-use crate::support::GatewayProcess;
-use crate::support::{start_mock, KEY};
+use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_gateway_on_a_port_in_use_refuses_to_start_and_the_first_serves_on() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = dir.path().join("budgetgate.toml");
-    std::fs::write(&cfg, config(&mock.base_url(), 50, "rpm = 100", "")).expect("config");
+    let cfg = TestConfig::standard(&mock.base_url(), 50, limits().rpm(100)).write(dir.path());
     let first = GatewayProcess::start(&cfg, &[]).await;
     let addr = first.root.strip_prefix("http://").expect("http root");
 

@@ -24,6 +24,7 @@ mod lifecycle_log;
 mod listen;
 mod mock_upstream_selftest;
 mod operations;
+mod redis_acl;
 mod redis_bench;
 mod redis_crash;
 mod redis_differential;

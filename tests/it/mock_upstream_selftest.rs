@@ -1,6 +1,7 @@
 //! Self-test of the simulated upstream in `examples/mock_upstream.rs`.
 
 use crate::support::mock_upstream;
+use crate::support::{content_chunks, sse_chunks, sse_data};
 
 use std::time::{Duration, Instant};
 
@@ -36,22 +37,6 @@ fn cl100k(s: &str) -> u64 {
     tiktoken_rs::cl100k_base_singleton()
         .encode_ordinary(s)
         .len() as u64
-}
-
-/// Parses an SSE body into its `data:` payloads (`[DONE]` kept as a string).
-fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter_map(|frame| frame.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
-}
-
-fn chunks(body: &str) -> Vec<Value> {
-    sse_data(body)
-        .iter()
-        .filter(|d| d.as_str() != "[DONE]")
-        .map(|d| serde_json::from_str(d).expect("chunk json"))
-        .collect()
 }
 
 fn stream_content(chunks: &[Value], index: u64) -> String {
@@ -303,7 +288,7 @@ async fn streaming_matches_non_streaming() {
     let body = r.text().await.unwrap();
     let data = sse_data(&body);
     assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     // 2 role chunks + 2*12 content chunks + 2 finish chunks.
     assert_eq!(cs.len(), 2 + 24 + 2);
     for c in &cs {
@@ -342,7 +327,7 @@ async fn streaming_matches_non_streaming() {
     .text()
     .await
     .unwrap();
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     let last = cs.last().unwrap();
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"]["completion_tokens"], 12);
@@ -531,7 +516,7 @@ async fn legacy_completions() {
     .text()
     .await
     .unwrap();
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     let text: String = cs
         .iter()
         .filter_map(|c| c["choices"][0]["text"].as_str())
@@ -697,16 +682,8 @@ async fn drop_mid_stream() {
     assert!(errored, "connection must be aborted");
     let body = String::from_utf8(body).unwrap();
     assert!(!body.contains("[DONE]"));
-    let cs = chunks(&body);
-    let content_chunks = cs
-        .iter()
-        .filter(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|s| !s.is_empty())
-        })
-        .count();
-    assert_eq!(content_chunks, 3);
+    let cs = sse_chunks(&body);
+    assert_eq!(content_chunks(&cs), 3);
 
     let r = post(
         &url,
@@ -752,7 +729,7 @@ async fn missing_usage() {
     .text()
     .await
     .unwrap();
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     assert!(cs.iter().all(|c| c["usage"].is_null()));
     assert!(cs
         .iter()
@@ -779,7 +756,7 @@ async fn no_done() {
     assert!(!errored, "a clean close");
     let body = String::from_utf8(body).unwrap();
     assert!(!body.contains("[DONE]"));
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     assert_eq!(cs.last().unwrap()["choices"][0]["finish_reason"], "length");
     assert_eq!(stream_content(&cs, 0), mock_upstream::generated_text(4));
 }
@@ -798,7 +775,7 @@ async fn content_filter_chunks() {
     .await
     .unwrap();
     assert!(body.contains("\n\n: keep-alive\n\n"));
-    let cs = chunks(&body);
+    let cs = sse_chunks(&body);
     assert_eq!(cs[0]["choices"], json!([]));
     assert!(cs[0]["prompt_filter_results"].is_array());
     assert_eq!(stream_content(&cs, 0), mock_upstream::generated_text(4));

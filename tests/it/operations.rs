@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::legacy::*;
+use crate::support::config::{tenant, RawTenant};
 use crate::support::*;
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
@@ -86,23 +86,13 @@ impl BudgetStore for Flaky {
     }
 }
 
-async fn post(gw: &Gateway, key: &str) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{}/chat/completions", gw.base_url()))
-        .bearer_auth(key)
-        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
-        .send()
-        .await
-        .unwrap()
-}
-
 /// A gateway on a [`Flaky`] store with tenant limits `limits`, in front of
 /// a simulated upstream (returned to keep it running), at a frozen clock.
 /// Store calls time out after 10 s, not the default 50 ms: a settle held by
 /// a test must not time out and be retried (which would be right, but
 /// would change the call counts the tests assert).
 async fn flaky_gateway(
-    limits: &str,
+    tenant_limits: Limits,
 ) -> (
     mock_upstream::MockUpstream,
     ManualClock,
@@ -112,12 +102,9 @@ async fn flaky_gateway(
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
     let store = Flaky::new(&clock);
-    let cfg = config(&mock.base_url(), 50, limits, "").replace(
-        "[estimation]",
-        "[store]\nkind = \"memory\"\ntimeout_ms = 10000\n[estimation]",
-    );
-    assert!(cfg.contains("timeout_ms = 10000"), "{cfg}");
-    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, tenant_limits);
+    config.store.timeout_ms = Some(10000);
+    let gw = config.start_with(clock.clone(), store.clone()).await;
     (mock, clock, store, gw)
 }
 
@@ -126,11 +113,11 @@ async fn flaky_gateway(
 /// path: the client has the whole answer while the settle is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_settle() {
-    let (_mock, _clock, store, gw) = flaky_gateway("rpm = 1000").await;
+    let (_mock, _clock, store, gw) = flaky_gateway(limits().rpm(1000)).await;
     store.hold_settles.send_replace(true);
     // Were the settle awaited before answering, this would never complete.
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
-        let r = post(&gw, KEY).await;
+        let r = send_hi(&gw, KEY).await;
         assert_eq!(r.status(), 200);
         r.json::<serde_json::Value>()
             .await
@@ -156,7 +143,7 @@ async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_s
     gw.settled().await;
 
     for _ in 0..4 {
-        assert_eq!(post(&gw, KEY).await.status(), 200);
+        assert_eq!(send_hi(&gw, KEY).await.status(), 200);
     }
     gw.settled().await;
     assert_eq!(store.reserves.load(Ordering::SeqCst), 5);
@@ -170,13 +157,13 @@ async fn a_request_costs_one_reserve_and_one_settle_and_is_answered_before_its_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() {
-    let (_mock, clock, store, gw) = flaky_gateway("rpm = 2").await;
+    let (_mock, clock, store, gw) = flaky_gateway(limits().rpm(2)).await;
     for _ in 0..2 {
-        assert_eq!(post(&gw, KEY).await.status(), 200);
+        assert_eq!(send_hi(&gw, KEY).await.status(), 200);
     }
     let before = store.reserves.load(Ordering::SeqCst);
     for _ in 0..50 {
-        let r = post(&gw, KEY).await;
+        let r = send_hi(&gw, KEY).await;
         assert_eq!(r.status(), 429);
         assert!(r.headers().get("retry-after").is_some());
     }
@@ -187,7 +174,7 @@ async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() 
     );
     // rpm = 2: one request refills every 30 s.
     clock.advance(29_999_999);
-    assert_eq!(post(&gw, KEY).await.status(), 429);
+    assert_eq!(send_hi(&gw, KEY).await.status(), 429);
     assert_eq!(
         store.reserves.load(Ordering::SeqCst) - before,
         1,
@@ -195,7 +182,7 @@ async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() 
     );
     clock.advance(1);
     assert_eq!(
-        post(&gw, KEY).await.status(),
+        send_hi(&gw, KEY).await.status(),
         200,
         "the cache never refuses what fits"
     );
@@ -210,7 +197,9 @@ async fn an_over_limit_tenant_costs_at_most_one_store_call_per_retry_interval() 
 async fn a_refund_by_this_gateway_clears_its_cached_refusals() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&config(&mock.base_url(), 50, "tokens_per_day = 2000", "")).await;
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().tokens_per_day(2000))
+        .start()
+        .await;
     let chat = |max_tokens: u64| {
         let url = format!("{}/chat/completions", gw.base_url());
         async move {
@@ -266,21 +255,21 @@ async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_r
     let clock = ManualClock::new(NOON);
     let store = Flaky::new(&clock);
     let closed_key = "sk-closed-tenant";
-    let extra = format!(
-        "on_store_error = \"fail_open\"\n[[tenants]]\nname = \"t2\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\nlimits = {{ rpm = 10 }}\non_store_error = \"fail_closed\"",
-        budgetgate::config::hash_key(closed_key)
-    );
-    let cfg = config(&mock.base_url(), 50, "rpm = 10", &extra).replace(
-        "[estimation]",
-        "[store]\nkind = \"memory\"\nfallback_share = 0.5\n[estimation]",
-    );
-    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
-    assert_eq!(post(&gw, KEY).await.status(), 200);
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(10));
+    config.tenant("t1").on_store_error = Some("fail_open".into());
+    config.tenants.push(RawTenant {
+        on_store_error: Some("fail_closed".into()),
+        ..tenant("t2", "k", closed_key, limits().rpm(10))
+    });
+    config.store.kind = Some("memory".into());
+    config.store.fallback_share = Some(0.5);
+    let gw = config.start_with(clock.clone(), store.clone()).await;
+    assert_eq!(send_hi(&gw, KEY).await.status(), 200);
     store.down.store(true, Ordering::SeqCst);
     let started = std::time::Instant::now();
     let mut statuses = Vec::new();
     for _ in 0..7 {
-        statuses.push(post(&gw, KEY).await.status().as_u16());
+        statuses.push(send_hi(&gw, KEY).await.status().as_u16());
     }
     assert_eq!(
         statuses,
@@ -288,7 +277,7 @@ async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_r
         "fail-open: limited by the local share (5 of 10 rpm)"
     );
     assert_eq!(
-        post(&gw, closed_key).await.status(),
+        send_hi(&gw, closed_key).await.status(),
         503,
         "fail-closed tenant"
     );
@@ -311,7 +300,7 @@ async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_r
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let before = store.reserves.load(Ordering::SeqCst);
-        let s = post(&gw, closed_key).await.status();
+        let s = send_hi(&gw, closed_key).await.status();
         if s == 200 {
             assert!(store.reserves.load(Ordering::SeqCst) > before);
             break;
@@ -325,10 +314,12 @@ async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_r
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_as_prometheus_text_and_carry_the_operational_series() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(&mock.base_url(), 50, "rpm = 1, tpm = 100000", "")).await;
-    assert_eq!(post(&gw, KEY).await.status(), 200);
-    assert_eq!(post(&gw, KEY).await.status(), 429);
-    assert_eq!(post(&gw, KEY).await.status(), 429); // deny cache
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().rpm(1).tpm(100000))
+        .start()
+        .await;
+    assert_eq!(send_hi(&gw, KEY).await.status(), 200);
+    assert_eq!(send_hi(&gw, KEY).await.status(), 429);
+    assert_eq!(send_hi(&gw, KEY).await.status(), 429); // deny cache
     let r = reqwest::Client::new()
         .post(format!("{}/chat/completions", gw.base_url()))
         .bearer_auth(KEY)
@@ -363,14 +354,12 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_operational_series() {
 async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_counted() {
     let mock = start_mock().await;
     // The whole tenant in shadow mode, and a trial TPM in shadow on top.
-    let cfg = config(
-        &mock.base_url(),
-        50,
-        "rpm = 2",
-        "shadow = true\nshadow_limits = { tpm = 1000000 }",
-    )
-    .replace("name = \"t1\"", "name = \"shadowed\"");
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(2));
+    let t = config.tenant("t1");
+    t.name = "shadowed".into();
+    t.shadow = Some(true);
+    t.shadow_limits = limits().tpm(1000000);
+    let gw = config.start().await;
     let count = || async {
         let text = gw.metrics_text().await;
         text.lines()
@@ -384,7 +373,7 @@ async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_co
     let before = count().await;
     for _ in 0..7 {
         assert_eq!(
-            post(&gw, KEY).await.status(),
+            send_hi(&gw, KEY).await.status(),
             200,
             "shadow mode never blocks"
         );
@@ -398,26 +387,28 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
     // Tenant and deployment names of their own: the recorder is shared by
     // every test of this binary.
     let mock = start_mock().await;
-    let cfg = config(&mock.base_url(), 50, "rpm = 1000", "")
-        .replace("name = \"t1\"", "name = \"metered\"")
-        .replace("\"mock\"", "\"metered-mock\"");
-    let gw = start_gateway(&cfg).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(1000));
+    config.tenant("t1").name = "metered".into();
+    config.rename_upstream("mock", "metered-mock");
+    let gw = config.start().await;
     let v1 = gw.state.policy.load().version.clone();
     let mut used = 0.0;
     for _ in 0..3 {
-        let r = post(&gw, KEY).await;
+        let r = send_hi(&gw, KEY).await;
         assert_eq!(r.status(), 200);
         let body: serde_json::Value = r.json().await.unwrap();
         used += body["usage"]["total_tokens"].as_f64().unwrap();
     }
     // A reload: admissions from now on are counted under the new version.
-    let reloaded =
-        budgetgate::config::Policy::from_toml(&cfg.replace("rpm = 1000", "rpm = 999")).unwrap();
+    let reloaded = {
+        config.tenant("metered").limits = limits().rpm(999);
+        config.policy()
+    };
     let v2 = reloaded.version.clone();
     assert_ne!(v1, v2);
     gw.state.policy.store(Arc::new(reloaded));
     for _ in 0..2 {
-        assert_eq!(post(&gw, KEY).await.status(), 200);
+        assert_eq!(send_hi(&gw, KEY).await.status(), 200);
     }
     gw.settled().await;
     let text = gw.metrics_text().await;
@@ -480,15 +471,11 @@ async fn a_fail_closed_store_outage_answers_503_budget_store_unavailable() {
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
     let store = Flaky::new(&clock);
-    let cfg = config(
-        &mock.base_url(),
-        50,
-        "rpm = 10",
-        "on_store_error = \"fail_closed\"",
-    );
-    let gw = start_gateway_with(&cfg, clock.clone(), store.clone()).await;
+    let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(10));
+    config.tenant("t1").on_store_error = Some("fail_closed".into());
+    let gw = config.start_with(clock.clone(), store.clone()).await;
     store.down.store(true, Ordering::SeqCst);
-    let r = post(&gw, KEY).await;
+    let r = send_hi(&gw, KEY).await;
     assert_eq!(r.status(), 503);
     let body: Value = r.json().await.unwrap();
     assert_eq!(

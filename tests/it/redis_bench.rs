@@ -3,7 +3,7 @@
 //! `redis-benchmark`'s EVALSHA rate for a trivial script at the same
 //! concurrency on the same server, and Redis memory per idle tenant.
 //!
-//! Run: `cargo test --release --test redis_bench -- --ignored --nocapture`
+//! Run: `cargo test --release --test it redis_bench:: -- --ignored --nocapture`
 //! (needs `redis-server` and `redis-benchmark`).
 
 use std::sync::Arc;

@@ -3,46 +3,20 @@
 //! the lease expires (`server.lease_secs = 2`), and a restarted gateway
 //! admits again.
 //!
-//! Run: `cargo test --test redis_crash -- --nocapture` (needs `redis-server`).
+//! Run: `cargo test --test it redis_crash:: -- --nocapture` (needs `redis-server`).
 
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
 use crate::support::mock_upstream::{self, MockConfig};
 use crate::support::redis_server::RedisServer;
-use crate::support::GatewayProcess;
-use crate::support::{Endpoint, KEY};
+use crate::support::*;
 use futures_util::StreamExt;
 
-fn config(upstream: &str, redis_url: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-lease_secs = 2
-[store]
-kind = "redis"
-url = "{redis_url}"
-timeout_ms = 2000
-key_prefix = "bgcrash"
-[[upstreams]]
-name = "mock"
-kind = "self_hosted"
-base_url = "{upstream}"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["mock"]
-encoding = "o200k_base"
-default_max_output_tokens = 64
-max_output_tokens = 4096
-[[tenants]]
-name = "t1"
-{keys}
-limits = {{ max_concurrent = 1, tpm = 100000 }}
-on_store_error = "fail_closed"
-"#,
-        keys = key_line()
-    )
+fn config(upstream: &str, redis_url: &str) -> TestConfig {
+    let mut config = TestConfig::standard(upstream, 64, limits().max_concurrent(1).tpm(100000))
+        .redis_fleet(redis_url, "bgcrash");
+    config.server.lease_secs = Some(2);
+    config
 }
 
 fn body(max_tokens: u64, stream: bool) -> serde_json::Value {
@@ -96,8 +70,7 @@ async fn killed_gateway_frees_its_slot_after_the_lease() {
     .await
     .expect("mock");
     let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = dir.path().join("crash.toml");
-    std::fs::write(&cfg, config(&mock.base_url(), &redis.url())).expect("write config");
+    let cfg = config(&mock.base_url(), &redis.url()).write(dir.path());
     let doomed = GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await;
     let survivor = GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await;
     let http = reqwest::Client::new();

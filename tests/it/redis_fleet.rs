@@ -5,7 +5,7 @@
 //! exact integer units from the scripts' own records (each hold keeps the
 //! store's `now` and the amounts debited, extended and refunded).
 //!
-//! Run: `cargo test --test redis_fleet -- --nocapture` (needs `redis-server`;
+//! Run: `cargo test --test it redis_fleet:: -- --nocapture` (needs `redis-server`;
 //! prints admitted vs bound).
 
 use std::collections::{BTreeMap, HashSet};
@@ -13,10 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
 use crate::support::redis_server::RedisServer;
-use crate::support::GatewayProcess;
-use crate::support::{start_mock, Endpoint, KEY};
+use crate::support::*;
 use budgetgate::reserve::bucket::UNITS_PER_TOKEN;
 use budgetgate::reserve::redis::HoldRecord;
 
@@ -28,34 +26,8 @@ const RPM: u64 = 60;
 const MAX_TOKENS: u64 = 20;
 const PREFIX: &str = "bgfleet";
 
-fn config(upstream: &str, redis_url: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[store]
-kind = "redis"
-url = "{redis_url}"
-timeout_ms = 2000
-key_prefix = "{PREFIX}"
-[[upstreams]]
-name = "mock"
-kind = "self_hosted"
-base_url = "{upstream}"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["mock"]
-encoding = "o200k_base"
-default_max_output_tokens = 64
-max_output_tokens = 4096
-[[tenants]]
-name = "t1"
-{keys}
-limits = {{ tpm = {TPM}, rpm = {RPM} }}
-on_store_error = "fail_closed"
-"#,
-        keys = key_line()
-    )
+fn config(upstream: &str, redis_url: &str) -> TestConfig {
+    TestConfig::standard(upstream, 64, limits().tpm(TPM).rpm(RPM)).redis_fleet(redis_url, PREFIX)
 }
 
 /// Net token (or request) amounts per store time, µs → units.
@@ -83,8 +55,7 @@ async fn three_gateways_never_over_admit() {
     let redis = RedisServer::start();
     let mock = start_mock().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let cfg = dir.path().join("fleet.toml");
-    std::fs::write(&cfg, config(&mock.base_url(), &redis.url())).expect("write config");
+    let cfg = config(&mock.base_url(), &redis.url()).write(dir.path());
     let mut gateways = Vec::new();
     for _ in 0..GATEWAYS {
         gateways.push(GatewayProcess::start(&cfg, &[("RUST_LOG", "warn")]).await);

@@ -2,30 +2,11 @@
 //! getting answers within the timeout, limited by the local share;
 //! fail-closed tenants get 503; once Redis is back, decisions return to it.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
+use crate::support::config::{tenant, RawTenant};
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
-use budgetgate::clock::ManualClock;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::BudgetStore;
-use serde_json::json;
-
-async fn post(gw: &Gateway, key: &str) -> u16 {
-    reqwest::Client::new()
-        .post(format!("{}/chat/completions", gw.base_url()))
-        .bearer_auth(key)
-        .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .expect("no request hangs")
-        .status()
-        .as_u16()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
@@ -33,35 +14,28 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
     let port = redis.port();
     let mock = start_mock().await;
     let closed_key = "sk-closed-tenant";
-    let extra = format!(
-        "on_store_error = \"fail_open\"\n[[tenants]]\nname = \"closed\"\nkeys = [{{ id = \"k\", sha256 = \"{}\" }}]\nlimits = {{ rpm = 100 }}\non_store_error = \"fail_closed\"",
-        budgetgate::config::hash_key(closed_key)
-    );
-    let cfg = config(&mock.base_url(), 50, "rpm = 10", &extra)
-        .replace("name = \"t1\"", "name = \"open\"")
-        .replace(
-            "[estimation]",
-            &format!("[store]\nkind = \"redis\"\nurl = \"{}\"\ntimeout_ms = 100\nfallback_share = 0.5\n[estimation]", redis.url()),
-        );
-    let store: Arc<dyn BudgetStore> = Arc::new(
-        RedisStore::connect(
-            &redis.url(),
-            Duration::from_millis(100),
-            KeySpace::new("budgetgate", "default"),
-        )
-        .await
-        .expect("connect"),
-    );
-    let gw = start_gateway_with(&cfg, ManualClock::new(NOON), store).await;
-    assert_eq!(post(&gw, KEY).await, 200);
-    assert_eq!(post(&gw, closed_key).await, 200);
+    let mut config =
+        TestConfig::standard(&mock.base_url(), 50, limits().rpm(10)).redis(&redis.url());
+    let open = config.tenant("t1");
+    open.name = "open".into();
+    open.on_store_error = Some("fail_open".into());
+    config.tenants.push(RawTenant {
+        on_store_error: Some("fail_closed".into()),
+        ..tenant("closed", "k", closed_key, limits().rpm(100))
+    });
+    config.store.timeout_ms = Some(100);
+    config.store.fallback_share = Some(0.5);
+    // The Redis store the config names, read by the gateway as in production.
+    let gw = config.start().await;
+    assert_eq!(post_hi(&gw, KEY).await, 200);
+    assert_eq!(post_hi(&gw, closed_key).await, 200);
 
     drop(redis); // SIGKILL
     let started = Instant::now();
     let mut open = Vec::new();
     for _ in 0..7 {
         let t = Instant::now();
-        open.push(post(&gw, KEY).await);
+        open.push(post_hi(&gw, KEY).await);
         assert!(
             t.elapsed() < Duration::from_secs(2),
             "a degraded answer took {:?}",
@@ -73,7 +47,7 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
         vec![200, 200, 200, 200, 200, 429, 429],
         "fail-open: half of rpm 10 locally"
     );
-    assert_eq!(post(&gw, closed_key).await, 503, "fail-closed");
+    assert_eq!(post_hi(&gw, closed_key).await, 503, "fail-closed");
     assert!(started.elapsed() < Duration::from_secs(10));
     let text = gw.metrics_text().await;
     assert!(
@@ -90,7 +64,7 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
     let _redis = RedisServer::start_on(port).expect("restart Redis on the same port");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let s = post(&gw, closed_key).await;
+        let s = post_hi(&gw, closed_key).await;
         if s == 200 {
             break;
         }
@@ -102,5 +76,5 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Back on Redis: the open tenant's budget there is its full rpm again (minus the first request).
-    assert_eq!(post(&gw, KEY).await, 200);
+    assert_eq!(post_hi(&gw, KEY).await, 200);
 }

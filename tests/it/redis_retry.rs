@@ -7,7 +7,7 @@
 //! pause shows that a call which times out while waiting for a batch was
 //! never sent, so it is never applied.
 //!
-//! Run: `cargo test --test redis_retry` (needs `redis-server`; uses Redis
+//! Run: `cargo test --test it redis_retry::` (needs `redis-server`; uses Redis
 //! `TIME`, not a test clock).
 
 use std::time::Duration;

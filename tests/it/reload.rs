@@ -4,57 +4,28 @@
 //! policy and logs every error with its path; a stream started before the
 //! reload completes under the policy it started with.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::support::legacy::*;
-use crate::support::GatewayProcess;
-use crate::support::{start_mock, KEY};
+use crate::support::*;
 
-fn cfg(mock: &str, tpm: u64) -> String {
-    config(mock, 50, &format!("tpm = {tpm}"), "")
+fn cfg(mock: &str, tpm: u64) -> TestConfig {
+    TestConfig::standard(mock, 50, limits().tpm(tpm))
 }
 
-/// Writes `text` by truncating and rewriting the file in place.
-fn write_in_place(path: &Path, text: &str) {
-    std::fs::write(path, text).unwrap();
-}
-
-/// Writes `text` the way many editors save: a temporary file renamed over the original.
-fn write_by_rename(path: &Path, text: &str) {
+/// Writes `config` the way many editors save: a temporary file renamed
+/// over the original.
+fn write_by_rename(path: &Path, config: &TestConfig) {
     let tmp = path.with_extension("toml.tmp");
-    std::fs::write(&tmp, text).unwrap();
+    config.write_to(&tmp);
     std::fs::rename(&tmp, path).unwrap();
 }
 
-async fn chat(root: &str, max_tokens: u64) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{root}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .json(&json!({"model": "gpt-4o-mini", "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap()
-}
-
-fn header(r: &reqwest::Response, name: &str) -> u64 {
-    r.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name}"))
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-fn config_file(dir: &Path, text: &str) -> PathBuf {
-    let p = dir.join("budgetgate.toml");
-    write_in_place(&p, text);
-    p
+async fn chat(gw: &GatewayProcess, max_tokens: u64) -> reqwest::Response {
+    post_chat(gw, KEY, &hi(max_tokens)).await
 }
 
 fn version(line: &Value) -> String {
@@ -68,17 +39,17 @@ fn version(line: &Value) -> String {
 async fn lowering_tpm_in_the_file_applies_to_the_next_request() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let path = config_file(dir.path(), &cfg(&mock.base_url(), 10_000));
+    let path = cfg(&mock.base_url(), 10_000).write(dir.path());
     let gw = GatewayProcess::start(&path, &[]).await;
     let v0 = version(&gw.wait_log("budgetgate listening", 1).await[0]);
     gw.wait_log("watching the config file for changes", 1).await;
 
-    let r = chat(&gw.root, 20).await;
+    let r = chat(&gw, 20).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 10_000);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 10_000);
 
     // In place.
-    write_in_place(&path, &cfg(&mock.base_url(), 500));
+    cfg(&mock.base_url(), 500).write_to(&path);
     let reloaded = gw.wait_log("policy reloaded", 1).await;
     let v1 = version(&reloaded[0]);
     assert_ne!(v1, v0);
@@ -87,21 +58,21 @@ async fn lowering_tpm_in_the_file_applies_to_the_next_request() {
         reloaded[0].pointer("/fields/trigger"),
         Some(&json!("file_change"))
     );
-    let r = chat(&gw.root, 20).await;
+    let r = chat(&gw, 20).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 500);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 500);
     // Lowering clamps: what was left (≈ 10 000) is now at most the new capacity.
-    assert!(header(&r, "x-ratelimit-remaining-tokens") < 500);
+    assert!(header_u64(&r, "x-ratelimit-remaining-tokens") < 500);
 
     // Rename-on-save.
     write_by_rename(&path, &cfg(&mock.base_url(), 400));
     let reloaded = gw.wait_log("policy reloaded", 2).await;
     assert_ne!(version(&reloaded[1]), v1);
-    let r = chat(&gw.root, 20).await;
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 400);
+    let r = chat(&gw, 20).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 400);
 
     // A file that is rewritten with the same bytes is not reloaded again.
-    write_in_place(&path, &cfg(&mock.base_url(), 400));
+    cfg(&mock.base_url(), 400).write_to(&path);
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(gw.logs_with("policy reloaded").len(), 2);
 }
@@ -111,17 +82,16 @@ async fn a_broken_file_keeps_the_running_policy_and_logs_every_error() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
     let good = cfg(&mock.base_url(), 1000);
-    let path = config_file(dir.path(), &good);
+    let path = good.write(dir.path());
     let gw = GatewayProcess::start(&path, &[]).await;
     let v0 = version(&gw.wait_log("budgetgate listening", 1).await[0]);
     gw.wait_log("watching the config file for changes", 1).await;
 
     // Two validation errors.
-    let broken = good.replace("tpm = 1000", "tpm = -5").replace(
-        "upstreams = [\"mock\"]\nencoding = \"o200k_base\"",
-        "upstreams = [\"nope\"]\nencoding = \"o200k_base\"",
-    );
-    write_in_place(&path, &broken);
+    let mut broken = good.clone();
+    broken.tenant("t1").limits.tpm = Some(-5);
+    broken.model("gpt-4o-mini").upstreams = vec!["nope".into()];
+    broken.write_to(&path);
     let rejected = gw
         .wait_log("config reload rejected; the running policy stays", 1)
         .await;
@@ -151,23 +121,23 @@ async fn a_broken_file_keeps_the_running_policy_and_logs_every_error() {
             .any(|e| e == "models[0].upstreams[0]: unknown upstream \"nope\""),
         "{errors:?}"
     );
-    let r = chat(&gw.root, 20).await;
+    let r = chat(&gw, 20).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 1000);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
 
     // Not even TOML.
-    write_in_place(&path, "[[tenants]\nname = ");
+    std::fs::write(&path, "[[tenants]\nname = ").unwrap();
     gw.wait_log("config reload rejected; the running policy stays", 2)
         .await;
-    let r = chat(&gw.root, 20).await;
+    let r = chat(&gw, 20).await;
     assert_eq!(r.status(), 200);
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 1000);
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
 
     // Fixed: applies.
-    write_in_place(&path, &cfg(&mock.base_url(), 700));
+    cfg(&mock.base_url(), 700).write_to(&path);
     gw.wait_log("policy reloaded", 1).await;
-    let r = chat(&gw.root, 20).await;
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 700);
+    let r = chat(&gw, 20).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 700);
     assert!(gw.logs_with("policy reloaded").len() == 1);
 }
 
@@ -177,7 +147,7 @@ async fn a_stream_started_before_the_reload_completes() {
     mock.state.set_token_delay(Duration::from_millis(50));
     mock.state.set_output_tokens(60);
     let dir = tempfile::tempdir().unwrap();
-    let path = config_file(dir.path(), &cfg(&mock.base_url(), 10_000));
+    let path = cfg(&mock.base_url(), 10_000).write(dir.path());
     let gw = GatewayProcess::start(&path, &[]).await;
     gw.wait_log("watching the config file for changes", 1).await;
 
@@ -198,9 +168,9 @@ async fn a_stream_started_before_the_reload_completes() {
     text.push_str(&String::from_utf8_lossy(&first));
 
     // The stream reserved ~210 tokens; the new policy's capacity is 100.
-    write_in_place(&path, &cfg(&mock.base_url(), 100));
+    cfg(&mock.base_url(), 100).write_to(&path);
     gw.wait_log("policy reloaded", 1).await;
-    let r = chat(&gw.root, 200).await;
+    let r = chat(&gw, 200).await;
     assert_eq!(r.status(), 429, "the new policy applies to new requests");
 
     while let Some(chunk) = body.next().await {
@@ -230,17 +200,17 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
     // SIGHUP reloads it.
     let watched = tempfile::tempdir().unwrap();
     let elsewhere = tempfile::tempdir().unwrap();
-    let target = config_file(elsewhere.path(), &cfg(&mock.base_url(), 1000));
+    let target = cfg(&mock.base_url(), 1000).write(elsewhere.path());
     let link = watched.path().join("budgetgate.toml");
     std::os::unix::fs::symlink(&target, &link).unwrap();
     let gw = GatewayProcess::start(&link, &[]).await;
     gw.wait_log("watching the config file for changes", 1).await;
 
-    write_in_place(&target, &cfg(&mock.base_url(), 300));
+    cfg(&mock.base_url(), 300).write_to(&target);
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(gw.logs_with("policy reloaded").is_empty());
-    let r = chat(&gw.root, 20).await;
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 1000);
+    let r = chat(&gw, 20).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 1000);
 
     gw.signal("HUP");
     let reloaded = gw.wait_log("policy reloaded", 1).await;
@@ -248,14 +218,13 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
         reloaded[0].pointer("/fields/trigger"),
         Some(&json!("sighup"))
     );
-    let r = chat(&gw.root, 20).await;
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 300);
+    let r = chat(&gw, 20).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 300);
 
     // A restart-only change is reported and the running value kept.
-    write_in_place(
-        &target,
-        &cfg(&mock.base_url(), 200).replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\""),
-    );
+    let mut moved = cfg(&mock.base_url(), 200);
+    moved.server.listen = Some("127.0.0.1:1".into());
+    moved.write_to(&target);
     gw.signal("HUP");
     gw.wait_log("policy reloaded", 2).await;
     let warned = gw.logs_with(
@@ -266,6 +235,6 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
         warned[0].pointer("/fields/setting"),
         Some(&json!("server.listen"))
     );
-    let r = chat(&gw.root, 20).await;
-    assert_eq!(header(&r, "x-ratelimit-limit-tokens"), 200);
+    let r = chat(&gw, 20).await;
+    assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 200);
 }

@@ -1,19 +1,14 @@
 //! End-to-end: the official `openai` Python SDK through the gateway to the
 //! simulated upstream.
 
-use crate::support::legacy::*;
 use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_chat_stream_embeddings_and_models_work_through_the_gateway() {
     let mock = start_mock().await;
-    let gw = start_gateway(&config(
-        &mock.base_url(),
-        100,
-        "rpm = 1000, tpm = 100000",
-        "",
-    ))
-    .await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().rpm(1000).tpm(100000))
+        .start()
+        .await;
     let r = run_python("sdk_basic.py", &gw.base_url(), &[]).await.json();
     assert_eq!(
         r["chat_content"], r["stream_content"],

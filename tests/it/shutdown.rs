@@ -10,18 +10,12 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use crate::support::legacy::*;
-use crate::support::GatewayProcess;
-use crate::support::{start_mock, KEY};
+use crate::support::*;
 
 fn write_config(dir: &std::path::Path, mock: &str, grace_secs: u64) -> PathBuf {
-    let text = config(mock, 50, "tpm = 100000", "").replace(
-        "listen = \"127.0.0.1:0\"",
-        &format!("listen = \"127.0.0.1:0\"\nshutdown_grace_secs = {grace_secs}"),
-    );
-    let p = dir.join("budgetgate.toml");
-    std::fs::write(&p, text).unwrap();
-    p
+    let mut config = TestConfig::standard(mock, 50, limits().tpm(100000));
+    config.server.shutdown_grace_secs = Some(grace_secs as i64);
+    config.write(dir)
 }
 
 /// Starts a stream, waits for its first chunk, sends SIGTERM, and returns
@@ -64,14 +58,6 @@ async fn stream_through_sigterm(gw: &GatewayProcess, body: Value) -> (String, Du
     (text, t0.elapsed())
 }
 
-fn data_frames(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_a_stream_finish_within_the_grace_period_then_exits_0() {
     let mock = start_mock().await;
@@ -88,7 +74,7 @@ async fn sigterm_lets_a_stream_finish_within_the_grace_period_then_exits_0() {
     )
     .await;
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    let frames = data_frames(&text);
+    let frames = sse_chunks(&text);
     assert!(frames.iter().all(|f| f.get("error").is_none()), "{text}");
     assert!(frames
         .iter()
@@ -143,7 +129,7 @@ async fn a_stream_still_running_at_the_deadline_is_cut_off_cleanly_and_settled()
         "the cutoff came {elapsed:?} after SIGTERM"
     );
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    let frames = data_frames(&text);
+    let frames = sse_chunks(&text);
     assert!(frames.iter().all(|f| f.get("error").is_none()), "{text}");
     let last_choice = frames
         .iter()

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::legacy::*;
 use crate::support::mock_upstream::{self, Fault};
 use crate::support::*;
 use async_trait::async_trait;
@@ -20,13 +19,11 @@ use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::dialects::Dialect;
 use budgetgate::dialects::UsageBreakdown as Usage;
 use budgetgate::estimate::Encoding;
-use budgetgate::reservation::plan;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
     BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
-use budgetgate::server::AppState;
 use budgetgate::upstreams::relay::{FrameAction, StreamProcessor};
 use budgetgate::upstreams::sse::FrameSplitter;
 use bytes::Bytes;
@@ -367,69 +364,12 @@ fn azure_filter_chunk_first_cutoff_chunk_keeps_the_real_id_and_model() {
 // End-to-end harness
 // ---------------------------------------------------------------------------
 
-/// A config like `crate::support::config` with the streaming knobs exposed:
-/// extension `step`, `[server]` extras (e.g. `lease_secs = 1`).
-fn stream_config(
-    upstream: &str,
-    default_out: u64,
-    step: u64,
-    tenant_limits: &str,
-    server_extra: &str,
-) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-{server_extra}
-[estimation]
-stream_extension_step = {step}
-[[upstreams]]
-name = "mock"
-kind = "self_hosted"
-base_url = "{upstream}"
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["mock"]
-encoding = "o200k_base"
-default_max_output_tokens = {default_out}
-max_output_tokens = 4096
-[[tenants]]
-name = "t1"
-{key}
-limits = {{ {tenant_limits} }}
-"#,
-        key = key_line()
-    )
-}
-
-/// Tokens used from tenant t1's `tokens_per_day` quota.
-fn quota_used(gw: &Gateway) -> u64 {
-    let policy = gw.state.policy.load_full();
-    let ks = AppState::key_space(&policy);
-    let (tenant, key) = policy.authenticate(KEY).expect("test key");
-    let model = policy.model("gpt-4o-mini").expect("model");
-    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
-        .into_iter()
-        .filter(|s| s.name == BudgetName::TokensPerDay)
-        .collect();
-    let state = gw
-        .memory()
-        .inspect_sync(&specs)
-        .pop()
-        .expect("tenant has tokens_per_day");
-    (state.limit as i64 - state.remaining) as u64
-}
-
-/// Waits (polling, 10 s deadline) until every hold is settled and every
-/// settlement task has run: the relay settles after its last frame, which
-/// may be after the client finished reading.
-async fn all_settled(gw: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while gw.memory().live_holds() > 0 {
-        assert!(Instant::now() < deadline, "a stream never settled");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    gw.settled().await;
+/// The standard config with the stream extension `step` and the output
+/// default exposed.
+fn stream_config(upstream: &str, default_out: u64, step: u64, tenant_limits: Limits) -> TestConfig {
+    let mut config = TestConfig::standard(upstream, default_out, tenant_limits);
+    config.estimation.stream_extension_step = Some(step as i64);
+    config
 }
 
 fn msgs(text: &str) -> Value {
@@ -447,24 +387,6 @@ fn deltas(r: &Value, choice: &str) -> u64 {
     r["deltas"][choice].as_u64().unwrap_or(0)
 }
 
-async fn post_chat(gw: &Gateway, body: &Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{}/chat/completions", gw.base_url()))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .expect("gateway reachable")
-}
-
-/// The `data:` payloads of an LF-framed SSE body.
-fn data_payloads(body: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(body)
-        .split("\n\n")
-        .filter_map(|f| f.strip_prefix("data: ").map(str::to_string))
-        .collect()
-}
-
 // ---------------------------------------------------------------------------
 // Cutoff and extension
 // ---------------------------------------------------------------------------
@@ -475,14 +397,9 @@ async fn cutoff_case(client_usage: bool) {
     let messages = msgs("Write an endless story.");
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let quota = input + 50;
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        20,
-        10,
-        &format!("tokens_per_day = {quota}"),
-        "",
-    ))
-    .await;
+    let gw = stream_config(&mock.base_url(), 20, 10, limits().tokens_per_day(quota))
+        .start()
+        .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages});
     if client_usage {
         kwargs["stream_options"] = json!({"include_usage": true});
@@ -508,9 +425,9 @@ async fn cutoff_case(client_usage: bool) {
             "the client did not ask for usage: {r}"
         );
     }
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         input + delivered,
         "settled exactly what was delivered"
     );
@@ -537,22 +454,23 @@ async fn refused_extension_step_grants_the_largest_admissible_remainder_before_c
     let messages = msgs("Another endless story.");
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     // 20 reserved, +10, +10, then only 5 of the next 10 fit: 45 delivered.
-    let gw = start_gateway(&stream_config(
+    let gw = stream_config(
         &mock.base_url(),
         20,
         10,
-        &format!("tokens_per_day = {}", input + 45),
-        "",
-    ))
+        limits().tokens_per_day(input + 45),
+    )
+    .start()
     .await;
     let resp = post_chat(
         &gw,
+        KEY,
         &json!({"model": "gpt-4o-mini", "messages": messages, "stream": true}),
     )
     .await;
     assert_eq!(resp.status(), 200);
     let body = resp.bytes().await.unwrap();
-    let payloads = data_payloads(&body);
+    let payloads = sse_data(&body);
     assert_eq!(
         payloads.last().map(String::as_str),
         Some("[DONE]"),
@@ -562,15 +480,7 @@ async fn refused_extension_step_grants_the_largest_admissible_remainder_before_c
         .iter()
         .map(|p| serde_json::from_str(p).expect("every chunk is JSON"))
         .collect();
-    let content = chunks
-        .iter()
-        .filter(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|s| !s.is_empty())
-        })
-        .count();
-    assert_eq!(content, 45);
+    assert_eq!(content_chunks(&chunks), 45);
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert_eq!(
@@ -583,8 +493,8 @@ async fn refused_extension_step_grants_the_largest_admissible_remainder_before_c
             .all(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty())),
         "no usage chunk"
     );
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), input + 45);
+    gw.all_settled().await;
+    assert_eq!(gw.t1_used(BudgetName::TokensPerDay).await, input + 45);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -593,22 +503,26 @@ async fn budget_gone_before_first_byte_is_a_429_with_headers_not_a_200_stream() 
     mock.state.set_output_tokens(300);
     let messages = msgs("Once more.");
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
-    let gw = start_gateway(&stream_config(
+    let gw = stream_config(
         &mock.base_url(),
         20,
         10,
-        &format!("rpm = 100, tpm = 100000, tokens_per_day = {}", input + 30),
-        "",
-    ))
+        limits().rpm(100).tpm(100000).tokens_per_day(input + 30),
+    )
+    .start()
     .await;
     let body = json!({"model": "gpt-4o-mini", "messages": messages, "stream": true});
-    let first = post_chat(&gw, &body).await;
+    let first = post_chat(&gw, KEY, &body).await;
     assert_eq!(first.status(), 200);
     let _ = first.bytes().await.unwrap();
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), input + 30, "the quota is used up exactly");
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input + 30,
+        "the quota is used up exactly"
+    );
     let requests_before = mock.state.request_count();
-    let second = post_chat(&gw, &body).await;
+    let second = post_chat(&gw, KEY, &body).await;
     assert_eq!(
         second.status(),
         429,
@@ -651,14 +565,9 @@ async fn upstream_dropping_the_connection_mid_stream_makes_the_sdk_raise_and_cha
     mock.state.set_fault(Some(Fault::DropMidStream));
     let messages = msgs("Tell me something.");
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        20,
-        10,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await;
+    let gw = stream_config(&mock.base_url(), 20, 10, limits().tokens_per_day(100000))
+        .start()
+        .await;
     let r = sdk_stream(&gw, &json!({"model": "gpt-4o-mini", "messages": messages})).await;
     assert_eq!(
         r["error"]["type"], "APIError",
@@ -666,9 +575,9 @@ async fn upstream_dropping_the_connection_mid_stream_makes_the_sdk_raise_and_cha
     );
     assert_eq!(deltas(&r, "0"), 3, "the mock drops after three tokens: {r}");
     assert!(r["finish"]["0"].is_null(), "{r}");
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         input + 3,
         "charged prompt + delivered output"
     );
@@ -681,13 +590,13 @@ async fn client_disconnects_while_upstream_is_idle_free_their_slots_at_once() {
     // The first chunk (role) comes at once, then the upstream is idle for 30 s:
     // only the closed client connection can end these streams.
     mock.state.set_token_delay(Duration::from_secs(30));
-    let gw = start_gateway(&stream_config(
+    let gw = stream_config(
         &mock.base_url(),
         20,
         10,
-        "max_concurrent = 2, tokens_per_day = 1000000",
-        "",
-    ))
+        limits().max_concurrent(2).tokens_per_day(1000000),
+    )
+    .start()
     .await;
     let started = Instant::now();
     let r = run_python("stream_abort.py", &gw.base_url(), &["10"])
@@ -700,12 +609,12 @@ async fn client_disconnects_while_upstream_is_idle_free_their_slots_at_once() {
         "the following request is admitted at once: {r}"
     );
     // Every stream settled (slots freed) without waiting for the upstream.
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "disconnects were noticed while the upstream was idle"
     );
-    let used = quota_used(&gw);
+    let used = gw.t1_used(BudgetName::TokensPerDay).await;
     let input = chat_input_tokens(
         &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Tell me a long story."}]}),
     );
@@ -721,14 +630,9 @@ async fn upstream_eof_without_done_after_every_choice_finished_gets_done_appende
     let mock = start_mock().await;
     mock.state.set_output_tokens(12);
     mock.state.set_fault(Some(Fault::NoDone));
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        100,
-        10,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await;
+    let gw = stream_config(&mock.base_url(), 100, 10, limits().tokens_per_day(100000))
+        .start()
+        .await;
     let messages = msgs("Short one.");
     let r = sdk_stream(&gw, &json!({"model": "gpt-4o-mini", "messages": messages})).await;
     assert!(r["error"].is_null(), "{r}");
@@ -736,25 +640,23 @@ async fn upstream_eof_without_done_after_every_choice_finished_gets_done_appende
     assert_eq!(r["finish"]["0"], "stop");
     let resp = post_chat(
         &gw,
+        KEY,
         &json!({"model": "gpt-4o-mini", "messages": messages, "stream": true}),
     )
     .await;
     let body = resp.bytes().await.unwrap();
     assert!(body.ends_with(b"data: [DONE]\n\n"), "[DONE] appended");
-    assert_eq!(
-        data_payloads(&body)
-            .iter()
-            .filter(|p| *p == "[DONE]")
-            .count(),
-        1
-    );
-    all_settled(&gw).await;
+    assert_eq!(sse_data(&body).iter().filter(|p| *p == "[DONE]").count(), 1);
+    gw.all_settled().await;
     // Usage arrived before the EOF: both settle from it (the mock's prompt count, 12 output).
     let prompt = mock_upstream::chat_prompt_tokens(
         mock_upstream::bpe_for("gpt-4o-mini"),
         &json!({"model": "gpt-4o-mini", "messages": messages}),
     );
-    assert_eq!(quota_used(&gw), 2 * (prompt + 12));
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        2 * (prompt + 12)
+    );
 }
 
 /// An upstream that answers every request with `body` as an SSE stream,
@@ -767,14 +669,9 @@ async fn fixture_upstream(body: Vec<u8>, piece: usize) -> String {
 /// A gateway in front of a fixture upstream: tenant t1 with a daily token
 /// quota that every fixture fits in, default output cap 100.
 async fn fixture_gateway(upstream: &str) -> Gateway {
-    start_gateway(&stream_config(
-        upstream,
-        100,
-        1000,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await
+    stream_config(upstream, 100, 1000, limits().tokens_per_day(100000))
+        .start()
+        .await
 }
 
 /// [`fixture_upstream`] that, with `gate = Some((n, notify))`, writes the
@@ -854,8 +751,7 @@ async fn recorded_streams_through_the_real_relay_reach_the_client_byte_for_byte(
         for piece in [7, 1024] {
             let upstream = fixture_upstream(fixture_bytes(&format!("{}.sse", f.name)), piece).await;
             let gw = fixture_gateway(&upstream).await;
-            let resp = post_chat(
-                &gw,
+            let resp = post_chat(&gw, KEY,
                 &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "stream": true, "n": f.choices}),
             )
             .await;
@@ -869,7 +765,7 @@ async fn recorded_streams_through_the_real_relay_reach_the_client_byte_for_byte(
                 String::from_utf8_lossy(&body),
                 String::from_utf8_lossy(&expected)
             );
-            all_settled(&gw).await;
+            gw.all_settled().await;
         }
     }
 }
@@ -894,6 +790,7 @@ async fn each_frame_reaches_the_client_before_the_upstream_sends_the_next() {
     let gw = fixture_gateway(&upstream).await;
     let mut resp = post_chat(
         &gw,
+        KEY,
         &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "stream": true}),
     )
     .await;
@@ -920,7 +817,7 @@ async fn each_frame_reaches_the_client_before_the_upstream_sends_the_next() {
         String::from_utf8_lossy(&got),
         String::from_utf8_lossy(&expected)
     );
-    all_settled(&gw).await;
+    gw.all_settled().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -939,12 +836,15 @@ async fn upstream_eof_before_every_choice_finished_makes_the_sdk_raise() {
         "a truncated answer must not look complete: {r}"
     );
     assert_eq!(r["content"]["0"], "Hello! Here is", "{r}");
-    all_settled(&gw).await;
+    gw.all_settled().await;
     let delivered: u64 = ["Hello", "!", " Here", " is"]
         .iter()
         .map(|w| Encoding::O200kBase.count(w))
         .sum();
-    assert_eq!(quota_used(&gw), input + delivered);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input + delivered
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -956,24 +856,19 @@ async fn content_filter_chunks_and_keepalives_reach_the_sdk_without_a_crash() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(15);
     mock.state.set_fault(Some(Fault::ContentFilterChunks));
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        100,
-        10,
-        "tokens_per_day = 100000",
-        "",
-    ))
-    .await;
+    let gw = stream_config(&mock.base_url(), 100, 10, limits().tokens_per_day(100000))
+        .start()
+        .await;
     let messages = msgs("Filter me.");
     let r = sdk_stream(&gw, &json!({"model": "gpt-4o-mini", "messages": messages, "stream_options": {"include_usage": true}})).await;
     assert!(r["error"].is_null(), "{r}");
     assert_eq!(deltas(&r, "0"), 15);
     assert_eq!(r["finish"]["0"], "stop");
     assert_eq!(r["usage"]["completion_tokens"], 15, "{r}");
-    all_settled(&gw).await;
+    gw.all_settled().await;
     let prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         prompt + 15,
         "the filter chunks and keep-alives cost nothing"
     );
@@ -985,29 +880,27 @@ async fn stream_vs_plain(fault: Option<Fault>, extra: Value) -> (u64, u64) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(37);
     mock.state.set_fault(fault);
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        100,
-        10,
-        "tokens_per_day = 1000000",
-        "",
-    ))
-    .await;
+    let gw = stream_config(&mock.base_url(), 100, 10, limits().tokens_per_day(1000000))
+        .start()
+        .await;
     let mut body = json!({"model": "gpt-4o-mini", "messages": msgs("Same request twice.")});
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
-    let plain = post_chat(&gw, &body).await;
+    let plain = post_chat(&gw, KEY, &body).await;
     assert_eq!(plain.status(), 200);
     let _ = plain.bytes().await.unwrap();
-    all_settled(&gw).await;
-    let after_plain = quota_used(&gw);
+    gw.all_settled().await;
+    let after_plain = gw.t1_used(BudgetName::TokensPerDay).await;
     body["stream"] = json!(true);
-    let streamed = post_chat(&gw, &body).await;
+    let streamed = post_chat(&gw, KEY, &body).await;
     assert_eq!(streamed.status(), 200);
     let _ = streamed.bytes().await.unwrap();
-    all_settled(&gw).await;
-    (after_plain, quota_used(&gw) - after_plain)
+    gw.all_settled().await;
+    (
+        after_plain,
+        gw.t1_used(BudgetName::TokensPerDay).await - after_plain,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1034,14 +927,9 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
             mock.state.set_fault(Some(Fault::MissingUsage));
         }
         // Reserved 3 × 20 = 60 < 75 produced: the stream extends across choices.
-        let gw = start_gateway(&stream_config(
-            &mock.base_url(),
-            20,
-            10,
-            "tokens_per_day = 1000000",
-            "",
-        ))
-        .await;
+        let gw = stream_config(&mock.base_url(), 20, 10, limits().tokens_per_day(1000000))
+            .start()
+            .await;
         let messages = msgs("Three answers please.");
         let input =
             chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages, "n": 3}));
@@ -1055,7 +943,7 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
             assert_eq!(deltas(&r, i), 25, "choice {i}: {r}");
             assert_eq!(r["finish"][i], "stop", "choice {i}: {r}");
         }
-        all_settled(&gw).await;
+        gw.all_settled().await;
         let prompt = if missing_usage {
             // Issue 18: the client asked for usage, the upstream sent none:
             // the gateway sends its own count.
@@ -1068,7 +956,7 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
             r["usage"]["prompt_tokens"].as_u64().unwrap()
         };
         assert_eq!(
-            quota_used(&gw),
+            gw.t1_used(BudgetName::TokensPerDay).await,
             prompt + 75,
             "prompt once, output of all three (missing usage {missing_usage})"
         );
@@ -1083,13 +971,13 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
 async fn streamed_responses_carry_the_rate_limit_headers() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_gateway(&stream_config(
+    let gw = stream_config(
         &mock.base_url(),
         100,
         10,
-        "rpm = 60, tpm = 10000, tokens_per_day = 100000",
-        "",
-    ))
+        limits().rpm(60).tpm(10000).tokens_per_day(100000),
+    )
+    .start()
     .await;
     let r = sdk_stream(
         &gw,
@@ -1167,18 +1055,22 @@ async fn a_stream_longer_than_max_request_ends_there_and_is_settled() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(100);
     mock.state.set_token_delay(Duration::from_millis(50));
-    let gw = start_gateway(&stream_config(
-        &mock.base_url(),
-        100,
-        1000,
-        "max_concurrent = 1, tokens_per_day = 100000",
-        "max_request_secs = 1",
-    ))
+    let gw = {
+        let mut config = stream_config(
+            &mock.base_url(),
+            100,
+            1000,
+            limits().max_concurrent(1).tokens_per_day(100000),
+        );
+        config.server.max_request_secs = Some(1);
+        config
+    }
+    .start()
     .await;
     let body = json!({"model": "gpt-4o-mini", "messages": msgs("Go on."), "stream": true, "max_tokens": 100});
     let input = chat_input_tokens(&body);
     let started = Instant::now();
-    let r = post_chat(&gw, &body).await;
+    let r = post_chat(&gw, KEY, &body).await;
     assert_eq!(r.status(), 200);
     let text = String::from_utf8_lossy(&r.bytes().await.expect("stream body")).into_owned();
     let took = started.elapsed();
@@ -1187,8 +1079,8 @@ async fn a_stream_longer_than_max_request_ends_there_and_is_settled() {
         "ran {took:?} of a 5 s stream"
     );
     assert!(text.contains("data: "), "{text}");
-    all_settled(&gw).await;
-    let used = quota_used(&gw);
+    gw.all_settled().await;
+    let used = gw.t1_used(BudgetName::TokensPerDay).await;
     assert!(
         used > input && used < input + 100,
         "charged {used}: the prompt and what was delivered, not the reservation"
@@ -1196,6 +1088,7 @@ async fn a_stream_longer_than_max_request_ends_there_and_is_settled() {
     mock.state.set_token_delay(Duration::ZERO);
     let next = post_chat(
         &gw,
+        KEY,
         &json!({"model": "gpt-4o-mini", "messages": msgs("Hi."), "max_tokens": 5}),
     )
     .await;
@@ -1207,13 +1100,11 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(3000);
     mock.state.set_token_delay(Duration::from_millis(20));
-    let toml = stream_config(
-        &mock.base_url(),
-        20,
-        100,
-        "max_concurrent = 1",
-        "lease_secs = 1",
-    );
+    let config = {
+        let mut config = stream_config(&mock.base_url(), 20, 100, limits().max_concurrent(1));
+        config.server.lease_secs = Some(1);
+        config
+    };
     let clock = ManualClock::new(NOON);
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
     let memory = Arc::new(MemoryStore::new(dyn_clock.clone()));
@@ -1222,7 +1113,7 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
         clock: clock.clone(),
         renewed_at: AtomicU64::new(0),
     });
-    let gw = start_gateway_with(&toml, clock.clone(), store.clone()).await;
+    let gw = config.start_with(clock.clone(), store.clone()).await;
     let addr = gw.addr;
     let url = format!("http://{addr}/v1/chat/completions");
     let client = reqwest::Client::new();

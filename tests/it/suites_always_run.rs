@@ -4,9 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::repo_path;
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
@@ -22,7 +20,7 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn no_test_is_gated_behind_a_feature() {
     let mut files = Vec::new();
-    rust_files(&root().join("tests"), &mut files);
+    rust_files(&repo_path("tests"), &mut files);
     assert!(files.len() > 10, "{files:?}");
     // Spelled in two pieces so this file does not find itself.
     let gate = ["cfg(", "feature"].concat();
@@ -34,7 +32,7 @@ fn no_test_is_gated_behind_a_feature() {
             f.display()
         );
     }
-    let manifest = std::fs::read_to_string(root().join("Cargo.toml")).expect("Cargo.toml");
+    let manifest = std::fs::read_to_string(repo_path("Cargo.toml")).expect("Cargo.toml");
     assert!(
         !manifest.contains("required-features"),
         "a target needs a feature: a plain `cargo test` skips it silently"

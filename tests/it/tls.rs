@@ -11,9 +11,7 @@ use std::time::Duration;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::legacy::*;
-use crate::support::GatewayProcess;
-use crate::support::{run_python, start_mock};
+use crate::support::*;
 
 /// A certificate authority made for one test.
 struct Ca {
@@ -70,14 +68,12 @@ fn setup(upstream: &str, ca: &Ca) -> TlsSetup {
     let (c, k) = ca.leaf();
     std::fs::write(&cert, c).unwrap();
     std::fs::write(&key, k).unwrap();
-    let config_path = dir.path().join("gw.toml");
-    let text = config(upstream, 20, "tpm = 100000", "")
-        + &format!(
-            "\n[server.tls]\ncert_file = {:?}\nkey_file = {:?}\n",
-            cert.display().to_string(),
-            key.display().to_string()
-        );
-    std::fs::write(&config_path, text).unwrap();
+    let mut config = TestConfig::standard(upstream, 20, limits().tpm(100000));
+    config.server.tls = Some(budgetgate::tls::RawTls {
+        cert_file: Some(cert.display().to_string()),
+        key_file: Some(key.display().to_string()),
+    });
+    let config_path = config.write(dir.path());
     TlsSetup {
         _dir: dir,
         cert,

@@ -5,12 +5,9 @@
 //! instead of the reported `completion_tokens`. Both now settle the input
 //! estimate plus `completion_tokens`.
 
-use crate::support::legacy::*;
 use crate::support::*;
 use axum::routing::post;
-use budgetgate::reservation::plan;
-use budgetgate::reserve::{BudgetName, BudgetSpec};
-use budgetgate::server::AppState;
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
 
 const COMPLETION_TOKENS: u64 = 7;
@@ -55,27 +52,11 @@ async fn upstream_without_prompt_tokens() -> String {
     format!("http://{addr}/v1")
 }
 
-/// Tokens used from tenant t1's `tokens_per_day` quota.
-fn quota_used(gw: &Gateway) -> u64 {
-    let policy = gw.state.policy.load_full();
-    let ks = AppState::key_space(&policy);
-    let (tenant, key) = policy.authenticate(KEY).expect("test key");
-    let model = policy.model("gpt-4o-mini").expect("model");
-    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
-        .into_iter()
-        .filter(|s| s.name == BudgetName::TokensPerDay)
-        .collect();
-    let state = gw
-        .memory()
-        .inspect_sync(&specs)
-        .pop()
-        .expect("tokens_per_day");
-    (state.limit as i64 - state.remaining) as u64
-}
-
 async fn settles_input_estimate_plus_completion_tokens(stream: bool) {
     let upstream = upstream_without_prompt_tokens().await;
-    let gw = start_gateway(&config(&upstream, 50, "tokens_per_day = 100000", "")).await;
+    let gw = TestConfig::standard(&upstream, 50, limits().tokens_per_day(100000))
+        .start()
+        .await;
     let messages = json!([{"role": "user", "content": "Say hello to the whole wide world."}]);
     let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages}));
     let r = reqwest::Client::new()
@@ -90,7 +71,10 @@ async fn settles_input_estimate_plus_completion_tokens(stream: bool) {
     assert!(body.contains("Hello there"), "{body}");
     gw.settled().await;
     assert!(input > 5, "a real prompt: {input}");
-    assert_eq!(quota_used(&gw), input + COMPLETION_TOKENS);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input + COMPLETION_TOKENS
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

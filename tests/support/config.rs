@@ -38,49 +38,50 @@ pub fn limits() -> Limits {
     Limits::default()
 }
 
-/// Setters for every limit of a scope.
+/// Setters for every limit of a scope (a negative limit, for a test of
+/// validation, is set on the field itself).
 pub trait LimitsExt {
-    fn rpm(self, n: i64) -> Self;
-    fn tpm(self, n: i64) -> Self;
-    fn rpm_burst(self, n: i64) -> Self;
-    fn tpm_burst(self, n: i64) -> Self;
-    fn max_concurrent(self, n: i64) -> Self;
-    fn tokens_per_day(self, n: i64) -> Self;
-    fn tokens_per_month(self, n: i64) -> Self;
-    fn requests_per_day(self, n: i64) -> Self;
+    fn rpm(self, n: u64) -> Self;
+    fn tpm(self, n: u64) -> Self;
+    fn rpm_burst(self, n: u64) -> Self;
+    fn tpm_burst(self, n: u64) -> Self;
+    fn max_concurrent(self, n: u64) -> Self;
+    fn tokens_per_day(self, n: u64) -> Self;
+    fn tokens_per_month(self, n: u64) -> Self;
+    fn requests_per_day(self, n: u64) -> Self;
 }
 
 impl LimitsExt for Limits {
-    fn rpm(mut self, n: i64) -> Self {
-        self.rpm = Some(n);
+    fn rpm(mut self, n: u64) -> Self {
+        self.rpm = Some(n as i64);
         self
     }
-    fn tpm(mut self, n: i64) -> Self {
-        self.tpm = Some(n);
+    fn tpm(mut self, n: u64) -> Self {
+        self.tpm = Some(n as i64);
         self
     }
-    fn rpm_burst(mut self, n: i64) -> Self {
-        self.rpm_burst = Some(n);
+    fn rpm_burst(mut self, n: u64) -> Self {
+        self.rpm_burst = Some(n as i64);
         self
     }
-    fn tpm_burst(mut self, n: i64) -> Self {
-        self.tpm_burst = Some(n);
+    fn tpm_burst(mut self, n: u64) -> Self {
+        self.tpm_burst = Some(n as i64);
         self
     }
-    fn max_concurrent(mut self, n: i64) -> Self {
-        self.max_concurrent = Some(n);
+    fn max_concurrent(mut self, n: u64) -> Self {
+        self.max_concurrent = Some(n as i64);
         self
     }
-    fn tokens_per_day(mut self, n: i64) -> Self {
-        self.tokens_per_day = Some(n);
+    fn tokens_per_day(mut self, n: u64) -> Self {
+        self.tokens_per_day = Some(n as i64);
         self
     }
-    fn tokens_per_month(mut self, n: i64) -> Self {
-        self.tokens_per_month = Some(n);
+    fn tokens_per_month(mut self, n: u64) -> Self {
+        self.tokens_per_month = Some(n as i64);
         self
     }
-    fn requests_per_day(mut self, n: i64) -> Self {
-        self.requests_per_day = Some(n);
+    fn requests_per_day(mut self, n: u64) -> Self {
+        self.requests_per_day = Some(n as i64);
         self
     }
 }
@@ -152,14 +153,14 @@ impl TestConfig {
     /// `gpt-4o-mini` (o200k_base, default output `default_out`, at most
     /// 4096) and `text-embedding-3-small` (cl100k_base); tenant `t1` with
     /// key `k1` = [`KEY`] and `tenant_limits`; stream extension step 256.
-    pub fn standard(upstream_base: &str, default_out: i64, tenant_limits: Limits) -> Self {
+    pub fn standard(upstream_base: &str, default_out: u64, tenant_limits: Limits) -> Self {
         let mut c = TestConfig::new();
         c.estimation.stream_extension_step = Some(256);
         c.upstreams
             .push(upstream("mock", Kind::SelfHosted, upstream_base));
         c.models.push(RawModel {
             encoding: Some("o200k_base".into()),
-            default_max_output_tokens: Some(default_out),
+            default_max_output_tokens: Some(default_out as i64),
             max_output_tokens: Some(4096),
             ..model("gpt-4o-mini", &["mock"])
         });
@@ -176,6 +177,19 @@ impl TestConfig {
         self.store.kind = Some("redis".into());
         self.store.url = Some(url.into());
         self
+    }
+
+    /// [`TestConfig::redis`] as a fleet of gateways shares it: keys under
+    /// `key_prefix`, a 2 s store timeout, every tenant fail-closed (a
+    /// gateway that cannot reach the store refuses instead of guessing).
+    pub fn redis_fleet(self, url: &str, key_prefix: &str) -> Self {
+        let mut c = self.redis(url);
+        c.store.timeout_ms = Some(2000);
+        c.store.key_prefix = Some(key_prefix.into());
+        for t in &mut c.0.tenants {
+            t.on_store_error = Some("fail_closed".into());
+        }
+        c
     }
 
     /// Adds a tenant.

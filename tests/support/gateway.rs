@@ -146,31 +146,39 @@ impl Gateway {
     }
 
     /// The budget specs of `scope`'s limits under the active policy.
-    /// Scopes: a tenant, an upstream, a tenant's key (`Scope::Key`), a
-    /// tenant's model (`Scope::TenantModel`).
     pub fn budgets(&self, scope: Scope) -> Vec<BudgetSpec> {
         let policy = self.state.policy.load_full();
         let ks = AppState::key_space(&policy);
-        let (limits, refund_unused) = match &scope {
-            Scope::Tenant(t) => {
-                let t = policy
-                    .tenants
-                    .iter()
-                    .find(|x| x.name.as_str() == &**t)
-                    .unwrap_or_else(|| panic!("no tenant {t}"));
-                (t.limits.clone(), true)
-            }
-            Scope::Upstream(u) => {
-                let u = policy
-                    .upstreams
-                    .iter()
-                    .find(|x| x.name.as_str() == &**u)
-                    .unwrap_or_else(|| panic!("no upstream {u}"));
-                (u.limits.clone(), true)
-            }
-            other => panic!("no limits lookup for {other:?} yet"),
+        let tenant = |t: &str| {
+            policy
+                .tenants
+                .iter()
+                .find(|x| x.name == t)
+                .unwrap_or_else(|| panic!("no tenant {t}"))
         };
-        plan::scope_budgets(&ks, scope, &limits, refund_unused)
+        let limits = match &scope {
+            Scope::Tenant(t) => tenant(t).limits.clone(),
+            Scope::Key(t, k) => tenant(t)
+                .keys
+                .iter()
+                .find(|x| x.id == **k)
+                .unwrap_or_else(|| panic!("no key {t}/{k}"))
+                .limits
+                .clone(),
+            Scope::TenantModel(t, m) => tenant(t)
+                .model_limits
+                .get(&**m)
+                .unwrap_or_else(|| panic!("no limits of {t} for {m}"))
+                .clone(),
+            Scope::Upstream(u) => policy
+                .upstreams
+                .iter()
+                .find(|x| x.name == **u)
+                .unwrap_or_else(|| panic!("no upstream {u}"))
+                .limits
+                .clone(),
+        };
+        plan::scope_budgets(&ks, scope, &limits, true)
     }
 
     /// The state of budget `name` of `scope`, read from the store.
@@ -197,6 +205,11 @@ impl Gateway {
     /// What is left of budget `name` of tenant `t1`.
     pub async fn t1(&self, name: BudgetName) -> i64 {
         self.remaining(Scope::Tenant("t1".into()), name).await
+    }
+
+    /// How much of budget `name` of tenant `t1` is used (limit − remaining).
+    pub async fn t1_used(&self, name: BudgetName) -> u64 {
+        self.used(Scope::Tenant("t1".into()), name).await
     }
 
     /// How much of budget `name` of `scope` is used (limit − remaining).

@@ -62,16 +62,19 @@ pub async fn post_chat(gw: &(impl Endpoint + ?Sized), key: &str, body: &Value) -
         .expect("gateway reachable")
 }
 
-/// Sends `POST /v1/chat/completions` with [`hi`]`(5)`, bounded by 5 s
-/// (no request may hang); returns the status.
-pub async fn post_hi(gw: &(impl Endpoint + ?Sized), key: &str) -> u16 {
+/// Sends `POST /v1/chat/completions` with [`hi`]`(5)` as `key`, bounded
+/// by 5 s (no request may hang).
+pub async fn send_hi(gw: &(impl Endpoint + ?Sized), key: &str) -> Response {
     chat_request(gw, key, &hi(5))
         .timeout(Duration::from_secs(5))
         .send()
         .await
         .expect("no request hangs")
-        .status()
-        .as_u16()
+}
+
+/// [`send_hi`]'s status.
+pub async fn post_hi(gw: &(impl Endpoint + ?Sized), key: &str) -> u16 {
+    send_hi(gw, key).await.status().as_u16()
 }
 
 /// Sends `POST /v1/chat/completions`; returns status, JSON body (`null`
@@ -136,8 +139,8 @@ pub fn header_u64(r: &Response, name: &str) -> u64 {
 }
 
 /// The `data:` payloads of an LF-framed SSE body (`[DONE]` kept as text).
-pub fn sse_data(body: &[u8]) -> Vec<String> {
-    String::from_utf8_lossy(body)
+pub fn sse_data(body: &(impl AsRef<[u8]> + ?Sized)) -> Vec<String> {
+    String::from_utf8_lossy(body.as_ref())
         .split("\n\n")
         .filter_map(|frame| frame.strip_prefix("data: "))
         .map(str::to_string)
@@ -145,12 +148,25 @@ pub fn sse_data(body: &[u8]) -> Vec<String> {
 }
 
 /// The JSON chunks of an LF-framed SSE body (`[DONE]` left out).
-pub fn sse_chunks(body: &[u8]) -> Vec<Value> {
+pub fn sse_chunks(body: &(impl AsRef<[u8]> + ?Sized)) -> Vec<Value> {
     sse_data(body)
         .iter()
         .filter(|d| d.as_str() != "[DONE]")
         .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("chunk is not JSON ({e}): {d}")))
         .collect()
+}
+
+/// How many of `chunks` carry content (a non-empty `delta.content` of
+/// their first choice).
+pub fn content_chunks(chunks: &[Value]) -> usize {
+    chunks
+        .iter()
+        .filter(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .count()
 }
 
 /// The parsed Prometheus exposition of a gateway.

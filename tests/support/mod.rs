@@ -14,7 +14,6 @@
 pub mod config;
 pub mod gateway;
 pub mod http;
-pub mod legacy;
 #[path = "../../examples/mock_upstream.rs"]
 pub mod mock_upstream;
 pub mod process;
@@ -32,6 +31,11 @@ pub const KEY: &str = "sk-test-budgetgate";
 
 /// 2026-11-30T12:00:00Z in UTC microseconds: mid-day, far from a quota boundary.
 pub const NOON: u64 = 1_796_040_000_000_000;
+
+/// `rel` inside the repository (`""`: its root).
+pub fn repo_path(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
 
 /// The gateway's input-token estimate of a `gpt-4o-mini` (o200k_base) chat body.
 pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {

@@ -4,7 +4,7 @@
 //! Semantics are those of [`super::memory::MemoryStore`], reproduced exactly:
 //! the scripts in `lua/` mirror its decisions and the integer arithmetic of
 //! [`super::bucket`] and [`super::calendar`] line for line (DESIGN sections 2
-//! and 3). The conformance suite (`tests/store_conformance.rs`) and the
+//! and 3). The conformance suite (`tests/it/store_conformance.rs`) and the
 //! differential property test run both stores side by side.
 //!
 //! Modules, one seam each: `scripts` (assembly of the Lua sources), `conn`

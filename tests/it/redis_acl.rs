@@ -4,18 +4,13 @@
 //! line — reservations, settlements, a stream with its extensions, the
 //! admin list, readiness — and Redis logs no permission denial.
 
-mod common;
-#[path = "support/process.rs"]
-mod process;
-
 use std::path::Path;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
-use common::redis_server::RedisServer;
-use common::{config, start_mock, KEY};
-use process::GatewayProcess;
+use crate::support::redis_server::RedisServer;
+use crate::support::*;
 
 const PASSWORD: &str = "acl-test-password";
 const ADMIN: &str = "acl-admin-token";
@@ -46,15 +41,21 @@ async fn the_gateway_runs_as_the_documented_redis_user() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("gw.toml");
-    std::fs::write(
-        &cfg,
-        config(&mock.base_url(), 30, "rpm = 100, tpm = 100000, max_concurrent = 4, tokens_per_day = 1000000", "")
-            + &format!(
-                "\n[store]\nkind = \"redis\"\nurl = \"redis://budgetgate:{PASSWORD}@127.0.0.1:{}/0\"\ntimeout_ms = 1000\n",
-                redis.port()
-            ),
+    let mut config = TestConfig::standard(
+        &mock.base_url(),
+        30,
+        limits()
+            .rpm(100)
+            .tpm(100_000)
+            .max_concurrent(4)
+            .tokens_per_day(1_000_000),
     )
-    .unwrap();
+    .redis(&format!(
+        "redis://budgetgate:{PASSWORD}@127.0.0.1:{}/0",
+        redis.port()
+    ));
+    config.store.timeout_ms = Some(1000);
+    config.write_to(&cfg);
     let gw = GatewayProcess::start(&cfg, &[("BUDGETGATE_ADMIN_TOKEN", ADMIN)]).await;
     let client = reqwest::Client::new();
     let chat = |stream: bool, max_tokens: Option<u64>| {
@@ -95,12 +96,8 @@ async fn the_gateway_runs_as_the_documented_redis_user() {
         redis.cli(&["ACL", "LOG"]),
         gw.dump_logs()
     );
-    let list: Value = client
-        .get(format!("{}/admin/v1/budgets", gw.root))
-        .bearer_auth(ADMIN)
-        .send()
+    let list: Value = admin_get(&gw, "/admin/v1/budgets", Some(ADMIN))
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
