@@ -47,6 +47,7 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
     pub fallback_share: Option<f64>,
+    pub snapshot_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

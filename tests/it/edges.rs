@@ -8,69 +8,24 @@ use std::time::{Duration, Instant};
 
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
-use budgetgate::config::raw::RawServer;
-use budgetgate::reservation::plan;
-use budgetgate::reserve::{BudgetName, BudgetSpec};
-use budgetgate::server::AppState;
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
 
 /// One deployment `mock` of `kind`, model `gpt-4o-mini` with `max_output`,
-/// tenant t1 with a large daily quota (to read what was settled); `server`
-/// sets `[server]` fields.
-fn edge_config(
-    upstream: &str,
-    kind: &str,
-    max_output: u64,
-    server: impl FnOnce(&mut RawServer),
-) -> TestConfig {
-    named_config(upstream, "mock", kind, max_output, server)
+/// tenant t1 with a large daily quota (to read what was settled).
+fn edge_config(upstream: &str, kind: Kind, max_output: u64) -> TestConfig {
+    named_config(upstream, "mock", kind, max_output)
 }
 
 /// [`edge_config`] with the deployment named `name` (metrics are global to
 /// the test process: each metric test has its own deployment).
-fn named_config(
-    upstream: &str,
-    name: &str,
-    kind: &str,
-    max_output: u64,
-    server: impl FnOnce(&mut RawServer),
-) -> TestConfig {
-    let mut c = TestConfig::standard(upstream, 32, limits().tokens_per_day(10_000_000));
-    c.estimation.stream_extension_step = Some(64);
-    c.rename_upstream("mock", name);
-    c.upstream(name).kind = Some(kind.into());
-    c.model("gpt-4o-mini").max_output_tokens = Some(max_output as i64);
-    server(&mut c.server);
-    c
-}
-
-fn no_server_change(_: &mut RawServer) {}
-
-async fn start_config(c: &TestConfig) -> Gateway {
-    c.start().await
-}
-
-/// Tokens used from tenant t1's `tokens_per_day` quota.
-fn quota_used(gw: &Gateway) -> u64 {
-    let policy = gw.state.policy.load_full();
-    let ks = AppState::key_space(&policy);
-    let (tenant, key) = policy.authenticate(KEY).expect("test key");
-    let model = policy.model("gpt-4o-mini").expect("model");
-    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
-        .into_iter()
-        .filter(|s| s.name == BudgetName::TokensPerDay)
-        .collect();
-    let state = gw
-        .memory()
-        .inspect_sync(&specs)
-        .pop()
-        .expect("tokens_per_day");
-    (state.limit as i64 - state.remaining) as u64
-}
-
-/// Waits until every hold is settled and every settlement task has run.
-async fn all_settled(gw: &Gateway) {
-    gw.all_settled().await;
+fn named_config(upstream: &str, name: &str, kind: Kind, max_output: u64) -> TestConfig {
+    let mut config = TestConfig::standard(upstream, 32, limits().tokens_per_day(10000000));
+    config.estimation.stream_extension_step = Some(64);
+    config.model("gpt-4o-mini").max_output_tokens = Some(max_output as i64);
+    config.upstream("mock").kind = Some(kind.name().into());
+    config.rename_upstream("mock", name);
+    config
 }
 
 fn messages() -> Value {
@@ -79,16 +34,6 @@ fn messages() -> Value {
 
 fn input_tokens() -> u64 {
     chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": messages()}))
-}
-
-async fn sdk_stream(gw: &Gateway, kwargs: &Value) -> Value {
-    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
-        .await
-        .json()
-}
-
-fn deltas(r: &Value) -> u64 {
-    r["deltas"]["0"].as_u64().unwrap_or(0)
 }
 
 async fn over_cap_count(gw: &Gateway, deployment: &str, response: &str) -> f64 {
@@ -108,9 +53,12 @@ async fn time_limit_case(client_usage: bool) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(1000);
     mock.state.set_token_delay(Duration::from_millis(20));
-    let gw = start_config(&edge_config(&mock.base_url(), "self_hosted", 4096, |s| {
-        s.max_request_secs = Some(2)
-    }))
+    let gw = {
+        let mut config = edge_config(&mock.base_url(), Kind::SelfHosted, 4096);
+        config.server.max_request_secs = Some(2);
+        config
+    }
+    .start()
     .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages()});
     if client_usage {
@@ -124,7 +72,7 @@ async fn time_limit_case(client_usage: bool) {
         "the SDK parsed the time-limit cutoff without an exception: {r}"
     );
     assert_eq!(r["finish"]["0"], "length", "clean cutoff: {r}");
-    let delivered = deltas(&r);
+    let delivered = deltas(&r, "0");
     // 20 ms per token: about 100 tokens in the 2 s the request may take.
     assert!(
         delivered > 10 && delivered < 150,
@@ -136,9 +84,9 @@ async fn time_limit_case(client_usage: bool) {
     } else {
         assert_eq!(r["usage_chunks"], 0, "{r}");
     }
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         input_tokens() + delivered,
         "settled what was delivered"
     );
@@ -163,13 +111,9 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
     let mock = start_mock().await;
     mock.state.set_output_tokens(40);
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_config(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        no_server_change,
-    ))
-    .await;
+    let gw = edge_config(&mock.base_url(), Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let r = sdk_stream(
         &gw,
         &json!({"model": "gpt-4o-mini", "messages": messages(),
@@ -189,8 +133,11 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
     )
     .await;
     assert_eq!(r["usage_chunks"], 0, "{r}");
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), 2 * (input_tokens() + 40));
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        2 * (input_tokens() + 40)
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -201,21 +148,16 @@ async fn client_that_asked_for_usage_gets_the_gateways_count_when_the_upstream_s
 /// `max_completion_tokens` and streams past it.
 async fn over_cap_case(
     name: &str,
-    kind: &str,
+    kind: Kind,
     client_cap: Option<u64>,
     model_max: u64,
 ) -> (Value, Gateway) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(400);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_config(&named_config(
-        &mock.base_url(),
-        name,
-        kind,
-        model_max,
-        no_server_change,
-    ))
-    .await;
+    let gw = named_config(&mock.base_url(), name, kind, model_max)
+        .start()
+        .await;
     let mut kwargs = json!({"model": "gpt-4o-mini", "messages": messages(),
                             "stream_options": {"include_usage": true}});
     if let Some(cap) = client_cap {
@@ -226,7 +168,7 @@ async fn over_cap_case(
         r["error"].is_null(),
         "the SDK parsed the stream without an exception: {r}"
     );
-    all_settled(&gw).await;
+    gw.all_settled().await;
     let sent = &mock.state.requests()[0].body;
     assert!(
         sent.get("max_tokens").is_none(),
@@ -237,31 +179,41 @@ async fn over_cap_case(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance() {
-    let (r, gw) = over_cap_case("capped", "self_hosted", Some(100), 4096).await;
+    let (r, gw) = over_cap_case("capped", Kind::SelfHosted, Some(100), 4096).await;
     // Tolerance max(2 % of 100, one delta of 1 token) = 2.
-    assert_eq!(deltas(&r), 102, "cut off at cap + tolerance: {r}");
+    assert_eq!(deltas(&r, "0"), 102, "cut off at cap + tolerance: {r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
     assert_eq!(r["usage"]["completion_tokens"], 102, "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 102);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 102
+    );
     assert_eq!(over_cap_count(&gw, "capped", "stream_cut_off").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream() {
-    let (r, gw) = over_cap_case("uncapped", "self_hosted", None, 200).await;
+    let (r, gw) = over_cap_case("uncapped", Kind::SelfHosted, None, 200).await;
     // The gateway sent max_completion_tokens = 200; tolerance 4.
-    assert_eq!(deltas(&r), 204, "{r}");
+    assert_eq!(deltas(&r, "0"), 204, "{r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 204);
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 204
+    );
     assert_eq!(over_cap_count(&gw, "uncapped", "stream_cut_off").await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_streams_are_never_cut_before_the_upstreams_finish() {
-    let (r, gw) = over_cap_case("trusted", "openai", Some(100), 4096).await;
-    assert_eq!(deltas(&r), 400, "{r}");
+    let (r, gw) = over_cap_case("trusted", Kind::Openai, Some(100), 4096).await;
+    assert_eq!(deltas(&r, "0"), 400, "{r}");
     assert_eq!(r["finish"]["0"], "stop", "{r}");
-    assert_eq!(quota_used(&gw), input_tokens() + 400, "the excess is debt");
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        input_tokens() + 400,
+        "the excess is debt"
+    );
     assert_eq!(over_cap_count(&gw, "trusted", "stream_cut_off").await, 0.0);
 }
 
@@ -270,14 +222,9 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(120);
     mock.state.set_fault(Some(Fault::MaxTokensOnly));
-    let gw = start_config(&named_config(
-        &mock.base_url(),
-        "debtor",
-        "self_hosted",
-        4096,
-        no_server_change,
-    ))
-    .await;
+    let gw = named_config(&mock.base_url(), "debtor", Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let resp = reqwest::Client::new()
         .post(format!("{}/chat/completions", gw.base_url()))
         .bearer_auth(KEY)
@@ -288,9 +235,9 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
     assert_eq!(resp.status(), 200);
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["usage"]["completion_tokens"], 120);
-    all_settled(&gw).await;
+    gw.all_settled().await;
     assert_eq!(
-        quota_used(&gw),
+        gw.t1_used(BudgetName::TokensPerDay).await,
         body["usage"]["total_tokens"].as_u64().unwrap()
     );
     assert_eq!(over_cap_count(&gw, "debtor", "answer_debt").await, 1.0);
@@ -300,18 +247,18 @@ async fn whole_answer_over_the_cap_settles_as_debt_and_is_counted() {
 // Finding 3: credentials are never forwarded
 // ---------------------------------------------------------------------------
 
-/// A config whose deployment forwards `forward` (and `credentials`; JSON arrays).
-fn forwarding_config(upstream: &str, forward: &str, credentials: &str) -> TestConfig {
-    let mut c = edge_config(upstream, "self_hosted", 4096, no_server_change);
-    let u = c.upstream("mock");
-    u.forward_client_headers = serde_json::from_str(forward).expect("a JSON array");
-    u.forward_credential_headers = serde_json::from_str(credentials).expect("a JSON array");
-    c
+/// A config whose deployment forwards `forward`, of which `credentials`
+/// are listed as credentials.
+fn forwarding_config(upstream: &str, forward: &[&str], credentials: &[&str]) -> TestConfig {
+    let mut config = edge_config(upstream, Kind::SelfHosted, 4096);
+    let up = config.upstream("mock");
+    up.forward_client_headers = forward.iter().map(|h| h.to_string()).collect();
+    up.forward_credential_headers = credentials.iter().map(|h| h.to_string()).collect();
+    config
 }
 
-fn load_error(c: &TestConfig) -> String {
-    let toml = c.render();
-    match budgetgate::config::Policy::from_toml(&toml) {
+fn load_error(toml: &str) -> String {
+    match budgetgate::config::Policy::from_toml(toml) {
         Ok(_) => panic!("config accepted: {toml}"),
         Err(e) => e.to_string(),
     }
@@ -331,7 +278,7 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
         "x-vendor-secret",
         "x-partner-key",
     ] {
-        let e = load_error(&forwarding_config(base, &format!("[\"{h}\"]"), "[]"));
+        let e = load_error(&forwarding_config(base, &[h], &[]).render());
         assert!(
             e.contains(&format!("{:?}", h.to_ascii_lowercase())),
             "names the header: {e}"
@@ -341,10 +288,8 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
             "names the explicit list: {e}"
         );
         // Named in the explicit list too, it is accepted.
-        budgetgate::config::Policy::from_toml(
-            &forwarding_config(base, &format!("[\"{h}\"]"), &format!("[\"{h}\"]")).render(),
-        )
-        .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
+        budgetgate::config::Policy::from_toml(&forwarding_config(base, &[h], &[h]).render())
+            .unwrap_or_else(|e| panic!("{h} in both lists: {e}"));
     }
     // The key's own headers and the gateway's are refused in either list.
     for h in [
@@ -354,19 +299,15 @@ fn credential_headers_are_refused_at_load_unless_listed_as_credentials() {
         "host",
         "content-encoding",
     ] {
-        let e = load_error(&forwarding_config(
-            base,
-            &format!("[\"{h}\"]"),
-            &format!("[\"{h}\"]"),
-        ));
+        let e = load_error(&forwarding_config(base, &[h], &[h]).render());
         assert!(e.contains("cannot be forwarded"), "{h}: {e}");
     }
     // A credential list entry that is not forwarded is a mistake.
-    let e = load_error(&forwarding_config(base, "[]", "[\"x-api-key\"]"));
-    assert!(e.contains("is not forwarded"), "{e}");
+    let e = load_error(&forwarding_config(base, &[], &["x-api-key"]).render());
+    assert!(e.contains("not in"), "{e}");
     // Ordinary headers pass.
     budgetgate::config::Policy::from_toml(
-        &forwarding_config(base, "[\"openai-organization\", \"OpenAI-Project\"]", "[]").render(),
+        &forwarding_config(base, &["openai-organization", "OpenAI-Project"], &[]).render(),
     )
     .expect("ordinary headers");
 }
@@ -377,7 +318,7 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
     let path = dir.path().join("forward.toml");
     std::fs::write(
         &path,
-        forwarding_config("http://127.0.0.1:9", "[\"x-api-key\"]", "[]").render(),
+        forwarding_config("http://127.0.0.1:9", &["x-api-key"], &[]).render(),
     )
     .expect("write");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
@@ -399,11 +340,12 @@ fn check_config_names_the_credential_header_and_the_explicit_list() {
 async fn no_client_credential_reaches_the_upstream_on_any_route() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(4);
-    let gw = start_config(&forwarding_config(
+    let gw = forwarding_config(
         &mock.base_url(),
-        "[\"openai-organization\", \"x-api-key\"]",
-        "[\"x-api-key\"]",
-    ))
+        &["openai-organization", "x-api-key"],
+        &["x-api-key"],
+    )
+    .start()
     .await;
     let client = reqwest::Client::new();
     let chat = json!({"model": "gpt-4o-mini", "messages": messages()});
@@ -479,11 +421,10 @@ async fn no_client_credential_reaches_the_upstream_on_any_route() {
 // Finding 2: both header families on every refusal
 // ---------------------------------------------------------------------------
 
-/// [`edge_config`] with tenant t1's limits `limits` (a TOML inline table body).
-fn limits_config(upstream: &str, limits: &str) -> TestConfig {
-    let mut c = edge_config(upstream, "self_hosted", 4096, no_server_change);
-    c.tenant("t1").limits = toml::from_str(&limits.replace(", ", "\n")).expect("limits");
-    c
+fn limits_config(upstream: &str, tenant_limits: Limits) -> TestConfig {
+    let mut config = edge_config(upstream, Kind::SelfHosted, 4096);
+    config.tenant("t1").limits = tenant_limits;
+    config
 }
 
 async fn chat_status(gw: &Gateway, max_tokens: u64) -> reqwest::Response {
@@ -538,11 +479,13 @@ fn assert_both_families(resp: &reqwest::Response, rpm: u64, tpm: u64, what: &str
 async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_only_their_own() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(600);
-    let gw = start_config(&limits_config(&mock.base_url(), "tpm = 1000, rpm = 100")).await;
+    let gw = limits_config(&mock.base_url(), limits().tpm(1000).rpm(100))
+        .start()
+        .await;
     let first = chat_status(&gw, 600).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
-    all_settled(&gw).await;
+    gw.all_settled().await;
     // About 620 of 1000 tokens spent: another 600 does not fit (the store refuses).
     let refused = chat_status(&gw, 600).await;
     assert_both_families(&refused, 100, 1000, "TPM refusal from the store");
@@ -561,7 +504,9 @@ async fn token_refusals_carry_the_request_family_too_and_deny_cache_refusals_onl
 async fn request_refusals_carry_the_token_family_too() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_config(&limits_config(&mock.base_url(), "tpm = 50000, rpm = 1")).await;
+    let gw = limits_config(&mock.base_url(), limits().tpm(50000).rpm(1))
+        .start()
+        .await;
     let first = chat_status(&gw, 10).await;
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
@@ -575,10 +520,11 @@ async fn request_refusals_carry_the_token_family_too() {
 async fn impossible_and_concurrency_refusals_carry_both_families() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
-    let gw = start_config(&limits_config(
+    let gw = limits_config(
         &mock.base_url(),
-        "tpm = 1000, rpm = 100, max_concurrent = 1",
-    ))
+        limits().tpm(1000).rpm(100).max_concurrent(1),
+    )
+    .start()
     .await;
     // Larger than the TPM capacity: impossible.
     let refused = chat_status(&gw, 2000).await;
@@ -661,9 +607,12 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
     // No upstream usage: the settlement is the gateway's estimate of the
     // prompt plus its count of the output.
     mock.state.set_fault(Some(Fault::MissingUsage));
-    let gw = start_config(&edge_config(&mock.base_url(), "self_hosted", 4096, |s| {
-        s.max_body_bytes = Some(4_194_304)
-    }))
+    let gw = {
+        let mut config = edge_config(&mock.base_url(), Kind::SelfHosted, 4096);
+        config.server.max_body_bytes = Some(4194304);
+        config
+    }
+    .start()
     .await;
 
     // 3 MB of gzip that decodes to 5 MB: over the 4 MiB cap once decoded.
@@ -688,8 +637,11 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
     let resp = post_encoded(&gw, "GZip", gzip(small.to_string().as_bytes())).await;
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-    all_settled(&gw).await;
-    assert_eq!(quota_used(&gw), chat_input_tokens(&small) + 3);
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        chat_input_tokens(&small) + 3
+    );
     let sent = &mock.state.requests()[0];
     assert!(sent.header("content-encoding").is_none());
     assert_eq!(sent.body["messages"][0]["content"], text.as_str());
@@ -702,13 +654,9 @@ async fn gzip_bodies_are_capped_decoded_answered_and_estimated_on_the_decoded_by
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_stacked_and_corrupt_encodings_get_the_dialects_error_body() {
     let mock = start_mock().await;
-    let gw = start_config(&edge_config(
-        &mock.base_url(),
-        "self_hosted",
-        4096,
-        no_server_change,
-    ))
-    .await;
+    let gw = edge_config(&mock.base_url(), Kind::SelfHosted, 4096)
+        .start()
+        .await;
     let plain = json!({"model": "gpt-4o-mini", "messages": messages()}).to_string();
     for (encoding, body, status, code) in [
         (

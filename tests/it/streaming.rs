@@ -376,17 +376,6 @@ fn msgs(text: &str) -> Value {
     json!([{"role": "system", "content": "You are a storyteller."}, {"role": "user", "content": text}])
 }
 
-/// Runs `stream_collect.py` with `kwargs` (JSON object) and returns its report.
-async fn sdk_stream(gw: &Gateway, kwargs: &Value) -> Value {
-    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
-        .await
-        .json()
-}
-
-fn deltas(r: &Value, choice: &str) -> u64 {
-    r["deltas"][choice].as_u64().unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------
 // Cutoff and extension
 // ---------------------------------------------------------------------------
@@ -1037,6 +1026,9 @@ impl BudgetStore for CountingStore {
     }
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.inner.settle(id, s).await
+    }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, ttl).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await

@@ -75,16 +75,19 @@ pub(super) fn forwarded_headers(
     for (j, h) in forward.iter().enumerate() {
         let h = h.to_ascii_lowercase();
         let at = format!("{path}.forward_client_headers[{j}]");
-        let invalid = axum::http::HeaderName::from_bytes(h.as_bytes()).is_err();
-        if invalid || is_never_forwarded(&h) {
-            // Not a header name, a header of the client's key, or the gateway's own.
-            v.err(at, format!("{h:?} cannot be forwarded"));
+        if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+            v.err(at, format!("{h:?} is not a header name"));
+        } else if is_never_forwarded(&h) {
+            v.err(
+                at,
+                format!("{h:?} cannot be forwarded: it carries the client's gateway key or is the gateway's own header"),
+            );
         } else if is_credential(&h) && !allowed.contains(&h) {
-            let list = format!("{path}.forward_credential_headers");
             v.err(
                 at,
                 format!(
-                    "{h:?} carries credentials: it is forwarded only when also named in {list}"
+                    "{h:?} carries credentials and is never forwarded by default; to forward it anyway, \
+                     name it in {path}.forward_credential_headers too"
                 ),
             );
         } else if !out.contains(&h) {
@@ -94,10 +97,17 @@ pub(super) fn forwarded_headers(
     for (j, h) in allowed.iter().enumerate() {
         let at = format!("{path}.forward_credential_headers[{j}]");
         if is_never_forwarded(h) {
-            v.err(at, format!("{h:?} cannot be forwarded"));
+            v.err(
+                at,
+                format!("{h:?} cannot be forwarded: it carries the client's gateway key or is the gateway's own header"),
+            );
         } else if !out.contains(h) {
-            let list = format!("{path}.forward_client_headers");
-            v.err(at, format!("{h:?} is not forwarded: name it in {list} too"));
+            v.err(
+                at,
+                format!(
+                    "{h:?} is not in {path}.forward_client_headers: list it there to forward it"
+                ),
+            );
         }
     }
     out
