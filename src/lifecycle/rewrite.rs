@@ -33,7 +33,8 @@ pub fn upstream_body(
             Some(client) => client,
             None if p.stream && !model.reasoning => model.max_output_tokens,
             None => p.estimate.output_tokens_per_choice,
-        };
+        }
+        .max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         }
@@ -41,7 +42,7 @@ pub fn upstream_body(
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).
-        if p.stream {
+        if p.stream && dialect.asks_stream_usage() {
             let mut opts: Map<String, Value> = top
                 .iter()
                 .rfind(|(k, _)| k == "stream_options")
