@@ -131,7 +131,11 @@ pub async fn handle(
     let Some(body) = body.filter(Value::is_object) else {
         return bad_param("body", "The request body must be a JSON object.");
     };
-    let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_string) else {
+    let Some(model) = body
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
         return bad_param("model", "you must provide a model parameter");
     };
     let bpe = bpe_for(&model);
@@ -158,18 +162,13 @@ pub async fn handle(
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
             Some(c) if c >= 16 => Some(c),
-            _ => {
-                return bad_param(
-                    "max_output_tokens",
-                    "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16.",
-                )
-            }
+            _ => return bad_param(
+                "max_output_tokens",
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value >= 16.",
+            ),
         },
     };
-    if body
-        .pointer("/stream_options/include_usage")
-        .is_some()
-    {
+    if body.pointer("/stream_options/include_usage").is_some() {
         return bad_param(
             "stream_options.include_usage",
             "Unknown parameter: 'stream_options.include_usage'.",
@@ -263,10 +262,9 @@ fn tool_call(body: &Value) -> Option<String> {
     };
     match body.get("tool_choice") {
         Some(Value::String(s)) if s == "required" => first_function(),
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => o
-            .get("name")
-            .and_then(Value::as_str)
-            .map(str::to_string),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            o.get("name").and_then(Value::as_str).map(str::to_string)
+        }
         _ => None,
     }
 }
@@ -305,7 +303,13 @@ impl Plan {
         }
     }
 
-    fn response(&self, status: &str, output: Vec<Value>, usage: Option<Value>, _st: &MockState) -> Value {
+    fn response(
+        &self,
+        status: &str,
+        output: Vec<Value>,
+        usage: Option<Value>,
+        _st: &MockState,
+    ) -> Value {
         let b = &self.body;
         let get = |k: &str, d: Value| b.get(k).cloned().unwrap_or(d);
         let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
@@ -462,7 +466,12 @@ fn stream(st: &MockState, plan: Plan, fault: Option<Fault>) -> Response {
             } else {
                 send(&mut e, "response.function_call_arguments.done", json!({"item_id": plan.item_id, "output_index": 0, "arguments": plan.arguments()})).await?;
             }
-            send(&mut e, "response.output_item.done", json!({"output_index": 0, "item": item})).await?;
+            send(
+                &mut e,
+                "response.output_item.done",
+                json!({"output_index": 0, "item": item}),
+            )
+            .await?;
             lock(&stored).insert(plan.id.clone(), done.clone());
             let terminal = format!("response.{}", plan.final_status());
             send(&mut e, &terminal, json!({"response": done})).await?;

@@ -46,6 +46,8 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
     pub fallback_share: Option<f64>,
+    pub response_record_ttl_secs: Option<i64>,
+    pub max_response_records: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -105,6 +107,10 @@ pub struct RawModel {
     pub max_output_tokens: Option<i64>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
+    pub responses: Option<bool>,
+    #[serde(default)]
+    pub hosted_tools: Vec<String>,
+    pub allow_background: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,6 +127,10 @@ pub struct RawTenant {
     pub shadow: Option<bool>,
     #[serde(default)]
     pub shadow_limits: RawLimits,
+    pub allow_unrecorded_previous_response: Option<bool>,
+    pub unrecorded_previous_response_tokens: Option<i64>,
+    #[serde(default)]
+    pub allowed_provider_objects: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

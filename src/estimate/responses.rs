@@ -91,7 +91,8 @@ pub(super) fn input(
     if let Some(format) = body
         .get("text")
         .and_then(|t| t.get("format"))
-        .filter(|f| f.is_object()) {
+        .filter(|f| f.is_object())
+    {
         if format.get("type").and_then(Value::as_str) == Some("json_schema") {
             t.structured(json_tokens(enc, format.get("schema").unwrap_or(format)));
         }
@@ -170,12 +171,10 @@ fn item_tokens(
 /// Adds one content part of a message item.
 fn part_tokens(part: &Value, enc: Encoding, settings: &EstimateSettings, t: &mut Tally) {
     match part.get("type").and_then(Value::as_str) {
-        Some("input_text") | Some("output_text") | Some("text") => {
-            match part.get("text") {
-                Some(Value::String(s)) => t.exact(enc.count_cached(s)),
-                _ => t.structured(json_tokens(enc, part)),
-            }
-        }
+        Some("input_text") | Some("output_text") | Some("text") => match part.get("text") {
+            Some(Value::String(s)) => t.exact(enc.count_cached(s)),
+            _ => t.structured(json_tokens(enc, part)),
+        },
         Some("refusal") => t.exact(text_of(part.get("refusal"), enc)),
         Some("input_image") => t.flat = t.flat.saturating_add(settings.image_part_tokens),
         Some("input_file") | Some("input_audio") => {

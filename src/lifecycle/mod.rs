@@ -21,10 +21,12 @@ pub mod context;
 pub mod finish;
 pub mod forward;
 pub mod meter;
+pub mod owner;
 pub mod prepare;
 pub mod rewrite;
 pub mod route;
 pub mod settle;
+pub mod stored;
 
 use std::sync::Arc;
 

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use super::authenticate::Caller;
 use super::context::RequestContext;
+use super::owner;
 use crate::config::{ModelId, Policy};
+use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
 use crate::reservation::plan;
@@ -42,6 +44,8 @@ pub struct Prepared {
     pub plan: Arc<BudgetPlan>,
     /// Positions in `plan.upstreams` of the deployments that can serve the request.
     pub candidates: Vec<usize>,
+    /// Provider-side objects the body refers to (Responses).
+    pub references: References,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -64,6 +68,10 @@ pub async fn prepare(
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
         })??
     };
+    let mut prepared = prepared;
+    if prepared.references.previous_response_id.is_some() {
+        owner::resolve_previous(cx, &mut prepared).await?;
+    }
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     Ok(prepared)
@@ -133,6 +141,10 @@ fn parse(
         }
     };
     let model = policy.model_at(model_id);
+    let references = match dialect {
+        Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
+        _ => References::default(),
+    };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -203,5 +215,6 @@ fn parse(
         client_wants_usage,
         plan,
         candidates,
+        references,
     })
 }

@@ -35,6 +35,9 @@ pub enum ApiError {
     ModelNotFound(String),
     /// Unknown path (404).
     NotFound(String),
+    /// A stored response this tenant does not own, or that does not exist
+    /// (404, without an upstream call); the parameter that named it, if any.
+    ResponseNotFound(String, Option<&'static str>),
     /// A budget refused; retry later (429).
     RateLimited {
         /// The refusal.
@@ -155,7 +158,9 @@ impl ApiError {
             ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::ResponseNotFound(..) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -188,6 +193,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) => "not_found",
+            ApiError::ResponseNotFound(..) => "response_not_found",
             ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
                 "concurrency"
             }
@@ -255,6 +261,13 @@ impl IntoResponse for ApiError {
                 "invalid_request_error",
                 Some("model"),
                 Some("model_not_found"),
+            ),
+            ApiError::ResponseNotFound(id, param) => body(
+                status,
+                &format!("No response found with id '{}'.", id.chars().take(128).collect::<String>()),
+                "invalid_request_error",
+                param,
+                Some(if param.is_some() { "previous_response_not_found" } else { "not_found" }),
             ),
             ApiError::NotFound(path) => body(
                 status,

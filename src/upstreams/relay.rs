@@ -240,7 +240,10 @@ impl StreamProcessor {
         if o.created_id {
             self.new_object = self.events.response_id().map(str::to_string);
         }
-        if o.error || v.get("error").is_some_and(|e| !e.is_null() && v.get("type").is_none()) {
+        if o.error
+            || v.get("error")
+                .is_some_and(|e| !e.is_null() && v.get("type").is_none())
+        {
             self.errored = true;
         }
         FrameAction::Forward(raw)

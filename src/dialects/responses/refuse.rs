@@ -203,19 +203,40 @@ mod tests {
 
     #[test]
     fn refusals_name_the_field() {
-        assert_eq!(param(run(json!({"conversation": "conv_1"}), NONE)), "conversation");
-        assert_eq!(param(run(json!({"prompt": {"id": "pmpt_1"}}), NONE)), "prompt");
         assert_eq!(
-            param(run(json!({"input": [{"role":"user","content":[{"type":"input_file","file_id":"file-1"}]}]}), NONE)),
+            param(run(json!({"conversation": "conv_1"}), NONE)),
+            "conversation"
+        );
+        assert_eq!(
+            param(run(json!({"prompt": {"id": "pmpt_1"}}), NONE)),
+            "prompt"
+        );
+        assert_eq!(
+            param(run(
+                json!({"input": [{"role":"user","content":[{"type":"input_file","file_id":"file-1"}]}]}),
+                NONE
+            )),
             "input[0].content[0].file_id"
         );
-        assert_eq!(param(run(json!({"tools": [{"type":"web_search"}]}), NONE)), "tools[0].type");
-        assert_eq!(param(run(json!({"background": true}), NONE)), "background");
-        assert_eq!(param(run(json!({"max_output_tokens": 15}), NONE)), "max_output_tokens");
-        let tools = ["file_search".to_string()];
-        let rules = Rules { hosted_tools: &tools, ..NONE };
         assert_eq!(
-            param(run(json!({"tools": [{"type":"file_search","vector_store_ids":["vs_1"]}]}), rules)),
+            param(run(json!({"tools": [{"type":"web_search"}]}), NONE)),
+            "tools[0].type"
+        );
+        assert_eq!(param(run(json!({"background": true}), NONE)), "background");
+        assert_eq!(
+            param(run(json!({"max_output_tokens": 15}), NONE)),
+            "max_output_tokens"
+        );
+        let tools = ["file_search".to_string()];
+        let rules = Rules {
+            hosted_tools: &tools,
+            ..NONE
+        };
+        assert_eq!(
+            param(run(
+                json!({"tools": [{"type":"file_search","vector_store_ids":["vs_1"]}]}),
+                rules
+            )),
             "tools[0].vector_store_ids"
         );
         assert_eq!(
@@ -228,7 +249,11 @@ mod tests {
     fn allow_lists_relax_them() {
         let ids = ["file-1".to_string(), "vs_1".to_string()];
         let tools = ["file_search".to_string()];
-        let rules = Rules { allowed_objects: &ids, hosted_tools: &tools, allow_background: true };
+        let rules = Rules {
+            allowed_objects: &ids,
+            hosted_tools: &tools,
+            allow_background: true,
+        };
         let r = run(
             json!({"input": [{"role":"user","content":[{"type":"input_file","file_id":"file-1"}]}],
                    "tools": [{"type":"function","name":"f"},{"type":"file_search","vector_store_ids":["vs_1"]}],

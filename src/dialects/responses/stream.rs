@@ -131,7 +131,10 @@ impl StreamState {
             } else if !NOT_OUTPUT_DELTAS.contains(&kind) {
                 if !self.warned_unknown {
                     self.warned_unknown = true;
-                    tracing::warn!(event = kind, "unknown Responses delta event; counted as output");
+                    tracing::warn!(
+                        event = kind,
+                        "unknown Responses delta event; counted as output"
+                    );
                 }
                 out.output_tokens = enc.count(d);
             }
@@ -272,7 +275,8 @@ mod tests {
         let ev = s.cutoff_event(10, 2);
         let text = std::str::from_utf8(&ev).unwrap();
         assert!(text.starts_with("event: response.incomplete\ndata: "));
-        let v: Value = serde_json::from_str(text.trim_end().split_once("data: ").unwrap().1).unwrap();
+        let v: Value =
+            serde_json::from_str(text.trim_end().split_once("data: ").unwrap().1).unwrap();
         assert_eq!(v["sequence_number"], 6);
         assert_eq!(v["response"]["id"], "resp_1");
         assert_eq!(v["response"]["created_at"], 7);

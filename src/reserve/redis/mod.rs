@@ -42,6 +42,7 @@
 mod batch;
 mod conn;
 mod hold;
+pub mod records;
 mod scripts;
 mod store;
 mod wire;

@@ -1,0 +1,725 @@
+//! The OpenAI Responses API (`/v1/responses`) through the gateway and the
+//! simulated upstream: settlement from terminal events, the cutoff's
+//! `response.incomplete`, incomplete/failed/dropped streams, stored
+//! responses kept to their tenant and deployment, refusals, the
+//! `input_tokens` route, the cap and usage fields sent upstream, and
+//! per-kind upstream URLs and config checks.
+
+mod common;
+
+use budgetgate::config::{hash_key, Policy};
+use budgetgate::reservation::plan;
+use budgetgate::reserve::{BudgetName, BudgetSpec};
+use budgetgate::server::AppState;
+use common::mock_upstream::{Fault, MockUpstream};
+use common::*;
+use serde_json::{json, Value};
+
+const KEY2: &str = "sk-test-other-tenant";
+
+/// One upstream, model gpt-4o-mini (default output `default_out`), tenant
+/// t1 with `limits` and a daily quota to read charges from, tenant t2.
+fn cfg(mock: &MockUpstream, default_out: u64, limits: &str, extra_t1: &str) -> String {
+    let limits = if limits.is_empty() {
+        "tokens_per_day = 1000000, requests_per_day = 1000".to_string()
+    } else {
+        format!("tokens_per_day = 1000000, requests_per_day = 1000, {limits}")
+    };
+    config(
+        &mock.base_url(),
+        default_out,
+        &limits,
+        &format!(
+            "{extra_t1}\n[[tenants]]\nname = \"t2\"\nkeys = [{{ id = \"k2\", sha256 = \"{}\" }}]\nlimits = {{ tpm = 1000000 }}\n",
+            hash_key(KEY2)
+        ),
+    )
+}
+
+/// Used amount of t1's `name` budget.
+fn used(gw: &Gateway, name: BudgetName) -> u64 {
+    let policy = gw.state.policy.load_full();
+    let ks = AppState::key_space(&policy);
+    let (tenant, key) = policy.authenticate(KEY).expect("test key");
+    let model = policy.model("gpt-4o-mini").expect("model");
+    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
+        .into_iter()
+        .filter(|s| s.name == name)
+        .collect();
+    let state = gw.store.inspect_sync(&specs).pop().expect("budget");
+    (state.limit as i64 - state.remaining) as u64
+}
+
+fn tokens_used(gw: &Gateway) -> u64 {
+    used(gw, BudgetName::TokensPerDay)
+}
+
+async fn post(gw: &Gateway, key: &str, path: &str, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{}{path}", gw.base_url()))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn call(gw: &Gateway, key: &str, method: reqwest::Method, path: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .request(method, format!("{}{path}", gw.base_url()))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("request")
+}
+
+/// The events of an SSE body: (event name, data).
+fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|f| !f.trim().is_empty())
+        .map(|f| {
+            let mut name = String::new();
+            let mut data = String::new();
+            for line in f.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    name = v.to_string();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            (name, serde_json::from_str(&data).unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
+fn text_deltas(evs: &[(String, Value)]) -> u64 {
+    evs.iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .count() as u64
+}
+
+async fn stream_events(gw: &Gateway, body: &Value) -> Vec<(String, Value)> {
+    let r = post(gw, KEY, "/responses", body).await;
+    assert_eq!(r.status(), 200);
+    events(&r.text().await.expect("stream body"))
+}
+
+fn last_upstream_body(mock: &MockUpstream) -> Value {
+    mock.state
+        .requests()
+        .last()
+        .expect("an upstream request")
+        .body
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_no_include_usage() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let body = json!({"model": "gpt-4o-mini", "instructions": "Be brief.", "input": "Say hello to the world."});
+
+    let r = post(&gw, KEY, "/responses", &body).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "completed");
+    let total = v["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["output_tokens"], 10);
+    gw.settled().await;
+    assert_eq!(tokens_used(&gw), total, "settled the body's usage exactly");
+    let up = last_upstream_body(&mock);
+    assert_eq!(
+        up["max_output_tokens"], 100,
+        "the gateway's cap goes upstream"
+    );
+    assert!(up.get("stream_options").is_none());
+
+    // Streamed: the completed event's usage settles; the upstream body has
+    // a cap ≥ 16 and no include_usage (the API would refuse it).
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let evs = stream_events(&gw, &sbody).await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.completed");
+    assert_eq!(text_deltas(&evs), 10);
+    let stotal = last["response"]["usage"]["total_tokens"].as_u64().unwrap();
+    gw.settled().await;
+    assert_eq!(tokens_used(&gw), total + stotal);
+    let up = last_upstream_body(&mock);
+    assert!(up["max_output_tokens"].as_u64().unwrap() >= 16);
+    assert!(
+        up.pointer("/stream_options/include_usage").is_none(),
+        "{up}"
+    );
+
+    // Cached and reasoning subsets are never added twice.
+    mock.state.set_responses_details(5, 7);
+    let r = post(&gw, KEY, "/responses", &body).await;
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["output_tokens"], 17);
+    let t3 = v["usage"]["total_tokens"].as_u64().unwrap();
+    gw.settled().await;
+    assert_eq!(tokens_used(&gw), total + stotal + t3);
+    assert_eq!(gw.store.live_holds(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cap_below_16_is_refused_and_a_small_default_goes_up_as_16() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(40);
+    let gw = start_gateway(&cfg(&mock, 16, "", "")).await;
+    let r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 8}),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "max_output_tokens");
+    assert_eq!(mock.state.request_count(), 0);
+    let r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "hi"}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(last_upstream_body(&mock)["max_output_tokens"], 16);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_cutoff_ends_with_response_incomplete_and_charges_prompt_plus_delivered() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(2000);
+    let gw = start_gateway(&cfg(&mock, 50, "tpm = 400", "")).await;
+    let body = json!({"model": "gpt-4o-mini", "input": "Write a long story.", "stream": true});
+    let evs = stream_events(&gw, &body).await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.incomplete", "ends with the cutoff event");
+    assert!(!evs.iter().any(|(n, _)| n == "response.completed"));
+    let created = &evs[0].1["response"];
+    let resp = &last["response"];
+    assert_eq!(resp["id"], created["id"]);
+    assert_eq!(resp["created_at"], created["created_at"]);
+    assert_eq!(resp["model"], created["model"]);
+    assert_eq!(resp["status"], "incomplete");
+    assert_eq!(resp["incomplete_details"]["reason"], "max_output_tokens");
+    let before = evs[evs.len() - 2].1["sequence_number"].as_u64().unwrap();
+    assert_eq!(last["sequence_number"].as_u64().unwrap(), before + 1);
+    let delivered = text_deltas(&evs);
+    assert!(delivered > 50 && delivered < 400, "delivered {delivered}");
+    assert_eq!(resp["usage"]["output_tokens"].as_u64().unwrap(), delivered);
+    let text: String = evs
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        resp["output"][0]["content"][0]["text"].as_str().unwrap(),
+        text
+    );
+    let input = resp["usage"]["input_tokens"].as_u64().unwrap();
+    gw.settled().await;
+    assert_eq!(
+        tokens_used(&gw),
+        input + delivered,
+        "prompt + delivered output"
+    );
+    assert_eq!(gw.store.live_holds(), 0);
+}
+
+async fn settle_of(fault: Fault) -> (Vec<(String, Value)>, u64, u64) {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20);
+    mock.state.set_fault(Some(fault));
+    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let body = json!({"model": "gpt-4o-mini", "input": "Say something.", "stream": true});
+    let input = {
+        let r = post(
+            &gw,
+            KEY,
+            "/responses/input_tokens",
+            &json!({"model": "gpt-4o-mini", "input": "Say something."}),
+        )
+        .await;
+        r.json::<Value>().await.unwrap()["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let evs = stream_events(&gw, &body).await;
+    gw.settled().await;
+    assert_eq!(gw.store.live_holds(), 0);
+    (evs, tokens_used(&gw), input)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incomplete_failed_and_dropped_streams_settle_the_documented_amounts() {
+    // Upstream cap: response.incomplete with usage settles that usage.
+    let (evs, charged, _) = settle_of(Fault::ResponseIncomplete).await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    assert_eq!(
+        charged,
+        last["response"]["usage"]["total_tokens"].as_u64().unwrap()
+    );
+
+    // response.failed with usage: that usage.
+    let (evs, charged, _) = settle_of(Fault::ResponseFailed).await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.failed");
+    assert_eq!(
+        charged,
+        last["response"]["usage"]["total_tokens"].as_u64().unwrap()
+    );
+
+    // response.failed without usage: the input estimate + delivered output
+    // (never zero, never the whole reservation).
+    let (evs, charged, input) = settle_of(Fault::ResponseFailedNoUsage).await;
+    assert_eq!(evs.last().unwrap().0, "response.failed");
+    assert_eq!(charged, input + text_deltas(&evs));
+    assert_eq!(text_deltas(&evs), 10);
+
+    // Dropped connection: an `error` event with an error object; input + delivered.
+    let (evs, charged, input) = settle_of(Fault::DropMidStream).await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "error");
+    assert_eq!(last["type"], "error");
+    assert!(last["error"]["message"].is_string() && last["error"]["code"].is_string());
+    assert!(last["sequence_number"].is_u64());
+    assert_eq!(text_deltas(&evs), 3);
+    assert_eq!(charged, input + 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_belong_to_their_tenant() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "Remember the number 7."}),
+    )
+    .await;
+    let first: Value = r.json().await.unwrap();
+    let id = first["id"].as_str().unwrap().to_string();
+    let context = first["usage"]["total_tokens"].as_u64().unwrap();
+    gw.settled().await;
+    let n = mock.state.request_count();
+
+    // Another tenant: 404 on every route, no upstream request.
+    use reqwest::Method;
+    for (m, p) in [
+        (Method::GET, format!("/responses/{id}")),
+        (Method::DELETE, format!("/responses/{id}")),
+        (Method::POST, format!("/responses/{id}/cancel")),
+        (Method::GET, format!("/responses/{id}/input_items")),
+    ] {
+        let r = call(&gw, KEY2, m.clone(), &p).await;
+        assert_eq!(r.status(), 404, "{m} {p}");
+    }
+    let follow =
+        json!({"model": "gpt-4o-mini", "input": "Which number?", "previous_response_id": id});
+    let r = post(&gw, KEY2, "/responses", &follow).await;
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "previous_response_id");
+    // Unknown and malformed ids: 404 by default.
+    for bad in ["resp_unknown", "resp.../x", ""] {
+        let mut b = follow.clone();
+        b["previous_response_id"] = json!(bad);
+        assert_eq!(
+            post(&gw, KEY, "/responses", &b).await.status(),
+            404,
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        call(&gw, KEY, Method::GET, "/responses/resp_unknown")
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        mock.state.request_count(),
+        n,
+        "no upstream request for any of them"
+    );
+
+    // The owner: GET and input_items proxied; request budgets charged, token budgets not.
+    let tokens = tokens_used(&gw);
+    let requests = used(&gw, BudgetName::RequestsPerDay);
+    let r = call(&gw, KEY, Method::GET, &format!("/responses/{id}")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], id);
+    let r = call(
+        &gw,
+        KEY,
+        Method::GET,
+        &format!("/responses/{id}/input_items?limit=5"),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        mock.state.requests().last().unwrap().query.as_deref(),
+        Some("limit=5")
+    );
+    gw.settled().await;
+    assert_eq!(tokens_used(&gw), tokens);
+    assert_eq!(used(&gw, BudgetName::RequestsPerDay), requests + 2);
+
+    // The follow-up is estimated as the recorded context + the new input.
+    let r = post(&gw, KEY, "/responses/input_tokens", &follow).await;
+    let with_context = r.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    let mut alone = follow.clone();
+    alone
+        .as_object_mut()
+        .unwrap()
+        .remove("previous_response_id");
+    let r = post(&gw, KEY, "/responses/input_tokens", &alone).await;
+    let new_input = r.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(with_context, context + new_input);
+    let r = post(&gw, KEY, "/responses", &follow).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["usage"]["input_tokens"].as_u64().unwrap(),
+        with_context,
+        "the mock counts the same context"
+    );
+
+    // DELETE by the owner deletes the record: then unknown, without an upstream call.
+    assert_eq!(
+        call(&gw, KEY, Method::DELETE, &format!("/responses/{id}"))
+            .await
+            .status(),
+        200
+    );
+    let n = mock.state.request_count();
+    assert_eq!(
+        call(&gw, KEY, Method::GET, &format!("/responses/{id}"))
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(mock.state.request_count(), n);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_can_fetch_a_response_while_it_streams() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(30);
+    mock.state
+        .set_token_delay(std::time::Duration::from_millis(30));
+    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let mut r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "Count.", "stream": true}),
+    )
+    .await;
+    let mut buf = String::new();
+    let id = loop {
+        let chunk = r.chunk().await.unwrap().expect("stream ended early");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some((_, v)) = events(&buf)
+            .into_iter()
+            .find(|(n, _)| n == "response.created")
+        {
+            break v["response"]["id"].as_str().unwrap().to_string();
+        }
+    };
+    let g = call(&gw, KEY, reqwest::Method::GET, &format!("/responses/{id}")).await;
+    assert_eq!(g.status(), 200);
+    assert_eq!(g.json::<Value>().await.unwrap()["status"], "in_progress");
+    assert_eq!(
+        call(&gw, KEY2, reqwest::Method::GET, &format!("/responses/{id}"))
+            .await
+            .status(),
+        404
+    );
+    while r.chunk().await.unwrap().is_some() {}
+}
+
+/// Two deployments, least-utilised routing: a follow-up goes to the
+/// deployment that holds the response even when the other has more room,
+/// and a refusal there is a 429, never the other deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_goes_only_to_the_recorded_deployment() {
+    let a = start_mock().await;
+    let b = start_mock().await;
+    for m in [&a, &b] {
+        m.state.set_output_tokens(10);
+    }
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[[upstreams]]
+name = "a"
+kind = "openai"
+base_url = "{}"
+limits = {{ tpm = 1000000 }}
+[[upstreams]]
+name = "b"
+kind = "openai"
+base_url = "{}"
+limits = {{ tpm = 400 }}
+[[models]]
+name = "gpt-4o-mini"
+upstreams = ["b", "a"]
+encoding = "o200k_base"
+default_max_output_tokens = 50
+max_output_tokens = 4096
+routing = "priority"
+[[tenants]]
+name = "t1"
+{}
+limits = {{ tpm = 1000000 }}
+"#,
+        a.base_url(),
+        b.base_url(),
+        key_line()
+    );
+    let gw = start_gateway(&toml).await;
+    let r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "Hello."}),
+    )
+    .await;
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(b.state.request_count(), 1, "priority: b first");
+    gw.settled().await;
+    // b has little room left; a has plenty. A follow-up that fits b goes to b.
+    let follow = json!({"model": "gpt-4o-mini", "input": "Again.", "previous_response_id": id, "max_output_tokens": 16});
+    assert_eq!(post(&gw, KEY, "/responses", &follow).await.status(), 200);
+    assert_eq!(b.state.request_count(), 2);
+    assert_eq!(a.state.request_count(), 0);
+    // One that does not fit b: 429, and a never sees it.
+    let mut big = follow.clone();
+    big["input"] = json!("word ".repeat(400));
+    assert_eq!(post(&gw, KEY, "/responses", &big).await.status(), 429);
+    assert_eq!(a.state.request_count(), 0);
+    // Without previous_response_id the same body goes to a.
+    big.as_object_mut().unwrap().remove("previous_response_id");
+    assert_eq!(post(&gw, KEY, "/responses", &big).await.status(), 200);
+    assert_eq!(a.state.request_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecorded_ids_are_forwarded_only_by_opt_in_with_an_allowance() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&cfg(
+        &mock,
+        100,
+        "",
+        "allow_unrecorded_previous_response = true\nunrecorded_previous_response_tokens = 500",
+    ))
+    .await;
+    let body =
+        json!({"model": "gpt-4o-mini", "input": "Hi.", "previous_response_id": "resp_from_before"});
+    let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
+    let with = r.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    let r = post(
+        &gw,
+        KEY,
+        "/responses/input_tokens",
+        &json!({"model": "gpt-4o-mini", "input": "Hi."}),
+    )
+    .await;
+    let without = r.json::<Value>().await.unwrap()["input_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(with, without + 500);
+    // Forwarded (the mock does not know it either: its 404 is passed on).
+    let r = post(&gw, KEY, "/responses", &body).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(mock.state.request_count(), 1);
+    assert!(gw
+        .metrics_text()
+        .await
+        .contains("budgetgate_unrecorded_previous_response_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_cannot_be_metered_or_isolated_is_refused_naming_the_field() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&cfg(
+        &mock,
+        100,
+        "",
+        "allowed_provider_objects = [\"file-ok\"]",
+    ))
+    .await;
+    let base = json!({"model": "gpt-4o-mini", "input": "Hi."});
+    let with = |k: &str, v: Value| {
+        let mut b = base.clone();
+        b[k] = v;
+        b
+    };
+    let cases = [
+        (with("conversation", json!("conv_1")), "conversation"),
+        (with("prompt", json!({"id": "pmpt_1"})), "prompt"),
+        (
+            with(
+                "input",
+                json!([{"role": "user", "content": [{"type": "input_file", "file_id": "file-x"}]}]),
+            ),
+            "input[0].content[0].file_id",
+        ),
+        (
+            with("tools", json!([{"type": "web_search"}])),
+            "tools[0].type",
+        ),
+        (
+            with(
+                "tools",
+                json!([{"type": "file_search", "vector_store_ids": ["vs_1"]}]),
+            ),
+            "tools[0].type",
+        ),
+        (with("background", json!(true)), "background"),
+    ];
+    for (body, param) in cases {
+        let r = post(&gw, KEY, "/responses", &body).await;
+        assert_eq!(r.status(), 400, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert!(e["error"]["message"].as_str().unwrap().len() > 40);
+    }
+    assert_eq!(mock.state.request_count(), 0, "none reached the upstream");
+    // An allow-listed file id passes.
+    let ok = with(
+        "input",
+        json!([{"role": "user", "content": [{"type": "input_file", "file_id": "file-ok"}]}]),
+    );
+    assert_eq!(post(&gw, KEY, "/responses", &ok).await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_allowed_by_the_model_is_charged_the_whole_reservation() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let toml = cfg(&mock, 100, "", "").replace(
+        "max_output_tokens = 4096\n[[models]]\nname = \"text-embedding-3-small\"",
+        "max_output_tokens = 4096\nallow_background = true\n[[models]]\nname = \"text-embedding-3-small\"",
+    );
+    let gw = start_gateway(&toml).await;
+    let body = json!({"model": "gpt-4o-mini", "input": "Hi.", "background": true});
+    let input = {
+        let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
+        r.json::<Value>().await.unwrap()["input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(post(&gw, KEY, "/responses", &body).await.status(), 200);
+    gw.settled().await;
+    assert_eq!(tokens_used(&gw), input + 100, "never refunded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_tokens_is_answered_by_the_estimator_and_charges_request_budgets_only() {
+    let mock = start_mock().await;
+    let gw = start_gateway(&cfg(&mock, 100, "rpm = 100, tpm = 1000", "")).await;
+    let body = json!({"model": "gpt-4o-mini", "instructions": "Be kind.", "input": "Hello there."});
+    let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-ratelimit-remaining-requests"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "response.input_tokens");
+    let bpe = tiktoken_rs::o200k_base_singleton();
+    let t = |s: &str| bpe.encode_ordinary(s).len() as u64;
+    let expected = 3 + t("developer") + t("Be kind.") + 3 + t("user") + t("Hello there.") + 3;
+    assert_eq!(v["input_tokens"].as_u64().unwrap(), expected);
+    gw.settled().await;
+    assert_eq!(mock.state.request_count(), 0);
+    assert_eq!(tokens_used(&gw), 0);
+    assert_eq!(used(&gw, BudgetName::RequestsPerDay), 1);
+}
+
+#[test]
+fn check_config_rejects_a_minimum_below_16_for_models_on_the_responses_route() {
+    let base = |extra_model: &str, min: u64| {
+        format!(
+            "[estimation]\nmin_output_tokens = {min}\n[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstreams = [\"u\"]\n{extra_model}\n"
+        )
+    };
+    let err = Policy::from_toml(&base("", 8)).unwrap_err().to_string();
+    assert!(
+        err.contains("min_output_tokens") && err.contains("/v1/responses"),
+        "{err}"
+    );
+    assert!(Policy::from_toml(&base("responses = false", 8)).is_ok());
+    assert!(Policy::from_toml(&base("", 16)).is_ok());
+    // Azure before 2025-03-01-preview cannot serve the route: asking for it is a load error.
+    let azure = |version: &str, extra: &str| {
+        format!(
+            "[[upstreams]]\nname = \"az\"\nkind = \"azure\"\napi_version = \"{version}\"\nbase_url = \"https://x.openai.azure.com\"\n[[models]]\nname = \"m\"\nupstreams = [\"az\"]\n{extra}\n"
+        )
+    };
+    let err = Policy::from_toml(&azure("2024-10-21", "responses = true"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("responses"), "{err}");
+    let p = Policy::from_toml(&azure("2024-10-21", "")).unwrap();
+    assert!(!p.models[0].responses, "not served by default");
+    let p = Policy::from_toml(&azure("2025-04-01-preview", "responses = true")).unwrap();
+    assert!(p.models[0].responses);
+}
+
+#[test]
+fn each_upstream_kind_builds_its_responses_url() {
+    let toml = r#"
+[[upstreams]]
+name = "oa"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+[[upstreams]]
+name = "sh"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:8000/v1"
+[[upstreams]]
+name = "az"
+kind = "azure"
+api_version = "2025-04-01-preview"
+base_url = "https://x.openai.azure.com"
+[[models]]
+name = "m"
+upstreams = ["oa", "sh", "az"]
+"#;
+    let p = Policy::from_toml(toml).unwrap();
+    use budgetgate::dialects::Dialect;
+    use budgetgate::upstreams::{endpoint_url, responses_url};
+    let url = |i: usize| endpoint_url(&p.upstreams[i], Dialect::Responses, "gpt-x");
+    assert_eq!(url(0), "https://api.openai.com/v1/responses");
+    assert_eq!(url(1), "http://127.0.0.1:8000/v1/responses");
+    assert_eq!(
+        url(2),
+        "https://x.openai.azure.com/openai/responses?api-version=2025-04-01-preview"
+    );
+    assert_eq!(
+        responses_url(&p.upstreams[2], "/resp_1/input_items?limit=5"),
+        "https://x.openai.azure.com/openai/responses/resp_1/input_items?api-version=2025-04-01-preview&limit=5"
+    );
+    assert_eq!(
+        responses_url(&p.upstreams[0], "/resp_1/cancel"),
+        "https://api.openai.com/v1/responses/resp_1/cancel"
+    );
+}
