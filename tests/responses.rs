@@ -723,3 +723,119 @@ upstreams = ["oa", "sh", "az"]
         "https://api.openai.com/v1/responses/resp_1/cancel"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exactly() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let gw = start_gateway(&cfg(&mock, 100, "tpm = 100000", "")).await;
+    let r = run_python("sdk_responses.py", &gw.base_url(), &["basic"])
+        .await
+        .json();
+    gw.settled().await;
+    let reqs = r["requests"].as_array().expect("requests");
+    let kinds: Vec<&str> = reqs.iter().map(|q| q["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "create",
+            "create_stream",
+            "stream_helper",
+            "tool_call",
+            "tool_result",
+            "follow_up"
+        ]
+    );
+    let words = mock_upstream::generated_text(12);
+    assert_eq!(reqs[0]["status"], "completed");
+    assert_eq!(reqs[0]["text"], words.as_str());
+    assert_eq!(reqs[1]["last"], "response.completed");
+    assert_eq!(reqs[1]["text"], words.as_str());
+    assert_eq!(reqs[1]["final_text"], words.as_str());
+    assert_eq!(reqs[2]["last"], "response.completed");
+    assert_eq!(reqs[2]["text"], words.as_str());
+    assert_eq!(reqs[3]["item"], "function_call");
+    assert_eq!(reqs[3]["name"], "lookup");
+    assert_eq!(reqs[3]["arguments"]["q"], words.as_str());
+    assert_eq!(reqs[4]["item"], "message");
+    assert_eq!(reqs[5]["status"], "completed");
+    let total = |q: &Value| q["usage"]["total_tokens"].as_u64().unwrap();
+    // The follow-up's input is the recorded context (the first response) + its own.
+    assert!(reqs[5]["usage"]["input_tokens"].as_u64().unwrap() > total(&reqs[0]));
+    // Settled exactly: the sum of the terminal usages.
+    let sum: u64 = reqs.iter().map(total).sum();
+    assert_eq!(tokens_used(&gw), sum);
+    // Refunds visible in the next request's x-ratelimit-remaining-tokens:
+    // remaining(next) = remaining(prev) + reserved(prev) − settled(prev) − reserved(next),
+    // where a plain-text request reserves its input (the estimate equals the
+    // upstream's count for text) + the default cap of 100.
+    let reserved = |q: &Value| q["usage"]["input_tokens"].as_u64().unwrap() + 100;
+    let remaining = |q: &Value| {
+        q["remaining"]
+            .as_i64()
+            .expect("x-ratelimit-remaining-tokens")
+    };
+    for i in 0..2 {
+        let (p, n) = (&reqs[i], &reqs[i + 1]);
+        assert_eq!(
+            remaining(n),
+            remaining(p) + reserved(p) as i64 - total(p) as i64 - reserved(n) as i64,
+            "request {i} → {}",
+            i + 1
+        );
+    }
+    assert_eq!(gw.store.live_holds(), 0);
+    // Every upstream body carried a cap ≥ 16 and never include_usage.
+    for q in mock.state.requests() {
+        assert!(q.body["max_output_tokens"].as_u64().unwrap() >= 16);
+        assert!(q.body.pointer("/stream_options/include_usage").is_none());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_reads_a_cutoff_to_the_end_in_both_styles() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(2000);
+    let gw = start_gateway(&cfg(&mock, 50, "tpm = 400", "")).await;
+    let r = run_python("sdk_responses.py", &gw.base_url(), &["cutoff", "create"])
+        .await
+        .json();
+    gw.settled().await;
+    let c = &r["create"];
+    assert_eq!(c["raised"], Value::Null, "{r}");
+    assert_eq!(c["last"], "response.incomplete");
+    assert_eq!(c["status"], "incomplete");
+    // A minute later the bucket is full again; the helper style.
+    gw.clock.advance(60_000_000);
+    let r2 = run_python("sdk_responses.py", &gw.base_url(), &["cutoff", "helper"])
+        .await
+        .json();
+    gw.settled().await;
+    let h = &r2["helper"];
+    assert_eq!(h["raised"], Value::Null, "{r2}");
+    assert_eq!(h["last"], "response.incomplete");
+    assert!(
+        h["final_response_error"].is_string(),
+        "get_final_response raises on a non-completed response by SDK design: {r2}"
+    );
+    // Charged prompt + delivered output, as the incomplete events' usage says.
+    let first = c["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(c["usage"]["output_tokens"].as_u64().unwrap() > 0);
+    let second = h["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(tokens_used(&gw), first + second);
+    assert_eq!(gw.store.live_holds(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_raises_api_error_on_a_dropped_stream() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20);
+    mock.state.set_fault(Some(Fault::DropMidStream));
+    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let r = run_python("sdk_responses.py", &gw.base_url(), &["error"])
+        .await
+        .json();
+    assert_eq!(r["raised"]["is_api_error"], true, "{r}");
+    gw.settled().await;
+    assert_eq!(gw.store.live_holds(), 0);
+}
