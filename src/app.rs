@@ -51,26 +51,10 @@ const METRICS_UPKEEP: Duration = Duration::from_secs(5);
 /// How often the remaining-share gauges are read from the store.
 const BUDGET_GAUGES: Duration = Duration::from_secs(10);
 
-/// Serves `state` on `listener` until `shutdown` resolves, then shuts down
-/// gracefully: no new connections; in-flight requests and streams get
-/// `server.shutdown_grace_secs` (of the policy active then) to finish; at the
-/// deadline streams are cut off cleanly and unfinished requests answered
-/// 503; finally waits for every settlement task.
-pub async fn serve(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
-    let result = serve_connections(listener, state.clone(), None, shutdown).await;
-    wait_for_settlements(&state).await;
-    upkeep.abort();
-    result
-}
-
-/// The connection part of [`serve`]: returns once every connection is done
-/// (or abandoned after the cutoff), without waiting for settlements.
-/// With `tls`, connections are TLS ([`crate::tls`]).
+/// Serves one listener until `shutdown` resolves, then drains gracefully:
+/// returns once every connection is done (or abandoned after the cutoff),
+/// without waiting for settlements. With `tls`, connections are TLS
+/// ([`crate::tls`]).
 async fn serve_connections(
     listener: TcpListener,
     state: Arc<AppState>,
@@ -162,18 +146,13 @@ pub fn default_threads() -> usize {
 }
 
 /// Runs the `serve` command: [`run`] on a single-threaded runtime on this
-/// thread, which becomes serving thread 0.
-pub fn run_blocking(
-    policy: Policy,
-    listen: Option<std::net::SocketAddr>,
-    config_path: std::path::PathBuf,
-    threads: usize,
-) -> Result<(), String> {
+/// thread, which becomes serving thread 0, until SIGTERM or ctrl-c.
+pub fn run_blocking(launch: Launch) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(run(policy, listen, config_path, threads))
+    rt.block_on(run(launch, shutdown_signal(), |_| {}))
 }
 
 /// Checks that no other process listens on `addr`, and resolves port 0 to a
@@ -202,27 +181,89 @@ fn bind_shared(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// Starts a gateway for `policy` on the system clock (the `serve` command),
-/// reloading `config_path` on SIGHUP and on change.
+/// What a gateway starts with. The binary uses [`Launch::new`]; tests
+/// change the clock, the store and the sizes, and nothing else: they start
+/// the gateway through the same [`run`].
+pub struct Launch {
+    /// The validated policy.
+    pub policy: Policy,
+    /// Listen address, overriding `server.listen`.
+    pub listen: Option<std::net::SocketAddr>,
+    /// The config file, reloaded on SIGHUP and on change.
+    pub config_path: std::path::PathBuf,
+    /// Serving threads (at least one).
+    pub threads: usize,
+    /// Time for budgets (the memory store) and for logs and responses.
+    pub clock: Arc<dyn Clock>,
+    /// The store to run on instead of the one the policy configures
+    /// (tests: a store on their clock, or one that fails on demand). It is
+    /// shared by every serving thread.
+    pub store: Option<Arc<dyn BudgetStore>>,
+    /// How often the remaining-share gauges are read from the store; `None`:
+    /// never (tests that count store calls).
+    pub budget_gauges: Option<Duration>,
+}
+
+impl Launch {
+    /// The `serve` command's launch: system clock, the store the policy
+    /// configures, one serving thread per CPU, every background job.
+    pub fn new(policy: Policy, config_path: std::path::PathBuf) -> Self {
+        Launch {
+            policy,
+            listen: None,
+            config_path,
+            threads: default_threads(),
+            clock: Arc::new(SystemClock),
+            store: None,
+            budget_gauges: Some(BUDGET_GAUGES),
+        }
+    }
+}
+
+/// A gateway that is listening, as [`run`] hands it to its caller.
+pub struct Started {
+    /// The bound address (port 0 resolved).
+    pub addr: std::net::SocketAddr,
+    /// Serving thread 0's state; policy, settlements, leases, deny cache
+    /// and cool-downs are shared with the other threads.
+    pub state: Arc<AppState>,
+}
+
+/// Runs a gateway until `shutdown` resolves, then shuts it down gracefully
+/// (see the module docs) and returns once every settlement has run.
+/// `ready` is called once the gateway listens, before "budgetgate
+/// listening on …" is printed; the reload watcher (SIGHUP included) is
+/// armed by then.
 ///
 /// Thread per core: the calling runtime serves, and `threads - 1` more OS
 /// threads each run their own single-threaded runtime with their own
 /// listener on the same address, their own upstream connections and their
-/// own store connection (the memory store is one, shared). A request is
-/// served start to end on the thread that accepted its connection, so it
-/// never waits for another thread to be woken (issue 7: a multi-threaded
-/// runtime spent a quarter of its CPU time handing work between threads).
-/// Policy, settlements, leases, deny cache and the fallback limiter are
-/// shared by all threads.
+/// own store connection (the memory store, or a store given in
+/// [`Launch::store`], is one, shared). A request is served start to end on
+/// the thread that accepted its connection, so it never waits for another
+/// thread to be woken (issue 7: a multi-threaded runtime spent a quarter of
+/// its CPU time handing work between threads). Policy, settlements, leases,
+/// deny cache and the fallback limiter are shared by all threads.
 pub async fn run(
-    policy: Policy,
-    listen: Option<std::net::SocketAddr>,
-    config_path: std::path::PathBuf,
-    threads: usize,
+    launch: Launch,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ready: impl FnOnce(Started),
 ) -> Result<(), String> {
+    let Launch {
+        policy,
+        listen,
+        config_path,
+        threads,
+        clock,
+        store,
+        budget_gauges,
+    } = launch;
     let threads = threads.max(1);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = build_store(&policy, clock.clone()).await?;
+    let given_store = store.is_some();
+    let store = match store {
+        Some(s) => s,
+        None => build_store(&policy, clock.clone()).await?,
+    };
     let tls = policy.server.tls.clone().map(Tls::new).transpose()?;
     let addr = listen.unwrap_or(policy.server.listen);
     let listener = claim_address(addr)
@@ -230,21 +271,24 @@ pub async fn run(
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token_env = policy.server.admin_token_env.clone();
-    let shared_store = matches!(policy.store.kind, StoreKind::Memory).then(|| store.clone());
+    let shared_store =
+        (given_store || matches!(policy.store.kind, StoreKind::Memory)).then(|| store.clone());
     let state = AppState::new(policy, store, clock.clone());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
     crate::metrics::register_policy_series(&state.policy.load());
-    if let Err(e) = budget_view::refresh_gauges(&state).await {
-        tracing::warn!(error = %e, "budget gauges not set at start: the store did not answer; retrying every few seconds");
+    if budget_gauges.is_some() {
+        if let Err(e) = budget_view::refresh_gauges(&state).await {
+            tracing::warn!(error = %e, "budget gauges not set at start: the store did not answer; retrying every few seconds");
+        }
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut workers = Vec::new();
-    let mut ready = Vec::new();
+    let mut threads_ready = Vec::new();
     for i in 1..threads {
         let (ready_tx, ready_rx) = oneshot::channel::<Result<(), String>>();
-        ready.push(ready_rx);
+        threads_ready.push(ready_rx);
         let base = state.clone();
         let shared_store = shared_store.clone();
         let clock = clock.clone();
@@ -297,7 +341,7 @@ pub async fn run(
         workers.push(worker);
     }
     let mut failed = None;
-    for r in ready {
+    for r in threads_ready {
         match r.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failed = Some(e),
@@ -309,7 +353,8 @@ pub async fn run(
         join(workers).await;
         return Err(e);
     }
-    // Before the listening line: a SIGHUP sent once it is printed must reload.
+    // Armed before the gateway says it listens: a SIGHUP sent as soon as
+    // it does must reload, not find the default action (exit).
     let reloader = {
         let st = state.clone();
         let path = config_path.clone();
@@ -322,6 +367,10 @@ pub async fn run(
         }))
     };
     tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
+    ready(Started {
+        addr: local,
+        state: state.clone(),
+    });
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("budgetgate listening on {scheme}://{local}");
     let tls_watch = match &tls {
@@ -336,10 +385,10 @@ pub async fn run(
     } else {
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
-    let gauges = budget_view::spawn_gauges(state.clone(), BUDGET_GAUGES);
+    let gauges = budget_gauges.map(|every| budget_view::spawn_gauges(state.clone(), every));
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {
-        shutdown_signal().await;
+        shutdown.await;
         let _ = stop_tx.send(true);
     };
     let result = serve_connections(listener, state.clone(), tls, shutdown).await;
@@ -347,7 +396,9 @@ pub async fn run(
     wait_for_settlements(&state).await;
     upkeep.abort();
     reloader.abort();
-    gauges.abort();
+    if let Some(g) = gauges {
+        g.abort();
+    }
     tls_watch.iter().for_each(|t| t.abort());
     result.map_err(|e| e.to_string())
 }

@@ -124,12 +124,12 @@ fn main() -> ExitCode {
             for enc in encodings {
                 enc.warm_up();
             }
-            let threads = if threads == 0 {
-                budgetgate::app::default_threads()
-            } else {
-                threads
-            };
-            match budgetgate::app::run_blocking(policy, listen, config, threads) {
+            let mut launch = budgetgate::app::Launch::new(policy, config);
+            launch.listen = listen;
+            if threads > 0 {
+                launch.threads = threads;
+            }
+            match budgetgate::app::run_blocking(launch) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("budgetgate: {e}");

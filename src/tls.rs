@@ -44,7 +44,7 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// `[server.tls]` as written.
-#[derive(Debug, serde::Deserialize, Default, Clone)]
+#[derive(Debug, serde::Deserialize, serde::Serialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct RawTls {
     /// PEM file: the certificate chain, leaf first.

@@ -4,21 +4,14 @@
 //! its assets are served with their Content-Security-Policy only while the
 //! admin API is enabled.
 
-mod common;
+mod support;
 
 use serde_json::Value;
 
-use common::{config, start_gateway, start_mock, Gateway, KEY};
+use support::config::{upstream, RawTenant, RawUpstream};
+use support::*;
 
 const TOKEN: &str = "list-admin-token";
-
-async fn get(gw: &Gateway, path: &str, token: Option<&str>) -> reqwest::Response {
-    let mut req = reqwest::Client::new().get(format!("{}{path}", gw.root_url()));
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    req.send().await.unwrap()
-}
 
 fn names(page: &Value) -> Vec<&str> {
     page["tenants"]
@@ -32,7 +25,7 @@ fn names(page: &Value) -> Vec<&str> {
 fn inspect_calls(metrics: &str) -> f64 {
     let scrape =
         prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).unwrap();
-    common::sample_sum(
+    support::sample_sum(
         &scrape,
         "budgetgate_store_call_seconds_count",
         &[("op", "inspect")],
@@ -43,26 +36,28 @@ fn inspect_calls(metrics: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
     let mock = start_mock().await;
-    let mut extra = String::new();
+    let mut config =
+        TestConfig::standard(&mock.base_url(), 50, limits().tpm(10000).max_concurrent(4));
+    config
+        .tenant("t1")
+        .model_limits
+        .insert("gpt-4o-mini".into(), limits().rpm(100));
     for name in ["zeta", "alpha", "mid"] {
-        extra.push_str(&format!(
-            "[[tenants]]\nname = \"{name}\"\nlimits = {{ rpm = 10, tokens_per_day = 1000 }}\n"
-        ));
+        config.tenants.push(RawTenant {
+            name: name.into(),
+            limits: limits().rpm(10).tokens_per_day(1000),
+            ..RawTenant::default()
+        });
     }
-    let gw = start_gateway(&config(
-        &mock.base_url(),
-        50,
-        "tpm = 10000, max_concurrent = 4",
-        &format!(
-            "model_limits = {{ \"gpt-4o-mini\" = {{ rpm = 100 }} }}\n{extra}\n[[upstreams]]\nname = \"second\"\nkind = \"openai\"\nbase_url = \"{}\"\nlimits = {{ tpm = 5000 }}\n",
-            mock.base_url()
-        ),
-    ))
-    .await;
+    config.upstreams.push(RawUpstream {
+        limits: limits().tpm(5000),
+        ..upstream("second", Kind::Openai, &mock.base_url())
+    });
+    let gw = config.start().await;
 
     // Disabled: the 404 with the hint, for the page and its assets too.
     for path in ["/admin/v1/budgets", "/admin/ui", "/admin/ui/app.js"] {
-        let r = get(&gw, path, Some(TOKEN)).await;
+        let r = admin_get(&gw, path, Some(TOKEN)).await;
         assert_eq!(r.status(), 404, "{path}");
         let v: Value = r.json().await.unwrap();
         assert!(v["error"]["message"]
@@ -71,13 +66,18 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
             .contains("BUDGETGATE_ADMIN_TOKEN"));
     }
     gw.state.set_admin_token(Some(TOKEN));
-    assert_eq!(get(&gw, "/admin/v1/budgets", None).await.status(), 401);
     assert_eq!(
-        get(&gw, "/admin/v1/budgets", Some("wrong")).await.status(),
+        admin_get(&gw, "/admin/v1/budgets", None).await.status(),
+        401
+    );
+    assert_eq!(
+        admin_get(&gw, "/admin/v1/budgets", Some("wrong"))
+            .await
+            .status(),
         401
     );
     for bad in ["?limit=0", "?limit=501", "?limit=many"] {
-        let r = get(&gw, &format!("/admin/v1/budgets{bad}"), Some(TOKEN)).await;
+        let r = admin_get(&gw, &format!("/admin/v1/budgets{bad}"), Some(TOKEN)).await;
         assert_eq!(r.status(), 400, "{bad}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["param"], "limit");
@@ -96,7 +96,7 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
     gw.settled().await;
 
     let before = inspect_calls(&gw.metrics_text().await);
-    let first: Value = get(&gw, "/admin/v1/budgets?limit=2", Some(TOKEN))
+    let first: Value = admin_get(&gw, "/admin/v1/budgets?limit=2", Some(TOKEN))
         .await
         .json()
         .await
@@ -117,7 +117,7 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
     assert_eq!(second_tpm["unit"], "tokens");
     assert_eq!(second_tpm["capacity"], 5000);
 
-    let second: Value = get(&gw, "/admin/v1/budgets?limit=2&after=mid", Some(TOKEN))
+    let second: Value = admin_get(&gw, "/admin/v1/budgets?limit=2&after=mid", Some(TOKEN))
         .await
         .json()
         .await
@@ -169,7 +169,7 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
         }
     }
     // The per-tenant endpoint carries the unit too.
-    let one: Value = get(&gw, "/admin/v1/tenants/zeta/budgets", Some(TOKEN))
+    let one: Value = admin_get(&gw, "/admin/v1/tenants/zeta/budgets", Some(TOKEN))
         .await
         .json()
         .await
@@ -186,7 +186,7 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
         ("/admin/ui/app.js", "text/javascript; charset=utf-8"),
         ("/admin/ui/app.css", "text/css; charset=utf-8"),
     ] {
-        let r = get(&gw, path, None).await;
+        let r = admin_get(&gw, path, None).await;
         assert_eq!(r.status(), 200, "{path}");
         let h = |n: &str| r.headers()[n].to_str().unwrap().to_string();
         assert_eq!(h("content-type"), ctype);
@@ -196,7 +196,11 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
         );
         assert_eq!(h("x-content-type-options"), "nosniff");
     }
-    let html = get(&gw, "/admin/ui", None).await.text().await.unwrap();
+    let html = admin_get(&gw, "/admin/ui", None)
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(
         !html.contains("<script>") && !html.contains("style="),
         "inline code or style would break the CSP"
@@ -205,5 +209,8 @@ async fn the_list_pages_tenants_in_one_store_call_per_page_with_units() {
         !html.contains("http://") && !html.contains("https://"),
         "nothing from elsewhere"
     );
-    assert_eq!(get(&gw, "/admin/ui/other.js", None).await.status(), 404);
+    assert_eq!(
+        admin_get(&gw, "/admin/ui/other.js", None).await.status(),
+        404
+    );
 }

@@ -1,12 +1,13 @@
 //! The TOML file as written, before validation. Numbers are read as `i64`
 //! so that a negative value gets our path-qualified message instead of a
-//! parser error; unknown fields are rejected.
+//! parser error; unknown fields are rejected. The same types serialize back
+//! to TOML, so tests build configs as values instead of editing text.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     #[serde(default)]
@@ -23,7 +24,7 @@ pub struct RawConfig {
     pub tenants: Vec<RawTenant>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
@@ -37,7 +38,7 @@ pub struct RawServer {
     pub tls: Option<crate::tls::RawTls>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawStore {
     pub kind: Option<String>,
@@ -50,7 +51,7 @@ pub struct RawStore {
     pub max_response_records: Option<i64>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEstimation {
     pub min_output_tokens: Option<i64>,
@@ -61,7 +62,7 @@ pub struct RawEstimation {
     pub stream_extension_step: Option<i64>,
 }
 
-#[derive(Debug, Deserialize, Default, Clone)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
     pub rpm: Option<i64>,
@@ -74,7 +75,7 @@ pub struct RawLimits {
     pub requests_per_day: Option<i64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub name: String,
@@ -95,7 +96,7 @@ pub struct RawUpstream {
     pub forward_client_headers: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
     pub name: String,
@@ -113,7 +114,7 @@ pub struct RawModel {
     pub allow_background: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
     pub name: String,
@@ -133,7 +134,7 @@ pub struct RawTenant {
     pub allowed_provider_objects: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
     pub id: String,

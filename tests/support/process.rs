@@ -1,12 +1,14 @@
 //! The real `budgetgate` binary as a child process: started on a config
-//! file, JSON logs captured line by line, signals sent with `kill`.
-#![allow(dead_code)]
+//! file, JSON logs captured line by line, signals sent with `kill`, killed
+//! (SIGKILL) when dropped.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
+
+use super::http::Endpoint;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
@@ -22,7 +24,8 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     /// Starts `budgetgate --log-json serve --config PATH --listen 127.0.0.1:0`
-    /// with `envs`, and waits for its "listening" line.
+    /// with `RUST_LOG=info` and `envs` (which may override it, e.g.
+    /// `RUST_LOG=warn` for a load test), and waits for its "listening" line.
     pub async fn start(config: &Path, envs: &[(&str, &str)]) -> GatewayProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));
         cmd.args(["--log-json", "serve", "--config"])
@@ -75,6 +78,17 @@ impl GatewayProcess {
             logs,
             log_added,
         }
+    }
+
+    /// Sum of the samples of `metric` whose labels include every `labels`
+    /// pair, from the process's `GET /metrics`.
+    pub async fn metric(&self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        super::http::sample_sum(&super::http::scrape(self).await, metric, labels)
+    }
+
+    /// SIGKILL: no shutdown, no settlement, no lease release.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
     }
 
     /// The process id.
@@ -145,5 +159,11 @@ impl GatewayProcess {
                 self.dump_logs()
             ),
         }
+    }
+}
+
+impl Endpoint for GatewayProcess {
+    fn root_url(&self) -> String {
+        self.root.clone()
     }
 }

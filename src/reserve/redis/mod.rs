@@ -4,7 +4,7 @@
 //! Semantics are those of [`super::memory::MemoryStore`], reproduced exactly:
 //! the scripts in `lua/` mirror its decisions and the integer arithmetic of
 //! [`super::bucket`] and [`super::calendar`] line for line (DESIGN sections 2
-//! and 3). The conformance suite (`tests/store_conformance.rs`) and the
+//! and 3). The conformance suite (`tests/it/store_conformance.rs`) and the
 //! differential property test run both stores side by side.
 //!
 //! Modules, one seam each: `scripts` (assembly of the Lua sources), `conn`
@@ -23,9 +23,11 @@
 //!   reloaded on NOSCRIPT (on every primary of a cluster).
 //! - Keys: every key a call touches is passed in `KEYS` and carries the
 //!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
-//! - Time: Redis `TIME`, one clock for the fleet. Builds with the
-//!   `test-clock` feature may inject a [`Clock`] instead
-//!   ([`RedisStore::with_test_clock`]); release builds never pass a time.
+//! - Time: Redis `TIME`, one clock for the fleet. Tests inject a [`Clock`]
+//!   instead through a hidden constructor ([`RedisStore::with_test_clock`],
+//!   called from code only: no config setting reaches it), so the
+//!   conformance and differential suites run in every build; the gateway
+//!   never calls it and never passes a time.
 //! - Holds: a compact text record per reservation id of what was debited
 //!   where ([`HoldRecord`]; layout in `lua/lib.lua`), shrunk to a tombstone
 //!   at settle (enough to answer "already settled" and to replay the
@@ -54,7 +56,6 @@ use std::time::Duration;
 use redis::Script;
 
 use super::store_config::{StoreKind, StorePolicy};
-#[cfg(feature = "test-clock")]
 use crate::clock::Clock;
 
 use super::keys::KeySpace;
@@ -86,7 +87,8 @@ pub struct RedisStore {
     /// Reservation id → the hold's budget specs in line order, for the holds
     /// this process created (saves a read at extend/renew/settle).
     holds: Mutex<HashMap<String, Arc<Vec<BudgetSpec>>>>,
-    #[cfg(feature = "test-clock")]
+    /// Tests only ([`RedisStore::with_test_clock`]): the time passed to
+    /// every script instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
 }
 
@@ -117,7 +119,6 @@ impl RedisStore {
             timeout,
             scripts: Scripts::new(),
             holds: Mutex::new(HashMap::new()),
-            #[cfg(feature = "test-clock")]
             clock: None,
         })
     }
@@ -137,10 +138,10 @@ impl RedisStore {
         .await
     }
 
-    /// Test builds only: pass `clock`'s time to every script instead of
-    /// Redis `TIME`, so tests can cross UTC boundaries and expire leases
-    /// without sleeping.
-    #[cfg(feature = "test-clock")]
+    /// For tests: pass `clock`'s time to every script instead of Redis
+    /// `TIME`, so tests can cross UTC boundaries and expire leases without
+    /// sleeping. Hidden: nothing in the gateway or its config calls it.
+    #[doc(hidden)]
     pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
@@ -174,7 +175,6 @@ impl RedisStore {
 
     /// `""` (scripts read Redis `TIME`) unless a test clock is injected.
     fn now_arg(&self) -> String {
-        #[cfg(feature = "test-clock")]
         if let Some(c) = &self.clock {
             return c.now_micros().to_string();
         }

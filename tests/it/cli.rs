@@ -1,0 +1,171 @@
+//! The command line as a newcomer meets it (issue 22, item 2): every
+//! subcommand that reads a config takes `--config` and `BUDGETGATE_CONFIG`
+//! (`check-config FILE` keeps working), an estimate of a body written for
+//! another endpoint suggests the right `--endpoint`, logs carry no colour
+//! codes when they go to a file or a pipe, a reload of an unchanged file
+//! says so, and a disabled admin API's 404 names the variable that enables it.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::*;
+
+fn budgetgate(args: &[&str], envs: &[(&str, &str)], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));
+    cmd.args(args)
+        .env_remove("BUDGETGATE_CONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run budgetgate");
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_config(dir: &Path) -> String {
+    TestConfig::standard("http://127.0.0.1:9/v1", 50, limits().tpm(1000))
+        .write(dir)
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn check_config_takes_the_file_as_argument_flag_or_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    for (args, envs) in [
+        (vec!["check-config", cfg.as_str()], vec![]),
+        (vec!["check-config", "--config", cfg.as_str()], vec![]),
+        (vec!["check-config", "-c", cfg.as_str()], vec![]),
+        (
+            vec!["check-config"],
+            vec![("BUDGETGATE_CONFIG", cfg.as_str())],
+        ),
+    ] {
+        let out = budgetgate(&args, &envs, None);
+        assert!(
+            out.status.success(),
+            "{args:?} {envs:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).contains(": ok (policy version"),
+            "{args:?}"
+        );
+    }
+    // Neither: a usage error that says how to give the file.
+    let out = budgetgate(&["check-config"], &[], None);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--config FILE"));
+}
+
+#[test]
+fn estimate_reads_budgetgate_config_and_suggests_the_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    let env = [("BUDGETGATE_CONFIG", cfg.as_str())];
+    let chat =
+        r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+    let out = budgetgate(&["estimate"], &env, Some(chat));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("total reserved:"));
+
+    let embeddings = r#"{"model":"gpt-4o-mini","input":"hello"}"#;
+    let out = budgetgate(&["estimate"], &env, Some(embeddings));
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("'messages' is required"), "{err}");
+    assert!(err.contains("--endpoint embeddings"), "{err}");
+    let out = budgetgate(
+        &["estimate", "--endpoint", "embeddings"],
+        &env,
+        Some(embeddings),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Logs written to a pipe (a file, a journal) carry no ANSI colour codes.
+#[tokio::test]
+async fn text_logs_to_a_pipe_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .args(["serve", "--config", &cfg, "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 512];
+        while !text(&seen).contains("listening on") {
+            let n = stdout.read(&mut buf).await.unwrap();
+            assert!(n > 0, "gateway exited before listening");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("gateway did not start");
+    child.start_kill().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let logs = text(&out.stderr);
+    assert!(logs.contains("budgetgate listening"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "colour codes in a pipe: {logs:?}");
+}
+
+#[tokio::test]
+async fn a_reload_of_an_unchanged_file_logs_that_it_was_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    let gw = GatewayProcess::start(Path::new(&cfg), &[]).await;
+    gw.signal("HUP");
+    let lines = gw
+        .wait_log("config reload: file unchanged; the running policy stays", 1)
+        .await;
+    assert_eq!(lines[0]["level"], "INFO");
+    assert_eq!(lines[0]["fields"]["trigger"], "sighup");
+}
+
+#[tokio::test]
+async fn a_disabled_admin_api_answers_404_naming_the_variable_that_enables_it() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 50, limits().tpm(1000))
+        .start()
+        .await;
+    for path in ["/admin/v1/policy", "/admin/v1/tenants/t1/budgets"] {
+        let r = reqwest::get(format!("{}{path}", gw.root_url()))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        let v: Value = r.json().await.unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("BUDGETGATE_ADMIN_TOKEN"), "{msg}");
+        assert!(msg.contains("admin API is disabled"), "{msg}");
+        assert_eq!(v["error"]["code"], "not_found");
+    }
+}

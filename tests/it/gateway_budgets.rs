@@ -1,0 +1,288 @@
+//! Budget arithmetic through the whole gateway (issue: the gateway end to
+//! end on the embedded store): exact admission, refunds, debt, output caps,
+//! all-or-nothing, impossible requests. The clock is frozen, so nothing
+//! refills unless a test moves it.
+
+use std::time::Duration;
+
+use crate::support::*;
+use budgetgate::reserve::BudgetName;
+use serde_json::{json, Value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estimate() {
+    let mock = start_mock().await;
+    mock.state.hold();
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
+        .start()
+        .await;
+    let e = chat_input_tokens(
+        &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
+    ) + 100;
+    let expected = (1000 / e) as usize;
+
+    let base = gw.base_url();
+    let py = tokio::spawn(async move { run_python("sdk_burst.py", &base, &["50"]).await });
+    // Every admitted request waits at the upstream; refusals return at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut stable_since = None;
+    loop {
+        let held = mock.state.held_count();
+        assert!(
+            held <= expected,
+            "more requests reached the upstream ({held}) than fit ({expected})"
+        );
+        assert!(
+            gw.memory().live_holds() as u64 * e <= 1000,
+            "live reservations exceed the bucket"
+        );
+        if held == expected {
+            let since = *stable_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() > Duration::from_millis(500) {
+                break;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {held} of {expected} admissions reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    mock.state.release();
+    let r = py.await.unwrap().json();
+    let results = r.as_array().unwrap();
+    let admitted = results.iter().filter(|x| x["ok"] == true).count();
+    assert_eq!(
+        admitted, expected,
+        "E = {e}: admitted {admitted}, expected floor(1000/E) = {expected}"
+    );
+    for x in results.iter().filter(|x| x["ok"] != true) {
+        assert_eq!(x["status"], 429, "{x}");
+        assert_eq!(x["code"], "rate_limit_exceeded", "{x}");
+        assert_eq!(x["type"], "tokens", "{x}");
+        assert!(
+            x["retry_after"].as_str().unwrap().parse::<u64>().unwrap() >= 1,
+            "{x}"
+        );
+        assert!(x["remaining_tokens"].is_string(), "{x}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
+        .start()
+        .await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    let input = chat_input_tokens(&body);
+    let e = input + 100;
+    let a = input + 10; // the mock's prompt count equals OpenAI's rule, which the estimate equals
+    let r1 = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r1.status(), 200);
+    let v: Value = r1.json().await.unwrap();
+    assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), a);
+    gw.settled().await;
+    let r2 = post_chat(&gw, KEY, &body).await;
+    let remaining: i64 = header(&r2, "x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Without the refund: 1000 - E - E. With it: higher by E - A.
+    assert_eq!(remaining, 1000 - e as i64 - e as i64 + (e - a) as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000))
+        .start()
+        .await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10});
+    let input = chat_input_tokens(&body);
+    let e = input + 10;
+    // The upstream reports far more than reserved (as if it ignored the cap).
+    mock.state.set_usage_override(Some(input), Some(1010));
+    let a = input + 1010;
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
+    gw.settled().await;
+    mock.state.set_usage_override(None, None);
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1000 - a as i64);
+    // Level is 1000 - A (negative); the next request needs E: wait = (E - (1000 - A)) tokens at 1000/min.
+    let wait_micros = (e as i64 - (1000 - a as i64)) as u64 * 60_000_000 / 1000;
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        header(&r, "retry-after-ms").unwrap(),
+        wait_micros.div_ceil(1000).to_string()
+    );
+    gw.clock.advance(wait_micros - 1);
+    assert_eq!(
+        post_chat(&gw, KEY, &body).await.status(),
+        429,
+        "one microsecond early is still refused"
+    );
+    gw.clock.advance(1);
+    assert_eq!(
+        post_chat(&gw, KEY, &body).await.status(),
+        200,
+        "admitted exactly when the debt is repaid"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_output_cap_always_goes_upstream() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000))
+        .start()
+        .await;
+    let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post_chat(&gw, KEY, &uncapped).await.status(), 200);
+    let capped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7});
+    assert_eq!(post_chat(&gw, KEY, &capped).await.status(), 200);
+    let reqs = mock.state.requests();
+    assert_eq!(
+        reqs[0].body["max_completion_tokens"], 100,
+        "uncapped: the reserved output is the cap"
+    );
+    assert_eq!(
+        reqs[1].body["max_completion_tokens"], 7,
+        "capped: the client's cap"
+    );
+    assert!(
+        reqs.iter().all(|r| r.header("authorization").is_none()),
+        "the client's key is never forwarded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusing_model_budget_leaves_the_tenant_bucket_unchanged() {
+    let mock = start_mock().await;
+    let mut config = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000).rpm(100));
+    config
+        .tenant("t1")
+        .model_limits
+        .insert("gpt-4o-mini".into(), limits().tpm(150));
+    let gw = config.start().await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
+    gw.settled().await;
+    let tpm_before = gw.t1(BudgetName::Tpm).await;
+    let rpm_before = gw.t1(BudgetName::Rpm).await;
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("tenant_model:t1/gpt-4o-mini"), "{msg}");
+    assert_eq!(gw.t1(BudgetName::Tpm).await, tpm_before);
+    assert_eq!(gw.t1(BudgetName::Rpm).await, rpm_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_capacity_is_refused_for_good_and_changes_nothing() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(10))
+        .start()
+        .await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000});
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-should-retry").as_deref(), Some("false"));
+    assert!(header(&r, "retry-after").is_none());
+    assert!(header(&r, "retry-after-ms").is_none());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "tokens");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("capacity 1000") && msg.contains("requested"),
+        "{msg}"
+    );
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1000);
+    assert_eq!(gw.t1(BudgetName::Rpm).await, 10);
+    assert_eq!(mock.state.request_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncapped_default_is_lowered_to_fit_the_bucket() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 1000, limits().tpm(300))
+        .start()
+        .await;
+    let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    let input = chat_input_tokens(&body);
+    assert_eq!(post_chat(&gw, KEY, &body).await.status(), 200);
+    assert_eq!(
+        mock.state.requests()[0].body["max_completion_tokens"],
+        300 - input
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_32_kb_is_estimated_exactly_forwarded_unchanged_and_settled() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000000).rpm(10))
+        .start()
+        .await;
+    let system =
+        "The gateway reserves tokens before forwarding — naïve café 日本語.\n".repeat(1500);
+    let body = json!({
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}],
+        "max_tokens": 50,
+        "temperature": 0.25,
+    });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    assert!(bytes.len() > budgetgate::estimate::OFF_IO_THREAD_BYTES);
+    let input = chat_input_tokens(&body);
+    assert!(input > 10_000, "{input}");
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 200);
+    // Reserved: exactly the estimate (input + max_tokens).
+    assert_eq!(
+        header(&r, "x-ratelimit-remaining-tokens").unwrap(),
+        (1_000_000 - input - 50).to_string()
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(input));
+    assert_eq!(mock.state.requests()[0].body, body);
+    gw.settled().await;
+    // Settled: the unused output is refunded.
+    assert_eq!(gw.t1(BudgetName::Tpm).await, 1_000_000 - input as i64 - 10);
+    assert_eq!(gw.memory().live_holds(), 0);
+    // The same prompt again (now from the token-count cache): the same figure.
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-ratelimit-remaining-tokens").unwrap(),
+        (1_000_000 - input - 10 - input - 50).to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untouched_fields_are_forwarded_in_the_clients_order_byte_for_byte() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000))
+        .start()
+        .await;
+    // Odd but valid JSON: spacing, a number written with a trailing zero,
+    // an escaped member name, members out of alphabetical order.
+    let raw = r#"{"model":"gpt-4o-mini","temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"user\u0041":"x","max_tokens":5}"#;
+    let r = reqwest::Client::new()
+        .post(format!("{}/chat/completions", gw.base_url()))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .body(raw)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    // `model` is the one field the gateway rewrites here (to the upstream's
+    // model name); it goes last, everything else is the client's text.
+    let forwarded = mock.state.requests()[0].raw_body.clone();
+    assert_eq!(
+        std::str::from_utf8(&forwarded).unwrap(),
+        r#"{"temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"userA":"x","max_tokens":5,"model":"gpt-4o-mini"}"#
+    );
+}

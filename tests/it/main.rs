@@ -1,0 +1,40 @@
+//! Every integration suite in one test binary: one link instead of one per
+//! file (each binary is ~110 MB and its link dominated a warm
+//! `scripts/test.sh`). Each module is one former `tests/NAME.rs`; run one
+//! with `cargo test --test it NAME::`.
+//!
+//! Two suites stay binaries of their own because they assert counters that
+//! are process-wide (the metrics recorder): `tests/admin_list.rs` and
+//! `tests/settlement_metrics.rs`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admin;
+mod budget_page_browser;
+mod cli;
+mod config_fixtures;
+mod deploy_kit;
+mod deployments;
+mod estimate_accuracy;
+mod gateway_budgets;
+mod gateway_errors;
+mod lifecycle_log;
+mod listen;
+mod mock_upstream_selftest;
+mod operations;
+mod redis_acl;
+mod redis_bench;
+mod redis_crash;
+mod redis_differential;
+mod redis_fleet;
+mod redis_outage;
+mod redis_retry;
+mod reload;
+mod sdk_e2e;
+mod shutdown;
+mod store_conformance;
+mod streaming;
+mod suites_always_run;
+mod tls;
+mod usage_settlement;

@@ -1,0 +1,337 @@
+//! Figures, not assertions: reserve+settle pairs per second through
+//! [`RedisStore`] at 1, 16 and 64 concurrent callers, beside
+//! `redis-benchmark`'s EVALSHA rate for a trivial script at the same
+//! concurrency on the same server, and Redis memory per idle tenant.
+//!
+//! Run: `cargo test --release --test it redis_bench:: -- --ignored --nocapture`
+//! (needs `redis-server` and `redis-benchmark`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::redis_server::RedisServer;
+use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::redis::RedisStore;
+use budgetgate::reserve::{
+    BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
+    Settlement, Window,
+};
+
+/// The budgets of a typical request: tenant rpm/tpm/slots/day quota,
+/// tenant×model tpm, upstream rpm/tpm/slots. Limits high enough never to refuse.
+fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
+    let spec = |scope: Scope, name: BudgetName, kind: BudgetKind| BudgetSpec {
+        key: ks.budget(&scope, name),
+        scope,
+        name,
+        kind,
+        refund_unused: true,
+        shadow: false,
+    };
+    let t = || Scope::Tenant(tenant.into());
+    let big = BudgetKind::Bucket {
+        per_minute: 50_000_000,
+        burst: 50_000_000,
+    };
+    let common = vec![
+        spec(t(), BudgetName::Rpm, big),
+        spec(t(), BudgetName::Tpm, big),
+        spec(
+            t(),
+            BudgetName::MaxConcurrent,
+            BudgetKind::Concurrency { max: 1_000_000 },
+        ),
+        spec(
+            t(),
+            BudgetName::TokensPerDay,
+            BudgetKind::Quota {
+                limit: 50_000_000,
+                window: Window::Day,
+            },
+        ),
+        spec(
+            Scope::TenantModel(tenant.into(), "gpt-4o-mini".into()),
+            BudgetName::Tpm,
+            big,
+        ),
+    ];
+    let up = || Scope::Upstream("openai-east".into());
+    let upstream = vec![
+        spec(up(), BudgetName::Rpm, big),
+        spec(up(), BudgetName::Tpm, big),
+        spec(
+            up(),
+            BudgetName::MaxConcurrent,
+            BudgetKind::Concurrency { max: 1_000_000 },
+        ),
+    ];
+    (common, upstream)
+}
+
+/// A 1,000-token reservation `id` on the tenant's and one upstream's budgets.
+fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> ReserveRequest {
+    ReserveRequest {
+        id,
+        costs: budgetgate::reserve::Costs::tokens(1000),
+        common: common.to_vec(),
+        candidates: vec![upstream.to_vec()],
+        lease_micros: 30_000_000,
+        hold_ttl_micros: 60_000_000,
+        requester: Default::default(),
+    }
+}
+
+async fn pairs_per_second(
+    store: Arc<RedisStore>,
+    ks: &KeySpace,
+    callers: usize,
+    total: usize,
+) -> f64 {
+    let per = total / callers;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let store = store.clone();
+        let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per {
+                let req = bench_request(format!("b{callers}-{c}-{i}"), &common, &upstream);
+                match store.reserve(&req).await {
+                    Ok(ReserveOutcome::Admitted(_)) => {}
+                    other => panic!("benchmark reservation refused: {other:?}"),
+                }
+                let s = Settlement {
+                    actual_tokens: 700,
+                    upstream_failed: false,
+                    actual: budgetgate::reserve::Actual::Tokens,
+                };
+                store.settle(&req.id, &s).await.expect("settle");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    (per * callers) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Microseconds of Redis time per reservation and per settlement (`INFO
+/// commandstats` `usec` of EVALSHA over the calls made, each phase measured
+/// alone from `COST_CALLERS` callers, 16 by default; the store sends them
+/// in batches), the Redis
+/// commands one reserve+settle pair runs (the `calls` of every `INFO
+/// commandstats` line, which counts commands run by scripts too), and the
+/// mean number of calls per batch.
+async fn script_cost(
+    store: &Arc<RedisStore>,
+    server: &RedisServer,
+    ks: &KeySpace,
+) -> (usize, f64, f64, f64, f64) {
+    let callers: usize = std::env::var("COST_CALLERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    const PER: usize = 250;
+    let field = |info: &str, prefix: &str, name: &str| -> f64 {
+        info.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split([',', ':']).find_map(|kv| kv.strip_prefix(name)))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let reqs: Vec<Vec<ReserveRequest>> = (0..callers)
+        .map(|c| {
+            let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
+            (0..PER)
+                .map(|i| bench_request(format!("cost-{c}-{i}"), &common, &upstream))
+                .collect()
+        })
+        .collect();
+    let ids: Vec<Vec<String>> = reqs
+        .iter()
+        .map(|r| r.iter().map(|r| r.id.clone()).collect())
+        .collect();
+    let n = (callers * PER) as f64;
+    let before = store.batch_counts();
+    server.cli(&["config", "resetstat"]);
+    in_parallel(store, reqs, |store, req| async move {
+        assert!(matches!(
+            store.reserve(&req).await,
+            Ok(ReserveOutcome::Admitted(_))
+        ));
+    })
+    .await;
+    let stats = server.cli(&["info", "commandstats"]);
+    let reserve = field(&stats, "cmdstat_evalsha", "usec=") / n;
+    let mut commands = all_calls(&stats);
+    server.cli(&["config", "resetstat"]);
+    in_parallel(store, ids, |store, id| async move {
+        let s = Settlement {
+            actual_tokens: 700,
+            upstream_failed: false,
+            actual: budgetgate::reserve::Actual::Tokens,
+        };
+        store.settle(&id, &s).await.expect("settle");
+    })
+    .await;
+    let stats = server.cli(&["info", "commandstats"]);
+    let settle = field(&stats, "cmdstat_evalsha", "usec=") / n;
+    commands += all_calls(&stats);
+    let after = store.batch_counts();
+    let per_batch = (after.items - before.items) as f64 / (after.batches - before.batches) as f64;
+    (callers, reserve, settle, commands / n, per_batch)
+}
+
+/// One task per batch, each running `op` on its items in order; returns
+/// when every task is done.
+async fn in_parallel<T, F, Fut>(store: &Arc<RedisStore>, batches: Vec<Vec<T>>, op: F)
+where
+    T: Send + 'static,
+    F: Fn(Arc<RedisStore>, T) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let tasks: Vec<_> = batches
+        .into_iter()
+        .map(|batch| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for item in batch {
+                    op(store.clone(), item).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("caller");
+    }
+}
+
+/// Sum of `calls=` over the `cmdstat_*` lines of `INFO commandstats`.
+fn all_calls(stats: &str) -> f64 {
+    stats
+        .lines()
+        .filter(|l| {
+            l.starts_with("cmdstat_")
+                && !l.starts_with("cmdstat_info")
+                && !l.starts_with("cmdstat_config")
+        })
+        .filter_map(|l| l.split([',', ':']).find_map(|kv| kv.strip_prefix("calls=")))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// `redis-benchmark -c callers EVALSHA <sha of "return 1"> 0`, requests/s.
+fn redis_benchmark_evalsha(server: &RedisServer, callers: usize) -> Option<f64> {
+    let sha = server
+        .cli(&["script", "load", "return 1"])
+        .trim()
+        .to_string();
+    let out = std::process::Command::new("redis-benchmark")
+        .args(["-p", &server.port().to_string(), "-n", "100000", "-c"])
+        .arg(callers.to_string())
+        .args(["-q", "evalsha", &sha, "0"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "evalsha …: 71428.57 requests per second, p50=…" (after \r progress lines)
+    let line = text
+        .rsplit('\r')
+        .next()?
+        .lines()
+        .find(|l| l.contains("requests per second"))?;
+    let before = line.split(" requests per second").next()?;
+    before.rsplit(' ').next()?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures; run with --ignored --nocapture, preferably --release"]
+async fn redis_store_throughput_and_memory() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bgbench", "default");
+    let store = Arc::new(
+        RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+            .await
+            .expect("connect"),
+    );
+    // Warm up: load scripts, create keys.
+    pairs_per_second(store.clone(), &ks, 1, 200).await;
+    println!(
+        "reserve+settle pairs/s (8 budgets per request) vs redis-benchmark EVALSHA \"return 1\":"
+    );
+    for callers in [1usize, 16, 64] {
+        let before = store.batch_counts();
+        let pairs = pairs_per_second(store.clone(), &ks, callers, 4_000.max(callers * 100)).await;
+        let after = store.batch_counts();
+        let trivial = redis_benchmark_evalsha(&server, callers);
+        println!(
+            "  {callers:>2} callers: {pairs:>8.0} pairs/s ({:>8.0} calls/s, {:.1} calls per batch) | redis-benchmark EVALSHA: {}",
+            pairs * 2.0,
+            (after.items - before.items) as f64 / (after.batches - before.batches) as f64,
+            trivial.map_or("n/a".into(), |r| format!("{r:.0} calls/s"))
+        );
+    }
+
+    let (callers, reserve_us, settle_us, calls_per_pair, per_batch) =
+        script_cost(&store, &server, &ks).await;
+    println!(
+        "Redis time (INFO commandstats, {callers} callers, {per_batch:.1} calls per batch): \
+         {reserve_us:.1} µs per reservation, {settle_us:.1} µs per settlement; \
+         {calls_per_pair:.1} commands per reserve+settle pair \
+         (redis.call inside the scripts, EVALSHA included)"
+    );
+
+    // Memory of one idle tenant: its budget keys after one reservation settled.
+    let mut conn = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let (common, upstream) = budgets(&ks, "idle");
+    let req = ReserveRequest {
+        id: "idle-1".into(),
+        costs: budgetgate::reserve::Costs::tokens(1000),
+        common: common.clone(),
+        candidates: vec![upstream],
+        lease_micros: 30_000_000,
+        hold_ttl_micros: 60_000_000,
+        requester: Default::default(),
+    };
+    store.reserve(&req).await.expect("reserve");
+    store
+        .settle(
+            "idle-1",
+            &Settlement {
+                actual_tokens: 700,
+                upstream_failed: false,
+                actual: budgetgate::reserve::Actual::Tokens,
+            },
+        )
+        .await
+        .expect("settle");
+    let mut tenant_bytes = 0i64;
+    let mut tenant_keys = 0;
+    for spec in &common {
+        let bytes: Option<i64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&spec.key)
+            .query_async(&mut conn)
+            .await
+            .expect("MEMORY USAGE");
+        if let Some(b) = bytes {
+            tenant_bytes += b;
+            tenant_keys += 1;
+        }
+    }
+    let hold: Option<i64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(ks.hold("idle-1"))
+        .query_async(&mut conn)
+        .await
+        .expect("MEMORY USAGE");
+    println!(
+        "memory per idle tenant: {tenant_bytes} bytes in {tenant_keys} keys \
+         (rpm, tpm, day quota, tenant×model tpm; an empty slot set is deleted); \
+         a settled hold: {} bytes until its TTL",
+        hold.unwrap_or(0)
+    );
+}

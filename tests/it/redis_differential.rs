@@ -1,0 +1,439 @@
+//! Differential property test: random sequences of reserve / extend / renew
+//! / settle with random costs and clock steps, applied to the memory store
+//! (the reference) and the Redis store on one shared [`ManualClock`], must
+//! give identical outcomes and identical `inspect` values after every step.
+//! Waves of reserves (and of settles) are issued concurrently, so the Redis
+//! store sends them in batches (`reserve::redis::batch`); the memory store applies them
+//! one by one in the order they were issued, and every outcome must match.
+//!
+//! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
+//! needs `redis-server`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::redis_server;
+use crate::support::NOON;
+use budgetgate::clock::{Clock, ManualClock};
+use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::memory::MemoryStore;
+use budgetgate::reserve::redis::RedisStore;
+use budgetgate::reserve::{
+    BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveRequest, Scope, Settlement, Window,
+};
+use futures_util::future::join_all;
+use proptest::prelude::*;
+
+/// Lease of every reservation, µs (short, so random steps expire leases).
+const LEASE: u64 = 5_000_000;
+/// Hold lifetime, µs (short, so random steps expire holds).
+const HOLD_TTL: u64 = 60_000_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve {
+        id: u8,
+        tokens: u64,
+        common: u8,
+        candidates: u8,
+    },
+    Extend {
+        id: u8,
+        tokens: u64,
+    },
+    Renew {
+        id: u8,
+    },
+    Settle {
+        id: u8,
+        actual: u64,
+        failed: bool,
+    },
+    Advance {
+        micros: u64,
+    },
+    /// Reserves issued at once: `(id, tokens, common, candidates)` each.
+    ReserveWave(Vec<(u8, u64, u8, u8)>),
+    /// Settles issued at once: `(id, actual, failed)` each.
+    SettleWave(Vec<(u8, u64, bool)>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6).prop_map(
+            |(id, tokens, common, candidates)| Op::Reserve { id, tokens, common, candidates }
+        ),
+        2 => (0u8..6, 0u64..700).prop_map(|(id, tokens)| Op::Extend { id, tokens }),
+        1 => (0u8..6).prop_map(|id| Op::Renew { id }),
+        2 => (0u8..6, 0u64..2500, any::<bool>())
+            .prop_map(|(id, actual, failed)| Op::Settle { id, actual, failed }),
+        3 => prop_oneof![
+            0u64..100_000,
+            0u64..7_000_000,
+            0u64..90_000_000,
+            0u64..(2 * 86_400_000_000),
+        ]
+        .prop_map(|micros| Op::Advance { micros }),
+        2 => prop::collection::vec(
+            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6),
+            2..12
+        )
+        .prop_map(Op::ReserveWave),
+        2 => prop::collection::vec((0u8..6, 0u64..2500, any::<bool>()), 2..8)
+            .prop_map(Op::SettleWave),
+    ]
+}
+
+/// The budgets one case plays with, under a per-case key prefix.
+struct Universe {
+    tenant: Vec<BudgetSpec>,
+    upstreams: Vec<Vec<BudgetSpec>>,
+}
+
+fn universe(ks: &KeySpace) -> Universe {
+    let spec = |scope: Scope, name: BudgetName, kind: BudgetKind, refund_unused: bool| BudgetSpec {
+        key: ks.budget(&scope, name),
+        scope,
+        name,
+        kind,
+        refund_unused,
+        shadow: false,
+    };
+    let t = || Scope::Tenant("acme".into());
+    let m = || Scope::TenantModel("acme".into(), "gpt/4o".into());
+    let a = || Scope::Upstream("a".into());
+    let b = || Scope::Upstream("b".into());
+    let bucket = |per_minute, burst| BudgetKind::Bucket { per_minute, burst };
+    let day = |limit| BudgetKind::Quota {
+        limit,
+        window: Window::Day,
+    };
+    Universe {
+        tenant: vec![
+            spec(t(), BudgetName::Tpm, bucket(1000, 1200), true),
+            spec(t(), BudgetName::Rpm, bucket(20, 5), true),
+            spec(
+                t(),
+                BudgetName::MaxConcurrent,
+                BudgetKind::Concurrency { max: 3 },
+                true,
+            ),
+            spec(t(), BudgetName::TokensPerDay, day(2500), true),
+            spec(
+                t(),
+                BudgetName::TokensPerMonth,
+                BudgetKind::Quota {
+                    limit: 7_000,
+                    window: Window::Month,
+                },
+                true,
+            ),
+            spec(m(), BudgetName::Tpm, bucket(777, 900), true),
+            spec(m(), BudgetName::RequestsPerDay, day(12), true),
+        ],
+        upstreams: vec![
+            vec![
+                spec(a(), BudgetName::Tpm, bucket(600, 600), false),
+                spec(
+                    a(),
+                    BudgetName::MaxConcurrent,
+                    BudgetKind::Concurrency { max: 2 },
+                    false,
+                ),
+            ],
+            vec![
+                spec(b(), BudgetName::Tpm, bucket(3000, 2000), true),
+                spec(b(), BudgetName::RequestsPerDay, day(8), true),
+            ],
+        ],
+    }
+}
+
+fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) -> ReserveRequest {
+    let common = u
+        .tenant
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| common & (1 << i) != 0)
+        .map(|(_, s)| s.clone())
+        .collect();
+    let (a, b) = (u.upstreams[0].clone(), u.upstreams[1].clone());
+    let candidates = match cands {
+        0 => vec![],
+        1 => vec![a],
+        2 => vec![b],
+        3 => vec![a, b],
+        4 => vec![b, a],
+        _ => vec![vec![]],
+    };
+    ReserveRequest {
+        id: format!("c{case}-r{id}"),
+        costs: budgetgate::reserve::Costs::tokens(tokens),
+        common,
+        candidates,
+        lease_micros: LEASE,
+        hold_ttl_micros: HOLD_TTL,
+        requester: Default::default(),
+    }
+}
+
+static CASE: AtomicU64 = AtomicU64::new(0);
+
+/// How often each outcome occurred, printed at the end so a run shows it
+/// reached the interesting states (denials, replays, partial extensions…).
+static SEEN: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn seen(label: impl Into<String>) {
+    let mut m = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    *m.entry(label.into()).or_default() += 1;
+}
+
+/// Outcome variant name with its budget, e.g. `Denied/TokensPerDay`.
+fn label(debug: &str) -> String {
+    let head: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
+    let name = [
+        "Tpm",
+        "Rpm",
+        "MaxConcurrent",
+        "TokensPerDay",
+        "TokensPerMonth",
+        "RequestsPerDay",
+    ]
+    .iter()
+    .find(|n| debug.contains(&format!("name: {n}")));
+    match name {
+        Some(n) if head != "Admitted" => format!("{head}/{n}"),
+        _ if debug.contains("replayed: true") => "Admitted/replayed".into(),
+        _ if debug.contains("granted: 0") => "Extended/0".into(),
+        _ => head,
+    }
+}
+
+struct Fixture {
+    rt: tokio::runtime::Runtime,
+    clock: ManualClock,
+    redis: Arc<RedisStore>,
+    raw: redis::aio::MultiplexedConnection,
+}
+
+fn fixture() -> Fixture {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // Near both a day and a month boundary, so big steps cross them.
+    let clock = ManualClock::new(Window::Month.end(NOON) - 1_800_000_000);
+    let server = redis_server::shared();
+    let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+    let ks = KeySpace::new(&format!("bgdiff{}", std::process::id()), "d");
+    let (redis, raw) = rt.block_on(async {
+        let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks)
+            .await
+            .expect("connect")
+            .with_test_clock(dyn_clock);
+        let raw = redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw connection");
+        (store, raw)
+    });
+    Fixture {
+        rt,
+        clock,
+        redis: Arc::new(redis),
+        raw,
+    }
+}
+
+/// Fails unless every key of case `case` has a TTL (batches defer the
+/// writes and the slot-set TTLs to their end: none may be lost).
+async fn every_key_expires(f: &Fixture, case: u64) -> Result<(), TestCaseError> {
+    let mut raw = f.raw.clone();
+    let pattern = format!("bgdiff{}c{case}:*", std::process::id());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut raw)
+        .await
+        .expect("KEYS");
+    for k in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&k)
+            .query_async(&mut raw)
+            .await
+            .expect("PTTL");
+        prop_assert!(ttl > 0, "{} has no TTL ({})", k, ttl);
+    }
+    Ok(())
+}
+
+fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
+    let case = CASE.fetch_add(1, Ordering::SeqCst);
+    f.clock.set(Window::Month.end(NOON) - 1_800_000_000);
+    let memory = MemoryStore::new(Arc::new(f.clock.clone()));
+    let ks = KeySpace::new(&format!("bgdiff{}c{case}", std::process::id()), "d");
+    let u = universe(&ks);
+    let all: Vec<BudgetSpec> = u
+        .tenant
+        .iter()
+        .chain(u.upstreams.iter().flatten())
+        .cloned()
+        .collect();
+    // Ids whose hold specs the Redis store surely has cached (admitted, not
+    // replayed, not touched since): their settles are queued in the order
+    // issued, with no read first, so a settle wave of them is in order.
+    let mut cached: std::collections::BTreeSet<u8> = Default::default();
+    f.rt.block_on(async {
+        for (step, op) in ops.iter().enumerate() {
+            let ctx = format!("step {step}: {op:?}");
+            match op {
+                Op::ReserveWave(wave) => {
+                    let reqs: Vec<ReserveRequest> = wave
+                        .iter()
+                        .map(|&(id, tokens, common, cands)| {
+                            request(&u, case, id, tokens, common, cands)
+                        })
+                        .collect();
+                    let before = f.redis.batch_counts();
+                    let redis = join_all(reqs.iter().map(|r| f.redis.reserve(r))).await;
+                    let after = f.redis.batch_counts();
+                    // The first two go at once; the rest wait and go together.
+                    prop_assert!(
+                        after.batches - before.batches <= 3,
+                        "{} reserves in {} batches",
+                        reqs.len(),
+                        after.batches - before.batches
+                    );
+                    for (j, (req, r)) in reqs.iter().zip(redis).enumerate() {
+                        let id = wave[j].0;
+                        let m = memory.reserve(req).await.expect("memory");
+                        let r = r.expect("redis reserve");
+                        seen(format!("wave {}", label(&format!("{m:?}"))));
+                        let once = wave.iter().filter(|w| w.0 == id).count() == 1;
+                        match &m {
+                            budgetgate::reserve::ReserveOutcome::Admitted(a)
+                                if once && !a.replayed =>
+                            {
+                                cached.insert(id);
+                            }
+                            _ => {
+                                cached.remove(&id);
+                            }
+                        }
+                        prop_assert_eq!(m, r, "{} item {}", ctx, j);
+                    }
+                    every_key_expires(f, case).await?;
+                }
+                Op::SettleWave(wave) => {
+                    let mut ids = Vec::new();
+                    let mut items = Vec::new();
+                    for &(id, actual, failed) in wave {
+                        if cached.remove(&id) {
+                            ids.push(format!("c{case}-r{id}"));
+                            items.push(Settlement {
+                                actual_tokens: actual,
+                                upstream_failed: failed,
+                                actual: budgetgate::reserve::Actual::Tokens,
+                            });
+                        }
+                    }
+                    let redis =
+                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, s))).await;
+                    for (j, ((id, s), r)) in ids.iter().zip(&items).zip(redis).enumerate() {
+                        let m = memory.settle(id, s).await.expect("memory");
+                        seen(format!("wave {}", label(&format!("{m:?}"))));
+                        prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
+                    }
+                    every_key_expires(f, case).await?;
+                }
+                Op::Reserve {
+                    id,
+                    tokens,
+                    common,
+                    candidates,
+                } => {
+                    let req = request(&u, case, *id, *tokens, *common, *candidates);
+                    let m = memory.reserve(&req).await.expect("memory");
+                    let r = f.redis.reserve(&req).await.expect("redis reserve");
+                    seen(label(&format!("{m:?}")));
+                    match &m {
+                        budgetgate::reserve::ReserveOutcome::Admitted(a) if !a.replayed => {
+                            cached.insert(*id);
+                        }
+                        _ => {
+                            cached.remove(id);
+                        }
+                    }
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
+                Op::Extend { id, tokens } => {
+                    cached.remove(id);
+                    let id = format!("c{case}-r{id}");
+                    let m = memory
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("memory");
+                    let r = f
+                        .redis
+                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
+                        .await
+                        .expect("redis extend");
+                    seen(label(&format!("{m:?}")));
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
+                Op::Renew { id } => {
+                    cached.remove(id);
+                    let id = format!("c{case}-r{id}");
+                    let m = memory.renew(&id).await.expect("memory");
+                    let r = f.redis.renew(&id).await.expect("redis renew");
+                    seen(label(&format!("{m:?}")));
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
+                Op::Settle { id, actual, failed } => {
+                    cached.remove(id);
+                    let id = format!("c{case}-r{id}");
+                    let s = Settlement {
+                        actual_tokens: *actual,
+                        upstream_failed: *failed,
+                        actual: budgetgate::reserve::Actual::Tokens,
+                    };
+                    let m = memory.settle(&id, &s).await.expect("memory");
+                    let r = f.redis.settle(&id, &s).await.expect("redis settle");
+                    seen(label(&format!("{m:?}")));
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
+                Op::Advance { micros } => f.clock.advance(*micros),
+            }
+            let m = memory.inspect(&all).await.expect("memory inspect");
+            let r = f.redis.inspect(&all).await.expect("redis inspect");
+            prop_assert_eq!(m, r, "inspect after {}", ctx);
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn redis_store_matches_the_memory_store() {
+    let f = fixture();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 1..60), |ops| {
+        run_case(&f, &ops)
+    });
+    eprintln!(
+        "outcomes seen: {:?}",
+        SEEN.lock().unwrap_or_else(|e| e.into_inner())
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -1,0 +1,66 @@
+//! The one harness of the integration tests.
+//!
+//! - [`config`]: typed configs ([`TestConfig`]), rendered to TOML once.
+//! - [`gateway`]: a gateway in this process ([`Gateway`]), started through
+//!   the binary's own `app::run` on a frozen clock; budgets' remaining values.
+//! - [`process`]: the real binary as a child process ([`GatewayProcess`]).
+//! - [`http`]: requests, headers, SSE parsing, metrics, shared by both.
+//! - [`python`]: the official `openai` SDK scripts under `tests/python/`.
+//! - [`redis_server`]: real `redis-server`s and Redis Clusters.
+//! - [`mock_upstream`]: the simulated upstream, the very file the README
+//!   runs as `examples/mock_upstream.rs`.
+#![allow(dead_code, unused_imports)]
+
+pub mod config;
+pub mod gateway;
+pub mod http;
+#[path = "../../examples/mock_upstream.rs"]
+pub mod mock_upstream;
+pub mod process;
+pub mod python;
+pub mod redis_server;
+
+pub use config::{limits, Kind, Limits, LimitsExt, TestConfig};
+pub use gateway::Gateway;
+pub use http::*;
+pub use process::GatewayProcess;
+pub use python::{run_python, run_python_any};
+
+/// The API key of tenant `t1` in [`TestConfig::standard`].
+pub const KEY: &str = "sk-test-budgetgate";
+
+/// 2026-11-30T12:00:00Z in UTC microseconds: mid-day, far from a quota boundary.
+pub const NOON: u64 = 1_796_040_000_000_000;
+
+/// `rel` inside the repository (`""`: its root).
+pub fn repo_path(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// The gateway's input-token estimate of a `gpt-4o-mini` (o200k_base) chat body.
+pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
+    use budgetgate::dialects::Dialect;
+    use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+    let me = ModelEstimation {
+        encoding: Encoding::O200kBase,
+        default_max_output_tokens: 16,
+        max_output_tokens: 4096,
+        min_output_tokens: 16,
+    };
+    estimate(
+        Dialect::ChatCompletions,
+        body,
+        &me,
+        &EstimateSettings::default(),
+        None,
+    )
+    .expect("estimate")
+    .input_tokens
+}
+
+/// Starts the simulated upstream with default settings.
+pub async fn start_mock() -> mock_upstream::MockUpstream {
+    mock_upstream::start(mock_upstream::MockConfig::default())
+        .await
+        .expect("mock upstream")
+}
