@@ -31,6 +31,7 @@ mod redis_fleet;
 mod redis_outage;
 mod redis_retry;
 mod reload;
+mod responses;
 mod sdk_e2e;
 mod shutdown;
 mod store_conformance;

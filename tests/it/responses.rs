@@ -5,53 +5,35 @@
 //! `input_tokens` route, the cap and usage fields sent upstream, and
 //! per-kind upstream URLs and config checks.
 
-mod common;
-
-use budgetgate::config::{hash_key, Policy};
-use budgetgate::reservation::plan;
-use budgetgate::reserve::{BudgetName, BudgetSpec};
-use budgetgate::server::AppState;
-use common::mock_upstream::{Fault, MockUpstream};
-use common::*;
+use budgetgate::config::Policy;
+use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
+
+use crate::support::config::{model, tenant, upstream, RawModel, RawUpstream as Upstream};
+use crate::support::mock_upstream::{self, Fault, MockUpstream};
+use crate::support::*;
 
 const KEY2: &str = "sk-test-other-tenant";
 
 /// One upstream, model gpt-4o-mini (default output `default_out`), tenant
-/// t1 with `limits` and a daily quota to read charges from, tenant t2.
-fn cfg(mock: &MockUpstream, default_out: u64, limits: &str, extra_t1: &str) -> String {
-    let limits = if limits.is_empty() {
-        "tokens_per_day = 1000000, requests_per_day = 1000".to_string()
-    } else {
-        format!("tokens_per_day = 1000000, requests_per_day = 1000, {limits}")
-    };
-    config(
-        &mock.base_url(),
-        default_out,
-        &limits,
-        &format!(
-            "{extra_t1}\n[[tenants]]\nname = \"t2\"\nkeys = [{{ id = \"k2\", sha256 = \"{}\" }}]\nlimits = {{ tpm = 1000000 }}\n",
-            hash_key(KEY2)
-        ),
-    )
+/// t1 with `limits` plus a daily quota to read charges from, tenant t2.
+fn cfg(mock: &MockUpstream, default_out: u64, limits: Limits) -> TestConfig {
+    let limits = limits.tokens_per_day(1_000_000).requests_per_day(1000);
+    TestConfig::standard(&mock.base_url(), default_out, limits).with_tenant(tenant(
+        "t2",
+        "k2",
+        KEY2,
+        crate::support::limits().tpm(1_000_000),
+    ))
 }
 
 /// Used amount of t1's `name` budget.
-fn used(gw: &Gateway, name: BudgetName) -> u64 {
-    let policy = gw.state.policy.load_full();
-    let ks = AppState::key_space(&policy);
-    let (tenant, key) = policy.authenticate(KEY).expect("test key");
-    let model = policy.model("gpt-4o-mini").expect("model");
-    let specs: Vec<BudgetSpec> = plan::tenant_budgets(&ks, tenant, key, model)
-        .into_iter()
-        .filter(|s| s.name == name)
-        .collect();
-    let state = gw.store.inspect_sync(&specs).pop().expect("budget");
-    (state.limit as i64 - state.remaining) as u64
+async fn used(gw: &Gateway, name: BudgetName) -> u64 {
+    gw.t1_used(name).await
 }
 
-fn tokens_used(gw: &Gateway) -> u64 {
-    used(gw, BudgetName::TokensPerDay)
+async fn tokens_used(gw: &Gateway) -> u64 {
+    used(gw, BudgetName::TokensPerDay).await
 }
 
 async fn post(gw: &Gateway, key: &str, path: &str, body: &Value) -> reqwest::Response {
@@ -117,7 +99,7 @@ fn last_upstream_body(mock: &MockUpstream) -> Value {
 async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_no_include_usage() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let gw = cfg(&mock, 100, limits()).start().await;
     let body = json!({"model": "gpt-4o-mini", "instructions": "Be brief.", "input": "Say hello to the world."});
 
     let r = post(&gw, KEY, "/responses", &body).await;
@@ -127,7 +109,11 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
     let total = v["usage"]["total_tokens"].as_u64().unwrap();
     assert_eq!(v["usage"]["output_tokens"], 10);
     gw.settled().await;
-    assert_eq!(tokens_used(&gw), total, "settled the body's usage exactly");
+    assert_eq!(
+        tokens_used(&gw).await,
+        total,
+        "settled the body's usage exactly"
+    );
     let up = last_upstream_body(&mock);
     assert_eq!(
         up["max_output_tokens"], 100,
@@ -145,7 +131,7 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
     assert_eq!(text_deltas(&evs), 10);
     let stotal = last["response"]["usage"]["total_tokens"].as_u64().unwrap();
     gw.settled().await;
-    assert_eq!(tokens_used(&gw), total + stotal);
+    assert_eq!(tokens_used(&gw).await, total + stotal);
     let up = last_upstream_body(&mock);
     assert!(up["max_output_tokens"].as_u64().unwrap() >= 16);
     assert!(
@@ -160,15 +146,15 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
     assert_eq!(v["usage"]["output_tokens"], 17);
     let t3 = v["usage"]["total_tokens"].as_u64().unwrap();
     gw.settled().await;
-    assert_eq!(tokens_used(&gw), total + stotal + t3);
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(tokens_used(&gw).await, total + stotal + t3);
+    assert_eq!(gw.memory().live_holds(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cap_below_16_is_refused_and_a_small_default_goes_up_as_16() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(40);
-    let gw = start_gateway(&cfg(&mock, 16, "", "")).await;
+    let gw = cfg(&mock, 16, limits()).start().await;
     let r = post(
         &gw,
         KEY,
@@ -195,7 +181,7 @@ async fn a_client_cap_below_16_is_refused_and_a_small_default_goes_up_as_16() {
 async fn a_budget_cutoff_ends_with_response_incomplete_and_charges_prompt_plus_delivered() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(2000);
-    let gw = start_gateway(&cfg(&mock, 50, "tpm = 400", "")).await;
+    let gw = cfg(&mock, 50, limits().tpm(400)).start().await;
     let body = json!({"model": "gpt-4o-mini", "input": "Write a long story.", "stream": true});
     let evs = stream_events(&gw, &body).await;
     let (name, last) = evs.last().unwrap();
@@ -225,18 +211,18 @@ async fn a_budget_cutoff_ends_with_response_incomplete_and_charges_prompt_plus_d
     let input = resp["usage"]["input_tokens"].as_u64().unwrap();
     gw.settled().await;
     assert_eq!(
-        tokens_used(&gw),
+        tokens_used(&gw).await,
         input + delivered,
         "prompt + delivered output"
     );
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(gw.memory().live_holds(), 0);
 }
 
 async fn settle_of(fault: Fault) -> (Vec<(String, Value)>, u64, u64) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(20);
     mock.state.set_fault(Some(fault));
-    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let gw = cfg(&mock, 100, limits()).start().await;
     let body = json!({"model": "gpt-4o-mini", "input": "Say something.", "stream": true});
     let input = {
         let r = post(
@@ -252,8 +238,8 @@ async fn settle_of(fault: Fault) -> (Vec<(String, Value)>, u64, u64) {
     };
     let evs = stream_events(&gw, &body).await;
     gw.settled().await;
-    assert_eq!(gw.store.live_holds(), 0);
-    (evs, tokens_used(&gw), input)
+    assert_eq!(gw.memory().live_holds(), 0);
+    (evs, tokens_used(&gw).await, input)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,7 +284,7 @@ async fn incomplete_failed_and_dropped_streams_settle_the_documented_amounts() {
 async fn stored_responses_belong_to_their_tenant() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let gw = cfg(&mock, 100, limits()).start().await;
     let r = post(
         &gw,
         KEY,
@@ -352,8 +338,8 @@ async fn stored_responses_belong_to_their_tenant() {
     );
 
     // The owner: GET and input_items proxied; request budgets charged, token budgets not.
-    let tokens = tokens_used(&gw);
-    let requests = used(&gw, BudgetName::RequestsPerDay);
+    let tokens = tokens_used(&gw).await;
+    let requests = used(&gw, BudgetName::RequestsPerDay).await;
     let r = call(&gw, KEY, Method::GET, &format!("/responses/{id}")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<Value>().await.unwrap()["id"], id);
@@ -370,8 +356,8 @@ async fn stored_responses_belong_to_their_tenant() {
         Some("limit=5")
     );
     gw.settled().await;
-    assert_eq!(tokens_used(&gw), tokens);
-    assert_eq!(used(&gw, BudgetName::RequestsPerDay), requests + 2);
+    assert_eq!(tokens_used(&gw).await, tokens);
+    assert_eq!(used(&gw, BudgetName::RequestsPerDay).await, requests + 2);
 
     // The follow-up is estimated as the recorded context + the new input.
     let r = post(&gw, KEY, "/responses/input_tokens", &follow).await;
@@ -420,7 +406,7 @@ async fn the_owner_can_fetch_a_response_while_it_streams() {
     mock.state.set_output_tokens(30);
     mock.state
         .set_token_delay(std::time::Duration::from_millis(30));
-    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let gw = cfg(&mock, 100, limits()).start().await;
     let mut r = post(
         &gw,
         KEY,
@@ -461,37 +447,24 @@ async fn a_follow_up_goes_only_to_the_recorded_deployment() {
     for m in [&a, &b] {
         m.state.set_output_tokens(10);
     }
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-[[upstreams]]
-name = "a"
-kind = "openai"
-base_url = "{}"
-limits = {{ tpm = 1000000 }}
-[[upstreams]]
-name = "b"
-kind = "openai"
-base_url = "{}"
-limits = {{ tpm = 400 }}
-[[models]]
-name = "gpt-4o-mini"
-upstreams = ["b", "a"]
-encoding = "o200k_base"
-default_max_output_tokens = 50
-max_output_tokens = 4096
-routing = "priority"
-[[tenants]]
-name = "t1"
-{}
-limits = {{ tpm = 1000000 }}
-"#,
-        a.base_url(),
-        b.base_url(),
-        key_line()
-    );
-    let gw = start_gateway(&toml).await;
+    let mut c = TestConfig::new();
+    c.upstreams.push(Upstream {
+        limits: limits().tpm(1_000_000),
+        ..upstream("a", Kind::Openai, &a.base_url())
+    });
+    c.upstreams.push(Upstream {
+        limits: limits().tpm(400),
+        ..upstream("b", Kind::Openai, &b.base_url())
+    });
+    c.models.push(RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(50),
+        max_output_tokens: Some(4096),
+        routing: Some("priority".into()),
+        ..model("gpt-4o-mini", &["b", "a"])
+    });
+    let c = c.with_tenant(tenant("t1", "k1", KEY, limits().tpm(1_000_000)));
+    let gw = c.start().await;
     let r = post(
         &gw,
         KEY,
@@ -524,13 +497,10 @@ limits = {{ tpm = 1000000 }}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrecorded_ids_are_forwarded_only_by_opt_in_with_an_allowance() {
     let mock = start_mock().await;
-    let gw = start_gateway(&cfg(
-        &mock,
-        100,
-        "",
-        "allow_unrecorded_previous_response = true\nunrecorded_previous_response_tokens = 500",
-    ))
-    .await;
+    let mut c = cfg(&mock, 100, limits());
+    c.tenant("t1").allow_unrecorded_previous_response = Some(true);
+    c.tenant("t1").unrecorded_previous_response_tokens = Some(500);
+    let gw = c.start().await;
     let body =
         json!({"model": "gpt-4o-mini", "input": "Hi.", "previous_response_id": "resp_from_before"});
     let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
@@ -561,13 +531,9 @@ async fn unrecorded_ids_are_forwarded_only_by_opt_in_with_an_allowance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_metered_or_isolated_is_refused_naming_the_field() {
     let mock = start_mock().await;
-    let gw = start_gateway(&cfg(
-        &mock,
-        100,
-        "",
-        "allowed_provider_objects = [\"file-ok\"]",
-    ))
-    .await;
+    let mut c = cfg(&mock, 100, limits());
+    c.tenant("t1").allowed_provider_objects = vec!["file-ok".into()];
+    let gw = c.start().await;
     let base = json!({"model": "gpt-4o-mini", "input": "Hi."});
     let with = |k: &str, v: Value| {
         let mut b = base.clone();
@@ -617,11 +583,9 @@ async fn what_cannot_be_metered_or_isolated_is_refused_naming_the_field() {
 async fn background_allowed_by_the_model_is_charged_the_whole_reservation() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let toml = cfg(&mock, 100, "", "").replace(
-        "max_output_tokens = 4096\n[[models]]\nname = \"text-embedding-3-small\"",
-        "max_output_tokens = 4096\nallow_background = true\n[[models]]\nname = \"text-embedding-3-small\"",
-    );
-    let gw = start_gateway(&toml).await;
+    let mut c = cfg(&mock, 100, limits());
+    c.model("gpt-4o-mini").allow_background = Some(true);
+    let gw = c.start().await;
     let body = json!({"model": "gpt-4o-mini", "input": "Hi.", "background": true});
     let input = {
         let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
@@ -631,13 +595,13 @@ async fn background_allowed_by_the_model_is_charged_the_whole_reservation() {
     };
     assert_eq!(post(&gw, KEY, "/responses", &body).await.status(), 200);
     gw.settled().await;
-    assert_eq!(tokens_used(&gw), input + 100, "never refunded");
+    assert_eq!(tokens_used(&gw).await, input + 100, "never refunded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_tokens_is_answered_by_the_estimator_and_charges_request_budgets_only() {
     let mock = start_mock().await;
-    let gw = start_gateway(&cfg(&mock, 100, "rpm = 100, tpm = 1000", "")).await;
+    let gw = cfg(&mock, 100, limits().rpm(100).tpm(1000)).start().await;
     let body = json!({"model": "gpt-4o-mini", "instructions": "Be kind.", "input": "Hello there."});
     let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
     assert_eq!(r.status(), 200);
@@ -650,61 +614,63 @@ async fn input_tokens_is_answered_by_the_estimator_and_charges_request_budgets_o
     assert_eq!(v["input_tokens"].as_u64().unwrap(), expected);
     gw.settled().await;
     assert_eq!(mock.state.request_count(), 0);
-    assert_eq!(tokens_used(&gw), 0);
-    assert_eq!(used(&gw, BudgetName::RequestsPerDay), 1);
+    assert_eq!(tokens_used(&gw).await, 0);
+    assert_eq!(used(&gw, BudgetName::RequestsPerDay).await, 1);
 }
 
 #[test]
 fn check_config_rejects_a_minimum_below_16_for_models_on_the_responses_route() {
-    let base = |extra_model: &str, min: u64| {
-        format!(
-            "[estimation]\nmin_output_tokens = {min}\n[[upstreams]]\nname = \"u\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[[models]]\nname = \"m\"\nupstreams = [\"u\"]\n{extra_model}\n"
-        )
+    let base = |responses: Option<bool>, min: u64| {
+        let mut c = TestConfig::new();
+        c.estimation.min_output_tokens = Some(min as i64);
+        c.upstreams
+            .push(upstream("u", Kind::Openai, "http://127.0.0.1:1/v1"));
+        c.models.push(RawModel {
+            responses,
+            ..model("m", &["u"])
+        });
+        Policy::from_toml(&c.render())
     };
-    let err = Policy::from_toml(&base("", 8)).unwrap_err().to_string();
+    let err = base(None, 8).unwrap_err().to_string();
     assert!(
         err.contains("min_output_tokens") && err.contains("/v1/responses"),
         "{err}"
     );
-    assert!(Policy::from_toml(&base("responses = false", 8)).is_ok());
-    assert!(Policy::from_toml(&base("", 16)).is_ok());
+    assert!(base(Some(false), 8).is_ok());
+    assert!(base(None, 16).is_ok());
     // Azure before 2025-03-01-preview cannot serve the route: asking for it is a load error.
-    let azure = |version: &str, extra: &str| {
-        format!(
-            "[[upstreams]]\nname = \"az\"\nkind = \"azure\"\napi_version = \"{version}\"\nbase_url = \"https://x.openai.azure.com\"\n[[models]]\nname = \"m\"\nupstreams = [\"az\"]\n{extra}\n"
-        )
+    let azure = |version: &str, responses: Option<bool>| {
+        let mut c = TestConfig::new();
+        c.upstreams.push(Upstream {
+            api_version: Some(version.into()),
+            ..upstream("az", Kind::Azure, "https://x.openai.azure.com")
+        });
+        c.models.push(RawModel {
+            responses,
+            ..model("m", &["az"])
+        });
+        Policy::from_toml(&c.render())
     };
-    let err = Policy::from_toml(&azure("2024-10-21", "responses = true"))
-        .unwrap_err()
-        .to_string();
+    let err = azure("2024-10-21", Some(true)).unwrap_err().to_string();
     assert!(err.contains("responses"), "{err}");
-    let p = Policy::from_toml(&azure("2024-10-21", "")).unwrap();
+    let p = azure("2024-10-21", None).unwrap();
     assert!(!p.models[0].responses, "not served by default");
-    let p = Policy::from_toml(&azure("2025-04-01-preview", "responses = true")).unwrap();
-    assert!(p.models[0].responses);
+    assert!(azure("2025-04-01-preview", Some(true)).unwrap().models[0].responses);
 }
 
 #[test]
 fn each_upstream_kind_builds_its_responses_url() {
-    let toml = r#"
-[[upstreams]]
-name = "oa"
-kind = "openai"
-base_url = "https://api.openai.com/v1"
-[[upstreams]]
-name = "sh"
-kind = "self_hosted"
-base_url = "http://127.0.0.1:8000/v1"
-[[upstreams]]
-name = "az"
-kind = "azure"
-api_version = "2025-04-01-preview"
-base_url = "https://x.openai.azure.com"
-[[models]]
-name = "m"
-upstreams = ["oa", "sh", "az"]
-"#;
-    let p = Policy::from_toml(toml).unwrap();
+    let mut c = TestConfig::new();
+    c.upstreams
+        .push(upstream("oa", Kind::Openai, "https://api.openai.com/v1"));
+    c.upstreams
+        .push(upstream("sh", Kind::SelfHosted, "http://127.0.0.1:8000/v1"));
+    c.upstreams.push(Upstream {
+        api_version: Some("2025-04-01-preview".into()),
+        ..upstream("az", Kind::Azure, "https://x.openai.azure.com")
+    });
+    c.models.push(model("m", &["oa", "sh", "az"]));
+    let p = c.policy();
     use budgetgate::dialects::Dialect;
     use budgetgate::upstreams::{endpoint_url, responses_url};
     let url = |i: usize| endpoint_url(&p.upstreams[i], Dialect::Responses, "gpt-x");
@@ -728,7 +694,7 @@ upstreams = ["oa", "sh", "az"]
 async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exactly() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(12);
-    let gw = start_gateway(&cfg(&mock, 100, "tpm = 100000", "")).await;
+    let gw = cfg(&mock, 100, limits().tpm(100_000)).start().await;
     let r = run_python("sdk_responses.py", &gw.base_url(), &["basic"])
         .await
         .json();
@@ -764,7 +730,7 @@ async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exact
     assert!(reqs[5]["usage"]["input_tokens"].as_u64().unwrap() > total(&reqs[0]));
     // Settled exactly: the sum of the terminal usages.
     let sum: u64 = reqs.iter().map(total).sum();
-    assert_eq!(tokens_used(&gw), sum);
+    assert_eq!(tokens_used(&gw).await, sum);
     // Refunds visible in the next request's x-ratelimit-remaining-tokens:
     // remaining(next) = remaining(prev) + reserved(prev) − settled(prev) − reserved(next),
     // where a plain-text request reserves its input (the estimate equals the
@@ -784,7 +750,7 @@ async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exact
             i + 1
         );
     }
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(gw.memory().live_holds(), 0);
     // Every upstream body carried a cap ≥ 16 and never include_usage.
     for q in mock.state.requests() {
         assert!(q.body["max_output_tokens"].as_u64().unwrap() >= 16);
@@ -796,7 +762,7 @@ async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exact
 async fn the_openai_sdk_reads_a_cutoff_to_the_end_in_both_styles() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(2000);
-    let gw = start_gateway(&cfg(&mock, 50, "tpm = 400", "")).await;
+    let gw = cfg(&mock, 50, limits().tpm(400)).start().await;
     let r = run_python("sdk_responses.py", &gw.base_url(), &["cutoff", "create"])
         .await
         .json();
@@ -822,8 +788,8 @@ async fn the_openai_sdk_reads_a_cutoff_to_the_end_in_both_styles() {
     let first = c["usage"]["total_tokens"].as_u64().unwrap();
     assert!(c["usage"]["output_tokens"].as_u64().unwrap() > 0);
     let second = h["usage"]["total_tokens"].as_u64().unwrap();
-    assert_eq!(tokens_used(&gw), first + second);
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(tokens_used(&gw).await, first + second);
+    assert_eq!(gw.memory().live_holds(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -831,11 +797,11 @@ async fn the_openai_sdk_raises_api_error_on_a_dropped_stream() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(20);
     mock.state.set_fault(Some(Fault::DropMidStream));
-    let gw = start_gateway(&cfg(&mock, 100, "", "")).await;
+    let gw = cfg(&mock, 100, limits()).start().await;
     let r = run_python("sdk_responses.py", &gw.base_url(), &["error"])
         .await
         .json();
     assert_eq!(r["raised"]["is_api_error"], true, "{r}");
     gw.settled().await;
-    assert_eq!(gw.store.live_holds(), 0);
+    assert_eq!(gw.memory().live_holds(), 0);
 }
