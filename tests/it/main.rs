@@ -32,6 +32,7 @@ mod redis_outage;
 mod redis_retry;
 mod reload;
 mod responses;
+mod responses_estimate;
 mod sdk_e2e;
 mod shutdown;
 mod store_conformance;

@@ -805,3 +805,83 @@ async fn the_openai_sdk_raises_api_error_on_a_dropped_stream() {
     gw.settled().await;
     assert_eq!(gw.memory().live_holds(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reasoning_model_is_never_extended_its_cap_goes_upstream() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(300);
+    let mut c = cfg(&mock, 40, limits());
+    c.model("gpt-4o-mini").reasoning = Some(true);
+    let gw = c.start().await;
+    let evs = stream_events(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "input": "Think.", "stream": true}),
+    )
+    .await;
+    // The reservation's output (40) is the cap upstream; the upstream stops there.
+    assert_eq!(last_upstream_body(&mock)["max_output_tokens"], 40);
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    assert_eq!(text_deltas(&evs), 40);
+    gw.settled().await;
+    assert_eq!(
+        tokens_used(&gw).await,
+        last["response"]["usage"]["total_tokens"].as_u64().unwrap()
+    );
+}
+
+/// Owner records in a real Redis: one key per record under its own hash
+/// tag (the response id), with the TTL, read back, deleted; and the
+/// gateway on the Redis store keeps tenants apart through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_records_live_in_redis_under_their_own_hash_tag() {
+    use budgetgate::reserve::records::ResponseRecord;
+    use budgetgate::reserve::redis::records::RedisRecords;
+    let server = crate::support::redis_server::RedisServer::start();
+    let records = RedisRecords::new(
+        &server.url(),
+        "bgtest",
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_secs(3600),
+    );
+    let rec = ResponseRecord {
+        tenant: "t1".into(),
+        model: "gpt-4o-mini".into(),
+        deployment: "mock".into(),
+        context_tokens: 123,
+    };
+    records.put("resp_abc", &rec).await.unwrap();
+    assert_eq!(records.key("resp_abc"), "bgtest:resp:{resp_abc}");
+    assert_eq!(records.get("resp_abc").await.unwrap(), Some(rec.clone()));
+    let ttl: i64 = server
+        .cli(&["PTTL", "bgtest:resp:{resp_abc}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
+    let stored = server.cli(&["GET", "bgtest:resp:{resp_abc}"]);
+    assert!(stored.trim().len() <= 40, "compact: {stored}");
+    records.delete("resp_abc").await.unwrap();
+    assert_eq!(records.get("resp_abc").await.unwrap(), None);
+
+    // Through the gateway on the Redis store.
+    let mock = start_mock().await;
+    let gw = cfg(&mock, 100, limits()).redis(&server.url()).start().await;
+    let r = post(
+        &gw,
+        KEY,
+        "/responses",
+        &json!({"model": "gpt-4o-mini", "input": "Hi."}),
+    )
+    .await;
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    gw.settled().await;
+    let n = mock.state.request_count();
+    let follow = json!({"model": "gpt-4o-mini", "input": "More.", "previous_response_id": id});
+    assert_eq!(post(&gw, KEY2, "/responses", &follow).await.status(), 404);
+    assert_eq!(mock.state.request_count(), n);
+    assert_eq!(post(&gw, KEY, "/responses", &follow).await.status(), 200);
+}
