@@ -271,7 +271,7 @@ impl IntoResponse for ApiError {
             ),
             ApiError::NotFound(path) => body(
                 status,
-                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."),
+                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models."),
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),

@@ -88,11 +88,9 @@ impl StreamState {
         let index = v.get("output_index").and_then(Value::as_u64);
         let delta = v.get("delta").and_then(Value::as_str);
         match kind {
-            "response.created" => {
-                if self.created.is_none() {
-                    self.created = v.get("response").filter(|r| r.is_object()).cloned();
-                    out.created_id = self.response_id().is_some();
-                }
+            "response.created" if self.created.is_none() => {
+                self.created = v.get("response").filter(|r| r.is_object()).cloned();
+                out.created_id = self.response_id().is_some();
             }
             "error" => out.error = true,
             k if TERMINAL.contains(&k) => {
