@@ -13,10 +13,8 @@
 //! recently used first out, `budgetgate_response_records_evicted_total`);
 //! an evicted id is unknown.
 //!
-//! Size (docs/API.md): a record is about 40 bytes of value and 60 of key;
-//! with Redis's per-key overhead (about 70 bytes) about 170 bytes, so
-//! 100 requests/s kept 30 days (259 M records) hold about 44 GB. Shorten
-//! the TTL (`store.response_record_ttl_secs`) to what clients need.
+//! Bytes per record and the size at a given request rate are measured in
+//! docs/API.md ("Stored responses belong to one tenant").
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
