@@ -20,6 +20,12 @@
 //! * `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
 //!   `GET /v1/models`, and the Azure forms
 //!   `POST /openai/deployments/{deployment}/{chat/completions|completions|embeddings}`.
+//! * The Responses API (`POST /v1/responses`, whole and streamed, and the
+//!   stored-response routes; Azure under `/openai/responses`): see
+//!   [`responses`] for its counting, output and scenario controls
+//!   (`response_incomplete`, `response_failed`, `response_failed_no_usage`
+//!   faults; [`MockState::set_responses_details`] for cached and reasoning
+//!   tokens).
 //! * Generated text is exactly `K = min(output_tokens, cap)` tokens, where `cap`
 //!   is the smaller of the request's `max_completion_tokens` / `max_tokens`; every
 //!   generated word ([`WORDS`]) is exactly one token in both `o200k_base` and

@@ -315,6 +315,8 @@ async fn stored_responses_belong_to_their_tenant() {
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "previous_response_id");
+    let r = post(&gw, KEY2, "/responses/input_tokens", &follow).await;
+    assert_eq!(r.status(), 404, "the estimate route keeps it too");
     // Unknown and malformed ids: 404 by default.
     for bad in ["resp_unknown", "resp.../x", ""] {
         let mut b = follow.clone();
