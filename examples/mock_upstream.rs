@@ -32,7 +32,9 @@
 //!   `cl100k_base`, and one streamed delta carries exactly one token.
 //! * Prompt tokens are counted with the mock's own code, following OpenAI's
 //!   published rule (3 tokens per message, +1 per `name`, +3 reply priming).
-//! * Every request is recorded in [`MockState`] before any hold or fault logic.
+//! * Every request is recorded in [`MockState`] before any hold or fault logic;
+//!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
+//!   as one JSON line (method, path, query, every header): the request log.
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
@@ -99,6 +101,10 @@ pub struct MockConfig {
     pub first_byte_delay: Duration,
     /// When set, the Azure routes require this `api-version` and `api-key`.
     pub expect_azure: Option<AzureExpect>,
+    /// Print every request (method, path, query, all headers) as one JSON
+    /// line on stdout: the request log an operator reads to see what the
+    /// gateway sends upstream.
+    pub log_requests: bool,
 }
 
 impl Default for MockConfig {
@@ -108,6 +114,7 @@ impl Default for MockConfig {
             output_tokens: 64,
             first_byte_delay: Duration::from_secs(2),
             expect_azure: None,
+            log_requests: false,
         }
     }
 }
@@ -150,6 +157,9 @@ pub enum Fault {
     /// `prompt_filter_results` before the content, and `: keep-alive` comment
     /// frames between chunks.
     ContentFilterChunks,
+    /// Read only `max_tokens` as the output cap, as llama.cpp's server does:
+    /// `max_completion_tokens` is ignored.
+    MaxTokensOnly,
     /// Responses: end `incomplete` (`max_output_tokens`) after half the output, with usage.
     ResponseIncomplete,
     /// Responses: end `failed` after half the output, with usage.
@@ -160,7 +170,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in declaration order.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::RateLimited,
         Fault::ServerError,
         Fault::BadRequest,
@@ -171,6 +181,7 @@ impl Fault {
         Fault::MissingUsage,
         Fault::NoDone,
         Fault::ContentFilterChunks,
+        Fault::MaxTokensOnly,
         Fault::ResponseIncomplete,
         Fault::ResponseFailed,
         Fault::ResponseFailedNoUsage,
@@ -194,6 +205,7 @@ impl Fault {
             Fault::MissingUsage => "missing_usage",
             Fault::NoDone => "no_done",
             Fault::ContentFilterChunks => "content_filter_chunks",
+            Fault::MaxTokensOnly => "max_tokens_only",
             Fault::ResponseIncomplete => "response_incomplete",
             Fault::ResponseFailed => "response_failed",
             Fault::ResponseFailedNoUsage => "response_failed_no_usage",
@@ -240,6 +252,7 @@ pub struct MockState {
     held: AtomicUsize,
     first_byte_delay: Duration,
     expect_azure: Option<AzureExpect>,
+    log_requests: bool,
     /// Responses created (stored), by id.
     stored: Arc<Mutex<std::collections::HashMap<String, Value>>>,
     /// The `input` of each stored response.
@@ -265,6 +278,7 @@ impl MockState {
             held: AtomicUsize::new(0),
             first_byte_delay: config.first_byte_delay,
             expect_azure: config.expect_azure.clone(),
+            log_requests: config.log_requests,
             stored: Arc::default(),
             stored_inputs: Mutex::default(),
             responses_details: Mutex::default(),
@@ -339,6 +353,18 @@ impl MockState {
     }
 
     fn record(&self, r: RecordedRequest) {
+        if self.log_requests {
+            // One JSON line per request: method, path, query and every header.
+            let headers: Map<String, Value> = r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            println!(
+                "{}",
+                json!({"method": r.method, "path": r.path, "query": r.query, "headers": headers})
+            );
+        }
         lock(&self.requests).push(r);
     }
 
@@ -818,6 +844,7 @@ async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response
         | Fault::MissingUsage
         | Fault::NoDone
         | Fault::ContentFilterChunks
+        | Fault::MaxTokensOnly
         | Fault::ResponseIncomplete
         | Fault::ResponseFailed
         | Fault::ResponseFailedNoUsage => return None,
@@ -1015,13 +1042,14 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
             "Invalid 'n': integer above maximum value (128).",
         ));
     }
-    let cap = [
-        positive_param(&body, "max_completion_tokens")?,
-        positive_param(&body, "max_tokens")?,
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    let completion_cap = match fault {
+        Some(Fault::MaxTokensOnly) => None,
+        _ => positive_param(&body, "max_completion_tokens")?,
+    };
+    let cap = [completion_cap, positive_param(&body, "max_tokens")?]
+        .into_iter()
+        .flatten()
+        .min();
     let output_tokens = st.output_tokens();
     let k = cap.map_or(output_tokens, |c| c.min(output_tokens));
     let finish = if cap == Some(k) && k < output_tokens {
@@ -1409,6 +1437,9 @@ struct Cli {
     /// Require this api-key header on the Azure routes.
     #[arg(long, requires = "azure_api_version")]
     azure_api_key: Option<String>,
+    /// Print every request (method, path, query, headers) as a JSON line on stdout.
+    #[arg(long)]
+    log_requests: bool,
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -1435,6 +1466,7 @@ async fn main() -> std::io::Result<()> {
             }),
             _ => None,
         },
+        log_requests: cli.log_requests,
     };
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;
     let mock = start_on(listener, config).await;

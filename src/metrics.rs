@@ -263,9 +263,17 @@ pub fn deny_cache_hit(tenant: &str, budget: BudgetName) {
         .increment(1);
 }
 
-/// A stream ended: `completed`, `cut_off`, `client_gone`, `upstream_error`.
+/// A stream ended: `completed`, `cut_off`, `time_limit`, `over_cap`, `client_gone`, `upstream_error`.
 pub fn stream_ended(deployment: &str, ending: &'static str) {
     counter!("budgetgate_streams_ended_total", "deployment" => deployment.to_string(), "ending" => ending)
+        .increment(1);
+}
+
+/// An answer of `deployment` whose output passed the cap the gateway sent:
+/// `stream_cut_off` (cut off at cap + tolerance) or `answer_debt` (a whole
+/// answer, settled as debt).
+pub fn output_over_cap(deployment: &str, response: &'static str) {
+    counter!("budgetgate_output_over_cap_total", "deployment" => deployment.to_string(), "response" => response)
         .increment(1);
 }
 

@@ -94,6 +94,8 @@ pub struct RawUpstream {
     pub learn_from_headers: Option<bool>,
     #[serde(default)]
     pub forward_client_headers: Vec<String>,
+    #[serde(default)]
+    pub forward_credential_headers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

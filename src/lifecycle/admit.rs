@@ -86,7 +86,9 @@ pub async fn admit<'p>(
             as u64,
         requester: plan.requester.clone(),
     };
-    let admission = match cx.st.store.reserve(&reserve).await? {
+    let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
+    cx.answered_by = Some(answered_by);
+    let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
             tracing::info!(tenant = %plan.requester.tenant, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");

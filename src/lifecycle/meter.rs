@@ -17,6 +17,7 @@ use super::finish::Outcome;
 use super::forward::{refund, Answer};
 use super::owner::OwnerWriter;
 use super::prepare::Prepared;
+use super::rewrite::{enforced_cap, output_cap};
 use super::settle::settle;
 use crate::dialects::UsageBreakdown;
 use crate::metrics;
@@ -85,6 +86,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     if let (Some(owner), Some(id)) = (OwnerWriter::new(cx, request, budgets.deployment()), id) {
         owner.write(&id, used.total());
     }
+    count_over_cap(cx, request, &used);
     let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
@@ -94,6 +96,24 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
     );
     Metered::Answered(response, settled)
+}
+
+/// A whole answer whose output passed the cap sent upstream settles as
+/// debt (its usage is what it is) and is counted per deployment.
+fn count_over_cap(cx: &RequestContext, request: &Prepared, used: &UsageBreakdown) {
+    let Some(d) = cx.finish.deployment else {
+        return;
+    };
+    let upstream = cx.policy.deployment(d);
+    let model = cx.policy.model_at(request.model);
+    if cx.dialect.cap_field(upstream.max_tokens_only).is_none() {
+        return;
+    }
+    let cap = output_cap(request, model).saturating_mul(request.estimate.choices.max(1));
+    if used.output.unwrap_or(0) > cap {
+        tracing::info!(deployment = %upstream.name, output = used.output.unwrap_or(0), cap, "answer passed the cap sent upstream; settled as debt");
+        metrics::output_over_cap(&upstream.name, "answer_debt");
+    }
 }
 
 /// Starts the relay of a streamed answer on its own task; the relay
@@ -108,12 +128,17 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let model = cx.policy.model_at(request.model);
     let estimate = &request.estimate;
     let choices = estimate.choices.max(1);
+    let deployment = cx.finish.deployment.map(|d| cx.policy.deployment(d));
+    let cap = deployment.and_then(|u| enforced_cap(request, model, cx.dialect, u));
     let proc = StreamProcessor::new(
         cx.dialect,
         model.encoding,
         request.client_wants_usage,
         choices,
-    );
+    )
+    .with_limits(estimate.input_tokens, cap);
+    // The request's time limit counts from its arrival.
+    let deadline = cx.finish.started + cx.policy.server.max_request;
     let step = if estimate.client_max_output.is_some() || model.reasoning {
         None
     } else {
@@ -124,6 +149,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         step,
         max_output: model.max_output_tokens * choices,
         input_tokens: estimate.input_tokens,
+        deadline: Some(tokio::time::Instant::from_std(deadline)),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let finish = cx.finish.hand_off();

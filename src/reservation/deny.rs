@@ -17,6 +17,17 @@ use crate::reserve::{
     ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
 
+/// Which layer answered a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredBy {
+    /// The budget store.
+    Store,
+    /// The local deny cache, without a store call.
+    DenyCache,
+    /// The local limiter of a `fail_open` tenant while the store fails.
+    LocalLimiter,
+}
+
 /// A store behind a local deny cache.
 pub struct DenyCachedStore {
     inner: Arc<dyn BudgetStore>,
@@ -47,6 +58,16 @@ impl DenyCachedStore {
     /// Refuses locally when the cache knows the request cannot fit, else
     /// asks the store and remembers a refusal of a tenant-side budget.
     pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.reserve_answered(r).await.map(|(o, _)| o)
+    }
+
+    /// [`Self::reserve`], and who answered: a refusal from the cache knows
+    /// only the refusing budget (the rate-limit headers of the refusal say
+    /// so), one from the store may be described in full.
+    pub async fn reserve_answered(
+        &self,
+        r: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
         let now = self.clock.now_micros();
         let who = &r.requester;
         if let Some(denial) = self.cache.check(&r.common, r.costs.tokens, now) {
@@ -58,7 +79,7 @@ impl DenyCachedStore {
                 "deny_cache",
                 &who.policy_version,
             );
-            return Ok(ReserveOutcome::Denied(denial));
+            return Ok((ReserveOutcome::Denied(denial), AnsweredBy::DenyCache));
         }
         let outcome = self.inner.reserve(r).await?;
         match &outcome {
@@ -75,7 +96,7 @@ impl DenyCachedStore {
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
         }
-        Ok(outcome)
+        Ok((outcome, AnsweredBy::Store))
     }
 
     /// Passed to the store.

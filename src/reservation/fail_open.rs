@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::deny::{count_refusal, DenyCachedStore};
+use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
 use crate::metrics;
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::{
@@ -95,7 +95,15 @@ impl GatewayStore {
     /// Reserves in the store; when it fails, applies the requester's
     /// failure policy.
     pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
-        let e = match self.inner.reserve(r).await {
+        self.reserve_answered(r).await.map(|(o, _)| o)
+    }
+
+    /// [`Self::reserve`], and which layer answered.
+    pub async fn reserve_answered(
+        &self,
+        r: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
+        let e = match self.inner.reserve_answered(r).await {
             Ok(o) => return Ok(o),
             Err(e) => e,
         };
@@ -124,7 +132,7 @@ impl GatewayStore {
                         count_refusal(r, &i.scope, i.name, "impossible")
                     }
                 }
-                Ok(outcome)
+                Ok((outcome, AnsweredBy::LocalLimiter))
             }
         }
     }

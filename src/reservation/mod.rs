@@ -25,6 +25,7 @@ pub mod lease;
 pub mod plan;
 pub mod tracker;
 
+pub use deny::AnsweredBy;
 pub use fail_open::GatewayStore;
 pub use held::HeldReservation;
 pub use tracker::{DenyRelease, SettlementTracker};

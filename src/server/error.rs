@@ -66,6 +66,9 @@ pub enum ApiError {
     GatewayTimeout,
     /// The client did not send its body in time: 408.
     RequestTimeout,
+    /// A `Content-Encoding` the gateway does not decode, or stacked
+    /// encodings: 415 (the text names it).
+    UnsupportedEncoding(String),
 }
 
 /// An error response: `status` with an OpenAI error body.
@@ -170,6 +173,7 @@ impl ApiError {
             }
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -207,6 +211,7 @@ impl ApiError {
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
             ApiError::RequestTimeout => "request_timeout",
+            ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
         }
     }
 }
@@ -376,6 +381,13 @@ impl IntoResponse for ApiError {
                 "upstream_error",
                 None,
                 Some("timeout"),
+            ),
+            ApiError::UnsupportedEncoding(why) => body(
+                status,
+                &format!("{why} This gateway decodes one of Content-Encoding gzip, deflate, br or zstd."),
+                "invalid_request_error",
+                None,
+                Some("unsupported_content_encoding"),
             ),
         }
     }

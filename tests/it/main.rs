@@ -16,6 +16,7 @@ mod cli;
 mod config_fixtures;
 mod deploy_kit;
 mod deployments;
+mod edges;
 mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;

@@ -3,6 +3,7 @@
 //! modules: [`deployments`] (upstreams and models), [`tenants`].
 
 mod deployments;
+pub mod forwarding;
 mod tenants;
 
 use std::net::SocketAddr;

@@ -78,9 +78,34 @@ impl StreamState {
         self.created.as_ref()?.get("id")?.as_str()
     }
 
-    /// Reads one event's data (`v`, already parsed).
-    pub fn on_event(&mut self, v: &Value, enc: Encoding) -> EventOutcome {
-        let mut out = EventOutcome::default();
+    /// Output tokens an event carries: the `delta` of an output delta event
+    /// (an unknown delta type counts too, logged once per stream).
+    pub fn output_of(&mut self, v: &Value, enc: Encoding) -> u64 {
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
+        let Some(d) = v.get("delta").and_then(Value::as_str) else {
+            return 0;
+        };
+        if !kind.ends_with(".delta") || NOT_OUTPUT_DELTAS.contains(&kind) {
+            return 0;
+        }
+        if !OUTPUT_DELTAS.contains(&kind) && !self.warned_unknown {
+            self.warned_unknown = true;
+            tracing::warn!(
+                event = kind,
+                "unknown Responses delta event; counted as output"
+            );
+        }
+        enc.count(d)
+    }
+
+    /// Reads one event's data (`v`, already parsed) whose output
+    /// [`output_of`](Self::output_of) counted as `output_tokens`; the event
+    /// is relayed.
+    pub fn on_event(&mut self, v: &Value, output_tokens: u64) -> EventOutcome {
+        let mut out = EventOutcome {
+            output_tokens,
+            ..EventOutcome::default()
+        };
         if let Some(n) = v.get("sequence_number").and_then(Value::as_u64) {
             self.last_sequence = Some(self.last_sequence.map_or(n, |l| l.max(n)));
         }
@@ -122,20 +147,8 @@ impl StreamState {
             }
             _ => {}
         }
-        if let (Some(d), true) = (delta, kind.ends_with(".delta")) {
-            if OUTPUT_DELTAS.contains(&kind) {
-                out.output_tokens = enc.count(d);
-                self.append_delta(kind, index, v.get("content_index"), d);
-            } else if !NOT_OUTPUT_DELTAS.contains(&kind) {
-                if !self.warned_unknown {
-                    self.warned_unknown = true;
-                    tracing::warn!(
-                        event = kind,
-                        "unknown Responses delta event; counted as output"
-                    );
-                }
-                out.output_tokens = enc.count(d);
-            }
+        if let Some(d) = delta.filter(|_| OUTPUT_DELTAS.contains(&kind)) {
+            self.append_delta(kind, index, v.get("content_index"), d);
         }
         out
     }
@@ -247,7 +260,8 @@ mod tests {
         let mut n = 0;
         let mut usage = None;
         for e in events {
-            let o = s.on_event(e, Encoding::O200kBase);
+            let n = s.output_of(e, Encoding::O200kBase);
+            let o = s.on_event(e, n);
             n += o.output_tokens;
             usage = o.usage.or(usage);
         }
