@@ -25,7 +25,8 @@
 //!   `response_incomplete` (ends `incomplete`, `max_output_tokens`, after
 //!   half the output), `response_failed` / `response_failed_no_usage`
 //!   (ends `failed` after half the output, with / without usage),
-//!   `slow_first_byte` as for the other routes.
+//!   `max_tokens_only` (ignores `max_output_tokens`), `slow_first_byte` as
+//!   for the other routes.
 //! * Every response is stored at creation (status `in_progress` while it
 //!   streams), so it can be fetched while the stream runs.
 
@@ -174,6 +175,9 @@ pub async fn handle(
             "Unknown parameter: 'stream_options.include_usage'.",
         );
     }
+    // An upstream that ignores the cap (as `max_tokens_only` servers ignore
+    // every cap field but `max_tokens`).
+    let cap = cap.filter(|_| fault != Some(Fault::MaxTokensOnly));
     let wanted = st.output_tokens();
     let mut k = cap.map_or(wanted, |c| wanted.min(c));
     let mut ending = if cap.is_some_and(|c| wanted > c) {

@@ -293,7 +293,9 @@ impl StreamProcessor {
         let tokens = self.events.output_of(v, self.encoding);
         if let Some(cap) = self.cap {
             let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
-            if tokens > 0 && self.output_tokens.saturating_add(tokens) > cap.saturating_add(tolerance) {
+            if tokens > 0
+                && self.output_tokens.saturating_add(tokens) > cap.saturating_add(tolerance)
+            {
                 self.over_cap = true;
                 return FrameAction::Drop;
             }

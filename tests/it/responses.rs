@@ -887,3 +887,25 @@ async fn owner_records_live_in_redis_under_their_own_hash_tag() {
     assert_eq!(mock.state.request_count(), n);
     assert_eq!(post(&gw, KEY, "/responses", &follow).await.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_hosted_upstream_that_ignores_the_cap_is_cut_off_at_it() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(200);
+    mock.state.set_fault(Some(Fault::MaxTokensOnly));
+    let gw = cfg(&mock, 100, limits()).start().await;
+    let evs = stream_events(
+        &gw,
+        &json!({"model": "gpt-4o-mini", "input": "Go on.", "stream": true, "max_output_tokens": 30}),
+    )
+    .await;
+    let (name, last) = evs.last().unwrap();
+    assert_eq!(name, "response.incomplete");
+    // Tolerance: max(2 % of the cap, one delta) = 1 token.
+    let delivered = text_deltas(&evs);
+    assert_eq!(delivered, 31);
+    assert_eq!(last["response"]["usage"]["output_tokens"], 31);
+    gw.settled().await;
+    let input = last["response"]["usage"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(tokens_used(&gw).await, input + delivered);
+}

@@ -260,8 +260,8 @@ mod tests {
         let mut n = 0;
         let mut usage = None;
         for e in events {
-            let n = s.output_of(e, Encoding::O200kBase);
-            let o = s.on_event(e, n);
+            let tokens = s.output_of(e, Encoding::O200kBase);
+            let o = s.on_event(e, tokens);
             n += o.output_tokens;
             usage = o.usage.or(usage);
         }
