@@ -148,6 +148,12 @@ pub struct ModelPolicy {
     pub reasoning: bool,
     /// Order in which deployments are tried.
     pub routing: Routing,
+    /// Served on `/v1/responses` (every deployment's kind can serve it).
+    pub responses: bool,
+    /// Hosted Responses tools (by `type`) this model may use.
+    pub hosted_tools: Vec<String>,
+    /// `background: true` allowed (charged the whole reservation, never refunded).
+    pub allow_background: bool,
 }
 
 /// How a model's deployments are ordered for each request.
@@ -192,6 +198,12 @@ pub struct TenantPolicy {
     pub shadow: bool,
     /// Extra tenant-wide limits evaluated in shadow (e.g. a lower TPM being trialled).
     pub shadow_limits: Limits,
+    /// Forward `previous_response_id`s the gateway has no record of (single-tenant migrations).
+    pub allow_unrecorded_previous_response: bool,
+    /// Tokens charged for the context of an unrecorded previous response.
+    pub unrecorded_previous_response_tokens: u64,
+    /// Provider object ids (files, vector stores, containers, prompts) this tenant may name.
+    pub allowed_provider_objects: Vec<String>,
 }
 
 /// A whole validated configuration.

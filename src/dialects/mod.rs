@@ -9,9 +9,10 @@
 //! stream deltas), what a clean cutoff looks like, which headers carry the
 //! client's key and name the request, and the error body. (The three
 //! OpenAI dialects share the `x-ratelimit-*` header family of
-//! [`crate::server::headers`], have no provider-side objects a body refers
-//! to, and keep the end user in `user`; the Responses and Anthropic
-//! dialects add these to the seam.)
+//! [`crate::server::headers`] and keep the end user in `user`; chat,
+//! completions and embeddings have no provider-side objects a body refers
+//! to; [`responses`] names them ([`responses::refuse`]) and streams named
+//! events ([`responses::stream`]).)
 //!
 //! - [`chat`], [`completions`], [`embeddings`]: one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
@@ -30,6 +31,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod error;
 pub mod openai;
+pub mod responses;
 pub mod usage;
 
 use axum::http::HeaderName;
@@ -48,6 +50,8 @@ pub enum Dialect {
     Completions,
     /// OpenAI embeddings: `POST /v1/embeddings`.
     Embeddings,
+    /// OpenAI Responses: `POST /v1/responses`.
+    Responses,
 }
 
 /// A request header that may carry the client's key.
@@ -75,6 +79,7 @@ impl Dialect {
             Dialect::ChatCompletions => chat::PATH,
             Dialect::Completions => completions::PATH,
             Dialect::Embeddings => embeddings::PATH,
+            Dialect::Responses => responses::PATH,
         }
     }
 
@@ -110,14 +115,37 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => Some(chat::cap_field(max_tokens_only)),
             Dialect::Completions => Some(completions::CAP_FIELD),
+            Dialect::Responses => Some(responses::CAP_FIELD),
             Dialect::Embeddings => None,
         }
+    }
+
+    /// The lowest output cap the API accepts.
+    pub fn min_cap(self) -> u64 {
+        match self {
+            Dialect::Responses => responses::MIN_CAP,
+            _ => 1,
+        }
+    }
+
+    /// Whether streams must ask for usage upstream
+    /// (`stream_options.include_usage`). The Responses API reports usage
+    /// in its terminal event and rejects chat's option.
+    pub fn asks_stream_usage(self) -> bool {
+        matches!(self, Dialect::ChatCompletions | Dialect::Completions)
+    }
+
+    /// Whether streams are named events ending in a terminal event
+    /// (Responses) rather than chunks of choices ending in `[DONE]`.
+    pub fn named_events(self) -> bool {
+        matches!(self, Dialect::Responses)
     }
 
     /// Usage of a whole answer, from its raw `usage` member.
     pub fn usage_from_answer(self, raw_usage: &str) -> Option<UsageBreakdown> {
         match self {
             Dialect::Embeddings => embeddings::usage(raw_usage),
+            Dialect::Responses => responses::usage_from_raw(raw_usage),
             _ => openai::usage_from_raw(raw_usage),
         }
     }
@@ -135,12 +163,15 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
-            Dialect::Embeddings => 0,
+            Dialect::Embeddings | Dialect::Responses => 0,
         }
     }
 
-    /// Output tokens of a whole answer (every choice).
+    /// Output tokens of a whole answer (every choice; every output item).
     pub fn count_answer_output(self, answer: &Value, enc: Encoding) -> u64 {
+        if self == Dialect::Responses {
+            return responses::count_answer_output(answer, enc);
+        }
         answer
             .get("choices")
             .and_then(Value::as_array)

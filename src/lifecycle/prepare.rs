@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use super::authenticate::Caller;
 use super::context::RequestContext;
+use super::owner;
 use crate::config::{ModelId, Policy};
+use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
 use crate::reservation::plan;
@@ -39,6 +41,8 @@ pub struct Prepared {
     pub plan: Arc<BudgetPlan>,
     /// Positions in `plan.upstreams` of the deployments that can serve the request.
     pub candidates: Vec<usize>,
+    /// Provider-side objects the body refers to (Responses).
+    pub references: References,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -73,6 +77,10 @@ pub async fn prepare(
         }
     };
     cx.plan = Some(prepared.plan.clone());
+    let mut prepared = prepared;
+    if prepared.references.previous_response_id.is_some() {
+        owner::resolve_previous(cx, &mut prepared).await?;
+    }
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     Ok(prepared)
@@ -140,6 +148,10 @@ fn parse(
         }
     };
     let model = policy.model_at(model_id);
+    let references = match dialect {
+        Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
+        _ => References::default(),
+    };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -210,5 +222,6 @@ fn parse(
         client_wants_usage,
         plan,
         candidates,
+        references,
     })
 }

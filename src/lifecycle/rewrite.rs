@@ -43,7 +43,7 @@ pub fn rewrite(
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
     if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
-        let cap = cap_for(estimate, stream, model);
+        let cap = cap_for(estimate, stream, model).max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         }
@@ -51,7 +51,7 @@ pub fn rewrite(
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).
-        if stream {
+        if stream && dialect.asks_stream_usage() {
             let mut opts: Map<String, Value> = top
                 .iter()
                 .rfind(|(k, _)| k == "stream_options")
@@ -118,7 +118,7 @@ pub fn enforced_cap(
         UpstreamKind::Openai | UpstreamKind::Azure => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
-            .map(|_| output_cap(p, model)),
+            .map(|_| output_cap(p, model).max(dialect.min_cap())),
     }
 }
 

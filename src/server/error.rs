@@ -35,6 +35,9 @@ pub enum ApiError {
     ModelNotFound(String),
     /// Unknown path (404).
     NotFound(String),
+    /// A stored response this tenant does not own, or that does not exist
+    /// (404, without an upstream call); the parameter that named it, if any.
+    ResponseNotFound(String, Option<&'static str>),
     /// A budget refused; retry later (429).
     RateLimited {
         /// The refusal.
@@ -158,7 +161,9 @@ impl ApiError {
             ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::ResponseNotFound(..) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -192,6 +197,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::NotFound(_) => "not_found",
+            ApiError::ResponseNotFound(..) => "response_not_found",
             ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
                 "concurrency"
             }
@@ -261,9 +267,16 @@ impl IntoResponse for ApiError {
                 Some("model"),
                 Some("model_not_found"),
             ),
+            ApiError::ResponseNotFound(id, param) => body(
+                status,
+                &format!("No response found with id '{}'.", id.chars().take(128).collect::<String>()),
+                "invalid_request_error",
+                param,
+                Some(if param.is_some() { "previous_response_not_found" } else { "not_found" }),
+            ),
             ApiError::NotFound(path) => body(
                 status,
-                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."),
+                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models."),
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),
