@@ -18,6 +18,7 @@
 //! Behaviour, in brief:
 //!
 //! * `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//!   `POST /v1/messages` (Anthropic Messages, [`messages`]),
 //!   `GET /v1/models`, and the Azure forms
 //!   `POST /openai/deployments/{deployment}/{chat/completions|completions|embeddings}`.
 //! * Generated text is exactly `K = min(output_tokens, cap)` tokens, where `cap`
@@ -31,6 +32,9 @@
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
 #![allow(dead_code)]
+
+#[path = "mock_upstream/messages.rs"]
+pub mod messages;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -141,11 +145,13 @@ pub enum Fault {
     /// `prompt_filter_results` before the content, and `: keep-alive` comment
     /// frames between chunks.
     ContentFilterChunks,
+    /// 529 with Anthropic's `overloaded_error` body.
+    Overloaded,
 }
 
 impl Fault {
     /// Every fault, in declaration order.
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 11] = [
         Fault::RateLimited,
         Fault::ServerError,
         Fault::BadRequest,
@@ -156,6 +162,7 @@ impl Fault {
         Fault::MissingUsage,
         Fault::NoDone,
         Fault::ContentFilterChunks,
+        Fault::Overloaded,
     ];
 
     /// Parses a snake_case fault name (`rate_limited`, `server_error`, …).
@@ -176,6 +183,7 @@ impl Fault {
             Fault::MissingUsage => "missing_usage",
             Fault::NoDone => "no_done",
             Fault::ContentFilterChunks => "content_filter_chunks",
+            Fault::Overloaded => "overloaded",
         }
     }
 }
@@ -505,6 +513,7 @@ enum Op {
     Chat,
     Completions,
     Embeddings,
+    Messages,
 }
 
 enum Route {
@@ -519,6 +528,7 @@ fn route(method: &Method, path: &str) -> Route {
         "chat/completions" => Some(Op::Chat),
         "completions" => Some(Op::Completions),
         "embeddings" => Some(Op::Embeddings),
+        "messages" => Some(Op::Messages),
         _ => None,
     };
     let path = path.strip_suffix('/').unwrap_or(path);
@@ -655,6 +665,11 @@ async fn handle(
         .or_else(|| deployment.as_deref().and_then(fault_from_model))
         .or(*lock(&st.fault));
 
+    if op == Op::Messages {
+        if let Some(resp) = fault.and_then(messages::fault_response) {
+            return resp;
+        }
+    }
     if let Some(resp) = fault_response(&st, fault).await {
         return resp;
     }
@@ -692,6 +707,7 @@ async fn handle(
     };
     let req = Req { model, body, fault };
     let result = match op {
+        Op::Messages => Ok(messages::messages(&st, &headers, req.model, req.body).await),
         Op::Chat | Op::Completions => generate(&st, op, req).await,
         Op::Embeddings => embeddings(&st, req).await,
     };
@@ -749,6 +765,7 @@ async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
             with_common_headers(r)
         }
+        Fault::Overloaded => return messages::fault_response(Fault::Overloaded),
         Fault::SlowFirstByte => {
             tokio::time::sleep(st.first_byte_delay).await;
             return None;

@@ -89,6 +89,8 @@ pub enum UpstreamKind {
     Azure,
     /// A self-hosted OpenAI-compatible server (vLLM, llama.cpp) that counts real usage.
     SelfHosted,
+    /// Anthropic's Messages API: `x-api-key` auth, `anthropic-version`.
+    Anthropic,
 }
 
 /// `[[upstreams]]`: one deployment.
@@ -104,6 +106,8 @@ pub struct UpstreamPolicy {
     pub api_key: Option<String>,
     /// Azure `api-version` query value.
     pub api_version: Option<String>,
+    /// `anthropic-version` sent when the client sends none (kind `anthropic`).
+    pub anthropic_version: String,
     /// The provider's quota as budgets.
     pub limits: Limits,
     /// Whether unused reserved output goes back to this upstream's budgets.
@@ -146,6 +150,25 @@ pub struct ModelPolicy {
     pub reasoning: bool,
     /// Order in which deployments are tried.
     pub routing: Routing,
+    /// Its deployments speak Anthropic Messages (all of them or none:
+    /// checked at load); it answers on `/v1/messages` only.
+    pub messages: bool,
+    /// Messages only: the model's tokens per 1000 tiktoken tokens of text.
+    pub token_ratio: u64,
+    /// How a stream with the client's own output cap is reserved.
+    pub client_cap_reservation: CapReservation,
+    /// Messages only: the `anthropic-beta` values clients may send.
+    pub anthropic_betas: Vec<String>,
+}
+
+/// How a stream's client-given output cap is reserved (DESIGN section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapReservation {
+    /// Reserve `min(client cap, default_max_output_tokens)` and extend in
+    /// steps up to the client's cap as output arrives.
+    Incremental,
+    /// Reserve the client's whole cap up front.
+    Full,
 }
 
 /// How a model's deployments are ordered for each request.

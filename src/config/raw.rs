@@ -81,6 +81,7 @@ pub struct RawUpstream {
     pub base_url: String,
     pub api_key_env: Option<String>,
     pub api_version: Option<String>,
+    pub anthropic_version: Option<String>,
     #[serde(default)]
     pub limits: RawLimits,
     pub refund_unused: Option<bool>,
@@ -106,6 +107,10 @@ pub struct RawModel {
     pub max_output_tokens: Option<i64>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
+    pub token_ratio: Option<i64>,
+    pub client_cap_reservation: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anthropic_betas: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -13,7 +13,8 @@
 //! to, and keep the end user in `user`; the Responses and Anthropic
 //! dialects add these to the seam.)
 //!
-//! - [`chat`], [`completions`], [`embeddings`]: one module per dialect.
+//! - [`chat`], [`completions`], [`embeddings`], [`anthropic`] (Messages):
+//!   one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
 //! - [`usage`]: the usage breakdown and its clamping of bad fields.
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
@@ -25,6 +26,7 @@
 //! call or boxed state per request. Adding a dialect is a new variant and
 //! a new module; the compiler lists every `match` to extend.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
@@ -48,6 +50,8 @@ pub enum Dialect {
     Completions,
     /// OpenAI embeddings: `POST /v1/embeddings`.
     Embeddings,
+    /// Anthropic Messages: `POST /v1/messages`.
+    Messages,
 }
 
 /// A request header that may carry the client's key.
@@ -75,17 +79,59 @@ impl Dialect {
             Dialect::ChatCompletions => chat::PATH,
             Dialect::Completions => completions::PATH,
             Dialect::Embeddings => embeddings::PATH,
+            Dialect::Messages => anthropic::PATH,
         }
+    }
+
+    /// True for Anthropic's Messages API (models whose deployments are
+    /// `anthropic` answer only there).
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Dialect::Messages)
     }
 
     /// The request headers that may carry the client's key.
     pub fn key_headers(self) -> &'static [KeyHeader] {
-        &openai::KEY_HEADERS
+        match self {
+            Dialect::Messages => &anthropic::KEY_HEADERS,
+            _ => &openai::KEY_HEADERS,
+        }
     }
 
     /// The header naming the request (the client's id in, the gateway's out).
     pub fn request_id_header(self) -> HeaderName {
-        openai::REQUEST_ID
+        match self {
+            Dialect::Messages => anthropic::REQUEST_ID,
+            _ => openai::REQUEST_ID,
+        }
+    }
+
+    /// Whether streams must ask the upstream for usage
+    /// (`stream_options.include_usage`); Messages streams always carry it.
+    pub fn asks_stream_usage(self) -> bool {
+        !matches!(self, Dialect::Messages)
+    }
+
+    /// The rate-limit headers describing `states` (right after this
+    /// request's debit) at `now_micros`: OpenAI's `x-ratelimit-*` or
+    /// Anthropic's `anthropic-ratelimit-*`, with the IETF fields.
+    pub fn rate_limit_headers(
+        self,
+        states: &[crate::reserve::BudgetState],
+        now_micros: u64,
+    ) -> axum::http::HeaderMap {
+        match self {
+            Dialect::Messages => anthropic::headers::rate_limit_headers(states, now_micros),
+            _ => crate::server::headers::rate_limit_headers(states),
+        }
+    }
+
+    /// An SSE error event in this dialect's shape (`kind`: the OpenAI
+    /// error type, or Anthropic's `api_error`, `overloaded_error`…).
+    pub fn error_event(self, message: &str, code: &str) -> bytes::Bytes {
+        match self {
+            Dialect::Messages => anthropic::error::error_event("api_error", message),
+            _ => error::error_event(message, "upstream_error", code),
+        }
     }
 
     /// Whether a body may ask for `stream: true`.
@@ -110,6 +156,7 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => Some(chat::cap_field(max_tokens_only)),
             Dialect::Completions => Some(completions::CAP_FIELD),
+            Dialect::Messages => Some(anthropic::CAP_FIELD),
             Dialect::Embeddings => None,
         }
     }
@@ -118,6 +165,10 @@ impl Dialect {
     pub fn usage_from_answer(self, raw_usage: &str) -> Option<UsageBreakdown> {
         match self {
             Dialect::Embeddings => embeddings::usage(raw_usage),
+            Dialect::Messages => serde_json::from_str::<Value>(raw_usage)
+                .ok()
+                .filter(Value::is_object)
+                .map(|u| anthropic::usage_from_value(&u)),
             _ => openai::usage_from_raw(raw_usage),
         }
     }
@@ -135,12 +186,17 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
+            Dialect::Messages => anthropic::count_block(choice, enc, 1000),
             Dialect::Embeddings => 0,
         }
     }
 
-    /// Output tokens of a whole answer (every choice).
-    pub fn count_answer_output(self, answer: &Value, enc: Encoding) -> u64 {
+    /// Output tokens of a whole answer (every choice; every content block
+    /// of a Message, at the model's `token_ratio` per mille).
+    pub fn count_answer_output(self, answer: &Value, enc: Encoding, token_ratio: u64) -> u64 {
+        if self == Dialect::Messages {
+            return anthropic::count_answer_output(answer, enc, token_ratio);
+        }
         answer
             .get("choices")
             .and_then(Value::as_array)

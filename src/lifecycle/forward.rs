@@ -14,12 +14,12 @@ use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
 use crate::config::UpstreamPolicy;
+use crate::dialects::anthropic;
 use crate::metrics::DeploymentMetrics;
 use crate::reservation::plan;
 use crate::reservation::HeldReservation;
 use crate::reserve::{Actual, BudgetName, Settlement};
 use crate::server::error::ApiError;
-use crate::server::headers::rate_limit_headers;
 use crate::server::AppState;
 use crate::upstreams::UpstreamError;
 
@@ -73,7 +73,8 @@ pub enum Failure {
 }
 
 /// Classifies an upstream error status (with its `retry-after` seconds):
-/// 429 and 5xx may be retried on another deployment; other 4xx answers go
+/// 429 and 5xx (Anthropic's 529 `overloaded_error` included) may be
+/// retried on another deployment; other 4xx answers go
 /// to the client, 401/403 as 502 (that is the gateway's key, not the
 /// client's fault). The reservation is refunded in every case.
 pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
@@ -86,6 +87,8 @@ pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
         503 => Failure::Retry(ApiError::Unavailable(
             "The upstream is unavailable; please retry.".into(),
         )),
+        // Anthropic's `overloaded_error`: like 503, another deployment may serve it.
+        529 => Failure::Retry(ApiError::Overloaded),
         _ => Failure::Retry(ApiError::BadGateway(format!(
             "The upstream failed with status {status}."
         ))),
@@ -116,6 +119,14 @@ pub async fn forward(
         }
     };
     let mut extra = Vec::new();
+    if cx.dialect.is_anthropic() {
+        // The version the client speaks, and the betas prepare allowed.
+        for name in [anthropic::VERSION, anthropic::BETA] {
+            for v in client_headers.get_all(&name) {
+                extra.push((name.as_str().to_string(), v.clone()));
+            }
+        }
+    }
     for name in &upstream.forward_client_headers {
         if let Some(v) = client_headers.get(name.as_str()) {
             extra.push((name.clone(), v.clone()));
@@ -161,7 +172,9 @@ pub async fn forward(
         &deployment.metrics,
         resp.headers(),
     );
-    let mut headers = rate_limit_headers(&admission.budgets);
+    let mut headers = cx
+        .dialect
+        .rate_limit_headers(&admission.budgets, cx.st.clock.now_micros());
     put(&mut headers, cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();

@@ -72,14 +72,16 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             ));
         }
     };
-    let encoding = cx.policy.model_at(request.model).encoding;
+    let model = cx.policy.model_at(request.model);
+    let (encoding, ratio) = (model.encoding, model.token_ratio);
     let used = usage
         .and_then(|u| cx.dialect.usage_from_answer(u.get()))
         .unwrap_or_default()
         .filled(request.estimate.input_tokens, || {
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            cx.dialect.count_answer_output(&parsed, encoding)
+            cx.dialect.count_answer_output(&parsed, encoding, ratio)
         });
+    metrics::input_calibration(&model.name, request.estimate.input_tokens, &used);
     let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
@@ -108,23 +110,33 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         model.encoding,
         request.client_wants_usage,
         choices,
-    );
-    let step = if estimate.client_max_output.is_some() || model.reasoning {
-        None
-    } else {
-        Some(cx.policy.stream_extension_step)
-    };
+    )
+    .with_token_ratio(model.token_ratio);
+    // The client's cap bounds the output when it gave one; an incremental
+    // reservation of it (prepare) is extended up to it.
+    let max_output = estimate
+        .client_max_output
+        .unwrap_or(model.max_output_tokens)
+        .saturating_mul(choices);
+    let step = (!request.never_extend && estimate.output_tokens < max_output)
+        .then_some(cx.policy.stream_extension_step);
     let plan = ExtendPlan {
         reserved_output: estimate.output_tokens,
         step,
-        max_output: model.max_output_tokens * choices,
+        max_output,
         input_tokens: estimate.input_tokens,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let finish = cx.finish.hand_off();
+    let (model_name, input_estimate) = (model.name.clone(), estimate.input_tokens);
     tokio::spawn(async move {
         metrics::active_streams(1.0);
-        let meter = StreamMeter { hold, budgets };
+        let meter = StreamMeter {
+            hold,
+            budgets,
+            model: model_name,
+            input_estimate,
+        };
         let summary = relay::run(upstream, proc, meter, plan, tx).await;
         metrics::active_streams(-1.0);
         finish.write(Outcome::Streamed(&summary));
@@ -159,6 +171,9 @@ struct Whole<'a> {
 struct StreamMeter {
     hold: HeldReservation,
     budgets: HoldBudgets,
+    /// The public model and its input estimate, for the calibration metric.
+    model: String,
+    input_estimate: u64,
 }
 
 impl Meter for StreamMeter {
@@ -185,6 +200,7 @@ impl Meter for StreamMeter {
     }
 
     fn settle(self, used: UsageBreakdown) -> u64 {
+        metrics::input_calibration(&self.model, self.input_estimate, &used);
         settle(self.hold, &self.budgets, used)
     }
 }

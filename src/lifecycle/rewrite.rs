@@ -28,7 +28,11 @@ pub fn upstream_body(
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
-    if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
+    // Messages: the client's `max_tokens` (required) goes up unchanged.
+    let cap_field = dialect
+        .cap_field(upstream.max_tokens_only)
+        .filter(|_| dialect.asks_stream_usage());
+    if let Some(cap_field) = cap_field {
         let cap = match p.estimate.client_max_output {
             Some(client) => client,
             None if p.stream && !model.reasoning => model.max_output_tokens,

@@ -46,6 +46,11 @@ pub async fn embeddings(
     proxy(st, Dialect::Embeddings, headers, body, None).await
 }
 
+/// `POST /v1/messages` (Anthropic Messages).
+pub async fn messages(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    proxy(st, Dialect::Messages, headers, body, None).await
+}
+
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
 pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let policy = st.policy.load_full();

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::sse::{parse_frame, FrameSplitter};
+use crate::dialects::anthropic::stream::{self as messages, MessagesStream, Seen};
 use crate::dialects::{Dialect, Part, UsageBreakdown};
 use crate::estimate::Encoding;
 
@@ -67,6 +68,8 @@ pub struct StreamProcessor {
     id: Option<String>,
     model: Option<String>,
     created: Option<i64>,
+    /// Messages streams: events, not choices.
+    messages: Option<MessagesStream>,
 }
 
 impl StreamProcessor {
@@ -90,12 +93,25 @@ impl StreamProcessor {
             id: None,
             model: None,
             created: None,
+            messages: (dialect == Dialect::Messages).then(|| MessagesStream::new(1000)),
         }
+    }
+
+    /// Counts text at `ratio` per mille (Messages; see
+    /// [`crate::dialects::anthropic`]).
+    pub fn with_token_ratio(mut self, ratio: u64) -> Self {
+        if let Some(m) = &mut self.messages {
+            *m = MessagesStream::new(ratio);
+        }
+        self
     }
 
     /// Output tokens counted from deltas so far, summed over choices.
     pub fn output_tokens(&self) -> u64 {
-        self.output_tokens
+        match &self.messages {
+            Some(m) => m.counted(),
+            None => self.output_tokens,
+        }
     }
 
     /// The upstream's last usage, if any.
@@ -107,6 +123,9 @@ impl StreamProcessor {
     /// last delta, so everything it counts was relayed), with what it did
     /// not report filled from the input estimate and the output counted.
     pub fn used(&self, input_estimate: u64) -> UsageBreakdown {
+        if let Some(m) = &self.messages {
+            return m.used().filled(input_estimate, || m.counted());
+        }
         self.usage
             .unwrap_or_default()
             .filled(input_estimate, || self.output_tokens)
@@ -124,7 +143,25 @@ impl StreamProcessor {
 
     /// True when every choice has a `finish_reason`.
     pub fn all_finished(&self) -> bool {
-        self.finished.len() as u64 >= self.choices
+        match &self.messages {
+            Some(m) => m.stopped(),
+            None => self.finished.len() as u64 >= self.choices,
+        }
+    }
+
+    /// The frame that ends a stream whose every choice finished but whose
+    /// upstream closed without the end marker: `[DONE]`, or Messages'
+    /// `message_stop`.
+    pub fn completion_frame(&self) -> Bytes {
+        match &self.messages {
+            Some(_) => messages::completion_frame(),
+            None => Bytes::from_static(b"data: [DONE]\n\n"),
+        }
+    }
+
+    /// An error event in the stream's dialect.
+    pub fn error_frame(&self, message: &str, code: &str) -> Bytes {
+        self.dialect.error_event(message, code)
     }
 
     /// Processes one complete frame (with its terminating blank line).
@@ -143,6 +180,18 @@ impl StreamProcessor {
             return FrameAction::Drop;
         };
         let trimmed = data.trim();
+        if let Some(m) = &mut self.messages {
+            // Every Messages event is relayed as it came (`event:` line included).
+            match serde_json::from_str::<Value>(trimmed) {
+                Ok(v) => match m.on_event(&v, self.encoding) {
+                    Seen::Stop => self.done = true,
+                    Seen::Error => self.errored = true,
+                    Seen::Event => {}
+                },
+                Err(_) => tracing::debug!("relaying a Messages event whose data is not JSON"),
+            }
+            return FrameAction::Forward(raw);
+        }
         if trimmed == "[DONE]" {
             self.done = true;
             return FrameAction::Forward(raw);
@@ -207,6 +256,9 @@ impl StreamProcessor {
     /// `finish_reason: "length"` for every unfinished choice, the usage chunk
     /// when the client asked for usage (delivered counts), then `[DONE]`.
     pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
+        if let Some(m) = &self.messages {
+            return m.cutoff_frames();
+        }
         let id = self
             .id
             .clone()
@@ -317,7 +369,7 @@ pub async fn run<M: Meter>(
             Some(Err(e)) => {
                 tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream stream failed");
                 let _ = tx
-                    .send(error_frame(
+                    .send(proc.error_frame(
                         "The upstream connection failed mid-stream.",
                         "upstream_stream_error",
                     ))
@@ -340,11 +392,11 @@ pub async fn run<M: Meter>(
                     break Ending::UpstreamError;
                 }
                 if proc.all_finished() {
-                    let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                    let _ = tx.send(proc.completion_frame()).await;
                     break Ending::Completed;
                 }
                 let _ = tx
-                    .send(error_frame(
+                    .send(proc.error_frame(
                         "The upstream closed the stream before it finished.",
                         "upstream_stream_truncated",
                     ))

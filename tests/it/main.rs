@@ -21,6 +21,7 @@ mod gateway_budgets;
 mod gateway_errors;
 mod lifecycle_log;
 mod listen;
+mod messages;
 mod mock_upstream_selftest;
 mod operations;
 mod redis_acl;

@@ -21,6 +21,7 @@ pub enum Kind {
     Openai,
     Azure,
     SelfHosted,
+    Anthropic,
 }
 
 impl Kind {
@@ -29,6 +30,7 @@ impl Kind {
             Kind::Openai => "openai",
             Kind::Azure => "azure",
             Kind::SelfHosted => "self_hosted",
+            Kind::Anthropic => "anthropic",
         }
     }
 }
