@@ -27,7 +27,9 @@
 //!   `cl100k_base`, and one streamed delta carries exactly one token.
 //! * Prompt tokens are counted with the mock's own code, following OpenAI's
 //!   published rule (3 tokens per message, +1 per `name`, +3 reply priming).
-//! * Every request is recorded in [`MockState`] before any hold or fault logic.
+//! * Every request is recorded in [`MockState`] before any hold or fault logic;
+//!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
+//!   as one JSON line (method, path, query, every header): the request log.
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
@@ -94,6 +96,10 @@ pub struct MockConfig {
     pub first_byte_delay: Duration,
     /// When set, the Azure routes require this `api-version` and `api-key`.
     pub expect_azure: Option<AzureExpect>,
+    /// Print every request (method, path, query, all headers) as one JSON
+    /// line on stdout: the request log an operator reads to see what the
+    /// gateway sends upstream.
+    pub log_requests: bool,
 }
 
 impl Default for MockConfig {
@@ -103,6 +109,7 @@ impl Default for MockConfig {
             output_tokens: 64,
             first_byte_delay: Duration::from_secs(2),
             expect_azure: None,
+            log_requests: false,
         }
     }
 }
@@ -145,13 +152,16 @@ pub enum Fault {
     /// `prompt_filter_results` before the content, and `: keep-alive` comment
     /// frames between chunks.
     ContentFilterChunks,
+    /// Read only `max_tokens` as the output cap, as llama.cpp's server does:
+    /// `max_completion_tokens` is ignored.
+    MaxTokensOnly,
     /// 529 with Anthropic's `overloaded_error` body.
     Overloaded,
 }
 
 impl Fault {
     /// Every fault, in declaration order.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::RateLimited,
         Fault::ServerError,
         Fault::BadRequest,
@@ -162,6 +172,7 @@ impl Fault {
         Fault::MissingUsage,
         Fault::NoDone,
         Fault::ContentFilterChunks,
+        Fault::MaxTokensOnly,
         Fault::Overloaded,
     ];
 
@@ -183,6 +194,7 @@ impl Fault {
             Fault::MissingUsage => "missing_usage",
             Fault::NoDone => "no_done",
             Fault::ContentFilterChunks => "content_filter_chunks",
+            Fault::MaxTokensOnly => "max_tokens_only",
             Fault::Overloaded => "overloaded",
         }
     }
@@ -227,6 +239,7 @@ pub struct MockState {
     held: AtomicUsize,
     first_byte_delay: Duration,
     expect_azure: Option<AzureExpect>,
+    log_requests: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -246,6 +259,7 @@ impl MockState {
             held: AtomicUsize::new(0),
             first_byte_delay: config.first_byte_delay,
             expect_azure: config.expect_azure.clone(),
+            log_requests: config.log_requests,
         }
     }
 
@@ -302,6 +316,18 @@ impl MockState {
     }
 
     fn record(&self, r: RecordedRequest) {
+        if self.log_requests {
+            // One JSON line per request: method, path, query and every header.
+            let headers: Map<String, Value> = r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            println!(
+                "{}",
+                json!({"method": r.method, "path": r.path, "query": r.query, "headers": headers})
+            );
+        }
         lock(&self.requests).push(r);
     }
 
@@ -770,7 +796,8 @@ async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response
             tokio::time::sleep(st.first_byte_delay).await;
             return None;
         }
-        Fault::DropMidStream | Fault::MissingUsage | Fault::NoDone | Fault::ContentFilterChunks => {
+        Fault::DropMidStream | Fault::MissingUsage | Fault::NoDone | Fault::ContentFilterChunks
+        | Fault::MaxTokensOnly => {
             return None
         }
     };
@@ -967,13 +994,14 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
             "Invalid 'n': integer above maximum value (128).",
         ));
     }
-    let cap = [
-        positive_param(&body, "max_completion_tokens")?,
-        positive_param(&body, "max_tokens")?,
-    ]
-    .into_iter()
-    .flatten()
-    .min();
+    let completion_cap = match fault {
+        Some(Fault::MaxTokensOnly) => None,
+        _ => positive_param(&body, "max_completion_tokens")?,
+    };
+    let cap = [completion_cap, positive_param(&body, "max_tokens")?]
+        .into_iter()
+        .flatten()
+        .min();
     let output_tokens = st.output_tokens();
     let k = cap.map_or(output_tokens, |c| c.min(output_tokens));
     let finish = if cap == Some(k) && k < output_tokens {
@@ -1361,6 +1389,9 @@ struct Cli {
     /// Require this api-key header on the Azure routes.
     #[arg(long, requires = "azure_api_version")]
     azure_api_key: Option<String>,
+    /// Print every request (method, path, query, headers) as a JSON line on stdout.
+    #[arg(long)]
+    log_requests: bool,
 }
 
 fn parse_fault(s: &str) -> Result<Fault, String> {
@@ -1387,6 +1418,7 @@ async fn main() -> std::io::Result<()> {
             }),
             _ => None,
         },
+        log_requests: cli.log_requests,
     };
     let listener = tokio::net::TcpListener::bind(cli.listen).await?;
     let mock = start_on(listener, config).await;

@@ -263,9 +263,17 @@ pub fn deny_cache_hit(tenant: &str, budget: BudgetName) {
         .increment(1);
 }
 
-/// A stream ended: `completed`, `cut_off`, `client_gone`, `upstream_error`.
+/// A stream ended: `completed`, `cut_off`, `time_limit`, `over_cap`, `client_gone`, `upstream_error`.
 pub fn stream_ended(deployment: &str, ending: &'static str) {
     counter!("budgetgate_streams_ended_total", "deployment" => deployment.to_string(), "ending" => ending)
+        .increment(1);
+}
+
+/// An answer of `deployment` whose output passed the cap the gateway sent:
+/// `stream_cut_off` (cut off at cap + tolerance) or `answer_debt` (a whole
+/// answer, settled as debt).
+pub fn output_over_cap(deployment: &str, response: &'static str) {
+    counter!("budgetgate_output_over_cap_total", "deployment" => deployment.to_string(), "response" => response)
         .increment(1);
 }
 
@@ -357,6 +365,30 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     gauge!("budgetgate_active_streams").increment(0.0);
     counter!("budgetgate_settlement_retries_total").increment(0);
     counter!("budgetgate_settlements_failed_total").increment(0);
+}
+
+/// A memory-store snapshot written (`ok`) or failed.
+pub fn store_snapshot(ok: bool) {
+    if ok {
+        counter!("budgetgate_store_snapshots_total").increment(1);
+    } else {
+        counter!("budgetgate_store_snapshot_failures_total").increment(1);
+    }
+}
+
+/// Units (1/60,000 token) of debt that passed a bucket's floor
+/// (`reserve::bucket::DEBT_FLOOR`): counted, never silently forgiven.
+pub fn debt_forgiven(units: i64) {
+    if units > 0 {
+        counter!("budgetgate_debt_forgiven_tokens_total")
+            .increment((units as u64).div_ceil(crate::reserve::bucket::UNITS_PER_TOKEN as u64));
+    }
+}
+
+/// A lost-reply compensation ended: `settled`, `voided`, `voided_ahead`
+/// (a void tombstone written before the late reservation), or `dropped`.
+pub fn compensation(outcome: &'static str) {
+    counter!("budgetgate_compensations_total", "outcome" => outcome).increment(1);
 }
 
 /// The upstream's input count over the gateway's input estimate of one

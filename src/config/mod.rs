@@ -9,6 +9,8 @@ pub mod raw;
 pub mod reload;
 mod validate;
 
+pub use validate::forwarding;
+
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;

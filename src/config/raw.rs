@@ -47,6 +47,7 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
     pub fallback_share: Option<f64>,
+    pub snapshot_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -93,6 +94,8 @@ pub struct RawUpstream {
     pub learn_from_headers: Option<bool>,
     #[serde(default)]
     pub forward_client_headers: Vec<String>,
+    #[serde(default)]
+    pub forward_credential_headers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

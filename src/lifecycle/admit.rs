@@ -80,7 +80,9 @@ pub async fn admit<'p>(
             as u64,
         requester: plan.requester.clone(),
     };
-    let admission = match cx.st.store.reserve(&reserve).await? {
+    let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
+    cx.answered_by = Some(answered_by);
+    let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
             tracing::info!(tenant = %plan.requester.tenant, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
@@ -94,6 +96,10 @@ pub async fn admit<'p>(
             });
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        // A fresh id is never voided; answered as the store failure it stands for.
+        ReserveOutcome::Voided => {
+            return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
+        }
     };
     let deployment = candidates[admission.candidate];
     attempts.tried(deployment.upstream);

@@ -59,7 +59,14 @@ fn bearer<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-fn name(h: &KeyHeader) -> &HeaderName {
+/// The client's gateway key, if the request presents one in `key_headers`
+/// (for the forward phase, which never sends it upstream).
+pub fn client_key<'h>(key_headers: &[KeyHeader], headers: &'h HeaderMap) -> Option<&'h str> {
+    presented_key(key_headers, headers).ok().flatten()
+}
+
+/// The name of a key header.
+pub fn name(h: &KeyHeader) -> &HeaderName {
     match h {
         KeyHeader::Bearer(n) | KeyHeader::Plain(n) => n,
     }

@@ -11,7 +11,8 @@ use axum::http::{HeaderMap, HeaderName};
 use super::finish::Finish;
 use crate::config::Policy;
 use crate::dialects::Dialect;
-use crate::server::AppState;
+use crate::reservation::AnsweredBy;
+use crate::server::{AppState, BudgetPlan};
 
 /// One request on its way through the phases.
 pub struct RequestContext {
@@ -23,6 +24,12 @@ pub struct RequestContext {
     pub dialect: Dialect,
     /// The final line, written by the last phase.
     pub finish: Finish,
+    /// The budgets the request touches, once prepare knows them (the
+    /// rate-limit headers of a refusal describe them).
+    pub plan: Option<Arc<BudgetPlan>>,
+    /// Who answered the last reservation (a deny-cache refusal knows only
+    /// the refusing budget).
+    pub answered_by: Option<AnsweredBy>,
 }
 
 impl RequestContext {
@@ -38,6 +45,8 @@ impl RequestContext {
             policy,
             dialect,
             finish,
+            plan: None,
+            answered_by: None,
         }
     }
 }

@@ -154,6 +154,9 @@ impl Finish {
             Outcome::Streamed(summary) => {
                 let (label, outcome) = ending_labels(summary.ending);
                 metrics::stream_ended(deployment, label);
+                if summary.ending == Ending::OverCap {
+                    metrics::output_over_cap(deployment, "stream_cut_off");
+                }
                 tracing::info!(
                     request_id, reservation_id, tenant, model, deployment, estimated,
                     settled = summary.settled_tokens, ending = ?summary.ending, outcome,
@@ -169,6 +172,8 @@ fn ending_labels(e: Ending) -> (&'static str, &'static str) {
     match e {
         Ending::Completed => ("completed", "streamed"),
         Ending::CutOff => ("cut_off", "cut_off"),
+        Ending::TimeLimit => ("time_limit", "cut_off"),
+        Ending::OverCap => ("over_cap", "cut_off"),
         Ending::ClientGone => ("client_gone", "client_gone"),
         Ending::UpstreamError => ("upstream_error", "upstream_failed"),
     }

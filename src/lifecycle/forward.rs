@@ -10,11 +10,13 @@ use axum::response::Response;
 use bytes::Bytes;
 
 use super::admit::{Admitted, HoldBudgets};
+use super::authenticate::{self, client_key};
 use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
-use crate::config::UpstreamPolicy;
+use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
+use crate::dialects::Dialect;
 use crate::metrics::DeploymentMetrics;
 use crate::reservation::plan;
 use crate::reservation::HeldReservation;
@@ -118,18 +120,13 @@ pub async fn forward(
             return Forwarded::Failed(invalid(None, "The request body could not be re-encoded."));
         }
     };
-    let mut extra = Vec::new();
+    let mut extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
     if cx.dialect.is_anthropic() {
         // The version the client speaks, and the betas prepare allowed.
         for name in [anthropic::VERSION, anthropic::BETA] {
             for v in client_headers.get_all(&name) {
                 extra.push((name.as_str().to_string(), v.clone()));
             }
-        }
-    }
-    for name in &upstream.forward_client_headers {
-        if let Some(v) = client_headers.get(name.as_str()) {
-            extra.push((name.clone(), v.clone()));
         }
     }
     let request_id = cx.finish.request_id();
@@ -197,6 +194,43 @@ pub async fn forward(
         headers,
         budgets,
     })
+}
+
+/// The client headers `upstream` forwards (validated at load: no
+/// credential unless listed in `forward_credential_headers`, never the
+/// key's own headers or the gateway's). Whatever the config, a header is
+/// dropped here if it is one the gateway never forwards or if its value
+/// holds the client's gateway key (a key sent again as, say, `x-api-key`).
+fn forwarded_client_headers(
+    dialect: Dialect,
+    upstream: &UpstreamPolicy,
+    client_headers: &HeaderMap,
+) -> Vec<(String, HeaderValue)> {
+    if upstream.forward_client_headers.is_empty() {
+        return Vec::new();
+    }
+    let key_headers = dialect.key_headers();
+    let key = client_key(key_headers, client_headers);
+    let mut out = Vec::new();
+    for name in &upstream.forward_client_headers {
+        let carries_key = key_headers
+            .iter()
+            .any(|h| authenticate::name(h).as_str() == name.as_str());
+        if carries_key || forwarding::is_never_forwarded(name) {
+            continue;
+        }
+        for v in client_headers.get_all(name.as_str()) {
+            let holds_key = key.is_some_and(|k| {
+                !k.is_empty() && v.as_bytes().windows(k.len()).any(|w| w == k.as_bytes())
+            });
+            if holds_key {
+                tracing::warn!(header = %name, "a client header holding the gateway key was not forwarded");
+                continue;
+            }
+            out.push((name.clone(), v.clone()));
+        }
+    }
+    out
 }
 
 /// The settlement of work the upstream never did: the whole token

@@ -16,6 +16,7 @@ use super::context::RequestContext;
 use super::finish::Outcome;
 use super::forward::{refund, Answer};
 use super::prepare::Prepared;
+use super::rewrite::{enforced_cap, output_cap};
 use super::settle::settle;
 use crate::dialects::UsageBreakdown;
 use crate::metrics;
@@ -82,6 +83,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             cx.dialect.count_answer_output(&parsed, encoding, ratio)
         });
     metrics::input_calibration(&model.name, request.estimate.input_tokens, &used);
+    count_over_cap(cx, request, &used);
     let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
@@ -91,6 +93,24 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         content_type.unwrap_or(HeaderValue::from_static("application/json")),
     );
     Metered::Answered(response, settled)
+}
+
+/// A whole answer whose output passed the cap sent upstream settles as
+/// debt (its usage is what it is) and is counted per deployment.
+fn count_over_cap(cx: &RequestContext, request: &Prepared, used: &UsageBreakdown) {
+    let Some(d) = cx.finish.deployment else {
+        return;
+    };
+    let upstream = cx.policy.deployment(d);
+    let model = cx.policy.model_at(request.model);
+    if cx.dialect.cap_field(upstream.max_tokens_only).is_none() {
+        return;
+    }
+    let cap = output_cap(request, model).saturating_mul(request.estimate.choices.max(1));
+    if used.output.unwrap_or(0) > cap {
+        tracing::info!(deployment = %upstream.name, output = used.output.unwrap_or(0), cap, "answer passed the cap sent upstream; settled as debt");
+        metrics::output_over_cap(&upstream.name, "answer_debt");
+    }
 }
 
 /// Starts the relay of a streamed answer on its own task; the relay
@@ -105,13 +125,18 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let model = cx.policy.model_at(request.model);
     let estimate = &request.estimate;
     let choices = estimate.choices.max(1);
+    let deployment = cx.finish.deployment.map(|d| cx.policy.deployment(d));
+    let cap = deployment.and_then(|u| enforced_cap(request, model, cx.dialect, u));
     let proc = StreamProcessor::new(
         cx.dialect,
         model.encoding,
         request.client_wants_usage,
         choices,
     )
+    .with_limits(estimate.input_tokens, cap)
     .with_token_ratio(model.token_ratio);
+    // The request's time limit counts from its arrival.
+    let deadline = cx.finish.started + cx.policy.server.max_request;
     // The client's cap bounds the output when it gave one; an incremental
     // reservation of it (prepare) is extended up to it.
     let max_output = estimate
@@ -125,6 +150,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         step,
         max_output,
         input_tokens: estimate.input_tokens,
+        deadline: Some(tokio::time::Instant::from_std(deadline)),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let finish = cx.finish.hand_off();

@@ -11,17 +11,20 @@
 //! 8. [`finish`]: the final log line and request metrics, exactly once on
 //!    every path, client disconnect included.
 //!
-//! [`context`] holds what the phases share. The lifecycle knows budgets
+//! [`refusal`] gives a refusal the rate-limit headers of every budget the
+//! request touches. [`context`] holds what the phases share. The lifecycle knows budgets
 //! only through [`crate::reservation`] and upstreams only through
 //! [`crate::upstreams`].
 
 pub mod admit;
 pub mod authenticate;
 pub mod context;
+pub mod decode;
 pub mod finish;
 pub mod forward;
 pub mod meter;
 pub mod prepare;
+pub mod refusal;
 pub mod rewrite;
 pub mod route;
 pub mod settle;
@@ -69,7 +72,15 @@ pub async fn handle(
         }
     };
     let metered: Result<Metered, ApiError> = metered.await;
-    finish(cx, metered)
+    let refusal_headers = match &metered {
+        Err(e) => refusal::headers(&cx, e).await,
+        Ok(_) => None,
+    };
+    let mut response = finish(cx, metered);
+    if let Some(h) = refusal_headers {
+        response.headers_mut().extend(h);
+    }
+    response
 }
 
 /// The last phase: the client's response, and the final line for every

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -21,9 +21,6 @@ use crate::reservation::plan;
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::{AppState, BudgetPlan};
-
-/// Longest a client may take to send its request body.
-const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A request after validation and estimation, ready to route and reserve.
 pub struct Prepared {
@@ -56,50 +53,60 @@ pub async fn prepare(
     body: Body,
     path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
-    let bytes = read_body(body, cx.policy.server.max_body_bytes, headers).await?;
+    let bytes = super::decode::read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
     let betas = if dialect.is_anthropic() {
         anthropic_betas(headers)?
     } else {
         Vec::new()
     };
+    let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
         parse(
             &cx.st, &cx.policy, dialect, caller, bytes, path_model, &betas,
-        )?
+        )
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
         let job = move || parse(&st, &policy, dialect, caller, bytes, path_model, &betas);
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
-        })??
+        })?
     };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            if matches!(e, ApiError::Impossible(_)) || dialect.is_anthropic() {
+                // The rate-limit headers of the refusal describe the request's budgets.
+                cx.plan = plan_of(cx, caller, &unparsed, azure_model);
+            }
+            return Err(e);
+        }
+    };
+    cx.plan = Some(prepared.plan.clone());
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     Ok(prepared)
 }
 
-async fn read_body(body: Body, limit: usize, headers: &HeaderMap) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(ApiError::BodyTooLarge { limit });
+/// The budget plan of a body whose estimate was refused (its model is
+/// known: estimation comes after the model lookup).
+fn plan_of(
+    cx: &RequestContext,
+    caller: Caller,
+    raw: &[u8],
+    path_model: Option<String>,
+) -> Option<Arc<BudgetPlan>> {
+    #[derive(serde::Deserialize)]
+    struct ModelOnly {
+        model: Option<String>,
     }
-    // A client that stops sending its body must not hold a connection forever.
-    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, limit));
-    let Ok(read) = read.await else {
-        return Err(ApiError::RequestTimeout);
+    let model = match path_model {
+        Some(m) => m,
+        None => serde_json::from_slice::<ModelOnly>(raw).ok()?.model?,
     };
-    read.map_err(|e| {
-        if e.to_string().contains("length limit") {
-            ApiError::BodyTooLarge { limit }
-        } else {
-            invalid(None, "The request body could not be read.")
-        }
-    })
+    let id = cx.policy.model_id(&model)?;
+    Some(cx.st.budget_plan(&cx.policy, caller.tenant, caller.key, id))
 }
 
 /// A 400 `invalid_request_error`.

@@ -9,8 +9,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
-use crate::config::{ModelPolicy, UpstreamPolicy};
+use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
 use crate::dialects::Dialect;
+use crate::estimate::Estimate;
 
 /// The body to send to `upstream`: model name, output cap (DESIGN
 /// section 1.6), and usage reporting for streams. Everything else passes
@@ -21,10 +22,23 @@ pub fn upstream_body(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
+    rewrite(&p.raw, &p.estimate, p.stream, model, dialect, upstream)
+}
+
+/// [`upstream_body`] of a client body `raw` (a JSON object) with its
+/// `estimate`, streamed or not.
+pub fn rewrite(
+    raw: &[u8],
+    estimate: &Estimate,
+    stream: bool,
+    model: &ModelPolicy,
+    dialect: Dialect,
+    upstream: &UpstreamPolicy,
+) -> Result<Vec<u8>, serde_json::Error> {
     // Top-level fields as raw JSON slices, in the client's order: values
     // are copied byte for byte, never re-serialised (a 400 KB prompt costs
     // a scan, not a rebuild).
-    let RawMembers(top) = serde_json::from_slice(&p.raw)?;
+    let RawMembers(top) = serde_json::from_slice(raw)?;
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
@@ -33,19 +47,15 @@ pub fn upstream_body(
         .cap_field(upstream.max_tokens_only)
         .filter(|_| dialect.asks_stream_usage());
     if let Some(cap_field) = cap_field {
-        let cap = match p.estimate.client_max_output {
-            Some(client) => client,
-            None if p.stream && !model.reasoning => model.max_output_tokens,
-            None => p.estimate.output_tokens_per_choice,
-        };
+        let cap = cap_for(estimate, stream, model);
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         }
-        if p.estimate.client_max_output.is_none() || cap_field == "max_tokens" {
+        if estimate.client_max_output.is_none() || cap_field == "max_tokens" {
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).
-        if p.stream {
+        if stream {
             let mut opts: Map<String, Value> = top
                 .iter()
                 .rfind(|(k, _)| k == "stream_options")
@@ -55,7 +65,7 @@ pub fn upstream_body(
             set.push(("stream_options", serde_json::to_string(&opts)?));
         }
     }
-    let mut out = Vec::with_capacity(p.raw.len() + 128);
+    let mut out = Vec::with_capacity(raw.len() + 128);
     out.push(b'{');
     let mut first = true;
     let mut field = |out: &mut Vec<u8>, key: &str, value: &str| -> Result<(), serde_json::Error> {
@@ -79,6 +89,41 @@ pub fn upstream_body(
     }
     out.push(b'}');
     Ok(out)
+}
+
+/// The output cap per choice sent upstream: the client's own cap, else
+/// the model's largest output for a stream (which extends its reservation
+/// as it grows), else the reserved output.
+pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
+    cap_for(&p.estimate, p.stream, model)
+}
+
+/// [`output_cap`] of a request with `estimate`, streamed or not.
+pub fn cap_for(estimate: &Estimate, stream: bool, model: &ModelPolicy) -> u64 {
+    match estimate.client_max_output {
+        Some(client) => client,
+        None if stream && !model.reasoning => model.max_output_tokens,
+        None => estimate.output_tokens_per_choice,
+    }
+}
+
+/// The cap the gateway enforces on a stream of `upstream` (DESIGN section
+/// 11: the cap we send is the cap we enforce): the cap sent, for upstreams
+/// that may ignore it; `None` for `openai` and `azure` deployments, which
+/// honour it (the gateway never ends their streams before their finish)
+/// and for dialects without output.
+pub fn enforced_cap(
+    p: &Prepared,
+    model: &ModelPolicy,
+    dialect: Dialect,
+    upstream: &UpstreamPolicy,
+) -> Option<u64> {
+    match upstream.kind {
+        UpstreamKind::Openai | UpstreamKind::Azure | UpstreamKind::Anthropic => None,
+        UpstreamKind::SelfHosted => dialect
+            .cap_field(upstream.max_tokens_only)
+            .map(|_| output_cap(p, model)),
+    }
 }
 
 /// A JSON object's members in document order, each value as its raw

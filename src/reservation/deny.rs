@@ -17,6 +17,17 @@ use crate::reserve::{
     ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
 
+/// Which layer answered a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnsweredBy {
+    /// The budget store.
+    Store,
+    /// The local deny cache, without a store call.
+    DenyCache,
+    /// The local limiter of a `fail_open` tenant while the store fails.
+    LocalLimiter,
+}
+
 /// A store behind a local deny cache.
 pub struct DenyCachedStore {
     inner: Arc<dyn BudgetStore>,
@@ -39,6 +50,11 @@ impl DenyCachedStore {
         Self::new(inner, self.cache.clone(), self.clock.clone())
     }
 
+    /// The store behind the cache (for calls the cache has no part in).
+    pub fn store(&self) -> &Arc<dyn BudgetStore> {
+        &self.inner
+    }
+
     /// The cache (a refund of this gateway clears its entries).
     pub fn cache(&self) -> &Arc<DenyCache> {
         &self.cache
@@ -47,6 +63,16 @@ impl DenyCachedStore {
     /// Refuses locally when the cache knows the request cannot fit, else
     /// asks the store and remembers a refusal of a tenant-side budget.
     pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.reserve_answered(r).await.map(|(o, _)| o)
+    }
+
+    /// [`Self::reserve`], and who answered: a refusal from the cache knows
+    /// only the refusing budget (the rate-limit headers of the refusal say
+    /// so), one from the store may be described in full.
+    pub async fn reserve_answered(
+        &self,
+        r: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
         let now = self.clock.now_micros();
         let who = &r.requester;
         if let Some(denial) = self.cache.check(&r.common, r.costs.tokens, now) {
@@ -58,7 +84,7 @@ impl DenyCachedStore {
                 "deny_cache",
                 &who.policy_version,
             );
-            return Ok(ReserveOutcome::Denied(denial));
+            return Ok((ReserveOutcome::Denied(denial), AnsweredBy::DenyCache));
         }
         let outcome = self.inner.reserve(r).await?;
         match &outcome {
@@ -74,8 +100,9 @@ impl DenyCachedStore {
                 }
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+            ReserveOutcome::Voided => {}
         }
-        Ok(outcome)
+        Ok((outcome, AnsweredBy::Store))
     }
 
     /// Passed to the store.
@@ -118,6 +145,9 @@ impl BudgetStore for DenyCachedStore {
     }
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         DenyCachedStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, hold_ttl_micros).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await

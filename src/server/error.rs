@@ -76,6 +76,9 @@ pub enum ApiError {
     },
     /// The client did not send its body in time: 408.
     RequestTimeout,
+    /// A `Content-Encoding` the gateway does not decode, or stacked
+    /// encodings: 415 (the text names it).
+    UnsupportedEncoding(String),
 }
 
 /// An error response: `status` with an OpenAI error body.
@@ -181,6 +184,7 @@ impl ApiError {
             | ApiError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         }
     }
 
@@ -219,6 +223,7 @@ impl ApiError {
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
             ApiError::RequestTimeout => "request_timeout",
+            ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
         }
     }
 }
@@ -441,6 +446,13 @@ impl ApiError {
                 "upstream_error",
                 None,
                 Some("timeout"),
+            ),
+            ApiError::UnsupportedEncoding(why) => body(
+                status,
+                &format!("{why} This gateway decodes one of Content-Encoding gzip, deflate, br or zstd."),
+                "invalid_request_error",
+                None,
+                Some("unsupported_content_encoding"),
             ),
         }
     }

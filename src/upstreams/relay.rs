@@ -68,6 +68,15 @@ pub struct StreamProcessor {
     id: Option<String>,
     model: Option<String>,
     created: Option<i64>,
+    /// Prompt tokens the gateway reports when the upstream reports none.
+    prompt_tokens: u64,
+    /// The output cap sent upstream, per choice, when the gateway enforces it.
+    cap: Option<u64>,
+    /// Output counted per requested choice.
+    per_choice: Vec<u64>,
+    /// Largest delta counted so far (the cap's tolerance is at least one).
+    largest_delta: u64,
+    over_cap: bool,
     /// Messages streams: events, not choices.
     messages: Option<MessagesStream>,
 }
@@ -94,7 +103,33 @@ impl StreamProcessor {
             model: None,
             created: None,
             messages: (dialect == Dialect::Messages).then(|| MessagesStream::new(1000)),
+            prompt_tokens: 0,
+            cap: None,
+            per_choice: vec![0; choices.max(1) as usize],
+            largest_delta: 0,
+            over_cap: false,
         }
+    }
+
+    /// Sets the prompt tokens reported by the gateway's own usage chunk
+    /// (when the upstream sends none) and the per-choice output cap to
+    /// enforce (`None`: the upstream is trusted to honour the cap it got).
+    pub fn with_limits(mut self, prompt_tokens: u64, cap: Option<u64>) -> Self {
+        self.prompt_tokens = prompt_tokens;
+        self.cap = cap;
+        self
+    }
+
+    /// True once a choice's output passed the enforced cap plus its
+    /// tolerance; the frame that passed it was not relayed.
+    pub fn is_over_cap(&self) -> bool {
+        self.over_cap
+    }
+
+    /// The cap's tolerance: our tokenizer is not the model's, so a choice
+    /// may run `max(2 % of the cap, one delta)` past it before it is cut.
+    pub fn cap_tolerance(cap: u64, largest_delta: u64) -> u64 {
+        cap.div_ceil(50).max(largest_delta)
     }
 
     /// Counts text at `ratio` per mille (Messages; see
@@ -149,16 +184,6 @@ impl StreamProcessor {
         }
     }
 
-    /// The frame that ends a stream whose every choice finished but whose
-    /// upstream closed without the end marker: `[DONE]`, or Messages'
-    /// `message_stop`.
-    pub fn completion_frame(&self) -> Bytes {
-        match &self.messages {
-            Some(_) => messages::completion_frame(),
-            None => Bytes::from_static(b"data: [DONE]\n\n"),
-        }
-    }
-
     /// An error event in the stream's dialect.
     pub fn error_frame(&self, message: &str, code: &str) -> Bytes {
         self.dialect.error_event(message, code)
@@ -194,7 +219,10 @@ impl StreamProcessor {
         }
         if trimmed == "[DONE]" {
             self.done = true;
-            return FrameAction::Forward(raw);
+            return FrameAction::Forward(match self.gateway_usage_frame() {
+                Some(usage) => [usage, raw].concat().into(),
+                None => raw,
+            });
         }
         let Ok(v) = serde_json::from_str::<Value>(trimmed) else {
             tracing::debug!("dropping an SSE frame whose data is not JSON");
@@ -230,13 +258,36 @@ impl StreamProcessor {
                 .is_none_or(|c| c.is_empty());
         }
         if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            // Counted first, committed only if no choice passes the cap.
+            let mut counted = Vec::with_capacity(choices.len());
             for c in choices {
-                self.output_tokens += self.dialect.count_output(c, Part::Delta, self.encoding);
-                if c.get("finish_reason").is_some_and(|f| !f.is_null()) {
-                    let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                    // Only a requested choice counts: indexes out of range
-                    // must not make a truncated stream look complete.
-                    if idx < self.choices {
+                let tokens = self.dialect.count_output(c, Part::Delta, self.encoding);
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                let finishes = c.get("finish_reason").is_some_and(|f| !f.is_null());
+                counted.push((idx, tokens, finishes));
+            }
+            if let Some(cap) = self.cap {
+                let passes = counted.iter().any(|&(idx, tokens, finishes)| {
+                    let Some(&so_far) = self.per_choice.get(idx as usize) else {
+                        return false;
+                    };
+                    let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
+                    // A choice the upstream ends itself is not cut.
+                    !finishes && so_far.saturating_add(tokens) > cap.saturating_add(tolerance)
+                });
+                if passes {
+                    self.over_cap = true;
+                    return FrameAction::Drop;
+                }
+            }
+            for (idx, tokens, finishes) in counted {
+                self.output_tokens += tokens;
+                self.largest_delta = self.largest_delta.max(tokens);
+                // Only a requested choice counts: indexes out of range
+                // must not make a truncated stream look complete.
+                if let Some(n) = self.per_choice.get_mut(idx as usize) {
+                    *n += tokens;
+                    if finishes {
                         self.finished.insert(idx);
                     }
                 }
@@ -250,6 +301,45 @@ impl StreamProcessor {
 
     fn chunk_frame(v: &Value) -> Bytes {
         Bytes::from(format!("data: {v}\n\n"))
+    }
+
+    /// The dialect's usage chunk with the gateway's own count: the prompt
+    /// estimate and the output counted from the deltas.
+    fn usage_chunk(&self, prompt_tokens: u64) -> Bytes {
+        let id = self.id.as_deref().unwrap_or("chatcmpl-budgetgate");
+        Self::chunk_frame(&json!({
+            "id": id,
+            "object": self.dialect.chunk_object(),
+            "created": self.created.unwrap_or(0),
+            "model": self.model.as_deref().unwrap_or_default(),
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": self.output_tokens,
+                "total_tokens": prompt_tokens + self.output_tokens
+            }
+        }))
+    }
+
+    /// The usage chunk a client that asked for usage gets before `[DONE]`
+    /// when the upstream sent none (some self-hosted servers ignore
+    /// `stream_options.include_usage`): the gateway's count.
+    pub fn gateway_usage_frame(&self) -> Option<Bytes> {
+        (self.client_wants_usage && self.usage.is_none())
+            .then(|| self.usage_chunk(self.prompt_tokens))
+    }
+
+    /// The frames that end a stream every choice of which finished but
+    /// whose upstream closed without `[DONE]` (Messages: `message_stop`).
+    pub fn closing_frames(&self) -> Bytes {
+        if self.messages.is_some() {
+            return messages::completion_frame();
+        }
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        match self.gateway_usage_frame() {
+            Some(usage) => [usage, done].concat().into(),
+            None => done,
+        }
     }
 
     /// Frames ending a stream that was cut off: a final chunk with
@@ -278,15 +368,7 @@ impl StreamProcessor {
             })));
         }
         if self.client_wants_usage {
-            out.push(Self::chunk_frame(&json!({
-                "id": id, "object": object, "created": created, "model": model,
-                "choices": [],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": self.output_tokens,
-                    "total_tokens": prompt_tokens + self.output_tokens
-                }
-            })));
+            out.push(self.usage_chunk(prompt_tokens));
         }
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         out
@@ -303,8 +385,13 @@ pub fn error_frame(message: &str, code: &str) -> Bytes {
 pub enum Ending {
     /// `[DONE]` passed (or was appended because every choice finished).
     Completed,
-    /// The budget ran out; cut off cleanly.
+    /// The budget ran out (or the gateway shut down); cut off cleanly.
     CutOff,
+    /// The request reached its time limit (`server.max_request_secs`, or
+    /// the deployment's lower timeout); cut off cleanly.
+    TimeLimit,
+    /// A choice passed the output cap sent upstream (plus tolerance); cut off cleanly.
+    OverCap,
     /// The client went away.
     ClientGone,
     /// The upstream failed or closed early; an error event was sent.
@@ -323,6 +410,8 @@ pub struct ExtendPlan {
     pub max_output: u64,
     /// Tokens charged for the prompt when no upstream usage arrives.
     pub input_tokens: u64,
+    /// When the request's time is up: the stream is cut off cleanly there.
+    pub deadline: Option<tokio::time::Instant>,
 }
 
 /// What the relay reports when it ends.
@@ -348,24 +437,40 @@ pub async fn run<M: Meter>(
     let mut splitter = FrameSplitter::new();
     let mut body = upstream.bytes_stream();
     let mut extensions_work = true;
+    let deadline = async {
+        match plan.deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
     let ending = 'relay: loop {
         let next = tokio::select! {
             biased;
             _ = tx.closed() => break 'relay Ending::ClientGone,
+            // Time is up: the same clean ending as when the budget runs out.
+            _ = &mut deadline => {
+                tracing::info!(reservation_id = %hold.id(), "stream reached the request's time limit; cutting off");
+                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
+                break 'relay Ending::TimeLimit;
+            }
             // Shutdown grace period over: end cleanly, as when the budget runs out.
             _ = hold.shutdown() => {
                 tracing::info!(reservation_id = %hold.id(), "gateway shutting down; cutting the stream off");
-                for f in proc.cutoff_frames(plan.input_tokens) {
-                    if tx.send(f).await.is_err() {
-                        break;
-                    }
-                }
+                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
                 break 'relay Ending::CutOff;
             }
             next = body.next() => next,
         };
         let chunk = match next {
             Some(Ok(chunk)) => chunk,
+            // The upstream call's own timeout (at most the request's time
+            // limit) ended the body: a time limit, not an upstream fault.
+            Some(Err(e)) if e.is_timeout() => {
+                tracing::info!(reservation_id = %hold.id(), "upstream call reached its timeout; cutting off");
+                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
+                break Ending::TimeLimit;
+            }
             Some(Err(e)) => {
                 tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream stream failed");
                 let _ = tx
@@ -392,7 +497,7 @@ pub async fn run<M: Meter>(
                     break Ending::UpstreamError;
                 }
                 if proc.all_finished() {
-                    let _ = tx.send(proc.completion_frame()).await;
+                    let _ = tx.send(proc.closing_frames()).await;
                     break Ending::Completed;
                 }
                 let _ = tx
@@ -413,6 +518,11 @@ pub async fn run<M: Meter>(
             if proc.is_done() {
                 break 'relay Ending::Completed;
             }
+            if proc.is_over_cap() {
+                tracing::info!(reservation_id = %hold.id(), "output passed the cap sent upstream; cutting off");
+                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
+                break 'relay Ending::OverCap;
+            }
             let Some(step) = plan.step else { continue };
             // Once every choice has finished no more output can come: no extension.
             while extensions_work
@@ -425,11 +535,7 @@ pub async fn run<M: Meter>(
                     Extension::Granted(granted) => plan.reserved_output += granted,
                     Extension::Exhausted(why) => {
                         tracing::info!(reservation_id = %hold.id(), reason = %why, "budget exhausted mid-stream; cutting off");
-                        for f in proc.cutoff_frames(plan.input_tokens) {
-                            if tx.send(f).await.is_err() {
-                                break;
-                            }
-                        }
+                        send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
                         break 'relay Ending::CutOff;
                     }
                     Extension::Failed(e) => {
@@ -449,5 +555,14 @@ pub async fn run<M: Meter>(
         ending,
         settled_tokens,
         counted_output,
+    }
+}
+
+/// Sends `frames` in order until the client is gone.
+async fn send_all(tx: &mpsc::Sender<Bytes>, frames: Vec<Bytes>) {
+    for f in frames {
+        if tx.send(f).await.is_err() {
+            return;
+        }
     }
 }

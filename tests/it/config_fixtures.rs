@@ -176,14 +176,25 @@ fn call_args(src: &str, open: usize) -> Vec<String> {
     panic!("unbalanced call at byte {open}");
 }
 
-/// The first string literal in `arg`, unescaped.
+/// The first string literal in `arg`, unescaped as Rust does (a `\\` at
+/// the end of a line drops the line break and the next line's indent).
 fn first_literal(arg: &str) -> Option<String> {
     let start = arg.find('"')?;
     let mut out = String::new();
-    let mut chars = arg[start + 1..].chars();
+    let mut chars = arg[start + 1..].chars().peekable();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => out.extend(chars.next()),
+            '\\' => match chars.next() {
+                Some('\n') => {
+                    while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                        chars.next();
+                    }
+                }
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(other) => out.push(other),
+                None => {}
+            },
             '"' => return Some(out),
             c => out.push(c),
         }
@@ -286,7 +297,7 @@ fn matches_template(text: &str, template: &str, formatted: bool) -> bool {
 fn every_message_config_can_produce_has_a_fixture() {
     let sites = message_sites();
     assert!(
-        sites.len() >= 39,
+        sites.len() >= 43,
         "found only {} message sites: is the scan still finding them?",
         sites.len()
     );

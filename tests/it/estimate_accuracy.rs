@@ -50,22 +50,10 @@ fn tokens(enc: Encoding, s: &str) -> u64 {
     bpe(enc).encode_ordinary(s).len() as u64
 }
 
-/// `num_tokens_from_messages`, transcribed from the Cookbook (see the module
-/// docs).
+/// `num_tokens_from_messages` of the Cookbook (see the module docs), with
+/// `enc`'s counts.
 fn rule_count(enc: Encoding, messages: &[Msg]) -> u64 {
-    let tokens_per_message = 3;
-    let tokens_per_name = 1;
-    let mut n = 0;
-    for message in messages {
-        n += tokens_per_message;
-        for (key, value) in message {
-            n += tokens(enc, value);
-            if *key == "name" {
-                n += tokens_per_name;
-            }
-        }
-    }
-    n + 3
+    crate::support::rule_count(&to_json(messages), |s| tokens(enc, s))
 }
 
 fn to_json(messages: &[Msg]) -> Value {

@@ -1,7 +1,7 @@
 //! Self-test of the simulated upstream in `examples/mock_upstream.rs`.
 
 use crate::support::mock_upstream;
-use crate::support::{content_chunks, sse_chunks, sse_data};
+use crate::support::{content_chunks, rule_count, sse_chunks, sse_data};
 
 use std::time::{Duration, Instant};
 
@@ -108,20 +108,6 @@ fn sample_messages() -> Value {
 }
 
 /// OpenAI's published rule, written independently of the mock.
-fn rule_count(messages: &Value, count: fn(&str) -> u64) -> u64 {
-    let mut n = 3;
-    for m in messages.as_array().unwrap() {
-        n += 3;
-        for (k, v) in m.as_object().unwrap() {
-            n += count(v.as_str().unwrap());
-            if k == "name" {
-                n += 1;
-            }
-        }
-    }
-    n
-}
-
 #[tokio::test]
 async fn chat_non_streaming_shape_usage_and_headers() {
     let m = mock().await;

@@ -58,6 +58,19 @@ async fn stream_through_sigterm(gw: &GatewayProcess, body: Value) -> (String, Du
     (text, t0.elapsed())
 }
 
+/// The stream's final line says it ended with `ending`, and shutdown
+/// drained every settlement without a failure.
+async fn assert_stream_ended_and_settled(gw: &GatewayProcess, ending: &str) {
+    let finished = gw.wait_log("stream finished", 1).await;
+    assert_eq!(finished[0].pointer("/fields/ending"), Some(&json!(ending)));
+    let done = gw
+        .wait_log("settlements drained; shutdown complete", 1)
+        .await;
+    assert_eq!(done[0].pointer("/fields/failed"), Some(&json!(0)));
+    let settled = done[0].pointer("/fields/settled").and_then(Value::as_u64);
+    assert!(settled.is_some_and(|n| n >= 1), "{}", done[0]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_lets_a_stream_finish_within_the_grace_period_then_exits_0() {
     let mock = start_mock().await;
@@ -84,23 +97,7 @@ async fn sigterm_lets_a_stream_finish_within_the_grace_period_then_exits_0() {
 
     let status = gw.wait_exit(Duration::from_secs(20)).await;
     assert_eq!(status.code(), Some(0), "{}", gw.dump_logs());
-    let finished = gw.wait_log("stream finished", 1).await;
-    assert_eq!(
-        finished[0].pointer("/fields/ending"),
-        Some(&json!("Completed"))
-    );
-    let done = gw
-        .wait_log("settlements drained; shutdown complete", 1)
-        .await;
-    assert_eq!(done[0].pointer("/fields/failed"), Some(&json!(0)));
-    assert!(
-        done[0]
-            .pointer("/fields/settled")
-            .unwrap()
-            .as_u64()
-            .unwrap()
-            >= 1
-    );
+    assert_stream_ended_and_settled(&gw, "Completed").await;
     assert!(gw
         .logs_with(
             "shutdown grace period over: cutting off streams and ending requests still running"
@@ -159,23 +156,7 @@ async fn a_stream_still_running_at_the_deadline_is_cut_off_cleanly_and_settled()
         1,
     )
     .await;
-    let finished = gw.wait_log("stream finished", 1).await;
-    assert_eq!(
-        finished[0].pointer("/fields/ending"),
-        Some(&json!("CutOff"))
-    );
-    let done = gw
-        .wait_log("settlements drained; shutdown complete", 1)
-        .await;
-    assert_eq!(done[0].pointer("/fields/failed"), Some(&json!(0)));
-    assert!(
-        done[0]
-            .pointer("/fields/settled")
-            .unwrap()
-            .as_u64()
-            .unwrap()
-            >= 1
-    );
+    assert_stream_ended_and_settled(&gw, "CutOff").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

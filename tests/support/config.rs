@@ -25,7 +25,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn as_str(self) -> &'static str {
+    /// The name `kind = "…"` takes.
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Openai => "openai",
             Kind::Azure => "azure",
@@ -92,7 +93,7 @@ impl LimitsExt for Limits {
 pub fn upstream(name: &str, kind: Kind, base_url: &str) -> RawUpstream {
     RawUpstream {
         name: name.into(),
-        kind: Some(kind.as_str().into()),
+        kind: Some(kind.name().into()),
         base_url: base_url.into(),
         ..RawUpstream::default()
     }

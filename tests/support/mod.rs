@@ -24,7 +24,7 @@ pub use config::{limits, Kind, Limits, LimitsExt, TestConfig};
 pub use gateway::Gateway;
 pub use http::*;
 pub use process::GatewayProcess;
-pub use python::{run_python, run_python_any};
+pub use python::{deltas, run_python, run_python_any, sdk_stream};
 
 /// The API key of tenant `t1` in [`TestConfig::standard`].
 pub const KEY: &str = "sk-test-budgetgate";
@@ -57,6 +57,24 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
     )
     .expect("estimate")
     .input_tokens
+}
+
+/// Input tokens of a chat `messages` array by OpenAI's published rule (3 per
+/// message, 1 per `name`, 3 to prime the answer), each string counted by
+/// `count`: the reference both the estimator and the simulated upstream
+/// are checked against.
+pub fn rule_count(messages: &serde_json::Value, count: impl Fn(&str) -> u64) -> u64 {
+    let mut n = 3;
+    for m in messages.as_array().expect("messages is an array") {
+        n += 3;
+        for (k, v) in m.as_object().expect("a message is an object") {
+            n += count(v.as_str().expect("string fields only"));
+            if k == "name" {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Starts the simulated upstream with default settings.

@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use serde_json::Value;
+
+use super::http::Endpoint;
 use super::KEY;
 
 /// The Python interpreter with the pinned `openai` SDK: `$BUDGETGATE_PYTHON`,
@@ -75,4 +78,17 @@ pub async fn run_python_any(script: &str, base_url: &str, args: &[&str]) -> PyRe
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// Streams with the SDK (`stream_collect.py`, `kwargs` a JSON object of
+/// `chat.completions.create` arguments) and returns its report.
+pub async fn sdk_stream(gw: &(impl Endpoint + ?Sized), kwargs: &Value) -> Value {
+    run_python("stream_collect.py", &gw.base_url(), &[&kwargs.to_string()])
+        .await
+        .json()
+}
+
+/// The content deltas the SDK saw for `choice` in a [`sdk_stream`] report.
+pub fn deltas(report: &Value, choice: &str) -> u64 {
+    report["deltas"][choice].as_u64().unwrap_or(0)
 }

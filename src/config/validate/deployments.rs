@@ -96,22 +96,12 @@ pub(super) fn upstreams(
                 "only for kind = \"anthropic\"",
             );
         }
-        let mut forward_client_headers = Vec::new();
-        for (j, h) in u.forward_client_headers.iter().enumerate() {
-            let h = h.to_ascii_lowercase();
-            if matches!(
-                h.as_str(),
-                "authorization" | "api-key" | "x-api-key" | "cookie" | "host" | "content-length"
-            ) || axum::http::HeaderName::from_bytes(h.as_bytes()).is_err()
-            {
-                v.err(
-                    format!("{path}.forward_client_headers[{j}]"),
-                    format!("{h:?} cannot be forwarded"),
-                );
-            } else {
-                forward_client_headers.push(h);
-            }
-        }
+        let forward_client_headers = super::forwarding::forwarded_headers(
+            v,
+            &path,
+            &u.forward_client_headers,
+            &u.forward_credential_headers,
+        );
         let limits = v.limits(&format!("{path}.limits"), &u.limits);
         for (field, set) in [
             ("tokens_per_day", limits.tokens_per_day),
