@@ -10,8 +10,9 @@
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
-//!   completions, embeddings): estimate, cap field, usage breakdown,
-//!   output counting, cutoff frames, error body.
+//!   completions, embeddings, Anthropic Messages): estimate, cap field,
+//!   usage breakdown, output counting, cutoff frames, error body,
+//!   rate-limit header family.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
 //! - [`lifecycle`]: the request path as named phases — authenticate,
 //!   prepare, route, admit, forward, meter, settle, finish — and the
