@@ -405,8 +405,28 @@ async fn anthropic_sdk_rate_limit_error_carries_retry_after_and_our_headers() {
         "a rate refusal may be retried"
     );
     assert_eq!(
+        r["requests_sent"], 3,
+        "the SDK's two retries honoured retry-after and were refused too"
+    );
+    assert_eq!(
         mock.state.request_count(),
         1,
         "refusals never reach the upstream"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_sdk_does_not_retry_a_day_quota_refusal() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(100);
+    let gw = config(&[&mock], limits().tokens_per_day(150)).start().await;
+    let r = post(&gw, XKEY, &body(Some(100), false), "input=40").await;
+    assert_eq!(r.status(), 200);
+    gw.all_settled().await;
+    let r = run_python("anthropic_sdk.py", &gw.base_url(), &["rate_limited"])
+        .await
+        .json();
+    assert_eq!(r["error"], "RateLimitError");
+    assert_eq!(r["should_retry"], "false");
+    assert_eq!(r["requests_sent"], 1, "x-should-retry: false is obeyed");
 }

@@ -10,11 +10,14 @@ import os
 import sys
 
 import anthropic
+import httpx2
 
 mode = sys.argv[1]
 model = sys.argv[2] if len(sys.argv) > 2 else "claude-test"
 base = os.environ["BASE_URL"].removesuffix("/v1")
-client = anthropic.Anthropic(base_url=base, api_key=os.environ["API_KEY"])
+sent = []  # every HTTP request the SDK made (its retries included)
+http = httpx2.Client(event_hooks={"request": [lambda r: sent.append(r.url.path)]})
+client = anthropic.Anthropic(base_url=base, api_key=os.environ["API_KEY"], http_client=http)
 msgs = [{"role": "user", "content": "Say hello."}]
 out = {}
 
@@ -66,4 +69,5 @@ elif mode == "rate_limited":
         out["should_retry"] = e.response.headers.get("x-should-retry")
         out["tokens_limit"] = e.response.headers.get("anthropic-ratelimit-tokens-limit")
         out["tokens_reset"] = e.response.headers.get("anthropic-ratelimit-tokens-reset")
+    out["requests_sent"] = len(sent)
 print(json.dumps(out))
