@@ -19,6 +19,7 @@
 pub mod admit;
 pub mod authenticate;
 pub mod context;
+pub mod count_tokens;
 pub mod decode;
 pub mod finish;
 pub mod forward;

@@ -51,6 +51,15 @@ pub async fn messages(State(st): State<Arc<AppState>>, headers: HeaderMap, body:
     proxy(st, Dialect::Messages, headers, body, None).await
 }
 
+/// `POST /v1/messages/count_tokens`: the gateway's input estimate, no upstream call.
+pub async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    crate::lifecycle::count_tokens::count_tokens(st, headers, body).await
+}
+
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
 pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let policy = st.policy.load_full();

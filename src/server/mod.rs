@@ -237,6 +237,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/embeddings", post(handlers::embeddings))
         .route("/v1/messages", post(handlers::messages))
+        .route("/v1/messages/count_tokens", post(handlers::count_tokens))
         .route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{model}", get(handlers::get_model))
         .route(

@@ -430,3 +430,23 @@ async fn anthropic_sdk_does_not_retry_a_day_quota_refusal() {
     assert_eq!(r["should_retry"], "false");
     assert_eq!(r["requests_sent"], 1, "x-should-retry: false is obeyed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_is_the_gateway_estimate_charged_to_request_budgets_only() {
+    let mock = start_mock().await;
+    let mut c = config(&[&mock], limits().rpm(10).tpm(100_000));
+    c.model("claude-test").token_ratio = Some(1500);
+    let gw = c.start().await;
+    let r = run_python("anthropic_sdk.py", &gw.base_url(), &["count_tokens"])
+        .await
+        .json();
+    // 4 tokens of framing + "Say hello." (3 in o200k_base) at 1.5, rounded up.
+    let text = 4 + tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary("Say hello.")
+        .len() as u64;
+    assert_eq!(r["input_tokens"], (text * 3).div_ceil(2));
+    gw.all_settled().await;
+    assert_eq!(gw.t1_used(BudgetName::Rpm).await, 1, "the request counts");
+    assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "no token is spent");
+    assert_eq!(mock.state.request_count(), 0, "never sent upstream");
+}

@@ -1,7 +1,7 @@
 """The official `anthropic` SDK (pinned) against the gateway's /v1/messages.
 
 Usage: anthropic_sdk.py MODE [MODEL]; prints one JSON line.
-Modes: basic (create, create stream=True, messages.stream + get_final_message,
+Modes: count_tokens, basic (create, create stream=True, messages.stream + get_final_message,
 tool-use round trip), cutoff_helper / cutoff_create (the two SDK styles on a
 stream the gateway cuts off), rate_limited (one call with default retries; reports the error).
 """
@@ -47,6 +47,8 @@ if mode == "basic":
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"}]},
     ])
     out["tool"] = {"stop_reason": first.stop_reason, "input": call.input, "answer_stop": second.stop_reason}
+elif mode == "count_tokens":
+    out["input_tokens"] = client.messages.count_tokens(model=model, messages=msgs).input_tokens
 elif mode == "cutoff_helper":
     with client.messages.stream(model=model, max_tokens=32000, messages=msgs) as s:
         final = s.get_final_message()
