@@ -17,6 +17,7 @@ mod config_fixtures;
 mod config_range;
 mod deploy_kit;
 mod deployments;
+mod edges;
 mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
