@@ -161,6 +161,11 @@ pub struct ModelPolicy {
     pub client_cap_reservation: CapReservation,
     /// Messages only: the `anthropic-beta` values clients may send.
     pub anthropic_betas: Vec<String>,
+    /// Messages only: server tools, MCP servers and containers are allowed
+    /// (work the provider does and bills outside the token usage).
+    pub allow_server_tools: bool,
+    /// Messages only: `file_id` sources are allowed (with the tenant's consent).
+    pub allow_file_ids: bool,
 }
 
 /// How a stream's client-given output cap is reserved (DESIGN section 5).
@@ -215,6 +220,9 @@ pub struct TenantPolicy {
     pub shadow: bool,
     /// Extra tenant-wide limits evaluated in shadow (e.g. a lower TPM being trialled).
     pub shadow_limits: Limits,
+    /// Messages: the tenant may refer to uploaded files by `file_id`
+    /// (the model must allow it too).
+    pub allow_file_ids: bool,
 }
 
 /// A whole validated configuration.

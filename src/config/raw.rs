@@ -114,6 +114,8 @@ pub struct RawModel {
     pub client_cap_reservation: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub anthropic_betas: Vec<String>,
+    pub allow_server_tools: Option<bool>,
+    pub allow_file_ids: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -130,6 +132,7 @@ pub struct RawTenant {
     pub shadow: Option<bool>,
     #[serde(default)]
     pub shadow_limits: RawLimits,
+    pub allow_file_ids: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -178,9 +178,15 @@ pub async fn forward(
     if !status.is_success() {
         return upstream_failure(cx, resp, hold, upstream, headers).await;
     }
+    // The upstream names its request in its dialect's header (Anthropic: `request-id`).
+    let upstream_id = if cx.dialect.is_anthropic() {
+        anthropic::REQUEST_ID
+    } else {
+        X_REQUEST_ID
+    };
     if let Some(u) = resp
         .headers()
-        .get(X_REQUEST_ID)
+        .get(upstream_id)
         .and_then(|v| v.to_str().ok())
     {
         put(&mut headers, X_UPSTREAM_REQUEST_ID, u);

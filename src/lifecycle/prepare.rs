@@ -231,6 +231,23 @@ fn parse(
         token_ratio: model.token_ratio,
     };
     let body = Value::Object(body);
+    if dialect.is_anthropic() {
+        let tenant = policy.tenant(caller.tenant);
+        let allowed = |u: anthropic::Unmetered| match u {
+            anthropic::Unmetered::FileId => model.allow_file_ids && tenant.allow_file_ids,
+            _ => model.allow_server_tools,
+        };
+        if let Some(u) = anthropic::unmetered(&body).filter(|u| !allowed(*u)) {
+            return Err(invalid(
+                Some(u.param()),
+                format!(
+                    "`{}`: {u:?} is not enabled for model `{}` on this gateway (its work is billed beside the token usage the gateway meters).",
+                    u.param(),
+                    model.name
+                ),
+            ));
+        }
+    }
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
     let mut estimate = estimate::estimate(dialect, &body, &me, &policy.estimation, tightest)
         .map_err(|e| {

@@ -103,6 +103,7 @@ async fn answers_in_anthropic_shape_with_own_headers_and_cache_tokens_settled_ex
     );
     assert!(header(&r, "x-ratelimit-limit-tokens").is_none());
     assert!(header(&r, "request-id").is_some());
+    assert!(must_header(&r, "x-upstream-request-id").starts_with("req_mock_"));
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "message");
     assert_eq!(v["usage"]["cache_read_input_tokens"], 10000);
@@ -449,4 +450,54 @@ async fn count_tokens_is_the_gateway_estimate_charged_to_request_budgets_only() 
     assert_eq!(gw.t1_used(BudgetName::Rpm).await, 1, "the request counts");
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "no token is spent");
     assert_eq!(mock.state.request_count(), 0, "never sent upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tools_mcp_containers_and_file_ids_only_where_allowed() {
+    let mock = start_mock().await;
+    let mut c = config(&[&mock], limits().tpm(100_000));
+    let gw = c.start().await;
+    let with = |extra: Value| {
+        let mut b = body(Some(10), false);
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let web = json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+    let file = json!({"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}]});
+    for (extra, param) in [
+        (web.clone(), "tools"),
+        (
+            json!({"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]}),
+            "mcp_servers",
+        ),
+        (json!({"container": "container_1"}), "container"),
+        (file.clone(), "messages"),
+    ] {
+        let r = post(&gw, XKEY, &with(extra), "").await;
+        assert_eq!(r.status(), 400, "{param}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains(param));
+    }
+    gw.all_settled().await;
+    assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "nothing reserved");
+    assert_eq!(mock.state.request_count(), 0);
+    drop(gw);
+    // Allowed per model (file ids also per tenant): forwarded.
+    c.model("claude-test").allow_server_tools = Some(true);
+    c.model("claude-test").allow_file_ids = Some(true);
+    let gw = c.start().await;
+    assert_eq!(post(&gw, XKEY, &with(web), "").await.status(), 200);
+    assert_eq!(
+        post(&gw, XKEY, &with(file.clone()), "").await.status(),
+        400,
+        "the tenant has not allowed file ids"
+    );
+    drop(gw);
+    c.tenant("t1").allow_file_ids = Some(true);
+    let gw = c.start().await;
+    assert_eq!(post(&gw, XKEY, &with(file), "").await.status(), 200);
 }

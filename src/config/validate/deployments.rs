@@ -253,9 +253,14 @@ pub(super) fn models(
                 .positive(&format!("{path}.token_ratio"), Some(r), 100_000)
                 .unwrap_or(DEFAULT_TOKEN_RATIO),
         };
-        if !messages && !m.anthropic_betas.is_empty() {
+        let anthropic_only = [
+            ("anthropic_betas", !m.anthropic_betas.is_empty()),
+            ("allow_server_tools", m.allow_server_tools.is_some()),
+            ("allow_file_ids", m.allow_file_ids.is_some()),
+        ];
+        for (field, _) in anthropic_only.iter().filter(|(_, set)| *set && !messages) {
             v.err(
-                format!("{path}.anthropic_betas"),
+                format!("{path}.{field}"),
                 "only for models served by kind = \"anthropic\"",
             );
         }
@@ -290,6 +295,8 @@ pub(super) fn models(
             token_ratio: if messages { token_ratio } else { 1000 },
             client_cap_reservation,
             anthropic_betas: m.anthropic_betas.clone(),
+            allow_server_tools: m.allow_server_tools.unwrap_or(false),
+            allow_file_ids: m.allow_file_ids.unwrap_or(false),
         });
     }
 

@@ -83,6 +83,7 @@ pub(super) fn tenants(
             on_store_error,
             shadow: t.shadow.unwrap_or(false),
             shadow_limits: v.limits(&format!("{path}.shadow_limits"), &t.shadow_limits),
+            allow_file_ids: t.allow_file_ids.unwrap_or(false),
         });
     }
 

@@ -148,6 +148,70 @@ pub fn count_answer_output(answer: &Value, enc: Encoding, ratio: u64) -> u64 {
         .map_or(0, |bs| bs.iter().map(|b| count_block(b, enc, ratio)).sum())
 }
 
+/// Work a Messages body asks for that the provider does and bills beside
+/// the token usage, so the gateway cannot meter or isolate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmetered {
+    /// A server tool (`web_search`, `web_fetch`, `code_execution`…): any
+    /// tool with a `type` other than `custom` and Anthropic's client tools
+    /// (`bash`, `text_editor`, `computer`, `memory`), which the client runs.
+    ServerTool,
+    /// `mcp_servers`: the provider calls remote MCP servers.
+    McpServers,
+    /// `container`: a code-execution container kept between requests.
+    Container,
+    /// A `file_id` source: a file uploaded to the provider's Files API
+    /// (owned by whoever holds the provider key: the gateway's).
+    FileId,
+}
+
+impl Unmetered {
+    /// The request parameter that asks for it.
+    pub fn param(self) -> &'static str {
+        match self {
+            Unmetered::ServerTool => "tools",
+            Unmetered::McpServers => "mcp_servers",
+            Unmetered::Container => "container",
+            Unmetered::FileId => "messages",
+        }
+    }
+}
+
+/// The first unmetered feature `body` asks for, if any.
+pub fn unmetered(body: &Value) -> Option<Unmetered> {
+    const CLIENT_TOOLS: [&str; 4] = ["bash", "text_editor", "computer", "memory"];
+    let tools = body.get("tools").and_then(Value::as_array);
+    let server_tool = tools.into_iter().flatten().any(|t| {
+        t.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|ty| ty != "custom" && !CLIENT_TOOLS.iter().any(|c| ty.starts_with(c)))
+    });
+    if server_tool {
+        return Some(Unmetered::ServerTool);
+    }
+    let present = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
+    if present("mcp_servers") {
+        return Some(Unmetered::McpServers);
+    }
+    if present("container") {
+        return Some(Unmetered::Container);
+    }
+    fn has_file_id(v: &Value) -> bool {
+        match v {
+            Value::Object(o) => {
+                o.get("type").and_then(Value::as_str) == Some("file") && o.contains_key("file_id")
+                    || o.values().any(has_file_id)
+            }
+            Value::Array(a) => a.iter().any(has_file_id),
+            _ => false,
+        }
+    }
+    ["messages", "system"]
+        .iter()
+        .any(|k| body.get(*k).is_some_and(has_file_id))
+        .then_some(Unmetered::FileId)
+}
+
 /// True when the body asks for extended thinking in any form other than
 /// `disabled` (enabled, adaptive; interleaved thinking rides on these):
 /// the output holds tokens the stream shows late or never, so the
@@ -198,6 +262,33 @@ mod tests {
         assert_eq!(scale(3, 1333), 4);
         assert_eq!(scale(0, 1500), 0);
         assert_eq!(scale(u64::MAX, 2000), u64::MAX);
+    }
+
+    #[test]
+    fn unmetered_features_are_found() {
+        assert_eq!(
+            unmetered(&json!({"tools": [{"name": "f", "input_schema": {}}]})),
+            None
+        );
+        assert_eq!(
+            unmetered(&json!({"tools": [{"type": "bash_20250124", "name": "bash"}]})),
+            None
+        );
+        assert_eq!(
+            unmetered(&json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+            Some(Unmetered::ServerTool)
+        );
+        assert_eq!(
+            unmetered(&json!({"mcp_servers": [{"url": "https://x"}]})),
+            Some(Unmetered::McpServers)
+        );
+        assert_eq!(
+            unmetered(&json!({"container": "c1"})),
+            Some(Unmetered::Container)
+        );
+        let file = json!({"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}]});
+        assert_eq!(unmetered(&file), Some(Unmetered::FileId));
     }
 
     #[test]
