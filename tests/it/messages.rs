@@ -501,3 +501,48 @@ async fn server_tools_mcp_containers_and_file_ids_only_where_allowed() {
     let gw = c.start().await;
     assert_eq!(post(&gw, XKEY, &with(file), "").await.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streams_reserve_a_client_cap_incrementally_when_the_model_says_so() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(2000);
+    let mut c = config(&[&mock], limits().tpm(600));
+    c.model("gpt-4o-mini").default_max_output_tokens = Some(256);
+    c.model("gpt-4o-mini").max_output_tokens = Some(4096);
+    let full = c.start().await;
+    let mut b = hi(4000);
+    b["stream"] = json!(true);
+    let r = post_chat(&full, KEY, &b).await;
+    assert_eq!(
+        r.status(),
+        429,
+        "\"full\" (the OpenAI default) reserves 4000 up front"
+    );
+    drop(full);
+    c.model("gpt-4o-mini").client_cap_reservation = Some("incremental".into());
+    let gw = c.start().await;
+    let r = post_chat(&gw, KEY, &b).await;
+    assert_eq!(r.status(), 200, "admitted at the model's default output");
+    let chunks = sse_chunks(&r.bytes().await.unwrap());
+    let delivered = content_chunks(&chunks) as u64;
+    assert!((256..600).contains(&delivered), "{delivered}");
+    let last = chunks
+        .iter()
+        .rev()
+        .find(|c| !c["choices"][0].is_null())
+        .unwrap();
+    assert_eq!(
+        last["choices"][0]["finish_reason"], "length",
+        "cut off cleanly"
+    );
+    assert_eq!(
+        mock.state.requests()[0].body["max_tokens"],
+        4000,
+        "the client's cap went upstream"
+    );
+    gw.all_settled().await;
+    assert_eq!(
+        gw.t1_used(BudgetName::Tpm).await,
+        chat_input_tokens(&b) + delivered
+    );
+}
