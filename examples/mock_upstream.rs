@@ -21,6 +21,12 @@
 //!   `POST /v1/messages` (Anthropic Messages, [`messages`]),
 //!   `GET /v1/models`, and the Azure forms
 //!   `POST /openai/deployments/{deployment}/{chat/completions|completions|embeddings}`.
+//! * The Responses API (`POST /v1/responses`, whole and streamed, and the
+//!   stored-response routes; Azure under `/openai/responses`): see
+//!   [`responses`] for its counting, output and scenario controls
+//!   (`response_incomplete`, `response_failed`, `response_failed_no_usage`
+//!   faults; [`MockState::set_responses_details`] for cached and reasoning
+//!   tokens).
 //! * Generated text is exactly `K = min(output_tokens, cap)` tokens, where `cap`
 //!   is the smaller of the request's `max_completion_tokens` / `max_tokens`; every
 //!   generated word ([`WORDS`]) is exactly one token in both `o200k_base` and
@@ -51,6 +57,9 @@ use axum::Router;
 use futures_util::StreamExt as _;
 use serde_json::{json, Map, Value};
 use tiktoken_rs::CoreBPE;
+
+#[path = "mock_responses/responses.rs"]
+pub mod responses;
 
 /// Words the mock generates, in rotation. Each is exactly one token in both
 /// `o200k_base` and `cl100k_base`, and stays one token when concatenated with
@@ -155,13 +164,19 @@ pub enum Fault {
     /// Read only `max_tokens` as the output cap, as llama.cpp's server does:
     /// `max_completion_tokens` is ignored.
     MaxTokensOnly,
+    /// Responses: end `incomplete` (`max_output_tokens`) after half the output, with usage.
+    ResponseIncomplete,
+    /// Responses: end `failed` after half the output, with usage.
+    ResponseFailed,
+    /// Responses: end `failed` after half the output, without usage.
+    ResponseFailedNoUsage,
     /// 529 with Anthropic's `overloaded_error` body.
     Overloaded,
 }
 
 impl Fault {
     /// Every fault, in declaration order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 15] = [
         Fault::RateLimited,
         Fault::ServerError,
         Fault::BadRequest,
@@ -173,6 +188,9 @@ impl Fault {
         Fault::NoDone,
         Fault::ContentFilterChunks,
         Fault::MaxTokensOnly,
+        Fault::ResponseIncomplete,
+        Fault::ResponseFailed,
+        Fault::ResponseFailedNoUsage,
         Fault::Overloaded,
     ];
 
@@ -195,6 +213,9 @@ impl Fault {
             Fault::NoDone => "no_done",
             Fault::ContentFilterChunks => "content_filter_chunks",
             Fault::MaxTokensOnly => "max_tokens_only",
+            Fault::ResponseIncomplete => "response_incomplete",
+            Fault::ResponseFailed => "response_failed",
+            Fault::ResponseFailedNoUsage => "response_failed_no_usage",
             Fault::Overloaded => "overloaded",
         }
     }
@@ -240,6 +261,12 @@ pub struct MockState {
     first_byte_delay: Duration,
     expect_azure: Option<AzureExpect>,
     log_requests: bool,
+    /// Responses created (stored), by id.
+    stored: Arc<Mutex<std::collections::HashMap<String, Value>>>,
+    /// The `input` of each stored response.
+    stored_inputs: Mutex<std::collections::HashMap<String, Value>>,
+    /// Responses usage details: (cached input tokens, reasoning tokens).
+    responses_details: Mutex<(u64, u64)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -260,7 +287,25 @@ impl MockState {
             first_byte_delay: config.first_byte_delay,
             expect_azure: config.expect_azure.clone(),
             log_requests: config.log_requests,
+            stored: Arc::default(),
+            stored_inputs: Mutex::default(),
+            responses_details: Mutex::default(),
         }
+    }
+
+    /// Responses: report `cached` input tokens (inside `input_tokens`) and
+    /// `reasoning` tokens (added to `output_tokens`, spent without deltas).
+    pub fn set_responses_details(&self, cached: u64, reasoning: u64) {
+        *lock(&self.responses_details) = (cached, reasoning);
+    }
+
+    /// A stored response by id (as the mock would answer a GET).
+    pub fn stored_response(&self, id: &str) -> Option<Value> {
+        lock(&self.stored).get(id).cloned()
+    }
+
+    fn stored_handle(&self) -> Arc<Mutex<std::collections::HashMap<String, Value>>> {
+        self.stored.clone()
     }
 
     /// Every request received so far, in arrival order.
@@ -628,6 +673,22 @@ async fn handle(
     });
     st.wait_hold().await;
 
+    if responses::is_responses_path(uri.path()) {
+        let fault = headers
+            .get("x-mock-fault")
+            .and_then(|v| v.to_str().ok())
+            .and_then(Fault::parse)
+            .or_else(|| {
+                parsed
+                    .as_ref()
+                    .and_then(|b| b.get("model"))
+                    .and_then(Value::as_str)
+                    .and_then(fault_from_model)
+            })
+            .or(*lock(&st.fault));
+        return responses::handle(&st, &method, uri.path(), parsed, fault).await;
+    }
+
     let (op, deployment) = match route(&method, uri.path()) {
         Route::Op { op, deployment } => (op, deployment),
         Route::Models => return models_response(),
@@ -796,10 +857,14 @@ async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response
             tokio::time::sleep(st.first_byte_delay).await;
             return None;
         }
-        Fault::DropMidStream | Fault::MissingUsage | Fault::NoDone | Fault::ContentFilterChunks
-        | Fault::MaxTokensOnly => {
-            return None
-        }
+        Fault::DropMidStream
+        | Fault::MissingUsage
+        | Fault::NoDone
+        | Fault::ContentFilterChunks
+        | Fault::MaxTokensOnly
+        | Fault::ResponseIncomplete
+        | Fault::ResponseFailed
+        | Fault::ResponseFailedNoUsage => return None,
     };
     Some(resp)
 }

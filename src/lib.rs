@@ -10,18 +10,21 @@
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
-//!   completions, embeddings, Anthropic Messages): estimate, cap field,
-//!   usage breakdown, output counting, cutoff frames, error body,
-//!   rate-limit header family.
+//!   completions, embeddings, Responses, Anthropic Messages): estimate,
+//!   cap field, usage breakdown, output counting, cutoff frames, error
+//!   body, rate-limit header family, named stream events, the provider
+//!   objects a body refers to.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
 //! - [`lifecycle`]: the request path as named phases — authenticate,
 //!   prepare, route, admit, forward, meter, settle, finish — and the
-//!   per-request context they share.
+//!   per-request context they share; stored responses kept to their
+//!   tenant (`owner`) and the Responses routes without output (`stored`).
 //! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`reservation`]: a held reservation (extend, settle, drop backstop),
 //!   leases, the settlement tracker, the budget plan of a request, and the
 //!   deny-cache and fail-open store layers composed into the gateway's store.
-//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores
+//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores,
+//!   and the owner records of stored responses
 //!   (knows nothing of HTTP, config files or the request path).
 //! - [`server`]: axum router, route handlers, the error map, rate-limit
 //!   headers, the admin API and the gateway state.

@@ -152,6 +152,12 @@ pub struct ModelPolicy {
     pub reasoning: bool,
     /// Order in which deployments are tried.
     pub routing: Routing,
+    /// Served on `/v1/responses` (every deployment's kind can serve it).
+    pub responses: bool,
+    /// Hosted Responses tools (by `type`) this model may use.
+    pub hosted_tools: Vec<String>,
+    /// `background: true` allowed (charged the whole reservation, never refunded).
+    pub allow_background: bool,
     /// Its deployments speak Anthropic Messages (all of them or none:
     /// checked at load); it answers on `/v1/messages` only.
     pub messages: bool,
@@ -220,6 +226,12 @@ pub struct TenantPolicy {
     pub shadow: bool,
     /// Extra tenant-wide limits evaluated in shadow (e.g. a lower TPM being trialled).
     pub shadow_limits: Limits,
+    /// Forward `previous_response_id`s the gateway has no record of (single-tenant migrations).
+    pub allow_unrecorded_previous_response: bool,
+    /// Tokens charged for the context of an unrecorded previous response.
+    pub unrecorded_previous_response_tokens: u64,
+    /// Provider object ids (files, vector stores, containers, prompts) this tenant may name.
+    pub allowed_provider_objects: Vec<String>,
     /// Messages: the tenant may refer to uploaded files by `file_id`
     /// (the model must allow it too).
     pub allow_file_ids: bool,

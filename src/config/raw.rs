@@ -48,6 +48,8 @@ pub struct RawStore {
     pub domain: Option<String>,
     pub fallback_share: Option<f64>,
     pub snapshot_path: Option<String>,
+    pub response_record_ttl_secs: Option<i64>,
+    pub max_response_records: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -110,6 +112,10 @@ pub struct RawModel {
     pub max_output_tokens: Option<i64>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
+    pub responses: Option<bool>,
+    #[serde(default)]
+    pub hosted_tools: Vec<String>,
+    pub allow_background: Option<bool>,
     pub token_ratio: Option<i64>,
     pub client_cap_reservation: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -132,6 +138,10 @@ pub struct RawTenant {
     pub shadow: Option<bool>,
     #[serde(default)]
     pub shadow_limits: RawLimits,
+    pub allow_unrecorded_previous_response: Option<bool>,
+    pub unrecorded_previous_response_tokens: Option<i64>,
+    #[serde(default)]
+    pub allowed_provider_objects: Vec<String>,
     pub allow_file_ids: Option<bool>,
 }
 

@@ -9,12 +9,13 @@
 //! stream deltas), what a clean cutoff looks like, which headers carry the
 //! client's key and name the request, and the error body. (The three
 //! OpenAI dialects share the `x-ratelimit-*` header family of
-//! [`crate::server::headers`], have no provider-side objects a body refers
-//! to, and keep the end user in `user`; the Responses and Anthropic
-//! dialects add these to the seam.)
+//! [`crate::server::headers`] and keep the end user in `user`; chat,
+//! completions and embeddings have no provider-side objects a body refers
+//! to; [`responses`] names them ([`responses::refuse`]) and streams named
+//! events ([`responses::stream`]).)
 //!
-//! - [`chat`], [`completions`], [`embeddings`], [`anthropic`] (Messages):
-//!   one module per dialect.
+//! - [`chat`], [`completions`], [`embeddings`], [`responses`],
+//!   [`anthropic`] (Messages): one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
 //! - [`usage`]: the usage breakdown and its clamping of bad fields.
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
@@ -32,6 +33,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod error;
 pub mod openai;
+pub mod responses;
 pub mod usage;
 
 use axum::http::HeaderName;
@@ -50,6 +52,8 @@ pub enum Dialect {
     Completions,
     /// OpenAI embeddings: `POST /v1/embeddings`.
     Embeddings,
+    /// OpenAI Responses: `POST /v1/responses`.
+    Responses,
     /// Anthropic Messages: `POST /v1/messages`.
     Messages,
 }
@@ -79,14 +83,9 @@ impl Dialect {
             Dialect::ChatCompletions => chat::PATH,
             Dialect::Completions => completions::PATH,
             Dialect::Embeddings => embeddings::PATH,
+            Dialect::Responses => responses::PATH,
             Dialect::Messages => anthropic::PATH,
         }
-    }
-
-    /// True for Anthropic's Messages API (models whose deployments are
-    /// `anthropic` answer only there).
-    pub fn is_anthropic(self) -> bool {
-        matches!(self, Dialect::Messages)
     }
 
     /// The request headers that may carry the client's key.
@@ -105,10 +104,10 @@ impl Dialect {
         }
     }
 
-    /// Whether streams must ask the upstream for usage
-    /// (`stream_options.include_usage`); Messages streams always carry it.
-    pub fn asks_stream_usage(self) -> bool {
-        !matches!(self, Dialect::Messages)
+    /// True for Anthropic's Messages API (models whose deployments are
+    /// `anthropic` answer only there).
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Dialect::Messages)
     }
 
     /// The rate-limit headers describing `states` (right after this
@@ -122,15 +121,6 @@ impl Dialect {
         match self {
             Dialect::Messages => anthropic::headers::rate_limit_headers(states, now_micros),
             _ => crate::server::headers::rate_limit_headers(states),
-        }
-    }
-
-    /// An SSE error event in this dialect's shape (`kind`: the OpenAI
-    /// error type, or Anthropic's `api_error`, `overloaded_error`…).
-    pub fn error_event(self, message: &str, code: &str) -> bytes::Bytes {
-        match self {
-            Dialect::Messages => anthropic::error::error_event("api_error", message),
-            _ => error::error_event(message, "upstream_error", code),
         }
     }
 
@@ -156,15 +146,38 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => Some(chat::cap_field(max_tokens_only)),
             Dialect::Completions => Some(completions::CAP_FIELD),
+            Dialect::Responses => Some(responses::CAP_FIELD),
             Dialect::Messages => Some(anthropic::CAP_FIELD),
             Dialect::Embeddings => None,
         }
+    }
+
+    /// The lowest output cap the API accepts.
+    pub fn min_cap(self) -> u64 {
+        match self {
+            Dialect::Responses => responses::MIN_CAP,
+            _ => 1,
+        }
+    }
+
+    /// Whether streams must ask for usage upstream
+    /// (`stream_options.include_usage`). The Responses API reports usage
+    /// in its terminal event and rejects chat's option.
+    pub fn asks_stream_usage(self) -> bool {
+        matches!(self, Dialect::ChatCompletions | Dialect::Completions)
+    }
+
+    /// Whether streams are named events ending in a terminal event
+    /// (Responses) rather than chunks of choices ending in `[DONE]`.
+    pub fn named_events(self) -> bool {
+        matches!(self, Dialect::Responses)
     }
 
     /// Usage of a whole answer, from its raw `usage` member.
     pub fn usage_from_answer(self, raw_usage: &str) -> Option<UsageBreakdown> {
         match self {
             Dialect::Embeddings => embeddings::usage(raw_usage),
+            Dialect::Responses => responses::usage_from_raw(raw_usage),
             Dialect::Messages => serde_json::from_str::<Value>(raw_usage)
                 .ok()
                 .filter(Value::is_object)
@@ -187,15 +200,18 @@ impl Dialect {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
             Dialect::Messages => anthropic::count_block(choice, enc, 1000),
-            Dialect::Embeddings => 0,
+            Dialect::Embeddings | Dialect::Responses => 0,
         }
     }
 
-    /// Output tokens of a whole answer (every choice; every content block
-    /// of a Message, at the model's `token_ratio` per mille).
+    /// Output tokens of a whole answer (every choice; every output item;
+    /// every content block of a Message, at the model's `token_ratio` per mille).
     pub fn count_answer_output(self, answer: &Value, enc: Encoding, token_ratio: u64) -> u64 {
         if self == Dialect::Messages {
             return anthropic::count_answer_output(answer, enc, token_ratio);
+        }
+        if self == Dialect::Responses {
+            return responses::count_answer_output(answer, enc);
         }
         answer
             .get("choices")

@@ -9,29 +9,29 @@ use super::{
 
 /// Running input count of one request.
 #[derive(Debug, Default)]
-struct Tally {
+pub(super) struct Tally {
     /// Tokens counted by the published rule (exact for plain text messages).
-    exact: u64,
+    pub(super) exact: u64,
     /// Tokens of structured content, before the percentage margin.
     structured: u64,
     /// Flat per-part costs (images, audio, files): already conservative, no
     /// margin on top.
-    flat: u64,
+    pub(super) flat: u64,
     /// Whether any structured content was seen (adds the fixed margin once).
-    any_structured: bool,
+    pub(super) any_structured: bool,
 }
 
 impl Tally {
-    fn structured(&mut self, tokens: u64) {
+    pub(super) fn structured(&mut self, tokens: u64) {
         self.structured = self.structured.saturating_add(tokens);
         self.any_structured = true;
     }
 
-    fn exact(&mut self, tokens: u64) {
+    pub(super) fn exact(&mut self, tokens: u64) {
         self.exact = self.exact.saturating_add(tokens);
     }
 
-    fn total(&self, settings: &EstimateSettings) -> u64 {
+    pub(super) fn total(&self, settings: &EstimateSettings) -> u64 {
         let pct = self
             .structured
             .saturating_mul(settings.structured_margin_percent)
@@ -50,7 +50,7 @@ impl Tally {
 }
 
 /// Tokens of a value's compact JSON serialisation.
-fn json_tokens(enc: Encoding, v: &Value) -> u64 {
+pub(super) fn json_tokens(enc: Encoding, v: &Value) -> u64 {
     match v {
         // A bare string serialises with quotes and escapes; count it as text.
         Value::String(s) => enc.count_cached(s),

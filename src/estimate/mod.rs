@@ -33,6 +33,9 @@
 //!   array of strings, a token array or an array of token arrays; token
 //!   arrays count their length) plus `suffix`.
 //! * **Embeddings** count `input` the same way and reserve no output.
+//! * **Responses** bodies: `instructions`, `input` (string or items),
+//!   `tools`, `tool_choice` and the `text.format` schema, framed as
+//!   documented in [`responses`] (one choice, capped by `max_output_tokens`).
 //!
 //! Strings are counted with `encode_ordinary`, so client text such as
 //! `<|endoftext|>` counts as ordinary text and can never be interpreted as a
@@ -48,6 +51,7 @@
 pub mod cache;
 mod input;
 pub mod pool;
+mod responses;
 #[cfg(test)]
 mod tests;
 
@@ -340,6 +344,7 @@ pub fn estimate(
     let (input_tokens, prompts) = match endpoint {
         Dialect::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
         Dialect::Completions => input::completions_input(body, enc)?,
+        Dialect::Responses => (responses::input(body, enc, settings)?, 1),
         Dialect::Messages => {
             if matches!(body.get("max_tokens"), None | Some(Value::Null)) {
                 return Err(EstimateError::invalid(
@@ -377,6 +382,7 @@ pub fn estimate(
     }
     let (choices, caps): (u64, &[&str]) = match endpoint {
         Dialect::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
+        Dialect::Responses => (1, &["max_output_tokens"]),
         Dialect::Messages => (1, &["max_tokens"]),
         _ => {
             let best_of = positive_int(body, "best_of")?.unwrap_or(1);

@@ -36,6 +36,11 @@ pub struct HoldBudgets {
 }
 
 impl HoldBudgets {
+    /// The deployment the hold was admitted on.
+    pub fn deployment(&self) -> crate::config::DeploymentId {
+        self.plan.upstreams[self.deployment].upstream
+    }
+
     /// Every spec of the hold, in order.
     pub fn specs(&self) -> impl Iterator<Item = &BudgetSpec> {
         self.common

@@ -15,6 +15,7 @@ use super::admit::HoldBudgets;
 use super::context::RequestContext;
 use super::finish::Outcome;
 use super::forward::{refund, Answer};
+use super::owner::OwnerWriter;
 use super::prepare::Prepared;
 use super::rewrite::{enforced_cap, output_cap};
 use super::settle::settle;
@@ -64,8 +65,8 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     // Only `usage` is read out of the answer; the rest is checked to be
     // JSON and passed on untouched (the whole tree is built only when the
     // upstream sent no usage and the output must be counted here).
-    let usage = match serde_json::from_slice::<Whole>(&body) {
-        Ok(a) if body.trim_ascii_start().starts_with(b"{") => a.usage,
+    let (usage, id) = match serde_json::from_slice::<Whole>(&body) {
+        Ok(a) if body.trim_ascii_start().starts_with(b"{") => (a.usage, a.id),
         _ => {
             hold.settle(refund());
             return Metered::Failed(ApiError::BadGateway(
@@ -82,6 +83,10 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             cx.dialect.count_answer_output(&parsed, encoding, ratio)
         });
+    let used = full_charge(request).unwrap_or(used);
+    if let (Some(owner), Some(id)) = (OwnerWriter::new(cx, request, budgets.deployment()), id) {
+        owner.write(&id, used.total());
+    }
     metrics::input_calibration(&model.name, request.estimate.input_tokens, &used);
     count_over_cap(cx, request, &used);
     let settled = settle(hold, &budgets, used);
@@ -154,12 +159,19 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     };
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let finish = cx.finish.hand_off();
+    let owner = OwnerWriter::new(cx, request, budgets.deployment());
+    let full = full_charge(request);
+    let input_tokens = estimate.input_tokens;
     let (model_name, input_estimate) = (model.name.clone(), estimate.input_tokens);
     tokio::spawn(async move {
         metrics::active_streams(1.0);
         let meter = StreamMeter {
             hold,
             budgets,
+            owner,
+            response_id: None,
+            full,
+            input_tokens,
             model: model_name,
             input_estimate,
         };
@@ -190,6 +202,20 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
 struct Whole<'a> {
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
+    /// The id of a stored response (Responses), for its owner record.
+    #[serde(borrow, default)]
+    id: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// A background response goes on after the HTTP response ends, beyond the
+/// gateway's metering: it is charged its whole reservation, never refunded.
+fn full_charge(request: &Prepared) -> Option<UsageBreakdown> {
+    request.references.background.then(|| {
+        UsageBreakdown::from_counts(
+            request.estimate.input_tokens,
+            request.estimate.output_tokens,
+        )
+    })
 }
 
 /// What the stream relay meters through: the held reservation and the
@@ -197,6 +223,13 @@ struct Whole<'a> {
 struct StreamMeter {
     hold: HeldReservation,
     budgets: HoldBudgets,
+    /// Writes the owner record of a stored response (Responses).
+    owner: Option<OwnerWriter>,
+    response_id: Option<String>,
+    /// The whole reservation, charged instead of the usage (background).
+    full: Option<UsageBreakdown>,
+    /// The input estimate: the context recorded until the stream settles.
+    input_tokens: u64,
     /// The public model and its input estimate, for the calibration metric.
     model: String,
     input_estimate: u64,
@@ -226,7 +259,18 @@ impl Meter for StreamMeter {
     }
 
     fn settle(self, used: UsageBreakdown) -> u64 {
+        let used = self.full.unwrap_or(used);
+        if let (Some(owner), Some(id)) = (&self.owner, &self.response_id) {
+            owner.write(id, used.total());
+        }
         metrics::input_calibration(&self.model, self.input_estimate, &used);
         settle(self.hold, &self.budgets, used)
+    }
+
+    fn created(&mut self, id: &str) {
+        if let Some(owner) = &self.owner {
+            owner.write(id, self.input_tokens);
+            self.response_id = Some(id.to_string());
+        }
     }
 }

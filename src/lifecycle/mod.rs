@@ -24,11 +24,13 @@ pub mod decode;
 pub mod finish;
 pub mod forward;
 pub mod meter;
+pub mod owner;
 pub mod prepare;
 pub mod refusal;
 pub mod rewrite;
 pub mod route;
 pub mod settle;
+pub mod stored;
 
 use std::sync::Arc;
 

@@ -13,8 +13,10 @@ use serde_json::Value;
 
 use super::authenticate::Caller;
 use super::context::RequestContext;
+use super::owner;
 use crate::config::{CapReservation, ModelId, Policy};
 use crate::dialects::anthropic;
+use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
 use crate::reservation::plan;
@@ -43,6 +45,8 @@ pub struct Prepared {
     /// A stream whose output is never extended: its reservation is the
     /// whole cap (reasoning models; Anthropic thinking other than `disabled`).
     pub never_extend: bool,
+    /// Provider-side objects the body refers to (Responses).
+    pub references: References,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -84,6 +88,10 @@ pub async fn prepare(
         }
     };
     cx.plan = Some(prepared.plan.clone());
+    let mut prepared = prepared;
+    if prepared.references.previous_response_id.is_some() {
+        owner::resolve_previous(cx, &mut prepared).await?;
+    }
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     Ok(prepared)
@@ -186,6 +194,10 @@ fn parse(
             ),
         ));
     }
+    let references = match dialect {
+        Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
+        _ => References::default(),
+    };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
@@ -279,6 +291,7 @@ fn parse(
         plan,
         candidates,
         never_extend,
+        references,
     })
 }
 

@@ -45,9 +45,9 @@ pub fn rewrite(
     // Messages: the client's `max_tokens` (required) goes up unchanged.
     let cap_field = dialect
         .cap_field(upstream.max_tokens_only)
-        .filter(|_| dialect.asks_stream_usage());
+        .filter(|_| !dialect.is_anthropic());
     if let Some(cap_field) = cap_field {
-        let cap = cap_for(estimate, stream, model);
+        let cap = cap_for(estimate, stream, model).max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         }
@@ -55,7 +55,7 @@ pub fn rewrite(
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).
-        if stream {
+        if stream && dialect.asks_stream_usage() {
             let mut opts: Map<String, Value> = top
                 .iter()
                 .rfind(|(k, _)| k == "stream_options")
@@ -122,7 +122,7 @@ pub fn enforced_cap(
         UpstreamKind::Openai | UpstreamKind::Azure | UpstreamKind::Anthropic => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
-            .map(|_| output_cap(p, model)),
+            .map(|_| output_cap(p, model).max(dialect.min_cap())),
     }
 }
 

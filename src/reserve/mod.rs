@@ -22,6 +22,7 @@ pub mod deny_cache;
 pub mod guarded;
 pub mod keys;
 pub mod memory;
+pub mod records;
 pub mod redis;
 pub mod store_config;
 

@@ -32,4 +32,8 @@ pub struct StorePolicy {
     /// Where the memory store keeps its state across restarts (`None`: the
     /// default data directory, `reserve::memory::snapshot::default_path`).
     pub snapshot_path: Option<std::path::PathBuf>,
+    /// How long an owner record of a stored response is kept (default 30 days).
+    pub record_ttl: Duration,
+    /// Most owner records the memory store keeps (least recently used evicted).
+    pub max_memory_records: usize,
 }

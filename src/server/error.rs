@@ -37,6 +37,9 @@ pub enum ApiError {
     ModelNotFound(String),
     /// Unknown path (404).
     NotFound(String),
+    /// A stored response this tenant does not own, or that does not exist
+    /// (404, without an upstream call); the parameter that named it, if any.
+    ResponseNotFound(String, Option<&'static str>),
     /// A budget refused; retry later (429).
     RateLimited {
         /// The refusal.
@@ -173,7 +176,8 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_)
             | ApiError::NotFound(_)
-            | ApiError::ModelElsewhere { .. } => StatusCode::NOT_FOUND,
+            | ApiError::ModelElsewhere { .. }
+            | ApiError::ResponseNotFound(..) => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -210,6 +214,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
             ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
+            ApiError::ResponseNotFound(..) => "response_not_found",
             ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
                 "concurrency"
             }
@@ -333,10 +338,18 @@ impl ApiError {
                 Some("model"),
                 Some("model_not_found"),
             ),
+            ApiError::ResponseNotFound(id, param) => shaped(
+                dialect,
+                status,
+                &format!("No response found with id '{}'.", id.chars().take(128).collect::<String>()),
+                "invalid_request_error",
+                param,
+                Some(if param.is_some() { "previous_response_not_found" } else { "not_found" }),
+            ),
             ApiError::NotFound(path) => shaped(
                 dialect,
                 status,
-                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages and /v1/models."),
+                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages and /v1/models."),
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),

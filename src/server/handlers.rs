@@ -17,6 +17,7 @@ use crate::config::ModelPolicy;
 use crate::dialects::openai;
 use crate::dialects::Dialect;
 use crate::lifecycle::authenticate::caller;
+use crate::lifecycle::stored::{self, StoredOp};
 use crate::metrics;
 
 /// `POST /v1/chat/completions`.
@@ -58,6 +59,64 @@ pub async fn count_tokens(
     body: Body,
 ) -> Response {
     crate::lifecycle::count_tokens::count_tokens(st, headers, body).await
+}
+
+/// `POST /v1/responses` (OpenAI Responses API).
+pub async fn responses(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    proxy(st, Dialect::Responses, headers, body, None).await
+}
+
+/// `POST /v1/responses/input_tokens`: the gateway's own estimate.
+pub async fn responses_input_tokens(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    stored::input_tokens(st, headers, body).await
+}
+
+/// `GET /v1/responses/{id}` (owner only).
+pub async fn get_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let query = uri.query().map(str::to_string);
+    stored::stored(st, headers, id, StoredOp::Get, query).await
+}
+
+/// `DELETE /v1/responses/{id}` (owner only; the record goes too).
+pub async fn delete_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    stored::stored(st, headers, id, StoredOp::Delete, None).await
+}
+
+/// `POST /v1/responses/{id}/cancel` (owner only).
+pub async fn cancel_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    stored::stored(st, headers, id, StoredOp::Cancel, None).await
+}
+
+/// `GET /v1/responses/{id}/input_items` (owner only).
+pub async fn response_input_items(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let query = uri.query().map(str::to_string);
+    stored::stored(st, headers, id, StoredOp::InputItems, query).await
 }
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.

@@ -34,6 +34,8 @@ use crate::reserve::deny_cache::DenyCache;
 use crate::reserve::guarded::GuardedStore;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::memory::MemoryStore;
+use crate::reserve::records::{MemoryRecords, Records};
+use crate::reserve::redis::records::RedisRecords;
 use crate::reserve::{BudgetSpec, BudgetStore, Requester};
 use crate::upstreams::UpstreamClient;
 
@@ -58,6 +60,8 @@ pub struct AppState {
     admin_token: Arc<Mutex<Option<[u8; 32]>>>,
     /// Budget lists per (tenant, key, model) of the active policy.
     plans: Arc<Mutex<PlanCache>>,
+    /// Owner records of stored responses (one per process, every serving thread shares it).
+    pub records: Arc<Records>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -106,6 +110,7 @@ impl AppState {
             policy.store.fallback_share,
         ));
         crate::metrics::policy_version(None, &policy.version);
+        let records = Arc::new(records_for(&policy.store));
         Arc::new(Self {
             policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
@@ -115,6 +120,7 @@ impl AppState {
             cooldowns: Arc::new(Mutex::new(HashMap::new())),
             admin_token: Arc::new(Mutex::new(None)),
             plans: Arc::default(),
+            records,
         })
     }
 
@@ -193,6 +199,7 @@ impl AppState {
             cooldowns: self.cooldowns.clone(),
             admin_token: self.admin_token.clone(),
             plans: self.plans.clone(),
+            records: self.records.clone(),
         })
     }
 
@@ -230,6 +237,23 @@ impl AppState {
     }
 }
 
+/// The owner-record store of the configured store kind.
+fn records_for(store: &crate::reserve::store_config::StorePolicy) -> Records {
+    use crate::reserve::store_config::StoreKind;
+    match &store.kind {
+        StoreKind::Memory => Records::Memory(MemoryRecords::new(
+            store.max_memory_records,
+            store.record_ttl,
+        )),
+        StoreKind::Redis { url } => Records::Redis(RedisRecords::new(
+            url,
+            &store.key_prefix,
+            store.timeout,
+            store.record_ttl,
+        )),
+    }
+}
+
 /// The gateway's routes.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -238,6 +262,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", post(handlers::embeddings))
         .route("/v1/messages", post(handlers::messages))
         .route("/v1/messages/count_tokens", post(handlers::count_tokens))
+        .route("/v1/responses", post(handlers::responses))
+        .route(
+            "/v1/responses/input_tokens",
+            post(handlers::responses_input_tokens),
+        )
+        .route(
+            "/v1/responses/{id}",
+            get(handlers::get_response).delete(handlers::delete_response),
+        )
+        .route("/v1/responses/{id}/cancel", post(handlers::cancel_response))
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(handlers::response_input_items),
+        )
         .route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{model}", get(handlers::get_model))
         .route(

@@ -162,6 +162,46 @@ impl UpstreamClient {
     }
 }
 
+impl UpstreamClient {
+    /// Sends a bodiless request on a stored response (`rest` after
+    /// `responses`, e.g. `/resp_1/cancel`, query included) to `upstream`.
+    pub async fn send_stored(
+        &self,
+        upstream: &UpstreamPolicy,
+        method: reqwest::Method,
+        rest: &str,
+        request_id: &str,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let url = reqwest::Url::parse(&responses_url(upstream, rest))
+            .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
+        let mut req = self
+            .client(upstream.connect_timeout)
+            .request(method, url)
+            .timeout(upstream.timeout)
+            .header(X_REQUEST_ID, request_id);
+        if let Some(key) = &upstream.api_key {
+            req = match upstream.kind {
+                UpstreamKind::Azure => req.header("api-key", key),
+                _ => req.bearer_auth(key),
+            };
+        }
+        req.send()
+            .await
+            .map_err(|e| classify_send_error(&upstream.name, &e))
+    }
+}
+
+fn classify_send_error(name: &str, e: &reqwest::Error) -> UpstreamError {
+    let name = name.to_string();
+    if e.is_connect() {
+        UpstreamError::Connect(name)
+    } else if e.is_timeout() {
+        UpstreamError::Timeout(name)
+    } else {
+        UpstreamError::Other(name)
+    }
+}
+
 fn build_client(connect_timeout: Duration) -> reqwest::Client {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
@@ -192,6 +232,9 @@ fn path_segment(name: &str) -> percent_encoding::PercentEncode<'_> {
 /// (Azure OpenAI REST reference).
 pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model: &str) -> String {
     let path = dialect.path();
+    if dialect == Dialect::Responses {
+        return responses_url(upstream, "");
+    }
     match upstream.kind {
         UpstreamKind::Azure => format!(
             "{}/openai/deployments/{}/{}?api-version={}",
@@ -201,5 +244,27 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
             upstream.api_version.as_deref().unwrap_or("2024-10-21")
         ),
         _ => format!("{}/{}", upstream.base_url, path),
+    }
+}
+
+/// URL of the Responses API on `upstream`, with `rest` (e.g. `/resp_1`,
+/// `/resp_1/cancel`) after `responses`: `<base>/responses<rest>` for
+/// OpenAI-compatible upstreams, `<base>/openai/responses<rest>?api-version=<v>`
+/// for Azure (the model is in the body, not the path).
+pub fn responses_url(upstream: &UpstreamPolicy, rest: &str) -> String {
+    match upstream.kind {
+        UpstreamKind::Azure => {
+            let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+            format!(
+                "{}/openai/responses{path}?api-version={}{}{query}",
+                upstream.base_url,
+                upstream
+                    .api_version
+                    .as_deref()
+                    .unwrap_or("2025-03-01-preview"),
+                if query.is_empty() { "" } else { "&" },
+            )
+        }
+        _ => format!("{}/responses{rest}", upstream.base_url),
     }
 }

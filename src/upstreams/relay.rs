@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::sse::{parse_frame, FrameSplitter};
 use crate::dialects::anthropic::stream::{self as messages, MessagesStream, Seen};
+use crate::dialects::responses::stream::StreamState;
 use crate::dialects::{Dialect, Part, UsageBreakdown};
 use crate::estimate::Encoding;
 
@@ -30,6 +31,9 @@ pub trait Meter: Send + 'static {
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
     /// Settles what the stream used; returns the tokens settled.
     fn settle(self, used: UsageBreakdown) -> u64;
+    /// The stream created a provider-side object with this id (a stored
+    /// response, at `response.created`).
+    fn created(&mut self, _id: &str) {}
 }
 
 /// The answer to [`Meter::extend`].
@@ -68,6 +72,10 @@ pub struct StreamProcessor {
     id: Option<String>,
     model: Option<String>,
     created: Option<i64>,
+    /// Named-event dialects (Responses): what the events said so far.
+    events: StreamState,
+    /// The id of the object the stream created, once, for the meter.
+    new_object: Option<String>,
     /// Prompt tokens the gateway reports when the upstream reports none.
     prompt_tokens: u64,
     /// The output cap sent upstream, per choice, when the gateway enforces it.
@@ -108,6 +116,25 @@ impl StreamProcessor {
             per_choice: vec![0; choices.max(1) as usize],
             largest_delta: 0,
             over_cap: false,
+            events: StreamState::default(),
+            new_object: None,
+        }
+    }
+
+    /// The id of an object the stream created since the last call.
+    pub fn take_created(&mut self) -> Option<String> {
+        self.new_object.take()
+    }
+
+    /// The error event this dialect's clients raise on.
+    pub fn error_frame(&self, message: &str, code: &str) -> Bytes {
+        if self.messages.is_some() {
+            // Anthropic's `error` event: the SDKs raise an APIStatusError on it.
+            crate::dialects::anthropic::error::error_event("api_error", message)
+        } else if self.dialect.named_events() {
+            self.events.error_event(message, code)
+        } else {
+            error_frame(message, code)
         }
     }
 
@@ -184,11 +211,6 @@ impl StreamProcessor {
         }
     }
 
-    /// An error event in the stream's dialect.
-    pub fn error_frame(&self, message: &str, code: &str) -> Bytes {
-        self.dialect.error_event(message, code)
-    }
-
     /// Processes one complete frame (with its terminating blank line).
     pub fn on_frame(&mut self, raw: Bytes) -> FrameAction {
         let frame = parse_frame(&raw);
@@ -228,6 +250,9 @@ impl StreamProcessor {
             tracing::debug!("dropping an SSE frame whose data is not JSON");
             return FrameAction::Drop;
         };
+        if self.dialect.named_events() {
+            return self.on_event(raw, &v);
+        }
         if v.get("error").is_some_and(|e| !e.is_null()) {
             self.errored = true;
             return FrameAction::Forward(raw);
@@ -299,6 +324,41 @@ impl StreamProcessor {
         FrameAction::Forward(raw)
     }
 
+    /// One named event (Responses): counted, terminal usage kept, relayed
+    /// as is, unless its output passes the enforced cap (then not relayed).
+    fn on_event(&mut self, raw: Bytes, v: &Value) -> FrameAction {
+        let tokens = self.events.output_of(v, self.encoding);
+        if let Some(cap) = self.cap {
+            let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
+            if tokens > 0
+                && self.output_tokens.saturating_add(tokens) > cap.saturating_add(tolerance)
+            {
+                self.over_cap = true;
+                return FrameAction::Drop;
+            }
+        }
+        self.largest_delta = self.largest_delta.max(tokens);
+        let o = self.events.on_event(v, tokens);
+        self.output_tokens += o.output_tokens;
+        if o.usage.is_some() {
+            self.usage = o.usage;
+        }
+        if o.terminal {
+            self.done = true;
+            self.finished.insert(0);
+        }
+        if o.created_id {
+            self.new_object = self.events.response_id().map(str::to_string);
+        }
+        if o.error
+            || v.get("error")
+                .is_some_and(|e| !e.is_null() && v.get("type").is_none())
+        {
+            self.errored = true;
+        }
+        FrameAction::Forward(raw)
+    }
+
     fn chunk_frame(v: &Value) -> Bytes {
         Bytes::from(format!("data: {v}\n\n"))
     }
@@ -348,6 +408,9 @@ impl StreamProcessor {
     pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
         if let Some(m) = &self.messages {
             return m.cutoff_frames();
+        }
+        if self.dialect.named_events() {
+            return vec![self.events.cutoff_event(prompt_tokens, self.output_tokens)];
         }
         let id = self
             .id
@@ -514,6 +577,9 @@ pub async fn run<M: Meter>(
                 if tx.send(b).await.is_err() {
                     break 'relay Ending::ClientGone;
                 }
+            }
+            if let Some(id) = proc.take_created() {
+                hold.created(&id);
             }
             if proc.is_done() {
                 break 'relay Ending::Completed;

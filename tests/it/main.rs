@@ -40,6 +40,8 @@ mod redis_reconnect;
 mod redis_restricted;
 mod redis_retry;
 mod reload;
+mod responses;
+mod responses_estimate;
 mod sdk_e2e;
 mod shutdown;
 mod store_conformance;

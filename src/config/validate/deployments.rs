@@ -282,6 +282,7 @@ pub(super) fn models(
                 CapReservation::Full
             }
         };
+        let responses = responses_route(v, &path, m, &ups, &raw.upstreams);
         models.push(ModelPolicy {
             name: m.name.clone(),
             upstreams: ups,
@@ -297,8 +298,62 @@ pub(super) fn models(
             anthropic_betas: m.anthropic_betas.clone(),
             allow_server_tools: m.allow_server_tools.unwrap_or(false),
             allow_file_ids: m.allow_file_ids.unwrap_or(false),
+            responses,
+            hosted_tools: m.hosted_tools.clone(),
+            allow_background: m.allow_background.unwrap_or(false),
         });
     }
 
     (models, model_index)
+}
+
+/// Whether an upstream of `kind` with `api_version` serves the Responses
+/// API: OpenAI and self-hosted OpenAI-compatible servers at
+/// `<base>/responses`; Azure OpenAI at `<base>/openai/responses` from
+/// `api-version` 2025-03-01-preview on.
+pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
+    match kind {
+        UpstreamKind::Azure => {
+            api_version.is_some_and(|v| v.get(..10).is_some_and(|d| d >= "2025-03-01"))
+        }
+        UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
+        // Anthropic models answer on /v1/messages only.
+        UpstreamKind::Anthropic => false,
+    }
+}
+
+/// Whether model `m` is served on `/v1/responses`: as configured
+/// (`responses`), by default when every deployment serves it. Asking for it
+/// on a deployment that cannot is a load error.
+fn responses_route(
+    v: &mut V,
+    path: &str,
+    m: &crate::config::raw::RawModel,
+    ups: &[usize],
+    raw_upstreams: &[crate::config::raw::RawUpstream],
+) -> bool {
+    let unsupported = ups.iter().map(|&i| &raw_upstreams[i]).find(|u| {
+        let kind = match u.kind.as_deref() {
+            Some("azure") => UpstreamKind::Azure,
+            Some("self_hosted") => UpstreamKind::SelfHosted,
+            Some("anthropic") => UpstreamKind::Anthropic,
+            _ => UpstreamKind::Openai,
+        };
+        !serves_responses(kind, u.api_version.as_deref())
+    });
+    match (m.responses, unsupported) {
+        (Some(false), _) => false,
+        (Some(true), Some(u)) => {
+            v.err(
+                format!("{path}.responses"),
+                format!(
+                    "upstream {:?} cannot serve /v1/responses (Azure needs api_version 2025-03-01-preview or later)",
+                    u.name
+                ),
+            );
+            false
+        }
+        (_, None) => true,
+        (None, Some(_)) => false,
+    }
 }

@@ -189,6 +189,21 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             }
             Some(p) => Some(p.into()),
         },
+        record_ttl: Duration::from_secs(
+            v.positive(
+                "store.response_record_ttl_secs",
+                raw.store.response_record_ttl_secs,
+                10 * 365 * 86_400,
+            )
+            .unwrap_or(crate::reserve::records::DEFAULT_TTL.as_secs()),
+        ),
+        max_memory_records: v
+            .positive(
+                "store.max_response_records",
+                raw.store.max_response_records,
+                100_000_000,
+            )
+            .map_or(crate::reserve::records::DEFAULT_MAX_MEMORY, |n| n as usize),
     };
 
     let e = &raw.estimation;
@@ -249,6 +264,18 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
     let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
+    for m in models.iter().filter(|m| m.responses) {
+        if min_output_tokens < crate::dialects::responses::MIN_CAP {
+            v.err(
+                "estimation.min_output_tokens",
+                format!(
+                    "must be at least {} while model {:?} is served on /v1/responses (the API refuses a smaller max_output_tokens); raise it or set responses = false on the model",
+                    crate::dialects::responses::MIN_CAP,
+                    m.name
+                ),
+            );
+        }
+    }
     if !v.errors.is_empty() {
         return Err(ConfigErrors(v.errors));
     }

@@ -83,6 +83,17 @@ pub(super) fn tenants(
             on_store_error,
             shadow: t.shadow.unwrap_or(false),
             shadow_limits: v.limits(&format!("{path}.shadow_limits"), &t.shadow_limits),
+            allow_unrecorded_previous_response: t
+                .allow_unrecorded_previous_response
+                .unwrap_or(false),
+            unrecorded_previous_response_tokens: v
+                .positive(
+                    &format!("{path}.unrecorded_previous_response_tokens"),
+                    t.unrecorded_previous_response_tokens,
+                    crate::reserve::bucket::MAX_LIMIT,
+                )
+                .unwrap_or(8192),
+            allowed_provider_objects: t.allowed_provider_objects.clone(),
             allow_file_ids: t.allow_file_ids.unwrap_or(false),
         });
     }

@@ -44,6 +44,7 @@
 mod batch;
 mod conn;
 mod hold;
+pub mod records;
 mod scripts;
 mod store;
 mod wire;
