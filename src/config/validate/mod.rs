@@ -262,7 +262,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         .unwrap_or(256);
 
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
-    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index);
+    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
