@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::config::{tenant, RawTenant};
+use crate::support::store_spy::{Call, Hooks, Spy};
 use crate::support::*;
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
@@ -14,80 +15,51 @@ use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::*;
 use serde_json::{json, Value};
 
-/// A memory store that counts its calls, can be switched "down", and can
-/// hold settlements until released.
-struct Flaky {
-    inner: MemoryStore,
+/// The hooks of a memory store that counts its calls, can be switched
+/// "down", and can hold settlements until released.
+struct FlakyHooks {
     down: AtomicBool,
     reserves: AtomicUsize,
     settles: AtomicUsize,
-    /// extend, renew, inspect and lower calls.
+    /// extend, renew, void, inspect and lower calls.
     others: AtomicUsize,
     /// While true, settle calls wait (before touching the store).
     hold_settles: tokio::sync::watch::Sender<bool>,
 }
 
-impl Flaky {
-    fn new(clock: &ManualClock) -> Arc<Self> {
-        let c: Arc<dyn Clock> = Arc::new(clock.clone());
-        Arc::new(Self {
-            inner: MemoryStore::new(c),
+type Flaky = Spy<MemoryStore, FlakyHooks>;
+
+fn flaky(clock: &ManualClock) -> Arc<Flaky> {
+    let c: Arc<dyn Clock> = Arc::new(clock.clone());
+    Arc::new(Spy {
+        inner: Arc::new(MemoryStore::new(c)),
+        hooks: FlakyHooks {
             down: AtomicBool::new(false),
             reserves: AtomicUsize::new(0),
             settles: AtomicUsize::new(0),
             others: AtomicUsize::new(0),
             hold_settles: tokio::sync::watch::Sender::new(false),
-        })
-    }
-    fn check(&self) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::Unavailable("connection refused".into()))
-        } else {
-            Ok(())
-        }
-    }
+        },
+    })
 }
 
 #[async_trait]
-impl BudgetStore for Flaky {
-    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
-        self.reserves.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.reserve(req).await
-    }
-    async fn extend(
-        &self,
-        id: &str,
-        tokens: &budgetgate::reserve::Step,
-    ) -> Result<ExtendOutcome, StoreError> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.extend(id, tokens).await
-    }
-    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.renew(id).await
-    }
-    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        self.settles.fetch_add(1, Ordering::SeqCst);
-        let _ = self.hold_settles.subscribe().wait_for(|held| !held).await;
-        self.check()?;
-        self.inner.settle(id, s).await
-    }
-    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.void(id, ttl).await
-    }
-    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.inspect(specs).await
-    }
-    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.inner.lower(spec, at_most).await
+impl Hooks for FlakyHooks {
+    async fn before(&self, call: Call) -> Result<u64, StoreError> {
+        match call {
+            Call::Reserve => self.reserves.fetch_add(1, Ordering::SeqCst),
+            Call::Settle => {
+                let n = self.settles.fetch_add(1, Ordering::SeqCst);
+                let _ = self.hold_settles.subscribe().wait_for(|held| !held).await;
+                n
+            }
+            _ => self.others.fetch_add(1, Ordering::SeqCst),
+        };
+        // `lower` is the deny cache's own repair, never failed here.
+        if call != Call::Lower && self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("connection refused".into()));
+        }
+        Ok(0)
     }
 }
 
@@ -106,7 +78,7 @@ async fn flaky_gateway(
 ) {
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
-    let store = Flaky::new(&clock);
+    let store = flaky(&clock);
     let mut config = TestConfig::standard(&mock.base_url(), 50, tenant_limits);
     config.store.timeout_ms = Some(10000);
     let gw = config.start_with(clock.clone(), store.clone()).await;
@@ -258,7 +230,7 @@ async fn a_refund_by_this_gateway_clears_its_cached_refusals() {
 async fn a_store_outage_fails_open_to_the_local_share_or_closed_per_tenant_and_recovers() {
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
-    let store = Flaky::new(&clock);
+    let store = flaky(&clock);
     let closed_key = "sk-closed-tenant";
     let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(10));
     config.tenant("t1").on_store_error = Some("fail_open".into());
@@ -475,7 +447,7 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
 async fn a_fail_closed_store_outage_answers_503_budget_store_unavailable() {
     let mock = start_mock().await;
     let clock = ManualClock::new(NOON);
-    let store = Flaky::new(&clock);
+    let store = flaky(&clock);
     let mut config = TestConfig::standard(&mock.base_url(), 50, limits().rpm(10));
     config.tenant("t1").on_store_error = Some("fail_closed".into());
     let gw = config.start_with(clock.clone(), store.clone()).await;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::mock_upstream::{self, Fault};
+use crate::support::store_spy::{Call, Hooks, Spy};
 use crate::support::*;
 use async_trait::async_trait;
 use budgetgate::clock::{Clock, ManualClock};
@@ -20,10 +21,7 @@ use budgetgate::dialects::Dialect;
 use budgetgate::dialects::UsageBreakdown as Usage;
 use budgetgate::estimate::Encoding;
 use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::{
-    BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
-    ReserveRequest, SettleOutcome, Settlement, StoreError,
-};
+use budgetgate::reserve::{BudgetName, StoreError};
 use budgetgate::upstreams::relay::{FrameAction, StreamProcessor};
 use budgetgate::upstreams::sse::FrameSplitter;
 use bytes::Bytes;
@@ -998,8 +996,7 @@ async fn streamed_responses_carry_the_rate_limit_headers() {
 /// A store that records the clock time of the latest lease renewal, so the
 /// lease test can wait for one that saw the advanced clock instead of
 /// sleeping.
-struct CountingStore {
-    inner: Arc<MemoryStore>,
+struct RenewalClock {
     clock: ManualClock,
     /// Clock time read just before the latest renewal (the store reads it
     /// again, later, so its own time is at least this).
@@ -1007,34 +1004,14 @@ struct CountingStore {
 }
 
 #[async_trait]
-impl BudgetStore for CountingStore {
-    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
-        self.inner.reserve(req).await
+impl Hooks for RenewalClock {
+    async fn before(&self, _call: Call) -> Result<u64, StoreError> {
+        Ok(self.clock.now_micros())
     }
-    async fn extend(
-        &self,
-        id: &str,
-        tokens: &budgetgate::reserve::Step,
-    ) -> Result<ExtendOutcome, StoreError> {
-        self.inner.extend(id, tokens).await
-    }
-    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        let at = self.clock.now_micros();
-        let r = self.inner.renew(id).await;
-        self.renewed_at.fetch_max(at, Ordering::SeqCst);
-        r
-    }
-    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        self.inner.settle(id, s).await
-    }
-    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
-        self.inner.void(id, ttl).await
-    }
-    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
-        self.inner.inspect(specs).await
-    }
-    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
-        self.inner.lower(spec, at_most).await
+    fn after(&self, call: Call, at: u64) {
+        if call == Call::Renew {
+            self.renewed_at.fetch_max(at, Ordering::SeqCst);
+        }
     }
 }
 
@@ -1100,10 +1077,12 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     let clock = ManualClock::new(NOON);
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
     let memory = Arc::new(MemoryStore::new(dyn_clock.clone()));
-    let store = Arc::new(CountingStore {
+    let store = Arc::new(Spy {
         inner: memory.clone(),
-        clock: clock.clone(),
-        renewed_at: AtomicU64::new(0),
+        hooks: RenewalClock {
+            clock: clock.clone(),
+            renewed_at: AtomicU64::new(0),
+        },
     });
     let gw = config.start_with(clock.clone(), store.clone()).await;
     let addr = gw.addr;

@@ -19,6 +19,7 @@ pub mod mock_upstream;
 pub mod process;
 pub mod python;
 pub mod redis_server;
+pub mod store_spy;
 
 pub use config::{limits, Kind, Limits, LimitsExt, TestConfig};
 pub use gateway::Gateway;
