@@ -24,6 +24,9 @@
 
 local now = clock(ARGV[1])
 local want = num(ARGV[3], 'want')
+if want > MAX_COST then
+  want = MAX_COST
+end
 
 local raw = load_all()
 local h, early = hold_for_update(raw[KEYS[1]], now, KEYS)
@@ -37,7 +40,7 @@ local lines = {}
 for i, kind, ref, a, b, d in live_lines(h.live) do
   local ln = { i = tonumber(i), key = KEYS[i + 1], kind = kind, ref = ref, a = tonumber(a), b = b, d = d }
   lines[#lines + 1] = ln
-  if kind ~= 'C' then
+  if kind == 'B' or kind == 'Q' then
     local avail
     if kind == 'B' then
       ln.b = tonumber(b)
@@ -56,9 +59,9 @@ if grant == 0 and want > 0 then
   local ln = tight
   local retry, reset
   if ln.kind == 'B' then
-    local level = bucket_at(raw[ln.key], ln.b, now)
-    retry = refill_wait(UNITS - level, ln.a)
-    reset = refill_wait(ln.b * UNITS - level, ln.a)
+    local level, last = bucket_at(raw[ln.key], ln.b, now)
+    retry = refill_wait(UNITS - level, ln.a, now, last)
+    reset = refill_wait(ln.b * UNITS - level, ln.a, now, last)
   else
     local _, wend = window(ln.b, now)
     retry, reset = wend - now, wend - now
@@ -71,9 +74,10 @@ for _, ln in ipairs(lines) do
   local key, d = ln.key, ln.d
   if ln.kind == 'B' then
     local level, last = bucket_at(raw[key], ln.b, now)
-    level = math.max(level - grant * UNITS, -(ln.b * UNITS))
+    -- grant ≤ what every budget has: the floor is never reached.
+    level = bucket_debit(level, grant * UNITS)
     local v = pack('<dddd', level, last, ln.a, ln.b)
-    call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a)))
+    call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a, now, last)))
     raw[key] = v
   elseif ln.kind == 'Q' then
     local w, wend = window(ln.b, now)

@@ -2,6 +2,7 @@
 -- Mirrors MemoryStore::inspect_sync (src/reserve/memory/); lib.lua is prepended.
 --
 -- KEYS[1..N]     budget keys
+-- KEYS[N+1..]    the previous key layout's counter of each quota, in order
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- then 3 fields per key: kind, a, b (as in reserve.lua: 'B' per_minute
 -- burst | 'Q' limit 'D'/'M' | 'C' max unused)
@@ -15,17 +16,20 @@
 local now = clock(ARGV[1])
 local raw = load_all()
 local out = { s(now) }
-for i = 1, #KEYS do
+local n = (#ARGV - 1) / 3
+local q = n
+for i = 1, n do
   local p = 2 + (i - 1) * 3
   local key, kind, a, b = KEYS[i], ARGV[p], num(ARGV[p + 1], 'a'), ARGV[p + 2]
   local rem, reset
   if kind == 'B' then
     local burst = num(b, 'burst')
-    local level = bucket_at(raw[key], burst, now)
-    rem, reset = fdiv(level, UNITS), refill_wait(burst * UNITS - level, a)
+    local level, last = bucket_at(raw[key], burst, now)
+    rem, reset = fdiv(level, UNITS), refill_wait(burst * UNITS - level, a, now, last)
   elseif kind == 'Q' then
     local w, wend = window(b, now)
-    rem, reset = a - quota_used(raw[key], w), wend - now
+    q = q + 1
+    rem, reset = a - quota_used_at(raw[key], KEYS[q] and raw[KEYS[q]], w), wend - now
   else
     rem, reset = a - call('ZCOUNT', key, '(' .. s(now), '+inf'), 0
   end

@@ -1,5 +1,5 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
--- (src/reserve/redis/scripts.rs concatenates lib.lua with extend.lua, renew.lua,
+-- (src/reserve/redis/scripts.rs concatenates a prelude, lib.lua with extend.lua, renew.lua,
 -- inspect.lua and lower.lua, and with reserve.lua + settle.lua + batch.lua;
 -- each result is one EVALSHA script). State below (`raw`, deferred writes,
 -- slot counts) lives for one script call, which may carry a whole batch.
@@ -9,7 +9,8 @@
 -- src/reserve/memory/ (DESIGN section 2).
 --
 -- Numbers: Lua 5.1 numbers are doubles. Every value here is an integer below
--- 2^53 (bucket levels are at most 3e15 units in magnitude, times below 2e15 µs),
+-- 2^53 (bounds proved in src/reserve/bucket.rs: levels within [-2^52, 6e14]
+-- units, intermediate values below 5.2e15, times below 2e15 µs),
 -- so additions, subtractions and products are exact; only division needs care,
 -- see fdiv. Every number crosses the script boundary (ARGV, replies) as a
 -- decimal integer string (s() to write, tonumber() to read), never as a Lua
@@ -23,39 +24,43 @@
 -- ARGV strings instead of re-formatting them, and keep budget state binary.
 --
 -- Stored values (every key is written with a TTL):
---   bucket  struct.pack('<dddd', level units, last µs, per_minute, burst):
+--   bucket  struct.pack('<dddd', level units (1/60,000 token), last µs
+--           (refilled up to; advances by whole ms), per_minute, burst):
 --           32 bytes, four little-endian IEEE doubles, each an exact integer
 --   quota   struct.pack('<dd', window id, used): 16 bytes
 --   slots   sorted set: member = reservation id, score = lease end (UTC µs)
 --   hold    text, 6 sections separated by "\n" (layout v2):
 --     1 header  "<st> <exp> <res> <lease> <now> <cand> <snow> <refunded> <debt>"
---               st '0' live | '1' settled; exp logical expiry µs; res tokens
+--               st '0' live | '1' settled | '2' voided (a reserve of the id
+--               answers 'V' and writes nothing); exp logical expiry µs; res tokens
 --               reserved incl. extensions; lease µs; now admission µs; cand
 --               chosen candidate (0-based); snow/refunded/debt the settle
 --               (µs, tokens, tokens; '0' until settled)
 --     2 keys    the budget keys of the hold's lines, in line order, joined by
 --               ' ' (keys never contain whitespace); '' once settled
---     3 live    what extend/renew/settle need, one entry per token budget
---               and per concurrency budget: "<i> <kind> <ref> <a> <b> <d>;"
---               with i the 1-based line index (its key is KEYS[i + 1]) and d
---               the quota debits "w:amount,w:amount" ('' for others);
---               '' once settled
+--     3 live    what extend/renew/settle need, one entry per budget:
+--               "<i> <kind> <ref> <a> <b> <d>;" with i the 1-based line index
+--               (its key is KEYS[i + 1]), kind B/Q (token bucket/quota), C
+--               (concurrency), b/q (request bucket/quota: refunded only by
+--               a void settle), d the quota debits "w:amount,w:amount", a
+--               request bucket's cost, '' for others; '' once settled
 --     4 ext     extensions "now:granted now:granted" (µs, tokens)
 --     5 adm     what a replayed reserve answers, tab-separated: W, the W
 --               would-deny metas, then per line kind, a, b, cost, ref, meta,
 --               remaining, reset µs (remaining/reset '' for concurrency)
 --     6 id      the reservation id (last: it may contain anything)
---   Settle shrinks the hold to a tombstone: header (st '1'), empty keys and
+--   A void of an id with no hold writes a void tombstone:
+--   "2 <exp> 0 0 <now> 0 <now> 0 0\n\n\n\n0\n<id>".
+--   Settle shrinks the hold to a tombstone: header (st '1', '2' for a void), empty keys and
 --   live sections, ext, adm '0' (no budgets), id; it answers AlreadySettled
 --   and replays (without budgets) until it expires.
 
--- Units per token: 60 s × 1,000,000 µs, so one µs of refill at L tokens/min adds L units.
-local UNITS = 60000000
--- Microseconds per UTC day.
-local DAY = 86400000000
--- Every TTL gets this margin (ms) past the moment the key stops mattering, so
--- a key is never dropped while its logical state still differs from "absent".
-local MARGIN_MS = 60000
+-- Constants shared with Rust (UNITS units per token, DAY µs per UTC day,
+-- MARGIN_MS added to every TTL, LAYOUT the key-layout version, DEBT_FLOOR
+-- the lowest bucket level, MAX_WAIT_MS the longest wait computed, MAX_COST
+-- the largest single amount) are defined
+-- by a prelude that src/reserve/redis/scripts.rs writes from the Rust
+-- constants in front of every script: they are never copied by hand.
 
 local call, fmt, match, find, sub, floor =
   redis.call, string.format, string.match, string.find, string.sub, math.floor
@@ -141,45 +146,72 @@ end
 ---------------------------------------------------------------- buckets
 
 -- BucketState::advance of the stored value `v` (false when absent: full under
--- the new policy): refill at the stored rate up to the stored capacity, then
--- adopt the new burst (a lower burst clamps; a higher one grants nothing).
--- Returns level (units) and last (µs).
+-- the new policy): refill at the stored rate up to the stored capacity, in
+-- whole milliseconds (one ms at L/min adds L units), then adopt the new
+-- burst (a lower burst clamps the level; a higher one grants nothing).
+-- Returns level (units) and last (µs): `last` advances by the milliseconds
+-- credited, so the sub-millisecond rest carries over (to `now` once full).
 local function bucket_at(v, burst, now)
   local cap = burst * UNITS
   if not v then
     return cap, now
   end
   local level, last, rate, sburst = unpack_('<dddd', v)
-  local at = last
-  if now > at then
-    at = now
+  local t = last
+  if now > t then
+    t = now
   end
   local scap = sburst * UNITS
-  if level < scap then
-    -- refill(level, at − last, stored rate, stored capacity)
-    local need = scap - level
-    local elapsed = at - last
-    local max_elapsed = cdiv(need, rate)
-    if elapsed > max_elapsed then
-      elapsed = max_elapsed
-    end
-    level = level + elapsed * rate
-    if level > scap then
-      level = scap
+  if level >= scap then
+    last = t
+  else
+    -- refill(level, last, t, stored rate, stored capacity)
+    local elapsed = fdiv(t - last, 1000)
+    local max_ms = cdiv(scap - level, rate)
+    if elapsed >= max_ms then
+      level, last = scap, t
+    else
+      level = level + elapsed * rate
+      last = last + elapsed * 1000
     end
   end
   if level > cap then
     level = cap
   end
-  return level, at
+  return level, last
 end
 
--- µs until `need` more units have refilled at `per_minute` (0 when none).
-local function refill_wait(need, per_minute)
+-- µs from `now` until `need` more units have refilled at `per_minute` units
+-- per ms, for a bucket refilled up to `last` (0 when none is needed): whole
+-- milliseconds, capped at MAX_WAIT_MS before the conversion to µs; the part
+-- of the current millisecond already elapsed counts (bucket::refill_wait).
+local function refill_wait(need, per_minute, now, last)
   if need <= 0 then
     return 0
   end
-  return cdiv(need, per_minute)
+  local ms = cdiv(need, per_minute)
+  if ms > MAX_WAIT_MS then
+    ms = MAX_WAIT_MS
+  end
+  local elapsed = now - last
+  if elapsed < 0 then
+    elapsed = 0
+  end
+  local w = ms * 1000 - elapsed
+  if w < 1 then
+    w = 1
+  end
+  return w
+end
+
+-- Takes `units` from `level`, never below DEBT_FLOOR: returns the new level
+-- and the units that passed the floor (forgiven; BucketState::debit).
+local function bucket_debit(level, units)
+  local after = level - units
+  if after < DEBT_FLOOR then
+    return DEBT_FLOOR, DEBT_FLOOR - after
+  end
+  return after, 0
 end
 
 ---------------------------------------------------------------- calendar
@@ -261,6 +293,17 @@ local function quota_used(v, w)
     return used
   end
   return 0
+end
+
+-- Like quota_used, for a counter that may exist only under the previous key
+-- layout: when the current value `v` is absent, the previous layout's
+-- counter `legacy` (false or nil when there is none) counts, so a layout
+-- bump keeps every quota (the first write copies it forward).
+local function quota_used_at(v, legacy, w)
+  if not v and legacy then
+    return quota_used(legacy, w)
+  end
+  return quota_used(v, w)
 end
 
 ---------------------------------------------------------------- holds
@@ -405,7 +448,8 @@ local function hold_for_update(h, now, KEYS)
   if exp <= now then
     return nil, { 'U', s(now) }
   end
-  if st == '1' then
+  if st ~= '0' then
+    -- Settled ('1') or voided ('2').
     return nil, { 'S', s(now) }
   end
   if sub(h, e1 + 1, e2 - 1) ~= table.concat(KEYS, ' ', 2) then

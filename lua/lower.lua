@@ -16,10 +16,13 @@ local now = clock(ARGV[1])
 local per_minute = num(ARGV[2], 'per_minute')
 local burst = num(ARGV[3], 'burst')
 local at_most = num(ARGV[4], 'at_most')
+if at_most > MAX_COST then
+  at_most = MAX_COST
+end
 local level, last = bucket_at(call('GET', KEYS[1]), burst, now)
 if level > at_most * UNITS then
   level = at_most * UNITS
   call('SET', KEYS[1], pack('<dddd', level, last, per_minute, burst), 'PX',
-    ttl_ms(refill_wait(burst * UNITS - level, per_minute)))
+    ttl_ms(refill_wait(burst * UNITS - level, per_minute, now, last)))
 end
 return { s(now), s(fdiv(level, UNITS)) }

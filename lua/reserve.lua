@@ -6,6 +6,8 @@
 -- KEYS[1]        the hold of this reservation id
 -- KEYS[2..N+1]   one budget key per spec: the common specs, then every
 --                candidate's specs, in order (all share one hash tag)
+-- KEYS[N+2..]    the previous key layout's counter of each quota spec, in
+--                spec order (read when the current counter is absent)
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens reserved (input + output estimate), tokens
@@ -27,10 +29,9 @@
 --          only reported, never enforced (else 0)
 -- then 2 strings per spec, the hold text the Rust side renders once:
 --   line   the spec's live entry without its line index (layout in lib.lua):
---          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', or for a quota
---          ' Q <ref> <a> <b> ' (the script appends '<window>:<tokens>;': a
---          token budget's cost is the request's tokens, ARGV[3]); '' for a
---          budget with no live entry (one that does not count tokens)
+--          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', ' b <ref> <a> <b> <cost>;'
+--          (a request bucket), or for a quota ' Q <ref> <a> <b> ' / ' q <ref>
+--          <a> <b> ' (a request quota; the script appends '<window>:<cost>;')
 --   adm    the first six adm fields of the spec, tab-separated:
 --          '<kind>\t<a>\t<b>\t<cost>\t<ref>\t<meta>' (meta is opaque to Lua:
 --          scope and budget name for the Rust side)
@@ -46,9 +47,13 @@
 --       hold (layout in lib.lua), whose adm section describes each budget
 --       itself (the retry may not carry the same budgets); nothing written.
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
---       denied; nothing was written.
+--       denied; nothing was debited (buckets whose stored policy differs
+--       from the request's are brought under it: adopt_policies).
+--   {'V', now}
+--       this id was voided (settle.lua, mode void) before or after it was
+--       reserved: nothing written, never admitted.
 --   {'I', now, spec index (0-based)}
---       impossible (cost above capacity); nothing was written.
+--       impossible (cost above capacity); nothing was debited (as above).
 --
 -- Building the hold costs the script string concatenations only: every
 -- static part comes rendered in ARGV. (Measured with callgrind on
@@ -78,25 +83,26 @@ local LINE_INDEX = { '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '1
 -- {'I', i} or {'D', i, available, retry, reset}: available whole units
 -- (floor; negative in debt), retry µs (exact ceiling for buckets, the window
 -- end for quotas, 0 for concurrency: the caller applies its hint), reset µs.
-local function reserve_check(V, i, key, now, snow, id)
+local function reserve_check(V, i, key, now, snow, id, LEGACY)
   local o = 5 * i - 5
   local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
   if kind == 1 then
     if cost > b then
       return { 'I', i }
     end
-    local level = bucket_at(raw[key], b, now)
+    local level, last = bucket_at(raw[key], b, now)
     local avail = fdiv(level, UNITS)
     if avail >= cost then
       return nil
     end
-    return { 'D', i, avail, refill_wait(cost * UNITS - level, a), refill_wait(b * UNITS - level, a) }
+    return { 'D', i, avail, refill_wait(cost * UNITS - level, a, now, last),
+      refill_wait(b * UNITS - level, a, now, last) }
   elseif kind == 2 then
     if cost > a then
       return { 'I', i }
     end
     local w, wend = window(b == 0 and 'D' or 'M', now)
-    local avail = a - quota_used(raw[key], w)
+    local avail = a - quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w)
     if avail >= cost then
       return nil
     end
@@ -120,11 +126,11 @@ end
 -- Every spec in [lo, hi] must admit: an impossible one wins at once, else
 -- the denial with the longest wait (the first of equals). A shadow budget
 -- never blocks; it is evaluated again at admission.
-local function reserve_check_all(V, KEYS, lo, hi, now, snow, id)
+local function reserve_check_all(V, KEYS, lo, hi, now, snow, id, LEGACY)
   local worst = nil
   for i = lo, hi do
     if V[5 * i] ~= 1 then
-      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id)
+      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY)
       if r ~= nil then
         if r[1] == 'I' then
           return r
@@ -138,12 +144,36 @@ local function reserve_check_all(V, KEYS, lo, hi, now, snow, id)
   return worst
 end
 
+-- A refusal still brings every bucket of the request under the request's
+-- policy when the stored limit or burst differ (a reload changed them):
+-- refilled up to now at the stored rate, at the new rate from now on, so
+-- the retry hints (computed at the new rate) are what happens next. Written
+-- once per bucket per policy change (MemoryStore's adopt_policies). Runs
+-- after every ARGV number was checked: an item that raises wrote nothing.
+local function adopt_policies(V, KEYS, nspec, now)
+  for i = 1, nspec do
+    local o = 5 * i - 5
+    if V[o + 1] == 1 then
+      local key = KEYS[i + 1]
+      local v = raw[key]
+      if v then
+        local a, b = V[o + 2], V[o + 3]
+        local _, _, rate, sburst = unpack_('<dddd', v)
+        if rate ~= a or sburst ~= b then
+          local level, last = bucket_at(v, b, now)
+          put(key, pack('<dddd', level, last, a, b), ttl_ms(refill_wait(b * UNITS - level, a, now, last)))
+        end
+      end
+    end
+  end
+end
+
 local function reserve(KEYS, ARGV)
   local now = clock(ARGV[1])
   local id = ARGV[2]
   local ncommon = num(ARGV[6], 'ncommon')
   local ncand = num(ARGV[7], 'ncand')
-  num(ARGV[3], 'tokens')
+  local tokens = num(ARGV[3], 'tokens')
   local lease_n = num(ARGV[4], 'lease')
   local hold_ttl = num(ARGV[5], 'hold_ttl')
 
@@ -152,8 +182,12 @@ local function reserve(KEYS, ARGV)
   -- A live hold means this id was admitted: replay the first admission.
   local prior = raw[KEYS[1]]
   if prior then
-    local exp, pnow, pcand = match(prior, '^%d (%d+) %d+ %d+ (%d+) (%d+)')
+    local st, exp, pnow, pcand = match(prior, '^(%d) (%d+) %d+ %d+ (%d+) (%d+)')
     if tonumber(exp) > now then
+      if st == '2' then
+        -- Voided (a compensation got here first, or after): write nothing.
+        return { 'V', s(now) }
+      end
       -- The hold text has spaces and newlines: it stays an array reply.
       return { 'A', pnow, pcand, '1', prior, array = true }
     end
@@ -172,6 +206,14 @@ local function reserve(KEYS, ARGV)
   local T = 8 + ncand
   local V = { unpack_('<' .. string.rep('d', 5 * nspec), ARGV[T]) }
   local snow = s(now)
+  -- Spec i's previous-layout quota key, for quota specs.
+  local LEGACY, q = {}, nspec + 1
+  for i = 1, nspec do
+    if V[5 * i - 4] == 2 then
+      q = q + 1
+      LEGACY[i] = KEYS[q]
+    end
+  end
 
   local function reply(r)
     if r[1] == 'I' then
@@ -197,7 +239,7 @@ local function reserve(KEYS, ARGV)
       for i = from, to do
         local o = 5 * i - 5
         local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id) ~= nil then
+        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY) ~= nil then
           wd[#wd + 1] = s(i - 1)
           wd_meta[#wd_meta + 1] = match(ARGV[T + 2 * i], '([^\t]*)$')
         else
@@ -207,11 +249,9 @@ local function reserve(KEYS, ARGV)
           local rem, reset = '', ''
           if kind == 1 then
             local level, last = bucket_at(raw[key], b, now)
-            level = level - cost * UNITS
-            if level < -(b * UNITS) then
-              level = -(b * UNITS)
-            end
-            local until_full = refill_wait(b * UNITS - level, a)
+            -- Admitted: cost ≤ what is available, so the floor is never reached.
+            level = bucket_debit(level, cost * UNITS)
+            local until_full = refill_wait(b * UNITS - level, a, now, last)
             put(key, pack('<dddd', level, last, a, b), ttl_ms(until_full))
             rem, reset = s(fdiv(level, UNITS)), s(until_full)
             if line ~= '' then
@@ -219,11 +259,17 @@ local function reserve(KEYS, ARGV)
             end
           elseif kind == 2 then
             local w, wend = window(b == 0 and 'D' or 'M', now)
-            local used = quota_used(raw[key], w) + cost
+            local used = quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w) + cost
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)
             if line ~= '' then
-              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. ARGV[3] .. ';'
+              -- A token quota's debit is the request's tokens (ARGV[3] as
+              -- sent: nothing to format); a request quota's is its cost.
+              local debit = ARGV[3]
+              if cost ~= tokens then
+                debit = s(cost)
+              end
+              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. debit .. ';'
             end
           else
             slot_take(key, slot_score, id, slot_ttl, a, snow)
@@ -267,14 +313,15 @@ local function reserve(KEYS, ARGV)
     return out
   end
 
-  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id)
+  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id, LEGACY)
   if common ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(common)
   end
 
   local best_denial, first_impossible = nil, nil
   for c = 1, ncand do
-    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id)
+    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id, LEGACY)
     if r == nil then
       return admit(c - 1, LO[c], HI[c])
     end
@@ -287,9 +334,11 @@ local function reserve(KEYS, ARGV)
     end
   end
   if best_denial ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(best_denial)
   end
   if first_impossible ~= nil then
+    adopt_policies(V, KEYS, nspec, now)
     return reply(first_impossible)
   end
   -- No candidates at all: admit on the common budgets alone.

@@ -24,7 +24,9 @@ use crate::reserve::BudgetStore;
 use crate::server::{budget_view, router, AppState};
 use crate::tls::Tls;
 
-/// Builds the store `policy` configures, reading time from `clock`.
+/// Builds the store `policy` configures, reading time from `clock`. The
+/// memory store built here is the in-process one without persistence
+/// (tests, tools); `serve` uses [`build_serving_store`].
 pub async fn build_store(
     policy: &Policy,
     clock: Arc<dyn Clock>,
@@ -38,6 +40,27 @@ pub async fn build_store(
                 .map_err(|e| format!("store.url {url}: {e}"))?;
             Ok(Arc::new(store))
         }
+    }
+}
+
+/// The store `serve` runs on: as [`build_store`], except that the memory
+/// store persists its state (`store.snapshot_path`, default data directory)
+/// and is returned as well, for its final snapshot at shutdown.
+async fn build_serving_store(
+    policy: &Policy,
+    clock: Arc<dyn Clock>,
+) -> Result<(Arc<dyn BudgetStore>, Option<Arc<MemoryStore>>), String> {
+    match &policy.store.kind {
+        StoreKind::Memory => {
+            let path = policy
+                .store
+                .snapshot_path
+                .clone()
+                .unwrap_or_else(crate::reserve::memory::snapshot::default_path);
+            let store = Arc::new(MemoryStore::persistent(clock, &path)?);
+            Ok((store.clone(), Some(store)))
+        }
+        StoreKind::Redis { .. } => Ok((build_store(policy, clock).await?, None)),
     }
 }
 
@@ -260,15 +283,17 @@ pub async fn run(
     } = launch;
     let threads = threads.max(1);
     let given_store = store.is_some();
-    let store = match store {
-        Some(s) => s,
-        None => build_store(&policy, clock.clone()).await?,
-    };
     let tls = policy.server.tls.clone().map(Tls::new).transpose()?;
     let addr = listen.unwrap_or(policy.server.listen);
+    // The address first: a second gateway on a taken port says so, before
+    // it touches the store (or another gateway's snapshot file).
     let listener = claim_address(addr)
         .and_then(bind_shared)
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let (store, persistent) = match store {
+        Some(s) => (s, None),
+        None => build_serving_store(&policy, clock.clone()).await?,
+    };
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token_env = policy.server.admin_token_env.clone();
     let shared_store =
@@ -394,6 +419,10 @@ pub async fn run(
     let result = serve_connections(listener, state.clone(), tls, shutdown).await;
     join(workers).await;
     wait_for_settlements(&state).await;
+    if let Some(m) = persistent {
+        // After the last settlement: a graceful shutdown loses nothing.
+        m.finish_snapshots();
+    }
     upkeep.abort();
     reloader.abort();
     if let Some(g) = gauges {

@@ -366,3 +366,27 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     counter!("budgetgate_settlement_retries_total").increment(0);
     counter!("budgetgate_settlements_failed_total").increment(0);
 }
+
+/// A memory-store snapshot written (`ok`) or failed.
+pub fn store_snapshot(ok: bool) {
+    if ok {
+        counter!("budgetgate_store_snapshots_total").increment(1);
+    } else {
+        counter!("budgetgate_store_snapshot_failures_total").increment(1);
+    }
+}
+
+/// Units (1/60,000 token) of debt that passed a bucket's floor
+/// (`reserve::bucket::DEBT_FLOOR`): counted, never silently forgiven.
+pub fn debt_forgiven(units: i64) {
+    if units > 0 {
+        counter!("budgetgate_debt_forgiven_tokens_total")
+            .increment((units as u64).div_ceil(crate::reserve::bucket::UNITS_PER_TOKEN as u64));
+    }
+}
+
+/// A lost-reply compensation ended: `settled`, `voided`, `voided_ahead`
+/// (a void tombstone written before the late reservation), or `dropped`.
+pub fn compensation(outcome: &'static str) {
+    counter!("budgetgate_compensations_total", "outcome" => outcome).increment(1);
+}

@@ -43,6 +43,9 @@ impl BudgetStore for FlakySettle {
             Ok(SettleOutcome::AlreadySettled)
         }
     }
+    async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
+        unreachable!("only settle is called")
+    }
     async fn inspect(&self, _: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         unreachable!("only settle is called")
     }

@@ -49,6 +49,7 @@ pub struct RawStore {
     pub fallback_share: Option<f64>,
     pub response_record_ttl_secs: Option<i64>,
     pub max_response_records: Option<i64>,
+    pub snapshot_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

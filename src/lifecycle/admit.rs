@@ -99,6 +99,10 @@ pub async fn admit<'p>(
             });
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        // A fresh id is never voided; answered as the store failure it stands for.
+        ReserveOutcome::Voided => {
+            return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
+        }
     };
     let deployment = candidates[admission.candidate];
     attempts.tried(deployment.upstream);

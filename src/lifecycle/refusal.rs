@@ -8,7 +8,8 @@
 //! read from the store (one `inspect` call, bounded by the store timeout;
 //! on a failure only the refusing budget is described). A refusal answered
 //! by the local deny cache makes no store call — that is its point — so it
-//! describes only the refusing budget's family and omits the other.
+//! describes only the refusing budget's family and omits the other; so does
+//! a refusal of the local limiter while the store is down.
 
 use axum::http::HeaderMap;
 
@@ -26,9 +27,14 @@ pub async fn headers(cx: &RequestContext, refusal: &ApiError) -> Option<HeaderMa
         _ => return None,
     };
     let mut states: Vec<BudgetState> = refusing.into_iter().cloned().collect();
-    let from_cache = matches!(refusal, ApiError::RateLimited { .. })
-        && cx.answered_by == Some(AnsweredBy::DenyCache);
-    if let (Some(plan), false) = (&cx.plan, from_cache) {
+    // Only the store knows the other budgets: not after a deny-cache
+    // refusal (no store call is its point) nor while the store is down
+    // (a refusal of the local limiter of a `fail_open` tenant).
+    let store_answered = match refusal {
+        ApiError::RateLimited { .. } => cx.answered_by == Some(AnsweredBy::Store),
+        _ => true,
+    };
+    if let (Some(plan), true) = (&cx.plan, store_answered) {
         let specs: Vec<BudgetSpec> = plan
             .common
             .iter()

@@ -245,6 +245,10 @@ async fn charge_requests(
             })
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        // A fresh id is never voided; read as the store failing, as admit does.
+        ReserveOutcome::Voided => {
+            return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
+        }
     };
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(

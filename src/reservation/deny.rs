@@ -50,6 +50,11 @@ impl DenyCachedStore {
         Self::new(inner, self.cache.clone(), self.clock.clone())
     }
 
+    /// The store behind the cache (for calls the cache has no part in).
+    pub fn store(&self) -> &Arc<dyn BudgetStore> {
+        &self.inner
+    }
+
     /// The cache (a refund of this gateway clears its entries).
     pub fn cache(&self) -> &Arc<DenyCache> {
         &self.cache
@@ -95,6 +100,7 @@ impl DenyCachedStore {
                 }
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+            ReserveOutcome::Voided => {}
         }
         Ok((outcome, AnsweredBy::Store))
     }
@@ -139,6 +145,9 @@ impl BudgetStore for DenyCachedStore {
     }
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         DenyCachedStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, hold_ttl_micros).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await

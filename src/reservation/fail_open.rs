@@ -5,12 +5,14 @@
 //! held there are remembered by id, so their extensions, renewals and
 //! settlements go where they were reserved.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
 use crate::metrics;
 use crate::reserve::memory::MemoryStore;
@@ -63,6 +65,11 @@ pub struct GatewayStore {
     /// This gateway's share of every budget while failing open, (0, 1].
     share: f64,
     local: Arc<LocalHolds>,
+    /// Reservations served by the local limiter whose store reservation
+    /// has an unknown outcome, with their hold lifetime: settled in the
+    /// store too when they end ([`super::compensate`]).
+    lost: Arc<Mutex<HashMap<String, Duration>>>,
+    compensator: Arc<Compensator>,
 }
 
 impl GatewayStore {
@@ -74,7 +81,27 @@ impl GatewayStore {
             fallback,
             share,
             local: Arc::default(),
+            lost: Arc::default(),
+            compensator: Arc::default(),
         }
+    }
+
+    /// Lost-reply compensations not landed yet.
+    pub fn pending_compensations(&self) -> usize {
+        self.compensator.pending()
+    }
+
+    fn compensate(&self, id: &str, what: Compensation, hold_ttl: Duration) {
+        self.compensator
+            .submit(self.inner.store().clone(), id.to_string(), what, hold_ttl);
+    }
+
+    fn lost_reply(&self, id: &str) -> Option<Duration> {
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.is_empty() {
+            return None;
+        }
+        lost.remove(id)
     }
 
     /// The same layers over another handle to the budget store.
@@ -84,6 +111,8 @@ impl GatewayStore {
             fallback: self.fallback.clone(),
             share: self.share,
             local: self.local.clone(),
+            lost: self.lost.clone(),
+            compensator: self.compensator.clone(),
         }
     }
 
@@ -108,6 +137,10 @@ impl GatewayStore {
             Err(e) => e,
         };
         let who = &r.requester;
+        // The store may have applied it: whatever this request gets, the
+        // reservation is settled under its own id when the request ends.
+        let unknown = outcome_unknown(&e);
+        let hold_ttl = Duration::from_micros(r.hold_ttl_micros);
         match who.on_store_error {
             OnStoreError::FailClosed => {
                 tracing::error!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing closed");
@@ -119,6 +152,9 @@ impl GatewayStore {
                     "fail_closed",
                     &who.policy_version,
                 );
+                if unknown {
+                    self.compensate(&r.id, Compensation::Void, hold_ttl);
+                }
                 Err(e)
             }
             OnStoreError::FailOpen => {
@@ -126,11 +162,21 @@ impl GatewayStore {
                 metrics::degraded(&who.tenant, "fail_open");
                 let outcome = self.fallback.reserve(&scaled(r, self.share)).await?;
                 match &outcome {
-                    ReserveOutcome::Admitted(_) => self.local.insert(&r.id),
+                    ReserveOutcome::Admitted(_) => {
+                        self.local.insert(&r.id);
+                        if unknown {
+                            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+                            lost.insert(r.id.clone(), hold_ttl);
+                        }
+                    }
                     ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
                     ReserveOutcome::Impossible(i) => {
                         count_refusal(r, &i.scope, i.name, "impossible")
                     }
+                    ReserveOutcome::Voided => {}
+                }
+                if unknown && !matches!(outcome, ReserveOutcome::Admitted(_)) {
+                    self.compensate(&r.id, Compensation::Void, hold_ttl);
                 }
                 Ok((outcome, AnsweredBy::LocalLimiter))
             }
@@ -151,6 +197,9 @@ impl GatewayStore {
             let o = self.fallback.settle(id, s).await;
             if o.is_ok() {
                 self.local.remove(id);
+                if let Some(ttl) = self.lost_reply(id) {
+                    self.compensate(id, Compensation::Settle(s.clone()), ttl);
+                }
             }
             return o;
         }
@@ -213,6 +262,19 @@ impl BudgetStore for GatewayStore {
     }
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         GatewayStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        if self.local.contains(id) {
+            let o = self.fallback.void(id, hold_ttl_micros).await;
+            if o.is_ok() {
+                self.local.remove(id);
+                if let Some(ttl) = self.lost_reply(id) {
+                    self.compensate(id, Compensation::Void, ttl);
+                }
+            }
+            return o;
+        }
+        self.inner.void(id, hold_ttl_micros).await
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         GatewayStore::inspect(self, specs).await

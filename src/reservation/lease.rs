@@ -210,6 +210,9 @@ mod tests {
         async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
             self.inner.settle(id, s).await
         }
+        async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+            self.inner.void(id, ttl).await
+        }
         async fn inspect(&self, s: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
             self.inner.inspect(s).await
         }

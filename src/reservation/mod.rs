@@ -13,11 +13,14 @@
 //! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
 //!   wrappers around the guarded store, composed once into the
 //!   [`GatewayStore`] every request reserves through.
+//! - [`compensate`]: reservations whose reply was lost, settled under their
+//!   own id when the request ends (DESIGN section 13).
 //!
 //! Nothing outside this module calls the raw budget store for a held
 //! reservation.
 
 pub mod amounts;
+pub mod compensate;
 pub mod deny;
 pub mod fail_open;
 pub mod held;

@@ -3,10 +3,13 @@
 //! cannot fit are refused locally, without a store call, until they could.
 //!
 //! What is cached is an *upper bound* of the budget: for a bucket, the
-//! level at the refusal derived from the store's exact retry time (the
-//! refused cost fits after `retry` µs and not one µs earlier, so the level
-//! was at most `cost − (retry − 1) × rate − 1` units), growing by the refill
-//! rate; for a quota, what was left in the window. A request is refused locally only when its cost exceeds that
+//! level at the refusal derived from the store's exact retry time (buckets
+//! refill in whole milliseconds, `bucket` module: the refused cost fits
+//! after `ceil(retry / 1 ms)` credited milliseconds and not one earlier, so
+//! the level was at most `cost − (ms − 1) × rate − 1` units, and the store
+//! had accrued `ms × 1 ms − retry` of the current millisecond), growing by
+//! the refill rate millisecond by millisecond exactly as the store's bucket
+//! does; for a quota, what was left in the window. A request is refused locally only when its cost exceeds that
 //! bound, so the cache never refuses what the store would admit — except
 //! after a refund elsewhere (another gateway settling under its estimate),
 //! which the cache cannot see: worst case, a tenant is refused until the
@@ -22,7 +25,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::bucket::UNITS_PER_TOKEN;
+use super::bucket::{ceil_div, to_units, MAX_WAIT_MS};
 use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
 
 struct Entry {
@@ -31,11 +34,14 @@ struct Entry {
     kind: BudgetKind,
     /// Time of the refusal, UTC µs.
     t0: u64,
-    /// Upper bound of what was available at `t0`: units (1/60,000,000) for
-    /// buckets, the budget's own unit for quotas.
+    /// Upper bound of what was available at `t0`: units (1/60,000 token)
+    /// for buckets, the budget's own unit for quotas.
     available_bound: i64,
-    /// Refill, per minute (units per µs); 0 for quotas.
+    /// Refill, per minute (units per ms); 0 for quotas.
     rate: u64,
+    /// Buckets: the time the store's bucket was refilled up to at `t0`
+    /// (`t0` minus the part of a millisecond it had accrued), UTC µs.
+    last0: u64,
     /// When the entry stops mattering (bucket full again / window reset), UTC µs.
     until: u64,
     denial: Denial,
@@ -59,17 +65,19 @@ impl DenyCache {
         if spec.name == BudgetName::MaxConcurrent || spec.scope.is_upstream() {
             return;
         }
-        let (bound, rate, until) = match spec.kind {
+        let (bound, rate, last0, until) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 let rate = per_minute as i64;
-                let retry = denial.retry_after_micros as i64;
-                let bound =
-                    denial.requested as i64 * UNITS_PER_TOKEN - (retry - 1).max(0) * rate - 1;
-                let missing = (burst as i64 * UNITS_PER_TOKEN - bound).max(0);
-                let until = now + (missing as u64).div_ceil(per_minute);
-                (bound, per_minute, until)
+                let ms = denial.retry_after_micros.div_ceil(1000);
+                let accrued = ms * 1000 - denial.retry_after_micros;
+                let ms = (ms as i64).min(MAX_WAIT_MS);
+                let bound = to_units(denial.requested) - (ms - 1).max(0) * rate - 1;
+                let last0 = now.saturating_sub(accrued);
+                let missing = (to_units(burst) - bound).max(0);
+                let until = last0 + wait_micros(missing, rate);
+                (bound, per_minute, last0, until)
             }
-            BudgetKind::Quota { .. } => (denial.available, 0, now + denial.retry_after_micros),
+            BudgetKind::Quota { .. } => (denial.available, 0, now, now + denial.retry_after_micros),
             BudgetKind::Concurrency { .. } => return,
         };
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -80,6 +88,7 @@ impl DenyCache {
                 t0: now,
                 available_bound: bound,
                 rate,
+                last0,
                 until,
                 denial: denial.clone(),
             },
@@ -122,13 +131,17 @@ impl DenyCache {
             }
             let cost = spec.cost(tokens) as i64;
             let wait = if entry.rate > 0 {
-                let bound_units = entry.available_bound
-                    + ((now - entry.t0) as i64).saturating_mul(entry.rate as i64);
-                let need = cost * UNITS_PER_TOKEN - bound_units;
+                let credited_ms = ((now - entry.last0) / 1000).min(MAX_WAIT_MS as u64);
+                let bound_units = entry.available_bound + credited_ms as i64 * entry.rate as i64;
+                let need = to_units(cost as u64) - bound_units;
                 if need <= 0 {
                     continue;
                 }
-                (need as u64).div_ceil(entry.rate)
+                // As the store's wait: whole ms, less the part of the current one accrued.
+                let into_ms = now - entry.last0 - credited_ms * 1000;
+                wait_micros(need, entry.rate as i64)
+                    .saturating_sub(into_ms)
+                    .max(1)
             } else {
                 if cost <= entry.available_bound {
                     continue;
@@ -145,6 +158,12 @@ impl DenyCache {
         }
         worst
     }
+}
+
+/// Microseconds until `need` units refill at `rate` units per ms (whole
+/// milliseconds, capped before the conversion).
+fn wait_micros(need: i64, rate: i64) -> u64 {
+    ceil_div(need, rate).clamp(0, MAX_WAIT_MS) as u64 * 1000
 }
 
 #[cfg(test)]

@@ -28,8 +28,10 @@ use crate::metrics;
 
 /// First back-off after a failure.
 const BACKOFF_START: Duration = Duration::from_millis(100);
-/// Longest back-off.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Longest back-off: once the store is back, calls reach it again within
+/// this time (the acceptance of issue 16 asks for one second after a Redis
+/// restart; the connection itself is replaced before the first call).
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Most calls outstanding at once per wrapper (one per serving thread).
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Longest a call waits for its turn before failing as a timeout (without
@@ -81,14 +83,16 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
     {
         if self.is_open() {
             metrics::store_call(op, 0.0, false);
-            return Err(StoreError::Unavailable(
+            return Err(StoreError::NotSent(
                 "store calls paused after recent failures".into(),
             ));
         }
         let start = Instant::now();
         let Ok(Ok(_turn)) = tokio::time::timeout(QUEUE_WAIT, self.turns.acquire()).await else {
             metrics::store_call(op, start.elapsed().as_secs_f64(), false);
-            return Err(StoreError::Timeout);
+            return Err(StoreError::NotSent(
+                "no turn for the call within the queue wait".into(),
+            ));
         };
         // One timer per call at most: on a current-thread runtime, arming a
         // timer that is due before the driver's next planned wake-up writes
@@ -148,6 +152,11 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.call("inspect", self.inner.inspect(specs)).await
     }
 
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        self.call("void", self.inner.void(id, hold_ttl_micros))
+            .await
+    }
+
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.call("lower", self.inner.lower(spec, at_most)).await
     }
@@ -185,6 +194,9 @@ mod tests {
             unimplemented!()
         }
         async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
             unimplemented!()
         }
         async fn inspect(&self, _: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {

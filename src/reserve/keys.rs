@@ -14,7 +14,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use super::{BudgetName, Scope};
 
 /// Version of the stored layout and script semantics.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Characters left as they are in encoded names.
 const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
@@ -40,6 +40,14 @@ pub fn encode_name(name: &str) -> String {
     utf8_percent_encode(name, NAME).to_string()
 }
 
+/// Key of the owner record of stored response `id` (not of a budget
+/// domain): `<prefix>:{<id>}:v<LAYOUT_VERSION>:resp`. Its hash tag is the
+/// response id, so records spread over a Redis Cluster instead of crowding
+/// the budget domain's slot. `id` is `[A-Za-z0-9_-]{1,128}` (never a brace).
+pub fn response_record(prefix: &str, id: &str) -> String {
+    format!("{prefix}:{{{id}}}:v{LAYOUT_VERSION}:resp")
+}
+
 /// Names keys within one budget domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {
@@ -53,6 +61,15 @@ impl KeySpace {
         Self {
             base: format!("{prefix}:{{{domain}}}:v{LAYOUT_VERSION}"),
         }
+    }
+
+    /// The key `key` (of this key space) had under the previous layout
+    /// (`v<LAYOUT_VERSION − 1>`), where quota counters are still read from
+    /// until the current layout has its own (a layout bump keeps quotas).
+    pub fn previous_layout(&self, key: &str) -> Option<String> {
+        let rest = key.strip_prefix(&self.base)?;
+        let head = self.base.strip_suffix(&format!(":v{LAYOUT_VERSION}"))?;
+        Some(format!("{head}:v{}{rest}", LAYOUT_VERSION - 1))
     }
 
     /// The shared prefix of every key, including the hash tag.
@@ -117,14 +134,14 @@ mod tests {
             assert_eq!(&k[open..=close], "{default}", "{k}");
             assert_eq!(k.matches('{').count(), 1, "{k}");
         }
-        assert_eq!(keys[0], "bg:{default}:v2:tenant:acme:tpm");
+        assert_eq!(keys[0], "bg:{default}:v3:tenant:acme:tpm");
         assert_eq!(
             keys[2],
-            "bg:{default}:v2:tenant_model:acme:meta%2Fllama-3:tokens_per_day"
+            "bg:{default}:v3:tenant_model:acme:meta%2Fllama-3:tokens_per_day"
         );
         assert_eq!(
             keys[3],
-            "bg:{default}:v2:upstream:azure%3Aeast:max_concurrent"
+            "bg:{default}:v3:upstream:azure%3Aeast:max_concurrent"
         );
     }
 
@@ -132,7 +149,7 @@ mod tests {
     fn names_cannot_smuggle_hash_tags_or_separators() {
         let ks = KeySpace::new("bg", "d");
         let k = ks.budget(&Scope::Upstream("x}{y:z".into()), BudgetName::Tpm);
-        assert_eq!(k, "bg:{d}:v2:upstream:x%7D%7By%3Az:tpm");
+        assert_eq!(k, "bg:{d}:v3:upstream:x%7D%7By%3Az:tpm");
     }
 
     #[test]

@@ -292,6 +292,10 @@ pub enum ReserveOutcome {
     Denied(Denial),
     /// Nothing changed; never retry.
     Impossible(Impossibility),
+    /// This id was voided ([`BudgetStore::void`]) before or after it was
+    /// reserved: nothing was written, and the id is never admitted (a
+    /// reservation whose reply was lost and compensated, arriving late).
+    Voided,
 }
 
 /// Result of [`BudgetStore::extend`].
@@ -377,6 +381,10 @@ pub enum SettleOutcome {
     AlreadySettled,
     /// No hold with this id (never reserved, or expired); nothing changed.
     Unknown,
+    /// [`BudgetStore::void`] of an id with no hold: a void tombstone now
+    /// stands for it, so a reserve of the id arriving later writes nothing
+    /// and answers [`ReserveOutcome::Voided`].
+    Voided,
 }
 
 /// A store failure (timeout, connection, script error). The failure policy
@@ -392,6 +400,11 @@ pub enum StoreError {
     /// The store answered something this version does not understand.
     #[error("budget store protocol error: {0}")]
     Protocol(String),
+    /// The call provably never reached the store (no connection, calls
+    /// paused after failures, expired while queued): nothing was applied,
+    /// so nothing needs compensating (DESIGN section 13).
+    #[error("budget store call not sent: {0}")]
+    NotSent(String),
 }
 
 /// The one interface to budget state. Implementations: [`memory::MemoryStore`]
@@ -411,6 +424,16 @@ pub trait BudgetStore: Send + Sync + 'static {
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
     /// Settles the hold once: refunds or charges debt, frees slots.
     async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError>;
+    /// Settle mode `void` (DESIGN section 13): refunds every token and
+    /// request budget of the hold (refundable or not) and frees its slots
+    /// (→ `Settled` with everything refunded). For an id with no hold it
+    /// writes a void tombstone living `hold_ttl_micros` (as long as the
+    /// hold would have), so a reserve of the id that arrives later writes
+    /// nothing and answers [`ReserveOutcome::Voided`] (→ `Voided`). A hold
+    /// or tombstone already settled or voided: `AlreadySettled`. With
+    /// `hold_ttl_micros` 0 no tombstone is written (`Unknown`): a settle of
+    /// `Actual::Void` is this, for a hold the request knows exists.
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
     /// Lowers a token bucket (never raises it) so that at most `at_most`

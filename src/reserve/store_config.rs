@@ -33,4 +33,7 @@ pub struct StorePolicy {
     pub record_ttl: Duration,
     /// Most owner records the memory store keeps (least recently used evicted).
     pub max_memory_records: usize,
+    /// Where the memory store keeps its state across restarts (`None`: the
+    /// default data directory, `reserve::memory::snapshot::default_path`).
+    pub snapshot_path: Option<std::path::PathBuf>,
 }

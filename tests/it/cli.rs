@@ -111,6 +111,7 @@ async fn text_logs_to_a_pipe_have_no_colour_codes() {
     let cfg = write_config(dir.path());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
         .args(["serve", "--config", &cfg, "--listen", "127.0.0.1:0"])
+        .env("STATE_DIRECTORY", dir.path())
         .env("RUST_LOG", "info")
         .env_remove("NO_COLOR")
         .stdout(Stdio::piped())

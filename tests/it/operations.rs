@@ -75,6 +75,11 @@ impl BudgetStore for Flaky {
         self.check()?;
         self.inner.settle(id, s).await
     }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        self.check()?;
+        self.inner.void(id, ttl).await
+    }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.others.fetch_add(1, Ordering::SeqCst);
         self.check()?;

@@ -45,6 +45,10 @@ enum Op {
     Renew {
         id: u8,
     },
+    /// Settle mode void (before or after the id's reserve).
+    Void {
+        id: u8,
+    },
     Settle {
         id: u8,
         actual: u64,
@@ -66,6 +70,7 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         2 => (0u8..6, 0u64..700).prop_map(|(id, tokens)| Op::Extend { id, tokens }),
         1 => (0u8..6).prop_map(|id| Op::Renew { id }),
+        1 => (0u8..6).prop_map(|id| Op::Void { id }),
         2 => (0u8..6, 0u64..2500, any::<bool>())
             .prop_map(|(id, actual, failed)| Op::Settle { id, actual, failed }),
         3 => prop_oneof![
@@ -391,6 +396,14 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
+                Op::Void { id } => {
+                    cached.remove(id);
+                    let id = format!("c{case}-r{id}");
+                    let m = memory.void(&id, HOLD_TTL).await.expect("memory");
+                    let r = f.redis.void(&id, HOLD_TTL).await.expect("redis void");
+                    seen(format!("Void/{}", label(&format!("{m:?}"))));
+                    prop_assert_eq!(m, r, "{}", ctx);
+                }
                 Op::Settle { id, actual, failed } => {
                     cached.remove(id);
                     let id = format!("c{case}-r{id}");
@@ -436,4 +449,158 @@ fn redis_store_matches_the_memory_store() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// The extremes of the exact range (issue 16, finding 5): `tpm = tpm_burst
+/// = 10^10`, a single request of 10^10 tokens, debt down to the floor, a
+/// bucket idle for a year, `tokens_per_month = 10^12` with debt, and a
+/// bucket touched every 200 µs for one second of store time. Both stores
+/// run the same calls; every outcome and budget state must be equal, and
+/// equal to the figures the arithmetic gives.
+#[test]
+fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
+    use budgetgate::reserve::{ReserveOutcome, SettleOutcome};
+    const MAX: u64 = 10_000_000_000;
+    const QUOTA: u64 = 1_000_000_000_000;
+    const YEAR: u64 = 365 * 86_400_000_000;
+    let f = fixture();
+    let start = Window::Month.end(NOON) - 20 * 86_400_000_000;
+    f.clock.set(start);
+    let memory = MemoryStore::new(Arc::new(f.clock.clone()));
+    let ks = KeySpace::new(&format!("bgdiffx{}", std::process::id()), "d");
+    let spec = |name: BudgetName, kind: BudgetKind| BudgetSpec {
+        key: ks.budget(&Scope::Tenant("big".into()), name),
+        scope: Scope::Tenant("big".into()),
+        name,
+        kind,
+        refund_unused: true,
+        shadow: false,
+    };
+    let tpm = spec(
+        BudgetName::Tpm,
+        BudgetKind::Bucket {
+            per_minute: MAX,
+            burst: MAX,
+        },
+    );
+    let month = spec(
+        BudgetName::TokensPerMonth,
+        BudgetKind::Quota {
+            limit: QUOTA,
+            window: Window::Month,
+        },
+    );
+    let both = vec![tpm.clone(), month.clone()];
+    let req = |id: &str, tokens: u64, specs: &[BudgetSpec]| ReserveRequest {
+        id: id.into(),
+        costs: budgetgate::reserve::Costs::tokens(tokens),
+        common: specs.to_vec(),
+        candidates: vec![vec![]],
+        lease_micros: LEASE,
+        hold_ttl_micros: HOLD_TTL,
+        requester: Default::default(),
+    };
+    let used = |actual_tokens| budgetgate::reserve::Settlement {
+        actual_tokens,
+        upstream_failed: false,
+        actual: Default::default(),
+    };
+    f.rt.block_on(async {
+        macro_rules! same {
+            ($call:ident($($arg:expr),*)) => {{
+                let m = memory.$call($($arg),*).await.expect("memory");
+                let r = f.redis.$call($($arg),*).await.expect("redis");
+                assert_eq!(m, r, "{}", stringify!($call($($arg),*)));
+                m
+            }};
+        }
+        let states = |specs: &[BudgetSpec]| {
+            let specs = specs.to_vec();
+            let redis = f.redis.clone();
+            let memory = &memory;
+            async move {
+                let m = memory.inspect(&specs).await.expect("memory");
+                let r = redis.inspect(&specs).await.expect("redis");
+                assert_eq!(m, r, "inspect");
+                m.iter()
+                    .map(|s| (s.remaining, s.reset_micros))
+                    .collect::<Vec<_>>()
+            }
+        };
+        let window_left = Window::Month.end(start) - start;
+
+        // A single request of 10^10 tokens fits a full 10^10 bucket exactly.
+        let a = same!(reserve(&req("x1", MAX, &both)));
+        assert!(matches!(a, ReserveOutcome::Admitted(_)), "{a:?}");
+        assert_eq!(
+            states(&both).await,
+            vec![(0, 60_000_000), ((QUOTA - MAX) as i64, window_left)]
+        );
+        // Usage beyond any single cost counts as that bound: no debt here.
+        let s = same!(settle("x1", &used(u64::MAX)));
+        assert!(matches!(s, SettleOutcome::Settled { debt: 0, .. }), "{s:?}");
+
+        // Nine holds of 0 tokens, each settled at 10^10: 9·10^10 tokens of
+        // debt, past the bucket's floor (−2^52 units ≈ −7.5·10^10 tokens);
+        // the month quota keeps all of it.
+        for i in 0..9 {
+            let a = same!(reserve(&req(&format!("d{i}"), 0, &both)));
+            assert!(matches!(a, ReserveOutcome::Admitted(_)), "{a:?}");
+        }
+        for i in 0..9 {
+            let s = same!(settle(&format!("d{i}"), &used(MAX)));
+            assert!(
+                matches!(s, SettleOutcome::Settled { debt, .. } if debt == MAX),
+                "{s:?}"
+            );
+        }
+        let floor = (-(1i64 << 52)).div_euclid(60_000);
+        let got = states(&both).await;
+        assert_eq!(got[0].0, floor, "debt kept down to the floor");
+        assert_eq!(
+            got[1].0,
+            (QUOTA - 10 * MAX) as i64,
+            "the quota keeps all of it"
+        );
+        // The wait from the floor is exact and in range: (2^52 + 60,000)
+        // units at 10^10 units/ms = 450,360 ms.
+        let d = same!(reserve(&req("after", 1, &both)));
+        match d {
+            ReserveOutcome::Denied(d) => assert_eq!(d.retry_after_micros, 450_360_000),
+            other => panic!("{other:?}"),
+        }
+
+        // Idle for a year: full again, exactly at capacity.
+        f.clock.advance(YEAR);
+        assert_eq!(states(std::slice::from_ref(&tpm)).await[0], (MAX as i64, 0));
+
+        // Drained, then touched every 200 µs for 1 s of store time: refill
+        // carries the sub-millisecond rests, gaining exactly L/60 tokens.
+        let l = 60_000;
+        let small = spec(
+            BudgetName::Tpm,
+            BudgetKind::Bucket {
+                per_minute: l,
+                burst: l,
+            },
+        );
+        let small = BudgetSpec {
+            key: format!("{}:small", small.key),
+            ..small
+        };
+        let a = same!(reserve(&req("drain", l, std::slice::from_ref(&small))));
+        assert!(matches!(a, ReserveOutcome::Admitted(_)), "{a:?}");
+        for i in 0..5000 {
+            f.clock.advance(200);
+            same!(reserve(&req(
+                &format!("z{i}"),
+                0,
+                std::slice::from_ref(&small)
+            )));
+        }
+        assert_eq!(
+            states(std::slice::from_ref(&small)).await[0].0,
+            (l / 60) as i64
+        );
+    });
 }

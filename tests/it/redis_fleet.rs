@@ -35,6 +35,9 @@ type Events = BTreeMap<u64, i64>;
 
 /// Largest `sum(events in [t1, t2]) − (burst + rate × (t2 − t1))` over every
 /// interval, in units (≤ 0 means the contract held), and the whole-run totals.
+/// Buckets refill in whole milliseconds (`L` units per ms at `L`/min), and a
+/// millisecond accrued before `t1` may be credited after it: the refill in
+/// `[t1, t2]` is at most `L × (floor((t2 − t1) / 1 ms) + 1)` units.
 fn worst_excess(events: &Events, per_minute: u64, burst: u64) -> i128 {
     let pts: Vec<(u64, i64)> = events.iter().map(|(t, a)| (*t, *a)).collect();
     let mut worst = i128::MIN;
@@ -42,8 +45,8 @@ fn worst_excess(events: &Events, per_minute: u64, burst: u64) -> i128 {
         let mut sum: i128 = 0;
         for j in i..pts.len() {
             sum += pts[j].1 as i128;
-            let bound = burst as i128 * UNITS_PER_TOKEN as i128
-                + per_minute as i128 * (pts[j].0 - pts[i].0) as i128;
+            let ms = (pts[j].0 - pts[i].0) / 1000 + 1;
+            let bound = burst as i128 * UNITS_PER_TOKEN as i128 + per_minute as i128 * ms as i128;
             worst = worst.max(sum - bound);
         }
     }

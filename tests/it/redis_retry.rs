@@ -229,8 +229,17 @@ async fn calls_that_time_out_waiting_for_a_batch_are_never_applied() {
     let reqs: Vec<ReserveRequest> = (0..5).map(|i| request(&ks, &format!("q{i}"), 10)).collect();
     let results = futures_util::future::join_all(reqs.iter().map(|r| hasty.reserve(r))).await;
     for (i, r) in results.iter().enumerate() {
-        assert!(matches!(r, Err(StoreError::Timeout)), "q{i}: {r:?}");
+        assert!(
+            matches!(r, Err(StoreError::Timeout) | Err(StoreError::NotSent(_))),
+            "q{i}: {r:?}"
+        );
     }
+    // The calls that never left say so (they need no compensation).
+    let unsent = results
+        .iter()
+        .filter(|r| matches!(r, Err(StoreError::NotSent(_))))
+        .count();
+    assert_eq!(unsent, 3, "{results:?}");
     let after = hasty.batch_counts();
     assert_eq!(
         (after.batches - before.batches, after.items - before.items),

@@ -238,3 +238,42 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
     let r = chat(&gw, 20).await;
     assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 200);
 }
+
+/// An rpm raise by reload reaches a tenant that is being refused (issue 16,
+/// finding 3): the first refusal under the new policy brings the bucket
+/// under the new rate, its retry hint is what the store does next, and the
+/// next request after it is admitted (the tenant used to stay refused for
+/// ~30 s: the bucket kept refilling at 2/min until a request was admitted).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rpm_raise_by_reload_admits_a_refused_tenant() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rpm = |n: u64| TestConfig::standard(&mock.base_url(), 50, limits().rpm(n));
+    let path = rpm(2).write(dir.path());
+    let gw = GatewayProcess::start(&path, &[]).await;
+    gw.wait_log("watching the config file for changes", 1).await;
+    assert_eq!(chat(&gw, 5).await.status(), 200);
+    assert_eq!(chat(&gw, 5).await.status(), 200);
+    let r = chat(&gw, 5).await;
+    assert_eq!(r.status(), 429);
+    assert!(header_u64(&r, "retry-after") >= 20, "one request at 2/min");
+
+    rpm(600).write_to(&path);
+    gw.wait_log("policy reloaded", 1).await;
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = chat(&gw, 5).await;
+        statuses.push(r.status().as_u16());
+        if r.status() == 200 {
+            break;
+        }
+        let wait = header_u64(&r, "retry-after-ms");
+        assert!(wait <= 100, "one request at 600/min: {wait} ms");
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+    assert_eq!(statuses.last(), Some(&200), "{statuses:?}");
+    assert!(
+        statuses.len() <= 2,
+        "admitted once its hint passed: {statuses:?}"
+    );
+}

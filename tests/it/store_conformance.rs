@@ -411,6 +411,10 @@ conformance!(
     upstream_failure_refunds_non_refundable_budgets,
     shadow_budgets_report_but_never_block,
     lowering_follows_the_provider_and_never_raises,
+    a_raised_limit_applies_to_a_refused_tenant_at_once,
+    an_overrun_is_enforced_in_full,
+    void_before_reserve_leaves_every_budget_unchanged,
+    void_after_reserve_refunds_every_budget,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -468,7 +472,8 @@ async fn refill_over_time_is_exact(h: H) {
 }
 
 /// An underestimate settles as debt; the scope admits again only once
-/// refill has repaid it. Indebted levels round toward −∞; debt stops at −capacity.
+/// refill has repaid it. Indebted levels round toward −∞; debt is kept in
+/// full (issue 16: it used to stop at −capacity, forgiving the rest).
 async fn debt_is_repaid_before_admitting_again(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     h.admit("a", 100, std::slice::from_ref(&tpm)).await;
@@ -498,8 +503,8 @@ async fn debt_is_repaid_before_admitting_again(h: H) {
     h.settle("c", 10_000).await;
     assert_eq!(
         h.remaining(&small).await,
-        -100,
-        "debt is clamped at −capacity"
+        -9_900,
+        "debt kept in full, not clamped at −capacity"
     );
     h.check_keys().await;
 }
@@ -1025,4 +1030,133 @@ async fn lowering_follows_the_provider_and_never_raises(h: H) {
         400,
         "refill continues from the lowered level"
     );
+}
+
+/// A reload raising rpm 2 → 600 reaches a tenant that is being refused: the
+/// refusal brings the bucket under the new rate, so the retry hint (100 ms
+/// for one request at 600/min) is exactly what happens next. (The bucket
+/// used to keep refilling at 2/min until some request was admitted: 30 s.)
+async fn a_raised_limit_applies_to_a_refused_tenant_at_once(h: H) {
+    let slow = h.rpm(tenant(), 2, 2);
+    h.admit("a", 1, std::slice::from_ref(&slow)).await;
+    h.admit("b", 1, std::slice::from_ref(&slow)).await;
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&slow)).await);
+    assert_eq!(d.retry_after_micros, 30 * SEC);
+    let fast = h.rpm(tenant(), 600, 600);
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&fast)).await);
+    assert_eq!(d.retry_after_micros, 100_000, "one request at 600/min");
+    h.clock.advance(99_999);
+    let d = denied(h.reserve("c", 1, std::slice::from_ref(&fast)).await);
+    assert_eq!(
+        d.retry_after_micros, 1,
+        "the hint is what the store does next"
+    );
+    h.clock.advance(1);
+    h.admit("c", 1, std::slice::from_ref(&fast)).await;
+    h.check_keys().await;
+}
+
+/// Issue 16, finding 4: a 6,022-token overrun on tpm 1,000 keeps the tenant
+/// out for the 6 minutes its debt takes to refill (it was enforced as 995
+/// tokens, two minutes, while the debt metric said 5,995).
+async fn an_overrun_is_enforced_in_full(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    h.admit("a", 1000, std::slice::from_ref(&tpm)).await;
+    let s = h.settle("a", 7022).await;
+    assert!(
+        matches!(s, SettleOutcome::Settled { debt: 6022, .. }),
+        "{s:?}"
+    );
+    assert_eq!(h.remaining(&tpm).await, -6022);
+    let d = denied(h.reserve("b", 1, std::slice::from_ref(&tpm)).await);
+    // 6,023 tokens at 1,000/min: 361.38 s, in whole milliseconds.
+    assert_eq!(d.retry_after_micros, 361_380_000);
+    h.clock.advance(361_380_000 - 1);
+    denied(h.reserve("b", 1, std::slice::from_ref(&tpm)).await);
+    h.clock.advance(1);
+    h.admit("b", 1, std::slice::from_ref(&tpm)).await;
+    h.check_keys().await;
+}
+
+/// Every kind of budget a request touches: token bucket and quota, request
+/// bucket and quota, slots.
+fn all_kinds(h: &H) -> Vec<BudgetSpec> {
+    let mut rpm = h.rpm(tenant(), 60, 60);
+    rpm.refund_unused = false;
+    vec![
+        h.tpm(tenant(), 1000, 1000),
+        rpm,
+        h.per_day(tenant(), 5000),
+        h.spec(
+            tenant(),
+            BudgetName::RequestsPerDay,
+            BudgetKind::Quota {
+                limit: 10,
+                window: Window::Day,
+            },
+        ),
+        h.slots(tenant(), 2),
+    ]
+}
+
+async fn remaining_all(h: &H, specs: &[BudgetSpec]) -> Vec<i64> {
+    h.store
+        .inspect(specs)
+        .await
+        .expect("inspect")
+        .iter()
+        .map(|s| s.remaining)
+        .collect()
+}
+
+/// Issue 16, item 2: a void that overtakes its reservation (the reply was
+/// lost and compensated) leaves a void tombstone; the late reserve writes
+/// nothing and answers `Voided`, never a replayed admission.
+async fn void_before_reserve_leaves_every_budget_unchanged(h: H) {
+    let specs = all_kinds(&h);
+    let before = remaining_all(&h, &specs).await;
+    let v = h.store.void("late", HOLD_TTL).await.expect("void");
+    assert_eq!(v, SettleOutcome::Voided);
+    assert_eq!(h.reserve("late", 100, &specs).await, ReserveOutcome::Voided);
+    assert_eq!(remaining_all(&h, &specs).await, before, "nothing written");
+    assert_eq!(h.settle("late", 100).await, SettleOutcome::AlreadySettled);
+    let again = h.store.void("late", HOLD_TTL).await.expect("void");
+    assert_eq!(again, SettleOutcome::AlreadySettled);
+    assert_eq!(h.extend("late", 5).await, ExtendOutcome::AlreadySettled);
+    h.check_keys().await;
+    // The tombstone lives as long as the hold would have, then the id is free.
+    h.clock.advance(HOLD_TTL);
+    h.admit("late", 100, &specs).await;
+}
+
+/// Settle mode void refunds every token and request budget of the hold,
+/// refundable or not (the rpm here is not), extensions included, and frees
+/// its slot; a reserve of the id afterwards answers `Voided`.
+async fn void_after_reserve_refunds_every_budget(h: H) {
+    let specs = all_kinds(&h);
+    let before = remaining_all(&h, &specs).await;
+    h.admit("a", 100, &specs).await;
+    assert!(matches!(
+        h.extend("a", 50).await,
+        ExtendOutcome::Extended { granted: 50, .. }
+    ));
+    assert_eq!(
+        remaining_all(&h, &specs).await,
+        vec![850, 59, 4850, 9, 1],
+        "debited"
+    );
+    let v = h.store.void("a", HOLD_TTL).await.expect("void");
+    assert_eq!(
+        v,
+        SettleOutcome::Settled {
+            reserved: 150,
+            refunded: 150,
+            debt: 0,
+            now_micros: NOON
+        }
+    );
+    assert_eq!(remaining_all(&h, &specs).await, before, "all given back");
+    assert_eq!(h.reserve("a", 100, &specs).await, ReserveOutcome::Voided);
+    assert_eq!(h.settle("a", 10).await, SettleOutcome::AlreadySettled);
+    h.check_keys().await;
 }

@@ -1027,6 +1027,9 @@ impl BudgetStore for CountingStore {
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         self.inner.settle(id, s).await
     }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, ttl).await
+    }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await
     }

@@ -20,6 +20,9 @@ pub struct GatewayProcess {
     pub root: String,
     logs: Arc<Mutex<Vec<Value>>>,
     log_added: Arc<Notify>,
+    /// The data directory of a gateway whose caller named none: the memory
+    /// store's snapshot goes there, never into the user's own.
+    _state_dir: Option<tempfile::TempDir>,
 }
 
 impl GatewayProcess {
@@ -36,6 +39,13 @@ impl GatewayProcess {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
+        let state_dir = if envs.iter().any(|(k, _)| *k == "STATE_DIRECTORY") {
+            None
+        } else {
+            let d = tempfile::tempdir().expect("temp state dir");
+            cmd.env("STATE_DIRECTORY", d.path());
+            Some(d)
+        };
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -77,6 +87,7 @@ impl GatewayProcess {
             root,
             logs,
             log_added,
+            _state_dir: state_dir,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::raw::{RawConfig, RawLimits};
 use super::*;
 use crate::estimate::EstimateSettings;
-use crate::reserve::bucket::MAX_LIMIT;
+use crate::reserve::bucket::{MAX_LIMIT, MAX_QUOTA};
 use crate::reserve::keys::{is_valid_id, is_valid_prefix};
 
 /// `[A-Za-z_][A-Za-z0-9_]*`: a portable environment variable name.
@@ -58,17 +58,9 @@ impl V {
             rpm_burst: self.positive(&p("rpm_burst"), l.rpm_burst, MAX_LIMIT),
             tpm_burst: self.positive(&p("tpm_burst"), l.tpm_burst, MAX_LIMIT),
             max_concurrent: self.positive(&p("max_concurrent"), l.max_concurrent, 1_000_000),
-            tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_LIMIT * 1000),
-            tokens_per_month: self.positive(
-                &p("tokens_per_month"),
-                l.tokens_per_month,
-                MAX_LIMIT * 1000,
-            ),
-            requests_per_day: self.positive(
-                &p("requests_per_day"),
-                l.requests_per_day,
-                MAX_LIMIT * 1000,
-            ),
+            tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_QUOTA),
+            tokens_per_month: self.positive(&p("tokens_per_month"), l.tokens_per_month, MAX_QUOTA),
+            requests_per_day: self.positive(&p("requests_per_day"), l.requests_per_day, MAX_QUOTA),
         };
         if out.rpm_burst.is_some() && l.rpm.is_none() {
             self.err(p("rpm_burst"), "needs rpm");
@@ -204,6 +196,14 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 100_000_000,
             )
             .map_or(crate::reserve::records::DEFAULT_MAX_MEMORY, |n| n as usize),
+        snapshot_path: match raw.store.snapshot_path.as_deref() {
+            None => None,
+            Some("") => {
+                v.err("store.snapshot_path", "must not be empty");
+                None
+            }
+            Some(p) => Some(p.into()),
+        },
     };
 
     let e = &raw.estimation;

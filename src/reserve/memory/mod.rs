@@ -1,11 +1,12 @@
 //! The in-process store: exact within one process, the embedded default and
 //! the fail-open fallback. One mutex guards all state, so every operation is
 //! atomic, like one Lua script call in the Redis store.
-
 //!
 //! - `state`: the maps under the lock, and the checks and debits of a reservation.
 //! - `tombstones`: settled holds, kept as long as their holds would have lived.
+//! - [`snapshot`]: the embedded default's persistence across restarts.
 
+pub mod snapshot;
 mod state;
 mod tombstones;
 
@@ -19,13 +20,16 @@ use super::{
     StoreError,
 };
 use crate::clock::Clock;
+use crate::reserve::bucket::MAX_LIMIT;
 use state::{store_at, Check, Inner, QuotaState};
 use tombstones::Tombstone;
 
 /// In-process [`BudgetStore`]. Time comes from the injected [`Clock`].
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+    /// Set when the store persists its state ([`MemoryStore::persistent`]).
+    snapshots: Option<Arc<snapshot::Snapshotter>>,
 }
 
 impl MemoryStore {
@@ -33,8 +37,29 @@ impl MemoryStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
             clock,
-            inner: Mutex::new(Inner::default()),
+            inner: Arc::default(),
+            snapshots: None,
         }
+    }
+
+    /// A store that restores its state from `path` (if the file exists)
+    /// and writes it there every second; call [`Self::finish_snapshots`]
+    /// at shutdown. Fails when another process holds `path`, or the file
+    /// cannot be read.
+    pub fn persistent(clock: Arc<dyn Clock>, path: &std::path::Path) -> Result<Self, String> {
+        let inner: Arc<Mutex<Inner>> = Arc::default();
+        let snapshots = snapshot::Snapshotter::start(path, inner.clone(), clock.clone())?;
+        Ok(Self {
+            clock,
+            inner,
+            snapshots: Some(snapshots),
+        })
+    }
+
+    /// Stops the periodic snapshots and writes the final one (no-op for a
+    /// store that does not persist). Returns false when that write failed.
+    pub fn finish_snapshots(&self) -> bool {
+        self.snapshots.as_ref().is_none_or(|s| s.finish())
     }
 
     /// Number of live (unsettled, unexpired) holds; used by tests to wait
@@ -66,6 +91,10 @@ impl MemoryStore {
                 return ReserveOutcome::Admitted(admission);
             }
         } else if let Some(t) = inner.settled.get(&req.id, now) {
+            if t.voided {
+                // Compensated before it arrived (or after): never admitted.
+                return ReserveOutcome::Voided;
+            }
             // Settled: the first admission, without budget states (they
             // changed since; like the Redis tombstone).
             return ReserveOutcome::Admitted(Admission {
@@ -78,8 +107,14 @@ impl MemoryStore {
         }
         match inner.check_all(&req.common, req, now) {
             Check::Ok => {}
-            Check::Denied(d) => return ReserveOutcome::Denied(d),
-            Check::Impossible(i) => return ReserveOutcome::Impossible(i),
+            Check::Denied(d) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Denied(d);
+            }
+            Check::Impossible(i) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Impossible(i);
+            }
         }
         let mut chosen = None;
         let mut best_denial: Option<Denial> = None;
@@ -104,6 +139,9 @@ impl MemoryStore {
             }
         }
         let Some(candidate) = chosen else {
+            if best_denial.is_some() || first_impossible.is_some() {
+                inner.adopt_policies(req, now);
+            }
             if let Some(d) = best_denial {
                 return ReserveOutcome::Denied(d);
             }
@@ -119,6 +157,7 @@ impl MemoryStore {
 
     /// Synchronous core of [`BudgetStore::extend`].
     pub fn extend_sync(&self, id: &str, want: u64) -> ExtendOutcome {
+        let want = want.min(MAX_LIMIT);
         let now = self.clock.now_micros();
         let mut inner = self.lock();
         inner.tick(now);
@@ -242,12 +281,14 @@ impl MemoryStore {
             expires_at: hold.expires_at,
             now_micros: hold.admission.now_micros,
             candidate: hold.admission.candidate,
+            voided: false,
         };
         inner.settled.insert(id, tombstone, now);
         let reserved = hold.reserved_tokens;
         let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> =
             hold.lines.into_iter().map(|l| (l.spec, l.debits)).collect();
-        let actual = s.actual_tokens;
+        // Counts beyond a single cost's bound are charged as that bound.
+        let actual = s.actual_tokens.min(MAX_LIMIT);
         let unused = reserved.saturating_sub(actual);
         let debt = actual.saturating_sub(reserved);
         let mut refunded = 0;
@@ -267,7 +308,7 @@ impl MemoryStore {
                         refunded = unused;
                     }
                     if debt > 0 {
-                        b.debit(debt);
+                        crate::metrics::debt_forgiven(b.debit(debt));
                     }
                     store_at(&mut inner.buckets, &spec.key, b);
                 }
@@ -300,6 +341,82 @@ impl MemoryStore {
         }
     }
 
+    /// Synchronous core of [`BudgetStore::void`].
+    pub fn void_sync(&self, id: &str, hold_ttl_micros: u64) -> SettleOutcome {
+        let now = self.clock.now_micros();
+        let mut inner = self.lock();
+        inner.tick(now);
+        let live = inner.holds.get(id).is_some_and(|h| h.expires_at > now);
+        if !live {
+            if inner.settled.get(id, now).is_some() {
+                return SettleOutcome::AlreadySettled;
+            }
+            if hold_ttl_micros == 0 {
+                return SettleOutcome::Unknown;
+            }
+            // No hold: a void tombstone, living as long as the hold would have.
+            inner.holds.remove(id);
+            let stone = Tombstone {
+                expires_at: now.saturating_add(hold_ttl_micros),
+                now_micros: now,
+                candidate: 0,
+                voided: true,
+            };
+            inner.settled.insert(id, stone, now);
+            return SettleOutcome::Voided;
+        }
+        let Some(hold) = inner.holds.remove(id) else {
+            return SettleOutcome::Unknown;
+        };
+        let stone = Tombstone {
+            expires_at: hold.expires_at,
+            now_micros: hold.admission.now_micros,
+            candidate: hold.admission.candidate,
+            voided: true,
+        };
+        inner.settled.insert(id, stone, now);
+        let reserved = hold.reserved_tokens;
+        for line in hold.lines {
+            let spec = &line.spec;
+            match spec.kind {
+                BudgetKind::Concurrency { .. } => {
+                    if let Some(set) = inner.slots.get_mut(&spec.key) {
+                        set.remove(id);
+                    }
+                }
+                BudgetKind::Bucket { per_minute, burst } => {
+                    // Every token and request budget, refundable or not.
+                    let amount = if spec.name.counts_tokens() {
+                        reserved
+                    } else {
+                        spec.cost(reserved)
+                    };
+                    let mut b = inner.bucket(&spec.key, per_minute, burst, now);
+                    b.credit(amount);
+                    store_at(&mut inner.buckets, &spec.key, b);
+                }
+                BudgetKind::Quota { window, .. } => {
+                    let w = window.id(now);
+                    let here: u64 = line
+                        .debits
+                        .iter()
+                        .filter(|(dw, _)| *dw == w)
+                        .map(|(_, a)| a)
+                        .sum();
+                    let q = inner.quota(&spec.key, w);
+                    let used = q.used.saturating_sub(here);
+                    store_at(&mut inner.quotas, &spec.key, QuotaState { window: w, used });
+                }
+            }
+        }
+        SettleOutcome::Settled {
+            reserved,
+            refunded: reserved,
+            debt: 0,
+            now_micros: now,
+        }
+    }
+
     /// Synchronous core of [`BudgetStore::lower`].
     pub fn lower_sync(&self, spec: &BudgetSpec, at_most: u64) -> i64 {
         let now = self.clock.now_micros();
@@ -308,7 +425,7 @@ impl MemoryStore {
             return inner.available(spec, now);
         };
         let mut b = inner.bucket(&spec.key, per_minute, burst, now);
-        let cap = at_most as i64 * crate::reserve::bucket::UNITS_PER_TOKEN;
+        let cap = crate::reserve::bucket::to_units(at_most);
         if b.level > cap {
             b.level = cap;
             store_at(&mut inner.buckets, &spec.key, b);
@@ -339,11 +456,19 @@ impl BudgetStore for MemoryStore {
     }
 
     async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if settlement.actual == crate::reserve::Actual::Void {
+            // Mode void of a hold; no tombstone for an id without one.
+            return Ok(self.void_sync(id, 0));
+        }
         Ok(self.settle_sync(id, settlement.as_v2()))
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         Ok(self.inspect_sync(specs))
+    }
+
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        Ok(self.void_sync(id, hold_ttl_micros))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {

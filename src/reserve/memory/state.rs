@@ -70,6 +70,25 @@ impl Inner {
         }
     }
 
+    /// A refused reservation still brings every bucket it names under the
+    /// request's policy, when the stored limit or burst differ (a reload
+    /// changed them): refill up to now at the old rate, the new rate from
+    /// now on. Without it a refused tenant's bucket would keep refilling at
+    /// the old rate until some request is admitted, while the retry hints
+    /// use the new one. Written once per bucket per policy change.
+    pub(super) fn adopt_policies(&mut self, req: &ReserveRequest, now: u64) {
+        for spec in req.common.iter().chain(req.candidates.iter().flatten()) {
+            let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
+                continue;
+            };
+            if let Some(b) = self.buckets.get_mut(&spec.key) {
+                if (b.per_minute, b.burst) != (per_minute, burst) {
+                    *b = b.advance(per_minute, burst, now);
+                }
+            }
+        }
+    }
+
     pub(super) fn bucket(&self, key: &str, per_minute: u64, burst: u64, now: u64) -> BucketState {
         match self.buckets.get(key) {
             Some(b) => b.advance(per_minute, burst, now),
@@ -107,7 +126,7 @@ impl Inner {
         match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => self
                 .bucket(&spec.key, per_minute, burst, now)
-                .wait_for(cost),
+                .wait_for(cost, now),
             BudgetKind::Quota { window, .. } => window.end(now) - now,
             BudgetKind::Concurrency { .. } => 0,
         }
@@ -117,7 +136,7 @@ impl Inner {
         let (remaining, reset, window) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 let b = self.bucket(&spec.key, per_minute, burst, now);
-                (b.available(), b.until_full(), None)
+                (b.available(), b.until_full(now), None)
             }
             BudgetKind::Quota { limit, window } => {
                 let q = self.quota(&spec.key, window.id(now));
@@ -221,6 +240,7 @@ impl Inner {
         match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                // Admitted amounts fit what is available: nothing passes the floor.
                 b.debit(amount);
                 store_at(&mut self.buckets, &spec.key, b);
                 None

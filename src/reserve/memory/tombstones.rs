@@ -24,6 +24,8 @@ pub(super) struct Tombstone {
     /// The admission's store time and chosen candidate, for replays.
     pub(super) now_micros: u64,
     pub(super) candidate: usize,
+    /// Voided (`BudgetStore::void`): a reserve of the id answers `Voided`.
+    pub(super) voided: bool,
 }
 
 impl Tombstones {
@@ -71,6 +73,7 @@ mod tests {
             expires_at,
             now_micros: 0,
             candidate: 0,
+            voided: false,
         }
     }
 

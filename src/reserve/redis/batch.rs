@@ -31,11 +31,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::{Arg, Cmd, ErrorKind, FromRedisValue, Script, ServerErrorKind, Value};
+use redis::{Arg, Cmd, ErrorKind, FromRedisValue, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::conn::{map_err, Conn};
+use super::scripts::LuaScript;
 use crate::reserve::StoreError;
 
 /// Batches on the wire at once. Two lets a reservation go out while the
@@ -65,7 +66,7 @@ impl ScriptArgs {
     /// A call of `script` with exactly `keys` keys, with room for the
     /// arguments of a reservation over them (~160 bytes and 9 arguments per
     /// key) without regrowth.
-    pub fn new(script: &Script, keys: usize) -> Self {
+    pub fn new(script: &LuaScript, keys: usize) -> Self {
         let mut cmd = Cmd::with_capacity(HEADER + 16 + 10 * keys, 256 + 160 * keys);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Self {
@@ -138,19 +139,24 @@ fn copy_args<'a>(into: &mut Cmd, from: impl Iterator<Item = Arg<&'a [u8]>>) {
     }
 }
 
-/// Runs `cmd` (an EVALSHA of `script`); loads the script and runs it again
-/// when Redis does not have it (first use, restart, `SCRIPT FLUSH`: the
-/// NOSCRIPT error means nothing ran).
+/// Runs `cmd` (an EVALSHA of `script`); when Redis does not have the
+/// script (first use, restart, `SCRIPT FLUSH`: the NOSCRIPT error means
+/// nothing ran), sends the same call as EVAL with the source, which also
+/// caches it for the next EVALSHA. Never `SCRIPT LOAD`: a Redis user may be
+/// denied the `SCRIPT` command and still run scripts.
 pub async fn run_script<T: FromRedisValue>(
     conn: &Conn,
-    script: &Script,
+    script: &LuaScript,
     cmd: &Cmd,
 ) -> redis::RedisResult<T> {
     let mut conn = conn.clone();
     match cmd.query_async(&mut conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(&mut conn).await?;
-            cmd.query_async(&mut conn).await
+            let mut eval = Cmd::with_capacity(cmd.args_iter().len(), script.source().len() + 64);
+            eval.arg("EVAL").arg(script.source());
+            // `EVALSHA <sha>` → `EVAL <source>`; key count, keys, arguments as they were.
+            copy_args(&mut eval, cmd.args_iter().skip(2));
+            eval.query_async(&mut conn).await
         }
         r => r,
     }
@@ -192,11 +198,11 @@ struct Queue {
 /// The scripts a [`Batcher`] calls.
 pub struct BatchScripts {
     /// `lua/batch.lua` with its library and both item functions.
-    pub batch: Script,
+    pub batch: LuaScript,
     /// The reserve function alone: a batch of one reservation.
-    pub reserve: Script,
+    pub reserve: LuaScript,
     /// The settle function alone: a batch of one settlement.
-    pub settle: Script,
+    pub settle: LuaScript,
 }
 
 /// Sends reserve and settle calls in batches (see the module docs).
@@ -234,7 +240,7 @@ impl Batcher {
 
     /// The script a call of `op` sent alone runs: build its [`ScriptArgs`]
     /// for this one.
-    pub fn script_for(&self, op: BatchOp) -> &Script {
+    pub fn script_for(&self, op: BatchOp) -> &LuaScript {
         match op {
             BatchOp::Reserve => &self.scripts.reserve,
             BatchOp::Settle => &self.scripts.settle,
@@ -312,7 +318,9 @@ impl Batcher {
             batch.into_iter().partition(|p| p.deadline <= now);
         for p in late {
             // Never sent: it cannot have been applied.
-            let _ = p.reply.send(Err(StoreError::Timeout));
+            let _ = p.reply.send(Err(StoreError::NotSent(
+                "the store timeout passed before the batch left".into(),
+            )));
         }
         // The latest deadline bounds the batch: with the earliest, one item
         // about to expire would time out every fresh item beside it, and a

@@ -1,12 +1,17 @@
-//! The connection: one multiplexed connection (single node, reconnecting
-//! through redis-rs's `ConnectionManager`) or a cluster connection, and how
-//! redis-rs errors map to store errors.
+//! The connection: one multiplexed connection to a single node, replaced
+//! when it dies ([`Link`]), or a cluster connection; and how redis-rs
+//! errors map to store errors.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo,
+    PushKind, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
 
 use crate::reserve::StoreError;
 
@@ -14,7 +19,7 @@ use crate::reserve::StoreError;
 /// multiplexed connection (set), cloned per call.
 #[derive(Clone)]
 pub enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<Link>),
     Cluster(ClusterConnection),
 }
 
@@ -38,23 +43,10 @@ impl Conn {
                 Conn::Cluster(c)
             }
             None => {
-                let client = redis::Client::open(url).map_err(map_err)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    // Calls are bounded by `bounded` (this store's timeout);
-                    // a second timer per call would cost an eventfd write
-                    // on the serving thread's runtime (see guarded.rs).
-                    .set_response_timeout(None)
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_millis(500));
-                let c = tokio::time::timeout(
-                    connect_timeout,
-                    ConnectionManager::new_with_config(client, config),
-                )
-                .await
-                .map_err(|_| StoreError::Timeout)?
-                .map_err(map_err)?;
-                Conn::Single(c)
+                let link = Link::new(url, connect_timeout)?;
+                // Connect now: a wrong address or password fails start-up.
+                link.get().await.map_err(map_err)?;
+                Conn::Single(Arc::new(link))
             }
         })
     }
@@ -63,7 +55,7 @@ impl Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Single(l) => Box::pin(l.call(cmd)),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -75,16 +67,129 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Single(l) => Box::pin(l.call_many(pipeline, offset, count)),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Single(c) => c.get_db(),
+            Conn::Single(l) => l.client.get_connection_info().redis_settings().db(),
             Conn::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// One node's connection: a multiplexed connection, replaced when it dies.
+///
+/// The connection speaks RESP3 so that its reader reports a closed socket
+/// at once (a `Disconnection` push): the connection is marked dead then,
+/// before any call is written to it, and the next call opens a new one
+/// first. So a Redis restart fails only the calls made while Redis is
+/// down, and a call that finds the connection dead was never written.
+/// Each serving thread has its own link: one thread's reconnect never
+/// waits on another's.
+pub struct Link {
+    client: redis::Client,
+    connect_timeout: Duration,
+    current: Mutex<Option<Live>>,
+    /// One reconnect at a time; calls that arrive meanwhile wait for it.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    alive: Arc<AtomicBool>,
+}
+
+impl Link {
+    fn new(url: &str, connect_timeout: Duration) -> Result<Self, StoreError> {
+        let info = url.into_connection_info().map_err(map_err)?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings)).map_err(map_err)?;
+        Ok(Self {
+            client,
+            connect_timeout,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn live(&self) -> Option<Live> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current
+            .as_ref()
+            .filter(|l| l.alive.load(Ordering::Acquire))
+            .cloned()
+    }
+
+    /// The live connection, or a new one.
+    async fn get(&self) -> RedisResult<Live> {
+        if let Some(l) = self.live() {
+            return Ok(l);
+        }
+        let _turn = self.connecting.lock().await;
+        if let Some(l) = self.live() {
+            return Ok(l);
+        }
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = alive.clone();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            // Calls are bounded by the store's own timeout; a second timer
+            // per call would cost an eventfd write on the serving thread's
+            // runtime (see guarded.rs).
+            .set_response_timeout(None)
+            .set_push_sender(move |push: PushInfo| {
+                if push.kind == PushKind::Disconnection {
+                    flag.store(false, Ordering::Release);
+                }
+                Ok::<(), redis::aio::SendError>(())
+            });
+        let conn = match tokio::time::timeout(
+            self.connect_timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        {
+            Ok(c) => c?,
+            Err(_) => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+        };
+        let live = Live { conn, alive };
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+        Ok(live)
+    }
+
+    async fn call(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut live = self.get().await.map_err(not_connected)?;
+        let r = live.conn.send_packed_command(cmd).await;
+        if let Err(e) = &r {
+            if e.is_unrecoverable_error() || e.is_connection_dropped() {
+                live.alive.store(false, Ordering::Release);
+            }
+        }
+        r
+    }
+
+    async fn call_many(
+        &self,
+        p: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut live = self.get().await.map_err(not_connected)?;
+        let r = live.conn.send_packed_commands(p, offset, count).await;
+        if let Err(e) = &r {
+            if e.is_unrecoverable_error() || e.is_connection_dropped() {
+                live.alive.store(false, Ordering::Release);
+            }
+        }
+        r
     }
 }
 
@@ -112,7 +217,28 @@ pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Marks a failure to get a connection: the call was never written.
+const NOT_CONNECTED: &str = "budgetgate: not connected";
+
+fn not_connected(e: RedisError) -> RedisError {
+    std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        format!("{NOT_CONNECTED}: {e}"),
+    )
+    .into()
+}
+
 pub fn map_err(e: RedisError) -> StoreError {
+    if e.to_string().contains(NOT_CONNECTED) {
+        return StoreError::NotSent(e.to_string());
+    }
+    if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        return StoreError::Unavailable(format!(
+            "the Redis user lacks a permission budgetgate needs ({e}): it must be \
+             allowed EVAL and EVALSHA (ACL category @scripting), TIME and the keys \
+             of store.key_prefix; see docs/OPERATIONS.md"
+        ));
+    }
     if e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()

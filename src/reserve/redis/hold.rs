@@ -29,8 +29,11 @@ pub struct HoldRecord {
     pub would_deny: Vec<WouldDeny>,
     /// Extensions as `(store time µs, tokens granted)`.
     pub extensions: Vec<(u64, u64)>,
-    /// Set once settled.
+    /// Set once settled (or voided).
     pub settlement: Option<HoldSettlement>,
+    /// Voided (settle mode void, or a void tombstone for an id that had no
+    /// hold): a reserve of the id writes nothing and answers `Voided`.
+    pub voided: bool,
 }
 
 /// One budget of a hold.
@@ -41,9 +44,9 @@ pub struct HoldLine {
     pub spec: BudgetSpec,
     /// What the reservation debited from it, in its unit.
     pub cost: u64,
-    /// Token-quota debits as `(window id, amount)`, reservation and
-    /// extensions (what settle refunds from); empty for other budgets and
-    /// once settled.
+    /// Quota debits as `(window id, amount)`, reservation and extensions
+    /// (what settle refunds from; a request quota's only by a void); empty
+    /// for other budgets and once settled.
     pub quota_debits: Vec<(u64, u64)>,
     /// `(remaining, reset µs)` answered at admission (buckets and quotas).
     pub admitted: Option<(i64, u64)>,
@@ -96,9 +99,10 @@ impl HoldRecord {
         let id = section("id")?;
 
         let mut h = header.split(' ');
-        let settled = match h.next() {
-            Some("0") => false,
-            Some("1") => true,
+        let (settled, voided) = match h.next() {
+            Some("0") => (false, false),
+            Some("1") => (true, false),
+            Some("2") => (true, true),
             other => return Err(protocol(format!("hold: bad state {other:?}"))),
         };
         let expires_micros = hold_num(h.next(), "exp")?;
@@ -119,7 +123,7 @@ impl HoldRecord {
             if f.len() != 6 {
                 return Err(protocol(format!("hold: bad live entry {entry:?}")));
             }
-            if f[1] == "Q" {
+            if f[1] == "Q" || f[1] == "q" {
                 debits.insert(hold_num(Some(f[0]), "line")?, hold_pairs(f[5], ',', "d")?);
             }
         }
@@ -177,6 +181,7 @@ impl HoldRecord {
             would_deny,
             extensions: hold_pairs(ext, ' ', "ext")?,
             settlement: settled.then_some(settlement),
+            voided,
         })
     }
 }

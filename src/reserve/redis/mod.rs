@@ -53,8 +53,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::Script;
-
 use super::store_config::{StoreKind, StorePolicy};
 use crate::clock::Clock;
 
@@ -62,15 +60,13 @@ use super::keys::KeySpace;
 use super::{BudgetSpec, StoreError};
 use batch::{run_script, BatchOp, BatchScripts, Batcher, ScriptArgs};
 use conn::{map_err, Conn};
-use scripts::Scripts;
+use scripts::{LuaScript, Scripts};
 use wire::protocol;
 
 pub use batch::BatchCounts;
 pub use conn::cluster_nodes;
 pub use hold::{HoldLine, HoldRecord, HoldSettlement};
-pub use scripts::{
-    BATCH_LUA, EXTEND_LUA, INSPECT_LUA, LIB_LUA, LOWER_LUA, RENEW_LUA, RESERVE_LUA, SETTLE_LUA,
-};
+pub use scripts::{prelude, TTL_MARGIN_MS};
 
 /// Hold budget-key lists remembered locally before the map is cleared
 /// (a cleared entry only costs one extra read at settle).
@@ -94,7 +90,7 @@ pub struct RedisStore {
 
 /// Where a hold call goes: its own script, or a batch item.
 enum Route<'a> {
-    Direct(&'a Script),
+    Direct(&'a LuaScript),
     Batched(BatchOp),
 }
 
@@ -104,13 +100,13 @@ impl RedisStore {
     /// (→ [`StoreError::Timeout`]); keys are named by `keys`.
     pub async fn connect(url: &str, timeout: Duration, keys: KeySpace) -> Result<Self, StoreError> {
         let conn = Conn::open(url, timeout).await?;
-        Ok(Self {
+        let store = Self {
             batcher: Batcher::new(
                 conn.clone(),
                 BatchScripts {
-                    batch: Script::new(BATCH_LUA),
-                    reserve: Script::new(RESERVE_LUA),
-                    settle: Script::new(SETTLE_LUA),
+                    batch: LuaScript::batch(),
+                    reserve: LuaScript::reserve(),
+                    settle: LuaScript::settle(),
                 },
                 timeout,
             ),
@@ -120,7 +116,41 @@ impl RedisStore {
             scripts: Scripts::new(),
             holds: Mutex::new(HashMap::new()),
             clock: None,
-        })
+        };
+        // A user that may not run scripts can enforce no budget: refuse to
+        // start (the error names the permission) instead of serving 503s.
+        let first = timeout.max(Duration::from_secs(1));
+        match tokio::time::timeout(first, store.probe_call()).await {
+            Ok(r) => r?,
+            Err(_) => return Err(StoreError::Timeout),
+        }
+        Ok(store)
+    }
+
+    /// The readiness probe: a read-only script round trip (the inspect
+    /// script over no budget: it reads the clock and writes nothing), so a
+    /// store is ready only when scripts run, never by making a reservation.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.bounded_store(self.probe_call()).await
+    }
+
+    async fn probe_call(&self) -> Result<(), StoreError> {
+        let script = &self.scripts.inspect;
+        let mut inv = ScriptArgs::new(script, 0);
+        inv.arg(self.now_arg());
+        let _: Vec<String> = run_script(&self.conn, script, inv.command())
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn bounded_store<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
     }
 
     /// Connects as `[store]` configures (`kind` must be `redis`).
@@ -173,6 +203,20 @@ impl RedisStore {
         raw.map(|r| HoldRecord::parse(&r)).transpose()
     }
 
+    /// The previous layout's key of each quota spec, in order (see
+    /// [`KeySpace::previous_layout`]; the scripts read it when the current
+    /// counter is absent).
+    fn previous_quota_keys<'a>(&self, specs: impl Iterator<Item = &'a BudgetSpec>) -> Vec<String> {
+        specs
+            .filter(|s| matches!(s.kind, super::BudgetKind::Quota { .. }))
+            .map(|s| {
+                self.keys
+                    .previous_layout(&s.key)
+                    .unwrap_or_else(|| s.key.clone())
+            })
+            .collect()
+    }
+
     /// `""` (scripts read Redis `TIME`) unless a test clock is injected.
     fn now_arg(&self) -> String {
         if let Some(c) = &self.clock {
@@ -191,7 +235,11 @@ impl RedisStore {
         }
     }
 
-    async fn invoke(&self, script: &Script, call: &ScriptArgs) -> Result<Vec<String>, StoreError> {
+    async fn invoke(
+        &self,
+        script: &LuaScript,
+        call: &ScriptArgs,
+    ) -> Result<Vec<String>, StoreError> {
         self.bounded(run_script(&self.conn, script, call.command()))
             .await
     }

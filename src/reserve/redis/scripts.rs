@@ -1,78 +1,169 @@
-//! Script assembly: each script's source is `lua/lib.lua` followed by its
-//! own file (and, for a call sent alone, a one-line driver), so every
-//! script carries the same helpers.
+//! Script assembly: each script's source is a prelude of the constants the
+//! scripts share with Rust, written here from the Rust constants so the two
+//! cannot drift, then `lua/lib.lua`, then its own file (and, for a call
+//! sent alone, a one-line driver).
+//!
+//! A script is called with EVALSHA; when Redis does not have it (first
+//! use, restart, `SCRIPT FLUSH`) the call is sent once more as EVAL with
+//! the whole source, which also caches it. No `SCRIPT LOAD` is needed, so a
+//! Redis user denied the `SCRIPT` command (managed services, proxies) works.
+
+use std::sync::Arc;
 
 use redis::Script;
 
-/// Source of `lua/lib.lua`, the helpers every script starts with.
-pub const LIB_LUA: &str = include_str!("../../../lua/lib.lua");
-/// Source of the reserve script for a call sent alone (library included;
-/// the same `reserve(KEYS, ARGV)` as in [`BATCH_LUA`], without the batch
-/// driver's per-item bookkeeping).
-pub const RESERVE_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/reserve.lua"),
-    "\nlocal reply = reserve(KEYS, ARGV)\nflush()\nreturn words(reply)\n"
-);
-/// Source of the settle script for a call sent alone (library included).
-pub const SETTLE_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/settle.lua"),
-    "\nlocal reply = settle(KEYS, ARGV)\nflush()\nreturn words(reply)\n"
-);
-/// Source of the batch script: the library, `reserve(KEYS, ARGV)`,
-/// `settle(KEYS, ARGV)` and the driver that runs a batch of them in order
-/// (see `src/reserve/redis/batch.rs`).
-pub const BATCH_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/reserve.lua"),
-    "\n",
-    include_str!("../../../lua/settle.lua"),
-    "\n",
-    include_str!("../../../lua/batch.lua")
-);
-/// Source of the extend script (library included).
-pub const EXTEND_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/extend.lua")
-);
-/// Source of the renew script (library included).
-pub const RENEW_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/renew.lua")
-);
-/// Source of the lower script (library included).
-pub const LOWER_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/lower.lua")
-);
-/// Source of the inspect script (library included).
-pub const INSPECT_LUA: &str = concat!(
-    include_str!("../../../lua/lib.lua"),
-    "\n",
-    include_str!("../../../lua/inspect.lua")
-);
+use crate::reserve::bucket::{DEBT_FLOOR, MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
+use crate::reserve::calendar::MICROS_PER_DAY;
+use crate::reserve::keys::LAYOUT_VERSION;
 
+/// Every key's TTL gets this margin past the moment it stops mattering, so
+/// a key is never dropped while its logical state still differs from
+/// "absent" (milliseconds).
+pub const TTL_MARGIN_MS: u64 = 60_000;
+
+const LIB: &str = include_str!("../../../lua/lib.lua");
+const RESERVE: &str = include_str!("../../../lua/reserve.lua");
+const SETTLE: &str = include_str!("../../../lua/settle.lua");
+const BATCH: &str = include_str!("../../../lua/batch.lua");
+const EXTEND: &str = include_str!("../../../lua/extend.lua");
+const RENEW: &str = include_str!("../../../lua/renew.lua");
+const LOWER: &str = include_str!("../../../lua/lower.lua");
+const INSPECT: &str = include_str!("../../../lua/inspect.lua");
+
+/// The Lua definitions of the constants shared with Rust.
+pub fn prelude() -> String {
+    format!(
+        "-- Written by src/reserve/redis/scripts.rs from the Rust constants.\n\
+         local UNITS = {UNITS_PER_TOKEN}\n\
+         local DAY = {MICROS_PER_DAY}\n\
+         local MARGIN_MS = {TTL_MARGIN_MS}\n\
+         local LAYOUT = {LAYOUT_VERSION}\n\
+         local DEBT_FLOOR = {DEBT_FLOOR}\n\
+         local MAX_WAIT_MS = {MAX_WAIT_MS}\n\
+         local MAX_COST = {MAX_LIMIT}\n"
+    )
+}
+
+/// One script: its source and SHA1 (for EVALSHA).
+#[derive(Clone)]
+pub struct LuaScript {
+    script: Script,
+    source: Arc<str>,
+}
+
+impl LuaScript {
+    fn assemble(parts: &[&str]) -> Self {
+        let mut source = prelude();
+        for part in parts {
+            source.push_str(part);
+            source.push('\n');
+        }
+        Self {
+            script: Script::new(&source),
+            source: source.into(),
+        }
+    }
+
+    /// SHA1 of the source, hex.
+    pub fn get_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// The whole source, for EVAL.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The reserve script for a call sent alone (the same `reserve(KEYS,
+    /// ARGV)` as in [`Self::batch`], without the batch driver).
+    pub fn reserve() -> Self {
+        Self::assemble(&[
+            LIB,
+            RESERVE,
+            "local reply = reserve(KEYS, ARGV)\nflush()\nreturn words(reply)",
+        ])
+    }
+
+    /// The settle script for a call sent alone.
+    pub fn settle() -> Self {
+        Self::assemble(&[
+            LIB,
+            SETTLE,
+            "local reply = settle(KEYS, ARGV)\nflush()\nreturn words(reply)",
+        ])
+    }
+
+    /// The batch script: `reserve(KEYS, ARGV)`, `settle(KEYS, ARGV)` and
+    /// the driver that runs a batch of them in order (see `batch.rs`).
+    pub fn batch() -> Self {
+        Self::assemble(&[LIB, RESERVE, SETTLE, BATCH])
+    }
+
+    /// The extend script.
+    pub fn extend() -> Self {
+        Self::assemble(&[LIB, EXTEND])
+    }
+
+    /// The renew script.
+    pub fn renew() -> Self {
+        Self::assemble(&[LIB, RENEW])
+    }
+
+    /// The lower script.
+    pub fn lower() -> Self {
+        Self::assemble(&[LIB, LOWER])
+    }
+
+    /// The inspect script (read-only; with no keys, the readiness probe).
+    pub fn inspect() -> Self {
+        Self::assemble(&[LIB, INSPECT])
+    }
+}
+
+/// The scripts called directly (reserve and settle go through the batcher).
 pub(super) struct Scripts {
-    pub(super) extend: Script,
-    pub(super) renew: Script,
-    pub(super) inspect: Script,
-    pub(super) lower: Script,
+    pub(super) extend: LuaScript,
+    pub(super) renew: LuaScript,
+    pub(super) inspect: LuaScript,
+    pub(super) lower: LuaScript,
 }
 
 impl Scripts {
     pub(super) fn new() -> Self {
         Self {
-            extend: Script::new(EXTEND_LUA),
-            renew: Script::new(RENEW_LUA),
-            inspect: Script::new(INSPECT_LUA),
-            lower: Script::new(LOWER_LUA),
+            extend: LuaScript::extend(),
+            renew: LuaScript::renew(),
+            inspect: LuaScript::inspect(),
+            lower: LuaScript::lower(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_constants_lua_uses_come_from_rust_and_are_defined_nowhere_else() {
+        let p = prelude();
+        assert!(p.contains(&format!("local UNITS = {UNITS_PER_TOKEN}\n")));
+        assert!(p.contains(&format!("local DAY = {MICROS_PER_DAY}\n")));
+        for file in [LIB, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT] {
+            for name in [
+                "UNITS",
+                "DAY",
+                "MARGIN_MS",
+                "LAYOUT",
+                "DEBT_FLOOR",
+                "MAX_WAIT_MS",
+                "MAX_COST",
+            ] {
+                assert!(
+                    !file.contains(&format!("local {name} =")),
+                    "{name} is defined in a Lua file; it must come from the prelude"
+                );
+            }
+        }
+        assert!(LuaScript::reserve().source().starts_with(&p));
     }
 }

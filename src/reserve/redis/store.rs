@@ -24,10 +24,17 @@ impl BudgetStore for RedisStore {
             .iter()
             .chain(req.candidates.iter().flatten())
             .collect();
-        let mut inv = ScriptArgs::new(self.batcher.script_for(BatchOp::Reserve), 1 + all.len());
+        let legacy = self.previous_quota_keys(all.iter().copied());
+        let mut inv = ScriptArgs::new(
+            self.batcher.script_for(BatchOp::Reserve),
+            1 + all.len() + legacy.len(),
+        );
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&s.key);
+        }
+        for k in &legacy {
+            inv.key(k);
         }
         inv.arg(self.now_arg())
             .arg(&req.id)
@@ -144,6 +151,7 @@ impl BudgetStore for RedisStore {
                 let d = denial(&mut r, spec, spec.cost(req.costs.tokens), now)?;
                 Ok(ReserveOutcome::Denied(d))
             }
+            "V" => Ok(ReserveOutcome::Voided),
             "I" => {
                 let spec = all
                     .get(r.usize()?)
@@ -222,30 +230,26 @@ impl BudgetStore for RedisStore {
     }
 
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if s.actual == crate::reserve::Actual::Void {
+            // Mode void of a hold; no tombstone for an id without one.
+            return self.void(id, 0).await;
+        }
         let s = s.as_v2();
         let args = [
             s.actual_tokens.to_string(),
             if s.upstream_failed { "1" } else { "0" }.to_string(),
         ];
-        let (items, _) = self
-            .hold_call(Route::Batched(BatchOp::Settle), id, &args)
-            .await?;
-        let mut r = Reply::new(&items);
-        let tag = r.str()?;
-        let now = r.u64()?;
-        let outcome = match tag {
-            "T" => SettleOutcome::Settled {
-                reserved: r.u64()?,
-                refunded: r.u64()?,
-                debt: r.u64()?,
-                now_micros: now,
-            },
-            "U" => SettleOutcome::Unknown,
-            "S" => SettleOutcome::AlreadySettled,
-            other => return Err(protocol(format!("settle replied {other:?}"))),
-        };
-        self.forget_hold(id);
-        Ok(outcome)
+        self.finish(id, &args).await
+    }
+
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        let args = [
+            "0".to_string(),
+            "1".to_string(),
+            "V".to_string(),
+            hold_ttl_micros.to_string(),
+        ];
+        self.finish(id, &args).await
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
@@ -267,16 +271,17 @@ impl BudgetStore for RedisStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         if specs.is_empty() {
-            // The health check: a round trip proves the store answers.
-            let mut conn = self.conn.clone();
-            let _: String = self
-                .bounded(redis::cmd("PING").query_async(&mut conn))
-                .await?;
+            // The health check: a read-only script round trip.
+            self.probe().await?;
             return Ok(Vec::new());
         }
-        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len());
+        let legacy = self.previous_quota_keys(specs.iter());
+        let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len() + legacy.len());
         for s in specs {
             inv.key(&s.key);
+        }
+        for k in &legacy {
+            inv.key(k);
         }
         inv.arg(self.now_arg());
         for s in specs {
@@ -300,5 +305,35 @@ impl BudgetStore for RedisStore {
     /// Every round trip is bounded by this store's timeout (`bounded`).
     fn times_out_calls(&self) -> bool {
         true
+    }
+}
+
+impl RedisStore {
+    /// A settle call (`lua/settle.lua`, batched) with `args` after the id.
+    async fn finish(&self, id: &str, args: &[String]) -> Result<SettleOutcome, StoreError> {
+        let (items, _) = self
+            .hold_call(Route::Batched(BatchOp::Settle), id, args)
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        let outcome = match tag {
+            "T" => {
+                let outcome = SettleOutcome::Settled {
+                    reserved: r.u64()?,
+                    refunded: r.u64()?,
+                    debt: r.u64()?,
+                    now_micros: now,
+                };
+                crate::metrics::debt_forgiven(r.i64()?);
+                outcome
+            }
+            "U" => SettleOutcome::Unknown,
+            "S" => SettleOutcome::AlreadySettled,
+            "V" => SettleOutcome::Voided,
+            other => return Err(protocol(format!("settle replied {other:?}"))),
+        };
+        self.forget_hold(id);
+        Ok(outcome)
     }
 }

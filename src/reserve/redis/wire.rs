@@ -42,9 +42,11 @@ pub(super) fn spec_numbers(specs: &[&BudgetSpec], tokens: u64) -> Vec<u8> {
 
 /// The spec's live entry of the hold (layout in `lua/lib.lua`) without its
 /// line index, which the script prepends: `" B <ref> <a> <b> ;"`,
-/// `" Q <ref> <a> <b> "` (the script appends `"<window>:<tokens>;"`) or
-/// `" C 0 <max> 0 ;"`; empty for a budget that keeps no live entry (a bucket
-/// or quota that does not count tokens: extend and settle leave it alone).
+/// `" Q <ref> <a> <b> "` (the script appends `"<window>:<tokens>;"`),
+/// `" C 0 <max> 0 ;"`, or for a request budget (rpm, requests per day, which
+/// extend and settle leave alone and only a void settle refunds)
+/// `" b <ref> <a> <b> <cost>;"` / `" q <ref> <a> <b> "` (the script appends
+/// `"<window>:<cost>;"`).
 /// Built with `push_str` and `itoa`: `format!` cost ~2k instructions per
 /// argument on this path (callgrind).
 pub(super) fn live_line(spec: &BudgetSpec) -> String {
@@ -73,7 +75,26 @@ pub(super) fn live_line(spec: &BudgetSpec) -> String {
             out.push_str(num.format(max));
             out.push_str(" 0 ;");
         }
-        _ => {}
+        // Request budgets: only a void settle refunds them (their cost is
+        // the entry's last field; a quota's debit is appended by the script).
+        BudgetKind::Bucket { per_minute, burst } => {
+            out.push_str(" b");
+            out.push_str(refund);
+            out.push_str(num.format(per_minute));
+            out.push(' ');
+            out.push_str(num.format(burst));
+            out.push(' ');
+            out.push_str(num.format(spec.cost(0)));
+            out.push(';');
+        }
+        BudgetKind::Quota { limit, window } => {
+            out.push_str(" q");
+            out.push_str(refund);
+            out.push_str(num.format(limit));
+            out.push(' ');
+            out.push_str(window_letter(window));
+            out.push(' ');
+        }
     }
     out
 }
@@ -341,7 +362,11 @@ mod tests {
             true,
         );
         assert_eq!(live_line(&tpm), " B 1 1000 1500 ;");
-        assert_eq!(live_line(&rpm), "", "a request budget keeps no live entry");
+        assert_eq!(
+            live_line(&rpm),
+            " b 0 60 60 1;",
+            "a request budget's entry: refunded by a void settle only"
+        );
         assert_eq!(live_line(&month), " Q 0 9000000000 M ");
         assert_eq!(live_line(&slots), " C 0 4 0 ;");
         let adm = |s: &BudgetSpec| String::from_utf8(adm_fields(s, 77)).unwrap();

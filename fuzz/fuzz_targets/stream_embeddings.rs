@@ -1,0 +1,10 @@
+//! The embeddings dialect's stream processing on hostile upstream bytes.
+#![no_main]
+
+#[path = "common/stream.rs"]
+mod stream;
+
+use budgetgate::dialects::Dialect;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| stream::run(Dialect::Embeddings, data));
