@@ -27,6 +27,7 @@ fn model() -> ModelEstimation {
         default_max_output_tokens: 1024,
         max_output_tokens: 16384,
         min_output_tokens: 16,
+        token_ratio: 1000,
     }
 }
 

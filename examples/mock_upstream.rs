@@ -18,6 +18,7 @@
 //! Behaviour, in brief:
 //!
 //! * `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//!   `POST /v1/messages` (Anthropic Messages, [`messages`]),
 //!   `GET /v1/models`, and the Azure forms
 //!   `POST /openai/deployments/{deployment}/{chat/completions|completions|embeddings}`.
 //! * The Responses API (`POST /v1/responses`, whole and streamed, and the
@@ -39,6 +40,9 @@
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
 #![allow(dead_code)]
+
+#[path = "mock_upstream/messages.rs"]
+pub mod messages;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -166,11 +170,13 @@ pub enum Fault {
     ResponseFailed,
     /// Responses: end `failed` after half the output, without usage.
     ResponseFailedNoUsage,
+    /// 529 with Anthropic's `overloaded_error` body.
+    Overloaded,
 }
 
 impl Fault {
     /// Every fault, in declaration order.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::RateLimited,
         Fault::ServerError,
         Fault::BadRequest,
@@ -185,6 +191,7 @@ impl Fault {
         Fault::ResponseIncomplete,
         Fault::ResponseFailed,
         Fault::ResponseFailedNoUsage,
+        Fault::Overloaded,
     ];
 
     /// Parses a snake_case fault name (`rate_limited`, `server_error`, …).
@@ -209,6 +216,7 @@ impl Fault {
             Fault::ResponseIncomplete => "response_incomplete",
             Fault::ResponseFailed => "response_failed",
             Fault::ResponseFailedNoUsage => "response_failed_no_usage",
+            Fault::Overloaded => "overloaded",
         }
     }
 }
@@ -576,6 +584,7 @@ enum Op {
     Chat,
     Completions,
     Embeddings,
+    Messages,
 }
 
 enum Route {
@@ -590,6 +599,7 @@ fn route(method: &Method, path: &str) -> Route {
         "chat/completions" => Some(Op::Chat),
         "completions" => Some(Op::Completions),
         "embeddings" => Some(Op::Embeddings),
+        "messages" => Some(Op::Messages),
         _ => None,
     };
     let path = path.strip_suffix('/').unwrap_or(path);
@@ -742,6 +752,11 @@ async fn handle(
         .or_else(|| deployment.as_deref().and_then(fault_from_model))
         .or(*lock(&st.fault));
 
+    if op == Op::Messages {
+        if let Some(resp) = fault.and_then(messages::fault_response) {
+            return resp;
+        }
+    }
     if let Some(resp) = fault_response(&st, fault).await {
         return resp;
     }
@@ -779,6 +794,7 @@ async fn handle(
     };
     let req = Req { model, body, fault };
     let result = match op {
+        Op::Messages => Ok(messages::messages(&st, &headers, req.model, req.body).await),
         Op::Chat | Op::Completions => generate(&st, op, req).await,
         Op::Embeddings => embeddings(&st, req).await,
     };
@@ -836,6 +852,7 @@ async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
             with_common_headers(r)
         }
+        Fault::Overloaded => return messages::fault_response(Fault::Overloaded),
         Fault::SlowFirstByte => {
             tokio::time::sleep(st.first_byte_delay).await;
             return None;

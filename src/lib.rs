@@ -10,9 +10,10 @@
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
-//!   completions, embeddings, Responses): estimate, cap field, usage
-//!   breakdown, output counting, cutoff frames, error body, named stream
-//!   events, the provider objects a body refers to.
+//!   completions, embeddings, Responses, Anthropic Messages): estimate,
+//!   cap field, usage breakdown, output counting, cutoff frames, error
+//!   body, rate-limit header family, named stream events, the provider
+//!   objects a body refers to.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
 //! - [`lifecycle`]: the request path as named phases — authenticate,
 //!   prepare, route, admit, forward, meter, settle, finish — and the

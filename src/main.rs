@@ -209,6 +209,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         "chat" | "chat/completions" => Dialect::ChatCompletions,
         "completions" => Dialect::Completions,
         "embeddings" => Dialect::Embeddings,
+        "messages" => Dialect::Messages,
         other => {
             eprintln!("unknown endpoint {other:?} (chat, completions, embeddings)");
             return ExitCode::FAILURE;
@@ -258,6 +259,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         default_max_output_tokens: m.default_max_output_tokens,
         max_output_tokens: m.max_output_tokens,
         min_output_tokens: policy.min_output_tokens,
+        token_ratio: m.token_ratio,
     };
     match estimate::estimate(endpoint, &body, &me, &policy.estimation, tightest) {
         Ok(e) => {

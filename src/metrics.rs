@@ -390,3 +390,14 @@ pub fn debt_forgiven(units: i64) {
 pub fn compensation(outcome: &'static str) {
     counter!("budgetgate_compensations_total", "outcome" => outcome).increment(1);
 }
+
+/// The upstream's input count over the gateway's input estimate of one
+/// answer, per public model (`budgetgate_input_settled_per_estimated`): how
+/// an operator calibrates a Messages model's `token_ratio` (docs/API.md).
+/// (An answer without an upstream input count, filled from the estimate, observes 1.)
+pub fn input_calibration(model: &str, estimated: u64, used: &crate::dialects::UsageBreakdown) {
+    if let (Some(input), true) = (used.input(), estimated > 0) {
+        histogram!("budgetgate_input_settled_per_estimated", "model" => model.to_string())
+            .record(input as f64 / estimated as f64);
+    }
+}

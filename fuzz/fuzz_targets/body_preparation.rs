@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
         default_max_output_tokens: model.default_max_output_tokens,
         max_output_tokens: model.max_output_tokens,
         min_output_tokens: policy.min_output_tokens,
+        token_ratio: 1000,
     };
     let tightest = (pick & 0x80 != 0).then_some(u64::from(pick) * 100);
     let Ok(estimate) = dialect.estimate(&body, &me, &policy.estimation, tightest) else {

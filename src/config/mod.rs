@@ -91,6 +91,8 @@ pub enum UpstreamKind {
     Azure,
     /// A self-hosted OpenAI-compatible server (vLLM, llama.cpp) that counts real usage.
     SelfHosted,
+    /// Anthropic's Messages API: `x-api-key` auth, `anthropic-version`.
+    Anthropic,
 }
 
 /// `[[upstreams]]`: one deployment.
@@ -106,6 +108,8 @@ pub struct UpstreamPolicy {
     pub api_key: Option<String>,
     /// Azure `api-version` query value.
     pub api_version: Option<String>,
+    /// `anthropic-version` sent when the client sends none (kind `anthropic`).
+    pub anthropic_version: String,
     /// The provider's quota as budgets.
     pub limits: Limits,
     /// Whether unused reserved output goes back to this upstream's budgets.
@@ -154,6 +158,30 @@ pub struct ModelPolicy {
     pub hosted_tools: Vec<String>,
     /// `background: true` allowed (charged the whole reservation, never refunded).
     pub allow_background: bool,
+    /// Its deployments speak Anthropic Messages (all of them or none:
+    /// checked at load); it answers on `/v1/messages` only.
+    pub messages: bool,
+    /// Messages only: the model's tokens per 1000 tiktoken tokens of text.
+    pub token_ratio: u64,
+    /// How a stream with the client's own output cap is reserved.
+    pub client_cap_reservation: CapReservation,
+    /// Messages only: the `anthropic-beta` values clients may send.
+    pub anthropic_betas: Vec<String>,
+    /// Messages only: server tools, MCP servers and containers are allowed
+    /// (work the provider does and bills outside the token usage).
+    pub allow_server_tools: bool,
+    /// Messages only: `file_id` sources are allowed (with the tenant's consent).
+    pub allow_file_ids: bool,
+}
+
+/// How a stream's client-given output cap is reserved (DESIGN section 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapReservation {
+    /// Reserve `min(client cap, default_max_output_tokens)` and extend in
+    /// steps up to the client's cap as output arrives.
+    Incremental,
+    /// Reserve the client's whole cap up front.
+    Full,
 }
 
 /// How a model's deployments are ordered for each request.
@@ -204,6 +232,9 @@ pub struct TenantPolicy {
     pub unrecorded_previous_response_tokens: u64,
     /// Provider object ids (files, vector stores, containers, prompts) this tenant may name.
     pub allowed_provider_objects: Vec<String>,
+    /// Messages: the tenant may refer to uploaded files by `file_id`
+    /// (the model must allow it too).
+    pub allow_file_ids: bool,
 }
 
 /// A whole validated configuration.

@@ -47,9 +47,9 @@ pub struct RawStore {
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
     pub fallback_share: Option<f64>,
+    pub snapshot_path: Option<String>,
     pub response_record_ttl_secs: Option<i64>,
     pub max_response_records: Option<i64>,
-    pub snapshot_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -84,6 +84,7 @@ pub struct RawUpstream {
     pub base_url: String,
     pub api_key_env: Option<String>,
     pub api_version: Option<String>,
+    pub anthropic_version: Option<String>,
     #[serde(default)]
     pub limits: RawLimits,
     pub refund_unused: Option<bool>,
@@ -115,6 +116,12 @@ pub struct RawModel {
     #[serde(default)]
     pub hosted_tools: Vec<String>,
     pub allow_background: Option<bool>,
+    pub token_ratio: Option<i64>,
+    pub client_cap_reservation: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anthropic_betas: Vec<String>,
+    pub allow_server_tools: Option<bool>,
+    pub allow_file_ids: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -135,6 +142,7 @@ pub struct RawTenant {
     pub unrecorded_previous_response_tokens: Option<i64>,
     #[serde(default)]
     pub allowed_provider_objects: Vec<String>,
+    pub allow_file_ids: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

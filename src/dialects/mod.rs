@@ -14,7 +14,8 @@
 //! to; [`responses`] names them ([`responses::refuse`]) and streams named
 //! events ([`responses::stream`]).)
 //!
-//! - [`chat`], [`completions`], [`embeddings`]: one module per dialect.
+//! - [`chat`], [`completions`], [`embeddings`], [`responses`],
+//!   [`anthropic`] (Messages): one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
 //! - [`usage`]: the usage breakdown and its clamping of bad fields.
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
@@ -26,6 +27,7 @@
 //! call or boxed state per request. Adding a dialect is a new variant and
 //! a new module; the compiler lists every `match` to extend.
 
+pub mod anthropic;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
@@ -52,6 +54,8 @@ pub enum Dialect {
     Embeddings,
     /// OpenAI Responses: `POST /v1/responses`.
     Responses,
+    /// Anthropic Messages: `POST /v1/messages`.
+    Messages,
 }
 
 /// A request header that may carry the client's key.
@@ -80,17 +84,44 @@ impl Dialect {
             Dialect::Completions => completions::PATH,
             Dialect::Embeddings => embeddings::PATH,
             Dialect::Responses => responses::PATH,
+            Dialect::Messages => anthropic::PATH,
         }
     }
 
     /// The request headers that may carry the client's key.
     pub fn key_headers(self) -> &'static [KeyHeader] {
-        &openai::KEY_HEADERS
+        match self {
+            Dialect::Messages => &anthropic::KEY_HEADERS,
+            _ => &openai::KEY_HEADERS,
+        }
     }
 
     /// The header naming the request (the client's id in, the gateway's out).
     pub fn request_id_header(self) -> HeaderName {
-        openai::REQUEST_ID
+        match self {
+            Dialect::Messages => anthropic::REQUEST_ID,
+            _ => openai::REQUEST_ID,
+        }
+    }
+
+    /// True for Anthropic's Messages API (models whose deployments are
+    /// `anthropic` answer only there).
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Dialect::Messages)
+    }
+
+    /// The rate-limit headers describing `states` (right after this
+    /// request's debit) at `now_micros`: OpenAI's `x-ratelimit-*` or
+    /// Anthropic's `anthropic-ratelimit-*`, with the IETF fields.
+    pub fn rate_limit_headers(
+        self,
+        states: &[crate::reserve::BudgetState],
+        now_micros: u64,
+    ) -> axum::http::HeaderMap {
+        match self {
+            Dialect::Messages => anthropic::headers::rate_limit_headers(states, now_micros),
+            _ => crate::server::headers::rate_limit_headers(states),
+        }
     }
 
     /// Whether a body may ask for `stream: true`.
@@ -116,6 +147,7 @@ impl Dialect {
             Dialect::ChatCompletions => Some(chat::cap_field(max_tokens_only)),
             Dialect::Completions => Some(completions::CAP_FIELD),
             Dialect::Responses => Some(responses::CAP_FIELD),
+            Dialect::Messages => Some(anthropic::CAP_FIELD),
             Dialect::Embeddings => None,
         }
     }
@@ -146,6 +178,10 @@ impl Dialect {
         match self {
             Dialect::Embeddings => embeddings::usage(raw_usage),
             Dialect::Responses => responses::usage_from_raw(raw_usage),
+            Dialect::Messages => serde_json::from_str::<Value>(raw_usage)
+                .ok()
+                .filter(Value::is_object)
+                .map(|u| anthropic::usage_from_value(&u)),
             _ => openai::usage_from_raw(raw_usage),
         }
     }
@@ -163,12 +199,17 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
+            Dialect::Messages => anthropic::count_block(choice, enc, 1000),
             Dialect::Embeddings | Dialect::Responses => 0,
         }
     }
 
-    /// Output tokens of a whole answer (every choice; every output item).
-    pub fn count_answer_output(self, answer: &Value, enc: Encoding) -> u64 {
+    /// Output tokens of a whole answer (every choice; every output item;
+    /// every content block of a Message, at the model's `token_ratio` per mille).
+    pub fn count_answer_output(self, answer: &Value, enc: Encoding, token_ratio: u64) -> u64 {
+        if self == Dialect::Messages {
+            return anthropic::count_answer_output(answer, enc, token_ratio);
+        }
         if self == Dialect::Responses {
             return responses::count_answer_output(answer, enc);
         }

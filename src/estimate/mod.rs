@@ -245,6 +245,9 @@ pub struct ModelEstimation {
     /// The floor, in tokens per choice, below which a lowered default makes
     /// the request impossible (default 16).
     pub min_output_tokens: u64,
+    /// Anthropic Messages only: the model's tokens per 1000 tiktoken
+    /// tokens of text (its tokenizer is not public); 1000 elsewhere.
+    pub token_ratio: u64,
 }
 
 /// Cost breakdown of one request, in tokens.
@@ -342,6 +345,19 @@ pub fn estimate(
         Dialect::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
         Dialect::Completions => input::completions_input(body, enc)?,
         Dialect::Responses => (responses::input(body, enc, settings)?, 1),
+        Dialect::Messages => {
+            if matches!(body.get("max_tokens"), None | Some(Value::Null)) {
+                return Err(EstimateError::invalid(
+                    Some("max_tokens"),
+                    "max_tokens: Field required",
+                ));
+            }
+            let ratio = model.token_ratio;
+            (
+                crate::dialects::anthropic::estimate::input_tokens(body, enc, ratio)?,
+                1,
+            )
+        }
         Dialect::Embeddings => {
             let tokens = input::embeddings_input(body, enc)?;
             return Ok(Estimate {
@@ -367,6 +383,7 @@ pub fn estimate(
     let (choices, caps): (u64, &[&str]) = match endpoint {
         Dialect::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
         Dialect::Responses => (1, &["max_output_tokens"]),
+        Dialect::Messages => (1, &["max_tokens"]),
         _ => {
             let best_of = positive_int(body, "best_of")?.unwrap_or(1);
             (prompts.saturating_mul(n.max(best_of)), &["max_tokens"])

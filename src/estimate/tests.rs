@@ -8,6 +8,7 @@ fn model(encoding: Encoding) -> ModelEstimation {
         default_max_output_tokens: 1000,
         max_output_tokens: 4000,
         min_output_tokens: 16,
+        token_ratio: 1000,
     }
 }
 
@@ -641,6 +642,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         default_max_output_tokens: u64::MAX,
         max_output_tokens: u64::MAX,
         min_output_tokens: 16,
+        token_ratio: 1000,
     };
     let e = estimate(
         Dialect::Completions,
@@ -665,6 +667,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     // a fit.
     let m = ModelEstimation {
         min_output_tokens: u64::MAX,
+        token_ratio: 1000,
         ..m
     };
     let mut body = user("hi");
@@ -751,6 +754,7 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
         default_max_output_tokens: 100,
         max_output_tokens: 1000,
         min_output_tokens: 16,
+        token_ratio: 1000,
     };
     let s = EstimateSettings::default();
     let first = estimate(Dialect::ChatCompletions, &b, &m, &s, None).unwrap();

@@ -12,7 +12,6 @@ use crate::metrics;
 use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
-use crate::server::headers::rate_limit_headers;
 use crate::server::{BudgetPlan, PlannedDeployment};
 
 /// An admitted attempt.
@@ -93,7 +92,10 @@ pub async fn admit<'p>(
         ReserveOutcome::Denied(denial) => {
             tracing::info!(tenant = %plan.requester.tenant, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
             return Err(ApiError::RateLimited {
-                headers: rate_limit_headers(std::slice::from_ref(&denial.state)),
+                headers: cx.dialect.rate_limit_headers(
+                    std::slice::from_ref(&denial.state),
+                    cx.st.clock.now_micros(),
+                ),
                 denial: Box::new(denial),
                 concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
             });

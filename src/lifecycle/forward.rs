@@ -15,13 +15,13 @@ use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
 use crate::config::{forwarding, UpstreamPolicy};
+use crate::dialects::anthropic;
 use crate::dialects::Dialect;
 use crate::metrics::DeploymentMetrics;
 use crate::reservation::plan;
 use crate::reservation::HeldReservation;
 use crate::reserve::{Actual, BudgetName, Settlement};
 use crate::server::error::ApiError;
-use crate::server::headers::rate_limit_headers;
 use crate::server::AppState;
 use crate::upstreams::UpstreamError;
 
@@ -75,7 +75,8 @@ pub enum Failure {
 }
 
 /// Classifies an upstream error status (with its `retry-after` seconds):
-/// 429 and 5xx may be retried on another deployment; other 4xx answers go
+/// 429 and 5xx (Anthropic's 529 `overloaded_error` included) may be
+/// retried on another deployment; other 4xx answers go
 /// to the client, 401/403 as 502 (that is the gateway's key, not the
 /// client's fault). The reservation is refunded in every case.
 pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
@@ -88,6 +89,8 @@ pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
         503 => Failure::Retry(ApiError::Unavailable(
             "The upstream is unavailable; please retry.".into(),
         )),
+        // Anthropic's `overloaded_error`: like 503, another deployment may serve it.
+        529 => Failure::Retry(ApiError::Overloaded),
         _ => Failure::Retry(ApiError::BadGateway(format!(
             "The upstream failed with status {status}."
         ))),
@@ -117,7 +120,15 @@ pub async fn forward(
             return Forwarded::Failed(invalid(None, "The request body could not be re-encoded."));
         }
     };
-    let extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
+    let mut extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
+    if cx.dialect.is_anthropic() {
+        // The version the client speaks, and the betas prepare allowed.
+        for name in [anthropic::VERSION, anthropic::BETA] {
+            for v in client_headers.get_all(&name) {
+                extra.push((name.as_str().to_string(), v.clone()));
+            }
+        }
+    }
     let request_id = cx.finish.request_id();
     let started = std::time::Instant::now();
     let sent = cx
@@ -158,16 +169,24 @@ pub async fn forward(
         &deployment.metrics,
         resp.headers(),
     );
-    let mut headers = rate_limit_headers(&admission.budgets);
+    let mut headers = cx
+        .dialect
+        .rate_limit_headers(&admission.budgets, cx.st.clock.now_micros());
     put(&mut headers, cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
         return upstream_failure(cx, resp, hold, upstream, headers).await;
     }
+    // The upstream names its request in its dialect's header (Anthropic: `request-id`).
+    let upstream_id = if cx.dialect.is_anthropic() {
+        anthropic::REQUEST_ID
+    } else {
+        X_REQUEST_ID
+    };
     if let Some(u) = resp
         .headers()
-        .get(X_REQUEST_ID)
+        .get(upstream_id)
         .and_then(|v| v.to_str().ok())
     {
         put(&mut headers, X_UPSTREAM_REQUEST_ID, u);

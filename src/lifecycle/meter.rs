@@ -74,18 +74,20 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             ));
         }
     };
-    let encoding = cx.policy.model_at(request.model).encoding;
+    let model = cx.policy.model_at(request.model);
+    let (encoding, ratio) = (model.encoding, model.token_ratio);
     let used = usage
         .and_then(|u| cx.dialect.usage_from_answer(u.get()))
         .unwrap_or_default()
         .filled(request.estimate.input_tokens, || {
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            cx.dialect.count_answer_output(&parsed, encoding)
+            cx.dialect.count_answer_output(&parsed, encoding, ratio)
         });
     let used = full_charge(request).unwrap_or(used);
     if let (Some(owner), Some(id)) = (OwnerWriter::new(cx, request, budgets.deployment()), id) {
         owner.write(&id, used.total());
     }
+    metrics::input_calibration(&model.name, request.estimate.input_tokens, &used);
     count_over_cap(cx, request, &used);
     let settled = settle(hold, &budgets, used);
     let mut response = Response::new(Body::from(body));
@@ -136,18 +138,22 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         request.client_wants_usage,
         choices,
     )
-    .with_limits(estimate.input_tokens, cap);
+    .with_limits(estimate.input_tokens, cap)
+    .with_token_ratio(model.token_ratio);
     // The request's time limit counts from its arrival.
     let deadline = cx.finish.started + cx.policy.server.max_request;
-    let step = if estimate.client_max_output.is_some() || model.reasoning {
-        None
-    } else {
-        Some(cx.policy.stream_extension_step)
-    };
+    // The client's cap bounds the output when it gave one; an incremental
+    // reservation of it (prepare) is extended up to it.
+    let max_output = estimate
+        .client_max_output
+        .unwrap_or(model.max_output_tokens)
+        .saturating_mul(choices);
+    let step = (!request.never_extend && estimate.output_tokens < max_output)
+        .then_some(cx.policy.stream_extension_step);
     let plan = ExtendPlan {
         reserved_output: estimate.output_tokens,
         step,
-        max_output: model.max_output_tokens * choices,
+        max_output,
         input_tokens: estimate.input_tokens,
         deadline: Some(tokio::time::Instant::from_std(deadline)),
     };
@@ -156,6 +162,7 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     let owner = OwnerWriter::new(cx, request, budgets.deployment());
     let full = full_charge(request);
     let input_tokens = estimate.input_tokens;
+    let (model_name, input_estimate) = (model.name.clone(), estimate.input_tokens);
     tokio::spawn(async move {
         metrics::active_streams(1.0);
         let meter = StreamMeter {
@@ -165,6 +172,8 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
             response_id: None,
             full,
             input_tokens,
+            model: model_name,
+            input_estimate,
         };
         let summary = relay::run(upstream, proc, meter, plan, tx).await;
         metrics::active_streams(-1.0);
@@ -221,6 +230,9 @@ struct StreamMeter {
     full: Option<UsageBreakdown>,
     /// The input estimate: the context recorded until the stream settles.
     input_tokens: u64,
+    /// The public model and its input estimate, for the calibration metric.
+    model: String,
+    input_estimate: u64,
 }
 
 impl Meter for StreamMeter {
@@ -251,6 +263,7 @@ impl Meter for StreamMeter {
         if let (Some(owner), Some(id)) = (&self.owner, &self.response_id) {
             owner.write(id, used.total());
         }
+        metrics::input_calibration(&self.model, self.input_estimate, &used);
         settle(self.hold, &self.budgets, used)
     }
 

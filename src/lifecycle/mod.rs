@@ -19,6 +19,7 @@
 pub mod admit;
 pub mod authenticate;
 pub mod context;
+pub mod count_tokens;
 pub mod decode;
 pub mod finish;
 pub mod forward;
@@ -35,7 +36,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use context::RequestContext;
 use finish::Outcome;
@@ -89,6 +90,7 @@ pub async fn handle(
 /// outcome that did not leave with a stream.
 fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Response {
     let record = cx.finish.hand_off();
+    let dialect = cx.dialect;
     match metered {
         Ok(Metered::Answered(response, settled)) => {
             record.write(Outcome::Answered { settled });
@@ -112,7 +114,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
             } else {
                 record.write(Outcome::Refused(&e));
             }
-            e.into_response()
+            e.respond(dialect)
         }
     }
 }

@@ -14,7 +14,8 @@ use serde_json::Value;
 use super::authenticate::Caller;
 use super::context::RequestContext;
 use super::owner;
-use crate::config::{ModelId, Policy};
+use crate::config::{CapReservation, ModelId, Policy};
+use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
@@ -41,6 +42,9 @@ pub struct Prepared {
     pub plan: Arc<BudgetPlan>,
     /// Positions in `plan.upstreams` of the deployments that can serve the request.
     pub candidates: Vec<usize>,
+    /// A stream whose output is never extended: its reservation is the
+    /// whole cap (reasoning models; Anthropic thinking other than `disabled`).
+    pub never_extend: bool,
     /// Provider-side objects the body refers to (Responses).
     pub references: References,
 }
@@ -55,13 +59,20 @@ pub async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let bytes = super::decode::read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
+    let betas = if dialect.is_anthropic() {
+        anthropic_betas(headers)?
+    } else {
+        Vec::new()
+    };
     let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
-        parse(&cx.st, &cx.policy, dialect, caller, bytes, path_model)
+        parse(
+            &cx.st, &cx.policy, dialect, caller, bytes, path_model, &betas,
+        )
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
-        let job = move || parse(&st, &policy, dialect, caller, bytes, path_model);
+        let job = move || parse(&st, &policy, dialect, caller, bytes, path_model, &betas);
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
         })?
@@ -69,7 +80,7 @@ pub async fn prepare(
     let prepared = match prepared {
         Ok(p) => p,
         Err(e) => {
-            if matches!(e, ApiError::Impossible(_)) {
+            if matches!(e, ApiError::Impossible(_)) || dialect.is_anthropic() {
                 // The rate-limit headers of the refusal describe the request's budgets.
                 cx.plan = plan_of(cx, caller, &unparsed, azure_model);
             }
@@ -114,6 +125,24 @@ pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
     }
 }
 
+/// The `anthropic-beta` values of a Messages request (comma-separated,
+/// in one header or several).
+fn anthropic_betas(headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
+    let mut betas = Vec::new();
+    for v in headers.get_all(crate::dialects::anthropic::BETA) {
+        let v = v
+            .to_str()
+            .map_err(|_| invalid(None, "The anthropic-beta header is not readable."))?;
+        betas.extend(
+            v.split(',')
+                .map(str::trim)
+                .filter(|b| !b.is_empty())
+                .map(str::to_string),
+        );
+    }
+    Ok(betas)
+}
+
 fn parse(
     st: &AppState,
     policy: &Policy,
@@ -121,6 +150,7 @@ fn parse(
     caller: Caller,
     raw: Bytes,
     path_model: Option<String>,
+    betas: &[String],
 ) -> Result<Prepared, ApiError> {
     let value: Value = serde_json::from_slice(&raw).map_err(|e| {
         invalid(
@@ -148,6 +178,22 @@ fn parse(
         }
     };
     let model = policy.model_at(model_id);
+    if model.messages != dialect.is_anthropic() {
+        // All deployments of a model speak one dialect (checked at load).
+        return Err(ApiError::ModelElsewhere {
+            model: model.name.clone(),
+            messages: model.messages,
+        });
+    }
+    if let Some(b) = betas.iter().find(|b| !model.anthropic_betas.contains(b)) {
+        return Err(invalid(
+            None,
+            format!(
+                "anthropic-beta: `{b}` is not enabled for model `{}` on this gateway.",
+                model.name
+            ),
+        ));
+    }
     let references = match dialect {
         Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
         _ => References::default(),
@@ -194,10 +240,29 @@ fn parse(
         default_max_output_tokens: model.default_max_output_tokens,
         max_output_tokens: model.max_output_tokens,
         min_output_tokens: policy.min_output_tokens,
+        token_ratio: model.token_ratio,
     };
     let body = Value::Object(body);
-    let estimate =
-        estimate::estimate(dialect, &body, &me, &policy.estimation, tightest).map_err(|e| {
+    if dialect.is_anthropic() {
+        let tenant = policy.tenant(caller.tenant);
+        let allowed = |u: anthropic::Unmetered| match u {
+            anthropic::Unmetered::FileId => model.allow_file_ids && tenant.allow_file_ids,
+            _ => model.allow_server_tools,
+        };
+        if let Some(u) = anthropic::unmetered(&body).filter(|u| !allowed(*u)) {
+            return Err(invalid(
+                Some(u.param()),
+                format!(
+                    "`{}`: {u:?} is not enabled for model `{}` on this gateway (its work is billed beside the token usage the gateway meters).",
+                    u.param(),
+                    model.name
+                ),
+            ));
+        }
+    }
+    let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
+    let mut estimate = estimate::estimate(dialect, &body, &me, &policy.estimation, tightest)
+        .map_err(|e| {
             ApiError::from_estimate(e, |capacity| {
                 // The tightest token budget is the one the request can never fit.
                 common
@@ -213,6 +278,9 @@ fn parse(
             })
         })?;
     drop(body);
+    if stream && !never_extend && model.client_cap_reservation == CapReservation::Incremental {
+        incremental(&mut estimate, model.default_max_output_tokens);
+    }
     Ok(Prepared {
         caller,
         raw,
@@ -222,6 +290,20 @@ fn parse(
         client_wants_usage,
         plan,
         candidates,
+        never_extend,
         references,
     })
+}
+
+/// Incremental reservation of a stream's client cap (DESIGN section 5):
+/// reserve at most the model's default output per choice; the relay
+/// extends in steps up to the client's cap, which goes upstream unchanged.
+fn incremental(estimate: &mut Estimate, default_max_output: u64) {
+    let Some(cap) = estimate.client_max_output else {
+        return;
+    };
+    let per_choice = cap.min(default_max_output);
+    estimate.output_tokens_per_choice = per_choice;
+    estimate.output_tokens = estimate.choices.saturating_mul(per_choice);
+    estimate.total_tokens = estimate.input_tokens.saturating_add(estimate.output_tokens);
 }

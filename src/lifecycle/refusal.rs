@@ -2,7 +2,8 @@
 //! (`x-ratelimit-*-requests` and `-tokens`, and the IETF `RateLimit-Policy`
 //! / `RateLimit` fields) for the budgets the request touches, on every
 //! refusal — rate, quota, concurrency, impossible, upstream budgets — as a
-//! provider's own 429 carries them.
+//! provider's own 429 carries them (on the Messages route, in Anthropic's
+//! `anthropic-ratelimit-*` family, on every refusal after authentication).
 //!
 //! The refusing budget is described by the refusal itself; the others are
 //! read from the store (one `inspect` call, bounded by the store timeout;
@@ -17,13 +18,15 @@ use super::context::RequestContext;
 use crate::reservation::AnsweredBy;
 use crate::reserve::{BudgetSpec, BudgetState};
 use crate::server::error::ApiError;
-use crate::server::headers::rate_limit_headers;
 
 /// The headers to put on `refusal`, or `None` when it is not a budget refusal.
 pub async fn headers(cx: &RequestContext, refusal: &ApiError) -> Option<HeaderMap> {
     let refusing: Option<&BudgetState> = match refusal {
         ApiError::RateLimited { denial, .. } => Some(&denial.state),
         ApiError::Impossible(_) => None,
+        // Anthropic's API describes its limits on every response: so does
+        // this route, on any refusal once the caller's budgets are known.
+        _ if cx.dialect.is_anthropic() && cx.plan.is_some() => None,
         _ => return None,
     };
     let mut states: Vec<BudgetState> = refusing.into_iter().cloned().collect();
@@ -49,5 +52,8 @@ pub async fn headers(cx: &RequestContext, refusal: &ApiError) -> Option<HeaderMa
             Err(_) => tracing::debug!("reading the budgets of a refusal timed out"),
         }
     }
-    (!states.is_empty()).then(|| rate_limit_headers(&states))
+    (!states.is_empty()).then(|| {
+        cx.dialect
+            .rate_limit_headers(&states, cx.st.clock.now_micros())
+    })
 }

@@ -42,7 +42,11 @@ pub fn rewrite(
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
-    if let Some(cap_field) = dialect.cap_field(upstream.max_tokens_only) {
+    // Messages: the client's `max_tokens` (required) goes up unchanged.
+    let cap_field = dialect
+        .cap_field(upstream.max_tokens_only)
+        .filter(|_| !dialect.is_anthropic());
+    if let Some(cap_field) = cap_field {
         let cap = cap_for(estimate, stream, model).max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
@@ -115,7 +119,7 @@ pub fn enforced_cap(
     upstream: &UpstreamPolicy,
 ) -> Option<u64> {
     match upstream.kind {
-        UpstreamKind::Openai | UpstreamKind::Azure => None,
+        UpstreamKind::Openai | UpstreamKind::Azure | UpstreamKind::Anthropic => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
             .map(|_| output_cap(p, model).max(dialect.min_cap())),

@@ -245,7 +245,7 @@ async fn charge_requests(
             })
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
-        // A fresh id is never voided; read as the store failing, as admit does.
+        // A fresh id is never voided; answered as the store failure it stands for.
         ReserveOutcome::Voided => {
             return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
         }

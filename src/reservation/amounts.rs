@@ -106,4 +106,23 @@ mod tests {
             vec![1, 65, 65, 1]
         );
     }
+
+    #[test]
+    fn cache_tokens_settle_as_each_provider_counts_them() {
+        let tpm = spec(BudgetName::Tpm);
+        // OpenAI: cached_tokens is inside prompt_tokens, never added again.
+        let openai = crate::dialects::openai::usage_from_value(&serde_json::json!({
+            "prompt_tokens": 10339, "completion_tokens": 20,
+            "prompt_tokens_details": {"cached_tokens": 10318}
+        }));
+        assert_eq!(settled_amount(&openai, &tpm), 10_359);
+        // Anthropic: cache reads and writes are beside input_tokens; the
+        // 5m/1h split is a breakdown of the writes, never added.
+        let anthropic = crate::dialects::anthropic::usage_from_value(&serde_json::json!({
+            "input_tokens": 7, "cache_read_input_tokens": 10000,
+            "cache_creation_input_tokens": 2000, "output_tokens": 50,
+            "cache_creation": {"ephemeral_5m_input_tokens": 2000, "ephemeral_1h_input_tokens": 0}
+        }));
+        assert_eq!(settled_amount(&anthropic, &tpm), 12_057);
+    }
 }

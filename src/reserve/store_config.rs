@@ -29,11 +29,11 @@ pub struct StorePolicy {
     /// Share of every budget (0 < share ≤ 1) one gateway may use on its own
     /// while the store is down, for `fail_open` tenants (e.g. 1/N for N gateways).
     pub fallback_share: f64,
+    /// Where the memory store keeps its state across restarts (`None`: the
+    /// default data directory, `reserve::memory::snapshot::default_path`).
+    pub snapshot_path: Option<std::path::PathBuf>,
     /// How long an owner record of a stored response is kept (default 30 days).
     pub record_ttl: Duration,
     /// Most owner records the memory store keeps (least recently used evicted).
     pub max_memory_records: usize,
-    /// Where the memory store keeps its state across restarts (`None`: the
-    /// default data directory, `reserve::memory::snapshot::default_path`).
-    pub snapshot_path: Option<std::path::PathBuf>,
 }

@@ -7,7 +7,9 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::dialects::anthropic;
 use crate::dialects::error::error_body;
+use crate::dialects::Dialect;
 use crate::estimate::EstimateError;
 use crate::reserve::{BudgetName, Denial, Impossibility, Scope, StoreError};
 use crate::upstreams::UpstreamError;
@@ -64,6 +66,17 @@ pub enum ApiError {
     },
     /// The upstream timed out: 504.
     GatewayTimeout,
+    /// The upstream is overloaded (Anthropic's 529 `overloaded_error`):
+    /// 529 on the Messages route, 503 elsewhere.
+    Overloaded,
+    /// The model exists but speaks the other dialect (404 `model_not_found`
+    /// with a hint at the route that serves it).
+    ModelElsewhere {
+        /// The model.
+        model: String,
+        /// It is served on `/v1/messages` (else on the OpenAI routes).
+        messages: bool,
+    },
     /// The client did not send its body in time: 408.
     RequestTimeout,
     /// A `Content-Encoding` the gateway does not decode, or stacked
@@ -161,16 +174,18 @@ impl ApiError {
             ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::ResponseNotFound(..) => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::ModelNotFound(_)
+            | ApiError::NotFound(_)
+            | ApiError::ModelElsewhere { .. }
+            | ApiError::ResponseNotFound(..) => StatusCode::NOT_FOUND,
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
-            ApiError::Unavailable(_) | ApiError::StoreUnavailable | ApiError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable(_)
+            | ApiError::StoreUnavailable
+            | ApiError::ShuttingDown
+            | ApiError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::UnsupportedEncoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -185,6 +200,7 @@ impl ApiError {
                 | ApiError::Unavailable(_)
                 | ApiError::UpstreamRateLimited { .. }
                 | ApiError::GatewayTimeout
+                | ApiError::Overloaded
         )
     }
 
@@ -195,7 +211,8 @@ impl ApiError {
             ApiError::InvalidKey => "invalid_key",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::InvalidRequest { .. } => "invalid_request",
-            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
+            ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
             ApiError::ResponseNotFound(..) => "response_not_found",
             ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
@@ -234,23 +251,56 @@ fn scope_kind(scope: &Scope) -> &'static str {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        self.respond(Dialect::ChatCompletions)
+    }
+}
+
+/// An error response in `dialect`'s shape: OpenAI's body, or Anthropic's
+/// (its `type` given by the status; an overloaded upstream answers 529).
+fn shaped(
+    dialect: Dialect,
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
+    if !dialect.is_anthropic() {
+        return body(status, message, kind, param, code);
+    }
+    let status = anthropic::error::status(status, code == Some("overloaded"));
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        anthropic::error::error_body(anthropic::error::error_type(status.as_u16()), message),
+    )
+        .into_response()
+}
+
+impl ApiError {
+    /// The response to the client of `dialect`: status, body in the
+    /// dialect's shape, retry headers.
+    pub fn respond(self, dialect: Dialect) -> Response {
         let status = self.status();
         match self {
-            ApiError::MissingKey => body(
+            ApiError::MissingKey => shaped(
+                dialect,
                 status,
                 "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY` (or `api-key: YOUR_KEY`).",
                 "invalid_request_error",
                 None,
                 Some("missing_api_key"),
             ),
-            ApiError::InvalidKey => body(
+            ApiError::InvalidKey => shaped(
+                dialect,
                 status,
                 "Incorrect API key provided.",
                 "invalid_request_error",
                 None,
                 Some("invalid_api_key"),
             ),
-            ApiError::BodyTooLarge { limit } => body(
+            ApiError::BodyTooLarge { limit } => shaped(
+                dialect,
                 status,
                 &format!("Request body is larger than the gateway's limit of {limit} bytes."),
                 "invalid_request_error",
@@ -258,25 +308,48 @@ impl IntoResponse for ApiError {
                 Some("request_too_large"),
             ),
             ApiError::InvalidRequest { param, message } => {
-                body(status, &message, "invalid_request_error", param.as_deref(), None)
+                shaped(dialect, status, &message, "invalid_request_error", param.as_deref(), None)
             }
-            ApiError::ModelNotFound(m) => body(
+            ApiError::ModelElsewhere { model, messages } => shaped(
+                dialect,
+                status,
+                &if messages {
+                    format!("The model `{model}` is served on POST /v1/messages (Anthropic Messages API) only.")
+                } else {
+                    format!("The model `{model}` is served on the OpenAI routes (/v1/chat/completions…), not on /v1/messages.")
+                },
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
+            ApiError::Overloaded => shaped(
+                dialect,
+                status,
+                "Every deployment of this model is overloaded; please retry.",
+                "upstream_error",
+                None,
+                Some("overloaded"),
+            ),
+            ApiError::ModelNotFound(m) => shaped(
+                dialect,
                 status,
                 &format!("The model `{m}` does not exist or you do not have access to it."),
                 "invalid_request_error",
                 Some("model"),
                 Some("model_not_found"),
             ),
-            ApiError::ResponseNotFound(id, param) => body(
+            ApiError::ResponseNotFound(id, param) => shaped(
+                dialect,
                 status,
                 &format!("No response found with id '{}'.", id.chars().take(128).collect::<String>()),
                 "invalid_request_error",
                 param,
                 Some(if param.is_some() { "previous_response_not_found" } else { "not_found" }),
             ),
-            ApiError::NotFound(path) => body(
+            ApiError::NotFound(path) => shaped(
+                dialect,
                 status,
-                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models."),
+                &format!("Unknown request URL: {path}. This gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages and /v1/models."),
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),
@@ -316,7 +389,7 @@ impl IntoResponse for ApiError {
                 } else {
                     (rate_type(d.name), "rate_limit_exceeded")
                 };
-                let mut resp = body(status, &message, kind, None, Some(code));
+                let mut resp = shaped(dialect, status, &message, kind, None, Some(code));
                 resp.headers_mut().extend(headers);
                 set(&mut resp, "retry-after", retry_after_secs(wait).to_string());
                 set(&mut resp, "retry-after-ms", wait.div_ceil(1000).max(1).to_string());
@@ -335,20 +408,22 @@ impl IntoResponse for ApiError {
                 } else {
                     (rate_type(i.name), "rate_limit_exceeded")
                 };
-                let mut resp = body(status, &message, kind, None, Some(code));
+                let mut resp = shaped(dialect, status, &message, kind, None, Some(code));
                 set(&mut resp, "x-should-retry", "false".into());
                 resp
             }
-            ApiError::BadGateway(m) => body(status, &m, "upstream_error", None, Some("bad_gateway")),
-            ApiError::Unavailable(m) => body(status, &m, "upstream_error", None, Some("service_unavailable")),
-            ApiError::StoreUnavailable => body(
+            ApiError::BadGateway(m) => shaped(dialect, status, &m, "upstream_error", None, Some("bad_gateway")),
+            ApiError::Unavailable(m) => shaped(dialect, status, &m, "upstream_error", None, Some("service_unavailable")),
+            ApiError::StoreUnavailable => shaped(
+                dialect,
                 status,
                 "The budget store is unavailable; please retry.",
                 "server_error",
                 None,
                 Some("budget_store_unavailable"),
             ),
-            ApiError::ShuttingDown => body(
+            ApiError::ShuttingDown => shaped(
+                dialect,
                 status,
                 "The gateway is shutting down; retry the request.",
                 "server_error",
@@ -356,7 +431,8 @@ impl IntoResponse for ApiError {
                 Some("shutting_down"),
             ),
             ApiError::UpstreamRateLimited { retry_after_secs } => {
-                let mut resp = body(
+                let mut resp = shaped(
+                dialect,
                     status,
                     "The upstream provider is rate limiting this gateway. Please retry later.",
                     "requests",
@@ -368,14 +444,16 @@ impl IntoResponse for ApiError {
                 set(&mut resp, "retry-after-ms", (secs * 1000).to_string());
                 resp
             }
-            ApiError::RequestTimeout => body(
+            ApiError::RequestTimeout => shaped(
+                dialect,
                 status,
                 "The request body was not received in time.",
                 "invalid_request_error",
                 None,
                 Some("request_timeout"),
             ),
-            ApiError::GatewayTimeout => body(
+            ApiError::GatewayTimeout => shaped(
+                dialect,
                 status,
                 "The upstream did not answer in time.",
                 "upstream_error",

@@ -47,6 +47,20 @@ pub async fn embeddings(
     proxy(st, Dialect::Embeddings, headers, body, None).await
 }
 
+/// `POST /v1/messages` (Anthropic Messages).
+pub async fn messages(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {
+    proxy(st, Dialect::Messages, headers, body, None).await
+}
+
+/// `POST /v1/messages/count_tokens`: the gateway's input estimate, no upstream call.
+pub async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    crate::lifecycle::count_tokens::count_tokens(st, headers, body).await
+}
+
 /// `POST /v1/responses` (OpenAI Responses API).
 pub async fn responses(
     State(st): State<Arc<AppState>>,

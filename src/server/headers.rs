@@ -130,7 +130,6 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
     // header map reallocates its tables, measured as the largest source of
     // allocator slow paths on the request path.
     let mut h = HeaderMap::with_capacity(16);
-    let client_side = || states.iter().filter(|s| !s.scope.is_upstream());
     for (name, [l, r, t]) in [
         (
             BudgetName::Rpm,
@@ -141,8 +140,7 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
             [LIMIT_TOKENS, REMAINING_TOKENS, RESET_TOKENS],
         ),
     ] {
-        let pick = tightest(client_side(), name).or_else(|| tightest(states.iter(), name));
-        if let Some(s) = pick {
+        if let Some(s) = tightest_for_client(states, name) {
             let remaining = s.remaining.clamp(0, s.limit as i64);
             h.insert(l, HeaderValue::from(s.limit));
             h.insert(r, HeaderValue::from(remaining));
@@ -151,9 +149,23 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
             }
         }
     }
+    ietf_headers(states, &mut h);
+    h
+}
+
+/// The budget of kind `name` a client's headers report: the tightest
+/// tenant-side one, else the tightest upstream one.
+pub fn tightest_for_client(states: &[BudgetState], name: BudgetName) -> Option<&BudgetState> {
+    tightest(states.iter().filter(|s| !s.scope.is_upstream()), name)
+        .or_else(|| tightest(states.iter(), name))
+}
+
+/// Adds the IETF `RateLimit-Policy` / `RateLimit` fields of every
+/// tenant-side budget in `states` (every dialect sends them).
+pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
     let mut policies = String::with_capacity(128);
     let mut values = String::with_capacity(128);
-    for s in client_side() {
+    for s in states.iter().filter(|s| !s.scope.is_upstream()) {
         let w = match (s.name, s.window) {
             (BudgetName::Rpm | BudgetName::Tpm, _) => 60,
             (_, Some(w)) => w.seconds(),
@@ -174,7 +186,6 @@ pub fn rate_limit_headers(states: &[BudgetState]) -> HeaderMap {
             h.insert(RATELIMIT, v);
         }
     }
-    h
 }
 
 #[cfg(test)]

@@ -260,6 +260,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/embeddings", post(handlers::embeddings))
+        .route("/v1/messages", post(handlers::messages))
+        .route("/v1/messages/count_tokens", post(handlers::count_tokens))
         .route("/v1/responses", post(handlers::responses))
         .route(
             "/v1/responses/input_tokens",

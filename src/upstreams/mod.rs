@@ -35,6 +35,10 @@ pub enum UpstreamError {
 // Built at compile time, not parsed per request.
 const X_REQUEST_ID: reqwest::header::HeaderName =
     reqwest::header::HeaderName::from_static("x-request-id");
+const X_API_KEY: reqwest::header::HeaderName =
+    reqwest::header::HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: reqwest::header::HeaderName =
+    reqwest::header::HeaderName::from_static("anthropic-version");
 
 /// Pooled HTTP clients: per thread, one per distinct connect timeout
 /// (usually one for every upstream), each keeping keep-alive connections
@@ -132,9 +136,16 @@ impl UpstreamClient {
         for (name, value) in extra_headers {
             req = req.header(name.as_str(), value.as_bytes());
         }
+        if upstream.kind == UpstreamKind::Anthropic {
+            // The client's version when it sent one (in `extra_headers`), else the upstream's.
+            if !extra_headers.iter().any(|(n, _)| n == "anthropic-version") {
+                req = req.header(ANTHROPIC_VERSION, upstream.anthropic_version.as_str());
+            }
+        }
         if let Some(key) = &upstream.api_key {
             req = match upstream.kind {
                 UpstreamKind::Azure => req.header("api-key", key),
+                UpstreamKind::Anthropic => req.header(X_API_KEY, key),
                 _ => req.bearer_auth(key),
             };
         }
@@ -215,7 +226,8 @@ fn path_segment(name: &str) -> percent_encoding::PercentEncode<'_> {
     percent_encoding::utf8_percent_encode(name, SEGMENT)
 }
 
-/// Full URL for a request: `<base>/<path>` for OpenAI-compatible upstreams,
+/// Full URL for a request: `<base>/<path>` for OpenAI-compatible upstreams
+/// (and `<base>/v1/messages` for Anthropic's),
 /// `<base>/openai/deployments/<deployment>/<path>?api-version=<v>` for Azure
 /// (Azure OpenAI REST reference).
 pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model: &str) -> String {

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::sse::{parse_frame, FrameSplitter};
+use crate::dialects::anthropic::stream::{self as messages, MessagesStream, Seen};
 use crate::dialects::responses::stream::StreamState;
 use crate::dialects::{Dialect, Part, UsageBreakdown};
 use crate::estimate::Encoding;
@@ -84,6 +85,8 @@ pub struct StreamProcessor {
     /// Largest delta counted so far (the cap's tolerance is at least one).
     largest_delta: u64,
     over_cap: bool,
+    /// Messages streams: events, not choices.
+    messages: Option<MessagesStream>,
 }
 
 impl StreamProcessor {
@@ -107,6 +110,7 @@ impl StreamProcessor {
             id: None,
             model: None,
             created: None,
+            messages: (dialect == Dialect::Messages).then(|| MessagesStream::new(1000)),
             prompt_tokens: 0,
             cap: None,
             per_choice: vec![0; choices.max(1) as usize],
@@ -124,7 +128,10 @@ impl StreamProcessor {
 
     /// The error event this dialect's clients raise on.
     pub fn error_frame(&self, message: &str, code: &str) -> Bytes {
-        if self.dialect.named_events() {
+        if self.messages.is_some() {
+            // Anthropic's `error` event: the SDKs raise an APIStatusError on it.
+            crate::dialects::anthropic::error::error_event("api_error", message)
+        } else if self.dialect.named_events() {
             self.events.error_event(message, code)
         } else {
             error_frame(message, code)
@@ -152,9 +159,21 @@ impl StreamProcessor {
         cap.div_ceil(50).max(largest_delta)
     }
 
+    /// Counts text at `ratio` per mille (Messages; see
+    /// [`crate::dialects::anthropic`]).
+    pub fn with_token_ratio(mut self, ratio: u64) -> Self {
+        if let Some(m) = &mut self.messages {
+            *m = MessagesStream::new(ratio);
+        }
+        self
+    }
+
     /// Output tokens counted from deltas so far, summed over choices.
     pub fn output_tokens(&self) -> u64 {
-        self.output_tokens
+        match &self.messages {
+            Some(m) => m.counted(),
+            None => self.output_tokens,
+        }
     }
 
     /// The upstream's last usage, if any.
@@ -166,6 +185,9 @@ impl StreamProcessor {
     /// last delta, so everything it counts was relayed), with what it did
     /// not report filled from the input estimate and the output counted.
     pub fn used(&self, input_estimate: u64) -> UsageBreakdown {
+        if let Some(m) = &self.messages {
+            return m.used().filled(input_estimate, || m.counted());
+        }
         self.usage
             .unwrap_or_default()
             .filled(input_estimate, || self.output_tokens)
@@ -183,7 +205,10 @@ impl StreamProcessor {
 
     /// True when every choice has a `finish_reason`.
     pub fn all_finished(&self) -> bool {
-        self.finished.len() as u64 >= self.choices
+        match &self.messages {
+            Some(m) => m.stopped(),
+            None => self.finished.len() as u64 >= self.choices,
+        }
     }
 
     /// Processes one complete frame (with its terminating blank line).
@@ -202,6 +227,18 @@ impl StreamProcessor {
             return FrameAction::Drop;
         };
         let trimmed = data.trim();
+        if let Some(m) = &mut self.messages {
+            // Every Messages event is relayed as it came (`event:` line included).
+            match serde_json::from_str::<Value>(trimmed) {
+                Ok(v) => match m.on_event(&v, self.encoding) {
+                    Seen::Stop => self.done = true,
+                    Seen::Error => self.errored = true,
+                    Seen::Event => {}
+                },
+                Err(_) => tracing::debug!("relaying a Messages event whose data is not JSON"),
+            }
+            return FrameAction::Forward(raw);
+        }
         if trimmed == "[DONE]" {
             self.done = true;
             return FrameAction::Forward(match self.gateway_usage_frame() {
@@ -353,8 +390,11 @@ impl StreamProcessor {
     }
 
     /// The frames that end a stream every choice of which finished but
-    /// whose upstream closed without `[DONE]`.
+    /// whose upstream closed without `[DONE]` (Messages: `message_stop`).
     pub fn closing_frames(&self) -> Bytes {
+        if self.messages.is_some() {
+            return messages::completion_frame();
+        }
         let done = Bytes::from_static(b"data: [DONE]\n\n");
         match self.gateway_usage_frame() {
             Some(usage) => [usage, done].concat().into(),
@@ -366,6 +406,9 @@ impl StreamProcessor {
     /// `finish_reason: "length"` for every unfinished choice, the usage chunk
     /// when the client asked for usage (delivered counts), then `[DONE]`.
     pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
+        if let Some(m) = &self.messages {
+            return m.cutoff_frames();
+        }
         if self.dialect.named_events() {
             return vec![self.events.cutoff_event(prompt_tokens, self.output_tokens)];
         }

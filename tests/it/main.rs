@@ -24,6 +24,7 @@ mod gateway_errors;
 mod lifecycle_log;
 mod listen;
 mod memory_persistence;
+mod messages;
 mod mock_upstream_selftest;
 mod operations;
 mod redis_acl;

@@ -27,6 +27,7 @@ fn gateway_estimate(body: &Value) -> u64 {
         default_max_output_tokens: 100,
         max_output_tokens: 4096,
         min_output_tokens: 16,
+        token_ratio: 1000,
     };
     estimate(
         Dialect::Responses,

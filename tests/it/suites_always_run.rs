@@ -38,3 +38,27 @@ fn no_test_is_gated_behind_a_feature() {
         "a target needs a feature: a plain `cargo test` skips it silently"
     );
 }
+
+/// A file under `tests/it/` that `main.rs` does not declare compiles to
+/// nothing and its tests never run, silently (it happened in a merge).
+#[test]
+fn every_suite_file_is_a_module_of_the_test_binary() {
+    let main = std::fs::read_to_string(repo_path("tests/it/main.rs")).expect("tests/it/main.rs");
+    let declared: Vec<&str> = main
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mod "))
+        .filter_map(|l| l.strip_suffix(';'))
+        .collect();
+    let mut files = Vec::new();
+    rust_files(&repo_path("tests/it"), &mut files);
+    for f in files {
+        let name = f.file_stem().and_then(|s| s.to_str()).expect("file name");
+        if name == "main" {
+            continue;
+        }
+        assert!(
+            declared.contains(&name),
+            "tests/it/{name}.rs is not declared in tests/it/main.rs: its tests never run"
+        );
+    }
+}

@@ -21,6 +21,7 @@ pub enum Kind {
     Openai,
     Azure,
     SelfHosted,
+    Anthropic,
 }
 
 impl Kind {
@@ -30,6 +31,7 @@ impl Kind {
             Kind::Openai => "openai",
             Kind::Azure => "azure",
             Kind::SelfHosted => "self_hosted",
+            Kind::Anthropic => "anthropic",
         }
     }
 }

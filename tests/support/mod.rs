@@ -46,6 +46,7 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
         default_max_output_tokens: 16,
         max_output_tokens: 4096,
         min_output_tokens: 16,
+        token_ratio: 1000,
     };
     estimate(
         Dialect::ChatCompletions,

@@ -7,6 +7,16 @@ use crate::config::raw::RawConfig;
 use crate::config::*;
 use crate::reserve::keys::is_valid_id;
 
+/// `anthropic-version` sent when neither the client nor the upstream's
+/// `anthropic_version` names one (the current version of Anthropic's API,
+/// Anthropic API reference, "Versions").
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Default `token_ratio` of Messages models, per mille: Anthropic's
+/// tokenizer is not public; docs/API.md gives the measurements this
+/// covers and how to calibrate it.
+pub const DEFAULT_TOKEN_RATIO: u64 = 1500;
+
 /// Validates `[[upstreams]]`; returns them and their index by name.
 pub(super) fn upstreams(
     v: &mut V,
@@ -30,10 +40,11 @@ pub(super) fn upstreams(
             "openai" => UpstreamKind::Openai,
             "azure" => UpstreamKind::Azure,
             "self_hosted" => UpstreamKind::SelfHosted,
+            "anthropic" => UpstreamKind::Anthropic,
             other => {
                 v.err(
                     format!("{path}.kind"),
-                    format!("must be \"openai\", \"azure\" or \"self_hosted\", not {other:?}"),
+                    format!("must be \"openai\", \"azure\", \"self_hosted\" or \"anthropic\", not {other:?}"),
                 );
                 UpstreamKind::Openai
             }
@@ -64,6 +75,27 @@ pub(super) fn upstreams(
                 "required for kind = \"azure\"",
             );
         }
+        let anthropic = kind == UpstreamKind::Anthropic;
+        if anthropic {
+            // Anthropic has no api-version query, always takes `max_tokens` and has no `n`.
+            for (field, set) in [
+                ("api_version", u.api_version.is_some()),
+                ("max_tokens_only", u.max_tokens_only.is_some()),
+                ("supports_n", u.supports_n.is_some()),
+            ] {
+                if set {
+                    v.err(
+                        format!("{path}.{field}"),
+                        "not a setting of kind = \"anthropic\"",
+                    );
+                }
+            }
+        } else if u.anthropic_version.is_some() {
+            v.err(
+                format!("{path}.anthropic_version"),
+                "only for kind = \"anthropic\"",
+            );
+        }
         let forward_client_headers = super::forwarding::forwarded_headers(
             v,
             &path,
@@ -89,10 +121,21 @@ pub(super) fn upstreams(
             base_url: u.base_url.trim_end_matches('/').to_string(),
             api_key,
             api_version: u.api_version.clone(),
+            anthropic_version: u
+                .anthropic_version
+                .clone()
+                .unwrap_or_else(|| ANTHROPIC_VERSION.into()),
             limits,
-            refund_unused: u.refund_unused.unwrap_or(kind == UpstreamKind::SelfHosted),
+            // Anthropic estimates output tokens per minute from max_tokens at
+            // the start of a request and adjusts it to the actual output at
+            // its end (Anthropic API docs, "Rate limits"): unused output goes
+            // back, as on a self-hosted server.
+            refund_unused: u.refund_unused.unwrap_or(matches!(
+                kind,
+                UpstreamKind::SelfHosted | UpstreamKind::Anthropic
+            )),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
-            supports_n: u.supports_n.unwrap_or(true),
+            supports_n: u.supports_n.unwrap_or(!anthropic),
             // A request runs at most `max_request` (its hold lives that
             // long plus `settle_retry`): an upstream may not take longer.
             timeout: v
@@ -117,6 +160,7 @@ pub(super) fn models(
     v: &mut V,
     raw: &RawConfig,
     upstream_index: &HashMap<String, usize>,
+    upstreams: &[UpstreamPolicy],
 ) -> (Vec<ModelPolicy>, HashMap<String, usize>) {
     let mut models = Vec::new();
     let mut model_index = HashMap::new();
@@ -188,6 +232,56 @@ pub(super) fn models(
                 Routing::Priority
             }
         };
+        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind == UpstreamKind::Anthropic);
+        let messages = ups.first().and_then(speaks).unwrap_or(false);
+        if ups.iter().any(|i| speaks(i) != Some(messages)) {
+            v.err(
+                format!("{path}.upstreams"),
+                "all deployments of a model must speak one dialect (all \"anthropic\" or none)",
+            );
+        }
+        let token_ratio = match m.token_ratio {
+            None => DEFAULT_TOKEN_RATIO,
+            Some(_) if !messages => {
+                v.err(
+                    format!("{path}.token_ratio"),
+                    "only for models served by kind = \"anthropic\"",
+                );
+                1000
+            }
+            Some(r) => v
+                .positive(&format!("{path}.token_ratio"), Some(r), 100_000)
+                .unwrap_or(DEFAULT_TOKEN_RATIO),
+        };
+        let anthropic_only = [
+            ("anthropic_betas", !m.anthropic_betas.is_empty()),
+            ("allow_server_tools", m.allow_server_tools.is_some()),
+            ("allow_file_ids", m.allow_file_ids.is_some()),
+        ];
+        for (field, _) in anthropic_only.iter().filter(|(_, set)| *set && !messages) {
+            v.err(
+                format!("{path}.{field}"),
+                "only for models served by kind = \"anthropic\"",
+            );
+        }
+        let client_cap_reservation = match m.client_cap_reservation.as_deref() {
+            None => {
+                if messages {
+                    CapReservation::Incremental
+                } else {
+                    CapReservation::Full
+                }
+            }
+            Some("incremental") => CapReservation::Incremental,
+            Some("full") => CapReservation::Full,
+            Some(other) => {
+                v.err(
+                    format!("{path}.client_cap_reservation"),
+                    format!("must be \"incremental\" or \"full\", not {other:?}"),
+                );
+                CapReservation::Full
+            }
+        };
         let responses = responses_route(v, &path, m, &ups, &raw.upstreams);
         models.push(ModelPolicy {
             name: m.name.clone(),
@@ -198,6 +292,12 @@ pub(super) fn models(
             max_output_tokens: max_out,
             reasoning: m.reasoning.unwrap_or(false),
             routing,
+            messages,
+            token_ratio: if messages { token_ratio } else { 1000 },
+            client_cap_reservation,
+            anthropic_betas: m.anthropic_betas.clone(),
+            allow_server_tools: m.allow_server_tools.unwrap_or(false),
+            allow_file_ids: m.allow_file_ids.unwrap_or(false),
             responses,
             hosted_tools: m.hosted_tools.clone(),
             allow_background: m.allow_background.unwrap_or(false),
@@ -217,6 +317,8 @@ pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
             api_version.is_some_and(|v| v.get(..10).is_some_and(|d| d >= "2025-03-01"))
         }
         UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
+        // Anthropic models answer on /v1/messages only.
+        UpstreamKind::Anthropic => false,
     }
 }
 
@@ -234,6 +336,7 @@ fn responses_route(
         let kind = match u.kind.as_deref() {
             Some("azure") => UpstreamKind::Azure,
             Some("self_hosted") => UpstreamKind::SelfHosted,
+            Some("anthropic") => UpstreamKind::Anthropic,
             _ => UpstreamKind::Openai,
         };
         !serves_responses(kind, u.api_version.as_deref())

@@ -181,6 +181,14 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 1.0
             }
         },
+        snapshot_path: match raw.store.snapshot_path.as_deref() {
+            None => None,
+            Some("") => {
+                v.err("store.snapshot_path", "must not be empty");
+                None
+            }
+            Some(p) => Some(p.into()),
+        },
         record_ttl: Duration::from_secs(
             v.positive(
                 "store.response_record_ttl_secs",
@@ -196,14 +204,6 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 100_000_000,
             )
             .map_or(crate::reserve::records::DEFAULT_MAX_MEMORY, |n| n as usize),
-        snapshot_path: match raw.store.snapshot_path.as_deref() {
-            None => None,
-            Some("") => {
-                v.err("store.snapshot_path", "must not be empty");
-                None
-            }
-            Some(p) => Some(p.into()),
-        },
     };
 
     let e = &raw.estimation;
@@ -262,7 +262,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         .unwrap_or(256);
 
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
-    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index);
+    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {

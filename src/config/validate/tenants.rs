@@ -94,6 +94,7 @@ pub(super) fn tenants(
                 )
                 .unwrap_or(8192),
             allowed_provider_objects: t.allowed_provider_objects.clone(),
+            allow_file_ids: t.allow_file_ids.unwrap_or(false),
         });
     }
 

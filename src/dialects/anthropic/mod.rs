@@ -1,0 +1,303 @@
+//! Anthropic Messages (`POST /v1/messages`; Anthropic API reference,
+//! "Messages" and "Streaming Messages"), a native passthrough: the
+//! client's body goes upstream with only `model` changed, and the answer
+//! comes back byte for byte.
+//!
+//! What differs from the OpenAI dialects: the client's key comes in
+//! `x-api-key` (or `Authorization: Bearer`, which the official SDK sends
+//! when given `auth_token`), the request is named by `request-id`, the
+//! output cap `max_tokens` is required, output is a list of content blocks
+//! (not choices), usage reports the cache apart (`input_tokens` is the
+//! uncached input; `cache_read_input_tokens` and
+//! `cache_creation_input_tokens` are beside it, never inside it), errors
+//! are `{"type":"error","error":{"type","message"}}`, and the rate-limit
+//! headers are `anthropic-ratelimit-*`.
+//!
+//! - [`estimate`]: input estimation (text times the model's `token_ratio`,
+//!   images by size, PDFs by page).
+//! - [`stream`]: the event stream's metering, cutoff and error events.
+//! - [`headers`]: `anthropic-ratelimit-*` describing the gateway's budgets.
+//! - [`error`]: the error body and its `type` per status.
+
+pub mod error;
+pub mod estimate;
+pub mod headers;
+pub mod stream;
+
+use axum::http::{header, HeaderName};
+use serde_json::Value;
+
+use super::usage::{clamp_count, UsageBreakdown};
+use super::KeyHeader;
+use crate::estimate::Encoding;
+
+/// Path under an Anthropic base URL (`https://api.anthropic.com`).
+pub const PATH: &str = "v1/messages";
+
+/// The output-cap field; required on every request.
+pub const CAP_FIELD: &str = "max_tokens";
+
+/// `x-api-key: <key>` as Anthropic's API takes it, and `Authorization:
+/// Bearer <key>` (the SDK's `auth_token`, and what SDK 2.14 sends with
+/// `api_key=` in some set-ups, /work/shared/CRATES.md).
+pub static KEY_HEADERS: [KeyHeader; 2] = [
+    KeyHeader::Plain(HeaderName::from_static("x-api-key")),
+    KeyHeader::Bearer(header::AUTHORIZATION),
+];
+
+/// The header the Anthropic SDKs read as the request id (`_request_id`).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+
+/// The API version header, passed from the client to the upstream.
+pub const VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
+/// The beta-features header.
+pub const BETA: HeaderName = HeaderName::from_static("anthropic-beta");
+
+/// The breakdown of an Anthropic `usage` object. `input_tokens` is the
+/// uncached input; cache reads and cache writes are reported beside it
+/// (Anthropic API reference, "Messages", `usage`; prompt caching guide:
+/// "total input tokens = cache_read_input_tokens +
+/// cache_creation_input_tokens + input_tokens"). The
+/// `cache_creation.ephemeral_5m_input_tokens` / `ephemeral_1h_input_tokens`
+/// object is a breakdown of `cache_creation_input_tokens` and is never added.
+pub fn usage_from_value(u: &Value) -> UsageBreakdown {
+    let mut fields = UsageFields::default();
+    fields.merge(u);
+    fields.breakdown()
+}
+
+/// Usage fields as they were last reported: a stream reports them in
+/// `message_start` and again (cumulative) in each `message_delta`; each
+/// field present replaces the one before, and none is ever summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UsageFields {
+    input: Option<u64>,
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
+    output: Option<u64>,
+}
+
+impl UsageFields {
+    /// Takes every field `u` reports (last value wins).
+    pub fn merge(&mut self, u: &Value) {
+        let take = |slot: &mut Option<u64>, name: &'static str| {
+            if let Some(n) = clamp_count(u.get(name), name) {
+                *slot = Some(n);
+            }
+        };
+        take(&mut self.input, "input_tokens");
+        take(&mut self.cache_read, "cache_read_input_tokens");
+        take(&mut self.cache_creation, "cache_creation_input_tokens");
+        take(&mut self.output, "output_tokens");
+    }
+
+    /// The output tokens last reported.
+    pub fn output(&self) -> Option<u64> {
+        self.output
+    }
+
+    /// The usage breakdown of these fields.
+    pub fn breakdown(&self) -> UsageBreakdown {
+        UsageBreakdown {
+            uncached_input: self.input,
+            cached_input: self.cache_read.unwrap_or(0),
+            cache_writes: self.cache_creation.unwrap_or(0),
+            output: self.output,
+            reasoning: 0,
+        }
+    }
+}
+
+/// Text of `s` in Anthropic tokens: the model's encoding times `ratio`
+/// per mille, rounded up (Anthropic's tokenizer is not public).
+pub fn count_text(s: &str, enc: Encoding, ratio: u64) -> u64 {
+    scale(enc.count_cached(s), ratio)
+}
+
+/// `tokens × ratio / 1000`, rounded up, saturating.
+pub fn scale(tokens: u64, ratio: u64) -> u64 {
+    let scaled = (tokens as u128 * ratio as u128).div_ceil(1000);
+    u64::try_from(scaled).unwrap_or(u64::MAX)
+}
+
+/// Output tokens of a content block of an answer, or of a
+/// `content_block_delta`'s `delta`: text, tool input (the JSON as sent),
+/// thinking. A thinking block's `signature` and redacted thinking are not
+/// output the client can count.
+pub fn count_block(block: &Value, enc: Encoding, ratio: u64) -> u64 {
+    let text = |k: &str| block.get(k).and_then(Value::as_str);
+    let n = match block.get("type").and_then(Value::as_str) {
+        Some("text" | "text_delta") => text("text").map_or(0, |s| enc.count(s)),
+        Some("thinking" | "thinking_delta") => text("thinking").map_or(0, |s| enc.count(s)),
+        Some("input_json_delta") => text("partial_json").map_or(0, |s| enc.count(s)),
+        Some("tool_use" | "server_tool_use") => {
+            let input = block.get("input").map(Value::to_string).unwrap_or_default();
+            enc.count(&input) + text("name").map_or(0, |s| enc.count(s))
+        }
+        _ => 0,
+    };
+    scale(n, ratio)
+}
+
+/// Output tokens of a whole answer: every content block.
+pub fn count_answer_output(answer: &Value, enc: Encoding, ratio: u64) -> u64 {
+    answer
+        .get("content")
+        .and_then(Value::as_array)
+        .map_or(0, |bs| bs.iter().map(|b| count_block(b, enc, ratio)).sum())
+}
+
+/// Work a Messages body asks for that the provider does and bills beside
+/// the token usage, so the gateway cannot meter or isolate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmetered {
+    /// A server tool (`web_search`, `web_fetch`, `code_execution`…): any
+    /// tool with a `type` other than `custom` and Anthropic's client tools
+    /// (`bash`, `text_editor`, `computer`, `memory`), which the client runs.
+    ServerTool,
+    /// `mcp_servers`: the provider calls remote MCP servers.
+    McpServers,
+    /// `container`: a code-execution container kept between requests.
+    Container,
+    /// A `file_id` source: a file uploaded to the provider's Files API
+    /// (owned by whoever holds the provider key: the gateway's).
+    FileId,
+}
+
+impl Unmetered {
+    /// The request parameter that asks for it.
+    pub fn param(self) -> &'static str {
+        match self {
+            Unmetered::ServerTool => "tools",
+            Unmetered::McpServers => "mcp_servers",
+            Unmetered::Container => "container",
+            Unmetered::FileId => "messages",
+        }
+    }
+}
+
+/// The first unmetered feature `body` asks for, if any.
+pub fn unmetered(body: &Value) -> Option<Unmetered> {
+    const CLIENT_TOOLS: [&str; 4] = ["bash", "text_editor", "computer", "memory"];
+    let tools = body.get("tools").and_then(Value::as_array);
+    let server_tool = tools.into_iter().flatten().any(|t| {
+        t.get("type")
+            .and_then(Value::as_str)
+            .is_some_and(|ty| ty != "custom" && !CLIENT_TOOLS.iter().any(|c| ty.starts_with(c)))
+    });
+    if server_tool {
+        return Some(Unmetered::ServerTool);
+    }
+    let present = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
+    if present("mcp_servers") {
+        return Some(Unmetered::McpServers);
+    }
+    if present("container") {
+        return Some(Unmetered::Container);
+    }
+    fn has_file_id(v: &Value) -> bool {
+        match v {
+            Value::Object(o) => {
+                o.get("type").and_then(Value::as_str) == Some("file") && o.contains_key("file_id")
+                    || o.values().any(has_file_id)
+            }
+            Value::Array(a) => a.iter().any(has_file_id),
+            _ => false,
+        }
+    }
+    ["messages", "system"]
+        .iter()
+        .any(|k| body.get(*k).is_some_and(has_file_id))
+        .then_some(Unmetered::FileId)
+}
+
+/// True when the body asks for extended thinking in any form other than
+/// `disabled` (enabled, adaptive; interleaved thinking rides on these):
+/// the output holds tokens the stream shows late or never, so the
+/// reservation is the whole `max_tokens` and is never extended.
+pub fn thinks(body: &Value) -> bool {
+    match body.get("thinking") {
+        None | Some(Value::Null) => false,
+        Some(t) => t.get("type").and_then(Value::as_str) != Some("disabled"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn cache_counts_beside_input_never_added_twice() {
+        let u = usage_from_value(&json!({
+            "input_tokens": 7, "cache_read_input_tokens": 10000,
+            "cache_creation_input_tokens": 2000, "output_tokens": 50,
+            "cache_creation": {"ephemeral_5m_input_tokens": 1500, "ephemeral_1h_input_tokens": 500}
+        }));
+        assert_eq!(u.uncached_input, Some(7));
+        assert_eq!(u.cached_input, 10000);
+        assert_eq!(u.cache_writes, 2000);
+        assert_eq!(u.total(), 12_057);
+    }
+
+    #[test]
+    fn stream_usage_is_last_value_wins() {
+        let mut f = UsageFields::default();
+        f.merge(&json!({"input_tokens": 20, "output_tokens": 1}));
+        for n in [5, 10, 15] {
+            f.merge(&json!({"output_tokens": n}));
+        }
+        // A field that first appears in a message_delta is honoured.
+        f.merge(&json!({"output_tokens": 15, "cache_read_input_tokens": 30}));
+        let u = f.breakdown();
+        assert_eq!(u.output, Some(15));
+        assert_eq!(u.cached_input, 30);
+        assert_eq!(u.total(), 65);
+    }
+
+    #[test]
+    fn ratio_rounds_up() {
+        assert_eq!(scale(10, 1500), 15);
+        assert_eq!(scale(3, 1333), 4);
+        assert_eq!(scale(0, 1500), 0);
+        assert_eq!(scale(u64::MAX, 2000), u64::MAX);
+    }
+
+    #[test]
+    fn unmetered_features_are_found() {
+        assert_eq!(
+            unmetered(&json!({"tools": [{"name": "f", "input_schema": {}}]})),
+            None
+        );
+        assert_eq!(
+            unmetered(&json!({"tools": [{"type": "bash_20250124", "name": "bash"}]})),
+            None
+        );
+        assert_eq!(
+            unmetered(&json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+            Some(Unmetered::ServerTool)
+        );
+        assert_eq!(
+            unmetered(&json!({"mcp_servers": [{"url": "https://x"}]})),
+            Some(Unmetered::McpServers)
+        );
+        assert_eq!(
+            unmetered(&json!({"container": "c1"})),
+            Some(Unmetered::Container)
+        );
+        let file = json!({"messages": [{"role": "user", "content": [
+            {"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}]});
+        assert_eq!(unmetered(&file), Some(Unmetered::FileId));
+    }
+
+    #[test]
+    fn thinking_other_than_disabled_thinks() {
+        assert!(!thinks(&json!({})));
+        assert!(!thinks(&json!({"thinking": {"type": "disabled"}})));
+        assert!(thinks(
+            &json!({"thinking": {"type": "enabled", "budget_tokens": 2000}})
+        ));
+        assert!(thinks(&json!({"thinking": {"type": "adaptive"}})));
+    }
+}

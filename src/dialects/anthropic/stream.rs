@@ -1,0 +1,224 @@
+//! Metering a Messages event stream (Anthropic API reference, "Streaming
+//! Messages"): `message_start`, then per content block
+//! `content_block_start`, `content_block_delta`s and `content_block_stop`,
+//! then `message_delta` (stop reason, cumulative usage) and
+//! `message_stop`; `ping` and `error` may come at any point. Every event
+//! is relayed as it came; this state only reads them.
+//!
+//! Output is counted from `text_delta`, `input_json_delta` and
+//! `thinking_delta` (a `signature_delta` is not output the client can
+//! count). Usage fields come from `message.usage` of `message_start` and
+//! then from each `message_delta`'s `usage`, last value wins, never summed.
+//!
+//! A cutoff ends the message the way the API ends one that reached
+//! `max_tokens`: `content_block_stop` for a block still open,
+//! `message_delta` with `stop_reason: "max_tokens"` and the output
+//! delivered, `message_stop`. The SDKs accumulate that into a final
+//! message without raising.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::{count_block, UsageFields};
+use crate::dialects::UsageBreakdown;
+use crate::estimate::Encoding;
+
+/// What the relay learns from one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Any event that does not end the stream.
+    Event,
+    /// `message_stop`.
+    Stop,
+    /// An `error` event.
+    Error,
+}
+
+/// The metering state of one Messages stream.
+#[derive(Debug, Clone, Default)]
+pub struct MessagesStream {
+    usage: UsageFields,
+    /// Output counted from deltas, tokens (after the ratio).
+    counted: u64,
+    /// Index of the content block started and not yet stopped.
+    open_block: Option<u64>,
+    /// A `message_delta` with a stop reason passed: the usage it carries is final.
+    stopped: bool,
+    ratio: u64,
+}
+
+impl MessagesStream {
+    /// A stream whose text is counted at `ratio` per mille.
+    pub fn new(ratio: u64) -> Self {
+        Self {
+            ratio,
+            ..Self::default()
+        }
+    }
+
+    /// Output counted from deltas so far.
+    pub fn counted(&self) -> u64 {
+        self.counted
+    }
+
+    /// True once the message has its stop reason (no more output can come).
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Reads one event's data.
+    pub fn on_event(&mut self, v: &Value, enc: Encoding) -> Seen {
+        match v.get("type").and_then(Value::as_str) {
+            Some("message_start") => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    self.usage.merge(u);
+                }
+            }
+            Some("content_block_start") => {
+                self.open_block = Some(v.get("index").and_then(Value::as_u64).unwrap_or(0));
+                // A block may start with content (a tool_use name, text).
+                if let Some(b) = v.get("content_block") {
+                    self.counted += count_block(b, enc, self.ratio);
+                }
+            }
+            Some("content_block_delta") => {
+                if let Some(d) = v.get("delta") {
+                    self.counted += count_block(d, enc, self.ratio);
+                }
+            }
+            Some("content_block_stop") => self.open_block = None,
+            Some("message_delta") => {
+                if let Some(u) = v.get("usage") {
+                    self.usage.merge(u);
+                }
+                if v.pointer("/delta/stop_reason")
+                    .is_some_and(|r| !r.is_null())
+                {
+                    self.stopped = true;
+                }
+            }
+            Some("message_stop") => return Seen::Stop,
+            Some("error") => return Seen::Error,
+            _ => {}
+        }
+        Seen::Event
+    }
+
+    /// Output delivered so far: the upstream's last count or the
+    /// gateway's, whichever is larger (`message_start` reports 1 before
+    /// any output, and a cumulative `message_delta` may lag the deltas).
+    pub fn delivered_output(&self) -> u64 {
+        self.usage.output().unwrap_or(0).max(self.counted)
+    }
+
+    /// What the stream used. Once the final `message_delta` passed, its
+    /// usage is the provider's count; a stream that ended before it is
+    /// charged the output delivered.
+    pub fn used(&self) -> UsageBreakdown {
+        let mut u = self.usage.breakdown();
+        if !self.stopped {
+            u.output = Some(self.delivered_output());
+        } else if u.output.is_none() {
+            u.output = Some(self.counted);
+        }
+        u
+    }
+
+    /// The events that end a message cut off by the gateway.
+    pub fn cutoff_frames(&self) -> Vec<Bytes> {
+        let mut out = Vec::with_capacity(3);
+        if let Some(index) = self.open_block {
+            out.push(event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+        out.push(event(
+            "message_delta",
+            &json!({
+                "type": "message_delta",
+                "delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                "usage": {"output_tokens": self.delivered_output()}
+            }),
+        ));
+        out.push(completion_frame());
+        out
+    }
+}
+
+/// `message_stop`, appended when the upstream ended a finished message
+/// without it.
+pub fn completion_frame() -> Bytes {
+    event("message_stop", &json!({"type": "message_stop"}))
+}
+
+fn event(name: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(s: &mut MessagesStream, events: &[Value]) {
+        for e in events {
+            s.on_event(e, Encoding::O200kBase);
+        }
+    }
+
+    #[test]
+    fn usage_last_value_wins_and_cumulative_deltas_settle_the_last() {
+        let mut s = MessagesStream::new(1000);
+        feed(
+            &mut s,
+            &[
+                json!({"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}}),
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello there"}}),
+                json!({"type": "message_delta", "delta": {"stop_reason": null}, "usage": {"output_tokens": 5}}),
+                json!({"type": "message_delta", "delta": {"stop_reason": null}, "usage": {"output_tokens": 10}}),
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 15}}),
+            ],
+        );
+        let u = s.used();
+        assert_eq!(u.output, Some(15));
+        assert_eq!(u.total(), 24);
+    }
+
+    #[test]
+    fn signature_is_not_output_and_cutoff_closes_the_open_block() {
+        let mut s = MessagesStream::new(1000);
+        feed(
+            &mut s,
+            &[
+                json!({"type": "message_start", "message": {"usage": {"input_tokens": 3, "output_tokens": 1}}}),
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "a very long opaque signature string"}}),
+            ],
+        );
+        assert_eq!(s.counted(), 0);
+        feed(
+            &mut s,
+            &[
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "one two three"}}),
+            ],
+        );
+        let n = Encoding::O200kBase.count("one two three");
+        assert_eq!(s.counted(), n);
+        let frames: Vec<String> = s
+            .cutoff_frames()
+            .iter()
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
+            .collect();
+        assert_eq!(frames.len(), 3);
+        assert!(frames[0].starts_with("event: content_block_stop\n"));
+        assert!(frames[1].contains("\"stop_reason\":\"max_tokens\""));
+        assert!(frames[1].contains(&format!("\"output_tokens\":{n}")));
+        assert_eq!(
+            frames[2],
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
+        assert_eq!(s.used().output, Some(n));
+    }
+}

@@ -1,0 +1,131 @@
+//! `POST /v1/messages/count_tokens` (Anthropic API reference, "Count
+//! tokens in a message"): answered from the gateway's own estimator, never
+//! sent upstream. The count is the estimate a Messages request with this
+//! body would reserve for its input: an upper-bound estimate (the model's
+//! `token_ratio`, images and PDFs at their published maxima), not
+//! Anthropic's exact count. It is charged to the caller's request budgets
+//! only (RPM, requests per day): no token is spent.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::authenticate;
+use super::context::RequestContext;
+use super::decode::read_body;
+use super::finish::Outcome;
+use super::prepare::invalid;
+use crate::dialects::{anthropic, Dialect};
+use crate::reservation::amounts;
+use crate::reserve::{
+    Actual, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest, Scope, Settlement,
+};
+use crate::server::error::ApiError;
+use crate::server::AppState;
+
+/// Answers one count request.
+pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let mut cx = RequestContext::new(st, Dialect::Messages, &headers);
+    let answer = count(&mut cx, &headers, body).await;
+    let record = cx.finish.hand_off();
+    match answer {
+        Ok(r) => {
+            record.write(Outcome::Answered { settled: 0 });
+            r
+        }
+        Err(e) => {
+            record.write(Outcome::Refused(&e));
+            e.respond(Dialect::Messages)
+        }
+    }
+}
+
+async fn count(
+    cx: &mut RequestContext,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let caller = authenticate::authenticate(cx, headers)?;
+    let policy = cx.policy.clone();
+    let bytes = read_body(body, policy.server.max_body_bytes, headers).await?;
+    let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(&bytes) else {
+        return Err(invalid(None, "The request body must be a JSON object."));
+    };
+    let name = match body.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        _ => return Err(invalid(Some("model"), "model: Field required")),
+    };
+    let model_id = policy
+        .model_id(&name)
+        .ok_or_else(|| ApiError::ModelNotFound(name.clone()))?;
+    let model = policy.model_at(model_id);
+    if !model.messages {
+        return Err(ApiError::ModelElsewhere {
+            model: name,
+            messages: false,
+        });
+    }
+    let input = anthropic::estimate::input_tokens(&body, model.encoding, model.token_ratio)
+        .map_err(|e| {
+            // Input estimation never compares with a capacity: only `Invalid` comes back.
+            let tenant = policy.tenant(caller.tenant).name.as_str();
+            ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
+        })?;
+    // The request counts once, on the tenant's request budgets.
+    let plan = cx
+        .st
+        .budget_plan(&policy, caller.tenant, caller.key, model_id);
+    let common: Vec<BudgetSpec> = plan
+        .common
+        .iter()
+        .filter(|s| matches!(s.name, BudgetName::Rpm | BudgetName::RequestsPerDay))
+        .cloned()
+        .collect();
+    let id = uuid::Uuid::now_v7().to_string();
+    let reserve = ReserveRequest {
+        id: id.clone(),
+        costs: amounts::reserve_costs(0, &common, std::iter::once(&[][..])),
+        common,
+        candidates: vec![Vec::new()],
+        lease_micros: policy.server.lease.as_micros() as u64,
+        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
+            as u64,
+        requester: plan.requester.clone(),
+    };
+    let now = cx.st.clock.now_micros();
+    let admission = match cx.st.store.reserve(&reserve).await? {
+        ReserveOutcome::Admitted(a) => a,
+        ReserveOutcome::Denied(denial) => {
+            return Err(ApiError::RateLimited {
+                headers: Dialect::Messages
+                    .rate_limit_headers(std::slice::from_ref(&denial.state), now),
+                denial: Box::new(denial),
+                concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
+            })
+        }
+        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        other => {
+            tracing::warn!(outcome = ?other, "count_tokens reservation not admitted");
+            return Err(ApiError::StoreUnavailable);
+        }
+    };
+    let done = Settlement {
+        actual_tokens: 0,
+        upstream_failed: false,
+        actual: Actual::PerSpec(vec![1; reserve.common.len()]),
+    };
+    cx.st.store.settle(&id, &done).await?;
+    let mut r = Response::new(Body::from(json!({ "input_tokens": input }).to_string()));
+    *r.headers_mut() = Dialect::Messages.rate_limit_headers(&admission.budgets, now);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        r.headers_mut().insert(anthropic::REQUEST_ID, v);
+    }
+    Ok(r)
+}
