@@ -40,6 +40,14 @@ pub fn encode_name(name: &str) -> String {
     utf8_percent_encode(name, NAME).to_string()
 }
 
+/// Key of the owner record of stored response `id` (not of a budget
+/// domain): `<prefix>:{<id>}:v<LAYOUT_VERSION>:resp`. Its hash tag is the
+/// response id, so records spread over a Redis Cluster instead of crowding
+/// the budget domain's slot. `id` is `[A-Za-z0-9_-]{1,128}` (never a brace).
+pub fn response_record(prefix: &str, id: &str) -> String {
+    format!("{prefix}:{{{id}}}:v{LAYOUT_VERSION}:resp")
+}
+
 /// Names keys within one budget domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {

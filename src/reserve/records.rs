@@ -7,7 +7,7 @@
 //!
 //! Records are compact (a JSON array of four values) with a TTL (default
 //! 30 days, the provider's retention). In Redis each record has a key of
-//! its own (`<prefix>:resp:{<id>}`): its hash tag is the response id, not
+//! its own (`<prefix>:{<id>}:v3:resp`): its hash tag is the response id, not
 //! the budget domain's, so records spread over a Redis Cluster instead of
 //! crowding the budget slot. In memory their number is capped (least
 //! recently used first out, `budgetgate_response_records_evicted_total`);

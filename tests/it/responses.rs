@@ -853,15 +853,15 @@ async fn owner_records_live_in_redis_under_their_own_hash_tag() {
         context_tokens: 123,
     };
     records.put("resp_abc", &rec).await.unwrap();
-    assert_eq!(records.key("resp_abc"), "bgtest:resp:{resp_abc}");
+    assert_eq!(records.key("resp_abc"), "bgtest:{resp_abc}:v3:resp");
     assert_eq!(records.get("resp_abc").await.unwrap(), Some(rec.clone()));
     let ttl: i64 = server
-        .cli(&["PTTL", "bgtest:resp:{resp_abc}"])
+        .cli(&["PTTL", "bgtest:{resp_abc}:v3:resp"])
         .trim()
         .parse()
         .unwrap();
     assert!(ttl > 3_500_000 && ttl <= 3_600_000, "{ttl}");
-    let stored = server.cli(&["GET", "bgtest:resp:{resp_abc}"]);
+    let stored = server.cli(&["GET", "bgtest:{resp_abc}:v3:resp"]);
     assert!(stored.trim().len() <= 40, "compact: {stored}");
     records.delete("resp_abc").await.unwrap();
     assert_eq!(records.get("resp_abc").await.unwrap(), None);

@@ -1,6 +1,7 @@
 //! Owner records in Redis ([`crate::reserve::records`]): one key per
-//! record, `<prefix>:resp:{<id>}`, whose hash tag is the response id (not
-//! the budget domain's), written with `SET … PX <ttl>`. The connection is
+//! record, `<prefix>:{<id>}:v<layout>:resp` ([`keys::response_record`]),
+//! whose hash tag is the response id (not the budget domain's), written
+//! with `SET … PX <ttl>`. The connection is
 //! opened on first use, apart from the budget store's.
 
 use std::time::Duration;
@@ -9,6 +10,7 @@ use redis::AsyncCommands;
 use tokio::sync::OnceCell;
 
 use super::conn::{map_err, Conn};
+use crate::reserve::keys;
 use crate::reserve::records::ResponseRecord;
 use crate::reserve::StoreError;
 
@@ -33,9 +35,9 @@ impl RedisRecords {
         }
     }
 
-    /// The key of `id` (ids are `[A-Za-z0-9_-]`, so never a brace).
+    /// The key of `id` ([`keys::response_record`]).
     pub fn key(&self, id: &str) -> String {
-        format!("{}:resp:{{{id}}}", self.prefix)
+        keys::response_record(&self.prefix, id)
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
