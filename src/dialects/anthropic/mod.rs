@@ -39,7 +39,7 @@ pub const CAP_FIELD: &str = "max_tokens";
 
 /// `x-api-key: <key>` as Anthropic's API takes it, and `Authorization:
 /// Bearer <key>` (the SDK's `auth_token`, and what SDK 2.14 sends with
-/// `api_key=` in some set-ups, /work/shared/CRATES.md).
+/// `api_key=` in some set-ups, as seen with the pinned SDK).
 pub static KEY_HEADERS: [KeyHeader; 2] = [
     KeyHeader::Plain(HeaderName::from_static("x-api-key")),
     KeyHeader::Bearer(header::AUTHORIZATION),
