@@ -79,44 +79,21 @@ pub async fn responses_input_tokens(
     stored::input_tokens(st, headers, body).await
 }
 
-/// `GET /v1/responses/{id}` (owner only).
-pub async fn get_response(
+/// A stored-response route (`GET`/`DELETE /v1/responses/{id}`,
+/// `.../cancel`, `.../input_items`; owner only). The two reads pass the
+/// client's query (pagination, `stream`) upstream.
+pub async fn stored_response(
+    op: StoredOp,
     State(st): State<Arc<AppState>>,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let query = uri.query().map(str::to_string);
-    stored::stored(st, headers, id, StoredOp::Get, query).await
-}
-
-/// `DELETE /v1/responses/{id}` (owner only; the record goes too).
-pub async fn delete_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    stored::stored(st, headers, id, StoredOp::Delete, None).await
-}
-
-/// `POST /v1/responses/{id}/cancel` (owner only).
-pub async fn cancel_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    stored::stored(st, headers, id, StoredOp::Cancel, None).await
-}
-
-/// `GET /v1/responses/{id}/input_items` (owner only).
-pub async fn response_input_items(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Response {
-    let query = uri.query().map(str::to_string);
-    stored::stored(st, headers, id, StoredOp::InputItems, query).await
+    let query = match op {
+        StoredOp::Get | StoredOp::InputItems => uri.query().map(str::to_string),
+        StoredOp::Delete | StoredOp::Cancel => None,
+    };
+    stored::stored(st, headers, id, op, query).await
 }
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.

@@ -26,6 +26,7 @@ use axum::Router;
 
 use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
+use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::reservation::deny::DenyCachedStore;
 use crate::reservation::plan;
@@ -269,12 +270,16 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route(
             "/v1/responses/{id}",
-            get(handlers::get_response).delete(handlers::delete_response),
+            get(|s, p, u, h| handlers::stored_response(StoredOp::Get, s, p, u, h))
+                .delete(|s, p, u, h| handlers::stored_response(StoredOp::Delete, s, p, u, h)),
         )
-        .route("/v1/responses/{id}/cancel", post(handlers::cancel_response))
+        .route(
+            "/v1/responses/{id}/cancel",
+            post(|s, p, u, h| handlers::stored_response(StoredOp::Cancel, s, p, u, h)),
+        )
         .route(
             "/v1/responses/{id}/input_items",
-            get(handlers::response_input_items),
+            get(|s, p, u, h| handlers::stored_response(StoredOp::InputItems, s, p, u, h)),
         )
         .route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{model}", get(handlers::get_model))

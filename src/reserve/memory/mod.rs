@@ -277,13 +277,7 @@ impl MemoryStore {
         // Like the Redis tombstone: a settled hold answers (retried settles,
         // replayed reserves) as long as the hold would have lived, but keeps
         // neither its lines nor its budget states.
-        let tombstone = Tombstone {
-            expires_at: hold.expires_at,
-            now_micros: hold.admission.now_micros,
-            candidate: hold.admission.candidate,
-            voided: false,
-        };
-        inner.settled.insert(id, tombstone, now);
+        inner.settled.insert(id, Tombstone::of(&hold, false), now);
         let reserved = hold.reserved_tokens;
         let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> =
             hold.lines.into_iter().map(|l| (l.spec, l.debits)).collect();
@@ -368,13 +362,7 @@ impl MemoryStore {
         let Some(hold) = inner.holds.remove(id) else {
             return SettleOutcome::Unknown;
         };
-        let stone = Tombstone {
-            expires_at: hold.expires_at,
-            now_micros: hold.admission.now_micros,
-            candidate: hold.admission.candidate,
-            voided: true,
-        };
-        inner.settled.insert(id, stone, now);
+        inner.settled.insert(id, Tombstone::of(&hold, true), now);
         let reserved = hold.reserved_tokens;
         for line in hold.lines {
             let spec = &line.spec;

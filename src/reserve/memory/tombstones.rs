@@ -28,6 +28,18 @@ pub(super) struct Tombstone {
     pub(super) voided: bool,
 }
 
+impl Tombstone {
+    /// What a settled (or, with `voided`, voided) hold leaves behind.
+    pub(super) fn of(hold: &super::state::Hold, voided: bool) -> Self {
+        Tombstone {
+            expires_at: hold.expires_at,
+            now_micros: hold.admission.now_micros,
+            candidate: hold.admission.candidate,
+            voided,
+        }
+    }
+}
+
 impl Tombstones {
     /// The unexpired tombstone of `id`.
     pub(super) fn get(&self, id: &str, now: u64) -> Option<Tombstone> {
