@@ -10,7 +10,7 @@
 //! change only these functions.
 
 use crate::dialects::UsageBreakdown;
-use crate::reserve::{BudgetName, BudgetSpec, Costs, Step};
+use crate::reserve::{BudgetName, BudgetSpec, Costs, Step, RATE_ONE};
 
 /// The cost of a reservation of `tokens` (input + reserved output) on the
 /// specs of each candidate (`common`, then the candidate's own).
@@ -37,8 +37,8 @@ pub fn reserve_costs<'a>(
 pub fn extension_step<'a>(tokens: u64, specs: impl Iterator<Item = &'a BudgetSpec>) -> Step {
     Step {
         tokens,
-        per_spec: specs
-            .map(|s| if s.name.counts_tokens() { tokens } else { 0 })
+        rates: specs
+            .map(|s| if s.name.counts_tokens() { RATE_ONE } else { 0 })
             .collect(),
     }
 }
@@ -93,7 +93,7 @@ mod tests {
             assert_eq!(costs.of(0, i, s), Costs::tokens(120).of(0, i, s));
         }
         let step = extension_step(16, common.iter().chain(own.iter()));
-        assert_eq!(step.per_spec, vec![0, 16, 16, 0]);
+        assert_eq!(step.rates, vec![0, RATE_ONE, RATE_ONE, 0]);
         let used = UsageBreakdown {
             uncached_input: Some(30),
             cached_input: 10,

@@ -47,17 +47,26 @@ impl Costs {
     }
 }
 
-/// What an extension asks of each budget of a hold, in each budget's unit.
-/// Stores of contract v2 read only `tokens` (debited from every token
-/// budget of the hold).
+/// Units of a rate that stand for one unit per token: an extension of `g`
+/// tokens debits `ceil(g × rate / RATE_ONE)` from a spec whose rate is `rate`.
+pub const RATE_ONE: u64 = 1_000_000;
+
+/// What an extension asks of each budget of a hold.
+///
+/// A store grants `g` tokens (`1 ..= tokens`, the largest every budget can
+/// pay for) and debits each spec `ceil(g × rate / RATE_ONE)` in its own unit:
+/// rate [`RATE_ONE`] for a budget that counts every output token, 0 for one
+/// the output does not touch (request and input budgets), the price in µ$
+/// per million tokens for a dollar budget.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Step {
-    /// Further output tokens.
+    /// Further output tokens wanted.
     pub tokens: u64,
-    /// The amount of each spec of the hold (`common`, then the chosen
-    /// candidate's), in order. Empty: `tokens` for token budgets, 0 for
+    /// The rate of each spec of the hold (`common`, then the chosen
+    /// candidate's, in the reserve request's order), units per
+    /// [`RATE_ONE`] tokens. Empty: [`RATE_ONE`] for token budgets, 0 for
     /// request budgets.
-    pub per_spec: Vec<u64>,
+    pub rates: Vec<u64>,
 }
 
 impl Step {
@@ -65,8 +74,17 @@ impl Step {
     pub const fn tokens(tokens: u64) -> Self {
         Self {
             tokens,
-            per_spec: Vec::new(),
+            rates: Vec::new(),
         }
+    }
+
+    /// The rate of `spec`, at `index` among the hold's specs.
+    pub fn rate(&self, index: usize, spec: &BudgetSpec) -> u64 {
+        self.rates.get(index).copied().unwrap_or(if spec.name.counts_tokens() {
+            RATE_ONE
+        } else {
+            0
+        })
     }
 }
 
@@ -77,8 +95,8 @@ pub enum Actual {
     #[default]
     Tokens,
     /// The actual amount of each spec of the hold (`common`, then the
-    /// chosen candidate's), in order. Stores of contract v2 apply
-    /// `actual_tokens`, which the gateway sets to the same usage.
+    /// chosen candidate's, in the reserve request's order, shadow specs
+    /// included), in each spec's unit.
     PerSpec(Vec<u64>),
     /// Nothing was done for the request: refund every budget of the hold
     /// (tokens and request counts) and free its slots (DESIGN section 13).

@@ -26,7 +26,7 @@ pub mod records;
 pub mod redis;
 pub mod store_config;
 
-pub use amounts::{Actual, Costs, OnStoreError, Requester, Step};
+pub use amounts::{Actual, Costs, OnStoreError, Requester, Step, RATE_ONE};
 
 use async_trait::async_trait;
 use serde::Serialize;
