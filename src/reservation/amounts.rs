@@ -3,11 +3,10 @@
 //! output) and at settle (from the usage breakdown). Pure functions of the
 //! specs and the counts.
 //!
-//! Today every token budget counts input + output tokens and every request
-//! budget counts the request: the amounts equal what stores of contract v2
-//! derive from one token number. Budgets that count differently (input and
-//! output limits apart, cached input weighted, dollars per deployment)
-//! change only these functions.
+//! The stores apply whatever these functions say, per spec (store contract
+//! v3): budgets that count differently (input and output limits apart,
+//! cached input weighted, dollars per deployment) change only these
+//! functions.
 
 use crate::dialects::UsageBreakdown;
 use crate::reserve::{BudgetName, BudgetSpec, Costs, Step, RATE_ONE};
