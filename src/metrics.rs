@@ -64,6 +64,7 @@ pub fn scope_kind(scope: &Scope) -> &'static str {
         Scope::Key(..) => "key",
         Scope::TenantModel(..) => "tenant_model",
         Scope::Upstream(_) => "upstream",
+        Scope::EndUser(..) => "end_user",
     }
 }
 
@@ -263,6 +264,18 @@ pub fn deny_cache_hit(tenant: &str, budget: BudgetName) {
         .increment(1);
 }
 
+/// The deny cache forgot its least recently used budget to remember
+/// another (`store.deny_cache_entries`).
+pub fn deny_cache_eviction() {
+    counter!("budgetgate_deny_cache_evictions_total").increment(1);
+}
+
+/// The fail-open limiter forgot the state of its least recently used
+/// budget (`store.fail_open_entries`): that budget starts full again.
+pub fn fail_open_eviction() {
+    counter!("budgetgate_fail_open_evictions_total").increment(1);
+}
+
 /// A stream ended: `completed`, `cut_off`, `time_limit`, `over_cap`, `client_gone`, `upstream_error`.
 pub fn stream_ended(deployment: &str, ending: &'static str) {
     counter!("budgetgate_streams_ended_total", "deployment" => deployment.to_string(), "ending" => ending)
@@ -365,6 +378,8 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     gauge!("budgetgate_active_streams").increment(0.0);
     counter!("budgetgate_settlement_retries_total").increment(0);
     counter!("budgetgate_settlements_failed_total").increment(0);
+    counter!("budgetgate_deny_cache_evictions_total").increment(0);
+    counter!("budgetgate_fail_open_evictions_total").increment(0);
 }
 
 /// A memory-store snapshot written (`ok`) or failed.

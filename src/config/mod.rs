@@ -4,6 +4,7 @@
 //! instead of stopping at the first. [`reload`] swaps in a new file at
 //! runtime (SIGHUP, file change).
 
+pub mod end_user;
 mod ids;
 pub mod raw;
 pub mod reload;
@@ -51,6 +52,9 @@ pub struct ServerPolicy {
     /// `[server.tls]`: serve HTTPS with these files (bound at start; the
     /// certificate itself is reloaded, see [`crate::tls`]).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Name of the environment variable holding the key of the end-user id
+    /// hash (read at load; required when a tenant has end-user settings).
+    pub end_user_key_env: String,
 }
 
 /// Limits of one scope. Every field optional; absent means unlimited.
@@ -235,6 +239,20 @@ pub struct TenantPolicy {
     /// Messages: the tenant may refer to uploaded files by `file_id`
     /// (the model must allow it too).
     pub allow_file_ids: bool,
+    /// The tenant's parent, index into [`Policy::tenants`].
+    pub parent: Option<usize>,
+    /// Every ancestor, nearest first (at most 3: a tree is at most 4 deep).
+    pub ancestors: Vec<usize>,
+    /// Limits of each distinct end user of this tenant (scope
+    /// `end_user:<tenant>/<id hash>`); empty: none.
+    pub end_user_limits: Limits,
+    /// A request must name its end user (400 without one): this tenant's
+    /// `end_user_required` or an ancestor's.
+    pub end_user_required: bool,
+    /// A level of this tenant's tree (itself or an ancestor) has end-user
+    /// limits or requires an id: requests' end-user ids are then read,
+    /// checked and hashed. Otherwise they are not looked at.
+    pub reads_end_user: bool,
 }
 
 /// A whole validated configuration.
@@ -258,6 +276,9 @@ pub struct Policy {
     pub models: Vec<ModelPolicy>,
     /// Tenants in file order.
     pub tenants: Vec<TenantPolicy>,
+    /// The key end-user ids are hashed with (`server.end_user_key_env`);
+    /// `None` when no tenant has end-user settings and the variable is unset.
+    pub end_user_key: Option<std::sync::Arc<end_user::EndUserKey>>,
     model_index: HashMap<String, usize>,
     /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
     /// is then not followed by hex-encoding it into a new string).
@@ -283,7 +304,29 @@ impl Policy {
     pub fn model(&self, name: &str) -> Option<&ModelPolicy> {
         self.model_index.get(name).map(|&i| &self.models[i])
     }
+
+    /// How a refusal names the request's tenant when it has ancestors
+    /// (whose budgets may be the refusing ones): `tenant ml, child of acme`
+    /// (`…, child of team, child of acme` deeper down); `None` for a root.
+    pub fn requester_of(&self, tenant: &TenantPolicy) -> Option<String> {
+        if tenant.ancestors.is_empty() {
+            return None;
+        }
+        let mut out = format!("tenant {}", tenant.name);
+        for &a in &tenant.ancestors {
+            out.push_str(", child of ");
+            out.push_str(&self.tenants[a].name);
+        }
+        Some(out)
+    }
+
+    /// `tenant` and then each of its ancestors, nearest first: the levels
+    /// whose budgets a request of `tenant` reserves.
+    pub fn lineage<'p>(&'p self, tenant: &'p TenantPolicy) -> impl Iterator<Item = &'p TenantPolicy> {
+        std::iter::once(tenant).chain(tenant.ancestors.iter().map(|&i| &self.tenants[i]))
+    }
 }
+
 
 /// Lower-case hex SHA-256 of an API key, as written in `keys[].sha256`.
 pub fn hash_key(key: &str) -> String {

@@ -36,6 +36,7 @@ pub struct RawServer {
     pub admin_token_env: Option<String>,
     pub shutdown_grace_secs: Option<i64>,
     pub tls: Option<crate::tls::RawTls>,
+    pub end_user_key_env: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -50,6 +51,8 @@ pub struct RawStore {
     pub snapshot_path: Option<String>,
     pub response_record_ttl_secs: Option<i64>,
     pub max_response_records: Option<i64>,
+    pub deny_cache_entries: Option<i64>,
+    pub fail_open_entries: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -128,6 +131,7 @@ pub struct RawModel {
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
     pub name: String,
+    pub parent: Option<String>,
     #[serde(default)]
     pub keys: Vec<RawKey>,
     #[serde(default)]
@@ -143,6 +147,9 @@ pub struct RawTenant {
     #[serde(default)]
     pub allowed_provider_objects: Vec<String>,
     pub allow_file_ids: Option<bool>,
+    #[serde(default)]
+    pub end_user_limits: RawLimits,
+    pub end_user_required: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -9,7 +9,8 @@
 //!   clamps, a raise grants nothing at once); nothing is rewritten here.
 //! - Some settings are bound at start and cannot change at runtime:
 //!   `server.listen` (the socket is bound), `server.admin_token_env` (the
-//!   token is read at start) and the whole `[store]` section (the store is
+//!   token is read at start), `server.end_user_key_env` (end users are
+//!   named by their hash under that key) and the whole `[store]` section (the store is
 //!   built at start). When a new file changes them, a warning says a restart
 //!   is needed and the running values are kept; the rest of the file applies.
 //! - The file's *directory* is watched, not the file, so editors that save
@@ -87,6 +88,15 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
     if new.server.admin_token_env != running.server.admin_token_env {
         changed.push("server.admin_token_env");
         new.server.admin_token_env = running.server.admin_token_env.clone();
+    }
+    if new.server.end_user_key_env != running.server.end_user_key_env {
+        // End users are named by their hash under this key: another key
+        // would give every end user fresh budgets.
+        changed.push("server.end_user_key_env");
+        new.server.end_user_key_env = running.server.end_user_key_env.clone();
+        if running.end_user_key.is_some() {
+            new.end_user_key = running.end_user_key.clone();
+        }
     }
     if new.server.tls != running.server.tls {
         changed.push("server.tls");

@@ -110,6 +110,17 @@ impl Dialect {
         matches!(self, Dialect::Messages)
     }
 
+    /// The body fields that name the request's end user, in the order they
+    /// are read (each a path of object members): OpenAI's
+    /// `safety_identifier`, then its older `user`; Anthropic's
+    /// `metadata.user_id`.
+    pub fn end_user_fields(self) -> &'static [&'static [&'static str]] {
+        match self {
+            Dialect::Messages => &[&["metadata", "user_id"]],
+            _ => &[&["safety_identifier"], &["user"]],
+        }
+    }
+
     /// The rate-limit headers describing `states` (right after this
     /// request's debit) at `now_micros`: OpenAI's `x-ratelimit-*` or
     /// Anthropic's `anthropic-ratelimit-*`, with the IETF fields.

@@ -59,16 +59,16 @@ pub async fn admit<'p>(
 ) -> Result<Admitted<'p>, ApiError> {
     let policy = &*cx.policy;
     let plan = &request.plan;
-    // A retry on another deployment is the same client request: its request count is already spent.
-    let common: Vec<BudgetSpec> = if attempts.count() == 0 {
-        plan.common.clone()
-    } else {
-        plan.common
-            .iter()
-            .filter(|s| s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
-            .cloned()
-            .collect()
-    };
+    // The plan's budgets, then the end user's. A retry on another
+    // deployment is the same client request: its request count is already spent.
+    let first = attempts.count() == 0;
+    let common: Vec<BudgetSpec> = plan
+        .common
+        .iter()
+        .chain(&request.end_user_budgets)
+        .filter(|s| first || s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+        .cloned()
+        .collect();
     let id = uuid::Uuid::now_v7().to_string();
     let costs = amounts::reserve_costs(
         request.estimate.total_tokens,
@@ -90,7 +90,7 @@ pub async fn admit<'p>(
     let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
-            tracing::info!(tenant = %plan.requester.tenant, scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
+            tracing::info!(tenant = %plan.requester.tenant, end_user = request.end_user.as_deref().unwrap_or(""), scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
             return Err(ApiError::RateLimited {
                 headers: cx.dialect.rate_limit_headers(
                     std::slice::from_ref(&denial.state),
@@ -125,7 +125,11 @@ pub async fn admit<'p>(
         policy.server.settle_retry,
     )
     .with_metrics(plan.tenant_metrics.clone())
-    .with_deny_release(plan.deny_release.clone());
+    .with_deny_release(if request.end_user_budgets.is_empty() {
+        plan.deny_release.clone()
+    } else {
+        Arc::new(plan.deny_release.with(&request.end_user_budgets))
+    });
     let budgets = HoldBudgets {
         deployment: plan
             .upstreams

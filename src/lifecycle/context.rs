@@ -51,6 +51,15 @@ impl RequestContext {
     }
 }
 
+impl RequestContext {
+    /// How a refusal names the request's tenant when it has ancestors
+    /// ([`Policy::requester_of`]); `None` before authentication.
+    pub fn requester(&self) -> Option<String> {
+        let t = self.finish.tenant?;
+        self.policy.requester_of(self.policy.tenant(t))
+    }
+}
+
 /// A client-supplied request id (`name`), if it is short printable ASCII.
 fn client_request_id(headers: &HeaderMap, name: HeaderName) -> Option<String> {
     let v = headers.get(name)?.to_str().ok()?.trim();

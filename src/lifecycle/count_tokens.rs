@@ -38,7 +38,7 @@ pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> 
         }
         Err(e) => {
             record.write(Outcome::Refused(&e));
-            e.respond(Dialect::Messages)
+            e.respond_for(Dialect::Messages, cx.requester().as_deref())
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct Finish {
     pub reservation_id: Option<String>,
     /// Tokens reserved at admission.
     pub estimated: u64,
+    /// The end user, as the keyed hash of its id (never the id).
+    pub end_user: Option<Arc<str>>,
     written: bool,
 }
 
@@ -66,6 +68,7 @@ impl Finish {
             deployment: None,
             reservation_id: None,
             estimated: 0,
+            end_user: None,
             written: false,
         }
     }
@@ -90,6 +93,7 @@ impl Finish {
             deployment: self.deployment,
             reservation_id: self.reservation_id.take(),
             estimated: self.estimated,
+            end_user: self.end_user.take(),
             written: self.written,
         };
         self.written = true;
@@ -113,10 +117,12 @@ impl Finish {
             .map_or("", |d| p.deployment(d).name.as_str());
         let reservation_id = self.reservation_id.as_deref().unwrap_or("");
         let estimated = self.estimated;
+        let end_user = self.end_user.as_deref().unwrap_or("");
         match outcome {
             Outcome::Refused(e) => tracing::info!(
                 request_id,
                 tenant,
+                end_user,
                 outcome = "refused",
                 decision = "refused",
                 status = e.status().as_u16(),
@@ -128,6 +134,7 @@ impl Finish {
                 request_id,
                 reservation_id,
                 tenant,
+                end_user,
                 model,
                 deployment,
                 estimated,
@@ -141,6 +148,7 @@ impl Finish {
                 request_id,
                 reservation_id,
                 tenant,
+                end_user,
                 model,
                 deployment,
                 estimated,
@@ -158,7 +166,7 @@ impl Finish {
                     metrics::output_over_cap(deployment, "stream_cut_off");
                 }
                 tracing::info!(
-                    request_id, reservation_id, tenant, model, deployment, estimated,
+                    request_id, reservation_id, tenant, end_user, model, deployment, estimated,
                     settled = summary.settled_tokens, ending = ?summary.ending, outcome,
                     decision = "admitted", latency_ms, "stream finished"
                 )

@@ -21,6 +21,7 @@ pub mod authenticate;
 pub mod context;
 pub mod count_tokens;
 pub mod decode;
+pub mod end_user;
 pub mod finish;
 pub mod forward;
 pub mod meter;
@@ -91,6 +92,7 @@ pub async fn handle(
 fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Response {
     let record = cx.finish.hand_off();
     let dialect = cx.dialect;
+    let requester = cx.requester();
     match metered {
         Ok(Metered::Answered(response, settled)) => {
             record.write(Outcome::Answered { settled });
@@ -114,7 +116,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
             } else {
                 record.write(Outcome::Refused(&e));
             }
-            e.respond(dialect)
+            e.respond_for(dialect, requester.as_deref())
         }
     }
 }

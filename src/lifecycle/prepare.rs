@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -47,6 +47,12 @@ pub struct Prepared {
     pub never_extend: bool,
     /// Provider-side objects the body refers to (Responses).
     pub references: References,
+    /// The end user, as the keyed hash of its id (`None`: no end user
+    /// named, or the tenant's tree has no end-user settings).
+    pub end_user: Option<Arc<str>>,
+    /// The end user's budgets (every level of the tree that limits end
+    /// users), reserved after the plan's common budgets.
+    pub end_user_budgets: Vec<BudgetSpec>,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -59,6 +65,7 @@ pub async fn prepare(
 ) -> Result<Prepared, ApiError> {
     let bytes = super::decode::read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
+    let end_user_header = super::end_user::header(cx.policy.tenant(caller.tenant), headers)?;
     let betas = if dialect.is_anthropic() {
         anthropic_betas(headers)?
     } else {
@@ -66,13 +73,15 @@ pub async fn prepare(
     };
     let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
-        parse(
-            &cx.st, &cx.policy, dialect, caller, bytes, path_model, &betas,
-        )
+        let req = Request { dialect, caller, raw: bytes, path_model, betas: &betas, end_user_header };
+        parse(&cx.st, &cx.policy, req)
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
-        let job = move || parse(&st, &policy, dialect, caller, bytes, path_model, &betas);
+        let job = move || {
+            let req = Request { dialect, caller, raw: bytes, path_model, betas: &betas, end_user_header };
+            parse(&st, &policy, req)
+        };
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
             ApiError::Unavailable("The request could not be estimated; please retry.".into())
         })?
@@ -94,6 +103,7 @@ pub async fn prepare(
     }
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
+    cx.finish.end_user = prepared.end_user.clone();
     Ok(prepared)
 }
 
@@ -143,15 +153,25 @@ fn anthropic_betas(headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
     Ok(betas)
 }
 
-fn parse(
-    st: &AppState,
-    policy: &Policy,
+/// What `parse` reads.
+struct Request<'b> {
     dialect: Dialect,
     caller: Caller,
     raw: Bytes,
     path_model: Option<String>,
-    betas: &[String],
-) -> Result<Prepared, ApiError> {
+    betas: &'b [String],
+    end_user_header: Option<HeaderValue>,
+}
+
+fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, ApiError> {
+    let Request {
+        dialect,
+        caller,
+        raw,
+        path_model,
+        betas,
+        end_user_header,
+    } = req;
     let value: Value = serde_json::from_slice(&raw).map_err(|e| {
         invalid(
             None,
@@ -229,12 +249,32 @@ fn parse(
             ),
         ));
     }
+    let tenant = policy.tenant(caller.tenant);
+    let end_user = super::end_user::end_user(
+        policy,
+        tenant,
+        dialect,
+        end_user_header.as_ref(),
+        &body,
+    )?;
+    let end_user_budgets = match &end_user {
+        Some(hash) => plan::end_user_budgets(&AppState::key_space(policy), policy, tenant, hash),
+        None => Vec::new(),
+    };
     let common = &plan.common;
     let cand_specs: Vec<&[BudgetSpec]> = candidates
         .iter()
         .map(|&i| plan.upstreams[i].budgets.as_slice())
         .collect();
-    let tightest = plan::tightest_token_capacity(common, &cand_specs);
+    // The end user's budgets are common ones too (every candidate's).
+    let none: [&[BudgetSpec]; 0] = [];
+    let tightest = match (
+        plan::tightest_token_capacity(common, &cand_specs),
+        plan::tightest_token_capacity(&end_user_budgets, &none),
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
@@ -244,7 +284,6 @@ fn parse(
     };
     let body = Value::Object(body);
     if dialect.is_anthropic() {
-        let tenant = policy.tenant(caller.tenant);
         let allowed = |u: anthropic::Unmetered| match u {
             anthropic::Unmetered::FileId => model.allow_file_ids && tenant.allow_file_ids,
             _ => model.allow_server_tools,
@@ -267,14 +306,12 @@ fn parse(
                 // The tightest token budget is the one the request can never fit.
                 common
                     .iter()
+                    .chain(&end_user_budgets)
                     .chain(cand_specs.iter().copied().flatten())
                     .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
                     .min_by_key(|s| s.capacity())
                     .map(|s| (s.scope.clone(), s.name))
-                    .unwrap_or_else(|| {
-                        let tenant = policy.tenant(caller.tenant).name.as_str();
-                        (Scope::Tenant(tenant.into()), BudgetName::Tpm)
-                    })
+                    .unwrap_or_else(|| (Scope::Tenant(tenant.name.as_str().into()), BudgetName::Tpm))
             })
         })?;
     drop(body);
@@ -292,6 +329,8 @@ fn parse(
         candidates,
         never_extend,
         references,
+        end_user,
+        end_user_budgets,
     })
 }
 

@@ -93,7 +93,7 @@ pub async fn stored(
             } else {
                 record.write(Outcome::Refused(&e));
             }
-            e.into_response()
+            e.respond_for(Dialect::Responses, cx.requester().as_deref())
         }
     }
 }
@@ -205,7 +205,7 @@ pub async fn input_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> 
         }
         Err(e) => {
             record.write(Outcome::Refused(&e));
-            e.into_response()
+            e.respond_for(Dialect::Responses, cx.requester().as_deref())
         }
     }
 }

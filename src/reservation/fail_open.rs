@@ -4,13 +4,22 @@
 //! that enforces this gateway's share of every budget. The reservations
 //! held there are remembered by id, so their extensions, renewals and
 //! settlements go where they were reserved.
+//!
+//! The limiter keeps state for at most `store.fail_open_entries` budgets
+//! (default [`DEFAULT_ENTRIES`]): end users make the number of budgets
+//! unbounded, and an outage is when they pile up. The least recently
+//! reserved budget is forgotten first (it starts full again: the limiter
+//! is this gateway's share of a budget, not the budget), and counted
+//! (`budgetgate_fail_open_evictions_total`).
 
 use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lru::LruCache;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
@@ -20,6 +29,35 @@ use crate::reserve::{
     BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, OnStoreError, RenewOutcome,
     ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
+
+/// Budgets the limiter keeps state for when `store.fail_open_entries` is not set.
+pub const DEFAULT_ENTRIES: usize = 100_000;
+
+/// The budget keys the local limiter holds state for, least recently
+/// reserved first.
+struct Tracked(Mutex<LruCache<String, ()>>);
+
+impl Tracked {
+    fn new(entries: usize) -> Self {
+        let n = NonZeroUsize::MIN.saturating_add(entries.saturating_sub(1));
+        Tracked(Mutex::new(LruCache::new(n)))
+    }
+
+    /// Marks the budgets of `r` used; forgets in `limiter` the budgets
+    /// pushed out.
+    fn touch(&self, r: &ReserveRequest, limiter: &MemoryStore) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for spec in r.common.iter().chain(r.candidates.iter().flatten()) {
+            if keys.get(&spec.key).is_some() {
+                continue;
+            }
+            if let Some((old, ())) = keys.push(spec.key.clone(), ()) {
+                limiter.forget(&old);
+                metrics::fail_open_eviction();
+            }
+        }
+    }
+}
 
 /// Reservations held by the local limiter, by id.
 #[derive(Default)]
@@ -70,12 +108,25 @@ pub struct GatewayStore {
     /// store too when they end ([`super::compensate`]).
     lost: Arc<Mutex<HashMap<String, Duration>>>,
     compensator: Arc<Compensator>,
+    tracked: Arc<Tracked>,
 }
 
 impl GatewayStore {
     /// `inner` with the local limiter `fallback` enforcing `share` of every
     /// budget for `fail_open` tenants while `inner` fails.
+    /// The limiter keeps state for [`DEFAULT_ENTRIES`] budgets.
     pub fn new(inner: DenyCachedStore, fallback: Arc<MemoryStore>, share: f64) -> Self {
+        Self::bounded(inner, fallback, share, DEFAULT_ENTRIES)
+    }
+
+    /// [`Self::new`] with a limiter that keeps state for at most `entries`
+    /// budgets.
+    pub fn bounded(
+        inner: DenyCachedStore,
+        fallback: Arc<MemoryStore>,
+        share: f64,
+        entries: usize,
+    ) -> Self {
         Self {
             inner,
             fallback,
@@ -83,6 +134,7 @@ impl GatewayStore {
             local: Arc::default(),
             lost: Arc::default(),
             compensator: Arc::default(),
+            tracked: Arc::new(Tracked::new(entries)),
         }
     }
 
@@ -113,6 +165,7 @@ impl GatewayStore {
             local: self.local.clone(),
             lost: self.lost.clone(),
             compensator: self.compensator.clone(),
+            tracked: self.tracked.clone(),
         }
     }
 
@@ -160,6 +213,7 @@ impl GatewayStore {
             OnStoreError::FailOpen => {
                 tracing::warn!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing open to the local limiter");
                 metrics::degraded(&who.tenant, "fail_open");
+                self.tracked.touch(r, &self.fallback);
                 let outcome = self.fallback.reserve(&scaled(r, self.share)).await?;
                 match &outcome {
                     ReserveOutcome::Admitted(_) => {

@@ -87,45 +87,72 @@ pub fn shadow_budgets(ks: &KeySpace, scope: Scope, limits: &Limits) -> Vec<Budge
         .collect()
 }
 
-/// Budgets shared by every candidate deployment: tenant, key, tenant×model.
-/// A tenant in shadow mode has every one of them in shadow; its
-/// `shadow_limits` add shadow budgets of the tenant scope.
+/// Budgets shared by every candidate deployment: the key's, then for the
+/// tenant and each of its ancestors (nearest first) its tenant scope, its
+/// tenant×model scope and its `shadow_limits`. Each level's `shadow` puts
+/// that level's budgets in shadow (the key's go with its own tenant); its
+/// `shadow_limits` add shadow budgets of its tenant scope.
 pub fn tenant_budgets(
     ks: &KeySpace,
+    policy: &Policy,
     tenant: &TenantPolicy,
     key: &KeyPolicy,
     model: &ModelPolicy,
 ) -> Vec<BudgetSpec> {
-    let mut out = scope_budgets(
-        ks,
-        Scope::Tenant(tenant.name.as_str().into()),
-        &tenant.limits,
-        true,
-    );
-    out.extend(scope_budgets(
-        ks,
-        Scope::Key(tenant.name.as_str().into(), key.id.as_str().into()),
-        &key.limits,
-        true,
-    ));
-    if let Some(l) = tenant.model_limits.get(&model.name) {
-        out.extend(scope_budgets(
-            ks,
-            Scope::TenantModel(tenant.name.as_str().into(), model.name.as_str().into()),
-            l,
-            true,
-        ));
-    }
-    if tenant.shadow {
-        for s in &mut out {
-            s.shadow = true;
+    let mut out = Vec::new();
+    for (depth, level) in policy.lineage(tenant).enumerate() {
+        let from = out.len();
+        let name = || -> std::sync::Arc<str> { level.name.as_str().into() };
+        out.extend(scope_budgets(ks, Scope::Tenant(name()), &level.limits, true));
+        if depth == 0 {
+            out.extend(scope_budgets(
+                ks,
+                Scope::Key(name(), key.id.as_str().into()),
+                &key.limits,
+                true,
+            ));
         }
+        if let Some(l) = level.model_limits.get(&model.name) {
+            out.extend(scope_budgets(
+                ks,
+                Scope::TenantModel(name(), model.name.as_str().into()),
+                l,
+                true,
+            ));
+        }
+        if level.shadow {
+            for s in &mut out[from..] {
+                s.shadow = true;
+            }
+        }
+        out.extend(shadow_budgets(ks, Scope::Tenant(name()), &level.shadow_limits));
     }
-    out.extend(shadow_budgets(
-        ks,
-        Scope::Tenant(tenant.name.as_str().into()),
-        &tenant.shadow_limits,
-    ));
+    out
+}
+
+/// Budgets of one end user (`hash`, from `config::end_user`) of `tenant`:
+/// for the tenant and each ancestor with `end_user_limits`, the scope
+/// `end_user:<level>/<hash>` under those limits (one end user is then
+/// counted once per level that limits end users, across the level's whole
+/// subtree). A level in shadow has its end-user budgets in shadow.
+pub fn end_user_budgets(
+    ks: &KeySpace,
+    policy: &Policy,
+    tenant: &TenantPolicy,
+    hash: &std::sync::Arc<str>,
+) -> Vec<BudgetSpec> {
+    let mut out = Vec::new();
+    for level in policy.lineage(tenant) {
+        if level.end_user_limits.is_empty() {
+            continue;
+        }
+        let scope = Scope::EndUser(level.name.as_str().into(), hash.clone());
+        let mut specs = scope_budgets(ks, scope, &level.end_user_limits, true);
+        for s in &mut specs {
+            s.shadow = level.shadow;
+        }
+        out.extend(specs);
+    }
     out
 }
 

@@ -17,7 +17,7 @@ use super::GatewayStore;
 use crate::metrics::TenantMetrics;
 use crate::reserve::bucket::MAX_LIMIT;
 use crate::reserve::deny_cache::DenyCache;
-use crate::reserve::{BudgetStore, SettleOutcome, Settlement};
+use crate::reserve::{BudgetSpec, BudgetStore, SettleOutcome, Settlement};
 
 /// The local deny-cache entries a refund must clear: the refundable token
 /// budgets of a tenant's budget plan. Built once per plan.
@@ -26,6 +26,36 @@ pub struct DenyRelease {
     pub cache: Arc<DenyCache>,
     /// Budget keys of the plan's refundable, token-counting tenant budgets.
     pub keys: Vec<String>,
+}
+
+impl DenyRelease {
+    /// The release of `specs`' entries in `cache`.
+    pub fn of(cache: Arc<DenyCache>, specs: &[BudgetSpec]) -> Self {
+        let mut r = DenyRelease {
+            cache,
+            keys: Vec::new(),
+        };
+        r.keys.extend(Self::released(specs));
+        r
+    }
+
+    /// This release and that of `more` (a request's end-user budgets).
+    pub fn with(&self, more: &[BudgetSpec]) -> Self {
+        let mut keys = self.keys.clone();
+        keys.extend(Self::released(more));
+        DenyRelease {
+            cache: self.cache.clone(),
+            keys,
+        }
+    }
+
+    /// Keys of the refundable, token-counting budgets among `specs`.
+    fn released(specs: &[BudgetSpec]) -> impl Iterator<Item = String> + '_ {
+        specs
+            .iter()
+            .filter(|s| s.refund_unused && s.name.counts_tokens())
+            .map(|s| s.key.clone())
+    }
 }
 
 /// What a settlement reports to besides the store: the tenant's metrics and

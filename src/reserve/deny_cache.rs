@@ -21,9 +21,17 @@
 //! may serve the request. An entry recorded under other limits (before a
 //! reload) is dropped, and a request larger than the budget's capacity is
 //! left to the store, which refuses it for good rather than with a wait.
+//!
+//! Bounded: at most `store.deny_cache_entries` budgets (default
+//! [`DEFAULT_ENTRIES`]) are remembered, the least recently used forgotten
+//! first and counted (`budgetgate_deny_cache_evictions_total`); end users
+//! make the number of budgets unbounded. Forgetting is always safe: the
+//! store then answers.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Mutex;
+
+use lru::LruCache;
 
 use super::bucket::{ceil_div, to_units, MAX_WAIT_MS};
 use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
@@ -47,16 +55,41 @@ struct Entry {
     denial: Denial,
 }
 
+/// Budgets remembered when `store.deny_cache_entries` is not set.
+pub const DEFAULT_ENTRIES: usize = 100_000;
+
 /// Refusals known locally, by budget key.
-#[derive(Default)]
 pub struct DenyCache {
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<LruCache<String, Entry>>,
+}
+
+impl Default for DenyCache {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl DenyCache {
-    /// An empty cache.
+    /// An empty cache of [`DEFAULT_ENTRIES`].
     pub fn new() -> Self {
-        Self::default()
+        Self::with_capacity(DEFAULT_ENTRIES)
+    }
+
+    /// An empty cache remembering at most `entries` budgets (at least one).
+    pub fn with_capacity(entries: usize) -> Self {
+        Self {
+            entries: Mutex::new(LruCache::new(NonZeroUsize::MIN.saturating_add(entries.saturating_sub(1)))),
+        }
+    }
+
+    /// Budgets remembered now.
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// True when nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Remembers a store refusal of `spec` (the budget named by `denial`)
@@ -81,7 +114,7 @@ impl DenyCache {
             BudgetKind::Concurrency { .. } => return,
         };
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        e.insert(
+        let pushed = e.push(
             spec.key.clone(),
             Entry {
                 kind: spec.kind,
@@ -93,6 +126,9 @@ impl DenyCache {
                 denial: denial.clone(),
             },
         );
+        if pushed.is_some_and(|(k, _)| k != spec.key) {
+            crate::metrics::deny_cache_eviction();
+        }
     }
 
     /// Drops what is known of the budgets `keys`: this gateway has just
@@ -104,7 +140,7 @@ impl DenyCache {
             return;
         }
         for k in keys {
-            e.remove(k);
+            e.pop(k);
         }
     }
 
@@ -122,7 +158,7 @@ impl DenyCache {
                 continue;
             };
             if now >= entry.until || now < entry.t0 || entry.kind != spec.kind {
-                e.remove(&spec.key);
+                e.pop(&spec.key);
                 continue;
             }
             if *cost > spec.capacity() {

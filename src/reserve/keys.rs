@@ -35,6 +35,15 @@ pub fn is_valid_prefix(s: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
 }
 
+/// The Redis Cluster hash tag of `key`: what lies between its first `{`
+/// and the next `}`, when that is not empty (the slot is then computed on
+/// the tag alone).
+pub fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let len = key[open + 1..].find('}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 /// Percent-encodes a model or upstream name for use inside a key.
 pub fn encode_name(name: &str) -> String {
     utf8_percent_encode(name, NAME).to_string()
@@ -86,6 +95,9 @@ impl KeySpace {
             Scope::Key(t, k) => format!("{b}:key:{t}:{k}:{n}"),
             Scope::TenantModel(t, m) => format!("{b}:tenant_model:{t}:{}:{n}", encode_name(m)),
             Scope::Upstream(u) => format!("{b}:upstream:{}:{n}", encode_name(u)),
+            // The hash is hex already; encoded anyway, so that no caller
+            // can put a brace or a separator in a key through it.
+            Scope::EndUser(t, h) => format!("{b}:end_user:{t}:{}:{n}", encode_name(h)),
         }
     }
 
@@ -143,6 +155,18 @@ mod tests {
             keys[3],
             "bg:{default}:v3:upstream:azure%3Aeast:max_concurrent"
         );
+    }
+
+    #[test]
+    fn hash_tags_as_redis_cluster_reads_them() {
+        assert_eq!(hash_tag("bg:{d}:v3:x"), Some("d"));
+        assert_eq!(hash_tag("bg:{}:v3:{d}"), None);
+        assert_eq!(hash_tag("bg:d"), None);
+        let ks = KeySpace::new("bg", "d");
+        let end_user = Scope::EndUser("acme".into(), "0f{}:\n".into());
+        let k = ks.budget(&end_user, BudgetName::Tpm);
+        assert_eq!(k, "bg:{d}:v3:end_user:acme:0f%7B%7D%3A%0A:tpm");
+        assert_eq!(hash_tag(&k), Some("d"));
     }
 
     #[test]

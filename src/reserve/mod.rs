@@ -50,6 +50,9 @@ pub enum Scope {
     TenantModel(Arc<str>, Arc<str>),
     /// One upstream deployment, shared by all tenants: `upstream:<deployment>`.
     Upstream(Arc<str>),
+    /// One end user of a tenant, by the keyed hash of its id (32 hex
+    /// digits, `config::end_user`): `end_user:<t>/<hash>`.
+    EndUser(Arc<str>, Arc<str>),
 }
 
 impl std::fmt::Display for Scope {
@@ -59,6 +62,7 @@ impl std::fmt::Display for Scope {
             Scope::Key(t, k) => write!(f, "key:{t}/{k}"),
             Scope::TenantModel(t, m) => write!(f, "tenant_model:{t}/{m}"),
             Scope::Upstream(u) => write!(f, "upstream:{u}"),
+            Scope::EndUser(t, h) => write!(f, "end_user:{t}/{h}"),
         }
     }
 }

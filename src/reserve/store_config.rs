@@ -36,4 +36,9 @@ pub struct StorePolicy {
     pub record_ttl: Duration,
     /// Most owner records the memory store keeps (least recently used evicted).
     pub max_memory_records: usize,
+    /// Most budgets the deny cache remembers (least recently used evicted).
+    pub deny_cache_entries: usize,
+    /// Most budgets the fail-open limiter keeps state for (least recently
+    /// used forgotten: it then starts full again).
+    pub fail_open_entries: usize,
 }

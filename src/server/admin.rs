@@ -127,6 +127,7 @@ pub async fn policy(
         .map(|t| {
             json!({
                 "name": t.name,
+                "parent": t.parent.map(|i| p.tenants[i].name.as_str()),
                 "keys": t.keys.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
                 "models_limited": t.model_limits.keys().collect::<Vec<_>>(),
                 "on_store_error": t.on_store_error,
@@ -183,6 +184,34 @@ pub(crate) fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> 
     out
 }
 
+/// The budgets of tenant `t`'s ancestors that its requests reserve
+/// against, as [`tenant_specs`] lists a tenant's own (tenant scope, then
+/// the tenant×model scopes; no keys): nearest first, one list per ancestor.
+fn ancestor_specs<'p>(
+    policy: &'p Policy,
+    t: &crate::config::TenantPolicy,
+) -> Vec<(&'p str, Vec<BudgetSpec>)> {
+    let ks = AppState::key_space(policy);
+    t.ancestors
+        .iter()
+        .map(|&i| {
+            let a = &policy.tenants[i];
+            let scope = Scope::Tenant(a.name.as_str().into());
+            let mut specs = scope_budgets(&ks, scope, &a.limits, true);
+            for (model, limits) in &a.model_limits {
+                let scope = Scope::TenantModel(a.name.as_str().into(), model.as_str().into());
+                specs.extend(scope_budgets(&ks, scope, limits, true));
+            }
+            if a.shadow {
+                for s in &mut specs {
+                    s.shadow = true;
+                }
+            }
+            (a.name.as_str(), specs)
+        })
+        .collect()
+}
+
 /// Reads `specs` from the store and renders them.
 async fn budgets_response(
     st: &AppState,
@@ -190,6 +219,24 @@ async fn budgets_response(
     subject: (&str, &str),
     specs: Vec<BudgetSpec>,
 ) -> Response {
+    budgets_with_ancestors(st, policy, subject, specs, Vec::new()).await
+}
+
+/// Reads `specs` and each ancestor's from the store (one call) and renders
+/// them: the subject's budgets, then `ancestors` (name, budgets) when given.
+async fn budgets_with_ancestors(
+    st: &AppState,
+    policy: &Policy,
+    subject: (&str, &str),
+    mut specs: Vec<BudgetSpec>,
+    ancestors: Vec<(&str, Vec<BudgetSpec>)>,
+) -> Response {
+    let own = specs.len();
+    let mut ranges = Vec::with_capacity(ancestors.len());
+    for (name, a) in ancestors {
+        ranges.push((name, specs.len()..specs.len() + a.len()));
+        specs.extend(a);
+    }
     let states = match st.store.inspect(&specs).await {
         Ok(s) => s,
         Err(e) => {
@@ -197,19 +244,22 @@ async fn budgets_response(
             return ApiError::StoreUnavailable.into_response();
         }
     };
-    let budgets: Vec<Value> = specs
-        .iter()
-        .zip(states.iter())
-        .map(|(spec, s)| super::budget_view::budget_json(spec, s))
-        .collect();
-    json_response(
-        StatusCode::OK,
-        json!({
-            "policy_version": policy.version,
-            subject.0: subject.1,
-            "budgets": budgets,
-        }),
-    )
+    let render = |r: std::ops::Range<usize>| -> Vec<Value> {
+        r.map(|i| super::budget_view::budget_json(&specs[i], &states[i]))
+            .collect()
+    };
+    let mut body = json!({
+        "policy_version": policy.version,
+        subject.0: subject.1,
+        "budgets": render(0..own),
+    });
+    if subject.0 == "tenant" {
+        body["ancestors"] = ranges
+            .into_iter()
+            .map(|(name, r)| json!({"tenant": name, "budgets": render(r)}))
+            .collect();
+    }
+    json_response(StatusCode::OK, body)
 }
 
 /// `GET /admin/v1/tenants/{tenant}/budgets`.
@@ -227,7 +277,8 @@ pub async fn tenant_budgets(
         return not_found("tenant");
     };
     let specs = tenant_specs(&p, t);
-    budgets_response(&st, &p, ("tenant", &t.name), specs).await
+    let ancestors = ancestor_specs(&p, t);
+    budgets_with_ancestors(&st, &p, ("tenant", &t.name), specs, ancestors).await
 }
 
 /// `GET /admin/v1/upstreams/{upstream}/budgets` (percent-encode a `/` in the name).

@@ -53,6 +53,7 @@ fn scope_name(scope: &Scope) -> String {
         Scope::Key(_, k) => k.to_string(),
         Scope::TenantModel(_, m) => m.to_string(),
         Scope::Upstream(u) => u.to_string(),
+        Scope::EndUser(_, h) => h.to_string(),
     }
 }
 
@@ -222,6 +223,8 @@ pub async fn refresh_gauges(st: &AppState) -> Result<(), StoreError> {
         let v = share(spec, s);
         match &spec.scope {
             Scope::Upstream(u) => crate::metrics::upstream_budget_remaining_share(u, spec.name, v),
+            // Never per end user (and none is in the policy's lists).
+            Scope::EndUser(..) => {}
             Scope::Tenant(t) | Scope::Key(t, _) | Scope::TenantModel(t, _) => {
                 let e = tenant_min
                     .entry((

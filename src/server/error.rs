@@ -246,6 +246,7 @@ fn scope_kind(scope: &Scope) -> &'static str {
         Scope::Key(..) => "key",
         Scope::TenantModel(..) => "tenant×model",
         Scope::Upstream(_) => "upstream",
+        Scope::EndUser(..) => "end user",
     }
 }
 
@@ -281,6 +282,14 @@ impl ApiError {
     /// The response to the client of `dialect`: status, body in the
     /// dialect's shape, retry headers.
     pub fn respond(self, dialect: Dialect) -> Response {
+        self.respond_for(dialect, None)
+    }
+
+    /// [`Self::respond`], a budget refusal naming the request's tenant
+    /// (`requester`, e.g. `tenant ml, child of acme`) after the refusing
+    /// scope, which may be an ancestor's.
+    pub fn respond_for(self, dialect: Dialect, requester: Option<&str>) -> Response {
+        let of = requester.map(|r| format!(" for {r}")).unwrap_or_default();
         let status = self.status();
         match self {
             ApiError::MissingKey => shaped(
@@ -364,12 +373,12 @@ impl ApiError {
                 };
                 let message = if d.name == BudgetName::MaxConcurrent {
                     format!(
-                        "Concurrency limit reached for {} {} ({}): limit {} requests in flight. Please retry in {}.",
+                        "Concurrency limit reached for {} {} ({}){of}: limit {} requests in flight. Please retry in {}.",
                         scope_kind(&d.scope), d.scope, d.name, d.limit, human(wait)
                     )
                 } else {
                     format!(
-                        "Rate limit reached for {} budget {} ({}): limit {}, used {}, requested {} {}. {}",
+                        "Rate limit reached for {} budget {} ({}){of}: limit {}, used {}, requested {} {}. {}",
                         scope_kind(&d.scope),
                         d.scope,
                         d.name,
@@ -400,7 +409,7 @@ impl ApiError {
             }
             ApiError::Impossible(i) => {
                 let message = format!(
-                    "Request too large for {} budget {} ({}): capacity {} {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+                    "Request too large for {} budget {} ({}){of}: capacity {} {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
                     scope_kind(&i.scope), i.scope, i.name, i.capacity, unit(i.name), i.requested
                 );
                 let (kind, code) = if is_quota(i.name) {

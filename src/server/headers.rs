@@ -56,6 +56,7 @@ fn scope_label(scope: &Scope) -> &'static str {
         Scope::Key(..) => "key",
         Scope::TenantModel(..) => "model",
         Scope::Upstream(_) => "upstream",
+        Scope::EndUser(..) => "end_user",
     }
 }
 

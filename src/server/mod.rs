@@ -105,10 +105,12 @@ impl AppState {
         crate::metrics::install();
         let guarded: Arc<dyn BudgetStore> =
             Arc::new(GuardedStore::new(store, policy.store.timeout));
-        let store = Arc::new(GatewayStore::new(
-            DenyCachedStore::new(guarded, Arc::new(DenyCache::new()), clock.clone()),
+        let deny_cache = Arc::new(DenyCache::with_capacity(policy.store.deny_cache_entries));
+        let store = Arc::new(GatewayStore::bounded(
+            DenyCachedStore::new(guarded, deny_cache, clock.clone()),
             Arc::new(MemoryStore::new(clock.clone())),
             policy.store.fallback_share,
+            policy.store.fail_open_entries,
         ));
         crate::metrics::policy_version(None, &policy.version);
         let records = Arc::new(records_for(&policy.store));
@@ -149,15 +151,9 @@ impl AppState {
             .entry((tenant_id, key_id, model_id))
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
-                let common = plan::tenant_budgets(&ks, tenant, key, model);
-                let deny_release = Arc::new(DenyRelease {
-                    cache: self.store.deny_cache().clone(),
-                    keys: common
-                        .iter()
-                        .filter(|s| s.refund_unused && s.name.counts_tokens())
-                        .map(|s| s.key.clone())
-                        .collect(),
-                });
+                let common = plan::tenant_budgets(&ks, policy, tenant, key, model);
+                let deny_release =
+                    Arc::new(DenyRelease::of(self.store.deny_cache().clone(), &common));
                 Arc::new(BudgetPlan {
                     common,
                     deny_release,

@@ -5,6 +5,7 @@
 mod deployments;
 pub mod forwarding;
 mod tenants;
+mod tree;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -131,6 +132,17 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             }
         },
         tls: crate::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
+        end_user_key_env: match raw.server.end_user_key_env.as_deref() {
+            None => "BUDGETGATE_END_USER_KEY".into(),
+            Some(name) if is_env_name(name) => name.to_string(),
+            Some(name) => {
+                v.err(
+                    "server.end_user_key_env",
+                    format!("not an environment variable name: {name:?}"),
+                );
+                "BUDGETGATE_END_USER_KEY".into()
+            }
+        },
     };
 
     let kind = match raw.store.kind.as_deref().unwrap_or("memory") {
@@ -204,6 +216,22 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 100_000_000,
             )
             .map_or(crate::reserve::records::DEFAULT_MAX_MEMORY, |n| n as usize),
+        deny_cache_entries: v
+            .positive(
+                "store.deny_cache_entries",
+                raw.store.deny_cache_entries,
+                100_000_000,
+            )
+            .map_or(crate::reserve::deny_cache::DEFAULT_ENTRIES, |n| n as usize),
+        fail_open_entries: v
+            .positive(
+                "store.fail_open_entries",
+                raw.store.fail_open_entries,
+                100_000_000,
+            )
+            .map_or(crate::reservation::fail_open::DEFAULT_ENTRIES, |n| {
+                n as usize
+            }),
     };
 
     let e = &raw.estimation;
@@ -264,6 +292,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
     let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
+    let end_user_key = end_user_key(&mut v, &server, &tenants);
+    tree::check_domain(&mut v, &store, &tenants);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -289,7 +319,46 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         upstreams,
         models,
         tenants,
+        end_user_key,
         model_index,
         key_index,
     })
+}
+
+/// The end-user hash key from `server.end_user_key_env`: required (at
+/// least [`super::end_user::MIN_KEY_BYTES`] bytes) when a tenant has
+/// end-user settings; read when set anyway.
+fn end_user_key(
+    v: &mut V,
+    server: &ServerPolicy,
+    tenants: &[TenantPolicy],
+) -> Option<std::sync::Arc<super::end_user::EndUserKey>> {
+    use super::end_user::{EndUserKey, MIN_KEY_BYTES};
+    let var = &server.end_user_key_env;
+    let needed_by = tenants.iter().position(|t| {
+        t.end_user_required || !t.end_user_limits.is_empty()
+    });
+    match std::env::var_os(var) {
+        Some(k) if k.len() >= MIN_KEY_BYTES => {
+            Some(std::sync::Arc::new(EndUserKey::new(k.as_encoded_bytes())))
+        }
+        Some(k) if !k.is_empty() || needed_by.is_some() => {
+            v.err(
+                "server.end_user_key_env",
+                format!("environment variable {var} must hold at least {MIN_KEY_BYTES} bytes"),
+            );
+            None
+        }
+        _ => {
+            if let Some(i) = needed_by {
+                v.err(
+                    "server.end_user_key_env",
+                    format!(
+                        "environment variable {var} is not set; tenants[{i}] has end-user settings, whose ids are hashed with it"
+                    ),
+                );
+            }
+            None
+        }
+    }
 }

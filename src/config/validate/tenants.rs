@@ -95,8 +95,15 @@ pub(super) fn tenants(
                 .unwrap_or(8192),
             allowed_provider_objects: t.allowed_provider_objects.clone(),
             allow_file_ids: t.allow_file_ids.unwrap_or(false),
+            // Resolved below, once every name is known.
+            parent: None,
+            ancestors: Vec::new(),
+            end_user_limits: v.limits(&format!("{path}.end_user_limits"), &t.end_user_limits),
+            end_user_required: t.end_user_required.unwrap_or(false),
+            reads_end_user: false,
         });
     }
+    super::tree::resolve(v, raw, &mut tenants, &tenant_names);
 
     (tenants, key_index)
 }

@@ -73,6 +73,23 @@ impl MemoryStore {
             .count()
     }
 
+    /// Number of budget entries held (bucket states, quota counters, slot
+    /// sets): per scope, so bounded by the sweeps however many end users
+    /// come and go. Holds and settled holds are per request, not counted.
+    pub fn budget_entries(&self) -> usize {
+        let inner = self.lock();
+        inner.buckets.len() + inner.quotas.len() + inner.slots.len()
+    }
+
+    /// Drops the bucket and quota state of budget `key` (it reads as full
+    /// or unused again); its live slots stay. For a bounded local limiter
+    /// (`reservation::fail_open`).
+    pub fn forget(&self, key: &str) {
+        let mut inner = self.lock();
+        inner.buckets.remove(key);
+        inner.quotas.remove(key);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a half-applied
         // decision (checks happen before writes), so poisoning is ignored.

@@ -92,8 +92,12 @@ impl Snapshot {
             };
             inner.buckets.insert(key, b);
         }
+        // The file does not say whether a counter is daily or monthly: it
+        // is kept at least to the end of the snapshot's month (never swept
+        // while its window may still be current).
+        let end = crate::reserve::Window::Month.end(self.taken_micros);
         for (key, window, used) in self.quotas {
-            inner.quotas.insert(key, QuotaState { window, used });
+            inner.quotas.insert(key, QuotaState { window, used, end });
         }
         for (key, leases) in self.slots {
             inner.slots.insert(key, leases.into_iter().collect());
@@ -324,6 +328,7 @@ mod tests {
                 QuotaState {
                     window: 7,
                     used: 126_000,
+                    end: 0,
                 },
             );
             i.slots.insert(

@@ -13,8 +13,13 @@ use crate::reserve::{
 };
 use crate::reserve::{MAX_AMOUNT, MAX_COUNT};
 
-/// Operations between sweeps of expired holds, leases and full idle buckets.
+/// Operations between sweeps of expired holds, leases, full idle buckets
+/// and past quota windows.
 const SWEEP_EVERY: u64 = 4096;
+
+/// Longest time between sweeps while the store is used at all, µs: a
+/// quiet store (one whose end users went away) frees their state too.
+const SWEEP_PERIOD: u64 = 60_000_000;
 
 #[derive(Default)]
 pub(super) struct Inner {
@@ -26,12 +31,17 @@ pub(super) struct Inner {
     /// Settled holds.
     pub(super) settled: Tombstones,
     pub(super) ops: u64,
+    /// Time of the last sweep, UTC µs.
+    pub(super) swept_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct QuotaState {
     pub(super) window: u64,
     pub(super) used: u64,
+    /// End of the window, UTC µs: the entry is swept from then on (its
+    /// count would read as 0 anyway).
+    pub(super) end: u64,
 }
 
 pub(super) struct Hold {
@@ -64,7 +74,9 @@ impl Inner {
     pub(super) fn tick(&mut self, now: u64) {
         self.ops += 1;
         self.settled.rotate(now);
-        if self.ops.is_multiple_of(SWEEP_EVERY) {
+        if self.ops.is_multiple_of(SWEEP_EVERY) || now >= self.swept_at.saturating_add(SWEEP_PERIOD) {
+            self.swept_at = now;
+            self.quotas.retain(|_, q| q.end > now);
             self.holds.retain(|_, h| h.expires_at > now);
             for set in self.slots.values_mut() {
                 set.retain(|_, lease| *lease > now);
@@ -106,7 +118,12 @@ impl Inner {
     pub(super) fn quota(&self, key: &str, window: u64) -> QuotaState {
         match self.quotas.get(key) {
             Some(q) if q.window == window => *q,
-            _ => QuotaState { window, used: 0 },
+            // Its end is set by the caller that stores it.
+            _ => QuotaState {
+                window,
+                used: 0,
+                end: 0,
+            },
         }
     }
 
@@ -265,6 +282,7 @@ impl Inner {
                 let w = window.id(now);
                 let mut q = self.quota(&spec.key, w);
                 q.used += amount;
+                q.end = window.end(now);
                 store_at(&mut self.quotas, &spec.key, q);
                 Some(w)
             }
@@ -401,6 +419,7 @@ impl Inner {
                     QuotaState {
                         window: w,
                         used: count,
+                        end: window.end(now),
                     },
                 );
                 refunded

@@ -163,6 +163,7 @@ pub(super) fn meta_of(spec: &BudgetSpec) -> String {
         Scope::Key(t, k) => vec!["key", t, k],
         Scope::TenantModel(t, m) => vec!["tenant_model", t, m],
         Scope::Upstream(u) => vec!["upstream", u],
+        Scope::EndUser(t, h) => vec!["end_user", t, h],
     };
     parts.push(spec.name.as_str());
     serde_json::to_string(&parts).unwrap_or_default()
@@ -180,6 +181,7 @@ pub(super) fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> 
             Scope::TenantModel(t.as_str().into(), m.as_str().into())
         }
         [k, u] if k == "upstream" => Scope::Upstream(u.as_str().into()),
+        [k, t, h] if k == "end_user" => Scope::EndUser(t.as_str().into(), h.as_str().into()),
         _ => return Err(bad()),
     };
     let name = BudgetName::parse(name).ok_or_else(bad)?;
