@@ -380,6 +380,10 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     counter!("budgetgate_settlements_failed_total").increment(0);
     counter!("budgetgate_deny_cache_evictions_total").increment(0);
     counter!("budgetgate_fail_open_evictions_total").increment(0);
+    // Written a second after start by a memory store that persists: at
+    // zero before, so a scrape's series do not change with time alone.
+    counter!("budgetgate_store_snapshots_total").increment(0);
+    counter!("budgetgate_store_snapshot_failures_total").increment(0);
 }
 
 /// A memory-store snapshot written (`ok`) or failed.

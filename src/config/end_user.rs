@@ -55,7 +55,9 @@ mod tests {
         let b = EndUserKey::new(b"fedcba9876543210");
         let h = a.hash(b"alice@example.com");
         assert_eq!(h.len(), 32);
-        assert!(h.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(h
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         assert_eq!(h, a.hash(b"alice@example.com"));
         assert_ne!(h, b.hash(b"alice@example.com"));
         assert_ne!(h, a.hash(b"bob@example.com"));

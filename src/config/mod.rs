@@ -322,11 +322,13 @@ impl Policy {
 
     /// `tenant` and then each of its ancestors, nearest first: the levels
     /// whose budgets a request of `tenant` reserves.
-    pub fn lineage<'p>(&'p self, tenant: &'p TenantPolicy) -> impl Iterator<Item = &'p TenantPolicy> {
+    pub fn lineage<'p>(
+        &'p self,
+        tenant: &'p TenantPolicy,
+    ) -> impl Iterator<Item = &'p TenantPolicy> {
         std::iter::once(tenant).chain(tenant.ancestors.iter().map(|&i| &self.tenants[i]))
     }
 }
-
 
 /// Lower-case hex SHA-256 of an API key, as written in `keys[].sha256`.
 pub fn hash_key(key: &str) -> String {

@@ -213,28 +213,36 @@ mod tests {
     fn sources_in_order_and_agreeing() {
         let chat = Dialect::ChatCompletions;
         let b = body(json!({"user": "u1", "safety_identifier": "u1"}));
-        assert_eq!(id_of(chat, headers(Some("u1")).as_ref(), &b).unwrap(), Some(&b"u1"[..]));
+        assert_eq!(
+            id_of(chat, headers(Some("u1")).as_ref(), &b).unwrap(),
+            Some(&b"u1"[..])
+        );
         let b = body(json!({"user": "u2"}));
         assert_eq!(id_of(chat, None, &b).unwrap(), Some(&b"u2"[..]));
         let b = body(json!({"user": "", "metadata": {"user_id": "x"}}));
         assert_eq!(id_of(chat, None, &b).unwrap(), None);
         let b = body(json!({"metadata": {"user_id": "a"}, "user": "ignored"}));
-        assert_eq!(
-            id_of(Dialect::Messages, None, &b).unwrap(),
-            Some(&b"a"[..])
-        );
+        assert_eq!(id_of(Dialect::Messages, None, &b).unwrap(), Some(&b"a"[..]));
     }
 
     #[test]
     fn refusals_name_their_source() {
         let chat = Dialect::ChatCompletions;
-        let e = id_of(chat, headers(Some("a")).as_ref(), &body(json!({"user": "b"}))).unwrap_err();
+        let e = id_of(
+            chat,
+            headers(Some("a")).as_ref(),
+            &body(json!({"user": "b"})),
+        )
+        .unwrap_err();
         let m = message(e);
         assert!(m.contains("x-budgetgate-end-user header and `user`"), "{m}");
         let long = "x".repeat(10_000);
         let e = id_of(chat, None, &body(json!({"safety_identifier": long}))).unwrap_err();
         let m = message(e);
-        assert!(m.starts_with("Some(\"safety_identifier\")") && m.contains("10000 bytes"), "{m}");
+        assert!(
+            m.starts_with("Some(\"safety_identifier\")") && m.contains("10000 bytes"),
+            "{m}"
+        );
         let e = id_of(chat, None, &body(json!({"user": 7}))).unwrap_err();
         assert!(message(e).contains("`user` must be a string"));
         let e = id_of(

@@ -73,13 +73,27 @@ pub async fn prepare(
     };
     let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
-        let req = Request { dialect, caller, raw: bytes, path_model, betas: &betas, end_user_header };
+        let req = Request {
+            dialect,
+            caller,
+            raw: bytes,
+            path_model,
+            betas: &betas,
+            end_user_header,
+        };
         parse(&cx.st, &cx.policy, req)
     } else {
         let len = bytes.len();
         let (st, policy) = (cx.st.clone(), cx.policy.clone());
         let job = move || {
-            let req = Request { dialect, caller, raw: bytes, path_model, betas: &betas, end_user_header };
+            let req = Request {
+                dialect,
+                caller,
+                raw: bytes,
+                path_model,
+                betas: &betas,
+                end_user_header,
+            };
             parse(&st, &policy, req)
         };
         estimate::off_io_threads(len, job).await.ok_or_else(|| {
@@ -250,13 +264,8 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         ));
     }
     let tenant = policy.tenant(caller.tenant);
-    let end_user = super::end_user::end_user(
-        policy,
-        tenant,
-        dialect,
-        end_user_header.as_ref(),
-        &body,
-    )?;
+    let end_user =
+        super::end_user::end_user(policy, tenant, dialect, end_user_header.as_ref(), &body)?;
     let end_user_budgets = match &end_user {
         Some(hash) => plan::end_user_budgets(&AppState::key_space(policy), policy, tenant, hash),
         None => Vec::new(),
@@ -311,7 +320,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
                     .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
                     .min_by_key(|s| s.capacity())
                     .map(|s| (s.scope.clone(), s.name))
-                    .unwrap_or_else(|| (Scope::Tenant(tenant.name.as_str().into()), BudgetName::Tpm))
+                    .unwrap_or_else(|| {
+                        (Scope::Tenant(tenant.name.as_str().into()), BudgetName::Tpm)
+                    })
             })
         })?;
     drop(body);

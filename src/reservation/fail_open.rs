@@ -340,3 +340,59 @@ impl BudgetStore for GatewayStore {
         self.inner.times_out_calls()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::reserve::{Costs, Requester, Scope};
+
+    fn request(id: &str, key: &str) -> ReserveRequest {
+        let spec = BudgetSpec {
+            scope: Scope::Tenant("t".into()),
+            name: crate::reserve::BudgetName::Rpm,
+            kind: BudgetKind::Bucket {
+                per_minute: 10,
+                burst: 10,
+            },
+            key: key.into(),
+            refund_unused: true,
+            shadow: false,
+        };
+        ReserveRequest {
+            id: id.into(),
+            costs: Costs::tokens(1),
+            common: vec![spec],
+            candidates: Vec::new(),
+            lease_micros: 1_000_000,
+            hold_ttl_micros: 1_000_000,
+            requester: Arc::new(Requester {
+                tenant: "t".into(),
+                policy_version: "v".into(),
+                on_store_error: OnStoreError::FailOpen,
+            }),
+        }
+    }
+
+    /// Fault: the local limiter kept a budget per end user seen during an
+    /// outage, without bound.
+    #[test]
+    fn the_limiter_keeps_state_for_its_most_recent_budgets_only() {
+        let limiter = MemoryStore::new(Arc::new(ManualClock::new(1_000_000)));
+        let tracked = Tracked::new(2);
+        for (i, key) in ["a", "b", "a", "c"].into_iter().enumerate() {
+            let r = request(&format!("r{i}"), key);
+            tracked.touch(&r, &limiter);
+            assert!(matches!(
+                limiter.reserve_sync(&r),
+                ReserveOutcome::Admitted(_)
+            ));
+        }
+        // `b` was the least recently reserved when `c` came: forgotten.
+        assert_eq!(limiter.budget_entries(), 2);
+        let state = |key: &str| limiter.inspect_sync(&request("x", key).common)[0].remaining;
+        assert_eq!(state("a"), 8);
+        assert_eq!(state("c"), 9);
+        assert_eq!(state("b"), 10, "starts full again");
+    }
+}

@@ -78,7 +78,9 @@ impl DenyCache {
     /// An empty cache remembering at most `entries` budgets (at least one).
     pub fn with_capacity(entries: usize) -> Self {
         Self {
-            entries: Mutex::new(LruCache::new(NonZeroUsize::MIN.saturating_add(entries.saturating_sub(1)))),
+            entries: Mutex::new(LruCache::new(
+                NonZeroUsize::MIN.saturating_add(entries.saturating_sub(1)),
+            )),
         }
     }
 
@@ -236,6 +238,38 @@ mod tests {
                 window: None,
             },
         }
+    }
+
+    /// Fault: one entry per refused end user, kept until each one's wait
+    /// passed, without bound.
+    #[test]
+    fn a_full_cache_forgets_its_least_recently_used_budget() {
+        let c = DenyCache::with_capacity(2);
+        let quota = |key: &str| {
+            let mut s = spec(
+                BudgetName::TokensPerDay,
+                BudgetKind::Quota {
+                    limit: 100,
+                    window: crate::reserve::Window::Day,
+                },
+            );
+            s.key = key.into();
+            s
+        };
+        let (a, b, x) = (quota("a"), quota("b"), quota("x"));
+        let d = denial(BudgetName::TokensPerDay, 0, 60_000_000);
+        c.record(&a, &d, 0);
+        c.record(&b, &d, 0);
+        // `a` is used again, so `b` is the least recently used.
+        assert!(c.check(std::slice::from_ref(&a), &[10], 1).is_some());
+        c.record(&x, &d, 1);
+        assert_eq!(c.len(), 2);
+        assert!(c.check(std::slice::from_ref(&a), &[10], 2).is_some());
+        assert!(c.check(std::slice::from_ref(&x), &[10], 2).is_some());
+        assert!(
+            c.check(std::slice::from_ref(&b), &[10], 2).is_none(),
+            "forgotten: the store answers"
+        );
     }
 
     #[test]

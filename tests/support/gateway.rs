@@ -177,8 +177,20 @@ impl Gateway {
                 .unwrap_or_else(|| panic!("no upstream {u}"))
                 .limits
                 .clone(),
+            Scope::EndUser(t, _) => tenant(t).end_user_limits.clone(),
         };
         plan::scope_budgets(&ks, scope, &limits, true)
+    }
+
+    /// The scope of end user `id` of tenant `tenant` (its keyed hash under
+    /// the active policy's key, [`end_user_key`]).
+    pub fn end_user(&self, tenant: &str, id: &str) -> Scope {
+        let policy = self.state.policy.load_full();
+        let key = policy
+            .end_user_key
+            .as_ref()
+            .expect("the test config has end-user settings");
+        Scope::EndUser(tenant.into(), key.hash(id.as_bytes()).into())
     }
 
     /// The state of budget `name` of `scope`, read from the store.
@@ -240,4 +252,15 @@ impl Drop for Gateway {
             let _ = tx.send(());
         }
     }
+}
+
+/// The end-user hash key every test gateway uses, set once in this
+/// process's environment under the default variable name (every test sets
+/// the same value, so the order tests run in does not matter).
+pub fn end_user_key() {
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| {
+        // SAFETY: the same value each time, set before any gateway reads it.
+        unsafe { std::env::set_var("BUDGETGATE_END_USER_KEY", "test-end-user-key-0123456789") };
+    });
 }

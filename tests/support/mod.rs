@@ -22,7 +22,7 @@ pub mod redis_server;
 pub mod store_spy;
 
 pub use config::{limits, Kind, Limits, LimitsExt, TestConfig};
-pub use gateway::Gateway;
+pub use gateway::{end_user_key, Gateway};
 pub use http::*;
 pub use process::GatewayProcess;
 pub use python::{deltas, run_python, run_python_any, sdk_stream};

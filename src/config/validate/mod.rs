@@ -293,7 +293,6 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     let end_user_key = end_user_key(&mut v, &server, &tenants);
-    tree::check_domain(&mut v, &store, &tenants);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -327,7 +326,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
 
 /// The end-user hash key from `server.end_user_key_env`: required (at
 /// least [`super::end_user::MIN_KEY_BYTES`] bytes) when a tenant has
-/// end-user settings; read when set anyway.
+/// end-user settings; read when set anyway (a shorter value is then
+/// unused: no tenant hashes with it).
 fn end_user_key(
     v: &mut V,
     server: &ServerPolicy,
@@ -335,30 +335,22 @@ fn end_user_key(
 ) -> Option<std::sync::Arc<super::end_user::EndUserKey>> {
     use super::end_user::{EndUserKey, MIN_KEY_BYTES};
     let var = &server.end_user_key_env;
-    let needed_by = tenants.iter().position(|t| {
-        t.end_user_required || !t.end_user_limits.is_empty()
-    });
-    match std::env::var_os(var) {
-        Some(k) if k.len() >= MIN_KEY_BYTES => {
+    let needed_by = tenants
+        .iter()
+        .position(|t| t.end_user_required || !t.end_user_limits.is_empty());
+    match (std::env::var_os(var), needed_by) {
+        (Some(k), _) if k.len() >= MIN_KEY_BYTES => {
             Some(std::sync::Arc::new(EndUserKey::new(k.as_encoded_bytes())))
         }
-        Some(k) if !k.is_empty() || needed_by.is_some() => {
+        (_, Some(i)) => {
             v.err(
                 "server.end_user_key_env",
-                format!("environment variable {var} must hold at least {MIN_KEY_BYTES} bytes"),
+                format!(
+                    "environment variable {var} must hold a secret of at least {MIN_KEY_BYTES} bytes: tenants[{i}] has end-user settings, whose ids are hashed with it"
+                ),
             );
             None
         }
-        _ => {
-            if let Some(i) = needed_by {
-                v.err(
-                    "server.end_user_key_env",
-                    format!(
-                        "environment variable {var} is not set; tenants[{i}] has end-user settings, whose ids are hashed with it"
-                    ),
-                );
-            }
-            None
-        }
+        (_, None) => None,
     }
 }

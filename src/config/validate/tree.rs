@@ -8,9 +8,7 @@ use std::collections::HashMap;
 
 use super::V;
 use crate::config::raw::RawConfig;
-use crate::config::{StorePolicy, TenantPolicy};
-use crate::reserve::keys::{hash_tag, KeySpace};
-use crate::reserve::{BudgetName, Scope};
+use crate::config::TenantPolicy;
 
 /// Most tenants from a root down to a leaf, the root included.
 pub const MAX_DEPTH: usize = 4;
@@ -73,42 +71,6 @@ pub(super) fn resolve(
         }
         tenants[i].end_user_required = required;
         tenants[i].reads_end_user = reads;
-    }
-}
-
-/// Checks that every tree is one budget domain: the keys a request of
-/// each tenant touches on every level of its tree (tenant, tenant×model,
-/// end-user scopes; its key and deployments are named the same way) carry
-/// the domain's hash tag, so that the reservation is one script on one
-/// Redis Cluster slot. Today every key of a gateway is in the one
-/// `store.domain`; this holds the tree to it should that change.
-pub(super) fn check_domain(v: &mut V, store: &StorePolicy, tenants: &[TenantPolicy]) {
-    let ks = KeySpace::new(&store.key_prefix, &store.domain);
-    let any_user: std::sync::Arc<str> = "0".repeat(32).into();
-    for (i, t) in tenants.iter().enumerate() {
-        let levels = std::iter::once(t).chain(t.ancestors.iter().map(|&a| &tenants[a]));
-        for level in levels {
-            let name: std::sync::Arc<str> = level.name.as_str().into();
-            let mut scopes = vec![
-                Scope::Tenant(name.clone()),
-                Scope::EndUser(name.clone(), any_user.clone()),
-            ];
-            scopes.extend(
-                level
-                    .model_limits
-                    .keys()
-                    .map(|m| Scope::TenantModel(name.clone(), m.as_str().into())),
-            );
-            for scope in scopes {
-                let key = ks.budget(&scope, BudgetName::Rpm);
-                if hash_tag(&key) != Some(store.domain.as_str()) {
-                    v.err(
-                        format!("tenants[{i}]"),
-                        format!("{scope} would be stored outside the budget domain {:?} of its tree", store.domain),
-                    );
-                }
-            }
-        }
     }
 }
 

@@ -74,7 +74,8 @@ impl Inner {
     pub(super) fn tick(&mut self, now: u64) {
         self.ops += 1;
         self.settled.rotate(now);
-        if self.ops.is_multiple_of(SWEEP_EVERY) || now >= self.swept_at.saturating_add(SWEEP_PERIOD) {
+        if self.ops.is_multiple_of(SWEEP_EVERY) || now >= self.swept_at.saturating_add(SWEEP_PERIOD)
+        {
             self.swept_at = now;
             self.quotas.retain(|_, q| q.end > now);
             self.holds.retain(|_, h| h.expires_at > now);
