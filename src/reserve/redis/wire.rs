@@ -173,6 +173,8 @@ pub(super) fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> 
     let name = match name.as_str() {
         "rpm" => BudgetName::Rpm,
         "tpm" => BudgetName::Tpm,
+        "input_tpm" => BudgetName::InputTpm,
+        "output_tpm" => BudgetName::OutputTpm,
         "max_concurrent" => BudgetName::MaxConcurrent,
         "tokens_per_day" => BudgetName::TokensPerDay,
         "tokens_per_month" => BudgetName::TokensPerMonth,
