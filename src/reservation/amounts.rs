@@ -18,6 +18,11 @@
 //! budget that leaves cache reads out. Output at reserve is the reserved
 //! output, or the client's whole cap on budgets that reserve it whole
 //! ([`Counting::whole_cap`]); those are never extended.
+//!
+//! The stores apply whatever these functions say, per spec (store contract
+//! v3): budgets that count differently (input and output limits apart,
+//! cached input weighted, dollars per deployment) change only these
+//! functions.
 
 use crate::dialects::UsageBreakdown;
 use crate::estimate::Estimate;
@@ -112,7 +117,7 @@ impl Demand {
         }
     }
 
-    /// The common token amount of stores of contract v2: input + output.
+    /// Input + output: `Costs::tokens` (metrics, the hold's reserved total).
     pub fn tokens(&self) -> u64 {
         self.input.saturating_add(self.output)
     }
