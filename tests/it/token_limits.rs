@@ -276,7 +276,7 @@ async fn input_and_output_limits_on_an_openai_chat_tenant_admit_refuse_and_settl
         "{policy}"
     );
     let _ = r.text().await;
-    assert_eq!(mock.state.requests()[0].body["max_tokens"], 100);
+    assert_eq!(mock.state.requests()[0].body["max_completion_tokens"], 100);
     gw.all_settled().await;
     assert_eq!(gw.used(t1(), BudgetName::InputTpm).await, input);
     assert_eq!(gw.used(t1(), BudgetName::OutputTpm).await, 10);
