@@ -73,10 +73,15 @@ pub struct RawLimits {
     pub tpm: Option<i64>,
     pub rpm_burst: Option<i64>,
     pub tpm_burst: Option<i64>,
+    pub input_tpm: Option<i64>,
+    pub input_tpm_burst: Option<i64>,
+    pub output_tpm: Option<i64>,
+    pub output_tpm_burst: Option<i64>,
     pub max_concurrent: Option<i64>,
     pub tokens_per_day: Option<i64>,
     pub tokens_per_month: Option<i64>,
     pub requests_per_day: Option<i64>,
+    pub cache_read_weight: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -125,6 +130,7 @@ pub struct RawModel {
     pub anthropic_betas: Vec<String>,
     pub allow_server_tools: Option<bool>,
     pub allow_file_ids: Option<bool>,
+    pub anthropic_cache_reads_count: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

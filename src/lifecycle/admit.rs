@@ -9,7 +9,8 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::metrics;
-use crate::reservation::{amounts, HeldReservation};
+use crate::reservation::amounts::{self, Budgets, Counting, Demand};
+use crate::reservation::HeldReservation;
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
 use crate::server::{BudgetPlan, PlannedDeployment};
@@ -27,12 +28,16 @@ pub struct Admitted<'p> {
 }
 
 /// The budgets a hold debited, in the store's order: the common ones this
-/// attempt reserved, then the chosen deployment's.
+/// attempt reserved, then the chosen deployment's; how each counts; and
+/// what an extension pays per budget.
 pub struct HoldBudgets {
     common: Vec<BudgetSpec>,
+    common_counting: Vec<Counting>,
     plan: Arc<BudgetPlan>,
     /// Position of the chosen deployment in `plan.upstreams`.
     deployment: usize,
+    /// Units per `RATE_ONE` output tokens an extension debits, per spec.
+    rates: Vec<u64>,
 }
 
 impl HoldBudgets {
@@ -41,11 +46,26 @@ impl HoldBudgets {
         self.plan.upstreams[self.deployment].upstream
     }
 
-    /// Every spec of the hold, in order.
-    pub fn specs(&self) -> impl Iterator<Item = &BudgetSpec> {
-        self.common
-            .iter()
-            .chain(self.plan.upstreams[self.deployment].budgets.iter())
+    /// Every budget of the hold, in order: the common ones, then the
+    /// deployment's, each with how it counts.
+    pub fn budgets(&self) -> impl Iterator<Item = Budgets<'_>> {
+        let d = &self.plan.upstreams[self.deployment];
+        [
+            Budgets {
+                specs: &self.common,
+                counting: &self.common_counting,
+            },
+            Budgets {
+                specs: &d.budgets,
+                counting: &d.counting,
+            },
+        ]
+        .into_iter()
+    }
+
+    /// What an extension pays per budget (see [`amounts::extension_rates`]).
+    pub fn rates(&self) -> &[u64] {
+        &self.rates
     }
 }
 
@@ -62,18 +82,32 @@ pub async fn admit<'p>(
     // The plan's budgets, then the end user's. A retry on another
     // deployment is the same client request: its request count is already spent.
     let first = attempts.count() == 0;
-    let common: Vec<BudgetSpec> = plan
+    let (common, common_counting): (Vec<BudgetSpec>, Vec<Counting>) = plan
         .common
         .iter()
-        .chain(&request.end_user_budgets)
-        .filter(|s| first || s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
-        .cloned()
-        .collect();
+        .zip(plan.common_counting.iter())
+        .chain(
+            request
+                .end_user_budgets
+                .iter()
+                .zip(request.end_user_counting.iter()),
+        )
+        .filter(|(s, _)| first || s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+        .map(|(s, c)| (s.clone(), *c))
+        .unzip();
     let id = uuid::Uuid::now_v7().to_string();
+    let demand = Demand::of(&request.estimate);
+    let common_budgets = Budgets {
+        specs: &common,
+        counting: &common_counting,
+    };
     let costs = amounts::reserve_costs(
-        request.estimate.total_tokens,
-        &common,
-        candidates.iter().map(|d| d.budgets.as_slice()),
+        &demand,
+        common_budgets,
+        candidates.iter().map(|d| Budgets {
+            specs: &d.budgets,
+            counting: &d.counting,
+        }),
     );
     let reserve = ReserveRequest {
         id: id.clone(),
@@ -130,6 +164,20 @@ pub async fn admit<'p>(
     } else {
         Arc::new(plan.deny_release.with(&request.end_user_budgets))
     });
+    let rates = amounts::extension_rates(
+        &demand,
+        [
+            Budgets {
+                specs: &reserve.common,
+                counting: &common_counting,
+            },
+            Budgets {
+                specs: &deployment.budgets,
+                counting: &deployment.counting,
+            },
+        ]
+        .into_iter(),
+    );
     let budgets = HoldBudgets {
         deployment: plan
             .upstreams
@@ -138,6 +186,8 @@ pub async fn admit<'p>(
             .unwrap_or(0),
         plan: plan.clone(),
         common: reserve.common,
+        common_counting,
+        rates,
     };
     Ok(Admitted {
         hold,

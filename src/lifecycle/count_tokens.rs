@@ -19,7 +19,7 @@ use super::decode::read_body;
 use super::finish::Outcome;
 use super::prepare::invalid;
 use crate::dialects::{anthropic, Dialect};
-use crate::reservation::amounts;
+use crate::reservation::amounts::{self, Budgets, Demand};
 use crate::reserve::{
     Actual, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest, Scope, Settlement,
 };
@@ -87,7 +87,11 @@ async fn count(
     let id = uuid::Uuid::now_v7().to_string();
     let reserve = ReserveRequest {
         id: id.clone(),
-        costs: amounts::reserve_costs(0, &common, std::iter::once(&[][..])),
+        costs: amounts::reserve_costs(
+            &Demand::default(),
+            Budgets::plain(&common),
+            std::iter::once(Budgets::plain(&[])),
+        ),
         common,
         candidates: vec![Vec::new()],
         lease_micros: policy.server.lease.as_micros() as u64,

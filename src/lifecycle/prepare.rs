@@ -19,6 +19,7 @@ use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::reservation::amounts::Counting;
 use crate::reservation::plan;
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
@@ -53,6 +54,8 @@ pub struct Prepared {
     /// The end user's budgets (every level of the tree that limits end
     /// users), reserved after the plan's common budgets.
     pub end_user_budgets: Vec<BudgetSpec>,
+    /// How each of `end_user_budgets` counts.
+    pub end_user_counting: Vec<Counting>,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -266,9 +269,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     let tenant = policy.tenant(caller.tenant);
     let end_user =
         super::end_user::end_user(policy, tenant, dialect, end_user_header.as_ref(), &body)?;
-    let end_user_budgets = match &end_user {
-        Some(hash) => plan::end_user_budgets(&AppState::key_space(policy), policy, tenant, hash),
-        None => Vec::new(),
+    let (end_user_budgets, end_user_counting) = match &end_user {
+        Some(hash) => plan::end_user_plan(&AppState::key_space(policy), policy, tenant, hash),
+        None => (Vec::new(), Vec::new()),
     };
     let common = &plan.common;
     let cand_specs: Vec<&[BudgetSpec]> = candidates
@@ -277,13 +280,8 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         .collect();
     // The end user's budgets are common ones too (every candidate's).
     let none: [&[BudgetSpec]; 0] = [];
-    let tightest = match (
-        plan::tightest_token_capacity(common, &cand_specs),
-        plan::tightest_token_capacity(&end_user_budgets, &none),
-    ) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let room =
+        plan::token_room(common, &cand_specs).tighter(plan::token_room(&end_user_budgets, &none));
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
@@ -309,8 +307,8 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         }
     }
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
-    let mut estimate = estimate::estimate(dialect, &body, &me, &policy.estimation, tightest)
-        .map_err(|e| {
+    let mut estimate =
+        estimate::estimate(dialect, &body, &me, &policy.estimation, room).map_err(|e| {
             ApiError::from_estimate(e, |capacity| {
                 // The tightest token budget is the one the request can never fit.
                 common
@@ -342,6 +340,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         references,
         end_user,
         end_user_budgets,
+        end_user_counting,
     })
 }
 

@@ -15,7 +15,7 @@ pub fn settle(hold: HeldReservation, budgets: &HoldBudgets, used: UsageBreakdown
     hold.settle(Settlement {
         actual_tokens: actual,
         upstream_failed: false,
-        actual: Actual::PerSpec(amounts::settled_amounts(&used, budgets.specs())),
+        actual: Actual::PerSpec(amounts::settled_amounts(&used, budgets.budgets())),
     });
     actual
 }

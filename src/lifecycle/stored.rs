@@ -23,7 +23,8 @@ use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
 use crate::dialects::{Dialect, UsageBreakdown};
-use crate::reservation::{amounts, HeldReservation};
+use crate::reservation::amounts::{self, Budgets, Demand};
+use crate::reservation::HeldReservation;
 use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, ReserveRequest, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
@@ -224,10 +225,13 @@ async fn charge_requests(
         .cloned()
         .collect();
     let id = uuid::Uuid::now_v7().to_string();
-    let none: &[BudgetSpec] = &[];
     let reserve = ReserveRequest {
         id: id.clone(),
-        costs: amounts::reserve_costs(0, &common, std::iter::once(none)),
+        costs: amounts::reserve_costs(
+            &Demand::default(),
+            Budgets::plain(&common),
+            std::iter::once(Budgets::plain(&[])),
+        ),
         common,
         candidates: vec![Vec::new()],
         lease_micros: policy.server.lease.as_micros() as u64,
@@ -270,7 +274,7 @@ fn requests_only(specs: &[BudgetSpec]) -> Settlement {
         upstream_failed: false,
         actual: Actual::PerSpec(amounts::settled_amounts(
             &UsageBreakdown::from_counts(0, 0),
-            specs.iter(),
+            std::iter::once(Budgets::plain(specs)),
         )),
     }
 }

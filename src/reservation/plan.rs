@@ -1,7 +1,12 @@
 //! Which budgets a request touches, from policy: the one place that turns
-//! configured [`Limits`] into [`BudgetSpec`]s.
+//! configured [`Limits`] into [`BudgetSpec`]s, and says how each counts a
+//! request ([`Counting`]: a scope's cache-read weight, a provider's rule).
 
-use crate::config::{KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+use super::amounts::{Counting, FULL_WEIGHT};
+use crate::config::{
+    KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamKind, UpstreamPolicy,
+};
+use crate::estimate::TokenRoom;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
 
@@ -40,6 +45,28 @@ pub fn scope_budgets(
                 burst: limits.tpm_burst.unwrap_or(tpm),
             },
         );
+    }
+    for (name, limit, burst) in [
+        (
+            BudgetName::InputTpm,
+            limits.input_tpm,
+            limits.input_tpm_burst,
+        ),
+        (
+            BudgetName::OutputTpm,
+            limits.output_tpm,
+            limits.output_tpm_burst,
+        ),
+    ] {
+        if let Some(per_minute) = limit {
+            push(
+                name,
+                BudgetKind::Bucket {
+                    per_minute,
+                    burst: burst.unwrap_or(per_minute),
+                },
+            );
+        }
     }
     if let Some(max) = limits.max_concurrent {
         push(BudgetName::MaxConcurrent, BudgetKind::Concurrency { max });
@@ -99,70 +126,90 @@ pub fn tenant_budgets(
     key: &KeyPolicy,
     model: &ModelPolicy,
 ) -> Vec<BudgetSpec> {
-    let mut out = Vec::new();
-    for (depth, level) in policy.lineage(tenant).enumerate() {
-        let from = out.len();
-        let name = || -> std::sync::Arc<str> { level.name.as_str().into() };
-        out.extend(scope_budgets(
-            ks,
-            Scope::Tenant(name()),
-            &level.limits,
-            true,
-        ));
-        if depth == 0 {
-            out.extend(scope_budgets(
-                ks,
-                Scope::Key(name(), key.id.as_str().into()),
-                &key.limits,
-                true,
-            ));
-        }
-        if let Some(l) = level.model_limits.get(&model.name) {
-            out.extend(scope_budgets(
-                ks,
-                Scope::TenantModel(name(), model.name.as_str().into()),
-                l,
-                true,
-            ));
-        }
-        if level.shadow {
-            for s in &mut out[from..] {
-                s.shadow = true;
-            }
-        }
-        out.extend(shadow_budgets(
-            ks,
-            Scope::Tenant(name()),
-            &level.shadow_limits,
-        ));
-    }
-    out
+    tenant_plan(ks, policy, tenant, key, model).0
 }
 
-/// Budgets of one end user (`hash`, from `config::end_user`) of `tenant`:
-/// for the tenant and each ancestor with `end_user_limits`, the scope
-/// `end_user:<level>/<hash>` under those limits (one end user is then
-/// counted once per level that limits end users, across the level's whole
-/// subtree). A level in shadow has its end-user budgets in shadow.
-pub fn end_user_budgets(
+/// [`tenant_budgets`] and how each counts: every budget of a scope
+/// weights cache reads by the scope's `cache_read_weight` (default: in
+/// full); shadow limits by their own, else their tenant's.
+pub fn tenant_plan(
+    ks: &KeySpace,
+    policy: &Policy,
+    tenant: &TenantPolicy,
+    key: &KeyPolicy,
+    model: &ModelPolicy,
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
+    let mut out = Vec::new();
+    let mut counting = Vec::new();
+    for (depth, level) in policy.lineage(tenant).enumerate() {
+        // A level in shadow mode has every budget of its own in shadow.
+        let mut add = |mut specs: Vec<BudgetSpec>, weight: Option<u64>| {
+            let c = Counting {
+                cache_read_weight: weight.unwrap_or(FULL_WEIGHT),
+                whole_cap: false,
+            };
+            for s in &mut specs {
+                s.shadow |= level.shadow;
+            }
+            counting.extend(specs.iter().map(|_| c));
+            out.extend(specs);
+        };
+        let name = || -> std::sync::Arc<str> { level.name.as_str().into() };
+        let l = &level.limits;
+        add(
+            scope_budgets(ks, Scope::Tenant(name()), l, true),
+            l.cache_read_weight,
+        );
+        if depth == 0 {
+            let l = &key.limits;
+            let scope = Scope::Key(name(), key.id.as_str().into());
+            add(scope_budgets(ks, scope, l, true), l.cache_read_weight);
+        }
+        if let Some(l) = level.model_limits.get(&model.name) {
+            let scope = Scope::TenantModel(name(), model.name.as_str().into());
+            add(scope_budgets(ks, scope, l, true), l.cache_read_weight);
+        }
+        let l = &level.shadow_limits;
+        add(
+            shadow_budgets(ks, Scope::Tenant(name()), l),
+            l.cache_read_weight.or(level.limits.cache_read_weight),
+        );
+    }
+    (out, counting)
+}
+
+/// Budgets of one end user (`hash`, from `config::end_user`) of `tenant`
+/// and how each counts: for the tenant and each ancestor with
+/// `end_user_limits`, the scope `end_user:<level>/<hash>` under those
+/// limits (an end user is then counted once per level that limits end
+/// users, across that level's whole subtree). A level in shadow has its
+/// end-user budgets in shadow.
+pub fn end_user_plan(
     ks: &KeySpace,
     policy: &Policy,
     tenant: &TenantPolicy,
     hash: &std::sync::Arc<str>,
-) -> Vec<BudgetSpec> {
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
     let mut out = Vec::new();
+    let mut counting = Vec::new();
     for level in policy.lineage(tenant) {
-        if level.end_user_limits.is_empty() {
+        let l = &level.end_user_limits;
+        if l.is_empty() {
             continue;
         }
         let scope = Scope::EndUser(level.name.as_str().into(), hash.clone());
-        let mut specs = scope_budgets(ks, scope, &level.end_user_limits, true);
+        let mut specs = scope_budgets(ks, scope, l, true);
         for s in &mut specs {
             s.shadow = level.shadow;
         }
+        let c = Counting {
+            cache_read_weight: l.cache_read_weight.unwrap_or(FULL_WEIGHT),
+            whole_cap: false,
+        };
+        counting.extend(specs.iter().map(|_| c));
         out.extend(specs);
     }
-    out
+    (out, counting)
 }
 
 /// Budgets of one upstream deployment.
@@ -173,6 +220,45 @@ pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetS
         &upstream.limits,
         upstream.refund_unused,
     )
+}
+
+/// How the budgets `specs` of `upstream` count a request of `model`: as
+/// the provider counts its own rate limits. Only the per-minute token
+/// budgets follow the provider; the others count like a tenant's.
+///
+/// - Cache reads: `openai`, `azure` and `self_hosted` count cached input
+///   in full (OpenAI's `cached_tokens` are inside `prompt_tokens`, which
+///   its rate limits count); Anthropic's input limits leave
+///   `cache_read_input_tokens` out on current models, so an `anthropic`
+///   deployment's `tpm` and `input_tpm` weight them 0, unless the model
+///   sets `anthropic_cache_reads_count` (older models count them).
+/// - Output: `openai`, `azure` and `anthropic` count a request's
+///   `max_tokens` at its start (OpenAI and Azure against TPM; Anthropic
+///   against OTPM, adjusted at the end), so `tpm` and `output_tpm` reserve
+///   the client's whole cap even where the tenant's budgets reserve a
+///   stream's cap incrementally; a `self_hosted` server counts what it
+///   generates.
+pub fn upstream_counting(
+    specs: &[BudgetSpec],
+    upstream: &UpstreamPolicy,
+    model: &ModelPolicy,
+) -> Vec<Counting> {
+    let reads = match upstream.kind {
+        UpstreamKind::Anthropic if !model.anthropic_cache_reads_count => 0,
+        _ => FULL_WEIGHT,
+    };
+    let counts_cap_at_start = upstream.kind != UpstreamKind::SelfHosted;
+    specs
+        .iter()
+        .map(|s| Counting {
+            cache_read_weight: match s.name {
+                BudgetName::Tpm | BudgetName::InputTpm => reads,
+                _ => FULL_WEIGHT,
+            },
+            whole_cap: counts_cap_at_start
+                && matches!(s.name, BudgetName::Tpm | BudgetName::OutputTpm),
+        })
+        .collect()
 }
 
 /// Candidate budget lists for a model's deployments, in preference order.
@@ -188,17 +274,30 @@ pub fn candidate_budgets(
         .collect()
 }
 
-/// The smallest token capacity a request must fit: the minimum over the
-/// common budgets and the largest over candidates (a request needs only one
-/// deployment to fit). `None` when no token budget applies.
-pub fn tightest_token_capacity<C: AsRef<[BudgetSpec]>>(
+/// The room a request's default output must fit ([`TokenRoom`]): per
+/// dimension (input + output; output alone), the minimum over the common
+/// budgets and the largest over candidates (a request needs only one
+/// deployment to fit).
+pub fn token_room<C: AsRef<[BudgetSpec]>>(common: &[BudgetSpec], candidates: &[C]) -> TokenRoom {
+    TokenRoom {
+        total: tightest(common, candidates, |n| {
+            n.counts_tokens() && !matches!(n, BudgetName::InputTpm | BudgetName::OutputTpm)
+        }),
+        output: tightest(common, candidates, |n| n == BudgetName::OutputTpm),
+    }
+}
+
+/// The smallest capacity among budgets named `which` a request must fit:
+/// the minimum over `common` and the largest over `candidates`.
+fn tightest<C: AsRef<[BudgetSpec]>>(
     common: &[BudgetSpec],
     candidates: &[C],
+    which: impl Fn(BudgetName) -> bool,
 ) -> Option<u64> {
     let cap = |specs: &[BudgetSpec]| {
         specs
             .iter()
-            .filter(|s| s.name.counts_tokens())
+            .filter(|s| which(s.name))
             .map(|s| s.capacity())
             .min()
     };
@@ -215,103 +314,150 @@ pub fn tightest_token_capacity<C: AsRef<[BudgetSpec]>>(
 }
 
 #[cfg(test)]
-mod tree_tests {
-    use super::*;
-    use crate::reserve::keys::hash_tag;
+mod tree_tests;
 
-    /// Four levels (`org` > `dept` > `team` > `app`), each with a few
-    /// limits and end-user limits, a per-model limit on the org.
-    const TREE: &str = r#"
-[store]
-domain = "d1"
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+
+    const CONFIG: &str = r#"
 [[upstreams]]
-name = "u"
-base_url = "http://127.0.0.1:9/v1"
-limits = { rpm = 10, tpm = 1000 }
+name = "claude"
+kind = "anthropic"
+base_url = "https://api.anthropic.com"
+limits = { tpm = 100000, input_tpm = 40000, output_tpm = 8000, output_tpm_burst = 16000, rpm = 50 }
+
+[[upstreams]]
+name = "oai"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+limits = { tpm = 100000, output_tpm = 9000 }
+
+[[upstreams]]
+name = "vllm"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:1/v1"
+limits = { tpm = 100000 }
+
 [[models]]
-name = "m"
-upstreams = ["u"]
+name = "claude-new"
+upstreams = ["claude"]
+
+[[models]]
+name = "claude-old"
+upstreams = ["claude"]
+anthropic_cache_reads_count = true
+
+[[models]]
+name = "gpt"
+upstreams = ["oai", "vllm"]
+
 [[tenants]]
-name = "org"
-limits = { tpm = 100, tokens_per_day = 1000 }
-model_limits = { m = { rpm = 5 } }
-end_user_limits = { rpm = 3 }
-shadow = true
-[[tenants]]
-name = "dept"
-parent = "org"
-limits = { rpm = 50 }
-[[tenants]]
-name = "team"
-parent = "dept"
-limits = { max_concurrent = 4 }
-end_user_limits = { tpm = 30 }
-[[tenants]]
-name = "app"
-parent = "team"
-keys = [{ id = "k", sha256 = "0000000000000000000000000000000000000000000000000000000000000000", limits = { rpm = 2 } }]
-limits = { tpm = 60 }
+name = "t"
+keys = [{ id = "k", sha256 = "0000000000000000000000000000000000000000000000000000000000000000" }]
+limits = { tpm = 1000, input_tpm = 500, cache_read_weight = 100 }
+model_limits = { gpt = { output_tpm = 50 } }
 "#;
 
-    fn policy() -> Policy {
-        // SAFETY (set_var): the one value every test of this binary sets.
-        unsafe { std::env::set_var("BUDGETGATE_END_USER_KEY", "unit-test-end-user-key") };
-        Policy::from_toml(TREE).unwrap()
+    fn counting(policy: &Policy, upstream: &str, model: &str) -> Vec<(BudgetName, u64, bool)> {
+        let ks = KeySpace::new("p", "d");
+        let u = policy
+            .upstreams
+            .iter()
+            .find(|u| u.name == upstream)
+            .unwrap();
+        let m = policy.model(model).unwrap();
+        let specs = upstream_budgets(&ks, u);
+        upstream_counting(&specs, u, m)
+            .into_iter()
+            .zip(specs)
+            .map(|(c, s)| (s.name, c.cache_read_weight, c.whole_cap))
+            .collect()
     }
 
     #[test]
-    fn a_leaf_reserves_on_every_level_in_one_domain() {
-        let p = policy();
-        let ks = KeySpace::new(&p.store.key_prefix, &p.store.domain);
-        let app = &p.tenants[3];
-        let m = p.model("m").unwrap();
-        let common = tenant_budgets(&ks, &p, app, &app.keys[0], m);
-        let got: Vec<String> = common
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} {}{}",
-                    s.scope,
-                    s.name,
-                    if s.shadow { " shadow" } else { "" }
-                )
-            })
-            .collect();
+    fn upstream_budgets_count_as_their_provider() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        use BudgetName::*;
         assert_eq!(
-            got,
-            [
-                "tenant:app tpm",
-                "key:app/k rpm",
-                "tenant:team max_concurrent",
-                "tenant:dept rpm",
-                "tenant:org tpm shadow",
-                "tenant:org tokens_per_day shadow",
-                "tenant_model:org/m rpm shadow",
+            counting(&p, "claude", "claude-new"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 0, true),
+                (InputTpm, 0, false),
+                (OutputTpm, 1000, true)
             ]
         );
-        let hash: std::sync::Arc<str> = p.end_user_key.as_ref().unwrap().hash(b"u{1}\n").into();
-        let users = end_user_budgets(&ks, &p, app, &hash);
-        let got: Vec<String> = users
-            .iter()
-            .map(|s| format!("{} {} {}", s.scope, s.name, s.shadow))
-            .collect();
         assert_eq!(
-            got,
-            [
-                format!("end_user:team/{hash} tpm false"),
-                format!("end_user:org/{hash} rpm true"),
+            counting(&p, "claude", "claude-old"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 1000, true),
+                (InputTpm, 1000, false),
+                (OutputTpm, 1000, true)
             ]
         );
-        let upstream = upstream_budgets(&ks, &p.upstreams[0]);
-        for s in common.iter().chain(&users).chain(&upstream) {
-            assert_eq!(hash_tag(&s.key), Some("d1"), "{}", s.key);
-        }
-        assert!(p.tenants[0].ancestors.is_empty());
-        assert_eq!(app.ancestors, [2, 1, 0]);
-        assert!(app.reads_end_user && !app.end_user_required);
         assert_eq!(
-            p.requester_of(app).as_deref(),
-            Some("tenant app, child of team, child of dept, child of org")
+            counting(&p, "oai", "gpt"),
+            vec![(Tpm, 1000, true), (OutputTpm, 1000, true)]
+        );
+        assert_eq!(counting(&p, "vllm", "gpt"), vec![(Tpm, 1000, false)]);
+        let ks = KeySpace::new("p", "d");
+        let claude = upstream_budgets(&ks, &p.upstreams[0]);
+        assert_eq!(
+            claude[3].kind,
+            BudgetKind::Bucket {
+                per_minute: 8000,
+                burst: 16000
+            }
+        );
+    }
+
+    #[test]
+    fn tenant_side_budgets_weight_cache_reads_per_scope() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        let t = &p.tenants[0];
+        let ks = KeySpace::new("p", "d");
+        let (specs, counting) = tenant_plan(&ks, &p, t, &t.keys[0], p.model("gpt").unwrap());
+        let got: Vec<(BudgetName, u64)> = specs
+            .iter()
+            .zip(&counting)
+            .map(|(s, c)| (s.name, c.cache_read_weight))
+            .collect();
+        use BudgetName::*;
+        assert_eq!(got, vec![(Tpm, 100), (InputTpm, 100), (OutputTpm, 1000)]);
+        assert!(counting.iter().all(|c| !c.whole_cap));
+        let room = token_room(&specs, &[upstream_budgets(&ks, &p.upstreams[1])]);
+        assert_eq!(
+            room,
+            TokenRoom {
+                total: Some(1000),
+                output: Some(50)
+            }
+        );
+    }
+
+    #[test]
+    fn upstreams_cannot_set_a_cache_read_weight() {
+        let bad = CONFIG.replace(
+            "limits = { tpm = 100000 }",
+            "limits = { tpm = 100000, cache_read_weight = 0 }",
+        );
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.starts_with("upstreams[2].limits.cache_read_weight:")),
+            "{e}"
+        );
+        let bad = CONFIG.replace("cache_read_weight = 100", "cache_read_weight = 1001");
+        assert!(Policy::from_toml(&bad).is_err());
+        let bad = CONFIG.replace("output_tpm = 9000", "output_tpm_burst = 9000");
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.ends_with("output_tpm_burst: needs output_tpm")),
+            "{e}"
         );
     }
 }

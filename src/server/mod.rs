@@ -28,6 +28,7 @@ use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
+use crate::reservation::amounts::Counting;
 use crate::reservation::deny::DenyCachedStore;
 use crate::reservation::plan;
 use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
@@ -70,6 +71,8 @@ pub struct AppState {
 pub struct BudgetPlan {
     /// Tenant-side budgets (tenant, key, tenant × model, shadow limits).
     pub common: Vec<BudgetSpec>,
+    /// How each of `common` counts a request (same order).
+    pub common_counting: Vec<Counting>,
     /// Every deployment of the model, in configured order.
     pub upstreams: Vec<PlannedDeployment>,
     /// Metric handles of the tenant under this policy version.
@@ -86,6 +89,8 @@ pub struct PlannedDeployment {
     pub upstream: DeploymentId,
     /// The deployment's budgets.
     pub budgets: Vec<BudgetSpec>,
+    /// How each of `budgets` counts a request of the plan's model (same order).
+    pub counting: Vec<Counting>,
     /// Metric handles of the deployment.
     pub metrics: DeploymentMetrics,
 }
@@ -151,18 +156,24 @@ impl AppState {
             .entry((tenant_id, key_id, model_id))
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
-                let common = plan::tenant_budgets(&ks, policy, tenant, key, model);
+                let (common, common_counting) = plan::tenant_plan(&ks, policy, tenant, key, model);
                 let deny_release =
                     Arc::new(DenyRelease::of(self.store.deny_cache().clone(), &common));
                 Arc::new(BudgetPlan {
                     common,
+                    common_counting,
                     deny_release,
                     upstreams: policy
                         .deployments_of(model_id)
-                        .map(|u| PlannedDeployment {
-                            upstream: u,
-                            budgets: plan::upstream_budgets(&ks, policy.deployment(u)),
-                            metrics: DeploymentMetrics::new(&policy.deployment(u).name),
+                        .map(|u| {
+                            let deployment = policy.deployment(u);
+                            let budgets = plan::upstream_budgets(&ks, deployment);
+                            PlannedDeployment {
+                                upstream: u,
+                                counting: plan::upstream_counting(&budgets, deployment, model),
+                                budgets,
+                                metrics: DeploymentMetrics::new(&deployment.name),
+                            }
                         })
                         .collect(),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
