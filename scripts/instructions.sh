@@ -11,6 +11,11 @@
 #   REQUESTS=5000 scripts/instructions.sh
 #   CONC=16 PROFILE=redis scripts/instructions.sh  # 16 clients: Redis calls
 #                                        # then go in batches (lua/batch.lua)
+#   SHAPE=deep PROFILE=redis scripts/instructions.sh  # the cost of depth: a
+#                                        # tenant 4 levels deep with an end user,
+#                                        # 40 budgets per request (default: 7)
+#   BUILD=debug PROFILE=redis scripts/instructions.sh  # debug binaries (only
+#                                        # with PROFILE=redis: Redis is counted)
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -24,11 +29,14 @@ STORE=${STORE:-memory}
 # implies STORE=redis) the redis-server its budgets live in.
 PROFILE=${PROFILE:-gateway}
 CONC=${CONC:-1}
+SHAPE=${SHAPE:-flat}
+BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
+[[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
 command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
-GATEWAY=target/release/budgetgate
-MOCK=target/release/examples/mock_upstream
+GATEWAY=target/$BUILD/budgetgate
+MOCK=target/$BUILD/examples/mock_upstream
 [[ -x $GATEWAY && -x $MOCK ]] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
 
 TMP=$(mktemp -d /tmp/budgetgate-instructions.XXXXXX)
@@ -80,11 +88,43 @@ limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
 name = "gpt-4o-mini"
 upstreams = ["mock"]
 encoding = "o200k_base"
+EOF
+BIG='rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000'
+if [[ $SHAPE == deep ]]; then
+    # 40 budgets: six on each of four levels, three on the key, rpm and tpm
+    # of the model on two levels, six on the end user, the deployment's three.
+    SIX="$BIG, tokens_per_month = 500000000000, requests_per_day = 50000000000"
+    MODEL='model_limits = { "gpt-4o-mini" = { rpm = 50000000, tpm = 50000000 } }'
+    cat >>"$TMP/gw.toml" <<EOF
+[[tenants]]
+name = "org"
+limits = { $SIX }
+$MODEL
+[[tenants]]
+name = "dept"
+parent = "org"
+limits = { $SIX }
+[[tenants]]
+name = "team"
+parent = "dept"
+limits = { $SIX }
+[[tenants]]
+name = "bench"
+parent = "team"
+keys = [{ id = "bench", sha256 = "$SHA", limits = { rpm = 50000000, tpm = 50000000, tokens_per_day = 50000000000 } }]
+limits = { $SIX }
+$MODEL
+end_user_limits = { $SIX }
+EOF
+    export BUDGETGATE_END_USER_KEY="instructions-script-end-user-key"
+else
+    cat >>"$TMP/gw.toml" <<EOF
 [[tenants]]
 name = "bench"
 keys = [{ id = "bench", sha256 = "$SHA" }]
-limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000 }
+limits = { $BIG }
 EOF
+fi
 GW_CMD=("$GATEWAY" serve --threads 1 --config "$TMP/gw.toml")
 if [[ $PROFILE == gateway ]]; then
     GW_CMD=(valgrind --tool=callgrind --callgrind-out-file="$PWD/target/callgrind.out.%p" "${GW_CMD[@]}")
@@ -95,7 +135,7 @@ PIDS+=($GW_PID)
 if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
 ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
 BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
-load() { oha --no-tui -n "$1" -c "$CONC" -m POST -H "Authorization: Bearer $KEY" \
+load() { oha --no-tui -n "$1" -c "$CONC" -m POST -H "Authorization: Bearer $KEY" -H "x-budgetgate-end-user: user-1" \
     -H 'content-type: application/json' -d "$BODY" "http://$ADDR/v1/chat/completions" >/dev/null; }
 load 300                       # warm-up: caches, pooled connections
 callgrind_control -z "$VG" >/dev/null
@@ -106,8 +146,8 @@ sleep 1
 OUT=$(ls -t target/callgrind.out.* | head -1)
 TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
 if [[ $PROFILE == redis ]]; then
-    echo "redis-server instructions per request (reserve + settle, c=$CONC): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+    echo "redis-server instructions per request (reserve + settle, c=$CONC, shape $SHAPE): $((TOTAL / REQUESTS)) over $REQUESTS requests"
 else
-    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC, shape $SHAPE): $((TOTAL / REQUESTS)) over $REQUESTS requests"
 fi
 echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"

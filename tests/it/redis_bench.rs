@@ -4,7 +4,9 @@
 //! concurrency on the same server, and Redis memory per idle tenant.
 //!
 //! Run: `cargo test --release --test it redis_bench:: -- --ignored --nocapture`
-//! (needs `redis-server` and `redis-benchmark`).
+//! (needs `redis-server` and `redis-benchmark`). The cost of depth (issue
+//! 21): `redis_bench::cost_of_depth` compares that request with one of a
+//! tenant four levels deep with an end user (40 budgets).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +18,9 @@ use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     Settlement, Window,
 };
+
+/// Common and candidate budgets of one request of `tenant`.
+type Shape = fn(&KeySpace, &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>);
 
 /// The budgets of a typical request: tenant rpm/tpm/slots/day quota,
 /// tenant×model tpm, upstream rpm/tpm/slots. Limits high enough never to refuse.
@@ -68,6 +73,73 @@ fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
     (common, upstream)
 }
 
+/// The budgets of a request four tenants deep with an end user (40):
+/// six on each level of `org` > `dept` > `team` > `tenant` (rpm, tpm,
+/// slots, day and month token quotas, day request quota), three on the
+/// key, rpm and tpm of the model on two levels, six on the end user, and
+/// the deployment's three.
+fn deep_budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
+    let spec = |scope: Scope, name: BudgetName| {
+        let kind = match name {
+            BudgetName::MaxConcurrent => BudgetKind::Concurrency { max: 1_000_000 },
+            BudgetName::TokensPerDay | BudgetName::RequestsPerDay => BudgetKind::Quota {
+                limit: 50_000_000_000,
+                window: Window::Day,
+            },
+            BudgetName::TokensPerMonth => BudgetKind::Quota {
+                limit: 500_000_000_000,
+                window: Window::Month,
+            },
+            _ => BudgetKind::Bucket {
+                per_minute: 50_000_000,
+                burst: 50_000_000,
+            },
+        };
+        BudgetSpec {
+            key: ks.budget(&scope, name),
+            scope,
+            name,
+            kind,
+            refund_unused: true,
+            shadow: false,
+        }
+    };
+    use BudgetName::*;
+    let six = [
+        Rpm,
+        Tpm,
+        MaxConcurrent,
+        TokensPerDay,
+        TokensPerMonth,
+        RequestsPerDay,
+    ];
+    let mut common = Vec::new();
+    let levels = [
+        tenant.to_string(),
+        format!("{tenant}-team"),
+        format!("{tenant}-dept"),
+        format!("{tenant}-org"),
+    ];
+    for (i, level) in levels.iter().enumerate() {
+        let t = || Scope::Tenant(level.as_str().into());
+        common.extend(six.iter().map(|&n| spec(t(), n)));
+        if i == 0 {
+            let key = || Scope::Key(level.as_str().into(), "k".into());
+            common.extend([Rpm, Tpm, TokensPerDay].map(|n| spec(key(), n)));
+        }
+        if i == 0 || i == 3 {
+            let m = || Scope::TenantModel(level.as_str().into(), "gpt-4o-mini".into());
+            common.extend([Rpm, Tpm].map(|n| spec(m(), n)));
+        }
+    }
+    let user = || Scope::EndUser(tenant.into(), "5f0c7a3e9b2d4c1a8e6f0b3d2c1a9e8f".into());
+    common.extend(six.iter().map(|&n| spec(user(), n)));
+    let up = || Scope::Upstream("openai-east".into());
+    let upstream = [Rpm, Tpm, MaxConcurrent].map(|n| spec(up(), n)).to_vec();
+    assert_eq!(common.len() + upstream.len(), 40);
+    (common, upstream)
+}
+
 /// A 1,000-token reservation `id` on the tenant's and one upstream's budgets.
 fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> ReserveRequest {
     ReserveRequest {
@@ -84,6 +156,7 @@ fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> 
 async fn pairs_per_second(
     store: Arc<RedisStore>,
     ks: &KeySpace,
+    shape: Shape,
     callers: usize,
     total: usize,
 ) -> f64 {
@@ -92,7 +165,7 @@ async fn pairs_per_second(
     let mut tasks = Vec::new();
     for c in 0..callers {
         let store = store.clone();
-        let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
+        let (common, upstream) = shape(ks, &format!("tenant{}", c % 8));
         tasks.push(tokio::spawn(async move {
             for i in 0..per {
                 let req = bench_request(format!("b{callers}-{c}-{i}"), &common, &upstream);
@@ -126,6 +199,7 @@ async fn script_cost(
     store: &Arc<RedisStore>,
     server: &RedisServer,
     ks: &KeySpace,
+    shape: Shape,
 ) -> (usize, f64, f64, f64, f64) {
     let callers: usize = std::env::var("COST_CALLERS")
         .ok()
@@ -141,7 +215,7 @@ async fn script_cost(
     };
     let reqs: Vec<Vec<ReserveRequest>> = (0..callers)
         .map(|c| {
-            let (common, upstream) = budgets(ks, &format!("tenant{}", c % 8));
+            let (common, upstream) = shape(ks, &format!("tenant{}", c % 8));
             (0..PER)
                 .map(|i| bench_request(format!("cost-{c}-{i}"), &common, &upstream))
                 .collect()
@@ -254,13 +328,20 @@ async fn redis_store_throughput_and_memory() {
             .expect("connect"),
     );
     // Warm up: load scripts, create keys.
-    pairs_per_second(store.clone(), &ks, 1, 200).await;
+    pairs_per_second(store.clone(), &ks, budgets, 1, 200).await;
     println!(
         "reserve+settle pairs/s (8 budgets per request) vs redis-benchmark EVALSHA \"return 1\":"
     );
     for callers in [1usize, 16, 64] {
         let before = store.batch_counts();
-        let pairs = pairs_per_second(store.clone(), &ks, callers, 4_000.max(callers * 100)).await;
+        let pairs = pairs_per_second(
+            store.clone(),
+            &ks,
+            budgets,
+            callers,
+            4_000.max(callers * 100),
+        )
+        .await;
         let after = store.batch_counts();
         let trivial = redis_benchmark_evalsha(&server, callers);
         println!(
@@ -272,7 +353,7 @@ async fn redis_store_throughput_and_memory() {
     }
 
     let (callers, reserve_us, settle_us, calls_per_pair, per_batch) =
-        script_cost(&store, &server, &ks).await;
+        script_cost(&store, &server, &ks, budgets).await;
     println!(
         "Redis time (INFO commandstats, {callers} callers, {per_batch:.1} calls per batch): \
          {reserve_us:.1} µs per reservation, {settle_us:.1} µs per settlement; \
@@ -334,4 +415,38 @@ async fn redis_store_throughput_and_memory() {
          a settled hold: {} bytes until its TTL",
         hold.unwrap_or(0)
     );
+}
+
+/// The cost of depth (issue 21): the typical request above (8 budgets)
+/// against one four tenants deep with an end user (40), on one server:
+/// pairs per second at 1 and 16 callers, Redis time per reservation and
+/// per settlement, commands per pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures; run with --ignored --nocapture, preferably --release"]
+async fn cost_of_depth() {
+    let server = RedisServer::start();
+    let shapes: [(&str, Shape, usize); 2] = [
+        ("8 budgets", budgets, 8),
+        ("40 budgets (depth 4 + end user)", deep_budgets, 40),
+    ];
+    for (name, shape, n) in shapes {
+        // A key space per shape: the same reservation ids would replay.
+        let ks = KeySpace::new(&format!("bgdepth{n}"), "default");
+        let store = Arc::new(
+            RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+                .await
+                .expect("connect"),
+        );
+        pairs_per_second(store.clone(), &ks, shape, 1, 200).await;
+        let one = pairs_per_second(store.clone(), &ks, shape, 1, 2_000).await;
+        let sixteen = pairs_per_second(store.clone(), &ks, shape, 16, 4_000).await;
+        let (callers, reserve_us, settle_us, commands, per_batch) =
+            script_cost(&store, &server, &ks, shape).await;
+        println!(
+            "{name}: {one:.0} pairs/s at 1 caller, {sixteen:.0} at 16; Redis time ({callers} callers, \
+             {per_batch:.1} calls per batch): {reserve_us:.1} µs per reservation \
+             ({:.2} µs per budget), {settle_us:.1} µs per settlement; {commands:.1} commands per pair",
+            reserve_us / n as f64
+        );
+    }
 }
