@@ -1,7 +1,8 @@
 //! The request path as named phases (DESIGN section 1), one module each:
 //!
 //! 1. [`authenticate`]: the client's key → tenant and key.
-//! 2. [`prepare`]: read, parse, validate, estimate; the budget plan.
+//! 2. [`prepare`]: read, parse, validate, estimate; the budget plan and
+//!    the end user ([`end_user`]).
 //! 3. [`route`]: the deployments this attempt may use, best first.
 //! 4. [`admit`]: one atomic reservation → a held reservation.
 //! 5. [`forward`]: the rewritten body ([`rewrite`]) upstream; failures

@@ -1,6 +1,7 @@
 //! The operator API under `/admin/v1/` (issue 6, item 6): the active
 //! policy version and, for a tenant or an upstream deployment, the current
-//! limit, capacity, remaining and reset of every budget.
+//! limit, capacity, remaining and reset of every budget (a nested tenant's
+//! with its ancestors', which its requests reserve on too).
 //!
 //! - Enabled only when the environment variable named by
 //!   `server.admin_token_env` (default `BUDGETGATE_ADMIN_TOKEN`) is set and
