@@ -9,6 +9,7 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::metrics;
+use crate::money::{Price, PriceTable};
 use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
@@ -33,6 +34,8 @@ pub struct HoldBudgets {
     plan: Arc<BudgetPlan>,
     /// Position of the chosen deployment in `plan.upstreams`.
     deployment: usize,
+    /// Input tokens the reservation was priced for (its price tier).
+    reserved_input: u64,
 }
 
 impl HoldBudgets {
@@ -46,6 +49,23 @@ impl HoldBudgets {
         self.common
             .iter()
             .chain(self.plan.upstreams[self.deployment].budgets.iter())
+    }
+
+    /// The prices the hold was admitted under (its plan's policy, not the
+    /// one a reload brought since).
+    pub fn price(&self) -> Option<&PriceTable> {
+        self.plan.upstreams[self.deployment].price.as_deref()
+    }
+
+    /// The price an extension of the hold's output pays: the tier its
+    /// reservation was priced at.
+    pub fn extension_price(&self) -> Option<&Price> {
+        self.price().map(|p| p.at(self.reserved_input))
+    }
+
+    /// The tenant's metric handles.
+    pub fn tenant_metrics(&self) -> &Arc<crate::metrics::TenantMetrics> {
+        &self.plan.tenant_metrics
     }
 }
 
@@ -65,15 +85,24 @@ pub async fn admit<'p>(
     } else {
         plan.common
             .iter()
-            .filter(|s| s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+            .filter(|s| {
+                s.name.counts_tokens() || s.name.counts_usd() || s.name == BudgetName::MaxConcurrent
+            })
             .cloned()
             .collect()
     };
     let id = uuid::Uuid::now_v7().to_string();
+    let estimated = amounts::Estimated {
+        input: request.estimate.input_tokens,
+        output: request.estimate.output_tokens,
+        cache: request.cache,
+    };
     let costs = amounts::reserve_costs(
-        request.estimate.total_tokens,
+        &estimated,
         &common,
-        candidates.iter().map(|d| d.budgets.as_slice()),
+        candidates
+            .iter()
+            .map(|d| (d.budgets.as_slice(), d.price.as_deref())),
     );
     let reserve = ReserveRequest {
         id: id.clone(),
@@ -134,6 +163,7 @@ pub async fn admit<'p>(
             .unwrap_or(0),
         plan: plan.clone(),
         common: reserve.common,
+        reserved_input: estimated.input,
     };
     Ok(Admitted {
         hold,

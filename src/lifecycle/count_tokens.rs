@@ -87,7 +87,11 @@ async fn count(
     let id = uuid::Uuid::now_v7().to_string();
     let reserve = ReserveRequest {
         id: id.clone(),
-        costs: amounts::reserve_costs(0, &common, std::iter::once(&[][..])),
+        costs: amounts::reserve_costs(
+            &amounts::Estimated::default(),
+            &common,
+            std::iter::once((&[][..], None)),
+        ),
         common,
         candidates: vec![Vec::new()],
         lease_micros: policy.server.lease.as_micros() as u64,

@@ -19,6 +19,7 @@ use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::money::CacheWrites;
 use crate::reservation::plan;
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
@@ -47,6 +48,8 @@ pub struct Prepared {
     pub never_extend: bool,
     /// Provider-side objects the body refers to (Responses).
     pub references: References,
+    /// Cache writes the body asks for: priced at reservation (dollar budgets).
+    pub cache: CacheWrites,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -229,19 +232,6 @@ fn parse(
             ),
         ));
     }
-    let common = &plan.common;
-    let cand_specs: Vec<&[BudgetSpec]> = candidates
-        .iter()
-        .map(|&i| plan.upstreams[i].budgets.as_slice())
-        .collect();
-    let tightest = plan::tightest_token_capacity(common, &cand_specs);
-    let me = ModelEstimation {
-        encoding: model.encoding,
-        default_max_output_tokens: model.default_max_output_tokens,
-        max_output_tokens: model.max_output_tokens,
-        min_output_tokens: policy.min_output_tokens,
-        token_ratio: model.token_ratio,
-    };
     let body = Value::Object(body);
     if dialect.is_anthropic() {
         let tenant = policy.tenant(caller.tenant);
@@ -260,6 +250,21 @@ fn parse(
             ));
         }
     }
+    let mut candidates = candidates;
+    let cache = super::pricing::check(dialect, &body, model, &plan, &mut candidates)?;
+    let common = &plan.common;
+    let cand_specs: Vec<&[BudgetSpec]> = candidates
+        .iter()
+        .map(|&i| plan.upstreams[i].budgets.as_slice())
+        .collect();
+    let tightest = plan::tightest_token_capacity(common, &cand_specs);
+    let me = ModelEstimation {
+        encoding: model.encoding,
+        default_max_output_tokens: model.default_max_output_tokens,
+        max_output_tokens: model.max_output_tokens,
+        min_output_tokens: policy.min_output_tokens,
+        token_ratio: model.token_ratio,
+    };
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
     let mut estimate = estimate::estimate(dialect, &body, &me, &policy.estimation, tightest)
         .map_err(|e| {
@@ -292,6 +297,7 @@ fn parse(
         candidates,
         never_extend,
         references,
+        cache,
     })
 }
 

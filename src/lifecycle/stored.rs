@@ -22,7 +22,7 @@ use super::context::RequestContext;
 use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
-use crate::dialects::{Dialect, UsageBreakdown};
+use crate::dialects::Dialect;
 use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, ReserveRequest, Settlement};
 use crate::server::error::ApiError;
@@ -220,14 +220,18 @@ async fn charge_requests(
     let common: Vec<BudgetSpec> = plan
         .common
         .iter()
-        .filter(|s| !s.name.counts_tokens())
+        .filter(|s| !s.name.counts_tokens() && !s.name.counts_usd())
         .cloned()
         .collect();
     let id = uuid::Uuid::now_v7().to_string();
     let none: &[BudgetSpec] = &[];
     let reserve = ReserveRequest {
         id: id.clone(),
-        costs: amounts::reserve_costs(0, &common, std::iter::once(none)),
+        costs: amounts::reserve_costs(
+            &amounts::Estimated::default(),
+            &common,
+            std::iter::once((none, None)),
+        ),
         common,
         candidates: vec![Vec::new()],
         lease_micros: policy.server.lease.as_micros() as u64,
@@ -268,10 +272,7 @@ fn requests_only(specs: &[BudgetSpec]) -> Settlement {
     Settlement {
         actual_tokens: 0,
         upstream_failed: false,
-        actual: Actual::PerSpec(amounts::settled_amounts(
-            &UsageBreakdown::from_counts(0, 0),
-            specs.iter(),
-        )),
+        actual: Actual::PerSpec(amounts::nothing_used(specs.iter())),
     }
 }
 

@@ -75,7 +75,14 @@ impl DenyCachedStore {
     ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
         let now = self.clock.now_micros();
         let who = &r.requester;
-        if let Some(denial) = self.cache.check(&r.common, r.costs.tokens, now) {
+        // A common budget costs what the cheapest candidate would debit it.
+        let cost_of = |i: usize, spec: &BudgetSpec| {
+            (0..r.candidates.len().max(1))
+                .map(|c| r.costs.of(c, i, spec))
+                .min()
+                .unwrap_or(0)
+        };
+        if let Some(denial) = self.cache.check_costs(&r.common, cost_of, now) {
             metrics::deny_cache_hit(&who.tenant, denial.name);
             metrics::decision(
                 &who.tenant,

@@ -67,6 +67,12 @@ impl HeldReservation {
         self
     }
 
+    /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
+    /// the settlement this reservation is about to make is applied.
+    pub fn record_spend(&mut self, micros: u64) {
+        self.report.spend_micros = Some(micros);
+    }
+
     /// The reservation id (also the response's `x-request-id`).
     pub fn id(&self) -> &str {
         &self.id

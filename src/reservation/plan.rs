@@ -71,6 +71,15 @@ pub fn scope_budgets(
             },
         );
     }
+    // Dollar budgets: calendar quotas whose unit is the micro-dollar.
+    for (name, limit, window) in [
+        (BudgetName::UsdPerDay, limits.usd_per_day, Window::Day),
+        (BudgetName::UsdPerMonth, limits.usd_per_month, Window::Month),
+    ] {
+        if let Some(limit) = limit {
+            push(name, BudgetKind::Quota { limit, window });
+        }
+    }
     out
 }
 

@@ -34,6 +34,8 @@ pub struct DenyRelease {
 pub(super) struct SettleReport {
     pub(super) tenant: Option<Arc<TenantMetrics>>,
     pub(super) deny: Option<Arc<DenyRelease>>,
+    /// The settled cost, µ$, when the deployment is priced.
+    pub(super) spend_micros: Option<u64>,
 }
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
@@ -183,6 +185,9 @@ pub(super) fn record_settlement(
     };
     if let Some(t) = &report.tenant {
         t.settled(*reserved, actual_tokens);
+        if let Some(micros) = report.spend_micros {
+            t.spent(micros);
+        }
     }
     if let (Some(d), true) = (&report.deny, *refunded > 0) {
         d.cache.forget(&d.keys);

@@ -80,11 +80,14 @@ impl Step {
 
     /// The rate of `spec`, at `index` among the hold's specs.
     pub fn rate(&self, index: usize, spec: &BudgetSpec) -> u64 {
-        self.rates.get(index).copied().unwrap_or(if spec.name.counts_tokens() {
-            RATE_ONE
-        } else {
-            0
-        })
+        self.rates
+            .get(index)
+            .copied()
+            .unwrap_or(if spec.name.counts_tokens() {
+                RATE_ONE
+            } else {
+                0
+            })
     }
 }
 

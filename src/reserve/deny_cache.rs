@@ -112,12 +112,24 @@ impl DenyCache {
     /// when one of them certainly cannot fit; the refusal's wait is the time
     /// until it could.
     pub fn check(&self, specs: &[BudgetSpec], tokens: u64, now: u64) -> Option<Denial> {
+        self.check_costs(specs, |_, s| s.cost(tokens), now)
+    }
+
+    /// [`DenyCache::check`] of a request that costs spec `i` of `specs`
+    /// `cost_of(i, spec)` in the spec's own unit (µ$ for dollar budgets:
+    /// the cheapest candidate's, since the request needs only one).
+    pub fn check_costs(
+        &self,
+        specs: &[BudgetSpec],
+        cost_of: impl Fn(usize, &BudgetSpec) -> u64,
+        now: u64,
+    ) -> Option<Denial> {
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if e.is_empty() {
             return None;
         }
         let mut worst: Option<Denial> = None;
-        for spec in specs {
+        for (i, spec) in specs.iter().enumerate() {
             let Some(entry) = e.get(&spec.key) else {
                 continue;
             };
@@ -125,11 +137,12 @@ impl DenyCache {
                 e.remove(&spec.key);
                 continue;
             }
-            if spec.cost(tokens) > spec.capacity() {
+            let cost = cost_of(i, spec);
+            if cost > spec.capacity() {
                 // It can never fit: the store says so, without a retry hint.
                 continue;
             }
-            let cost = spec.cost(tokens) as i64;
+            let cost = cost as i64;
             let wait = if entry.rate > 0 {
                 let credited_ms = ((now - entry.last0) / 1000).min(MAX_WAIT_MS as u64);
                 let bound_units = entry.available_bound + credited_ms as i64 * entry.rate as i64;

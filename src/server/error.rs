@@ -33,6 +33,14 @@ pub enum ApiError {
         /// Explanation.
         message: String,
     },
+    /// A request under a dollar budget that cannot be priced (400
+    /// `unpriceable_request`, docs/MONEY.md).
+    Unpriceable {
+        /// The parameter that asks for what has no price.
+        param: Option<String>,
+        /// Explanation, naming the dollar budget.
+        message: String,
+    },
     /// Unknown model (404 `model_not_found`).
     ModelNotFound(String),
     /// Unknown path (404).
@@ -158,6 +166,7 @@ fn unit(name: BudgetName) -> &'static str {
     match name {
         BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
         BudgetName::MaxConcurrent => "requests in flight",
+        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "micro-dollars",
         _ => "tokens",
     }
 }
@@ -173,7 +182,9 @@ impl ApiError {
         match self {
             ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::Unpriceable { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::ModelNotFound(_)
             | ApiError::NotFound(_)
             | ApiError::ModelElsewhere { .. }
@@ -211,6 +222,7 @@ impl ApiError {
             ApiError::InvalidKey => "invalid_key",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::Unpriceable { .. } => "unpriceable",
             ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
             ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
@@ -236,8 +248,22 @@ impl ApiError {
 fn is_quota(name: BudgetName) -> bool {
     matches!(
         name,
-        BudgetName::TokensPerDay | BudgetName::TokensPerMonth | BudgetName::RequestsPerDay
+        BudgetName::TokensPerDay
+            | BudgetName::TokensPerMonth
+            | BudgetName::RequestsPerDay
+            | BudgetName::UsdPerDay
+            | BudgetName::UsdPerMonth
     )
+}
+
+/// An amount of budget `name` as a person reads it: `$0.25` for dollar
+/// budgets (µ$ inside), `1200 tokens` / `3 requests` otherwise.
+fn amount(name: BudgetName, n: i64) -> String {
+    if name.counts_usd() {
+        format!("${}", crate::money::format_usd(n))
+    } else {
+        format!("{n} {}", unit(name))
+    }
 }
 
 fn scope_kind(scope: &Scope) -> &'static str {
@@ -310,6 +336,14 @@ impl ApiError {
             ApiError::InvalidRequest { param, message } => {
                 shaped(dialect, status, &message, "invalid_request_error", param.as_deref(), None)
             }
+            ApiError::Unpriceable { param, message } => shaped(
+                dialect,
+                status,
+                &message,
+                "invalid_request_error",
+                param.as_deref(),
+                Some("unpriceable_request"),
+            ),
             ApiError::ModelElsewhere { model, messages } => shaped(
                 dialect,
                 status,
@@ -367,6 +401,18 @@ impl ApiError {
                         "Concurrency limit reached for {} {} ({}): limit {} requests in flight. Please retry in {}.",
                         scope_kind(&d.scope), d.scope, d.name, d.limit, human(wait)
                     )
+                } else if d.name.counts_usd() {
+                    // The spend may pass the limit (debt of settled requests).
+                    format!(
+                        "Dollar budget exhausted for {} budget {} ({}): limit {}, spent {}, this request needs {}. The budget resets in {}.",
+                        scope_kind(&d.scope),
+                        d.scope,
+                        d.name,
+                        amount(d.name, d.limit as i64),
+                        amount(d.name, d.limit as i64 - d.available),
+                        amount(d.name, d.requested as i64),
+                        human(wait)
+                    )
                 } else {
                     format!(
                         "Rate limit reached for {} budget {} ({}): limit {}, used {}, requested {} {}. {}",
@@ -400,8 +446,10 @@ impl ApiError {
             }
             ApiError::Impossible(i) => {
                 let message = format!(
-                    "Request too large for {} budget {} ({}): capacity {} {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
-                    scope_kind(&i.scope), i.scope, i.name, i.capacity, unit(i.name), i.requested
+                    "Request too large for {} budget {} ({}): capacity {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+                    scope_kind(&i.scope), i.scope, i.name,
+                    amount(i.name, i.capacity as i64),
+                    amount(i.name, i.requested as i64)
                 );
                 let (kind, code) = if is_quota(i.name) {
                     ("insufficient_quota", "insufficient_quota")

@@ -28,6 +28,7 @@ use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
+use crate::money::PriceTable;
 use crate::reservation::deny::DenyCachedStore;
 use crate::reservation::plan;
 use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
@@ -88,6 +89,10 @@ pub struct PlannedDeployment {
     pub budgets: Vec<BudgetSpec>,
     /// Metric handles of the deployment.
     pub metrics: DeploymentMetrics,
+    /// The model's prices on this deployment, under the plan's policy: a
+    /// request prices its usage at the prices it was admitted under, even
+    /// after a reload.
+    pub price: Option<Arc<PriceTable>>,
 }
 
 #[derive(Default)]
@@ -154,7 +159,9 @@ impl AppState {
                     cache: self.store.deny_cache().clone(),
                     keys: common
                         .iter()
-                        .filter(|s| s.refund_unused && s.name.counts_tokens())
+                        .filter(|s| {
+                            s.refund_unused && s.name.counts_tokens() || s.name.counts_usd()
+                        })
                         .map(|s| s.key.clone())
                         .collect(),
                 });
@@ -167,6 +174,7 @@ impl AppState {
                             upstream: u,
                             budgets: plan::upstream_budgets(&ks, policy.deployment(u)),
                             metrics: DeploymentMetrics::new(&policy.deployment(u).name),
+                            price: model.price_on(policy.deployment(u)),
                         })
                         .collect(),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),

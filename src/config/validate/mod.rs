@@ -4,6 +4,7 @@
 
 mod deployments;
 pub mod forwarding;
+mod prices;
 mod tenants;
 
 use std::net::SocketAddr;
@@ -61,6 +62,8 @@ impl V {
             tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_QUOTA),
             tokens_per_month: self.positive(&p("tokens_per_month"), l.tokens_per_month, MAX_QUOTA),
             requests_per_day: self.positive(&p("requests_per_day"), l.requests_per_day, MAX_QUOTA),
+            usd_per_day: self.usd_budget(&p("usd_per_day"), l.usd_per_day.as_ref()),
+            usd_per_month: self.usd_budget(&p("usd_per_month"), l.usd_per_month.as_ref()),
         };
         if out.rpm_burst.is_some() && l.rpm.is_none() {
             self.err(p("rpm_burst"), "needs rpm");
@@ -253,11 +256,13 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             MAX_LIMIT,
         )
         .unwrap_or(16);
+    // At most a million tokens: a dollar budget's partial grant is then
+    // computed without a product above 2^53 (src/money/mod.rs).
     let stream_extension_step = v
         .positive(
             "estimation.stream_extension_step",
             e.stream_extension_step,
-            MAX_LIMIT,
+            crate::money::PRICE_TOKENS,
         )
         .unwrap_or(256);
 
