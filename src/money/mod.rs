@@ -56,6 +56,16 @@ pub mod price;
 
 pub use price::{grant, CacheWrites, Price, PriceTable, TokenCounts};
 
+// The bounds of the module docs, checked when the crate compiles.
+const _: () = {
+    assert!(MAX_COST == crate::reserve::bucket::MAX_LIMIT * MAX_PRICE / PRICE_TOKENS);
+    assert!(MAX_SPEND + MAX_COST < 1 << 53);
+    assert!(MAX_BUDGET <= MAX_SPEND);
+    // The partial grant's largest intermediate products.
+    assert!((PRICE_TOKENS - 1) * PRICE_TOKENS < 1 << 53);
+    assert!((MAX_PRICE - 1) * PRICE_TOKENS < 1 << 53);
+};
+
 /// µ$ in one dollar.
 pub const MICROS_PER_USD: u64 = 1_000_000;
 
@@ -171,18 +181,5 @@ mod tests {
         for m in [0u64, 1, 99, 150_000, 1_234_567, MAX_BUDGET] {
             assert_eq!(parse_usd(&format_usd(m as i64), MAX_BUDGET), Ok(m));
         }
-    }
-
-    #[test]
-    fn the_bounds_stay_below_2_pow_53() {
-        assert_eq!(
-            MAX_COST,
-            crate::reserve::bucket::MAX_LIMIT * MAX_PRICE / PRICE_TOKENS
-        );
-        assert!(MAX_SPEND + MAX_COST < 1 << 53);
-        assert!(MAX_BUDGET <= MAX_SPEND);
-        // The partial grant's largest intermediate products.
-        assert!((PRICE_TOKENS - 1) * PRICE_TOKENS < 1 << 53);
-        assert!((MAX_PRICE - 1) * PRICE_TOKENS < 1 << 53);
     }
 }

@@ -7,6 +7,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::refusal_text;
 use crate::dialects::anthropic;
 use crate::dialects::error::error_body;
 use crate::dialects::Dialect;
@@ -162,15 +163,6 @@ fn rate_type(name: BudgetName) -> &'static str {
     }
 }
 
-fn unit(name: BudgetName) -> &'static str {
-    match name {
-        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
-        BudgetName::MaxConcurrent => "requests in flight",
-        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "micro-dollars",
-        _ => "tokens",
-    }
-}
-
 /// `retry-after` value: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(micros: u64) -> u64 {
     micros.div_ceil(1_000_000).max(1)
@@ -245,7 +237,7 @@ impl ApiError {
     }
 }
 
-fn is_quota(name: BudgetName) -> bool {
+pub(super) fn is_quota(name: BudgetName) -> bool {
     matches!(
         name,
         BudgetName::TokensPerDay
@@ -254,25 +246,6 @@ fn is_quota(name: BudgetName) -> bool {
             | BudgetName::UsdPerDay
             | BudgetName::UsdPerMonth
     )
-}
-
-/// An amount of budget `name` as a person reads it: `$0.25` for dollar
-/// budgets (µ$ inside), `1200 tokens` / `3 requests` otherwise.
-fn amount(name: BudgetName, n: i64) -> String {
-    if name.counts_usd() {
-        format!("${}", crate::money::format_usd(n))
-    } else {
-        format!("{n} {}", unit(name))
-    }
-}
-
-fn scope_kind(scope: &Scope) -> &'static str {
-    match scope {
-        Scope::Tenant(_) => "tenant",
-        Scope::Key(..) => "key",
-        Scope::TenantModel(..) => "tenant×model",
-        Scope::Upstream(_) => "upstream",
-    }
 }
 
 impl IntoResponse for ApiError {
@@ -396,40 +369,7 @@ impl ApiError {
                 } else {
                     d.retry_after_micros
                 };
-                let message = if d.name == BudgetName::MaxConcurrent {
-                    format!(
-                        "Concurrency limit reached for {} {} ({}): limit {} requests in flight. Please retry in {}.",
-                        scope_kind(&d.scope), d.scope, d.name, d.limit, human(wait)
-                    )
-                } else if d.name.counts_usd() {
-                    // The spend may pass the limit (debt of settled requests).
-                    format!(
-                        "Dollar budget exhausted for {} budget {} ({}): limit {}, spent {}, this request needs {}. The budget resets in {}.",
-                        scope_kind(&d.scope),
-                        d.scope,
-                        d.name,
-                        amount(d.name, d.limit as i64),
-                        amount(d.name, d.limit as i64 - d.available),
-                        amount(d.name, d.requested as i64),
-                        human(wait)
-                    )
-                } else {
-                    format!(
-                        "Rate limit reached for {} budget {} ({}): limit {}, used {}, requested {} {}. {}",
-                        scope_kind(&d.scope),
-                        d.scope,
-                        d.name,
-                        d.limit,
-                        (d.limit as i64 - d.available).max(0),
-                        d.requested,
-                        unit(d.name),
-                        if quota {
-                            format!("The quota resets in {}.", human(wait))
-                        } else {
-                            format!("Please try again in {}.", human(wait))
-                        }
-                    )
-                };
+                let message = refusal_text::rate_limited(d, wait);
                 let (kind, code) = if quota {
                     ("insufficient_quota", "insufficient_quota")
                 } else {
@@ -445,12 +385,7 @@ impl ApiError {
                 resp
             }
             ApiError::Impossible(i) => {
-                let message = format!(
-                    "Request too large for {} budget {} ({}): capacity {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
-                    scope_kind(&i.scope), i.scope, i.name,
-                    amount(i.name, i.capacity as i64),
-                    amount(i.name, i.requested as i64)
-                );
+                let message = refusal_text::impossible(&i);
                 let (kind, code) = if is_quota(i.name) {
                     ("insufficient_quota", "insufficient_quota")
                 } else {
@@ -517,9 +452,4 @@ impl ApiError {
             ),
         }
     }
-}
-
-/// A wait written for people: `1.5s`, `250ms`, `6m0s` (same as the headers).
-fn human(micros: u64) -> String {
-    super::headers::go_duration(micros)
 }

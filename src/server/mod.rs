@@ -3,7 +3,8 @@
 //! they start) join budgets and upstreams.
 //!
 //! - [`handlers`]: the request lifecycle of DESIGN section 1.
-//! - [`error`]: every error → status, OpenAI body, retry headers.
+//! - [`error`]: every error → status, OpenAI body, retry headers;
+//!   [`refusal_text`]: the words of a budget refusal.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
@@ -16,6 +17,7 @@ pub mod budget_view;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod refusal_text;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
