@@ -62,7 +62,7 @@ fn benches(c: &mut Criterion) {
             assert!(matches!(r, ReserveOutcome::Admitted(_)), "{r:?}");
             let s = store.settle_sync(
                 &req.id,
-                Settlement {
+                &Settlement {
                     // Refund everything, so millions of pairs never drain the buckets.
                     actual_tokens: 0,
                     upstream_failed: false,

@@ -1,4 +1,4 @@
--- budgetgate extend: debit more tokens from every token budget of a hold.
+-- budgetgate extend: debit more output from every amount budget of a hold.
 -- Mirrors MemoryStore::extend_sync (src/reserve/memory/); lib.lua is prepended.
 --
 -- KEYS[1]        the hold
@@ -6,14 +6,20 @@
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens wanted
+-- ARGV[4]        '' (every amount line at rate RATE_ONE: one unit per token),
+--                or the rate of each of the reservation's specs by position
+--                (packed doubles): units per RATE_ONE tokens, ≤ MAX_RATE
 --
--- Grants all of `want` when every token budget admits it, else the largest
--- amount all admit (≥ 1); when even 1 token does not fit, nothing is written.
--- Quota extensions go to the window current now.
+-- Grants all of `want` when every amount line can pay for it, else the
+-- largest number of tokens g all can pay for (≥ 1), debiting each line
+-- ceil(g × rate / RATE_ONE) (lib.lua's rate_grant, rate_debit); when not
+-- even 1 token fits, nothing is written. Quota extensions go to the window
+-- current now. The tightest line is the one granting least (the lowest
+-- available among equals, then the first).
 --
 -- Reply (strings):
 --   {'E', now, granted}                              extended by `granted` tokens
---   {'X', now, line index (0-based), available, retry_after µs (for 1 token), reset µs}
+--   {'X', now, line index (0-based), available, retry_after µs (for 1 token's debit), reset µs}
 --                                                    exhausted: the tightest budget
 --   {'U', now} unknown or expired hold   {'S', now} already settled
 --   {'K', now} KEYS[2..] do not match the hold's keys (refresh and retry)
@@ -27,6 +33,7 @@ local want = num(ARGV[3], 'want')
 if want > MAX_COST then
   want = MAX_COST
 end
+local R = per_spec(ARGV[4])
 
 local raw = load_all()
 local h, early = hold_for_update(raw[KEYS[1]], now, KEYS)
@@ -35,32 +42,43 @@ if h == nil then
 end
 
 local grant = want
-local tight, tight_avail = nil, nil
+local tight, tight_cap, tight_avail = nil, nil, nil
 local lines = {}
-for i, kind, ref, a, b, d in live_lines(h.live) do
-  local ln = { i = tonumber(i), key = KEYS[i + 1], kind = kind, ref = ref, a = tonumber(a), b = b, d = d }
+for i, p, kind, ref, a, b, d in live_lines(h.live) do
+  local ln = { i = tonumber(i), p = p, key = KEYS[i + 1], kind = kind, ref = ref, a = tonumber(a), b = b, bs = b, d = d }
   lines[#lines + 1] = ln
   if kind == 'B' or kind == 'Q' then
-    local avail
-    if kind == 'B' then
-      ln.b = tonumber(b)
-      avail = fdiv((bucket_at(raw[ln.key], ln.b, now)), UNITS)
-    else
-      avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
+    local rate = RATE_ONE
+    if R ~= nil then
+      rate = R[tonumber(p) + 1] or 0
     end
-    if tight == nil or avail < tight_avail then
-      tight, tight_avail = ln, avail
+    ln.rate = rate
+    if rate > 0 then
+      local avail
+      if kind == 'B' then
+        ln.b = tonumber(b)
+        avail = fdiv((bucket_at(raw[ln.key], ln.b, now)), UNITS)
+      else
+        avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
+      end
+      local cap = rate_grant(avail, rate, want)
+      if tight == nil or cap < tight_cap or (cap == tight_cap and avail < tight_avail) then
+        tight, tight_cap, tight_avail = ln, cap, avail
+      end
+      if cap < grant then
+        grant = cap
+      end
     end
-    grant = math.min(grant, math.max(avail, 0))
   end
 end
 
 if grant == 0 and want > 0 then
   local ln = tight
+  local need = rate_debit(1, ln.rate)
   local retry, reset
   if ln.kind == 'B' then
     local level, last = bucket_at(raw[ln.key], ln.b, now)
-    retry = refill_wait(UNITS - level, ln.a, now, last)
+    retry = refill_wait(need * UNITS - level, ln.a, now, last)
     reset = refill_wait(ln.b * UNITS - level, ln.a, now, last)
   else
     local _, wend = window(ln.b, now)
@@ -72,24 +90,29 @@ end
 local live = {}
 for _, ln in ipairs(lines) do
   local key, d = ln.key, ln.d
-  if ln.kind == 'B' then
+  local amount = 0
+  if ln.rate ~= nil and ln.rate > 0 then
+    amount = rate_debit(grant, ln.rate)
+  end
+  if amount > 0 and ln.kind == 'B' then
     local level, last = bucket_at(raw[key], ln.b, now)
-    -- grant ≤ what every budget has: the floor is never reached.
-    level = bucket_debit(level, grant * UNITS)
+    -- amount ≤ what every budget has: the floor is never reached.
+    level = bucket_debit(level, amount * UNITS)
     local v = pack('<dddd', level, last, ln.a, ln.b)
     call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a, now, last)))
     raw[key] = v
-  elseif ln.kind == 'Q' then
+    d = s(tonumber(d) + amount)
+  elseif amount > 0 and ln.kind == 'Q' then
     local w, wend = window(ln.b, now)
-    local v = pack('<dd', w, quota_used(raw[key], w) + grant)
+    local v = pack('<dd', w, quota_used(raw[key], w) + amount)
     call('SET', key, v, 'PX', ttl_ms(wend - now))
     raw[key] = v
     if d ~= '' then
       d = d .. ','
     end
-    d = d .. s(w) .. ':' .. s(grant)
+    d = d .. s(w) .. ':' .. s(amount)
   end
-  live[#live + 1] = fmt('%d %s %s %d %s %s;', ln.i, ln.kind, ln.ref, ln.a, tostring(ln.b), d)
+  live[#live + 1] = fmt('%d %s %s %s %d %s %s;', ln.i, ln.p, ln.kind, ln.ref, ln.a, ln.bs, d)
 end
 local head = string.gsub(h.head, '^(%d+ )%d+', '%1' .. s(h.res + grant), 1)
 local ext = s(now) .. ':' .. s(grant)

@@ -39,11 +39,16 @@
 --     2 keys    the budget keys of the hold's lines, in line order, joined by
 --               ' ' (keys never contain whitespace); '' once settled
 --     3 live    what extend/renew/settle need, one entry per budget:
---               "<i> <kind> <ref> <a> <b> <d>;" with i the 1-based line index
---               (its key is KEYS[i + 1]), kind B/Q (token bucket/quota), C
---               (concurrency), b/q (request bucket/quota: refunded only by
---               a void settle), d the quota debits "w:amount,w:amount", a
---               request bucket's cost, '' for others; '' once settled
+--               "<i> <p> <kind> <ref> <a> <b> <d>;" with i the 1-based line
+--               index (its key is KEYS[i + 1]), p the spec's 0-based
+--               position among the reservation's specs (common, then the
+--               chosen candidate's, shadow ones included: what extend rates
+--               and settle actuals are indexed by), kind B/Q (amount
+--               bucket/quota: tokens, µ$), C (concurrency), b/q (request
+--               bucket/quota: refunded only by a void settle), d: a bucket's
+--               amount reserved (initial + extensions; a request bucket's
+--               cost), a quota's debits "w:amount,w:amount", '' for
+--               concurrency; '' once settled
 --     4 ext     extensions "now:granted now:granted" (µs, tokens)
 --     5 adm     what a replayed reserve answers, tab-separated: W, the W
 --               would-deny metas, then per line kind, a, b, cost, ref, meta,
@@ -459,7 +464,57 @@ local function hold_for_update(h, now, KEYS)
     live = sub(h, e2 + 1, e3 - 1), ext = sub(h, e3 + 1, e4 - 1), raw = h, rest_at = e4 + 1 }, nil
 end
 
--- Iterates the live section: i, kind, ref, a, b, d (strings; see above).
+-- Iterates the live section: i, p, kind, ref, a, b, d (strings; see above).
 local function live_lines(live)
-  return string.gmatch(live, '(%d+) (%a) (%d) (%d+) (%w+) ([^;]*);')
+  return string.gmatch(live, '(%d+) (%d+) (%a) (%d) (%d+) (%w+) ([^;]*);')
+end
+
+-- The packed doubles of an optional per-spec ARGV ('' or absent: nil).
+local function per_spec(arg)
+  if arg == nil or arg == '' then
+    return nil
+  end
+  return { unpack_('<' .. string.rep('d', #arg / 8), arg) }
+end
+
+-- Sum of the amounts of a quota line's debits "w:amount,..." in window w
+-- (every window when w is nil).
+local function debited(d, w)
+  local sum = 0
+  for dw, da in string.gmatch(d, '(%d+):(%d+)') do
+    if w == nil or tonumber(dw) == w then
+      sum = sum + tonumber(da)
+    end
+  end
+  return sum
+end
+
+-- What a grant of g tokens debits at `rate` units per RATE_ONE tokens:
+-- ceil(g × rate / RATE_ONE), exact below 2^53 (g = gh·RATE_ONE + gl: gh·rate
+-- ≤ 10^4 · MAX_RATE, gl·rate < RATE_ONE · MAX_RATE = 10^15).
+local function rate_debit(g, rate)
+  if rate == RATE_ONE then
+    return g
+  end
+  local gh = fdiv(g, RATE_ONE)
+  local gl = g - gh * RATE_ONE
+  return gh * rate + cdiv(gl * rate, RATE_ONE)
+end
+
+-- The largest grant ≤ want whose rate_debit fits `avail` whole units:
+-- floor(avail × RATE_ONE / rate) without forming the product (q =
+-- floor(avail / rate); when q·RATE_ONE ≥ want the whole step fits, else q <
+-- 10^4 + 1 and the rest r < rate ≤ MAX_RATE keeps r·RATE_ONE < 10^15).
+local function rate_grant(avail, rate, want)
+  if avail <= 0 then
+    return 0
+  end
+  if rate == RATE_ONE then
+    return math.min(avail, want)
+  end
+  local q = fdiv(avail, rate)
+  if q >= cdiv(want, RATE_ONE) then
+    return want
+  end
+  return math.min(want, q * RATE_ONE + fdiv((avail - q * rate) * RATE_ONE, rate))
 end

@@ -34,7 +34,7 @@ local function slots_expire(key)
 end
 
 local lease_until = now + tonumber(h.lease)
-for i, kind in live_lines(h.live) do
+for i, _, kind in live_lines(h.live) do
   if kind == 'C' then
     local key = KEYS[i + 1]
     local l = call('ZSCORE', key, id)

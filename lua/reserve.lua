@@ -24,17 +24,23 @@
 --          2 quota (a = limit per window, b = 0 day | 1 month),
 --          3 concurrency (a = max slots, b = 0)
 --   a, b   as above
---   cost   this request's debit in the budget's unit (tokens or requests)
+--   cost   this request's debit in the budget's unit (tokens, requests,
+--          µ$); for a common spec, the first candidate's (see below)
 --   sh     1 for a shadow budget: debited when it admits, a refusal is
 --          only reported, never enforced (else 0)
 -- then 2 strings per spec, the hold text the Rust side renders once:
---   line   the spec's live entry without its line index (layout in lib.lua):
---          ' B <ref> <a> <b> ;', ' C 0 <a> 0 ;', ' b <ref> <a> <b> <cost>;'
---          (a request bucket), or for a quota ' Q <ref> <a> <b> ' / ' q <ref>
---          <a> <b> ' (a request quota; the script appends '<window>:<cost>;')
+--   line   the spec's live entry without its line index and position
+--          (layout in lib.lua): ' B <ref> <a> <b> ' (the script appends
+--          '<cost>;'), ' C 0 <a> 0 ;', ' b <ref> <a> <b> ' (a request
+--          bucket; the script appends '<cost>;'), or for a quota ' Q <ref> <a> <b> ' / ' q <ref> <a> <b> '
+--          (a request quota; the script appends '<window>:<cost>;')
 --   adm    the first six adm fields of the spec, tab-separated:
 --          '<kind>\t<a>\t<b>\t<cost>\t<ref>\t<meta>' (meta is opaque to Lua:
 --          scope and budget name for the Rust side)
+-- ARGV[9+C+2N]   '' when every candidate costs the common specs alike, else
+--                the cost of each common spec for each candidate (candidate
+--                by candidate, C × ncommon packed doubles): a common budget
+--                priced per deployment (dollars)
 --
 -- Reply (every element a string; sent as one string of space-separated
 -- words, lib.lua's words, except the replay, whose hold has spaces):
@@ -76,16 +82,17 @@
 -- Every ARGV number is checked before the first write, so an item that
 -- raises an error has written nothing.
 
--- Line indexes as strings, so building the hold formats no number.
+-- Line indexes and spec positions as strings, so building the hold formats no number.
 local LINE_INDEX = { '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16' }
+LINE_INDEX[0] = '0'
 
 -- nil when spec i (numbers at V[o + 1 .. o + 5], o = 5(i − 1)) admits, else
 -- {'I', i} or {'D', i, available, retry, reset}: available whole units
 -- (floor; negative in debt), retry µs (exact ceiling for buckets, the window
 -- end for quotas, 0 for concurrency: the caller applies its hint), reset µs.
-local function reserve_check(V, i, key, now, snow, id, LEGACY)
+local function reserve_check(V, i, cost, key, now, snow, id, LEGACY)
   local o = 5 * i - 5
-  local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
+  local kind, a, b = V[o + 1], V[o + 2], V[o + 3]
   if kind == 1 then
     if cost > b then
       return { 'I', i }
@@ -123,14 +130,23 @@ local function reserve_check(V, i, key, now, snow, id, LEGACY)
   return { 'D', i, avail, 0, 0 }
 end
 
--- Every spec in [lo, hi] must admit: an impossible one wins at once, else
--- the denial with the longest wait (the first of equals). A shadow budget
--- never blocks; it is evaluated again at admission.
-local function reserve_check_all(V, KEYS, lo, hi, now, snow, id, LEGACY)
-  local worst = nil
+-- Spec i's cost when candidate c (1-based) is chosen: a common spec's from
+-- CC when common costs differ per candidate.
+local function cost_of(V, CC, ncommon, i, c)
+  if CC ~= nil and i <= ncommon then
+    return CC[(c - 1) * ncommon + i]
+  end
+  return V[5 * i - 1]
+end
+
+-- Every spec in [lo, hi] must admit, costed for candidate c: an impossible
+-- one wins at once, else the denial with the longest wait (the first of
+-- equals, after `worst`, a result of earlier specs). A shadow budget never
+-- blocks; it is evaluated again at admission.
+local function reserve_check_all(V, CC, ncommon, c, KEYS, lo, hi, now, snow, id, LEGACY, worst)
   for i = lo, hi do
     if V[5 * i] ~= 1 then
-      local r = reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY)
+      local r = reserve_check(V, i, cost_of(V, CC, ncommon, i, c), KEYS[i + 1], now, snow, id, LEGACY)
       if r ~= nil then
         if r[1] == 'I' then
           return r
@@ -205,6 +221,11 @@ local function reserve(KEYS, ARGV)
   -- ARGV index of the numbers; spec i's line is at T + 2i − 1, its adm at T + 2i.
   local T = 8 + ncand
   local V = { unpack_('<' .. string.rep('d', 5 * nspec), ARGV[T]) }
+  local CC = nil
+  local ccs = ARGV[T + 2 * nspec + 1]
+  if ccs ~= nil and ccs ~= '' then
+    CC = { unpack_('<' .. string.rep('d', ncand * ncommon), ccs) }
+  end
   local snow = s(now)
   -- Spec i's previous-layout quota key, for quota specs.
   local LEGACY, q = {}, nspec + 1
@@ -224,6 +245,7 @@ local function reserve(KEYS, ARGV)
 
   local function admit(candidate, lo, hi)
     local slot_score, slot_ttl = s(now + lease_n), ttl_ms(lease_n)
+    local c = candidate + 1
     local scand = s(candidate)
     -- keys: the hold's budget keys; lines: its live entries; adm: its adm
     -- fields (static text, remaining, reset per line); wd, wd_meta:
@@ -238,8 +260,22 @@ local function reserve(KEYS, ARGV)
       end
       for i = from, to do
         local o = 5 * i - 5
-        local kind, a, b, cost = V[o + 1], V[o + 2], V[o + 3], V[o + 4]
-        if V[o + 5] == 1 and reserve_check(V, i, KEYS[i + 1], now, snow, id, LEGACY) ~= nil then
+        local kind, a, b = V[o + 1], V[o + 2], V[o + 3]
+        local cost = cost_of(V, CC, ncommon, i, c)
+        -- The spec's position among the hold's specs (common, then the
+        -- candidate's): what extend rates and settle actuals are indexed by.
+        local p = i - 1
+        if pass == 2 then
+          p = ncommon + i - lo
+        end
+        local pos = ' ' .. (LINE_INDEX[p] or s(p))
+        -- The amount as text: the request's tokens as sent (nothing to format)
+        -- when it is that.
+        local debit = ARGV[3]
+        if cost ~= tokens then
+          debit = s(cost)
+        end
+        if V[o + 5] == 1 and reserve_check(V, i, cost, KEYS[i + 1], now, snow, id, LEGACY) ~= nil then
           wd[#wd + 1] = s(i - 1)
           wd_meta[#wd_meta + 1] = match(ARGV[T + 2 * i], '([^\t]*)$')
         else
@@ -254,33 +290,28 @@ local function reserve(KEYS, ARGV)
             local until_full = refill_wait(b * UNITS - level, a, now, last)
             put(key, pack('<dddd', level, last, a, b), ttl_ms(until_full))
             rem, reset = s(fdiv(level, UNITS)), s(until_full)
-            if line ~= '' then
-              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line
-            end
+            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. debit .. ';'
           elseif kind == 2 then
             local w, wend = window(b == 0 and 'D' or 'M', now)
             local used = quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w) + cost
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)
-            if line ~= '' then
-              -- A token quota's debit is the request's tokens (ARGV[3] as
-              -- sent: nothing to format); a request quota's is its cost.
-              local debit = ARGV[3]
-              if cost ~= tokens then
-                debit = s(cost)
-              end
-              lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line .. s(w) .. ':' .. debit .. ';'
-            end
+            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. s(w) .. ':' .. debit .. ';'
           else
             slot_take(key, slot_score, id, slot_ttl, a, snow)
-            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. line
+            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line
           end
           if kind ~= 3 then
             out[#out + 1] = rem
             out[#out + 1] = reset
           end
           local m = #adm
-          adm[m + 1] = ARGV[T + 2 * i]
+          local fields = ARGV[T + 2 * i]
+          if CC ~= nil and i <= ncommon then
+            -- Rendered with the first candidate's cost: put the chosen one's.
+            fields = string.gsub(fields, '^([^\t]*\t[^\t]*\t[^\t]*\t)[^\t]*', '%1' .. s(cost), 1)
+          end
+          adm[m + 1] = fields
           adm[m + 2] = rem
           adm[m + 3] = reset
         end
@@ -313,15 +344,31 @@ local function reserve(KEYS, ARGV)
     return out
   end
 
-  local common = reserve_check_all(V, KEYS, 1, ncommon, now, snow, id, LEGACY)
-  if common ~= nil then
-    adopt_policies(V, KEYS, nspec, now)
-    return reply(common)
+  -- Common costs alike for every candidate (the usual case): the common
+  -- specs are checked once, and their refusal is the answer. Else,
+  -- candidate by candidate, the first whose budgets admit together with
+  -- the common ones (costed for it) is chosen.
+  local common = nil
+  if CC == nil then
+    common = reserve_check_all(V, CC, ncommon, 1, KEYS, 1, ncommon, now, snow, id, LEGACY, nil)
+    if common ~= nil then
+      adopt_policies(V, KEYS, nspec, now)
+      return reply(common)
+    end
   end
-
+  if ncand == 0 then
+    -- No candidates at all: admit on the common budgets alone.
+    return admit(0, 1, 0)
+  end
   local best_denial, first_impossible = nil, nil
   for c = 1, ncand do
-    local r = reserve_check_all(V, KEYS, LO[c], HI[c], now, snow, id, LEGACY)
+    local r = common
+    if CC ~= nil then
+      r = reserve_check_all(V, CC, ncommon, c, KEYS, 1, ncommon, now, snow, id, LEGACY, nil)
+    end
+    if r == nil or r[1] ~= 'I' then
+      r = reserve_check_all(V, CC, ncommon, c, KEYS, LO[c], HI[c], now, snow, id, LEGACY, r)
+    end
     if r == nil then
       return admit(c - 1, LO[c], HI[c])
     end
@@ -337,10 +384,6 @@ local function reserve(KEYS, ARGV)
     adopt_policies(V, KEYS, nspec, now)
     return reply(best_denial)
   end
-  if first_impossible ~= nil then
-    adopt_policies(V, KEYS, nspec, now)
-    return reply(first_impossible)
-  end
-  -- No candidates at all: admit on the common budgets alone.
-  return admit(0, 1, 0)
+  adopt_policies(V, KEYS, nspec, now)
+  return reply(first_impossible)
 end

@@ -11,18 +11,23 @@
 -- ARGV[3]        actual tokens used (prompt + completion)
 -- ARGV[4]        '1' when the upstream failed before any output (refund
 --                upstream budgets too, even where refund_unused is off)
--- ARGV[5]        'V' for mode void (absent otherwise): refund every token and
---                request budget of the hold, refundable or not, free its
---                slots, leave a void tombstone (header state '2'); for an id
---                with no hold, write a void tombstone living ARGV[6] µs
+-- ARGV[5]        'V' for mode void: refund every amount and request budget
+--                of the hold, refundable or not, free its slots, leave a
+--                void tombstone (header state '2'); for an id with no hold,
+--                write a void tombstone living ARGV[6] µs. Otherwise '' (every
+--                amount line's actual is ARGV[3]) or the actual of each of
+--                the reservation's specs by position (packed doubles)
 -- ARGV[6]        void only: the hold lifetime, µs
 --
--- Refunds reserved − actual to every refundable token budget (never above
--- capacity; a quota only to the window its debits went to, if it is the
--- current one), charges actual − reserved as debt (to the current window),
--- frees the slots, and shrinks the hold to its settled tombstone (kept until
--- it expires, so a retried settle answers 'S' and a retried reserve still
--- replays).
+-- Per amount line (B, Q), with its own reserved amount (a bucket's d, a
+-- quota's debits) and actual: refunds reserved − actual when the line is
+-- refundable (never above capacity; a quota only to the window its debits
+-- went to, if it is the current one), charges actual − reserved as debt
+-- (to the current window; a bucket never below DEBT_FLOOR, a quota count
+-- never above MAX_COUNT), frees the slots, and shrinks the hold to its
+-- settled tombstone (kept until it expires, so a retried settle answers 'S'
+-- and a retried reserve still replays). The reply's refunded and debt
+-- compare the common tokens (ARGV[3]) with the hold's.
 --
 -- Reply (strings; sent as one string of space-separated words, lib.lua's
 -- words):
@@ -43,10 +48,12 @@ local function settle(KEYS, ARGV)
   local actual = num(ARGV[3], 'actual')
   local failed = ARGV[4] == '1'
   local void = ARGV[5] == 'V'
-  local void_ttl = 0
+  local void_ttl, A = 0, nil
   if void then
     void_ttl = num(ARGV[6], 'hold ttl')
     actual, failed = 0, true
+  else
+    A = per_spec(ARGV[5])
   end
 
   load(KEYS)
@@ -70,82 +77,75 @@ local function settle(KEYS, ARGV)
   end
   -- Units of debt that passed a bucket's floor (counted, never silent).
   local forgiven = 0
-  local unused = math.max(reserved - actual, 0)
-  local debt = math.max(actual - reserved, 0)
-  local refunded = 0
+  local refunded_any = false
   local snow = s(now)
-  for i, kind, ref, a, b, d in live_lines(h.live) do
+  for i, p, kind, ref, a, b, d in live_lines(h.live) do
     local key = KEYS[i + 1]
     if kind == 'C' then
       -- Expired leases of others are left to the reserve that finds the set
       -- at its limit (it drops them then): one call here instead of two.
       slot_free(key, id)
-    elseif kind == 'b' or kind == 'q' then
+    elseif (kind == 'b' or kind == 'q') and not void then
       -- Request budgets: only a void gives them back.
+    elseif kind == 'B' or kind == 'b' then
+      local per_minute, burst = tonumber(a), tonumber(b)
+      local level, last = bucket_at(raw[key], burst, now)
+      local cap = burst * UNITS
+      local held = tonumber(d)
+      local used = held
       if void then
-        if kind == 'b' then
-          local per_minute, burst = tonumber(a), tonumber(b)
-          local level, last = bucket_at(raw[key], burst, now)
-          local cap = burst * UNITS
-          level = level + tonumber(d) * UNITS
-          if level > cap then
-            level = cap
+        used = 0
+      elseif kind == 'B' then
+        used = actual
+        if A ~= nil then
+          used = A[tonumber(p) + 1] or 0
+          if used > MAX_COST then
+            used = MAX_COST
           end
-          put(key, pack('<dddd', level, last, per_minute, burst),
-            ttl_ms(refill_wait(cap - level, per_minute, now, last)))
-        else
-          local w, wend = window(b, now)
-          local used = quota_used(raw[key], w)
-          for dw, da in string.gmatch(d, '(%d+):(%d+)') do
-            if tonumber(dw) == w then
-              used = used - tonumber(da)
-            end
-          end
-          if used < 0 then
-            used = 0
-          end
-          put(key, pack('<dd', w, used), ttl_ms(wend - now))
         end
       end
+      if used < held and (ref == '1' or failed) then
+        level = level + (held - used) * UNITS
+        if level > cap then
+          level = cap
+        end
+        refunded_any = true
+      elseif used > held then
+        local passed
+        level, passed = bucket_debit(level, (used - held) * UNITS)
+        forgiven = forgiven + passed
+      end
+      put(key, pack('<dddd', level, last, per_minute, burst),
+        ttl_ms(refill_wait(cap - level, per_minute, now, last)))
     else
-      local refundable = ref == '1' or failed
-      if kind == 'B' then
-        local per_minute, burst = tonumber(a), tonumber(b)
-        local level, last = bucket_at(raw[key], burst, now)
-        local cap = burst * UNITS
-        if unused > 0 and refundable then
-          level = level + unused * UNITS
-          if level > cap then
-            level = cap
+      local w, wend = window(b, now)
+      local count = quota_used(raw[key], w)
+      local held = debited(d, nil)
+      local used = held
+      if void then
+        used = 0
+      elseif kind == 'Q' then
+        used = actual
+        if A ~= nil then
+          used = A[tonumber(p) + 1] or 0
+          if used > MAX_AMOUNT then
+            used = MAX_AMOUNT
           end
-          refunded = unused
         end
-        if debt > 0 then
-          local passed
-          level, passed = bucket_debit(level, debt * UNITS)
-          forgiven = forgiven + passed
-        end
-        put(key, pack('<dddd', level, last, per_minute, burst),
-          ttl_ms(refill_wait(cap - level, per_minute, now, last)))
-      else
-        local w, wend = window(b, now)
-        local used = quota_used(raw[key], w)
-        if unused > 0 and refundable then
-          local here = 0
-          for dw, da in string.gmatch(d, '(%d+):(%d+)') do
-            if tonumber(dw) == w then
-              here = here + tonumber(da)
-            end
-          end
-          used = math.max(used - math.min(unused, here), 0)
-          refunded = unused
-        end
-        if debt > 0 then
-          used = used + debt
-        end
-        put(key, pack('<dd', w, used), ttl_ms(wend - now))
       end
+      if used < held and (ref == '1' or failed) then
+        -- Only what went to the current window comes back.
+        count = math.max(count - math.min(held - used, debited(d, w)), 0)
+        refunded_any = true
+      elseif used > held then
+        count = math.min(count + used - held, MAX_COUNT)
+      end
+      put(key, pack('<dd', w, count), ttl_ms(wend - now))
     end
+  end
+  local refunded, debt = 0, math.max(actual - reserved, 0)
+  if refunded_any then
+    refunded = math.max(reserved - actual, 0)
   end
   -- The tombstone: header (settled), no keys, no live entries, the
   -- extensions, an empty adm ('0': a replayed reserve reports no budgets) and

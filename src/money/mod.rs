@@ -36,11 +36,10 @@
 //!   admission), so a window's spend exceeds its limit only by the debt of
 //!   settlements (actual cost − what the hold reserved, each ≤ 10^13) of
 //!   holds admitted before the window filled up. The stores clamp a quota's
-//!   spend at [`MAX_SPEND`] = 2^52 ≈ 4.5·10^15 µ$ (the excess forgiven, as a
-//!   bucket's debt past its floor): then `spent ≤ 2^52`, `spent + amount ≤
-//!   2^52 + 10^13 < 2^53`, and `limit − spent ≥ −2^52` — every value exact.
-//!   (Without the clamp the bound holds while fewer than 450 holds each
-//!   settle $10 million beyond their reservation in one window.)
+//!   spend at [`MAX_SPEND`] = 2^52 ≈ 4.5·10^15 µ$ when settling debt (the
+//!   excess forgiven, as a bucket's debt past its floor): then `spent ≤
+//!   2^52`, `spent + amount ≤ 2^52 + 10^13 < 2^53`, and `limit − spent ≥
+//!   −2^52` — every value exact, however many requests overrun at once.
 //! - An extension grant: the stores grant the largest `g ≤ step` with
 //!   `ceil(g × rate / 10^6) ≤ remaining`, with `step ≤ 10^6` (validated at
 //!   load: `estimation.stream_extension_step`) and `rate ≤ 10^9`, without a
@@ -58,6 +57,7 @@ pub use price::{grant, CacheWrites, Price, PriceTable, TokenCounts};
 
 // The bounds of the module docs, checked when the crate compiles.
 const _: () = {
+    assert!(MAX_PRICE == 1_000 * MICROS_PER_USD);
     assert!(MAX_COST == crate::reserve::bucket::MAX_LIMIT * MAX_PRICE / PRICE_TOKENS);
     assert!(MAX_SPEND + MAX_COST < 1 << 53);
     assert!(MAX_BUDGET <= MAX_SPEND);
@@ -72,17 +72,20 @@ pub const MICROS_PER_USD: u64 = 1_000_000;
 /// Tokens a price is quoted for (a price is µ$ per million tokens).
 pub const PRICE_TOKENS: u64 = 1_000_000;
 
-/// Largest price accepted, µ$ per million tokens ($1,000 per million).
-pub const MAX_PRICE: u64 = 1_000 * MICROS_PER_USD;
+/// Largest price accepted, µ$ per million tokens ($1,000 per million):
+/// the stores' largest extension rate.
+pub const MAX_PRICE: u64 = crate::reserve::MAX_RATE;
 
 /// Largest dollar budget per window, µ$ ($10 million).
 pub const MAX_BUDGET: u64 = 10_000_000 * MICROS_PER_USD;
 
-/// Largest single cost, µ$: 10^10 tokens at $1,000 per million.
-pub const MAX_COST: u64 = 10_000_000_000_000;
+/// Largest single cost, µ$: 10^10 tokens at $1,000 per million (the
+/// stores' largest amount).
+pub const MAX_COST: u64 = crate::reserve::MAX_AMOUNT;
 
-/// Highest spend a store keeps in a dollar quota window, µ$ (2^52).
-pub const MAX_SPEND: u64 = 1 << 52;
+/// Highest spend a store keeps in a dollar quota window, µ$ (2^52, the
+/// stores' largest quota count).
+pub const MAX_SPEND: u64 = crate::reserve::MAX_COUNT;
 
 /// Why a decimal dollar amount was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

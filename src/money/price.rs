@@ -142,14 +142,15 @@ impl PriceTable {
 /// store grants an extension of `step` tokens from a budget with
 /// `remaining` units left at `rate` units per million tokens, computed
 /// without a product above 2^53 for `step ≤ 10^6`, `rate ≤ 10^9` and
-/// `remaining < 2^53` (module docs of [`crate::money`]). Rate 0: the
-/// whole step, even from a budget in debt (the output does not touch it).
+/// `remaining < 2^53` (module docs of [`crate::money`]): what
+/// `lua/extend.lua` computes in doubles; [`crate::reserve::Step::grant`]
+/// is the same in `u128`. Rate 0: the whole step.
 pub fn grant(step: u64, rate: u64, remaining: i64) -> u64 {
-    if rate == 0 {
-        return step;
-    }
     if remaining <= 0 {
         return 0;
+    }
+    if rate == 0 {
+        return step;
     }
     let rem = remaining as u64;
     let q = rem / rate;
@@ -266,11 +267,11 @@ mod tests {
         );
     }
 
-    /// The largest g by the definition, for small numbers (rate 0: the
-    /// output does not touch the budget, even one in debt).
+    /// The largest g by the definition, for small numbers (a budget with
+    /// nothing left grants nothing, whatever the rate).
     fn grant_by_definition(step: u64, rate: u64, remaining: i64) -> u64 {
-        if rate == 0 {
-            return step;
+        if remaining <= 0 {
+            return 0;
         }
         (0..=step)
             .rev()
@@ -293,10 +294,14 @@ mod tests {
         ] {
             for step in [1, 2, 16, 256, 1000] {
                 for remaining in [-5i64, 0, 1, 2, 3, 100, 599, 600, 601, 999_999, 1_000_000] {
+                    let g = grant(step, rate, remaining);
+                    let case = format!("step {step} rate {rate} remaining {remaining}");
+                    assert_eq!(g, grant_by_definition(step, rate, remaining), "{case}");
+                    // The stores' grant (u128 in Rust, this formula in Lua).
                     assert_eq!(
-                        grant(step, rate, remaining),
-                        grant_by_definition(step, rate, remaining),
-                        "step {step} rate {rate} remaining {remaining}"
+                        g,
+                        crate::reserve::Step::grant(remaining, rate, step),
+                        "{case}"
                     );
                 }
             }

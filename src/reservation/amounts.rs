@@ -10,6 +10,9 @@
 //! extended token, the usage breakdown's exact cost at settle, rounded up
 //! once each time. A dollar budget on a deployment without a price (only
 //! reachable for shadow budgets: prepare refuses the rest) counts 0.
+//!
+//! The stores apply whatever these functions say, per spec (store contract
+//! v3): budgets that count differently change only these functions.
 
 use crate::dialects::UsageBreakdown;
 use crate::money::{CacheWrites, Price, PriceTable, TokenCounts};

@@ -51,12 +51,18 @@ pub fn outcome_unknown(e: &StoreError) -> bool {
 #[derive(Default)]
 pub struct Compensator {
     pending: AtomicUsize,
+    dropped: AtomicUsize,
 }
 
 impl Compensator {
     /// Compensations not landed yet.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
+    }
+
+    /// Compensations given up (too many pending, hold expired, gateway stopped).
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(Ordering::Acquire)
     }
 
     /// Queues `what` for reservation `id` through `store` (on the calling
@@ -71,17 +77,51 @@ impl Compensator {
     ) {
         if self.pending.fetch_add(1, Ordering::AcqRel) >= MAX_PENDING {
             self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.dropped.fetch_add(1, Ordering::AcqRel);
             metrics::compensation("dropped");
             tracing::warn!(reservation_id = %id, "lost-reply compensation dropped: too many pending");
             return;
         }
-        let this = self.clone();
+        let pending = Pending {
+            of: self.clone(),
+            id,
+            outcome: None,
+        };
         tokio::spawn(async move {
-            let outcome = run(store.as_ref(), &id, what, hold_ttl).await;
-            this.pending.fetch_sub(1, Ordering::AcqRel);
-            metrics::compensation(outcome);
-            tracing::info!(reservation_id = %id, outcome, "lost-reply compensation");
+            let outcome = run(store.as_ref(), &pending.id, what, hold_ttl).await;
+            pending.finish(outcome);
         });
+    }
+}
+
+/// One compensation in flight. Dropped when it ends, or with its task when
+/// the runtime stops first (process shutdown): then it is counted as
+/// dropped, never lost silently.
+struct Pending {
+    of: Arc<Compensator>,
+    id: String,
+    outcome: Option<&'static str>,
+}
+
+impl Pending {
+    fn finish(mut self, outcome: &'static str) {
+        self.outcome = Some(outcome);
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.of.pending.fetch_sub(1, Ordering::AcqRel);
+        let outcome = self.outcome.unwrap_or("dropped");
+        if outcome == "dropped" {
+            self.of.dropped.fetch_add(1, Ordering::AcqRel);
+        }
+        metrics::compensation(outcome);
+        if self.outcome.is_none() {
+            tracing::warn!(reservation_id = %self.id, "lost-reply compensation dropped: the gateway stopped first");
+        } else {
+            tracing::info!(reservation_id = %self.id, outcome, "lost-reply compensation");
+        }
     }
 }
 
@@ -191,5 +231,66 @@ mod tests {
         }
         let left = store.inspect_sync(&request("x").common)[0].remaining;
         assert_eq!(left, 960, "charged the real usage, once");
+    }
+
+    /// A store that never answers in time.
+    struct Down;
+
+    #[async_trait::async_trait]
+    impl BudgetStore for Down {
+        async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn extend(
+            &self,
+            _: &str,
+            _: &crate::reserve::Step,
+        ) -> Result<crate::reserve::ExtendOutcome, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn renew(&self, _: &str) -> Result<crate::reserve::RenewOutcome, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn inspect(
+            &self,
+            _: &[BudgetSpec],
+        ) -> Result<Vec<crate::reserve::BudgetState>, StoreError> {
+            Err(StoreError::Timeout)
+        }
+        async fn lower(&self, _: &BudgetSpec, _: u64) -> Result<i64, StoreError> {
+            Err(StoreError::Timeout)
+        }
+    }
+
+    #[test]
+    fn a_compensation_cut_off_by_shutdown_is_counted_as_dropped() {
+        let c = Arc::new(Compensator::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            c.submit(
+                Arc::new(Down),
+                "r".into(),
+                Compensation::Void,
+                Duration::from_secs(60),
+            );
+            // Let it try once and go to sleep before its next attempt.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        });
+        assert_eq!((c.pending(), c.dropped()), (1, 0), "still retrying");
+        drop(rt);
+        assert_eq!(
+            (c.pending(), c.dropped()),
+            (0, 1),
+            "counted when the gateway stops"
+        );
     }
 }

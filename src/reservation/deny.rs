@@ -75,14 +75,16 @@ impl DenyCachedStore {
     ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
         let now = self.clock.now_micros();
         let who = &r.requester;
-        // A common budget costs what the cheapest candidate would debit it.
-        let cost_of = |i: usize, spec: &BudgetSpec| {
-            (0..r.candidates.len().max(1))
-                .map(|c| r.costs.of(c, i, spec))
-                .min()
-                .unwrap_or(0)
-        };
-        if let Some(denial) = self.cache.check_costs(&r.common, cost_of, now) {
+        // A common budget priced per candidate refuses locally only when
+        // even the cheapest candidate cannot fit.
+        let ncand = r.candidates.len().max(1);
+        let costs: Vec<u64> = r
+            .common
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (0..ncand).map(|c| r.costs.of(c, i, s)).min().unwrap_or(0))
+            .collect();
+        if let Some(denial) = self.cache.check(&r.common, &costs, now) {
             metrics::deny_cache_hit(&who.tenant, denial.name);
             metrics::decision(
                 &who.tenant,

@@ -19,7 +19,8 @@ pub fn scope_budgets(
             scope: scope.clone(),
             name,
             kind,
-            refund_unused,
+            // Providers bill actual usage: dollars always go back to it.
+            refund_unused: refund_unused || name.counts_usd(),
             shadow: false,
         });
     };

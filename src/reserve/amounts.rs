@@ -1,6 +1,20 @@
 //! What a store call asks of each budget, in each budget's own unit, and
-//! who asks. Stores of contract v2 (today's) read the common token amount;
-//! the per-spec amounts are for contract v3.
+//! who asks (store contract v3: amounts per spec).
+//!
+//! # Bounds (every stored value an integer below 2^53, exact in Lua)
+//!
+//! - Token buckets: a single amount ≤ [`crate::reserve::bucket::MAX_LIMIT`]
+//!   (10^10 tokens), bounds in `bucket`.
+//! - Quotas: limits and a single amount ≤ [`MAX_AMOUNT`] (10^13); a count is
+//!   admitted up to its limit and capped at [`MAX_COUNT`] (2^52) when debt
+//!   is added, so count + one amount < 2^52 + 10^13 < 2^53.
+//! - Extension rates ≤ [`MAX_RATE`] (10^9 units per [`RATE_ONE`] tokens) and
+//!   a step ≤ 10^10 tokens: the stores grant `g = min(step, floor(avail ×
+//!   RATE_ONE / rate))` and debit `ceil(g × rate / RATE_ONE)`, which Rust
+//!   computes in `u128` and Lua without forming either product (q =
+//!   floor(avail / rate); q·RATE_ONE ≥ step grants the step, else q ≤ 10^4
+//!   and the rest r < rate keeps r·RATE_ONE < 10^15; the debit splits g =
+//!   gh·RATE_ONE + gl with gh·rate ≤ 10^13 and gl·rate < 10^15).
 
 use std::sync::Arc;
 
@@ -9,16 +23,13 @@ use serde::Serialize;
 use super::BudgetSpec;
 
 /// What a reservation costs each budget it touches, in each budget's own
-/// unit (tokens, requests; later micro-dollars).
-///
-/// Stores of contract v2 (today's memory and Redis stores) read only
-/// `tokens`: they debit it from every token budget and 1 from every
-/// request budget. `per_candidate` carries the amount of every spec, so
-/// that budgets may differ (input and output limits apart, dollars priced
-/// per deployment) once the stores read it (contract v3).
+/// unit (tokens, requests, micro-dollars): `per_candidate` carries the
+/// amount of every spec, so budgets may differ (input and output limits
+/// apart, dollars priced per deployment).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Costs {
-    /// The common token amount of stores of contract v2: input + reserved output.
+    /// The request's tokens, input + reserved output: what the hold reports
+    /// as reserved, and every spec's amount when `per_candidate` is empty.
     pub tokens: u64,
     /// Per candidate, the amount of each spec debited when it is chosen:
     /// `common` in order, then the candidate's own specs. A common spec may
@@ -46,6 +57,23 @@ impl Costs {
             .unwrap_or_else(|| spec.cost(self.tokens))
     }
 }
+
+/// Largest single amount, and largest quota limit, in a budget's own unit
+/// (10^13: $10^7 in µ$, or 10^10 tokens × $1,000 per million). Token
+/// buckets keep the tighter [`crate::reserve::bucket::MAX_LIMIT`] and token
+/// quotas [`crate::reserve::bucket::MAX_QUOTA`]. A quota's count stays below
+/// 2^53 ≈ 9·10^15: it is admitted only up to its limit (≤ 10^13), and each
+/// settlement adds at most one amount (≤ 10^13) of debt beyond what it
+/// reserved; stores cap a count at [`MAX_COUNT`] (2^52) when settling
+/// debt, so it stays exact however many requests overrun at once.
+pub const MAX_AMOUNT: u64 = 10_000_000_000_000;
+
+/// The highest count a quota keeps (2^52), in its unit; debt beyond it is
+/// forgiven, like a bucket's below its floor.
+pub const MAX_COUNT: u64 = 1 << 52;
+
+/// Largest extension rate: $1,000 per million tokens in µ$ (10^9).
+pub const MAX_RATE: u64 = 1_000_000_000;
 
 /// Units of a rate that stand for one unit per token: an extension of `g`
 /// tokens debits `ceil(g × rate / RATE_ONE)` from a spec whose rate is `rate`.
@@ -78,6 +106,24 @@ impl Step {
         }
     }
 
+    /// What a grant of `g` tokens debits at `rate`: `ceil(g × rate / RATE_ONE)`.
+    pub fn debit(g: u64, rate: u64) -> u64 {
+        (u128::from(g) * u128::from(rate)).div_ceil(u128::from(RATE_ONE)) as u64
+    }
+
+    /// The largest grant ≤ `want` whose [`Step::debit`] at `rate` fits
+    /// `available` whole units.
+    pub fn grant(available: i64, rate: u64, want: u64) -> u64 {
+        if available <= 0 {
+            return 0;
+        }
+        if rate == 0 {
+            return want;
+        }
+        let fits = u128::from(available as u64) * u128::from(RATE_ONE) / u128::from(rate);
+        fits.min(u128::from(want)) as u64
+    }
+
     /// The rate of `spec`, at `index` among the hold's specs.
     pub fn rate(&self, index: usize, spec: &BudgetSpec) -> u64 {
         self.rates
@@ -94,7 +140,7 @@ impl Step {
 /// What a settlement charges, beyond the common token amount.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Actual {
-    /// `actual_tokens` on every token budget (contract v2).
+    /// `actual_tokens` on every amount budget.
     #[default]
     Tokens,
     /// The actual amount of each spec of the hold (`common`, then the
@@ -102,9 +148,7 @@ pub enum Actual {
     /// included), in each spec's unit.
     PerSpec(Vec<u64>),
     /// Nothing was done for the request: refund every budget of the hold
-    /// (tokens and request counts) and free its slots (DESIGN section 13).
-    /// Stores of contract v2 refund the token budgets (as
-    /// `upstream_failed` with nothing used); request counts stay spent.
+    /// (amounts and request counts) and free its slots (DESIGN section 13).
     Void,
 }
 

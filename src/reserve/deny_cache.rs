@@ -108,28 +108,16 @@ impl DenyCache {
         }
     }
 
-    /// A local refusal for a request of `tokens` touching `specs` at `now`,
-    /// when one of them certainly cannot fit; the refusal's wait is the time
-    /// until it could.
-    pub fn check(&self, specs: &[BudgetSpec], tokens: u64, now: u64) -> Option<Denial> {
-        self.check_costs(specs, |_, s| s.cost(tokens), now)
-    }
-
-    /// [`DenyCache::check`] of a request that costs spec `i` of `specs`
-    /// `cost_of(i, spec)` in the spec's own unit (µ$ for dollar budgets:
-    /// the cheapest candidate's, since the request needs only one).
-    pub fn check_costs(
-        &self,
-        specs: &[BudgetSpec],
-        cost_of: impl Fn(usize, &BudgetSpec) -> u64,
-        now: u64,
-    ) -> Option<Denial> {
+    /// A local refusal for a request costing `costs` (in order) on `specs`
+    /// at `now`, when one of them certainly cannot fit; the refusal's wait
+    /// is the time until it could.
+    pub fn check(&self, specs: &[BudgetSpec], costs: &[u64], now: u64) -> Option<Denial> {
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if e.is_empty() {
             return None;
         }
         let mut worst: Option<Denial> = None;
-        for (i, spec) in specs.iter().enumerate() {
+        for (spec, cost) in specs.iter().zip(costs) {
             let Some(entry) = e.get(&spec.key) else {
                 continue;
             };
@@ -137,12 +125,11 @@ impl DenyCache {
                 e.remove(&spec.key);
                 continue;
             }
-            let cost = cost_of(i, spec);
-            if cost > spec.capacity() {
+            if *cost > spec.capacity() {
                 // It can never fit: the store says so, without a retry hint.
                 continue;
             }
-            let cost = cost as i64;
+            let cost = *cost as i64;
             let wait = if entry.rate > 0 {
                 let credited_ms = ((now - entry.last0) / 1000).min(MAX_WAIT_MS as u64);
                 let bound_units = entry.available_bound + credited_ms as i64 * entry.rate as i64;
@@ -230,19 +217,22 @@ mod tests {
         d.requested = 10;
         c.record(&tpm, &d, 0);
         let again = c
-            .check(std::slice::from_ref(&tpm), 10, 0)
+            .check(std::slice::from_ref(&tpm), &[10], 0)
             .expect("10 tokens cannot fit");
         assert_eq!(
             again.retry_after_micros, 9_000_000,
             "the store's exact wait"
         );
-        assert!(c.check(std::slice::from_ref(&tpm), 10, 8_999_999).is_some());
+        assert!(c
+            .check(std::slice::from_ref(&tpm), &[10], 8_999_999)
+            .is_some());
         assert!(
-            c.check(std::slice::from_ref(&tpm), 1, 0).is_none(),
+            c.check(std::slice::from_ref(&tpm), &[1], 0).is_none(),
             "1 token might fit: ask the store"
         );
         assert!(
-            c.check(std::slice::from_ref(&tpm), 10, 9_000_000).is_none(),
+            c.check(std::slice::from_ref(&tpm), &[10], 9_000_000)
+                .is_none(),
             "refilled enough by then"
         );
     }
@@ -255,7 +245,7 @@ mod tests {
             BudgetKind::Concurrency { max: 1 },
         );
         c.record(&conc, &denial(BudgetName::MaxConcurrent, 0, 0), 0);
-        assert!(c.check(&[conc], 1, 0).is_none());
+        assert!(c.check(&[conc], &[1], 0).is_none());
         let mut up = spec(
             BudgetName::Rpm,
             BudgetKind::Bucket {
@@ -265,7 +255,7 @@ mod tests {
         );
         up.scope = Scope::Upstream("u".into());
         c.record(&up, &denial(BudgetName::Rpm, 0, 60_000_000), 0);
-        assert!(c.check(&[up], 1, 0).is_none());
+        assert!(c.check(&[up], &[1], 0).is_none());
     }
 
     #[test]
@@ -280,13 +270,13 @@ mod tests {
         );
         c.record(&q, &denial(BudgetName::TokensPerDay, 5, 1_000), 0);
         assert_eq!(
-            c.check(std::slice::from_ref(&q), 6, 400)
+            c.check(std::slice::from_ref(&q), &[6], 400)
                 .unwrap()
                 .retry_after_micros,
             600
         );
-        assert!(c.check(std::slice::from_ref(&q), 5, 400).is_none());
-        assert!(c.check(std::slice::from_ref(&q), 6, 1_000).is_none());
+        assert!(c.check(std::slice::from_ref(&q), &[5], 400).is_none());
+        assert!(c.check(std::slice::from_ref(&q), &[6], 1_000).is_none());
     }
 
     fn day_quota(limit: u64) -> BudgetSpec {
@@ -314,11 +304,11 @@ mod tests {
     #[test]
     fn an_entry_recorded_under_other_limits_is_dropped() {
         let c = refused_day_quota_100();
-        assert!(c.check(&[day_quota(100)], 6, 400).is_some());
+        assert!(c.check(&[day_quota(100)], &[6], 400).is_some());
         // A reload raised the quota: the same key, other limits.
-        assert!(c.check(&[day_quota(5000)], 6, 400).is_none());
+        assert!(c.check(&[day_quota(5000)], &[6], 400).is_none());
         assert!(
-            c.check(&[day_quota(100)], 6, 400).is_none(),
+            c.check(&[day_quota(100)], &[6], 400).is_none(),
             "dropped, not kept for the old limits"
         );
     }
@@ -327,10 +317,10 @@ mod tests {
     fn a_request_above_capacity_is_left_to_the_store() {
         let c = refused_day_quota_100();
         assert!(
-            c.check(&[day_quota(100)], 101, 400).is_none(),
+            c.check(&[day_quota(100)], &[101], 400).is_none(),
             "the store refuses it for good, without a wait"
         );
-        assert!(c.check(&[day_quota(100)], 100, 400).is_some());
+        assert!(c.check(&[day_quota(100)], &[100], 400).is_some());
     }
 
     #[test]
@@ -347,7 +337,7 @@ mod tests {
         c.record(&tpd, &denial(BudgetName::TokensPerDay, 5, 1_000), 0);
         c.record(&rpm, &denial(BudgetName::Rpm, 0, 60_000_000), 0);
         c.forget(std::slice::from_ref(&tpd.key));
-        assert!(c.check(std::slice::from_ref(&tpd), 6, 400).is_none());
-        assert!(c.check(std::slice::from_ref(&rpm), 6, 400).is_some());
+        assert!(c.check(std::slice::from_ref(&tpd), &[6], 400).is_none());
+        assert!(c.check(std::slice::from_ref(&rpm), &[1], 400).is_some());
     }
 }

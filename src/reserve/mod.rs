@@ -26,7 +26,9 @@ pub mod records;
 pub mod redis;
 pub mod store_config;
 
-pub use amounts::{Actual, Costs, OnStoreError, Requester, Step, RATE_ONE};
+pub use amounts::{
+    Actual, Costs, OnStoreError, Requester, Step, MAX_AMOUNT, MAX_COUNT, MAX_RATE, RATE_ONE,
+};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -68,8 +70,9 @@ impl Scope {
     }
 }
 
-/// Which limit of a scope a budget enforces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// Which limit of a scope a budget enforces. Its serde spelling is its
+/// config spelling ([`BudgetName::as_str`]), also how stored holds name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetName {
     /// Requests per minute (token bucket, 1 per request).
@@ -109,6 +112,24 @@ impl BudgetName {
     /// tokens; always refunded to the actual cost at settle).
     pub fn counts_usd(self) -> bool {
         matches!(self, BudgetName::UsdPerDay | BudgetName::UsdPerMonth)
+    }
+
+    /// Parses [`BudgetName::as_str`]'s spelling.
+    pub fn parse(name: &str) -> Option<Self> {
+        serde::Deserialize::deserialize(
+            serde::de::value::StrDeserializer::<serde::de::value::Error>::new(name),
+        )
+        .ok()
+    }
+
+    /// True when the budget counts requests (one per request, or a slot):
+    /// stores change it only by a void settle. Every other budget counts an
+    /// amount (tokens, µ$) that settlement refunds or charges.
+    pub fn counts_requests(self) -> bool {
+        matches!(
+            self,
+            BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent
+        )
     }
 
     /// True when the budget counts tokens (and is refunded/charged at settle).
@@ -345,34 +366,15 @@ pub enum RenewOutcome {
 /// What to settle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// Tokens actually used (prompt + completion): the common token amount
-    /// of stores of contract v2.
+    /// Tokens actually used (input + output): what the settlement reports
+    /// (refunded, debt), and every amount budget's actual under
+    /// [`Actual::Tokens`].
     pub actual_tokens: u64,
     /// The upstream never accepted the work (connect error, 5xx, 429 before
     /// output): refund upstream budgets too, even where `refund_unused` is false.
     pub upstream_failed: bool,
     /// The amount per budget, or `Void`.
     pub actual: Actual,
-}
-
-impl Settlement {
-    /// What a store of contract v2 applies: the common token amount, and
-    /// `Void` as a refund of the token budgets with nothing used (request
-    /// counts stay spent).
-    pub fn as_v2(&self) -> Settlement {
-        match self.actual {
-            Actual::Void => Settlement {
-                actual_tokens: 0,
-                upstream_failed: true,
-                actual: Actual::Void,
-            },
-            _ => Settlement {
-                actual_tokens: self.actual_tokens,
-                upstream_failed: self.upstream_failed,
-                actual: Actual::Tokens,
-            },
-        }
-    }
 }
 
 /// Result of [`BudgetStore::settle`].

@@ -37,10 +37,15 @@ enum Op {
         tokens: u64,
         common: u8,
         candidates: u8,
+        /// 0: every spec costs the common token amount; else the seed of
+        /// per-spec costs (common ones differing per candidate).
+        shape: u8,
     },
     Extend {
         id: u8,
         tokens: u64,
+        /// 0: the default rates; else the seed of a rate per spec.
+        shape: u8,
     },
     Renew {
         id: u8,
@@ -53,26 +58,28 @@ enum Op {
         id: u8,
         actual: u64,
         failed: bool,
+        /// 0: `Actual::Tokens`; else the seed of an actual per spec.
+        shape: u8,
     },
     Advance {
         micros: u64,
     },
-    /// Reserves issued at once: `(id, tokens, common, candidates)` each.
-    ReserveWave(Vec<(u8, u64, u8, u8)>),
+    /// Reserves issued at once: `(id, tokens, common, candidates, shape)` each.
+    ReserveWave(Vec<(u8, u64, u8, u8, u8)>),
     /// Settles issued at once: `(id, actual, failed)` each.
     SettleWave(Vec<(u8, u64, bool)>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6).prop_map(
-            |(id, tokens, common, candidates)| Op::Reserve { id, tokens, common, candidates }
+        4 => (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6, shape()).prop_map(
+            |(id, tokens, common, candidates, shape)| Op::Reserve { id, tokens, common, candidates, shape }
         ),
-        2 => (0u8..6, 0u64..700).prop_map(|(id, tokens)| Op::Extend { id, tokens }),
+        2 => (0u8..6, 0u64..700, shape()).prop_map(|(id, tokens, shape)| Op::Extend { id, tokens, shape }),
         1 => (0u8..6).prop_map(|id| Op::Renew { id }),
         1 => (0u8..6).prop_map(|id| Op::Void { id }),
-        2 => (0u8..6, 0u64..2500, any::<bool>())
-            .prop_map(|(id, actual, failed)| Op::Settle { id, actual, failed }),
+        2 => (0u8..6, 0u64..2500, any::<bool>(), shape())
+            .prop_map(|(id, actual, failed, shape)| Op::Settle { id, actual, failed, shape }),
         3 => prop_oneof![
             0u64..100_000,
             0u64..7_000_000,
@@ -81,13 +88,76 @@ fn op() -> impl Strategy<Value = Op> {
         ]
         .prop_map(|micros| Op::Advance { micros }),
         2 => prop::collection::vec(
-            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6),
+            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6, shape()),
             2..12
         )
         .prop_map(Op::ReserveWave),
         2 => prop::collection::vec((0u8..6, 0u64..2500, any::<bool>()), 2..8)
             .prop_map(Op::SettleWave),
     ]
+}
+
+/// Half the calls carry amounts per spec (issue 16: specs with different
+/// amounts), half the common token amount.
+fn shape() -> impl Strategy<Value = u8> {
+    prop_oneof![Just(0u8), 1u8..=255]
+}
+
+/// Per-spec amount of `tokens` at position `i` for candidate `c` under
+/// `seed`: 0, half, all, or three halves of it, or (for a quota) a large
+/// µ$-like multiple, so common budgets cost differently per candidate.
+fn amount(seed: u8, i: usize, c: usize, tokens: u64, spec: &BudgetSpec) -> u64 {
+    if spec.name.counts_requests() {
+        return 1;
+    }
+    let k = (seed as usize + 3 * i + 5 * c) % 5;
+    match (k, spec.kind) {
+        (4, BudgetKind::Quota { .. }) => tokens * 150_001,
+        (4, _) | (0, _) => 0,
+        (k, _) => tokens * k as u64 / 2,
+    }
+}
+
+/// Rates of an extension step per position under `seed`: none, one unit
+/// per token, and prices (µ$ per million tokens) that make partial grants.
+fn rates(seed: u8) -> Vec<u64> {
+    const CHOICES: [u64; 7] = [0, 1_000_000, 500_000, 1_500_000, 150_000, 1, 999_999_999];
+    (0..12)
+        .map(|i| CHOICES[(seed as usize + 2 * i) % CHOICES.len()])
+        .collect()
+}
+
+/// Actuals per position under `seed`, around `actual`.
+fn actuals(seed: u8, actual: u64) -> Vec<u64> {
+    (0..12)
+        .map(|i| match (seed as usize + i) % 4 {
+            0 => actual,
+            1 => actual / 3,
+            2 => actual * 2,
+            _ => actual * 150_001,
+        })
+        .collect()
+}
+
+fn step_of(tokens: u64, shape: u8) -> budgetgate::reserve::Step {
+    match shape {
+        0 => budgetgate::reserve::Step::tokens(tokens),
+        seed => budgetgate::reserve::Step {
+            tokens,
+            rates: rates(seed),
+        },
+    }
+}
+
+fn settlement(actual: u64, failed: bool, shape: u8) -> Settlement {
+    Settlement {
+        actual_tokens: actual,
+        upstream_failed: failed,
+        actual: match shape {
+            0 => budgetgate::reserve::Actual::Tokens,
+            seed => budgetgate::reserve::Actual::PerSpec(actuals(seed, actual)),
+        },
+    }
 }
 
 /// The budgets one case plays with, under a per-case key prefix.
@@ -136,6 +206,8 @@ fn universe(ks: &KeySpace) -> Universe {
             ),
             spec(m(), BudgetName::Tpm, bucket(777, 900), true),
             spec(m(), BudgetName::RequestsPerDay, day(12), true),
+            // A quota counting large amounts (as µ$ would).
+            spec(m(), BudgetName::TokensPerDay, day(400_000_000), true),
         ],
         upstreams: vec![
             vec![
@@ -155,8 +227,12 @@ fn universe(ks: &KeySpace) -> Universe {
     }
 }
 
-fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) -> ReserveRequest {
-    let common = u
+fn request(
+    u: &Universe,
+    case: u64,
+    (id, tokens, common, cands, shape): (u8, u64, u8, u8, u8),
+) -> ReserveRequest {
+    let common: Vec<BudgetSpec> = u
         .tenant
         .iter()
         .enumerate()
@@ -172,9 +248,23 @@ fn request(u: &Universe, case: u64, id: u8, tokens: u64, common: u8, cands: u8) 
         4 => vec![b, a],
         _ => vec![vec![]],
     };
+    let mut costs = budgetgate::reserve::Costs::tokens(tokens);
+    if shape != 0 {
+        costs.per_candidate = (0..candidates.len().max(1))
+            .map(|c| {
+                let own = candidates.get(c).map_or(&[][..], Vec::as_slice);
+                common
+                    .iter()
+                    .chain(own)
+                    .enumerate()
+                    .map(|(i, s)| amount(shape, i, c, tokens, s))
+                    .collect()
+            })
+            .collect();
+    }
     ReserveRequest {
         id: format!("c{case}-r{id}"),
-        costs: budgetgate::reserve::Costs::tokens(tokens),
+        costs,
         common,
         candidates,
         lease_micros: LEASE,
@@ -295,12 +385,8 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
             let ctx = format!("step {step}: {op:?}");
             match op {
                 Op::ReserveWave(wave) => {
-                    let reqs: Vec<ReserveRequest> = wave
-                        .iter()
-                        .map(|&(id, tokens, common, cands)| {
-                            request(&u, case, id, tokens, common, cands)
-                        })
-                        .collect();
+                    let reqs: Vec<ReserveRequest> =
+                        wave.iter().map(|&w| request(&u, case, w)).collect();
                     let before = f.redis.batch_counts();
                     let redis = join_all(reqs.iter().map(|r| f.redis.reserve(r))).await;
                     let after = f.redis.batch_counts();
@@ -337,11 +423,7 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     for &(id, actual, failed) in wave {
                         if cached.remove(&id) {
                             ids.push(format!("c{case}-r{id}"));
-                            items.push(Settlement {
-                                actual_tokens: actual,
-                                upstream_failed: failed,
-                                actual: budgetgate::reserve::Actual::Tokens,
-                            });
+                            items.push(settlement(actual, failed, id % 2));
                         }
                     }
                     let redis =
@@ -358,8 +440,9 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     tokens,
                     common,
                     candidates,
+                    shape,
                 } => {
-                    let req = request(&u, case, *id, *tokens, *common, *candidates);
+                    let req = request(&u, case, (*id, *tokens, *common, *candidates, *shape));
                     let m = memory.reserve(&req).await.expect("memory");
                     let r = f.redis.reserve(&req).await.expect("redis reserve");
                     seen(label(&format!("{m:?}")));
@@ -373,18 +456,12 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     }
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
-                Op::Extend { id, tokens } => {
+                Op::Extend { id, tokens, shape } => {
                     cached.remove(id);
                     let id = format!("c{case}-r{id}");
-                    let m = memory
-                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
-                        .await
-                        .expect("memory");
-                    let r = f
-                        .redis
-                        .extend(&id, &budgetgate::reserve::Step::tokens(*tokens))
-                        .await
-                        .expect("redis extend");
+                    let step = step_of(*tokens, *shape);
+                    let m = memory.extend(&id, &step).await.expect("memory");
+                    let r = f.redis.extend(&id, &step).await.expect("redis extend");
                     seen(label(&format!("{m:?}")));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
@@ -404,14 +481,15 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     seen(format!("Void/{}", label(&format!("{m:?}"))));
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
-                Op::Settle { id, actual, failed } => {
+                Op::Settle {
+                    id,
+                    actual,
+                    failed,
+                    shape,
+                } => {
                     cached.remove(id);
                     let id = format!("c{case}-r{id}");
-                    let s = Settlement {
-                        actual_tokens: *actual,
-                        upstream_failed: *failed,
-                        actual: budgetgate::reserve::Actual::Tokens,
-                    };
+                    let s = settlement(*actual, *failed, *shape);
                     let m = memory.settle(&id, &s).await.expect("memory");
                     let r = f.redis.settle(&id, &s).await.expect("redis settle");
                     seen(label(&format!("{m:?}")));

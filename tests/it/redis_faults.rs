@@ -11,7 +11,7 @@
 //! - no concurrency slot outlives one lease;
 //! - no client request hangs past its deadline.
 //!
-//! Run: `cargo test --all-features --test redis_faults -- --nocapture`
+//! Run: `cargo test --test it redis_faults:: -- --nocapture`
 //! (prints the figures).
 
 use std::collections::HashMap;

@@ -220,6 +220,30 @@ impl H {
         self.store.reserve(&req).await.expect("reserve")
     }
 
+    /// A reservation whose specs cost `costs` (per candidate: common specs,
+    /// then the candidate's own).
+    async fn reserve_amounts(
+        &self,
+        id: &str,
+        costs: Vec<Vec<u64>>,
+        common: &[BudgetSpec],
+        candidates: &[Vec<BudgetSpec>],
+    ) -> ReserveOutcome {
+        let req = ReserveRequest {
+            id: id.to_string(),
+            costs: budgetgate::reserve::Costs {
+                tokens: costs[0][0],
+                per_candidate: costs,
+            },
+            common: common.to_vec(),
+            candidates: candidates.to_vec(),
+            lease_micros: LEASE,
+            hold_ttl_micros: HOLD_TTL,
+            requester: Default::default(),
+        };
+        self.store.reserve(&req).await.expect("reserve")
+    }
+
     async fn admit(&self, id: &str, tokens: u64, common: &[BudgetSpec]) -> Admission {
         admitted(self.reserve(id, tokens, common).await)
     }
@@ -415,6 +439,9 @@ conformance!(
     an_overrun_is_enforced_in_full,
     void_before_reserve_leaves_every_budget_unchanged,
     void_after_reserve_refunds_every_budget,
+    each_budget_is_charged_its_own_amount,
+    a_priced_extension_grants_what_the_rest_can_buy,
+    common_budgets_are_costed_per_candidate,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
@@ -1158,5 +1185,156 @@ async fn void_after_reserve_refunds_every_budget(h: H) {
     assert_eq!(remaining_all(&h, &specs).await, before, "all given back");
     assert_eq!(h.reserve("a", 100, &specs).await, ReserveOutcome::Voided);
     assert_eq!(h.settle("a", 10).await, SettleOutcome::AlreadySettled);
+    h.check_keys().await;
+}
+
+/// Issue 16, item 1: amounts per budget. A token bucket, an input-only
+/// bucket, a quota in µ$ and a request bucket are each debited their own
+/// cost at reserve, their own rate at extend and their own actual at settle.
+async fn each_budget_is_charged_its_own_amount(h: H) {
+    const BIG: u64 = 10_000_000_000_000;
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let input = h.tpm(upstream("in"), 1000, 1000);
+    let usd = h.per_day(upstream("usd"), BIG);
+    let rpm = h.rpm(tenant(), 60, 60);
+    let specs = [tpm.clone(), input.clone(), usd.clone(), rpm.clone()];
+    let a = admitted(
+        h.reserve_amounts("a", vec![vec![100, 60, 5_000_000, 1]], &specs, &[])
+            .await,
+    );
+    assert!(!a.replayed);
+    assert_eq!(
+        remaining_all(&h, &specs).await,
+        vec![900, 940, (BIG - 5_000_000) as i64, 59]
+    );
+    // 50 more output tokens: one per token on tpm, none on the input
+    // bucket, $0.60 per million (ceil(50 × 0.6) = 30 µ$) on the quota.
+    let step = budgetgate::reserve::Step {
+        tokens: 50,
+        rates: vec![1_000_000, 0, 600_000, 0],
+    };
+    let e = h.store.extend("a", &step).await.expect("extend");
+    assert!(
+        matches!(e, ExtendOutcome::Extended { granted: 50, .. }),
+        "{e:?}"
+    );
+    assert_eq!(
+        remaining_all(&h, &specs).await,
+        vec![850, 940, (BIG - 5_000_030) as i64, 59]
+    );
+    let s = h
+        .store
+        .settle(
+            "a",
+            &Settlement {
+                actual_tokens: 120,
+                upstream_failed: false,
+                actual: budgetgate::reserve::Actual::PerSpec(vec![120, 70, 4_000_000, 1]),
+            },
+        )
+        .await
+        .expect("settle");
+    assert_eq!(
+        s,
+        SettleOutcome::Settled {
+            reserved: 150,
+            refunded: 30,
+            debt: 0,
+            now_micros: NOON
+        }
+    );
+    // tpm: 150 held, 120 used → 30 back; input: 60 held, 70 used → 10 of
+    // debt; µ$: 5,000,030 held, 4,000,000 used; rpm: a request stays spent.
+    assert_eq!(
+        remaining_all(&h, &specs).await,
+        vec![880, 930, (BIG - 4_000_000) as i64, 59]
+    );
+    h.check_keys().await;
+}
+
+/// A partial grant at a price: with 123,457 µ$ left at $0.60 per million
+/// tokens, an extension of 10^6 tokens grants floor(123,457 / 0.6) =
+/// 205,761 tokens costing ceil(205,761 × 0.6) = 123,457 µ$; then nothing.
+async fn a_priced_extension_grants_what_the_rest_can_buy(h: H) {
+    const BIG: u64 = 10_000_000_000_000;
+    let tpm = h.tpm(tenant(), 10_000_000_000, 10_000_000_000);
+    let usd = h.per_month(tenant(), BIG);
+    let specs = [tpm.clone(), usd.clone()];
+    admitted(
+        h.reserve_amounts("a", vec![vec![10, BIG - 123_457]], &specs, &[])
+            .await,
+    );
+    let step = budgetgate::reserve::Step {
+        tokens: 1_000_000,
+        rates: vec![1_000_000, 600_000],
+    };
+    let e = h.store.extend("a", &step).await.expect("extend");
+    assert!(
+        matches!(
+            e,
+            ExtendOutcome::Extended {
+                granted: 205_761,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(remaining_all(&h, &specs).await, vec![9_999_794_229, 0]);
+    match h.store.extend("a", &step).await.expect("extend") {
+        ExtendOutcome::Exhausted(d) => {
+            assert_eq!((d.name, d.available), (BudgetName::TokensPerMonth, 0));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A price above a dollar per token: 1 µ$ left cannot buy one token.
+    let usd2 = h.per_day(tenant(), 2_000_000);
+    admitted(
+        h.reserve_amounts("b", vec![vec![1_999_999]], std::slice::from_ref(&usd2), &[])
+            .await,
+    );
+    let dear = budgetgate::reserve::Step {
+        tokens: 3,
+        rates: vec![1_000_000_000],
+    };
+    assert!(matches!(
+        h.store.extend("b", &dear).await.expect("extend"),
+        ExtendOutcome::Exhausted(_)
+    ));
+    h.check_keys().await;
+}
+
+/// A common budget priced per deployment: the first candidate would cost
+/// 1,200 of a common quota with 1,000 left, the second 800, so the second
+/// is chosen and 800 debited.
+async fn common_budgets_are_costed_per_candidate(h: H) {
+    let usd = h.per_day(tenant(), 1000);
+    let a_tpm = h.tpm(upstream("a"), 1000, 1000);
+    let b_tpm = h.tpm(upstream("b"), 1000, 1000);
+    let cands = [vec![a_tpm.clone()], vec![b_tpm.clone()]];
+    let adm = admitted(
+        h.reserve_amounts(
+            "r",
+            vec![vec![1200, 10], vec![800, 10]],
+            std::slice::from_ref(&usd),
+            &cands,
+        )
+        .await,
+    );
+    assert_eq!(adm.candidate, 1);
+    assert_eq!(
+        remaining_all(&h, &[usd.clone(), a_tpm.clone(), b_tpm.clone()]).await,
+        vec![200, 1000, 990]
+    );
+    // Now neither fits: the refusal names the common budget.
+    let d = denied(
+        h.reserve_amounts(
+            "s",
+            vec![vec![1200, 10], vec![800, 10]],
+            std::slice::from_ref(&usd),
+            &cands,
+        )
+        .await,
+    );
+    assert_eq!((d.name, d.available), (BudgetName::TokensPerDay, 200));
     h.check_keys().await;
 }

@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 
 use super::{
-    Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
+    Actual, Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
-    StoreError,
+    StoreError, MAX_RATE, RATE_ONE,
 };
 use crate::clock::Clock;
 use crate::reserve::bucket::MAX_LIMIT;
-use state::{store_at, Check, Inner, QuotaState};
+use state::{store_at, Check, Inner};
 use tombstones::Tombstone;
 
 /// In-process [`BudgetStore`]. Time comes from the injected [`Clock`].
@@ -105,22 +105,45 @@ impl MemoryStore {
                 would_deny: Vec::new(),
             });
         }
-        match inner.check_all(&req.common, req, now) {
-            Check::Ok => {}
-            Check::Denied(d) => {
-                inner.adopt_policies(req, now);
-                return ReserveOutcome::Denied(d);
+        // Common costs alike for every candidate (the usual case): the
+        // common specs are checked once, and their refusal is the answer.
+        // Else, candidate by candidate, the first whose budgets admit
+        // together with the common ones (costed for it) is chosen
+        // (lua/reserve.lua).
+        let n = req.common.len();
+        let per_candidate_common = common_costs_differ(req);
+        if !per_candidate_common {
+            match inner.check_all(&req.common, req, (0, 0), None, now) {
+                Check::Ok => {}
+                Check::Denied(d) => {
+                    inner.adopt_policies(req, now);
+                    return ReserveOutcome::Denied(d);
+                }
+                Check::Impossible(i) => {
+                    inner.adopt_policies(req, now);
+                    return ReserveOutcome::Impossible(i);
+                }
             }
-            Check::Impossible(i) => {
-                inner.adopt_policies(req, now);
-                return ReserveOutcome::Impossible(i);
-            }
+        }
+        if req.candidates.is_empty() {
+            // No candidates at all: admit on the common budgets alone.
+            return inner.admit(req, &[], 0, now);
         }
         let mut chosen = None;
         let mut best_denial: Option<Denial> = None;
         let mut first_impossible: Option<Impossibility> = None;
         for (idx, cand) in req.candidates.iter().enumerate() {
-            match inner.check_all(cand, req, now) {
+            let before = if per_candidate_common {
+                inner.check_all(&req.common, req, (idx, 0), None, now)
+            } else {
+                Check::Ok
+            };
+            let result = match before {
+                Check::Impossible(i) => Check::Impossible(i),
+                Check::Ok => inner.check_all(cand, req, (idx, n), None, now),
+                Check::Denied(d) => inner.check_all(cand, req, (idx, n), Some(d), now),
+            };
+            match result {
                 Check::Ok => {
                     chosen = Some(idx);
                     break;
@@ -139,25 +162,23 @@ impl MemoryStore {
             }
         }
         let Some(candidate) = chosen else {
-            if best_denial.is_some() || first_impossible.is_some() {
-                inner.adopt_policies(req, now);
-            }
-            if let Some(d) = best_denial {
-                return ReserveOutcome::Denied(d);
-            }
-            if let Some(i) = first_impossible {
-                return ReserveOutcome::Impossible(i);
-            }
-            // No candidates at all: treat as an empty one.
-            return inner.admit(req, &[], 0, now);
+            inner.adopt_policies(req, now);
+            return match (best_denial, first_impossible) {
+                (Some(d), _) => ReserveOutcome::Denied(d),
+                (None, Some(i)) => ReserveOutcome::Impossible(i),
+                // Every candidate refused, so one of the two is set.
+                (None, None) => inner.admit(req, &[], 0, now),
+            };
         };
         let cand = req.candidates[candidate].clone();
         inner.admit(req, &cand, candidate, now)
     }
 
-    /// Synchronous core of [`BudgetStore::extend`].
-    pub fn extend_sync(&self, id: &str, want: u64) -> ExtendOutcome {
-        let want = want.min(MAX_LIMIT);
+    /// Synchronous core of [`BudgetStore::extend`]: grants the largest
+    /// number of tokens ≤ `step.tokens` every amount line can pay for at its
+    /// rate, debiting each `ceil(g × rate / RATE_ONE)` (lua/extend.lua).
+    pub fn extend_sync(&self, id: &str, step: &Step) -> ExtendOutcome {
+        let want = step.tokens.min(MAX_LIMIT);
         let now = self.clock.now_micros();
         let mut inner = self.lock();
         inner.tick(now);
@@ -170,25 +191,40 @@ impl MemoryStore {
         if hold.expires_at <= now {
             return ExtendOutcome::Unknown;
         }
-        let specs: Vec<BudgetSpec> = hold
+        // (line index, spec, rate) of every amount line the step touches.
+        let paying: Vec<(usize, BudgetSpec, u64)> = hold
             .lines
             .iter()
-            .filter(|l| l.spec.name.counts_tokens())
-            .map(|l| l.spec.clone())
+            .enumerate()
+            .filter(|(_, l)| {
+                !l.spec.name.counts_requests()
+                    && !matches!(l.spec.kind, BudgetKind::Concurrency { .. })
+            })
+            .map(|(i, l)| {
+                let rate = if step.rates.is_empty() {
+                    RATE_ONE
+                } else {
+                    step.rates.get(l.pos).copied().unwrap_or(0).min(MAX_RATE)
+                };
+                (i, l.spec.clone(), rate)
+            })
+            .filter(|(_, _, rate)| *rate > 0)
             .collect();
         let mut grant = want;
-        let mut tightest: Option<(i64, &BudgetSpec)> = None;
-        for spec in &specs {
+        // The line granting least (the lowest available among equals, then the first).
+        let mut tightest: Option<(u64, i64, &BudgetSpec, u64)> = None;
+        for (_, spec, rate) in &paying {
             let avail = inner.available(spec, now);
-            if tightest.is_none_or(|(a, _)| avail < a) {
-                tightest = Some((avail, spec));
+            let cap = Step::grant(avail, *rate, want);
+            if tightest.is_none_or(|(c, a, _, _)| cap < c || (cap == c && avail < a)) {
+                tightest = Some((cap, avail, spec, *rate));
             }
-            grant = grant.min(avail.max(0) as u64);
+            grant = grant.min(cap);
         }
         if grant == 0 && want > 0 {
-            let (avail, spec) = tightest.expect("a zero grant needs a limiting budget");
+            let (_, avail, spec, rate) = tightest.expect("a zero grant needs a limiting budget");
             let state = inner.state_of(spec, now);
-            let retry = inner.wait_for(spec, 1, now);
+            let retry = inner.wait_for(spec, Step::debit(1, rate), now);
             return ExtendOutcome::Exhausted(Denial {
                 scope: spec.scope.clone(),
                 name: spec.name,
@@ -200,19 +236,19 @@ impl MemoryStore {
                 state,
             });
         }
-        let mut window_debits = Vec::with_capacity(specs.len());
-        for spec in &specs {
-            window_debits.push(inner.debit(spec, grant, now, id));
+        let mut debits = Vec::with_capacity(paying.len());
+        for (i, spec, rate) in &paying {
+            let amount = Step::debit(grant, *rate);
+            if amount > 0 {
+                debits.push((*i, amount, inner.debit(spec, amount, now, id)));
+            }
         }
         let hold = inner.holds.get_mut(id).expect("hold checked above");
-        let mut wd = window_debits.into_iter();
-        for line in hold
-            .lines
-            .iter_mut()
-            .filter(|l| l.spec.name.counts_tokens())
-        {
-            if let Some(Some(w)) = wd.next() {
-                line.debits.push((w, grant));
+        for (i, amount, window) in debits {
+            let line = &mut hold.lines[i];
+            line.held += amount;
+            if let Some(w) = window {
+                line.debits.push((w, amount));
             }
         }
         hold.reserved_tokens += grant;
@@ -256,8 +292,9 @@ impl MemoryStore {
         }
     }
 
-    /// Synchronous core of [`BudgetStore::settle`].
-    pub fn settle_sync(&self, id: &str, s: Settlement) -> SettleOutcome {
+    /// Synchronous core of [`BudgetStore::settle`]: each amount line is
+    /// charged its own actual (lua/settle.lua).
+    pub fn settle_sync(&self, id: &str, s: &Settlement) -> SettleOutcome {
         let now = self.clock.now_micros();
         let mut inner = self.lock();
         inner.tick(now);
@@ -279,58 +316,24 @@ impl MemoryStore {
         // neither its lines nor its budget states.
         inner.settled.insert(id, Tombstone::of(&hold, false), now);
         let reserved = hold.reserved_tokens;
-        let lines: Vec<(BudgetSpec, Vec<(u64, u64)>)> =
-            hold.lines.into_iter().map(|l| (l.spec, l.debits)).collect();
         // Counts beyond a single cost's bound are charged as that bound.
         let actual = s.actual_tokens.min(MAX_LIMIT);
-        let unused = reserved.saturating_sub(actual);
-        let debt = actual.saturating_sub(reserved);
-        let mut refunded = 0;
-        for (spec, debits) in &lines {
-            match spec.kind {
-                BudgetKind::Concurrency { .. } => {
-                    if let Some(set) = inner.slots.get_mut(&spec.key) {
-                        set.remove(id);
-                    }
-                }
-                _ if !spec.name.counts_tokens() => {}
-                BudgetKind::Bucket { per_minute, burst } => {
-                    let refundable = spec.refund_unused || s.upstream_failed;
-                    let mut b = inner.bucket(&spec.key, per_minute, burst, now);
-                    if unused > 0 && refundable {
-                        b.credit(unused);
-                        refunded = unused;
-                    }
-                    if debt > 0 {
-                        crate::metrics::debt_forgiven(b.debit(debt));
-                    }
-                    store_at(&mut inner.buckets, &spec.key, b);
-                }
-                BudgetKind::Quota { window, .. } => {
-                    let refundable = spec.refund_unused || s.upstream_failed;
-                    let w = window.id(now);
-                    let q = inner.quota(&spec.key, w);
-                    let mut used = q.used;
-                    if unused > 0 && refundable {
-                        let debited_here: u64 = debits
-                            .iter()
-                            .filter(|(dw, _)| *dw == w)
-                            .map(|(_, a)| a)
-                            .sum();
-                        used = used.saturating_sub(unused.min(debited_here));
-                        refunded = unused;
-                    }
-                    if debt > 0 {
-                        used += debt;
-                    }
-                    store_at(&mut inner.quotas, &spec.key, QuotaState { window: w, used });
-                }
-            }
+        let mut refunded_any = false;
+        for line in &hold.lines {
+            let used = match &s.actual {
+                Actual::PerSpec(amounts) => amounts.get(line.pos).copied().unwrap_or(0),
+                _ => actual,
+            };
+            refunded_any |= inner.settle_line(id, line, Some(used), s.upstream_failed, now);
         }
         SettleOutcome::Settled {
             reserved,
-            refunded,
-            debt,
+            refunded: if refunded_any {
+                reserved.saturating_sub(actual)
+            } else {
+                0
+            },
+            debt: actual.saturating_sub(reserved),
             now_micros: now,
         }
     }
@@ -364,38 +367,8 @@ impl MemoryStore {
         };
         inner.settled.insert(id, Tombstone::of(&hold, true), now);
         let reserved = hold.reserved_tokens;
-        for line in hold.lines {
-            let spec = &line.spec;
-            match spec.kind {
-                BudgetKind::Concurrency { .. } => {
-                    if let Some(set) = inner.slots.get_mut(&spec.key) {
-                        set.remove(id);
-                    }
-                }
-                BudgetKind::Bucket { per_minute, burst } => {
-                    // Every token and request budget, refundable or not.
-                    let amount = if spec.name.counts_tokens() {
-                        reserved
-                    } else {
-                        spec.cost(reserved)
-                    };
-                    let mut b = inner.bucket(&spec.key, per_minute, burst, now);
-                    b.credit(amount);
-                    store_at(&mut inner.buckets, &spec.key, b);
-                }
-                BudgetKind::Quota { window, .. } => {
-                    let w = window.id(now);
-                    let here: u64 = line
-                        .debits
-                        .iter()
-                        .filter(|(dw, _)| *dw == w)
-                        .map(|(_, a)| a)
-                        .sum();
-                    let q = inner.quota(&spec.key, w);
-                    let used = q.used.saturating_sub(here);
-                    store_at(&mut inner.quotas, &spec.key, QuotaState { window: w, used });
-                }
-            }
+        for line in &hold.lines {
+            inner.settle_line(id, line, None, true, now);
         }
         SettleOutcome::Settled {
             reserved,
@@ -436,7 +409,7 @@ impl BudgetStore for MemoryStore {
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        Ok(self.extend_sync(id, step.tokens))
+        Ok(self.extend_sync(id, step))
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
@@ -448,7 +421,7 @@ impl BudgetStore for MemoryStore {
             // Mode void of a hold; no tombstone for an id without one.
             return Ok(self.void_sync(id, 0));
         }
-        Ok(self.settle_sync(id, settlement.as_v2()))
+        Ok(self.settle_sync(id, settlement))
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
@@ -464,6 +437,8 @@ impl BudgetStore for MemoryStore {
     }
 }
 
-/// Names used only to keep `BudgetName` imported for docs of this module.
-#[allow(dead_code)]
-const _NAMES: [BudgetName; 1] = [BudgetName::Tpm];
+/// True when some candidate costs a common spec differently from the first.
+fn common_costs_differ(req: &ReserveRequest) -> bool {
+    let cost = |c: usize, i: usize| req.costs.of(c, i, &req.common[i]);
+    (1..req.candidates.len()).any(|c| (0..req.common.len()).any(|i| cost(c, i) != cost(0, i)))
+}

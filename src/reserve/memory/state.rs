@@ -6,11 +6,12 @@
 use foldhash::HashMap;
 
 use super::tombstones::Tombstones;
-use crate::reserve::bucket::BucketState;
+use crate::reserve::bucket::{BucketState, MAX_LIMIT};
 use crate::reserve::{
     Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
     ReserveRequest, WouldDeny,
 };
+use crate::reserve::{MAX_AMOUNT, MAX_COUNT};
 
 /// Operations between sweeps of expired holds, leases and full idle buckets.
 const SWEEP_EVERY: u64 = 4096;
@@ -43,7 +44,13 @@ pub(super) struct Hold {
 
 pub(super) struct HoldLine {
     pub(super) spec: BudgetSpec,
-    /// Quota debits as `(window id, tokens)`, so refunds go only to the window debited.
+    /// The spec's position among the reservation's specs (common, then the
+    /// chosen candidate's): what extension rates and settled actuals are
+    /// indexed by.
+    pub(super) pos: usize,
+    /// What the line holds in the spec's unit, reservation and extensions.
+    pub(super) held: u64,
+    /// Quota debits as `(window id, amount)`, so refunds go only to the window debited.
     pub(super) debits: Vec<(u64, u64)>,
 }
 
@@ -160,8 +167,7 @@ impl Inner {
         }
     }
 
-    pub(super) fn check(&self, spec: &BudgetSpec, tokens: u64, id: &str, now: u64) -> Check {
-        let cost = spec.cost(tokens);
+    pub(super) fn check(&self, spec: &BudgetSpec, cost: u64, id: &str, now: u64) -> Check {
         if !matches!(spec.kind, BudgetKind::Concurrency { .. }) && cost > spec.capacity() {
             return Check::Impossible(Impossibility {
                 scope: spec.scope.clone(),
@@ -201,16 +207,26 @@ impl Inner {
         }
     }
 
-    /// Checks every spec; an impossible budget wins over a denial, and among
-    /// denials the longest wait (every budget must admit).
-    pub(super) fn check_all(&self, specs: &[BudgetSpec], req: &ReserveRequest, now: u64) -> Check {
-        let mut worst: Option<Denial> = None;
-        for spec in specs {
+    /// Checks every spec of `specs` (at `first` onwards among candidate
+    /// `candidate`'s specs, for their costs) after `worst`, the result of
+    /// earlier specs; an impossible budget wins over a denial, and among
+    /// denials the longest wait, the first of equals (every budget must admit).
+    pub(super) fn check_all(
+        &self,
+        specs: &[BudgetSpec],
+        req: &ReserveRequest,
+        (candidate, first): (usize, usize),
+        worst: Option<Denial>,
+        now: u64,
+    ) -> Check {
+        let mut worst = worst;
+        for (j, spec) in specs.iter().enumerate() {
             if spec.shadow {
                 // Evaluated again at admission; a shadow refusal never blocks.
                 continue;
             }
-            match self.check(spec, req.costs.tokens, &req.id, now) {
+            let cost = req.costs.of(candidate, first + j, spec);
+            match self.check(spec, cost, &req.id, now) {
                 Check::Ok => {}
                 Check::Impossible(i) => return Check::Impossible(i),
                 Check::Denied(d) => {
@@ -270,16 +286,15 @@ impl Inner {
         let mut lines = Vec::with_capacity(req.common.len() + cand.len());
         let mut budgets = Vec::new();
         let mut would_deny = Vec::new();
-        for spec in req.common.iter().chain(cand.iter()) {
-            if spec.shadow && !matches!(self.check(spec, req.costs.tokens, &req.id, now), Check::Ok)
-            {
+        for (pos, spec) in req.common.iter().chain(cand.iter()).enumerate() {
+            let cost = req.costs.of(candidate, pos, spec);
+            if spec.shadow && !matches!(self.check(spec, cost, &req.id, now), Check::Ok) {
                 would_deny.push(WouldDeny {
                     scope: spec.scope.clone(),
                     name: spec.name,
                 });
                 continue;
             }
-            let cost = spec.cost(req.costs.tokens);
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
                 let lease_end = now + req.lease_micros;
@@ -295,8 +310,14 @@ impl Inner {
             } else {
                 budgets.push(self.state_of(spec, now));
             }
+            let held = match spec.kind {
+                BudgetKind::Concurrency { .. } => 0,
+                _ => cost,
+            };
             lines.push(HoldLine {
                 spec: spec.clone(),
+                pos,
+                held,
                 debits: window.map(|w| vec![(w, cost)]).unwrap_or_default(),
             });
         }
@@ -318,6 +339,73 @@ impl Inner {
             },
         );
         ReserveOutcome::Admitted(admission)
+    }
+}
+
+impl Inner {
+    /// Settles one line of a hold with its actual `used` (`None`: a void,
+    /// which gives back everything, refundable or not, request counts
+    /// included): refunds what it held beyond `used` when refundable (a
+    /// quota only to the current window's debits), charges what `used`
+    /// exceeds as debt, frees its slot. True when something was refunded.
+    pub(super) fn settle_line(
+        &mut self,
+        id: &str,
+        line: &HoldLine,
+        used: Option<u64>,
+        failed: bool,
+        now: u64,
+    ) -> bool {
+        let spec = &line.spec;
+        let refundable = spec.refund_unused || failed;
+        match spec.kind {
+            BudgetKind::Concurrency { .. } => {
+                if let Some(set) = self.slots.get_mut(&spec.key) {
+                    set.remove(id);
+                }
+                false
+            }
+            // Request budgets: only a void gives them back.
+            _ if spec.name.counts_requests() && used.is_some() => false,
+            BudgetKind::Bucket { per_minute, burst } => {
+                let used = used.map_or(0, |u| u.min(MAX_LIMIT));
+                let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                let refunded = used < line.held && refundable;
+                if refunded {
+                    b.credit(line.held - used);
+                } else if used > line.held {
+                    crate::metrics::debt_forgiven(b.debit(used - line.held));
+                }
+                store_at(&mut self.buckets, &spec.key, b);
+                refunded
+            }
+            BudgetKind::Quota { window, .. } => {
+                let used = used.map_or(0, |u| u.min(MAX_AMOUNT));
+                let w = window.id(now);
+                let mut count = self.quota(&spec.key, w).used;
+                let refunded = used < line.held && refundable;
+                if refunded {
+                    let here: u64 = line
+                        .debits
+                        .iter()
+                        .filter(|(dw, _)| *dw == w)
+                        .map(|(_, a)| a)
+                        .sum();
+                    count = count.saturating_sub((line.held - used).min(here));
+                } else if used > line.held {
+                    count = (count + (used - line.held)).min(MAX_COUNT);
+                }
+                store_at(
+                    &mut self.quotas,
+                    &spec.key,
+                    QuotaState {
+                        window: w,
+                        used: count,
+                    },
+                );
+                refunded
+            }
+        }
     }
 }
 

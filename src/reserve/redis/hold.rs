@@ -44,6 +44,9 @@ pub struct HoldLine {
     pub spec: BudgetSpec,
     /// What the reservation debited from it, in its unit.
     pub cost: u64,
+    /// What it holds now in its unit, reservation and extensions (0 for
+    /// concurrency and once settled).
+    pub held: u64,
     /// Quota debits as `(window id, amount)`, reservation and extensions
     /// (what settle refunds from; a request quota's only by a void); empty
     /// for other budgets and once settled.
@@ -116,15 +119,26 @@ impl HoldRecord {
             debt: hold_num(h.next(), "debt")?,
         };
 
-        // Quota debits by 1-based line index, from the live entries.
+        // Quota debits and amounts held by 1-based line index, from the
+        // live entries.
         let mut debits: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        let mut held: HashMap<usize, u64> = HashMap::new();
         for entry in live.split(';').filter(|e| !e.is_empty()) {
-            let f: Vec<&str> = entry.splitn(6, ' ').collect();
-            if f.len() != 6 {
+            let f: Vec<&str> = entry.splitn(7, ' ').collect();
+            if f.len() != 7 {
                 return Err(protocol(format!("hold: bad live entry {entry:?}")));
             }
-            if f[1] == "Q" || f[1] == "q" {
-                debits.insert(hold_num(Some(f[0]), "line")?, hold_pairs(f[5], ',', "d")?);
+            let line: usize = hold_num(Some(f[0]), "line")?;
+            match f[2] {
+                "Q" | "q" => {
+                    let d = hold_pairs(f[6], ',', "d")?;
+                    held.insert(line, d.iter().map(|(_, a)| a).sum());
+                    debits.insert(line, d);
+                }
+                "B" | "b" => {
+                    held.insert(line, hold_num(Some(f[6]), "d")?);
+                }
+                _ => {}
             }
         }
 
@@ -166,6 +180,7 @@ impl HoldRecord {
                     shadow: false,
                 },
                 cost: hold_num(Some(f[3]), "cost")?,
+                held: held.remove(&(j + 1)).unwrap_or_default(),
                 quota_debits: debits.remove(&(j + 1)).unwrap_or_default(),
                 admitted,
             });

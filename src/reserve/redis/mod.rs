@@ -281,7 +281,7 @@ impl RedisStore {
         &self,
         route: Route<'_>,
         id: &str,
-        args: &[String],
+        args: &[Vec<u8>],
     ) -> Result<(Vec<String>, Arc<Vec<BudgetSpec>>), StoreError> {
         let mut specs = match self.cached_hold(id) {
             Some(s) => s,

@@ -15,6 +15,7 @@ use redis::Script;
 use crate::reserve::bucket::{DEBT_FLOOR, MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
 use crate::reserve::calendar::MICROS_PER_DAY;
 use crate::reserve::keys::LAYOUT_VERSION;
+use crate::reserve::{MAX_AMOUNT, MAX_COUNT, RATE_ONE};
 
 /// Every key's TTL gets this margin past the moment it stops mattering, so
 /// a key is never dropped while its logical state still differs from
@@ -40,7 +41,10 @@ pub fn prelude() -> String {
          local LAYOUT = {LAYOUT_VERSION}\n\
          local DEBT_FLOOR = {DEBT_FLOOR}\n\
          local MAX_WAIT_MS = {MAX_WAIT_MS}\n\
-         local MAX_COST = {MAX_LIMIT}\n"
+         local MAX_COST = {MAX_LIMIT}\n\
+         local MAX_AMOUNT = {MAX_AMOUNT}\n\
+         local RATE_ONE = {RATE_ONE}\n\
+         local MAX_COUNT = {MAX_COUNT}\n"
     )
 }
 
@@ -157,6 +161,9 @@ mod tests {
                 "DEBT_FLOOR",
                 "MAX_WAIT_MS",
                 "MAX_COST",
+                "MAX_AMOUNT",
+                "RATE_ONE",
+                "MAX_COUNT",
             ] {
                 assert!(
                     !file.contains(&format!("local {name} =")),

@@ -4,15 +4,16 @@
 use async_trait::async_trait;
 
 use crate::reserve::{
-    Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, Impossibility,
-    RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
-    WouldDeny,
+    Actual, Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
+    StoreError, WouldDeny, MAX_RATE,
 };
 
 use super::batch::{BatchOp, ScriptArgs};
 use super::hold::HoldRecord;
 use super::wire::{
-    adm_fields, denial, live_line, protocol, push_kind, spec_numbers, state, window_of, Reply,
+    adm_fields, denial, live_line, packed, protocol, push_kind, spec_numbers, state, window_of,
+    Reply,
 };
 use super::{RedisStore, Route};
 
@@ -46,11 +47,12 @@ impl BudgetStore for RedisStore {
         for c in &req.candidates {
             inv.arg(c.len());
         }
-        inv.arg(spec_numbers(&all, req.costs.tokens).as_slice());
-        for s in &all {
-            inv.arg(live_line(s))
-                .arg(adm_fields(s, req.costs.tokens).as_slice());
+        let costs = spec_costs(req);
+        inv.arg(spec_numbers(&all, &costs).as_slice());
+        for (s, cost) in all.iter().zip(&costs) {
+            inv.arg(live_line(s)).arg(adm_fields(s, *cost).as_slice());
         }
+        inv.arg(common_costs(req).as_slice());
         let items = self.batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
@@ -145,22 +147,24 @@ impl BudgetStore for RedisStore {
                 }))
             }
             "D" => {
+                let idx = r.usize()?;
                 let spec = all
-                    .get(r.usize()?)
+                    .get(idx)
                     .ok_or_else(|| protocol("denial names no budget"))?;
-                let d = denial(&mut r, spec, spec.cost(req.costs.tokens), now)?;
+                let d = denial(&mut r, spec, cost_at(&costs, idx), now)?;
                 Ok(ReserveOutcome::Denied(d))
             }
             "V" => Ok(ReserveOutcome::Voided),
             "I" => {
+                let idx = r.usize()?;
                 let spec = all
-                    .get(r.usize()?)
+                    .get(idx)
                     .ok_or_else(|| protocol("impossibility names no budget"))?;
                 Ok(ReserveOutcome::Impossible(Impossibility {
                     scope: spec.scope.clone(),
                     name: spec.name,
                     capacity: spec.capacity(),
-                    requested: spec.cost(req.costs.tokens),
+                    requested: cost_at(&costs, idx),
                 }))
             }
             other => Err(protocol(format!("reserve replied {other:?}"))),
@@ -168,11 +172,16 @@ impl BudgetStore for RedisStore {
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        let rates: Vec<u8> = if step.rates.is_empty() {
+            Vec::new()
+        } else {
+            packed(step.rates.iter().map(|r| (*r).min(MAX_RATE)))
+        };
         let (items, specs) = self
             .hold_call(
                 Route::Direct(&self.scripts.extend),
                 id,
-                &[step.tokens.to_string()],
+                &[step.tokens.to_string().into_bytes(), rates],
             )
             .await?;
         let mut r = Reply::new(&items);
@@ -230,24 +239,28 @@ impl BudgetStore for RedisStore {
     }
 
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        if s.actual == crate::reserve::Actual::Void {
+        if s.actual == Actual::Void {
             // Mode void of a hold; no tombstone for an id without one.
             return self.void(id, 0).await;
         }
-        let s = s.as_v2();
+        let actuals = match &s.actual {
+            Actual::PerSpec(amounts) => packed(amounts.iter().copied()),
+            _ => Vec::new(),
+        };
         let args = [
-            s.actual_tokens.to_string(),
-            if s.upstream_failed { "1" } else { "0" }.to_string(),
+            s.actual_tokens.to_string().into_bytes(),
+            if s.upstream_failed { "1" } else { "0" }.into(),
+            actuals,
         ];
         self.finish(id, &args).await
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
         let args = [
-            "0".to_string(),
-            "1".to_string(),
-            "V".to_string(),
-            hold_ttl_micros.to_string(),
+            b"0".to_vec(),
+            b"1".to_vec(),
+            b"V".to_vec(),
+            hold_ttl_micros.to_string().into_bytes(),
         ];
         self.finish(id, &args).await
     }
@@ -310,7 +323,7 @@ impl BudgetStore for RedisStore {
 
 impl RedisStore {
     /// A settle call (`lua/settle.lua`, batched) with `args` after the id.
-    async fn finish(&self, id: &str, args: &[String]) -> Result<SettleOutcome, StoreError> {
+    async fn finish(&self, id: &str, args: &[Vec<u8>]) -> Result<SettleOutcome, StoreError> {
         let (items, _) = self
             .hold_call(Route::Batched(BatchOp::Settle), id, args)
             .await?;
@@ -336,4 +349,41 @@ impl RedisStore {
         self.forget_hold(id);
         Ok(outcome)
     }
+}
+
+/// Each spec's cost, in the order the script numbers them (common specs,
+/// then every candidate's): a common spec as the first candidate costs it.
+fn spec_costs(req: &ReserveRequest) -> Vec<u64> {
+    let n = req.common.len();
+    let mut out: Vec<u64> = req
+        .common
+        .iter()
+        .enumerate()
+        .map(|(i, s)| req.costs.of(0, i, s))
+        .collect();
+    for (c, own) in req.candidates.iter().enumerate() {
+        out.extend(
+            own.iter()
+                .enumerate()
+                .map(|(j, s)| req.costs.of(c, n + j, s)),
+        );
+    }
+    out
+}
+
+/// `lua/reserve.lua`'s last argument: empty when every candidate costs the
+/// common specs alike (the usual case), else each common spec's cost for
+/// each candidate.
+fn common_costs(req: &ReserveRequest) -> Vec<u8> {
+    let n = req.common.len();
+    let cost = |c: usize, i: usize| req.costs.of(c, i, &req.common[i]);
+    let alike = (1..req.candidates.len()).all(|c| (0..n).all(|i| cost(c, i) == cost(0, i)));
+    if alike {
+        return Vec::new();
+    }
+    packed((0..req.candidates.len()).flat_map(|c| (0..n).map(move |i| cost(c, i))))
+}
+
+fn cost_at(costs: &[u64], idx: usize) -> u64 {
+    costs.get(idx).copied().unwrap_or(0)
 }

@@ -18,9 +18,11 @@ pub(super) fn protocol(what: impl std::fmt::Display) -> StoreError {
 /// value is an integer below 2^53, exact as a double). One `struct.unpack`
 /// in the script reads them all: cheaper in Redis than five decimal strings
 /// per spec, each interned as a Lua string and converted by `tonumber`.
-pub(super) fn spec_numbers(specs: &[&BudgetSpec], tokens: u64) -> Vec<u8> {
+/// `costs` are the specs' costs in the same order (common ones as the first
+/// candidate costs them).
+pub(super) fn spec_numbers(specs: &[&BudgetSpec], costs: &[u64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(specs.len() * 40);
-    for spec in specs {
+    for (spec, cost) in specs.iter().zip(costs) {
         let (kind, a, b) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => (1, per_minute, burst),
             BudgetKind::Quota { limit, window } => (
@@ -33,19 +35,31 @@ pub(super) fn spec_numbers(specs: &[&BudgetSpec], tokens: u64) -> Vec<u8> {
             ),
             BudgetKind::Concurrency { max } => (3, max, 0),
         };
-        for x in [kind, a, b, spec.cost(tokens), u64::from(spec.shadow)] {
+        for x in [kind, a, b, *cost, u64::from(spec.shadow)] {
             out.extend_from_slice(&(x as f64).to_le_bytes());
         }
     }
     out
 }
 
+/// Integers as packed little-endian doubles (the scripts' per-spec ARGV:
+/// common costs per candidate, extension rates, settled actuals); every
+/// value is below 2^53, exact as a double.
+pub(super) fn packed(values: impl Iterator<Item = u64>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    for v in values {
+        out.extend_from_slice(&(v as f64).to_le_bytes());
+    }
+    out
+}
+
 /// The spec's live entry of the hold (layout in `lua/lib.lua`) without its
-/// line index, which the script prepends: `" B <ref> <a> <b> ;"`,
-/// `" Q <ref> <a> <b> "` (the script appends `"<window>:<tokens>;"`),
-/// `" C 0 <max> 0 ;"`, or for a request budget (rpm, requests per day, which
-/// extend and settle leave alone and only a void settle refunds)
-/// `" b <ref> <a> <b> <cost>;"` / `" q <ref> <a> <b> "` (the script appends
+/// line index and position, which the script prepends: `" B <ref> <a> <b> "`
+/// (the script appends `"<amount>;"`), `" Q <ref> <a> <b> "` (the script
+/// appends `"<window>:<amount>;"`), `" C 0 <max> 0 ;"`, or for a request
+/// budget (rpm, requests per day, which extend and settle leave alone and
+/// only a void settle refunds) `" b <ref> <a> <b> "` (the script appends
+/// `"<cost>;"`) / `" q <ref> <a> <b> "` (the script appends
 /// `"<window>:<cost>;"`).
 /// Built with `push_str` and `itoa`: `format!` cost ~2k instructions per
 /// argument on this path (callgrind).
@@ -54,15 +68,15 @@ pub(super) fn live_line(spec: &BudgetSpec) -> String {
     let mut out = String::with_capacity(48);
     let mut num = itoa::Buffer::new();
     match spec.kind {
-        BudgetKind::Bucket { per_minute, burst } if spec.name.counts_tokens() => {
+        BudgetKind::Bucket { per_minute, burst } if !spec.name.counts_requests() => {
             out.push_str(" B");
             out.push_str(refund);
             out.push_str(num.format(per_minute));
             out.push(' ');
             out.push_str(num.format(burst));
-            out.push_str(" ;");
+            out.push(' ');
         }
-        BudgetKind::Quota { limit, window } if spec.name.counts_tokens() => {
+        BudgetKind::Quota { limit, window } if !spec.name.counts_requests() => {
             out.push_str(" Q");
             out.push_str(refund);
             out.push_str(num.format(limit));
@@ -76,7 +90,7 @@ pub(super) fn live_line(spec: &BudgetSpec) -> String {
             out.push_str(" 0 ;");
         }
         // Request budgets: only a void settle refunds them (their cost is
-        // the entry's last field; a quota's debit is appended by the script).
+        // appended by the script, like an amount budget's).
         BudgetKind::Bucket { per_minute, burst } => {
             out.push_str(" b");
             out.push_str(refund);
@@ -84,8 +98,6 @@ pub(super) fn live_line(spec: &BudgetSpec) -> String {
             out.push(' ');
             out.push_str(num.format(burst));
             out.push(' ');
-            out.push_str(num.format(spec.cost(0)));
-            out.push(';');
         }
         BudgetKind::Quota { limit, window } => {
             out.push_str(" q");
@@ -102,7 +114,7 @@ pub(super) fn live_line(spec: &BudgetSpec) -> String {
 /// The first six adm fields of the spec in the hold (layout in
 /// `lua/lib.lua`): kind, a, b, cost, refund flag and meta, tab-separated.
 /// The script appends the remaining amount and reset time it computed.
-pub(super) fn adm_fields(spec: &BudgetSpec, tokens: u64) -> Vec<u8> {
+pub(super) fn adm_fields(spec: &BudgetSpec, cost: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(96);
     let mut num = itoa::Buffer::new();
     let (kind, a, b) = match spec.kind {
@@ -116,7 +128,7 @@ pub(super) fn adm_fields(spec: &BudgetSpec, tokens: u64) -> Vec<u8> {
     out.push(b'\t');
     out.extend_from_slice(b.as_bytes());
     out.push(b'\t');
-    out.extend_from_slice(itoa::Buffer::new().format(spec.cost(tokens)).as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(cost).as_bytes());
     out.extend_from_slice(if spec.refund_unused {
         b"\t1\t"
     } else {
@@ -170,15 +182,7 @@ pub(super) fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> 
         [k, u] if k == "upstream" => Scope::Upstream(u.as_str().into()),
         _ => return Err(bad()),
     };
-    let name = match name.as_str() {
-        "rpm" => BudgetName::Rpm,
-        "tpm" => BudgetName::Tpm,
-        "max_concurrent" => BudgetName::MaxConcurrent,
-        "tokens_per_day" => BudgetName::TokensPerDay,
-        "tokens_per_month" => BudgetName::TokensPerMonth,
-        "requests_per_day" => BudgetName::RequestsPerDay,
-        _ => return Err(bad()),
-    };
+    let name = BudgetName::parse(name).ok_or_else(bad)?;
     Ok((scope, name))
 }
 
@@ -361,15 +365,15 @@ mod tests {
             BudgetKind::Concurrency { max: 4 },
             true,
         );
-        assert_eq!(live_line(&tpm), " B 1 1000 1500 ;");
+        assert_eq!(live_line(&tpm), " B 1 1000 1500 ");
         assert_eq!(
             live_line(&rpm),
-            " b 0 60 60 1;",
+            " b 0 60 60 ",
             "a request budget's entry: refunded by a void settle only"
         );
         assert_eq!(live_line(&month), " Q 0 9000000000 M ");
         assert_eq!(live_line(&slots), " C 0 4 0 ;");
-        let adm = |s: &BudgetSpec| String::from_utf8(adm_fields(s, 77)).unwrap();
+        let adm = |s: &BudgetSpec| String::from_utf8(adm_fields(s, s.cost(77))).unwrap();
         assert_eq!(
             adm(&tpm),
             "B\t1000\t1500\t77\t1\t[\"tenant\",\"t\",\"tpm\"]"
@@ -383,7 +387,7 @@ mod tests {
             adm(&slots),
             "C\t4\t0\t1\t1\t[\"tenant\",\"t\",\"max_concurrent\"]"
         );
-        let nums = spec_numbers(&[&tpm, &month, &slots], 77);
+        let nums = spec_numbers(&[&tpm, &month, &slots], &[77, 77, 1]);
         let got: Vec<f64> = nums
             .chunks(8)
             .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
