@@ -216,14 +216,28 @@ fn payable(step: u64, rate: u64, rem: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_off_by_its_dollar_budget_is_charged_what_was_delivered() {
+    stream_cut_off_by_dollars(None).await;
+}
+
+/// The same on Redis: the partial grant computed by `lua/extend.lua`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_stream_cut_off_by_its_dollar_budget_is_charged_what_was_delivered() {
+    let url = crate::support::redis_server::shared().url();
+    stream_cut_off_by_dollars(Some(&url)).await;
+}
+
+async fn stream_cut_off_by_dollars(redis: Option<&str>) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(4000);
     let tenant = "payer-stream";
     // One tenth of a cent: a few extension steps of 256 tokens at $0.60
     // per million (154 µ$ each), then a partial one.
-    let gw = priced(&mock.base_url(), tenant, limits().usd_per_day("0.001"))
-        .start()
-        .await;
+    let mut cfg = priced(&mock.base_url(), tenant, limits().usd_per_day("0.001"));
+    if let Some(url) = redis {
+        cfg = cfg.redis(url);
+        cfg.store.key_prefix = Some(format!("bgstream{}", uuid::Uuid::new_v4().simple()));
+    }
+    let gw = cfg.start().await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Tell me a long story."}], "stream": true});
     let input = chat_input_tokens(&body);
 
@@ -265,11 +279,23 @@ async fn a_stream_cut_off_by_its_dollar_budget_is_charged_what_was_delivered() {
         "ends as a length-capped answer"
     );
     assert_eq!(sse_data(&text).last().map(String::as_str), Some("[DONE]"));
-    gw.all_settled().await;
+    // The relay settles after its last frame: wait for the refund.
+    let scope = Scope::Tenant(tenant.into());
+    let want = cost(input, reserved);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut spent = gw.used(scope.clone(), BudgetName::UsdPerDay).await;
+    while spent != want && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        spent = gw.used(scope.clone(), BudgetName::UsdPerDay).await;
+    }
+    gw.settled().await;
     assert_eq!(
-        gw.used(Scope::Tenant(tenant.into()), BudgetName::UsdPerDay)
-            .await,
-        cost(input, reserved),
+        spent, want,
         "the prompt and the delivered output at their prices"
+    );
+    assert_eq!(
+        gw.used(scope, BudgetName::UsdPerDay).await,
+        want,
+        "settled once"
     );
 }
