@@ -153,6 +153,14 @@ pub async fn admit<'p>(
         policy.server.lease,
         policy.server.settle_retry,
     )
+    .with_amounts(
+        reserve
+            .costs
+            .per_candidate
+            .get(admission.candidate)
+            .cloned()
+            .unwrap_or_default(),
+    )
     .with_metrics(plan.tenant_metrics.clone())
     .with_deny_release(plan.deny_release.clone());
     let budgets = HoldBudgets {

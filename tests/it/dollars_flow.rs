@@ -299,3 +299,41 @@ async fn stream_cut_off_by_dollars(redis: Option<&str>) {
         "settled once"
     );
 }
+
+/// A client that goes away while its answer is awaited: the reservation
+/// is dropped unsettled and its backstop charges the reservation in full
+/// — in µ$ on the dollar budget (not its token count read as µ$).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_reservation_charges_its_dollars_in_full() {
+    let mock = start_mock().await;
+    let tenant = "payer-dropped";
+    let gw = priced(&mock.base_url(), tenant, limits().usd_per_day("5"))
+        .start()
+        .await;
+    mock.state.hold();
+    let url = format!("{}/chat/completions", gw.base_url());
+    let client = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .bearer_auth(KEY)
+            .json(&hi(300))
+            .send()
+            .await
+    });
+    // Admitted and sent upstream; then the client goes away.
+    wait_held(&mock).await;
+    client.abort();
+    let want = cost(chat_input_tokens(&hi(300)), 300);
+    let scope = Scope::Tenant(tenant.into());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gw.memory().live_holds() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dropped reservation never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gw.settled().await;
+    mock.state.release();
+    assert_eq!(gw.used(scope, BudgetName::UsdPerDay).await, want);
+}
