@@ -161,7 +161,7 @@ fn est(body: &Value) -> u64 {
         body,
         &model(),
         &EstimateSettings::default(),
-        None,
+        budgetgate::estimate::TokenRoom::default(),
     )
     .unwrap()
     .input_tokens

@@ -268,7 +268,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
     };
     let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
     let candidates = plan::candidate_budgets(&ks, &policy, m);
-    let tightest = plan::tightest_token_capacity(&[], &candidates);
+    let room = plan::token_room(&[], &candidates);
     let me = ModelEstimation {
         encoding: m.encoding,
         default_max_output_tokens: m.default_max_output_tokens,
@@ -276,7 +276,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         min_output_tokens: policy.min_output_tokens,
         token_ratio: m.token_ratio,
     };
-    match estimate::estimate(endpoint, &body, &me, &policy.estimation, tightest) {
+    match estimate::estimate(endpoint, &body, &me, &policy.estimation, room) {
         Ok(e) => {
             println!("model:             {}", m.name);
             println!("encoding:          {:?}", m.encoding);

@@ -68,6 +68,14 @@ pub struct Limits {
     pub rpm_burst: Option<u64>,
     /// Bucket capacity for `tpm`, tokens (default: `tpm`).
     pub tpm_burst: Option<u64>,
+    /// Input tokens per minute (the output never touches it).
+    pub input_tpm: Option<u64>,
+    /// Bucket capacity for `input_tpm`, tokens (default: `input_tpm`).
+    pub input_tpm_burst: Option<u64>,
+    /// Output tokens per minute, reasoning included (the input never touches it).
+    pub output_tpm: Option<u64>,
+    /// Bucket capacity for `output_tpm`, tokens (default: `output_tpm`).
+    pub output_tpm_burst: Option<u64>,
     /// Requests in flight.
     pub max_concurrent: Option<u64>,
     /// Tokens per UTC day.
@@ -76,6 +84,10 @@ pub struct Limits {
     pub tokens_per_month: Option<u64>,
     /// Requests per UTC day.
     pub requests_per_day: Option<u64>,
+    /// How much of each cached input token read this scope's token budgets
+    /// count, per mille (`None`: 1000, every token in full). Tenant, key
+    /// and tenant×model scopes only: upstream budgets follow the provider.
+    pub cache_read_weight: Option<u64>,
     /// Micro-dollars per UTC day (`usd_per_day`, decimal USD in the file).
     pub usd_per_day: Option<u64>,
     /// Micro-dollars per UTC month (`usd_per_month`).
@@ -188,6 +200,10 @@ pub struct ModelPolicy {
     pub allow_server_tools: bool,
     /// Messages only: `file_id` sources are allowed (with the tenant's consent).
     pub allow_file_ids: bool,
+    /// Messages only: Anthropic counts cache reads toward this model's
+    /// input limits (older models; current ones leave them out), so the
+    /// `tpm` / `input_tpm` of its deployments count them in full.
+    pub anthropic_cache_reads_count: bool,
     /// `price`: what a request costs (docs/MONEY.md), unless its
     /// deployment has a price of its own.
     pub price: Option<Arc<PriceTable>>,

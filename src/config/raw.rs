@@ -70,10 +70,15 @@ pub struct RawLimits {
     pub tpm: Option<i64>,
     pub rpm_burst: Option<i64>,
     pub tpm_burst: Option<i64>,
+    pub input_tpm: Option<i64>,
+    pub input_tpm_burst: Option<i64>,
+    pub output_tpm: Option<i64>,
+    pub output_tpm_burst: Option<i64>,
     pub max_concurrent: Option<i64>,
     pub tokens_per_day: Option<i64>,
     pub tokens_per_month: Option<i64>,
     pub requests_per_day: Option<i64>,
+    pub cache_read_weight: Option<i64>,
     pub usd_per_day: Option<RawDecimal>,
     pub usd_per_month: Option<RawDecimal>,
 }
@@ -167,6 +172,7 @@ pub struct RawModel {
     pub anthropic_betas: Vec<String>,
     pub allow_server_tools: Option<bool>,
     pub allow_file_ids: Option<bool>,
+    pub anthropic_cache_reads_count: Option<bool>,
     pub price: Option<RawPrice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub price_tiers: Vec<RawPriceTier>,

@@ -135,9 +135,9 @@ impl Dialect {
         body: &Value,
         model: &ModelEstimation,
         settings: &EstimateSettings,
-        tightest_token_capacity: Option<u64>,
+        room: estimate::TokenRoom,
     ) -> Result<Estimate, EstimateError> {
-        estimate::estimate(self, body, model, settings, tightest_token_capacity)
+        estimate::estimate(self, body, model, settings, room)
     }
 
     /// The field that caps the output upstream (`None`: the dialect

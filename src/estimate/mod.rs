@@ -52,10 +52,13 @@ pub mod cache;
 mod input;
 pub mod pool;
 mod responses;
+mod room;
 #[cfg(test)]
 mod tests;
 
 use crate::dialects::Dialect;
+use room::default_output;
+pub use room::TokenRoom;
 use serde_json::{Map, Value};
 
 /// Tokens of framing per chat message (OpenAI Cookbook,
@@ -255,6 +258,10 @@ pub struct ModelEstimation {
 pub struct Estimate {
     /// Estimated prompt tokens, framing and margins included.
     pub input_tokens: u64,
+    /// Of `input_tokens`, the cacheable prefix: input up to and including
+    /// the last `cache_control` breakpoint (Anthropic bodies; 0 elsewhere
+    /// and where the body has none).
+    pub cacheable_prefix_tokens: u64,
     /// The reserved output cap per choice, in tokens (0 for embeddings).
     pub output_tokens_per_choice: u64,
     /// Number of choices the output cap applies to: `n` (chat);
@@ -318,12 +325,12 @@ impl EstimateError {
 ///   for chat, `max_tokens` for completions): used as is, never lowered; a
 ///   cap above `model.max_output_tokens` is
 ///   [`Invalid`](EstimateError::Invalid).
-/// * **No client cap**: `model.default_max_output_tokens`. When
-///   `tightest_token_capacity` is `Some(c)` and
-///   `input + choices × default > c`, it is lowered to
-///   `floor((c − input) / choices)` (`lowered_default = true`), never below
-///   `model.min_output_tokens`; if even that does not fit,
-///   [`Impossible`](EstimateError::Impossible).
+/// * **No client cap**: `model.default_max_output_tokens`, lowered to fit
+///   `room` ([`TokenRoom`]: `input + choices × default` within the
+///   tightest input + output capacity, `choices × default` within the
+///   tightest output-only one) as `floor(room / choices)`
+///   (`lowered_default = true`), never below `model.min_output_tokens`;
+///   if even that does not fit, [`Impossible`](EstimateError::Impossible).
 /// * **Embeddings** reserve no output (`choices = 0`).
 ///
 /// Arithmetic saturates; it never panics on any input.
@@ -332,7 +339,7 @@ pub fn estimate(
     body: &Value,
     model: &ModelEstimation,
     settings: &EstimateSettings,
-    tightest_token_capacity: Option<u64>,
+    room: TokenRoom,
 ) -> Result<Estimate, EstimateError> {
     let Value::Object(body) = body else {
         return Err(EstimateError::invalid(
@@ -341,6 +348,7 @@ pub fn estimate(
         ));
     };
     let enc = model.encoding;
+    let mut cacheable_prefix = 0;
     let (input_tokens, prompts) = match endpoint {
         Dialect::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
         Dialect::Completions => input::completions_input(body, enc)?,
@@ -352,16 +360,16 @@ pub fn estimate(
                     "max_tokens: Field required",
                 ));
             }
-            let ratio = model.token_ratio;
-            (
-                crate::dialects::anthropic::estimate::input_tokens(body, enc, ratio)?,
-                1,
-            )
+            let counted =
+                crate::dialects::anthropic::estimate::input(body, enc, model.token_ratio)?;
+            cacheable_prefix = counted.cacheable_prefix;
+            (counted.tokens, 1)
         }
         Dialect::Embeddings => {
             let tokens = input::embeddings_input(body, enc)?;
             return Ok(Estimate {
                 input_tokens: tokens,
+                cacheable_prefix_tokens: 0,
                 output_tokens_per_choice: 0,
                 choices: 0,
                 output_tokens: 0,
@@ -407,11 +415,12 @@ pub fn estimate(
 
     let (per_choice, lowered_default) = match client_max_output {
         Some(cap) => (cap, false),
-        None => default_output(input_tokens, choices, model, tightest_token_capacity)?,
+        None => default_output(input_tokens, choices, model, room)?,
     };
     let output_tokens = choices.saturating_mul(per_choice);
     Ok(Estimate {
         input_tokens,
+        cacheable_prefix_tokens: cacheable_prefix,
         output_tokens_per_choice: per_choice,
         choices,
         output_tokens,
@@ -419,38 +428,6 @@ pub fn estimate(
         client_max_output,
         lowered_default,
     })
-}
-
-/// The per-choice output cap when the client gave none, and whether it was
-/// lowered to fit `capacity`.
-fn default_output(
-    input: u64,
-    choices: u64,
-    model: &ModelEstimation,
-    capacity: Option<u64>,
-) -> Result<(u64, bool), EstimateError> {
-    let default = model.default_max_output_tokens.min(model.max_output_tokens);
-    let Some(capacity) = capacity else {
-        return Ok((default, false));
-    };
-    let choices = choices.max(1);
-    // Checked, not saturating: an overflow must read as "does not fit".
-    let fits = |per_choice: u64| {
-        choices
-            .checked_mul(per_choice)
-            .and_then(|out| input.checked_add(out))
-            .is_some_and(|total| total <= capacity)
-    };
-    if fits(default) {
-        return Ok((default, false));
-    }
-    if !fits(model.min_output_tokens) {
-        let needed = input.saturating_add(choices.saturating_mul(model.min_output_tokens));
-        return Err(EstimateError::Impossible { needed, capacity });
-    }
-    // input <= capacity here, and the floor is >= min_output_tokens.
-    let lowered = (capacity - input) / choices;
-    Ok((lowered.max(model.min_output_tokens), true))
 }
 
 /// Reads an optional integer parameter that must be ≥ 1 (absent and `null`

@@ -18,7 +18,7 @@ fn chat(body: Value) -> Result<Estimate, EstimateError> {
         &body,
         &model(Encoding::O200kBase),
         &EstimateSettings::default(),
-        None,
+        TokenRoom::default(),
     )
 }
 
@@ -28,7 +28,7 @@ fn chat_cap(body: Value, cap: u64) -> Result<Estimate, EstimateError> {
         &body,
         &model(Encoding::O200kBase),
         &EstimateSettings::default(),
-        Some(cap),
+        TokenRoom::total(Some(cap)),
     )
 }
 
@@ -38,7 +38,7 @@ fn completions(body: Value, cap: Option<u64>) -> Result<Estimate, EstimateError>
         &body,
         &model(Encoding::Cl100kBase),
         &EstimateSettings::default(),
-        cap,
+        TokenRoom::total(cap),
     )
 }
 
@@ -48,7 +48,7 @@ fn embeddings(body: Value) -> Result<Estimate, EstimateError> {
         &body,
         &model(Encoding::Cl100kBase),
         &EstimateSettings::default(),
-        Some(1),
+        TokenRoom::total(Some(1)),
     )
 }
 
@@ -210,7 +210,7 @@ fn image_and_audio_parts_cost_the_configured_flat_amount() {
         &body,
         &model(Encoding::O200kBase),
         &settings,
-        None,
+        TokenRoom::default(),
     )
     .unwrap();
     // The base64 payloads are never tokenised as text.
@@ -649,7 +649,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         &json!({"prompt": "x", "max_tokens": u64::MAX, "best_of": u64::MAX}),
         &m,
         &EstimateSettings::default(),
-        None,
+        TokenRoom::default(),
     )
     .unwrap();
     assert_eq!(e.output_tokens, u64::MAX);
@@ -659,7 +659,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         &user("hi"),
         &m,
         &EstimateSettings::default(),
-        Some(u64::MAX),
+        TokenRoom::total(Some(u64::MAX)),
     )
     .unwrap();
     assert!(e.lowered_default);
@@ -677,7 +677,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         &body,
         &m,
         &EstimateSettings::default(),
-        Some(u64::MAX),
+        TokenRoom::total(Some(u64::MAX)),
     );
     assert!(matches!(r, Err(EstimateError::Impossible { .. })), "{r:?}");
 }
@@ -757,10 +757,10 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
         token_ratio: 1000,
     };
     let s = EstimateSettings::default();
-    let first = estimate(Dialect::ChatCompletions, &b, &m, &s, None).unwrap();
+    let first = estimate(Dialect::ChatCompletions, &b, &m, &s, TokenRoom::default()).unwrap();
     for _ in 0..3 {
         assert_eq!(
-            estimate(Dialect::ChatCompletions, &b, &m, &s, None).unwrap(),
+            estimate(Dialect::ChatCompletions, &b, &m, &s, TokenRoom::default()).unwrap(),
             first
         );
     }

@@ -9,8 +9,9 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::metrics;
-use crate::money::{Price, PriceTable};
-use crate::reservation::{amounts, HeldReservation};
+use crate::money::PriceTable;
+use crate::reservation::amounts::{self, Budgets, Counting, Demand};
+use crate::reservation::HeldReservation;
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
 use crate::server::{BudgetPlan, PlannedDeployment};
@@ -28,14 +29,16 @@ pub struct Admitted<'p> {
 }
 
 /// The budgets a hold debited, in the store's order: the common ones this
-/// attempt reserved, then the chosen deployment's.
+/// attempt reserved, then the chosen deployment's; how each counts; and
+/// what an extension pays per budget.
 pub struct HoldBudgets {
     common: Vec<BudgetSpec>,
+    common_counting: Vec<Counting>,
     plan: Arc<BudgetPlan>,
     /// Position of the chosen deployment in `plan.upstreams`.
     deployment: usize,
-    /// Input tokens the reservation was priced for (its price tier).
-    reserved_input: u64,
+    /// Units per `RATE_ONE` output tokens an extension debits, per spec.
+    rates: Vec<u64>,
 }
 
 impl HoldBudgets {
@@ -44,28 +47,32 @@ impl HoldBudgets {
         self.plan.upstreams[self.deployment].upstream
     }
 
-    /// Every spec of the hold, in order.
-    pub fn specs(&self) -> impl Iterator<Item = &BudgetSpec> {
-        self.common
-            .iter()
-            .chain(self.plan.upstreams[self.deployment].budgets.iter())
+    /// Every budget of the hold, in order: the common ones, then the
+    /// deployment's, each with how it counts.
+    pub fn budgets(&self) -> impl Iterator<Item = Budgets<'_>> {
+        let d = &self.plan.upstreams[self.deployment];
+        [
+            Budgets {
+                specs: &self.common,
+                counting: &self.common_counting,
+            },
+            Budgets {
+                specs: &d.budgets,
+                counting: &d.counting,
+            },
+        ]
+        .into_iter()
+    }
+
+    /// What an extension pays per budget (see [`amounts::extension_rates`]).
+    pub fn rates(&self) -> &[u64] {
+        &self.rates
     }
 
     /// The prices the hold was admitted under (its plan's policy, not the
     /// one a reload brought since).
     pub fn price(&self) -> Option<&PriceTable> {
         self.plan.upstreams[self.deployment].price.as_deref()
-    }
-
-    /// The price an extension of the hold's output pays: the tier its
-    /// reservation was priced at.
-    pub fn extension_price(&self) -> Option<&Price> {
-        self.price().map(|p| p.at(self.reserved_input))
-    }
-
-    /// The tenant's metric handles.
-    pub fn tenant_metrics(&self) -> &Arc<crate::metrics::TenantMetrics> {
-        &self.plan.tenant_metrics
     }
 }
 
@@ -80,29 +87,37 @@ pub async fn admit<'p>(
     let policy = &*cx.policy;
     let plan = &request.plan;
     // A retry on another deployment is the same client request: its request count is already spent.
-    let common: Vec<BudgetSpec> = if attempts.count() == 0 {
-        plan.common.clone()
+    let (common, common_counting): (Vec<BudgetSpec>, Vec<Counting>) = if attempts.count() == 0 {
+        (plan.common.clone(), plan.common_counting.clone())
     } else {
         plan.common
             .iter()
-            .filter(|s| {
+            .zip(plan.common_counting.iter())
+            .filter(|(s, _)| {
                 s.name.counts_tokens() || s.name.counts_usd() || s.name == BudgetName::MaxConcurrent
             })
-            .cloned()
-            .collect()
+            .map(|(s, c)| (s.clone(), *c))
+            .unzip()
     };
     let id = uuid::Uuid::now_v7().to_string();
-    let estimated = amounts::Estimated {
-        input: request.estimate.input_tokens,
-        output: request.estimate.output_tokens,
-        cache: request.cache,
+    let demand = Demand {
+        cache_writes: request.cache,
+        ..Demand::of(&request.estimate)
+    };
+    let common_budgets = Budgets {
+        specs: &common,
+        counting: &common_counting,
     };
     let costs = amounts::reserve_costs(
-        &estimated,
-        &common,
-        candidates
-            .iter()
-            .map(|d| (d.budgets.as_slice(), d.price.as_deref())),
+        &demand,
+        common_budgets,
+        candidates.iter().map(|d| {
+            let budgets = Budgets {
+                specs: &d.budgets,
+                counting: &d.counting,
+            };
+            (budgets, d.price.as_deref())
+        }),
     );
     let reserve = ReserveRequest {
         id: id.clone(),
@@ -163,6 +178,21 @@ pub async fn admit<'p>(
     )
     .with_metrics(plan.tenant_metrics.clone())
     .with_deny_release(plan.deny_release.clone());
+    let rates = amounts::extension_rates(
+        &demand,
+        [
+            Budgets {
+                specs: &reserve.common,
+                counting: &common_counting,
+            },
+            Budgets {
+                specs: &deployment.budgets,
+                counting: &deployment.counting,
+            },
+        ]
+        .into_iter(),
+        deployment.price.as_deref(),
+    );
     let budgets = HoldBudgets {
         deployment: plan
             .upstreams
@@ -171,7 +201,8 @@ pub async fn admit<'p>(
             .unwrap_or(0),
         plan: plan.clone(),
         common: reserve.common,
-        reserved_input: estimated.input,
+        common_counting,
+        rates,
     };
     Ok(Admitted {
         hold,

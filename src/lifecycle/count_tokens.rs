@@ -19,7 +19,7 @@ use super::decode::read_body;
 use super::finish::Outcome;
 use super::prepare::invalid;
 use crate::dialects::{anthropic, Dialect};
-use crate::reservation::amounts;
+use crate::reservation::amounts::{self, Budgets, Demand};
 use crate::reserve::{
     Actual, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest, Scope, Settlement,
 };
@@ -88,9 +88,9 @@ async fn count(
     let reserve = ReserveRequest {
         id: id.clone(),
         costs: amounts::reserve_costs(
-            &amounts::Estimated::default(),
-            &common,
-            std::iter::once((&[][..], None)),
+            &Demand::default(),
+            Budgets::plain(&common),
+            std::iter::once((Budgets::plain(&[]), None)),
         ),
         common,
         candidates: vec![Vec::new()],

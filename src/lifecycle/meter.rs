@@ -241,8 +241,7 @@ impl Meter for StreamMeter {
     }
 
     async fn extend(&mut self, tokens: u64) -> Extension {
-        let step =
-            amounts::extension_step(tokens, self.budgets.specs(), self.budgets.extension_price());
+        let step = amounts::extension_step(tokens, self.budgets.rates());
         match self.hold.extend(&step).await {
             Ok(ExtendOutcome::Extended { granted, .. }) if granted > 0 => {
                 Extension::Granted(granted)

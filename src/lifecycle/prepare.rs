@@ -257,7 +257,7 @@ fn parse(
         .iter()
         .map(|&i| plan.upstreams[i].budgets.as_slice())
         .collect();
-    let tightest = plan::tightest_token_capacity(common, &cand_specs);
+    let room = plan::token_room(common, &cand_specs);
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
@@ -266,8 +266,8 @@ fn parse(
         token_ratio: model.token_ratio,
     };
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
-    let mut estimate = estimate::estimate(dialect, &body, &me, &policy.estimation, tightest)
-        .map_err(|e| {
+    let mut estimate =
+        estimate::estimate(dialect, &body, &me, &policy.estimation, room).map_err(|e| {
             ApiError::from_estimate(e, |capacity| {
                 // The tightest token budget is the one the request can never fit.
                 common

@@ -21,7 +21,7 @@ pub fn settle(mut hold: HeldReservation, budgets: &HoldBudgets, used: UsageBreak
         upstream_failed: false,
         actual: Actual::PerSpec(amounts::settled_amounts(
             &used,
-            budgets.specs(),
+            budgets.budgets(),
             budgets.price(),
         )),
     });
@@ -35,6 +35,6 @@ pub fn refund(budgets: &HoldBudgets) -> Settlement {
     Settlement {
         actual_tokens: 0,
         upstream_failed: true,
-        actual: Actual::PerSpec(amounts::nothing_used(budgets.specs())),
+        actual: Actual::PerSpec(amounts::nothing_used(budgets.budgets())),
     }
 }

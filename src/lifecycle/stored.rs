@@ -23,7 +23,8 @@ use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::reservation::{amounts, HeldReservation};
+use crate::reservation::amounts::{self, Budgets, Demand};
+use crate::reservation::HeldReservation;
 use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, ReserveRequest, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
@@ -220,17 +221,16 @@ async fn charge_requests(
     let common: Vec<BudgetSpec> = plan
         .common
         .iter()
-        .filter(|s| !s.name.counts_tokens() && !s.name.counts_usd())
+        .filter(|s| s.name.counts_requests())
         .cloned()
         .collect();
     let id = uuid::Uuid::now_v7().to_string();
-    let none: &[BudgetSpec] = &[];
     let reserve = ReserveRequest {
         id: id.clone(),
         costs: amounts::reserve_costs(
-            &amounts::Estimated::default(),
-            &common,
-            std::iter::once((none, None)),
+            &Demand::default(),
+            Budgets::plain(&common),
+            std::iter::once((Budgets::plain(&[]), None)),
         ),
         common,
         candidates: vec![Vec::new()],
@@ -272,7 +272,9 @@ fn requests_only(specs: &[BudgetSpec]) -> Settlement {
     Settlement {
         actual_tokens: 0,
         upstream_failed: false,
-        actual: Actual::PerSpec(amounts::nothing_used(specs.iter())),
+        actual: Actual::PerSpec(amounts::nothing_used(std::iter::once(Budgets::plain(
+            specs,
+        )))),
     }
 }
 

@@ -1,7 +1,12 @@
 //! Which budgets a request touches, from policy: the one place that turns
-//! configured [`Limits`] into [`BudgetSpec`]s.
+//! configured [`Limits`] into [`BudgetSpec`]s, and says how each counts a
+//! request ([`Counting`]: a scope's cache-read weight, a provider's rule).
 
-use crate::config::{KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+use super::amounts::{Counting, FULL_WEIGHT};
+use crate::config::{
+    KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamKind, UpstreamPolicy,
+};
+use crate::estimate::TokenRoom;
 use crate::reserve::keys::KeySpace;
 use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
 
@@ -41,6 +46,28 @@ pub fn scope_budgets(
                 burst: limits.tpm_burst.unwrap_or(tpm),
             },
         );
+    }
+    for (name, limit, burst) in [
+        (
+            BudgetName::InputTpm,
+            limits.input_tpm,
+            limits.input_tpm_burst,
+        ),
+        (
+            BudgetName::OutputTpm,
+            limits.output_tpm,
+            limits.output_tpm_burst,
+        ),
+    ] {
+        if let Some(per_minute) = limit {
+            push(
+                name,
+                BudgetKind::Bucket {
+                    per_minute,
+                    burst: burst.unwrap_or(per_minute),
+                },
+            );
+        }
     }
     if let Some(max) = limits.max_concurrent {
         push(BudgetName::MaxConcurrent, BudgetKind::Concurrency { max });
@@ -106,37 +133,51 @@ pub fn tenant_budgets(
     key: &KeyPolicy,
     model: &ModelPolicy,
 ) -> Vec<BudgetSpec> {
-    let mut out = scope_budgets(
-        ks,
-        Scope::Tenant(tenant.name.as_str().into()),
-        &tenant.limits,
-        true,
-    );
-    out.extend(scope_budgets(
-        ks,
-        Scope::Key(tenant.name.as_str().into(), key.id.as_str().into()),
-        &key.limits,
-        true,
-    ));
-    if let Some(l) = tenant.model_limits.get(&model.name) {
-        out.extend(scope_budgets(
-            ks,
-            Scope::TenantModel(tenant.name.as_str().into(), model.name.as_str().into()),
-            l,
-            true,
-        ));
-    }
-    if tenant.shadow {
-        for s in &mut out {
-            s.shadow = true;
+    tenant_plan(ks, tenant, key, model).0
+}
+
+/// [`tenant_budgets`] and how each counts: every budget of a scope
+/// weights cache reads by the scope's `cache_read_weight` (default: in
+/// full); shadow limits by their own, else the tenant's.
+pub fn tenant_plan(
+    ks: &KeySpace,
+    tenant: &TenantPolicy,
+    key: &KeyPolicy,
+    model: &ModelPolicy,
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
+    let mut out = Vec::new();
+    let mut counting = Vec::new();
+    // A tenant in shadow mode has every budget in shadow.
+    let mut add = |mut specs: Vec<BudgetSpec>, weight: Option<u64>| {
+        let c = Counting {
+            cache_read_weight: weight.unwrap_or(FULL_WEIGHT),
+            whole_cap: false,
+        };
+        for s in &mut specs {
+            s.shadow |= tenant.shadow;
         }
+        counting.extend(specs.iter().map(|_| c));
+        out.extend(specs);
+    };
+    let tenant_scope = || Scope::Tenant(tenant.name.as_str().into());
+    let l = &tenant.limits;
+    add(
+        scope_budgets(ks, tenant_scope(), l, true),
+        l.cache_read_weight,
+    );
+    let key_scope = Scope::Key(tenant.name.as_str().into(), key.id.as_str().into());
+    let l = &key.limits;
+    add(scope_budgets(ks, key_scope, l, true), l.cache_read_weight);
+    if let Some(l) = tenant.model_limits.get(&model.name) {
+        let scope = Scope::TenantModel(tenant.name.as_str().into(), model.name.as_str().into());
+        add(scope_budgets(ks, scope, l, true), l.cache_read_weight);
     }
-    out.extend(shadow_budgets(
-        ks,
-        Scope::Tenant(tenant.name.as_str().into()),
-        &tenant.shadow_limits,
-    ));
-    out
+    let l = &tenant.shadow_limits;
+    add(
+        shadow_budgets(ks, tenant_scope(), l),
+        l.cache_read_weight.or(tenant.limits.cache_read_weight),
+    );
+    (out, counting)
 }
 
 /// Budgets of one upstream deployment.
@@ -147,6 +188,45 @@ pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetS
         &upstream.limits,
         upstream.refund_unused,
     )
+}
+
+/// How the budgets `specs` of `upstream` count a request of `model`: as
+/// the provider counts its own rate limits. Only the per-minute token
+/// budgets follow the provider; the others count like a tenant's.
+///
+/// - Cache reads: `openai`, `azure` and `self_hosted` count cached input
+///   in full (OpenAI's `cached_tokens` are inside `prompt_tokens`, which
+///   its rate limits count); Anthropic's input limits leave
+///   `cache_read_input_tokens` out on current models, so an `anthropic`
+///   deployment's `tpm` and `input_tpm` weight them 0, unless the model
+///   sets `anthropic_cache_reads_count` (older models count them).
+/// - Output: `openai`, `azure` and `anthropic` count a request's
+///   `max_tokens` at its start (OpenAI and Azure against TPM; Anthropic
+///   against OTPM, adjusted at the end), so `tpm` and `output_tpm` reserve
+///   the client's whole cap even where the tenant's budgets reserve a
+///   stream's cap incrementally; a `self_hosted` server counts what it
+///   generates.
+pub fn upstream_counting(
+    specs: &[BudgetSpec],
+    upstream: &UpstreamPolicy,
+    model: &ModelPolicy,
+) -> Vec<Counting> {
+    let reads = match upstream.kind {
+        UpstreamKind::Anthropic if !model.anthropic_cache_reads_count => 0,
+        _ => FULL_WEIGHT,
+    };
+    let counts_cap_at_start = upstream.kind != UpstreamKind::SelfHosted;
+    specs
+        .iter()
+        .map(|s| Counting {
+            cache_read_weight: match s.name {
+                BudgetName::Tpm | BudgetName::InputTpm => reads,
+                _ => FULL_WEIGHT,
+            },
+            whole_cap: counts_cap_at_start
+                && matches!(s.name, BudgetName::Tpm | BudgetName::OutputTpm),
+        })
+        .collect()
 }
 
 /// Candidate budget lists for a model's deployments, in preference order.
@@ -162,17 +242,30 @@ pub fn candidate_budgets(
         .collect()
 }
 
-/// The smallest token capacity a request must fit: the minimum over the
-/// common budgets and the largest over candidates (a request needs only one
-/// deployment to fit). `None` when no token budget applies.
-pub fn tightest_token_capacity<C: AsRef<[BudgetSpec]>>(
+/// The room a request's default output must fit ([`TokenRoom`]): per
+/// dimension (input + output; output alone), the minimum over the common
+/// budgets and the largest over candidates (a request needs only one
+/// deployment to fit).
+pub fn token_room<C: AsRef<[BudgetSpec]>>(common: &[BudgetSpec], candidates: &[C]) -> TokenRoom {
+    TokenRoom {
+        total: tightest(common, candidates, |n| {
+            n.counts_tokens() && !matches!(n, BudgetName::InputTpm | BudgetName::OutputTpm)
+        }),
+        output: tightest(common, candidates, |n| n == BudgetName::OutputTpm),
+    }
+}
+
+/// The smallest capacity among budgets named `which` a request must fit:
+/// the minimum over `common` and the largest over `candidates`.
+fn tightest<C: AsRef<[BudgetSpec]>>(
     common: &[BudgetSpec],
     candidates: &[C],
+    which: impl Fn(BudgetName) -> bool,
 ) -> Option<u64> {
     let cap = |specs: &[BudgetSpec]| {
         specs
             .iter()
-            .filter(|s| s.name.counts_tokens())
+            .filter(|s| which(s.name))
             .map(|s| s.capacity())
             .min()
     };
@@ -185,5 +278,151 @@ pub fn tightest_token_capacity<C: AsRef<[BudgetSpec]>>(
     match (common_cap, cand_cap) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+
+    const CONFIG: &str = r#"
+[[upstreams]]
+name = "claude"
+kind = "anthropic"
+base_url = "https://api.anthropic.com"
+limits = { tpm = 100000, input_tpm = 40000, output_tpm = 8000, output_tpm_burst = 16000, rpm = 50 }
+
+[[upstreams]]
+name = "oai"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+limits = { tpm = 100000, output_tpm = 9000 }
+
+[[upstreams]]
+name = "vllm"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:1/v1"
+limits = { tpm = 100000 }
+
+[[models]]
+name = "claude-new"
+upstreams = ["claude"]
+
+[[models]]
+name = "claude-old"
+upstreams = ["claude"]
+anthropic_cache_reads_count = true
+
+[[models]]
+name = "gpt"
+upstreams = ["oai", "vllm"]
+
+[[tenants]]
+name = "t"
+keys = [{ id = "k", sha256 = "0000000000000000000000000000000000000000000000000000000000000000" }]
+limits = { tpm = 1000, input_tpm = 500, cache_read_weight = 100 }
+model_limits = { gpt = { output_tpm = 50 } }
+"#;
+
+    fn counting(policy: &Policy, upstream: &str, model: &str) -> Vec<(BudgetName, u64, bool)> {
+        let ks = KeySpace::new("p", "d");
+        let u = policy
+            .upstreams
+            .iter()
+            .find(|u| u.name == upstream)
+            .unwrap();
+        let m = policy.model(model).unwrap();
+        let specs = upstream_budgets(&ks, u);
+        upstream_counting(&specs, u, m)
+            .into_iter()
+            .zip(specs)
+            .map(|(c, s)| (s.name, c.cache_read_weight, c.whole_cap))
+            .collect()
+    }
+
+    #[test]
+    fn upstream_budgets_count_as_their_provider() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        use BudgetName::*;
+        assert_eq!(
+            counting(&p, "claude", "claude-new"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 0, true),
+                (InputTpm, 0, false),
+                (OutputTpm, 1000, true)
+            ]
+        );
+        assert_eq!(
+            counting(&p, "claude", "claude-old"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 1000, true),
+                (InputTpm, 1000, false),
+                (OutputTpm, 1000, true)
+            ]
+        );
+        assert_eq!(
+            counting(&p, "oai", "gpt"),
+            vec![(Tpm, 1000, true), (OutputTpm, 1000, true)]
+        );
+        assert_eq!(counting(&p, "vllm", "gpt"), vec![(Tpm, 1000, false)]);
+        let ks = KeySpace::new("p", "d");
+        let claude = upstream_budgets(&ks, &p.upstreams[0]);
+        assert_eq!(
+            claude[3].kind,
+            BudgetKind::Bucket {
+                per_minute: 8000,
+                burst: 16000
+            }
+        );
+    }
+
+    #[test]
+    fn tenant_side_budgets_weight_cache_reads_per_scope() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        let t = &p.tenants[0];
+        let ks = KeySpace::new("p", "d");
+        let (specs, counting) = tenant_plan(&ks, t, &t.keys[0], p.model("gpt").unwrap());
+        let got: Vec<(BudgetName, u64)> = specs
+            .iter()
+            .zip(&counting)
+            .map(|(s, c)| (s.name, c.cache_read_weight))
+            .collect();
+        use BudgetName::*;
+        assert_eq!(got, vec![(Tpm, 100), (InputTpm, 100), (OutputTpm, 1000)]);
+        assert!(counting.iter().all(|c| !c.whole_cap));
+        let room = token_room(&specs, &[upstream_budgets(&ks, &p.upstreams[1])]);
+        assert_eq!(
+            room,
+            TokenRoom {
+                total: Some(1000),
+                output: Some(50)
+            }
+        );
+    }
+
+    #[test]
+    fn upstreams_cannot_set_a_cache_read_weight() {
+        let bad = CONFIG.replace(
+            "limits = { tpm = 100000 }",
+            "limits = { tpm = 100000, cache_read_weight = 0 }",
+        );
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.starts_with("upstreams[2].limits.cache_read_weight:")),
+            "{e}"
+        );
+        let bad = CONFIG.replace("cache_read_weight = 100", "cache_read_weight = 1001");
+        assert!(Policy::from_toml(&bad).is_err());
+        let bad = CONFIG.replace("output_tpm = 9000", "output_tpm_burst = 9000");
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.ends_with("output_tpm_burst: needs output_tpm")),
+            "{e}"
+        );
     }
 }

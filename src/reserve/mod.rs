@@ -79,6 +79,12 @@ pub enum BudgetName {
     Rpm,
     /// Tokens per minute, input + output (token bucket).
     Tpm,
+    /// Input tokens per minute (token bucket): the input alone, as
+    /// Anthropic's ITPM; extensions of the output never touch it.
+    InputTpm,
+    /// Output tokens per minute (token bucket): the output alone (reasoning
+    /// included), as Anthropic's OTPM.
+    OutputTpm,
     /// Requests in flight (leased slots).
     MaxConcurrent,
     /// Tokens per UTC day (calendar quota).
@@ -99,6 +105,8 @@ impl BudgetName {
         match self {
             BudgetName::Rpm => "rpm",
             BudgetName::Tpm => "tpm",
+            BudgetName::InputTpm => "input_tpm",
+            BudgetName::OutputTpm => "output_tpm",
             BudgetName::MaxConcurrent => "max_concurrent",
             BudgetName::TokensPerDay => "tokens_per_day",
             BudgetName::TokensPerMonth => "tokens_per_month",
@@ -136,7 +144,20 @@ impl BudgetName {
     pub fn counts_tokens(self) -> bool {
         matches!(
             self,
-            BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth
+            BudgetName::Tpm
+                | BudgetName::InputTpm
+                | BudgetName::OutputTpm
+                | BudgetName::TokensPerDay
+                | BudgetName::TokensPerMonth
+        )
+    }
+
+    /// True for the per-minute token buckets (`tpm`, `input_tpm`,
+    /// `output_tpm`).
+    pub fn is_token_rate(self) -> bool {
+        matches!(
+            self,
+            BudgetName::Tpm | BudgetName::InputTpm | BudgetName::OutputTpm
         )
     }
 }

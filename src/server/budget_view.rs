@@ -40,7 +40,11 @@ pub const INSPECT_CHUNK: usize = 512;
 pub fn unit(name: BudgetName) -> &'static str {
     match name {
         BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
-        BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth => "tokens",
+        BudgetName::Tpm
+        | BudgetName::InputTpm
+        | BudgetName::OutputTpm
+        | BudgetName::TokensPerDay
+        | BudgetName::TokensPerMonth => "tokens",
         BudgetName::MaxConcurrent => "slots",
         BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "usd_micros",
     }

@@ -82,6 +82,8 @@ fn key_name(name: BudgetName) -> &'static str {
     match name {
         BudgetName::Rpm => "rpm",
         BudgetName::Tpm => "tpm",
+        BudgetName::InputTpm => "input-tpm",
+        BudgetName::OutputTpm => "output-tpm",
         BudgetName::MaxConcurrent => "max-concurrent",
         BudgetName::TokensPerDay => "tokens-per-day",
         BudgetName::TokensPerMonth => "tokens-per-month",
@@ -185,7 +187,7 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
     let mut values = String::with_capacity(128);
     for s in states.iter().filter(|s| !s.scope.is_upstream()) {
         let w = match (s.name, s.window) {
-            (BudgetName::Rpm | BudgetName::Tpm, _) => 60,
+            (name, _) if name == BudgetName::Rpm || name.is_token_rate() => 60,
             (_, Some(w)) => w.seconds(),
             _ => continue,
         };

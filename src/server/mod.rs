@@ -31,6 +31,7 @@ use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::money::PriceTable;
+use crate::reservation::amounts::Counting;
 use crate::reservation::deny::DenyCachedStore;
 use crate::reservation::plan;
 use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
@@ -73,6 +74,8 @@ pub struct AppState {
 pub struct BudgetPlan {
     /// Tenant-side budgets (tenant, key, tenant × model, shadow limits).
     pub common: Vec<BudgetSpec>,
+    /// How each of `common` counts a request (same order).
+    pub common_counting: Vec<Counting>,
     /// Every deployment of the model, in configured order.
     pub upstreams: Vec<PlannedDeployment>,
     /// Metric handles of the tenant under this policy version.
@@ -89,12 +92,14 @@ pub struct PlannedDeployment {
     pub upstream: DeploymentId,
     /// The deployment's budgets.
     pub budgets: Vec<BudgetSpec>,
-    /// Metric handles of the deployment.
-    pub metrics: DeploymentMetrics,
+    /// How each of `budgets` counts a request of the plan's model (same order).
+    pub counting: Vec<Counting>,
     /// The model's prices on this deployment, under the plan's policy: a
     /// request prices its usage at the prices it was admitted under, even
     /// after a reload.
     pub price: Option<Arc<PriceTable>>,
+    /// Metric handles of the deployment.
+    pub metrics: DeploymentMetrics,
 }
 
 #[derive(Default)]
@@ -156,7 +161,7 @@ impl AppState {
             .entry((tenant_id, key_id, model_id))
             .or_insert_with(|| {
                 let ks = Self::key_space(policy);
-                let common = plan::tenant_budgets(&ks, tenant, key, model);
+                let (common, common_counting) = plan::tenant_plan(&ks, tenant, key, model);
                 let deny_release = Arc::new(DenyRelease {
                     cache: self.store.deny_cache().clone(),
                     keys: common
@@ -169,14 +174,20 @@ impl AppState {
                 });
                 Arc::new(BudgetPlan {
                     common,
+                    common_counting,
                     deny_release,
                     upstreams: policy
                         .deployments_of(model_id)
-                        .map(|u| PlannedDeployment {
-                            upstream: u,
-                            budgets: plan::upstream_budgets(&ks, policy.deployment(u)),
-                            metrics: DeploymentMetrics::new(&policy.deployment(u).name),
-                            price: model.price_on(policy.deployment(u)),
+                        .map(|u| {
+                            let deployment = policy.deployment(u);
+                            let budgets = plan::upstream_budgets(&ks, deployment);
+                            PlannedDeployment {
+                                upstream: u,
+                                counting: plan::upstream_counting(&budgets, deployment, model),
+                                budgets,
+                                metrics: DeploymentMetrics::new(&deployment.name),
+                                price: model.price_on(deployment),
+                            }
                         })
                         .collect(),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),

@@ -208,3 +208,49 @@ async fn budget_numbers_match_the_headers_of_the_request_before_once_settled() {
     // Every budget of the tenant: tenant (2) + key (1) + tenant×model (2).
     assert_eq!(t["budgets"].as_array().unwrap().len(), 5, "{t}");
 }
+
+#[tokio::test]
+async fn input_and_output_limits_are_shown_like_tpm_each_with_its_own_use() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(7);
+    let mut config = admin_config(&mock.base_url());
+    config.upstream("mock").limits = limits()
+        .input_tpm(3000)
+        .output_tpm(900)
+        .output_tpm_burst(1200);
+    config.tenant("t1").limits = limits().input_tpm(5000).output_tpm(400);
+    let gw = config.start().await;
+    gw.state.set_admin_token(Some(TOKEN));
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "What is a token bucket?"}]});
+    let input = chat_input_tokens(&body) as i64;
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await;
+    gw.settled().await;
+    let t: Value = admin_get(&gw, "/admin/v1/tenants/t1/budgets", Some(TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let i = budget(&t, "tenant:t1", "input_tpm");
+    assert_eq!(
+        (i["limit"].clone(), i["kind"].clone(), i["unit"].clone()),
+        (json!(5000), json!("bucket"), json!("tokens"))
+    );
+    assert_eq!(i["remaining"], json!(5000 - input));
+    assert_eq!(budget(&t, "tenant:t1", "output_tpm")["remaining"], 400 - 7);
+    let up: Value = admin_get(&gw, "/admin/v1/upstreams/mock/budgets", Some(TOKEN))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        budget(&up, "upstream:mock", "input_tpm")["remaining"],
+        json!(3000 - input)
+    );
+    let out = budget(&up, "upstream:mock", "output_tpm");
+    assert_eq!(out["capacity"], 1200);
+    // OpenAI counts the cap at request start and never refunds it.
+    assert_eq!(out["remaining"], 1200 - 50);
+}

@@ -98,7 +98,7 @@ async fn cache_reads_and_writes_are_priced_at_their_prices_to_the_micro_dollar()
         &body,
         &me,
         &EstimateSettings::default(),
-        None,
+        budgetgate::estimate::TokenRoom::default(),
     )
     .unwrap()
     .input_tokens;

@@ -87,7 +87,7 @@ fn estimate_input(enc: Encoding, body: &Value) -> u64 {
         body,
         &model(enc),
         &EstimateSettings::default(),
-        None,
+        budgetgate::estimate::TokenRoom::default(),
     )
     .expect("valid body")
     .input_tokens

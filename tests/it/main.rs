@@ -51,4 +51,5 @@ mod store_conformance;
 mod streaming;
 mod suites_always_run;
 mod tls;
+mod token_limits;
 mod usage_settlement;

@@ -218,10 +218,15 @@ fn universe(ks: &KeySpace) -> Universe {
                     BudgetKind::Concurrency { max: 2 },
                     false,
                 ),
+                // Input and output limits apart (issue 20), each with its
+                // own amount under a per-spec shape.
+                spec(a(), BudgetName::InputTpm, bucket(500, 700), false),
+                spec(a(), BudgetName::OutputTpm, bucket(300, 300), false),
             ],
             vec![
                 spec(b(), BudgetName::Tpm, bucket(3000, 2000), true),
                 spec(b(), BudgetName::RequestsPerDay, day(8), true),
+                spec(b(), BudgetName::OutputTpm, bucket(900, 1100), true),
             ],
         ],
     }
@@ -290,6 +295,8 @@ fn label(debug: &str) -> String {
     let head: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
     let name = [
         "Tpm",
+        "InputTpm",
+        "OutputTpm",
         "Rpm",
         "MaxConcurrent",
         "TokensPerDay",

@@ -34,7 +34,7 @@ fn gateway_estimate(body: &Value) -> u64 {
         body,
         &me,
         &EstimateSettings::default(),
-        None,
+        budgetgate::estimate::TokenRoom::default(),
     )
     .unwrap_or_else(|e| panic!("{body}: {e}"))
     .input_tokens

@@ -49,6 +49,11 @@ pub trait LimitsExt {
     fn tpm(self, n: u64) -> Self;
     fn rpm_burst(self, n: u64) -> Self;
     fn tpm_burst(self, n: u64) -> Self;
+    fn input_tpm(self, n: u64) -> Self;
+    fn output_tpm(self, n: u64) -> Self;
+    fn input_tpm_burst(self, n: u64) -> Self;
+    fn output_tpm_burst(self, n: u64) -> Self;
+    fn cache_read_weight(self, per_mille: u64) -> Self;
     fn max_concurrent(self, n: u64) -> Self;
     fn tokens_per_day(self, n: u64) -> Self;
     fn tokens_per_month(self, n: u64) -> Self;
@@ -74,6 +79,26 @@ impl LimitsExt for Limits {
     }
     fn tpm_burst(mut self, n: u64) -> Self {
         self.tpm_burst = Some(n as i64);
+        self
+    }
+    fn input_tpm(mut self, n: u64) -> Self {
+        self.input_tpm = Some(n as i64);
+        self
+    }
+    fn output_tpm(mut self, n: u64) -> Self {
+        self.output_tpm = Some(n as i64);
+        self
+    }
+    fn input_tpm_burst(mut self, n: u64) -> Self {
+        self.input_tpm_burst = Some(n as i64);
+        self
+    }
+    fn output_tpm_burst(mut self, n: u64) -> Self {
+        self.output_tpm_burst = Some(n as i64);
+        self
+    }
+    fn cache_read_weight(mut self, per_mille: u64) -> Self {
+        self.cache_read_weight = Some(per_mille as i64);
         self
     }
     fn max_concurrent(mut self, n: u64) -> Self {

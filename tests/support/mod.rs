@@ -54,7 +54,7 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
         body,
         &me,
         &EstimateSettings::default(),
-        None,
+        budgetgate::estimate::TokenRoom::default(),
     )
     .expect("estimate")
     .input_tokens

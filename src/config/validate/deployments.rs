@@ -117,6 +117,12 @@ pub(super) fn upstreams(
                 );
             }
         }
+        if limits.cache_read_weight.is_some() {
+            v.err(
+                format!("{path}.limits.cache_read_weight"),
+                "upstream budgets count cache reads as the provider does (see anthropic_cache_reads_count on models)",
+            );
+        }
         let price = v.price_table(&path, u.price.as_ref(), &u.price_tiers, anthropic);
         upstreams.push(UpstreamPolicy {
             name: u.name.clone(),
@@ -261,6 +267,10 @@ pub(super) fn models(
             ("anthropic_betas", !m.anthropic_betas.is_empty()),
             ("allow_server_tools", m.allow_server_tools.is_some()),
             ("allow_file_ids", m.allow_file_ids.is_some()),
+            (
+                "anthropic_cache_reads_count",
+                m.anthropic_cache_reads_count.is_some(),
+            ),
         ];
         for (field, _) in anthropic_only.iter().filter(|(_, set)| *set && !messages) {
             v.err(
@@ -303,10 +313,11 @@ pub(super) fn models(
             anthropic_betas: m.anthropic_betas.clone(),
             allow_server_tools: m.allow_server_tools.unwrap_or(false),
             allow_file_ids: m.allow_file_ids.unwrap_or(false),
+            anthropic_cache_reads_count: m.anthropic_cache_reads_count.unwrap_or(false),
+            price,
             responses,
             hosted_tools: m.hosted_tools.clone(),
             allow_background: m.allow_background.unwrap_or(false),
-            price,
         });
     }
 

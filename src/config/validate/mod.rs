@@ -58,18 +58,47 @@ impl V {
             tpm: self.positive(&p("tpm"), l.tpm, MAX_LIMIT),
             rpm_burst: self.positive(&p("rpm_burst"), l.rpm_burst, MAX_LIMIT),
             tpm_burst: self.positive(&p("tpm_burst"), l.tpm_burst, MAX_LIMIT),
+            input_tpm: self.positive(&p("input_tpm"), l.input_tpm, MAX_LIMIT),
+            input_tpm_burst: self.positive(&p("input_tpm_burst"), l.input_tpm_burst, MAX_LIMIT),
+            output_tpm: self.positive(&p("output_tpm"), l.output_tpm, MAX_LIMIT),
+            output_tpm_burst: self.positive(&p("output_tpm_burst"), l.output_tpm_burst, MAX_LIMIT),
             max_concurrent: self.positive(&p("max_concurrent"), l.max_concurrent, 1_000_000),
             tokens_per_day: self.positive(&p("tokens_per_day"), l.tokens_per_day, MAX_QUOTA),
             tokens_per_month: self.positive(&p("tokens_per_month"), l.tokens_per_month, MAX_QUOTA),
             requests_per_day: self.positive(&p("requests_per_day"), l.requests_per_day, MAX_QUOTA),
+            cache_read_weight: match l.cache_read_weight {
+                None => None,
+                Some(w) if (0..=1000).contains(&w) => Some(w as u64),
+                Some(_) => {
+                    self.err(
+                        p("cache_read_weight"),
+                        "must be within 0..=1000 (per mille of each cached input token)",
+                    );
+                    None
+                }
+            },
             usd_per_day: self.usd_budget(&p("usd_per_day"), l.usd_per_day.as_ref()),
             usd_per_month: self.usd_budget(&p("usd_per_month"), l.usd_per_month.as_ref()),
         };
-        if out.rpm_burst.is_some() && l.rpm.is_none() {
-            self.err(p("rpm_burst"), "needs rpm");
-        }
-        if out.tpm_burst.is_some() && l.tpm.is_none() {
-            self.err(p("tpm_burst"), "needs tpm");
+        for (burst, set, limit, limit_set) in [
+            ("rpm_burst", out.rpm_burst, "rpm", l.rpm),
+            ("tpm_burst", out.tpm_burst, "tpm", l.tpm),
+            (
+                "input_tpm_burst",
+                out.input_tpm_burst,
+                "input_tpm",
+                l.input_tpm,
+            ),
+            (
+                "output_tpm_burst",
+                out.output_tpm_burst,
+                "output_tpm",
+                l.output_tpm,
+            ),
+        ] {
+            if set.is_some() && limit_set.is_none() {
+                self.err(p(burst), format!("needs {limit}"));
+            }
         }
         out
     }

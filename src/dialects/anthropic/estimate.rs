@@ -51,17 +51,51 @@ pub const PDF_PAGE_TOKENS: u64 = 3_000 + IMAGE_MAX_TOKENS;
 /// Pages charged for a PDF the gateway cannot read (URL, file id).
 pub const PDF_UNKNOWN_PAGES: u64 = 10;
 
+/// Input of a Messages body, in tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Input {
+    /// Every input token.
+    pub tokens: u64,
+    /// Of `tokens`, the cacheable prefix: everything up to and including
+    /// the last block marked `cache_control`, in the order Anthropic caches
+    /// a prompt (tools, system, messages; prompt caching guide); all of it
+    /// when the request sets `cache_control` at its top level (automatic
+    /// caching: the breakpoint goes on the last cacheable block). 0 without
+    /// a breakpoint.
+    pub cacheable_prefix: u64,
+}
+
 /// Input tokens of a Messages body.
 pub fn input_tokens(
     body: &Map<String, Value>,
     enc: Encoding,
     ratio: u64,
 ) -> Result<u64, EstimateError> {
+    input(body, enc, ratio).map(|i| i.tokens)
+}
+
+/// Input tokens of a Messages body and its cacheable prefix.
+pub fn input(body: &Map<String, Value>, enc: Encoding, ratio: u64) -> Result<Input, EstimateError> {
     let mut c = Counter {
         enc,
         text: 0,
         fixed: 0,
+        prefix: None,
     };
+    // Counted in the order of the cached prefix: tools, system, messages.
+    match body.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) => {
+            if !tools.is_empty() {
+                c.fixed += TOOL_SYSTEM_PROMPT_TOKENS;
+            }
+            for t in tools {
+                c.json(t);
+                c.mark(t);
+            }
+        }
+        Some(_) => return Err(invalid("tools", "`tools` must be a list.")),
+    }
     match body.get("system") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => c.text(s),
@@ -95,19 +129,14 @@ pub fn input_tokens(
             }
         }
     }
-    match body.get("tools") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(tools)) => {
-            if !tools.is_empty() {
-                c.fixed += TOOL_SYSTEM_PROMPT_TOKENS;
-            }
-            for t in tools {
-                c.json(t);
-            }
-        }
-        Some(_) => return Err(invalid("tools", "`tools` must be a list.")),
+    if body.get("cache_control").is_some_and(|v| !v.is_null()) {
+        c.prefix = Some((c.text, c.fixed));
     }
-    Ok(super::scale(c.text, ratio).saturating_add(c.fixed))
+    let tokens = |(text, fixed): (u64, u64)| super::scale(text, ratio).saturating_add(fixed);
+    Ok(Input {
+        tokens: tokens((c.text, c.fixed)),
+        cacheable_prefix: c.prefix.map_or(0, tokens),
+    })
 }
 
 fn invalid(param: &str, message: &str) -> EstimateError {
@@ -118,11 +147,13 @@ fn invalid(param: &str, message: &str) -> EstimateError {
 }
 
 /// Text tokens (scaled by the ratio at the end) and fixed tokens (images,
-/// PDFs, published overheads: not scaled).
+/// PDFs, published overheads: not scaled); `prefix`, both counts at the
+/// last `cache_control` breakpoint seen.
 struct Counter {
     enc: Encoding,
     text: u64,
     fixed: u64,
+    prefix: Option<(u64, u64)>,
 }
 
 impl Counter {
@@ -140,7 +171,19 @@ impl Counter {
         }
     }
 
+    /// Ends the cacheable prefix after `b` when `b` is a breakpoint.
+    fn mark(&mut self, b: &Value) {
+        if b.get("cache_control").is_some_and(|v| !v.is_null()) {
+            self.prefix = Some((self.text, self.fixed));
+        }
+    }
+
     fn block(&mut self, b: &Value) {
+        self.block_content(b);
+        self.mark(b);
+    }
+
+    fn block_content(&mut self, b: &Value) {
         match b.get("type").and_then(Value::as_str) {
             Some("text") => self.str_field(b, "text"),
             Some("thinking") => self.str_field(b, "thinking"),
@@ -359,5 +402,49 @@ mod tests {
         assert!(text > 3 * TOKENS_PER_MESSAGE + enc.count("What is the weather?"));
         let missing = serde_json::Map::new();
         assert!(input_tokens(&missing, enc, 1000).is_err());
+    }
+
+    #[test]
+    fn the_cacheable_prefix_ends_at_the_last_breakpoint_in_cache_order() {
+        use super::super::scale;
+        let enc = Encoding::O200kBase;
+        let long = "Rules of the house. ".repeat(50);
+        let at = |body: Value| {
+            let Value::Object(b) = body else {
+                unreachable!()
+            };
+            input(&b, enc, 1500).unwrap()
+        };
+        let cc = json!({"type": "ephemeral"});
+        // No breakpoint: no prefix.
+        let none = at(json!({"system": long, "messages": [{"role": "user", "content": "hi"}]}));
+        assert_eq!(none.cacheable_prefix, 0);
+        // A breakpoint on the system block: the system is the prefix.
+        let system = at(json!({
+            "system": [{"type": "text", "text": long, "cache_control": cc}],
+            "messages": [{"role": "user", "content": "hi"}]
+        }));
+        assert_eq!(system.tokens, none.tokens);
+        assert_eq!(system.cacheable_prefix, scale(enc.count(&long), 1500));
+        // Tools come first in the cache: a breakpoint in the messages
+        // covers tools, system and the messages up to it; a later one in
+        // a tool definition does not move it back.
+        let tool = json!({"name": "t", "description": "d", "input_schema": {"type": "object"}, "cache_control": cc});
+        let all = at(json!({
+            "tools": [tool],
+            "system": long,
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "first", "cache_control": cc}]},
+                {"role": "user", "content": "second"}
+            ]
+        }));
+        let tail = scale(TOKENS_PER_MESSAGE + enc.count("second"), 1500);
+        assert!(all.cacheable_prefix > TOOL_SYSTEM_PROMPT_TOKENS + scale(enc.count(&long), 1500));
+        assert!(all.tokens - all.cacheable_prefix <= tail + 1, "{all:?}");
+        // Automatic caching (top-level cache_control): all of it.
+        let auto = at(
+            json!({"cache_control": cc, "system": long, "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(auto.cacheable_prefix, auto.tokens);
     }
 }

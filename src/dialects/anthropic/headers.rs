@@ -1,6 +1,8 @@
 //! Anthropic's rate-limit headers (Anthropic API reference, "Rate limits",
 //! response headers): `anthropic-ratelimit-requests-{limit,remaining,reset}`
-//! and `anthropic-ratelimit-tokens-*`, resets as RFC 3339 timestamps,
+//! (`rpm`), `anthropic-ratelimit-tokens-*` (`tpm`) and, where the request
+//! touches them, `anthropic-ratelimit-input-tokens-*` (`input_tpm`) and
+//! `anthropic-ratelimit-output-tokens-*` (`output_tpm`), resets as RFC 3339 timestamps,
 //! describing the gateway's own tightest budgets (tenant side first, as
 //! for the OpenAI family), plus the IETF `RateLimit-Policy` / `RateLimit`
 //! fields. The upstream's own `anthropic-ratelimit-*` headers are never
@@ -21,12 +23,27 @@ const TOKENS: [HeaderName; 3] = [
     HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
     HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
 ];
+const INPUT_TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-limit"),
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-input-tokens-reset"),
+];
+const OUTPUT_TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-limit"),
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-remaining"),
+    HeaderName::from_static("anthropic-ratelimit-output-tokens-reset"),
+];
 
 /// Headers describing `states` (values right after this request's debit)
 /// at `now_micros` (Unix time).
 pub fn rate_limit_headers(states: &[BudgetState], now_micros: u64) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(16);
-    for (name, [l, r, t]) in [(BudgetName::Rpm, REQUESTS), (BudgetName::Tpm, TOKENS)] {
+    for (name, [l, r, t]) in [
+        (BudgetName::Rpm, REQUESTS),
+        (BudgetName::Tpm, TOKENS),
+        (BudgetName::InputTpm, INPUT_TOKENS),
+        (BudgetName::OutputTpm, OUTPUT_TOKENS),
+    ] {
         if let Some(s) = tightest_for_client(states, name) {
             h.insert(l, HeaderValue::from(s.limit));
             h.insert(r, HeaderValue::from(s.remaining.clamp(0, s.limit as i64)));
@@ -100,5 +117,41 @@ mod tests {
         );
         assert!(h.contains_key("ratelimit-policy"));
         assert!(!h.contains_key("x-ratelimit-limit-tokens"));
+        assert!(!h.contains_key("anthropic-ratelimit-input-tokens-limit"));
+        assert!(!h.contains_key("anthropic-ratelimit-output-tokens-limit"));
+    }
+
+    #[test]
+    fn input_and_output_limits_have_their_own_headers() {
+        let st = |scope: Scope, name, limit, remaining| BudgetState {
+            scope,
+            name,
+            limit,
+            remaining,
+            reset_micros: 1_000_000,
+            window: None,
+        };
+        let h = rate_limit_headers(
+            &[
+                st(Scope::Tenant("a".into()), BudgetName::InputTpm, 5000, 4000),
+                st(Scope::Upstream("u".into()), BudgetName::InputTpm, 100, 1),
+                st(Scope::Upstream("u".into()), BudgetName::OutputTpm, 800, 200),
+            ],
+            1_796_117_400_000_000,
+        );
+        // Tenant side first, as for the other families.
+        assert_eq!(h["anthropic-ratelimit-input-tokens-limit"], "5000");
+        assert_eq!(h["anthropic-ratelimit-input-tokens-remaining"], "4000");
+        assert_eq!(
+            h["anthropic-ratelimit-input-tokens-reset"],
+            "2026-12-01T09:30:01Z"
+        );
+        assert_eq!(h["anthropic-ratelimit-output-tokens-limit"], "800");
+        assert_eq!(h["anthropic-ratelimit-output-tokens-remaining"], "200");
+        assert!(!h.contains_key("anthropic-ratelimit-tokens-limit"));
+        assert!(h["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .contains("\"tenant-input-tpm\";q=5000;w=60"));
     }
 }
