@@ -20,6 +20,8 @@
 //!   per-request context they share; stored responses kept to their
 //!   tenant (`owner`) and the Responses routes without output (`stored`).
 //! - [`metrics`]: Prometheus metrics with bounded labels.
+//! - [`money`]: prices and dollar amounts in exact integers (µ$): decimal
+//!   parsing, price tables with long-context tiers, the one cost function.
 //! - [`reservation`]: a held reservation (extend, settle, drop backstop),
 //!   leases, the settlement tracker, the budget plan of a request, and the
 //!   deny-cache and fail-open store layers composed into the gateway's store.
@@ -40,6 +42,7 @@ pub mod dialects;
 pub mod estimate;
 pub mod lifecycle;
 pub mod metrics;
+pub mod money;
 pub mod reservation;
 pub mod reserve;
 pub mod server;

@@ -53,7 +53,8 @@ enum Command {
         #[arg(value_name = "FILE")]
         file: Option<PathBuf>,
     },
-    /// Print the cost breakdown of a request body (tokens).
+    /// Print the cost breakdown of a request body (tokens, and dollars on
+    /// each priced deployment).
     Estimate {
         /// Config file (TOML).
         #[arg(long, short, env = "BUDGETGATE_CONFIG")]
@@ -61,7 +62,7 @@ enum Command {
         /// Public model name.
         #[arg(long, short)]
         model: Option<String>,
-        /// Endpoint: chat, completions or embeddings.
+        /// Endpoint: chat, completions, embeddings, responses or messages.
         #[arg(long, default_value = "chat")]
         endpoint: String,
         /// Request body file, or `-` for stdin.
@@ -177,13 +178,24 @@ fn check_config(config: &std::path::Path) -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
+            // Not errors (the gateway runs and refuses those requests
+            // clearly), but worth knowing before a tenant finds out.
+            let warnings = p.unpriced_warnings();
+            for w in &warnings {
+                println!("warning: {w}");
+            }
             println!(
-                "{}: ok (policy version {}, {} upstreams, {} models, {} tenants)",
+                "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",
                 config.display(),
                 p.version,
                 p.upstreams.len(),
                 p.models.len(),
-                p.tenants.len()
+                p.tenants.len(),
+                if warnings.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} warning(s)", warnings.len())
+                }
             );
             ExitCode::SUCCESS
         }
@@ -210,8 +222,11 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         "completions" => Dialect::Completions,
         "embeddings" => Dialect::Embeddings,
         "messages" => Dialect::Messages,
+        "responses" => Dialect::Responses,
         other => {
-            eprintln!("unknown endpoint {other:?} (chat, completions, embeddings)");
+            eprintln!(
+                "unknown endpoint {other:?} (chat, completions, embeddings, responses, messages)"
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -270,6 +285,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
             println!("choices:           {}", e.choices);
             println!("output reserved:   {}", e.output_tokens);
             println!("total reserved:    {}", e.total_tokens);
+            print_costs(&policy, m, endpoint, &body, &e);
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -278,6 +294,34 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
                 eprintln!("{hint}");
             }
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The dollar cost the reservation of `e` would have on each deployment
+/// of `m`, at its prices (docs/MONEY.md), beside the tokens.
+fn print_costs(
+    policy: &Policy,
+    m: &budgetgate::config::ModelPolicy,
+    endpoint: Dialect,
+    body: &serde_json::Value,
+    e: &estimate::Estimate,
+) {
+    let cache = budgetgate::lifecycle::pricing::cache_writes(endpoint, body);
+    for &u in &m.upstreams {
+        let upstream = &policy.upstreams[u];
+        match m.price_on(upstream) {
+            Some(p) => {
+                let micros =
+                    p.at(e.input_tokens)
+                        .reservation(e.input_tokens, e.output_tokens, cache);
+                println!(
+                    "cost reserved:     ${} on {} ({micros} µ$)",
+                    budgetgate::money::format_usd(micros as i64),
+                    upstream.name
+                );
+            }
+            None => println!("cost reserved:     not priced on {}", upstream.name),
         }
     }
 }

@@ -112,6 +112,7 @@ pub struct TenantMetrics {
     settled: Counter,
     refunded: Counter,
     debt: Counter,
+    spend: Counter,
     estimate_ratio: Histogram,
 }
 
@@ -125,6 +126,7 @@ impl TenantMetrics {
             settled: counter!("budgetgate_settled_tokens_total", "tenant" => t()),
             refunded: counter!("budgetgate_refunded_tokens_total", "tenant" => t()),
             debt: counter!("budgetgate_debt_tokens_total", "tenant" => t()),
+            spend: counter!("budgetgate_settled_spend_micro_usd_total", "tenant" => t()),
             estimate_ratio: histogram!("budgetgate_estimate_ratio", "tenant" => t()),
         }
     }
@@ -133,6 +135,11 @@ impl TenantMetrics {
     pub fn admitted(&self, tokens: u64) {
         self.admitted.increment(1);
         self.reserved.increment(tokens);
+    }
+
+    /// A settlement's cost at its deployment's prices, µ$.
+    pub fn spent(&self, micros: u64) {
+        self.spend.increment(micros);
     }
 
     /// A settlement: tokens settled, refunded, charged as debt, and the
@@ -354,6 +361,7 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
             "budgetgate_settled_tokens_total",
             "budgetgate_refunded_tokens_total",
             "budgetgate_debt_tokens_total",
+            "budgetgate_settled_spend_micro_usd_total",
         ] {
             counter!(c, "tenant" => tn()).increment(0);
         }

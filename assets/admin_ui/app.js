@@ -88,7 +88,11 @@ function budgetRow(b) {
   bar.appendChild(fill);
   row.appendChild(bar);
   const unit = b.unit || '';
-  row.appendChild(el('span', 'numbers', fmt.format(b.remaining) + ' / ' + fmt.format(b.capacity) + ' ' + unit));
+  // Dollar budgets come with their amounts as decimal-dollar strings.
+  const numbers = b.usd
+    ? '$' + b.usd.remaining + ' / $' + b.usd.limit
+    : fmt.format(b.remaining) + ' / ' + fmt.format(b.capacity) + ' ' + unit;
+  row.appendChild(el('span', 'numbers', numbers));
   row.appendChild(el('span', 'reset', resetText(b)));
   return row;
 }

@@ -2,12 +2,14 @@
 //! [`raw`] structs, then validated as a whole into a [`Policy`]. Validation
 //! collects every error with its path (`tenants[2].limits.tpm: must be > 0`)
 //! instead of stopping at the first. [`reload`] swaps in a new file at
-//! runtime (SIGHUP, file change).
+//! runtime (SIGHUP, file change). `unpriced` lists what `check-config`
+//! flags about prices (dollar budgets over models it cannot price).
 
 pub mod end_user;
 mod ids;
 pub mod raw;
 pub mod reload;
+mod unpriced;
 mod validate;
 
 pub use validate::forwarding;
@@ -15,11 +17,13 @@ pub use validate::forwarding;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
 use crate::estimate::{Encoding, EstimateSettings};
+use crate::money::PriceTable;
 use crate::reserve::bucket::MAX_LIMIT;
 use raw::RawConfig;
 
@@ -88,12 +92,21 @@ pub struct Limits {
     /// count, per mille (`None`: 1000, every token in full). Tenant, key
     /// and tenant×model scopes only: upstream budgets follow the provider.
     pub cache_read_weight: Option<u64>,
+    /// Micro-dollars per UTC day (`usd_per_day`, decimal USD in the file).
+    pub usd_per_day: Option<u64>,
+    /// Micro-dollars per UTC month (`usd_per_month`).
+    pub usd_per_month: Option<u64>,
 }
 
 impl Limits {
     /// True when no limit is set.
     pub fn is_empty(&self) -> bool {
         *self == Limits::default()
+    }
+
+    /// True when a dollar budget is set.
+    pub fn has_usd(&self) -> bool {
+        self.usd_per_day.is_some() || self.usd_per_month.is_some()
     }
 }
 
@@ -147,6 +160,9 @@ pub struct UpstreamPolicy {
     /// Client request headers forwarded to this upstream (lower-case names;
     /// e.g. `openai-organization`). Credentials are never forwarded.
     pub forward_client_headers: Vec<String>,
+    /// `price`: this deployment's prices, replacing those of every model
+    /// it serves (docs/MONEY.md).
+    pub price: Option<Arc<PriceTable>>,
 }
 
 /// `[[models]]`: a public model name.
@@ -192,6 +208,9 @@ pub struct ModelPolicy {
     /// input limits (older models; current ones leave them out), so the
     /// `tpm` / `input_tpm` of its deployments count them in full.
     pub anthropic_cache_reads_count: bool,
+    /// `price`: what a request costs (docs/MONEY.md), unless its
+    /// deployment has a price of its own.
+    pub price: Option<Arc<PriceTable>>,
 }
 
 /// How a stream's client-given output cap is reserved (DESIGN section 5).
@@ -343,6 +362,14 @@ impl Policy {
         tenant: &'p TenantPolicy,
     ) -> impl Iterator<Item = &'p TenantPolicy> {
         std::iter::once(tenant).chain(tenant.ancestors.iter().map(|&i| &self.tenants[i]))
+    }
+}
+
+impl ModelPolicy {
+    /// This model's prices on deployment `upstream`: the deployment's own,
+    /// else the model's; `None` when neither is priced.
+    pub fn price_on(&self, upstream: &UpstreamPolicy) -> Option<Arc<PriceTable>> {
+        upstream.price.clone().or_else(|| self.price.clone())
     }
 }
 

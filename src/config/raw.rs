@@ -82,6 +82,48 @@ pub struct RawLimits {
     pub tokens_per_month: Option<i64>,
     pub requests_per_day: Option<i64>,
     pub cache_read_weight: Option<i64>,
+    pub usd_per_day: Option<RawDecimal>,
+    pub usd_per_month: Option<RawDecimal>,
+}
+
+/// A decimal amount as written: a string (`"0.15"`), or anything else,
+/// which validation refuses with its path (a TOML float is binary, not
+/// the decimal the operator wrote).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RawDecimal {
+    Text(String),
+    Other(toml::Value),
+}
+
+impl From<&str> for RawDecimal {
+    fn from(s: &str) -> Self {
+        RawDecimal::Text(s.to_string())
+    }
+}
+
+/// `price = { input = "0.15", … }`: USD per million tokens.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    pub input: Option<RawDecimal>,
+    pub cached_input: Option<RawDecimal>,
+    pub cache_write_5m: Option<RawDecimal>,
+    pub cache_write_1h: Option<RawDecimal>,
+    pub output: Option<RawDecimal>,
+}
+
+/// One long-context tier: the price of a request whose input is above
+/// `above_input_tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPriceTier {
+    pub above_input_tokens: Option<i64>,
+    pub input: Option<RawDecimal>,
+    pub cached_input: Option<RawDecimal>,
+    pub cache_write_5m: Option<RawDecimal>,
+    pub cache_write_1h: Option<RawDecimal>,
+    pub output: Option<RawDecimal>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -106,6 +148,9 @@ pub struct RawUpstream {
     pub forward_client_headers: Vec<String>,
     #[serde(default)]
     pub forward_credential_headers: Vec<String>,
+    pub price: Option<RawPrice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub price_tiers: Vec<RawPriceTier>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -131,6 +176,9 @@ pub struct RawModel {
     pub allow_server_tools: Option<bool>,
     pub allow_file_ids: Option<bool>,
     pub anthropic_cache_reads_count: Option<bool>,
+    pub price: Option<RawPrice>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub price_tiers: Vec<RawPriceTier>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

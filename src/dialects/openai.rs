@@ -175,6 +175,7 @@ fn breakdown(
         uncached_input: prompt.map(|p| p - cached_input),
         cached_input,
         cache_writes: 0,
+        cache_writes_1h: 0,
         output: completion,
         reasoning: completion.map_or(0, |c| reasoning.min(c)),
     }

@@ -24,6 +24,10 @@ pub struct UsageBreakdown {
     pub cached_input: u64,
     /// Input tokens written to the provider's cache.
     pub cache_writes: u64,
+    /// The part of `cache_writes` written to a 1-hour cache (Anthropic's
+    /// `cache_creation.ephemeral_1h_input_tokens`; the rest lives 5
+    /// minutes, the default TTL). Only prices read it.
+    pub cache_writes_1h: u64,
     /// Output tokens (reasoning included); `None` when not reported.
     pub output: Option<u64>,
     /// Reasoning tokens, a subset of `output`.
@@ -37,6 +41,7 @@ impl UsageBreakdown {
             uncached_input: Some(prompt),
             cached_input: 0,
             cache_writes: 0,
+            cache_writes_1h: 0,
             output: Some(completion),
             reasoning: 0,
         }

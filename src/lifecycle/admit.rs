@@ -9,6 +9,7 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::metrics;
+use crate::money::PriceTable;
 use crate::reservation::amounts::{self, Budgets, Counting, Demand};
 use crate::reservation::HeldReservation;
 use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
@@ -67,6 +68,12 @@ impl HoldBudgets {
     pub fn rates(&self) -> &[u64] {
         &self.rates
     }
+
+    /// The prices the hold was admitted under (its plan's policy, not the
+    /// one a reload brought since).
+    pub fn price(&self) -> Option<&PriceTable> {
+        self.plan.upstreams[self.deployment].price.as_deref()
+    }
 }
 
 /// Reserves the request's estimate against its budgets and the first
@@ -92,11 +99,19 @@ pub async fn admit<'p>(
                 .iter()
                 .zip(request.end_user_counting.iter()),
         )
-        .filter(|(s, _)| first || s.name.counts_tokens() || s.name == BudgetName::MaxConcurrent)
+        .filter(|(s, _)| {
+            first
+                || s.name.counts_tokens()
+                || s.name.counts_usd()
+                || s.name == BudgetName::MaxConcurrent
+        })
         .map(|(s, c)| (s.clone(), *c))
         .unzip();
     let id = uuid::Uuid::now_v7().to_string();
-    let demand = Demand::of(&request.estimate);
+    let demand = Demand {
+        cache_writes: request.cache,
+        ..Demand::of(&request.estimate)
+    };
     let common_budgets = Budgets {
         specs: &common,
         counting: &common_counting,
@@ -104,9 +119,12 @@ pub async fn admit<'p>(
     let costs = amounts::reserve_costs(
         &demand,
         common_budgets,
-        candidates.iter().map(|d| Budgets {
-            specs: &d.budgets,
-            counting: &d.counting,
+        candidates.iter().map(|d| {
+            let budgets = Budgets {
+                specs: &d.budgets,
+                counting: &d.counting,
+            };
+            (budgets, d.price.as_deref())
         }),
     );
     let reserve = ReserveRequest {
@@ -158,6 +176,14 @@ pub async fn admit<'p>(
         policy.server.lease,
         policy.server.settle_retry,
     )
+    .with_amounts(
+        reserve
+            .costs
+            .per_candidate
+            .get(admission.candidate)
+            .cloned()
+            .unwrap_or_default(),
+    )
     .with_metrics(plan.tenant_metrics.clone())
     .with_deny_release(if request.end_user_budgets.is_empty() {
         plan.deny_release.clone()
@@ -177,6 +203,7 @@ pub async fn admit<'p>(
             },
         ]
         .into_iter(),
+        deployment.price.as_deref(),
     );
     let budgets = HoldBudgets {
         deployment: plan

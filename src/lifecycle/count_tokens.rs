@@ -90,7 +90,7 @@ async fn count(
         costs: amounts::reserve_costs(
             &Demand::default(),
             Budgets::plain(&common),
-            std::iter::once(Budgets::plain(&[])),
+            std::iter::once((Budgets::plain(&[]), None)),
         ),
         common,
         candidates: vec![Vec::new()],

@@ -14,6 +14,7 @@ use super::authenticate::{self, client_key};
 use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::rewrite::upstream_body;
+use super::settle::refund;
 use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
@@ -157,7 +158,7 @@ pub async fn forward(
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
             let never_sent = matches!(e, UpstreamError::Connect(_));
-            hold.settle_now(if never_sent { void() } else { refund() })
+            hold.settle_now(if never_sent { void() } else { refund(&budgets) })
                 .await;
             return Forwarded::Retry(ApiError::from(e));
         }
@@ -176,7 +177,7 @@ pub async fn forward(
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
-        return upstream_failure(cx, resp, hold, upstream, headers).await;
+        return upstream_failure(cx, resp, hold, refund(&budgets), upstream, headers).await;
     }
     // The upstream names its request in its dialect's header (Anthropic: `request-id`).
     let upstream_id = if cx.dialect.is_anthropic() {
@@ -239,16 +240,6 @@ fn forwarded_client_headers(
     out
 }
 
-/// The settlement of work the upstream never did: the whole token
-/// reservation goes back (the request count stays spent).
-pub fn refund() -> Settlement {
-    Settlement {
-        actual_tokens: 0,
-        upstream_failed: true,
-        actual: Actual::Tokens,
-    }
-}
-
 /// The settlement of a request whose bytes never reached the upstream:
 /// void (DESIGN section 13).
 fn void() -> Settlement {
@@ -265,12 +256,13 @@ async fn upstream_failure(
     cx: &RequestContext,
     resp: reqwest::Response,
     hold: HeldReservation,
+    refund: Settlement,
     upstream: &UpstreamPolicy,
     headers: HeaderMap,
 ) -> Forwarded {
     let status = resp.status().as_u16();
     tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, status, "upstream answered with an error");
-    hold.settle_now(refund()).await;
+    hold.settle_now(refund).await;
     let retry_after = resp
         .headers()
         .get(header::RETRY_AFTER)

@@ -14,11 +14,11 @@ use tokio::sync::mpsc;
 use super::admit::HoldBudgets;
 use super::context::RequestContext;
 use super::finish::Outcome;
-use super::forward::{refund, Answer};
+use super::forward::Answer;
 use super::owner::OwnerWriter;
 use super::prepare::Prepared;
 use super::rewrite::{enforced_cap, output_cap};
-use super::settle::settle;
+use super::settle::{refund, settle};
 use crate::dialects::UsageBreakdown;
 use crate::metrics;
 use crate::reservation::{amounts, HeldReservation};
@@ -56,7 +56,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream body failed");
-            hold.settle(refund());
+            hold.settle(refund(&budgets));
             return Metered::Failed(ApiError::BadGateway(
                 "The upstream response was interrupted.".into(),
             ));
@@ -68,7 +68,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     let (usage, id) = match serde_json::from_slice::<Whole>(&body) {
         Ok(a) if body.trim_ascii_start().starts_with(b"{") => (a.usage, a.id),
         _ => {
-            hold.settle(refund());
+            hold.settle(refund(&budgets));
             return Metered::Failed(ApiError::BadGateway(
                 "The upstream returned a response that is not JSON.".into(),
             ));

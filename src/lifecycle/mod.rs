@@ -12,7 +12,8 @@
 //! 8. [`finish`]: the final log line and request metrics, exactly once on
 //!    every path, client disconnect included.
 //!
-//! [`refusal`] gives a refusal the rate-limit headers of every budget the
+//! [`pricing`] (part of prepare) refuses a request a dollar budget
+//! cannot price. [`refusal`] gives a refusal the rate-limit headers of every budget the
 //! request touches. [`context`] holds what the phases share. The lifecycle knows budgets
 //! only through [`crate::reservation`] and upstreams only through
 //! [`crate::upstreams`].
@@ -28,6 +29,7 @@ pub mod forward;
 pub mod meter;
 pub mod owner;
 pub mod prepare;
+pub mod pricing;
 pub mod refusal;
 pub mod rewrite;
 pub mod route;

@@ -19,6 +19,7 @@ use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::money::CacheWrites;
 use crate::reservation::amounts::Counting;
 use crate::reservation::plan;
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
@@ -48,6 +49,8 @@ pub struct Prepared {
     pub never_extend: bool,
     /// Provider-side objects the body refers to (Responses).
     pub references: References,
+    /// Cache writes the body asks for: priced at reservation (dollar budgets).
+    pub cache: CacheWrites,
     /// The end user, as the keyed hash of its id (`None`: no end user
     /// named, or the tenant's tree has no end-user settings).
     pub end_user: Option<Arc<str>>,
@@ -273,22 +276,6 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         Some(hash) => plan::end_user_plan(&AppState::key_space(policy), policy, tenant, hash),
         None => (Vec::new(), Vec::new()),
     };
-    let common = &plan.common;
-    let cand_specs: Vec<&[BudgetSpec]> = candidates
-        .iter()
-        .map(|&i| plan.upstreams[i].budgets.as_slice())
-        .collect();
-    // The end user's budgets are common ones too (every candidate's).
-    let none: [&[BudgetSpec]; 0] = [];
-    let room =
-        plan::token_room(common, &cand_specs).tighter(plan::token_room(&end_user_budgets, &none));
-    let me = ModelEstimation {
-        encoding: model.encoding,
-        default_max_output_tokens: model.default_max_output_tokens,
-        max_output_tokens: model.max_output_tokens,
-        min_output_tokens: policy.min_output_tokens,
-        token_ratio: model.token_ratio,
-    };
     let body = Value::Object(body);
     if dialect.is_anthropic() {
         let allowed = |u: anthropic::Unmetered| match u {
@@ -306,6 +293,31 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             ));
         }
     }
+    let mut candidates = candidates;
+    let cache = super::pricing::check(
+        dialect,
+        &body,
+        model,
+        &plan,
+        &end_user_budgets,
+        &mut candidates,
+    )?;
+    let common = &plan.common;
+    let cand_specs: Vec<&[BudgetSpec]> = candidates
+        .iter()
+        .map(|&i| plan.upstreams[i].budgets.as_slice())
+        .collect();
+    // The end user's budgets are common ones too (every candidate's).
+    let none: [&[BudgetSpec]; 0] = [];
+    let room =
+        plan::token_room(common, &cand_specs).tighter(plan::token_room(&end_user_budgets, &none));
+    let me = ModelEstimation {
+        encoding: model.encoding,
+        default_max_output_tokens: model.default_max_output_tokens,
+        max_output_tokens: model.max_output_tokens,
+        min_output_tokens: policy.min_output_tokens,
+        token_ratio: model.token_ratio,
+    };
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
     let mut estimate =
         estimate::estimate(dialect, &body, &me, &policy.estimation, room).map_err(|e| {
@@ -338,6 +350,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         candidates,
         never_extend,
         references,
+        cache,
         end_user,
         end_user_budgets,
         end_user_counting,

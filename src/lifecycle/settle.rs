@@ -1,7 +1,8 @@
 //! Phase 7, settle (DESIGN section 1.8): the reservation is settled once
 //! with what the answer used: the upstream's reported usage, else the
 //! input estimate plus the gateway's own count of the output. Streams are
-//! settled by the relay when they end.
+//! settled by the relay when they end. Dollar budgets are charged the
+//! usage's exact cost at the prices the hold was admitted under.
 
 use super::admit::HoldBudgets;
 use crate::dialects::UsageBreakdown;
@@ -10,12 +11,30 @@ use crate::reserve::{Actual, Settlement};
 
 /// Settles `hold` (in the background) with what the answer used (every
 /// count filled in), per budget of the hold; returns the tokens settled.
-pub fn settle(hold: HeldReservation, budgets: &HoldBudgets, used: UsageBreakdown) -> u64 {
+pub fn settle(mut hold: HeldReservation, budgets: &HoldBudgets, used: UsageBreakdown) -> u64 {
     let actual = used.total();
+    if let Some(cost) = amounts::settled_cost(&used, budgets.price()) {
+        hold.record_spend(cost);
+    }
     hold.settle(Settlement {
         actual_tokens: actual,
         upstream_failed: false,
-        actual: Actual::PerSpec(amounts::settled_amounts(&used, budgets.budgets())),
+        actual: Actual::PerSpec(amounts::settled_amounts(
+            &used,
+            budgets.budgets(),
+            budgets.price(),
+        )),
     });
     actual
+}
+
+/// The settlement of work the upstream never did: every token and dollar
+/// of the hold goes back, even to budgets that keep unused output (the
+/// request count stays spent).
+pub fn refund(budgets: &HoldBudgets) -> Settlement {
+    Settlement {
+        actual_tokens: 0,
+        upstream_failed: true,
+        actual: Actual::PerSpec(amounts::nothing_used(budgets.budgets())),
+    }
 }

@@ -22,7 +22,7 @@ use super::context::RequestContext;
 use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
-use crate::dialects::{Dialect, UsageBreakdown};
+use crate::dialects::Dialect;
 use crate::reservation::amounts::{self, Budgets, Demand};
 use crate::reservation::HeldReservation;
 use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, ReserveRequest, Settlement};
@@ -221,7 +221,7 @@ async fn charge_requests(
     let common: Vec<BudgetSpec> = plan
         .common
         .iter()
-        .filter(|s| !s.name.counts_tokens())
+        .filter(|s| s.name.counts_requests())
         .cloned()
         .collect();
     let id = uuid::Uuid::now_v7().to_string();
@@ -230,7 +230,7 @@ async fn charge_requests(
         costs: amounts::reserve_costs(
             &Demand::default(),
             Budgets::plain(&common),
-            std::iter::once(Budgets::plain(&[])),
+            std::iter::once((Budgets::plain(&[]), None)),
         ),
         common,
         candidates: vec![Vec::new()],
@@ -272,10 +272,9 @@ fn requests_only(specs: &[BudgetSpec]) -> Settlement {
     Settlement {
         actual_tokens: 0,
         upstream_failed: false,
-        actual: Actual::PerSpec(amounts::settled_amounts(
-            &UsageBreakdown::from_counts(0, 0),
-            std::iter::once(Budgets::plain(specs)),
-        )),
+        actual: Actual::PerSpec(amounts::nothing_used(std::iter::once(Budgets::plain(
+            specs,
+        )))),
     }
 }
 

@@ -23,6 +23,9 @@ pub struct HeldReservation {
     store: Arc<GatewayStore>,
     tracker: SettlementTracker,
     reserved_tokens: u64,
+    /// What the hold debited each spec so far, in the store's order, when
+    /// known: the drop backstop charges exactly it (µ$ lines included).
+    amounts: Vec<u64>,
     settle_retry: Duration,
     /// Renewed while held; dropping it stops the renewals.
     lease: Option<LeaseHandle>,
@@ -48,11 +51,20 @@ impl HeldReservation {
             store,
             tracker,
             reserved_tokens,
+            amounts: Vec::new(),
             settle_retry,
             lease: Some(lease),
             done: false,
             report: SettleReport::default(),
         }
+    }
+
+    /// What the reservation debited each spec of the hold (the admitted
+    /// candidate's row of [`crate::reserve::Costs::per_candidate`]); kept
+    /// up to date by [`HeldReservation::extend`].
+    pub fn with_amounts(mut self, amounts: Vec<u64>) -> Self {
+        self.amounts = amounts;
+        self
     }
 
     /// Records this reservation's settlement in `tenant`'s metrics.
@@ -65,6 +77,12 @@ impl HeldReservation {
     pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
         self.report.deny = Some(deny);
         self
+    }
+
+    /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
+    /// the settlement this reservation is about to make is applied.
+    pub fn record_spend(&mut self, micros: u64) {
+        self.report.spend_micros = Some(micros);
     }
 
     /// The reservation id (also the response's `x-request-id`).
@@ -83,6 +101,14 @@ impl HeldReservation {
         let outcome = self.store.extend(&self.id, step).await?;
         if let ExtendOutcome::Extended { granted, .. } = outcome {
             self.reserved_tokens += granted;
+            if step.rates.len() == self.amounts.len() {
+                for (a, &rate) in self.amounts.iter_mut().zip(&step.rates) {
+                    *a += Step::debit(granted, rate);
+                }
+            } else {
+                // Not known per spec any more: the backstop charges tokens.
+                self.amounts.clear();
+            }
         }
         Ok(outcome)
     }
@@ -136,7 +162,11 @@ impl Drop for HeldReservation {
             let s = Settlement {
                 actual_tokens: self.reserved_tokens,
                 upstream_failed: false,
-                actual: Actual::Tokens,
+                actual: if self.amounts.is_empty() {
+                    Actual::Tokens
+                } else {
+                    Actual::PerSpec(std::mem::take(&mut self.amounts))
+                },
             };
             // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
             if tokio::runtime::Handle::try_current().is_ok() {

@@ -24,7 +24,8 @@ pub fn scope_budgets(
             scope: scope.clone(),
             name,
             kind,
-            refund_unused,
+            // Providers bill actual usage: dollars always go back to it.
+            refund_unused: refund_unused || name.counts_usd(),
             shadow: false,
         });
     };
@@ -97,6 +98,15 @@ pub fn scope_budgets(
                 window: Window::Day,
             },
         );
+    }
+    // Dollar budgets: calendar quotas whose unit is the micro-dollar.
+    for (name, limit, window) in [
+        (BudgetName::UsdPerDay, limits.usd_per_day, Window::Day),
+        (BudgetName::UsdPerMonth, limits.usd_per_month, Window::Month),
+    ] {
+        if let Some(limit) = limit {
+            push(name, BudgetKind::Quota { limit, window });
+        }
     }
     out
 }

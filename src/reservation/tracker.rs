@@ -49,11 +49,13 @@ impl DenyRelease {
         }
     }
 
-    /// Keys of the refundable, token-counting budgets among `specs`.
+    /// Keys of the budgets among `specs` a settlement may refund:
+    /// refundable token budgets, and dollar budgets (always refunded to
+    /// the actual cost).
     fn released(specs: &[BudgetSpec]) -> impl Iterator<Item = String> + '_ {
         specs
             .iter()
-            .filter(|s| s.refund_unused && s.name.counts_tokens())
+            .filter(|s| s.refund_unused && s.name.counts_tokens() || s.name.counts_usd())
             .map(|s| s.key.clone())
     }
 }
@@ -64,6 +66,8 @@ impl DenyRelease {
 pub(super) struct SettleReport {
     pub(super) tenant: Option<Arc<TenantMetrics>>,
     pub(super) deny: Option<Arc<DenyRelease>>,
+    /// The settled cost, µ$, when the deployment is priced.
+    pub(super) spend_micros: Option<u64>,
 }
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
@@ -213,6 +217,9 @@ pub(super) fn record_settlement(
     };
     if let Some(t) = &report.tenant {
         t.settled(*reserved, actual_tokens);
+        if let Some(micros) = report.spend_micros {
+            t.spent(micros);
+        }
     }
     if let (Some(d), true) = (&report.deny, *refunded > 0) {
         d.cache.forget(&d.keys);

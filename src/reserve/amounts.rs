@@ -140,7 +140,9 @@ impl Step {
 /// What a settlement charges, beyond the common token amount.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Actual {
-    /// `actual_tokens` on every amount budget.
+    /// `actual_tokens` on every amount budget: only right when every amount
+    /// budget of the hold counts tokens alike (store tests). The gateway
+    /// always settles [`Actual::PerSpec`] or [`Actual::Void`].
     #[default]
     Tokens,
     /// The actual amount of each spec of the hold (`common`, then the

@@ -97,6 +97,10 @@ pub enum BudgetName {
     TokensPerMonth,
     /// Requests per UTC day (calendar quota).
     RequestsPerDay,
+    /// Micro-dollars per UTC day (calendar quota in µ$, `crate::money`).
+    UsdPerDay,
+    /// Micro-dollars per UTC month (calendar quota in µ$).
+    UsdPerMonth,
 }
 
 impl BudgetName {
@@ -111,7 +115,15 @@ impl BudgetName {
             BudgetName::TokensPerDay => "tokens_per_day",
             BudgetName::TokensPerMonth => "tokens_per_month",
             BudgetName::RequestsPerDay => "requests_per_day",
+            BudgetName::UsdPerDay => "usd_per_day",
+            BudgetName::UsdPerMonth => "usd_per_month",
         }
+    }
+
+    /// True when the budget counts micro-dollars (a price times the
+    /// tokens; always refunded to the actual cost at settle).
+    pub fn counts_usd(self) -> bool {
+        matches!(self, BudgetName::UsdPerDay | BudgetName::UsdPerMonth)
     }
 
     /// Parses [`BudgetName::as_str`]'s spelling.

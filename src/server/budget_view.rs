@@ -46,6 +46,7 @@ pub fn unit(name: BudgetName) -> &'static str {
         | BudgetName::TokensPerDay
         | BudgetName::TokensPerMonth => "tokens",
         BudgetName::MaxConcurrent => "slots",
+        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "usd_micros",
     }
 }
 
@@ -61,13 +62,23 @@ fn scope_name(scope: &Scope) -> String {
     }
 }
 
-/// One budget as the admin API reports it.
+/// One budget as the admin API reports it. A dollar budget's numbers are
+/// µ$ (`unit` `usd_micros`), and its `usd` object gives limit, spent and
+/// remaining as decimal-dollar strings (`"1.00"`, `"0.000750"`).
 pub fn budget_json(spec: &BudgetSpec, s: &BudgetState) -> Value {
     let kind = match spec.kind {
         BudgetKind::Bucket { .. } => "bucket",
         BudgetKind::Quota { .. } => "quota",
         BudgetKind::Concurrency { .. } => "concurrency",
     };
+    let usd = spec.name.counts_usd().then(|| {
+        use crate::money::format_usd;
+        json!({
+            "limit": format_usd(s.limit as i64),
+            "spent": format_usd(s.limit as i64 - s.remaining),
+            "remaining": format_usd(s.remaining),
+        })
+    });
     json!({
         "scope": spec.scope.to_string(),
         "scope_kind": crate::metrics::scope_kind(&spec.scope),
@@ -82,6 +93,7 @@ pub fn budget_json(spec: &BudgetSpec, s: &BudgetState) -> Value {
         "reset_micros": s.reset_micros,
         "reset": go_duration(s.reset_micros),
         "window": s.window,
+        "usd": usd,
     })
 }
 
@@ -307,5 +319,6 @@ mod tests {
         assert_eq!(unit(BudgetName::MaxConcurrent), "slots");
         assert_eq!(unit(BudgetName::TokensPerMonth), "tokens");
         assert_eq!(unit(BudgetName::RequestsPerDay), "requests");
+        assert_eq!(unit(BudgetName::UsdPerMonth), "usd_micros");
     }
 }

@@ -7,6 +7,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use super::refusal_text;
 use crate::dialects::anthropic;
 use crate::dialects::error::error_body;
 use crate::dialects::Dialect;
@@ -31,6 +32,14 @@ pub enum ApiError {
         /// Offending parameter, if one.
         param: Option<String>,
         /// Explanation.
+        message: String,
+    },
+    /// A request under a dollar budget that cannot be priced (400
+    /// `unpriceable_request`, docs/MONEY.md).
+    Unpriceable {
+        /// The parameter that asks for what has no price.
+        param: Option<String>,
+        /// Explanation, naming the dollar budget.
         message: String,
     },
     /// Unknown model (404 `model_not_found`).
@@ -154,14 +163,6 @@ fn rate_type(name: BudgetName) -> &'static str {
     }
 }
 
-fn unit(name: BudgetName) -> &'static str {
-    match name {
-        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
-        BudgetName::MaxConcurrent => "requests in flight",
-        _ => "tokens",
-    }
-}
-
 /// `retry-after` value: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(micros: u64) -> u64 {
     micros.div_ceil(1_000_000).max(1)
@@ -173,7 +174,9 @@ impl ApiError {
         match self {
             ApiError::MissingKey | ApiError::InvalidKey => StatusCode::UNAUTHORIZED,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::Unpriceable { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::ModelNotFound(_)
             | ApiError::NotFound(_)
             | ApiError::ModelElsewhere { .. }
@@ -211,6 +214,7 @@ impl ApiError {
             ApiError::InvalidKey => "invalid_key",
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::Unpriceable { .. } => "unpriceable",
             ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
             ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
@@ -233,21 +237,15 @@ impl ApiError {
     }
 }
 
-fn is_quota(name: BudgetName) -> bool {
+pub(super) fn is_quota(name: BudgetName) -> bool {
     matches!(
         name,
-        BudgetName::TokensPerDay | BudgetName::TokensPerMonth | BudgetName::RequestsPerDay
+        BudgetName::TokensPerDay
+            | BudgetName::TokensPerMonth
+            | BudgetName::RequestsPerDay
+            | BudgetName::UsdPerDay
+            | BudgetName::UsdPerMonth
     )
-}
-
-fn scope_kind(scope: &Scope) -> &'static str {
-    match scope {
-        Scope::Tenant(_) => "tenant",
-        Scope::Key(..) => "key",
-        Scope::TenantModel(..) => "tenant×model",
-        Scope::Upstream(_) => "upstream",
-        Scope::EndUser(..) => "end user",
-    }
 }
 
 impl IntoResponse for ApiError {
@@ -319,6 +317,14 @@ impl ApiError {
             ApiError::InvalidRequest { param, message } => {
                 shaped(dialect, status, &message, "invalid_request_error", param.as_deref(), None)
             }
+            ApiError::Unpriceable { param, message } => shaped(
+                dialect,
+                status,
+                &message,
+                "invalid_request_error",
+                param.as_deref(),
+                Some("unpriceable_request"),
+            ),
             ApiError::ModelElsewhere { model, messages } => shaped(
                 dialect,
                 status,
@@ -371,28 +377,7 @@ impl ApiError {
                 } else {
                     d.retry_after_micros
                 };
-                let message = if d.name == BudgetName::MaxConcurrent {
-                    format!(
-                        "Concurrency limit reached for {} {} ({}){of}: limit {} requests in flight. Please retry in {}.",
-                        scope_kind(&d.scope), d.scope, d.name, d.limit, human(wait)
-                    )
-                } else {
-                    format!(
-                        "Rate limit reached for {} budget {} ({}){of}: limit {}, used {}, requested {} {}. {}",
-                        scope_kind(&d.scope),
-                        d.scope,
-                        d.name,
-                        d.limit,
-                        (d.limit as i64 - d.available).max(0),
-                        d.requested,
-                        unit(d.name),
-                        if quota {
-                            format!("The quota resets in {}.", human(wait))
-                        } else {
-                            format!("Please try again in {}.", human(wait))
-                        }
-                    )
-                };
+                let message = refusal_text::rate_limited(d, wait, &of);
                 let (kind, code) = if quota {
                     ("insufficient_quota", "insufficient_quota")
                 } else {
@@ -408,10 +393,7 @@ impl ApiError {
                 resp
             }
             ApiError::Impossible(i) => {
-                let message = format!(
-                    "Request too large for {} budget {} ({}){of}: capacity {} {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
-                    scope_kind(&i.scope), i.scope, i.name, i.capacity, unit(i.name), i.requested
-                );
+                let message = refusal_text::impossible(&i, &of);
                 let (kind, code) = if is_quota(i.name) {
                     ("insufficient_quota", "insufficient_quota")
                 } else {
@@ -478,9 +460,4 @@ impl ApiError {
             ),
         }
     }
-}
-
-/// A wait written for people: `1.5s`, `250ms`, `6m0s` (same as the headers).
-fn human(micros: u64) -> String {
-    super::headers::go_duration(micros)
 }

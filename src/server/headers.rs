@@ -2,7 +2,10 @@
 //! `x-ratelimit-*` names (OpenAI API reference, "Rate limits" guide) for the
 //! per-minute buckets, and the IETF `RateLimit-Policy` / `RateLimit` fields
 //! (draft-ietf-httpapi-ratelimit-headers revision 11, structured-field
-//! syntax) for every bucket and quota.
+//! syntax) for every bucket and quota. A policy's `q` and `r` count
+//! requests unless it says otherwise; token and dollar budgets say so in a
+//! vendor parameter, `budgetgate-unit=tokens` or `budgetgate-unit=usd-micros`
+//! (the draft's quota-unit registry has neither).
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -86,6 +89,21 @@ fn key_name(name: BudgetName) -> &'static str {
         BudgetName::TokensPerDay => "tokens-per-day",
         BudgetName::TokensPerMonth => "tokens-per-month",
         BudgetName::RequestsPerDay => "requests-per-day",
+        BudgetName::UsdPerDay => "usd-per-day",
+        BudgetName::UsdPerMonth => "usd-per-month",
+    }
+}
+
+/// The unit of a policy's `q` and `r` when it is not requests: a vendor
+/// parameter, since the draft's quota-unit registry has no token or dollar
+/// unit and a policy without `qu` counts requests.
+fn vendor_unit(name: BudgetName) -> Option<&'static str> {
+    if name.counts_tokens() {
+        Some(";budgetgate-unit=tokens")
+    } else if name.counts_usd() {
+        Some(";budgetgate-unit=usd-micros")
+    } else {
+        None
     }
 }
 
@@ -176,6 +194,7 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
         };
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
         member(&mut policies, scope, name, [("q", s.limit), ("w", w)]);
+        policies.push_str(vendor_unit(s.name).unwrap_or(""));
         let remaining = s.remaining.clamp(0, s.limit as i64) as u64;
         let reset = s.reset_micros.div_ceil(1_000_000);
         member(&mut values, scope, name, [("r", remaining), ("t", reset)]);
@@ -233,6 +252,6 @@ mod tests {
         assert!(h["ratelimit-policy"]
             .to_str()
             .unwrap()
-            .contains("\"tenant-tpm\";q=1000;w=60"));
+            .contains("\"tenant-tpm\";q=1000;w=60;budgetgate-unit=tokens"));
     }
 }

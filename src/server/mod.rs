@@ -3,7 +3,8 @@
 //! they start) join budgets and upstreams.
 //!
 //! - [`handlers`]: the request lifecycle of DESIGN section 1.
-//! - [`error`]: every error → status, OpenAI body, retry headers.
+//! - [`error`]: every error → status, OpenAI body, retry headers;
+//!   [`refusal_text`]: the words of a budget refusal.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
@@ -16,6 +17,7 @@ pub mod budget_view;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod refusal_text;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,7 @@ use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
+use crate::money::PriceTable;
 use crate::reservation::amounts::Counting;
 use crate::reservation::deny::DenyCachedStore;
 use crate::reservation::plan;
@@ -91,6 +94,10 @@ pub struct PlannedDeployment {
     pub budgets: Vec<BudgetSpec>,
     /// How each of `budgets` counts a request of the plan's model (same order).
     pub counting: Vec<Counting>,
+    /// The model's prices on this deployment, under the plan's policy: a
+    /// request prices its usage at the prices it was admitted under, even
+    /// after a reload.
+    pub price: Option<Arc<PriceTable>>,
     /// Metric handles of the deployment.
     pub metrics: DeploymentMetrics,
 }
@@ -173,6 +180,7 @@ impl AppState {
                                 counting: plan::upstream_counting(&budgets, deployment, model),
                                 budgets,
                                 metrics: DeploymentMetrics::new(&deployment.name),
+                                price: model.price_on(deployment),
                             }
                         })
                         .collect(),

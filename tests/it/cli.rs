@@ -170,3 +170,36 @@ async fn a_disabled_admin_api_answers_404_naming_the_variable_that_enables_it() 
         assert_eq!(v["error"]["code"], "not_found");
     }
 }
+
+/// `estimate` prints the reservation's dollar cost on each deployment
+/// beside its tokens, computed from the prices as `ceil(Σ tokens × price /
+/// 10^6)` µ$; `check-config` warns (and succeeds) about a dollar budget over
+/// a model it cannot price.
+#[test]
+fn estimate_prints_dollars_and_check_config_flags_unpriced_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard("http://127.0.0.1:9/v1", 50, limits().usd_per_day("1"));
+    c.model("gpt-4o-mini").price = Some(price("0.15", "0.60"));
+    let cfg = c.write(dir.path()).to_string_lossy().into_owned();
+    let body = serde_json::json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 1000});
+    let out = budgetgate(&["estimate", "-c", &cfg], &[], Some(&body.to_string()));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let input = chat_input_tokens(&body);
+    let micros = (input * 150_000 + 1000 * 600_000).div_ceil(1_000_000);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "cost reserved:     ${} on mock ({micros} µ$)",
+            budgetgate::money::format_usd(micros as i64)
+        )),
+        "{stdout}"
+    );
+    let out = budgetgate(&["check-config", &cfg], &[], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("warning: tenants[0] (t1) has a dollar budget and model \"text-embedding-3-small\" has no price"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 warning(s)"), "{stdout}");
+}

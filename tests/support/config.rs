@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use budgetgate::config::hash_key;
 pub use budgetgate::config::raw::{
-    RawConfig, RawKey, RawLimits as Limits, RawModel, RawTenant, RawUpstream,
+    RawConfig, RawKey, RawLimits as Limits, RawModel, RawPrice, RawPriceTier, RawTenant,
+    RawUpstream,
 };
 
 use super::KEY;
@@ -57,6 +58,10 @@ pub trait LimitsExt {
     fn tokens_per_day(self, n: u64) -> Self;
     fn tokens_per_month(self, n: u64) -> Self;
     fn requests_per_day(self, n: u64) -> Self;
+    /// A dollar budget per UTC day, decimal USD (`"1.00"`).
+    fn usd_per_day(self, usd: &str) -> Self;
+    /// A dollar budget per UTC month, decimal USD.
+    fn usd_per_month(self, usd: &str) -> Self;
 }
 
 impl LimitsExt for Limits {
@@ -111,6 +116,24 @@ impl LimitsExt for Limits {
     fn requests_per_day(mut self, n: u64) -> Self {
         self.requests_per_day = Some(n as i64);
         self
+    }
+    fn usd_per_day(mut self, usd: &str) -> Self {
+        self.usd_per_day = Some(usd.into());
+        self
+    }
+    fn usd_per_month(mut self, usd: &str) -> Self {
+        self.usd_per_month = Some(usd.into());
+        self
+    }
+}
+
+/// A price in USD per million tokens: `input` and `output`, the cached
+/// input and both cache writes as given (`None`: left out of the file).
+pub fn price(input: &str, output: &str) -> RawPrice {
+    RawPrice {
+        input: Some(input.into()),
+        output: Some(output.into()),
+        ..RawPrice::default()
     }
 }
 

@@ -21,7 +21,7 @@ pub mod python;
 pub mod redis_server;
 pub mod store_spy;
 
-pub use config::{limits, Kind, Limits, LimitsExt, TestConfig};
+pub use config::{limits, price, Kind, Limits, LimitsExt, RawPrice, RawPriceTier, TestConfig};
 pub use gateway::{end_user_key, Gateway};
 pub use http::*;
 pub use process::GatewayProcess;

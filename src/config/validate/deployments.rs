@@ -107,6 +107,8 @@ pub(super) fn upstreams(
             ("tokens_per_day", limits.tokens_per_day),
             ("tokens_per_month", limits.tokens_per_month),
             ("requests_per_day", limits.requests_per_day),
+            ("usd_per_day", limits.usd_per_day),
+            ("usd_per_month", limits.usd_per_month),
         ] {
             if set.is_some() {
                 v.err(
@@ -121,6 +123,7 @@ pub(super) fn upstreams(
                 "upstream budgets count cache reads as the provider does (see anthropic_cache_reads_count on models)",
             );
         }
+        let price = v.price_table(&path, u.price.as_ref(), &u.price_tiers, anthropic);
         upstreams.push(UpstreamPolicy {
             name: u.name.clone(),
             kind,
@@ -155,6 +158,7 @@ pub(super) fn upstreams(
             cooldown: v.secs(&format!("{path}.cooldown_secs"), u.cooldown_secs, 5),
             learn_from_headers: u.learn_from_headers.unwrap_or(false),
             forward_client_headers,
+            price,
         });
     }
 
@@ -293,6 +297,7 @@ pub(super) fn models(
             }
         };
         let responses = responses_route(v, &path, m, &ups, &raw.upstreams);
+        let price = v.price_table(&path, m.price.as_ref(), &m.price_tiers, messages);
         models.push(ModelPolicy {
             name: m.name.clone(),
             upstreams: ups,
@@ -309,6 +314,7 @@ pub(super) fn models(
             allow_server_tools: m.allow_server_tools.unwrap_or(false),
             allow_file_ids: m.allow_file_ids.unwrap_or(false),
             anthropic_cache_reads_count: m.anthropic_cache_reads_count.unwrap_or(false),
+            price,
             responses,
             hosted_tools: m.hosted_tools.clone(),
             allow_background: m.allow_background.unwrap_or(false),

@@ -4,6 +4,7 @@
 
 mod deployments;
 pub mod forwarding;
+mod prices;
 mod tenants;
 mod tree;
 
@@ -77,6 +78,8 @@ impl V {
                     None
                 }
             },
+            usd_per_day: self.usd_budget(&p("usd_per_day"), l.usd_per_day.as_ref()),
+            usd_per_month: self.usd_budget(&p("usd_per_month"), l.usd_per_month.as_ref()),
         };
         for (burst, set, limit, limit_set) in [
             ("rpm_burst", out.rpm_burst, "rpm", l.rpm),
@@ -310,11 +313,13 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             MAX_LIMIT,
         )
         .unwrap_or(16);
+    // At most a million tokens: a dollar budget's partial grant is then
+    // computed without a product above 2^53 (src/money/mod.rs).
     let stream_extension_step = v
         .positive(
             "estimation.stream_extension_step",
             e.stream_extension_step,
-            MAX_LIMIT,
+            crate::money::PRICE_TOKENS,
         )
         .unwrap_or(256);
 

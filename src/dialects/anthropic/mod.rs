@@ -75,6 +75,8 @@ pub struct UsageFields {
     input: Option<u64>,
     cache_read: Option<u64>,
     cache_creation: Option<u64>,
+    /// `cache_creation.ephemeral_1h_input_tokens`: the 1-hour part of the writes.
+    cache_creation_1h: Option<u64>,
     output: Option<u64>,
 }
 
@@ -90,6 +92,14 @@ impl UsageFields {
         take(&mut self.cache_read, "cache_read_input_tokens");
         take(&mut self.cache_creation, "cache_creation_input_tokens");
         take(&mut self.output, "output_tokens");
+        if let Some(split) = u.get("cache_creation") {
+            if let Some(n) = clamp_count(
+                split.get("ephemeral_1h_input_tokens"),
+                "ephemeral_1h_input_tokens",
+            ) {
+                self.cache_creation_1h = Some(n);
+            }
+        }
     }
 
     /// The output tokens last reported.
@@ -103,6 +113,7 @@ impl UsageFields {
             uncached_input: self.input,
             cached_input: self.cache_read.unwrap_or(0),
             cache_writes: self.cache_creation.unwrap_or(0),
+            cache_writes_1h: self.cache_creation_1h.unwrap_or(0),
             output: self.output,
             reasoning: 0,
         }

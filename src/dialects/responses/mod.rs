@@ -56,6 +56,7 @@ pub fn usage_from_value(u: &Value) -> UsageBreakdown {
         uncached_input: input.map(|i| i - cached_input),
         cached_input,
         cache_writes: 0,
+        cache_writes_1h: 0,
         output,
         reasoning: output.map_or(0, |o| reasoning.min(o)),
     }

@@ -1,0 +1,98 @@
+//! The words of a budget refusal (part of the error map, [`super::error`]):
+//! which budget of which scope refused, its limit, what was used and what
+//! the request asked for — in requests, tokens, or dollars for dollar
+//! budgets (`$0.25`, their µ$ shown as decimal dollars) — and when to retry.
+//! `of` follows the refusing scope: ` for tenant ml, child of acme` when
+//! the request's tenant is nested (the scope may be an ancestor's), else
+//! empty.
+
+use super::error::is_quota;
+use crate::reserve::{BudgetName, Denial, Impossibility, Scope};
+
+fn scope_kind(scope: &Scope) -> &'static str {
+    match scope {
+        Scope::Tenant(_) => "tenant",
+        Scope::Key(..) => "key",
+        Scope::TenantModel(..) => "tenant×model",
+        Scope::Upstream(_) => "upstream",
+        Scope::EndUser(..) => "end user",
+    }
+}
+
+fn unit(name: BudgetName) -> &'static str {
+    match name {
+        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
+        BudgetName::MaxConcurrent => "requests in flight",
+        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "micro-dollars",
+        _ => "tokens",
+    }
+}
+
+/// An amount of budget `name` as a person reads it: `$0.25` for dollar
+/// budgets, `1200 tokens` / `3 requests` otherwise.
+fn amount(name: BudgetName, n: i64) -> String {
+    if name.counts_usd() {
+        format!("${}", crate::money::format_usd(n))
+    } else {
+        format!("{n} {}", unit(name))
+    }
+}
+
+/// A wait written for people: `1.5s`, `250ms`, `6m0s` (same as the headers).
+fn human(micros: u64) -> String {
+    super::headers::go_duration(micros)
+}
+
+/// The message of a refusal by `d` that may succeed in `wait` µs.
+pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
+    if d.name == BudgetName::MaxConcurrent {
+        return format!(
+            "Concurrency limit reached for {} {} ({}){of}: limit {} requests in flight. Please retry in {}.",
+            scope_kind(&d.scope),
+            d.scope,
+            d.name,
+            d.limit,
+            human(wait)
+        );
+    }
+    if d.name.counts_usd() {
+        // The spend may pass the limit (the debt of settled requests).
+        return format!(
+            "Dollar budget exhausted for {} budget {} ({}){of}: limit {}, spent {}, this request needs {}. The budget resets in {}.",
+            scope_kind(&d.scope),
+            d.scope,
+            d.name,
+            amount(d.name, d.limit as i64),
+            amount(d.name, d.limit as i64 - d.available),
+            amount(d.name, d.requested as i64),
+            human(wait)
+        );
+    }
+    format!(
+        "Rate limit reached for {} budget {} ({}){of}: limit {}, used {}, requested {} {}. {}",
+        scope_kind(&d.scope),
+        d.scope,
+        d.name,
+        d.limit,
+        (d.limit as i64 - d.available).max(0),
+        d.requested,
+        unit(d.name),
+        if is_quota(d.name) {
+            format!("The quota resets in {}.", human(wait))
+        } else {
+            format!("Please try again in {}.", human(wait))
+        }
+    )
+}
+
+/// The message of a request larger than a budget's capacity.
+pub fn impossible(i: &Impossibility, of: &str) -> String {
+    format!(
+        "Request too large for {} budget {} ({}){of}: capacity {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+        scope_kind(&i.scope),
+        i.scope,
+        i.name,
+        amount(i.name, i.capacity as i64),
+        amount(i.name, i.requested as i64)
+    )
+}
