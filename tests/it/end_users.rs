@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use budgetgate::reserve::BudgetName;
+use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -292,4 +292,77 @@ async fn ten_thousand_end_users_leave_the_metrics_unchanged_in_size() {
     let new: Vec<&String> = after.difference(&before).collect();
     assert!(new.is_empty(), "series added by end users: {new:?}");
     assert_eq!(after.len(), before.len());
+}
+
+/// Dollar budgets on the new scope kinds (issue 21 items 2 to 4 together):
+/// each end user of `ml` may spend $0.002 a day, their organisation
+/// `acme` $0.004. Every figure comes from the price arithmetic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_users_and_an_organisation_hold_dollar_budgets_of_their_own() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1000);
+    end_user_key();
+    let mut c = TestConfig::standard(&mock.base_url(), 16, limits());
+    let m = c.model("gpt-4o-mini");
+    m.price = Some(price("0.15", "0.60"));
+    c.tenants.push(config::RawTenant {
+        name: "acme-usd".into(),
+        limits: limits().usd_per_day("0.004"),
+        ..Default::default()
+    });
+    let mut ml = config::tenant("ml-usd", "k", "sk-ml-usd", limits());
+    ml.parent = Some("acme-usd".into());
+    ml.end_user_limits = limits().usd_per_day("0.002");
+    c.tenants.push(ml);
+    let gw = c.start().await;
+    let body = hi(1000);
+    // µ$: ceil((input × 0.15 + 1000 × 0.60) / 10^6 × 10^6).
+    let cost = (chat_input_tokens(&body) * 150_000 + 1000 * 600_000).div_ceil(1_000_000);
+    let per_user = 2_000 / cost;
+    let send = |user: &'static str| {
+        chat_request(&gw, "sk-ml-usd", &body)
+            .header(HEADER, user)
+            .send()
+    };
+    for _ in 0..per_user {
+        assert_eq!(send("alice").await.unwrap().status(), 200);
+    }
+    let r = send("alice").await.unwrap();
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    let alice = gw.end_user("ml-usd", "alice");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("end user budget {alice} (usd_per_day)")),
+        "{message}"
+    );
+    gw.settled().await;
+    assert_eq!(gw.used(alice, BudgetName::UsdPerDay).await, per_user * cost);
+    // bob has his own $0.002, until the organisation's $0.004 runs out.
+    let org_fits = 4_000 / cost;
+    for _ in per_user..org_fits {
+        assert_eq!(send("bob").await.unwrap().status(), 200);
+    }
+    let (status, v) = as_user_key(&gw, "sk-ml-usd", "carol", &body).await;
+    assert_eq!(status, 429, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("tenant:acme-usd (usd_per_day) for tenant ml-usd, child of acme-usd"));
+    gw.settled().await;
+    assert_eq!(
+        gw.used(Scope::Tenant("acme-usd".into()), BudgetName::UsdPerDay)
+            .await,
+        org_fits * cost
+    );
+}
+
+async fn as_user_key(gw: &Gateway, key: &str, user: &str, body: &Value) -> (u16, Value) {
+    let r = chat_request(gw, key, body)
+        .header(HEADER, user)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
 }
