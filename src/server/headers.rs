@@ -182,10 +182,15 @@ pub fn tightest_for_client(states: &[BudgetState], name: BudgetName) -> Option<&
 }
 
 /// Adds the IETF `RateLimit-Policy` / `RateLimit` fields of every
-/// tenant-side budget in `states` (every dialect sends them).
+/// tenant-side budget in `states` (every dialect sends them). One member
+/// per scope kind and budget: a nested tenant's levels (and an end user's)
+/// share a name, and the first of them is kept — the request's own level
+/// after an admission (states in plan order), the refusing budget after a
+/// refusal (it comes first).
 pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
     let mut policies = String::with_capacity(128);
     let mut values = String::with_capacity(128);
+    let mut named: Vec<(&str, &str)> = Vec::with_capacity(states.len());
     for s in states.iter().filter(|s| !s.scope.is_upstream()) {
         let w = match (s.name, s.window) {
             (name, _) if name == BudgetName::Rpm || name.is_token_rate() => 60,
@@ -193,6 +198,10 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
             _ => continue,
         };
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
+        if named.contains(&(scope, name)) {
+            continue;
+        }
+        named.push((scope, name));
         member(&mut policies, scope, name, [("q", s.limit), ("w", w)]);
         policies.push_str(vendor_unit(s.name).unwrap_or(""));
         let remaining = s.remaining.clamp(0, s.limit as i64) as u64;
@@ -253,5 +262,30 @@ mod tests {
             .to_str()
             .unwrap()
             .contains("\"tenant-tpm\";q=1000;w=60;budgetgate-unit=tokens"));
+    }
+
+    /// Fault: a nested tenant's levels each wrote a `"tenant-tpm"` member,
+    /// so a reader of the list took whichever came last (the organisation's).
+    #[test]
+    fn one_ietf_member_per_scope_kind_and_budget_the_first_kept() {
+        let states = vec![
+            st(Scope::Tenant("ml".into()), BudgetName::Tpm, 1000, 500),
+            st(Scope::Tenant("acme".into()), BudgetName::Tpm, 9000, 100),
+            st(Scope::Tenant("acme".into()), BudgetName::Rpm, 10, 3),
+        ];
+        let mut h = HeaderMap::new();
+        ietf_headers(&states, &mut h);
+        let p = h["ratelimit-policy"].to_str().unwrap();
+        assert_eq!(p.matches("\"tenant-tpm\"").count(), 1, "{p}");
+        assert!(p.contains("\"tenant-tpm\";q=1000;"), "{p}");
+        assert!(p.contains("\"tenant-rpm\";q=10;"), "{p}");
+        assert_eq!(
+            h["ratelimit"]
+                .to_str()
+                .unwrap()
+                .matches("tenant-tpm")
+                .count(),
+            1
+        );
     }
 }
