@@ -79,6 +79,23 @@ local function settle(KEYS, ARGV)
   local forgiven = 0
   local refunded_any = false
   local snow = s(now)
+  -- What a line used: nothing for a void; for an amount line its actual
+  -- (at position p, capped at `max`), else the common `actual`; a request
+  -- line keeps what it holds.
+  local function line_used(amount_line, held, p, max)
+    if void then
+      return 0
+    elseif not amount_line then
+      return held
+    elseif A == nil then
+      return actual
+    end
+    local used = A[tonumber(p) + 1] or 0
+    if used > max then
+      return max
+    end
+    return used
+  end
   for i, p, kind, ref, a, b, d in live_lines(h.live) do
     local key = KEYS[i + 1]
     if kind == 'C' then
@@ -92,18 +109,7 @@ local function settle(KEYS, ARGV)
       local level, last = bucket_at(raw[key], burst, now)
       local cap = burst * UNITS
       local held = tonumber(d)
-      local used = held
-      if void then
-        used = 0
-      elseif kind == 'B' then
-        used = actual
-        if A ~= nil then
-          used = A[tonumber(p) + 1] or 0
-          if used > MAX_COST then
-            used = MAX_COST
-          end
-        end
-      end
+      local used = line_used(kind == 'B', held, p, MAX_COST)
       if used < held and (ref == '1' or failed) then
         level = level + (held - used) * UNITS
         if level > cap then
@@ -121,18 +127,7 @@ local function settle(KEYS, ARGV)
       local w, wend = window(b, now)
       local count = quota_used(raw[key], w)
       local held = debited(d, nil)
-      local used = held
-      if void then
-        used = 0
-      elseif kind == 'Q' then
-        used = actual
-        if A ~= nil then
-          used = A[tonumber(p) + 1] or 0
-          if used > MAX_AMOUNT then
-            used = MAX_AMOUNT
-          end
-        end
-      end
+      local used = line_used(kind == 'Q', held, p, MAX_AMOUNT)
       if used < held and (ref == '1' or failed) then
         -- Only what went to the current window comes back.
         count = math.max(count - math.min(held - used, debited(d, w)), 0)
