@@ -223,3 +223,28 @@ pub async fn admit<'p>(
         budgets,
     })
 }
+
+/// A reservation of `plan`'s common budgets that `keep` selects, each
+/// charged one request and no tokens: for routes that call no model
+/// (`count_tokens`, the stored-response routes).
+pub fn request_count_reservation(
+    policy: &crate::config::Policy,
+    plan: &crate::server::BudgetPlan,
+    keep: impl Fn(&BudgetSpec) -> bool,
+) -> ReserveRequest {
+    let common: Vec<BudgetSpec> = plan.common.iter().filter(|s| keep(s)).cloned().collect();
+    ReserveRequest {
+        id: uuid::Uuid::now_v7().to_string(),
+        costs: amounts::reserve_costs(
+            &Demand::default(),
+            Budgets::plain(&common),
+            std::iter::once((Budgets::plain(&[]), None)),
+        ),
+        common,
+        candidates: vec![Vec::new()],
+        lease_micros: policy.server.lease.as_micros() as u64,
+        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
+            as u64,
+        requester: plan.requester.clone(),
+    }
+}

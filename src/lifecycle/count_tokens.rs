@@ -19,10 +19,7 @@ use super::decode::read_body;
 use super::finish::Outcome;
 use super::prepare::invalid;
 use crate::dialects::{anthropic, Dialect};
-use crate::reservation::amounts::{self, Budgets, Demand};
-use crate::reserve::{
-    Actual, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest, Scope, Settlement,
-};
+use crate::reserve::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 
@@ -78,27 +75,10 @@ async fn count(
     let plan = cx
         .st
         .budget_plan(&policy, caller.tenant, caller.key, model_id);
-    let common: Vec<BudgetSpec> = plan
-        .common
-        .iter()
-        .filter(|s| matches!(s.name, BudgetName::Rpm | BudgetName::RequestsPerDay))
-        .cloned()
-        .collect();
-    let id = uuid::Uuid::now_v7().to_string();
-    let reserve = ReserveRequest {
-        id: id.clone(),
-        costs: amounts::reserve_costs(
-            &Demand::default(),
-            Budgets::plain(&common),
-            std::iter::once((Budgets::plain(&[]), None)),
-        ),
-        common,
-        candidates: vec![Vec::new()],
-        lease_micros: policy.server.lease.as_micros() as u64,
-        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
-            as u64,
-        requester: plan.requester.clone(),
-    };
+    let reserve = super::admit::request_count_reservation(&policy, &plan, |s| {
+        matches!(s.name, BudgetName::Rpm | BudgetName::RequestsPerDay)
+    });
+    let id = reserve.id.clone();
     let now = cx.st.clock.now_micros();
     let admission = match cx.st.store.reserve(&reserve).await? {
         ReserveOutcome::Admitted(a) => a,

@@ -23,9 +23,9 @@ use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::reservation::amounts::{self, Budgets, Demand};
+use crate::reservation::amounts::{self, Budgets};
 use crate::reservation::HeldReservation;
-use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, ReserveRequest, Settlement};
+use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
 use crate::server::{AppState, BudgetPlan};
@@ -218,27 +218,9 @@ async fn charge_requests(
     plan: &Arc<BudgetPlan>,
 ) -> Result<(HeldReservation, Vec<BudgetSpec>, Admission), ApiError> {
     let policy = cx.policy.clone();
-    let common: Vec<BudgetSpec> = plan
-        .common
-        .iter()
-        .filter(|s| s.name.counts_requests())
-        .cloned()
-        .collect();
-    let id = uuid::Uuid::now_v7().to_string();
-    let reserve = ReserveRequest {
-        id: id.clone(),
-        costs: amounts::reserve_costs(
-            &Demand::default(),
-            Budgets::plain(&common),
-            std::iter::once((Budgets::plain(&[]), None)),
-        ),
-        common,
-        candidates: vec![Vec::new()],
-        lease_micros: policy.server.lease.as_micros() as u64,
-        hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
-            as u64,
-        requester: plan.requester.clone(),
-    };
+    let reserve =
+        super::admit::request_count_reservation(&policy, plan, |s| s.name.counts_requests());
+    let id = reserve.id.clone();
     let admission = match cx.st.store.reserve(&reserve).await? {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
