@@ -18,7 +18,7 @@
 //!   HTTP client sees the connection closed with no response, never TLS
 //!   alert bytes it would try to read as HTTP.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -196,7 +196,12 @@ impl Tls {
                 let new = fingerprint(&key);
                 let old = self.fingerprint();
                 if new == old {
-                    tracing::info!(%trigger, cert_file = %cert, fingerprint = %old, "tls certificate unchanged");
+                    // As for the config: routine on a file event, an answer on SIGHUP.
+                    if trigger == Trigger::Signal {
+                        tracing::info!(%trigger, cert_file = %cert, fingerprint = %old, "tls certificate unchanged");
+                    } else {
+                        tracing::debug!(%trigger, cert_file = %cert, fingerprint = %old, "tls certificate unchanged");
+                    }
                     return CertReload::Unchanged;
                 }
                 self.resolver.current.store(Arc::new(key));
@@ -207,31 +212,17 @@ impl Tls {
         }
     }
 
-    /// Reloads on SIGHUP and on changes of the certificate's and the key's
-    /// directories, until the returned tasks are aborted.
+    /// Reloads on SIGHUP and on changes of the certificate or the key file
+    /// (their directories are watched, other entries in them ignored),
+    /// until the returned tasks are aborted.
     pub fn spawn_watch(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
-        let dir = |p: &Path| p.parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut tasks = Vec::new();
         let tls = self.clone();
-        tasks.push(tokio::spawn(reload::watch(
-            self.files.cert_file.clone(),
+        vec![tokio::spawn(reload::watch(
+            vec![self.files.cert_file.clone(), self.files.key_file.clone()],
             move |trigger| {
                 tls.reload(trigger);
             },
-        )));
-        if dir(&self.files.key_file) != dir(&self.files.cert_file) {
-            // SIGHUP is already served by the certificate's watch.
-            let tls = self.clone();
-            tasks.push(tokio::spawn(reload::watch(
-                self.files.key_file.clone(),
-                move |trigger| {
-                    if trigger == Trigger::FileChange {
-                        tls.reload(trigger);
-                    }
-                },
-            )));
-        }
-        tasks
+        ))]
     }
 
     /// A listener whose connections are TLS streams, handshaken off the accept path.

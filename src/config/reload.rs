@@ -16,10 +16,13 @@
 //! - The file's *directory* is watched, not the file, so editors that save
 //!   by writing a temporary file and renaming it over the original, and
 //!   Kubernetes ConfigMap volumes (a symlink swapped in the directory), are
-//!   seen. Events are debounced ([`DEBOUNCE`]); a file whose bytes did not
-//!   change (same policy version) is not swapped again.
+//!   seen; events for other entries of the directory are dropped by name
+//!   (a log file or a snapshot written there would otherwise re-read the
+//!   config on every write). Events are debounced ([`DEBOUNCE`]); a file
+//!   whose bytes did not change (same policy version) is not swapped again.
 
-use std::path::{Path, PathBuf};
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,7 +139,14 @@ pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> Reloa
         }
     };
     if new.version == running.version {
-        tracing::info!(config = %path.display(), %trigger, policy_version = %running.version, "config reload: file unchanged; the running policy stays");
+        // A file event with nothing new is routine (a touch, a copy of the
+        // same bytes): debug. A SIGHUP is an operator's question and gets
+        // its answer at info; it cannot repeat by itself.
+        if trigger == Trigger::Signal {
+            tracing::info!(config = %path.display(), %trigger, policy_version = %running.version, "config reload: file unchanged; the running policy stays");
+        } else {
+            tracing::debug!(config = %path.display(), %trigger, policy_version = %running.version, "config reload: file unchanged; the running policy stays");
+        }
         return ReloadOutcome::Unchanged {
             version: running.version.clone(),
         };
@@ -183,28 +193,68 @@ fn watch_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// Calls `apply` on every SIGHUP and, debounced, on every change in the
-/// directory of `path`. The SIGHUP handler and the watcher are installed
-/// when this is called, not when the returned future first runs: a SIGHUP
-/// that arrives between start-up and the task's first poll would otherwise
-/// meet the default action and end the process. The future runs until its
-/// task is aborted. When the directory cannot be watched, logs a warning and
-/// keeps serving SIGHUP alone.
+/// The entry names whose events may change what `path` reads: its own name
+/// and, when it is a symlink with a relative target, the target's first
+/// entry in the same directory (a Kubernetes ConfigMap swaps its `..data`
+/// link and never touches the file's own name).
+fn watched_names(path: &Path) -> Vec<OsString> {
+    let mut names: Vec<OsString> = path.file_name().map(OsString::from).into_iter().collect();
+    if let Ok(target) = std::fs::read_link(path) {
+        if target.is_relative() {
+            if let Some(Component::Normal(first)) = target.components().next() {
+                names.push(first.to_os_string());
+            }
+        }
+    }
+    names
+}
+
+/// True when `ev` is about one of `names`. Names, not whole paths, are
+/// compared: backends spell the watched directory differently (absolute,
+/// canonical), the entry name is what every backend reports as is. An event
+/// without paths (the backend lost events and asks for a rescan) counts.
+fn concerns(ev: &notify::Event, names: &[OsString]) -> bool {
+    ev.paths.is_empty()
+        || ev
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| names.iter().any(|w| w == n)))
+}
+
+/// Calls `apply` on every SIGHUP and, debounced, on every change of one of
+/// `files` (watched through their directories, so that rename-on-save is
+/// seen; events for other entries in those directories — a log file, the
+/// memory store's snapshot — are ignored without reading anything). The
+/// first file names the watch in its log line. The SIGHUP handler and the
+/// watcher are installed when this is called, not when the returned future
+/// first runs: a SIGHUP that arrives between start-up and the task's first
+/// poll would otherwise meet the default action and end the process. The
+/// future runs until its task is aborted. When a directory cannot be
+/// watched, logs a warning and keeps serving SIGHUP alone.
 pub fn watch(
-    path: PathBuf,
+    files: Vec<PathBuf>,
     apply: impl Fn(Trigger) + Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let dir = watch_dir(&path);
+    let path = files.first().cloned().unwrap_or_default();
+    let names: Vec<OsString> = files.iter().flat_map(|f| watched_names(f)).collect();
+    let mut dirs: Vec<PathBuf> = files.iter().map(|f| watch_dir(f)).collect();
+    dirs.dedup();
+    let dir = dirs.first().cloned().unwrap_or_default();
     let watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
-            Ok(ev) if is_change(&ev.kind) => {
+            Ok(ev) if is_change(&ev.kind) && concerns(&ev, &names) => {
                 let _ = tx.send(());
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "config file watcher error"),
         })
-        .and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w));
+        .and_then(|mut w| {
+            for d in &dirs {
+                w.watch(d, RecursiveMode::NonRecursive)?;
+            }
+            Ok(w)
+        });
     let watcher = match watcher {
         Ok(w) => {
             tracing::info!(config = %path.display(), dir = %dir.display(), "watching the config file for changes");
@@ -376,6 +426,46 @@ limits = { tpm = 1000 }
         assert_eq!(p.server.admin_token_env, "BUDGETGATE_ADMIN_TOKEN");
         assert_eq!(p.store.key_prefix, "budgetgate");
         assert_eq!(p.tenants[0].limits.tpm, Some(10));
+    }
+
+    fn event(paths: &[&str]) -> notify::Event {
+        let mut ev = notify::Event::new(EventKind::Any);
+        for p in paths {
+            ev = ev.add_path(PathBuf::from(p));
+        }
+        ev
+    }
+
+    #[test]
+    fn only_events_for_the_watched_names_count() {
+        let names = watched_names(Path::new("/etc/bg/budgetgate.toml"));
+        assert!(concerns(&event(&["/etc/bg/budgetgate.toml"]), &names));
+        // Rename-on-save: the temporary file renamed over the config.
+        assert!(concerns(
+            &event(&["/etc/bg/budgetgate.toml.tmp", "/etc/bg/budgetgate.toml"]),
+            &names
+        ));
+        assert!(!concerns(&event(&["/etc/bg/budgetgate.toml.tmp"]), &names));
+        assert!(!concerns(&event(&["/etc/bg/gateway.log"]), &names));
+        assert!(!concerns(&event(&["/etc/bg/memory-store.json"]), &names));
+        // A rescan request names nothing and may hide a change.
+        assert!(concerns(&event(&[]), &names));
+    }
+
+    #[test]
+    fn a_configmap_link_swap_counts() {
+        // The layout of a Kubernetes ConfigMap volume.
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = dir.path().join("..2024_01");
+        std::fs::create_dir(&v1).unwrap();
+        write(&v1, BASE);
+        std::os::unix::fs::symlink("..2024_01", dir.path().join("..data")).unwrap();
+        let path = dir.path().join("budgetgate.toml");
+        std::os::unix::fs::symlink("..data/budgetgate.toml", &path).unwrap();
+        let names = watched_names(&path);
+        let d = dir.path().display();
+        assert!(concerns(&event(&[&format!("{d}/..data")]), &names));
+        assert!(!concerns(&event(&[&format!("{d}/..2024_02")]), &names));
     }
 
     #[test]

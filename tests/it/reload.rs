@@ -277,3 +277,64 @@ async fn an_rpm_raise_by_reload_admits_a_refused_tenant() {
         "admitted once its hint passed: {statuses:?}"
     );
 }
+
+/// Issue 27, point 2: the watcher reacts only to the config file. With a
+/// log file written every 300 ms (slower than the debounce, so that each
+/// write would end one) and the memory store's snapshot (written
+/// every second) in the config's directory, 5 s of idle re-read nothing —
+/// not even a debug "unchanged" line, which the old watcher logged at info
+/// after every write — and an edit of the config still applies within the
+/// debounce.
+#[tokio::test(flavor = "multi_thread")]
+async fn other_files_in_the_config_directory_do_not_reload() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("memory-store.json");
+    let with_snapshot = |tpm| {
+        let mut c = cfg(&mock.base_url(), tpm);
+        c.store.snapshot_path = Some(snapshot.display().to_string());
+        c
+    };
+    let path = with_snapshot(1000).write(dir.path());
+    let gw = GatewayProcess::start(&path, &[("RUST_LOG", "info,budgetgate=debug")]).await;
+    gw.wait_log("watching the config file for changes", 1).await;
+    assert_eq!(chat(&gw, 20).await.status(), 200);
+
+    let log = dir.path().join("gateway.log");
+    let writer = tokio::spawn(async move {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&log).unwrap();
+        loop {
+            writeln!(f, "{{\"message\":\"a log line\"}}").unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    writer.abort();
+    // Past the debounce of the last write.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        snapshot.exists(),
+        "the snapshot was written in the directory"
+    );
+    let reread = |gw: &GatewayProcess| {
+        gw.logs_with("config reload: file unchanged; the running policy stays")
+            .len()
+            + gw.logs_with("policy reloaded").len()
+    };
+    assert_eq!(reread(&gw), 0, "{}", gw.dump_logs());
+
+    let edited = std::time::Instant::now();
+    with_snapshot(600).write_to(&path);
+    gw.wait_log("policy reloaded", 1).await;
+    assert!(
+        edited.elapsed() < Duration::from_secs(2),
+        "reloaded after {:?}",
+        edited.elapsed()
+    );
+    assert_eq!(
+        header_u64(&chat(&gw, 20).await, "x-ratelimit-limit-tokens"),
+        600
+    );
+    assert_eq!(reread(&gw), 1, "{}", gw.dump_logs());
+}
