@@ -248,6 +248,18 @@ pub struct KeyPolicy {
     pub limits: Limits,
 }
 
+/// What happens to a request whose output cap does not fit its budgets
+/// (`on_short_output`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnShortOutput {
+    /// Refused (429, or 400 when it can never fit).
+    #[default]
+    Refuse,
+    /// Admitted with the cap lowered to what fits, down to the model's minimum.
+    Clamp,
+}
+
 /// `[[tenants]]`.
 #[derive(Debug, Clone)]
 pub struct TenantPolicy {
@@ -261,6 +273,9 @@ pub struct TenantPolicy {
     pub model_limits: BTreeMap<String, Limits>,
     /// Failure policy.
     pub on_store_error: OnStoreError,
+    /// What a client output cap that does not fit the budgets gets:
+    /// its own, its nearest ancestor's, else a refusal.
+    pub on_short_output: OnShortOutput,
     /// Shadow mode: every limit of this tenant is evaluated and reported, never enforced.
     pub shadow: bool,
     /// Extra tenant-wide limits evaluated in shadow (e.g. a lower TPM being trialled).

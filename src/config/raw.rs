@@ -193,6 +193,7 @@ pub struct RawTenant {
     #[serde(default)]
     pub model_limits: BTreeMap<String, RawLimits>,
     pub on_store_error: Option<String>,
+    pub on_short_output: Option<String>,
     pub shadow: Option<bool>,
     #[serde(default)]
     pub shadow_limits: RawLimits,

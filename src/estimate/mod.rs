@@ -58,7 +58,7 @@ mod tests;
 
 use crate::dialects::Dialect;
 use room::default_output;
-pub use room::TokenRoom;
+pub use room::{fit_output, TokenRoom};
 use serde_json::{Map, Value};
 
 /// Tokens of framing per chat message (OpenAI Cookbook,

@@ -47,6 +47,22 @@ pub(super) fn default_output(
     room: TokenRoom,
 ) -> Result<(u64, bool), EstimateError> {
     let default = model.default_max_output_tokens.min(model.max_output_tokens);
+    fit_output(input, choices, default, model.min_output_tokens, room)
+}
+
+/// The per-choice output cap `wanted` lowered to fit `room` (never below
+/// `min`), and whether it was lowered; [`EstimateError::Impossible`] when
+/// even `min` does not fit. The model's default (no client cap) and a
+/// client's cap clamped to a tenant's room now (`on_short_output =
+/// "clamp"`) are both this.
+pub fn fit_output(
+    input: u64,
+    choices: u64,
+    wanted: u64,
+    min: u64,
+    room: TokenRoom,
+) -> Result<(u64, bool), EstimateError> {
+    let default = wanted;
     let choices = choices.max(1);
     // Checked, not saturating: an overflow must read as "does not fit".
     let total_fits = |per_choice: u64| {
@@ -64,7 +80,6 @@ pub(super) fn default_output(
     if total_fits(default) && output_fits(default) {
         return Ok((default, false));
     }
-    let min = model.min_output_tokens;
     let at_min = choices.saturating_mul(min);
     if let (false, Some(capacity)) = (total_fits(min), room.total) {
         let needed = input.saturating_add(at_min);

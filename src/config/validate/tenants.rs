@@ -75,12 +75,24 @@ pub(super) fn tenants(
                 OnStoreError::FailOpen
             }
         };
+        if let Some(other) = t
+            .on_short_output
+            .as_deref()
+            .filter(|s| !matches!(*s, "refuse" | "clamp"))
+        {
+            v.err(
+                format!("{path}.on_short_output"),
+                format!("must be \"refuse\" or \"clamp\", not {other:?}"),
+            );
+        }
         tenants.push(TenantPolicy {
             name: t.name.clone(),
             keys,
             limits: v.limits(&format!("{path}.limits"), &t.limits),
             model_limits,
             on_store_error,
+            // Resolved below, from the tenant up.
+            on_short_output: OnShortOutput::Refuse,
             shadow: t.shadow.unwrap_or(false),
             shadow_limits: v.limits(&format!("{path}.shadow_limits"), &t.shadow_limits),
             allow_unrecorded_previous_response: t
@@ -104,6 +116,16 @@ pub(super) fn tenants(
         });
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
+    // The tenant's own setting, else its nearest ancestor's.
+    for i in 0..tenants.len() {
+        let own = std::iter::once(i).chain(tenants[i].ancestors.iter().copied());
+        let set = own
+            .filter_map(|l| raw.tenants[l].on_short_output.as_deref())
+            .next();
+        if set == Some("clamp") {
+            tenants[i].on_short_output = OnShortOutput::Clamp;
+        }
+    }
 
     (tenants, key_index)
 }
