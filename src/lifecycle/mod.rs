@@ -20,6 +20,7 @@
 
 pub mod admit;
 pub mod authenticate;
+pub mod clamp;
 pub mod context;
 pub mod count_tokens;
 pub mod decode;
@@ -62,15 +63,29 @@ pub async fn handle(
     let mut cx = RequestContext::new(st, dialect, &headers);
     let metered = async {
         let caller = authenticate::authenticate(&mut cx, &headers)?;
-        let request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;
+        let mut request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;
         let mut attempts = route::Attempts::default();
         loop {
             let deployments = route::route(&cx, &request, &mut attempts).await?;
-            let admitted = admit::admit(&mut cx, &request, deployments, &mut attempts).await?;
+            let admitted = match admit::admit(&mut cx, &request, deployments, &mut attempts).await {
+                Ok(a) => a,
+                Err(e) => match clamp::clamped(&cx, &request, &e) {
+                    Some(estimate) => {
+                        tracing::info!(tenant = %request.plan.requester.tenant, cap = estimate.output_tokens_per_choice, "output cap clamped to fit the budgets");
+                        cx.finish.estimated = estimate.total_tokens;
+                        request.estimate = estimate;
+                        request.clamped = true;
+                        request.clamp_retried = true;
+                        continue;
+                    }
+                    None => return Err(e),
+                },
+            };
             match forward::forward(&cx, &request, admitted, &headers).await {
                 // Metering settles (streams: in the relay, which finishes them).
                 Forwarded::Answer(answer) => {
-                    return Ok(meter::meter(&mut cx, &request, answer).await)
+                    let metered = meter::meter(&mut cx, &request, answer).await;
+                    return Ok(clamp::mark(metered, &request));
                 }
                 Forwarded::PassedOn(response) => return Ok(Metered::PassedOn(response)),
                 Forwarded::Retry(e) => attempts.failed(e),

@@ -59,6 +59,12 @@ pub struct Prepared {
     pub end_user_budgets: Vec<BudgetSpec>,
     /// How each of `end_user_budgets` counts.
     pub end_user_counting: Vec<Counting>,
+    /// The output cap was lowered to fit the budgets ([`super::clamp`]):
+    /// `estimate.client_max_output` is the lowered cap, sent upstream.
+    pub clamped: bool,
+    /// Reserved a second time with a cap lowered by the store's refusal:
+    /// a refusal now stands.
+    pub clamp_retried: bool,
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -336,6 +342,12 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             })
         })?;
     drop(body);
+    let clamped = tenant.on_short_output == crate::config::OnShortOutput::Clamp
+        && super::clamp::to_capacity(
+            &mut estimate,
+            room,
+            policy.min_output_tokens.max(dialect.min_cap()),
+        );
     if stream && !never_extend && model.client_cap_reservation == CapReservation::Incremental {
         incremental(&mut estimate, model.default_max_output_tokens);
     }
@@ -354,6 +366,8 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         end_user,
         end_user_budgets,
         end_user_counting,
+        clamped,
+        clamp_retried: false,
     })
 }
 

@@ -22,14 +22,24 @@ pub fn upstream_body(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    rewrite(&p.raw, &p.estimate, p.stream, model, dialect, upstream)
+    rewrite(
+        &p.raw,
+        &p.estimate,
+        p.clamped,
+        p.stream,
+        model,
+        dialect,
+        upstream,
+    )
 }
 
 /// [`upstream_body`] of a client body `raw` (a JSON object) with its
-/// `estimate`, streamed or not.
+/// `estimate`, streamed or not; `clamped`: the client's cap was lowered
+/// and the lowered one replaces it in every dialect.
 pub fn rewrite(
     raw: &[u8],
     estimate: &Estimate,
+    clamped: bool,
     stream: bool,
     model: &ModelPolicy,
     dialect: Dialect,
@@ -42,16 +52,20 @@ pub fn rewrite(
     let mut set: Vec<(&str, String)> =
         vec![("model", serde_json::to_string(&model.upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
-    // Messages: the client's `max_tokens` (required) goes up unchanged.
+    // Messages: the client's `max_tokens` (required) goes up unchanged,
+    // unless it was clamped.
     let cap_field = dialect
         .cap_field(upstream.max_tokens_only)
-        .filter(|_| !dialect.is_anthropic());
+        .filter(|_| clamped || !dialect.is_anthropic());
     if let Some(cap_field) = cap_field {
         let cap = cap_for(estimate, stream, model).max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
+        } else if clamped {
+            // Chat: the client's larger cap may be in either field.
+            removed.push("max_tokens");
         }
-        if estimate.client_max_output.is_none() || cap_field == "max_tokens" {
+        if estimate.client_max_output.is_none() || cap_field == "max_tokens" || clamped {
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).

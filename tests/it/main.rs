@@ -12,6 +12,7 @@ mod support;
 
 mod admin;
 mod budget_page_browser;
+mod clamp;
 mod cli;
 mod config_fixtures;
 mod config_range;
