@@ -130,7 +130,7 @@ pub async fn forward(
             }
         }
     }
-    let request_id = cx.finish.request_id();
+    let request_id = cx.finish.request_id.header();
     let started = std::time::Instant::now();
     let sent = cx
         .st
@@ -140,7 +140,7 @@ pub async fn forward(
             cx.dialect,
             &model.upstream_model,
             out_body,
-            request_id,
+            request_id.clone(),
             &extra,
         )
         .await;
@@ -173,7 +173,7 @@ pub async fn forward(
     let mut headers = cx
         .dialect
         .rate_limit_headers(&admission.budgets, cx.st.clock.now_micros());
-    put(&mut headers, cx.dialect.request_id_header(), request_id);
+    headers.insert(cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {

@@ -45,6 +45,7 @@ mod redis_reconnect;
 mod redis_restricted;
 mod redis_retry;
 mod reload;
+mod request_ids;
 mod responses;
 mod responses_estimate;
 mod sdk_e2e;
