@@ -25,6 +25,7 @@ mod end_users;
 mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
+mod key_headers;
 mod lifecycle_log;
 mod listen;
 mod memory_persistence;
