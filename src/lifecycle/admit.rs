@@ -107,7 +107,7 @@ pub async fn admit<'p>(
         })
         .map(|(s, c)| (s.clone(), *c))
         .unzip();
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = cx.finish.request_id.reservation_id(first);
     let demand = Demand {
         cache_writes: request.cache,
         ..Demand::of(&request.estimate)
@@ -228,13 +228,14 @@ pub async fn admit<'p>(
 /// charged one request and no tokens: for routes that call no model
 /// (`count_tokens`, the stored-response routes).
 pub fn request_count_reservation(
-    policy: &crate::config::Policy,
+    cx: &RequestContext,
     plan: &crate::server::BudgetPlan,
     keep: impl Fn(&BudgetSpec) -> bool,
 ) -> ReserveRequest {
+    let policy = &*cx.policy;
     let common: Vec<BudgetSpec> = plan.common.iter().filter(|s| keep(s)).cloned().collect();
     ReserveRequest {
-        id: uuid::Uuid::now_v7().to_string(),
+        id: cx.finish.request_id.reservation_id(true),
         costs: amounts::reserve_costs(
             &Demand::default(),
             Budgets::plain(&common),

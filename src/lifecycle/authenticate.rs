@@ -72,6 +72,18 @@ pub fn name(h: &KeyHeader) -> &HeaderName {
     }
 }
 
+/// The key `h` presents in `headers`, if any.
+pub fn presented<'h>(h: &KeyHeader, headers: &'h HeaderMap) -> Option<&'h str> {
+    match h {
+        KeyHeader::Bearer(n) => bearer(headers, n),
+        KeyHeader::Plain(n) => headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|k| !k.is_empty()),
+    }
+}
+
 /// The one key the request presents; two different keys are refused.
 fn presented_key<'h>(
     key_headers: &[KeyHeader],
@@ -79,14 +91,7 @@ fn presented_key<'h>(
 ) -> Result<Option<&'h str>, ApiError> {
     let mut found: Option<&str> = None;
     for h in key_headers {
-        let key = match h {
-            KeyHeader::Bearer(n) => bearer(headers, n),
-            KeyHeader::Plain(n) => headers
-                .get(n)
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-                .filter(|k| !k.is_empty()),
-        };
+        let key = presented(h, headers);
         match (found, key) {
             (Some(a), Some(b)) if a != b => return Err(ApiError::InvalidKey),
             (None, Some(k)) => found = Some(k),

@@ -6,9 +6,11 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::HeaderMap;
+use axum::response::Response;
 
 use super::finish::Finish;
+use super::request_id::RequestId;
 use crate::config::Policy;
 use crate::dialects::Dialect;
 use crate::reservation::AnsweredBy;
@@ -38,7 +40,7 @@ impl RequestContext {
         let policy = st.policy.load_full();
         let finish = Finish::new(
             policy.clone(),
-            client_request_id(headers, dialect.request_id_header()),
+            RequestId::arrived(headers, dialect.request_id_header(), dialect.key_headers()),
         );
         Self {
             st,
@@ -58,11 +60,14 @@ impl RequestContext {
         let t = self.finish.tenant?;
         self.policy.requester_of(self.policy.tenant(t))
     }
-}
 
-/// A client-supplied request id (`name`), if it is short printable ASCII.
-fn client_request_id(headers: &HeaderMap, name: HeaderName) -> Option<String> {
-    let v = headers.get(name)?.to_str().ok()?.trim();
-    (!v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .then(|| v.to_string())
+    /// `response` with the request's id in the dialect's request-id header
+    /// (the answers of the forward phase have it already; refusals get it here).
+    pub fn with_request_id(&self, mut response: Response) -> Response {
+        response.headers_mut().insert(
+            self.dialect.request_id_header(),
+            self.finish.request_id.header(),
+        );
+        response
+    }
 }

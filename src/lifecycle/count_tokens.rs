@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 use super::authenticate;
 use super::context::RequestContext;
 use super::decode::read_body;
-use super::finish::Outcome;
 use super::prepare::invalid;
 use crate::dialects::{anthropic, Dialect};
 use crate::reserve::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
@@ -27,17 +26,7 @@ use crate::server::AppState;
 pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
     let mut cx = RequestContext::new(st, Dialect::Messages, &headers);
     let answer = count(&mut cx, &headers, body).await;
-    let record = cx.finish.hand_off();
-    match answer {
-        Ok(r) => {
-            record.write(Outcome::Answered { settled: 0 });
-            r
-        }
-        Err(e) => {
-            record.write(Outcome::Refused(&e));
-            e.respond_for(Dialect::Messages, cx.requester().as_deref())
-        }
-    }
+    super::conclude(cx, answer)
 }
 
 async fn count(
@@ -75,10 +64,11 @@ async fn count(
     let plan = cx
         .st
         .budget_plan(&policy, caller.tenant, caller.key, model_id);
-    let reserve = super::admit::request_count_reservation(&policy, &plan, |s| {
+    let reserve = super::admit::request_count_reservation(cx, &plan, |s| {
         matches!(s.name, BudgetName::Rpm | BudgetName::RequestsPerDay)
     });
     let id = reserve.id.clone();
+    cx.finish.reservation_id = Some(id.clone());
     let now = cx.st.clock.now_micros();
     let admission = match cx.st.store.reserve(&reserve).await? {
         ReserveOutcome::Admitted(a) => a,
@@ -108,8 +98,5 @@ async fn count(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        r.headers_mut().insert(anthropic::REQUEST_ID, v);
-    }
     Ok(r)
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::request_id::RequestId;
 use crate::config::{DeploymentId, ModelId, Policy, TenantId};
 use crate::metrics;
 use crate::server::error::ApiError;
@@ -39,8 +40,8 @@ pub struct Finish {
     policy: Arc<Policy>,
     /// When the request arrived.
     pub started: Instant,
-    /// The client's own request id, if it sent a usable one.
-    pub client_id: Option<String>,
+    /// The id the client sees in the dialect's request-id header.
+    pub request_id: RequestId,
     /// Set by authentication.
     pub tenant: Option<TenantId>,
     /// Set by preparation.
@@ -58,11 +59,11 @@ pub struct Finish {
 
 impl Finish {
     /// A request that arrived now under `policy`.
-    pub fn new(policy: Arc<Policy>, client_id: Option<String>) -> Self {
+    pub fn new(policy: Arc<Policy>, request_id: RequestId) -> Self {
         Self {
             policy,
             started: Instant::now(),
-            client_id,
+            request_id,
             tenant: None,
             model: None,
             deployment: None,
@@ -73,21 +74,19 @@ impl Finish {
         }
     }
 
-    /// The id the client sees as `x-request-id`: its own, else the reservation's.
+    /// The id the client sees in the dialect's request-id header.
     pub fn request_id(&self) -> &str {
-        self.client_id
-            .as_deref()
-            .or(self.reservation_id.as_deref())
-            .unwrap_or("")
+        self.request_id.as_str()
     }
 
     /// Moves the record out (to the task or phase that will end the
-    /// request), leaving one that writes nothing.
+    /// request), leaving one that writes nothing (its request id stays, for
+    /// the response).
     pub fn hand_off(&mut self) -> Finish {
         let out = Finish {
             policy: self.policy.clone(),
             started: self.started,
-            client_id: self.client_id.take(),
+            request_id: self.request_id.clone(),
             tenant: self.tenant,
             model: self.model,
             deployment: self.deployment,

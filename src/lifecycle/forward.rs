@@ -13,6 +13,7 @@ use super::admit::{Admitted, HoldBudgets};
 use super::authenticate::{self, client_key};
 use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
+use super::request_id::holds_key;
 use super::rewrite::upstream_body;
 use super::settle::refund;
 use crate::config::{forwarding, UpstreamPolicy};
@@ -121,16 +122,8 @@ pub async fn forward(
             return Forwarded::Failed(invalid(None, "The request body could not be re-encoded."));
         }
     };
-    let mut extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
-    if cx.dialect.is_anthropic() {
-        // The version the client speaks, and the betas prepare allowed.
-        for name in [anthropic::VERSION, anthropic::BETA] {
-            for v in client_headers.get_all(&name) {
-                extra.push((name.as_str().to_string(), v.clone()));
-            }
-        }
-    }
-    let request_id = cx.finish.request_id();
+    let extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
+    let request_id = cx.finish.request_id.header();
     let started = std::time::Instant::now();
     let sent = cx
         .st
@@ -140,7 +133,7 @@ pub async fn forward(
             cx.dialect,
             &model.upstream_model,
             out_body,
-            request_id,
+            request_id.clone(),
             &extra,
         )
         .await;
@@ -173,7 +166,7 @@ pub async fn forward(
     let mut headers = cx
         .dialect
         .rate_limit_headers(&admission.budgets, cx.st.clock.now_micros());
-    put(&mut headers, cx.dialect.request_id_header(), request_id);
+    headers.insert(cx.dialect.request_id_header(), request_id);
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
@@ -205,20 +198,41 @@ pub async fn forward(
 
 /// The client headers `upstream` forwards (validated at load: no
 /// credential unless listed in `forward_credential_headers`, never the
-/// key's own headers or the gateway's). Whatever the config, a header is
-/// dropped here if it is one the gateway never forwards or if its value
-/// holds the client's gateway key (a key sent again as, say, `x-api-key`).
+/// key's own headers or the gateway's), and on the Messages route the
+/// version the client speaks and the betas prepare allowed. Whatever the
+/// config, a header is dropped here if it is one the gateway never
+/// forwards or if its value holds the client's gateway key (a key sent
+/// again as, say, `x-api-key`, or as `Bearer <key>` in any header).
 fn forwarded_client_headers(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
     client_headers: &HeaderMap,
 ) -> Vec<(String, HeaderValue)> {
-    if upstream.forward_client_headers.is_empty() {
+    const ANTHROPIC: [HeaderName; 2] = [anthropic::VERSION, anthropic::BETA];
+    let passed: &[HeaderName] = if dialect.is_anthropic() {
+        &ANTHROPIC
+    } else {
+        &[]
+    };
+    if upstream.forward_client_headers.is_empty() && passed.is_empty() {
         return Vec::new();
     }
     let key_headers = dialect.key_headers();
     let key = client_key(key_headers, client_headers);
     let mut out = Vec::new();
+    let mut add = |name: &str, v: &HeaderValue| {
+        if key.is_some_and(|k| holds_key(v.as_bytes(), k)) {
+            // The header's name only: never the value, which holds the key.
+            tracing::warn!(header = %name, "a client header holding the gateway key was not forwarded");
+        } else {
+            out.push((name.to_string(), v.clone()));
+        }
+    };
+    for name in passed {
+        for v in client_headers.get_all(name) {
+            add(name.as_str(), v);
+        }
+    }
     for name in &upstream.forward_client_headers {
         let carries_key = key_headers
             .iter()
@@ -227,14 +241,7 @@ fn forwarded_client_headers(
             continue;
         }
         for v in client_headers.get_all(name.as_str()) {
-            let holds_key = key.is_some_and(|k| {
-                !k.is_empty() && v.as_bytes().windows(k.len()).any(|w| w == k.as_bytes())
-            });
-            if holds_key {
-                tracing::warn!(header = %name, "a client header holding the gateway key was not forwarded");
-                continue;
-            }
-            out.push((name.clone(), v.clone()));
+            add(name, v);
         }
     }
     out

@@ -14,7 +14,8 @@
 //!
 //! [`pricing`] (part of prepare) refuses a request a dollar budget
 //! cannot price. [`refusal`] gives a refusal the rate-limit headers of every budget the
-//! request touches. [`context`] holds what the phases share. The lifecycle knows budgets
+//! request touches. [`context`] holds what the phases share, among it the
+//! [`request_id`] named on arrival. The lifecycle knows budgets
 //! only through [`crate::reservation`] and upstreams only through
 //! [`crate::upstreams`].
 
@@ -32,6 +33,7 @@ pub mod owner;
 pub mod prepare;
 pub mod pricing;
 pub mod refusal;
+pub mod request_id;
 pub mod rewrite;
 pub mod route;
 pub mod settle;
@@ -134,7 +136,40 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
             } else {
                 record.write(Outcome::Refused(&e));
             }
-            e.respond_for(dialect, requester.as_deref())
+            cx.with_request_id(e.respond_for(dialect, requester.as_deref()))
         }
     }
+}
+
+/// The end of a route that makes no model call (token counts, stored
+/// responses, models, unknown paths): its final line (an error status from
+/// the upstream, or an upstream failure, as such) and its request id.
+pub fn conclude(mut cx: RequestContext, result: Result<Response, ApiError>) -> Response {
+    let record = cx.finish.hand_off();
+    let response = match result {
+        Ok(response) => {
+            let status = response.status();
+            if status.is_success() {
+                record.write(Outcome::Answered { settled: 0 });
+            } else {
+                record.write(Outcome::UpstreamFailed {
+                    status: status.as_u16(),
+                    error: "upstream_status",
+                });
+            }
+            response
+        }
+        Err(e) => {
+            if e.is_upstream_failure() {
+                record.write(Outcome::UpstreamFailed {
+                    status: e.status().as_u16(),
+                    error: e.label(),
+                });
+            } else {
+                record.write(Outcome::Refused(&e));
+            }
+            e.respond_for(cx.dialect, cx.requester().as_deref())
+        }
+    };
+    cx.with_request_id(response)
 }

@@ -19,7 +19,6 @@ use futures_util::TryStreamExt;
 
 use super::authenticate::{authenticate, Caller};
 use super::context::RequestContext;
-use super::finish::Outcome;
 use super::prepare;
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
@@ -72,31 +71,7 @@ pub async fn stored(
 ) -> Response {
     let mut cx = RequestContext::new(st, Dialect::Responses, &headers);
     let result = stored_inner(&mut cx, &headers, &id, op, query).await;
-    let record = cx.finish.hand_off();
-    match result {
-        Ok(response) => {
-            if response.status().is_success() {
-                record.write(Outcome::Answered { settled: 0 });
-            } else {
-                record.write(Outcome::UpstreamFailed {
-                    status: response.status().as_u16(),
-                    error: "upstream_status",
-                });
-            }
-            response
-        }
-        Err(e) => {
-            if e.is_upstream_failure() {
-                record.write(Outcome::UpstreamFailed {
-                    status: e.status().as_u16(),
-                    error: e.label(),
-                });
-            } else {
-                record.write(Outcome::Refused(&e));
-            }
-            e.respond_for(Dialect::Responses, cx.requester().as_deref())
-        }
-    }
+    super::conclude(cx, result)
 }
 
 async fn stored_inner(
@@ -137,7 +112,7 @@ async fn stored_inner(
     let sent = cx
         .st
         .upstream
-        .send_stored(upstream, op.method(), &rest, cx.finish.request_id())
+        .send_stored(upstream, op.method(), &rest, cx.finish.request_id.header())
         .await;
     let resp = match sent {
         Ok(r) => r,
@@ -168,14 +143,7 @@ async fn stored_inner(
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     *out.headers_mut() = rate_limit_headers(&admission.budgets);
     out.headers_mut().insert(header::CONTENT_TYPE, content_type);
-    put_request_id(cx, &mut out);
     Ok(out)
-}
-
-fn put_request_id(cx: &RequestContext, r: &mut Response) {
-    if let Ok(v) = HeaderValue::from_str(cx.finish.request_id()) {
-        r.headers_mut().insert(cx.dialect.request_id_header(), v);
-    }
 }
 
 /// `POST /v1/responses/input_tokens`: the estimate of a Responses body
@@ -197,18 +165,7 @@ pub async fn input_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> 
         Ok::<Response, ApiError>(r)
     }
     .await;
-    let record = cx.finish.hand_off();
-    match result {
-        Ok(mut r) => {
-            record.write(Outcome::Answered { settled: 0 });
-            put_request_id(&cx, &mut r);
-            r
-        }
-        Err(e) => {
-            record.write(Outcome::Refused(&e));
-            e.respond_for(Dialect::Responses, cx.requester().as_deref())
-        }
-    }
+    super::conclude(cx, result)
 }
 
 /// Reserves one request on the tenant's request budgets (no token budget,
@@ -218,8 +175,7 @@ async fn charge_requests(
     plan: &Arc<BudgetPlan>,
 ) -> Result<(HeldReservation, Vec<BudgetSpec>, Admission), ApiError> {
     let policy = cx.policy.clone();
-    let reserve =
-        super::admit::request_count_reservation(&policy, plan, |s| s.name.counts_requests());
+    let reserve = super::admit::request_count_reservation(cx, plan, |s| s.name.counts_requests());
     let id = reserve.id.clone();
     let admission = match cx.st.store.reserve(&reserve).await? {
         ReserveOutcome::Admitted(a) => a,

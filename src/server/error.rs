@@ -46,6 +46,8 @@ pub enum ApiError {
     ModelNotFound(String),
     /// Unknown path (404).
     NotFound(String),
+    /// A known path with another method (405): the method and the path.
+    MethodNotAllowed(String, String),
     /// A stored response this tenant does not own, or that does not exist
     /// (404, without an upstream call); the parameter that named it, if any.
     ResponseNotFound(String, Option<&'static str>),
@@ -181,6 +183,7 @@ impl ApiError {
             | ApiError::NotFound(_)
             | ApiError::ModelElsewhere { .. }
             | ApiError::ResponseNotFound(..) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(..) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -218,6 +221,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
             ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(..) => "method_not_allowed",
             ApiError::ResponseNotFound(..) => "response_not_found",
             ApiError::RateLimited { denial, .. } if denial.name == BudgetName::MaxConcurrent => {
                 "concurrency"
@@ -368,6 +372,13 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),
+            ),
+            ApiError::MethodNotAllowed(method, path) => body(
+                status,
+                &format!("{method} is not supported on {path}."),
+                "invalid_request_error",
+                None,
+                Some("method_not_allowed"),
             ),
             ApiError::RateLimited { denial, headers, concurrency_hint_micros } => {
                 let d = &denial;

@@ -14,9 +14,10 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::AppState;
 use crate::config::ModelPolicy;
-use crate::dialects::openai;
 use crate::dialects::Dialect;
-use crate::lifecycle::authenticate::caller;
+use crate::lifecycle;
+use crate::lifecycle::authenticate::authenticate;
+use crate::lifecycle::context::RequestContext;
 use crate::lifecycle::stored::{self, StoredOp};
 use crate::metrics;
 
@@ -98,12 +99,12 @@ pub async fn stored_response(
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
 pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let policy = st.policy.load_full();
-    if let Err(e) = caller(&policy, &openai::KEY_HEADERS, &headers) {
-        return e.into_response();
-    }
-    let data: Vec<Value> = policy.models.iter().map(model_object).collect();
-    Json(json!({"object": "list", "data": data})).into_response()
+    let mut cx = RequestContext::new(st, Dialect::ChatCompletions, &headers);
+    let result = authenticate(&mut cx, &headers).map(|_| {
+        let data: Vec<Value> = cx.policy.models.iter().map(model_object).collect();
+        Json(json!({"object": "list", "data": data})).into_response()
+    });
+    lifecycle::conclude(cx, result)
 }
 
 /// `GET /v1/models/{model}`.
@@ -112,14 +113,12 @@ pub async fn get_model(
     Path(model): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let policy = st.policy.load_full();
-    if let Err(e) = caller(&policy, &openai::KEY_HEADERS, &headers) {
-        return e.into_response();
-    }
-    match policy.model(&model) {
-        Some(m) => Json(model_object(m)).into_response(),
-        None => ApiError::ModelNotFound(model).into_response(),
-    }
+    let mut cx = RequestContext::new(st, Dialect::ChatCompletions, &headers);
+    let result = authenticate(&mut cx, &headers).and_then(|_| match cx.policy.model(&model) {
+        Some(m) => Ok(Json(model_object(m)).into_response()),
+        None => Err(ApiError::ModelNotFound(model)),
+    });
+    lifecycle::conclude(cx, result)
 }
 
 fn model_object(m: &ModelPolicy) -> Value {
@@ -160,21 +159,29 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
 
 /// A known path with the wrong method: 405 in OpenAI's shape.
 pub async fn method_not_allowed(
+    State(st): State<Arc<AppState>>,
     method: axum::http::Method,
     OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
 ) -> Response {
-    super::error::body(
-        StatusCode::METHOD_NOT_ALLOWED,
-        &format!("{method} is not supported on {}.", uri.path()),
-        "invalid_request_error",
-        None,
-        Some("method_not_allowed"),
-    )
+    let e = ApiError::MethodNotAllowed(method.to_string(), uri.path().to_string());
+    refuse_here(st, &headers, e)
 }
 
 /// Any other path: 404 in OpenAI's shape, never proxied.
-pub async fn unknown_path(OriginalUri(uri): OriginalUri) -> Response {
-    ApiError::NotFound(uri.path().to_string()).into_response()
+pub async fn unknown_path(
+    State(st): State<Arc<AppState>>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    refuse_here(st, &headers, ApiError::NotFound(uri.path().to_string()))
+}
+
+/// A refusal of a path the lifecycle does not serve, in OpenAI's shape:
+/// with a request id and a final line like any other.
+fn refuse_here(st: Arc<AppState>, headers: &HeaderMap, e: ApiError) -> Response {
+    let cx = RequestContext::new(st, Dialect::ChatCompletions, headers);
+    lifecycle::conclude(cx, Err(e))
 }
 
 pub(super) use crate::lifecycle::authenticate::bearer_token;

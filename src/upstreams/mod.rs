@@ -111,15 +111,14 @@ impl UpstreamClient {
     }
 
     /// Sends `body` (JSON bytes) to `dialect` of `upstream`, with the
-    /// upstream's key injected and the gateway's reservation id as
-    /// `x-request-id`. Returns once response headers arrived.
+    /// upstream's key injected and the request's id as `x-request-id`. Returns once response headers arrived.
     pub async fn send(
         &self,
         upstream: &UpstreamPolicy,
         dialect: Dialect,
         upstream_model: &str,
         body: Bytes,
-        request_id: &str,
+        request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
         let url = self.url(upstream, dialect, upstream_model)?;
@@ -170,7 +169,7 @@ impl UpstreamClient {
         upstream: &UpstreamPolicy,
         method: reqwest::Method,
         rest: &str,
-        request_id: &str,
+        request_id: axum::http::HeaderValue,
     ) -> Result<reqwest::Response, UpstreamError> {
         let url = reqwest::Url::parse(&responses_url(upstream, rest))
             .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
