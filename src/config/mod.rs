@@ -178,8 +178,11 @@ pub struct ModelPolicy {
     pub encoding: Encoding,
     /// Output reserved when the client gives no cap, tokens per choice.
     pub default_max_output_tokens: u64,
-    /// Largest output the model produces, tokens per choice.
-    pub max_output_tokens: u64,
+    /// Largest output the model produces, tokens per choice, when the
+    /// operator configured it. `None`: the gateway invents no limit; a
+    /// client's cap goes upstream as sent (the provider answers for its
+    /// own model) and an uncapped stream is sent its reservation.
+    pub max_output_tokens: Option<u64>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.

@@ -46,7 +46,11 @@ pub(super) fn default_output(
     model: &ModelEstimation,
     room: TokenRoom,
 ) -> Result<(u64, bool), EstimateError> {
-    let default = model.default_max_output_tokens.min(model.max_output_tokens);
+    let default = model
+        .max_output_tokens
+        .map_or(model.default_max_output_tokens, |max| {
+            model.default_max_output_tokens.min(max)
+        });
     let choices = choices.max(1);
     // Checked, not saturating: an overflow must read as "does not fit".
     let total_fits = |per_choice: u64| {
@@ -91,7 +95,7 @@ mod tests {
         ModelEstimation {
             encoding: Encoding::O200kBase,
             default_max_output_tokens: 1000,
-            max_output_tokens: 4000,
+            max_output_tokens: Some(4000),
             min_output_tokens: 16,
             token_ratio: 1000,
         }

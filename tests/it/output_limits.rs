@@ -118,3 +118,85 @@ async fn a_cutoff_after_288_one_token_deltas_at_a_ratio_of_1500_reports_and_char
     assert_eq!(gw.t1_used(BudgetName::OutputTpm).await, 432);
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 10 + 432);
 }
+
+/// The output cap a chat request went upstream with (either field).
+fn chat_cap_sent(body: &Value) -> Option<u64> {
+    body.get("max_completion_tokens")
+        .or_else(|| body.get("max_tokens"))
+        .and_then(Value::as_u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_32000_cap_on_a_model_without_a_configured_limit_is_forwarded_and_served() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20);
+    let gw = config(&mock, 1000, None, limits().tpm(1_000_000))
+        .start()
+        .await;
+    for stream in [false, true] {
+        let r = post_messages(&gw, &messages_body(32000, stream), "").await;
+        assert_eq!(r.status(), 200, "stream: {stream}");
+        let _ = r.text().await;
+    }
+    let mut b = hi(32000);
+    let r = post_chat(&gw, KEY, &b).await;
+    assert_eq!(r.status(), 200, "every dialect: chat too");
+    let _ = r.text().await;
+    // An uncapped stream of a model without a limit is sent its
+    // reservation (the default, 256): no larger cap is known to pass.
+    b.as_object_mut().unwrap().remove("max_tokens");
+    b["stream"] = json!(true);
+    let r = post_chat(&gw, KEY, &b).await;
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await;
+    let sent = mock.state.requests();
+    assert_eq!(sent.len(), 4);
+    assert_eq!(sent[0].body["max_tokens"], 32000, "forwarded unchanged");
+    assert_eq!(sent[1].body["max_tokens"], 32000, "forwarded unchanged");
+    assert_eq!(chat_cap_sent(&sent[2].body), Some(32000));
+    assert_eq!(chat_cap_sent(&sent[3].body), Some(256));
+    gw.all_settled().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_above_a_configured_limit_is_still_refused_and_never_forwarded() {
+    let mock = start_mock().await;
+    let gw = config(&mock, 1000, Some(16384), limits().tpm(1_000_000))
+        .start()
+        .await;
+    let r = post_messages(&gw, &messages_body(32000, false), "").await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["type"], "error", "Anthropic's error shape: {e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    let message = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("at most 16384"), "{message}");
+    assert_eq!(mock.state.request_count(), 0);
+    assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "nothing reserved");
+    let r = post_messages(&gw, &messages_body(16384, false), "").await;
+    assert_eq!(r.status(), 200, "at the limit is served");
+}
+
+#[test]
+fn check_config_warns_on_stderr_about_a_model_without_a_limit_and_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    // `standard`: gpt-4o-mini has max_output_tokens = 4096, the
+    // embeddings model none.
+    let cfg =
+        TestConfig::standard("http://127.0.0.1:9/v1", 50, limits().tpm(1000)).write(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .arg("check-config")
+        .arg(&cfg)
+        .env_remove("BUDGETGATE_CONFIG")
+        .output()
+        .expect("run budgetgate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: models[1] (text-embedding-3-small) has no max_output_tokens: client caps go upstream unchecked"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("gpt-4o-mini"), "{stderr}");
+}
