@@ -3,10 +3,12 @@
 //! collects every error with its path (`tenants[2].limits.tpm: must be > 0`)
 //! instead of stopping at the first. [`reload`] swaps in a new file at
 //! runtime (SIGHUP, file change). `unpriced` lists what `check-config`
-//! flags about prices (dollar budgets over models it cannot price).
+//! flags about prices (dollar budgets over models it cannot price),
+//! `output_limit` the models without a configured output limit.
 
 pub mod end_user;
 mod ids;
+mod output_limit;
 pub mod raw;
 pub mod reload;
 mod unpriced;
