@@ -184,6 +184,11 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             for w in &warnings {
                 println!("warning: {w}");
             }
+            // On stderr, outside the tally: a model without a limit is a
+            // supported setup (embeddings models have none to give).
+            for w in p.output_limit_warnings() {
+                eprintln!("warning: {w}");
+            }
             println!(
                 "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",
                 config.display(),

@@ -3,10 +3,12 @@
 //! collects every error with its path (`tenants[2].limits.tpm: must be > 0`)
 //! instead of stopping at the first. [`reload`] swaps in a new file at
 //! runtime (SIGHUP, file change). `unpriced` lists what `check-config`
-//! flags about prices (dollar budgets over models it cannot price).
+//! flags about prices (dollar budgets over models it cannot price),
+//! `output_limit` the models without a configured output limit.
 
 pub mod end_user;
 mod ids;
+mod output_limit;
 pub mod raw;
 pub mod reload;
 mod unpriced;
@@ -178,8 +180,11 @@ pub struct ModelPolicy {
     pub encoding: Encoding,
     /// Output reserved when the client gives no cap, tokens per choice.
     pub default_max_output_tokens: u64,
-    /// Largest output the model produces, tokens per choice.
-    pub max_output_tokens: u64,
+    /// Largest output the model produces, tokens per choice, when the
+    /// operator configured it. `None`: the gateway invents no limit; a
+    /// client's cap goes upstream as sent (the provider answers for its
+    /// own model) and an uncapped stream is sent its reservation.
+    pub max_output_tokens: Option<u64>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.

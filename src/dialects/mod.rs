@@ -210,7 +210,7 @@ impl Dialect {
         match self {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
-            Dialect::Messages => anthropic::count_block(choice, enc, 1000),
+            Dialect::Messages => anthropic::block_tokens(choice, enc),
             Dialect::Embeddings | Dialect::Responses => 0,
         }
     }

@@ -242,9 +242,9 @@ pub struct ModelEstimation {
     pub encoding: Encoding,
     /// Output tokens reserved per choice when the client gives no cap.
     pub default_max_output_tokens: u64,
-    /// The model's hard output limit in tokens (≥ the default); a client cap
-    /// above it is rejected.
-    pub max_output_tokens: u64,
+    /// The model's configured output limit in tokens (≥ the default); a
+    /// client cap above it is rejected. `None`: no limit is checked.
+    pub max_output_tokens: Option<u64>,
     /// The floor, in tokens per choice, below which a lowered default makes
     /// the request impossible (default 16).
     pub min_output_tokens: u64,
@@ -323,7 +323,7 @@ impl EstimateError {
 ///
 /// * **Client cap** (the larger of `max_tokens` / `max_completion_tokens`
 ///   for chat, `max_tokens` for completions): used as is, never lowered; a
-///   cap above `model.max_output_tokens` is
+///   cap above a configured `model.max_output_tokens` is
 ///   [`Invalid`](EstimateError::Invalid).
 /// * **No client cap**: `model.default_max_output_tokens`, lowered to fit
 ///   `room` ([`TokenRoom`]: `input + choices × default` within the
@@ -400,12 +400,11 @@ pub fn estimate(
     let mut client_max_output: Option<u64> = None;
     for &param in caps {
         if let Some(cap) = positive_int(body, param)? {
-            if cap > model.max_output_tokens {
+            if let Some(max) = model.max_output_tokens.filter(|&max| cap > max) {
                 return Err(EstimateError::invalid(
                     Some(param),
                     format!(
-                        "'{param}' is {cap}, but this model supports at most {} output tokens",
-                        model.max_output_tokens
+                        "'{param}' is {cap}, but this model supports at most {max} output tokens"
                     ),
                 ));
             }

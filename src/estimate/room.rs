@@ -46,7 +46,11 @@ pub(super) fn default_output(
     model: &ModelEstimation,
     room: TokenRoom,
 ) -> Result<(u64, bool), EstimateError> {
-    let default = model.default_max_output_tokens.min(model.max_output_tokens);
+    let default = model
+        .max_output_tokens
+        .map_or(model.default_max_output_tokens, |max| {
+            model.default_max_output_tokens.min(max)
+        });
     fit_output(input, choices, default, model.min_output_tokens, room)
 }
 
@@ -106,7 +110,7 @@ mod tests {
         ModelEstimation {
             encoding: Encoding::O200kBase,
             default_max_output_tokens: 1000,
-            max_output_tokens: 4000,
+            max_output_tokens: Some(4000),
             min_output_tokens: 16,
             token_ratio: 1000,
         }

@@ -6,7 +6,7 @@ fn model(encoding: Encoding) -> ModelEstimation {
     ModelEstimation {
         encoding,
         default_max_output_tokens: 1000,
-        max_output_tokens: 4000,
+        max_output_tokens: Some(4000),
         min_output_tokens: 16,
         token_ratio: 1000,
     }
@@ -360,6 +360,29 @@ fn out_of_range_output_caps_are_rejected_with_their_param() {
 }
 
 #[test]
+fn without_a_configured_limit_any_cap_is_taken_and_the_default_kept() {
+    let me = ModelEstimation {
+        max_output_tokens: None,
+        ..model(Encoding::O200kBase)
+    };
+    let run = |body: Value| {
+        estimate(
+            Dialect::ChatCompletions,
+            &body,
+            &me,
+            &EstimateSettings::default(),
+            TokenRoom::default(),
+        )
+    };
+    let mut body = user("hi");
+    body["max_tokens"] = json!(32000);
+    let e = run(body).unwrap();
+    assert_eq!(e.client_max_output, Some(32000));
+    assert_eq!(e.output_tokens_per_choice, 32000);
+    assert_eq!(run(user("hi")).unwrap().output_tokens_per_choice, 1000);
+}
+
+#[test]
 fn invalid_n_is_rejected() {
     for bad in [json!(0), json!(-1), json!(2.5), json!("2"), json!(129)] {
         let mut body = user("hi");
@@ -640,7 +663,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     let m = ModelEstimation {
         encoding: Encoding::Cl100kBase,
         default_max_output_tokens: u64::MAX,
-        max_output_tokens: u64::MAX,
+        max_output_tokens: Some(u64::MAX),
         min_output_tokens: 16,
         token_ratio: 1000,
     };
@@ -752,7 +775,7 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
     let m = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 100,
-        max_output_tokens: 1000,
+        max_output_tokens: Some(1000),
         min_output_tokens: 16,
         token_ratio: 1000,
     };

@@ -142,12 +142,10 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     .with_token_ratio(model.token_ratio);
     // The request's time limit counts from its arrival.
     let deadline = cx.finish.started + cx.policy.server.max_request;
-    // The client's cap bounds the output when it gave one; an incremental
-    // reservation of it (prepare) is extended up to it.
-    let max_output = estimate
-        .client_max_output
-        .unwrap_or(model.max_output_tokens)
-        .saturating_mul(choices);
+    // Extended up to the cap sent: the client's (an incremental
+    // reservation of it, prepare), else the model's configured limit; an
+    // uncapped stream of a model without one is sent its reservation.
+    let max_output = output_cap(request, model).saturating_mul(choices);
     let step = (!request.never_extend && estimate.output_tokens < max_output)
         .then_some(cx.policy.stream_extension_step);
     let plan = ExtendPlan {

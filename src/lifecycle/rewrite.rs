@@ -106,8 +106,9 @@ pub fn rewrite(
 }
 
 /// The output cap per choice sent upstream: the client's own cap, else
-/// the model's largest output for a stream (which extends its reservation
-/// as it grows), else the reserved output.
+/// the model's configured largest output for a stream (which extends its
+/// reservation as it grows), else the reserved output (a model without a
+/// configured limit has no larger cap the gateway knows to be accepted).
 pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
     cap_for(&p.estimate, p.stream, model)
 }
@@ -116,8 +117,10 @@ pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
 pub fn cap_for(estimate: &Estimate, stream: bool, model: &ModelPolicy) -> u64 {
     match estimate.client_max_output {
         Some(client) => client,
-        None if stream && !model.reasoning => model.max_output_tokens,
-        None => estimate.output_tokens_per_choice,
+        None => match model.max_output_tokens {
+            Some(max) if stream && !model.reasoning => max,
+            _ => estimate.output_tokens_per_choice,
+        },
     }
 }
 

@@ -89,7 +89,7 @@ async fn cache_reads_and_writes_are_priced_at_their_prices_to_the_micro_dollar()
     let me = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 256,
-        max_output_tokens: 64000,
+        max_output_tokens: Some(64000),
         min_output_tokens: 16,
         token_ratio: 1000,
     };

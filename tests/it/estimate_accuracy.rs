@@ -75,7 +75,7 @@ fn model(enc: Encoding) -> ModelEstimation {
     ModelEstimation {
         encoding: enc,
         default_max_output_tokens: 1024,
-        max_output_tokens: 16384,
+        max_output_tokens: Some(16384),
         min_output_tokens: 16,
         token_ratio: 1000,
     }

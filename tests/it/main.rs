@@ -34,6 +34,7 @@ mod messages;
 mod mock_upstream_selftest;
 mod nested_tenants;
 mod operations;
+mod output_limits;
 mod redis_acl;
 mod redis_bench;
 mod redis_crash;

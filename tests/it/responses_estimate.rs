@@ -25,7 +25,7 @@ fn gateway_estimate(body: &Value) -> u64 {
     let me = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 100,
-        max_output_tokens: 4096,
+        max_output_tokens: Some(4096),
         min_output_tokens: 16,
         token_ratio: 1000,
     };

@@ -45,7 +45,7 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
     let me = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 16,
-        max_output_tokens: 4096,
+        max_output_tokens: Some(4096),
         min_output_tokens: 16,
         token_ratio: 1000,
     };

@@ -218,14 +218,14 @@ pub(super) fn models(
                 MAX_LIMIT,
             )
             .unwrap_or(1024);
-        let max_out = v
-            .positive(
-                &format!("{path}.max_output_tokens"),
-                m.max_output_tokens,
-                MAX_LIMIT,
-            )
-            .unwrap_or(default_out.max(16_384));
-        if default_out > max_out {
+        // Not configured stays unknown: a default here would refuse caps
+        // the provider accepts (Claude Code sends 32000).
+        let max_out = v.positive(
+            &format!("{path}.max_output_tokens"),
+            m.max_output_tokens,
+            MAX_LIMIT,
+        );
+        if let Some(max_out) = max_out.filter(|&max| default_out > max) {
             v.err(
                 format!("{path}.default_max_output_tokens"),
                 format!("must be ≤ max_output_tokens ({max_out})"),

@@ -132,13 +132,15 @@ pub fn scale(tokens: u64, ratio: u64) -> u64 {
     u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
-/// Output tokens of a content block of an answer, or of a
+/// Tiktoken tokens of a content block of an answer, or of a
 /// `content_block_delta`'s `delta`: text, tool input (the JSON as sent),
 /// thinking. A thinking block's `signature` and redacted thinking are not
-/// output the client can count.
-pub fn count_block(block: &Value, enc: Encoding, ratio: u64) -> u64 {
+/// output the client can count. Unscaled: the model's ratio is applied
+/// once to a total ([`scale`]), since a ceiling per block or delta
+/// would count a one-token delta as two at a ratio of 1.5.
+pub fn block_tokens(block: &Value, enc: Encoding) -> u64 {
     let text = |k: &str| block.get(k).and_then(Value::as_str);
-    let n = match block.get("type").and_then(Value::as_str) {
+    match block.get("type").and_then(Value::as_str) {
         Some("text" | "text_delta") => text("text").map_or(0, |s| enc.count(s)),
         Some("thinking" | "thinking_delta") => text("thinking").map_or(0, |s| enc.count(s)),
         Some("input_json_delta") => text("partial_json").map_or(0, |s| enc.count(s)),
@@ -147,16 +149,17 @@ pub fn count_block(block: &Value, enc: Encoding, ratio: u64) -> u64 {
             enc.count(&input) + text("name").map_or(0, |s| enc.count(s))
         }
         _ => 0,
-    };
-    scale(n, ratio)
+    }
 }
 
-/// Output tokens of a whole answer: every content block.
+/// Output tokens of a whole answer: every content block, at `ratio` per
+/// mille of their summed tiktoken count.
 pub fn count_answer_output(answer: &Value, enc: Encoding, ratio: u64) -> u64 {
-    answer
+    let raw = answer
         .get("content")
         .and_then(Value::as_array)
-        .map_or(0, |bs| bs.iter().map(|b| count_block(b, enc, ratio)).sum())
+        .map_or(0, |bs| bs.iter().map(|b| block_tokens(b, enc)).sum());
+    scale(raw, ratio)
 }
 
 /// Work a Messages body asks for that the provider does and bills beside
@@ -273,6 +276,18 @@ mod tests {
         assert_eq!(scale(3, 1333), 4);
         assert_eq!(scale(0, 1500), 0);
         assert_eq!(scale(u64::MAX, 2000), u64::MAX);
+    }
+
+    #[test]
+    fn an_answer_is_scaled_once_not_per_block() {
+        // Three one-token blocks at 1.5: ceil(4.5) = 5, not 3 × ceil(1.5) = 6.
+        let answer = json!({"content": [
+            {"type": "text", "text": "hi"},
+            {"type": "text", "text": "hi"},
+            {"type": "text", "text": "hi"}]});
+        let one = Encoding::O200kBase.count("hi");
+        assert_eq!(one, 1);
+        assert_eq!(count_answer_output(&answer, Encoding::O200kBase, 1500), 5);
     }
 
     #[test]

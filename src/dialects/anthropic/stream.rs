@@ -19,7 +19,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::{count_block, UsageFields};
+use super::{block_tokens, scale, UsageFields};
 use crate::dialects::UsageBreakdown;
 use crate::estimate::Encoding;
 
@@ -38,8 +38,10 @@ pub enum Seen {
 #[derive(Debug, Clone, Default)]
 pub struct MessagesStream {
     usage: UsageFields,
-    /// Output counted from deltas, tokens (after the ratio).
-    counted: u64,
+    /// Output counted from deltas, tiktoken tokens before the ratio
+    /// (scaled once when read: a ceiling per delta would count one-token
+    /// deltas twice at a ratio of 1.5).
+    raw_counted: u64,
     /// Index of the content block started and not yet stopped.
     open_block: Option<u64>,
     /// A `message_delta` with a stop reason passed: the usage it carries is final.
@@ -56,9 +58,9 @@ impl MessagesStream {
         }
     }
 
-    /// Output counted from deltas so far.
+    /// Output counted from deltas so far, in the model's tokens.
     pub fn counted(&self) -> u64 {
-        self.counted
+        scale(self.raw_counted, self.ratio)
     }
 
     /// True once the message has its stop reason (no more output can come).
@@ -78,12 +80,12 @@ impl MessagesStream {
                 self.open_block = Some(v.get("index").and_then(Value::as_u64).unwrap_or(0));
                 // A block may start with content (a tool_use name, text).
                 if let Some(b) = v.get("content_block") {
-                    self.counted += count_block(b, enc, self.ratio);
+                    self.raw_counted += block_tokens(b, enc);
                 }
             }
             Some("content_block_delta") => {
                 if let Some(d) = v.get("delta") {
-                    self.counted += count_block(d, enc, self.ratio);
+                    self.raw_counted += block_tokens(d, enc);
                 }
             }
             Some("content_block_stop") => self.open_block = None,
@@ -108,7 +110,7 @@ impl MessagesStream {
     /// gateway's, whichever is larger (`message_start` reports 1 before
     /// any output, and a cumulative `message_delta` may lag the deltas).
     pub fn delivered_output(&self) -> u64 {
-        self.usage.output().unwrap_or(0).max(self.counted)
+        self.usage.output().unwrap_or(0).max(self.counted())
     }
 
     /// What the stream used. Once the final `message_delta` passed, its
@@ -119,7 +121,7 @@ impl MessagesStream {
         if !self.stopped {
             u.output = Some(self.delivered_output());
         } else if u.output.is_none() {
-            u.output = Some(self.counted);
+            u.output = Some(self.counted());
         }
         u
     }
@@ -184,6 +186,24 @@ mod tests {
         let u = s.used();
         assert_eq!(u.output, Some(15));
         assert_eq!(u.total(), 24);
+    }
+
+    #[test]
+    fn the_ratio_applies_once_to_the_total_of_one_token_deltas() {
+        let mut s = MessagesStream::new(1500);
+        s.on_event(
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            Encoding::O200kBase,
+        );
+        let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": " word"}});
+        assert_eq!(Encoding::O200kBase.count(" word"), 1);
+        for _ in 0..288 {
+            s.on_event(&delta, Encoding::O200kBase);
+        }
+        assert_eq!(s.counted(), 432, "ceil(288 × 1.5), not 288 × ceil(1.5)");
+        assert_eq!(s.used().output, Some(432));
+        let cutoff = String::from_utf8(s.cutoff_frames()[1].to_vec()).unwrap();
+        assert!(cutoff.contains("\"output_tokens\":432"), "{cutoff}");
     }
 
     #[test]
