@@ -15,42 +15,55 @@ use crate::reserve::{BudgetName, BudgetState, Scope};
 /// writes `x-ratelimit-reset-*`: `0s`, `250µs`, `17ms`, `1.5s`, `6m0s`, `1h2m3s`.
 /// Millisecond precision above one millisecond.
 pub fn go_duration(micros: u64) -> String {
+    // Written with itoa into one string sized once: this runs twice on
+    // every response, and `format!` cost ~500 instructions a call.
+    let mut out = String::with_capacity(16);
+    let mut n = itoa::Buffer::new();
     if micros == 0 {
-        return "0s".into();
-    }
-    if micros < 1_000 {
-        return format!("{micros}µs");
-    }
-    if micros < 1_000_000 {
-        let ms = micros / 1000;
-        let frac = micros % 1000;
-        return if frac == 0 {
-            format!("{ms}ms")
-        } else {
-            trim(format!("{ms}.{frac:03}")) + "ms"
-        };
-    }
-    let ms_total = micros.div_ceil(1000);
-    let h = ms_total / 3_600_000;
-    let m = (ms_total / 60_000) % 60;
-    let s = (ms_total / 1000) % 60;
-    let ms = ms_total % 1000;
-    let secs = if ms == 0 {
-        format!("{s}s")
+        out.push_str("0s");
+    } else if micros < 1_000 {
+        out.push_str(n.format(micros));
+        out.push_str("µs");
+    } else if micros < 1_000_000 {
+        out.push_str(n.format(micros / 1000));
+        fraction(&mut out, micros % 1000);
+        out.push_str("ms");
     } else {
-        trim(format!("{s}.{ms:03}")) + "s"
-    };
-    if h > 0 {
-        format!("{h}h{m}m{secs}")
-    } else if m > 0 {
-        format!("{m}m{secs}")
-    } else {
-        secs
+        let ms_total = micros.div_ceil(1000);
+        let h = ms_total / 3_600_000;
+        let m = (ms_total / 60_000) % 60;
+        if h > 0 {
+            out.push_str(n.format(h));
+            out.push('h');
+        }
+        if h > 0 || m > 0 {
+            out.push_str(n.format(m));
+            out.push('m');
+        }
+        out.push_str(n.format((ms_total / 1000) % 60));
+        fraction(&mut out, ms_total % 1000);
+        out.push('s');
     }
+    out
 }
 
-fn trim(s: String) -> String {
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+/// `.` and the thousandths `frac` (< 1000) without trailing zeros; nothing for 0.
+fn fraction(out: &mut String, frac: u64) {
+    if frac == 0 {
+        return;
+    }
+    let digits = [frac / 100, (frac / 10) % 10, frac % 10];
+    let len = if digits[2] != 0 {
+        3
+    } else if digits[1] != 0 {
+        2
+    } else {
+        1
+    };
+    out.push('.');
+    for d in &digits[..len] {
+        out.push(char::from(b'0' + *d as u8));
+    }
 }
 
 fn scope_label(scope: &Scope) -> &'static str {
@@ -233,6 +246,13 @@ mod tests {
         assert_eq!(go_duration(8_640_000), "8.64s");
         assert_eq!(go_duration(3_723_000_000), "1h2m3s");
         assert_eq!(go_duration(17), "17µs");
+        assert_eq!(go_duration(1_250), "1.25ms");
+        assert_eq!(go_duration(1_001), "1.001ms");
+        assert_eq!(go_duration(60_000_000), "1m0s");
+        assert_eq!(go_duration(3_600_000_000), "1h0m0s");
+        assert_eq!(go_duration(3_600_500_000), "1h0m0.5s");
+        assert_eq!(go_duration(999_999), "999.999ms");
+        assert_eq!(go_duration(1_000_001), "1.001s");
     }
 
     fn st(scope: Scope, name: BudgetName, limit: u64, remaining: i64) -> BudgetState {

@@ -303,7 +303,7 @@ impl Inner {
         now: u64,
     ) -> ReserveOutcome {
         let mut lines = Vec::with_capacity(req.common.len() + cand.len());
-        let mut budgets = Vec::new();
+        let mut budgets = Vec::with_capacity(lines.capacity());
         let mut would_deny = Vec::new();
         for (pos, spec) in req.common.iter().chain(cand.iter()).enumerate() {
             let cost = req.costs.of(candidate, pos, spec);
