@@ -17,6 +17,8 @@
 //! URL is not decoded), so `"high"`, `"auto"` and a missing `detail` are
 //! charged the worst case the rule allows, and `"low"` its fixed cost.
 
+use super::EstimateSettings;
+
 /// Tokens charged for one image part of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageCost {
@@ -162,6 +164,33 @@ impl ImageCost {
         } else {
             self.high
         }
+    }
+}
+
+impl EstimateSettings {
+    /// What an image part costs on a model sent upstream as `upstream_model`
+    /// and known to clients as `name`: a configured prefix of either, else
+    /// the published rule for either, else a flat
+    /// [`image_part_tokens`](EstimateSettings::image_part_tokens).
+    pub fn image_cost(&self, upstream_model: &str, name: &str) -> ImageCost {
+        let names = [
+            upstream_model.to_ascii_lowercase(),
+            name.to_ascii_lowercase(),
+        ];
+        for n in &names {
+            let configured = self
+                .image_tokens
+                .iter()
+                .filter(|(prefix, _)| n.starts_with(prefix.as_str()))
+                .max_by_key(|(prefix, _)| prefix.len());
+            if let Some((_, cost)) = configured {
+                return *cost;
+            }
+        }
+        names
+            .iter()
+            .find_map(|n| ImageCost::for_model(n))
+            .unwrap_or(ImageCost::flat(self.image_part_tokens))
     }
 }
 

@@ -249,33 +249,6 @@ impl Default for EstimateSettings {
     }
 }
 
-impl EstimateSettings {
-    /// What an image part costs on a model sent upstream as `upstream_model`
-    /// and known to clients as `name`: a configured prefix of either, else
-    /// the published rule for either, else a flat
-    /// [`image_part_tokens`](Self::image_part_tokens).
-    pub fn image_cost(&self, upstream_model: &str, name: &str) -> ImageCost {
-        let names = [
-            upstream_model.to_ascii_lowercase(),
-            name.to_ascii_lowercase(),
-        ];
-        for n in &names {
-            let configured = self
-                .image_tokens
-                .iter()
-                .filter(|(prefix, _)| n.starts_with(prefix.as_str()))
-                .max_by_key(|(prefix, _)| prefix.len());
-            if let Some((_, cost)) = configured {
-                return *cost;
-            }
-        }
-        names
-            .iter()
-            .find_map(|n| ImageCost::for_model(n))
-            .unwrap_or(ImageCost::flat(self.image_part_tokens))
-    }
-}
-
 /// What the caller knows about the model (from config). All figures in
 /// tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]

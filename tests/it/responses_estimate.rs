@@ -359,7 +359,9 @@ async fn the_simulated_upstream_counts_text_bodies_as_the_gateway_estimates_them
 fn image_costs_load_per_model_and_can_be_configured_by_prefix() {
     use budgetgate::config::{raw::RawImageTokens, Policy};
     use budgetgate::estimate::ImageCost;
-    let load = |table: Option<Vec<(&str, Option<i64>, Option<i64>)>>| {
+    // A prefix with its `low` and `high`.
+    type Row<'a> = (&'a str, Option<i64>, Option<i64>);
+    let load = |table: Option<Vec<Row>>| {
         let mut c = crate::support::TestConfig::standard(
             "http://127.0.0.1:9",
             50,
