@@ -28,6 +28,7 @@ fn model() -> ModelEstimation {
         max_output_tokens: Some(16384),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: budgetgate::estimate::ImageCost::flat(1536),
     }
 }
 

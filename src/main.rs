@@ -292,6 +292,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         max_output_tokens: m.max_output_tokens,
         min_output_tokens: policy.min_output_tokens,
         token_ratio: m.token_ratio,
+        image: m.image,
     };
     match estimate::estimate(endpoint, &body, &me, &policy.estimation, room) {
         Ok(e) => {

@@ -178,6 +178,8 @@ pub struct ModelPolicy {
     pub upstream_model: String,
     /// Tokenizer.
     pub encoding: Encoding,
+    /// What an image part costs, by `detail` (`[estimation]` image knobs).
+    pub image: crate::estimate::ImageCost,
     /// Output reserved when the client gives no cap, tokens per choice.
     pub default_max_output_tokens: u64,
     /// Largest output the model produces, tokens per choice, when the

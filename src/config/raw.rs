@@ -60,10 +60,19 @@ pub struct RawStore {
 pub struct RawEstimation {
     pub min_output_tokens: Option<i64>,
     pub image_part_tokens: Option<i64>,
+    /// Image costs by model-name prefix: `"gpt-4o" = { low = 85, high = 1445 }`.
+    pub image_tokens: Option<BTreeMap<String, RawImageTokens>>,
     pub audio_part_tokens: Option<i64>,
     pub structured_margin_percent: Option<i64>,
     pub structured_margin_tokens: Option<i64>,
     pub stream_extension_step: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImageTokens {
+    pub low: Option<i64>,
+    pub high: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -2,9 +2,10 @@
 
 use serde_json::{Map, Value};
 
+use super::agent::Calls;
 use super::{
-    describe, Encoding, EstimateError, EstimateSettings, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE,
-    TOKENS_PER_NAME, TOOL_CALL_OVERHEAD_TOKENS,
+    describe, Encoding, EstimateError, EstimateSettings, ImageCost, REPLY_PRIMING_TOKENS,
+    TOKENS_PER_MESSAGE, TOKENS_PER_NAME, TOOL_CALL_OVERHEAD_TOKENS,
 };
 
 /// Running input count of one request.
@@ -64,6 +65,7 @@ pub(super) fn chat_input(
     body: &Map<String, Value>,
     enc: Encoding,
     settings: &EstimateSettings,
+    image: ImageCost,
 ) -> Result<u64, EstimateError> {
     let messages = match body.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a,
@@ -88,6 +90,7 @@ pub(super) fn chat_input(
     };
 
     let mut t = Tally::default();
+    let mut calls = Calls::default();
     for (i, message) in messages.iter().enumerate() {
         let Value::Object(message) = message else {
             return Err(EstimateError::invalid(
@@ -98,8 +101,9 @@ pub(super) fn chat_input(
                 ),
             ));
         };
-        message_tokens(message, enc, settings, &mut t);
+        message_tokens(message, enc, settings, image, &mut t, &mut calls);
     }
+    calls.finish(&mut t, enc, body.get("tools").or(body.get("functions")));
     t.exact(REPLY_PRIMING_TOKENS);
 
     for key in ["tools", "functions"] {
@@ -121,13 +125,18 @@ pub(super) fn chat_input(
 }
 
 /// Adds one chat message: the published rule for string fields, margins for
-/// everything structured.
+/// everything structured. Tool calls are agent turns ([`Calls`]), framed as
+/// in a Responses body.
 fn message_tokens(
     message: &Map<String, Value>,
     enc: Encoding,
     settings: &EstimateSettings,
+    image: ImageCost,
     t: &mut Tally,
+    calls: &mut Calls,
 ) {
+    // A `tool` / `function` result is a plain message under the published
+    // rule: its role and call id stand in for the output frame and name.
     t.exact(TOKENS_PER_MESSAGE);
     for (key, value) in message {
         match (key.as_str(), value) {
@@ -141,36 +150,58 @@ fn message_tokens(
             ("content", Value::Array(parts)) => {
                 t.any_structured = true;
                 for part in parts {
-                    part_tokens(part, enc, settings, t);
+                    part_tokens(part, enc, settings, image, t);
                 }
             }
-            ("tool_calls", Value::Array(calls)) => {
-                t.any_structured = true;
-                for call in calls {
-                    let tokens = match call.get("function") {
-                        Some(Value::Object(f)) => function_call_tokens(f, enc),
-                        _ => json_tokens(enc, call).saturating_add(TOOL_CALL_OVERHEAD_TOKENS),
-                    };
-                    t.structured(tokens);
+            ("tool_calls", Value::Array(list)) => {
+                for call in list {
+                    tool_call(call, enc, t, calls);
                 }
             }
-            ("function_call", Value::Object(f)) => t.structured(function_call_tokens(f, enc)),
+            ("function_call", Value::Object(f)) => function_call(f, enc, t, calls),
             // Unknown non-string fields (e.g. `audio: {id}`): serialisation.
             (_, other) => t.structured(json_tokens(enc, other)),
         }
     }
 }
 
-/// Name + arguments + framing of one function call.
-fn function_call_tokens(f: &Map<String, Value>, enc: Encoding) -> u64 {
-    let field = |k: &str| f.get(k).map_or(0, |v| json_tokens(enc, v));
-    field("name")
-        .saturating_add(field("arguments"))
-        .saturating_add(TOOL_CALL_OVERHEAD_TOKENS)
+/// One entry of `tool_calls`: a function or custom tool call, or (any
+/// other shape) its JSON with the margin.
+fn tool_call(call: &Value, enc: Encoding, t: &mut Tally, calls: &mut Calls) {
+    match (call.get("function"), call.get("custom")) {
+        (Some(Value::Object(f)), _) => function_call(f, enc, t, calls),
+        (_, Some(Value::Object(c))) if c.get("input").is_none_or(Value::is_string) => {
+            let field = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("");
+            calls.call(t, enc, field("name"), field("input"));
+        }
+        _ => t.structured(json_tokens(enc, call).saturating_add(TOOL_CALL_OVERHEAD_TOKENS)),
+    }
+}
+
+/// A `{name, arguments}` call; arguments that are not a string (invalid,
+/// but priced) are counted by their JSON with the margin.
+fn function_call(f: &Map<String, Value>, enc: Encoding, t: &mut Tally, calls: &mut Calls) {
+    let name = f.get("name").and_then(Value::as_str).unwrap_or("");
+    match f.get("arguments") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {
+            let args = f.get("arguments").and_then(Value::as_str).unwrap_or("");
+            calls.call(t, enc, name, args);
+        }
+        Some(other) => {
+            calls.call(t, enc, name, "");
+            t.structured(json_tokens(enc, other));
+        }
+    }
 }
 
 /// Adds one content part.
-fn part_tokens(part: &Value, enc: Encoding, settings: &EstimateSettings, t: &mut Tally) {
+fn part_tokens(
+    part: &Value,
+    enc: Encoding,
+    settings: &EstimateSettings,
+    image: ImageCost,
+    t: &mut Tally,
+) {
     let kind = part.get("type").and_then(Value::as_str);
     match kind {
         Some("text") | Some("refusal") => {
@@ -181,7 +212,13 @@ fn part_tokens(part: &Value, enc: Encoding, settings: &EstimateSettings, t: &mut
             }
         }
         Some("image_url") | Some("image") | Some("input_image") => {
-            t.flat = t.flat.saturating_add(settings.image_part_tokens);
+            // Chat nests `detail` in `image_url`; Responses puts it on the part.
+            let detail = part
+                .get("image_url")
+                .and_then(|u| u.get("detail"))
+                .or(part.get("detail"))
+                .and_then(Value::as_str);
+            t.flat = t.flat.saturating_add(image.of(detail));
         }
         Some("input_audio") | Some("audio") | Some("file") | Some("input_file") => {
             t.flat = t.flat.saturating_add(settings.audio_part_tokens);

@@ -27,8 +27,12 @@
 //!   structured content is present. JSON serialisation over-counts the
 //!   TypeScript-like form OpenAI renders tools into, so together with the
 //!   margin this errs on the high side.
-//! * **Image parts** cost a flat [`EstimateSettings::image_part_tokens`];
-//!   **audio and file parts** a flat [`EstimateSettings::audio_part_tokens`].
+//! * **Image parts** cost the model's [`ImageCost`] for their `detail`
+//!   (OpenAI's published rule per model family, see [`image`]; unknown
+//!   models [`EstimateSettings::image_part_tokens`]); **audio and file
+//!   parts** a flat [`EstimateSettings::audio_part_tokens`].
+//! * **Tool calls and their results** are counted as [`agent`] documents:
+//!   name and arguments exactly, framing estimated, no margin.
 //! * **Legacy completions** count every prompt (`prompt` may be a string, an
 //!   array of strings, a token array or an array of token arrays; token
 //!   arrays count their length) plus `suffix`.
@@ -48,7 +52,9 @@
 //! cap, lowered to fit the tightest token bucket capacity but never below
 //! `min_output_tokens`.
 
+mod agent;
 pub mod cache;
+mod image;
 mod input;
 pub mod pool;
 mod responses;
@@ -57,6 +63,11 @@ mod room;
 mod tests;
 
 use crate::dialects::Dialect;
+pub use agent::{
+    FUNCTION_CALL_FRAMING_TOKENS, FUNCTION_OUTPUT_FRAMING_TOKENS, REASONING_FRAMING_TOKENS,
+    UNKNOWN_NAME_TOKENS,
+};
+pub use image::ImageCost;
 use room::default_output;
 pub use room::{fit_output, TokenRoom};
 use serde_json::{Map, Value};
@@ -202,13 +213,16 @@ where
 /// Estimation knobs from config. All costs are in tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EstimateSettings {
-    /// Tokens charged per image content part (`image_url`). Default 1536:
+    /// Tokens charged per image content part, any `detail`, for a model
+    /// no published rule ([`ImageCost::for_model`]) or configured
+    /// [`image_tokens`](Self::image_tokens) entry covers. Default 1536:
     /// at least the high-detail maximum of gpt-4o / gpt-4.1 (85 + 8 tiles ×
     /// 170 = 1445 tokens) and of o1 / o3 (75 + 8 × 150 = 1275), and equal to
     /// the 1536-patch cap of patch-based models before their multiplier.
-    /// Models that report inflated image tokens (gpt-4o-mini, gpt-4.1-mini /
-    /// nano, o4-mini) need a larger value.
     pub image_part_tokens: u64,
+    /// `[estimation.image_tokens]`: image costs by model-name prefix
+    /// (lower case), ahead of the published rules; longest prefix wins.
+    pub image_tokens: Vec<(String, ImageCost)>,
     /// Tokens charged per `input_audio` or `file` content part. Default
     /// 4096. There is no way to size these from the part without decoding
     /// it; configure from observed usage.
@@ -227,6 +241,7 @@ impl Default for EstimateSettings {
     fn default() -> Self {
         EstimateSettings {
             image_part_tokens: 1536,
+            image_tokens: Vec::new(),
             audio_part_tokens: 4096,
             structured_margin_percent: 10,
             structured_margin_tokens: 32,
@@ -251,6 +266,8 @@ pub struct ModelEstimation {
     /// Anthropic Messages only: the model's tokens per 1000 tiktoken
     /// tokens of text (its tokenizer is not public); 1000 elsewhere.
     pub token_ratio: u64,
+    /// What an image part costs on this model, by `detail`.
+    pub image: ImageCost,
 }
 
 /// Cost breakdown of one request, in tokens.
@@ -350,9 +367,9 @@ pub fn estimate(
     let enc = model.encoding;
     let mut cacheable_prefix = 0;
     let (input_tokens, prompts) = match endpoint {
-        Dialect::ChatCompletions => (input::chat_input(body, enc, settings)?, 1),
+        Dialect::ChatCompletions => (input::chat_input(body, enc, settings, model.image)?, 1),
         Dialect::Completions => input::completions_input(body, enc)?,
-        Dialect::Responses => (responses::input(body, enc, settings)?, 1),
+        Dialect::Responses => (responses::input(body, enc, settings, model.image)?, 1),
         Dialect::Messages => {
             if matches!(body.get("max_tokens"), None | Some(Value::Null)) {
                 return Err(EstimateError::invalid(

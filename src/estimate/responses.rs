@@ -14,37 +14,53 @@
 //!   `"type": "message"`): [`TOKENS_PER_MESSAGE`] + tokens of its role +
 //!   its content: a string, or the `text` of every `input_text` /
 //!   `output_text` part and the `refusal` of `refusal` parts, each counted
-//!   exactly. Image parts cost [`EstimateSettings::image_part_tokens`],
-//!   file and audio parts [`EstimateSettings::audio_part_tokens`] (flat,
-//!   no margin).
+//!   exactly. Image parts cost the model's [`ImageCost`] for their
+//!   `detail` ([`super::image`]), file and audio parts
+//!   [`EstimateSettings::audio_part_tokens`] (flat, no margin).
+//! * Agent items, framed as [`super::agent`] documents, their text exact:
+//!   `function_call` and `custom_tool_call` items (name + arguments or
+//!   input), `function_call_output` and `custom_tool_call_output` items
+//!   (their output, a string or parts as in a message, and the function's
+//!   name), reasoning items passed back (the text of their summary and
+//!   content parts; `encrypted_content` is opaque and not text).
 //! * [`REPLY_PRIMING_TOKENS`] once.
 //!
 //! Everything else is *structured* and carries the structured margin
 //! (`structured_margin_percent` of its count, rounded up, plus
-//! `structured_margin_tokens` once per request): `function_call` items
-//! (name + arguments + call id + [`TOOL_CALL_OVERHEAD_TOKENS`]),
-//! `function_call_output` and `custom_tool_call_output` items (call id +
-//! output + [`TOOL_CALL_OVERHEAD_TOKENS`]), reasoning items passed back
-//! (the text of their summary and content parts; `encrypted_content` is
-//! opaque and not text), other items (their JSON), `tools` (each tool's
-//! JSON: name, description, parameter schema), an object `tool_choice`,
-//! and the `text.format` schema of structured output.
+//! `structured_margin_tokens` once per request): other items (their JSON),
+//! `tools` (each tool's JSON: name, description, parameter schema), an
+//! object `tool_choice`, and the `text.format` schema of structured output.
 
 use serde_json::{Map, Value};
 
+use super::agent::{self, Calls};
 use super::input::{json_tokens, Tally};
 use super::{
-    describe, Encoding, EstimateError, EstimateSettings, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE,
-    TOOL_CALL_OVERHEAD_TOKENS,
+    describe, Encoding, EstimateError, EstimateSettings, ImageCost, REPLY_PRIMING_TOKENS,
+    TOKENS_PER_MESSAGE,
 };
+
+/// What every item of one body is counted with.
+struct Ctx<'a> {
+    enc: Encoding,
+    settings: &'a EstimateSettings,
+    image: ImageCost,
+}
 
 /// Prompt tokens of a Responses body (see the module docs).
 pub(super) fn input(
     body: &Map<String, Value>,
     enc: Encoding,
     settings: &EstimateSettings,
+    image: ImageCost,
 ) -> Result<u64, EstimateError> {
+    let cx = Ctx {
+        enc,
+        settings,
+        image,
+    };
     let mut t = Tally::default();
+    let mut calls = Calls::default();
     match body.get("instructions") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => message_text(&mut t, enc, "developer", s),
@@ -66,7 +82,7 @@ pub(super) fn input(
                         format!("'input[{i}]' must be an object, got {}", describe(item)),
                     ));
                 };
-                item_tokens(item, enc, settings, &mut t);
+                item_tokens(item, &cx, &mut t, &mut calls);
             }
         }
         Some(other) => {
@@ -79,6 +95,7 @@ pub(super) fn input(
             ))
         }
     }
+    calls.finish(&mut t, enc, body.get("tools"));
     t.exact(REPLY_PRIMING_TOKENS);
     if let Some(Value::Array(tools)) = body.get("tools") {
         for tool in tools {
@@ -114,71 +131,54 @@ fn text_of(v: Option<&Value>, enc: Encoding) -> u64 {
 }
 
 /// Adds one input item.
-fn item_tokens(
-    item: &Map<String, Value>,
-    enc: Encoding,
-    settings: &EstimateSettings,
-    t: &mut Tally,
-) {
-    let kind = item.get("type").and_then(Value::as_str);
-    match kind {
+fn item_tokens(item: &Map<String, Value>, cx: &Ctx, t: &mut Tally, calls: &mut Calls) {
+    let enc = cx.enc;
+    let str_of = |key: &str| item.get(key).and_then(Value::as_str).unwrap_or("");
+    match item.get("type").and_then(Value::as_str) {
         None | Some("message") if item.contains_key("role") => {
             t.exact(TOKENS_PER_MESSAGE.saturating_add(text_of(item.get("role"), enc)));
-            match item.get("content") {
-                Some(Value::String(s)) => t.exact(enc.count_cached(s)),
-                Some(Value::Array(parts)) => {
-                    for part in parts {
-                        part_tokens(part, enc, settings, t);
-                    }
-                }
-                None | Some(Value::Null) => {}
-                Some(other) => t.structured(json_tokens(enc, other)),
-            }
+            content_tokens(item.get("content"), cx, t);
         }
-        Some("function_call") => t.structured(
-            text_of(item.get("name"), enc)
-                .saturating_add(text_of(item.get("arguments"), enc))
-                .saturating_add(text_of(item.get("call_id"), enc))
-                .saturating_add(TOOL_CALL_OVERHEAD_TOKENS),
-        ),
+        Some("function_call") => calls.call(t, enc, str_of("name"), str_of("arguments")),
+        Some("custom_tool_call") => calls.call(t, enc, str_of("name"), str_of("input")),
         Some("function_call_output") | Some("custom_tool_call_output") => {
-            let output = match item.get("output") {
-                Some(Value::String(s)) => enc.count_cached(s),
-                Some(other) => json_tokens(enc, other),
-                None => 0,
-            };
-            t.structured(
-                output
-                    .saturating_add(text_of(item.get("call_id"), enc))
-                    .saturating_add(TOOL_CALL_OVERHEAD_TOKENS),
-            )
+            calls.output(t);
+            content_tokens(item.get("output"), cx, t);
         }
-        Some("reasoning") => {
-            let mut n = 0u64;
-            for key in ["summary", "content"] {
-                if let Some(Value::Array(parts)) = item.get(key) {
-                    for p in parts {
-                        n = n.saturating_add(text_of(p.get("text"), enc));
-                    }
-                }
-            }
-            t.structured(n)
-        }
+        Some("reasoning") => agent::reasoning(t, enc, item),
         _ => t.structured(json_tokens(enc, &Value::Object(item.clone()))),
     }
 }
 
+/// Adds a message's `content` or an output's `output`: a string, or parts.
+fn content_tokens(content: Option<&Value>, cx: &Ctx, t: &mut Tally) {
+    match content {
+        Some(Value::String(s)) => t.exact(cx.enc.count_cached(s)),
+        Some(Value::Array(parts)) => {
+            for part in parts {
+                part_tokens(part, cx, t);
+            }
+        }
+        None | Some(Value::Null) => {}
+        Some(other) => t.structured(json_tokens(cx.enc, other)),
+    }
+}
+
 /// Adds one content part of a message item.
-fn part_tokens(part: &Value, enc: Encoding, settings: &EstimateSettings, t: &mut Tally) {
+fn part_tokens(part: &Value, cx: &Ctx, t: &mut Tally) {
+    let enc = cx.enc;
     match part.get("type").and_then(Value::as_str) {
         Some("input_text") | Some("output_text") | Some("text") => match part.get("text") {
             Some(Value::String(s)) => t.exact(enc.count_cached(s)),
             _ => t.structured(json_tokens(enc, part)),
         },
         Some("refusal") => t.exact(text_of(part.get("refusal"), enc)),
-        Some("input_image") => t.flat = t.flat.saturating_add(settings.image_part_tokens),
+        Some("input_image") => {
+            let detail = part.get("detail").and_then(Value::as_str);
+            t.flat = t.flat.saturating_add(cx.image.of(detail));
+        }
         Some("input_file") | Some("input_audio") => {
-            t.flat = t.flat.saturating_add(settings.audio_part_tokens)
+            t.flat = t.flat.saturating_add(cx.settings.audio_part_tokens)
         }
         _ => t.structured(json_tokens(enc, part)),
     }

@@ -113,6 +113,7 @@ mod tests {
             max_output_tokens: Some(4000),
             min_output_tokens: 16,
             token_ratio: 1000,
+            image: crate::estimate::ImageCost::flat(1536),
         }
     }
 

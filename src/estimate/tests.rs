@@ -9,6 +9,7 @@ fn model(encoding: Encoding) -> ModelEstimation {
         max_output_tokens: Some(4000),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: crate::estimate::ImageCost::flat(1536),
     }
 }
 
@@ -192,7 +193,7 @@ fn text_content_parts_get_the_structured_margin() {
 }
 
 #[test]
-fn image_and_audio_parts_cost_the_configured_flat_amount() {
+fn image_parts_cost_the_models_price_for_their_detail_and_audio_a_flat_amount() {
     let body = json!({"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
         {"type": "image_url", "image_url": {"url": "https://example.com/x.png", "detail": "low"}},
@@ -200,21 +201,28 @@ fn image_and_audio_parts_cost_the_configured_flat_amount() {
         {"type": "file", "file": {"file_id": "file-abc"}}
     ]}]});
     let settings = EstimateSettings {
-        image_part_tokens: 1000,
         audio_part_tokens: 300,
-        structured_margin_percent: 10,
         structured_margin_tokens: 5,
+        ..EstimateSettings::default()
+    };
+    let m = ModelEstimation {
+        image: crate::estimate::ImageCost {
+            low: 100,
+            high: 1000,
+        },
+        ..model(Encoding::O200kBase)
     };
     let e = estimate(
         Dialect::ChatCompletions,
         &body,
-        &model(Encoding::O200kBase),
+        &m,
         &settings,
         TokenRoom::default(),
     )
     .unwrap();
-    // The base64 payloads are never tokenised as text.
-    let want = TOKENS_PER_MESSAGE + o200k("user") + REPLY_PRIMING_TOKENS + 2 * 1000 + 2 * 300 + 5;
+    // The base64 payloads are never tokenised as text; `detail` nests in
+    // `image_url` in chat.
+    let want = TOKENS_PER_MESSAGE + o200k("user") + REPLY_PRIMING_TOKENS + 1000 + 100 + 2 * 300 + 5;
     assert_eq!(e.input_tokens, want);
 }
 
@@ -259,21 +267,59 @@ fn legacy_functions_and_json_schema_response_format_are_counted() {
 }
 
 #[test]
-fn assistant_tool_calls_count_name_arguments_and_overhead() {
+fn assistant_tool_calls_are_framed_like_responses_function_calls() {
     let args = r#"{"city":"Paris","unit":"celsius"}"#;
     let body = json!({"messages": [
         {"role": "assistant", "content": null, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}},
             {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}
-        ]}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "noon"}
     ]});
-    let calls = o200k("get_weather")
-        + o200k(args)
-        + o200k("get_time")
-        + o200k("{}")
-        + 2 * TOOL_CALL_OVERHEAD_TOKENS;
-    let want = TOKENS_PER_MESSAGE + o200k("assistant") + REPLY_PRIMING_TOKENS + margin(calls);
+    // One frame per call, exact (no margin), as in a Responses body; the
+    // `tool` results follow the published rule for plain messages.
+    let call = |name: &str, a: &str| {
+        TOKENS_PER_MESSAGE
+            + o200k("assistant")
+            + FUNCTION_CALL_FRAMING_TOKENS
+            + o200k(name)
+            + o200k(a)
+    };
+    let tool_msg = |id: &str, c: &str| TOKENS_PER_MESSAGE + o200k("tool") + o200k(id) + o200k(c);
+    let want = TOKENS_PER_MESSAGE
+        + o200k("assistant")
+        + call("get_weather", args)
+        + call("get_time", "{}")
+        + tool_msg("call_1", "18")
+        + tool_msg("call_2", "noon")
+        + REPLY_PRIMING_TOKENS;
     assert_eq!(chat(body).unwrap().input_tokens, want);
+
+    let responses = json!({"input": [
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": args},
+        {"type": "function_call", "call_id": "call_2", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "noon"}
+    ]});
+    let e = estimate(
+        Dialect::Responses,
+        &responses,
+        &model(Encoding::O200kBase),
+        &EstimateSettings::default(),
+        TokenRoom::default(),
+    )
+    .unwrap();
+    // A Responses output carries its call's name (charged with the call).
+    let output = |name: &str, c: &str| {
+        TOKENS_PER_MESSAGE + FUNCTION_OUTPUT_FRAMING_TOKENS + o200k(name) + o200k(c)
+    };
+    let want = call("get_weather", args)
+        + call("get_time", "{}")
+        + output("get_weather", "18")
+        + output("get_time", "noon")
+        + REPLY_PRIMING_TOKENS;
+    assert_eq!(e.input_tokens, want);
 }
 
 #[test]
@@ -666,6 +712,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         max_output_tokens: Some(u64::MAX),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: crate::estimate::ImageCost::flat(1536),
     };
     let e = estimate(
         Dialect::Completions,
@@ -691,6 +738,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     let m = ModelEstimation {
         min_output_tokens: u64::MAX,
         token_ratio: 1000,
+        image: crate::estimate::ImageCost::flat(1536),
         ..m
     };
     let mut body = user("hi");
@@ -778,6 +826,7 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
         max_output_tokens: Some(1000),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: crate::estimate::ImageCost::flat(1536),
     };
     let s = EstimateSettings::default();
     let first = estimate(Dialect::ChatCompletions, &b, &m, &s, TokenRoom::default()).unwrap();

@@ -323,6 +323,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         max_output_tokens: model.max_output_tokens,
         min_output_tokens: policy.min_output_tokens,
         token_ratio: model.token_ratio,
+        image: model.image,
     };
     let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
     let mut estimate =

@@ -92,6 +92,7 @@ async fn cache_reads_and_writes_are_priced_at_their_prices_to_the_micro_dollar()
         max_output_tokens: Some(64000),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: budgetgate::estimate::ImageCost::flat(1536),
     };
     let input = estimate(
         Dialect::Messages,

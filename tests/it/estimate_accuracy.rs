@@ -78,6 +78,7 @@ fn model(enc: Encoding) -> ModelEstimation {
         max_output_tokens: Some(16384),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: budgetgate::estimate::ImageCost::flat(1536),
     }
 }
 

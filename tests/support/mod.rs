@@ -48,6 +48,7 @@ pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
         max_output_tokens: Some(4096),
         min_output_tokens: 16,
         token_ratio: 1000,
+        image: EstimateSettings::default().image_cost("gpt-4o-mini", "gpt-4o-mini"),
     };
     estimate(
         Dialect::ChatCompletions,

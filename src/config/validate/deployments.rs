@@ -171,6 +171,7 @@ pub(super) fn models(
     raw: &RawConfig,
     upstream_index: &HashMap<String, usize>,
     upstreams: &[UpstreamPolicy],
+    estimation: &crate::estimate::EstimateSettings,
 ) -> (Vec<ModelPolicy>, HashMap<String, usize>) {
     let mut models = Vec::new();
     let mut model_index = HashMap::new();
@@ -298,10 +299,12 @@ pub(super) fn models(
         };
         let responses = responses_route(v, &path, m, &ups, &raw.upstreams);
         let price = v.price_table(&path, m.price.as_ref(), &m.price_tiers, messages);
+        let upstream_model = m.upstream_model.clone().unwrap_or_else(|| m.name.clone());
         models.push(ModelPolicy {
+            image: estimation.image_cost(&upstream_model, &m.name),
             name: m.name.clone(),
             upstreams: ups,
-            upstream_model: m.upstream_model.clone().unwrap_or_else(|| m.name.clone()),
+            upstream_model,
             encoding,
             default_max_output_tokens: default_out,
             max_output_tokens: max_out,

@@ -276,6 +276,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 MAX_LIMIT,
             )
             .unwrap_or(defaults.image_part_tokens),
+        image_tokens: image_tokens(&mut v, e.image_tokens.as_ref()),
         audio_part_tokens: v
             .positive(
                 "estimation.audio_part_tokens",
@@ -324,7 +325,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         .unwrap_or(256);
 
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
-    let (models, model_index) = deployments::models(&mut v, &raw, &upstream_index, &upstreams);
+    let (models, model_index) =
+        deployments::models(&mut v, &raw, &upstream_index, &upstreams, &estimation);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     let end_user_key = end_user_key(&mut v, &server, &tenants);
     for m in models.iter().filter(|m| m.responses) {
@@ -387,4 +389,37 @@ fn end_user_key(
         }
         (_, None) => None,
     }
+}
+
+/// `[estimation.image_tokens]`: `prefix = { low, high }`, `low` defaulting
+/// to `high`; prefixes compared in lower case.
+fn image_tokens(
+    v: &mut V,
+    table: Option<&std::collections::BTreeMap<String, super::raw::RawImageTokens>>,
+) -> Vec<(String, crate::estimate::ImageCost)> {
+    let mut out = Vec::new();
+    for (prefix, cost) in table.into_iter().flatten() {
+        let path = format!("estimation.image_tokens.{prefix:?}");
+        if prefix.is_empty() {
+            v.err(&path, "the model-name prefix must not be empty");
+            continue;
+        }
+        let Some(high) = v.positive(&format!("{path}.high"), cost.high, MAX_LIMIT) else {
+            if cost.high.is_none() {
+                v.err(
+                    &path,
+                    "needs `high` (tokens of a high-detail or auto image)",
+                );
+            }
+            continue;
+        };
+        let low = v
+            .positive(&format!("{path}.low"), cost.low, MAX_LIMIT)
+            .unwrap_or(high);
+        out.push((
+            prefix.to_ascii_lowercase(),
+            crate::estimate::ImageCost { low, high },
+        ));
+    }
+    out
 }
