@@ -407,3 +407,21 @@ fn the_shipped_configs_are_valid() {
         }
     }
 }
+
+/// The shipped configs' comments start the binaries the README builds:
+/// `cargo run` would start a separate debug build (minutes of compiling,
+/// and a slow gateway).
+#[test]
+fn the_shipped_configs_start_the_built_binaries() {
+    for path in shipped_configs() {
+        let text = std::fs::read_to_string(&path).expect("read config");
+        for (i, line) in text.lines().enumerate() {
+            assert!(
+                !line.contains("cargo run"),
+                "{}:{}: names `cargo run`; name target/release/budgetgate: {line}",
+                path.display(),
+                i + 1
+            );
+        }
+    }
+}
