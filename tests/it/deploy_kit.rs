@@ -278,7 +278,10 @@ fn installing_promtool_starts_no_prometheus_server() {
         p = policy.display(),
         s = seen.display()
     );
-    for (name, script) in [("apt-get", apt.as_str()), ("systemctl", "#!/bin/sh\nexit 0\n")] {
+    for (name, script) in [
+        ("apt-get", apt.as_str()),
+        ("systemctl", "#!/bin/sh\nexit 0\n"),
+    ] {
         std::fs::write(bin.join(name), script).unwrap();
         std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
