@@ -215,6 +215,7 @@ impl Tls {
         let tls = self.clone();
         tasks.push(tokio::spawn(reload::watch(
             self.files.cert_file.clone(),
+            "the TLS certificate",
             move |trigger| {
                 tls.reload(trigger);
             },
@@ -224,6 +225,7 @@ impl Tls {
             let tls = self.clone();
             tasks.push(tokio::spawn(reload::watch(
                 self.files.key_file.clone(),
+                "the TLS key",
                 move |trigger| {
                     if trigger == Trigger::FileChange {
                         tls.reload(trigger);

@@ -189,9 +189,11 @@ fn watch_dir(path: &Path) -> PathBuf {
 /// that arrives between start-up and the task's first poll would otherwise
 /// meet the default action and end the process. The future runs until its
 /// task is aborted. When the directory cannot be watched, logs a warning and
-/// keeps serving SIGHUP alone.
+/// keeps serving SIGHUP alone. `what` names the file in the logs ("the
+/// config file", "the TLS certificate").
 pub fn watch(
     path: PathBuf,
+    what: &'static str,
     apply: impl Fn(Trigger) + Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
@@ -202,16 +204,16 @@ pub fn watch(
                 let _ = tx.send(());
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "config file watcher error"),
+            Err(e) => tracing::warn!(error = %e, "error watching {what}"),
         })
         .and_then(|mut w| w.watch(&dir, RecursiveMode::NonRecursive).map(|()| w));
     let watcher = match watcher {
         Ok(w) => {
-            tracing::info!(config = %path.display(), dir = %dir.display(), "watching the config file for changes");
+            tracing::info!(file = %path.display(), dir = %dir.display(), "watching {what} for changes");
             Some(w)
         }
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
+            tracing::warn!(file = %path.display(), dir = %dir.display(), error = %e, "cannot watch {what}; reload with SIGHUP");
             None
         }
     };
