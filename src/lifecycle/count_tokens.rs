@@ -34,6 +34,7 @@ pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> 
             r
         }
         Err(e) => {
+            super::refusal::note(&cx, record.tenant, &e);
             record.write(Outcome::Refused(&e));
             e.respond_for(Dialect::Messages, cx.requester().as_deref())
         }

@@ -117,6 +117,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
                     error: e.label(),
                 });
             } else {
+                refusal::note(&cx, record.tenant, &e);
                 record.write(Outcome::Refused(&e));
             }
             e.respond_for(dialect, requester.as_deref())
