@@ -290,3 +290,51 @@ async fn end_user_hash_prints_what_a_refusal_of_that_end_user_shows() {
         );
     }
 }
+
+/// Every shipped config passes `check-config` as a user runs it (upstream
+/// keys and the end-user secret in the environment), and each documented
+/// feature has a local example: an Anthropic upstream in base-URL form,
+/// dollar budgets with prices, nested tenants, end users.
+#[test]
+fn every_shipped_config_passes_check_config_and_each_feature_has_an_example() {
+    let mut configs: Vec<std::path::PathBuf> = std::fs::read_dir(repo_path("config"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    configs.sort();
+    let env = [
+        ("OPENAI_API_KEY", "sk-check"),
+        ("ANTHROPIC_API_KEY", "sk-check"),
+        ("BUDGETGATE_END_USER_KEY", "a-secret-of-at-least-16-bytes"),
+    ];
+    let mut texts = Vec::new();
+    for path in &configs {
+        let p = path.to_string_lossy();
+        let out = budgetgate(&["check-config", &p], &env, None);
+        assert!(out.status.success(), "{p}: {}", text(&out.stderr));
+        texts.push((p.into_owned(), std::fs::read_to_string(path).unwrap()));
+    }
+    let local = |needle: &str| {
+        texts
+            .iter()
+            .any(|(p, t)| p.contains("/local") && t.lines().any(|l| l.starts_with(needle)))
+    };
+    for (feature, needle) in [
+        ("an Anthropic upstream", "kind = \"anthropic\""),
+        (
+            "an Anthropic base URL without /v1",
+            "base_url = \"http://127.0.0.1:9000\"",
+        ),
+        ("prices", "price = {"),
+        ("dollar budgets", "limits = { rpm = 600, usd_per_day"),
+        ("nested tenants", "parent = "),
+        ("end users", "end_user_limits = "),
+        ("the end-user key variable", "end_user_key_env = "),
+    ] {
+        assert!(
+            local(needle),
+            "no local example config has {feature} ({needle})"
+        );
+    }
+}
