@@ -7,7 +7,8 @@
 #
 # redis     redis-server, redis-cli   (tests start their own servers on free ports)
 # chromium  /usr/bin/chromium and /usr/bin/chromedriver (the budget page test)
-# promtool  promtool, from Debian's `prometheus` package (the deploy/ kit test)
+# promtool  promtool, from Debian's `prometheus` package (the deploy/ kit test),
+#           installed without starting or enabling its Prometheus server
 set -euo pipefail
 
 want=("$@")
@@ -40,5 +41,49 @@ SUDO=""
 # One installer at a time (test binaries may ask in parallel).
 exec 9>/tmp/budgetgate-install-test-deps.lock
 flock 9
+
+# Debian's `prometheus` package starts a Prometheus server (port 9090) when
+# installed on a machine with systemd; the tests need only its promtool. A
+# policy-rc.d answering 101 ("action forbidden"), which deb-systemd-invoke
+# and invoke-rc.d honour, keeps it from starting; whatever policy-rc.d was
+# there before is put back afterwards, also when the install fails.
+# POLICY_RC_D exists for the script's own test.
+policy_rc_d="${POLICY_RC_D:-/usr/sbin/policy-rc.d}"
+policy_saved=""
+policy_set=false
+restore_policy() {
+    $policy_set || return 0
+    if [ -n "$policy_saved" ]; then
+        $SUDO mv -f "$policy_saved" "$policy_rc_d"
+    else
+        $SUDO rm -f "$policy_rc_d"
+    fi
+    policy_set=false
+}
+installs_prometheus=false
+for p in "${packages[@]}"; do [ "$p" = prometheus ] && installs_prometheus=true; done
+if $installs_prometheus; then
+    trap restore_policy EXIT
+    if [ -e "$policy_rc_d" ]; then
+        policy_saved="$($SUDO mktemp "${policy_rc_d}.saved.XXXXXX")"
+        $SUDO cp -p "$policy_rc_d" "$policy_saved"
+    fi
+    policy_set=true
+    printf '#!/bin/sh\n# budgetgate install-test-deps.sh: start no service while it installs.\nexit 101\n' \
+        | $SUDO tee "$policy_rc_d" >/dev/null
+    $SUDO chmod 755 "$policy_rc_d"
+fi
+
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+
+if $installs_prometheus; then
+    restore_policy
+    # Not at the next boot either. Without systemd there is nothing enabled.
+    if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+        $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
+    if command -v pgrep >/dev/null 2>&1 && pgrep -x prometheus >/dev/null 2>&1; then
+        echo "warning: a prometheus process is running (not started by this script): pgrep -a prometheus" >&2
+    fi
+fi

@@ -383,7 +383,7 @@ pub async fn run(
     let reloader = {
         let st = state.clone();
         let path = config_path.clone();
-        tokio::spawn(reload::watch(vec![config_path], move |trigger| {
+        tokio::spawn(reload::watch(vec![config_path], "the config file", move |trigger| {
             if let reload::ReloadOutcome::Applied { .. } =
                 reload::reload(&st.policy, &path, trigger)
             {

@@ -1,4 +1,5 @@
-//! The `budgetgate` command: `serve`, `check-config`, `estimate`, `hash-key`.
+//! The `budgetgate` command: `serve`, `check-config`, `estimate`, `hash-key`,
+//! `end-user-hash`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -71,6 +72,19 @@ enum Command {
     },
     /// Read an API key on stdin, print its SHA-256 digest for `keys[].sha256`.
     HashKey,
+    /// Print the hash an end user's id goes by in refusals, logs and
+    /// budgets (keyed with the secret in `server.end_user_key_env`), to find
+    /// one user's refusals.
+    EndUserHash {
+        /// Config file (TOML).
+        #[arg(long, short, env = "BUDGETGATE_CONFIG")]
+        config: PathBuf,
+        /// The tenant whose requests name the end user.
+        tenant: String,
+        /// The end-user id as clients send it; read from stdin when absent
+        /// (keeps it out of the shell's history).
+        id: Option<String>,
+    },
 }
 
 fn init_logging(json: bool) {
@@ -177,7 +191,57 @@ fn main() -> ExitCode {
             println!("{}", hash_key(key));
             ExitCode::SUCCESS
         }
+        Command::EndUserHash { config, tenant, id } => end_user_hash(&config, &tenant, id),
     }
+}
+
+fn end_user_hash(config: &std::path::Path, tenant: &str, id: Option<String>) -> ExitCode {
+    let policy = match Policy::load(config) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{}: {e}", config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(t) = policy.tenants.iter().find(|t| t.name == tenant) else {
+        eprintln!("unknown tenant {tenant:?} in {}", config.display());
+        return ExitCode::FAILURE;
+    };
+    if !t.reads_end_user {
+        eprintln!(
+            "tenant {tenant:?} has no end-user settings (end_user_limits, end_user_required) in its tree: its requests' end-user ids are not read, so no hash of them appears anywhere"
+        );
+        return ExitCode::FAILURE;
+    }
+    let id = match id {
+        Some(id) => id,
+        None => {
+            let mut s = String::new();
+            if let Err(e) = std::io::stdin().read_to_string(&mut s) {
+                eprintln!("cannot read stdin: {e}");
+                return ExitCode::FAILURE;
+            }
+            s.trim_end_matches(['\n', '\r']).to_string()
+        }
+    };
+    let max = budgetgate::lifecycle::end_user::MAX_ID_BYTES;
+    if id.is_empty() || id.len() > max {
+        eprintln!(
+            "an end-user id is 1 to {max} bytes (this one: {}); an empty id counts as none",
+            id.len()
+        );
+        return ExitCode::FAILURE;
+    }
+    // Loading checked it: a tree with end-user settings has a key.
+    let Some(key) = &policy.end_user_key else {
+        eprintln!(
+            "environment variable {} holds no end-user key",
+            policy.server.end_user_key_env
+        );
+        return ExitCode::FAILURE;
+    };
+    println!("{}", key.hash(id.as_bytes()));
+    ExitCode::SUCCESS
 }
 
 fn check_config(config: &std::path::Path) -> ExitCode {
@@ -185,7 +249,7 @@ fn check_config(config: &std::path::Path) -> ExitCode {
         Ok(p) => {
             if let Some(files) = &p.server.tls {
                 if let Err(e) = budgetgate::tls::load_certified_key(files) {
-                    println!("{e}");
+                    eprintln!("{e}");
                     eprintln!("{}: 1 error(s)", config.display());
                     return ExitCode::FAILURE;
                 }
@@ -217,8 +281,10 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            // Errors on stderr (stdout stays for the verdict of a valid
+            // file), so a script or CI log separates them.
             for line in &e.0 {
-                println!("{line}");
+                eprintln!("{line}");
             }
             eprintln!("{}: {} error(s)", config.display(), e.0.len());
             ExitCode::FAILURE
@@ -297,7 +363,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
     match estimate::estimate(endpoint, &body, &me, &policy.estimation, room) {
         Ok(e) => {
             println!("model:             {}", m.name);
-            println!("encoding:          {:?}", m.encoding);
+            println!("encoding:          {}", m.encoding);
             println!("input tokens:      {}", e.input_tokens);
             println!("output per choice: {}", e.output_tokens_per_choice);
             println!("choices:           {}", e.choices);

@@ -219,6 +219,7 @@ impl Tls {
         let tls = self.clone();
         vec![tokio::spawn(reload::watch(
             vec![self.files.cert_file.clone(), self.files.key_file.clone()],
+            "the TLS certificate and key",
             move |trigger| {
                 tls.reload(trigger);
             },

@@ -117,22 +117,91 @@ function scopes(budgets) {
   return frag;
 }
 
-function card(cls, name, meta, budgets) {
+function card(cls, name, meta, budgets, more) {
   const c = el('div', 'card ' + cls);
   c.dataset.name = name;
   c.appendChild(el('h3', null, name));
   if (meta) c.appendChild(el('div', 'meta', meta));
-  if (budgets.length === 0) c.appendChild(el('div', 'empty', 'no limits configured'));
+  if (budgets.length === 0 && !more) c.appendChild(el('div', 'empty', 'no limits configured'));
   c.appendChild(scopes(budgets));
   return c;
 }
 
+// The limits every end user of a tenant has: configured values, no state
+// (end users are too many to list; the admin API reads one by its hash).
+function endUserLimits(limits) {
+  const s = el('div', 'end-users');
+  s.appendChild(el('h4', null, 'each end user'));
+  for (const l of limits) {
+    const row = el('div', 'limit');
+    row.dataset.budget = l.budget;
+    row.dataset.limit = String(l.limit);
+    row.appendChild(el('span', 'name', l.budget));
+    const numbers = l.unit === 'usd_micros'
+      ? '$' + (l.limit / 1e6).toFixed(2)
+      : fmt.format(l.limit) + ' ' + l.unit;
+    row.appendChild(el('span', 'numbers', numbers));
+    s.appendChild(row);
+  }
+  return s;
+}
+
+const REASONS = { rate_limited: 'rate limit', quota: 'quota', concurrency: 'concurrency', impossible: 'larger than the budget' };
+
+function refusals(list) {
+  const s = el('div', 'refusals');
+  s.appendChild(el('h4', null, 'refused in the last 10 minutes: ' + list.length + (list.length >= 16 ? '+' : '')));
+  const ul = el('ul');
+  for (const r of list) {
+    const li = el('li', 'refusal');
+    li.dataset.budget = r.budget;
+    li.dataset.scope = r.scope;
+    li.dataset.reason = r.reason;
+    li.textContent = new Date(r.at_micros / 1000).toLocaleTimeString() + ' · ' + r.budget +
+      ' of ' + r.scope + ' · ' + (REASONS[r.reason] || r.reason);
+    ul.appendChild(li);
+  }
+  s.appendChild(ul);
+  return s;
+}
+
+function tenantCard(t, children) {
+  const eu = t.end_user_limits || [];
+  const refused = t.recent_refusals || [];
+  const meta = (t.keys.length ? 'keys: ' + t.keys.join(', ') : 'no keys') +
+    (t.parent ? ' · child of ' + t.parent : '') + (t.shadow ? ' · shadow mode' : '');
+  const c = card('tenant' + (refused.length ? ' refused' : ''), t.name, meta, t.budgets, eu.length > 0);
+  if (eu.length) c.appendChild(endUserLimits(eu));
+  if (refused.length) c.appendChild(refusals(refused));
+  const kids = children.get(t.name) || [];
+  if (kids.length) {
+    const k = el('div', 'children');
+    kids.forEach((child) => k.appendChild(tenantCard(child, children)));
+    c.appendChild(k);
+  }
+  return c;
+}
+
+// Children under their parent; a tenant whose parent is not listed (none,
+// or beyond the pages read) is a root.
+function tenantTree(list) {
+  const names = new Set(list.map((t) => t.name));
+  const children = new Map();
+  const roots = [];
+  for (const t of list) {
+    if (t.parent && names.has(t.parent)) {
+      if (!children.has(t.parent)) children.set(t.parent, []);
+      children.get(t.parent).push(t);
+    } else {
+      roots.push(t);
+    }
+  }
+  return roots.map((t) => tenantCard(t, children));
+}
+
 function render(data) {
   const tenants = $('tenants');
-  tenants.replaceChildren(...data.tenants.map((t) => card(
-    'tenant', t.name,
-    (t.keys.length ? 'keys: ' + t.keys.join(', ') : 'no keys') + (t.shadow ? ' · shadow mode' : ''),
-    t.budgets)));
+  tenants.replaceChildren(...tenantTree(data.tenants));
   if (data.tenants.length === 0) tenants.replaceChildren(el('p', 'empty', 'No tenants configured.'));
   const ups = $('upstreams');
   ups.replaceChildren(...data.upstreams.map((u) => card('upstream', u.name, 'kind: ' + u.kind, u.budgets)));

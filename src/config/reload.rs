@@ -224,8 +224,9 @@ fn concerns(ev: &notify::Event, names: &[OsString]) -> bool {
 /// Calls `apply` on every SIGHUP and, debounced, on every change of one of
 /// `files` (watched through their directories, so that rename-on-save is
 /// seen; events for other entries in those directories — a log file, the
-/// memory store's snapshot — are ignored without reading anything). The
-/// first file names the watch in its log line. The SIGHUP handler and the
+/// memory store's snapshot — are ignored without reading anything). `what`
+/// names the files in the logs ("the config file", "the TLS certificate
+/// and key"). The SIGHUP handler and the
 /// watcher are installed when this is called, not when the returned future
 /// first runs: a SIGHUP that arrives between start-up and the task's first
 /// poll would otherwise meet the default action and end the process. The
@@ -233,6 +234,7 @@ fn concerns(ev: &notify::Event, names: &[OsString]) -> bool {
 /// watched, logs a warning and keeps serving SIGHUP alone.
 pub fn watch(
     files: Vec<PathBuf>,
+    what: &'static str,
     apply: impl Fn(Trigger) + Send + 'static,
 ) -> impl std::future::Future<Output = ()> + Send {
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
@@ -247,7 +249,7 @@ pub fn watch(
                 let _ = tx.send(());
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "config file watcher error"),
+            Err(e) => tracing::warn!(error = %e, "error watching {what}"),
         })
         .and_then(|mut w| {
             for d in &dirs {
@@ -257,11 +259,11 @@ pub fn watch(
         });
     let watcher = match watcher {
         Ok(w) => {
-            tracing::info!(config = %path.display(), dir = %dir.display(), "watching the config file for changes");
+            tracing::info!(file = %path.display(), dir = %dir.display(), "watching {what} for changes");
             Some(w)
         }
         Err(e) => {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the config file; reload with SIGHUP");
+            tracing::warn!(file = %path.display(), dir = %dir.display(), error = %e, "cannot watch {what}; reload with SIGHUP");
             None
         }
     };

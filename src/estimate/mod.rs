@@ -99,7 +99,21 @@ pub enum Encoding {
     Cl100kBase,
 }
 
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl Encoding {
+    /// The name as written in config and in tiktoken: `o200k_base`, `cl100k_base`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::O200kBase => "o200k_base",
+            Encoding::Cl100kBase => "cl100k_base",
+        }
+    }
+
     /// Parses an encoding name as written in config: `"o200k_base"` or
     /// `"cl100k_base"`. Anything else is `None`.
     pub fn parse(name: &str) -> Option<Encoding> {

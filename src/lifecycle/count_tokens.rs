@@ -81,8 +81,8 @@ async fn count(
             })
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
-        other => {
-            tracing::warn!(outcome = ?other, "count_tokens reservation not admitted");
+        ReserveOutcome::Voided => {
+            tracing::warn!(reservation_id = %id, "count_tokens reservation not admitted: its id was voided");
             return Err(ApiError::StoreUnavailable);
         }
     };

@@ -165,9 +165,19 @@ impl Finish {
                     metrics::output_over_cap(deployment, "stream_cut_off");
                 }
                 tracing::info!(
-                    request_id, reservation_id, tenant, end_user, model, deployment, estimated,
-                    settled = summary.settled_tokens, ending = ?summary.ending, outcome,
-                    decision = "admitted", latency_ms, "stream finished"
+                    request_id,
+                    reservation_id,
+                    tenant,
+                    end_user,
+                    model,
+                    deployment,
+                    estimated,
+                    settled = summary.settled_tokens,
+                    ending = summary.ending.name(),
+                    outcome,
+                    decision = "admitted",
+                    latency_ms,
+                    "stream finished"
                 )
             }
         }
@@ -176,14 +186,13 @@ impl Finish {
 
 /// Metric label and request outcome of a stream ending.
 fn ending_labels(e: Ending) -> (&'static str, &'static str) {
-    match e {
-        Ending::Completed => ("completed", "streamed"),
-        Ending::CutOff => ("cut_off", "cut_off"),
-        Ending::TimeLimit => ("time_limit", "cut_off"),
-        Ending::OverCap => ("over_cap", "cut_off"),
-        Ending::ClientGone => ("client_gone", "client_gone"),
-        Ending::UpstreamError => ("upstream_error", "upstream_failed"),
-    }
+    let outcome = match e {
+        Ending::Completed => "streamed",
+        Ending::CutOff | Ending::TimeLimit | Ending::OverCap => "cut_off",
+        Ending::ClientGone => "client_gone",
+        Ending::UpstreamError => "upstream_failed",
+    };
+    (e.name(), outcome)
 }
 
 impl Drop for Finish {

@@ -148,7 +148,11 @@ pub async fn forward(
             deployment
                 .metrics
                 .answered("error", started.elapsed().as_secs_f64());
-            tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, error = %e, "upstream request failed");
+            // The URL too, so an operator sees which address failed; only on
+            // this failure path is it built.
+            let url =
+                crate::upstreams::endpoint_url_for_log(upstream, cx.dialect, &model.upstream_model);
+            tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, url, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
             let never_sent = matches!(e, UpstreamError::Connect(_));
             hold.settle_now(if never_sent { void() } else { refund(&budgets) })
@@ -339,7 +343,7 @@ fn observe_provider_limits(
         });
     }
     if tokens.is_some() || requests.is_some() {
-        tracing::debug!(deployment = %upstream.name, remaining_tokens = ?tokens, remaining_requests = ?requests, "provider rate-limit headers");
+        tracing::debug!(deployment = %upstream.name, remaining_tokens = tokens, remaining_requests = requests, "provider rate-limit headers");
     }
 }
 

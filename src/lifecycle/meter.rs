@@ -247,7 +247,11 @@ impl Meter for StreamMeter {
             Ok(ExtendOutcome::Exhausted(d)) => {
                 Extension::Exhausted(format!("{} {}", d.scope, d.name))
             }
-            Ok(other) => Extension::Exhausted(format!("extension not granted: {other:?}")),
+            Ok(ExtendOutcome::Extended { .. }) => Extension::Exhausted("no tokens granted".into()),
+            Ok(ExtendOutcome::Unknown) => Extension::Exhausted("the hold is gone".into()),
+            Ok(ExtendOutcome::AlreadySettled) => {
+                Extension::Exhausted("the hold was settled already".into())
+            }
             Err(e) => Extension::Failed(e.to_string()),
         }
     }

@@ -134,6 +134,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
                     error: e.label(),
                 });
             } else {
+                refusal::note(&cx, record.tenant, &e);
                 record.write(Outcome::Refused(&e));
             }
             cx.with_request_id(e.respond_for(dialect, requester.as_deref()))
@@ -166,6 +167,7 @@ pub fn conclude(mut cx: RequestContext, result: Result<Response, ApiError>) -> R
                     error: e.label(),
                 });
             } else {
+                refusal::note(&cx, record.tenant, &e);
                 record.write(Outcome::Refused(&e));
             }
             e.respond_for(cx.dialect, cx.requester().as_deref())

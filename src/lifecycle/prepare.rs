@@ -292,7 +292,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             return Err(invalid(
                 Some(u.param()),
                 format!(
-                    "`{}`: {u:?} is not enabled for model `{}` on this gateway (its work is billed beside the token usage the gateway meters).",
+                    "`{}`: {u} are not enabled for model `{}` on this gateway (its work is billed beside the token usage the gateway meters).",
                     u.param(),
                     model.name
                 ),

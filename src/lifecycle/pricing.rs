@@ -108,7 +108,7 @@ pub fn unpriced_feature(dialect: Dialect, body: &Value) -> Option<(String, Strin
             .map(|u| {
                 (
                     u.param().to_string(),
-                    format!("{u:?} is billed per use beside the tokens"),
+                    format!("{u} are billed per use beside the tokens"),
                 )
             }),
         Dialect::Responses => hosted_tool(body),

@@ -19,6 +19,17 @@ use crate::reservation::AnsweredBy;
 use crate::reserve::{BudgetSpec, BudgetState};
 use crate::server::error::ApiError;
 
+/// Keeps `refusal` of a request of `tenant` for the budget page's recent
+/// refusals ([`crate::server::recent_refusals`]); called only on refusals,
+/// so admitted requests never pay for it.
+pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusal: &ApiError) {
+    if let Some(t) = tenant {
+        cx.st
+            .recent_refusals
+            .record(&cx.policy.tenant(t).name, refusal, cx.st.clock.now_micros());
+    }
+}
+
 /// The headers to put on `refusal`, or `None` when it is not a budget refusal.
 pub async fn headers(cx: &RequestContext, refusal: &ApiError) -> Option<HeaderMap> {
     let refusing: Option<&BudgetState> = match refusal {

@@ -171,7 +171,25 @@ impl SettlementTracker {
                 Some(o) => {
                     record_settlement(&report, &o, s.actual_tokens);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
-                    tracing::debug!(reservation_id = %id, outcome = ?o, "settled");
+                    match &o {
+                        SettleOutcome::Settled {
+                            reserved,
+                            refunded,
+                            debt,
+                            ..
+                        } => {
+                            tracing::debug!(reservation_id = %id, reserved, refunded, debt, "settled")
+                        }
+                        SettleOutcome::AlreadySettled => {
+                            tracing::debug!(reservation_id = %id, "settled already")
+                        }
+                        SettleOutcome::Unknown => {
+                            tracing::debug!(reservation_id = %id, "settle: no such hold (expired)")
+                        }
+                        SettleOutcome::Voided => {
+                            tracing::debug!(reservation_id = %id, "settle: voided")
+                        }
+                    }
                 }
                 None => {
                     inner.failed.fetch_add(1, Ordering::SeqCst);

@@ -12,6 +12,10 @@
 //!   ⌈its budgets / [`INSPECT_CHUNK`]⌉ store calls (one for usual pages),
 //!   whatever the number of tenants; reading changes nothing.
 //! - Upstream deployments come with the first page (no `after`).
+//! - Each tenant comes with its `parent` (the page draws the tree), the
+//!   configured limits of each of its end users (`end_user_limits`: no
+//!   state, end users are too many to list) and its budget refusals of the
+//!   last minutes (`recent_refusals`, [`super::recent_refusals`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -184,15 +188,19 @@ pub async fn list(
             .map(|i| budget_json(&specs[i], &states[i]))
             .collect()
     };
+    let now = st.clock.now_micros();
     let tenants_json: Vec<Value> = tenants
         .iter()
         .zip(&tenant_ranges)
         .map(|(t, r)| {
             json!({
                 "name": t.name,
+                "parent": t.parent.map(|i| p.tenants[i].name.as_str()),
                 "keys": t.keys.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
                 "shadow": t.shadow,
                 "budgets": render(r),
+                "end_user_limits": end_user_limits_json(&ks, t),
+                "recent_refusals": st.recent_refusals.json_of(&t.name, now),
             })
         })
         .collect();
@@ -210,6 +218,26 @@ pub async fn list(
             .collect();
     }
     admin::json_response(StatusCode::OK, body)
+}
+
+/// The budgets each end user of `t` has (its `end_user_limits`), as
+/// configured: `budget`, `kind`, `unit`, `limit`, `capacity`.
+fn end_user_limits_json(ks: &crate::reserve::keys::KeySpace, t: &TenantPolicy) -> Vec<Value> {
+    if t.end_user_limits.is_empty() {
+        return Vec::new();
+    }
+    let scope = Scope::EndUser(t.name.as_str().into(), "*".into());
+    plan::scope_budgets(ks, scope, &t.end_user_limits, true)
+        .iter()
+        .map(|s| {
+            json!({
+                "budget": s.name,
+                "unit": unit(s.name),
+                "limit": s.limit(),
+                "capacity": s.capacity(),
+            })
+        })
+        .collect()
 }
 
 /// Share of a budget left, within [0, 1] (a bucket in debt counts as empty).

@@ -9,7 +9,8 @@
 //! - [`admin`]: the operator API under `/admin/v1/`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
-//! - [`admin_ui`]: the live budget page at `/admin/ui`.
+//! - [`admin_ui`]: the live budget page at `/admin/ui`;
+//!   [`recent_refusals`]: what it shows of each tenant's last refusals.
 
 pub mod admin;
 pub mod admin_ui;
@@ -17,6 +18,7 @@ pub mod budget_view;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod recent_refusals;
 pub mod refusal_text;
 
 use std::collections::HashMap;
@@ -67,6 +69,8 @@ pub struct AppState {
     plans: Arc<Mutex<PlanCache>>,
     /// Owner records of stored responses (one per process, every serving thread shares it).
     pub records: Arc<Records>,
+    /// Each tenant's last budget refusals (per process), for the budget page.
+    pub recent_refusals: Arc<recent_refusals::RecentRefusals>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -136,6 +140,7 @@ impl AppState {
             admin_token: Arc::new(Mutex::new(None)),
             plans: Arc::default(),
             records,
+            recent_refusals: Arc::default(),
         })
     }
 
@@ -216,6 +221,7 @@ impl AppState {
             admin_token: self.admin_token.clone(),
             plans: self.plans.clone(),
             records: self.records.clone(),
+            recent_refusals: self.recent_refusals.clone(),
         })
     }
 

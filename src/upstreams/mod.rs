@@ -246,6 +246,27 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
     }
 }
 
+/// [`endpoint_url`] as logs may show it: without user info or query (a
+/// base URL may carry credentials there).
+pub fn endpoint_url_for_log(
+    upstream: &UpstreamPolicy,
+    dialect: Dialect,
+    upstream_model: &str,
+) -> String {
+    let text = endpoint_url(upstream, dialect, upstream_model);
+    match reqwest::Url::parse(&text) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        // Unparsable: show only the deployment (the caller names it).
+        Err(_) => String::new(),
+    }
+}
+
 /// URL of the Responses API on `upstream`, with `rest` (e.g. `/resp_1`,
 /// `/resp_1/cancel`) after `responses`: `<base>/responses<rest>` for
 /// OpenAI-compatible upstreams, `<base>/openai/responses<rest>?api-version=<v>`

@@ -380,6 +380,108 @@ async fn the_budget_page_shows_the_demo_tenant_and_moves_after_traffic() {
     browser.quit().await;
 }
 
+/// Nested tenants and end users on the page: a child's card inside its
+/// parent's, the limits each end user of a tenant has (not "no limits
+/// configured"), and a tenant's recent budget refusals (which budget of
+/// which scope, why), so a person sees that a tenant is being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_page_shows_the_tenant_tree_end_user_limits_and_refusals() {
+    ensure_browser();
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_config(&mock.base_url());
+    config.tenants.push(crate::support::config::tenant(
+        "org",
+        "org-key",
+        "sk-org",
+        limits().tpm(100_000),
+    ));
+    let mut team = crate::support::config::tenant("team", "team-key", "sk-team", limits());
+    team.parent = Some("org".into());
+    team.end_user_limits = limits().rpm(1);
+    config.tenants.push(team);
+    let cfg = config.write(dir.path());
+    let gw = GatewayProcess::start(
+        &cfg,
+        &[
+            ("BUDGETGATE_ADMIN_TOKEN", TOKEN),
+            ("BUDGETGATE_END_USER_KEY", "browser-test-end-user-key"),
+        ],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.root))
+            .bearer_auth("sk-team")
+            .header("x-budgetgate-end-user", "alice")
+            .json(&json!({"model": "gpt-4o-mini", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "Hello!"}]}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 429]);
+
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/admin/ui", gw.root)).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#token-submit").await;
+    browser
+        .wait_for(
+            "the team tenant",
+            "return document.querySelector('.tenant[data-name=\"team\"]') !== null",
+        )
+        .await;
+    // The tree: team is drawn inside org's card, not beside it.
+    let tree = browser
+        .js(r#"return [
+            document.querySelectorAll('#tenants > .tenant[data-name="org"] > .children > .tenant[data-name="team"]').length,
+            document.querySelectorAll('#tenants > .tenant[data-name="team"]').length,
+            document.querySelectorAll('#tenants > .tenant[data-name="demo"]').length]"#)
+        .await;
+    assert_eq!(tree, json!([1, 0, 1]), "team under org; demo a root");
+    // End-user limits where the tenant has them.
+    let team = browser
+        .js(r#"return (() => {
+            const t = document.querySelector('.tenant[data-name="team"]');
+            const limits = Array.from(t.querySelectorAll(':scope > .end-users .limit')).map(l => l.dataset.budget + '=' + l.dataset.limit);
+            const empty = t.querySelector(':scope > .empty');
+            const refusals = Array.from(t.querySelectorAll(':scope > .refusals .refusal')).map(r => [r.dataset.budget, r.dataset.scope, r.dataset.reason, r.textContent]);
+            return [limits, empty ? empty.textContent : null, refusals];
+        })()"#)
+        .await;
+    assert_eq!(team[0], json!(["rpm=1"]), "{team}");
+    assert_eq!(
+        team[1],
+        Value::Null,
+        "no 'no limits configured' beside end-user limits"
+    );
+    let refusals = team[2].as_array().unwrap();
+    assert_eq!(refusals.len(), 1, "{team}");
+    assert_eq!(refusals[0][0], "rpm");
+    assert!(
+        refusals[0][1]
+            .as_str()
+            .unwrap()
+            .starts_with("end_user:team/"),
+        "{team}"
+    );
+    assert_eq!(refusals[0][2], "rate_limited");
+    assert!(
+        refusals[0][3].as_str().unwrap().contains("rate limit"),
+        "{team}"
+    );
+    // Tenants without refusals show none.
+    let others = browser
+        .js("return document.querySelectorAll('.tenant[data-name=\"org\"] > .refusals, .tenant[data-name=\"demo\"] > .refusals').length")
+        .await;
+    assert_eq!(others, 0);
+    browser.quit().await;
+}
+
 /// Writes `docs/budget-page.png` (the screenshot in docs/API.md) from the
 /// README's demo config after some traffic:
 /// `cargo test --test it budget_page_browser:: -- --ignored`.

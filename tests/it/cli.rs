@@ -89,6 +89,12 @@ fn estimate_reads_budgetgate_config_and_suggests_the_endpoint() {
     let out = budgetgate(&["estimate"], &env, Some(chat));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("total reserved:"));
+    // The encoding by its name, not a Rust type name (`O200kBase`).
+    assert!(
+        text(&out.stdout).contains("encoding:          o200k_base\n"),
+        "{}",
+        text(&out.stdout)
+    );
 
     let embeddings = r#"{"model":"gpt-4o-mini","input":"hello"}"#;
     let out = budgetgate(&["estimate"], &env, Some(embeddings));
@@ -202,4 +208,133 @@ fn estimate_prints_dollars_and_check_config_flags_unpriced_models() {
         "{stdout}"
     );
     assert!(stdout.contains("1 warning(s)"), "{stdout}");
+}
+
+/// `end-user-hash TENANT ID` prints the hash a refusal of that end user
+/// names (in its message and its log line), read with the key from the
+/// configured variable; the id may come on stdin; a tenant whose tree has no
+/// end-user settings, an unknown tenant and a missing key are errors.
+#[tokio::test]
+async fn end_user_hash_prints_what_a_refusal_of_that_end_user_shows() {
+    const SECRET: &str = "cli-test-end-user-secret-0123";
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(&mock.base_url(), 50, limits().tpm(100_000));
+    c.server.end_user_key_env = Some("CLI_TEST_END_USER_KEY".into());
+    c.tenant("t1").end_user_limits = limits().rpm(1);
+    c.tenants.push(crate::support::config::tenant(
+        "plain",
+        "k2",
+        "sk-plain",
+        limits().tpm(1000),
+    ));
+    let cfg = c.write(dir.path());
+    let env = [("CLI_TEST_END_USER_KEY", SECRET)];
+    let gw = GatewayProcess::start(&cfg, &env).await;
+    let send = || {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.root))
+            .bearer_auth(KEY)
+            .header("x-budgetgate-end-user", "alice@example.com")
+            .json(&serde_json::json!({"model": "gpt-4o-mini", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    let refused = send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap().to_string();
+    let line = gw.wait_log("request refused", 1).await;
+    let logged = line[0]["fields"]["end_user"].as_str().unwrap().to_string();
+
+    let cfg = cfg.to_string_lossy().into_owned();
+    let out = budgetgate(
+        &["end-user-hash", "-c", &cfg, "t1", "alice@example.com"],
+        &env,
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let hash = text(&out.stdout).trim().to_string();
+    assert_eq!(hash.len(), 32, "{hash}");
+    assert_eq!(logged, hash);
+    assert!(
+        message.contains(&format!("end_user:t1/{hash}")),
+        "{message}"
+    );
+    let out = budgetgate(
+        &["end-user-hash", "-c", &cfg, "t1"],
+        &env,
+        Some("alice@example.com\n"),
+    );
+    assert_eq!(text(&out.stdout).trim(), hash);
+
+    for (args, envs, says) in [
+        (vec!["plain", "alice"], &env[..], "no end-user settings"),
+        (
+            vec!["nobody", "alice"],
+            &env[..],
+            "unknown tenant \"nobody\"",
+        ),
+        (vec!["t1", "alice"], &[][..], "CLI_TEST_END_USER_KEY"),
+    ] {
+        let mut a = vec!["end-user-hash", "-c", &cfg];
+        a.extend(args);
+        let out = budgetgate(&a, envs, None);
+        assert_eq!(out.status.code(), Some(1), "{a:?}");
+        assert!(text(&out.stdout).is_empty(), "{a:?}");
+        assert!(
+            text(&out.stderr).contains(says),
+            "{a:?}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// Every shipped config passes `check-config` as a user runs it (upstream
+/// keys and the end-user secret in the environment), and each documented
+/// feature has a local example: an Anthropic upstream in base-URL form,
+/// dollar budgets with prices, nested tenants, end users.
+#[test]
+fn every_shipped_config_passes_check_config_and_each_feature_has_an_example() {
+    let mut configs: Vec<std::path::PathBuf> = std::fs::read_dir(repo_path("config"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    configs.sort();
+    let env = [
+        ("OPENAI_API_KEY", "sk-check"),
+        ("ANTHROPIC_API_KEY", "sk-check"),
+        ("BUDGETGATE_END_USER_KEY", "a-secret-of-at-least-16-bytes"),
+    ];
+    let mut texts = Vec::new();
+    for path in &configs {
+        let p = path.to_string_lossy();
+        let out = budgetgate(&["check-config", &p], &env, None);
+        assert!(out.status.success(), "{p}: {}", text(&out.stderr));
+        texts.push((p.into_owned(), std::fs::read_to_string(path).unwrap()));
+    }
+    let local = |needle: &str| {
+        texts
+            .iter()
+            .any(|(p, t)| p.contains("/local") && t.lines().any(|l| l.starts_with(needle)))
+    };
+    for (feature, needle) in [
+        ("an Anthropic upstream", "kind = \"anthropic\""),
+        (
+            "an Anthropic base URL without /v1",
+            "base_url = \"http://127.0.0.1:9000\"",
+        ),
+        ("prices", "price = {"),
+        ("dollar budgets", "limits = { rpm = 600, usd_per_day"),
+        ("nested tenants", "parent = "),
+        ("end users", "end_user_limits = "),
+        ("the end-user key variable", "end_user_key_env = "),
+    ] {
+        assert!(
+            local(needle),
+            "no local example config has {feature} ({needle})"
+        );
+    }
 }

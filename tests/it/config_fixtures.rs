@@ -402,8 +402,28 @@ fn the_shipped_configs_are_valid() {
                 std::env::set_var(var, "sk-shipped-config-check");
             }
         }
+        // The end-user examples read the default variable.
+        crate::support::end_user_key();
         if let Err(e) = Policy::load(Path::new(&path)) {
             panic!("{} is invalid:\n{e}", path.display());
+        }
+    }
+}
+
+/// The shipped configs' comments start the binaries the README builds:
+/// `cargo run` would start a separate debug build (minutes of compiling,
+/// and a slow gateway).
+#[test]
+fn the_shipped_configs_start_the_built_binaries() {
+    for path in shipped_configs() {
+        let text = std::fs::read_to_string(&path).expect("read config");
+        for (i, line) in text.lines().enumerate() {
+            assert!(
+                !line.contains("cargo run"),
+                "{}:{}: names `cargo run`; name target/release/budgetgate: {line}",
+                path.display(),
+                i + 1
+            );
         }
     }
 }

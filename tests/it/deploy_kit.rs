@@ -247,3 +247,76 @@ async fn every_metric_the_kit_reads_is_exported_by_a_freshly_started_gateway() {
         "{text}"
     );
 }
+
+/// `scripts/install-test-deps.sh promtool` with a stand-in `apt-get` (and
+/// no promtool on its PATH): while the package installs, a policy-rc.d
+/// forbids starting services (Debian's `prometheus` package would start a
+/// server on port 9090), and whatever policy-rc.d was there before is back
+/// afterwards (or none, if there was none).
+#[test]
+fn installing_promtool_starts_no_prometheus_server() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    // Only the tools the script uses, so that the machine's promtool is not found.
+    for tool in [
+        "bash", "id", "flock", "mktemp", "cp", "mv", "rm", "chmod", "tee", "cat", "pgrep",
+    ] {
+        let path = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} not found"));
+        std::os::unix::fs::symlink(path, bin.join(tool)).unwrap();
+    }
+    let policy = dir.path().join("policy-rc.d");
+    let seen = dir.path().join("seen");
+    // What a maintainer script's deb-systemd-invoke would ask: may it start?
+    let apt = format!(
+        "#!/bin/sh\n[ \"$1\" = install ] || exit 0\nif [ -x '{p}' ]; then '{p}' prometheus start; echo \"policy $?\" >> '{s}'; else echo 'no policy' >> '{s}'; fi\n",
+        p = policy.display(),
+        s = seen.display()
+    );
+    for (name, script) in [
+        ("apt-get", apt.as_str()),
+        ("systemctl", "#!/bin/sh\nexit 0\n"),
+    ] {
+        std::fs::write(bin.join(name), script).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let run = || {
+        let out = std::process::Command::new(bin.join("bash"))
+            .arg(repo_path("scripts/install-test-deps.sh"))
+            .arg("promtool")
+            .env("PATH", &bin)
+            .env("POLICY_RC_D", &policy)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // A policy-rc.d that allows everything was there: it is replaced while
+    // the package installs, then restored.
+    let allow = "#!/bin/sh\nexit 0\n";
+    std::fs::write(&policy, allow).unwrap();
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    run();
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "policy 101\n");
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), allow);
+    // None was there: none is left.
+    std::fs::remove_file(&policy).unwrap();
+    std::fs::remove_file(&seen).unwrap();
+    run();
+    assert_eq!(std::fs::read_to_string(&seen).unwrap(), "policy 101\n");
+    assert!(!policy.exists(), "the script's policy-rc.d was left behind");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("saved"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -297,7 +297,7 @@ async fn unpriced_tiers_and_per_use_tools_are_refused_in_the_dialects_shape() {
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("billed per use"),
+            .contains("server tools are billed per use"),
         "{v}"
     );
 }

@@ -325,7 +325,9 @@ limits = { tpm = 0 }
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Errors go to stderr, nothing to stdout.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+    let stdout = String::from_utf8_lossy(&out.stderr);
     assert!(
         stdout.contains("upstreams[0].base_url: not an http(s) URL"),
         "{stdout}"

@@ -146,3 +146,39 @@ async fn the_final_log_line_is_written_exactly_once_on_every_path() {
     assert_one_final(&gw, "lc-failed", "upstream_failed").await;
     mock.state.set_fault(None);
 }
+
+/// A 502 for an upstream that cannot be reached: the line of the failure
+/// names the deployment and the URL it tried, without the credentials its
+/// base URL carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_is_logged_with_its_deployment_and_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TestConfig::standard(
+        "http://user:s3cret-in-url@127.0.0.1:9/v1",
+        50,
+        limits().tpm(100_000),
+    )
+    .write(dir.path());
+    let gw = GatewayProcess::start(&cfg, &[]).await;
+    let r = request(
+        &gw,
+        KEY,
+        "unreachable-1",
+        json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": messages()}),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 502);
+    let lines = gw.wait_log("upstream request failed", 1).await;
+    let fields = &lines[0]["fields"];
+    assert_eq!(fields["deployment"], "mock", "{fields}");
+    assert_eq!(
+        fields["url"], "http://127.0.0.1:9/v1/chat/completions",
+        "{fields}"
+    );
+    assert!(
+        !gw.dump_logs().contains("s3cret"),
+        "a secret of the base URL was logged"
+    );
+}

@@ -467,20 +467,28 @@ async fn server_tools_mcp_containers_and_file_ids_only_where_allowed() {
     let web = json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]});
     let file = json!({"messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}]});
-    for (extra, param) in [
-        (web.clone(), "tools"),
+    // Named in the request's terms, never by a Rust type name (`ServerTool`).
+    for (extra, param, named) in [
+        (web.clone(), "tools", "server tools are not enabled"),
         (
             json!({"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]}),
             "mcp_servers",
+            "MCP servers are not enabled",
         ),
-        (json!({"container": "container_1"}), "container"),
-        (file.clone(), "messages"),
+        (
+            json!({"container": "container_1"}),
+            "container",
+            "containers are not enabled",
+        ),
+        (file.clone(), "messages", "file_id sources are not enabled"),
     ] {
         let r = post(&gw, XKEY, &with(extra), "").await;
         assert_eq!(r.status(), 400, "{param}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["type"], "invalid_request_error");
-        assert!(v["error"]["message"].as_str().unwrap().contains(param));
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(param), "{message}");
+        assert!(message.contains(named), "{message}");
     }
     gw.all_settled().await;
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "nothing reserved");

@@ -188,7 +188,7 @@ async fn a_stream_started_before_the_reload_completes() {
     let finished = gw.wait_log("stream finished", 1).await;
     assert_eq!(
         finished[0].pointer("/fields/ending"),
-        Some(&json!("Completed"))
+        Some(&json!("completed"))
     );
 }
 

@@ -97,7 +97,7 @@ async fn sigterm_lets_a_stream_finish_within_the_grace_period_then_exits_0() {
 
     let status = gw.wait_exit(Duration::from_secs(20)).await;
     assert_eq!(status.code(), Some(0), "{}", gw.dump_logs());
-    assert_stream_ended_and_settled(&gw, "Completed").await;
+    assert_stream_ended_and_settled(&gw, "completed").await;
     assert!(gw
         .logs_with(
             "shutdown grace period over: cutting off streams and ending requests still running"
@@ -156,7 +156,7 @@ async fn a_stream_still_running_at_the_deadline_is_cut_off_cleanly_and_settled()
         1,
     )
     .await;
-    assert_stream_ended_and_settled(&gw, "CutOff").await;
+    assert_stream_ended_and_settled(&gw, "cut_off").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -238,6 +238,35 @@ fn check_config_reads_the_tls_files() {
     std::fs::write(&s.key, other_key).unwrap();
     let out = run();
     assert_eq!(out.status.code(), Some(1));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("does not fit the certificate"), "{stdout}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "",
+        "errors go to stderr"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("does not fit the certificate"), "{stderr}");
+}
+
+/// The certificate's watcher says it watches the certificate (not "the
+/// config file", which only the config's watcher says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_certificate_watcher_names_the_certificate() {
+    let ca = Ca::new("watch CA");
+    let s = setup("http://127.0.0.1:9/v1", &ca);
+    let gw = GatewayProcess::start(&s.config, &[]).await;
+    let lines = gw
+        .wait_log("watching the TLS certificate for changes", 1)
+        .await;
+    assert_eq!(
+        lines[0]
+            .pointer("/fields/file")
+            .and_then(serde_json::Value::as_str),
+        Some(s.cert.to_string_lossy().as_ref())
+    );
+    gw.wait_log("watching the config file for changes", 1).await;
+    assert_eq!(
+        gw.logs_with("watching the config file for changes").len(),
+        1,
+        "only the config's watcher watches the config file"
+    );
 }

@@ -179,6 +179,17 @@ pub enum Unmetered {
     FileId,
 }
 
+impl std::fmt::Display for Unmetered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unmetered::ServerTool => "server tools",
+            Unmetered::McpServers => "MCP servers",
+            Unmetered::Container => "containers",
+            Unmetered::FileId => "file_id sources",
+        })
+    }
+}
+
 impl Unmetered {
     /// The request parameter that asks for it.
     pub fn param(self) -> &'static str {

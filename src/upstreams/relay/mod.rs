@@ -50,7 +50,8 @@ pub fn error_frame(message: &str, code: &str) -> Bytes {
     crate::dialects::error::error_event(message, "upstream_error", code)
 }
 
-/// How a stream ended, for logs and settlement.
+/// How a stream ended, for logs and settlement; logged by its
+/// [`Ending::name`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
     /// `[DONE]` passed (or was appended because every choice finished).
@@ -66,6 +67,27 @@ pub enum Ending {
     ClientGone,
     /// The upstream failed or closed early; an error event was sent.
     UpstreamError,
+}
+
+impl Ending {
+    /// The name logs and metrics use: `completed`, `cut_off`, `time_limit`,
+    /// `over_cap`, `client_gone`, `upstream_error`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ending::Completed => "completed",
+            Ending::CutOff => "cut_off",
+            Ending::TimeLimit => "time_limit",
+            Ending::OverCap => "over_cap",
+            Ending::ClientGone => "client_gone",
+            Ending::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+impl std::fmt::Display for Ending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Extension policy of one stream.
