@@ -383,13 +383,17 @@ pub async fn run(
     let reloader = {
         let st = state.clone();
         let path = config_path.clone();
-        tokio::spawn(reload::watch(vec![config_path], "the config file", move |trigger| {
-            if let reload::ReloadOutcome::Applied { .. } =
-                reload::reload(&st.policy, &path, trigger)
-            {
-                crate::metrics::register_policy_series(&st.policy.load());
-            }
-        }))
+        tokio::spawn(reload::watch(
+            vec![config_path],
+            "the config file",
+            move |trigger| {
+                if let reload::ReloadOutcome::Applied { .. } =
+                    reload::reload(&st.policy, &path, trigger)
+                {
+                    crate::metrics::register_policy_series(&st.policy.load());
+                }
+            },
+        ))
     };
     tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
     ready(Started {

@@ -128,15 +128,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
             response
         }
         Ok(Metered::Failed(e)) | Err(e) => {
-            if e.is_upstream_failure() {
-                record.write(Outcome::UpstreamFailed {
-                    status: e.status().as_u16(),
-                    error: e.label(),
-                });
-            } else {
-                refusal::note(&cx, record.tenant, &e);
-                record.write(Outcome::Refused(&e));
-            }
+            write_failure(&cx, record, &e);
             cx.with_request_id(e.respond_for(dialect, requester.as_deref()))
         }
     }
@@ -161,17 +153,23 @@ pub fn conclude(mut cx: RequestContext, result: Result<Response, ApiError>) -> R
             response
         }
         Err(e) => {
-            if e.is_upstream_failure() {
-                record.write(Outcome::UpstreamFailed {
-                    status: e.status().as_u16(),
-                    error: e.label(),
-                });
-            } else {
-                refusal::note(&cx, record.tenant, &e);
-                record.write(Outcome::Refused(&e));
-            }
+            write_failure(&cx, record, &e);
             e.respond_for(cx.dialect, cx.requester().as_deref())
         }
     };
     cx.with_request_id(response)
+}
+
+/// The final line of a request that ended in `e`: an upstream failure as
+/// such, anything else as a refusal (kept for the budget page too).
+fn write_failure(cx: &RequestContext, record: finish::Finish, e: &ApiError) {
+    if e.is_upstream_failure() {
+        record.write(Outcome::UpstreamFailed {
+            status: e.status().as_u16(),
+            error: e.label(),
+        });
+    } else {
+        refusal::note(cx, record.tenant, e);
+        record.write(Outcome::Refused(e));
+    }
 }

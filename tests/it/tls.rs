@@ -255,7 +255,7 @@ async fn the_certificate_watcher_names_the_certificate() {
     let s = setup("http://127.0.0.1:9/v1", &ca);
     let gw = GatewayProcess::start(&s.config, &[]).await;
     let lines = gw
-        .wait_log("watching the TLS certificate for changes", 1)
+        .wait_log("watching the TLS certificate and key for changes", 1)
         .await;
     assert_eq!(
         lines[0]
