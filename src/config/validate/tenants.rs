@@ -117,13 +117,13 @@ pub(super) fn tenants(
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
     // The tenant's own setting, else its nearest ancestor's.
-    for i in 0..tenants.len() {
-        let own = std::iter::once(i).chain(tenants[i].ancestors.iter().copied());
-        let set = own
+    for (i, t) in tenants.iter_mut().enumerate() {
+        let set = std::iter::once(i)
+            .chain(t.ancestors.iter().copied())
             .filter_map(|l| raw.tenants[l].on_short_output.as_deref())
             .next();
         if set == Some("clamp") {
-            tenants[i].on_short_output = OnShortOutput::Clamp;
+            t.on_short_output = OnShortOutput::Clamp;
         }
     }
 
