@@ -424,7 +424,32 @@ pub fn compensation(outcome: &'static str) {
 /// (An answer without an upstream input count, filled from the estimate, observes 1.)
 pub fn input_calibration(model: &str, estimated: u64, used: &crate::dialects::UsageBreakdown) {
     if let (Some(input), true) = (used.input(), estimated > 0) {
-        histogram!("budgetgate_input_settled_per_estimated", "model" => model.to_string())
-            .record(input as f64 / estimated as f64);
+        calibration_series(model).record(input as f64 / estimated as f64);
     }
+}
+
+/// Most models whose calibration series are kept registered; past it the
+/// handles are dropped and registered again (the series themselves stay).
+const CALIBRATION_MODELS_MAX: usize = 1024;
+
+/// The calibration histogram of `model`, registered on its first use: a
+/// lookup by name and label through the recorder (the label cloned into a
+/// key, hashed, compared) cost ~1.2k instructions on every answer.
+/// Model names come from the configuration, so the map stays small.
+fn calibration_series(model: &str) -> Histogram {
+    static SERIES: OnceLock<std::sync::Mutex<foldhash::HashMap<String, Histogram>>> =
+        OnceLock::new();
+    let mut series = SERIES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = series.get(model) {
+        return h.clone();
+    }
+    if series.len() >= CALIBRATION_MODELS_MAX {
+        series.clear();
+    }
+    let h = histogram!("budgetgate_input_settled_per_estimated", "model" => model.to_string());
+    series.insert(model.to_string(), h.clone());
+    h
 }

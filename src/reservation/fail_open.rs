@@ -48,10 +48,10 @@ impl Tracked {
     fn touch(&self, r: &ReserveRequest, limiter: &MemoryStore) {
         let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
         for spec in r.common.iter().chain(r.candidates.iter().flatten()) {
-            if keys.get(&spec.key).is_some() {
+            if keys.get(&*spec.key).is_some() {
                 continue;
             }
-            if let Some((old, ())) = keys.push(spec.key.clone(), ()) {
+            if let Some((old, ())) = keys.push(spec.key.to_string(), ()) {
                 limiter.forget(&old);
                 metrics::fail_open_eviction();
             }

@@ -20,7 +20,7 @@ pub fn scope_budgets(
     let mut out = Vec::new();
     let mut push = |name: BudgetName, kind: BudgetKind| {
         out.push(BudgetSpec {
-            key: ks.budget(&scope, name),
+            key: ks.budget(&scope, name).into(),
             scope: scope.clone(),
             name,
             kind,
@@ -117,7 +117,7 @@ pub fn shadow_budgets(ks: &KeySpace, scope: Scope, limits: &Limits) -> Vec<Budge
     scope_budgets(ks, scope, limits, true)
         .into_iter()
         .map(|mut s| {
-            s.key = ks.shadow_budget(&s.scope, s.name);
+            s.key = ks.shadow_budget(&s.scope, s.name).into();
             s.shadow = true;
             s
         })

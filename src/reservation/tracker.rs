@@ -56,7 +56,7 @@ impl DenyRelease {
         specs
             .iter()
             .filter(|s| s.refund_unused && s.name.counts_tokens() || s.name.counts_usd())
-            .map(|s| s.key.clone())
+            .map(|s| s.key.to_string())
     }
 }
 

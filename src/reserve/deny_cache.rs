@@ -117,7 +117,7 @@ impl DenyCache {
         };
         let mut e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let pushed = e.push(
-            spec.key.clone(),
+            spec.key.to_string(),
             Entry {
                 kind: spec.kind,
                 t0: now,
@@ -128,7 +128,7 @@ impl DenyCache {
                 denial: denial.clone(),
             },
         );
-        if pushed.is_some_and(|(k, _)| k != spec.key) {
+        if pushed.is_some_and(|(k, _)| *k != *spec.key) {
             crate::metrics::deny_cache_eviction();
         }
     }
@@ -156,11 +156,11 @@ impl DenyCache {
         }
         let mut worst: Option<Denial> = None;
         for (spec, cost) in specs.iter().zip(costs) {
-            let Some(entry) = e.get(&spec.key) else {
+            let Some(entry) = e.get(&*spec.key) else {
                 continue;
             };
             if now >= entry.until || now < entry.t0 || entry.kind != spec.kind {
-                e.pop(&spec.key);
+                e.pop(&*spec.key);
                 continue;
             }
             if *cost > spec.capacity() {
@@ -214,7 +214,7 @@ mod tests {
             scope: Scope::Tenant("t".into()),
             name,
             kind,
-            key: format!("k:{name}"),
+            key: format!("k:{name}").into(),
             refund_unused: true,
             shadow: false,
         }
@@ -406,7 +406,7 @@ mod tests {
         );
         c.record(&tpd, &denial(BudgetName::TokensPerDay, 5, 1_000), 0);
         c.record(&rpm, &denial(BudgetName::Rpm, 0, 60_000_000), 0);
-        c.forget(std::slice::from_ref(&tpd.key));
+        c.forget(&[tpd.key.to_string()]);
         assert!(c.check(std::slice::from_ref(&tpd), &[6], 400).is_none());
         assert!(c.check(std::slice::from_ref(&rpm), &[1], 400).is_some());
     }

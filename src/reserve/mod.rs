@@ -206,7 +206,7 @@ pub struct BudgetSpec {
     /// Its parameters under the current policy.
     pub kind: BudgetKind,
     /// Stored key name (from [`keys::KeySpace::budget`]).
-    pub key: String,
+    pub key: Arc<str>,
     /// Whether unused reserved tokens go back at settle (false for upstreams
     /// that count the output cap at request time, DESIGN section 1.8).
     pub refund_unused: bool,

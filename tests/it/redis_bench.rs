@@ -26,7 +26,7 @@ type Shape = fn(&KeySpace, &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>);
 /// tenant×model tpm, upstream rpm/tpm/slots. Limits high enough never to refuse.
 fn budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
     let spec = |scope: Scope, name: BudgetName, kind: BudgetKind| BudgetSpec {
-        key: ks.budget(&scope, name),
+        key: ks.budget(&scope, name).into(),
         scope,
         name,
         kind,
@@ -96,7 +96,7 @@ fn deep_budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec
             },
         };
         BudgetSpec {
-            key: ks.budget(&scope, name),
+            key: ks.budget(&scope, name).into(),
             scope,
             name,
             kind,
@@ -394,7 +394,7 @@ async fn redis_store_throughput_and_memory() {
     for spec in &common {
         let bytes: Option<i64> = redis::cmd("MEMORY")
             .arg("USAGE")
-            .arg(&spec.key)
+            .arg(&*spec.key)
             .query_async(&mut conn)
             .await
             .expect("MEMORY USAGE");

@@ -168,7 +168,7 @@ struct Universe {
 
 fn universe(ks: &KeySpace) -> Universe {
     let spec = |scope: Scope, name: BudgetName, kind: BudgetKind, refund_unused: bool| BudgetSpec {
-        key: ks.budget(&scope, name),
+        key: ks.budget(&scope, name).into(),
         scope,
         name,
         kind,
@@ -554,7 +554,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     let memory = MemoryStore::new(Arc::new(f.clock.clone()));
     let ks = KeySpace::new(&format!("bgdiffx{}", std::process::id()), "d");
     let spec = |name: BudgetName, kind: BudgetKind| BudgetSpec {
-        key: ks.budget(&Scope::Tenant("big".into()), name),
+        key: ks.budget(&Scope::Tenant("big".into()), name).into(),
         scope: Scope::Tenant("big".into()),
         name,
         kind,
@@ -670,7 +670,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
             },
         );
         let small = BudgetSpec {
-            key: format!("{}:small", small.key),
+            key: format!("{}:small", small.key).into(),
             ..small
         };
         let a = same!(reserve(&req("drain", l, std::slice::from_ref(&small))));

@@ -203,7 +203,7 @@ fn specs(ks: &KeySpace) -> Vec<BudgetSpec> {
     let scope = Scope::Tenant("t1".into());
     vec![
         BudgetSpec {
-            key: ks.budget(&scope, BudgetName::TokensPerDay),
+            key: ks.budget(&scope, BudgetName::TokensPerDay).into(),
             scope: scope.clone(),
             name: BudgetName::TokensPerDay,
             kind: BudgetKind::Quota {
@@ -214,7 +214,7 @@ fn specs(ks: &KeySpace) -> Vec<BudgetSpec> {
             shadow: false,
         },
         BudgetSpec {
-            key: ks.budget(&scope, BudgetName::MaxConcurrent),
+            key: ks.budget(&scope, BudgetName::MaxConcurrent).into(),
             scope,
             name: BudgetName::MaxConcurrent,
             kind: BudgetKind::Concurrency { max: SLOTS },
@@ -354,7 +354,7 @@ async fn three_gateways_survive_a_pause_a_restart_and_a_killed_gateway() {
                 // Its lease was renewed until the kill at most: it ends
                 // within one lease of it.
                 let end: Option<f64> = redis::cmd("ZSCORE")
-                    .arg(&slots_key)
+                    .arg(&*slots_key)
                     .arg(&h.id)
                     .query_async(&mut raw)
                     .await

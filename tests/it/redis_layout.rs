@@ -25,7 +25,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
     let ks = KeySpace::new(&prefix, "d");
     let scope = Scope::Tenant("acme".into());
     let day = BudgetSpec {
-        key: ks.budget(&scope, BudgetName::TokensPerDay),
+        key: ks.budget(&scope, BudgetName::TokensPerDay).into(),
         scope,
         name: BudgetName::TokensPerDay,
         kind: BudgetKind::Quota {
@@ -79,7 +79,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
     let left = store.inspect(std::slice::from_ref(&day)).await.unwrap()[0].remaining;
     assert_eq!(left, 4_000);
     let v3: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(&day.key)
+        .arg(&*day.key)
         .query_async(&mut raw)
         .await
         .unwrap();

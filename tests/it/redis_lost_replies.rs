@@ -80,7 +80,7 @@ impl DelayProxy {
 fn spec(ks: &KeySpace, name: BudgetName, kind: BudgetKind) -> BudgetSpec {
     let scope = Scope::Tenant("t1".into());
     BudgetSpec {
-        key: ks.budget(&scope, name),
+        key: ks.budget(&scope, name).into(),
         scope,
         name,
         kind,

@@ -38,7 +38,7 @@ fn request(ks: &KeySpace, id: &str) -> ReserveRequest {
         id: id.into(),
         costs: Costs::tokens(10),
         common: vec![BudgetSpec {
-            key: ks.budget(&scope, BudgetName::Tpm),
+            key: ks.budget(&scope, BudgetName::Tpm).into(),
             scope,
             name: BudgetName::Tpm,
             kind: BudgetKind::Bucket {
@@ -198,7 +198,7 @@ async fn the_documented_least_privilege_user_runs_every_operation() {
     let mut req = request(&ks, "r1");
     let scope = Scope::Tenant("acme".into());
     req.common.push(BudgetSpec {
-        key: ks.budget(&scope, BudgetName::MaxConcurrent),
+        key: ks.budget(&scope, BudgetName::MaxConcurrent).into(),
         scope,
         name: BudgetName::MaxConcurrent,
         kind: BudgetKind::Concurrency { max: 2 },

@@ -23,7 +23,7 @@ use budgetgate::reserve::{
 fn spec(ks: &KeySpace) -> BudgetSpec {
     let scope = Scope::Tenant("acme".into());
     BudgetSpec {
-        key: ks.budget(&scope, BudgetName::Tpm),
+        key: ks.budget(&scope, BudgetName::Tpm).into(),
         scope,
         name: BudgetName::Tpm,
         // 1 token per minute of refill: the test's few seconds refill nothing

@@ -142,7 +142,7 @@ impl H {
 
     fn spec(&self, scope: Scope, name: BudgetName, kind: BudgetKind) -> BudgetSpec {
         BudgetSpec {
-            key: self.ks.budget(&scope, name),
+            key: self.ks.budget(&scope, name).into(),
             scope,
             name,
             kind,
@@ -1013,7 +1013,7 @@ async fn upstream_failure_refunds_non_refundable_budgets(h: H) {
 async fn shadow_budgets_report_but_never_block(h: H) {
     let real = h.tpm(tenant(), 1000, 1000);
     let mut shadow = h.tpm(tenant(), 100, 100);
-    shadow.key = h.ks.shadow_budget(&shadow.scope, shadow.name);
+    shadow.key = h.ks.shadow_budget(&shadow.scope, shadow.name).into();
     shadow.shadow = true;
     let specs = vec![real.clone(), shadow.clone()];
     let a = h.admit("s1", 80, &specs).await;

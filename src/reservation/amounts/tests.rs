@@ -10,7 +10,7 @@ fn spec(name: BudgetName) -> BudgetSpec {
         scope: Scope::Tenant("t".into()),
         name,
         kind: BudgetKind::Concurrency { max: 1 },
-        key: String::new(),
+        key: "".into(),
         refund_unused: true,
         shadow: false,
     }

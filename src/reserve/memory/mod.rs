@@ -290,14 +290,14 @@ impl MemoryStore {
             return RenewOutcome::Unknown;
         }
         let until = now + hold.lease_micros;
-        let keys: Vec<String> = hold
+        let keys: Vec<std::sync::Arc<str>> = hold
             .lines
             .iter()
             .filter(|l| matches!(l.spec.kind, BudgetKind::Concurrency { .. }))
             .map(|l| l.spec.key.clone())
             .collect();
         for key in keys {
-            if let Some(lease) = inner.slots.get_mut(&key).and_then(|s| s.get_mut(id)) {
+            if let Some(lease) = inner.slots.get_mut(&*key).and_then(|s| s.get_mut(id)) {
                 // An expired lease stays expired: renewing it could exceed the limit.
                 if *lease > now {
                     *lease = until;

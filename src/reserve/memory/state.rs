@@ -101,7 +101,7 @@ impl Inner {
             let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
                 continue;
             };
-            if let Some(b) = self.buckets.get_mut(&spec.key) {
+            if let Some(b) = self.buckets.get_mut(&*spec.key) {
                 if (b.per_minute, b.burst) != (per_minute, burst) {
                     *b = b.advance(per_minute, burst, now);
                 }
@@ -203,7 +203,7 @@ impl Inner {
                 available >= 1
                     || self
                         .slots
-                        .get(&spec.key)
+                        .get(&*spec.key)
                         .and_then(|s| s.get(id))
                         .is_some_and(|lease| *lease > now)
             }
@@ -317,13 +317,13 @@ impl Inner {
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
                 let lease_end = now + req.lease_micros;
-                match self.slots.get_mut(spec.key.as_str()) {
+                match self.slots.get_mut(&*spec.key) {
                     Some(set) => {
                         set.insert(req.id.clone(), lease_end);
                     }
                     None => {
                         let set = HashMap::from_iter([(req.id.clone(), lease_end)]);
-                        self.slots.insert(spec.key.clone(), set);
+                        self.slots.insert(spec.key.to_string(), set);
                     }
                 }
             } else {
@@ -379,7 +379,7 @@ impl Inner {
         let refundable = spec.refund_unused || failed;
         match spec.kind {
             BudgetKind::Concurrency { .. } => {
-                if let Some(set) = self.slots.get_mut(&spec.key) {
+                if let Some(set) = self.slots.get_mut(&*spec.key) {
                     set.remove(id);
                 }
                 false

@@ -175,7 +175,9 @@ impl HoldRecord {
                     scope,
                     name,
                     kind,
-                    key: keys.get(j).map_or_else(String::new, |k| k.to_string()),
+                    key: keys
+                        .get(j)
+                        .map_or_else(|| "".into(), |k| std::sync::Arc::<str>::from(&k[..])),
                     refund_unused: f[4] == "1",
                     shadow: false,
                 },

@@ -212,7 +212,7 @@ impl RedisStore {
             .map(|s| {
                 self.keys
                     .previous_layout(&s.key)
-                    .unwrap_or_else(|| s.key.clone())
+                    .unwrap_or_else(|| s.key.to_string())
             })
             .collect()
     }
@@ -295,7 +295,7 @@ impl RedisStore {
             let mut inv = ScriptArgs::new(script, 1 + specs.len());
             inv.key(self.keys.hold(id));
             for s in specs.iter() {
-                inv.key(&s.key);
+                inv.key(&*s.key);
             }
             inv.arg(self.now_arg()).arg(id);
             for a in args {

@@ -32,7 +32,7 @@ impl BudgetStore for RedisStore {
         );
         inv.key(self.keys.hold(&req.id));
         for s in &all {
-            inv.key(&s.key);
+            inv.key(&*s.key);
         }
         for k in &legacy {
             inv.key(k);
@@ -271,7 +271,7 @@ impl BudgetStore for RedisStore {
             return Ok(states.first().map_or(0, |s| s.remaining));
         };
         let mut inv = ScriptArgs::new(&self.scripts.lower, 1);
-        inv.key(&spec.key)
+        inv.key(&*spec.key)
             .arg(self.now_arg())
             .arg(per_minute)
             .arg(burst)
@@ -291,7 +291,7 @@ impl BudgetStore for RedisStore {
         let legacy = self.previous_quota_keys(specs.iter());
         let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len() + legacy.len());
         for s in specs {
-            inv.key(&s.key);
+            inv.key(&*s.key);
         }
         for k in &legacy {
             inv.key(k);

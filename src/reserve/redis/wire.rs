@@ -331,7 +331,7 @@ mod tests {
             Scope::Upstream("azure \"east\"".into()),
         ] {
             let spec = BudgetSpec {
-                key: ks.budget(&scope, BudgetName::TokensPerDay),
+                key: ks.budget(&scope, BudgetName::TokensPerDay).into(),
                 scope: scope.clone(),
                 name: BudgetName::TokensPerDay,
                 kind: BudgetKind::Quota {
@@ -369,7 +369,7 @@ mod tests {
     fn hold_text_of_each_kind_of_spec() {
         let ks = KeySpace::new("bg", "d");
         let spec = |name: BudgetName, kind: BudgetKind, refund_unused: bool| BudgetSpec {
-            key: ks.budget(&Scope::Tenant("t".into()), name),
+            key: ks.budget(&Scope::Tenant("t".into()), name).into(),
             scope: Scope::Tenant("t".into()),
             name,
             kind,
