@@ -13,7 +13,8 @@
 //!    every path, client disconnect included.
 //!
 //! [`pricing`] (part of prepare) refuses a request a dollar budget
-//! cannot price. [`refusal`] gives a refusal the rate-limit headers of every budget the
+//! cannot price; [`clamp`] (part of admit) lowers a client's output cap to
+//! what fits for tenants with `on_short_output = "clamp"`. [`refusal`] gives a refusal the rate-limit headers of every budget the
 //! request touches. [`context`] holds what the phases share, among it the
 //! [`request_id`] named on arrival. The lifecycle knows budgets
 //! only through [`crate::reservation`] and upstreams only through

@@ -66,6 +66,20 @@ fn fraction(out: &mut String, frac: u64) {
     }
 }
 
+// Bits of `ietf_headers`' member set: 12 budget names per scope kind.
+const _: () = assert!((BudgetName::UsdPerMonth as u32) < 12);
+
+/// The scope kind's place among [`scope_label`]'s (0..5).
+fn scope_index(scope: &Scope) -> u32 {
+    match scope {
+        Scope::Tenant(_) => 0,
+        Scope::Key(..) => 1,
+        Scope::TenantModel(..) => 2,
+        Scope::Upstream(_) => 3,
+        Scope::EndUser(..) => 4,
+    }
+}
+
 fn scope_label(scope: &Scope) -> &'static str {
     match scope {
         Scope::Tenant(_) => "tenant",
@@ -203,7 +217,8 @@ pub fn tightest_for_client(states: &[BudgetState], name: BudgetName) -> Option<&
 pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
     let mut policies = String::with_capacity(128);
     let mut values = String::with_capacity(128);
-    let mut named: Vec<(&str, &str)> = Vec::with_capacity(states.len());
+    // Which (scope kind, budget) members are written: one bit each.
+    let mut named: u64 = 0;
     for s in states.iter().filter(|s| !s.scope.is_upstream()) {
         let w = match (s.name, s.window) {
             (name, _) if name == BudgetName::Rpm || name.is_token_rate() => 60,
@@ -211,10 +226,11 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
             _ => continue,
         };
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
-        if named.contains(&(scope, name)) {
+        let bit = 1u64 << (scope_index(&s.scope) * 12 + s.name as u32);
+        if named & bit != 0 {
             continue;
         }
-        named.push((scope, name));
+        named |= bit;
         member(&mut policies, scope, name, [("q", s.limit), ("w", w)]);
         policies.push_str(vendor_unit(s.name).unwrap_or(""));
         let remaining = s.remaining.clamp(0, s.limit as i64) as u64;

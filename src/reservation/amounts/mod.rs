@@ -228,20 +228,23 @@ pub fn extension_rates<'a>(
     price: Option<&PriceTable>,
 ) -> Vec<u64> {
     let output_price = price.map_or(0, |p| p.at(demand.input).output);
-    budgets
-        .flat_map(Budgets::iter)
-        .map(|(s, c)| {
-            let whole = c.whole_cap && demand.client_cap.is_some();
-            if s.name.counts_usd() {
-                output_price
-            } else if counts_output(s.name) && !whole {
-                RATE_ONE
-            } else {
-                0
-            }
-        })
-        .collect()
+    let mut rates = Vec::with_capacity(PER_HOLD);
+    rates.extend(budgets.flat_map(Budgets::iter).map(|(s, c)| {
+        let whole = c.whole_cap && demand.client_cap.is_some();
+        if s.name.counts_usd() {
+            output_price
+        } else if counts_output(s.name) && !whole {
+            RATE_ONE
+        } else {
+            0
+        }
+    }));
+    rates
 }
+
+/// Room for the lines of a usual hold: a flattened iterator reports no
+/// length, so a vector collected from it grew twice on every request.
+const PER_HOLD: usize = 16;
 
 /// `tokens` more output at `rates` (from [`extension_rates`]).
 pub fn extension_step(tokens: u64, rates: &[u64]) -> Step {
@@ -259,16 +262,15 @@ pub fn settled_amounts<'a>(
     price: Option<&PriceTable>,
 ) -> Vec<u64> {
     let cost = settled_cost(used, price).unwrap_or(0);
-    budgets
-        .flat_map(Budgets::iter)
-        .map(|(s, c)| {
-            if s.name.counts_usd() {
-                cost
-            } else {
-                settled_amount(used, s, c)
-            }
-        })
-        .collect()
+    let mut amounts = Vec::with_capacity(PER_HOLD);
+    amounts.extend(budgets.flat_map(Budgets::iter).map(|(s, c)| {
+        if s.name.counts_usd() {
+            cost
+        } else {
+            settled_amount(used, s, c)
+        }
+    }));
+    amounts
 }
 
 /// What work the upstream never did charges each budget of a hold: every
