@@ -22,6 +22,33 @@ pub struct RequestId {
     generated: bool,
 }
 
+tokio::task_local! {
+    /// The id of the request a task serves, with its header name, for the
+    /// one answer given outside the handler: the 503 of a request still
+    /// running when the shutdown grace period ends
+    /// (`server::end_at_shutdown_cutoff`), whose dropped handler logs the
+    /// same id.
+    static ARRIVED: Published;
+}
+
+/// Where a task's request publishes its id header.
+pub type Published = std::cell::Cell<Option<(HeaderName, HeaderValue)>>;
+
+/// A handler run with a place for its request's id ([`published`] reads it).
+pub type Scoped<F> = tokio::task::futures::TaskLocalFuture<Published, F>;
+
+/// `handler` with a place for its request's id.
+pub fn scope<F: std::future::Future>(handler: F) -> Scoped<F> {
+    ARRIVED.scope(Published::new(None), handler)
+}
+
+/// What the request a [`scope`] served published: its id header.
+pub fn published<F: std::future::Future>(
+    scope: std::pin::Pin<&mut Scoped<F>>,
+) -> Option<(HeaderName, HeaderValue)> {
+    scope.take_value().and_then(Published::into_inner)
+}
+
 /// Longest client id kept; a longer one is replaced.
 const MAX_CLIENT_ID: usize = 128;
 
@@ -30,6 +57,14 @@ impl RequestId {
     /// `name` if it is short printable ASCII and holds no key presented in
     /// `key_headers`, else a new one.
     pub fn arrived(headers: &HeaderMap, name: HeaderName, key_headers: &[KeyHeader]) -> Self {
+        let id = Self::of_arrival(headers, &name, key_headers);
+        // Outside a `scope` (tests calling the lifecycle directly) there is
+        // nowhere to publish, and nothing answers outside the handler.
+        let _ = ARRIVED.try_with(|c| c.set(Some((name, id.value.clone()))));
+        id
+    }
+
+    fn of_arrival(headers: &HeaderMap, name: &HeaderName, key_headers: &[KeyHeader]) -> Self {
         let Some(value) = headers.get(name).and_then(client_id) else {
             return Self::generated();
         };

@@ -354,11 +354,19 @@ async fn end_at_shutdown_cutoff(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let tracker = st.settlements.clone();
+    let handler = crate::lifecycle::request_id::scope(next.run(req));
+    tokio::pin!(handler);
     tokio::select! {
         biased;
-        resp = next.run(req) => resp,
+        resp = &mut handler => resp,
         _ = tracker.cutoff() => {
-            error::ApiError::ShuttingDown.into_response()
+            let mut resp = error::ApiError::ShuttingDown.into_response();
+            // The id the request was named on arrival (its dropped handler
+            // logs it as the request's final line).
+            if let Some((name, id)) = crate::lifecycle::request_id::published(handler.as_mut()) {
+                resp.headers_mut().insert(name, id);
+            }
+            resp
         }
     }
 }

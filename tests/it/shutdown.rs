@@ -193,6 +193,13 @@ async fn a_request_still_waiting_for_its_upstream_at_the_deadline_gets_503_and_i
     let resp = pending.await.unwrap();
     assert_eq!(resp.status(), 503);
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    // The refusal carries the request's id, the one its log line has.
+    let id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .expect("the 503 carries x-request-id");
     let body: Value = resp.json().await.unwrap();
     assert_eq!(
         body["error"]["message"],
@@ -205,4 +212,10 @@ async fn a_request_still_waiting_for_its_upstream_at_the_deadline_gets_503_and_i
         .await;
     assert_eq!(done[0].pointer("/fields/settled"), Some(&json!(1)));
     assert_eq!(done[0].pointer("/fields/failed"), Some(&json!(0)));
+    let logs = gw.dump_logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains(&format!("\"request_id\":\"{id}\""))),
+        "no log line with request_id {id}: {logs}"
+    );
 }
