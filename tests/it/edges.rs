@@ -396,14 +396,9 @@ async fn no_client_credential_reaches_the_upstream_on_any_route() {
     assert_eq!(resp.status(), 200);
     let log = mock.state.requests();
     assert_eq!(log.len(), 2 * routes.len() + 1);
+    assert_no_header_holds(&log, KEY);
     for r in &log {
-        for (name, value) in &r.headers {
-            assert!(
-                !value.contains(KEY),
-                "{} {}: header {name} carries the client's gateway key",
-                r.method,
-                r.path
-            );
+        for (name, _) in &r.headers {
             assert!(name != "api-key", "{}: no api-key upstream", r.path);
         }
     }

@@ -85,3 +85,18 @@ pub async fn start_mock() -> mock_upstream::MockUpstream {
         .await
         .expect("mock upstream")
 }
+
+/// Fails unless no header of any request `log` recorded at the upstream
+/// holds `key` (a client's gateway key, whole or inside a longer value).
+pub fn assert_no_header_holds(log: &[mock_upstream::RecordedRequest], key: &str) {
+    for r in log {
+        for (name, value) in &r.headers {
+            assert!(
+                !value.contains(key),
+                "{} {}: header {name} carries the client's gateway key",
+                r.method,
+                r.path
+            );
+        }
+    }
+}
