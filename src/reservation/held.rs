@@ -45,7 +45,7 @@ impl HeldReservation {
         settle_retry: Duration,
     ) -> Self {
         let renew: Arc<dyn BudgetStore> = store.clone();
-        let lease = tracker.leases().register(&id, renew, lease);
+        let lease = tracker.slot_renewer().register(&id, renew, lease);
         Self {
             id,
             store,

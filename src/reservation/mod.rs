@@ -3,7 +3,7 @@
 //! - [`held`]: [`HeldReservation`], a reservation as a value: it extends
 //!   (recording what was granted), settles once, and its `Drop` is the
 //!   backstop that settles on every exit path.
-//! - [`lease`]: one task renewing the leases of all live reservations; a
+//! - [`slot_renewal`]: one task renewing the slot leases of all live reservations; a
 //!   lease is released when its handle is dropped.
 //! - [`amounts`]: what a request costs each budget, at reserve, extend
 //!   and settle (one pure function of the usage breakdown).
@@ -24,8 +24,8 @@ pub mod compensate;
 pub mod deny;
 pub mod fail_open;
 pub mod held;
-pub mod lease;
 pub mod plan;
+pub mod slot_renewal;
 pub mod tracker;
 
 pub use deny::AnsweredBy;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use super::lease::LeaseKeeper;
+use super::slot_renewal::SlotRenewer;
 use super::GatewayStore;
 
 use crate::metrics::TenantMetrics;
@@ -84,7 +84,7 @@ struct TrackerInner {
     /// Becomes true at the shutdown deadline.
     cutoff: watch::Sender<bool>,
     /// Renews the leases of live reservations.
-    leases: LeaseKeeper,
+    slot_renewer: SlotRenewer,
 }
 
 impl Default for TrackerInner {
@@ -95,7 +95,7 @@ impl Default for TrackerInner {
             settled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             cutoff: watch::Sender::new(false),
-            leases: LeaseKeeper::default(),
+            slot_renewer: SlotRenewer::default(),
         }
     }
 }
@@ -118,7 +118,7 @@ impl SettlementTracker {
 
     /// Reservations whose leases are being renewed (live ones).
     pub fn live_leases(&self) -> usize {
-        self.inner.leases.live()
+        self.inner.slot_renewer.live()
     }
 
     /// Tells every stream still relaying, and every request still waiting
@@ -150,9 +150,9 @@ impl SettlementTracker {
         }
     }
 
-    /// The lease keeper of the reservations this tracker settles.
-    pub(super) fn leases(&self) -> &LeaseKeeper {
-        &self.inner.leases
+    /// The slot renewer of the reservations this tracker settles.
+    pub(super) fn slot_renewer(&self) -> &SlotRenewer {
+        &self.inner.slot_renewer
     }
 
     pub(super) fn spawn_settle(

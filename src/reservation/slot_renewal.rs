@@ -27,7 +27,7 @@ const MIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// Renews the leases of registered reservations. Cheap to clone.
 #[derive(Clone, Default)]
-pub struct LeaseKeeper {
+pub struct SlotRenewer {
     shared: Arc<Shared>,
 }
 
@@ -82,7 +82,7 @@ impl Drop for Shared {
     }
 }
 
-impl LeaseKeeper {
+impl SlotRenewer {
     /// Renews reservation `id` in `store` every `lease / 3` (at least every
     /// 10 ms) until the handle is dropped. Must be called inside a tokio
     /// runtime (the keeper task starts on first use).
@@ -231,7 +231,7 @@ mod tests {
     // Paused tokio time: the keeper's sleeps advance instantly and exactly.
     #[tokio::test(start_paused = true)]
     async fn renews_every_third_of_the_lease_until_released() {
-        let keeper = LeaseKeeper::default();
+        let keeper = SlotRenewer::default();
         let store = counting();
         let h = keeper.register("r1", store.clone(), Duration::from_secs(3));
         tokio::time::sleep(Duration::from_millis(999)).await;
@@ -248,7 +248,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_shorter_lease_registered_later_wakes_the_keeper_early() {
-        let keeper = LeaseKeeper::default();
+        let keeper = SlotRenewer::default();
         let slow = counting();
         let fast = counting();
         let _a = keeper.register("slow", slow.clone(), Duration::from_secs(60));
@@ -262,7 +262,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_keeper_task_ends_with_its_keeper() {
-        let keeper = LeaseKeeper::default();
+        let keeper = SlotRenewer::default();
         let store = counting();
         let h = keeper.register("r", store, Duration::from_secs(3));
         tokio::task::yield_now().await;
