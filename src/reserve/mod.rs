@@ -7,6 +7,7 @@
 //! - [`bucket`]: token-bucket arithmetic in exact integer units.
 //! - [`calendar`]: UTC day/month quota windows.
 //! - [`keys`]: the one pure function that names stored keys.
+//! - [`lease`]: the store calls of quota leases ([`lease::LeaseStore`]).
 //! - [`memory`]: the in-process store.
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
 //! - [`deny_cache`]: local refusals for budgets known to be empty.
@@ -21,6 +22,7 @@ pub mod calendar;
 pub mod deny_cache;
 pub mod guarded;
 pub mod keys;
+pub mod lease;
 pub mod memory;
 pub mod records;
 pub mod redis;
