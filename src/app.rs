@@ -18,8 +18,10 @@ use tokio::sync::oneshot;
 use crate::clock::{Clock, SystemClock};
 use crate::config::reload;
 use crate::config::{Policy, StoreKind};
+use crate::reservation::quota_lease::{LeaseOff, QuotaLeases};
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::redis::RedisStore;
+use crate::reserve::store_config::LeaseMode;
 use crate::reserve::BudgetStore;
 use crate::server::{budget_view, router, AppState};
 use crate::tls::Tls;
@@ -41,6 +43,30 @@ pub async fn build_store(
             Ok(Arc::new(store))
         }
     }
+}
+
+/// The quota leases of a Redis store with `lease = "auto"`, on a
+/// connection of their own (lease calls never queue behind reservations).
+async fn build_leases(policy: &Policy) -> Result<Option<Arc<QuotaLeases>>, String> {
+    let StoreKind::Redis { url } = &policy.store.kind else {
+        return Ok(None);
+    };
+    let lease = &policy.store.lease;
+    if lease.mode != LeaseMode::Auto {
+        return Ok(None);
+    }
+    let store = RedisStore::from_policy(&policy.store)
+        .await
+        .map_err(|e| format!("store.url {url}: {e}"))?;
+    // Unique per process and start: lease ids never repeat across restarts.
+    let gateway = uuid::Uuid::new_v4().simple().to_string();
+    Ok(Some(Arc::new(QuotaLeases::new(
+        lease,
+        LeaseOff::of(lease),
+        Arc::new(store),
+        policy.store.timeout,
+        &gateway[..12],
+    ))))
 }
 
 /// The store `serve` runs on: as [`build_store`], except that the memory
@@ -298,7 +324,12 @@ pub async fn run(
     let token_env = policy.server.admin_token_env.clone();
     let shared_store =
         (given_store || matches!(policy.store.kind, StoreKind::Memory)).then(|| store.clone());
-    let state = AppState::new(policy, store, clock.clone());
+    let leases = match given_store {
+        false => build_leases(&policy).await?,
+        true => None,
+    };
+    let state = AppState::with_leases(policy, store, clock.clone(), leases.clone());
+    let keeper = leases.as_ref().map(|l| l.spawn_keeper());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
     crate::metrics::register_policy_series(&state.policy.load());
@@ -390,7 +421,11 @@ pub async fn run(
                 if let reload::ReloadOutcome::Applied { .. } =
                     reload::reload(&st.policy, &path, trigger)
                 {
-                    crate::metrics::register_policy_series(&st.policy.load());
+                    let policy = st.policy.load();
+                    crate::metrics::register_policy_series(&policy);
+                    if let Some(l) = st.store.leases() {
+                        l.set_policy(&policy.store.lease);
+                    }
                 }
             },
         ))
@@ -423,6 +458,13 @@ pub async fn run(
     let result = serve_connections(listener, state.clone(), tls, shutdown).await;
     join(workers).await;
     wait_for_settlements(&state).await;
+    if let Some(l) = &leases {
+        // After the last settlement: what the leases hold goes back whole.
+        if let Some(k) = keeper {
+            k.abort();
+        }
+        l.end_all().await;
+    }
     if let Some(m) = persistent {
         // After the last settlement: a graceful shutdown loses nothing.
         m.finish_snapshots();

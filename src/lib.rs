@@ -40,6 +40,7 @@ pub mod clock;
 pub mod config;
 pub mod dialects;
 pub mod estimate;
+pub mod fleet_sim;
 pub mod lifecycle;
 pub mod metrics;
 pub mod money;

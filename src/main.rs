@@ -265,6 +265,9 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             for w in p.output_limit_warnings() {
                 eprintln!("warning: {w}");
             }
+            for line in budgetgate::reservation::quota_lease::bounds::describe(&p) {
+                println!("{line}");
+            }
             println!(
                 "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",
                 config.display(),

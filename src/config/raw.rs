@@ -53,6 +53,19 @@ pub struct RawStore {
     pub max_response_records: Option<i64>,
     pub deny_cache_entries: Option<i64>,
     pub fail_open_entries: Option<i64>,
+    pub lease: Option<RawLease>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLease {
+    pub mode: Option<String>,
+    pub min_rate: Option<i64>,
+    pub ttl_ms: Option<i64>,
+    pub report_interval_ms: Option<i64>,
+    pub max_fraction: Option<f64>,
+    pub clock_margin_ms: Option<i64>,
+    pub fleet_size: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -160,6 +173,7 @@ pub struct RawUpstream {
     pub price: Option<RawPrice>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub price_tiers: Vec<RawPriceTier>,
+    pub lease: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -214,6 +228,8 @@ pub struct RawTenant {
     #[serde(default)]
     pub end_user_limits: RawLimits,
     pub end_user_required: Option<bool>,
+    /// `"off"`: this tenant's budgets are never leased (`"auto"` the default).
+    pub lease: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -223,4 +239,5 @@ pub struct RawKey {
     pub sha256: String,
     #[serde(default)]
     pub limits: RawLimits,
+    pub lease: Option<String>,
 }

@@ -139,6 +139,7 @@ pub async fn admit<'p>(
     };
     let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
     cx.answered_by = Some(answered_by);
+    cx.finish.decided_by = answered_by.label();
     let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {

@@ -54,6 +54,9 @@ pub struct Finish {
     pub estimated: u64,
     /// The end user, as the keyed hash of its id (never the id).
     pub end_user: Option<Arc<str>>,
+    /// Which layer decided the reservation: `store`, `lease` (this
+    /// gateway's quota leases), `deny_cache`, `local_limiter`; "" before.
+    pub decided_by: &'static str,
     written: bool,
 }
 
@@ -70,6 +73,7 @@ impl Finish {
             reservation_id: None,
             estimated: 0,
             end_user: None,
+            decided_by: "",
             written: false,
         }
     }
@@ -93,6 +97,7 @@ impl Finish {
             reservation_id: self.reservation_id.take(),
             estimated: self.estimated,
             end_user: self.end_user.take(),
+            decided_by: self.decided_by,
             written: self.written,
         };
         self.written = true;
@@ -117,11 +122,13 @@ impl Finish {
         let reservation_id = self.reservation_id.as_deref().unwrap_or("");
         let estimated = self.estimated;
         let end_user = self.end_user.as_deref().unwrap_or("");
+        let decided_by = self.decided_by;
         match outcome {
             Outcome::Refused(e) => tracing::info!(
                 request_id,
                 tenant,
                 end_user,
+                decided_by,
                 outcome = "refused",
                 decision = "refused",
                 status = e.status().as_u16(),
@@ -134,6 +141,7 @@ impl Finish {
                 reservation_id,
                 tenant,
                 end_user,
+                decided_by,
                 model,
                 deployment,
                 estimated,
@@ -148,6 +156,7 @@ impl Finish {
                 reservation_id,
                 tenant,
                 end_user,
+                decided_by,
                 model,
                 deployment,
                 estimated,
@@ -169,6 +178,8 @@ impl Finish {
                     reservation_id,
                     tenant,
                     end_user,
+                    decided_by,
+                    decided_by,
                     model,
                     deployment,
                     estimated,

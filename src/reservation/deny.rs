@@ -26,6 +26,20 @@ pub enum AnsweredBy {
     DenyCache,
     /// The local limiter of a `fail_open` tenant while the store fails.
     LocalLimiter,
+    /// This gateway's quota leases, without a store call.
+    Lease,
+}
+
+impl AnsweredBy {
+    /// The label of the request log line's `decided_by`.
+    pub fn label(self) -> &'static str {
+        match self {
+            AnsweredBy::Store => "store",
+            AnsweredBy::DenyCache => "deny_cache",
+            AnsweredBy::LocalLimiter => "local_limiter",
+            AnsweredBy::Lease => "lease",
+        }
+    }
 }
 
 /// A store behind a local deny cache.

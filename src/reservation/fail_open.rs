@@ -23,6 +23,7 @@ use lru::LruCache;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
+use super::quota_lease::QuotaLeases;
 use crate::metrics;
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::{
@@ -109,9 +110,27 @@ pub struct GatewayStore {
     lost: Arc<Mutex<HashMap<String, Duration>>>,
     compensator: Arc<Compensator>,
     tracked: Arc<Tracked>,
+    /// Quota leases (Redis store with `lease = "auto"`): reservations they
+    /// cover are decided there, before any other layer.
+    leases: Option<Arc<QuotaLeases>>,
 }
 
 impl GatewayStore {
+    /// The same store deciding what `leases` cover from them.
+    pub fn with_leases(mut self, leases: Arc<QuotaLeases>) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// The lease layer, when leases are on.
+    pub fn leases(&self) -> Option<&Arc<QuotaLeases>> {
+        self.leases.as_ref()
+    }
+
+    fn leased(&self, id: &str) -> Option<&QuotaLeases> {
+        self.leases.as_deref().filter(|l| l.holds(id))
+    }
+
     /// `inner` with the local limiter `fallback` enforcing `share` of every
     /// budget for `fail_open` tenants while `inner` fails.
     /// The limiter keeps state for [`DEFAULT_ENTRIES`] budgets.
@@ -135,6 +154,7 @@ impl GatewayStore {
             lost: Arc::default(),
             compensator: Arc::default(),
             tracked: Arc::new(Tracked::new(entries)),
+            leases: None,
         }
     }
 
@@ -166,6 +186,7 @@ impl GatewayStore {
             lost: self.lost.clone(),
             compensator: self.compensator.clone(),
             tracked: self.tracked.clone(),
+            leases: self.leases.clone(),
         }
     }
 
@@ -185,6 +206,14 @@ impl GatewayStore {
         &self,
         r: &ReserveRequest,
     ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
+        if let Some(o) = self.leases.as_ref().and_then(|l| l.reserve(r)) {
+            match &o {
+                ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
+                ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+                _ => {}
+            }
+            return Ok((o, AnsweredBy::Lease));
+        }
         let e = match self.inner.reserve_answered(r).await {
             Ok(o) => return Ok(o),
             Err(e) => e,
@@ -239,6 +268,11 @@ impl GatewayStore {
 
     /// Extends where the reservation is held.
     pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        if let Some(l) = self.leased(id) {
+            if let Some(o) = l.extend(id, step).await {
+                return Ok(o);
+            }
+        }
         if self.local.contains(id) {
             return self.fallback.extend(id, step).await;
         }
@@ -247,6 +281,9 @@ impl GatewayStore {
 
     /// Settles where the reservation is held.
     pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if let Some(o) = self.leased(id).and_then(|l| l.settle(id, s)) {
+            return Ok(o);
+        }
         if self.local.contains(id) {
             let o = self.fallback.settle(id, s).await;
             if o.is_ok() {
@@ -309,6 +346,9 @@ impl BudgetStore for GatewayStore {
         GatewayStore::extend(self, id, step).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        if let Some(o) = self.leased(id).and_then(|l| l.renew(id)) {
+            return Ok(o);
+        }
         if self.local.contains(id) {
             return self.fallback.renew(id).await;
         }
@@ -318,6 +358,14 @@ impl BudgetStore for GatewayStore {
         GatewayStore::settle(self, id, s).await
     }
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        let void = Settlement {
+            actual_tokens: 0,
+            upstream_failed: true,
+            actual: crate::reserve::Actual::Void,
+        };
+        if let Some(o) = self.leased(id).and_then(|l| l.settle(id, &void)) {
+            return Ok(o);
+        }
         if self.local.contains(id) {
             let o = self.fallback.void(id, hold_ttl_micros).await;
             if o.is_ok() {

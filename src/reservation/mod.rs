@@ -25,6 +25,7 @@ pub mod deny;
 pub mod fail_open;
 pub mod held;
 pub mod plan;
+pub mod quota_lease;
 pub mod slot_renewal;
 pub mod tracker;
 

@@ -117,17 +117,33 @@ impl AppState {
     /// State for `policy` over `store`.
     /// The store is composed once into a [`GatewayStore`].
     pub fn new(policy: Policy, store: Arc<dyn BudgetStore>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Self::with_leases(policy, store, clock, None)
+    }
+
+    /// [`Self::new`], deciding what `leases` cover from them
+    /// ([`crate::reservation::quota_lease`]).
+    pub fn with_leases(
+        policy: Policy,
+        store: Arc<dyn BudgetStore>,
+        clock: Arc<dyn Clock>,
+        leases: Option<Arc<crate::reservation::quota_lease::QuotaLeases>>,
+    ) -> Arc<Self> {
         // Before the store wrapper registers its metric handles.
         crate::metrics::install();
         let guarded: Arc<dyn BudgetStore> =
             Arc::new(GuardedStore::new(store, policy.store.timeout));
         let deny_cache = Arc::new(DenyCache::with_capacity(policy.store.deny_cache_entries));
-        let store = Arc::new(GatewayStore::bounded(
+        let mut gateway = GatewayStore::bounded(
             DenyCachedStore::new(guarded, deny_cache, clock.clone()),
             Arc::new(MemoryStore::new(clock.clone())),
             policy.store.fallback_share,
             policy.store.fail_open_entries,
-        ));
+        );
+        if let Some(l) = leases {
+            crate::reservation::quota_lease::metrics::register();
+            gateway = gateway.with_leases(l);
+        }
+        let store = Arc::new(gateway);
         crate::metrics::policy_version(None, &policy.version);
         let records = Arc::new(records_for(&policy.store));
         Arc::new(Self {

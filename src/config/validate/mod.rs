@@ -4,6 +4,7 @@
 
 mod deployments;
 pub mod forwarding;
+mod lease;
 mod prices;
 mod tenants;
 mod tree;
@@ -209,7 +210,9 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     if !is_valid_id(&domain) {
         v.err("store.domain", "must match [A-Za-z0-9._-]{1,64}");
     }
+    let lease = lease::lease(&mut v, &raw, &kind);
     let store = StorePolicy {
+        lease,
         kind,
         timeout: Duration::from_millis(
             v.positive("store.timeout_ms", raw.store.timeout_ms, 60_000)

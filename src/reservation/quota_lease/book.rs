@@ -1,0 +1,608 @@
+//! The lease book: what this gateway holds of each hot budget and the
+//! reservations it decided from it. Synchronous and clock-free (every call
+//! takes the monotonic time), so the fleet simulation drives the very code
+//! the gateway runs.
+//!
+//! A lease is a count already debited from the shared budget: spending it
+//! needs no bucket or quota arithmetic (that happened in the store, at
+//! grant), only `granted − given back − spent ≥ cost` for every budget of a
+//! reservation, checked for all before any is debited (all-or-nothing).
+//! Extensions use the stores' own grant rule ([`Step::grant`],
+//! [`Step::debit`]); settlement refunds into the lease it debited with the
+//! stores' refund rules (unused amounts of refundable budgets, request
+//! counts only on a void, quotas only within the lease's window).
+
+use std::sync::Arc;
+
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
+use super::demand::Demand;
+use crate::reserve::lease::LeaseLine;
+use crate::reserve::{
+    Actual, Admission, BudgetKind, BudgetSpec, BudgetState, Denial, ExtendOutcome, ReserveOutcome,
+    ReserveRequest, Scope, SettleOutcome, Settlement, Step, MAX_AMOUNT,
+};
+
+/// Which scopes never lease (`lease = "off"`), by name.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseOff {
+    /// Tenants whose own budgets (tenant, keys, models, end users) stay exact.
+    pub tenants: Vec<Arc<str>>,
+    /// `(tenant, key id)` pairs whose key budgets stay exact.
+    pub keys: Vec<(Arc<str>, Arc<str>)>,
+    /// Deployments whose upstream budgets stay exact.
+    pub deployments: Vec<Arc<str>>,
+}
+
+impl LeaseOff {
+    /// The `lease = "off"` switches of `[store.lease]`.
+    pub fn of(p: &crate::reserve::store_config::LeasePolicy) -> Self {
+        Self {
+            tenants: p.off_tenants.iter().map(|t| t.as_str().into()).collect(),
+            keys: p
+                .off_keys
+                .iter()
+                .map(|(t, k)| (t.as_str().into(), k.as_str().into()))
+                .collect(),
+            deployments: p
+                .off_deployments
+                .iter()
+                .map(|d| d.as_str().into())
+                .collect(),
+        }
+    }
+
+    /// True when budgets of `scope` may be leased.
+    pub fn allows(&self, scope: &Scope) -> bool {
+        let tenant_off = |t: &Arc<str>| self.tenants.iter().any(|x| x == t);
+        match scope {
+            Scope::Tenant(t) | Scope::TenantModel(t, _) | Scope::EndUser(t, _) => !tenant_off(t),
+            Scope::Key(t, k) => {
+                !tenant_off(t) && !self.keys.iter().any(|(xt, xk)| xt == t && xk == k)
+            }
+            Scope::Upstream(u) => !self.deployments.iter().any(|x| x == u),
+        }
+    }
+}
+
+/// Sizing and timing, in µs and units (from `LeasePolicy`).
+#[derive(Debug, Clone)]
+pub struct BookSettings {
+    /// Requests per second from which a budget is leased.
+    pub min_rate: u64,
+    /// Lease lifetime without a report, µs.
+    pub ttl: u64,
+    /// Report interval, µs.
+    pub report: u64,
+    /// Largest share of a budget's capacity per lease, in millionths.
+    pub max_fraction_ppm: u64,
+    /// Clock-safety margin before expiry, µs.
+    pub margin: u64,
+    /// How long the store keeps a lease record, µs.
+    pub record_ttl: u64,
+}
+
+/// One budget this gateway has seen.
+pub(super) struct Entry {
+    /// The budget as the latest reservation named it (its policy).
+    pub(super) spec: BudgetSpec,
+    pub(super) leasable: bool,
+    pub(super) demand: Demand,
+    pub(super) lease: Option<Lease>,
+    /// Units held by local reservations of this budget (slots in use, for concurrency).
+    pub(super) in_flight: u64,
+    /// A reservation found the lease short: top up as soon as spacing allows.
+    pub(super) urgent: bool,
+    /// Demand passed `min_rate`: grant a lease at the next plan.
+    pub(super) wanted: bool,
+}
+
+/// A live lease of one budget.
+pub(super) struct Lease {
+    pub(super) id: Arc<str>,
+    /// The budget's policy when it was granted.
+    pub(super) spec: BudgetSpec,
+    /// The last seq the store acknowledged (0 before the grant's reply).
+    pub(super) seq: u64,
+    pub(super) epoch: u64,
+    pub(super) granted: u64,
+    pub(super) given_back: u64,
+    /// Net units spent: reservations, extensions and debt, less refunds
+    /// (unused for concurrency, whose spend is `Entry::in_flight`).
+    pub(super) spent: u64,
+    /// Monotonic µs from which the lease is not spent.
+    pub(super) deadline: u64,
+    pub(super) window: Option<u64>,
+    /// The store's free units after the last reply.
+    pub(super) free: i64,
+    /// No new spending; ended once its reservations have settled.
+    pub(super) closing: bool,
+    /// The line on the wire, resent as it is after a failed call.
+    pub(super) in_call: Option<LeaseLine>,
+    /// A call for this lease is on the wire.
+    pub(super) on_wire: bool,
+    /// Monotonic µs of the last call.
+    pub(super) last_call: u64,
+}
+
+impl Lease {
+    /// Units the lease can still give (negative after debt).
+    pub(super) fn available(&self, in_flight: u64) -> i64 {
+        let held = self.granted.saturating_sub(self.given_back) as i64;
+        match self.spec.kind {
+            BudgetKind::Concurrency { .. } => held - in_flight as i64,
+            _ => held - self.spent as i64,
+        }
+    }
+
+    /// True when a reservation under `spec` may spend this lease at `now`.
+    fn spendable(&self, spec: &BudgetSpec, now: u64, utc: u64) -> bool {
+        !self.closing
+            && self.seq > 0
+            && now < self.deadline
+            && self.spec.kind == spec.kind
+            && match (self.spec.kind, self.window) {
+                (BudgetKind::Quota { window, .. }, Some(w)) => window.id(utc) == w,
+                _ => true,
+            }
+    }
+}
+
+/// A reservation decided from leases.
+struct LocalHold {
+    lines: Vec<LocalLine>,
+    reserved_tokens: u64,
+}
+
+struct LocalLine {
+    key: Arc<str>,
+    /// The lease debited: a refund goes back only to it.
+    lease: Arc<str>,
+    /// Position among the reservation's specs (what actuals are indexed by).
+    pos: usize,
+    held: u64,
+    refund_unused: bool,
+    counts_requests: bool,
+    slot: bool,
+    window: Option<u64>,
+}
+
+/// The book: entries by budget key and local holds by reservation id.
+pub struct Book {
+    pub(super) settings: BookSettings,
+    pub(super) off: LeaseOff,
+    pub(super) entries: HashMap<Arc<str>, Entry>,
+    holds: HashMap<String, LocalHold>,
+    /// UTC µs minus monotonic µs, learned from the store's replies.
+    pub(super) utc_offset: i64,
+    /// Keys with a lease or wanting one: what planning looks at.
+    pub(super) active: HashSet<Arc<str>>,
+    /// Lease ids are `<prefix>.<n>`: the prefix is unique per gateway process.
+    id_prefix: Arc<str>,
+    next_id: u64,
+}
+
+/// What [`Book::reserve`] decided.
+pub enum Decision {
+    /// Decided here, without a store call.
+    Local(ReserveOutcome),
+    /// The store decides (some budget is not leased, or cannot be decided here).
+    Store,
+}
+
+impl Book {
+    /// An empty book.
+    /// `id_prefix` must be unique per gateway process (and per start of it).
+    pub fn new(settings: BookSettings, off: LeaseOff, id_prefix: &str) -> Self {
+        Self {
+            settings,
+            off,
+            entries: HashMap::new(),
+            holds: HashMap::new(),
+            utc_offset: 0,
+            active: HashSet::new(),
+            id_prefix: id_prefix.into(),
+            next_id: 0,
+        }
+    }
+
+    pub(super) fn next_lease_id(&mut self) -> Arc<str> {
+        self.next_id += 1;
+        format!("{}.{}", self.id_prefix, self.next_id).into()
+    }
+
+    /// New settings and switches (a reload): budgets switched off stop
+    /// leasing (their leases end at the next plan).
+    pub fn set_policy(&mut self, settings: BookSettings, off: LeaseOff) {
+        for e in self.entries.values_mut() {
+            e.leasable = off.allows(&e.spec.scope);
+        }
+        self.settings = settings;
+        self.off = off;
+    }
+
+    /// UTC µs at monotonic `now`, as the store's clock reads it.
+    pub fn utc(&self, now: u64) -> u64 {
+        (now as i64).saturating_add(self.utc_offset).max(0) as u64
+    }
+
+    /// Live reservations decided here.
+    pub fn local_holds(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// True when `id` was decided here and is not settled.
+    pub fn holds(&self, id: &str) -> bool {
+        !self.holds.is_empty() && self.holds.contains_key(id)
+    }
+
+    /// Counts the request's demand on each of its budgets and decides it
+    /// here when every budget of the first candidate is leased.
+    pub fn reserve(&mut self, r: &ReserveRequest, now: u64) -> Decision {
+        let utc = self.utc(now);
+        let Some(cand) = r.candidates.first() else {
+            return Decision::Store;
+        };
+        let mut covered = true;
+        let mut leased = true;
+        // The budget that falls shortest (for the refusal).
+        let mut short: Option<(usize, i64)> = None;
+        let min_rate = self.settings.min_rate;
+        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
+            let cost = r.costs.of(0, pos, spec);
+            let e = entry(&mut self.entries, &self.off, spec);
+            e.demand.count(cost, now);
+            if e.lease.is_none()
+                && e.leasable
+                && !e.wanted
+                && e.demand.requests_per_sec(now) >= min_rate
+            {
+                e.wanted = true;
+                self.active.insert(spec.key.clone());
+            }
+            if spec.shadow {
+                leased = false;
+                continue;
+            }
+            match &e.lease {
+                Some(l) if l.spendable(spec, now, utc) => {
+                    let avail = l.available(e.in_flight);
+                    let need = if matches!(spec.kind, BudgetKind::Concurrency { .. }) {
+                        1
+                    } else {
+                        cost as i64
+                    };
+                    if avail < need {
+                        covered = false;
+                        e.urgent = true;
+                        if short.is_none_or(|(_, a)| avail - need < a) {
+                            short = Some((pos, avail - need));
+                        }
+                    }
+                }
+                _ => {
+                    leased = false;
+                    covered = false;
+                }
+            }
+        }
+        if !leased || (!covered && r.candidates.len() > 1) {
+            return Decision::Store;
+        }
+        if !covered {
+            let (pos, _) = short.expect("a short lease was recorded");
+            let spec = r
+                .common
+                .iter()
+                .chain(cand.iter())
+                .nth(pos)
+                .expect("position in range");
+            return Decision::Local(ReserveOutcome::Denied(self.denial(
+                spec,
+                r.costs.of(0, pos, spec),
+                now,
+            )));
+        }
+        Decision::Local(self.admit(r, cand, now, utc))
+    }
+
+    fn admit(
+        &mut self,
+        r: &ReserveRequest,
+        cand: &[BudgetSpec],
+        now: u64,
+        utc: u64,
+    ) -> ReserveOutcome {
+        let mut lines = Vec::with_capacity(r.common.len() + cand.len());
+        let mut budgets = Vec::with_capacity(lines.capacity());
+        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
+            let cost = r.costs.of(0, pos, spec);
+            let e = self
+                .entries
+                .get_mut(&*spec.key)
+                .expect("entry made by the check");
+            let l = e.lease.as_mut().expect("lease checked");
+            let slot = matches!(spec.kind, BudgetKind::Concurrency { .. });
+            let held = if slot {
+                e.in_flight += 1;
+                0
+            } else {
+                l.spent = l.spent.saturating_add(cost);
+                e.in_flight = e.in_flight.saturating_add(cost);
+                budgets.push(state(spec, l, e.in_flight, utc));
+                cost
+            };
+            lines.push(LocalLine {
+                key: spec.key.clone(),
+                lease: l.id.clone(),
+                pos,
+                held,
+                refund_unused: spec.refund_unused,
+                counts_requests: spec.name.counts_requests(),
+                slot,
+                window: l.window,
+            });
+        }
+        self.holds.insert(
+            r.id.clone(),
+            LocalHold {
+                lines,
+                reserved_tokens: r.costs.tokens,
+            },
+        );
+        let _ = now;
+        ReserveOutcome::Admitted(Admission {
+            now_micros: utc,
+            candidate: 0,
+            budgets,
+            replayed: false,
+            would_deny: Vec::new(),
+        })
+    }
+
+    /// A refusal of `spec` for `cost`: the lease is short and a top-up is
+    /// due. The retry hint is what the budget's refill (or window) needs
+    /// for the shortfall, at least the time to the next top-up.
+    fn denial(&self, spec: &BudgetSpec, cost: u64, now: u64) -> Denial {
+        let utc = self.utc(now);
+        let e = &self.entries[&*spec.key];
+        let l = e.lease.as_ref().expect("a short lease");
+        let avail = l.available(e.in_flight);
+        let short = (cost as i64 - avail).max(1) as u64;
+        let next = l
+            .last_call
+            .saturating_add(self.spacing(e, now))
+            .saturating_sub(now);
+        let retry = match spec.kind {
+            BudgetKind::Bucket { per_minute, .. } if per_minute > 0 => {
+                let refill = (u128::from(short) * 60_000_000).div_ceil(u128::from(per_minute));
+                (refill.min(u128::from(u64::MAX)) as u64).max(next)
+            }
+            BudgetKind::Quota { window, .. } if l.free < short as i64 => {
+                window.end(utc).saturating_sub(utc)
+            }
+            _ => next,
+        };
+        Denial {
+            scope: spec.scope.clone(),
+            name: spec.name,
+            limit: spec.limit(),
+            requested: cost,
+            available: avail,
+            retry_after_micros: retry,
+            now_micros: utc,
+            state: state(spec, l, e.in_flight, utc),
+        }
+    }
+
+    /// Extends a local hold by up to `step` from its leases: the largest
+    /// grant every token line can pay for at its rate.
+    pub fn extend(&mut self, id: &str, step: &Step, now: u64) -> Option<ExtendOutcome> {
+        let hold = self.holds.get(id)?;
+        let utc = self.utc(now);
+        let want = step.tokens.min(MAX_AMOUNT);
+        let mut grant = want;
+        let mut tightest: Option<(usize, i64)> = None;
+        for (i, line) in hold.lines.iter().enumerate() {
+            if line.slot || line.counts_requests {
+                continue;
+            }
+            let e = &self.entries[&*line.key];
+            let rate = step.rate(line.pos, &e.spec);
+            if rate == 0 {
+                continue;
+            }
+            let avail = match &e.lease {
+                Some(l) if *l.id == *line.lease && l.spendable(&e.spec, now, utc) => {
+                    l.available(e.in_flight)
+                }
+                _ => 0,
+            };
+            let g = Step::grant(avail, rate, want);
+            if g < grant || tightest.is_none() && g == grant {
+                tightest = Some((i, avail));
+            }
+            grant = grant.min(g);
+        }
+        if grant == 0 && want > 0 {
+            let (i, _) = tightest.expect("a zero grant has a limiting line");
+            let e = &self.entries[&*hold.lines[i].key];
+            let spec = e.spec.clone();
+            let d = match &e.lease {
+                Some(_) => self.denial(
+                    &spec,
+                    Step::debit(1, step.rate(hold.lines[i].pos, &spec)),
+                    now,
+                ),
+                None => Denial {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                    limit: spec.limit(),
+                    requested: want,
+                    available: 0,
+                    retry_after_micros: self.settings.report,
+                    now_micros: utc,
+                    state: BudgetState {
+                        scope: spec.scope.clone(),
+                        name: spec.name,
+                        limit: spec.limit(),
+                        remaining: 0,
+                        reset_micros: 0,
+                        window: None,
+                    },
+                },
+            };
+            if let Some(e) = self.entries.get_mut(&*hold.lines[i].key) {
+                e.urgent = true;
+            }
+            return Some(ExtendOutcome::Exhausted(d));
+        }
+        let hold = self.holds.get_mut(id).expect("hold looked up above");
+        for line in hold.lines.iter_mut() {
+            if line.slot || line.counts_requests {
+                continue;
+            }
+            let Some(e) = self.entries.get_mut(&*line.key) else {
+                continue;
+            };
+            let d = Step::debit(grant, step.rate(line.pos, &e.spec));
+            if d == 0 {
+                continue;
+            }
+            if let Some(l) = e.lease.as_mut() {
+                l.spent = l.spent.saturating_add(d);
+            }
+            e.in_flight = e.in_flight.saturating_add(d);
+            line.held = line.held.saturating_add(d);
+        }
+        hold.reserved_tokens = hold.reserved_tokens.saturating_add(grant);
+        Some(ExtendOutcome::Extended {
+            granted: grant,
+            now_micros: utc,
+        })
+    }
+
+    /// Settles a local hold (a void when `s.actual` is [`Actual::Void`]).
+    pub fn settle(&mut self, id: &str, s: &Settlement, now: u64) -> Option<SettleOutcome> {
+        let hold = self.holds.remove(id)?;
+        let utc = self.utc(now);
+        let void = matches!(s.actual, Actual::Void);
+        let actual = s.actual_tokens;
+        let mut refunded_any = false;
+        for line in &hold.lines {
+            let Some(e) = self.entries.get_mut(&*line.key) else {
+                continue;
+            };
+            if line.slot {
+                e.in_flight = e.in_flight.saturating_sub(1);
+                continue;
+            }
+            e.in_flight = e.in_flight.saturating_sub(line.held);
+            let used = match &s.actual {
+                Actual::Void => 0,
+                Actual::PerSpec(a) => a.get(line.pos).copied().unwrap_or(0),
+                Actual::Tokens => actual,
+            };
+            // Request counts come back only with a void.
+            if line.counts_requests && !void {
+                continue;
+            }
+            let Some(l) = e.lease.as_mut().filter(|l| *l.id == *line.lease) else {
+                // The lease this line spent has ended: its refund is not
+                // returned (the store counted the lease as given) and its
+                // debt is not charged (module docs, "Faults").
+                continue;
+            };
+            let in_window = match (line.window, l.spec.kind) {
+                (Some(w), BudgetKind::Quota { window, .. }) => window.id(utc) == w,
+                _ => true,
+            };
+            let refundable = line.refund_unused || s.upstream_failed || void;
+            if used < line.held && refundable && in_window {
+                l.spent = l.spent.saturating_sub(line.held - used);
+                refunded_any = true;
+            } else if used > line.held {
+                l.spent = l.spent.saturating_add((used - line.held).min(MAX_AMOUNT));
+            }
+        }
+        let reserved = hold.reserved_tokens;
+        Some(SettleOutcome::Settled {
+            reserved,
+            refunded: if void {
+                reserved
+            } else if refunded_any {
+                reserved.saturating_sub(actual)
+            } else {
+                0
+            },
+            debt: if void {
+                0
+            } else {
+                actual.saturating_sub(reserved)
+            },
+            now_micros: utc,
+        })
+    }
+
+    /// Time between two calls for one lease: about 20 admissions' worth at
+    /// its rate, within an eighth and a half of the report interval (so a
+    /// saturated budget costs the store at most one call per 20 local
+    /// admissions, and an idle one a report per interval).
+    pub(super) fn spacing(&self, e: &Entry, now: u64) -> u64 {
+        let mut d = e.demand;
+        let rps = d.requests_per_sec(now).max(1);
+        (20_000_000 / rps).clamp(self.settings.report / 8, self.settings.report / 2)
+    }
+}
+
+/// A leased budget's state for the rate-limit headers: what the lease has
+/// left plus what the store had at the last reply.
+fn state(spec: &BudgetSpec, l: &Lease, in_flight: u64, utc: u64) -> BudgetState {
+    let remaining = l.available(in_flight).saturating_add(l.free.max(0));
+    let (reset_micros, window) = match spec.kind {
+        BudgetKind::Bucket { per_minute, burst } if per_minute > 0 => {
+            let missing = (burst as i64 - remaining).max(0) as u128;
+            (
+                (missing * 60_000_000).div_ceil(u128::from(per_minute)) as u64,
+                None,
+            )
+        }
+        BudgetKind::Quota { window, .. } => (window.end(utc).saturating_sub(utc), Some(window)),
+        _ => (0, None),
+    };
+    BudgetState {
+        scope: spec.scope.clone(),
+        name: spec.name,
+        limit: spec.limit(),
+        remaining,
+        reset_micros,
+        window,
+    }
+}
+
+fn entry<'a>(
+    entries: &'a mut HashMap<Arc<str>, Entry>,
+    off: &LeaseOff,
+    spec: &BudgetSpec,
+) -> &'a mut Entry {
+    if !entries.contains_key(&*spec.key) {
+        let leasable = off.allows(&spec.scope);
+        entries.insert(
+            spec.key.clone(),
+            Entry {
+                spec: spec.clone(),
+                leasable,
+                demand: Demand::default(),
+                lease: None,
+                in_flight: 0,
+                urgent: false,
+                wanted: false,
+            },
+        );
+    }
+    let e = entries.get_mut(&*spec.key).expect("inserted above");
+    if e.spec.kind != spec.kind {
+        e.spec = spec.clone();
+    }
+    e
+}
