@@ -183,9 +183,33 @@ pub async fn list(
                 .into_response();
         }
     };
+    // What is out on quota leases, fleet-wide and here (leases on only).
+    let leased = match st.store.leases() {
+        Some(l) => match l.leased_out(&specs).await {
+            Ok(out) => Some((l.clone(), out)),
+            Err(e) => {
+                tracing::debug!(error = %e, "admin: leased amounts not read");
+                None
+            }
+        },
+        None => None,
+    };
     let render = |r: &std::ops::Range<usize>| -> Vec<Value> {
         r.clone()
-            .map(|i| budget_json(&specs[i], &states[i]))
+            .map(|i| {
+                let mut b = budget_json(&specs[i], &states[i]);
+                if let Some((l, out)) = &leased {
+                    if let Some(o) = out.get(i) {
+                        b["leased"] = json!({
+                            "units": o.units,
+                            "leases": o.leases,
+                            "epoch": o.epoch,
+                            "here": l.leased_units(&specs[i].key),
+                        });
+                    }
+                }
+                b
+            })
             .collect()
     };
     let now = st.clock.now_micros();

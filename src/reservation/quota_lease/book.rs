@@ -88,6 +88,8 @@ pub(super) struct Entry {
     pub(super) spec: BudgetSpec,
     pub(super) leasable: bool,
     pub(super) demand: Demand,
+    /// What was decided from the lease, per second (the spacing of its calls).
+    pub(super) admitted: Demand,
     pub(super) lease: Option<Lease>,
     /// Units held by local reservations of this budget (slots in use, for concurrency).
     pub(super) in_flight: u64,
@@ -180,6 +182,8 @@ pub struct Book {
     /// Lease ids are `<prefix>.<n>`: the prefix is unique per gateway process.
     id_prefix: Arc<str>,
     next_id: u64,
+    /// A lease is wanted or short: the keeper should plan now.
+    pub nudge: bool,
 }
 
 /// What [`Book::reserve`] decided.
@@ -203,6 +207,7 @@ impl Book {
             active: HashSet::new(),
             id_prefix: id_prefix.into(),
             next_id: 0,
+            nudge: false,
         }
     }
 
@@ -255,10 +260,11 @@ impl Book {
             if e.lease.is_none()
                 && e.leasable
                 && !e.wanted
-                && e.demand.requests_per_sec(now) >= min_rate
+                && e.demand.quick_requests_per_sec(now) >= min_rate
             {
                 e.wanted = true;
                 self.active.insert(spec.key.clone());
+                self.nudge = true;
             }
             if spec.shadow {
                 leased = false;
@@ -275,6 +281,7 @@ impl Book {
                     if avail < need {
                         covered = false;
                         e.urgent = true;
+                        self.nudge = true;
                         if short.is_none_or(|(_, a)| avail - need < a) {
                             short = Some((pos, avail - need));
                         }
@@ -323,6 +330,7 @@ impl Book {
                 .expect("entry made by the check");
             let l = e.lease.as_mut().expect("lease checked");
             let slot = matches!(spec.kind, BudgetKind::Concurrency { .. });
+            e.admitted.count(cost, now);
             let held = if slot {
                 e.in_flight += 1;
                 0
@@ -350,7 +358,6 @@ impl Book {
                 reserved_tokens: r.costs.tokens,
             },
         );
-        let _ = now;
         ReserveOutcome::Admitted(Admission {
             now_micros: utc,
             candidate: 0,
@@ -544,14 +551,14 @@ impl Book {
         })
     }
 
-    /// Time between two calls for one lease: about 20 admissions' worth at
-    /// its rate, within an eighth and a half of the report interval (so a
-    /// saturated budget costs the store at most one call per 20 local
-    /// admissions, and an idle one a report per interval).
+    /// Time between two calls for one lease: about 40 local admissions'
+    /// worth at its rate, within an eighth and a half of the report
+    /// interval (so a saturated budget costs the store at most one call per
+    /// 40 admissions, and an idle one two reports per interval).
     pub(super) fn spacing(&self, e: &Entry, now: u64) -> u64 {
-        let mut d = e.demand;
+        let mut d = e.admitted;
         let rps = d.requests_per_sec(now).max(1);
-        (20_000_000 / rps).clamp(self.settings.report / 8, self.settings.report / 2)
+        (40_000_000 / rps).clamp(self.settings.report / 8, self.settings.report / 2)
     }
 }
 
@@ -593,6 +600,7 @@ fn entry<'a>(
                 spec: spec.clone(),
                 leasable,
                 demand: Demand::default(),
+                admitted: Demand::default(),
                 lease: None,
                 in_flight: 0,
                 urgent: false,

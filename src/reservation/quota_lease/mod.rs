@@ -102,7 +102,14 @@ impl QuotaLeases {
     /// Decides `r` from leases, or `None` when the store must.
     pub fn reserve(&self, r: &ReserveRequest) -> Option<ReserveOutcome> {
         let now = self.now();
-        let decision = self.lock().reserve(r, now);
+        let (decision, nudge) = {
+            let mut book = self.lock();
+            let d = book.reserve(r, now);
+            (d, std::mem::take(&mut book.nudge))
+        };
+        if nudge {
+            self.wake.notify_one();
+        }
         match decision {
             Decision::Local(o) => {
                 metrics::decision(true);
@@ -160,6 +167,18 @@ impl QuotaLeases {
     /// Units this gateway holds on a lease of budget `key`.
     pub fn leased_units(&self, key: &str) -> Option<i64> {
         self.lock().leased_units(key)
+    }
+
+    /// What is out on leases for each of `specs`, fleet-wide (the store's
+    /// view, as of the last reports).
+    pub async fn leased_out(
+        &self,
+        specs: &[crate::reserve::BudgetSpec],
+    ) -> Result<Vec<crate::reserve::lease::LeasedOut>, crate::reserve::StoreError> {
+        match tokio::time::timeout(self.timeout, self.store.leased_out(specs)).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::reserve::StoreError::Timeout),
+        }
     }
 
     /// One planning round: sends every due call and applies the replies.
