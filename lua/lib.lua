@@ -1,6 +1,6 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
 -- (src/reserve/redis/scripts.rs concatenates a prelude, lib.lua with extend.lua, renew.lua,
--- inspect.lua and lower.lua, and with reserve.lua + settle.lua + batch.lua;
+-- inspect.lua, lower.lua and lease.lua, and with reserve.lua + settle.lua + batch.lua;
 -- each result is one EVALSHA script). State below (`raw`, deferred writes,
 -- slot counts) lives for one script call, which may carry a whole batch.
 --

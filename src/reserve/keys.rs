@@ -106,6 +106,21 @@ impl KeySpace {
         format!("{}:shadow", self.budget(scope, name))
     }
 
+    /// Key of the record of quota lease `lease` (gateway-made) of the budget
+    /// stored at `budget_key` (a key of this key space: [`Self::budget`] or
+    /// [`Self::shadow_budget`]): `<budget key>:lease:<encoded id>`. A lease
+    /// is of one budget: the same id on two budgets names two records.
+    pub fn lease(&self, budget_key: &str, lease: &str) -> String {
+        format!("{budget_key}:lease:{}", encode_name(lease))
+    }
+
+    /// Key of the epoch record of the budget stored at `budget_key`: its
+    /// policy epoch, the policy it was set under and its live quota leases
+    /// (`lua/lease.lua`): `<budget key>:epoch`.
+    pub fn budget_epoch(&self, budget_key: &str) -> String {
+        format!("{budget_key}:epoch")
+    }
+
     /// Key of the hold of one reservation id (ids are gateway-generated UUIDs).
     pub fn hold(&self, reservation_id: &str) -> String {
         // Built by hand: twice per request, and `format!` with the encoder
@@ -155,6 +170,21 @@ mod tests {
             keys[3],
             "bg:{default}:v3:upstream:azure%3Aeast:max_concurrent"
         );
+    }
+
+    #[test]
+    fn lease_keys_extend_their_budget_key_and_keep_its_hash_tag() {
+        let ks = KeySpace::new("bg", "d");
+        let tpm = ks.budget(&Scope::Tenant("acme".into()), BudgetName::Tpm);
+        assert_eq!(
+            ks.lease(&tpm, "gw-1/7 #2"),
+            "bg:{d}:v3:tenant:acme:tpm:lease:gw-1%2F7%20%232"
+        );
+        assert_eq!(ks.budget_epoch(&tpm), "bg:{d}:v3:tenant:acme:tpm:epoch");
+        let shadow = ks.shadow_budget(&Scope::Tenant("acme".into()), BudgetName::Tpm);
+        assert_ne!(ks.lease(&shadow, "x"), ks.lease(&tpm, "x"));
+        assert_eq!(hash_tag(&ks.lease(&tpm, "}{")), Some("d"));
+        assert_eq!(hash_tag(&ks.budget_epoch(&tpm)), Some("d"));
     }
 
     #[test]

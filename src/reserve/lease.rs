@@ -14,67 +14,117 @@
 //! A lease is an amount already debited from one budget (one key of one
 //! scope), in the budget's unit: tokens or µ$ for amount budgets, requests
 //! for request budgets, slots for concurrency. The store keeps one record
-//! per lease id: the budget's policy epoch it was granted under, units
+//! per (budget key, lease id) — the same id on two budgets names two
+//! leases: the budget's policy epoch it was granted under, units
 //! granted, units given back, units reported spent, the last sequence
 //! number applied and what it answered, the lease's expiry, and for a
-//! calendar quota the window it was taken from.
+//! calendar quota the window it was taken from. Beside the records, each
+//! budget has an epoch record: its policy epoch, the policy it was set
+//! under and its live leases (what [`LeaseStore::leased_out`] reads); it is
+//! kept as long as the longest of its lease records.
 //!
 //! # One call
 //!
 //! [`LeaseStore::lease`] applies the lines of one budget domain in one call
 //! (one script on one slot), each line on its own (not all-or-nothing),
-//! in order, and answers one [`LeaseReply`] per line.
+//! in order, and answers one [`LeaseReply`] per line. Every number of a line
+//! is first bounded ([`LeaseLine::bounded`]); then, in this order:
 //!
 //! - **Idempotent by (lease id, seq).** A line whose `seq` is not above the
-//!   record's last applied seq changes nothing and answers what that call
-//!   answered (with the store's current time): a call whose reply was lost is
-//!   retried with the same lines and never grants or gives back twice. A
-//!   line with `seq == 1` and no record is a grant of a new lease; `seq > 1`
-//!   and no record answers [`LeaseReply::Unknown`] (the record expired).
+//!   record's last applied seq changes nothing and answers what the last
+//!   applied line answered (with the store's current time, and
+//!   `granted_now` 0): a call whose reply was lost is retried with the same
+//!   lines and never grants or gives back twice. A line for a closed
+//!   record (ended or fenced) likewise answers what closed it. A line with
+//!   `seq == 1` and no record is a grant of a new lease; `seq != 1` and no
+//!   record answers [`LeaseReply::Unknown`] (the record expired, or the
+//!   grant never arrived); neither writes anything.
 //! - **Epoch.** Each budget has a policy epoch in the store (starting at 1)
 //!   and the policy it was set under (the spec's [`super::BudgetKind`]). A line
 //!   whose spec's kind differs from the stored policy bumps the epoch and
 //!   stores the new policy first (a bucket is brought to the new policy as
-//!   a reservation would: refilled to now at the old rate, clamped to the
-//!   new burst). A line for an existing lease whose epoch is below the
-//!   budget's current epoch is **fenced**: it grants nothing, gives back
-//!   nothing (what the lease holds is treated as spent), still charges the
-//!   debt of `spent` above granted, closes the record, and answers
-//!   [`LeaseReply::Fenced`].
-//! - **Grant and top-up** (`want > 0`): adds `min(want, floor(free / 2))`
-//!   units, where `free` is what the budget has now (a bucket's whole
-//!   units, a quota's limit − used, free slots): a nearly spent budget is
-//!   never parcelled out to one gateway, and its last units are always
-//!   served by exact reservations. A grant of 0 units is not an error: the
-//!   lease is live with what it had. A concurrency lease's slots are members
-//!   of the budget's slot set (`<lease id>#<n>`) whose lease ends with the
-//!   quota lease, so exact reservations count them.
+//!   a refused reservation's `adopt_policies` does: refilled to now at the
+//!   old rate, clamped to the new burst). During a rolling reload gateways
+//!   with the old and the new policy bump it in turn, and each bump fences
+//!   the other's leases, until every gateway runs the new policy.
 //! - **Report** (`spent`): the cumulative units the gateway spent from this
 //!   lease (reservations, extensions and debt, less refunds; for
 //!   concurrency the slots in use now). Never decreases for amount and
 //!   request budgets; a line with a lower `spent` than recorded keeps the
-//!   recorded one. `spent` above what was granted is debt: it is charged to
-//!   the budget (a bucket may go into debt, a quota's used count grows).
+//!   recorded one. `spent` above what the lease holds (granted − given
+//!   back) is debt: it is charged to the budget at once (a bucket may go
+//!   into debt down to its floor, a quota's used count grows, in the
+//!   current window, up to 2^52) and counted as granted, so `granted −
+//!   given_back − spent` never goes below zero. Concurrency has no debt:
+//!   `spent` only bounds what can be given back.
+//! - **Fenced.** A line for a lease whose epoch is not the budget's current
+//!   epoch grants nothing, gives back nothing (what the lease holds is
+//!   treated as spent; a concurrency lease's slots stay until its expiry),
+//!   still charges its debt (above), closes the record, and answers
+//!   [`LeaseReply::Fenced`].
+//! - **Expired.** A line for a lease whose expiry has passed (its record is
+//!   still kept) likewise grants and gives back nothing, charges its debt,
+//!   closes the record and answers [`LeaseReply::Ended`] with what earlier
+//!   lines gave back: an expired lease gives nothing back (the store
+//!   assumes it was spent: a bucket refills on its own; a quota stays
+//!   debited; slots leave the slot set with their expiry).
+//! - **Grant and top-up** (`want > 0`): adds `min(want, floor(free / 2))`
+//!   units, where `free` is what the budget has now (a bucket's whole
+//!   units after refill, a quota's limit − used, free slots): a nearly spent
+//!   budget is never parcelled out to one gateway, and its last unit is
+//!   always served by exact reservations. A grant of 0 units is not an
+//!   error: the lease is live with what it had. A concurrency lease's
+//!   slots are members of the budget's slot set: with `g` = granted and
+//!   `b` = given back, the members `<lease id>#<n>` for `b < n ≤ g`, each
+//!   with the lease's expiry as its score, so exact reservations count them.
 //! - **Give back** (`give_back`): returns that many unspent units (at most
 //!   granted − given back − spent) to the budget: a bucket only up to its
 //!   capacity (what does not fit is dropped), a quota only to the window it
-//!   was taken from (nothing once that window has ended), slots by removing
-//!   members.
-//! - **End** (`end`): gives back everything unspent as above, charges any
-//!   debt, and closes the record (kept until `record_ttl_micros` to answer
-//!   retries).
-//! - **Expiry.** Every line that is not `end` and not fenced moves the
-//!   lease's expiry to now + `ttl_micros` (store time). A lease that
-//!   expires without an `end` gives nothing back: the store assumes it was
-//!   spent (a bucket refills on its own; a quota stays debited; slots leave
-//!   the slot set with their expiry).
+//!   was taken from, slots by removing members. [`LeaseState::given_back`]
+//!   counts what left the lease; [`LeaseReply::Ended`]'s `given_back` what
+//!   reached the budget (after the capacity cap, whole units).
+//! - **End** (`end`): gives back everything unspent as above (a concurrency
+//!   lease's slots in use stay until its expiry) and closes the record
+//!   (kept until `record_ttl_micros` to answer retries).
+//! - **Expiry.** Every live line that does not end the lease moves its
+//!   expiry to now + `ttl_micros` (store time), for a calendar quota never
+//!   past the end of the lease's window: a quota lease never outlives the
+//!   window it was taken from, so nothing of it is spent or given back in
+//!   another. A live record is kept until now + `record_ttl_micros`, a
+//!   closed one for `record_ttl_micros` from the line that closed it.
+//!
+//! # Bounds (every value an integer below 2^53, exact as a Lua double)
+//!
+//! [`LeaseLine::bounded`] caps `seq`, `want`, `give_back` and `spent` at
+//! [`MAX_COUNT`] (2^52) and both TTLs at [`MAX_LEASE_TTL_MICROS`] (10^13 µs,
+//! about 116 days; `ttl_micros` at least 1, `record_ttl_micros` at least
+//! `ttl_micros`). Then, with limits as validated at config load (bucket
+//! bursts ≤ 10^10, quotas ≤ 10^13: `bucket`, `amounts`):
+//!
+//! - A grant is at most half a capacity (≤ 5·10^12 units; a bucket's
+//!   5·10^9 tokens are 3·10^14 bucket units) and at most `2^52 − granted`:
+//!   a lease's `granted` never passes 2^52, so `granted + grant < 2^53`;
+//!   debt adds at most `spent ≤ 2^52` to it before the same cap, so the
+//!   sum is at most 2^53, still exact. `given_back ≤ granted` and
+//!   `spent ≤ 2^52`. (At 10^10 tokens a minute a lease would take 800 days
+//!   to reach the cap; the lease layer renews leases under new ids long
+//!   before.)
+//! - What reaches a budget is bounded as a settlement's is: a bucket is
+//!   debited or credited at most 10^10 tokens per line (6·10^14 units,
+//!   `bucket::to_units`), debt is clamped at the bucket's floor; a quota's
+//!   count grows by at most [`MAX_AMOUNT`](super::MAX_AMOUNT) per line and is capped at 2^52,
+//!   so `count + amount < 2^53`; a give back takes at most the count.
+//! - Times: `now` < 2^53 µs (year 2255) less 10^13, so expiries `now + ttl`
+//!   stay below 2^53. Epochs grow by one per policy change.
+//! - Concurrency members are numbered up to `granted` ≤ 2^52 (formatted
+//!   exactly with `%d`); a line adds or removes at most half the slots.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::Serialize;
 
-use super::{BudgetSpec, StoreError};
+use super::{BudgetSpec, StoreError, MAX_COUNT};
 
 /// One lease operation on one budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,13 +151,54 @@ pub struct LeaseLine {
     pub record_ttl_micros: u64,
 }
 
+/// Longest lease expiry and record lifetime a line may ask, µs (about 116
+/// days): keeps `now + ttl` below 2^53.
+pub const MAX_LEASE_TTL_MICROS: u64 = 10_000_000_000_000;
+
+/// A line's numbers within the bounds the stores compute with (module
+/// docs, "Bounds"): what both stores apply, so they agree on any input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundedLine {
+    /// [`LeaseLine::seq`], at most 2^52.
+    pub seq: u64,
+    /// [`LeaseLine::want`], at most 2^52.
+    pub want: u64,
+    /// [`LeaseLine::give_back`], at most 2^52.
+    pub give_back: u64,
+    /// [`LeaseLine::spent`], at most 2^52.
+    pub spent: u64,
+    /// [`LeaseLine::end`].
+    pub end: bool,
+    /// [`LeaseLine::ttl_micros`], in `1 ..= MAX_LEASE_TTL_MICROS`.
+    pub ttl_micros: u64,
+    /// [`LeaseLine::record_ttl_micros`], in `ttl_micros ..= MAX_LEASE_TTL_MICROS`.
+    pub record_ttl_micros: u64,
+}
+
+impl LeaseLine {
+    /// The line's numbers as the stores apply them (module docs, "Bounds").
+    pub fn bounded(&self) -> BoundedLine {
+        let ttl = self.ttl_micros.clamp(1, MAX_LEASE_TTL_MICROS);
+        BoundedLine {
+            seq: self.seq.min(MAX_COUNT),
+            want: self.want.min(MAX_COUNT),
+            give_back: self.give_back.min(MAX_COUNT),
+            spent: self.spent.min(MAX_COUNT),
+            end: self.end,
+            ttl_micros: ttl,
+            record_ttl_micros: self.record_ttl_micros.clamp(ttl, MAX_LEASE_TTL_MICROS),
+        }
+    }
+}
+
 /// What the store answered for one [`LeaseLine`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub enum LeaseReply {
     /// The lease is live.
     Live(LeaseState),
-    /// The lease was closed by this line's `end` (or had been closed by an
-    /// earlier one: then what that one answered).
+    /// The lease was closed by this line's `end`, or found expired by this
+    /// line (or had been closed by an earlier line: then what that one
+    /// answered).
     Ended {
         /// Units given back to the budget in all (after the capacity cap).
         given_back: u64,
@@ -135,9 +226,12 @@ pub enum LeaseReply {
 pub struct LeaseState {
     /// The budget's epoch the lease belongs to.
     pub epoch: u64,
-    /// Units granted in all, grant and top-ups.
+    /// Units granted in all: grant, top-ups and debt charged (spending
+    /// beyond what the lease held, module docs).
     pub granted: u64,
-    /// Units given back in all.
+    /// Units that left the lease by give backs in all (whether or not a
+    /// full bucket had room for them): the lease holds `granted −
+    /// given_back`.
     pub given_back: u64,
     /// Units granted by this line (0 for a replay).
     pub granted_now: u64,
@@ -148,14 +242,16 @@ pub struct LeaseState {
     /// What the budget has left for others after this line (whole units;
     /// negative in debt): what sizing and refusal hints read.
     pub free: i64,
-    /// The calendar window the lease was taken from (quotas only).
+    /// The calendar window the lease was taken from (quotas only):
+    /// [`super::Window::id`].
     pub window: Option<u64>,
 }
 
 /// What is out on leases for one budget (admin API).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeasedOut {
-    /// The budget's current epoch (1 if it never had a lease).
+    /// The budget's current epoch (1 if it has no epoch record: never
+    /// leased, or no lease record of it is kept any more).
     pub epoch: u64,
     /// Live leases of the budget.
     pub leases: u64,

@@ -27,6 +27,8 @@ mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
 mod key_headers;
+mod lease_conformance;
+mod lease_differential;
 mod lease_faults;
 mod lease_fleet;
 mod lifecycle_log;

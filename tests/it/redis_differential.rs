@@ -6,6 +6,11 @@
 //! store sends them in batches (`reserve::redis::batch`); the memory store applies them
 //! one by one in the order they were issued, and every outcome must match.
 //!
+//! Quota leases (issue 30) join in: calls of lease lines on every budget
+//! (`lease_differential`) and policy changes of single budgets (a reload:
+//! both the leases and the reservations then carry the new policy), with
+//! the replies and `leased_out` of every budget compared too.
+//!
 //! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
 //! needs `redis-server`).
 
@@ -13,10 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::lease_differential::{self, LeaseOp, Leases};
 use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::lease::LeaseStore;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
@@ -68,6 +75,13 @@ enum Op {
     ReserveWave(Vec<(u8, u64, u8, u8, u8)>),
     /// Settles issued at once: `(id, actual, failed)` each.
     SettleWave(Vec<(u8, u64, bool)>),
+    /// One lease call (its lines).
+    Lease(Vec<LeaseOp>),
+    /// The budget at this index (of every budget, tenant's first) flips
+    /// to its other policy.
+    Policy {
+        spec: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -94,6 +108,8 @@ fn op() -> impl Strategy<Value = Op> {
         .prop_map(Op::ReserveWave),
         2 => prop::collection::vec((0u8..6, 0u64..2500, any::<bool>()), 2..8)
             .prop_map(Op::SettleWave),
+        5 => lease_differential::lease_call().prop_map(Op::Lease),
+        1 => any::<u8>().prop_map(|spec| Op::Policy { spec }),
     ]
 }
 
@@ -161,6 +177,7 @@ fn settlement(actual: u64, failed: bool, shape: u8) -> Settlement {
 }
 
 /// The budgets one case plays with, under a per-case key prefix.
+#[derive(Clone)]
 struct Universe {
     tenant: Vec<BudgetSpec>,
     upstreams: Vec<Vec<BudgetSpec>>,
@@ -229,6 +246,39 @@ fn universe(ks: &KeySpace) -> Universe {
                 spec(b(), BudgetName::OutputTpm, bucket(900, 1100), true),
             ],
         ],
+    }
+}
+
+impl Universe {
+    /// Every budget, tenant's first.
+    fn all(&self) -> Vec<BudgetSpec> {
+        self.tenant
+            .iter()
+            .chain(self.upstreams.iter().flatten())
+            .cloned()
+            .collect()
+    }
+
+    /// The universe with the budgets flagged in `flipped` (indexes into
+    /// [`Self::all`]) under their other policy.
+    fn with_policies(&self, flipped: &[bool]) -> Universe {
+        let mut i = 0;
+        let mut pick = |s: &BudgetSpec| {
+            let flip = flipped.get(i).copied().unwrap_or(false);
+            i += 1;
+            if flip {
+                lease_differential::other_policy(s)
+            } else {
+                s.clone()
+            }
+        };
+        let tenant = self.tenant.iter().map(&mut pick).collect();
+        let upstreams = self
+            .upstreams
+            .iter()
+            .map(|c| c.iter().map(&mut pick).collect())
+            .collect();
+        Universe { tenant, upstreams }
     }
 }
 
@@ -376,13 +426,11 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
     f.clock.set(Window::Month.end(NOON) - 1_800_000_000);
     let memory = MemoryStore::new(Arc::new(f.clock.clone()));
     let ks = KeySpace::new(&format!("bgdiff{}c{case}", std::process::id()), "d");
-    let u = universe(&ks);
-    let all: Vec<BudgetSpec> = u
-        .tenant
-        .iter()
-        .chain(u.upstreams.iter().flatten())
-        .cloned()
-        .collect();
+    let base = universe(&ks);
+    let mut flipped = vec![false; base.all().len()];
+    let mut u = base.clone();
+    let mut all = u.all();
+    let mut leases = Leases::default();
     // Ids whose hold specs the Redis store surely has cached (admitted, not
     // replayed, not touched since): their settles are queued in the order
     // issued, with no read first, so a settle wave of them is in order.
@@ -503,10 +551,29 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Advance { micros } => f.clock.advance(*micros),
+                Op::Lease(ops) => {
+                    let lines = leases.lines(case, ops, &all);
+                    let m = memory.lease(&lines).await.expect("memory lease");
+                    let r = f.redis.lease(&lines).await.expect("redis lease");
+                    for x in &m {
+                        seen(lease_differential::label(x));
+                    }
+                    prop_assert_eq!(m, r, "{}", ctx);
+                    every_key_expires(f, case).await?;
+                }
+                Op::Policy { spec } => {
+                    let i = *spec as usize % flipped.len();
+                    flipped[i] = !flipped[i];
+                    u = base.with_policies(&flipped);
+                    all = u.all();
+                }
             }
             let m = memory.inspect(&all).await.expect("memory inspect");
             let r = f.redis.inspect(&all).await.expect("redis inspect");
             prop_assert_eq!(m, r, "inspect after {}", ctx);
+            let m = memory.leased_out(&all).await.expect("memory leased out");
+            let r = f.redis.leased_out(&all).await.expect("redis leased out");
+            prop_assert_eq!(m, r, "leased out after {}", ctx);
         }
         Ok(())
     })

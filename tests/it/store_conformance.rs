@@ -15,6 +15,7 @@ use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::lease::LeaseStore;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
@@ -30,14 +31,14 @@ const HOLD_TTL: u64 = 120_000_000;
 const SEC: u64 = 1_000_000;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backend {
+pub(crate) enum Backend {
     Memory,
     Redis,
     Cluster,
 }
 
 /// Raw access to the Redis behind a store, for checks the trait cannot make.
-enum Raw {
+pub(crate) enum Raw {
     Single(redis::aio::MultiplexedConnection),
     Cluster {
         cluster: redis::cluster_async::ClusterConnection,
@@ -46,7 +47,7 @@ enum Raw {
 }
 
 impl Raw {
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         let r = match self {
             Raw::Single(c) => cmd.query_async(&mut c.clone()).await,
             Raw::Cluster { cluster, .. } => cmd.query_async(&mut cluster.clone()).await,
@@ -63,13 +64,15 @@ impl Raw {
 }
 
 /// One test's store, clock and key space.
-struct H {
-    backend: Backend,
-    store: Arc<dyn BudgetStore>,
-    clock: ManualClock,
-    ks: KeySpace,
+pub(crate) struct H {
+    pub(crate) backend: Backend,
+    pub(crate) store: Arc<dyn BudgetStore>,
+    /// The same store's quota leases (`lease_conformance`).
+    pub(crate) leases: Arc<dyn LeaseStore>,
+    pub(crate) clock: ManualClock,
+    pub(crate) ks: KeySpace,
     prefix: String,
-    raw: Option<Raw>,
+    pub(crate) raw: Option<Raw>,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -83,7 +86,7 @@ async fn node_conn(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 impl H {
-    async fn new(backend: Backend) -> H {
+    pub(crate) async fn new(backend: Backend) -> H {
         let n = SEQ.fetch_add(1, Ordering::SeqCst);
         // Tests share one server: each gets its own prefix, and its own
         // domain (so, on the cluster, its own hash tag and slot).
@@ -92,8 +95,13 @@ impl H {
         let ks = KeySpace::new(&prefix, &domain);
         let clock = ManualClock::new(NOON);
         let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
-        let (store, raw): (Arc<dyn BudgetStore>, Option<Raw>) = match backend {
-            Backend::Memory => (Arc::new(MemoryStore::new(dyn_clock)), None),
+        fn both<S: BudgetStore + LeaseStore>(
+            s: Arc<S>,
+        ) -> (Arc<dyn BudgetStore>, Arc<dyn LeaseStore>) {
+            (s.clone(), s)
+        }
+        let ((store, leases), raw) = match backend {
+            Backend::Memory => (both(Arc::new(MemoryStore::new(dyn_clock))), None),
             Backend::Redis => {
                 let server = redis_server::shared();
                 let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
@@ -101,7 +109,7 @@ impl H {
                     .expect("connect RedisStore")
                     .with_test_clock(dyn_clock);
                 (
-                    Arc::new(store),
+                    both(Arc::new(store)),
                     Some(Raw::Single(node_conn(&server.url()).await)),
                 )
             }
@@ -122,7 +130,7 @@ impl H {
                     nodes.push(node_conn(&u).await);
                 }
                 (
-                    Arc::new(store),
+                    both(Arc::new(store)),
                     Some(Raw::Cluster {
                         cluster: conn,
                         nodes,
@@ -133,6 +141,7 @@ impl H {
         H {
             backend,
             store,
+            leases,
             clock,
             ks,
             prefix,
@@ -140,7 +149,7 @@ impl H {
         }
     }
 
-    fn spec(&self, scope: Scope, name: BudgetName, kind: BudgetKind) -> BudgetSpec {
+    pub(crate) fn spec(&self, scope: Scope, name: BudgetName, kind: BudgetKind) -> BudgetSpec {
         BudgetSpec {
             key: self.ks.budget(&scope, name).into(),
             scope,
@@ -151,7 +160,7 @@ impl H {
         }
     }
 
-    fn tpm(&self, scope: Scope, per_minute: u64, burst: u64) -> BudgetSpec {
+    pub(crate) fn tpm(&self, scope: Scope, per_minute: u64, burst: u64) -> BudgetSpec {
         self.spec(
             scope,
             BudgetName::Tpm,
@@ -159,7 +168,7 @@ impl H {
         )
     }
 
-    fn rpm(&self, scope: Scope, per_minute: u64, burst: u64) -> BudgetSpec {
+    pub(crate) fn rpm(&self, scope: Scope, per_minute: u64, burst: u64) -> BudgetSpec {
         self.spec(
             scope,
             BudgetName::Rpm,
@@ -167,7 +176,7 @@ impl H {
         )
     }
 
-    fn per_day(&self, scope: Scope, limit: u64) -> BudgetSpec {
+    pub(crate) fn per_day(&self, scope: Scope, limit: u64) -> BudgetSpec {
         self.spec(
             scope,
             BudgetName::TokensPerDay,
@@ -178,7 +187,7 @@ impl H {
         )
     }
 
-    fn per_month(&self, scope: Scope, limit: u64) -> BudgetSpec {
+    pub(crate) fn per_month(&self, scope: Scope, limit: u64) -> BudgetSpec {
         self.spec(
             scope,
             BudgetName::TokensPerMonth,
@@ -189,7 +198,7 @@ impl H {
         )
     }
 
-    fn slots(&self, scope: Scope, max: u64) -> BudgetSpec {
+    pub(crate) fn slots(&self, scope: Scope, max: u64) -> BudgetSpec {
         self.spec(
             scope,
             BudgetName::MaxConcurrent,
@@ -197,7 +206,12 @@ impl H {
         )
     }
 
-    async fn reserve(&self, id: &str, tokens: u64, common: &[BudgetSpec]) -> ReserveOutcome {
+    pub(crate) async fn reserve(
+        &self,
+        id: &str,
+        tokens: u64,
+        common: &[BudgetSpec],
+    ) -> ReserveOutcome {
         self.reserve_c(id, tokens, common, &[]).await
     }
 
@@ -244,7 +258,7 @@ impl H {
         self.store.reserve(&req).await.expect("reserve")
     }
 
-    async fn admit(&self, id: &str, tokens: u64, common: &[BudgetSpec]) -> Admission {
+    pub(crate) async fn admit(&self, id: &str, tokens: u64, common: &[BudgetSpec]) -> Admission {
         admitted(self.reserve(id, tokens, common).await)
     }
 
@@ -259,7 +273,7 @@ impl H {
         self.store.renew(id).await.expect("renew")
     }
 
-    async fn settle(&self, id: &str, actual_tokens: u64) -> SettleOutcome {
+    pub(crate) async fn settle(&self, id: &str, actual_tokens: u64) -> SettleOutcome {
         self.store
             .settle(
                 id,
@@ -274,7 +288,7 @@ impl H {
     }
 
     /// Remaining units of one budget now.
-    async fn remaining(&self, spec: &BudgetSpec) -> i64 {
+    pub(crate) async fn remaining(&self, spec: &BudgetSpec) -> i64 {
         self.store
             .inspect(std::slice::from_ref(spec))
             .await
@@ -283,7 +297,7 @@ impl H {
     }
 
     /// `(remaining, reset µs)` of one budget now.
-    async fn state(&self, spec: &BudgetSpec) -> (i64, u64) {
+    pub(crate) async fn state(&self, spec: &BudgetSpec) -> (i64, u64) {
         let s = &self
             .store
             .inspect(std::slice::from_ref(spec))
@@ -301,7 +315,7 @@ impl H {
     }
 
     /// Every key of this test, on every node.
-    async fn keys(&self) -> Vec<String> {
+    pub(crate) async fn keys(&self) -> Vec<String> {
         let Some(raw) = &self.raw else {
             return Vec::new();
         };
@@ -331,7 +345,7 @@ impl H {
 
     /// Asserts that every key this test wrote has a TTL, and (on the
     /// cluster) that they all live on one slot. Returns how many keys exist.
-    async fn check_keys(&self) -> usize {
+    pub(crate) async fn check_keys(&self) -> usize {
         let Some(raw) = &self.raw else {
             return 0;
         };
@@ -361,14 +375,14 @@ impl H {
     }
 }
 
-fn admitted(o: ReserveOutcome) -> Admission {
+pub(crate) fn admitted(o: ReserveOutcome) -> Admission {
     match o {
         ReserveOutcome::Admitted(a) => a,
         other => panic!("expected admission, got {other:?}"),
     }
 }
 
-fn denied(o: ReserveOutcome) -> Denial {
+pub(crate) fn denied(o: ReserveOutcome) -> Denial {
     match o {
         ReserveOutcome::Denied(d) => d,
         other => panic!("expected denial, got {other:?}"),
@@ -382,7 +396,7 @@ fn impossible(o: ReserveOutcome) -> Impossibility {
     }
 }
 
-fn tenant() -> Scope {
+pub(crate) fn tenant() -> Scope {
     Scope::Tenant("acme".into())
 }
 

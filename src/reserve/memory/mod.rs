@@ -4,8 +4,10 @@
 //!
 //! - `state`: the maps under the lock, and the checks and debits of a reservation.
 //! - `tombstones`: settled holds, kept as long as their holds would have lived.
+//! - `lease`: quota leases (`reserve::lease`), next to the holds.
 //! - [`snapshot`]: the embedded default's persistence across restarts.
 
+mod lease;
 pub mod snapshot;
 mod state;
 mod tombstones;

@@ -30,6 +30,8 @@ pub(super) struct Inner {
     pub(super) holds: HashMap<String, Hold>,
     /// Settled holds.
     pub(super) settled: Tombstones,
+    /// Quota leases per budget key (`lease`).
+    pub(super) leases: HashMap<String, super::lease::BudgetLeases>,
     pub(super) ops: u64,
     /// Time of the last sweep, UTC µs.
     pub(super) swept_at: u64,
@@ -79,6 +81,7 @@ impl Inner {
             self.swept_at = now;
             self.quotas.retain(|_, q| q.end > now);
             self.holds.retain(|_, h| h.expires_at > now);
+            super::lease::sweep(&mut self.leases, now);
             for set in self.slots.values_mut() {
                 set.retain(|_, lease| *lease > now);
             }

@@ -30,6 +30,7 @@ const EXTEND: &str = include_str!("../../../lua/extend.lua");
 const RENEW: &str = include_str!("../../../lua/renew.lua");
 const LOWER: &str = include_str!("../../../lua/lower.lua");
 const INSPECT: &str = include_str!("../../../lua/inspect.lua");
+const LEASE: &str = include_str!("../../../lua/lease.lua");
 
 /// The Lua definitions of the constants shared with Rust.
 pub fn prelude() -> String {
@@ -122,6 +123,11 @@ impl LuaScript {
     pub fn inspect() -> Self {
         Self::assemble(&[LIB, INSPECT])
     }
+
+    /// The quota-lease script (lines, and what is out on leases).
+    pub fn lease() -> Self {
+        Self::assemble(&[LIB, LEASE])
+    }
 }
 
 /// The scripts called directly (reserve and settle go through the batcher).
@@ -130,6 +136,7 @@ pub(super) struct Scripts {
     pub(super) renew: LuaScript,
     pub(super) inspect: LuaScript,
     pub(super) lower: LuaScript,
+    pub(super) lease: LuaScript,
 }
 
 impl Scripts {
@@ -139,6 +146,7 @@ impl Scripts {
             renew: LuaScript::renew(),
             inspect: LuaScript::inspect(),
             lower: LuaScript::lower(),
+            lease: LuaScript::lease(),
         }
     }
 }
@@ -152,7 +160,9 @@ mod tests {
         let p = prelude();
         assert!(p.contains(&format!("local UNITS = {UNITS_PER_TOKEN}\n")));
         assert!(p.contains(&format!("local DAY = {MICROS_PER_DAY}\n")));
-        for file in [LIB, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT] {
+        for file in [
+            LIB, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT, LEASE,
+        ] {
             for name in [
                 "UNITS",
                 "DAY",

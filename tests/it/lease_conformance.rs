@@ -1,0 +1,579 @@
+//! The store side of quota leases (issue 30, `reserve::lease`): each test
+//! runs unchanged against the memory store, the Redis store on one node and
+//! on a 3-node Redis Cluster, through `store_conformance`'s harness (one
+//! [`ManualClock`] per test, so every expected value is exact).
+
+use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseState, LeasedOut};
+use budgetgate::reserve::{BudgetKind, BudgetSpec, SettleOutcome, Window};
+
+use super::store_conformance::{admitted, denied, tenant, Backend, H};
+use crate::support::NOON;
+
+const SEC: u64 = 1_000_000;
+/// Lease expiry of every line, µs.
+const TTL: u64 = 60 * SEC;
+/// How long every lease record is kept, µs.
+const RECORD_TTL: u64 = 300 * SEC;
+
+fn line(spec: &BudgetSpec, lease: &str, seq: u64) -> LeaseLine {
+    LeaseLine {
+        spec: spec.clone(),
+        lease: lease.into(),
+        seq,
+        epoch: 0,
+        want: 0,
+        give_back: 0,
+        spent: 0,
+        end: false,
+        ttl_micros: TTL,
+        record_ttl_micros: RECORD_TTL,
+    }
+}
+
+fn want(spec: &BudgetSpec, lease: &str, seq: u64, want: u64) -> LeaseLine {
+    LeaseLine {
+        want,
+        ..line(spec, lease, seq)
+    }
+}
+
+async fn one(h: &H, l: LeaseLine) -> LeaseReply {
+    let mut r = h.leases.lease(&[l]).await.expect("lease");
+    assert_eq!(r.len(), 1);
+    r.remove(0)
+}
+
+fn live(r: LeaseReply) -> LeaseState {
+    match r {
+        LeaseReply::Live(s) => s,
+        other => panic!("expected a live lease, got {other:?}"),
+    }
+}
+
+async fn out(h: &H, spec: &BudgetSpec) -> LeasedOut {
+    h.leases
+        .leased_out(std::slice::from_ref(spec))
+        .await
+        .expect("leased out")
+        .remove(0)
+}
+
+fn leased(epoch: u64, leases: u64, units: u64) -> LeasedOut {
+    LeasedOut {
+        epoch,
+        leases,
+        units,
+    }
+}
+
+macro_rules! lease_conformance {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::H::new(super::Backend::Memory).await).await;
+            })*
+        }
+        mod redis_single {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::H::new(super::Backend::Redis).await).await;
+            })*
+        }
+        mod redis_cluster {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::H::new(super::Backend::Cluster).await).await;
+            })*
+        }
+    };
+}
+
+lease_conformance!(
+    grant_and_top_up_take_at_most_half_of_what_is_free,
+    reports_are_cumulative_and_spending_beyond_the_lease_is_debt,
+    give_back_never_fills_a_bucket_past_its_capacity,
+    quota_give_back_goes_only_to_the_window_it_was_taken_from,
+    concurrency_lease_slots_are_counted_by_exact_reservations,
+    an_expired_lease_gives_nothing_back,
+    a_policy_change_fences_old_leases_and_still_charges_their_debt,
+    a_retried_line_after_a_lost_reply_changes_nothing,
+    a_line_without_a_record_is_unknown_and_writes_nothing,
+    lines_of_several_budgets_in_one_call,
+    absurd_numbers_are_bounded,
+);
+
+/// Fault: a gateway that asks for a whole budget would strand it; a grant
+/// takes at most floor(free / 2) and is debited like a reservation.
+async fn grant_and_top_up_take_at_most_half_of_what_is_free(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let g = live(one(&h, want(&tpm, "g1", 1, 300)).await);
+    assert_eq!(
+        g,
+        LeaseState {
+            epoch: 1,
+            granted: 300,
+            given_back: 0,
+            granted_now: 300,
+            expires_at_micros: NOON + TTL,
+            now_micros: NOON,
+            free: 700,
+            window: None,
+        }
+    );
+    assert_eq!(h.remaining(&tpm).await, 700, "debited as a reservation");
+    let mut granted = 300;
+    for (seq, expect, free) in [(2, 350, 350), (3, 175, 175), (4, 87, 88)] {
+        let s = live(one(&h, want(&tpm, "g1", seq, 1000)).await);
+        granted += expect;
+        assert_eq!(
+            (s.granted_now, s.granted, s.free),
+            (expect, granted, free),
+            "top-up {seq}"
+        );
+    }
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 912));
+    let s = live(one(&h, want(&tpm, "g2", 1, 1)).await);
+    assert_eq!((s.granted_now, s.free), (1, 87));
+    assert_eq!(out(&h, &tpm).await, leased(1, 2, 913));
+    // An exact reservation sees what the leases took.
+    denied(h.reserve("r", 88, std::slice::from_ref(&tpm)).await);
+    admitted(h.reserve("r2", 87, std::slice::from_ref(&tpm)).await);
+    h.check_keys().await;
+}
+
+/// Fault: an estimate that was low makes a gateway spend more than its
+/// lease holds; the store charges the excess at the next report.
+async fn reports_are_cumulative_and_spending_beyond_the_lease_is_debt(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    live(one(&h, want(&tpm, "d", 1, 400)).await);
+    let report = |seq, spent| LeaseLine {
+        spent,
+        ..line(&tpm, "d", seq)
+    };
+    let s = live(one(&h, report(2, 100)).await);
+    assert_eq!((s.granted, s.free), (400, 600));
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 300));
+    let s = live(one(&h, report(3, 50)).await);
+    assert_eq!(
+        (s.granted, s.free),
+        (400, 600),
+        "a lower report keeps the recorded one"
+    );
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 300));
+    let s = live(one(&h, report(4, 550)).await);
+    assert_eq!(
+        (s.granted, s.free),
+        (550, 450),
+        "150 of debt charged, counted as granted"
+    );
+    assert_eq!(h.remaining(&tpm).await, 450);
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 0));
+    let s = live(
+        one(
+            &h,
+            LeaseLine {
+                want: 100,
+                ..report(5, 550)
+            },
+        )
+        .await,
+    );
+    assert_eq!((s.granted_now, s.granted, s.free), (100, 650, 350));
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 100));
+    h.check_keys().await;
+}
+
+/// Fault: a bucket that refilled while its units were out on a lease must
+/// not hold more than its capacity when they come back.
+async fn give_back_never_fills_a_bucket_past_its_capacity(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    live(one(&h, want(&tpm, "c", 1, 500)).await);
+    assert_eq!(h.remaining(&tpm).await, 500);
+    h.clock.advance(15 * SEC);
+    assert_eq!(h.remaining(&tpm).await, 750, "15 s of refill");
+    let s = live(
+        one(
+            &h,
+            LeaseLine {
+                give_back: 100,
+                ..line(&tpm, "c", 2)
+            },
+        )
+        .await,
+    );
+    assert_eq!((s.granted, s.given_back, s.free), (500, 100, 850));
+    h.clock.advance(6 * SEC);
+    assert_eq!(h.remaining(&tpm).await, 950);
+    // 400 unspent come back; only 50 fit.
+    let end = LeaseLine {
+        end: true,
+        ..line(&tpm, "c", 3)
+    };
+    let e = one(&h, end.clone()).await;
+    assert_eq!(
+        e,
+        LeaseReply::Ended {
+            given_back: 150,
+            now_micros: NOON + 21 * SEC
+        }
+    );
+    assert_eq!(h.state(&tpm).await, (1000, 0), "full, never above");
+    // Closed: a retry and any later line answer the end again.
+    assert_eq!(one(&h, end).await, e);
+    assert_eq!(one(&h, want(&tpm, "c", 4, 10)).await, e);
+    assert_eq!(h.remaining(&tpm).await, 1000);
+    assert_eq!(out(&h, &tpm).await, leased(1, 0, 0));
+    h.check_keys().await;
+}
+
+/// Fault: units taken from yesterday's quota must not be returned to
+/// today's. A quota lease never outlives its window.
+async fn quota_give_back_goes_only_to_the_window_it_was_taken_from(h: H) {
+    let start = Window::Day.end(NOON) - 30 * SEC;
+    h.clock.set(start);
+    let day = h.per_day(tenant(), 1000);
+    let g = live(one(&h, want(&day, "q", 1, 800)).await);
+    assert_eq!(g.granted, 500, "half of the 1000 free");
+    assert_eq!(g.window, Some(Window::Day.id(start)));
+    assert_eq!(
+        g.expires_at_micros,
+        Window::Day.end(start),
+        "capped at the window's end"
+    );
+    let s = live(
+        one(
+            &h,
+            LeaseLine {
+                give_back: 100,
+                ..line(&day, "q", 2)
+            },
+        )
+        .await,
+    );
+    assert_eq!((s.given_back, s.free), (100, 600));
+    assert_eq!(h.remaining(&day).await, 600);
+    h.clock.advance(30 * SEC);
+    assert_eq!(h.remaining(&day).await, 1000, "a new window");
+    admitted(h.reserve("today", 200, std::slice::from_ref(&day)).await);
+    let e = one(
+        &h,
+        LeaseLine {
+            end: true,
+            ..line(&day, "q", 3)
+        },
+    )
+    .await;
+    assert_eq!(
+        e,
+        LeaseReply::Ended {
+            given_back: 100,
+            now_micros: start + 30 * SEC
+        },
+        "nothing more comes back"
+    );
+    assert_eq!(h.remaining(&day).await, 800, "today's count untouched");
+    assert_eq!(out(&h, &day).await, leased(1, 0, 0));
+    h.check_keys().await;
+}
+
+/// Fault: slots held by a lease that exact reservations did not count
+/// would let a budget exceed its concurrency limit.
+async fn concurrency_lease_slots_are_counted_by_exact_reservations(h: H) {
+    let slots = h.slots(tenant(), 5);
+    let s = live(one(&h, want(&slots, "s", 1, 5)).await);
+    assert_eq!((s.granted, s.free), (2, 3));
+    assert_eq!(out(&h, &slots).await, leased(1, 1, 2));
+    for id in ["a", "b", "c"] {
+        admitted(h.reserve(id, 1, std::slice::from_ref(&slots)).await);
+    }
+    denied(h.reserve("d", 1, std::slice::from_ref(&slots)).await);
+    let s = live(
+        one(
+            &h,
+            LeaseLine {
+                give_back: 1,
+                spent: 1,
+                ..line(&slots, "s", 2)
+            },
+        )
+        .await,
+    );
+    assert_eq!((s.granted, s.given_back, s.free), (2, 1, 1));
+    if let Some(raw) = &h.raw {
+        let members: Vec<(String, u64)> = raw
+            .query(
+                redis::cmd("ZRANGE")
+                    .arg(&*slots.key)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES"),
+            )
+            .await;
+        assert!(
+            members.contains(&("s#2".to_string(), NOON + TTL)),
+            "{members:?}"
+        );
+        assert!(!members.iter().any(|(m, _)| m == "s#1"), "{members:?}");
+    }
+    admitted(h.reserve("d", 1, std::slice::from_ref(&slots)).await);
+    assert_eq!(h.remaining(&slots).await, 0);
+    // Ended with its one slot in use: that slot stays until the expiry.
+    let e = one(
+        &h,
+        LeaseLine {
+            end: true,
+            spent: 1,
+            ..line(&slots, "s", 3)
+        },
+    )
+    .await;
+    assert!(
+        matches!(e, LeaseReply::Ended { given_back: 1, .. }),
+        "{e:?}"
+    );
+    for id in ["a", "b", "c", "d"] {
+        assert!(matches!(
+            h.settle(id, 1).await,
+            SettleOutcome::Settled { .. }
+        ));
+    }
+    assert_eq!(h.remaining(&slots).await, 4);
+    h.clock.advance(TTL);
+    assert_eq!(
+        h.remaining(&slots).await,
+        5,
+        "the slot left with the expiry"
+    );
+    h.check_keys().await;
+}
+
+/// Fault: a gateway killed with a lease. Its record expires; the store
+/// assumes it was spent and gives nothing back.
+async fn an_expired_lease_gives_nothing_back(h: H) {
+    let slow = h.tpm(tenant(), 60, 1000);
+    let day = h.per_day(tenant(), 1000);
+    live(one(&h, want(&slow, "x", 1, 1000)).await);
+    live(one(&h, want(&day, "x", 1, 1000)).await);
+    assert_eq!(h.remaining(&slow).await, 500);
+    assert_eq!(h.remaining(&day).await, 500);
+    h.clock.advance(TTL);
+    assert_eq!(out(&h, &slow).await, leased(1, 0, 0));
+    for spec in [&slow, &day] {
+        let e = one(
+            &h,
+            LeaseLine {
+                give_back: 500,
+                ..line(spec, "x", 2)
+            },
+        )
+        .await;
+        assert_eq!(
+            e,
+            LeaseReply::Ended {
+                given_back: 0,
+                now_micros: NOON + TTL
+            }
+        );
+    }
+    assert_eq!(h.remaining(&slow).await, 560, "refill only");
+    assert_eq!(h.remaining(&day).await, 500, "still debited");
+    h.check_keys().await;
+}
+
+/// Fault: a lease granted under the old limit spent after a reload that
+/// lowered it. The epoch fences it; its debt is still charged.
+async fn a_policy_change_fences_old_leases_and_still_charges_their_debt(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let faster = BudgetSpec {
+        kind: BudgetKind::Bucket {
+            per_minute: 2000,
+            burst: 1000,
+        },
+        ..tpm.clone()
+    };
+    assert_eq!(live(one(&h, want(&tpm, "old", 1, 400)).await).epoch, 1);
+    let n = live(one(&h, want(&faster, "new", 1, 100)).await);
+    assert_eq!((n.epoch, n.granted, n.free), (2, 100, 500));
+    assert_eq!(out(&h, &faster).await, leased(2, 2, 500));
+    let report = LeaseLine {
+        spent: 450,
+        want: 100,
+        give_back: 10,
+        ..line(&faster, "old", 2)
+    };
+    let f = one(&h, report.clone()).await;
+    assert_eq!(
+        f,
+        LeaseReply::Fenced {
+            epoch: 2,
+            now_micros: NOON
+        }
+    );
+    assert_eq!(
+        h.remaining(&faster).await,
+        450,
+        "50 of debt charged, nothing granted or given back"
+    );
+    assert_eq!(one(&h, report).await, f, "a retry answers the fence");
+    assert_eq!(
+        one(
+            &h,
+            LeaseLine {
+                end: true,
+                ..line(&faster, "old", 3)
+            }
+        )
+        .await,
+        f
+    );
+    assert_eq!(out(&h, &faster).await, leased(2, 1, 100));
+    assert_eq!(live(one(&h, line(&faster, "new", 2)).await).epoch, 2);
+    // A gateway still on the old policy bumps the epoch back: the new
+    // lease is fenced in turn (a rolling reload, module docs).
+    assert_eq!(live(one(&h, want(&tpm, "older", 1, 2)).await).epoch, 3);
+    assert!(matches!(
+        one(&h, line(&faster, "new", 3)).await,
+        LeaseReply::Fenced { epoch: 4, .. }
+    ));
+    h.check_keys().await;
+}
+
+/// Fault: the reply of a grant is lost and the gateway retries it; the
+/// budget must be debited once.
+async fn a_retried_line_after_a_lost_reply_changes_nothing(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let first = live(one(&h, want(&tpm, "r", 1, 200)).await);
+    let again = live(one(&h, want(&tpm, "r", 1, 200)).await);
+    assert_eq!(
+        again,
+        LeaseState {
+            granted_now: 0,
+            ..first.clone()
+        }
+    );
+    assert_eq!(h.remaining(&tpm).await, 800);
+    let second = live(one(&h, want(&tpm, "r", 2, 100)).await);
+    assert_eq!((second.granted_now, second.free), (100, 700));
+    h.clock.advance(SEC);
+    let replay = live(one(&h, want(&tpm, "r", 2, 500)).await);
+    assert_eq!(
+        replay,
+        LeaseState {
+            granted_now: 0,
+            now_micros: NOON + SEC,
+            ..second.clone()
+        },
+        "any seq up to the last applied answers its reply"
+    );
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 300));
+    let both = h
+        .leases
+        .lease(&[
+            want(&tpm, "r", 2, 100),
+            LeaseLine {
+                give_back: 50,
+                ..line(&tpm, "r", 3)
+            },
+        ])
+        .await
+        .expect("lease");
+    assert_eq!(live(both[0].clone()).granted_now, 0);
+    assert_eq!(live(both[1].clone()).given_back, 50);
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 250));
+    h.check_keys().await;
+}
+
+/// Fault: a line of a lease whose record expired (or whose grant never
+/// arrived) must not create a lease out of nothing.
+async fn a_line_without_a_record_is_unknown_and_writes_nothing(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let u = one(&h, want(&tpm, "nope", 2, 100)).await;
+    assert_eq!(u, LeaseReply::Unknown { now_micros: NOON });
+    assert_eq!(h.remaining(&tpm).await, 1000);
+    assert_eq!(out(&h, &tpm).await, leased(1, 0, 0));
+    assert_eq!(h.check_keys().await, 0, "nothing written");
+    live(one(&h, want(&tpm, "x", 1, 100)).await);
+    h.clock.advance(RECORD_TTL);
+    assert_eq!(
+        one(&h, want(&tpm, "x", 2, 100)).await,
+        LeaseReply::Unknown {
+            now_micros: NOON + RECORD_TTL
+        }
+    );
+    assert_eq!(out(&h, &tpm).await, leased(1, 0, 0));
+    h.check_keys().await;
+}
+
+/// One call carries the lines of many budgets (one budget domain); each
+/// applies on its own, in order.
+async fn lines_of_several_budgets_in_one_call(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let rpm = h.rpm(tenant(), 60, 10);
+    let month = h.per_month(tenant(), 7000);
+    let slots = h.slots(tenant(), 3);
+    let r = h
+        .leases
+        .lease(&[
+            want(&tpm, "m", 1, 100),
+            want(&rpm, "m", 1, 100),
+            want(&month, "m", 1, 10_000),
+            want(&slots, "m", 1, 3),
+            want(&tpm, "m", 2, 1000),
+            want(&tpm, "other", 5, 1),
+        ])
+        .await
+        .expect("lease");
+    let g: Vec<(u64, i64)> = r[..5]
+        .iter()
+        .map(|x| {
+            let s = live(x.clone());
+            (s.granted_now, s.free)
+        })
+        .collect();
+    assert_eq!(g, [(100, 900), (5, 5), (3500, 3500), (1, 2), (450, 450)]);
+    assert_eq!(r[5], LeaseReply::Unknown { now_micros: NOON });
+    let outs = h
+        .leases
+        .leased_out(&[tpm.clone(), rpm, month, slots])
+        .await
+        .expect("leased out");
+    let units: Vec<u64> = outs.iter().map(|o| o.units).collect();
+    assert_eq!(units, [550, 5, 3500, 1]);
+    let n = h.check_keys().await;
+    if h.backend != Backend::Memory {
+        // 4 budgets, their 4 epoch records and 4 lease records.
+        assert_eq!(n, 12);
+    }
+}
+
+/// Bad input: numbers far beyond any budget are bounded, never overflow.
+async fn absurd_numbers_are_bounded(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let l = LeaseLine {
+        want: u64::MAX,
+        ttl_micros: u64::MAX,
+        record_ttl_micros: 0,
+        ..line(&tpm, "huge", 1)
+    };
+    let s = live(one(&h, l).await);
+    assert_eq!(s.granted, 500);
+    assert_eq!(s.expires_at_micros, NOON + 10_000_000_000_000);
+    let s = live(
+        one(
+            &h,
+            LeaseLine {
+                spent: u64::MAX,
+                give_back: u64::MAX,
+                seq: u64::MAX,
+                ..line(&tpm, "huge", 2)
+            },
+        )
+        .await,
+    );
+    assert_eq!(s.granted, 1 << 52, "capped at 2^52");
+    // Debt reaches the bucket as a settlement's would: at most 10^10 tokens.
+    assert_eq!(s.free, 500 - 10_000_000_000);
+    assert_eq!(s.given_back, 0, "nothing unspent to give back");
+    h.check_keys().await;
+}
