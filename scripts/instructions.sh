@@ -16,6 +16,9 @@
 #                                        # 40 budgets per request (default: 7)
 #   BUILD=debug PROFILE=redis scripts/instructions.sh  # debug binaries (only
 #                                        # with PROFILE=redis: Redis is counted)
+#   LEASE=on STORE=redis scripts/instructions.sh  # quota leases from the first
+#                                        # requests (min_rate 1): the leased path;
+#                                        # default LEASE=off, one store call each
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -30,6 +33,7 @@ STORE=${STORE:-memory}
 PROFILE=${PROFILE:-gateway}
 CONC=${CONC:-1}
 SHAPE=${SHAPE:-flat}
+LEASE=${LEASE:-off}
 BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
 [[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
@@ -71,6 +75,15 @@ if [[ $STORE == redis ]]; then
     STORE_TOML="kind = \"redis\"
 url = \"redis://127.0.0.1:$RPORT/\"
 timeout_ms = 5000"
+    if [[ $LEASE == on ]]; then
+        STORE_TOML="$STORE_TOML
+[store.lease]
+min_rate = 1"
+    else
+        STORE_TOML="$STORE_TOML
+[store.lease]
+mode = \"off\""
+    fi
 fi
 KEY="sk-instructions-$$"
 SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)

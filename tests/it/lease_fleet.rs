@@ -340,3 +340,32 @@ async fn a_hot_tenant_is_served_from_leases_without_over_admission() {
     );
     assert_eq!(cold.refused.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn check_config_prints_the_lease_bounds_for_the_fleet() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut c = fleet_config("http://127.0.0.1:9/v1", "redis://127.0.0.1:6399/", RPM);
+    c.store.lease = Some(budgetgate::config::raw::RawLease {
+        fleet_size: Some(3),
+        ..Default::default()
+    });
+    c.tenant("cold").lease = Some("off".into());
+    let path = c.write(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .expect("run check-config");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("fleet of 3 gateway(s)"), "{text}");
+    assert!(text.contains("without faults: over-admission 0"), "{text}");
+    // rpm 6000 with a burst of 500: a lease holds at most a quarter, 125;
+    // three gateways strand at most 375.
+    assert!(text.contains("tenant:hot rpm: one lease at most 125; stranded at most 375 across the fleet; a lost grant over-admits at most 125, a lost lease refills in 1.2 s"), "{text}");
+    assert!(
+        text.contains("tenant:cold rpm: exact (lease = \"off\")"),
+        "{text}"
+    );
+}

@@ -36,6 +36,7 @@
 pub mod book;
 pub mod bounds;
 pub mod demand;
+mod local_hold;
 pub mod metrics;
 pub mod plan;
 #[cfg(test)]
