@@ -218,6 +218,9 @@ impl GatewayStore {
             Ok(o) => return Ok(o),
             Err(e) => e,
         };
+        if let Some(l) = &self.leases {
+            l.store_failed(r);
+        }
         let who = &r.requester;
         // The store may have applied it: whatever this request gets, the
         // reservation is settled under its own id when the request ends.

@@ -161,16 +161,14 @@ async fn redis_unavailable_leased_budgets_admit_within_their_leases_and_exact_on
     }
     // Redis stops answering for 5 s (clients paused: nothing it holds is lost).
     let port = redis.port();
-    let sleeper = std::thread::spawn(move || {
-        crate::support::redis_server::cli(port, &["CLIENT", "PAUSE", "5000", "ALL"])
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // CLIENT PAUSE answers at once and holds every other client from then on.
+    let paused = crate::support::redis_server::cli(port, &["CLIENT", "PAUSE", "5000", "ALL"]);
+    assert_eq!(paused.trim(), "OK");
     let until = Instant::now() + Duration::from_millis(4_500);
     let (hot, cold) = tokio::join!(
         drive(b.clone(), HOT_KEY, 48, Duration::from_millis(320), until),
         drive(b.clone(), COLD_KEY, 2, Duration::from_millis(500), until),
     );
-    let _ = sleeper.join();
     let ok = hot.ok.load(Ordering::Relaxed) as i64;
     println!(
         "redis away 5 s: hot admitted {ok} (leases held {held} requests), other {}; cold: ok {}, other {}",

@@ -76,6 +76,8 @@ pub struct BookSettings {
     pub margin: u64,
     /// How long the store keeps a lease record, µs.
     pub record_ttl: u64,
+    /// Gateways of the fleet (the quota rule of `fits`).
+    pub fleet_size: u64,
 }
 
 /// One budget this gateway has seen.
@@ -121,6 +123,8 @@ pub(super) struct Lease {
     pub(super) on_wire: bool,
     /// Monotonic µs of the last call.
     pub(super) last_call: u64,
+    /// Monotonic µs the grant's reply came.
+    pub(super) granted_at: u64,
 }
 
 impl Lease {
@@ -222,6 +226,18 @@ impl Book {
         self.off = off;
     }
 
+    /// Takes back the demand `r` counted: the store failed to decide it.
+    pub fn uncount(&mut self, r: &ReserveRequest, now: u64) {
+        let Some(cand) = r.candidates.first() else {
+            return;
+        };
+        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
+            if let Some(e) = self.entries.get_mut(&*spec.key) {
+                e.demand.uncount(r.costs.of(0, pos, spec), now);
+            }
+        }
+    }
+
     /// UTC µs at monotonic `now`, as the store's clock reads it.
     pub fn utc(&self, now: u64) -> u64 {
         (now as i64).saturating_add(self.utc_offset).max(0) as u64
@@ -257,6 +273,7 @@ impl Book {
                 && e.leasable
                 && !e.wanted
                 && e.demand.quick_requests_per_sec(now) >= min_rate
+                && fits(&mut e.demand, spec, e.in_flight, now, &self.settings)
             {
                 e.wanted = true;
                 self.active.insert(spec.key.clone());
@@ -460,4 +477,38 @@ fn entry<'a>(
         e.spec = spec.clone();
     }
     e
+}
+
+/// Seconds of this gateway's demand (times the fleet size) a calendar
+/// quota must hold to be leased.
+const QUOTA_LASTS_SECS: u128 = 60;
+
+/// True when a budget suits a lease at this gateway's demand. A bucket:
+/// one report interval of the demand fits in one lease (`max_fraction` of
+/// its capacity). A calendar quota: what it holds would last at least
+/// [`QUOTA_LASTS_SECS`] at the fleet's demand (this gateway's times
+/// `fleet_size`): a quota does not refill, so near its end it must be
+/// exact, and a quota spent in seconds is near its end from the start.
+/// Slots: this gateway's concurrency is at most a quarter of them. A
+/// budget small beside its demand stays exact: a handful of requests
+/// decides it anyway, and leases would strand most of it.
+pub(super) fn fits(
+    demand: &mut Demand,
+    spec: &BudgetSpec,
+    in_flight: u64,
+    now: u64,
+    s: &BookSettings,
+) -> bool {
+    let units = u128::from(demand.quick_units_per_sec(now));
+    let capacity = u128::from(spec.capacity());
+    match spec.kind {
+        BudgetKind::Concurrency { max } => in_flight.saturating_mul(4) <= max,
+        BudgetKind::Quota { .. } => {
+            units * QUOTA_LASTS_SECS * u128::from(s.fleet_size.max(1)) <= capacity
+        }
+        BudgetKind::Bucket { .. } => {
+            units * u128::from(s.report) / 1_000_000
+                <= capacity * u128::from(s.max_fraction_ppm) / 1_000_000
+        }
+    }
 }

@@ -24,6 +24,7 @@ pub struct Demand {
     last: u64,
     quarter: u64,
     quarter_requests: u64,
+    quarter_units: u64,
 }
 
 impl Demand {
@@ -35,8 +36,10 @@ impl Demand {
         if q != self.quarter {
             self.quarter = q;
             self.quarter_requests = 0;
+            self.quarter_units = 0;
         }
         self.quarter_requests += 1;
+        self.quarter_units = self.quarter_units.saturating_add(units);
         self.requests += 1;
         self.units = self.units.saturating_add(units);
     }
@@ -56,6 +59,29 @@ impl Demand {
             0
         };
         self.requests_per_sec(now).max(q)
+    }
+
+    /// Units per second as the current quarter second shows them (at
+    /// least the whole-second rate).
+    pub fn quick_units_per_sec(&mut self, now: u64) -> u64 {
+        let q = if now / QUARTER == self.quarter {
+            self.quarter_units * 4
+        } else {
+            0
+        };
+        self.units_per_sec(now).max(q)
+    }
+
+    /// Takes back one request of `units` counted at `now` (one the store
+    /// failed to decide: an outage's retries are not demand).
+    pub fn uncount(&mut self, units: u64, now: u64) {
+        self.roll(now);
+        self.requests = self.requests.saturating_sub(1);
+        self.units = self.units.saturating_sub(units);
+        if now / QUARTER == self.quarter {
+            self.quarter_requests = self.quarter_requests.saturating_sub(1);
+            self.quarter_units = self.quarter_units.saturating_sub(units);
+        }
     }
 
     /// Units per second.

@@ -123,6 +123,12 @@ impl QuotaLeases {
         }
     }
 
+    /// The store failed to decide `r`: its demand is taken back.
+    pub fn store_failed(&self, r: &ReserveRequest) {
+        let now = self.now();
+        self.lock().uncount(r, now);
+    }
+
     /// True when `id` is a reservation decided here.
     pub fn holds(&self, id: &str) -> bool {
         self.lock().holds(id)
@@ -255,5 +261,6 @@ pub fn settings(policy: &LeasePolicy, timeout: Duration) -> BookSettings {
         // Long enough to answer a retried call and the final end of a
         // lease whose reservations were still settling.
         record_ttl: us(policy.ttl) * 4 + us(timeout) * 2,
+        fleet_size: policy.fleet_size,
     }
 }

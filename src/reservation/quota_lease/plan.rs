@@ -70,7 +70,11 @@ impl Book {
             };
             let e = self.entries.get_mut(&*key).expect("looked up above");
             let Some(l) = e.lease.as_mut() else {
-                if e.leasable && e.wanted {
+                // Demand that fell again before the grant went out wants nothing.
+                if e.leasable
+                    && e.wanted
+                    && e.demand.quick_requests_per_sec(now) >= settings.min_rate
+                {
                     e.wanted = false;
                     let line = LeaseLine {
                         spec: e.spec.clone(),
@@ -99,6 +103,7 @@ impl Book {
                         in_call: Some(line.clone()),
                         on_wire: true,
                         last_call: now,
+                        granted_at: now,
                     });
                     lines.push(line);
                 } else {
@@ -134,13 +139,16 @@ impl Book {
                 continue;
             }
             let mut d = e.demand;
+            // Hysteresis: a lease ends below half of `min_rate`, and not
+            // in the first second of its life.
             let cold = d.requests_per_sec(now).saturating_mul(2) < settings.min_rate
-                && d.idle_slots(now) >= 1;
+                && now >= l.granted_at.saturating_add(1_000_000);
             let window_over = match (l.spec.kind, l.window) {
                 (BudgetKind::Quota { window, .. }, Some(w)) => window.id(utc) != w,
                 _ => false,
             };
-            if l.spec.kind != e.spec.kind || window_over || cold || !e.leasable {
+            let outgrown = !super::book::fits(&mut e.demand, &e.spec, e.in_flight, now, &settings);
+            if l.spec.kind != e.spec.kind || window_over || cold || !e.leasable || outgrown {
                 l.closing = true;
             }
             let since = now.saturating_sub(l.last_call);
@@ -162,6 +170,10 @@ impl Book {
             if l.closing {
                 if e.in_flight == 0 {
                     line.end = true;
+                } else if avail > 0 && !slots && since >= settings.report / 8 {
+                    // Its reservations still settle into it; what nobody
+                    // holds goes back now, not at the end.
+                    line.give_back = avail as u64;
                 } else if since < settings.report / 2 {
                     continue;
                 }
@@ -212,6 +224,7 @@ impl Book {
                 LeaseReply::Live(st) => {
                     if l.seq == 0 {
                         applied.granted += 1;
+                        l.granted_at = now;
                     } else if st.granted_now > 0 {
                         applied.topped_up += 1;
                     }
