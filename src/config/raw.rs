@@ -22,6 +22,30 @@ pub struct RawConfig {
     pub models: Vec<RawModel>,
     #[serde(default)]
     pub tenants: Vec<RawTenant>,
+    /// `[queue]`: absent, refusals are answered at once (no waiting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<RawQueue>,
+}
+
+/// `[queue]` (issue 28).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    pub max_queued: Option<i64>,
+    pub max_queued_bytes: Option<i64>,
+    /// `[queue.classes.<class>]`.
+    #[serde(default)]
+    pub classes: BTreeMap<String, RawQueueClass>,
+    /// `[queue.wait_on]`: budget kind → the classes that may wait for it.
+    #[serde(default)]
+    pub wait_on: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueueClass {
+    pub max_wait_ms: Option<i64>,
+    pub max_starve_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -214,6 +238,8 @@ pub struct RawTenant {
     #[serde(default)]
     pub end_user_limits: RawLimits,
     pub end_user_required: Option<bool>,
+    pub priority: Option<String>,
+    pub weight: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -223,4 +249,6 @@ pub struct RawKey {
     pub sha256: String,
     #[serde(default)]
     pub limits: RawLimits,
+    pub priority: Option<String>,
+    pub weight: Option<i64>,
 }

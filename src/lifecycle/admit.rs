@@ -185,6 +185,9 @@ pub async fn admit<'p>(
             .unwrap_or_default(),
     )
     .with_metrics(plan.tenant_metrics.clone())
+    .with_capacity_hook_if(policy.queue.is_some().then(|| {
+        capacity_hook(cx.st.queue.clone(), plan.clone(), admission.candidate, &candidates)
+    }))
     .with_deny_release(if request.end_user_budgets.is_empty() {
         plan.deny_release.clone()
     } else {
@@ -221,6 +224,24 @@ pub async fn admit<'p>(
         admission,
         deployment,
         budgets,
+    })
+}
+
+/// What a settlement of a hold on `plan` and `candidates[chosen]` tells the
+/// wait queue: capacity came back to its budgets (a line waiting for one
+/// of them tries again). Built only when the gateway has a queue.
+fn capacity_hook(
+    queue: Arc<crate::queue::Queue>,
+    plan: Arc<BudgetPlan>,
+    chosen: usize,
+    candidates: &[&PlannedDeployment],
+) -> crate::reservation::tracker::CapacityHook {
+    let deployment = candidates
+        .get(chosen)
+        .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));
+    Arc::new(move || {
+        let upstream = deployment.map(|d| &plan.upstreams[d].budgets[..]).unwrap_or(&[]);
+        queue.capacity_returned(plan.common.iter().chain(upstream).map(|s| &*s.key));
     })
 }
 

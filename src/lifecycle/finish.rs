@@ -54,6 +54,8 @@ pub struct Finish {
     pub estimated: u64,
     /// The end user, as the keyed hash of its id (never the id).
     pub end_user: Option<Arc<str>>,
+    /// Milliseconds it waited in the queue, when it waited.
+    pub queued_ms: Option<u64>,
     written: bool,
 }
 
@@ -70,6 +72,7 @@ impl Finish {
             reservation_id: None,
             estimated: 0,
             end_user: None,
+            queued_ms: None,
             written: false,
         }
     }
@@ -93,6 +96,7 @@ impl Finish {
             reservation_id: self.reservation_id.take(),
             estimated: self.estimated,
             end_user: self.end_user.take(),
+            queued_ms: self.queued_ms,
             written: self.written,
         };
         self.written = true;
@@ -117,6 +121,7 @@ impl Finish {
         let reservation_id = self.reservation_id.as_deref().unwrap_or("");
         let estimated = self.estimated;
         let end_user = self.end_user.as_deref().unwrap_or("");
+        let queued_ms = self.queued_ms.unwrap_or(0);
         match outcome {
             Outcome::Refused(e) => tracing::info!(
                 request_id,
@@ -126,6 +131,7 @@ impl Finish {
                 decision = "refused",
                 status = e.status().as_u16(),
                 error = e.label(),
+                queued_ms,
                 latency_ms,
                 "request refused"
             ),
@@ -140,6 +146,7 @@ impl Finish {
                 settled,
                 outcome = "answered",
                 decision = "admitted",
+                queued_ms,
                 latency_ms,
                 "request finished"
             ),
@@ -155,6 +162,7 @@ impl Finish {
                 decision = "admitted",
                 status,
                 error,
+                queued_ms,
                 latency_ms,
                 "request finished"
             ),
@@ -176,6 +184,7 @@ impl Finish {
                     ending = summary.ending.name(),
                     outcome,
                     decision = "admitted",
+                    queued_ms,
                     latency_ms,
                     "stream finished"
                 )
@@ -211,6 +220,7 @@ impl Drop for Finish {
                 .deployment
                 .map_or("", |d| p.deployment(d).name.as_str()),
             outcome = "client_gone",
+            queued_ms = self.queued_ms.unwrap_or(0),
             latency_ms,
             "request abandoned by the client"
         );

@@ -35,6 +35,8 @@ mod mock_upstream_selftest;
 mod nested_tenants;
 mod operations;
 mod output_limits;
+mod queue;
+mod queue_fairness;
 mod redis_acl;
 mod redis_bench;
 mod redis_crash;
