@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lease::LeaseHandle;
+use super::slot_renewal::RenewalHandle;
 use super::tracker::{bounded, record_settlement, settle_in_gateway, SettleReport};
 use super::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::metrics::TenantMetrics;
@@ -28,7 +28,7 @@ pub struct HeldReservation {
     amounts: Vec<u64>,
     settle_retry: Duration,
     /// Renewed while held; dropping it stops the renewals.
-    lease: Option<LeaseHandle>,
+    lease: Option<RenewalHandle>,
     done: bool,
     report: SettleReport,
 }

@@ -58,18 +58,18 @@ struct Entry {
 
 /// A registration: renewals stop when it is dropped (with the reservation
 /// that holds it), so no exit path can leave a lease renewed forever.
-pub struct LeaseHandle {
+pub struct RenewalHandle {
     key: u64,
     state: Arc<Mutex<State>>,
 }
 
-impl std::fmt::Debug for LeaseHandle {
+impl std::fmt::Debug for RenewalHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("LeaseHandle").field(&self.key).finish()
+        f.debug_tuple("RenewalHandle").field(&self.key).finish()
     }
 }
 
-impl Drop for LeaseHandle {
+impl Drop for RenewalHandle {
     fn drop(&mut self) {
         lock(&self.state).entries.remove(&self.key);
     }
@@ -86,7 +86,12 @@ impl SlotRenewer {
     /// Renews reservation `id` in `store` every `lease / 3` (at least every
     /// 10 ms) until the handle is dropped. Must be called inside a tokio
     /// runtime (the keeper task starts on first use).
-    pub fn register(&self, id: &str, store: Arc<dyn BudgetStore>, lease: Duration) -> LeaseHandle {
+    pub fn register(
+        &self,
+        id: &str,
+        store: Arc<dyn BudgetStore>,
+        lease: Duration,
+    ) -> RenewalHandle {
         let every = (lease / 3).max(MIN_PERIOD);
         let due = Instant::now() + every;
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
@@ -117,7 +122,7 @@ impl SlotRenewer {
         } else if wake {
             self.shared.wake.notify_one();
         }
-        LeaseHandle {
+        RenewalHandle {
             key: handle,
             state: self.shared.state.clone(),
         }
