@@ -152,7 +152,7 @@ pub async fn admit<'p>(
         if let (Some(t), Some(until)) = (&ticket, deadline) {
             if let Err(ended) = t.turn(until).await {
                 let waited = t.joined().elapsed();
-                ticket = None;
+                drop(ticket.take());
                 note_wait(cx, waited);
                 return match ended {
                     Ended::Closed => Err(ApiError::ShuttingDown),

@@ -227,7 +227,8 @@ impl Line {
             }
             Some(t) => {
                 t.at = None;
-                self.wake(t.id)
+                let id = t.id;
+                self.wake(id)
             }
             None => self.reschedule(now),
         }
@@ -283,14 +284,16 @@ impl Line {
             return Vec::new();
         };
         let mut wakes = Vec::new();
-        if let Some(t) = self.turn {
-            if t.id == best {
-                return wakes;
-            }
-            wakes.extend(self.wake(t.id));
-        }
         if starved {
             self.next_starve = self.max_starve.map(|s| now + s);
+        }
+        if let Some(t) = &mut self.turn {
+            if t.id == best {
+                t.starved = starved;
+                return wakes;
+            }
+            let old = t.id;
+            wakes.extend(self.wake(old));
         }
         let tried = self.waiting.get(&best).is_some_and(|w| w.entry.tried);
         let at = match self.retry_at {

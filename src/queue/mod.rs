@@ -168,7 +168,7 @@ impl Queue {
     }
 
     /// A waiter leaves its line for good (admitted, refused, gone).
-    fn remove(&self, key: &str, id: u64, class: Class, bytes: usize, f: impl FnOnce(&mut Line, Instant) -> Wakes) {
+    fn remove(&self, key: &str, class: Class, bytes: usize, f: impl FnOnce(&mut Line, Instant) -> Wakes) {
         let wakes = {
             let mut inner = self.lock();
             inner.bytes = inner.bytes.saturating_sub(bytes);
@@ -197,12 +197,15 @@ impl Queue {
             return;
         }
         let now = Instant::now();
-        let wakes: Wakes = {
+        let mut wakes: Wakes = Vec::new();
+        {
             let mut inner = self.lock();
-            keys.filter_map(|k| inner.lines.get_mut(k))
-                .flat_map(|line| line.capacity_returned(now))
-                .collect()
-        };
+            for k in keys {
+                if let Some(line) = inner.lines.get_mut(k) {
+                    wakes.extend(line.capacity_returned(now));
+                }
+            }
+        }
         notify(wakes);
     }
 

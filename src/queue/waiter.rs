@@ -136,7 +136,7 @@ impl Ticket {
         self.left = true;
         let id = self.id;
         self.queue
-            .remove(&self.key, id, self.class, self.bytes, |line, now| f(line, id, now));
+            .remove(&self.key, self.class, self.bytes, |line, now| f(line, id, now));
     }
 }
 

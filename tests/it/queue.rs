@@ -191,11 +191,22 @@ async fn a_raised_priority_is_ignored_a_lowered_one_and_a_shorter_max_wait_are_h
     assert!((1100..2000).contains(&raised), "a raise is ignored: waited {raised} ms");
     let lowered = timed_wait(&gw, &[("x-budgetgate-priority", "batch")]).await;
     assert!((2300..3500).contains(&lowered), "a lowering is honoured: waited {lowered} ms");
-    let shorter = timed_wait(&gw, &[("x-budgetgate-max-wait-ms", "200")]).await;
-    assert!((150..1000).contains(&shorter), "max-wait lowered: waited {shorter} ms");
+    let shorter = timed_wait(&gw, &[("x-budgetgate-max-wait-ms", "700")]).await;
+    assert!((650..1100).contains(&shorter), "max-wait lowered: waited {shorter} ms");
+    // Below the store's retry time (about 440 ms): it could never fit in
+    // time, so it is answered at once, as without a queue.
+    let started = Instant::now();
+    let r = chat_request(&gw, KEY, &hi(40))
+        .header("x-budgetgate-max-wait-ms", "100")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(header(&r, "x-budgetgate-queued-ms").is_none(), "it did not wait");
+    assert!(started.elapsed() < Duration::from_millis(300));
     let longer = timed_wait(&gw, &[("x-budgetgate-max-wait-ms", "60000")]).await;
     assert!((1100..2000).contains(&longer), "max-wait never raised: waited {longer} ms");
-    println!("queue waits: raised {raised} ms, lowered {lowered} ms, max-wait 200: {shorter} ms, max-wait 60000: {longer} ms");
+    println!("queue waits: raised {raised} ms, lowered {lowered} ms, max-wait 700: {shorter} ms, max-wait 60000: {longer} ms");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
