@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use crate::support::mock_upstream::MockUpstream;
 use crate::support::*;
+use crate::support::store_spy;
 
 /// The deployment `mock`: 100 tokens of burst refilled at 100 per second,
 /// not refunded; every [`hi`]`(40)` costs about 48, so two empty it.
@@ -313,4 +314,95 @@ async fn the_budget_list_shows_the_queue_depth_by_class() {
     assert_eq!(body["queue"]["depth"]["standard"], 1, "{body}");
     assert_eq!(body["queue"]["depth"]["batch"], 0, "{body}");
     waiter.abort();
+}
+
+/// Counts store calls by kind.
+#[derive(Default)]
+struct Counting(std::sync::Mutex<BTreeMap<String, usize>>);
+
+#[async_trait::async_trait]
+impl store_spy::Hooks for Counting {
+    async fn before(&self, call: store_spy::Call) -> Result<u64, budgetgate::reserve::StoreError> {
+        *self.0.lock().unwrap().entry(format!("{call:?}")).or_default() += 1;
+        Ok(0)
+    }
+}
+
+async fn store_calls(mock: &MockUpstream, queue: Option<RawQueue>) -> BTreeMap<String, usize> {
+    let clock = ManualClock::new(NOON);
+    let spy = std::sync::Arc::new(store_spy::Spy {
+        inner: std::sync::Arc::new(MemoryStore::new(std::sync::Arc::new(clock.clone()))),
+        hooks: Counting::default(),
+    });
+    let gw = queued_config(mock, queue).start_with(clock, spy.clone()).await;
+    for _ in 0..2 {
+        let r = post_chat(&gw, KEY, &hi(5)).await;
+        assert_eq!(r.status(), 200);
+        assert!(header(&r, "x-budgetgate-queued-ms").is_none(), "nothing waited");
+    }
+    gw.settled().await;
+    let calls = spy.0.lock().unwrap().clone();
+    calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_request_makes_the_same_store_calls_with_a_queue_configured() {
+    let mock = start_mock().await;
+    let without = store_calls(&mock, None).await;
+    let with = store_calls(&mock, Some(queue_of(&[("standard", 5000)]))).await;
+    assert_eq!(with, without);
+    assert_eq!(with.get("Reserve"), Some(&2), "{with:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_body_bytes_are_bounded() {
+    let mock = start_mock().await;
+    let mut q = queue_of(&[("standard", 5000)]);
+    // Room for one small request (its body and the fixed overhead), not two.
+    q.max_queued_bytes = Some(2048 + 400);
+    let gw = queued_config(&mock, Some(q)).start().await;
+    drain(&gw).await;
+    let first = tokio::spawn({
+        let url = gw.root_url();
+        async move { post_chat(&url, KEY, &hi(40)).await.status().as_u16() }
+    });
+    wait_depth(&gw, 1).await;
+    let r = post_chat(&gw, KEY, &hi(40)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "queue_full", "{body}");
+    first.abort();
+    wait_depth(&gw, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_log_line_carries_the_wait() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = queued_config(&mock, Some(queue_of(&[("standard", 5000)]))).write(dir.path());
+    let gw = GatewayProcess::start(&path, &[]).await;
+    for _ in 0..2 {
+        assert_eq!(post_chat(&gw.root, KEY, &hi(40)).await.status(), 200);
+    }
+    let r = chat_request(&gw.root, KEY, &hi(40))
+        .header("x-request-id", "queued-log")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let queued = header_u64(&r, "x-budgetgate-queued-ms");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let found = gw.logs().into_iter().find(|l| {
+            l.pointer("/fields/request_id").and_then(Value::as_str) == Some("queued-log")
+                && l.pointer("/fields/outcome").is_some()
+        });
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no final line: {}", gw.dump_logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(line.pointer("/fields/queued_ms").and_then(Value::as_u64), Some(queued), "{line:#}");
+    assert!(queued >= 200, "{queued}");
 }
