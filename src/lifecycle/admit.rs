@@ -186,7 +186,12 @@ pub async fn admit<'p>(
     )
     .with_metrics(plan.tenant_metrics.clone())
     .with_capacity_hook_if(policy.queue.is_some().then(|| {
-        capacity_hook(cx.st.queue.clone(), plan.clone(), admission.candidate, &candidates)
+        capacity_hook(
+            cx.st.queue.clone(),
+            plan.clone(),
+            admission.candidate,
+            &candidates,
+        )
     }))
     .with_deny_release(if request.end_user_budgets.is_empty() {
         plan.deny_release.clone()
@@ -240,7 +245,9 @@ fn capacity_hook(
         .get(chosen)
         .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));
     Arc::new(move || {
-        let upstream = deployment.map(|d| &plan.upstreams[d].budgets[..]).unwrap_or(&[]);
+        let upstream = deployment
+            .map(|d| &plan.upstreams[d].budgets[..])
+            .unwrap_or(&[]);
         queue.capacity_returned(plan.common.iter().chain(upstream).map(|s| &*s.key));
     })
 }

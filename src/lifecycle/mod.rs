@@ -73,7 +73,9 @@ pub async fn handle(
         let asked = wait::asked(&cx, &request, &headers);
         loop {
             let deployments = route::route(&cx, &request, &mut attempts).await?;
-            let admitted = match wait::admit(&mut cx, &request, deployments, &mut attempts, asked).await {
+            let admitted = match wait::admit(&mut cx, &request, deployments, &mut attempts, asked)
+                .await
+            {
                 Ok(a) => a,
                 Err(e) => match clamp::clamped(&cx, &request, &e) {
                     Some(estimate) => {

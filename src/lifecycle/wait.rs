@@ -58,7 +58,10 @@ pub fn asked(cx: &RequestContext, request: &Prepared, headers: &HeaderMap) -> Op
         .key(caller.tenant, caller.key)
         .priority
         .unwrap_or(tenant.priority);
-    let class = match headers.get(PRIORITY_HEADER).map(|v| v.to_str().map(Class::parse)) {
+    let class = match headers
+        .get(PRIORITY_HEADER)
+        .map(|v| v.to_str().map(Class::parse))
+    {
         None => own,
         Some(Ok(Some(asked))) => own.lowered_to(asked).unwrap_or_else(|kept| {
             tracing::info!(tenant = %tenant.name, class = kept.as_str(), asked = asked.as_str(),
@@ -144,7 +147,13 @@ pub async fn admit<'p>(
                 .and_then(|k| keys.iter().find(|s| &s.key == k).copied())
         };
         if let Some(spec) = busy {
-            ticket = Some(join(cx, spec.key.clone(), joining(spec, None), &policy, 1_000_000)?);
+            ticket = Some(join(
+                cx,
+                spec.key.clone(),
+                joining(spec, None),
+                &policy,
+                1_000_000,
+            )?);
             deadline = Some(Instant::now() + asked.max_wait);
         }
     }
@@ -158,7 +167,12 @@ pub async fn admit<'p>(
                     Ended::Closed => Err(ApiError::ShuttingDown),
                     Ended::Deadline => {
                         metrics::timed_out(asked.class, waited.as_secs_f64());
-                        tracing::info!(tenant, class = asked.class.as_str(), waited_ms = waited.as_millis() as u64, "queue wait timed out");
+                        tracing::info!(
+                            tenant,
+                            class = asked.class.as_str(),
+                            waited_ms = waited.as_millis() as u64,
+                            "queue wait timed out"
+                        );
                         admit::admit(cx, request, candidates, attempts).await
                     }
                 };
@@ -211,7 +225,13 @@ pub async fn admit<'p>(
             t.leave(true);
         }
         let micros = wait.as_micros() as u64;
-        match join(cx, spec.key.clone(), joining(spec, Some(wait)), &policy, micros) {
+        match join(
+            cx,
+            spec.key.clone(),
+            joining(spec, Some(wait)),
+            &policy,
+            micros,
+        ) {
             Ok(t) => ticket = Some(t),
             Err(full) => return Err(full),
         }

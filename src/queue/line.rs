@@ -133,12 +133,19 @@ impl Line {
 
     /// Adds waiter `id`; `refused`: this budget refused it just now and
     /// named this wait (the line's turn then waits for it too).
-    pub fn join(&mut self, id: u64, entry: Entry, refused: Option<Duration>, now: Instant) -> Wakes {
+    pub fn join(
+        &mut self,
+        id: u64,
+        entry: Entry,
+        refused: Option<Duration>,
+        now: Instant,
+    ) -> Wakes {
         let c = entry.class.index();
         let key = (entry.class, entry.tenant.clone());
         let last = self.tenants.get(&key).map_or(0, |t| t.0);
         let start = self.virtual_time[c].max(last);
-        let tag = start + u128::from(entry.cost.max(1)) * TAG_SCALE / u128::from(entry.weight.max(1));
+        let tag =
+            start + u128::from(entry.cost.max(1)) * TAG_SCALE / u128::from(entry.weight.max(1));
         let slot = self.tenants.entry(key).or_insert((0, 0));
         *slot = (tag, slot.1 + 1);
         self.by_tag[c].insert((tag, id));

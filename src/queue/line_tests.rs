@@ -53,7 +53,10 @@ fn weights_three_to_one_share_admitted_cost_three_to_one_and_each_tenant_is_fifo
     let a: Vec<u64> = order.iter().copied().filter(|&i| i < 100).collect();
     let b = order.len() - a.len();
     assert_eq!((a.len(), b), (30, 10), "order {order:?}");
-    assert!(a.windows(2).all(|w| w[0] < w[1]), "FIFO within a tenant: {a:?}");
+    assert!(
+        a.windows(2).all(|w| w[0] < w[1]),
+        "FIFO within a tenant: {a:?}"
+    );
 }
 
 #[test]
@@ -68,7 +71,10 @@ fn fair_sharing_is_by_cost_not_by_request_count() {
     let order: Vec<u64> = (0..16).map_while(|_| admit_next(&mut line, now)).collect();
     let a_cost: u64 = order.iter().filter(|&&i| i < 100).count() as u64 * 300;
     let b_cost: u64 = order.iter().filter(|&&i| i >= 100).count() as u64 * 100;
-    assert!(a_cost.abs_diff(b_cost) <= 300, "a {a_cost} b {b_cost}: {order:?}");
+    assert!(
+        a_cost.abs_diff(b_cost) <= 300,
+        "a {a_cost} b {b_cost}: {order:?}"
+    );
 }
 
 #[test]
@@ -84,7 +90,12 @@ fn a_tenant_back_from_idle_saves_up_no_credit() {
     // "idle" arrives late with 5 waiters: it alternates with "busy", it
     // does not get its 5 turns in a row.
     for i in 0..5 {
-        line.join(200 + i, entry(Class::Standard, "idle", 1, 100, now), None, now);
+        line.join(
+            200 + i,
+            entry(Class::Standard, "idle", 1, 100, now),
+            None,
+            now,
+        );
     }
     let order: Vec<u64> = (0..6).map_while(|_| admit_next(&mut line, now)).collect();
     let idle_first_three = order[..3].iter().filter(|&&i| i >= 200).count();

@@ -106,7 +106,10 @@ impl Queue {
     }
 
     /// The first of `keys` whose line has waiters.
-    pub fn busy_line<'k>(&self, mut keys: impl Iterator<Item = &'k Arc<str>>) -> Option<&'k Arc<str>> {
+    pub fn busy_line<'k>(
+        &self,
+        mut keys: impl Iterator<Item = &'k Arc<str>>,
+    ) -> Option<&'k Arc<str>> {
         let inner = self.lock();
         keys.find(|k| inner.lines.get(&***k).is_some_and(|l| !l.is_empty()))
     }
@@ -133,7 +136,10 @@ impl Queue {
             inner.bytes += j.bytes;
             inner.depth[j.class.index()] += 1;
             let starve = policy.class(Class::Batch).max_starve;
-            let line = inner.lines.entry(key.clone()).or_insert_with(|| Line::new(starve));
+            let line = inner
+                .lines
+                .entry(key.clone())
+                .or_insert_with(|| Line::new(starve));
             line.join(
                 id,
                 Entry {
@@ -152,7 +158,14 @@ impl Queue {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         metrics::depth(j.class, 1.0);
         notify(wakes);
-        Ok(waiter::Ticket::new(self.clone(), key, id, j.class, j.bytes, wake))
+        Ok(waiter::Ticket::new(
+            self.clone(),
+            key,
+            id,
+            j.class,
+            j.bytes,
+            wake,
+        ))
     }
 
     /// Runs `f` on the line of `key` and wakes whom it returns.
@@ -168,7 +181,13 @@ impl Queue {
     }
 
     /// A waiter leaves its line for good (admitted, refused, gone).
-    fn remove(&self, key: &str, class: Class, bytes: usize, f: impl FnOnce(&mut Line, Instant) -> Wakes) {
+    fn remove(
+        &self,
+        key: &str,
+        class: Class,
+        bytes: usize,
+        f: impl FnOnce(&mut Line, Instant) -> Wakes,
+    ) {
         let wakes = {
             let mut inner = self.lock();
             inner.bytes = inner.bytes.saturating_sub(bytes);

@@ -112,8 +112,9 @@ impl Ticket {
     /// `retry_after`. The waiter stays in line.
     pub fn refused(&self, retry_after: Duration) {
         let id = self.id;
-        self.queue
-            .on_line(&self.key, |line| line.refused(id, retry_after, Instant::now()));
+        self.queue.on_line(&self.key, |line| {
+            line.refused(id, retry_after, Instant::now())
+        });
     }
 
     /// The attempt was admitted: the waiter leaves, the next one tries.
@@ -136,7 +137,9 @@ impl Ticket {
         self.left = true;
         let id = self.id;
         self.queue
-            .remove(&self.key, self.class, self.bytes, |line, now| f(line, id, now));
+            .remove(&self.key, self.class, self.bytes, |line, now| {
+                f(line, id, now)
+            });
     }
 }
 

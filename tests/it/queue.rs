@@ -19,8 +19,8 @@ use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::Value;
 
 use crate::support::mock_upstream::MockUpstream;
-use crate::support::*;
 use crate::support::store_spy;
+use crate::support::*;
 
 /// The deployment `mock`: 100 tokens of burst refilled at 100 per second,
 /// not refunded; every [`hi`]`(40)` costs about 48, so two empty it.
@@ -67,7 +67,11 @@ async fn drain(gw: &Gateway) {
 async fn wait_depth(gw: &Gateway, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while gw.state.queue.depth().iter().sum::<usize>() != n {
-        assert!(Instant::now() < deadline, "queue depth never became {n}: {:?}", gw.state.queue.depth());
+        assert!(
+            Instant::now() < deadline,
+            "queue depth never became {n}: {:?}",
+            gw.state.queue.depth()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -102,18 +106,40 @@ async fn a_waiter_that_times_out_gets_the_429_it_would_have_had_without_the_queu
     let (q_status, q_body, q_headers) = post_chat_json(&with, KEY, &hi(40)).await;
     let waited = started.elapsed();
     assert_eq!(q_status, 429);
-    assert!(waited >= Duration::from_millis(1400), "answered after {waited:?}: it did not wait");
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "answered after {waited:?}: it did not wait"
+    );
     assert_eq!(q_body, body, "the body of the refusal");
     assert_eq!(refusal_headers(&q_headers), refusal_headers(&headers));
-    for h in ["retry-after", "retry-after-ms", "x-ratelimit-limit-tokens", "x-ratelimit-limit-requests"] {
+    for h in [
+        "retry-after",
+        "retry-after-ms",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-limit-requests",
+    ] {
         assert!(q_headers.contains_key(h), "no {h}: {q_headers:?}");
     }
-    let queued: u64 = q_headers["x-budgetgate-queued-ms"].to_str().unwrap().parse().unwrap();
-    assert!((1400..3000).contains(&queued), "x-budgetgate-queued-ms {queued}");
+    let queued: u64 = q_headers["x-budgetgate-queued-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1400..3000).contains(&queued),
+        "x-budgetgate-queued-ms {queued}"
+    );
     assert!(!headers.contains_key("x-budgetgate-queued-ms"));
-    assert_eq!(mock.state.request_count(), 4, "no waiter reached the upstream");
+    assert_eq!(
+        mock.state.request_count(),
+        4,
+        "no waiter reached the upstream"
+    );
     let text = with.metrics_text().await;
-    assert!(text.contains("budgetgate_queue_timeouts_total{class=\"standard\"}"), "{text}");
+    assert!(
+        text.contains("budgetgate_queue_timeouts_total{class=\"standard\"}"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,7 +156,10 @@ async fn a_full_queue_answers_429_queue_full_at_once() {
     wait_depth(&gw, 1).await;
     let started = Instant::now();
     let r = post_chat(&gw, KEY, &hi(40)).await;
-    assert!(started.elapsed() < Duration::from_millis(500), "a full queue answers at once");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a full queue answers at once"
+    );
     assert_eq!(r.status(), 429);
     let retry: u64 = must_header(&r, "retry-after").parse().unwrap();
     assert!(retry >= 1);
@@ -159,11 +188,22 @@ async fn a_client_gone_after_a_second_of_waiting_causes_no_upstream_call_and_no_
     client.abort();
     let gone = Instant::now();
     wait_depth(&gw, 0).await;
-    assert!(gone.elapsed() < Duration::from_secs(2), "the waiter left when its client did");
+    assert!(
+        gone.elapsed() < Duration::from_secs(2),
+        "the waiter left when its client did"
+    );
     gw.all_settled().await;
     assert_eq!(mock.state.request_count(), 2, "no upstream call");
-    assert_eq!(gw.used(mock_scope(), BudgetName::Tpm).await, used, "no tokens charged");
-    assert_eq!(gw.used(mock_scope(), BudgetName::Rpm).await, requests, "no request charged");
+    assert_eq!(
+        gw.used(mock_scope(), BudgetName::Tpm).await,
+        used,
+        "no tokens charged"
+    );
+    assert_eq!(
+        gw.used(mock_scope(), BudgetName::Rpm).await,
+        requests,
+        "no request charged"
+    );
     assert_eq!(gw.memory().live_holds(), 0, "nothing reserved");
 }
 
@@ -183,17 +223,30 @@ async fn a_raised_priority_is_ignored_a_lowered_one_and_a_shorter_max_wait_are_h
     let mock = start_mock().await;
     let gw = queued_config(
         &mock,
-        Some(queue_of(&[("interactive", 300), ("standard", 1200), ("batch", 2400)])),
+        Some(queue_of(&[
+            ("interactive", 300),
+            ("standard", 1200),
+            ("batch", 2400),
+        ])),
     )
     .start()
     .await;
     drain(&gw).await;
     let raised = timed_wait(&gw, &[("x-budgetgate-priority", "interactive")]).await;
-    assert!((1100..2000).contains(&raised), "a raise is ignored: waited {raised} ms");
+    assert!(
+        (1100..2000).contains(&raised),
+        "a raise is ignored: waited {raised} ms"
+    );
     let lowered = timed_wait(&gw, &[("x-budgetgate-priority", "batch")]).await;
-    assert!((2300..3500).contains(&lowered), "a lowering is honoured: waited {lowered} ms");
+    assert!(
+        (2300..3500).contains(&lowered),
+        "a lowering is honoured: waited {lowered} ms"
+    );
     let shorter = timed_wait(&gw, &[("x-budgetgate-max-wait-ms", "700")]).await;
-    assert!((650..1100).contains(&shorter), "max-wait lowered: waited {shorter} ms");
+    assert!(
+        (650..1100).contains(&shorter),
+        "max-wait lowered: waited {shorter} ms"
+    );
     // Below the store's retry time (about 440 ms): it could never fit in
     // time, so it is answered at once, as without a queue.
     let started = Instant::now();
@@ -203,10 +256,16 @@ async fn a_raised_priority_is_ignored_a_lowered_one_and_a_shorter_max_wait_are_h
         .await
         .unwrap();
     assert_eq!(r.status(), 429);
-    assert!(header(&r, "x-budgetgate-queued-ms").is_none(), "it did not wait");
+    assert!(
+        header(&r, "x-budgetgate-queued-ms").is_none(),
+        "it did not wait"
+    );
     assert!(started.elapsed() < Duration::from_millis(300));
     let longer = timed_wait(&gw, &[("x-budgetgate-max-wait-ms", "60000")]).await;
-    assert!((1100..2000).contains(&longer), "max-wait never raised: waited {longer} ms");
+    assert!(
+        (1100..2000).contains(&longer),
+        "max-wait never raised: waited {longer} ms"
+    );
     println!("queue waits: raised {raised} ms, lowered {lowered} ms, max-wait 700: {shorter} ms, max-wait 60000: {longer} ms");
 }
 
@@ -254,7 +313,10 @@ async fn shutdown_answers_waiters_503_with_retry_after() {
         .unwrap();
     assert_eq!(status, 503);
     assert!(retry.is_some(), "503 with Retry-After");
-    assert!(started.elapsed() < Duration::from_secs(3), "answered at once, not at its max_wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered at once, not at its max_wait"
+    );
     assert_eq!(state.queue.depth().iter().sum::<usize>(), 0);
 }
 
@@ -279,8 +341,14 @@ async fn a_waiting_stream_sends_nothing_until_admitted_and_says_how_long_it_wait
     assert_eq!(r.status(), 200);
     let queued = header_u64(&r, "x-budgetgate-queued-ms");
     // About 44 tokens at 100 per second.
-    assert!(headers_after >= Duration::from_millis(250), "headers after {headers_after:?}: sent before the reservation");
-    assert!((200..2000).contains(&queued), "x-budgetgate-queued-ms {queued}");
+    assert!(
+        headers_after >= Duration::from_millis(250),
+        "headers after {headers_after:?}: sent before the reservation"
+    );
+    assert!(
+        (200..2000).contains(&queued),
+        "x-budgetgate-queued-ms {queued}"
+    );
     let text = r.text().await.unwrap();
     assert!(text.contains("[DONE]"));
     // Not streamed, the same.
@@ -288,10 +356,22 @@ async fn a_waiting_stream_sends_nothing_until_admitted_and_says_how_long_it_wait
     assert_eq!(r.status(), 200);
     assert!(header_u64(&r, "x-budgetgate-queued-ms") >= 200);
     let metrics = gw.metrics_text().await;
-    assert!(metrics.contains("budgetgate_queue_admitted_total{class=\"standard\"}"), "{metrics}");
-    assert!(metrics.contains("budgetgate_queue_wait_seconds_bucket{class=\"standard\""), "{metrics}");
-    assert!(metrics.contains("budgetgate_queue_depth{class=\"batch\"}"), "{metrics}");
-    assert!(metrics.contains("budgetgate_queue_full_total{class=\"interactive\"}"), "{metrics}");
+    assert!(
+        metrics.contains("budgetgate_queue_admitted_total{class=\"standard\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("budgetgate_queue_wait_seconds_bucket{class=\"standard\""),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("budgetgate_queue_depth{class=\"batch\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("budgetgate_queue_full_total{class=\"interactive\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +403,12 @@ struct Counting(std::sync::Mutex<BTreeMap<String, usize>>);
 #[async_trait::async_trait]
 impl store_spy::Hooks for Counting {
     async fn before(&self, call: store_spy::Call) -> Result<u64, budgetgate::reserve::StoreError> {
-        *self.0.lock().unwrap().entry(format!("{call:?}")).or_default() += 1;
+        *self
+            .0
+            .lock()
+            .unwrap()
+            .entry(format!("{call:?}"))
+            .or_default() += 1;
         Ok(0)
     }
 }
@@ -334,11 +419,16 @@ async fn store_calls(mock: &MockUpstream, queue: Option<RawQueue>) -> BTreeMap<S
         inner: std::sync::Arc::new(MemoryStore::new(std::sync::Arc::new(clock.clone()))),
         hooks: Counting::default(),
     });
-    let gw = queued_config(mock, queue).start_with(clock, spy.clone()).await;
+    let gw = queued_config(mock, queue)
+        .start_with(clock, spy.clone())
+        .await;
     for _ in 0..2 {
         let r = post_chat(&gw, KEY, &hi(5)).await;
         assert_eq!(r.status(), 200);
-        assert!(header(&r, "x-budgetgate-queued-ms").is_none(), "nothing waited");
+        assert!(
+            header(&r, "x-budgetgate-queued-ms").is_none(),
+            "nothing waited"
+        );
     }
     gw.settled().await;
     let calls = spy.0.lock().unwrap().clone();
@@ -400,9 +490,17 @@ async fn the_final_log_line_carries_the_wait() {
         if let Some(l) = found {
             break l;
         }
-        assert!(Instant::now() < deadline, "no final line: {}", gw.dump_logs());
+        assert!(
+            Instant::now() < deadline,
+            "no final line: {}",
+            gw.dump_logs()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert_eq!(line.pointer("/fields/queued_ms").and_then(Value::as_u64), Some(queued), "{line:#}");
+    assert_eq!(
+        line.pointer("/fields/queued_ms").and_then(Value::as_u64),
+        Some(queued),
+        "{line:#}"
+    );
     assert!(queued >= 200, "{queued}");
 }

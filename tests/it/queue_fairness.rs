@@ -32,7 +32,11 @@ fn window() -> Duration {
 
 /// Deployment `mock` with `tpm` (burst: one second of it), not refunded;
 /// the mock answers every cap in full, so settled = reserved.
-async fn contended(tpm: u64, queue: RawQueue, tenants: Vec<config::RawTenant>) -> (Gateway, mock_upstream::MockUpstream) {
+async fn contended(
+    tpm: u64,
+    queue: RawQueue,
+    tenants: Vec<config::RawTenant>,
+) -> (Gateway, mock_upstream::MockUpstream) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(100_000);
     let mut c = TestConfig::standard(&mock.base_url(), 16, limits());
@@ -86,7 +90,9 @@ impl Load {
             .await
             .expect("gateway reachable");
         let status = r.status().as_u16();
-        let queued = header(&r, "x-budgetgate-queued-ms").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let queued = header(&r, "x-budgetgate-queued-ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let body: Value = r.json().await.unwrap_or(Value::Null);
         if !self.counted(Instant::now()) {
             return;
@@ -103,7 +109,13 @@ impl Load {
     }
 
     /// `clients` closed loops of `key` until the window is over.
-    fn closed_loops(self: &Arc<Self>, clients: usize, key: &'static str, max_tokens: u64, seen: &Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<()>> {
+    fn closed_loops(
+        self: &Arc<Self>,
+        clients: usize,
+        key: &'static str,
+        max_tokens: u64,
+        seen: &Arc<Mutex<Seen>>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         (0..clients)
             .map(|_| {
                 let (load, seen) = (self.clone(), seen.clone());
@@ -142,9 +154,12 @@ fn p99(waits: &mut [u64]) -> u64 {
 async fn an_interactive_tenant_is_served_within_its_refill_time_beside_a_batch_backlog() {
     const TPM: u64 = 60_000;
     let queue = RawQueue {
-        classes: [("interactive".to_string(), class(5000)), ("batch".to_string(), class(30_000))]
-            .into_iter()
-            .collect(),
+        classes: [
+            ("interactive".to_string(), class(5000)),
+            ("batch".to_string(), class(30_000)),
+        ]
+        .into_iter()
+        .collect(),
         ..RawQueue::default()
     };
     let (gw, _mock) = contended(
@@ -175,7 +190,9 @@ async fn an_interactive_tenant_is_served_within_its_refill_time_beside_a_batch_b
             while !load.stop.load(Ordering::Relaxed) {
                 tick.tick().await;
                 let (load, chat) = (load.clone(), chat.clone());
-                sent.push(tokio::spawn(async move { load.one("sk-chat", 200, &chat).await }));
+                sent.push(tokio::spawn(async move {
+                    load.one("sk-chat", 200, &chat).await
+                }));
             }
             for s in sent {
                 let _ = s.await;
@@ -200,17 +217,29 @@ async fn an_interactive_tenant_is_served_within_its_refill_time_beside_a_batch_b
     );
     assert_eq!(c.refused, 0, "the interactive tenant got a 429");
     assert_eq!(j.refused, 0, "the batch tenant got a 429");
-    assert!(c.answered as f64 >= 2.0 * secs * 0.9, "interactive answered {}", c.answered);
+    assert!(
+        c.answered as f64 >= 2.0 * secs * 0.9,
+        "interactive answered {}",
+        c.answered
+    );
     // A few ms of scheduling (wake-ups, the store call in flight when it arrived).
-    assert!(p99_ms as f64 <= refill_ms + 15.0, "interactive p99 wait {p99_ms} ms");
-    assert!(admitted as f64 >= 0.95 * capacity, "the deployment admitted {admitted} of {capacity}");
+    assert!(
+        p99_ms as f64 <= refill_ms + 15.0,
+        "interactive p99 wait {p99_ms} ms"
+    );
+    assert!(
+        admitted as f64 >= 0.95 * capacity,
+        "the deployment admitted {admitted} of {capacity}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_with_weights_three_and_one_settle_three_to_one() {
     const TPM: u64 = 60_000;
     let queue = RawQueue {
-        classes: [("standard".to_string(), class(20_000))].into_iter().collect(),
+        classes: [("standard".to_string(), class(20_000))]
+            .into_iter()
+            .collect(),
         ..RawQueue::default()
     };
     let (gw, _mock) = contended(
@@ -244,6 +273,9 @@ async fn two_tenants_with_weights_three_and_one_settle_three_to_one() {
         (h.tokens + l.tokens) as f64 / (TPM as f64 / 60.0 * secs) * 100.0
     );
     assert_eq!(h.refused + l.refused, 0, "a waiter was refused");
-    assert!((2.7..=3.3).contains(&ratio), "settled tokens {ratio:.3} : 1, not 3 : 1 within 10 %");
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "settled tokens {ratio:.3} : 1, not 3 : 1 within 10 %"
+    );
     let _ = AtomicU64::new(0);
 }

@@ -32,7 +32,11 @@ pub(super) fn weight(v: &mut V, path: &str, w: Option<i64>) -> Option<u64> {
 
 /// `[queue]`, checked against `server` (a wait longer than a request may
 /// run could never end in an answer).
-pub(super) fn queue(v: &mut V, raw: Option<&RawQueue>, server: &ServerPolicy) -> Option<QueuePolicy> {
+pub(super) fn queue(
+    v: &mut V,
+    raw: Option<&RawQueue>,
+    server: &ServerPolicy,
+) -> Option<QueuePolicy> {
     let raw = raw?;
     let mut q = QueuePolicy::default();
     if let Some(n) = v.positive("queue.max_queued", raw.max_queued, 10_000_000) {
@@ -67,9 +71,11 @@ pub(super) fn queue(v: &mut V, raw: Option<&RawQueue>, server: &ServerPolicy) ->
                 format!("{path}.max_starve_ms"),
                 "only batch has a starvation guard (the higher classes are served first)",
             );
-        } else if let Some(ms) =
-            v.positive(&format!("{path}.max_starve_ms"), c.max_starve_ms, 86_400_000)
-        {
+        } else if let Some(ms) = v.positive(
+            &format!("{path}.max_starve_ms"),
+            c.max_starve_ms,
+            86_400_000,
+        ) {
             q.classes[at].max_starve = Some(Duration::from_millis(ms));
         }
     }
@@ -88,7 +94,9 @@ pub(super) fn queue(v: &mut V, raw: Option<&RawQueue>, server: &ServerPolicy) ->
                 Some(c) => allowed[c.index()] = true,
                 None => v.err(
                     format!("{path}[{i}]"),
-                    format!("unknown class {name:?} (one of \"interactive\", \"standard\", \"batch\")"),
+                    format!(
+                        "unknown class {name:?} (one of \"interactive\", \"standard\", \"batch\")"
+                    ),
                 ),
             }
         }
