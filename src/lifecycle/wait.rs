@@ -114,7 +114,8 @@ pub async fn admit<'p>(
     attempts: &mut Attempts,
     asked: Option<Asked>,
 ) -> Result<Admitted<'p>, ApiError> {
-    let (Some(asked), Some(policy)) = (asked, cx.policy.queue.clone()) else {
+    let snapshot = cx.policy.clone();
+    let (Some(asked), Some(policy)) = (asked, snapshot.queue.as_ref()) else {
         return admit::admit(cx, request, candidates, attempts).await;
     };
     let queue = cx.st.queue.clone();
@@ -139,8 +140,11 @@ pub async fn admit<'p>(
     let mut deadline = None;
     if queue.is_busy() && !queue.is_closed() {
         let busy = {
+            // With several candidates, a busy deployment is no reason to
+            // wait: the store picks the first that admits.
+            let alone = candidates.len() == 1;
             let keys: Vec<&BudgetSpec> = budgets(request, &candidates)
-                .filter(|s| may_wait(s, &policy))
+                .filter(|s| may_wait(s, policy) && (alone || !s.scope.is_upstream()))
                 .collect();
             queue
                 .busy_line(keys.iter().map(|s| &s.key))
@@ -151,7 +155,7 @@ pub async fn admit<'p>(
                 cx,
                 spec.key.clone(),
                 joining(spec, None),
-                &policy,
+                policy,
                 1_000_000,
             )?);
             deadline = Some(Instant::now() + asked.max_wait);
@@ -204,7 +208,7 @@ pub async fn admit<'p>(
         };
         let wait = Duration::from_micros(wait);
         let spec = budgets(request, &candidates)
-            .find(|s| s.scope == denial.scope && s.name == denial.name && may_wait(s, &policy));
+            .find(|s| s.scope == denial.scope && s.name == denial.name && may_wait(s, policy));
         let same_line = spec.is_some_and(|s| ticket.as_ref().is_some_and(|t| *t.key() == s.key));
         if same_line {
             if let Some(t) = &ticket {
@@ -229,7 +233,7 @@ pub async fn admit<'p>(
             cx,
             spec.key.clone(),
             joining(spec, Some(wait)),
-            &policy,
+            policy,
             micros,
         ) {
             Ok(t) => ticket = Some(t),

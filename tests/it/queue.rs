@@ -504,3 +504,38 @@ async fn the_final_log_line_carries_the_wait() {
     );
     assert!(queued >= 200, "{queued}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_another_deployment_free_does_not_wait_behind_a_busy_one() {
+    let mock = start_mock().await;
+    let mut c = queued_config(&mock, Some(queue_of(&[("standard", 3000)])));
+    c.upstreams.push(config::upstream(
+        "mock2",
+        Kind::SelfHosted,
+        &mock.base_url(),
+    ));
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(16),
+        ..config::model("gpt-4o", &["mock", "mock2"])
+    });
+    let gw = c.start().await;
+    drain(&gw).await;
+    // A waiter for `mock` (gpt-4o-mini is served there only).
+    let waiter = tokio::spawn({
+        let url = gw.root_url();
+        async move { post_chat(&url, KEY, &hi(40)).await.status().as_u16() }
+    });
+    wait_depth(&gw, 1).await;
+    let mut body = hi(40);
+    body["model"] = "gpt-4o".into();
+    let started = Instant::now();
+    let r = post_chat(&gw, KEY, &body).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        header(&r, "x-budgetgate-queued-ms").is_none(),
+        "it did not wait"
+    );
+    assert!(started.elapsed() < Duration::from_millis(500));
+    waiter.abort();
+}

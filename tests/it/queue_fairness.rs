@@ -9,7 +9,7 @@
 //! capacity left idle while someone waits; weights ignored (shares by
 //! request count, or by arrival order).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,5 +277,4 @@ async fn two_tenants_with_weights_three_and_one_settle_three_to_one() {
         (2.7..=3.3).contains(&ratio),
         "settled tokens {ratio:.3} : 1, not 3 : 1 within 10 %"
     );
-    let _ = AtomicU64::new(0);
 }
