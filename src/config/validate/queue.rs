@@ -108,3 +108,58 @@ pub(super) fn queue(
     }
     Some(q)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Policy;
+    use crate::queue::Class;
+
+    const KEY: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn priority_and_weight_are_inherited_from_the_nearest_ancestor_and_keys_override_them() {
+        let text = format!(
+            r#"
+[[tenants]]
+name = "org"
+priority = "batch"
+weight = 4
+
+[[tenants]]
+name = "team"
+parent = "org"
+weight = 2
+keys = [{{ id = "chat", sha256 = "{KEY}", priority = "interactive", weight = 7 }}]
+
+[[tenants]]
+name = "solo"
+"#
+        );
+        let p = Policy::from_toml(&text).expect("valid");
+        let t = |n: &str| p.tenants.iter().find(|t| t.name == n).unwrap();
+        assert_eq!((t("org").priority, t("org").weight), (Class::Batch, 4));
+        assert_eq!((t("team").priority, t("team").weight), (Class::Batch, 2));
+        assert_eq!((t("solo").priority, t("solo").weight), (Class::Standard, 1));
+        let k = &t("team").keys[0];
+        assert_eq!((k.priority, k.weight), (Some(Class::Interactive), Some(7)));
+        assert!(p.queue.is_none(), "no [queue]: no waiting");
+    }
+
+    #[test]
+    fn a_queue_section_takes_the_defaults_of_the_issue_and_its_overrides() {
+        let p = Policy::from_toml(
+            "[queue]\nmax_queued = 5\n[queue.classes.batch]\nmax_wait_ms = 20000\nmax_starve_ms = 3000\n[queue.wait_on]\nown = []\n",
+        )
+        .expect("valid");
+        let q = p.queue.expect("[queue]");
+        assert_eq!(q.max_queued, 5);
+        assert_eq!(q.class(Class::Batch).max_wait.as_millis(), 20_000);
+        assert_eq!(
+            q.class(Class::Batch).max_starve.map(|d| d.as_millis()),
+            Some(3000)
+        );
+        assert_eq!(q.class(Class::Interactive).max_wait.as_millis(), 5000);
+        assert!(!q.may_wait(crate::queue::WaitKind::Own, Class::Batch));
+        assert!(q.may_wait(crate::queue::WaitKind::Upstream, Class::Batch));
+    }
+}
