@@ -138,6 +138,10 @@ pub async fn admit<'p>(
     };
     let mut ticket: Option<Ticket> = None;
     let mut deadline = None;
+    // When it first joined a line (it may move to another), and whether
+    // the store refused it since.
+    let mut since: Option<Instant> = None;
+    let mut refused_once = false;
     if queue.is_busy() && !queue.is_closed() {
         let busy = {
             // With several candidates, a busy deployment is no reason to
@@ -159,12 +163,13 @@ pub async fn admit<'p>(
                 1_000_000,
             )?);
             deadline = Some(Instant::now() + asked.max_wait);
+            since = Some(Instant::now());
         }
     }
     loop {
         if let (Some(t), Some(until)) = (&ticket, deadline) {
             if let Err(ended) = t.turn(until).await {
-                let waited = t.joined().elapsed();
+                let waited = since.unwrap_or_else(|| t.joined()).elapsed();
                 drop(ticket.take());
                 note_wait(cx, waited);
                 return match ended {
@@ -186,9 +191,9 @@ pub async fn admit<'p>(
         let (denial, hint) = match &result {
             Ok(_) => {
                 if let Some(t) = ticket.take() {
-                    let since = t.joined();
+                    let joined = since.unwrap_or_else(|| t.joined());
                     t.admitted();
-                    let waited = since.elapsed();
+                    let waited = joined.elapsed();
                     metrics::admitted(asked.class, waited.as_secs_f64());
                     note_wait(cx, waited);
                 }
@@ -210,13 +215,15 @@ pub async fn admit<'p>(
         let spec = budgets(request, &candidates)
             .find(|s| s.scope == denial.scope && s.name == denial.name && may_wait(s, policy));
         let same_line = spec.is_some_and(|s| ticket.as_ref().is_some_and(|t| *t.key() == s.key));
-        if same_line {
+        let first = !std::mem::replace(&mut refused_once, true);
+        if same_line && !first {
             if let Some(t) = &ticket {
                 t.refused(wait);
             }
             continue;
         }
-        // A new line: it must be able to fit within what is left of the wait.
+        // A first refusal, or by a new line: it must be able to fit within
+        // what is left of the wait (else it never fits: answered now).
         let until = deadline.unwrap_or_else(|| Instant::now() + asked.max_wait);
         let left = until.saturating_duration_since(Instant::now());
         let (Some(spec), false) = (spec, queue.is_closed()) else {
@@ -224,6 +231,12 @@ pub async fn admit<'p>(
         };
         if wait >= left {
             return result;
+        }
+        if same_line {
+            if let Some(t) = &ticket {
+                t.refused(wait);
+            }
+            continue;
         }
         if let Some(t) = ticket.take() {
             t.leave(true);
@@ -240,6 +253,7 @@ pub async fn admit<'p>(
             Err(full) => return Err(full),
         }
         deadline = Some(until);
+        since.get_or_insert_with(Instant::now);
     }
 }
 
