@@ -244,11 +244,23 @@ fn capacity_hook(
     let deployment = candidates
         .get(chosen)
         .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));
-    Arc::new(move || {
+    Arc::new(move |refunded| {
         let upstream = deployment
             .map(|d| &plan.upstreams[d].budgets[..])
             .unwrap_or(&[]);
-        queue.capacity_returned(plan.common.iter().chain(upstream).map(|s| &*s.key));
+        // A settlement frees the slots; it returns tokens (and dollars) only
+        // when it refunded some: other lines would try in vain.
+        let returned = |s: &&BudgetSpec| {
+            s.name == BudgetName::MaxConcurrent
+                || (refunded > 0 && (s.name.counts_tokens() || s.name.counts_usd()))
+        };
+        queue.capacity_returned(
+            plan.common
+                .iter()
+                .chain(upstream)
+                .filter(returned)
+                .map(|s| &*s.key),
+        );
     })
 }
 

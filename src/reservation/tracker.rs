@@ -73,8 +73,9 @@ pub(super) struct SettleReport {
     pub(super) capacity: Option<CapacityHook>,
 }
 
-/// Called once a reservation's settlement is applied in the store.
-pub type CapacityHook = Arc<dyn Fn() + Send + Sync>;
+/// Called once a reservation's settlement is applied in the store, with
+/// the tokens it refunded (its slots are free in any case).
+pub type CapacityHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
 #[derive(Clone, Default)]
@@ -240,7 +241,7 @@ pub(super) fn record_settlement(
         return;
     };
     if let Some(hook) = &report.capacity {
-        hook();
+        hook(*refunded);
     }
     if let Some(t) = &report.tenant {
         t.settled(*reserved, actual_tokens);

@@ -539,3 +539,54 @@ async fn a_request_with_another_deployment_free_does_not_wait_behind_a_busy_one(
     assert!(started.elapsed() < Duration::from_millis(500));
     waiter.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_that_refunds_wakes_the_waiter_before_the_refill_time() {
+    let mock = start_mock().await;
+    let mut c = queued_config(&mock, Some(queue_of(&[("standard", 8000)])));
+    // Refunded, and slow to refill: 44 missing tokens take 4.4 s.
+    let u = c.upstream("mock");
+    u.limits = limits().tpm(600).tpm_burst(100);
+    u.refund_unused = Some(true);
+    let gw = c.start().await;
+    // Each answer uses about 13 of the 48 tokens reserved.
+    mock.state.set_output_tokens(5);
+    mock.state.hold();
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = gw.root_url();
+            tokio::spawn(async move { post_chat(&url, KEY, &hi(40)).await.status().as_u16() })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while mock.state.held_count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the two requests never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiter = tokio::spawn({
+        let url = gw.root_url();
+        async move {
+            let r = post_chat(&url, KEY, &hi(40)).await;
+            (r.status().as_u16(), header(&r, "x-budgetgate-queued-ms"))
+        }
+    });
+    wait_depth(&gw, 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    mock.state.release();
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    let (status, queued) = waiter.await.unwrap();
+    assert_eq!(
+        status, 200,
+        "admitted on the refund (the store's clock is frozen: no refill)"
+    );
+    let queued: u64 = queued.expect("it waited").parse().unwrap();
+    assert!(
+        (400..3000).contains(&queued),
+        "admitted {queued} ms after joining: not woken by the refund"
+    );
+}
