@@ -37,6 +37,7 @@ mod operations;
 mod output_limits;
 mod queue;
 mod queue_fairness;
+mod queue_paths;
 mod redis_acl;
 mod redis_bench;
 mod redis_crash;
