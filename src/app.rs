@@ -143,7 +143,11 @@ where
     tokio::pin!(server);
     tokio::select! {
         r = &mut server => r,
-        Ok(()) = began_rx => drain(&state, &mut server).await,
+        Ok(()) = began_rx => {
+            // Waiters are answered 503 at once: they may go to another gateway.
+            state.queue.close();
+            drain(&state, &mut server).await
+        }
     }
 }
 

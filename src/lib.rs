@@ -22,6 +22,11 @@
 //! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`money`]: prices and dollar amounts in exact integers (µ$): decimal
 //!   parsing, price tables with long-context tiers, the one cost function.
+//! - [`queue`]: wait queues (issue 28): priority classes, one line of
+//!   waiters per waited-for budget (strict priority, starvation guard,
+//!   weighted fair sharing by cost), the waiter's ticket; above the store
+//!   (holds no reservation), joined to the request path by
+//!   `lifecycle::wait`.
 //! - [`reservation`]: a held reservation (extend, settle, drop backstop),
 //!   leases, the settlement tracker, the budget plan of a request, and the
 //!   deny-cache and fail-open store layers composed into the gateway's store.
@@ -44,6 +49,7 @@ pub mod fleet_sim;
 pub mod lifecycle;
 pub mod metrics;
 pub mod money;
+pub mod queue;
 pub mod reservation;
 pub mod reserve;
 pub mod server;

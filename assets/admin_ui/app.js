@@ -30,7 +30,7 @@ function token() {
 }
 
 async function fetchAll(tok) {
-  const out = { version: '', tenants: [], upstreams: [] };
+  const out = { version: '', tenants: [], upstreams: [], queue: null };
   let after = null;
   for (let i = 0; i < MAX_PAGES; i++) {
     let url = '/admin/v1/budgets?limit=' + PAGE;
@@ -46,6 +46,7 @@ async function fetchAll(tok) {
     out.version = page.policy_version;
     out.tenants.push(...page.tenants);
     if (page.upstreams) out.upstreams = page.upstreams;
+    if (page.queue) out.queue = page.queue;
     if (!page.next_after) break;
     after = page.next_after;
   }
@@ -206,6 +207,18 @@ function render(data) {
   const ups = $('upstreams');
   ups.replaceChildren(...data.upstreams.map((u) => card('upstream', u.name, 'kind: ' + u.kind, u.budgets)));
   if (data.upstreams.length === 0) ups.replaceChildren(el('p', 'empty', 'No upstream deployments configured.'));
+  const q = $('queue');
+  if (!data.queue || !data.queue.enabled) {
+    q.replaceChildren(el('p', 'empty', 'No wait queue configured: refusals are answered at once.'));
+  } else {
+    const rows = Object.entries(data.queue.depth).map(([cls, n]) => {
+      const row = el('div', 'queue-depth');
+      row.dataset.class = cls;
+      row.append(el('span', 'name', cls), el('span', 'value', String(n) + ' waiting'));
+      return row;
+    });
+    q.replaceChildren(...rows);
+  }
 }
 
 function showPrompt(message) {
@@ -213,6 +226,7 @@ function showPrompt(message) {
   $('forget').hidden = true;
   $('tenants').replaceChildren();
   $('upstreams').replaceChildren();
+  $('queue').replaceChildren();
   $('status').textContent = '';
   $('token-form').hidden = false;
   const err = $('token-error');

@@ -253,6 +253,10 @@ pub struct KeyPolicy {
     pub sha256: String,
     /// Limits of this key alone.
     pub limits: Limits,
+    /// `priority` of requests with this key (`None`: the tenant's).
+    pub priority: Option<crate::queue::Class>,
+    /// `weight` of requests with this key (`None`: the tenant's).
+    pub weight: Option<u64>,
 }
 
 /// What happens to a request whose output cap does not fit its budgets
@@ -310,6 +314,12 @@ pub struct TenantPolicy {
     /// limits or requires an id: requests' end-user ids are then read,
     /// checked and hashed. Otherwise they are not looked at.
     pub reads_end_user: bool,
+    /// Priority class of its requests (`priority`): its own, its nearest
+    /// ancestor's, else `standard`.
+    pub priority: crate::queue::Class,
+    /// Fair-share weight within a class (`weight`): its own, its nearest
+    /// ancestor's, else 1.
+    pub weight: u64,
 }
 
 /// A whole validated configuration.
@@ -336,6 +346,8 @@ pub struct Policy {
     /// The key end-user ids are hashed with (`server.end_user_key_env`);
     /// `None` when no tenant has end-user settings and the variable is unset.
     pub end_user_key: Option<std::sync::Arc<end_user::EndUserKey>>,
+    /// `[queue]`: requests may wait instead of being refused (`None`: off).
+    pub queue: Option<crate::queue::QueuePolicy>,
     model_index: HashMap<String, usize>,
     /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
     /// is then not followed by hex-encoding it into a new string).

@@ -22,6 +22,30 @@ pub struct RawConfig {
     pub models: Vec<RawModel>,
     #[serde(default)]
     pub tenants: Vec<RawTenant>,
+    /// `[queue]`: absent, refusals are answered at once (no waiting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<RawQueue>,
+}
+
+/// `[queue]` (issue 28).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueue {
+    pub max_queued: Option<i64>,
+    pub max_queued_bytes: Option<i64>,
+    /// `[queue.classes.<class>]`.
+    #[serde(default)]
+    pub classes: BTreeMap<String, RawQueueClass>,
+    /// `[queue.wait_on]`: budget kind → the classes that may wait for it.
+    #[serde(default)]
+    pub wait_on: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueueClass {
+    pub max_wait_ms: Option<i64>,
+    pub max_starve_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -230,6 +254,8 @@ pub struct RawTenant {
     pub end_user_required: Option<bool>,
     /// `"off"`: this tenant's budgets are never leased (`"auto"` the default).
     pub lease: Option<String>,
+    pub priority: Option<String>,
+    pub weight: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -240,4 +266,6 @@ pub struct RawKey {
     #[serde(default)]
     pub limits: RawLimits,
     pub lease: Option<String>,
+    pub priority: Option<String>,
+    pub weight: Option<i64>,
 }

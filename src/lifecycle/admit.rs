@@ -186,6 +186,14 @@ pub async fn admit<'p>(
             .unwrap_or_default(),
     )
     .with_metrics(plan.tenant_metrics.clone())
+    .with_capacity_hook_if(policy.queue.is_some().then(|| {
+        capacity_hook(
+            cx.st.queue.clone(),
+            plan.clone(),
+            admission.candidate,
+            &candidates,
+        )
+    }))
     .with_deny_release(if request.end_user_budgets.is_empty() {
         plan.deny_release.clone()
     } else {
@@ -222,6 +230,38 @@ pub async fn admit<'p>(
         admission,
         deployment,
         budgets,
+    })
+}
+
+/// What a settlement of a hold on `plan` and `candidates[chosen]` tells the
+/// wait queue: capacity came back to its budgets (a line waiting for one
+/// of them tries again). Built only when the gateway has a queue.
+fn capacity_hook(
+    queue: Arc<crate::queue::Queue>,
+    plan: Arc<BudgetPlan>,
+    chosen: usize,
+    candidates: &[&PlannedDeployment],
+) -> crate::reservation::tracker::CapacityHook {
+    let deployment = candidates
+        .get(chosen)
+        .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));
+    Arc::new(move |refunded| {
+        let upstream = deployment
+            .map(|d| &plan.upstreams[d].budgets[..])
+            .unwrap_or(&[]);
+        // A settlement frees the slots; it returns tokens (and dollars) only
+        // when it refunded some: other lines would try in vain.
+        let returned = |s: &&BudgetSpec| {
+            s.name == BudgetName::MaxConcurrent
+                || (refunded > 0 && (s.name.counts_tokens() || s.name.counts_usd()))
+        };
+        queue.capacity_returned(
+            plan.common
+                .iter()
+                .chain(upstream)
+                .filter(returned)
+                .map(|s| &*s.key),
+        );
     })
 }
 

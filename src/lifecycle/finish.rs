@@ -57,6 +57,8 @@ pub struct Finish {
     /// Which layer decided the reservation: `store`, `lease` (this
     /// gateway's quota leases), `deny_cache`, `local_limiter`; "" before.
     pub decided_by: &'static str,
+    /// Milliseconds it waited in the queue, when it waited.
+    pub queued_ms: Option<u64>,
     written: bool,
 }
 
@@ -74,6 +76,7 @@ impl Finish {
             estimated: 0,
             end_user: None,
             decided_by: "",
+            queued_ms: None,
             written: false,
         }
     }
@@ -98,6 +101,7 @@ impl Finish {
             estimated: self.estimated,
             end_user: self.end_user.take(),
             decided_by: self.decided_by,
+            queued_ms: self.queued_ms,
             written: self.written,
         };
         self.written = true;
@@ -123,6 +127,7 @@ impl Finish {
         let estimated = self.estimated;
         let end_user = self.end_user.as_deref().unwrap_or("");
         let decided_by = self.decided_by;
+        let queued_ms = self.queued_ms.unwrap_or(0);
         match outcome {
             Outcome::Refused(e) => tracing::info!(
                 request_id,
@@ -133,6 +138,7 @@ impl Finish {
                 decision = "refused",
                 status = e.status().as_u16(),
                 error = e.label(),
+                queued_ms,
                 latency_ms,
                 "request refused"
             ),
@@ -148,6 +154,7 @@ impl Finish {
                 settled,
                 outcome = "answered",
                 decision = "admitted",
+                queued_ms,
                 latency_ms,
                 "request finished"
             ),
@@ -164,6 +171,7 @@ impl Finish {
                 decision = "admitted",
                 status,
                 error,
+                queued_ms,
                 latency_ms,
                 "request finished"
             ),
@@ -179,7 +187,6 @@ impl Finish {
                     tenant,
                     end_user,
                     decided_by,
-                    decided_by,
                     model,
                     deployment,
                     estimated,
@@ -187,6 +194,7 @@ impl Finish {
                     ending = summary.ending.name(),
                     outcome,
                     decision = "admitted",
+                    queued_ms,
                     latency_ms,
                     "stream finished"
                 )
@@ -222,6 +230,8 @@ impl Drop for Finish {
                 .deployment
                 .map_or("", |d| p.deployment(d).name.as_str()),
             outcome = "client_gone",
+            decided_by = self.decided_by,
+            queued_ms = self.queued_ms.unwrap_or(0),
             latency_ms,
             "request abandoned by the client"
         );

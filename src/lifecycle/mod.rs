@@ -12,7 +12,8 @@
 //! 8. [`finish`]: the final log line and request metrics, exactly once on
 //!    every path, client disconnect included.
 //!
-//! [`pricing`] (part of prepare) refuses a request a dollar budget
+//! [`wait`] (part of admit) lets a refused request wait in the queue for
+//! capacity. [`pricing`] (part of prepare) refuses a request a dollar budget
 //! cannot price; [`clamp`] (part of admit) lowers a client's output cap to
 //! what fits for tenants with `on_short_output = "clamp"`. [`refusal`] gives a refusal the rate-limit headers of every budget the
 //! request touches. [`context`] holds what the phases share, among it the
@@ -39,6 +40,7 @@ pub mod rewrite;
 pub mod route;
 pub mod settle;
 pub mod stored;
+pub mod wait;
 
 use std::sync::Arc;
 
@@ -68,9 +70,12 @@ pub async fn handle(
         let caller = authenticate::authenticate(&mut cx, &headers)?;
         let mut request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;
         let mut attempts = route::Attempts::default();
+        let asked = wait::asked(&cx, &request, &headers);
         loop {
             let deployments = route::route(&cx, &request, &mut attempts).await?;
-            let admitted = match admit::admit(&mut cx, &request, deployments, &mut attempts).await {
+            let admitted = match wait::admit(&mut cx, &request, deployments, &mut attempts, asked)
+                .await
+            {
                 Ok(a) => a,
                 Err(e) => match clamp::clamped(&cx, &request, &e) {
                     Some(estimate) => {
@@ -111,6 +116,17 @@ pub async fn handle(
 /// The last phase: the client's response, and the final line for every
 /// outcome that did not leave with a stream.
 fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Response {
+    let queued_ms = cx.finish.queued_ms;
+    let mut response = finish_inner(&mut cx, metered);
+    if let Some(ms) = queued_ms {
+        response
+            .headers_mut()
+            .insert(wait::QUEUED_HEADER, axum::http::HeaderValue::from(ms));
+    }
+    response
+}
+
+fn finish_inner(cx: &mut RequestContext, metered: Result<Metered, ApiError>) -> Response {
     let record = cx.finish.hand_off();
     let dialect = cx.dialect;
     let requester = cx.requester();
@@ -129,7 +145,7 @@ fn finish(mut cx: RequestContext, metered: Result<Metered, ApiError>) -> Respons
             response
         }
         Ok(Metered::Failed(e)) | Err(e) => {
-            write_failure(&cx, record, &e);
+            write_failure(cx, record, &e);
             cx.with_request_id(e.respond_for(dialect, requester.as_deref()))
         }
     }

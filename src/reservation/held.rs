@@ -79,6 +79,13 @@ impl HeldReservation {
         self
     }
 
+    /// Calls `hook` once the settlement is applied (the wait queue's
+    /// wake-up for the budgets of this hold).
+    pub fn with_capacity_hook_if(mut self, hook: Option<super::tracker::CapacityHook>) -> Self {
+        self.report.capacity = hook;
+        self
+    }
+
     /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
     /// the settlement this reservation is about to make is applied.
     pub fn record_spend(&mut self, micros: u64) {

@@ -68,7 +68,14 @@ pub(super) struct SettleReport {
     pub(super) deny: Option<Arc<DenyRelease>>,
     /// The settled cost, µ$, when the deployment is priced.
     pub(super) spend_micros: Option<u64>,
+    /// Told when the settlement is applied (refunds and freed slots are
+    /// capacity that requests waiting in the queue may take).
+    pub(super) capacity: Option<CapacityHook>,
 }
+
+/// Called once a reservation's settlement is applied in the store, with
+/// the tokens it refunded (its slots are free in any case).
+pub type CapacityHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
 #[derive(Clone, Default)]
@@ -233,6 +240,9 @@ pub(super) fn record_settlement(
     else {
         return;
     };
+    if let Some(hook) = &report.capacity {
+        hook(*refunded);
+    }
     if let Some(t) = &report.tenant {
         t.settled(*reserved, actual_tokens);
         if let Some(micros) = report.spend_micros {

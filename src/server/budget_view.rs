@@ -234,6 +234,14 @@ pub async fn list(
         "next_after": if more { tenants.last().map(|t| t.name.as_str()) } else { None },
     });
     if first_page {
+        let depth = st.queue.depth();
+        body["queue"] = json!({
+            "enabled": p.queue.is_some(),
+            "depth": crate::queue::Class::ALL
+                .iter()
+                .map(|c| (c.as_str().to_string(), json!(depth[c.index()])))
+                .collect::<serde_json::Map<String, Value>>(),
+        });
         body["upstreams"] = p
             .upstreams
             .iter()

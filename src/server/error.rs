@@ -62,6 +62,13 @@ pub enum ApiError {
     },
     /// Larger than a budget's capacity; never retry (429).
     Impossible(Box<Impossibility>),
+    /// The request would have waited for capacity, but the queue is full
+    /// (429 `queue_full`).
+    QueueFull {
+        /// When the refusing budget would have fit it, µs (the store's
+        /// latest answer).
+        retry_after_micros: u64,
+    },
     /// The upstream failed (connect error, 5xx, bad answer): 502.
     BadGateway(String),
     /// The upstream is overloaded: 503.
@@ -186,6 +193,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(..) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
+            | ApiError::QueueFull { .. }
             | ApiError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_)
@@ -229,6 +237,7 @@ impl ApiError {
             ApiError::RateLimited { denial, .. } if is_quota(denial.name) => "quota",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::Impossible(_) => "impossible",
+            ApiError::QueueFull { .. } => "queue_full",
             ApiError::BadGateway(_) => "bad_gateway",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::StoreUnavailable => "store_unavailable",
@@ -414,6 +423,19 @@ impl ApiError {
                 set(&mut resp, "x-should-retry", "false".into());
                 resp
             }
+            ApiError::QueueFull { retry_after_micros } => {
+                let mut resp = shaped(
+                    dialect,
+                    status,
+                    &format!("The gateway's wait queue is full{of}; retry the request later."),
+                    "requests",
+                    None,
+                    Some("queue_full"),
+                );
+                set(&mut resp, "retry-after", retry_after_secs(retry_after_micros).to_string());
+                set(&mut resp, "retry-after-ms", retry_after_micros.div_ceil(1000).max(1).to_string());
+                resp
+            }
             ApiError::BadGateway(m) => shaped(dialect, status, &m, "upstream_error", None, Some("bad_gateway")),
             ApiError::Unavailable(m) => shaped(dialect, status, &m, "upstream_error", None, Some("service_unavailable")),
             ApiError::StoreUnavailable => shaped(
@@ -424,14 +446,19 @@ impl ApiError {
                 None,
                 Some("budget_store_unavailable"),
             ),
-            ApiError::ShuttingDown => shaped(
-                dialect,
-                status,
-                "The gateway is shutting down; retry the request.",
-                "server_error",
-                None,
-                Some("shutting_down"),
-            ),
+            ApiError::ShuttingDown => {
+                let mut resp = shaped(
+                    dialect,
+                    status,
+                    "The gateway is shutting down; retry the request.",
+                    "server_error",
+                    None,
+                    Some("shutting_down"),
+                );
+                // Another gateway of the fleet can take it at once.
+                set(&mut resp, "retry-after", "1".into());
+                resp
+            }
             ApiError::UpstreamRateLimited { retry_after_secs } => {
                 let mut resp = shaped(
                 dialect,

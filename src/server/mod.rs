@@ -71,6 +71,8 @@ pub struct AppState {
     pub records: Arc<Records>,
     /// Each tenant's last budget refusals (per process), for the budget page.
     pub recent_refusals: Arc<recent_refusals::RecentRefusals>,
+    /// Requests waiting for capacity (per process, every serving thread's).
+    pub queue: Arc<crate::queue::Queue>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -145,6 +147,7 @@ impl AppState {
         }
         let store = Arc::new(gateway);
         crate::metrics::policy_version(None, &policy.version);
+        crate::queue::metrics::register();
         let records = Arc::new(records_for(&policy.store));
         Arc::new(Self {
             policy: Arc::new(ArcSwap::from_pointee(policy)),
@@ -157,6 +160,7 @@ impl AppState {
             plans: Arc::default(),
             records,
             recent_refusals: Arc::default(),
+            queue: Arc::default(),
         })
     }
 
@@ -238,6 +242,7 @@ impl AppState {
             plans: self.plans.clone(),
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
+            queue: self.queue.clone(),
         })
     }
 

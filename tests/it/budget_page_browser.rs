@@ -482,6 +482,80 @@ async fn the_budget_page_shows_the_tenant_tree_end_user_limits_and_refusals() {
     browser.quit().await;
 }
 
+/// The wait queue's depth by class on the page (issue 28): a request
+/// waiting for the deployment's tokens shows as one `standard` waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_page_shows_the_wait_queue_depth() {
+    ensure_browser();
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = local_config(&mock.base_url());
+    // 100 tokens of burst refilled at 5 per second: two small requests
+    // empty it and a third waits about 9 s.
+    config.upstream("mock").limits = limits().tpm(300).tpm_burst(100);
+    config.queue = Some(budgetgate::config::raw::RawQueue {
+        classes: [(
+            "standard".to_string(),
+            budgetgate::config::raw::RawQueueClass {
+                max_wait_ms: Some(30_000),
+                max_starve_ms: None,
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    });
+    let cfg = config.write(dir.path());
+    let gw = GatewayProcess::start(&cfg, &[("BUDGETGATE_ADMIN_TOKEN", TOKEN)]).await;
+    let send = {
+        let url = format!("{}/v1/chat/completions", gw.root);
+        move || {
+            let url = url.clone();
+            async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .bearer_auth("sk-local-demo")
+                    .json(&json!({"model": "gpt-4o-mini", "max_tokens": 40,
+                        "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            }
+        }
+    };
+    for _ in 0..2 {
+        assert_eq!(send().await.unwrap(), 200);
+    }
+    let waiter = tokio::spawn(send());
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/admin/ui", gw.root)).await;
+    browser
+        .wait_for(
+            "the token prompt",
+            "return !document.getElementById('token-form').hidden",
+        )
+        .await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#token-submit").await;
+    let shown = browser
+        .wait_for(
+            "one standard waiter",
+            "return (() => { const v = document.querySelector('.queue-depth[data-class=\"standard\"] .value'); return v && v.textContent === '1 waiting' ? v.textContent : null; })()",
+        )
+        .await;
+    assert_eq!(shown, json!("1 waiting"));
+    let batch = browser
+        .js("return document.querySelector('.queue-depth[data-class=\"batch\"] .value').textContent")
+        .await;
+    assert_eq!(batch, json!("0 waiting"));
+    browser.quit().await;
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        200,
+        "the waiter is admitted at the refill"
+    );
+}
+
 /// Writes `docs/budget-page.png` (the screenshot in docs/API.md) from the
 /// README's demo config after some traffic:
 /// `cargo test --test it budget_page_browser:: -- --ignored`.

@@ -6,6 +6,7 @@ mod deployments;
 pub mod forwarding;
 mod lease;
 mod prices;
+mod queue;
 mod tenants;
 mod tree;
 
@@ -332,6 +333,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         deployments::models(&mut v, &raw, &upstream_index, &upstreams, &estimation);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     let end_user_key = end_user_key(&mut v, &server, &tenants);
+    let queue = queue::queue(&mut v, raw.queue.as_ref(), &server);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -358,6 +360,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         models,
         tenants,
         end_user_key,
+        queue,
         model_index,
         key_index,
     })

@@ -54,6 +54,8 @@ pub(super) fn tenants(
                 id: k.id.clone(),
                 sha256: digest,
                 limits: v.limits(&format!("{kp}.limits"), &k.limits),
+                priority: super::queue::class(v, &format!("{kp}.priority"), k.priority.as_deref()),
+                weight: super::queue::weight(v, &format!("{kp}.weight"), k.weight),
             });
         }
         let mut model_limits = BTreeMap::new();
@@ -113,6 +115,10 @@ pub(super) fn tenants(
             end_user_limits: v.limits(&format!("{path}.end_user_limits"), &t.end_user_limits),
             end_user_required: t.end_user_required.unwrap_or(false),
             reads_end_user: false,
+            // Resolved below, from the tenant up.
+            priority: super::queue::class(v, &format!("{path}.priority"), t.priority.as_deref())
+                .unwrap_or_default(),
+            weight: super::queue::weight(v, &format!("{path}.weight"), t.weight).unwrap_or(1),
         });
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
@@ -124,6 +130,19 @@ pub(super) fn tenants(
             .next();
         if set == Some("clamp") {
             t.on_short_output = OnShortOutput::Clamp;
+        }
+        let lineage = || std::iter::once(i).chain(t.ancestors.iter().copied());
+        if let Some(c) = lineage()
+            .find_map(|l| raw.tenants[l].priority.as_deref())
+            .and_then(crate::queue::Class::parse)
+        {
+            t.priority = c;
+        }
+        if let Some(w) = lineage()
+            .find_map(|l| raw.tenants[l].weight)
+            .filter(|&w| w > 0)
+        {
+            t.weight = w as u64;
         }
     }
 

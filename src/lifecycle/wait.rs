@@ -1,0 +1,280 @@
+//! Part of admit (issue 28): a reservation refused "not now" waits in the
+//! gateway's queue ([`crate::queue`]) instead of answering 429, when the
+//! request may wait — the refusing budget's kind may wait for its class
+//! and its `max_wait` is longer than the store's retry time. Never-fits
+//! refusals (larger than a capacity, a quota that resets after
+//! `max_wait`) and every other error are answered at once, as without a
+//! queue. While anyone waits for one of its budgets, a newcomer joins that
+//! line without a store call (it does not overtake the waiters); while no
+//! one waits anywhere, this phase adds one atomic load to admit.
+//!
+//! A waiter holds no reservation: it reserves through [`admit::admit`]
+//! when the line gives it the turn. When its time runs out it leaves the
+//! line and reserves once more outside it, so the 429 it gets is the one it
+//! would have had without the queue, with the store's latest answer (or it
+//! is admitted, if capacity came at the last moment). A client that goes
+//! away drops this future and with it its ticket: no reservation, no
+//! upstream call, nothing charged.
+
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use tokio::time::Instant;
+
+use super::admit::{self, Admitted};
+use super::context::RequestContext;
+use super::prepare::Prepared;
+use super::route::Attempts;
+use crate::queue::class::WAITER_OVERHEAD_BYTES;
+use crate::queue::waiter::{Ended, Ticket};
+use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
+use crate::reserve::{BudgetName, BudgetSpec, Scope};
+use crate::server::error::ApiError;
+use crate::server::PlannedDeployment;
+
+/// The request header lowering a request's class.
+pub const PRIORITY_HEADER: &str = "x-budgetgate-priority";
+/// The request header lowering a request's `max_wait`, milliseconds.
+pub const MAX_WAIT_HEADER: &str = "x-budgetgate-max-wait-ms";
+/// The response header of a request that waited: milliseconds in the queue.
+pub const QUEUED_HEADER: &str = "x-budgetgate-queued-ms";
+
+/// How a request may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked {
+    /// Its class: the key's, else the tenant's, lowered by the client.
+    pub class: Class,
+    /// Its longest wait: the class's, lowered by the client.
+    pub max_wait: Duration,
+}
+
+/// How `request` may wait, or `None` when the gateway has no queue.
+pub fn asked(cx: &RequestContext, request: &Prepared, headers: &HeaderMap) -> Option<Asked> {
+    let q = cx.policy.queue.as_ref()?;
+    let caller = &request.caller;
+    let tenant = cx.policy.tenant(caller.tenant);
+    let own = cx
+        .policy
+        .key(caller.tenant, caller.key)
+        .priority
+        .unwrap_or(tenant.priority);
+    let class = match headers
+        .get(PRIORITY_HEADER)
+        .map(|v| v.to_str().map(Class::parse))
+    {
+        None => own,
+        Some(Ok(Some(asked))) => own.lowered_to(asked).unwrap_or_else(|kept| {
+            tracing::info!(tenant = %tenant.name, class = kept.as_str(), asked = asked.as_str(),
+                "x-budgetgate-priority asks for a higher class: ignored");
+            kept
+        }),
+        Some(_) => {
+            tracing::info!(tenant = %tenant.name, class = own.as_str(), "x-budgetgate-priority is not a class: ignored");
+            own
+        }
+    };
+    let mut max_wait = q.class(class).max_wait;
+    if let Some(ms) = headers
+        .get(MAX_WAIT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        max_wait = max_wait.min(Duration::from_millis(ms));
+    }
+    Some(Asked { class, max_wait })
+}
+
+/// Which kind of budget `scope` is for a request of `tenant`.
+fn kind(scope: &Scope, tenant: &str) -> WaitKind {
+    match scope {
+        Scope::Upstream(_) => WaitKind::Upstream,
+        Scope::Tenant(t) | Scope::TenantModel(t, _) if &**t != tenant => WaitKind::Parent,
+        _ => WaitKind::Own,
+    }
+}
+
+/// Every budget `request` may reserve on `candidates`.
+fn budgets<'a>(
+    request: &'a Prepared,
+    candidates: &'a [&'a PlannedDeployment],
+) -> impl Iterator<Item = &'a BudgetSpec> {
+    request
+        .plan
+        .common
+        .iter()
+        .chain(request.end_user_budgets.iter())
+        .chain(candidates.iter().flat_map(|d| d.budgets.iter()))
+}
+
+/// [`admit::admit`], waiting in the queue as [`asked`] allows.
+pub async fn admit<'p>(
+    cx: &mut RequestContext,
+    request: &Prepared,
+    candidates: Vec<&'p PlannedDeployment>,
+    attempts: &mut Attempts,
+    asked: Option<Asked>,
+) -> Result<Admitted<'p>, ApiError> {
+    let snapshot = cx.policy.clone();
+    let (Some(asked), Some(policy)) = (asked, snapshot.queue.as_ref()) else {
+        return admit::admit(cx, request, candidates, attempts).await;
+    };
+    let queue = cx.st.queue.clone();
+    let tenant: &str = &request.plan.requester.tenant;
+    let weight = cx
+        .policy
+        .key(request.caller.tenant, request.caller.key)
+        .weight
+        .unwrap_or(cx.policy.tenant(request.caller.tenant).weight);
+    let joining = |spec: &BudgetSpec, refused: Option<Duration>| Joining {
+        class: asked.class,
+        tenant: request.plan.requester.tenant.clone(),
+        weight,
+        cost: spec.cost(request.estimate.total_tokens),
+        bytes: request.raw.len() + WAITER_OVERHEAD_BYTES,
+        refused,
+    };
+    let may_wait = |spec: &BudgetSpec, policy: &QueuePolicy| {
+        !spec.shadow && policy.may_wait(kind(&spec.scope, tenant), asked.class)
+    };
+    let mut ticket: Option<Ticket> = None;
+    let mut deadline = None;
+    // When it first joined a line (it may move to another), and whether
+    // the store refused it since.
+    let mut since: Option<Instant> = None;
+    let mut refused_once = false;
+    if queue.is_busy() && !queue.is_closed() {
+        let busy = {
+            // With several candidates, a busy deployment is no reason to
+            // wait: the store picks the first that admits.
+            let alone = candidates.len() == 1;
+            let keys: Vec<&BudgetSpec> = budgets(request, &candidates)
+                .filter(|s| may_wait(s, policy) && (alone || !s.scope.is_upstream()))
+                .collect();
+            queue
+                .busy_line(keys.iter().map(|s| &s.key))
+                .and_then(|k| keys.iter().find(|s| &s.key == k).copied())
+        };
+        if let Some(spec) = busy {
+            ticket = Some(join(
+                cx,
+                spec.key.clone(),
+                joining(spec, None),
+                policy,
+                1_000_000,
+            )?);
+            deadline = Some(Instant::now() + asked.max_wait);
+            since = Some(Instant::now());
+        }
+    }
+    loop {
+        if let (Some(t), Some(until)) = (&ticket, deadline) {
+            if let Err(ended) = t.turn(until).await {
+                let waited = since.unwrap_or_else(|| t.joined()).elapsed();
+                drop(ticket.take());
+                note_wait(cx, waited);
+                return match ended {
+                    Ended::Closed => Err(ApiError::ShuttingDown),
+                    Ended::Deadline => {
+                        metrics::timed_out(asked.class, waited.as_secs_f64());
+                        tracing::info!(
+                            tenant,
+                            class = asked.class.as_str(),
+                            waited_ms = waited.as_millis() as u64,
+                            "queue wait timed out"
+                        );
+                        admit::admit(cx, request, candidates, attempts).await
+                    }
+                };
+            }
+        }
+        let result = admit::admit(cx, request, candidates.clone(), attempts).await;
+        let (denial, hint) = match &result {
+            Ok(_) => {
+                if let Some(t) = ticket.take() {
+                    let joined = since.unwrap_or_else(|| t.joined());
+                    t.admitted();
+                    let waited = joined.elapsed();
+                    metrics::admitted(asked.class, waited.as_secs_f64());
+                    note_wait(cx, waited);
+                }
+                return result;
+            }
+            Err(ApiError::RateLimited {
+                denial,
+                concurrency_hint_micros,
+                ..
+            }) => (denial, *concurrency_hint_micros),
+            Err(_) => return result,
+        };
+        let wait = if denial.name == BudgetName::MaxConcurrent {
+            hint
+        } else {
+            denial.retry_after_micros
+        };
+        let wait = Duration::from_micros(wait);
+        let spec = budgets(request, &candidates)
+            .find(|s| s.scope == denial.scope && s.name == denial.name && may_wait(s, policy));
+        let same_line = spec.is_some_and(|s| ticket.as_ref().is_some_and(|t| *t.key() == s.key));
+        let first = !std::mem::replace(&mut refused_once, true);
+        if same_line && !first {
+            if let Some(t) = &ticket {
+                t.refused(wait);
+            }
+            continue;
+        }
+        // A first refusal, or by a new line: it must be able to fit within
+        // what is left of the wait (else it never fits: answered now).
+        let until = deadline.unwrap_or_else(|| Instant::now() + asked.max_wait);
+        let left = until.saturating_duration_since(Instant::now());
+        let (Some(spec), false) = (spec, queue.is_closed()) else {
+            return result;
+        };
+        if wait >= left {
+            return result;
+        }
+        if same_line {
+            if let Some(t) = &ticket {
+                t.refused(wait);
+            }
+            continue;
+        }
+        if let Some(t) = ticket.take() {
+            t.leave(true);
+        }
+        let micros = wait.as_micros() as u64;
+        match join(
+            cx,
+            spec.key.clone(),
+            joining(spec, Some(wait)),
+            policy,
+            micros,
+        ) {
+            Ok(t) => ticket = Some(t),
+            Err(full) => return Err(full),
+        }
+        deadline = Some(until);
+        since.get_or_insert_with(Instant::now);
+    }
+}
+
+/// Joins the line of `key`, or the 429 `queue_full` with `retry_micros`.
+fn join(
+    cx: &RequestContext,
+    key: std::sync::Arc<str>,
+    j: Joining,
+    policy: &QueuePolicy,
+    retry_micros: u64,
+) -> Result<Ticket, ApiError> {
+    let class = j.class;
+    cx.st.queue.join(key, j, policy).map_err(|why| {
+        metrics::full(class);
+        tracing::info!(class = class.as_str(), full = ?why, "wait queue full");
+        ApiError::QueueFull {
+            retry_after_micros: retry_micros.max(1),
+        }
+    })
+}
+
+fn note_wait(cx: &mut RequestContext, waited: Duration) {
+    cx.finish.queued_ms = Some(waited.as_millis() as u64);
+}
