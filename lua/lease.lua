@@ -267,12 +267,13 @@ local function lease_line(i, V, now, snow, out)
   end
 
   -- The budget's epoch: a new record (epoch 1) when it has none, the next
-  -- epoch when the line's policy differs from the stored one.
+  -- epoch when a line that asks for units carries another policy than the
+  -- stored one.
   local e = book_at(ekey, now)
   if e == nil then
     e = { epoch = 1, untl = now, policy = policy, ids = {}, exp = {}, units = {} }
     books[ekey] = e
-  elseif e.policy ~= policy then
+  elseif want > 0 and e.policy ~= policy then
     e.epoch = e.epoch + 1
     e.policy = policy
     -- As a refused reservation's adopt_policies (reserve.lua).

@@ -41,12 +41,16 @@
 //!   grant never arrived); neither writes anything.
 //! - **Epoch.** Each budget has a policy epoch in the store (starting at 1)
 //!   and the policy it was set under (the spec's [`super::BudgetKind`]). A line
-//!   whose spec's kind differs from the stored policy bumps the epoch and
-//!   stores the new policy first (a bucket is brought to the new policy as
-//!   a refused reservation's `adopt_policies` does: refilled to now at the
-//!   old rate, clamped to the new burst). During a rolling reload gateways
-//!   with the old and the new policy bump it in turn, and each bump fences
-//!   the other's leases, until every gateway runs the new policy.
+//!   that asks for units (`want > 0`) under a spec whose kind differs from
+//!   the stored policy bumps the epoch and stores the new policy first (a
+//!   bucket is brought to the new policy as a refused reservation's
+//!   `adopt_policies` does: refilled to now at the old rate, clamped to the
+//!   new burst). A line that asks for nothing (a report, a give back, an
+//!   end) never bumps it: a gateway that reloaded ends its old lease with
+//!   the lease's old spec, and that must not undo another gateway's bump.
+//!   During a rolling reload a gateway still on the old policy that tops up
+//!   bumps it back, fencing the new leases, until every gateway runs the
+//!   new policy: leases are fenced, never over-spent.
 //! - **Report** (`spent`): the cumulative units the gateway spent from this
 //!   lease (reservations, extensions and debt, less refunds; for
 //!   concurrency the slots in use now). Never decreases for amount and
@@ -135,7 +139,8 @@ pub struct LeaseLine {
     pub lease: Arc<str>,
     /// 1 for the grant, one more for every later line of this lease.
     pub seq: u64,
-    /// The epoch the lease was granted under (0 for a grant).
+    /// The epoch the lease was granted under (0 for a grant): the gateway's
+    /// view; the store fences by the epoch in the lease's record.
     pub epoch: u64,
     /// Units to add to the lease now.
     pub want: u64,

@@ -429,12 +429,24 @@ async fn a_policy_change_fences_old_leases_and_still_charges_their_debt(h: H) {
     );
     assert_eq!(out(&h, &faster).await, leased(2, 1, 100));
     assert_eq!(live(one(&h, line(&faster, "new", 2)).await).epoch, 2);
-    // A gateway still on the old policy bumps the epoch back: the new
-    // lease is fenced in turn (a rolling reload, module docs).
+    // A line that asks for nothing never bumps the epoch, whatever policy
+    // it carries: a reloaded gateway ending its old lease with the old spec.
+    let end_old = LeaseLine {
+        end: true,
+        ..line(&tpm, "old2", 1)
+    };
+    live(one(&h, want(&faster, "old2", 1, 10)).await);
+    assert!(matches!(
+        one(&h, LeaseLine { seq: 2, ..end_old }).await,
+        LeaseReply::Ended { given_back: 10, .. }
+    ));
+    assert_eq!(out(&h, &tpm).await.epoch, 2);
+    // A gateway still on the old policy that asks for units bumps it back:
+    // the new lease is fenced in turn (a rolling reload, module docs).
     assert_eq!(live(one(&h, want(&tpm, "older", 1, 2)).await).epoch, 3);
     assert!(matches!(
         one(&h, line(&faster, "new", 3)).await,
-        LeaseReply::Fenced { epoch: 4, .. }
+        LeaseReply::Fenced { epoch: 3, .. }
     ));
     h.check_keys().await;
 }
