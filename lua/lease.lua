@@ -18,7 +18,8 @@
 --                per_minute and burst | limit and 0 day / 1 month | max and
 --                0), seq, want, give_back, spent, end (0 | 1), ttl µs,
 --                record ttl µs
--- ARGV[2+2i]     line i's lease id, percent-encoded (no spaces, ';' or '#')
+-- ARGV[2+2i]     line i's lease id, percent-encoded (no spaces, ';' or '#';
+--                possibly empty)
 -- ARGV[3+2i]     line i's policy as text: 'B <per_minute> <burst>' |
 --                'Q <limit> D|M' | 'C <max> 0' (compared with the stored one)
 --
@@ -69,7 +70,7 @@ local function book_at(key, now)
     error('budgetgate: bad epoch record at ' .. key)
   end
   e = { epoch = tonumber(epoch), untl = tonumber(untl), policy = policy, ids = {}, exp = {}, units = {} }
-  for id, x, u in string.gmatch(rest, '([^ ;]+) (%d+) (%d+);') do
+  for id, x, u in string.gmatch(rest, '([^ ;]*) (%d+) (%d+);') do
     e.ids[#e.ids + 1] = id
     e.exp[id], e.units[id] = tonumber(x), tonumber(u)
   end

@@ -1,17 +1,29 @@
 //! Lease lines across calls: fencing after a policy change, retries after
 //! a lost reply, lines without a record, many budgets in one call, and
-//! numbers beyond any budget (`lease_conformance`'s harness).
+//! numbers beyond any budget, on the memory store, Redis and Redis Cluster
+//! (`lease_conformance`'s harness).
 
 use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseState};
 use budgetgate::reserve::{BudgetKind, BudgetSpec};
 
-use super::super::store_conformance::{tenant, Backend, H};
-use super::{leased, line, live, one, out, want, RECORD_TTL, SEC};
+use super::lease_conformance::{
+    lease_conformance, leased, line, live, one, out, want, RECORD_TTL, SEC,
+};
+use super::store_conformance::{tenant, Backend, H};
 use crate::support::NOON;
+
+lease_conformance!(
+    a_policy_change_fences_old_leases_and_still_charges_their_debt,
+    a_retried_line_after_a_lost_reply_changes_nothing,
+    a_line_without_a_record_is_unknown_and_writes_nothing,
+    lines_of_several_budgets_in_one_call,
+    absurd_numbers_are_bounded,
+    odd_lease_ids_are_leases_of_their_own,
+);
 
 /// Fault: a lease granted under the old limit spent after a reload that
 /// lowered it. The epoch fences it; its debt is still charged.
-pub(super) async fn a_policy_change_fences_old_leases_and_still_charges_their_debt(h: H) {
+async fn a_policy_change_fences_old_leases_and_still_charges_their_debt(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     let faster = BudgetSpec {
         kind: BudgetKind::Bucket {
@@ -81,7 +93,7 @@ pub(super) async fn a_policy_change_fences_old_leases_and_still_charges_their_de
 
 /// Fault: the reply of a grant is lost and the gateway retries it; the
 /// budget must be debited once.
-pub(super) async fn a_retried_line_after_a_lost_reply_changes_nothing(h: H) {
+async fn a_retried_line_after_a_lost_reply_changes_nothing(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     let first = live(one(&h, want(&tpm, "r", 1, 200)).await);
     let again = live(one(&h, want(&tpm, "r", 1, 200)).await);
@@ -126,7 +138,7 @@ pub(super) async fn a_retried_line_after_a_lost_reply_changes_nothing(h: H) {
 
 /// Fault: a line of a lease whose record expired (or whose grant never
 /// arrived) must not create a lease out of nothing.
-pub(super) async fn a_line_without_a_record_is_unknown_and_writes_nothing(h: H) {
+async fn a_line_without_a_record_is_unknown_and_writes_nothing(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     let u = one(&h, want(&tpm, "nope", 2, 100)).await;
     assert_eq!(u, LeaseReply::Unknown { now_micros: NOON });
@@ -147,7 +159,7 @@ pub(super) async fn a_line_without_a_record_is_unknown_and_writes_nothing(h: H) 
 
 /// One call carries the lines of many budgets (one budget domain); each
 /// applies on its own, in order.
-pub(super) async fn lines_of_several_budgets_in_one_call(h: H) {
+async fn lines_of_several_budgets_in_one_call(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     let rpm = h.rpm(tenant(), 60, 10);
     let month = h.per_month(tenant(), 7000);
@@ -188,7 +200,7 @@ pub(super) async fn lines_of_several_budgets_in_one_call(h: H) {
 }
 
 /// Bad input: numbers far beyond any budget are bounded, never overflow.
-pub(super) async fn absurd_numbers_are_bounded(h: H) {
+async fn absurd_numbers_are_bounded(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     let l = LeaseLine {
         want: u64::MAX,
@@ -215,5 +227,39 @@ pub(super) async fn absurd_numbers_are_bounded(h: H) {
     // Debt reaches the bucket as a settlement's would: at most 10^10 tokens.
     assert_eq!(s.free, 500 - 10_000_000_000);
     assert_eq!(s.given_back, 0, "nothing unspent to give back");
+    h.check_keys().await;
+}
+
+/// Bad input: lease ids are gateway-made, but an empty one, or one with
+/// spaces, separators, `#` or what looks like an escape, must still name
+/// a lease of its own (records, slot-set members, the epoch record's list).
+async fn odd_lease_ids_are_leases_of_their_own(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let slots = h.slots(tenant(), 8);
+    let ids = ["", "a b;c\n", "x#1", "x", "a%20b", "a b"];
+    for (i, id) in ids.iter().enumerate() {
+        let g = live(one(&h, want(&tpm, id, 1, 2)).await);
+        assert_eq!(g.granted_now, 2, "{id:?}");
+        assert_eq!(out(&h, &tpm).await.leases, i as u64 + 1, "{id:?}");
+    }
+    assert_eq!(out(&h, &tpm).await.units, 12);
+    for id in ["x#1", "x"] {
+        assert_eq!(live(one(&h, want(&slots, id, 1, 2)).await).granted_now, 2);
+    }
+    assert_eq!(h.remaining(&slots).await, 4);
+    let e = one(
+        &h,
+        LeaseLine {
+            end: true,
+            ..line(&slots, "x", 2)
+        },
+    )
+    .await;
+    assert!(
+        matches!(e, LeaseReply::Ended { given_back: 2, .. }),
+        "{e:?}"
+    );
+    assert_eq!(h.remaining(&slots).await, 6, "only x's members left");
+    assert_eq!(out(&h, &slots).await, leased(1, 1, 2));
     h.check_keys().await;
 }
