@@ -7,6 +7,9 @@
 //! Per budget key, [`BudgetLeases`] is the epoch record (policy epoch,
 //! policy, how long it is kept) holding the budget's lease records; the
 //! sweep that drops expired holds drops expired records and epoch records.
+//! They are not in the snapshot (`snapshot`): a gateway on the memory store
+//! never leases; the fleet simulation and the tests keep their stores in
+//! memory only.
 
 use std::sync::Arc;
 
