@@ -19,6 +19,7 @@ lease_conformance!(
     lines_of_several_budgets_in_one_call,
     absurd_numbers_are_bounded,
     odd_lease_ids_are_leases_of_their_own,
+    a_call_of_thousands_of_lines,
 );
 
 /// Fault: a lease granted under the old limit spent after a reload that
@@ -261,5 +262,23 @@ async fn odd_lease_ids_are_leases_of_their_own(h: H) {
     );
     assert_eq!(h.remaining(&slots).await, 6, "only x's members left");
     assert_eq!(out(&h, &slots).await, leased(1, 1, 2));
+    h.check_keys().await;
+}
+
+/// A gateway leasing every budget of a busy domain sends one call with a
+/// line per lease: thousands of lines must fit one script call (Lua's
+/// limit of ~8,000 results per `unpack` is below 4 keys × 2,500 lines).
+async fn a_call_of_thousands_of_lines(h: H) {
+    let tpm = h.tpm(tenant(), 1_000_000, 1_000_000);
+    let lines: Vec<LeaseLine> = (0..2500)
+        .map(|i| want(&tpm, &format!("gw-{i}"), 1, 10))
+        .collect();
+    let replies = h.leases.lease(&lines).await.expect("lease");
+    assert_eq!(replies.len(), 2500);
+    assert!(replies
+        .iter()
+        .all(|r| matches!(r, LeaseReply::Live(s) if s.granted_now == 10)));
+    assert_eq!(h.remaining(&tpm).await, 1_000_000 - 25_000);
+    assert_eq!(out(&h, &tpm).await, leased(1, 2500, 25_000));
     h.check_keys().await;
 }
