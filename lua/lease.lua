@@ -18,7 +18,8 @@
 --                per_minute and burst | limit and 0 day / 1 month | max and
 --                0), seq, want, give_back, spent, end (0 | 1), ttl µs,
 --                record ttl µs
--- ARGV[2+2i]     line i's lease id, percent-encoded (no spaces, ';' or '#')
+-- ARGV[2+2i]     line i's lease id, percent-encoded (no spaces, ';' or '#';
+--                possibly empty)
 -- ARGV[3+2i]     line i's policy as text: 'B <per_minute> <burst>' |
 --                'Q <limit> D|M' | 'C <max> 0' (compared with the stored one)
 --
@@ -43,7 +44,7 @@
 --   budget         bucket / quota state as lib.lua describes; a concurrency
 --                  lease's slots are members "<lease id>#<n>" of the slot
 --                  set, n in (given_back, granted], scored with its expiry
--- Reads: one MGET of every string key; ZCOUNT per concurrency line.
+-- Reads: one MGET per 1,000 keys; ZCOUNT per concurrency line.
 
 local LIVE, ENDED, FENCED = 0, 1, 2
 local REC = '<' .. string.rep('d', 12)
@@ -69,7 +70,7 @@ local function book_at(key, now)
     error('budgetgate: bad epoch record at ' .. key)
   end
   e = { epoch = tonumber(epoch), untl = tonumber(untl), policy = policy, ids = {}, exp = {}, units = {} }
-  for id, x, u in string.gmatch(rest, '([^ ;]+) (%d+) (%d+);') do
+  for id, x, u in string.gmatch(rest, '([^ ;]*) (%d+) (%d+);') do
     e.ids[#e.ids + 1] = id
     e.exp[id], e.units[id] = tonumber(x), tonumber(u)
   end
@@ -79,6 +80,11 @@ local function book_at(key, now)
   end
   return nil
 end
+
+-- Epoch records changed in this call, written once each at its end (a
+-- call of many lines on one budget would otherwise rewrite its list once
+-- per line).
+local books_dirty, books_order = {}, {}
 
 local function book_text(e, now)
   local parts, seen = { s(e.epoch) .. ' ' .. s(e.untl) .. ' ' .. e.policy .. '\n' }, {}
@@ -235,17 +241,18 @@ local function reply_of(r, snow, granted_now, out)
   end
 end
 
--- Line i (numbers V[o + 1 .. o + 10]); appends its reply to `out`.
-local function lease_line(i, V, now, snow, out)
+-- Line i (its 10 numbers at byte 80(i - 1) + 1 of `nums`); appends its
+-- reply to `out`. Read line by line: one unpack of every line's numbers
+-- would pass Lua's limit of results (~8,000) at 800 lines.
+local function lease_line(i, nums, now, snow, out)
   local k = 4 * i - 4
   local rkey, ekey, bkey, legacy = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   if legacy == bkey then
     legacy = nil
   end
-  local o = 10 * i - 10
-  local kind, a, b = V[o + 1], V[o + 2], V[o + 3]
-  local seq, want, give_back, spent = V[o + 4], V[o + 5], V[o + 6], V[o + 7]
-  local fin, ttl, rttl = V[o + 8] == 1, V[o + 9], V[o + 10]
+  local kind, a, b, seq, want, give_back, spent, fin, ttl, rttl =
+    unpack_('<dddddddddd', nums, 80 * i - 79)
+  fin = fin == 1
   local id, policy = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
 
   local prior = nil
@@ -267,12 +274,13 @@ local function lease_line(i, V, now, snow, out)
   end
 
   -- The budget's epoch: a new record (epoch 1) when it has none, the next
-  -- epoch when the line's policy differs from the stored one.
+  -- epoch when a line that asks for units carries another policy than the
+  -- stored one.
   local e = book_at(ekey, now)
   if e == nil then
     e = { epoch = 1, untl = now, policy = policy, ids = {}, exp = {}, units = {} }
     books[ekey] = e
-  elseif e.policy ~= policy then
+  elseif want > 0 and e.policy ~= policy then
     e.epoch = e.epoch + 1
     e.policy = policy
     -- As a refused reservation's adopt_policies (reserve.lua).
@@ -367,13 +375,23 @@ local function lease_line(i, V, now, snow, out)
   else
     e.exp[id] = nil
   end
-  put(ekey, book_text(e, now), ttl_ms(e.untl - now))
+  if not books_dirty[ekey] then
+    books_dirty[ekey] = true
+    books_order[#books_order + 1] = ekey
+  end
   reply_of(r, snow, granted_now, out)
 end
 
 local now = clock(ARGV[1])
 local snow = s(now)
-load(KEYS)
+-- Every string key in one MGET per 1,000 keys (unpack's limit of results).
+for i = 1, #KEYS, 1000 do
+  local part = {}
+  for j = i, math.min(i + 999, #KEYS) do
+    part[#part + 1] = KEYS[j]
+  end
+  load(part)
+end
 local out = {}
 if ARGV[2] == 'O' then
   for i = 1, #KEYS do
@@ -399,9 +417,15 @@ if ARGV[2] == 'O' then
   return out
 end
 local n = #KEYS / 4
-local V = { unpack_('<' .. string.rep('d', 10 * n), ARGV[3]) }
+if #ARGV[3] ~= 80 * n then
+  error('budgetgate: lease numbers for ' .. n .. ' lines: ' .. #ARGV[3] .. ' bytes')
+end
 for i = 1, n do
-  lease_line(i, V, now, snow, out)
+  lease_line(i, ARGV[3], now, snow, out)
+end
+for _, key in ipairs(books_order) do
+  local e = books[key]
+  put(key, book_text(e, now), ttl_ms(e.untl - now))
 end
 flush()
 out[#out + 1] = s(forgiven)

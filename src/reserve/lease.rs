@@ -41,12 +41,16 @@
 //!   grant never arrived); neither writes anything.
 //! - **Epoch.** Each budget has a policy epoch in the store (starting at 1)
 //!   and the policy it was set under (the spec's [`super::BudgetKind`]). A line
-//!   whose spec's kind differs from the stored policy bumps the epoch and
-//!   stores the new policy first (a bucket is brought to the new policy as
-//!   a refused reservation's `adopt_policies` does: refilled to now at the
-//!   old rate, clamped to the new burst). During a rolling reload gateways
-//!   with the old and the new policy bump it in turn, and each bump fences
-//!   the other's leases, until every gateway runs the new policy.
+//!   that asks for units (`want > 0`) under a spec whose kind differs from
+//!   the stored policy bumps the epoch and stores the new policy first (a
+//!   bucket is brought to the new policy as a refused reservation's
+//!   `adopt_policies` does: refilled to now at the old rate, clamped to the
+//!   new burst). A line that asks for nothing (a report, a give back, an
+//!   end) never bumps it: a gateway that reloaded ends its old lease with
+//!   the lease's old spec, and that must not undo another gateway's bump.
+//!   During a rolling reload a gateway still on the old policy that tops up
+//!   bumps it back, fencing the new leases, until every gateway runs the
+//!   new policy: leases are fenced, never over-spent.
 //! - **Report** (`spent`): the cumulative units the gateway spent from this
 //!   lease (reservations, extensions and debt, less refunds; for
 //!   concurrency the slots in use now). Never decreases for amount and
@@ -135,7 +139,8 @@ pub struct LeaseLine {
     pub lease: Arc<str>,
     /// 1 for the grant, one more for every later line of this lease.
     pub seq: u64,
-    /// The epoch the lease was granted under (0 for a grant).
+    /// The epoch the lease was granted under (0 for a grant): the gateway's
+    /// view; the store fences by the epoch in the lease's record.
     pub epoch: u64,
     /// Units to add to the lease now.
     pub want: u64,
@@ -267,4 +272,67 @@ pub trait LeaseStore: Send + Sync + 'static {
     async fn lease(&self, lines: &[LeaseLine]) -> Result<Vec<LeaseReply>, StoreError>;
     /// What is out on leases, per spec.
     async fn leased_out(&self, specs: &[BudgetSpec]) -> Result<Vec<LeasedOut>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reserve::{BudgetKind, BudgetName, Scope};
+
+    fn line(seq: u64, n: u64, ttl: u64, record_ttl: u64) -> LeaseLine {
+        LeaseLine {
+            spec: BudgetSpec {
+                scope: Scope::Tenant("t".into()),
+                name: BudgetName::Tpm,
+                kind: BudgetKind::Bucket {
+                    per_minute: 10,
+                    burst: 10,
+                },
+                key: "k".into(),
+                refund_unused: true,
+                shadow: false,
+            },
+            lease: "l".into(),
+            seq,
+            epoch: 0,
+            want: n,
+            give_back: n,
+            spent: n,
+            end: false,
+            ttl_micros: ttl,
+            record_ttl_micros: record_ttl,
+        }
+    }
+
+    /// Bad input: a gateway bug sending u64::MAX must leave every value the
+    /// stores compute with below 2^53 (module docs, "Bounds").
+    #[test]
+    fn every_number_of_a_line_is_bounded_below_2_pow_53() {
+        let b = line(u64::MAX, u64::MAX, u64::MAX, 0).bounded();
+        let cap = 1u64 << 52;
+        assert_eq!((b.seq, b.want, b.give_back, b.spent), (cap, cap, cap, cap));
+        assert_eq!(b.ttl_micros, MAX_LEASE_TTL_MICROS);
+        assert_eq!(
+            b.record_ttl_micros, MAX_LEASE_TTL_MICROS,
+            "a record outlives its lease"
+        );
+        // Sums the stores form: granted + grant, count + debt, now + ttl.
+        let now_2255 = (1u64 << 53) - MAX_LEASE_TTL_MICROS;
+        assert!(now_2255 + b.ttl_micros <= 1 << 53);
+        assert!(cap + cap <= 1 << 53);
+    }
+
+    #[test]
+    fn a_lease_lives_at_least_a_microsecond_and_its_record_as_long() {
+        let b = line(1, 5, 0, 0).bounded();
+        assert_eq!((b.ttl_micros, b.record_ttl_micros), (1, 1));
+        let b = line(1, 5, 5_000_000, 1_000_000).bounded();
+        assert_eq!((b.ttl_micros, b.record_ttl_micros), (5_000_000, 5_000_000));
+        let b = line(1, 5, 5_000_000, 60_000_000).bounded();
+        assert_eq!(
+            (b.seq, b.want, b.record_ttl_micros),
+            (1, 5, 60_000_000),
+            "in range: unchanged"
+        );
+    }
 }

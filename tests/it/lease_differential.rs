@@ -22,7 +22,9 @@ pub(crate) struct LeaseOp {
     /// for concurrency).
     spent: u64,
     /// 0–2 the next line, 3 the last line again (a retry after a lost
-    /// reply), 4 an end, 5 a new lease under a new id, 6 a skipped seq.
+    /// reply), 4 an end, 5 a new lease under a new id, 6 a skipped seq, 7
+    /// the next line under the policy of the lease's last line (a gateway
+    /// that has not reloaded yet, or ends a lease of the old policy).
     mode: u8,
     /// 0: a 5 s lease kept 20 s; 1: 30 s kept 120 s.
     ttl: bool,
@@ -36,10 +38,10 @@ pub(crate) fn lease_call() -> impl Strategy<Value = Vec<LeaseOp>> {
     let one = (
         0u8..2,
         prop_oneof![3 => 0u8..4, 1 => any::<u8>()],
-        prop_oneof![0u64..50, 0u64..1500, 0u64..400_000_000],
+        prop_oneof![2 => Just(0u64), 1 => 0u64..50, 1 => 0u64..1500, 1 => 0u64..400_000_000],
         prop_oneof![Just(0u64), 0u64..400],
         prop_oneof![3 => Just(0u64), 2 => 0u64..5, 1 => 0u64..300, 1 => 0u64..3000],
-        0u8..7,
+        0u8..8,
         any::<bool>(),
     )
         .prop_map(
@@ -84,8 +86,12 @@ impl Leases {
         ops.iter()
             .map(|op| {
                 let b = op.budget as usize % specs.len();
-                let spec = &specs[b];
                 let sent = self.sent.entry((op.lease, b)).or_default();
+                let spec = match (&sent.last, op.mode) {
+                    (Some(last), 7) => &last.spec,
+                    _ => &specs[b],
+                }
+                .clone();
                 if op.mode == 3 {
                     if let Some(last) = &sent.last {
                         // Retried as sent, under the policy of then.
@@ -112,7 +118,7 @@ impl Leases {
                     (5_000_000, 20_000_000)
                 };
                 let line = LeaseLine {
-                    spec: spec.clone(),
+                    spec,
                     lease: format!("c{case}-l{}g{}", op.lease, sent.generation).into(),
                     seq: sent.seq,
                     epoch: 0,
@@ -128,6 +134,11 @@ impl Leases {
             })
             .collect()
     }
+}
+
+/// Which budget a policy change flips: mostly those the leases use most.
+pub(crate) fn policy_change() -> impl Strategy<Value = u8> {
+    prop_oneof![3 => 0u8..4, 1 => any::<u8>()]
 }
 
 /// The other policy of a budget (a reload): a bucket's rate doubled (its

@@ -27,6 +27,7 @@ mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
 mod key_headers;
+mod lease_calls;
 mod lease_conformance;
 mod lease_differential;
 mod lease_faults;

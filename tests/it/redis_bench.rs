@@ -7,12 +7,15 @@
 //! (needs `redis-server` and `redis-benchmark`). The cost of depth (issue
 //! 21): `redis_bench::cost_of_depth` compares that request with one of a
 //! tenant four levels deep with an end user (40 budgets).
+//! `redis_bench::lease_call_cost` prints the Redis time of a quota-lease
+//! call (issue 30) carrying one line per budget of that request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
 use budgetgate::reserve::keys::KeySpace;
+use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseStore};
 use budgetgate::reserve::redis::RedisStore;
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
@@ -449,4 +452,78 @@ async fn cost_of_depth() {
             reserve_us / n as f64
         );
     }
+}
+
+/// Redis time of quota-lease calls (issue 30): one call with a line per
+/// budget of the typical request (8 budgets, one budget domain), as a
+/// gateway's background top-up sends it; the steady state is reports
+/// with small top-ups (slots: reports only). Prints µs of Redis time per
+/// call and per line, and calls per second from one caller, for a
+/// concurrency lease of 16 slots and of 1,000 (every line re-scores each
+/// slot's member with the new expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures; run with --ignored --nocapture, preferably --release"]
+async fn lease_call_cost() {
+    let server = RedisServer::start();
+    let ks = KeySpace::new("bglease", "default");
+    let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+        .await
+        .expect("connect");
+    for slots_held in [16, 1000] {
+        lease_calls(&server, &store, &ks, slots_held).await;
+    }
+}
+
+async fn lease_calls(server: &RedisServer, store: &RedisStore, ks: &KeySpace, slots_held: u64) {
+    let (common, upstream) = budgets(ks, &format!("hot{slots_held}"));
+    let specs: Vec<BudgetSpec> = common.into_iter().chain(upstream).collect();
+    let line = |spec: &BudgetSpec, seq: u64| {
+        let slots = matches!(spec.kind, BudgetKind::Concurrency { .. });
+        let want = match (seq, slots) {
+            (1, true) => 2 * slots_held,
+            (1, false) => 1000,
+            (_, true) => 0,
+            _ => 10,
+        };
+        LeaseLine {
+            spec: spec.clone(),
+            lease: "gw1-lease".into(),
+            seq,
+            epoch: 0,
+            want,
+            give_back: 0,
+            spent: if slots { 2 } else { 5 * seq },
+            end: false,
+            ttl_micros: 5_000_000,
+            record_ttl_micros: 60_000_000,
+        }
+    };
+    let grant: Vec<LeaseLine> = specs.iter().map(|s| line(s, 1)).collect();
+    for r in store.lease(&grant).await.expect("grant") {
+        assert!(matches!(r, LeaseReply::Live(_)), "{r:?}");
+    }
+    const CALLS: u64 = 2_000;
+    server.cli(&["config", "resetstat"]);
+    let start = Instant::now();
+    for seq in 2..CALLS + 2 {
+        let lines: Vec<LeaseLine> = specs.iter().map(|s| line(s, seq)).collect();
+        store.lease(&lines).await.expect("lease");
+    }
+    let rate = CALLS as f64 / start.elapsed().as_secs_f64();
+    let stats = server.cli(&["info", "commandstats"]);
+    let usec = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha"))
+        .and_then(|l| l.split([',', ':']).find_map(|kv| kv.strip_prefix("usec=")))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+        / CALLS as f64;
+    let commands = all_calls(&stats) / CALLS as f64;
+    println!(
+        "lease call of {} lines (one per budget of the typical request; up to {slots_held} \
+         slots on each of its 2 concurrency leases): {usec:.1} µs of Redis time per call \
+         ({:.1} µs per line), {commands:.1} commands per call, {rate:.0} calls/s from one caller",
+        specs.len(),
+        usec / specs.len() as f64
+    );
 }

@@ -75,8 +75,12 @@ enum Op {
     ReserveWave(Vec<(u8, u64, u8, u8, u8)>),
     /// Settles issued at once: `(id, actual, failed)` each.
     SettleWave(Vec<(u8, u64, bool)>),
-    /// One lease call (its lines).
-    Lease(Vec<LeaseOp>),
+    /// One lease call (its lines), after the clock moved on by `micros`
+    /// (steps within a lease's life: refill while units are out).
+    Lease {
+        micros: u64,
+        ops: Vec<LeaseOp>,
+    },
     /// The budget at this index (of every budget, tenant's first) flips
     /// to its other policy.
     Policy {
@@ -108,8 +112,9 @@ fn op() -> impl Strategy<Value = Op> {
         .prop_map(Op::ReserveWave),
         2 => prop::collection::vec((0u8..6, 0u64..2500, any::<bool>()), 2..8)
             .prop_map(Op::SettleWave),
-        5 => lease_differential::lease_call().prop_map(Op::Lease),
-        1 => any::<u8>().prop_map(|spec| Op::Policy { spec }),
+        5 => (prop_oneof![Just(0u64), 0u64..10_000_000], lease_differential::lease_call())
+            .prop_map(|(micros, ops)| Op::Lease { micros, ops }),
+        1 => lease_differential::policy_change().prop_map(|spec| Op::Policy { spec }),
     ]
 }
 
@@ -551,7 +556,8 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m, r, "{}", ctx);
                 }
                 Op::Advance { micros } => f.clock.advance(*micros),
-                Op::Lease(ops) => {
+                Op::Lease { micros, ops } => {
+                    f.clock.advance(*micros);
                     let lines = leases.lines(case, ops, &all);
                     let m = memory.lease(&lines).await.expect("memory lease");
                     let r = f.redis.lease(&lines).await.expect("redis lease");

@@ -7,6 +7,9 @@
 //! Per budget key, [`BudgetLeases`] is the epoch record (policy epoch,
 //! policy, how long it is kept) holding the budget's lease records; the
 //! sweep that drops expired holds drops expired records and epoch records.
+//! They are not in the snapshot (`snapshot`): a gateway on the memory store
+//! never leases; the fleet simulation and the tests keep their stores in
+//! memory only.
 
 use std::sync::Arc;
 
@@ -163,7 +166,7 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
         None if l.seq != 1 => return LeaseReply::Unknown { now_micros: now },
         _ => {}
     }
-    let epoch = current_epoch(inner, spec, now);
+    let epoch = current_epoch(inner, spec, l.want > 0, now);
     let window = match spec.kind {
         BudgetKind::Quota { window, .. } => Some(window.id(now)),
         _ => None,
@@ -208,8 +211,9 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
 }
 
 /// The budget's epoch now: a new epoch record (epoch 1) when it has none,
-/// the next epoch when the line's policy differs from the stored one.
-fn current_epoch(inner: &mut Inner, spec: &BudgetSpec, now: u64) -> u64 {
+/// the next epoch when a line that asks for units (`asks`) carries a
+/// policy other than the stored one.
+fn current_epoch(inner: &mut Inner, spec: &BudgetSpec, asks: bool, now: u64) -> u64 {
     let live = inner.leases.get(&*spec.key).is_some_and(|b| b.until > now);
     if !live {
         let book = BudgetLeases {
@@ -224,7 +228,7 @@ fn current_epoch(inner: &mut Inner, spec: &BudgetSpec, now: u64) -> u64 {
     let Some(book) = inner.leases.get_mut(&*spec.key) else {
         return 1;
     };
-    if book.kind == spec.kind {
+    if book.kind == spec.kind || !asks {
         return book.epoch;
     }
     book.epoch += 1;
