@@ -308,9 +308,8 @@ local function lease_line(i, nums, now, snow, out)
   if kind == 3 then
     r[6] = spent
   else
-    if spent > r[6] then
-      r[6] = spent
-    end
+    -- The latest report stands: refunds lower it (lines apply in seq order).
+    r[6] = spent
     local held = r[3] - r[4]
     if r[6] > held then
       local debt = r[6] - held

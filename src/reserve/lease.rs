@@ -51,11 +51,11 @@
 //!   During a rolling reload a gateway still on the old policy that tops up
 //!   bumps it back, fencing the new leases, until every gateway runs the
 //!   new policy: leases are fenced, never over-spent.
-//! - **Report** (`spent`): the cumulative units the gateway spent from this
-//!   lease (reservations, extensions and debt, less refunds; for
-//!   concurrency the slots in use now). Never decreases for amount and
-//!   request budgets; a line with a lower `spent` than recorded keeps the
-//!   recorded one. `spent` above what the lease holds (granted − given
+//! - **Report** (`spent`): the units the gateway has spent from this lease,
+//!   net (reservations, extensions and debt, less refunds; for concurrency
+//!   the slots in use now). The latest line's figure stands (lines apply in
+//!   seq order): a refund lowers it, and what it no longer counts is
+//!   unspent, given back at the end. `spent` above what the lease holds (granted − given
 //!   back) is debt: it is charged to the budget at once (a bucket may go
 //!   into debt down to its floor, a quota's used count grows, in the
 //!   current window, up to 2^52) and counted as granted, so `granted −

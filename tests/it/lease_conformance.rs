@@ -159,9 +159,9 @@ async fn reports_are_cumulative_and_spending_beyond_the_lease_is_debt(h: H) {
     assert_eq!(
         (s.granted, s.free),
         (400, 600),
-        "a lower report keeps the recorded one"
+        "a refund lowers what the lease has spent"
     );
-    assert_eq!(out(&h, &tpm).await, leased(1, 1, 300));
+    assert_eq!(out(&h, &tpm).await, leased(1, 1, 350));
     let s = live(one(&h, report(4, 550)).await);
     assert_eq!(
         (s.granted, s.free),

@@ -252,7 +252,8 @@ fn report(inner: &mut Inner, spec: &BudgetSpec, r: &mut Record, spent: u64, now:
         r.spent = spent;
         return;
     }
-    r.spent = r.spent.max(spent);
+    // The latest report stands: refunds lower it (lines apply in seq order).
+    r.spent = spent;
     let held = r.granted - r.given_back;
     if r.spent <= held {
         return;
