@@ -12,6 +12,8 @@
 #   CONCURRENCY="1 16 64"
 #   MODES="nonstream stream"
 #   REDIS=0           skip the Redis-store gateway
+#   LEASE=off         the Redis-store gateway without quota leases (one store
+#                     call per request; default: leases on, as the Redis store runs)
 #   NO_BUILD=1        use the release binaries already built
 #   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
 #   STREAMS=1000      concurrent streams of the memory phase (0 skips it)
@@ -214,8 +216,10 @@ if [[ "${REDIS:-1}" != 0 ]]; then
             sleep 0.1
         done
         say "redis-server on 127.0.0.1:$RPORT"
+        LEASE_TOML=""
+        [[ ${LEASE:-auto} == off ]] && LEASE_TOML=$'\n[store.lease]\nmode = "off"'
         write_config "$TMP/redis.toml" "kind = \"redis\"
-url = \"redis://127.0.0.1:$RPORT/\""
+url = \"redis://127.0.0.1:$RPORT/\"$LEASE_TOML"
         start_gateway gw-redis "$TMP/redis.toml" || true
     else
         say "redis-server not installed: skipping the Redis-store gateway"
