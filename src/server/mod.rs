@@ -7,6 +7,8 @@
 //!   [`refusal_text`]: the words of a budget refusal.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
+//! - [`control_api`]: tenants, keys, admin tokens and the audit trail
+//!   under `/admin/v1/` (the control plane), and `GET /v1/budget`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
 //! - [`admin_ui`]: the live budget page at `/admin/ui`;
@@ -15,6 +17,7 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
+pub mod control_api;
 pub mod error;
 pub mod handlers;
 pub mod headers;
@@ -71,6 +74,8 @@ pub struct AppState {
     pub records: Arc<Records>,
     /// Each tenant's last budget refusals (per process), for the budget page.
     pub recent_refusals: Arc<recent_refusals::RecentRefusals>,
+    /// The control plane (runtime tenants and keys), set once at start.
+    pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -141,6 +146,7 @@ impl AppState {
             plans: Arc::default(),
             records,
             recent_refusals: Arc::default(),
+            control: Arc::default(),
         })
     }
 
@@ -222,6 +228,7 @@ impl AppState {
             plans: self.plans.clone(),
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
+            control: self.control.clone(),
         })
     }
 
@@ -329,6 +336,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/admin/v1/upstreams/{upstream}/budgets",
             get(admin::upstream_budgets),
         )
+        .merge(control_api::routes())
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(handlers::metrics))
         .route("/readyz", get(handlers::readyz))
