@@ -107,8 +107,20 @@ pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> O
     };
     match super::handlers::bearer_token(headers) {
         Some(token) if token_matches(&expected, token) => None,
+        // Admin tokens of the control database without a tenant scope
+        // read these pages too (they list every tenant).
+        Some(token) if unscoped_token(st, token) => None,
         _ => Some(unauthorized()),
     }
+}
+
+fn unscoped_token(st: &AppState, token: &str) -> bool {
+    st.control.get().is_some_and(|c| {
+        c.snapshot()
+            .tokens
+            .iter()
+            .any(|t| t.tenant.is_none() && token_matches(&t.sha256, token))
+    })
 }
 
 /// `GET /admin/v1/policy`: the active policy's version and the names of its

@@ -600,3 +600,162 @@ async fn every_admin_route_is_in_the_openapi_document() {
         "the document lists a route the server does not have"
     );
 }
+
+/// Runs `budgetgate ARGS` against `gw` with the root token; stdout, or
+/// the failure's stderr.
+fn cli(gw: &Gateway, args: &[&str]) -> Result<Value, String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .args(args)
+        .env("BUDGETGATE_URL", gw.root_url())
+        .env("BUDGETGATE_ADMIN_TOKEN", ROOT)
+        .output()
+        .expect("run budgetgate");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("the CLI prints JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_lists_and_revokes_keys_and_tenants_through_the_api() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let t = cli(
+        &gw,
+        &[
+            "tenants",
+            "create",
+            r#"{"name": "ml", "limits": {"tpm": 50000}}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(t["name"], "ml");
+    let k = cli(
+        &gw,
+        &[
+            "keys",
+            "create",
+            "--tenant",
+            "ml",
+            "--id",
+            "ci",
+            "--alias",
+            "CI job",
+            "--model",
+            "gpt-4o-mini",
+        ],
+    )
+    .unwrap();
+    let secret = k["secret"].as_str().unwrap().to_string();
+    assert_eq!(post_hi(&gw, &secret).await, 200);
+    let list = cli(&gw, &["keys", "list", "--tenant", "ml"]).unwrap();
+    assert_eq!(list["data"][0]["alias"], "CI job");
+    assert!(!list.to_string().contains(&secret));
+    cli(&gw, &["keys", "revoke", "--tenant", "ml", "ci"]).unwrap();
+    assert_eq!(post_hi(&gw, &secret).await, 401);
+    let e = cli(
+        &gw,
+        &[
+            "tenants",
+            "create",
+            r#"{"name": "bad", "limits": {"tpm": 0}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(e.contains("limits.tpm: must be > 0"), "{e}");
+    let tok = cli(
+        &gw,
+        &["admin-tokens", "create", "--role", "read", "--tenant", "ml"],
+    )
+    .unwrap();
+    assert_eq!(tok["role"], "read");
+    let listed = cli(&gw, &["tenants", "list"]).unwrap();
+    assert!(listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "ml"));
+}
+
+#[tokio::test]
+async fn tenants_are_listed_by_name_paged_and_filtered() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for (name, parent) in [
+        ("acme", None),
+        ("acme-ml", Some("acme")),
+        ("acme-web", Some("acme")),
+        ("zeta", None),
+    ] {
+        let (s, v) = post(
+            &gw,
+            "/admin/v1/tenants",
+            json!({"name": name, "parent": parent}),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let names = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, p1) = admin_call(&gw, Method::GET, "/admin/v1/tenants?limit=2", ROOT, None).await;
+    assert_eq!(names(&p1), ["acme", "acme-ml"]);
+    assert_eq!(p1["next"], "acme-ml");
+    let (_, p2) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?limit=2&after=acme-ml",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&p2), ["acme-web", "t1"]);
+    let (_, p3) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?limit=2&after=t1",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&p3), ["zeta"]);
+    assert!(p3["next"].is_null());
+    let (_, kids) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?parent=acme",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&kids), ["acme-ml", "acme-web"]);
+    let (_, file) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?source=file",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&file), ["t1"]);
+    let (s, v) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/acme", ROOT, None).await;
+    assert_eq!(s, 409, "its children name it: {v}");
+    let (s, _) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/zeta", ROOT, None).await;
+    assert_eq!(s, 200);
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/tenants/zeta", ROOT, None).await;
+    assert_eq!(s, 404);
+}

@@ -156,8 +156,9 @@ pub struct KeyFilter {
     tenant: Option<String>,
     alias: Option<String>,
     revoked: Option<bool>,
-    #[serde(flatten)]
-    page: Page,
+    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
+    limit: Option<usize>,
+    after: Option<String>,
 }
 
 fn list_keys(c: &Caller, policy: &Policy, f: &KeyFilter) -> Value {
@@ -176,7 +177,13 @@ fn list_keys(c: &Caller, policy: &Policy, f: &KeyFilter) -> Value {
         .filter(|k| f.revoked.is_none_or(|r| r == k.revoked_at.is_some()))
         .map(|k| (format!("{}/{}", k.tenant, k.id), view(k)))
         .collect();
-    paged(items, &f.page)
+    paged(
+        items,
+        &Page {
+            limit: f.limit,
+            after: f.after.clone(),
+        },
+    )
 }
 
 /// `GET /admin/v1/keys` (cursor: `tenant/id`).

@@ -394,7 +394,7 @@ pub fn within_parent(
 }
 
 /// `?limit=` (1..=1000, default 100) and `?after=` of a list.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct Page {
     /// Most items in one answer.
     pub limit: Option<usize>,

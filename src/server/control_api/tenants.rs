@@ -28,8 +28,9 @@ pub struct Filter {
     parent: Option<String>,
     prefix: Option<String>,
     source: Option<String>,
-    #[serde(flatten)]
-    page: Page,
+    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
+    limit: Option<usize>,
+    after: Option<String>,
 }
 
 /// A tenant as the API shows it: its fields as the config file writes
@@ -89,7 +90,16 @@ pub async fn list(
         .filter_map(|t| Some((t.name.clone(), view(&policy, &snap, &file, &t.name)?)))
         .filter(|(_, v)| f.source.as_deref().is_none_or(|s| v["source"] == s))
         .collect();
-    json_response(StatusCode::OK, paged(items, &f.page))
+    json_response(
+        StatusCode::OK,
+        paged(
+            items,
+            &Page {
+                limit: f.limit,
+                after: f.after.clone(),
+            },
+        ),
+    )
 }
 
 /// `GET /admin/v1/tenants/{tenant}`.
