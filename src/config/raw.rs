@@ -25,6 +25,8 @@ pub struct RawConfig {
     /// `[queue]`: absent, refusals are answered at once (no waiting).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<RawQueue>,
+    #[serde(default)]
+    pub control: RawControl,
 }
 
 /// `[queue]` (issue 28).
@@ -46,6 +48,13 @@ pub struct RawQueue {
 pub struct RawQueueClass {
     pub max_wait_ms: Option<i64>,
     pub max_starve_ms: Option<i64>,
+}
+
+/// `[control]`: where runtime tenants, keys and admin tokens live.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawControl {
+    pub database_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -268,4 +277,19 @@ pub struct RawKey {
     pub lease: Option<String>,
     pub priority: Option<String>,
     pub weight: Option<i64>,
+    /// What a key created through the admin API adds (never read from the
+    /// file: the control database holds it).
+    #[serde(skip)]
+    pub terms: KeyTerms,
+}
+
+/// The terms of a runtime key beyond id, digest and limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyTerms {
+    /// UTC µs after which the key is refused (401).
+    pub expires_at: Option<u64>,
+    /// Public model names the key may use; `None`: every model.
+    pub allowed_models: Option<Vec<String>>,
+    /// Secrets replaced by a rotation, still accepted until their UTC µs.
+    pub retiring: Vec<(String, u64)>,
 }

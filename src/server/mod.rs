@@ -7,6 +7,8 @@
 //!   [`refusal_text`]: the words of a budget refusal.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
+//! - [`control_api`]: tenants, keys, admin tokens and the audit trail
+//!   under `/admin/v1/` (the control plane), and `GET /v1/budget`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
 //! - [`admin_ui`]: the live budget page at `/admin/ui`;
@@ -15,6 +17,7 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
+pub mod control_api;
 pub mod error;
 pub mod handlers;
 pub mod headers;
@@ -73,6 +76,8 @@ pub struct AppState {
     pub recent_refusals: Arc<recent_refusals::RecentRefusals>,
     /// Requests waiting for capacity (per process, every serving thread's).
     pub queue: Arc<crate::queue::Queue>,
+    /// The control plane (runtime tenants and keys), set once at start.
+    pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -161,6 +166,7 @@ impl AppState {
             records,
             recent_refusals: Arc::default(),
             queue: Arc::default(),
+            control: Arc::default(),
         })
     }
 
@@ -243,6 +249,7 @@ impl AppState {
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
             queue: self.queue.clone(),
+            control: self.control.clone(),
         })
     }
 
@@ -350,6 +357,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/admin/v1/upstreams/{upstream}/budgets",
             get(admin::upstream_budgets),
         )
+        .merge(control_api::routes())
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(handlers::metrics))
         .route("/readyz", get(handlers::readyz))
