@@ -15,6 +15,9 @@
 //!   body, rate-limit header family, named stream events, the provider
 //!   objects a body refers to.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
+//! - [`ledger`]: the spend ledger: one row per settled or voided
+//!   reservation, buffered (bounded) and written in batches off the request
+//!   path; spend queries and CSV.
 //! - [`lifecycle`]: the request path as named phases — authenticate,
 //!   prepare, route, admit, forward, meter, settle, finish — and the
 //!   per-request context they share; stored responses kept to their
@@ -33,13 +36,17 @@
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
 //! - [`tls`]: HTTPS on the listener, certificate reload.
+//! - [`alerts`]: soft thresholds of quota and dollar budgets fired as
+//!   signed webhooks, once per threshold per window.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
+pub mod alerts;
 pub mod app;
 pub mod clock;
 pub mod config;
 pub mod dialects;
 pub mod estimate;
+pub mod ledger;
 pub mod lifecycle;
 pub mod metrics;
 pub mod money;

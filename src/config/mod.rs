@@ -336,6 +336,10 @@ pub struct Policy {
     /// The key end-user ids are hashed with (`server.end_user_key_env`);
     /// `None` when no tenant has end-user settings and the variable is unset.
     pub end_user_key: Option<std::sync::Arc<end_user::EndUserKey>>,
+    /// `[ledger]` (bound at start).
+    pub ledger: crate::ledger::LedgerSettings,
+    /// `[alerts]` (bound at start).
+    pub alerts: crate::alerts::AlertSettings,
     model_index: HashMap<String, usize>,
     /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
     /// is then not followed by hex-encoding it into a new string).

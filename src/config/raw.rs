@@ -22,6 +22,30 @@ pub struct RawConfig {
     pub models: Vec<RawModel>,
     #[serde(default)]
     pub tenants: Vec<RawTenant>,
+    #[serde(default)]
+    pub ledger: RawLedger,
+    #[serde(default)]
+    pub alerts: RawAlerts,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    pub webhook_url: Option<String>,
+    pub secret_env: Option<String>,
+    pub thresholds_percent: Option<Vec<i64>>,
+    pub check_interval_ms: Option<i64>,
+    pub retry_for_secs: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    pub enabled: Option<bool>,
+    pub batch_interval_ms: Option<i64>,
+    pub batch_rows: Option<i64>,
+    pub buffer_rows: Option<i64>,
+    pub retention_days: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -68,6 +68,8 @@ pub(super) struct SettleReport {
     pub(super) deny: Option<Arc<DenyRelease>>,
     /// The settled cost, µ$, when the deployment is priced.
     pub(super) spend_micros: Option<u64>,
+    /// The settlement's ledger row, when the ledger is on.
+    pub(super) ledger: Option<crate::ledger::LedgerCapture>,
 }
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
@@ -169,7 +171,7 @@ impl SettlementTracker {
             let outcome = settle_in_gateway(&store, &id, &s, retry_for).await;
             match outcome {
                 Some(o) => {
-                    record_settlement(&report, &o, s.actual_tokens);
+                    record_settlement(&report, &id, &s, &o);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     match &o {
                         SettleOutcome::Settled {
@@ -224,9 +226,18 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
 
 pub(super) fn record_settlement(
     report: &SettleReport,
+    id: &str,
+    s: &Settlement,
     outcome: &SettleOutcome,
-    actual_tokens: u64,
 ) {
+    // A retry after a lost reply answers AlreadySettled: the first attempt
+    // applied it, and the ledger keeps one row per id.
+    if let (Some(l), SettleOutcome::Settled { .. } | SettleOutcome::AlreadySettled) =
+        (&report.ledger, outcome)
+    {
+        l.record(id, s);
+    }
+    let actual_tokens = s.actual_tokens;
     let SettleOutcome::Settled {
         reserved, refunded, ..
     } = outcome

@@ -2,8 +2,10 @@
 //! collected with its path. The sections with lists live in their own
 //! modules: [`deployments`] (upstreams and models), [`tenants`].
 
+mod alerts;
 mod deployments;
 pub mod forwarding;
+mod ledger;
 mod prices;
 mod tenants;
 mod tree;
@@ -329,6 +331,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         deployments::models(&mut v, &raw, &upstream_index, &upstreams, &estimation);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     let end_user_key = end_user_key(&mut v, &server, &tenants);
+    let ledger = ledger::ledger(&mut v, &raw.ledger);
+    let alerts = alerts::alerts(&mut v, &raw.alerts);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -355,6 +359,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         models,
         tenants,
         end_user_key,
+        ledger,
+        alerts,
         model_index,
         key_index,
     })
