@@ -415,6 +415,7 @@ pub async fn run(
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
     let gauges = budget_gauges.map(|every| budget_view::spawn_gauges(state.clone(), every));
+    let alerts = crate::alerts::watch::spawn(state.clone(), state.policy.load().alerts.clone());
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {
         shutdown.await;
@@ -431,6 +432,9 @@ pub async fn run(
     reloader.abort();
     if let Some(g) = gauges {
         g.abort();
+    }
+    if let Some(a) = alerts {
+        a.abort();
     }
     tls_watch.iter().for_each(|t| t.abort());
     result.map_err(|e| e.to_string())

@@ -79,8 +79,11 @@ impl Deliveries {
         retry_for: Duration,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<(String, Vec<u8>)>(QUEUE);
+        // A connection per delivery: alerts are rare, and a kept-alive
+        // connection would outlive the receiver restart it should notice.
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(0)
             .build()
             .unwrap_or_default();
         let task = tokio::spawn(async move {

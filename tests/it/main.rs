@@ -11,6 +11,7 @@
 mod support;
 
 mod admin;
+mod alerts;
 mod budget_page_browser;
 mod clamp;
 mod cli;
