@@ -11,6 +11,7 @@
 //!   in batches, off the request path, retrying while the sink is down,
 //!   and prunes rows past the retention.
 //! - [`sql`]: the sink and the queries over the control database.
+//! - [`cli`]: `budgetgate spend`, the queries over HTTP.
 //! - [`query`]: spend grouped by tenant, key, model, end user and day or
 //!   month; top N; CSV.
 //!
@@ -22,6 +23,7 @@
 pub mod batcher;
 pub mod buffer;
 pub mod capture;
+pub mod cli;
 pub mod query;
 // pub mod sql;
 
