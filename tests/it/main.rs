@@ -28,6 +28,7 @@ mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
 mod key_headers;
+mod ledger;
 mod lifecycle_log;
 mod listen;
 mod memory_persistence;
