@@ -64,6 +64,29 @@ async fn build_serving_store(
     }
 }
 
+/// Starts the spend ledger of `state` over the control database's
+/// `pool`: the spend queries always, the capture and its writer when
+/// `[ledger] enabled` (the default). The writer runs on the calling
+/// runtime (the pool's); returns it for the shutdown flush.
+pub fn start_ledger(
+    state: &AppState,
+    pool: sqlx::AnyPool,
+    clock: Arc<dyn Clock>,
+) -> Option<crate::ledger::LedgerWriter> {
+    use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerWriter};
+    let settings = state.policy.load().ledger.clone();
+    let sql = SqlLedger::new(pool);
+    let _ = state.spend.set(sql.clone());
+    if !settings.enabled {
+        return None;
+    }
+    let buffer = Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows));
+    let _ = state
+        .ledger
+        .set(Arc::new(Ledger::new(buffer.clone(), clock.clone())));
+    Some(LedgerWriter::spawn(buffer, sql, settings, clock))
+}
+
 /// How long connections may take to close after the cutoff before the
 /// server stops waiting for them (a client that stopped reading).
 const AFTER_CUTOFF: Duration = Duration::from_secs(5);

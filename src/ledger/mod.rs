@@ -25,7 +25,7 @@ pub mod buffer;
 pub mod capture;
 pub mod cli;
 pub mod query;
-// pub mod sql;
+pub mod sql;
 
 use std::sync::Arc;
 

@@ -153,7 +153,8 @@ impl LedgerSink for SqlLedger {
         let mut new = 0;
         for chunk in rows.chunks(ROWS_PER_STATEMENT) {
             let sql = Self::insert_sql(chunk.len());
-            let mut query = sqlx::query(&sql);
+            // Fixed column names and numbered placeholders only: no client text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
             for r in chunk {
                 let ancestor = |i: usize| r.ancestors.get(i).map(|a| a.to_string());
                 query = query
@@ -236,7 +237,7 @@ async fn days(pool: &sqlx::AnyPool, q: &SpendQuery) -> Result<Vec<DayTotal>, Led
             select.join(", "),
             group.join(", ")
         );
-        let rows = bind_filter(sqlx::query(&sql), values)
+        let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
             .fetch_all(pool)
             .await
             .map_err(db)?;
@@ -278,7 +279,7 @@ async fn rows(
         COLUMNS.join(", "),
         limit
     );
-    let rows = bind_filter(sqlx::query(&sql), values)
+    let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
         .fetch_all(pool)
         .await
         .map_err(db)?;
@@ -324,3 +325,175 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
     })
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::query::{parse_date, Dimension, Period};
+
+    /// A SQLite file in a temp dir with migration 0100 applied.
+    async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql(include_str!(
+            "../../migrations/sqlite/0100_spend_ledger.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        (SqlLedger::new(pool), dir)
+    }
+
+    fn row(
+        id: &str,
+        tenant: &str,
+        ancestors: &[&str],
+        model: &str,
+        at: u64,
+        cost: u64,
+    ) -> SpendRow {
+        SpendRow {
+            reservation_id: id.into(),
+            at_micros: at,
+            tenant: tenant.into(),
+            ancestors: ancestors.iter().map(|a| Arc::<str>::from(*a)).collect(),
+            key_id: "k1".into(),
+            end_user: None,
+            model: model.into(),
+            deployment: "east".into(),
+            dialect: "chat",
+            input_tokens: 10,
+            cached_read_tokens: 2,
+            cache_write_tokens: 1,
+            output_tokens: 5,
+            reasoning_tokens: 3,
+            charged_tokens: 18,
+            cost_micros: cost,
+            outcome: SpendOutcome::Answered,
+            price_version: "v1".into(),
+        }
+    }
+
+    fn day(s: &str) -> u64 {
+        parse_date(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
+        let (l, _dir) = ledger().await;
+        let mut odd = row("r1", "ml", &["acme"], "gpt-4o", day("2026-11-30") + 5, 70);
+        odd.end_user = Some("'; DROP TABLE spend_ledger; --".into());
+        odd.key_id = "ключ \"quoted\"".into();
+        let rows = vec![
+            odd.clone(),
+            row("r2", "acme", &[], "gpt-4o", day("2026-12-01"), 30),
+        ];
+        assert_eq!(l.write(&rows).await.unwrap(), 2);
+        assert_eq!(
+            l.write(&rows).await.unwrap(),
+            0,
+            "idempotent by reservation id"
+        );
+        let q = SpendQuery {
+            group_by: vec![],
+            period: None,
+            from_micros: day("2026-11-01"),
+            to_micros: day("2026-12-02"),
+            within: None,
+            top: None,
+        };
+        let back = l.rows(&q, 10).await.unwrap();
+        assert_eq!(back, rows, "stored literally, in time order");
+    }
+
+    #[tokio::test]
+    async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
+        let (l, _dir) = ledger().await;
+        let d1 = day("2026-11-30");
+        let d2 = day("2026-12-01");
+        l.write(&[
+            row("a", "ml", &["acme"], "gpt-4o", d1 + 1, 10),
+            row("b", "ml", &["acme"], "gpt-4o", d1 + 2, 20),
+            row("c", "ml", &["acme"], "o3", d2 + 1, 40),
+            row("d", "web", &["acme"], "gpt-4o", d2 + 3, 80),
+            row("e", "other", &[], "gpt-4o", d2 + 4, 160),
+            row("f", "ml", &["acme"], "gpt-4o", day("2026-10-31"), 320),
+        ])
+        .await
+        .unwrap();
+        let q = SpendQuery {
+            group_by: vec![Dimension::Tenant, Dimension::Model],
+            period: Some(Period::Month),
+            from_micros: day("2026-11-01"),
+            to_micros: day("2026-12-31"),
+            within: Some("acme".into()),
+            top: None,
+        };
+        let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
+        let got: Vec<(String, Vec<String>, u64, u64)> = groups
+            .iter()
+            .map(|g| {
+                (
+                    g.period.clone().unwrap(),
+                    g.key.clone(),
+                    g.totals.requests,
+                    g.totals.cost_micros,
+                )
+            })
+            .collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            got,
+            [
+                ("2026-11".into(), s(&["ml", "gpt-4o"]), 2, 30),
+                ("2026-12".into(), s(&["ml", "o3"]), 1, 40),
+                ("2026-12".into(), s(&["web", "gpt-4o"]), 1, 80),
+            ]
+        );
+        let ml_only = SpendQuery {
+            group_by: vec![],
+            period: None,
+            within: Some("ml".into()),
+            ..q
+        };
+        let g = crate::ledger::query::spend(&*l, &ml_only).await.unwrap();
+        assert_eq!((g[0].totals.requests, g[0].totals.cost_micros), (3, 70));
+        assert_eq!(
+            (g[0].totals.input_tokens, g[0].totals.reasoning_tokens),
+            (30, 9)
+        );
+    }
+
+    #[tokio::test]
+    async fn rows_past_the_retention_are_deleted() {
+        let (l, _dir) = ledger().await;
+        l.write(&[
+            row("old", "t", &[], "m", 100, 1),
+            row("new", "t", &[], "m", 200, 1),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(l.prune(150).await.unwrap(), 1);
+        let q = SpendQuery {
+            group_by: vec![],
+            period: None,
+            from_micros: 0,
+            to_micros: 1_000,
+            within: None,
+            top: None,
+        };
+        let ids: Vec<String> = l
+            .rows(&q, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.reservation_id)
+            .collect();
+        assert_eq!(ids, ["new"]);
+    }
+}

@@ -17,8 +17,8 @@ use async_trait::async_trait;
 use budgetgate::clock::ManualClock;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::{
-    BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome,
-    ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
+    BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
+    ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
 };
 use serde_json::{json, Value};
 
@@ -86,7 +86,11 @@ fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
     m.price = Some(price("0.15", "0.60"));
     m.responses = Some(true);
     c.model("text-embedding-3-small").price = Some(price("0.02", "0"));
-    c.upstreams.push(config::upstream("claude", Kind::Anthropic, &mock.root_url()));
+    c.upstreams.push(config::upstream(
+        "claude",
+        Kind::Anthropic,
+        &mock.root_url(),
+    ));
     c.models.push(config::RawModel {
         encoding: Some("o200k_base".into()),
         max_output_tokens: Some(4096),
@@ -105,23 +109,65 @@ fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
 }
 
 /// Request `i` of the mix: its path, key, body and extra header.
-fn request(i: usize) -> (&'static str, &'static str, Value, Option<(&'static str, &'static str)>) {
+fn request(
+    i: usize,
+) -> (
+    &'static str,
+    &'static str,
+    Value,
+    Option<(&'static str, &'static str)>,
+) {
     let chat = |stream: bool| json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": format!("hello {i}")}], "max_tokens": 12, "stream": stream});
     let messages = |stream: bool| json!({"model": "claude-test", "max_tokens": 12, "stream": stream, "messages": [{"role": "user", "content": format!("hi {i}")}]});
     match i % 12 {
         0 => ("chat/completions", KEY, chat(false), None),
         1 => ("chat/completions", KEY, chat(true), None),
-        2 => ("completions", KEY, json!({"model": "gpt-4o-mini", "prompt": format!("say {i}"), "max_tokens": 10}), None),
-        3 => ("embeddings", KEY, json!({"model": "text-embedding-3-small", "input": format!("embed {i}")}), None),
-        4 => ("responses", KEY, json!({"model": "gpt-4o-mini", "input": format!("respond {i}"), "max_output_tokens": 16}), None),
-        5 => ("responses", KEY, json!({"model": "gpt-4o-mini", "input": format!("stream {i}"), "max_output_tokens": 16, "stream": true}), None),
+        2 => (
+            "completions",
+            KEY,
+            json!({"model": "gpt-4o-mini", "prompt": format!("say {i}"), "max_tokens": 10}),
+            None,
+        ),
+        3 => (
+            "embeddings",
+            KEY,
+            json!({"model": "text-embedding-3-small", "input": format!("embed {i}")}),
+            None,
+        ),
+        4 => (
+            "responses",
+            KEY,
+            json!({"model": "gpt-4o-mini", "input": format!("respond {i}"), "max_output_tokens": 16}),
+            None,
+        ),
+        5 => (
+            "responses",
+            KEY,
+            json!({"model": "gpt-4o-mini", "input": format!("stream {i}"), "max_output_tokens": 16, "stream": true}),
+            None,
+        ),
         6 => ("messages", KEY, messages(false), None),
         7 => ("messages", KEY, messages(true), None),
         // Upstream failures: before any output (refunded) and mid-stream.
-        8 => ("chat/completions", KEY, chat(false), Some(("x-mock-fault", "server_error"))),
-        9 => ("chat/completions", KEY, chat(true), Some(("x-mock-fault", "drop_mid_stream"))),
+        8 => (
+            "chat/completions",
+            KEY,
+            chat(false),
+            Some(("x-mock-fault", "server_error")),
+        ),
+        9 => (
+            "chat/completions",
+            KEY,
+            chat(true),
+            Some(("x-mock-fault", "drop_mid_stream")),
+        ),
         // Uncapped streams of a tenant with a small quota: cut off, then refused.
-        10 => ("chat/completions", CUT_KEY, json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "an endless story"}], "stream": true}), None),
+        10 => (
+            "chat/completions",
+            CUT_KEY,
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "an endless story"}], "stream": true}),
+            None,
+        ),
         _ => ("chat/completions", KEY, chat(true), None),
     }
 }
@@ -136,10 +182,18 @@ async fn ledger_rows(gw: &Gateway) -> Vec<Value> {
 /// Waits until the gateway's ledger buffer is written.
 async fn ledger_written(gw: &Gateway) {
     gw.all_settled().await;
-    let ledger = gw.state.ledger.get().expect("the ledger is on by default").clone();
+    let ledger = gw
+        .state
+        .ledger
+        .get()
+        .expect("the ledger is on by default")
+        .clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while ledger.buffer().held() > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the ledger was not written within 20 s");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ledger was not written within 20 s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -165,7 +219,12 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for _ in 0..16 {
-        let (client, base, statuses, next) = (client.clone(), gw.base_url(), statuses.clone(), next.clone());
+        let (client, base, statuses, next) = (
+            client.clone(),
+            gw.base_url(),
+            statuses.clone(),
+            next.clone(),
+        );
         workers.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst) as usize;
@@ -200,22 +259,37 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
         .collect();
     assert_eq!(ids.len(), rows.len(), "a reservation written twice");
     let applied = store.applied.lock().unwrap().clone();
-    assert!(store.lost.load(Ordering::SeqCst) >= 50, "settle replies were lost");
+    assert!(
+        store.lost.load(Ordering::SeqCst) >= 50,
+        "settle replies were lost"
+    );
     assert_eq!(
-        ids, applied,
+        ids,
+        applied,
         "one row per reservation the store settled or voided (statuses {:?})",
         statuses.lock().unwrap()
     );
-    let outcomes: BTreeSet<&str> = rows.iter().map(|r| r["outcome"].as_str().unwrap()).collect();
+    let outcomes: BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
     for o in ["answered", "cut_off", "upstream_failed"] {
         assert!(outcomes.contains(o), "no {o} row: {outcomes:?}");
     }
-    let dialects: BTreeSet<&str> = rows.iter().map(|r| r["dialect"].as_str().unwrap()).collect();
+    let dialects: BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["dialect"].as_str().unwrap())
+        .collect();
     assert_eq!(
         dialects,
-        ["chat", "completions", "embeddings", "messages", "responses"].into_iter().collect()
+        ["chat", "completions", "embeddings", "messages", "responses"]
+            .into_iter()
+            .collect()
     );
-    for r in rows.iter().filter(|r| r["outcome"] == "upstream_failed" && r["output_tokens"] == 0) {
+    for r in rows
+        .iter()
+        .filter(|r| r["outcome"] == "upstream_failed" && r["output_tokens"] == 0)
+    {
         assert_eq!(r["cost_micros"], 0, "a refund is not spend: {r}");
     }
 
@@ -227,10 +301,21 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
             .map(|r| r["cost_micros"].as_u64().unwrap())
             .sum();
         assert!(sum > 0, "{t} spent something");
-        assert_eq!(gw.used(Scope::Tenant(t.into()), BudgetName::UsdPerDay).await, sum, "{t}");
+        assert_eq!(
+            gw.used(Scope::Tenant(t.into()), BudgetName::UsdPerDay)
+                .await,
+            sum,
+            "{t}"
+        );
         let spent = admin_get(&gw, &format!("/admin/v1/budgets?limit=10"), Some(TOKEN)).await;
         let v: Value = spent.json().await.unwrap();
-        let tenant = v["tenants"].as_array().unwrap().iter().find(|x| x["name"] == t).unwrap().clone();
+        let tenant = v["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == t)
+            .unwrap()
+            .clone();
         let usd = tenant["budgets"]
             .as_array()
             .unwrap()
@@ -238,16 +323,48 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
             .find(|b| b["budget"] == "usd_per_day" && b["scope"] == format!("tenant:{t}"))
             .unwrap()["usd"]["spent"]
             .clone();
-        assert_eq!(usd, budgetgate::money::format_usd(sum as i64), "{t}: the admin API's spent");
+        assert_eq!(
+            usd,
+            budgetgate::money::format_usd(sum as i64),
+            "{t}: the admin API's spent"
+        );
     }
 
     // The query routes add up to the rows.
-    let r = admin_get(&gw, "/admin/v1/spend?group_by=tenant,dialect&period=month", Some(TOKEN)).await;
+    let r = admin_get(
+        &gw,
+        "/admin/v1/spend?group_by=tenant,dialect&period=month",
+        Some(TOKEN),
+    )
+    .await;
     let v: Value = r.json().await.unwrap();
-    let total: u64 = v["data"].as_array().unwrap().iter().map(|g| g["cost_micros"].as_u64().unwrap()).sum();
-    let requests: u64 = v["data"].as_array().unwrap().iter().map(|g| g["requests"].as_u64().unwrap()).sum();
+    let total: u64 = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["cost_micros"].as_u64().unwrap())
+        .sum();
+    let requests: u64 = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["requests"].as_u64().unwrap())
+        .sum();
     assert_eq!(requests as usize, rows.len());
-    assert_eq!(total, rows.iter().map(|r| r["cost_micros"].as_u64().unwrap()).sum::<u64>());
-    let csv = admin_get(&gw, "/admin/v1/spend/rows?format=csv", Some(TOKEN)).await.text().await.unwrap();
-    assert_eq!(csv.lines().count(), rows.len() + 1, "a header line and one line per row");
+    assert_eq!(
+        total,
+        rows.iter()
+            .map(|r| r["cost_micros"].as_u64().unwrap())
+            .sum::<u64>()
+    );
+    let csv = admin_get(&gw, "/admin/v1/spend/rows?format=csv", Some(TOKEN))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        rows.len() + 1,
+        "a header line and one line per row"
+    );
 }
