@@ -3,16 +3,18 @@
 # taking milliseconds when everything is there). Debian/Ubuntu packages via
 # apt-get; nothing is downloaded from anywhere else (no browser downloads).
 #
-#   scripts/install-test-deps.sh [redis] [chromium] [promtool]   (default: all)
+#   scripts/install-test-deps.sh [redis] [chromium] [promtool] [postgres]   (default: all)
 #
 # redis     redis-server, redis-cli   (tests start their own servers on free ports)
 # chromium  /usr/bin/chromium and /usr/bin/chromedriver (the budget page test)
 # promtool  promtool, from Debian's `prometheus` package (the deploy/ kit test),
 #           installed without starting or enabling its Prometheus server
+# postgres  Debian's `postgresql` server binaries (/usr/lib/postgresql/*/bin: initdb,
+#           pg_ctl); tests make their own clusters, the package's own cluster is not started
 set -euo pipefail
 
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool)
+[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool postgres)
 
 packages=()
 for w in "${want[@]}"; do
@@ -26,6 +28,8 @@ for w in "${want[@]}"; do
             [ -x /usr/bin/chromedriver ] || packages+=(chromium-driver) ;;
         promtool)
             command -v promtool >/dev/null 2>&1 || packages+=(prometheus) ;;
+        postgres)
+            ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql) ;;
         *) echo "unknown component: $w" >&2; exit 2 ;;
     esac
 done
@@ -60,9 +64,12 @@ restore_policy() {
     fi
     policy_set=false
 }
-installs_prometheus=false
-for p in "${packages[@]}"; do [ "$p" = prometheus ] && installs_prometheus=true; done
-if $installs_prometheus; then
+installs_service=false
+for p in "${packages[@]}"; do
+    # Both start a server of their own when installed; the tests need neither.
+    case "$p" in prometheus|postgresql) installs_service=true ;; esac
+done
+if $installs_service; then
     trap restore_policy EXIT
     if [ -e "$policy_rc_d" ]; then
         policy_saved="$($SUDO mktemp "${policy_rc_d}.saved.XXXXXX")"
@@ -77,11 +84,12 @@ fi
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 
-if $installs_prometheus; then
+if $installs_service; then
     restore_policy
     # Not at the next boot either. Without systemd there is nothing enabled.
     if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
         $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+        $SUDO systemctl disable --now postgresql.service >/dev/null 2>&1 || true
     fi
     if command -v pgrep >/dev/null 2>&1 && pgrep -x prometheus >/dev/null 2>&1; then
         echo "warning: a prometheus process is running (not started by this script): pgrep -a prometheus" >&2

@@ -317,6 +317,8 @@ pub async fn run(
         Some(s) => (s, None),
         None => build_serving_store(&policy, clock.clone()).await?,
     };
+    // Runtime tenants and keys join the file's before the first request.
+    let (control, policy) = crate::control::open(&policy, &config_path).await?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token_env = policy.server.admin_token_env.clone();
     let shared_store =
@@ -324,6 +326,10 @@ pub async fn run(
     let state = AppState::new(policy, store, clock.clone());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
+    let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
+    let _ = state.control.set(control.clone());
+    let control_tasks = crate::control::sync::spawn(control.clone());
+    let ledger = start_ledger(&state, control.db().pool().clone(), clock.clone());
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {
@@ -405,14 +411,12 @@ pub async fn run(
     // it does must reload, not find the default action (exit).
     let reloader = {
         let st = state.clone();
-        let path = config_path.clone();
+        let control = control.clone();
         tokio::spawn(reload::watch(
             vec![config_path],
             "the config file",
             move |trigger| {
-                if let reload::ReloadOutcome::Applied { .. } =
-                    reload::reload(&st.policy, &path, trigger)
-                {
+                if let reload::ReloadOutcome::Applied { .. } = control.reload_file(trigger) {
                     crate::metrics::register_policy_series(&st.policy.load());
                 }
             },
@@ -447,12 +451,17 @@ pub async fn run(
     let result = serve_connections(listener, state.clone(), tls, shutdown).await;
     join(workers).await;
     wait_for_settlements(&state).await;
+    if let Some(w) = ledger {
+        // After the last settlement: every row is buffered by now.
+        w.shutdown(state.policy.load().server.shutdown_grace).await;
+    }
     if let Some(m) = persistent {
         // After the last settlement: a graceful shutdown loses nothing.
         m.finish_snapshots();
     }
     upkeep.abort();
     reloader.abort();
+    control_tasks.iter().for_each(|t| t.abort());
     if let Some(g) = gauges {
         g.abort();
     }

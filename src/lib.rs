@@ -9,6 +9,9 @@
 //!
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation.
+//! - [`control`]: the control plane: runtime tenants, keys and admin
+//!   tokens in SQLite or PostgreSQL, their migrations, their merge into
+//!   the policy and their propagation to every gateway.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
 //!   completions, embeddings, Responses, Anthropic Messages): estimate,
 //!   cap field, usage breakdown, output counting, cutoff frames, error
@@ -36,14 +39,18 @@
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
 //! - [`tls`]: HTTPS on the listener, certificate reload.
+//! - [`admin_cli`]: the `keys`, `tenants` and `admin-tokens` commands
+//!   (HTTP calls to the control API).
 //! - [`alerts`]: soft thresholds of quota and dollar budgets fired as
 //!   signed webhooks, once per threshold per window.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
+pub mod admin_cli;
 pub mod alerts;
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod control;
 pub mod dialects;
 pub mod estimate;
 pub mod ledger;

@@ -1,5 +1,5 @@
 //! The `budgetgate` command: `serve`, `check-config`, `estimate`, `hash-key`,
-//! `end-user-hash`.
+//! `end-user-hash`, and the control API's `keys`, `tenants`, `admin-tokens`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use budgetgate::admin_cli;
 use budgetgate::config::{hash_key, Policy};
 use budgetgate::dialects::Dialect;
 use budgetgate::estimate::{self, ModelEstimation};
@@ -87,6 +88,28 @@ enum Command {
         /// The end-user id as clients send it; read from stdin when absent
         /// (keeps it out of the shell's history).
         id: Option<String>,
+    },
+    /// Keys through the admin API of a running gateway.
+    Keys {
+        #[command(flatten)]
+        target: admin_cli::Target,
+        #[command(subcommand)]
+        command: admin_cli::KeysCommand,
+    },
+    /// Tenants through the admin API of a running gateway.
+    Tenants {
+        #[command(flatten)]
+        target: admin_cli::Target,
+        #[command(subcommand)]
+        command: admin_cli::TenantsCommand,
+    },
+    /// Admin tokens (roles `read`, `admin`, optionally tenant-scoped)
+    /// through the admin API, with the bootstrap token.
+    AdminTokens {
+        #[command(flatten)]
+        target: admin_cli::Target,
+        #[command(subcommand)]
+        command: admin_cli::TokensCommand,
     },
 }
 
@@ -220,6 +243,19 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EndUserHash { config, tenant, id } => end_user_hash(&config, &tenant, id),
+        Command::Keys { target, command } => admin(&target, admin_cli::keys_call(command)),
+        Command::Tenants { target, command } => admin(&target, admin_cli::tenants_call(command)),
+        Command::AdminTokens { target, command } => admin(&target, admin_cli::tokens_call(command)),
+    }
+}
+
+fn admin(target: &admin_cli::Target, call: Result<admin_cli::Call, String>) -> ExitCode {
+    match admin_cli::run(target, call) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("budgetgate: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

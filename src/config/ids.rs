@@ -21,18 +21,27 @@ pub struct ModelId(pub(super) usize);
 pub struct DeploymentId(pub(super) usize);
 
 impl Policy {
-    /// The tenant and key a presented API key belongs to (by SHA-256).
-    pub fn find_key(&self, presented_key: &str) -> Option<(TenantId, KeyId)> {
+    /// The tenant and key a presented API key belongs to (by SHA-256),
+    /// unless that secret is expired at `now` (UTC µs): a key's expiry and
+    /// a rotated secret's end are checked on every request, so they need
+    /// no propagation.
+    pub fn find_key(&self, presented_key: &str, now: u64) -> Option<(TenantId, KeyId)> {
         use sha2::Digest;
         let digest: [u8; 32] = sha2::Sha256::digest(presented_key.as_bytes()).into();
         self.key_index
             .get(&digest)
-            .map(|&(t, k)| (TenantId(t), KeyId(k)))
+            .filter(|r| now < r.not_after)
+            .map(|r| (TenantId(r.tenant), KeyId(r.key)))
     }
 
-    /// Authenticates a presented API key: `(tenant, key)` when its SHA-256 matches.
-    pub fn authenticate(&self, presented_key: &str) -> Option<(&TenantPolicy, &KeyPolicy)> {
-        let (t, k) = self.find_key(presented_key)?;
+    /// Authenticates a presented API key at `now`: `(tenant, key)` when its
+    /// SHA-256 matches a secret that has not expired.
+    pub fn authenticate(
+        &self,
+        presented_key: &str,
+        now: u64,
+    ) -> Option<(&TenantPolicy, &KeyPolicy)> {
+        let (t, k) = self.find_key(presented_key, now)?;
         Some((self.tenant(t), self.key(t, k)))
     }
 

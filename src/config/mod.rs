@@ -253,6 +253,37 @@ pub struct KeyPolicy {
     pub sha256: String,
     /// Limits of this key alone.
     pub limits: Limits,
+    /// UTC µs from which the key is refused (keys of the admin API).
+    pub expires_at: Option<u64>,
+    /// The models the key may use; `None`: every model. A name the policy
+    /// no longer serves is dropped (the key loses that model, never gains).
+    pub allowed_models: Option<Vec<ModelId>>,
+}
+
+impl KeyPolicy {
+    /// Whether the key may use model `m`.
+    pub fn allows(&self, m: ModelId) -> bool {
+        self.allowed_models
+            .as_ref()
+            .is_none_or(|ms| ms.contains(&m))
+    }
+}
+
+/// Where a key digest points: tenant, key and the UTC µs from which this
+/// secret is refused (the key's expiry, or a rotated secret's end).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyRef {
+    pub(crate) tenant: usize,
+    pub(crate) key: usize,
+    pub(crate) not_after: u64,
+}
+
+/// `[control]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPolicy {
+    /// `sqlite://…` or `postgres://…`; `None`: SQLite under the state
+    /// directory ([`crate::control::db::default_url`]).
+    pub database_url: Option<String>,
 }
 
 /// What happens to a request whose output cap does not fit its budgets
@@ -341,9 +372,11 @@ pub struct Policy {
     /// `[alerts]` (bound at start).
     pub alerts: crate::alerts::AlertSettings,
     model_index: HashMap<String, usize>,
+    /// `[control]`.
+    pub control: ControlPolicy,
     /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
     /// is then not followed by hex-encoding it into a new string).
-    key_index: HashMap<[u8; 32], (usize, usize)>,
+    key_index: HashMap<[u8; 32], KeyRef>,
 }
 
 impl Policy {
@@ -356,9 +389,29 @@ impl Policy {
 
     /// Parses and validates config text.
     pub fn from_toml(text: &str) -> Result<Policy, ConfigErrors> {
+        let (raw, version) = Policy::parse(text)?;
+        validate::validate(raw, version)
+    }
+
+    /// Reads a config file without validating it: the file as written and
+    /// its version (a short digest of its bytes).
+    pub fn read_raw(path: &Path) -> Result<(RawConfig, String), ConfigErrors> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigErrors(vec![format!("{}: {e}", path.display())]))?;
+        Policy::parse(&text)
+    }
+
+    fn parse(text: &str) -> Result<(RawConfig, String), ConfigErrors> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigErrors(vec![e.to_string()]))?;
         let digest = Sha256::digest(text.as_bytes());
-        validate::validate(raw, hex::encode(&digest[..6]))
+        Ok((raw, hex::encode(&digest[..6])))
+    }
+
+    /// Validates a config given as values (the file merged with the
+    /// control database's entities) under `version`: the one validator of
+    /// the file and the admin API.
+    pub fn from_raw(raw: RawConfig, version: String) -> Result<Policy, ConfigErrors> {
+        validate::validate(raw, version)
     }
 
     /// A model by public name.

@@ -26,6 +26,15 @@ pub struct RawConfig {
     pub ledger: RawLedger,
     #[serde(default)]
     pub alerts: RawAlerts,
+    #[serde(default)]
+    pub control: RawControl,
+}
+
+/// `[control]`: where runtime tenants, keys and admin tokens live.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawControl {
+    pub database_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -247,4 +256,19 @@ pub struct RawKey {
     pub sha256: String,
     #[serde(default)]
     pub limits: RawLimits,
+    /// What a key created through the admin API adds (never read from the
+    /// file: the control database holds it).
+    #[serde(skip)]
+    pub terms: KeyTerms,
+}
+
+/// The terms of a runtime key beyond id, digest and limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyTerms {
+    /// UTC µs after which the key is refused (401).
+    pub expires_at: Option<u64>,
+    /// Public model names the key may use; `None`: every model.
+    pub allowed_models: Option<Vec<String>>,
+    /// Secrets replaced by a rotation, still accepted until their UTC µs.
+    pub retiring: Vec<(String, u64)>,
 }

@@ -10,8 +10,8 @@
 //! - Some settings are bound at start and cannot change at runtime:
 //!   `server.listen` (the socket is bound), `server.admin_token_env` (the
 //!   token is read at start), `server.end_user_key_env` (end users are
-//!   named by their hash under that key) and the whole `[store]` section (the store is
-//!   built at start). When a new file changes them, a warning says a restart
+//!   named by their hash under that key), the whole `[store]` section (the store is
+//!   built at start) and `[control]` (the database is opened at start). When a new file changes them, a warning says a restart
 //!   is needed and the running values are kept; the rest of the file applies.
 //! - The file's *directory* is watched, not the file, so editors that save
 //!   by writing a temporary file and renaming it over the original, and
@@ -43,6 +43,8 @@ pub enum Trigger {
     Signal,
     /// A change in the config file's directory.
     FileChange,
+    /// A change of the control database's tenants, keys or tokens.
+    Control,
 }
 
 impl std::fmt::Display for Trigger {
@@ -50,6 +52,7 @@ impl std::fmt::Display for Trigger {
         f.write_str(match self {
             Trigger::Signal => "sighup",
             Trigger::FileChange => "file_change",
+            Trigger::Control => "control_change",
         })
     }
 }
@@ -105,6 +108,11 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
         changed.push("server.tls");
         new.server.tls = running.server.tls.clone();
     }
+    if new.control != running.control {
+        // The database is opened (and migrated) at start.
+        changed.push("control");
+        new.control = running.control.clone();
+    }
     // Compared through `Debug` so that every field of `[store]`, present and
     // future, counts, without requiring `PartialEq` of each.
     if format!("{:?}", new.store) != format!("{:?}", running.store) {
@@ -118,8 +126,19 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
 /// the restart-only settings) and logs the new version; when not, keeps the
 /// running policy and logs every error on its own line.
 pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> ReloadOutcome {
+    reload_with(current, path, trigger, Policy::load)
+}
+
+/// [`reload`] with the policy built by `load` (the file merged with the
+/// control database's entities, [`crate::control`]).
+pub fn reload_with(
+    current: &ArcSwap<Policy>,
+    path: &Path,
+    trigger: Trigger,
+    load: impl FnOnce(&Path) -> Result<Policy, super::ConfigErrors>,
+) -> ReloadOutcome {
     let running = current.load_full();
-    let mut new = match Policy::load(path) {
+    let new = match load(path) {
         Ok(p) => p,
         Err(e) => {
             for error in &e.0 {
@@ -138,6 +157,19 @@ pub fn reload(current: &ArcSwap<Policy>, path: &Path, trigger: Trigger) -> Reloa
             };
         }
     };
+    install(current, new, path, trigger)
+}
+
+/// Swaps `new` in unless it has the running version, keeping the
+/// restart-only settings: the one way a policy changes at runtime, for a
+/// file reload and a control-database change alike.
+pub fn install(
+    current: &ArcSwap<Policy>,
+    mut new: Policy,
+    path: &Path,
+    trigger: Trigger,
+) -> ReloadOutcome {
+    let running = current.load_full();
     if new.version == running.version {
         // A file event with nothing new is routine (a touch, a copy of the
         // same bytes): debug. A SIGHUP is an operator's question and gets

@@ -21,14 +21,17 @@ pub struct Caller {
 
 /// Authenticates the request and records the tenant for the final line.
 pub fn authenticate(cx: &mut RequestContext, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    let caller = caller(&cx.policy, cx.dialect.key_headers(), headers)?;
+    let now = cx.st.clock.now_micros();
+    let caller = caller(&cx.policy, now, cx.dialect.key_headers(), headers)?;
     cx.finish.tenant = Some(caller.tenant);
     Ok(caller)
 }
 
-/// The caller that `headers` (the dialect's `key_headers`) name under `policy`.
+/// The caller that `headers` (the dialect's `key_headers`) name under
+/// `policy` at `now` (UTC µs: an expired key is refused).
 pub fn caller(
     policy: &Policy,
+    now: u64,
     key_headers: &[KeyHeader],
     headers: &HeaderMap,
 ) -> Result<Caller, ApiError> {
@@ -40,7 +43,7 @@ pub fn caller(
             ApiError::MissingKey
         }
     })?;
-    let (tenant, key) = policy.find_key(key).ok_or(ApiError::InvalidKey)?;
+    let (tenant, key) = policy.find_key(key, now).ok_or(ApiError::InvalidKey)?;
     Ok(Caller { tenant, key })
 }
 

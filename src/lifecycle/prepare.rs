@@ -224,6 +224,11 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         }
     };
     let model = policy.model_at(model_id);
+    if !policy.key(caller.tenant, caller.key).allows(model_id) {
+        // A key limited to some models sees no others (as a provider's
+        // project key does): the same 404 as an unknown model.
+        return Err(ApiError::ModelNotFound(model.name.clone()));
+    }
     if model.messages != dialect.is_anthropic() {
         // All deployments of a model speak one dialect (checked at load).
         return Err(ApiError::ModelElsewhere {

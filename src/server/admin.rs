@@ -53,14 +53,14 @@ pub(crate) fn json_response(status: StatusCode, v: Value) -> Response {
 }
 
 /// An admin API refusal: an OpenAI error body, never cached.
-fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
+pub(crate) fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
     let mut r = super::error::body(status, message, "invalid_request_error", None, code);
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
-fn unauthorized() -> Response {
+pub(crate) fn unauthorized() -> Response {
     let mut r = error_response(
         StatusCode::UNAUTHORIZED,
         "The admin API needs `Authorization: Bearer <admin token>`.",
@@ -107,8 +107,20 @@ pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> O
     };
     match super::handlers::bearer_token(headers) {
         Some(token) if token_matches(&expected, token) => None,
+        // Admin tokens of the control database without a tenant scope
+        // read these pages too (they list every tenant).
+        Some(token) if unscoped_token(st, token) => None,
         _ => Some(unauthorized()),
     }
+}
+
+fn unscoped_token(st: &AppState, token: &str) -> bool {
+    st.control.get().is_some_and(|c| {
+        c.snapshot()
+            .tokens
+            .iter()
+            .any(|t| t.tenant.is_none() && token_matches(&t.sha256, token))
+    })
 }
 
 /// `GET /admin/v1/policy`: the active policy's version and the names of its
@@ -188,7 +200,7 @@ pub(crate) fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> 
 /// The budgets of tenant `t`'s ancestors that its requests reserve
 /// against, as [`tenant_specs`] lists a tenant's own (tenant scope, then
 /// the tenant×model scopes; no keys): nearest first, one list per ancestor.
-fn ancestor_specs<'p>(
+pub(crate) fn ancestor_specs<'p>(
     policy: &'p Policy,
     t: &crate::config::TenantPolicy,
 ) -> Vec<(&'p str, Vec<BudgetSpec>)> {
@@ -225,7 +237,7 @@ async fn budgets_response(
 
 /// Reads `specs` and each ancestor's from the store (one call) and renders
 /// them: the subject's budgets, then `ancestors` (name, budgets) when given.
-async fn budgets_with_ancestors(
+pub(crate) async fn budgets_with_ancestors(
     st: &AppState,
     policy: &Policy,
     subject: (&str, &str),

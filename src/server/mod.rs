@@ -7,6 +7,8 @@
 //!   [`refusal_text`]: the words of a budget refusal.
 //! - [`headers`]: `x-ratelimit-*` and IETF `RateLimit` fields.
 //! - [`admin`]: the operator API under `/admin/v1/`.
+//! - [`control_api`]: tenants, keys, admin tokens and the audit trail
+//!   under `/admin/v1/` (the control plane), and `GET /v1/budget`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
 //! - [`spend`]: the spend ledger's queries and CSV (`/admin/v1/spend…`).
@@ -16,6 +18,7 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
+pub mod control_api;
 pub mod error;
 pub mod handlers;
 pub mod headers;
@@ -77,6 +80,8 @@ pub struct AppState {
     pub ledger: Arc<std::sync::OnceLock<Arc<crate::ledger::Ledger>>>,
     /// The spend ledger's queries, set once at start; unset without a database.
     pub spend: Arc<std::sync::OnceLock<Arc<dyn crate::ledger::SpendReader>>>,
+    /// The control plane (runtime tenants and keys), set once at start.
+    pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -151,6 +156,7 @@ impl AppState {
             recent_refusals: Arc::default(),
             ledger: Arc::default(),
             spend: Arc::default(),
+            control: Arc::default(),
         })
     }
 
@@ -249,6 +255,7 @@ impl AppState {
             recent_refusals: self.recent_refusals.clone(),
             ledger: self.ledger.clone(),
             spend: self.spend.clone(),
+            control: self.control.clone(),
         })
     }
 
@@ -358,6 +365,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/admin/v1/upstreams/{upstream}/budgets",
             get(admin::upstream_budgets),
         )
+        .merge(control_api::routes())
         .route("/healthz", get(handlers::healthz))
         .route("/metrics", get(handlers::metrics))
         .route("/readyz", get(handlers::readyz))

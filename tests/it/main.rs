@@ -17,6 +17,8 @@ mod clamp;
 mod cli;
 mod config_fixtures;
 mod config_range;
+mod control;
+mod control_fleet;
 mod deploy_kit;
 mod deployments;
 mod dollars;

@@ -172,6 +172,7 @@ pub fn key(id: &str, secret: &str) -> RawKey {
         id: id.into(),
         sha256: hash_key(secret),
         limits: Limits::default(),
+        terms: Default::default(),
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Gateway {
     pub store: Arc<dyn BudgetStore>,
     /// The memory store, when the harness made it (not a test's own store).
     memory: Option<Arc<MemoryStore>>,
+    /// The config file the gateway runs on (and reloads).
+    pub config_path: std::path::PathBuf,
     shutdown: Option<oneshot::Sender<()>>,
     /// Holds the config file the reload watcher watches.
     _dir: tempfile::TempDir,
@@ -85,8 +87,18 @@ async fn start(
     memory: Option<Arc<MemoryStore>>,
 ) -> Gateway {
     let dir = tempfile::tempdir().expect("temp dir");
+    // The control database in the test's own directory unless the test
+    // names one (never the user's state directory).
+    let mut config = config.clone();
+    if config.control.database_url.is_none() {
+        config.control.database_url = Some(format!(
+            "sqlite://{}",
+            dir.path().join("control.db").display()
+        ));
+    }
     let path = config.write(dir.path());
     let policy = Policy::load(&path).unwrap_or_else(|e| panic!("test config invalid: {e}"));
+    let config_path = path.clone();
     let launch = Launch {
         threads: 1,
         clock: Arc::new(clock.clone()),
@@ -125,6 +137,7 @@ async fn start(
         clock,
         store,
         memory,
+        config_path,
         shutdown: Some(stop_tx),
         _dir: dir,
     }

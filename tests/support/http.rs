@@ -191,3 +191,25 @@ pub fn sample_sum(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&s
         })
         .sum()
 }
+
+/// One call to the admin API: `method path` with bearer `token` and JSON
+/// `body`; the status and the JSON answer (`null` when there is none).
+pub async fn admin_call(
+    gw: &(impl Endpoint + ?Sized),
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .request(method, format!("{}{path}", gw.root_url()))
+        .bearer_auth(token)
+        .timeout(Duration::from_secs(10));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.expect("gateway reachable");
+    let status = r.status().as_u16();
+    let text = r.text().await.expect("admin body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}

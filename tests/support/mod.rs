@@ -7,6 +7,7 @@
 //! - [`http`]: requests, headers, SSE parsing, metrics, shared by both.
 //! - [`python`]: the official `openai` SDK scripts under `tests/python/`.
 //! - [`redis_server`]: real `redis-server`s and Redis Clusters.
+//! - [`postgres`]: a real PostgreSQL server per test (the control database).
 //! - [`mock_upstream`]: the simulated upstream, the very file the README
 //!   runs as `examples/mock_upstream.rs`.
 #![allow(dead_code, unused_imports)]
@@ -16,6 +17,7 @@ pub mod gateway;
 pub mod http;
 #[path = "../../examples/mock_upstream.rs"]
 pub mod mock_upstream;
+pub mod postgres;
 pub mod process;
 pub mod python;
 pub mod redis_server;

@@ -345,10 +345,24 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             );
         }
     }
+    let control = ControlPolicy {
+        database_url: match raw.control.database_url.as_deref() {
+            // The URL itself is not repeated: it may hold a password.
+            Some(url) if crate::control::db::DbKind::of(url).is_none() => {
+                v.err(
+                    "control.database_url",
+                    "must start with sqlite: or postgres:// (postgresql://)",
+                );
+                None
+            }
+            url => url.map(str::to_string),
+        },
+    };
     if !v.errors.is_empty() {
         return Err(ConfigErrors(v.errors));
     }
     Ok(Policy {
+        control,
         version,
         server,
         store,

@@ -8,7 +8,7 @@ use crate::config::*;
 use crate::reserve::keys::is_valid_id;
 
 /// The digest-to-(tenant, key) index of every configured key.
-pub(super) type KeyIndex = HashMap<[u8; 32], (usize, usize)>;
+pub(super) type KeyIndex = HashMap<[u8; 32], KeyRef>;
 
 /// Validates `[[tenants]]` and their keys; returns them and the key index.
 pub(super) fn tenants(
@@ -47,13 +47,33 @@ pub(super) fn tenants(
                     format!("{kp}.sha256"),
                     "must be 64 hex digits (run `budgetgate hash-key`)",
                 );
-            } else if key_index.insert(raw, (i, j)).is_some() {
+            } else if key_index
+                .insert(raw, key_ref(i, j, k.terms.expires_at, None))
+                .is_some()
+            {
                 v.err(format!("{kp}.sha256"), "the same key is configured twice");
+            }
+            // Runtime keys only (the control database checked them when
+            // they were written): rotated secrets still in their overlap.
+            for (old, until) in &k.terms.retiring {
+                let mut d = [0u8; 32];
+                if hex::decode_to_slice(old, &mut d).is_ok() {
+                    key_index
+                        .entry(d)
+                        .or_insert(key_ref(i, j, k.terms.expires_at, Some(*until)));
+                }
             }
             keys.push(KeyPolicy {
                 id: k.id.clone(),
                 sha256: digest,
                 limits: v.limits(&format!("{kp}.limits"), &k.limits),
+                expires_at: k.terms.expires_at,
+                allowed_models: k.terms.allowed_models.as_ref().map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|n| model_index.get(n).copied().map(ModelId))
+                        .collect()
+                }),
             });
         }
         let mut model_limits = BTreeMap::new();
@@ -128,4 +148,14 @@ pub(super) fn tenants(
     }
 
     (tenants, key_index)
+}
+
+/// A digest's entry: refused from the earlier of the key's expiry and the
+/// secret's own end.
+fn key_ref(tenant: usize, key: usize, expires: Option<u64>, retires: Option<u64>) -> KeyRef {
+    KeyRef {
+        tenant,
+        key,
+        not_after: expires.unwrap_or(u64::MAX).min(retires.unwrap_or(u64::MAX)),
+    }
 }

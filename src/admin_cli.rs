@@ -1,0 +1,297 @@
+//! `budgetgate keys …`, `budgetgate tenants …`, `budgetgate admin-tokens …`:
+//! the control API from the command line. Every command is one HTTP call
+//! to a running gateway (`--url`, `BUDGETGATE_URL`) with an admin token
+//! (`--token`, `BUDGETGATE_ADMIN_TOKEN`); the answer's JSON is printed as
+//! it came, and a refusal's message goes to stderr with a failing exit.
+
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+/// Where the gateway is and who asks.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// The gateway's base URL.
+    #[arg(long, env = "BUDGETGATE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// An admin token (the bootstrap token or one of `admin-tokens create`).
+    #[arg(long, env = "BUDGETGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+/// `budgetgate keys …`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key; prints it with its secret (shown this once).
+    Create {
+        /// The key's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Key id (default: generated).
+        #[arg(long)]
+        id: Option<String>,
+        /// A name for people.
+        #[arg(long)]
+        alias: Option<String>,
+        /// Limits as JSON, e.g. '{"tpm": 10000}'.
+        #[arg(long)]
+        limits: Option<String>,
+        /// Allowed model (repeat for several; default: all).
+        #[arg(long = "model")]
+        models: Vec<String>,
+        /// Unix time in seconds from which the key is refused.
+        #[arg(long)]
+        expires_at: Option<i64>,
+    },
+    /// List keys (of one tenant with --tenant).
+    List {
+        /// Only this tenant's keys.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a key everywhere.
+    Revoke {
+        /// The key's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Key id.
+        id: String,
+    },
+    /// Give a key a new secret; the old one works for --overlap-secs.
+    Rotate {
+        /// The key's tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Key id.
+        id: String,
+        /// Seconds the old secret keeps working.
+        #[arg(long, default_value_t = 3600)]
+        overlap_secs: u64,
+    },
+}
+
+/// `budgetgate tenants …`.
+#[derive(Debug, Subcommand)]
+pub enum TenantsCommand {
+    /// Create a tenant from JSON (the config file's tenant fields).
+    Create {
+        /// The tenant as JSON, e.g. '{"name": "ml", "parent": "acme", "limits": {"tpm": 5000}}'.
+        json: String,
+    },
+    /// List tenants.
+    List {
+        /// Only children of this tenant.
+        #[arg(long)]
+        parent: Option<String>,
+    },
+    /// Show a tenant.
+    Get {
+        /// Tenant name.
+        name: String,
+    },
+    /// Change a tenant (JSON merge patch, e.g. '{"limits": {"tpm": 8000}}').
+    Update {
+        /// Tenant name.
+        name: String,
+        /// The patch.
+        json: String,
+    },
+    /// Delete a tenant and its keys.
+    Delete {
+        /// Tenant name.
+        name: String,
+    },
+}
+
+/// `budgetgate admin-tokens …` (root token only for create and revoke).
+#[derive(Debug, Subcommand)]
+pub enum TokensCommand {
+    /// Create an admin token; prints it (shown this once).
+    Create {
+        /// `read` or `admin`.
+        #[arg(long)]
+        role: String,
+        /// Limit the token to this tenant's subtree.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Token id (default: generated).
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// List admin tokens.
+    List,
+    /// Revoke an admin token.
+    Revoke {
+        /// Token id.
+        id: String,
+    },
+}
+
+/// One call: method, path (with its query), body.
+pub type Call = (reqwest::Method, String, Option<Value>);
+
+fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn parse_json(what: &str, text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}"))
+}
+
+/// The call of a `keys` command.
+pub fn keys_call(c: KeysCommand) -> Result<Call, String> {
+    use reqwest::Method;
+    Ok(match c {
+        KeysCommand::Create {
+            tenant,
+            id,
+            alias,
+            limits,
+            models,
+            expires_at,
+        } => {
+            let mut body = json!({});
+            if let Some(id) = id {
+                body["id"] = json!(id);
+            }
+            if let Some(a) = alias {
+                body["alias"] = json!(a);
+            }
+            if let Some(l) = limits {
+                body["limits"] = parse_json("--limits", &l)?;
+            }
+            if !models.is_empty() {
+                body["allowed_models"] = json!(models);
+            }
+            if let Some(e) = expires_at {
+                body["expires_at"] = json!(e);
+            }
+            (
+                Method::POST,
+                format!("/admin/v1/tenants/{}/keys", enc(&tenant)),
+                Some(body),
+            )
+        }
+        KeysCommand::List { tenant } => match tenant {
+            Some(t) => (
+                Method::GET,
+                format!("/admin/v1/tenants/{}/keys?limit=1000", enc(&t)),
+                None,
+            ),
+            None => (Method::GET, "/admin/v1/keys?limit=1000".into(), None),
+        },
+        KeysCommand::Revoke { tenant, id } => (
+            Method::POST,
+            format!(
+                "/admin/v1/tenants/{}/keys/{}/revoke",
+                enc(&tenant),
+                enc(&id)
+            ),
+            None,
+        ),
+        KeysCommand::Rotate {
+            tenant,
+            id,
+            overlap_secs,
+        } => (
+            Method::POST,
+            format!(
+                "/admin/v1/tenants/{}/keys/{}/rotate",
+                enc(&tenant),
+                enc(&id)
+            ),
+            Some(json!({ "overlap_secs": overlap_secs })),
+        ),
+    })
+}
+
+/// The call of a `tenants` command.
+pub fn tenants_call(c: TenantsCommand) -> Result<Call, String> {
+    use reqwest::Method;
+    Ok(match c {
+        TenantsCommand::Create { json } => (
+            Method::POST,
+            "/admin/v1/tenants".into(),
+            Some(parse_json("the tenant", &json)?),
+        ),
+        TenantsCommand::List { parent } => {
+            let q = parent
+                .map(|p| format!("&parent={}", enc(&p)))
+                .unwrap_or_default();
+            (
+                Method::GET,
+                format!("/admin/v1/tenants?limit=1000{q}"),
+                None,
+            )
+        }
+        TenantsCommand::Get { name } => (
+            Method::GET,
+            format!("/admin/v1/tenants/{}", enc(&name)),
+            None,
+        ),
+        TenantsCommand::Update { name, json } => (
+            Method::PATCH,
+            format!("/admin/v1/tenants/{}", enc(&name)),
+            Some(parse_json("the patch", &json)?),
+        ),
+        TenantsCommand::Delete { name } => (
+            Method::DELETE,
+            format!("/admin/v1/tenants/{}", enc(&name)),
+            None,
+        ),
+    })
+}
+
+/// The call of an `admin-tokens` command.
+pub fn tokens_call(c: TokensCommand) -> Result<Call, String> {
+    use reqwest::Method;
+    Ok(match c {
+        TokensCommand::Create { role, tenant, id } => (
+            Method::POST,
+            "/admin/v1/admin_tokens".into(),
+            Some(json!({ "role": role, "tenant": tenant, "id": id })),
+        ),
+        TokensCommand::List => (Method::GET, "/admin/v1/admin_tokens".into(), None),
+        TokensCommand::Revoke { id } => (
+            Method::POST,
+            format!("/admin/v1/admin_tokens/{}/revoke", enc(&id)),
+            None,
+        ),
+    })
+}
+
+/// Makes `call` against `target`; prints the answer. `Err` holds what to
+/// print on stderr.
+pub fn run(target: &Target, call: Result<Call, String>) -> Result<(), String> {
+    let (method, path, body) = call?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        let url = format!("{}{path}", target.url.trim_end_matches('/'));
+        let client = reqwest::Client::new();
+        let mut req = client.request(method, &url).bearer_auth(&target.token);
+        if let Some(b) = body {
+            // `null` members of a create body are left out.
+            let mut b = b;
+            if let Some(o) = b.as_object_mut() {
+                o.retain(|_, v| !v.is_null());
+            }
+            req = req.json(&b);
+        }
+        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
+        if status.is_success() {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            Ok(())
+        } else {
+            let msg = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            Err(format!("{status}: {msg}"))
+        }
+    })
+}

@@ -1,0 +1,284 @@
+//! The control database: `[control] database_url`, an SQLite file under the
+//! state directory by default, PostgreSQL (`postgres://…`) for a fleet.
+//!
+//! [`Db`] is the handle every user of the database shares (the control
+//! plane, the spend ledger): a pool of sqlx's `Any` driver, so one query
+//! text serves both databases (write `$1, $2` placeholders: SQLite reads
+//! them as PostgreSQL does), and the [`DbKind`] for the few statements that
+//! differ (`pg_notify`).
+//!
+//! Migrations are embedded in the binary ([`MIGRATIONS_SQLITE`],
+//! [`MIGRATIONS_POSTGRES`], one list per database, the files under
+//! `migrations/`), applied at start in version order inside sqlx's
+//! migration lock (several gateways starting at once apply each once).
+//! Versions 0001–0099 are the control plane's, 0100 and up the ledger's.
+//! A database that holds a migration this binary does not know was
+//! written by a newer budgetgate: the start is refused, naming both
+//! versions, rather than running old code on a newer schema.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::AnyPool;
+use sqlx::SqlSafeStr;
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    /// `sqlite:` (a file; created when missing).
+    Sqlite,
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+}
+
+impl DbKind {
+    /// The kind of `url`, `None` for any other scheme.
+    pub fn of(url: &str) -> Option<DbKind> {
+        if url.starts_with("sqlite:") {
+            Some(DbKind::Sqlite)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(DbKind::Postgres)
+        } else {
+            None
+        }
+    }
+}
+
+/// One embedded migration: version, description, SQL.
+pub type MigrationFile = (i64, &'static str, &'static str);
+
+/// SQLite migrations, in version order.
+pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[
+    (
+        1,
+        "control",
+        include_str!("../../migrations/sqlite/0001_control.sql"),
+    ),
+    (
+        100,
+        "spend ledger",
+        include_str!("../../migrations/sqlite/0100_spend_ledger.sql"),
+    ),
+];
+
+/// PostgreSQL migrations, in version order (the same versions as SQLite's).
+pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[
+    (
+        1,
+        "control",
+        include_str!("../../migrations/postgres/0001_control.sql"),
+    ),
+    (
+        100,
+        "spend ledger",
+        include_str!("../../migrations/postgres/0100_spend_ledger.sql"),
+    ),
+];
+
+/// Why the database could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// Not a `sqlite:` or `postgres://` URL.
+    #[error("control.database_url must start with sqlite: or postgres://")]
+    Scheme,
+    /// The SQLite file's directory could not be created.
+    #[error("cannot create {0}: {1}")]
+    Directory(PathBuf, std::io::Error),
+    /// Connecting failed.
+    #[error("cannot open the control database: {0}")]
+    Connect(sqlx::Error),
+    /// The database was migrated by a newer binary.
+    #[error("the control database is at schema version {found}, newer than this binary's {known}: it was written by a newer budgetgate; run that version (or newer) instead")]
+    Newer {
+        /// The newest version the database has applied.
+        found: i64,
+        /// The newest version this binary knows.
+        known: i64,
+    },
+    /// A migration failed.
+    #[error("control database migration failed: {0}")]
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+/// The shared handle to the control database. Cheap to clone (a pool).
+#[derive(Debug, Clone)]
+pub struct Db {
+    pool: AnyPool,
+    kind: DbKind,
+}
+
+/// The default database: `control.db` beside the memory store's snapshot,
+/// in the state directory (`$STATE_DIRECTORY`, `$XDG_STATE_HOME/budgetgate`,
+/// `~/.local/state/budgetgate`, else `/var/lib/budgetgate`).
+pub fn default_url() -> String {
+    let snapshot = crate::reserve::memory::snapshot::default_path();
+    let dir = snapshot.parent().unwrap_or(Path::new("."));
+    format!("sqlite://{}", dir.join("control.db").display())
+}
+
+impl Db {
+    /// Opens the database at `url` and applies the migrations this binary
+    /// embeds; refused when the database is newer than the binary.
+    pub async fn open(url: &str) -> Result<Db, DbError> {
+        let kind = DbKind::of(url).ok_or(DbError::Scheme)?;
+        sqlx::any::install_default_drivers();
+        let url = match kind {
+            DbKind::Sqlite => sqlite_url(url)?,
+            DbKind::Postgres => url.to_string(),
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(match kind {
+                // One writer at a time in SQLite anyway; a few readers.
+                DbKind::Sqlite => 4,
+                DbKind::Postgres => 8,
+            })
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&url)
+            .await
+            .map_err(DbError::Connect)?;
+        let db = Db { pool, kind };
+        db.migrate().await?;
+        Ok(db)
+    }
+
+    /// The pool (sqlx `Any`: placeholders `$1, $2, …`).
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Which database this is.
+    pub fn kind(&self) -> DbKind {
+        self.kind
+    }
+
+    /// The migrations of this database kind.
+    fn migrations(&self) -> &'static [MigrationFile] {
+        match self.kind {
+            DbKind::Sqlite => MIGRATIONS_SQLITE,
+            DbKind::Postgres => MIGRATIONS_POSTGRES,
+        }
+    }
+
+    async fn migrate(&self) -> Result<(), DbError> {
+        let files = self.migrations();
+        let known = files.iter().map(|m| m.0).max().unwrap_or(0);
+        // Before sqlx's own check (which names only the missing version):
+        // the operator needs to know the database is ahead of the binary.
+        if let Some(found) = self.applied_version().await {
+            if found > known {
+                return Err(DbError::Newer { found, known });
+            }
+        }
+        let migrations = files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect();
+        let migrator = Migrator::with_migrations(migrations);
+        migrator.run(&self.pool).await.map_err(DbError::Migrate)
+    }
+
+    /// The newest migration applied, `None` on a database never migrated.
+    pub async fn applied_version(&self) -> Option<i64> {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version DESC LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .ok()
+        .flatten()
+    }
+}
+
+/// `sqlite:PATH` or `sqlite://PATH` with `mode=rwc` (create when missing)
+/// and the file's directory created.
+fn sqlite_url(url: &str) -> Result<String, DbError> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path != ":memory:" && !path.is_empty() {
+        if let Some(dir) = Path::new(path)
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| DbError::Directory(dir.to_path_buf(), e))?;
+        }
+    }
+    let mode = if query.contains("mode=") {
+        String::new()
+    } else if query.is_empty() {
+        "?mode=rwc".into()
+    } else {
+        "&mode=rwc".into()
+    };
+    let sep = if query.is_empty() { "" } else { "?" };
+    Ok(format!("sqlite://{path}{sep}{query}{mode}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_by_scheme() {
+        assert_eq!(DbKind::of("sqlite:///tmp/x.db"), Some(DbKind::Sqlite));
+        assert_eq!(DbKind::of("sqlite:x.db"), Some(DbKind::Sqlite));
+        assert_eq!(DbKind::of("postgres://u@h/db"), Some(DbKind::Postgres));
+        assert_eq!(DbKind::of("postgresql://u@h/db"), Some(DbKind::Postgres));
+        assert_eq!(DbKind::of("mysql://u@h/db"), None);
+    }
+
+    #[test]
+    fn sqlite_urls_create_the_file() {
+        assert_eq!(sqlite_url("sqlite:x.db").unwrap(), "sqlite://x.db?mode=rwc");
+        assert_eq!(
+            sqlite_url("sqlite://x.db?cache=shared").unwrap(),
+            "sqlite://x.db?cache=shared&mode=rwc"
+        );
+        assert_eq!(
+            sqlite_url("sqlite://x.db?mode=ro").unwrap(),
+            "sqlite://x.db?mode=ro"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_database_newer_than_the_binary_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("c.db").display());
+        let db = Db::open(&url).await.expect("first open migrates");
+        assert_eq!(db.applied_version().await, Some(100), "control and ledger migrations");
+        drop(db);
+        let db = Db::open(&url).await.expect("a second open is a no-op");
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (999, 'future', TRUE, X'00', 0)",
+        )
+        .execute(db.pool())
+        .await
+        .unwrap();
+        db.pool().close().await;
+        let e = Db::open(&url).await.expect_err("newer schema");
+        assert!(
+            matches!(
+                e,
+                DbError::Newer {
+                    found: 999,
+                    known: 100
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("newer budgetgate"), "{e}");
+    }
+}

@@ -1,0 +1,360 @@
+//! The runtime entities as the gateway serves them: a [`Snapshot`] of the
+//! control database (tenants, keys with their secrets' digests, admin
+//! tokens, at one version of the counter), and how it merges with the
+//! config file into one [`Policy`] ([`compose`]).
+//!
+//! Runtime tenants are `RawTenant`s, the config file's own type: merged
+//! after the file's tenants, they go through the file's validator, so a
+//! value refused in the file is refused through the API with the same
+//! message, and a changed limit is a policy change like a reload. The
+//! policy's version is the file's digest and the counter
+//! (`<file>.<counter>`): every change tags decisions anew and rebuilds the
+//! budget plans.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+use super::db::Db;
+use crate::config::raw::{KeyTerms, RawConfig, RawKey, RawLimits, RawTenant};
+use crate::config::{ConfigErrors, Policy};
+
+/// An admin role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Reads only.
+    Read,
+    /// Reads and changes.
+    Admin,
+}
+
+impl Role {
+    /// `read` or `admin`.
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "read" => Some(Role::Read),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// The name stored and shown.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// One secret of a key: its digest and, after a rotation, the end of
+/// its overlap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// Lower-case hex SHA-256.
+    pub sha256: String,
+    /// UTC µs from which this secret is refused (`None`: the current one).
+    pub retires_at: Option<u64>,
+}
+
+/// A key created through the admin API.
+#[derive(Debug, Clone)]
+pub struct RuntimeKey {
+    /// Its tenant (of the file or of the database).
+    pub tenant: String,
+    /// Key id (scope `key:<tenant>/<id>`).
+    pub id: String,
+    /// A name for people.
+    pub alias: Option<String>,
+    /// Free-form owner metadata (JSON object).
+    pub owner: serde_json::Value,
+    /// Limits of this key alone, as the config file writes them.
+    pub limits: RawLimits,
+    /// Public model names it may use; `None`: all.
+    pub allowed_models: Option<Vec<String>>,
+    /// UTC µs from which it is refused.
+    pub expires_at: Option<u64>,
+    /// UTC µs it was revoked at; a revoked key is not served.
+    pub revoked_at: Option<u64>,
+    /// UTC µs it was created at.
+    pub created_at: u64,
+    /// Its secrets (the current one and those still in a rotation overlap).
+    pub secrets: Vec<Secret>,
+}
+
+/// A runtime tenant: the config file's tenant fields (without keys).
+#[derive(Debug, Clone)]
+pub struct RuntimeTenant {
+    /// As the config file writes a tenant; `keys` is empty.
+    pub spec: RawTenant,
+    /// UTC µs.
+    pub created_at: u64,
+    /// UTC µs.
+    pub updated_at: u64,
+}
+
+/// An admin token of the database (the bootstrap token is not stored).
+#[derive(Debug, Clone)]
+pub struct AdminToken {
+    /// Its id (shown in the audit trail).
+    pub id: String,
+    /// SHA-256 of the token.
+    pub sha256: [u8; 32],
+    /// What it may do.
+    pub role: Role,
+    /// The subtree it is limited to; `None`: every tenant.
+    pub tenant: Option<String>,
+}
+
+/// Every runtime entity at one version of the counter.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The control database's version counter.
+    pub version: i64,
+    /// Tenants by creation order.
+    pub tenants: Vec<RuntimeTenant>,
+    /// Keys, revoked ones included (the API lists them).
+    pub keys: Vec<RuntimeKey>,
+    /// Admin tokens that are not revoked.
+    pub tokens: Vec<AdminToken>,
+}
+
+/// A stored value that does not parse (the database was edited by hand).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The query failed (database unreachable).
+    #[error("control database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// A stored JSON value does not parse.
+    #[error("control database: {what} does not parse: {error}")]
+    Value {
+        /// Which row and column.
+        what: String,
+        /// The parser's message.
+        error: serde_json::Error,
+    },
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    what: impl FnOnce() -> String,
+    text: &str,
+) -> Result<T, LoadError> {
+    serde_json::from_str(text).map_err(|error| LoadError::Value {
+        what: what(),
+        error,
+    })
+}
+
+fn micros(v: Option<i64>) -> Option<u64> {
+    v.map(|x| x.max(0) as u64)
+}
+
+/// The database's version counter.
+pub async fn version(db: &Db) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar::<_, i64>("SELECT version FROM control_version WHERE id = 1")
+        .fetch_one(db.pool())
+        .await
+}
+
+/// Reads every runtime entity, in one transaction (one version).
+pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
+    let mut tx = db.pool().begin().await?;
+    let version: i64 = sqlx::query_scalar("SELECT version FROM control_version WHERE id = 1")
+        .fetch_one(&mut *tx)
+        .await?;
+    let mut tenants = Vec::new();
+    for row in sqlx::query(
+        "SELECT name, spec, created_at, updated_at FROM tenants ORDER BY created_at, name",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let name: String = row.try_get("name")?;
+        let spec: String = row.try_get("spec")?;
+        let mut spec: RawTenant = parse(|| format!("tenant {name:?}"), &spec)?;
+        spec.name = name;
+        tenants.push(RuntimeTenant {
+            spec,
+            created_at: micros(Some(row.try_get("created_at")?)).unwrap_or(0),
+            updated_at: micros(Some(row.try_get("updated_at")?)).unwrap_or(0),
+        });
+    }
+    let mut secrets: HashMap<(String, String), Vec<Secret>> = HashMap::new();
+    for row in sqlx::query(
+        "SELECT sha256, tenant, key_id, retires_at FROM key_secrets ORDER BY created_at DESC",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        secrets
+            .entry((row.try_get("tenant")?, row.try_get("key_id")?))
+            .or_default()
+            .push(Secret {
+                sha256: row.try_get("sha256")?,
+                retires_at: micros(row.try_get("retires_at")?),
+            });
+    }
+    let mut keys = Vec::new();
+    for row in sqlx::query(
+        "SELECT tenant, id, alias, owner, limits, allowed_models, expires_at, revoked_at, created_at FROM api_keys ORDER BY created_at, tenant, id",
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    {
+        let tenant: String = row.try_get("tenant")?;
+        let id: String = row.try_get("id")?;
+        let what = || format!("key {tenant:?}/{id:?}");
+        let limits: String = row.try_get("limits")?;
+        let models: String = row.try_get("allowed_models")?;
+        let owner: String = row.try_get("owner")?;
+        keys.push(RuntimeKey {
+            limits: parse(what, &limits)?,
+            allowed_models: parse(what, &models)?,
+            owner: parse(what, &owner)?,
+            alias: row.try_get("alias")?,
+            expires_at: micros(row.try_get("expires_at")?),
+            revoked_at: micros(row.try_get("revoked_at")?),
+            created_at: micros(Some(row.try_get("created_at")?)).unwrap_or(0),
+            secrets: secrets.remove(&(tenant.clone(), id.clone())).unwrap_or_default(),
+            tenant,
+            id,
+        });
+    }
+    let mut tokens = Vec::new();
+    for row in
+        sqlx::query("SELECT id, sha256, role, tenant FROM admin_tokens WHERE revoked_at IS NULL")
+            .fetch_all(&mut *tx)
+            .await?
+    {
+        let id: String = row.try_get("id")?;
+        let hex_digest: String = row.try_get("sha256")?;
+        let role: String = row.try_get("role")?;
+        let mut sha256 = [0u8; 32];
+        let (Ok(()), Some(role)) = (
+            hex::decode_to_slice(&hex_digest, &mut sha256),
+            Role::parse(&role),
+        ) else {
+            tracing::warn!(token = %id, "control database: admin token with an unreadable digest or role; ignored");
+            continue;
+        };
+        tokens.push(AdminToken {
+            id,
+            sha256,
+            role,
+            tenant: row.try_get("tenant")?,
+        });
+    }
+    tx.commit().await?;
+    Ok(Snapshot {
+        version,
+        tenants,
+        keys,
+        tokens,
+    })
+}
+
+/// Where the runtime entities land in the merged file: tenant `name` at
+/// `tenants[i]`, key `(tenant, id)` at `tenants[i].keys[j]`.
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// Tenant name → index in the merged `tenants`.
+    pub tenants: HashMap<String, usize>,
+    /// (tenant, key id) → (tenant index, key index).
+    pub keys: HashMap<(String, String), (usize, usize)>,
+}
+
+/// The config file with the snapshot's entities merged in, and where they
+/// went; a name defined in both is an error naming it.
+pub fn merge(file: &RawConfig, snap: &Snapshot) -> Result<(RawConfig, Placement), ConfigErrors> {
+    let mut raw = file.clone();
+    let mut errors = Vec::new();
+    let mut at = Placement::default();
+    let file_names: HashSet<&str> = file.tenants.iter().map(|t| t.name.as_str()).collect();
+    for (i, t) in file.tenants.iter().enumerate() {
+        at.tenants.insert(t.name.clone(), i);
+    }
+    for t in &snap.tenants {
+        if file_names.contains(t.spec.name.as_str()) {
+            errors.push(format!(
+                "tenants: tenant {:?} is defined both in the config file and in the control database; remove one",
+                t.spec.name
+            ));
+            continue;
+        }
+        at.tenants.insert(t.spec.name.clone(), raw.tenants.len());
+        raw.tenants.push(t.spec.clone());
+    }
+    for k in snap.keys.iter().filter(|k| k.revoked_at.is_none()) {
+        let Some(&ti) = at.tenants.get(&k.tenant) else {
+            errors.push(format!(
+                "tenants: key {:?} of the control database belongs to tenant {:?}, which is not defined",
+                k.id, k.tenant
+            ));
+            continue;
+        };
+        let tenant = &mut raw.tenants[ti];
+        if tenant.keys.iter().any(|x| x.id == k.id) {
+            errors.push(format!(
+                "tenants: key {:?} of tenant {:?} is defined both in the config file and in the control database; remove one",
+                k.id, k.tenant
+            ));
+            continue;
+        }
+        let Some(current) = k.secrets.iter().find(|s| s.retires_at.is_none()) else {
+            continue;
+        };
+        at.keys
+            .insert((k.tenant.clone(), k.id.clone()), (ti, tenant.keys.len()));
+        tenant.keys.push(RawKey {
+            id: k.id.clone(),
+            sha256: current.sha256.clone(),
+            limits: k.limits.clone(),
+            terms: KeyTerms {
+                expires_at: k.expires_at,
+                allowed_models: k.allowed_models.clone(),
+                retiring: k
+                    .secrets
+                    .iter()
+                    .filter_map(|s| Some((s.sha256.clone(), s.retires_at?)))
+                    .collect(),
+            },
+        });
+    }
+    if errors.is_empty() {
+        Ok((raw, at))
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// The policy of the config file `file` (version `file_version`) with the
+/// snapshot's entities: what the gateway serves.
+pub fn compose(
+    file: &RawConfig,
+    file_version: &str,
+    snap: &Snapshot,
+) -> Result<Policy, ConfigErrors> {
+    let (raw, _) = merge(file, snap)?;
+    Policy::from_raw(raw, format!("{file_version}.{}", snap.version))
+}
+
+/// The errors of `errors` about the entity at `prefix` (`tenants[3]`,
+/// `tenants[3].keys[1]`) with that prefix taken off their paths (the
+/// field's path in an API body); the others as they are.
+pub fn relative(errors: &[String], prefix: &str) -> Vec<(Option<String>, String)> {
+    errors
+        .iter()
+        .map(|e| {
+            let own = e
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix('.'))
+                .and_then(|r| r.split_once(": "));
+            match own {
+                Some((path, msg)) => (Some(path.to_string()), format!("{path}: {msg}")),
+                None => (None, e.clone()),
+            }
+        })
+        .collect()
+}

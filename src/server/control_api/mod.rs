@@ -1,0 +1,441 @@
+//! The control API under `/admin/v1/` (issue 29): tenants, keys, admin
+//! tokens and the audit trail, documented in `docs/openapi.json` (served
+//! at `/admin/v1/openapi.json`) and docs/CONTROL.md.
+//!
+//! - [`tenants`], [`keys`], [`tokens`] (admin tokens and the audit
+//!   trail), [`own_budget`] (`GET /v1/budget` for a key holder).
+//! - Who: the bootstrap token (the environment variable of
+//!   `server.admin_token_env`) is the root; tokens of the database have a
+//!   role (`read`, `admin`) and optionally a tenant whose subtree is all
+//!   they see and change (403 elsewhere).
+//! - Validation is the config file's ([`crate::control::runtime`]): a
+//!   candidate entity is merged into the running file and snapshot and
+//!   validated whole; its own errors come back with their paths relative
+//!   to the body (400), errors it causes elsewhere (a child left without
+//!   its parent) as they are (409).
+//! - A change is written, then this gateway refreshes before answering
+//!   (a client reads its own write here); the fleet follows within a
+//!   second ([`crate::control::sync`]).
+
+// The handlers' helpers return the refusal itself (`Result<_, Response>`,
+// 128 bytes): built once on a rare path and answered as is, boxing it
+// would buy nothing.
+#![allow(clippy::result_large_err)]
+
+mod key_body;
+pub mod keys;
+pub mod own_budget;
+pub mod tenants;
+pub mod tokens;
+
+use std::sync::Arc;
+
+use axum::extract::OriginalUri;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+
+use super::admin::{error_response, json_response, token_matches};
+use super::AppState;
+use crate::config::raw::RawConfig;
+use crate::config::{Limits, Policy};
+use crate::control::runtime::{self, Role, Snapshot};
+use crate::control::writes::{Actor, WriteError};
+use crate::control::ControlPlane;
+
+/// The document served at `/admin/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// The control API's routes.
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/admin/v1/openapi.json", get(openapi))
+        .route(
+            "/admin/v1/tenants",
+            get(tenants::list).post(tenants::create),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant}",
+            get(tenants::read)
+                .patch(tenants::update)
+                .delete(tenants::delete),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant}/keys",
+            get(keys::list_of_tenant).post(keys::create),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant}/keys/{key}",
+            get(keys::read).patch(keys::update),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant}/keys/{key}/rotate",
+            post(keys::rotate),
+        )
+        .route(
+            "/admin/v1/tenants/{tenant}/keys/{key}/revoke",
+            post(keys::revoke),
+        )
+        .route("/admin/v1/keys", get(keys::list))
+        .route(
+            "/admin/v1/admin_tokens",
+            get(tokens::list).post(tokens::create),
+        )
+        .route("/admin/v1/admin_tokens/{id}/revoke", post(tokens::revoke))
+        .route("/admin/v1/audit", get(tokens::audit))
+        .route("/v1/budget", get(own_budget::read))
+}
+
+async fn openapi(
+    axum::extract::State(st): axum::extract::State<Arc<AppState>>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = Caller::of(&st, &headers, &uri) {
+        return r;
+    }
+    let doc: Value = serde_json::from_str(OPENAPI).unwrap_or(Value::Null);
+    json_response(StatusCode::OK, doc)
+}
+
+/// Who calls the control API.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// The bootstrap token.
+    Root,
+    /// A token of the database.
+    Token {
+        /// Its id.
+        id: String,
+        /// Its role.
+        role: Role,
+        /// The subtree it is limited to.
+        tenant: Option<String>,
+    },
+}
+
+impl Principal {
+    /// How the audit trail names the caller.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Principal::Root => Actor("root".into()),
+            Principal::Token { id, .. } => Actor(format!("admin_token:{id}")),
+        }
+    }
+
+    /// The subtree the caller is limited to.
+    pub fn scope(&self) -> Option<&str> {
+        match self {
+            Principal::Token { tenant, .. } => tenant.as_deref(),
+            Principal::Root => None,
+        }
+    }
+
+    fn may_write(&self) -> bool {
+        matches!(
+            self,
+            Principal::Root
+                | Principal::Token {
+                    role: Role::Admin,
+                    ..
+                }
+        )
+    }
+}
+
+/// An authenticated request to the control API.
+pub struct Caller {
+    /// The control plane.
+    pub plane: Arc<ControlPlane>,
+    /// Who.
+    pub who: Principal,
+}
+
+impl Caller {
+    /// The caller of a request, or the refusal to send: 404 while the
+    /// admin API is disabled, 401 without a known token.
+    pub fn of(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<Caller, Response> {
+        let Some(root) = st.admin_token_digest() else {
+            return Err(super::admin::disabled(st, uri));
+        };
+        let Some(plane) = st.control.get().cloned() else {
+            return Err(super::admin::disabled(st, uri));
+        };
+        let token =
+            super::handlers::bearer_token(headers).ok_or_else(super::admin::unauthorized)?;
+        if token_matches(&root, token) {
+            return Ok(Caller {
+                plane,
+                who: Principal::Root,
+            });
+        }
+        let snap = plane.snapshot();
+        let found = snap.tokens.iter().find(|t| token_matches(&t.sha256, token));
+        match found {
+            Some(t) => Ok(Caller {
+                who: Principal::Token {
+                    id: t.id.clone(),
+                    role: t.role,
+                    tenant: t.tenant.clone(),
+                },
+                plane,
+            }),
+            None => Err(super::admin::unauthorized()),
+        }
+    }
+
+    /// 403 unless the caller may change things.
+    pub fn writer(&self) -> Result<(), Response> {
+        if self.who.may_write() {
+            Ok(())
+        } else {
+            Err(forbidden(
+                "This admin token has the read role: it cannot change anything.",
+            ))
+        }
+    }
+
+    /// 403 unless the caller has no tenant scope.
+    pub fn unscoped(&self) -> Result<(), Response> {
+        match self.who.scope() {
+            None => Ok(()),
+            Some(t) => Err(forbidden(&format!(
+                "This admin token is limited to tenant {t:?} and its subtree."
+            ))),
+        }
+    }
+
+    /// Whether tenant `name` (of `policy`) is in the caller's subtree.
+    pub fn sees(&self, policy: &Policy, name: &str) -> bool {
+        match self.who.scope() {
+            None => true,
+            Some(root) => in_subtree(policy, name, root),
+        }
+    }
+
+    /// 403 unless tenant `name` is in the caller's subtree (a tenant the
+    /// caller cannot see gets the same answer whether it exists or not).
+    pub fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
+        if self.sees(policy, name) {
+            Ok(())
+        } else {
+            Err(forbidden(&format!(
+                "This admin token cannot see or change tenant {name:?}: it is limited to tenant {:?} and its subtree.",
+                self.who.scope().unwrap_or("")
+            )))
+        }
+    }
+}
+
+/// Whether `name` is `root` or one of its descendants under `policy`.
+pub fn in_subtree(policy: &Policy, name: &str, root: &str) -> bool {
+    let Some(t) = policy.tenants.iter().find(|t| t.name == name) else {
+        return false;
+    };
+    t.name == root || t.ancestors.iter().any(|&a| policy.tenants[a].name == root)
+}
+
+/// 403 `forbidden`.
+pub fn forbidden(message: &str) -> Response {
+    error_response(StatusCode::FORBIDDEN, message, Some("forbidden"))
+}
+
+/// 400 with `param` (the field's path in the body).
+pub fn bad_request(param: Option<&str>, message: &str) -> Response {
+    let mut r = super::error::body(
+        StatusCode::BAD_REQUEST,
+        message,
+        "invalid_request_error",
+        param,
+        Some("invalid_value"),
+    );
+    r.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+/// 409 `conflict`.
+pub fn conflict(message: &str) -> Response {
+    error_response(StatusCode::CONFLICT, message, Some("conflict"))
+}
+
+/// 404 `not_found`.
+pub fn not_found(what: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        &format!("No such {what}."),
+        Some("not_found"),
+    )
+}
+
+/// The answer to a failed write.
+pub fn write_failed(e: &WriteError, what: &str) -> Response {
+    match e {
+        WriteError::NotFound => not_found(what),
+        WriteError::Exists => conflict(&format!("{what} already exists.")),
+        WriteError::Db(err) => {
+            tracing::warn!(error = %err, "control API: the database refused a change");
+            unavailable()
+        }
+    }
+}
+
+/// 503: the control database cannot take changes now.
+pub fn unavailable() -> Response {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The control database is unavailable: changes are refused until it is back (requests are served with the last known tenants and keys).",
+        Some("control_database_unavailable"),
+    )
+}
+
+/// The JSON body of a request, with integers beyond 64 bits brought to the
+/// nearest 64-bit one: a limit of 10^20 then gets the validator's range
+/// message, as in the config file, instead of a parser's.
+pub fn body_value(bytes: &[u8]) -> Result<Value, Response> {
+    let mut v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| bad_request(None, &format!("The body is not JSON: {e}")))?;
+    clamp_numbers(&mut v);
+    Ok(v)
+}
+
+fn clamp_numbers(v: &mut Value) {
+    match v {
+        Value::Number(n) if n.as_i64().is_none() => {
+            let f = n.as_f64().unwrap_or(0.0);
+            if f.fract() == 0.0 {
+                *v = json!(if f > 0.0 { i64::MAX } else { i64::MIN });
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(clamp_numbers),
+        Value::Object(o) => o.values_mut().for_each(clamp_numbers),
+        _ => {}
+    }
+}
+
+/// Validates the file merged with `snap`: `Ok` with the policy, or the
+/// answer: 400 with the errors of the entity at `prefix` (paths relative
+/// to the body), 409 for errors elsewhere.
+pub fn validate(
+    file: &(RawConfig, String),
+    snap: &Snapshot,
+    prefix: &str,
+) -> Result<Policy, Response> {
+    let errors = match runtime::merge(&file.0, snap) {
+        Ok((raw, _)) => match Policy::from_raw(raw, file.1.clone()) {
+            Ok(p) => return Ok(p),
+            Err(e) => e.0,
+        },
+        Err(e) => return Err(conflict(&e.0.join("; "))),
+    };
+    let rel = runtime::relative(&errors, prefix);
+    let own: Vec<&(Option<String>, String)> = rel.iter().filter(|(p, _)| p.is_some()).collect();
+    if let Some((param, _)) = own.first() {
+        let text: Vec<&str> = own.iter().map(|(_, m)| m.as_str()).collect();
+        return Err(bad_request(param.as_deref(), &text.join("; ")));
+    }
+    let text: Vec<&str> = rel.iter().map(|(_, m)| m.as_str()).collect();
+    Err(conflict(&text.join("; ")))
+}
+
+/// 400 naming the parent when `child` sets a limit above `parent`'s.
+pub fn within_parent(
+    child: &Limits,
+    parent: &Limits,
+    parent_name: &str,
+    at: &str,
+) -> Result<(), Response> {
+    let pairs = [
+        ("rpm", child.rpm, parent.rpm),
+        ("tpm", child.tpm, parent.tpm),
+        ("input_tpm", child.input_tpm, parent.input_tpm),
+        ("output_tpm", child.output_tpm, parent.output_tpm),
+        (
+            "max_concurrent",
+            child.max_concurrent,
+            parent.max_concurrent,
+        ),
+        (
+            "tokens_per_day",
+            child.tokens_per_day,
+            parent.tokens_per_day,
+        ),
+        (
+            "tokens_per_month",
+            child.tokens_per_month,
+            parent.tokens_per_month,
+        ),
+        (
+            "requests_per_day",
+            child.requests_per_day,
+            parent.requests_per_day,
+        ),
+        ("usd_per_day", child.usd_per_day, parent.usd_per_day),
+        ("usd_per_month", child.usd_per_month, parent.usd_per_month),
+    ];
+    for (field, c, p) in pairs {
+        if let (Some(c), Some(p)) = (c, p) {
+            if c > p {
+                let path = format!("{at}.{field}");
+                return Err(bad_request(
+                    Some(&path),
+                    &format!(
+                        "{path}: {c} is above the {p} of parent tenant {parent_name:?}; a tenant-scoped admin token cannot raise a tenant's limits above its parent's"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `?limit=` (1..=1000, default 100) and `?after=` of a list.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Page {
+    /// Most items in one answer.
+    pub limit: Option<usize>,
+    /// The last item of the previous page (its name or id).
+    pub after: Option<String>,
+}
+
+impl Page {
+    /// At most this many.
+    pub fn size(&self) -> usize {
+        self.limit.unwrap_or(100).clamp(1, 1000)
+    }
+}
+
+/// A page of `items` (sorted by `key`): those after the cursor, at most
+/// the page size, and the cursor of the next page.
+pub fn paged(items: Vec<(String, Value)>, page: &Page) -> Value {
+    let mut items = items;
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let start = match &page.after {
+        Some(after) => items.partition_point(|(k, _)| k <= after),
+        None => 0,
+    };
+    let rest = &items[start..];
+    let take = rest.len().min(page.size());
+    let next = (rest.len() > take).then(|| rest[take - 1].0.clone());
+    json!({
+        "data": rest[..take].iter().map(|(_, v)| v.clone()).collect::<Vec<_>>(),
+        "next": next,
+    })
+}
+
+/// `v` without its `null` members (at every depth): what is not set is
+/// not shown.
+pub fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.retain(|_, x| !x.is_null());
+            o.values_mut().for_each(strip_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}

@@ -1,0 +1,373 @@
+//! `/admin/v1/tenants`: create, read, list (paged, filtered), update (JSON
+//! merge patch, RFC 7386) and delete runtime tenants. Tenants of the
+//! config file are listed and read too (`"source": "file"`) but changed
+//! only in the file.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::{
+    bad_request, body_value, conflict, forbidden, not_found, paged, validate, within_parent,
+    write_failed, Caller, Page,
+};
+use crate::config::raw::RawTenant;
+use crate::config::Policy;
+use crate::control::runtime::{RuntimeTenant, Snapshot};
+use crate::control::writes;
+use crate::server::admin::json_response;
+use crate::server::AppState;
+
+/// `?parent=`, `?prefix=`, `?source=` of the tenant list.
+#[derive(Debug, serde::Deserialize)]
+pub struct Filter {
+    parent: Option<String>,
+    prefix: Option<String>,
+    source: Option<String>,
+    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// A tenant as the API shows it: its fields as the config file writes
+/// them (no key digests), where it is defined, its key ids.
+fn view(
+    policy: &Policy,
+    snap: &Snapshot,
+    file: &crate::config::raw::RawConfig,
+    name: &str,
+) -> Option<Value> {
+    let t = policy.tenants.iter().find(|t| t.name == name)?;
+    let keys: Vec<&str> = t.keys.iter().map(|k| k.id.as_str()).collect();
+    let (mut v, source) = match snap.tenants.iter().find(|r| r.spec.name == name) {
+        Some(r) => {
+            let mut v = serde_json::to_value(&r.spec).unwrap_or(Value::Null);
+            v["created_at"] = json!(r.created_at);
+            v["updated_at"] = json!(r.updated_at);
+            (v, "api")
+        }
+        None => {
+            let raw = file.tenants.iter().find(|r| r.name == name)?;
+            let mut raw = raw.clone();
+            raw.keys.clear();
+            (serde_json::to_value(&raw).unwrap_or(Value::Null), "file")
+        }
+    };
+    v["source"] = json!(source);
+    v["keys"] = json!(keys);
+    super::strip_nulls(&mut v);
+    Some(v)
+}
+
+/// `GET /admin/v1/tenants`.
+pub async fn list(
+    State(st): State<Arc<AppState>>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Query(f): Query<Filter>,
+) -> Response {
+    let c = match Caller::of(&st, &headers, &uri) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    let snap = c.plane.snapshot();
+    let (file, _) = c.plane.file();
+    let items = policy
+        .tenants
+        .iter()
+        .filter(|t| c.sees(&policy, &t.name))
+        .filter(|t| f.prefix.as_deref().is_none_or(|p| t.name.starts_with(p)))
+        .filter(|t| {
+            f.parent
+                .as_deref()
+                .is_none_or(|p| t.parent.is_some_and(|i| policy.tenants[i].name == p))
+        })
+        .filter_map(|t| Some((t.name.clone(), view(&policy, &snap, &file, &t.name)?)))
+        .filter(|(_, v)| f.source.as_deref().is_none_or(|s| v["source"] == s))
+        .collect();
+    json_response(
+        StatusCode::OK,
+        paged(
+            items,
+            &Page {
+                limit: f.limit,
+                after: f.after.clone(),
+            },
+        ),
+    )
+}
+
+/// `GET /admin/v1/tenants/{tenant}`.
+pub async fn read(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let c = match Caller::of(&st, &headers, &uri) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    if let Err(r) = c.check_sees(&policy, &name) {
+        return r;
+    }
+    match view(&policy, &c.plane.snapshot(), &c.plane.file().0, &name) {
+        Some(v) => json_response(StatusCode::OK, v),
+        None => not_found("tenant"),
+    }
+}
+
+/// A tenant body: the config file's tenant fields, without `keys`.
+fn parse_tenant(v: Value) -> Result<RawTenant, Response> {
+    if v.get("keys").is_some_and(|k| k != &json!([])) {
+        return Err(bad_request(
+            Some("keys"),
+            "keys: keys are created through POST /admin/v1/tenants/{tenant}/keys",
+        ));
+    }
+    serde_json::from_value(v)
+        .map_err(|e| bad_request(None, &format!("The body is not a tenant: {e}")))
+}
+
+/// The tenant-scope rules of a change to `t` (`before`: its current form):
+/// a scoped token keeps its own tenant's parent and gives others a
+/// parent inside its subtree.
+fn scope_allows(
+    c: &Caller,
+    policy: &Policy,
+    t: &RawTenant,
+    before: Option<&RawTenant>,
+) -> Result<(), Response> {
+    let Some(root) = c.who.scope() else {
+        return Ok(());
+    };
+    if t.name == root {
+        if before.map(|b| &b.parent) != Some(&t.parent) {
+            return Err(forbidden(
+                "A tenant-scoped admin token cannot move its own tenant.",
+            ));
+        }
+        return Ok(());
+    }
+    match &t.parent {
+        Some(p) if c.sees(policy, p) => Ok(()),
+        _ => Err(forbidden(&format!(
+            "This admin token is limited to tenant {root:?}: a tenant it creates or moves needs a parent in that subtree."
+        ))),
+    }
+}
+
+/// For a scoped token: no limit of `name` above its parent's in `candidate`.
+fn parent_bound(c: &Caller, candidate: &Policy, name: &str) -> Result<(), Response> {
+    if c.who.scope().is_none() {
+        return Ok(());
+    }
+    let Some(t) = candidate.tenants.iter().find(|t| t.name == name) else {
+        return Ok(());
+    };
+    let Some(p) = t.parent.map(|i| &candidate.tenants[i]) else {
+        return Ok(());
+    };
+    within_parent(&t.limits, &p.limits, &p.name, "limits")
+}
+
+/// `POST /admin/v1/tenants`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let c = match Caller::of(&st, &headers, &uri) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let t = match c
+        .writer()
+        .and_then(|()| body_value(&body))
+        .and_then(parse_tenant)
+    {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    if let Err(r) = scope_allows(&c, &policy, &t, None) {
+        return r;
+    }
+    let now = st.clock.now_micros();
+    let file = c.plane.file();
+    let mut snap = (*c.plane.snapshot()).clone();
+    if snap.tenants.iter().any(|r| r.spec.name == t.name) {
+        return conflict(&format!("Tenant {:?} already exists.", t.name));
+    }
+    snap.tenants.push(RuntimeTenant {
+        spec: t.clone(),
+        created_at: now,
+        updated_at: now,
+    });
+    let at = format!("tenants[{}]", file.0.tenants.len() + snap.tenants.len() - 1);
+    let candidate = match validate(&file, &snap, &at) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+        return r;
+    }
+    let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
+    let written = c
+        .plane
+        .run(async move { writes::create_tenant(&db, &actor, now, &spec).await })
+        .await;
+    if let Err(e) = written {
+        return write_failed(&e, &format!("tenant {:?}", t.name));
+    }
+    answer_after_write(&st, &c, &t.name, StatusCode::CREATED).await
+}
+
+/// Refreshes this gateway from the database, then shows tenant `name`.
+async fn answer_after_write(st: &AppState, c: &Caller, name: &str, status: StatusCode) -> Response {
+    c.plane.refresh(false).await;
+    let policy = st.policy.load_full();
+    let v = view(&policy, &c.plane.snapshot(), &c.plane.file().0, name)
+        .unwrap_or(json!({ "name": name }));
+    json_response(status, v)
+}
+
+/// The runtime tenant `name`, or the answer (404; 409 for a file tenant).
+fn runtime_tenant(c: &Caller, policy: &Policy, name: &str) -> Result<(usize, RawTenant), Response> {
+    c.check_sees(policy, name)?;
+    let snap = c.plane.snapshot();
+    match snap.tenants.iter().position(|r| r.spec.name == name) {
+        Some(i) => Ok((i, snap.tenants[i].spec.clone())),
+        None if policy.tenants.iter().any(|t| t.name == name) => Err(conflict(&format!(
+            "Tenant {name:?} is defined in the config file; change it there."
+        ))),
+        None => Err(not_found("tenant")),
+    }
+}
+
+/// RFC 7386: `patch`'s members replace `target`'s, `null` removes one.
+pub fn merge_patch(target: &mut Value, patch: Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("made an object above");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(&k);
+                } else {
+                    merge_patch(t.entry(k).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other,
+    }
+}
+
+/// `PATCH /admin/v1/tenants/{tenant}`.
+pub async fn update(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let c = match Caller::of(&st, &headers, &uri) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    let (pos, before) = match c.writer().and_then(|()| runtime_tenant(&c, &policy, &name)) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let patch = match body_value(&body) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    if patch.get("name").is_some_and(|n| n != &json!(name)) {
+        return bad_request(
+            Some("name"),
+            "name: a tenant cannot be renamed (create another one)",
+        );
+    }
+    let mut v = serde_json::to_value(&before).unwrap_or(Value::Null);
+    merge_patch(&mut v, patch);
+    let t = match parse_tenant(v) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    if let Err(r) = scope_allows(&c, &policy, &t, Some(&before)) {
+        return r;
+    }
+    let now = st.clock.now_micros();
+    let file = c.plane.file();
+    let mut snap = (*c.plane.snapshot()).clone();
+    snap.tenants[pos].spec = t.clone();
+    snap.tenants[pos].updated_at = now;
+    let at = format!("tenants[{}]", file.0.tenants.len() + pos);
+    let candidate = match validate(&file, &snap, &at) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+        return r;
+    }
+    let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
+    let written = c
+        .plane
+        .run(async move { writes::update_tenant(&db, &actor, now, &before, &spec).await })
+        .await;
+    if let Err(e) = written {
+        return write_failed(&e, &format!("tenant {name:?}"));
+    }
+    answer_after_write(&st, &c, &name, StatusCode::OK).await
+}
+
+/// `DELETE /admin/v1/tenants/{tenant}`: the tenant and its keys; refused
+/// (409) while a tenant names it as parent.
+pub async fn delete(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let c = match Caller::of(&st, &headers, &uri) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    let (pos, before) = match c.writer().and_then(|()| runtime_tenant(&c, &policy, &name)) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if c.who.scope() == Some(name.as_str()) {
+        return forbidden("A tenant-scoped admin token cannot delete its own tenant.");
+    }
+    let file = c.plane.file();
+    let mut snap = (*c.plane.snapshot()).clone();
+    snap.tenants.remove(pos);
+    snap.keys.retain(|k| k.tenant != name);
+    if let Err(r) = validate(&file, &snap, "-") {
+        return r;
+    }
+    let now = st.clock.now_micros();
+    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let written = c
+        .plane
+        .run(async move { writes::delete_tenant(&db, &actor, now, &before).await })
+        .await;
+    if let Err(e) = written {
+        return write_failed(&e, &format!("tenant {name:?}"));
+    }
+    c.plane.refresh(false).await;
+    json_response(StatusCode::OK, json!({ "deleted": name }))
+}

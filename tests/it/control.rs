@@ -1,0 +1,761 @@
+//! The control plane on its SQLite default (issue 29): tenants and keys
+//! through the admin API, one validator with the config file, names kept
+//! literal, a name in both places refused, keys surviving a restart,
+//! roles and tenant scopes, the audit trail, the OpenAPI document, and a
+//! key holder's own budget.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::support::*;
+use budgetgate::config::reload::{ReloadOutcome, Trigger};
+use budgetgate::config::Policy;
+
+pub const ROOT: &str = "root-admin-token";
+
+/// The standard config on the SQLite database at `db` (a file the test owns).
+pub fn config(mock: &str, db: &std::path::Path) -> TestConfig {
+    let mut c = TestConfig::standard(mock, 50, limits().tpm(1_000_000));
+    c.control.database_url = Some(format!("sqlite://{}", db.display()));
+    c
+}
+
+pub async fn post(gw: &Gateway, path: &str, body: Value) -> (u16, Value) {
+    admin_call(gw, Method::POST, path, ROOT, Some(body)).await
+}
+
+/// Creates key `id` of `tenant` through the API; returns its secret.
+pub async fn new_key(gw: &(impl Endpoint + ?Sized), tenant: &str, id: &str) -> String {
+    let (s, v) = admin_call(
+        gw,
+        Method::POST,
+        &format!("/admin/v1/tenants/{tenant}/keys"),
+        ROOT,
+        Some(json!({ "id": id })),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    v["secret"]
+        .as_str()
+        .expect("the secret is in the answer")
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_key_created_through_the_api_answers_200_is_refused_once_revoked_and_survives_a_restart()
+{
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&mock.base_url(), &dir.path().join("control.db"));
+    let gw = cfg.start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants",
+        json!({"name": "ml", "limits": {"tpm": 50000}}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["source"], "api");
+    let secret = new_key(&gw, "ml", "laptop").await;
+    let kept = new_key(&gw, "ml", "ci").await;
+    assert!(
+        secret.starts_with("sk-bg-") && secret.len() > 60,
+        "{secret}"
+    );
+    assert_eq!(post_hi(&gw, &secret).await, 200);
+
+    // The secret is shown once: reading the key never shows it or its digest.
+    let (s, v) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants/ml/keys/laptop",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    let text = v.to_string();
+    assert!(
+        !text.contains(&secret) && !text.contains(&budgetgate::config::hash_key(&secret)),
+        "{text}"
+    );
+
+    let (s, _) = post(&gw, "/admin/v1/tenants/ml/keys/laptop/revoke", json!({})).await;
+    assert_eq!(s, 200);
+    assert_eq!(post_hi(&gw, &secret).await, 401, "revoked");
+    drop(gw);
+
+    // A restart on the same file: the tenant and the live key are back.
+    let gw = cfg.start().await;
+    assert_eq!(post_hi(&gw, &kept).await, 200, "created before the restart");
+    assert_eq!(post_hi(&gw, &secret).await, 401, "still revoked");
+}
+
+#[tokio::test]
+async fn an_expired_key_and_a_rotated_secret_after_its_overlap_are_refused() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let now = NOON / 1_000_000;
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants/t1/keys",
+        json!({"id": "temp", "expires_at": now + 60, "allowed_models": ["gpt-4o-mini"]}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let temp = v["secret"].as_str().unwrap().to_string();
+    assert_eq!(post_hi(&gw, &temp).await, 200);
+    let emb = json!({"model": "text-embedding-3-small", "input": "hi"});
+    let r = reqwest::Client::new()
+        .post(format!("{}/embeddings", gw.base_url()))
+        .bearer_auth(&temp)
+        .json(&emb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "a model the key is not allowed");
+    gw.clock.advance(60_000_000);
+    assert_eq!(post_hi(&gw, &temp).await, 401, "expired");
+
+    let old = new_key(&gw, "t1", "svc").await;
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants/t1/keys/svc/rotate",
+        json!({"overlap_secs": 30}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let new = v["secret"].as_str().unwrap().to_string();
+    assert_ne!(new, old);
+    assert_eq!(post_hi(&gw, &old).await, 200, "inside the overlap");
+    assert_eq!(post_hi(&gw, &new).await, 200);
+    gw.clock.advance(30_000_000);
+    assert_eq!(post_hi(&gw, &old).await, 401, "after the overlap");
+    assert_eq!(post_hi(&gw, &new).await, 200);
+}
+
+/// What the config file says about `tenants[1]` when its tpm is `tpm`,
+/// without the path's `tenants[1].` prefix.
+fn file_message(mock: &str, tpm: i64) -> String {
+    let mut c = TestConfig::standard(mock, 50, limits());
+    let mut t = config::tenant("ml", "k", "sk-other", limits());
+    t.limits.tpm = Some(tpm);
+    c.tenants.push(t);
+    let e = Policy::from_toml(&c.render()).expect_err("refused");
+    e.0[0]
+        .strip_prefix("tenants[1].")
+        .expect("the tenant's path")
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_bad_value_gets_the_config_files_message_with_the_fields_path() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants",
+        json!({"name": "ml", "limits": {"tpm": -5}}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["param"], "limits.tpm");
+    assert_eq!(v["error"]["message"], file_message(&mock.base_url(), -5));
+
+    // 10^20 does not fit the file's integers either: it gets the range
+    // message the file gives the largest one.
+    let body = r#"{"name": "ml", "limits": {"tpm": 100000000000000000000}}"#;
+    let r = reqwest::Client::new()
+        .post(format!("{}/admin/v1/tenants", gw.root_url()))
+        .bearer_auth(ROOT)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        file_message(&mock.base_url(), i64::MAX)
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("limits.tpm: must be ≤"),
+        "{v}"
+    );
+
+    // A key's limits go through the same validator.
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants/t1/keys",
+        json!({"limits": {"tpm_burst": 10}}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["message"], "limits.tpm_burst: needs tpm");
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/tenants/ml", ROOT, None).await;
+    assert_eq!(s, 404, "nothing was written");
+}
+
+#[tokio::test]
+async fn names_with_quotes_semicolons_unicode_and_10000_characters_are_refused_or_stored_literally()
+{
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let long = "a".repeat(10_000);
+    for name in [
+        "o'brien",
+        "x\"; DROP TABLE tenants; --",
+        "ünïcødé",
+        long.as_str(),
+    ] {
+        let (s, v) = post(&gw, "/admin/v1/tenants", json!({ "name": name })).await;
+        assert_eq!(s, 400, "{name:.40}: {v}");
+        assert_eq!(v["error"]["param"], "name");
+        assert_eq!(
+            v["error"]["message"],
+            "name: must match [A-Za-z0-9._-]{1,64}"
+        );
+    }
+    let (s, v) = post(&gw, "/admin/v1/tenants/t1/keys", json!({"id": "o'k; --"})).await;
+    assert_eq!((s, v["error"]["param"].clone()), (400, json!("id")), "{v}");
+    let alias = "Ana's \"laptop\"; DROP TABLE api_keys; -- ✓ 日本";
+    let owner = json!({"team": "ml'; --", "email": "ana@example.com"});
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants/t1/keys",
+        json!({"id": "a", "alias": alias, "owner": owner}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/tenants/t1/keys/a", ROOT, None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["alias"], alias, "stored as written");
+    assert_eq!(v["owner"], owner);
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants/t1/keys",
+        json!({"id": "b", "alias": long}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["param"].clone()),
+        (400, json!("alias")),
+        "{v}"
+    );
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/keys?alias=x", ROOT, None).await;
+    assert_eq!(s, 200, "the tables are intact: {v}");
+}
+
+#[tokio::test]
+async fn a_name_defined_in_the_file_and_the_database_is_an_error_at_start_and_at_reload() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("c.db");
+    let gw = config(&mock.base_url(), &db).start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    let (s, _) = post(&gw, "/admin/v1/tenants", json!({"name": "ml"})).await;
+    assert_eq!(s, 201);
+    let (s, v) = post(&gw, "/admin/v1/tenants", json!({"name": "t1"})).await;
+    assert_eq!(s, 409, "t1 is the file's: {v}");
+
+    let mut both = config(&mock.base_url(), &db);
+    both.tenants
+        .push(config::tenant("ml", "k", "sk-ml", limits()));
+    both.write_to(&gw.config_path);
+    let control = gw.state.control.get().expect("control plane").clone();
+    let ReloadOutcome::Rejected { errors, .. } = control.reload_file(Trigger::Signal) else {
+        panic!("the reload was not rejected");
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("tenant \"ml\" is defined both")),
+        "{errors:?}"
+    );
+    assert!(
+        gw.state
+            .policy
+            .load()
+            .tenants
+            .iter()
+            .any(|t| t.name == "ml"),
+        "the running policy stays"
+    );
+
+    // At start: the same file and database refuse to start.
+    let path = dir.path().join("both.toml");
+    both.write_to(&path);
+    let e = match budgetgate::control::open(&Policy::load(&path).unwrap(), &path).await {
+        Err(e) => e,
+        Ok(_) => panic!("started with a name in both places"),
+    };
+    assert!(e.contains("tenant \"ml\" is defined both"), "{e}");
+}
+
+#[tokio::test]
+async fn a_changed_limit_is_a_policy_change_for_the_stores() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let (s, _) = post(
+        &gw,
+        "/admin/v1/tenants",
+        json!({"name": "ml", "limits": {"rpm": 2}}),
+    )
+    .await;
+    assert_eq!(s, 201);
+    let key = new_key(&gw, "ml", "k").await;
+    let v0 = gw.state.policy.load().version.clone();
+    assert_eq!(post_hi(&gw, &key).await, 200);
+    assert_eq!(post_hi(&gw, &key).await, 200);
+    assert_eq!(post_hi(&gw, &key).await, 429, "rpm 2 (frozen clock)");
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/ml",
+        ROOT,
+        Some(json!({"limits": {"rpm": 1}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["limits"]["rpm"], 1);
+    let p = gw.state.policy.load_full();
+    assert_ne!(p.version, v0, "a new policy version tags decisions");
+    let ml = p.tenants.iter().find(|t| t.name == "ml").unwrap();
+    assert_eq!(ml.limits.rpm, Some(1));
+    assert_eq!(post_hi(&gw, &key).await, 429, "lowering grants nothing");
+}
+
+#[tokio::test]
+async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_its_parent() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for (name, parent, tpm) in [
+        ("acme", None, 10_000),
+        ("ml", Some("acme"), 5_000),
+        ("other", None, 7_000),
+    ] {
+        let (s, v) = post(
+            &gw,
+            "/admin/v1/tenants",
+            json!({"name": name, "parent": parent, "limits": {"tpm": tpm}}),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/admin_tokens",
+        json!({"role": "admin", "tenant": "ml"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let scoped = v["token"].as_str().unwrap().to_string();
+    let (s, v) = post(&gw, "/admin/v1/admin_tokens", json!({"role": "read"})).await;
+    assert_eq!(s, 201, "{v}");
+    let reader = v["token"].as_str().unwrap().to_string();
+
+    for (m, path, body) in [
+        (Method::GET, "/admin/v1/tenants/other", None),
+        (Method::GET, "/admin/v1/tenants/acme", None),
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/other",
+            Some(json!({"limits": {"tpm": 1}})),
+        ),
+        (
+            Method::POST,
+            "/admin/v1/tenants/other/keys",
+            Some(json!({})),
+        ),
+        (Method::GET, "/admin/v1/tenants/other/keys", None),
+        (Method::DELETE, "/admin/v1/tenants/other", None),
+        (
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"name": "x", "parent": "other"})),
+        ),
+        (Method::GET, "/admin/v1/audit", None),
+        (
+            Method::POST,
+            "/admin/v1/admin_tokens",
+            Some(json!({"role": "admin"})),
+        ),
+    ] {
+        let (s, v) = admin_call(&gw, m.clone(), path, &scoped, body).await;
+        assert_eq!(s, 403, "{m} {path}: {v}");
+    }
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/tenants", &scoped, None).await;
+    assert_eq!(s, 200);
+    let names: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ml"], "only its subtree");
+
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/ml",
+        &scoped,
+        Some(json!({"limits": {"tpm": 20_000}})),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("parent tenant \"acme\""), "{msg}");
+    assert_eq!(v["error"]["param"], "limits.tpm");
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/ml",
+        &scoped,
+        Some(json!({"limits": {"tpm": 9_000}})),
+    )
+    .await;
+    assert_eq!(s, 200, "within the parent: {v}");
+    let (s, v) = admin_call(
+        &gw,
+        Method::POST,
+        "/admin/v1/tenants",
+        &scoped,
+        Some(json!({"name": "ml-a", "parent": "ml", "limits": {"tpm": 9_500}})),
+    )
+    .await;
+    assert_eq!(s, 400, "a child above its parent ml: {v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("parent tenant \"ml\""),
+        "{v}"
+    );
+    let (s, v) = admin_call(
+        &gw,
+        Method::POST,
+        "/admin/v1/tenants/ml/keys",
+        &scoped,
+        Some(json!({"id": "own"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/tenants/other", &reader, None).await;
+    assert_eq!(s, 200, "an unscoped reader reads");
+    let (s, _) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/other",
+        &reader,
+        Some(json!({"shadow": true})),
+    )
+    .await;
+    assert_eq!(s, 403, "but changes nothing");
+
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/audit?limit=100", ROOT, None).await;
+    assert_eq!(s, 200);
+    let rows = v["data"].as_array().unwrap();
+    let update = rows
+        .iter()
+        .find(|r| r["action"] == "tenant.update" && r["subject"] == "tenant:ml")
+        .expect("the update is audited");
+    assert!(
+        update["actor"]
+            .as_str()
+            .unwrap()
+            .starts_with("admin_token:"),
+        "{update}"
+    );
+    assert_eq!(update["before"]["limits"]["tpm"], 5_000);
+    assert_eq!(update["after"]["limits"]["tpm"], 9_000);
+    assert!(rows
+        .iter()
+        .any(|r| r["action"] == "admin_token.create" && r["actor"] == "root"));
+}
+
+#[tokio::test]
+async fn a_key_holder_reads_its_own_budget_with_its_own_key() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&mock.base_url(), &dir.path().join("c.db"));
+    cfg.tenant("t1").limits = limits().tpm(1000).usd_per_day("5.00");
+    cfg.model("gpt-4o-mini").price = Some(price("0.15", "0.60"));
+    cfg.tenant("t1")
+        .keys
+        .push(config::key("k2", "sk-second-key"));
+    let gw = cfg.start().await;
+    assert_eq!(post_hi(&gw, KEY).await, 200);
+    gw.settled().await;
+    let r = reqwest::Client::new()
+        .get(format!("{}/budget", gw.base_url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let budgets = v["budgets"].as_array().unwrap();
+    let tpm = budgets
+        .iter()
+        .find(|b| b["scope"] == "tenant:t1" && b["budget"] == "tpm")
+        .expect("tpm");
+    assert!(tpm["remaining"].as_i64().unwrap() < 1000, "{tpm}");
+    assert!(tpm["reset"].is_string());
+    let usd = budgets
+        .iter()
+        .find(|b| b["budget"] == "usd_per_day")
+        .expect("dollars");
+    assert_eq!(usd["usd"]["limit"], "5.00");
+    assert!(
+        !v.to_string().contains("k2"),
+        "another key's budgets are not shown: {v}"
+    );
+    let r = reqwest::Client::new()
+        .get(format!("{}/budget", gw.base_url()))
+        .bearer_auth("sk-wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+/// `(method, path)` of every `.route(…)` under `/admin/v1` in the server's
+/// sources, methods read from the handler chain on the same statement.
+fn routes_in_source() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for file in ["src/server/mod.rs", "src/server/control_api/mod.rs"] {
+        let text = std::fs::read_to_string(repo_path(file)).unwrap();
+        for stmt in text.split(".route(").skip(1) {
+            let Some(path) = stmt.split('"').nth(1) else {
+                continue;
+            };
+            if !path.starts_with("/admin/v1") && path != "/v1/budget" {
+                continue;
+            }
+            let chain: String = stmt.split("\n        .route").next().unwrap().to_string();
+            for m in ["get", "post", "patch", "delete", "put"] {
+                if chain.contains(&format!("{m}(")) {
+                    out.push((m.to_string(), path.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn every_admin_route_is_in_the_openapi_document() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let (s, doc) = admin_call(&gw, Method::GET, "/admin/v1/openapi.json", ROOT, None).await;
+    assert_eq!(s, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let routes = routes_in_source();
+    assert!(routes.len() >= 20, "{routes:?}");
+    for (m, path) in &routes {
+        assert!(
+            doc["paths"][path][m].is_object(),
+            "{m} {path} is not in docs/openapi.json"
+        );
+    }
+    let documented: usize = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| p.as_object().unwrap().len())
+        .sum();
+    assert_eq!(
+        documented,
+        routes.len(),
+        "the document lists a route the server does not have"
+    );
+}
+
+/// Runs `budgetgate ARGS` against `gw` with the root token; stdout, or
+/// the failure's stderr.
+fn cli(gw: &Gateway, args: &[&str]) -> Result<Value, String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .args(args)
+        .env("BUDGETGATE_URL", gw.root_url())
+        .env("BUDGETGATE_ADMIN_TOKEN", ROOT)
+        .output()
+        .expect("run budgetgate");
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).expect("the CLI prints JSON"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_lists_and_revokes_keys_and_tenants_through_the_api() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    let t = cli(
+        &gw,
+        &[
+            "tenants",
+            "create",
+            r#"{"name": "ml", "limits": {"tpm": 50000}}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(t["name"], "ml");
+    let k = cli(
+        &gw,
+        &[
+            "keys",
+            "create",
+            "--tenant",
+            "ml",
+            "--id",
+            "ci",
+            "--alias",
+            "CI job",
+            "--model",
+            "gpt-4o-mini",
+        ],
+    )
+    .unwrap();
+    let secret = k["secret"].as_str().unwrap().to_string();
+    assert_eq!(post_hi(&gw, &secret).await, 200);
+    let list = cli(&gw, &["keys", "list", "--tenant", "ml"]).unwrap();
+    assert_eq!(list["data"][0]["alias"], "CI job");
+    assert!(!list.to_string().contains(&secret));
+    cli(&gw, &["keys", "revoke", "--tenant", "ml", "ci"]).unwrap();
+    assert_eq!(post_hi(&gw, &secret).await, 401);
+    let e = cli(
+        &gw,
+        &[
+            "tenants",
+            "create",
+            r#"{"name": "bad", "limits": {"tpm": 0}}"#,
+        ],
+    )
+    .unwrap_err();
+    assert!(e.contains("limits.tpm: must be > 0"), "{e}");
+    let tok = cli(
+        &gw,
+        &["admin-tokens", "create", "--role", "read", "--tenant", "ml"],
+    )
+    .unwrap();
+    assert_eq!(tok["role"], "read");
+    let listed = cli(&gw, &["tenants", "list"]).unwrap();
+    assert!(listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == "ml"));
+}
+
+#[tokio::test]
+async fn tenants_are_listed_by_name_paged_and_filtered() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for (name, parent) in [
+        ("acme", None),
+        ("acme-ml", Some("acme")),
+        ("acme-web", Some("acme")),
+        ("zeta", None),
+    ] {
+        let (s, v) = post(
+            &gw,
+            "/admin/v1/tenants",
+            json!({"name": name, "parent": parent}),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let names = |v: &Value| -> Vec<String> {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, p1) = admin_call(&gw, Method::GET, "/admin/v1/tenants?limit=2", ROOT, None).await;
+    assert_eq!(names(&p1), ["acme", "acme-ml"]);
+    assert_eq!(p1["next"], "acme-ml");
+    let (_, p2) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?limit=2&after=acme-ml",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&p2), ["acme-web", "t1"]);
+    let (_, p3) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?limit=2&after=t1",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&p3), ["zeta"]);
+    assert!(p3["next"].is_null());
+    let (_, kids) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?parent=acme",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&kids), ["acme-ml", "acme-web"]);
+    let (_, file) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?source=file",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(names(&file), ["t1"]);
+    let (s, v) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/acme", ROOT, None).await;
+    assert_eq!(s, 409, "its children name it: {v}");
+    let (s, _) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/zeta", ROOT, None).await;
+    assert_eq!(s, 200);
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/tenants/zeta", ROOT, None).await;
+    assert_eq!(s, 404);
+}
