@@ -258,7 +258,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("c.db").display());
         let db = Db::open(&url).await.expect("first open migrates");
-        assert_eq!(db.applied_version().await, Some(100), "control and ledger migrations");
+        assert_eq!(
+            db.applied_version().await,
+            Some(100),
+            "control and ledger migrations"
+        );
         drop(db);
         let db = Db::open(&url).await.expect("a second open is a no-op");
         sqlx::query(

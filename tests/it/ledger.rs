@@ -82,6 +82,8 @@ impl BudgetStore for LostSettleReplies {
 /// quota cuts its streams off.
 fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
     let mut c = TestConfig::standard(&mock.base_url(), 16, limits().usd_per_day("1000"));
+    // The mock reads its fault from the request the gateway sends.
+    c.upstream("mock").forward_client_headers = vec!["x-mock-fault".into()];
     let m = c.model("gpt-4o-mini");
     m.price = Some(price("0.15", "0.60"));
     m.responses = Some(true);
@@ -95,7 +97,11 @@ fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
         encoding: Some("o200k_base".into()),
         max_output_tokens: Some(4096),
         default_max_output_tokens: Some(16),
-        price: Some(price("3", "15")),
+        price: Some(RawPrice {
+            cache_write_5m: Some("3.75".into()),
+            cache_write_1h: Some("6".into()),
+            ..price("3", "15")
+        }),
         ..config::model("claude-test", &["claude"])
     });
     c.tenants.push(tenant(
@@ -181,7 +187,7 @@ async fn ledger_rows(gw: &Gateway) -> Vec<Value> {
 
 /// Waits until the gateway's ledger buffer is written.
 async fn ledger_written(gw: &Gateway) {
-    gw.all_settled().await;
+    gw.settled().await;
     let ledger = gw
         .state
         .ledger
@@ -201,7 +207,7 @@ async fn ledger_written(gw: &Gateway) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_spent_figure() {
     let mock = start_mock().await;
-    mock.state.set_output_tokens(8);
+    mock.state.set_output_tokens(40);
     let clock = ManualClock::new(NOON);
     let store = Arc::new(LostSettleReplies {
         inner: Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
