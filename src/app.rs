@@ -90,6 +90,29 @@ async fn build_serving_store(
     }
 }
 
+/// Starts the spend ledger of `state` over the control database's
+/// `pool`: the spend queries always, the capture and its writer when
+/// `[ledger] enabled` (the default). The writer runs on the calling
+/// runtime (the pool's); returns it for the shutdown flush.
+pub fn start_ledger(
+    state: &AppState,
+    pool: sqlx::AnyPool,
+    clock: Arc<dyn Clock>,
+) -> Option<crate::ledger::LedgerWriter> {
+    use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerWriter};
+    let settings = state.policy.load().ledger.clone();
+    let sql = SqlLedger::new(pool);
+    let _ = state.spend.set(sql.clone());
+    if !settings.enabled {
+        return None;
+    }
+    let buffer = Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows));
+    let _ = state
+        .ledger
+        .set(Arc::new(Ledger::new(buffer.clone(), clock.clone())));
+    Some(LedgerWriter::spawn(buffer, sql, settings, clock))
+}
+
 /// How long connections may take to close after the cutoff before the
 /// server stops waiting for them (a client that stopped reading).
 const AFTER_CUTOFF: Duration = Duration::from_secs(5);
@@ -341,6 +364,7 @@ pub async fn run(
     let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
+    let ledger = start_ledger(&state, control.db().pool().clone(), clock.clone());
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {
@@ -457,6 +481,7 @@ pub async fn run(
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
     let gauges = budget_gauges.map(|every| budget_view::spawn_gauges(state.clone(), every));
+    let alerts = crate::alerts::watch::spawn(state.clone(), state.policy.load().alerts.clone());
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {
         shutdown.await;
@@ -472,6 +497,10 @@ pub async fn run(
         }
         l.end_all().await;
     }
+    if let Some(w) = ledger {
+        // After the last settlement: every row is buffered by now.
+        w.shutdown(state.policy.load().server.shutdown_grace).await;
+    }
     if let Some(m) = persistent {
         // After the last settlement: a graceful shutdown loses nothing.
         m.finish_snapshots();
@@ -481,6 +510,9 @@ pub async fn run(
     control_tasks.iter().for_each(|t| t.abort());
     if let Some(g) = gauges {
         g.abort();
+    }
+    if let Some(a) = alerts {
+        a.abort();
     }
     tls_watch.iter().for_each(|t| t.abort());
     result.map_err(|e| e.to_string())

@@ -18,6 +18,9 @@
 //!   body, rate-limit header family, named stream events, the provider
 //!   objects a body refers to.
 //! - [`estimate`]: tiktoken cost estimation of request bodies.
+//! - [`ledger`]: the spend ledger: one row per settled or voided
+//!   reservation, buffered (bounded) and written in batches off the request
+//!   path; spend queries and CSV.
 //! - [`lifecycle`]: the request path as named phases — authenticate,
 //!   prepare, route, admit, forward, meter, settle, finish — and the
 //!   per-request context they share; stored responses kept to their
@@ -43,9 +46,12 @@
 //! - [`tls`]: HTTPS on the listener, certificate reload.
 //! - [`admin_cli`]: the `keys`, `tenants` and `admin-tokens` commands
 //!   (HTTP calls to the control API).
+//! - [`alerts`]: soft thresholds of quota and dollar budgets fired as
+//!   signed webhooks, once per threshold per window.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
 pub mod admin_cli;
+pub mod alerts;
 pub mod app;
 pub mod clock;
 pub mod config;
@@ -53,6 +59,7 @@ pub mod control;
 pub mod dialects;
 pub mod estimate;
 pub mod fleet_sim;
+pub mod ledger;
 pub mod lifecycle;
 pub mod metrics;
 pub mod money;

@@ -73,6 +73,9 @@ enum Command {
     },
     /// Read an API key on stdin, print its SHA-256 digest for `keys[].sha256`.
     HashKey,
+    /// Spend from the ledger of a running gateway (docs/LEDGER.md): totals
+    /// by tenant, key, model, end user, day or month; top N; CSV.
+    Spend(budgetgate::ledger::cli::SpendArgs),
     /// Print the hash an end user's id goes by in refusals, logs and
     /// budgets (keyed with the secret in `server.end_user_key_env`), to find
     /// one user's refusals.
@@ -200,6 +203,31 @@ fn main() -> ExitCode {
             endpoint,
             file,
         } => estimate_cmd(config, model, &endpoint, &file),
+        Command::Spend(args) => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("cannot start a runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match rt.block_on(budgetgate::ledger::cli::run(&args)) {
+                Ok(body) => {
+                    print!("{body}");
+                    if !body.ends_with('\n') {
+                        println!();
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::HashKey => {
             let mut key = String::new();
             if let Err(e) = std::io::stdin().read_to_string(&mut key) {

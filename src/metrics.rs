@@ -453,3 +453,35 @@ fn calibration_series(model: &str) -> Histogram {
     series.insert(model.to_string(), h.clone());
     h
 }
+
+/// Ledger rows by what became of them (`budgetgate_ledger_rows_total`):
+/// `written`, `duplicate` (the reservation had its row already), `dropped`
+/// (the buffer was full).
+pub fn ledger_rows(outcome: &'static str, n: u64) {
+    if n > 0 {
+        counter!("budgetgate_ledger_rows_total", "outcome" => outcome).increment(n);
+    }
+}
+
+/// Ledger rows waiting in the buffer or being written (`budgetgate_ledger_buffered_rows`).
+pub fn ledger_buffered(rows: usize) {
+    gauge!("budgetgate_ledger_buffered_rows").set(rows as f64);
+}
+
+/// A ledger batch the database did not take (`budgetgate_ledger_write_failures_total`).
+pub fn ledger_write_failed() {
+    counter!("budgetgate_ledger_write_failures_total").increment(1);
+}
+
+/// A budget alert fired (`budgetgate_alerts_fired_total{budget, threshold}`):
+/// once per threshold, budget and window on each gateway.
+pub fn alert_fired(budget: &'static str, threshold_percent: u64) {
+    counter!("budgetgate_alerts_fired_total", "budget" => budget, "threshold" => threshold_percent.to_string())
+        .increment(1);
+}
+
+/// What became of one webhook attempt (`budgetgate_alert_deliveries_total{outcome}`):
+/// `delivered`, `retried`, `given_up`, `dropped` (the queue was full).
+pub fn alert_delivery(outcome: &'static str) {
+    counter!("budgetgate_alert_deliveries_total", "outcome" => outcome).increment(1);
+}

@@ -1,5 +1,6 @@
 // The live budget page: reads /admin/v1/budgets with the admin token and
-// draws every budget as a bar of remaining / capacity. No framework, no
+// draws every budget as a bar of remaining / capacity, and each tenant's
+// spend of the last 30 days from /admin/v1/spend. No framework, no
 // build step. Names from the config are inserted with textContent only,
 // never as HTML. The token lives in this tab's sessionStorage, never in a URL.
 'use strict';
@@ -51,6 +52,74 @@ async function fetchAll(tok) {
     after = page.next_after;
   }
   return out;
+}
+
+const DAY_MS = 86400000;
+const CHART_DAYS = 30;
+
+// Each tenant's own spend per UTC day of the last 30 days, from the spend
+// ledger; null when the gateway has no ledger database (the chart is left out).
+async function fetchSpend(tok) {
+  const r = await fetch('/admin/v1/spend?group_by=tenant&period=day', {
+    headers: { Authorization: 'Bearer ' + tok }, cache: 'no-store',
+  });
+  if (r.status === 401) throw new AuthError('The admin token was refused.');
+  if (!r.ok) return null;
+  const body = await r.json();
+  const out = new Map();
+  for (const g of body.data) {
+    if (!out.has(g.tenant)) out.set(g.tenant, new Map());
+    out.get(g.tenant).set(g.period, g.cost_micros);
+  }
+  return out;
+}
+
+// The last 30 UTC days, oldest first, as YYYY-MM-DD.
+function lastDays() {
+  const today = Math.floor(Date.now() / DAY_MS);
+  const out = [];
+  for (let d = today - CHART_DAYS + 1; d <= today; d++) {
+    out.push(new Date(d * DAY_MS).toISOString().slice(0, 10));
+  }
+  return out;
+}
+
+function dollars(micros) {
+  return '$' + (micros / 1e6).toFixed(micros > 0 && micros < 10000 ? 4 : 2);
+}
+
+// A tenant's spend per day: its own and its descendants' (their requests
+// are charged to it too).
+function subtreeSpend(t, children, spend, days) {
+  const own = spend.get(t.name) || new Map();
+  const total = days.map((d) => own.get(d) || 0);
+  for (const child of children.get(t.name) || []) {
+    subtreeSpend(child, children, spend, days).forEach((v, i) => { total[i] += v; });
+  }
+  return total;
+}
+
+function spendChart(perDay, days) {
+  const sum = perDay.reduce((a, b) => a + b, 0);
+  const s = el('div', 'spend');
+  s.dataset.totalMicros = String(sum);
+  s.appendChild(el('h4', null, 'spend, last 30 days: ' + dollars(sum)));
+  const chart = el('div', 'chart');
+  chart.setAttribute('role', 'img');
+  chart.setAttribute('aria-label', 'spend per day, last 30 days, ' + dollars(sum) + ' in all');
+  const max = Math.max(...perDay, 1);
+  perDay.forEach((v, i) => {
+    const bar = el('div', 'day');
+    bar.dataset.day = days[i];
+    bar.dataset.micros = String(v);
+    bar.title = days[i] + ': ' + dollars(v);
+    const fill = el('div', 'amount');
+    fill.style.height = (v > 0 ? Math.max(4, (v / max) * 100) : 0).toFixed(1) + '%';
+    bar.appendChild(fill);
+    chart.appendChild(bar);
+  });
+  s.appendChild(chart);
+  return s;
 }
 
 // Durations as the gateway writes them are Go-style; this shows µs compactly.
@@ -166,18 +235,22 @@ function refusals(list) {
   return s;
 }
 
-function tenantCard(t, children) {
+function tenantCard(t, children, spend) {
   const eu = t.end_user_limits || [];
   const refused = t.recent_refusals || [];
   const meta = (t.keys.length ? 'keys: ' + t.keys.join(', ') : 'no keys') +
     (t.parent ? ' · child of ' + t.parent : '') + (t.shadow ? ' · shadow mode' : '');
   const c = card('tenant' + (refused.length ? ' refused' : ''), t.name, meta, t.budgets, eu.length > 0);
   if (eu.length) c.appendChild(endUserLimits(eu));
+  if (spend) {
+    const days = lastDays();
+    c.appendChild(spendChart(subtreeSpend(t, children, spend, days), days));
+  }
   if (refused.length) c.appendChild(refusals(refused));
   const kids = children.get(t.name) || [];
   if (kids.length) {
     const k = el('div', 'children');
-    kids.forEach((child) => k.appendChild(tenantCard(child, children)));
+    kids.forEach((child) => k.appendChild(tenantCard(child, children, spend)));
     c.appendChild(k);
   }
   return c;
@@ -185,7 +258,7 @@ function tenantCard(t, children) {
 
 // Children under their parent; a tenant whose parent is not listed (none,
 // or beyond the pages read) is a root.
-function tenantTree(list) {
+function tenantTree(list, spend) {
   const names = new Set(list.map((t) => t.name));
   const children = new Map();
   const roots = [];
@@ -197,12 +270,12 @@ function tenantTree(list) {
       roots.push(t);
     }
   }
-  return roots.map((t) => tenantCard(t, children));
+  return roots.map((t) => tenantCard(t, children, spend));
 }
 
 function render(data) {
   const tenants = $('tenants');
-  tenants.replaceChildren(...tenantTree(data.tenants));
+  tenants.replaceChildren(...tenantTree(data.tenants, data.spend));
   if (data.tenants.length === 0) tenants.replaceChildren(el('p', 'empty', 'No tenants configured.'));
   const ups = $('upstreams');
   ups.replaceChildren(...data.upstreams.map((u) => card('upstream', u.name, 'kind: ' + u.kind, u.budgets)));
@@ -244,6 +317,7 @@ async function refresh() {
   const status = $('status');
   try {
     const data = await fetchAll(tok);
+    data.spend = await fetchSpend(tok);
     render(data);
     $('token-form').hidden = true;
     $('view').hidden = false;

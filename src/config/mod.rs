@@ -379,6 +379,10 @@ pub struct Policy {
     pub end_user_key: Option<std::sync::Arc<end_user::EndUserKey>>,
     /// `[queue]`: requests may wait instead of being refused (`None`: off).
     pub queue: Option<crate::queue::QueuePolicy>,
+    /// `[ledger]` (bound at start).
+    pub ledger: crate::ledger::LedgerSettings,
+    /// `[alerts]` (bound at start).
+    pub alerts: crate::alerts::AlertSettings,
     model_index: HashMap<String, usize>,
     /// `[control]`.
     pub control: ControlPolicy,

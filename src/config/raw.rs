@@ -26,6 +26,10 @@ pub struct RawConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<RawQueue>,
     #[serde(default)]
+    pub ledger: RawLedger,
+    #[serde(default)]
+    pub alerts: RawAlerts,
+    #[serde(default)]
     pub control: RawControl,
 }
 
@@ -55,6 +59,26 @@ pub struct RawQueueClass {
 #[serde(deny_unknown_fields)]
 pub struct RawControl {
     pub database_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAlerts {
+    pub webhook_url: Option<String>,
+    pub secret_env: Option<String>,
+    pub thresholds_percent: Option<Vec<i64>>,
+    pub check_interval_ms: Option<i64>,
+    pub retry_for_secs: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    pub enabled: Option<bool>,
+    pub batch_interval_ms: Option<i64>,
+    pub batch_rows: Option<i64>,
+    pub buffer_rows: Option<i64>,
+    pub retention_days: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -51,18 +51,32 @@ impl DbKind {
 pub type MigrationFile = (i64, &'static str, &'static str);
 
 /// SQLite migrations, in version order.
-pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[(
-    1,
-    "control",
-    include_str!("../../migrations/sqlite/0001_control.sql"),
-)];
+pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[
+    (
+        1,
+        "control",
+        include_str!("../../migrations/sqlite/0001_control.sql"),
+    ),
+    (
+        100,
+        "spend ledger",
+        include_str!("../../migrations/sqlite/0100_spend_ledger.sql"),
+    ),
+];
 
 /// PostgreSQL migrations, in version order (the same versions as SQLite's).
-pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[(
-    1,
-    "control",
-    include_str!("../../migrations/postgres/0001_control.sql"),
-)];
+pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[
+    (
+        1,
+        "control",
+        include_str!("../../migrations/postgres/0001_control.sql"),
+    ),
+    (
+        100,
+        "spend ledger",
+        include_str!("../../migrations/postgres/0100_spend_ledger.sql"),
+    ),
+];
 
 /// Why the database could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -244,11 +258,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("c.db").display());
         let db = Db::open(&url).await.expect("first open migrates");
-        assert_eq!(db.applied_version().await, Some(1));
+        assert_eq!(
+            db.applied_version().await,
+            Some(100),
+            "control and ledger migrations"
+        );
         drop(db);
         let db = Db::open(&url).await.expect("a second open is a no-op");
         sqlx::query(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (99, 'future', TRUE, X'00', 0)",
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (999, 'future', TRUE, X'00', 0)",
         )
         .execute(db.pool())
         .await
@@ -259,8 +277,8 @@ mod tests {
             matches!(
                 e,
                 DbError::Newer {
-                    found: 99,
-                    known: 1
+                    found: 999,
+                    known: 100
                 }
             ),
             "{e}"

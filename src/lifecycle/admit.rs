@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
+use crate::ledger::{LedgerCapture, LedgerDraft};
 use crate::metrics;
 use crate::money::PriceTable;
 use crate::reservation::amounts::{self, Budgets, Counting, Demand};
@@ -199,6 +200,29 @@ pub async fn admit<'p>(
     } else {
         Arc::new(plan.deny_release.with(&request.end_user_budgets))
     });
+    let deployment_index = plan
+        .upstreams
+        .iter()
+        .position(|d| d.upstream == deployment.upstream)
+        .unwrap_or(0);
+    let hold = match cx.st.ledger.get() {
+        Some(ledger) => {
+            let usd_index = reserve
+                .common
+                .iter()
+                .chain(deployment.budgets.iter())
+                .position(|s| s.name.counts_usd());
+            let draft = LedgerDraft::new(
+                plan.ledger.clone(),
+                deployment_index,
+                cx.dialect,
+                request.end_user.clone(),
+                usd_index,
+            );
+            hold.with_ledger(LedgerCapture::new(ledger.clone(), draft))
+        }
+        None => hold,
+    };
     let rates = amounts::extension_rates(
         &demand,
         [
@@ -215,11 +239,7 @@ pub async fn admit<'p>(
         deployment.price.as_deref(),
     );
     let budgets = HoldBudgets {
-        deployment: plan
-            .upstreams
-            .iter()
-            .position(|d| d.upstream == deployment.upstream)
-            .unwrap_or(0),
+        deployment: deployment_index,
         plan: plan.clone(),
         common: reserve.common,
         common_counting,

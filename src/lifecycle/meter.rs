@@ -20,11 +20,12 @@ use super::prepare::Prepared;
 use super::rewrite::{enforced_cap, output_cap};
 use super::settle::{refund, settle};
 use crate::dialects::UsageBreakdown;
+use crate::ledger::SpendOutcome;
 use crate::metrics;
 use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::ExtendOutcome;
 use crate::server::error::ApiError;
-use crate::upstreams::relay::{self, ExtendPlan, Extension, Meter, StreamProcessor};
+use crate::upstreams::relay::{self, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
 
 /// How the answer went, for the final line.
 pub enum Metered {
@@ -89,7 +90,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     }
     metrics::input_calibration(&model.name, request.estimate.input_tokens, &used);
     count_over_cap(cx, request, &used);
-    let settled = settle(hold, &budgets, used);
+    let settled = settle(hold, &budgets, used, SpendOutcome::Answered);
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -260,13 +261,20 @@ impl Meter for StreamMeter {
         self.hold.shutdown_cutoff().await
     }
 
-    fn settle(self, used: UsageBreakdown) -> u64 {
+    fn settle(self, used: UsageBreakdown, ending: Ending) -> u64 {
         let used = self.full.unwrap_or(used);
+        let outcome = match ending {
+            Ending::Completed => SpendOutcome::Answered,
+            Ending::CutOff | Ending::TimeLimit | Ending::OverCap | Ending::ClientGone => {
+                SpendOutcome::CutOff
+            }
+            Ending::UpstreamError => SpendOutcome::UpstreamFailed,
+        };
         if let (Some(owner), Some(id)) = (&self.owner, &self.response_id) {
             owner.write(id, used.total());
         }
         metrics::input_calibration(&self.model, self.input_estimate, &used);
-        settle(self.hold, &self.budgets, used)
+        settle(self.hold, &self.budgets, used, outcome)
     }
 
     fn created(&mut self, id: &str) {

@@ -6,15 +6,26 @@
 
 use super::admit::HoldBudgets;
 use crate::dialects::UsageBreakdown;
+use crate::ledger::SpendOutcome;
 use crate::reservation::{amounts, HeldReservation};
 use crate::reserve::{Actual, Settlement};
 
 /// Settles `hold` (in the background) with what the answer used (every
-/// count filled in), per budget of the hold; returns the tokens settled.
-pub fn settle(mut hold: HeldReservation, budgets: &HoldBudgets, used: UsageBreakdown) -> u64 {
+/// count filled in), per budget of the hold, the request having ended as
+/// `outcome` (for the ledger); returns the tokens settled.
+pub fn settle(
+    mut hold: HeldReservation,
+    budgets: &HoldBudgets,
+    used: UsageBreakdown,
+    outcome: SpendOutcome,
+) -> u64 {
     let actual = used.total();
-    if let Some(cost) = amounts::settled_cost(&used, budgets.price()) {
+    let cost = amounts::settled_cost(&used, budgets.price());
+    if let Some(cost) = cost {
         hold.record_spend(cost);
+    }
+    if let Some(draft) = hold.ledger_draft() {
+        draft.settled(used, cost, outcome);
     }
     hold.settle(Settlement {
         actual_tokens: actual,

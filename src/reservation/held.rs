@@ -86,6 +86,18 @@ impl HeldReservation {
         self
     }
 
+    /// Has the settlement's ledger row captured by `ledger` once the store
+    /// applied it.
+    pub fn with_ledger(mut self, ledger: crate::ledger::LedgerCapture) -> Self {
+        self.report.ledger = Some(ledger);
+        self
+    }
+
+    /// The ledger draft of this reservation, when the ledger is on.
+    pub fn ledger_draft(&mut self) -> Option<&mut crate::ledger::LedgerDraft> {
+        self.report.ledger.as_mut().map(|l| l.draft_mut())
+    }
+
     /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
     /// the settlement this reservation is about to make is applied.
     pub fn record_spend(&mut self, micros: u64) {
@@ -140,7 +152,7 @@ impl HeldReservation {
         self.lease = None;
         let outcome = settle_in_gateway(&self.store, &self.id, &s, self.settle_retry).await;
         if let Some(o) = &outcome {
-            record_settlement(&self.report, o, s.actual_tokens);
+            record_settlement(&self.report, &self.id, &s, o);
         }
         outcome
     }
@@ -157,7 +169,7 @@ impl HeldReservation {
             self.id.clone(),
             s,
             self.settle_retry,
-            self.report.clone(),
+            std::mem::take(&mut self.report),
         );
     }
 }
@@ -166,6 +178,9 @@ impl Drop for HeldReservation {
     fn drop(&mut self) {
         if !self.done {
             tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
+            if let Some(l) = self.report.ledger.as_mut() {
+                l.draft_mut().abandoned(&self.amounts);
+            }
             let s = Settlement {
                 actual_tokens: self.reserved_tokens,
                 upstream_failed: false,

@@ -71,6 +71,8 @@ pub(super) struct SettleReport {
     /// Told when the settlement is applied (refunds and freed slots are
     /// capacity that requests waiting in the queue may take).
     pub(super) capacity: Option<CapacityHook>,
+    /// The settlement's ledger row, when the ledger is on.
+    pub(super) ledger: Option<crate::ledger::LedgerCapture>,
 }
 
 /// Called once a reservation's settlement is applied in the store, with
@@ -176,7 +178,7 @@ impl SettlementTracker {
             let outcome = settle_in_gateway(&store, &id, &s, retry_for).await;
             match outcome {
                 Some(o) => {
-                    record_settlement(&report, &o, s.actual_tokens);
+                    record_settlement(&report, &id, &s, &o);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     match &o {
                         SettleOutcome::Settled {
@@ -231,9 +233,18 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
 
 pub(super) fn record_settlement(
     report: &SettleReport,
+    id: &str,
+    s: &Settlement,
     outcome: &SettleOutcome,
-    actual_tokens: u64,
 ) {
+    // A retry after a lost reply answers AlreadySettled: the first attempt
+    // applied it, and the ledger keeps one row per id.
+    if let (Some(l), SettleOutcome::Settled { .. } | SettleOutcome::AlreadySettled) =
+        (&report.ledger, outcome)
+    {
+        l.record(id, s);
+    }
+    let actual_tokens = s.actual_tokens;
     let SettleOutcome::Settled {
         reserved, refunded, ..
     } = outcome

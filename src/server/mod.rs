@@ -11,6 +11,7 @@
 //!   under `/admin/v1/` (the control plane), and `GET /v1/budget`.
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
+//! - [`spend`]: the spend ledger's queries and CSV (`/admin/v1/spend…`).
 //! - [`admin_ui`]: the live budget page at `/admin/ui`;
 //!   [`recent_refusals`]: what it shows of each tenant's last refusals.
 
@@ -23,6 +24,7 @@ pub mod handlers;
 pub mod headers;
 pub mod recent_refusals;
 pub mod refusal_text;
+pub mod spend;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -76,6 +78,10 @@ pub struct AppState {
     pub recent_refusals: Arc<recent_refusals::RecentRefusals>,
     /// Requests waiting for capacity (per process, every serving thread's).
     pub queue: Arc<crate::queue::Queue>,
+    /// The spend ledger's buffer, set once at start; unset while the ledger is off.
+    pub ledger: Arc<std::sync::OnceLock<Arc<crate::ledger::Ledger>>>,
+    /// The spend ledger's queries, set once at start; unset without a database.
+    pub spend: Arc<std::sync::OnceLock<Arc<dyn crate::ledger::SpendReader>>>,
     /// The control plane (runtime tenants and keys), set once at start.
     pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
 }
@@ -95,6 +101,8 @@ pub struct BudgetPlan {
     pub deny_release: Arc<DenyRelease>,
     /// Who the plan's reservations are for (tenant, policy version, failure policy).
     pub requester: Arc<Requester>,
+    /// What every ledger row of the plan's reservations shares.
+    pub ledger: Arc<crate::ledger::LedgerScope>,
 }
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
@@ -166,6 +174,8 @@ impl AppState {
             records,
             recent_refusals: Arc::default(),
             queue: Arc::default(),
+            ledger: Arc::default(),
+            spend: Arc::default(),
             control: Arc::default(),
         })
     }
@@ -215,6 +225,21 @@ impl AppState {
                             }
                         })
                         .collect(),
+                    ledger: Arc::new(crate::ledger::LedgerScope {
+                        tenant: tenant.name.as_str().into(),
+                        ancestors: tenant
+                            .ancestors
+                            .iter()
+                            .map(|&a| Arc::<str>::from(policy.tenants[a].name.as_str()))
+                            .collect(),
+                        key_id: key.id.as_str().into(),
+                        model: model.name.as_str().into(),
+                        price_version: policy.version.as_str().into(),
+                        deployments: policy
+                            .deployments_of(model_id)
+                            .map(|u| Arc::<str>::from(policy.deployment(u).name.as_str()))
+                            .collect(),
+                    }),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
                     requester: Arc::new(Requester {
                         tenant: tenant.name.as_str().into(),
@@ -249,6 +274,8 @@ impl AppState {
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
             queue: self.queue.clone(),
+            ledger: self.ledger.clone(),
+            spend: self.spend.clone(),
             control: self.control.clone(),
         })
     }
@@ -346,6 +373,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .route("/admin/v1/policy", get(admin::policy))
         .route("/admin/v1/budgets", get(budget_view::list))
+        .route("/admin/v1/spend", get(spend::spend))
+        .route("/admin/v1/spend/rows", get(spend::rows))
         .route("/admin/ui", get(admin_ui::page))
         .route("/admin/ui/", get(admin_ui::page))
         .route("/admin/ui/{asset}", get(admin_ui::asset))

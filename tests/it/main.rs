@@ -11,6 +11,7 @@
 mod support;
 
 mod admin;
+mod alerts;
 mod budget_page_browser;
 mod clamp;
 mod cli;
@@ -34,6 +35,7 @@ mod lease_conformance;
 mod lease_differential;
 mod lease_faults;
 mod lease_fleet;
+mod ledger;
 mod lifecycle_log;
 mod listen;
 mod memory_persistence;

@@ -2,9 +2,11 @@
 //! collected with its path. The sections with lists live in their own
 //! modules: [`deployments`] (upstreams and models), [`tenants`].
 
+mod alerts;
 mod deployments;
 pub mod forwarding;
 mod lease;
+mod ledger;
 mod prices;
 mod queue;
 mod tenants;
@@ -334,6 +336,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
     let end_user_key = end_user_key(&mut v, &server, &tenants);
     let queue = queue::queue(&mut v, raw.queue.as_ref(), &server);
+    let ledger = ledger::ledger(&mut v, &raw.ledger);
+    let alerts = alerts::alerts(&mut v, &raw.alerts);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -375,6 +379,8 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         tenants,
         end_user_key,
         queue,
+        ledger,
+        alerts,
         model_index,
         key_index,
     })

@@ -24,8 +24,9 @@ pub trait Meter: Send + 'static {
     fn extend(&mut self, tokens: u64) -> impl Future<Output = Extension> + Send;
     /// Resolves when the gateway's shutdown grace period ends. Cancel-safe.
     fn shutdown(&self) -> impl Future<Output = ()> + Send;
-    /// Settles what the stream used; returns the tokens settled.
-    fn settle(self, used: UsageBreakdown) -> u64;
+    /// Settles what the stream used, the stream having ended as `ending`;
+    /// returns the tokens settled.
+    fn settle(self, used: UsageBreakdown, ending: Ending) -> u64;
     /// The stream created a provider-side object with this id (a stored
     /// response, at `response.created`).
     fn created(&mut self, _id: &str) {}
@@ -245,7 +246,7 @@ pub async fn run<M: Meter>(
     drop(body); // aborts the upstream request if it is still running
 
     let counted_output = proc.output_tokens();
-    let settled_tokens = hold.settle(proc.used(plan.input_tokens));
+    let settled_tokens = hold.settle(proc.used(plan.input_tokens), ending);
     RelaySummary {
         ending,
         settled_tokens,

@@ -1,0 +1,48 @@
+//! Budget alerts (issue 29, point 5): soft thresholds (default 50 %, 80 %,
+//! 100 %) of every quota and dollar budget fire a webhook once per
+//! threshold per window.
+//!
+//! - [`thresholds`]: which thresholds a budget's state has crossed, and
+//!   the firing's idempotency id (a digest of the budget, window and
+//!   threshold: the same on every gateway of a fleet and after a restart,
+//!   so a receiver deduplicates by it).
+//! - [`webhook`]: the signed JSON delivery (HMAC-SHA-256 over the body
+//!   with a secret from the environment), retried with backoff.
+//! - [`watch`]: the task that reads the budgets from the store every
+//!   check interval and fires what crossed.
+//!
+//! Per gateway, a firing is sent once; several gateways send the same
+//! firing under the same id (docs/LEDGER.md, "Alerts").
+
+pub mod thresholds;
+pub mod watch;
+pub mod webhook;
+
+use std::time::Duration;
+
+/// `[alerts]`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlertSettings {
+    /// Where firings are POSTed; `None`: alerts are off.
+    pub webhook_url: Option<String>,
+    /// The environment variable holding the signing secret.
+    pub secret_env: String,
+    /// Thresholds, percent of the limit, ascending.
+    pub thresholds_percent: Vec<u64>,
+    /// How often budgets are read from the store.
+    pub check_interval: Duration,
+    /// How long one firing's delivery is retried.
+    pub retry_for: Duration,
+}
+
+impl Default for AlertSettings {
+    fn default() -> Self {
+        Self {
+            webhook_url: None,
+            secret_env: "BUDGETGATE_ALERT_SECRET".into(),
+            thresholds_percent: vec![50, 80, 100],
+            check_interval: Duration::from_secs(10),
+            retry_for: Duration::from_secs(3_600),
+        }
+    }
+}

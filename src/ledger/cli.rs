@@ -1,0 +1,94 @@
+//! `budgetgate spend`: the spend ledger's queries from the command line,
+//! one HTTP call to a running gateway's `/admin/v1/spend` (or
+//! `/admin/v1/spend/rows` with `--rows`); the answer (JSON or CSV) is
+//! printed as it came, a refusal's message goes to stderr.
+
+use clap::Args;
+
+/// The arguments of `budgetgate spend`.
+#[derive(Debug, Args)]
+pub struct SpendArgs {
+    /// The gateway's base URL.
+    #[arg(long, env = "BUDGETGATE_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// An admin token.
+    #[arg(long, env = "BUDGETGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+    /// Group by these (comma-separated): tenant, key, model, end_user,
+    /// deployment, dialect, outcome.
+    #[arg(long)]
+    pub group_by: Option<String>,
+    /// Totals per `day` or `month` (UTC).
+    #[arg(long)]
+    pub period: Option<String>,
+    /// First day, YYYY-MM-DD (default: 30 days before `--to`).
+    #[arg(long)]
+    pub from: Option<String>,
+    /// Day after the last, YYYY-MM-DD (default: tomorrow).
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Only this tenant and its descendants.
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only the N largest groups by cost.
+    #[arg(long)]
+    pub top: Option<usize>,
+    /// CSV instead of JSON.
+    #[arg(long)]
+    pub csv: bool,
+    /// The rows themselves instead of totals (at most `--limit`).
+    #[arg(long)]
+    pub rows: bool,
+    /// Most rows with `--rows`.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}
+
+/// The answer's body, or the message to print on failure.
+pub async fn run(a: &SpendArgs) -> Result<String, String> {
+    let path = if a.rows {
+        "/admin/v1/spend/rows"
+    } else {
+        "/admin/v1/spend"
+    };
+    let mut query: Vec<(&str, String)> = Vec::new();
+    let mut put = |k: &'static str, v: Option<String>| {
+        if let Some(v) = v {
+            query.push((k, v));
+        }
+    };
+    put("group_by", a.group_by.clone());
+    put("period", a.period.clone());
+    put("from", a.from.clone());
+    put("to", a.to.clone());
+    put("tenant", a.tenant.clone());
+    put("top", a.top.map(|n| n.to_string()));
+    put("limit", a.limit.map(|n| n.to_string()));
+    put("format", a.csv.then(|| "csv".to_string()));
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let query: Vec<String> = query
+        .iter()
+        .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, NON_ALPHANUMERIC)))
+        .collect();
+    let mut url = format!("{}{path}", a.url.trim_end_matches('/'));
+    if !query.is_empty() {
+        url.push('?');
+        url.push_str(&query.join("&"));
+    }
+    let r = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(&a.token)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = r.status();
+    let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
+    if status.is_success() {
+        return Ok(body);
+    }
+    let message = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+        .unwrap_or(body);
+    Err(format!("{url}: {}: {message}", status.as_u16()))
+}

@@ -1,0 +1,499 @@
+//! The ledger in the control database (`spend_ledger`, migration 0100):
+//! the sink the writer fills and the reader of the spend queries. One SQL
+//! text serves SQLite and PostgreSQL: `$N` placeholders (both accept
+//! them), `ON CONFLICT … DO NOTHING` (both), sums cast back to BIGINT
+//! (PostgreSQL's SUM of a BIGINT is NUMERIC). Client text only ever
+//! travels as bound values; column names come from [`Dimension::column`].
+
+use std::sync::Arc;
+
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use super::batcher::{LedgerError, LedgerSink};
+use super::query::{day_of, DayTotal, SpendQuery, SpendReader, SpendTotals};
+use super::{SpendOutcome, SpendRow};
+
+/// Columns of one inserted row.
+const COLUMNS: [&str; 22] = [
+    "reservation_id",
+    "at_micros",
+    "day",
+    "tenant",
+    "ancestor_1",
+    "ancestor_2",
+    "ancestor_3",
+    "ancestor_4",
+    "key_id",
+    "end_user",
+    "model",
+    "deployment",
+    "dialect",
+    "input_tokens",
+    "cached_read_tokens",
+    "cache_write_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "charged_tokens",
+    "cost_micros",
+    "outcome",
+    "price_version",
+];
+
+/// Rows per INSERT statement: 22 × 400 bound values stays under SQLite's
+/// 32,766 and PostgreSQL's 65,535.
+const ROWS_PER_STATEMENT: usize = 400;
+
+/// The ledger's table over a control-database pool. The pool lives on
+/// one runtime (serving thread 0's); queries from handlers on other
+/// serving threads run there.
+pub struct SqlLedger {
+    pool: sqlx::AnyPool,
+    runtime: tokio::runtime::Handle,
+}
+
+fn db(e: sqlx::Error) -> LedgerError {
+    LedgerError(e.to_string())
+}
+
+/// A u64 as the BIGINT it is stored as (every count and µ$ sum stays far
+/// below 2^63; a larger one is clamped, never wrapped).
+fn big(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn unbig(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+impl SqlLedger {
+    /// The ledger in `pool`'s database (migrated by the control plane),
+    /// its queries run on the calling runtime.
+    pub fn new(pool: sqlx::AnyPool) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// Runs `f` over the pool on the pool's runtime.
+    async fn on_pool<T, F, Fut>(&self, f: F) -> Result<T, LedgerError>
+    where
+        T: Send + 'static,
+        F: FnOnce(sqlx::AnyPool) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LedgerError>> + Send + 'static,
+    {
+        self.runtime
+            .spawn(f(self.pool.clone()))
+            .await
+            .map_err(|e| LedgerError(e.to_string()))?
+    }
+
+    fn insert_sql(rows: usize) -> String {
+        let mut sql = format!("INSERT INTO spend_ledger ({}) VALUES ", COLUMNS.join(", "));
+        let mut n = 0;
+        for r in 0..rows {
+            if r > 0 {
+                sql.push_str(", ");
+            }
+            sql.push('(');
+            for c in 0..COLUMNS.len() {
+                if c > 0 {
+                    sql.push_str(", ");
+                }
+                n += 1;
+                sql.push_str(&format!("${n}"));
+            }
+            sql.push(')');
+        }
+        sql.push_str(" ON CONFLICT (reservation_id) DO NOTHING");
+        sql
+    }
+
+    /// The WHERE clause of `q` with its first placeholder at `$1`, and the
+    /// values to bind.
+    fn filter(q: &SpendQuery) -> (String, Vec<FilterValue>) {
+        let mut sql = String::from(" WHERE at_micros >= $1 AND at_micros < $2");
+        let mut values = vec![
+            FilterValue::Int(big(q.from_micros)),
+            FilterValue::Int(big(q.to_micros)),
+        ];
+        if let Some(t) = &q.within {
+            sql.push_str(" AND (tenant = $3 OR ancestor_1 = $4 OR ancestor_2 = $5 OR ancestor_3 = $6 OR ancestor_4 = $7)");
+            for _ in 0..5 {
+                values.push(FilterValue::Text(t.clone()));
+            }
+        }
+        (sql, values)
+    }
+}
+
+enum FilterValue {
+    Int(i64),
+    Text(String),
+}
+
+fn bind_filter<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    values: Vec<FilterValue>,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    for v in values {
+        query = match v {
+            FilterValue::Int(i) => query.bind(i),
+            FilterValue::Text(s) => query.bind(s),
+        };
+    }
+    query
+}
+
+#[async_trait::async_trait]
+impl LedgerSink for SqlLedger {
+    async fn write(&self, rows: &[SpendRow]) -> Result<u64, LedgerError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let mut new = 0;
+        for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+            let sql = Self::insert_sql(chunk.len());
+            // Fixed column names and numbered placeholders only: no client text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for r in chunk {
+                let ancestor = |i: usize| r.ancestors.get(i).map(|a| a.to_string());
+                query = query
+                    .bind(r.reservation_id.clone())
+                    .bind(big(r.at_micros))
+                    .bind(day_of(r.at_micros))
+                    .bind(r.tenant.to_string())
+                    .bind(ancestor(0))
+                    .bind(ancestor(1))
+                    .bind(ancestor(2))
+                    .bind(ancestor(3))
+                    .bind(r.key_id.to_string())
+                    .bind(r.end_user.as_deref().unwrap_or("").to_string())
+                    .bind(r.model.to_string())
+                    .bind(r.deployment.to_string())
+                    .bind(r.dialect.to_string())
+                    .bind(big(r.input_tokens))
+                    .bind(big(r.cached_read_tokens))
+                    .bind(big(r.cache_write_tokens))
+                    .bind(big(r.output_tokens))
+                    .bind(big(r.reasoning_tokens))
+                    .bind(big(r.charged_tokens))
+                    .bind(big(r.cost_micros))
+                    .bind(r.outcome.as_str().to_string())
+                    .bind(r.price_version.to_string());
+            }
+            new += query.execute(&mut *tx).await.map_err(db)?.rows_affected();
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(new)
+    }
+
+    async fn prune(&self, before_micros: u64) -> Result<u64, LedgerError> {
+        let done = sqlx::query("DELETE FROM spend_ledger WHERE at_micros < $1")
+            .bind(big(before_micros))
+            .execute(&self.pool)
+            .await
+            .map_err(db)?;
+        Ok(done.rows_affected())
+    }
+}
+
+#[async_trait::async_trait]
+impl SpendReader for SqlLedger {
+    async fn days(&self, q: &SpendQuery) -> Result<Vec<DayTotal>, LedgerError> {
+        let q = q.clone();
+        self.on_pool(move |pool| async move { days(&pool, &q).await })
+            .await
+    }
+
+    async fn rows(&self, q: &SpendQuery, limit: usize) -> Result<Vec<SpendRow>, LedgerError> {
+        let q = q.clone();
+        self.on_pool(move |pool| async move { rows(&pool, &q, limit).await })
+            .await
+    }
+}
+
+async fn days(pool: &sqlx::AnyPool, q: &SpendQuery) -> Result<Vec<DayTotal>, LedgerError> {
+    {
+        let dims: Vec<&str> = q.group_by.iter().map(|d| d.column()).collect();
+        let mut select: Vec<String> = dims.iter().map(|c| c.to_string()).collect();
+        select.push("day".into());
+        select.push("COUNT(*)".into());
+        for c in [
+            "input_tokens",
+            "cached_read_tokens",
+            "cache_write_tokens",
+            "output_tokens",
+            "reasoning_tokens",
+            "charged_tokens",
+            "cost_micros",
+        ] {
+            select.push(format!("CAST(SUM({c}) AS BIGINT)"));
+        }
+        let (filter, values) = SqlLedger::filter(q);
+        let mut group: Vec<&str> = dims.clone();
+        group.push("day");
+        let sql = format!(
+            "SELECT {} FROM spend_ledger{filter} GROUP BY {}",
+            select.join(", "),
+            group.join(", ")
+        );
+        let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
+            .fetch_all(pool)
+            .await
+            .map_err(db)?;
+        let n = dims.len();
+        rows.iter()
+            .map(|row| {
+                let mut key = Vec::with_capacity(n);
+                for i in 0..n {
+                    key.push(row.try_get::<String, _>(i).map_err(db)?);
+                }
+                let int = |i: usize| row.try_get::<i64, _>(i).map(unbig).map_err(db);
+                Ok(DayTotal {
+                    key,
+                    day: row.try_get::<i64, _>(n).map_err(db)?,
+                    totals: SpendTotals {
+                        requests: int(n + 1)?,
+                        input_tokens: int(n + 2)?,
+                        cached_read_tokens: int(n + 3)?,
+                        cache_write_tokens: int(n + 4)?,
+                        output_tokens: int(n + 5)?,
+                        reasoning_tokens: int(n + 6)?,
+                        charged_tokens: int(n + 7)?,
+                        cost_micros: int(n + 8)?,
+                    },
+                })
+            })
+            .collect()
+    }
+}
+
+async fn rows(
+    pool: &sqlx::AnyPool,
+    q: &SpendQuery,
+    limit: usize,
+) -> Result<Vec<SpendRow>, LedgerError> {
+    let (filter, values) = SqlLedger::filter(q);
+    let sql = format!(
+        "SELECT {} FROM spend_ledger{filter} ORDER BY at_micros, reservation_id LIMIT {}",
+        COLUMNS.join(", "),
+        limit
+    );
+    let rows = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
+        .fetch_all(pool)
+        .await
+        .map_err(db)?;
+    rows.iter().map(row_of).collect()
+}
+
+fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
+    let text = |c: &str| row.try_get::<String, _>(c).map_err(db);
+    let int = |c: &str| row.try_get::<i64, _>(c).map(unbig).map_err(db);
+    let mut ancestors: Vec<Arc<str>> = Vec::new();
+    for c in ["ancestor_1", "ancestor_2", "ancestor_3", "ancestor_4"] {
+        if let Some(a) = row.try_get::<Option<String>, _>(c).map_err(db)? {
+            ancestors.push(a.into());
+        }
+    }
+    let end_user = text("end_user")?;
+    let dialect = text("dialect")?;
+    let outcome = text("outcome")?;
+    Ok(SpendRow {
+        reservation_id: text("reservation_id")?,
+        at_micros: int("at_micros")?,
+        tenant: text("tenant")?.into(),
+        ancestors: ancestors.into(),
+        key_id: text("key_id")?.into(),
+        end_user: (!end_user.is_empty()).then(|| end_user.into()),
+        model: text("model")?.into(),
+        deployment: text("deployment")?.into(),
+        dialect: super::capture::DIALECTS
+            .iter()
+            .copied()
+            .find(|d| *d == dialect)
+            .unwrap_or("unknown"),
+        input_tokens: int("input_tokens")?,
+        cached_read_tokens: int("cached_read_tokens")?,
+        cache_write_tokens: int("cache_write_tokens")?,
+        output_tokens: int("output_tokens")?,
+        reasoning_tokens: int("reasoning_tokens")?,
+        charged_tokens: int("charged_tokens")?,
+        cost_micros: int("cost_micros")?,
+        outcome: SpendOutcome::parse(&outcome)
+            .ok_or_else(|| LedgerError(format!("unknown outcome {outcome:?}")))?,
+        price_version: text("price_version")?.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::query::{parse_date, Dimension, Period};
+
+    /// A SQLite file in a temp dir with migration 0100 applied.
+    async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("l.db").display());
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .unwrap();
+        sqlx::raw_sql(include_str!(
+            "../../migrations/sqlite/0100_spend_ledger.sql"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        (SqlLedger::new(pool), dir)
+    }
+
+    fn row(
+        id: &str,
+        tenant: &str,
+        ancestors: &[&str],
+        model: &str,
+        at: u64,
+        cost: u64,
+    ) -> SpendRow {
+        SpendRow {
+            reservation_id: id.into(),
+            at_micros: at,
+            tenant: tenant.into(),
+            ancestors: ancestors.iter().map(|a| Arc::<str>::from(*a)).collect(),
+            key_id: "k1".into(),
+            end_user: None,
+            model: model.into(),
+            deployment: "east".into(),
+            dialect: "chat",
+            input_tokens: 10,
+            cached_read_tokens: 2,
+            cache_write_tokens: 1,
+            output_tokens: 5,
+            reasoning_tokens: 3,
+            charged_tokens: 18,
+            cost_micros: cost,
+            outcome: SpendOutcome::Answered,
+            price_version: "v1".into(),
+        }
+    }
+
+    fn day(s: &str) -> u64 {
+        parse_date(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
+        let (l, _dir) = ledger().await;
+        let mut odd = row("r1", "ml", &["acme"], "gpt-4o", day("2026-11-30") + 5, 70);
+        odd.end_user = Some("'; DROP TABLE spend_ledger; --".into());
+        odd.key_id = "ключ \"quoted\"".into();
+        let rows = vec![
+            odd.clone(),
+            row("r2", "acme", &[], "gpt-4o", day("2026-12-01"), 30),
+        ];
+        assert_eq!(l.write(&rows).await.unwrap(), 2);
+        assert_eq!(
+            l.write(&rows).await.unwrap(),
+            0,
+            "idempotent by reservation id"
+        );
+        let q = SpendQuery {
+            group_by: vec![],
+            period: None,
+            from_micros: day("2026-11-01"),
+            to_micros: day("2026-12-02"),
+            within: None,
+            top: None,
+        };
+        let back = l.rows(&q, 10).await.unwrap();
+        assert_eq!(back, rows, "stored literally, in time order");
+    }
+
+    #[tokio::test]
+    async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
+        let (l, _dir) = ledger().await;
+        let d1 = day("2026-11-30");
+        let d2 = day("2026-12-01");
+        l.write(&[
+            row("a", "ml", &["acme"], "gpt-4o", d1 + 1, 10),
+            row("b", "ml", &["acme"], "gpt-4o", d1 + 2, 20),
+            row("c", "ml", &["acme"], "o3", d2 + 1, 40),
+            row("d", "web", &["acme"], "gpt-4o", d2 + 3, 80),
+            row("e", "other", &[], "gpt-4o", d2 + 4, 160),
+            row("f", "ml", &["acme"], "gpt-4o", day("2026-10-31"), 320),
+        ])
+        .await
+        .unwrap();
+        let q = SpendQuery {
+            group_by: vec![Dimension::Tenant, Dimension::Model],
+            period: Some(Period::Month),
+            from_micros: day("2026-11-01"),
+            to_micros: day("2026-12-31"),
+            within: Some("acme".into()),
+            top: None,
+        };
+        let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
+        let got: Vec<(String, Vec<String>, u64, u64)> = groups
+            .iter()
+            .map(|g| {
+                (
+                    g.period.clone().unwrap(),
+                    g.key.clone(),
+                    g.totals.requests,
+                    g.totals.cost_micros,
+                )
+            })
+            .collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            got,
+            [
+                ("2026-11".into(), s(&["ml", "gpt-4o"]), 2, 30),
+                ("2026-12".into(), s(&["ml", "o3"]), 1, 40),
+                ("2026-12".into(), s(&["web", "gpt-4o"]), 1, 80),
+            ]
+        );
+        let ml_only = SpendQuery {
+            group_by: vec![],
+            period: None,
+            within: Some("ml".into()),
+            ..q
+        };
+        let g = crate::ledger::query::spend(&*l, &ml_only).await.unwrap();
+        assert_eq!((g[0].totals.requests, g[0].totals.cost_micros), (3, 70));
+        assert_eq!(
+            (g[0].totals.input_tokens, g[0].totals.reasoning_tokens),
+            (30, 9)
+        );
+    }
+
+    #[tokio::test]
+    async fn rows_past_the_retention_are_deleted() {
+        let (l, _dir) = ledger().await;
+        l.write(&[
+            row("old", "t", &[], "m", 100, 1),
+            row("new", "t", &[], "m", 200, 1),
+        ])
+        .await
+        .unwrap();
+        assert_eq!(l.prune(150).await.unwrap(), 1);
+        let q = SpendQuery {
+            group_by: vec![],
+            period: None,
+            from_micros: 0,
+            to_micros: 1_000,
+            within: None,
+            top: None,
+        };
+        let ids: Vec<String> = l
+            .rows(&q, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.reservation_id)
+            .collect();
+        assert_eq!(ids, ["new"]);
+    }
+}

@@ -1,0 +1,376 @@
+//! The spend ledger (issue 29, point 4; docs/LEDGER.md) on the default
+//! control database (SQLite on disk): after 1,000 requests of every
+//! dialect, streams included, with cut-offs, upstream failures (before
+//! and during a stream) and settlements retried after a lost reply, the
+//! ledger holds exactly one row per settled or voided reservation and its
+//! µ$ sum is each budget's spent figure in the admin API. Faults guarded
+//! against: a retried settlement written twice, a refund or a void
+//! charged, a row missing for a stream, the request path waiting for the
+//! database.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use budgetgate::clock::ManualClock;
+use budgetgate::reserve::memory::MemoryStore;
+use budgetgate::reserve::{
+    BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
+    ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
+};
+use serde_json::{json, Value};
+
+use crate::support::config::{self, tenant};
+use crate::support::*;
+
+const TOKEN: &str = "ledger-test-admin-token";
+const CUT_KEY: &str = "sk-ledger-cut";
+
+/// The memory store, except that every `lose_every`-th settle is applied
+/// and its reply then lost (a timeout): the gateway retries it under the
+/// same id and the store answers `AlreadySettled`. Records the ids the
+/// store applied a settle or void to.
+struct LostSettleReplies {
+    inner: Arc<MemoryStore>,
+    lose_every: u64,
+    calls: AtomicU64,
+    lost: AtomicU64,
+    applied: Mutex<BTreeSet<String>>,
+}
+
+#[async_trait]
+impl BudgetStore for LostSettleReplies {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.inner.reserve(req).await
+    }
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        self.inner.extend(id, step).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        let o = self.inner.settle(id, s).await?;
+        if matches!(o, SettleOutcome::Settled { .. }) {
+            self.applied.lock().unwrap().insert(id.to_string());
+        }
+        if self.calls.fetch_add(1, Ordering::SeqCst) % self.lose_every == self.lose_every - 1 {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Timeout);
+        }
+        Ok(o)
+    }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        let o = self.inner.void(id, ttl).await?;
+        if matches!(o, SettleOutcome::Settled { .. }) {
+            self.applied.lock().unwrap().insert(id.to_string());
+        }
+        Ok(o)
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.inner.inspect(specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
+}
+
+/// The mock as `mock` (OpenAI dialects, priced) and `claude` (Messages,
+/// priced); tenant `t1` with $1,000 a day, tenant `cut` whose small daily
+/// quota cuts its streams off.
+fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
+    let mut c = TestConfig::standard(&mock.base_url(), 16, limits().usd_per_day("1000"));
+    // The mock reads its fault from the request the gateway sends.
+    c.upstream("mock").forward_client_headers = vec!["x-mock-fault".into()];
+    let m = c.model("gpt-4o-mini");
+    m.price = Some(price("0.15", "0.60"));
+    m.responses = Some(true);
+    c.model("text-embedding-3-small").price = Some(price("0.02", "0"));
+    c.upstreams.push(config::upstream(
+        "claude",
+        Kind::Anthropic,
+        &mock.root_url(),
+    ));
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        max_output_tokens: Some(4096),
+        default_max_output_tokens: Some(16),
+        price: Some(RawPrice {
+            cache_write_5m: Some("3.75".into()),
+            cache_write_1h: Some("6".into()),
+            ..price("3", "15")
+        }),
+        ..config::model("claude-test", &["claude"])
+    });
+    c.tenants.push(tenant(
+        "cut",
+        "kc",
+        CUT_KEY,
+        limits().tokens_per_day(3_000).usd_per_day("1000"),
+    ));
+    c.ledger.batch_interval_ms = Some(200);
+    c
+}
+
+/// Request `i` of the mix: its path, key, body and extra header.
+fn request(
+    i: usize,
+) -> (
+    &'static str,
+    &'static str,
+    Value,
+    Option<(&'static str, &'static str)>,
+) {
+    let chat = |stream: bool| json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": format!("hello {i}")}], "max_tokens": 12, "stream": stream});
+    let messages = |stream: bool| json!({"model": "claude-test", "max_tokens": 12, "stream": stream, "messages": [{"role": "user", "content": format!("hi {i}")}]});
+    match i % 12 {
+        0 => ("chat/completions", KEY, chat(false), None),
+        1 => ("chat/completions", KEY, chat(true), None),
+        2 => (
+            "completions",
+            KEY,
+            json!({"model": "gpt-4o-mini", "prompt": format!("say {i}"), "max_tokens": 10}),
+            None,
+        ),
+        3 => (
+            "embeddings",
+            KEY,
+            json!({"model": "text-embedding-3-small", "input": format!("embed {i}")}),
+            None,
+        ),
+        4 => (
+            "responses",
+            KEY,
+            json!({"model": "gpt-4o-mini", "input": format!("respond {i}"), "max_output_tokens": 16}),
+            None,
+        ),
+        5 => (
+            "responses",
+            KEY,
+            json!({"model": "gpt-4o-mini", "input": format!("stream {i}"), "max_output_tokens": 16, "stream": true}),
+            None,
+        ),
+        6 => ("messages", KEY, messages(false), None),
+        7 => ("messages", KEY, messages(true), None),
+        // Upstream failures: before any output (refunded) and mid-stream.
+        8 => (
+            "chat/completions",
+            KEY,
+            chat(false),
+            Some(("x-mock-fault", "server_error")),
+        ),
+        9 => (
+            "chat/completions",
+            KEY,
+            chat(true),
+            Some(("x-mock-fault", "drop_mid_stream")),
+        ),
+        // Uncapped streams of a tenant with a small quota: cut off, then refused.
+        10 => (
+            "chat/completions",
+            CUT_KEY,
+            json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "an endless story"}], "stream": true}),
+            None,
+        ),
+        _ => ("chat/completions", KEY, chat(true), None),
+    }
+}
+
+async fn ledger_rows(gw: &Gateway) -> Vec<Value> {
+    let r = admin_get(gw, "/admin/v1/spend/rows", Some(TOKEN)).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    v["data"].as_array().unwrap().clone()
+}
+
+/// Waits until the gateway's ledger buffer is written.
+async fn ledger_written(gw: &Gateway) {
+    gw.settled().await;
+    let ledger = gw
+        .state
+        .ledger
+        .get()
+        .expect("the ledger is on by default")
+        .clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while ledger.buffer().held() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the ledger was not written within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_spent_figure() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(40);
+    let clock = ManualClock::new(NOON);
+    let store = Arc::new(LostSettleReplies {
+        inner: Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        lose_every: 9,
+        calls: AtomicU64::new(0),
+        lost: AtomicU64::new(0),
+        applied: Mutex::default(),
+    });
+    let gw = ledger_config(&mock).start_with(clock, store.clone()).await;
+    gw.state.set_admin_token(Some(TOKEN));
+
+    const REQUESTS: usize = 1_000;
+    let client = reqwest::Client::new();
+    let statuses: Arc<Mutex<BTreeMap<u16, usize>>> = Arc::default();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..16 {
+        let (client, base, statuses, next) = (
+            client.clone(),
+            gw.base_url(),
+            statuses.clone(),
+            next.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst) as usize;
+                if i >= REQUESTS {
+                    return;
+                }
+                let (path, key, body, header) = request(i);
+                let mut req = client
+                    .post(format!("{base}/{path}"))
+                    .bearer_auth(key)
+                    .header("anthropic-version", "2023-06-01")
+                    .json(&body);
+                if let Some((k, v)) = header {
+                    req = req.header(k, v);
+                }
+                let r = req.send().await.expect("gateway");
+                let status = r.status().as_u16();
+                let _ = r.bytes().await;
+                *statuses.lock().unwrap().entry(status).or_default() += 1;
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    ledger_written(&gw).await;
+
+    let rows = ledger_rows(&gw).await;
+    let ids: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r["reservation_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), rows.len(), "a reservation written twice");
+    let applied = store.applied.lock().unwrap().clone();
+    assert!(
+        store.lost.load(Ordering::SeqCst) >= 50,
+        "settle replies were lost"
+    );
+    assert_eq!(
+        ids,
+        applied,
+        "one row per reservation the store settled or voided (statuses {:?})",
+        statuses.lock().unwrap()
+    );
+    let outcomes: BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    for o in ["answered", "cut_off", "upstream_failed"] {
+        assert!(outcomes.contains(o), "no {o} row: {outcomes:?}");
+    }
+    let dialects: BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["dialect"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dialects,
+        ["chat", "completions", "embeddings", "messages", "responses"]
+            .into_iter()
+            .collect()
+    );
+    for r in rows
+        .iter()
+        .filter(|r| r["outcome"] == "upstream_failed" && r["output_tokens"] == 0)
+    {
+        assert_eq!(r["cost_micros"], 0, "a refund is not spend: {r}");
+    }
+
+    // Each dollar budget's spent figure is the sum of its rows' cost.
+    for t in ["t1", "cut"] {
+        let sum: u64 = rows
+            .iter()
+            .filter(|r| r["tenant"] == t)
+            .map(|r| r["cost_micros"].as_u64().unwrap())
+            .sum();
+        assert!(sum > 0, "{t} spent something");
+        assert_eq!(
+            gw.used(Scope::Tenant(t.into()), BudgetName::UsdPerDay)
+                .await,
+            sum,
+            "{t}"
+        );
+        let spent = admin_get(&gw, &format!("/admin/v1/budgets?limit=10"), Some(TOKEN)).await;
+        let v: Value = spent.json().await.unwrap();
+        let tenant = v["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == t)
+            .unwrap()
+            .clone();
+        let usd = tenant["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["budget"] == "usd_per_day" && b["scope"] == format!("tenant:{t}"))
+            .unwrap()["usd"]["spent"]
+            .clone();
+        assert_eq!(
+            usd,
+            budgetgate::money::format_usd(sum as i64),
+            "{t}: the admin API's spent"
+        );
+    }
+
+    // The query routes add up to the rows.
+    let r = admin_get(
+        &gw,
+        "/admin/v1/spend?group_by=tenant,dialect&period=month",
+        Some(TOKEN),
+    )
+    .await;
+    let v: Value = r.json().await.unwrap();
+    let total: u64 = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["cost_micros"].as_u64().unwrap())
+        .sum();
+    let requests: u64 = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(requests as usize, rows.len());
+    assert_eq!(
+        total,
+        rows.iter()
+            .map(|r| r["cost_micros"].as_u64().unwrap())
+            .sum::<u64>()
+    );
+    let csv = admin_get(&gw, "/admin/v1/spend/rows?format=csv", Some(TOKEN))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        rows.len() + 1,
+        "a header line and one line per row"
+    );
+}
