@@ -262,6 +262,8 @@ impl Book {
         };
         let mut covered = true;
         let mut leased = true;
+        let mut roomy = false;
+        let fraction = self.settings.max_fraction_ppm;
         // The budget that falls shortest (for the refusal).
         let mut short: Option<(usize, i64)> = None;
         let min_rate = self.settings.min_rate;
@@ -295,6 +297,15 @@ impl Book {
                         covered = false;
                         e.urgent = true;
                         self.nudge = true;
+                        // The store had room at the last reply (a whole
+                        // lease's worth, so not a saturated budget): the
+                        // store decides; a lease drained between two
+                        // top-ups must not refuse what the budget can give.
+                        let lease_cap =
+                            (u128::from(spec.capacity()) * u128::from(fraction) / 1_000_000) as i64;
+                        if l.free >= need.max(lease_cap) {
+                            roomy = true;
+                        }
                         if short.is_none_or(|(_, a)| avail - need < a) {
                             short = Some((pos, avail - need));
                         }
@@ -306,7 +317,7 @@ impl Book {
                 }
             }
         }
-        if !leased || (!covered && r.candidates.len() > 1) {
+        if !leased || (!covered && (roomy || r.candidates.len() > 1)) {
             return Decision::Store;
         }
         if !covered {

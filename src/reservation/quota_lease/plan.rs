@@ -322,7 +322,9 @@ fn target(e: &mut Entry, now: u64, report: u64, max_fraction_ppm: u64) -> u64 {
     }
     let units = e.demand.units_per_sec(now);
     let requests = e.demand.requests_per_sec(now).max(1);
-    let per_period = (u128::from(units) * u128::from(report) / 1_000_000) as u64;
+    // Two intervals: a lease spaced by up to half an interval between
+    // top-ups never drains before the next one at a steady rate.
+    let per_period = (u128::from(units) * u128::from(report) * 2 / 1_000_000) as u64;
     per_period.max(2 * units.div_ceil(requests)).min(cap)
 }
 
