@@ -313,7 +313,7 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
             sum,
             "{t}"
         );
-        let spent = admin_get(&gw, &format!("/admin/v1/budgets?limit=10"), Some(TOKEN)).await;
+        let spent = admin_get(&gw, "/admin/v1/budgets?limit=10", Some(TOKEN)).await;
         let v: Value = spent.json().await.unwrap();
         let tenant = v["tenants"]
             .as_array()

@@ -58,7 +58,7 @@ fn grant_all(call: &Call, now_utc: u64) -> Vec<LeaseReply> {
         .map(|l| {
             LeaseReply::Live(LeaseState {
                 epoch: 1,
-                granted: l.want + if l.seq == 1 { 0 } else { 0 },
+                granted: l.want,
                 given_back: 0,
                 granted_now: l.want,
                 expires_at_micros: now_utc + l.ttl_micros,
