@@ -353,6 +353,12 @@ const STREAM_ENDINGS: [&str; 4] = ["completed", "cut_off", "client_gone", "upstr
 /// alerts (`increase(...) > 0`, absence) see them before the first event.
 /// Registering an existing series changes nothing.
 pub fn register_policy_series(policy: &crate::config::Policy) {
+    // Series that only the ledger writes: at zero from the start, so a
+    // scrape's series do not change with traffic.
+    for outcome in ["written", "duplicate", "dropped"] {
+        counter!("budgetgate_ledger_rows_total", "outcome" => outcome).increment(0);
+    }
+    gauge!("budgetgate_ledger_buffered_rows").increment(0.0);
     for t in &policy.tenants {
         let tn = || t.name.clone();
         decision_counter(&t.name, "tenant", "none", "admitted", &policy.version).increment(0);
