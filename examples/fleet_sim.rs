@@ -39,6 +39,7 @@ fn main() {
     if let Some(r) = a.rate {
         cfg.rate = r;
     }
+    cfg.progress = true;
     if a.faults {
         cfg.faults = Faults {
             crashes: cfg.gateways.div_ceil(10),

@@ -25,6 +25,8 @@ use crate::reserve::{
 const BASE_UTC: u64 = 1_796_083_200_000_000;
 /// How long a failed call takes to fail (the gateway's store timeout).
 const TIMEOUT: u64 = 50_000;
+/// Hold lifetime of every simulated reservation, µs.
+const HOLD_TTL: u64 = 3_000_000;
 
 enum Event {
     SettleLocal {
@@ -278,7 +280,10 @@ impl<'c> Fleet<'c> {
             common: vec![rpm.clone(), tpm.clone()],
             candidates: vec![Vec::new()],
             lease_micros: 5_000_000,
-            hold_ttl_micros: 30_000_000,
+            // Longer than any simulated request (1.5 s) plus its calls; the
+            // settled holds' tombstones live as long, so a gateway's 30 s
+            // would keep tens of millions of them in the big fleet.
+            hold_ttl_micros: HOLD_TTL,
             requester: self.requester.clone(),
         };
         if self.leased {
@@ -458,6 +463,14 @@ impl<'c> Fleet<'c> {
             }
             Event::LoseGrant => self.lose_grants += 1,
             Event::Sample => {
+                if self.cfg.progress && now % 10_000_000 == 0 && now > 0 {
+                    eprintln!(
+                        "{} run: {} simulated s, {} admitted",
+                        if self.leased { "leased" } else { "exact" },
+                        now / 1_000_000,
+                        self.stats.admitted
+                    );
+                }
                 let mut stranded = [0u64; 2];
                 for book in &self.books {
                     for (spec, avail) in book.outstanding() {

@@ -53,6 +53,8 @@ pub struct SimConfig {
     pub faults: Faults,
     /// The lease settings every gateway runs.
     pub lease: LeasePolicy,
+    /// Print each run's progress on stderr every simulated 10 s.
+    pub progress: bool,
 }
 
 /// Faults injected into the leased run.
@@ -86,6 +88,7 @@ impl SimConfig {
             contended: 0.5,
             faults: Faults::default(),
             lease: LeasePolicy::default(),
+            progress: false,
         }
     }
 
@@ -105,6 +108,7 @@ impl SimConfig {
             contended: 0.5,
             faults: Faults::default(),
             lease: LeasePolicy::default(),
+            progress: false,
         }
     }
 }
@@ -136,7 +140,12 @@ pub(crate) fn burst_of(per_minute: u64) -> u64 {
 
 /// Runs `cfg` with leases and with exact reservations; compares them.
 pub fn run(cfg: &SimConfig) -> Report {
-    let leased = fleet::Fleet::new(cfg, true).run();
-    let exact = fleet::Fleet::new(cfg, false).run();
+    // The two runs share nothing but the configuration: one thread each.
+    let (leased, exact) = std::thread::scope(|s| {
+        let leased = s.spawn(|| fleet::Fleet::new(cfg, true).run());
+        let exact = fleet::Fleet::new(cfg, false).run();
+        (leased.join(), exact)
+    });
+    let leased = leased.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
     Report::new(cfg, leased, exact)
 }

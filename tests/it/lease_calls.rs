@@ -6,13 +6,11 @@
 use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseState};
 use budgetgate::reserve::{BudgetKind, BudgetSpec};
 
-use super::lease_conformance::{
-    lease_conformance, leased, line, live, one, out, want, RECORD_TTL, SEC,
-};
-use super::store_conformance::{tenant, Backend, H};
+use super::lease_conformance::{leased, line, live, one, out, want, RECORD_TTL, SEC};
+use super::store_conformance::{conformance, tenant, Backend, H};
 use crate::support::NOON;
 
-lease_conformance!(
+conformance!(
     a_policy_change_fences_old_leases_and_still_charges_their_debt,
     a_retried_line_after_a_lost_reply_changes_nothing,
     a_line_without_a_record_is_unknown_and_writes_nothing,

@@ -8,7 +8,7 @@
 use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseState, LeasedOut};
 use budgetgate::reserve::{BudgetSpec, SettleOutcome, Window};
 
-use super::store_conformance::{admitted, denied, tenant, Backend, H};
+use super::store_conformance::{admitted, conformance, denied, tenant, Backend, H};
 use crate::support::NOON;
 
 pub(crate) const SEC: u64 = 1_000_000;
@@ -68,34 +68,7 @@ pub(crate) fn leased(epoch: u64, leases: u64, units: u64) -> LeasedOut {
     }
 }
 
-/// Runs each named test against the memory store, Redis and Redis Cluster
-/// (`H`, `Backend` and the tests in scope where it is invoked).
-macro_rules! lease_conformance {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::H::new(super::Backend::Memory).await).await;
-            })*
-        }
-        mod redis_single {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::H::new(super::Backend::Redis).await).await;
-            })*
-        }
-        mod redis_cluster {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::H::new(super::Backend::Cluster).await).await;
-            })*
-        }
-    };
-}
-
-pub(crate) use lease_conformance;
-
-lease_conformance!(
+conformance!(
     grant_and_top_up_take_at_most_half_of_what_is_free,
     reports_are_cumulative_and_spending_beyond_the_lease_is_debt,
     give_back_never_fills_a_bucket_past_its_capacity,

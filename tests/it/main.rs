@@ -30,6 +30,7 @@ mod estimate_accuracy;
 mod gateway_budgets;
 mod gateway_errors;
 mod key_headers;
+mod lease_burst;
 mod lease_calls;
 mod lease_conformance;
 mod lease_differential;

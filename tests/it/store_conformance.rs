@@ -404,7 +404,8 @@ fn upstream(name: &str) -> Scope {
     Scope::Upstream(name.into())
 }
 
-/// Runs each named test against the memory store, Redis and Redis Cluster.
+/// Runs each named test against the memory store, Redis and Redis Cluster
+/// (`H`, `Backend` and the tests in scope where it is invoked).
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -427,6 +428,8 @@ macro_rules! conformance {
         }
     };
 }
+
+pub(crate) use conformance;
 
 conformance!(
     admission_denial_and_exact_retry_after,
