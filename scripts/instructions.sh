@@ -19,6 +19,10 @@
 #   LEASE=on STORE=redis scripts/instructions.sh  # quota leases from the first
 #                                        # requests (min_rate 1): the leased path;
 #                                        # default LEASE=off, one store call each
+#   LEDGER=off scripts/instructions.sh   # without the spend ledger (default: on,
+#                                        # as `serve` runs it: SQLite in the temp dir)
+#   QUEUE=on scripts/instructions.sh     # with a [queue] configured (uncontended:
+#                                        # nobody waits)
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -34,6 +38,8 @@ PROFILE=${PROFILE:-gateway}
 CONC=${CONC:-1}
 SHAPE=${SHAPE:-flat}
 LEASE=${LEASE:-off}
+LEDGER=${LEDGER:-on}
+QUEUE=${QUEUE:-off}
 BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
 [[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
@@ -137,6 +143,16 @@ name = "bench"
 keys = [{ id = "bench", sha256 = "$SHA" }]
 limits = { $BIG }
 EOF
+fi
+cat >>"$TMP/gw.toml" <<EOF
+[control]
+database_url = "sqlite://$TMP/control.db"
+EOF
+if [[ $LEDGER == off ]]; then
+    printf '[ledger]\nenabled = false\n' >>"$TMP/gw.toml"
+fi
+if [[ $QUEUE == on ]]; then
+    printf '[queue]\nmax_queued = 10000\n' >>"$TMP/gw.toml"
 fi
 GW_CMD=("$GATEWAY" serve --threads 1 --config "$TMP/gw.toml")
 if [[ $PROFILE == gateway ]]; then
