@@ -129,6 +129,7 @@ pub async fn admit<'p>(
         }),
     );
     let reserve = ReserveRequest {
+        share: cx.share.clone(),
         id: id.clone(),
         costs,
         common,
@@ -296,6 +297,7 @@ pub fn request_count_reservation(
     let policy = &*cx.policy;
     let common: Vec<BudgetSpec> = plan.common.iter().filter(|s| keep(s)).cloned().collect();
     ReserveRequest {
+        share: None,
         id: cx.finish.request_id.reservation_id(true),
         costs: amounts::reserve_costs(
             &Demand::default(),

@@ -1,0 +1,103 @@
+-- budgetgate shares: fleet-wide weighted shares of a contended deployment.
+-- Mirrors src/reserve/share.rs line for line (its module doc states the
+-- rules and the bounds: every number an integer below 2^53). lib.lua is
+-- prepended; reserve.lua calls these.
+--
+-- Stored at a deployment's share key (`<…>:upstream:<deployment>:share`,
+-- the deployment's hash tag): one string of entries, in order of arrival,
+--   '<tenant> <rank> <lead> <seen µs> <waited µs>;'
+-- (tenant ids are [A-Za-z0-9._-]: no separator). Written only when a claim
+-- is refused by the deployment, or counted while the state lives; TTL:
+-- SHARE_ACTIVE after the last write + margin. Entries not seen within
+-- SHARE_ACTIVE are dropped when read, and a state without live entries
+-- counts as absent.
+
+-- The live entries of stored value `v` (false when absent): { tenant, rank,
+-- lead, seen, waited } each.
+local function share_read(v, now)
+  local E = {}
+  if v then
+    for t, r, l, seen, w in string.gmatch(v, '([^ ;]+) (%d+) (%d+) (%d+) (%d+);') do
+      seen = tonumber(seen)
+      if seen + SHARE_ACTIVE > now then
+        E[#E + 1] = { t, tonumber(r), tonumber(l), seen, tonumber(w) }
+      end
+    end
+  end
+  return E
+end
+
+local function share_least(E)
+  local m = nil
+  for i = 1, #E do
+    if m == nil or E[i][3] < m then
+      m = E[i][3]
+    end
+  end
+  return m or 0
+end
+
+local function share_find(E, t)
+  for i = 1, #E do
+    if E[i][1] == t then
+      return E[i]
+    end
+  end
+  return nil
+end
+
+-- ShareState::holds_back: another tenant waits with a lower rank, or the
+-- same rank and a smaller lead.
+local function share_holds_back(E, t, rank)
+  local me = share_find(E, t)
+  local lead = me and me[3] or share_least(E)
+  for i = 1, #E do
+    local e = E[i]
+    if e[5] > 0 and e[1] ~= t and (e[2] < rank or (e[2] == rank and e[3] < lead)) then
+      return true
+    end
+  end
+  return false
+end
+
+local function share_entry(E, t, rank)
+  local e = share_find(E, t)
+  if e == nil then
+    e = { t, rank, share_least(E), 0, 0 }
+    E[#E + 1] = e
+  end
+  return e
+end
+
+-- Lowers every lead by the least one and writes the state.
+local function share_write(key, E)
+  local least = share_least(E)
+  local parts = {}
+  for i = 1, #E do
+    local e = E[i]
+    e[3] = e[3] - least
+    parts[i] = e[1] .. ' ' .. s(e[2]) .. ' ' .. s(e[3]) .. ' ' .. s(e[4]) .. ' ' .. s(e[5]) .. ';'
+  end
+  put(key, table.concat(parts), ttl_ms(SHARE_ACTIVE))
+end
+
+-- ShareState::admitted: the lead grows by `step`, at most SHARE_GAP steps
+-- above the least.
+local function share_admitted(key, E, t, rank, step, now)
+  local least = share_least(E)
+  local e = share_entry(E, t, rank)
+  local lead = e[3] + step
+  local cap = least + SHARE_GAP * step
+  if lead > cap then
+    lead = cap
+  end
+  e[2], e[3], e[4], e[5] = rank, lead, now, 0
+  share_write(key, E)
+end
+
+-- ShareState::refused.
+local function share_refused(key, E, t, rank, now)
+  local e = share_entry(E, t, rank)
+  e[2], e[4], e[5] = rank, now, now
+  share_write(key, E)
+end
