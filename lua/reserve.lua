@@ -246,25 +246,8 @@ local function reserve(KEYS, ARGV)
     end
   end
 
-  -- The share claim: SH[c] is candidate c's share key.
-  local SH, claim_t, claim_r, claim_step = nil, nil, nil, nil
-  local shs = ARGV[T + 2 * nspec + 2]
-  if shs ~= nil and shs ~= '' then
-    SH = {}
-    local j = 0
-    for w in string.gmatch(shs, '%S+') do
-      j = j + 1
-      if j == 1 then
-        claim_t = w
-      elseif j == 2 then
-        claim_r = num(w, 'share rank')
-      elseif j == 3 then
-        claim_step = num(w, 'share step')
-      else
-        SH[num(w, 'share candidate')] = KEYS[q + j - 3]
-      end
-    end
-  end
+  -- The share claim: SH[c] is candidate c's share key (nil: no claim).
+  local SH, claim_t, claim_r, claim_step = share_claim(ARGV[T + 2 * nspec + 2], KEYS, q)
 
   local function reply(r)
     if r[1] == 'I' then
@@ -274,58 +257,19 @@ local function reserve(KEYS, ARGV)
   end
 
   -- nil, or the refusal of the claim held back for share on candidate c
-  -- (whose budgets all admit it), naming the candidate's first token
-  -- bucket (else its first enforced spec): ShareState::holds_back,
-  -- share::named_spec and share::retry_micros.
+  -- (whose budgets all admit it): share.lua's share_refusal.
   local function share_check(c)
     local E = share_read(raw[SH[c]], now)
     if #E == 0 or not share_holds_back(E, claim_t, claim_r) then
       return nil
     end
-    local pick = nil
-    for i = LO[c], HI[c] do
-      if V[5 * i] ~= 1 and V[5 * i - 4] == 1 then
-        pick = i
-        break
-      end
-    end
-    if pick == nil then
-      for i = LO[c], HI[c] do
-        if V[5 * i] ~= 1 then
-          pick = i
-          break
-        end
-      end
-    end
+    local pick = share_named(V, LO[c], HI[c])
     if pick == nil then
       return nil
     end
-    local o = 5 * pick - 5
-    local kind, a, b = V[o + 1], V[o + 2], V[o + 3]
-    local cost = cost_of(V, CC, ncommon, pick, c)
-    local key = KEYS[pick + 1]
-    local avail, reset, retry = 0, 0, SHARE_RETRY
-    if kind == 1 then
-      local level, last = bucket_at(raw[key], b, now)
-      avail = fdiv(level, UNITS)
-      reset = refill_wait(b * UNITS - level, a, now, last)
-      if a > 0 then
-        local ms = cdiv(cost * UNITS, a)
-        if ms < 1 then
-          ms = 1
-        elseif ms > MAX_WAIT_MS then
-          ms = MAX_WAIT_MS
-        end
-        retry = ms * 1000
-      end
-    elseif kind == 2 then
-      local w, wend = window(b == 0 and 'D' or 'M', now)
-      avail = a - quota_used_at(raw[key], LEGACY[pick] and raw[LEGACY[pick]], w)
-      reset = wend - now
-    else
-      avail = a - call('ZCOUNT', key, '(' .. snow, '+inf')
-    end
-    return { 'S', pick, avail, retry, reset }
+    local legacy = LEGACY[pick] and raw[LEGACY[pick]]
+    return share_refusal(V, pick, cost_of(V, CC, ncommon, pick, c), raw[KEYS[pick + 1]],
+      KEYS[pick + 1], legacy, now, snow)
   end
 
   local function admit(candidate, lo, hi)

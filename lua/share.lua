@@ -12,6 +12,29 @@
 -- SHARE_ACTIVE are dropped when read, and a state without live entries
 -- counts as absent.
 
+-- The claim of reserve.lua's share argument `arg` ('' or nil: none), the
+-- share keys following KEYS[q]: SH (candidate → share key), tenant, rank,
+-- step. Every number is checked here, before any write.
+local function share_claim(arg, KEYS, q)
+  if arg == nil or arg == '' then
+    return nil
+  end
+  local SH, t, r, step, j = {}, nil, nil, nil, 0
+  for w in string.gmatch(arg, '%S+') do
+    j = j + 1
+    if j == 1 then
+      t = w
+    elseif j == 2 then
+      r = num(w, 'share rank')
+    elseif j == 3 then
+      step = num(w, 'share step')
+    else
+      SH[num(w, 'share candidate')] = KEYS[q + j - 3]
+    end
+  end
+  return SH, t, r, step
+end
+
 -- The live entries of stored value `v` (false when absent): { tenant, rank,
 -- lead, seen, waited } each.
 local function share_read(v, now)
@@ -100,4 +123,50 @@ local function share_refused(key, E, t, rank, now)
   local e = share_entry(E, t, rank)
   e[2], e[4], e[5] = rank, now, now
   share_write(key, E)
+end
+
+-- share::named_spec over specs lo..hi (numbers V as reserve.lua reads
+-- them): the first enforced token bucket, else the first enforced spec.
+local function share_named(V, lo, hi)
+  for i = lo, hi do
+    if V[5 * i] ~= 1 and V[5 * i - 4] == 1 then
+      return i
+    end
+  end
+  for i = lo, hi do
+    if V[5 * i] ~= 1 then
+      return i
+    end
+  end
+  return nil
+end
+
+-- The refusal of a claim of `cost` held back on spec i (stored value v at
+-- `key`, the previous layout's quota `legacy`): {'S', i, available,
+-- retry µs (share::retry_micros), reset µs}.
+local function share_refusal(V, i, cost, v, key, legacy, now, snow)
+  local o = 5 * i - 5
+  local kind, a, b = V[o + 1], V[o + 2], V[o + 3]
+  local avail, reset, retry = 0, 0, SHARE_RETRY
+  if kind == 1 then
+    local level, last = bucket_at(v, b, now)
+    avail = fdiv(level, UNITS)
+    reset = refill_wait(b * UNITS - level, a, now, last)
+    if a > 0 then
+      local ms = cdiv(cost * UNITS, a)
+      if ms < 1 then
+        ms = 1
+      elseif ms > MAX_WAIT_MS then
+        ms = MAX_WAIT_MS
+      end
+      retry = ms * 1000
+    end
+  elseif kind == 2 then
+    local w, wend = window(b == 0 and 'D' or 'M', now)
+    avail = a - quota_used_at(v, legacy, w)
+    reset = wend - now
+  else
+    avail = a - call('ZCOUNT', key, '(' .. snow, '+inf')
+  end
+  return { 'S', i, avail, retry, reset }
 end

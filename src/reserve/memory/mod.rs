@@ -25,7 +25,6 @@ use super::{
 };
 use crate::clock::Clock;
 use crate::reserve::bucket::MAX_LIMIT;
-use shares::{own_held, worse};
 use state::{store_at, Check, Inner};
 use tombstones::Tombstone;
 
@@ -156,31 +155,13 @@ impl MemoryStore {
         let mut first_impossible: Option<Impossibility> = None;
         // The candidates whose own budgets (or share) refused this claim.
         let mut contended: Vec<usize> = Vec::new();
-        for (idx, cand) in req.candidates.iter().enumerate() {
+        for idx in 0..req.candidates.len() {
             let before = if per_candidate_common {
                 inner.check_all(&req.common, req, (idx, 0), None, now)
             } else {
                 Check::Ok
             };
-            let result = match before {
-                Check::Impossible(i) => Check::Impossible(i),
-                before => {
-                    let own = inner.check_all(cand, req, (idx, n), None, now);
-                    if matches!(own, Check::Denied(_)) {
-                        contended.push(idx);
-                    }
-                    let own = match own {
-                        Check::Ok if matches!(before, Check::Ok) => {
-                            inner.share_check(req, idx, now)
-                        }
-                        own => own,
-                    };
-                    if own_held(&own) {
-                        contended.push(idx);
-                    }
-                    worse(before, own)
-                }
-            };
+            let result = inner.check_candidate(req, (idx, n), before, &mut contended, now);
             match result {
                 Check::Ok => {
                     chosen = Some(idx);

@@ -7,6 +7,31 @@ use crate::reserve::share::{self, ShareState};
 use crate::reserve::{Denial, ReserveRequest};
 
 impl Inner {
+    /// Candidate `c`'s own budgets (its specs at `n` onwards) after
+    /// `before`, the common budgets' check, then its share when all admit;
+    /// `contended` gets `c` when its budgets or its share refused.
+    pub(super) fn check_candidate(
+        &self,
+        req: &ReserveRequest,
+        (c, n): (usize, usize),
+        before: Check,
+        contended: &mut Vec<usize>,
+        now: u64,
+    ) -> Check {
+        if let Check::Impossible(i) = before {
+            return Check::Impossible(i);
+        }
+        let own = self.check_all(&req.candidates[c], req, (c, n), None, now);
+        let own = match own {
+            Check::Ok if matches!(before, Check::Ok) => self.share_check(req, c, now),
+            own => own,
+        };
+        if matches!(own, Check::Denied(_)) {
+            contended.push(c);
+        }
+        worse(before, own)
+    }
+
     /// The live share state of candidate `c` of `req`, when it claims one.
     fn share_of(&self, req: &ReserveRequest, c: usize, now: u64) -> Option<(String, ShareState)> {
         share::claim_of(req)?;
@@ -75,15 +100,10 @@ impl Inner {
     }
 }
 
-/// True for a refusal held back for share.
-pub(super) fn own_held(c: &Check) -> bool {
-    matches!(c, Check::Denied(d) if d.held_for_share)
-}
-
 /// Both checks of one candidate together (the common budgets' first, then
 /// its own): an impossible one wins, else the longer wait, the common
 /// budgets' among equals (`lua/reserve.lua`'s order).
-pub(super) fn worse(before: Check, own: Check) -> Check {
+fn worse(before: Check, own: Check) -> Check {
     match (before, own) {
         (Check::Impossible(i), _) | (_, Check::Impossible(i)) => Check::Impossible(i),
         (Check::Denied(d), Check::Denied(e)) => {
