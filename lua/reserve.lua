@@ -247,7 +247,16 @@ local function reserve(KEYS, ARGV)
   end
 
   -- The share claim: SH[c] is candidate c's share key (nil: no claim).
-  local SH, claim_t, claim_r, claim_step = share_claim(ARGV[T + 2 * nspec + 2], KEYS, q)
+  -- Parsed only when some share state exists, or when a refusal records
+  -- one (before any write): an uncontended call reads its keys and no more.
+  local share_arg = ARGV[T + 2 * nspec + 2]
+  local SH, claim_t, claim_r, claim_step = nil, nil, nil, nil
+  for j = q + 1, #KEYS do
+    if raw[KEYS[j]] then
+      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+      break
+    end
+  end
 
   local function reply(r)
     if r[1] == 'I' then
@@ -431,6 +440,9 @@ local function reserve(KEYS, ARGV)
     end
   end
   if best_denial ~= nil then
+    if SH == nil and #contended > 0 then
+      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+    end
     adopt_policies(V, KEYS, nspec, now)
     if SH ~= nil then
       for _, c in ipairs(contended) do
