@@ -10,6 +10,9 @@
 //! its traffic reaches instead of its weight; a tenant held back for share
 //! blocking its gateway's line for the other tenant's waiters.
 //!
+//! In-process gateways (whose stores never lease) and `budgetgate serve`
+//! processes (quota leases on, as by default).
+//!
 //! Run: `cargo test --test it share_fleet:: -- --nocapture --test-threads=1`.
 
 use std::sync::atomic::AtomicBool;
@@ -26,10 +29,13 @@ const TPM: u64 = 60_000;
 const GATEWAYS: usize = 3;
 const CLIENTS: usize = 20;
 
-/// Three gateways on `redis`, sharing deployment `mock` (`TPM`, a second
-/// of it as burst, not refunded: the mock answers every cap in full, so
-/// settled = reserved) between `heavy` (weight 3) and `light` (weight 1).
-async fn fleet(redis: &RedisServer, prefix: &str) -> (Vec<Gateway>, mock_upstream::MockUpstream) {
+/// The config of a fleet on `redis`: deployment `mock` (`TPM`, a second of
+/// it as burst, not refunded: the mock answers every cap in full, so
+/// settled = reserved) shared by `heavy` (weight 3) and `light` (weight 1).
+async fn fleet_config(
+    redis: &RedisServer,
+    prefix: &str,
+) -> (TestConfig, mock_upstream::MockUpstream) {
     let mock = start_mock().await;
     mock.state.set_output_tokens(100_000);
     let mut c = TestConfig::standard(&mock.base_url(), 16, limits());
@@ -45,23 +51,26 @@ async fn fleet(redis: &RedisServer, prefix: &str) -> (Vec<Gateway>, mock_upstrea
             .collect(),
         ..RawQueue::default()
     });
-    let c = c.redis_fleet(&redis.url(), prefix);
+    (c.redis_fleet(&redis.url(), prefix), mock)
+}
+
+/// `GATEWAYS` in-process gateways (their stores never lease).
+async fn in_process(c: &TestConfig) -> Vec<Gateway> {
     let mut gws = Vec::new();
     for _ in 0..GATEWAYS {
         gws.push(c.start().await);
     }
-    (gws, mock)
+    gws
 }
 
 /// Runs `CLIENTS` closed loops per tenant, each tenant's clients spread
-/// over the gateways of its list, and returns the settled-token ratio.
-async fn ratio(prefix: &str, heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
-    let redis = RedisServer::start();
-    let (gws, _mock) = fleet(&redis, prefix).await;
-    let urls = |on: &[usize]| -> Vec<String> { on.iter().map(|&g| gws[g].base_url()).collect() };
+/// over the gateways of its list (indexes into `gws`), and returns the
+/// settled-token ratio.
+async fn ratio(gws: &[String], heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
+    let urls = |on: &[usize]| -> Vec<String> { on.iter().map(|&g| gws[g].clone()).collect() };
     let load = Arc::new(Load {
         client: reqwest::Client::new(),
-        url: gws[0].base_url(),
+        url: gws[0].clone(),
         start: Instant::now(),
         stop: AtomicBool::new(false),
     });
@@ -84,6 +93,15 @@ async fn ratio(prefix: &str, heavy_on: &[usize], light_on: &[usize], what: &str)
     ratio
 }
 
+/// [`ratio`] on in-process gateways.
+async fn in_process_ratio(prefix: &str, heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
+    let redis = RedisServer::start();
+    let (c, _mock) = fleet_config(&redis, prefix).await;
+    let gws = in_process(&c).await;
+    let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+    ratio(&urls, heavy_on, light_on, what).await
+}
+
 fn within_ten_percent(ratio: f64) {
     assert!(
         (2.7..=3.3).contains(&ratio),
@@ -94,7 +112,7 @@ fn within_ten_percent(ratio: f64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_three_to_one_hold_with_each_tenant_on_all_three_gateways() {
     let all = [0, 1, 2];
-    within_ten_percent(ratio("bgshare1", &all, &all, "each tenant on all three").await);
+    within_ten_percent(in_process_ratio("bgshare1", &all, &all, "each tenant on all three").await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,5 +120,42 @@ async fn weights_three_to_one_hold_whichever_gateways_a_tenant_reaches() {
     // The weight-1 tenant's traffic reaches one gateway, the weight-3
     // tenant's all three: without fleet-wide shares each gateway's
     // queue takes a third of the deployment, two of them all for heavy.
-    within_ten_percent(ratio("bgshare2", &[0, 1, 2], &[0], "light on one gateway").await);
+    within_ten_percent(
+        in_process_ratio("bgshare2", &[0, 1, 2], &[0], "light on one gateway").await,
+    );
+}
+
+/// The same on three `budgetgate serve` processes, quota leases on (the
+/// Redis store's default): a deployment lease never decides for a claim it
+/// cannot pay, and a saturated shared deployment does not suit a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_three_to_one_hold_on_three_serve_processes_with_leases_on() {
+    let redis = RedisServer::start();
+    let (c, _mock) = fleet_config(&redis, "bgshare3").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = c.write(dir.path());
+    let mut gws = Vec::new();
+    for _ in 0..GATEWAYS {
+        gws.push(GatewayProcess::start(&path, &[("RUST_LOG", "warn")]).await);
+    }
+    let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+    let all = [0, 1, 2];
+    let r = ratio(
+        &urls,
+        &all,
+        &all,
+        "serve processes, each tenant on all three",
+    )
+    .await;
+    let mut leased = 0.0;
+    for g in &gws {
+        leased += g
+            .metric(
+                "budgetgate_lease_decisions_total",
+                &[("decided_by", "lease")],
+            )
+            .await;
+    }
+    println!("reservations decided from leases: {leased}");
+    within_ten_percent(r);
 }
