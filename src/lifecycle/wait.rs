@@ -8,6 +8,11 @@
 //! line without a store call (it does not overtake the waiters); while no
 //! one waits anywhere, this phase adds one atomic load to admit.
 //!
+//! A request that may wait carries a share claim (tenant, class, weight) on
+//! every reservation: the store weighs it against the waiters of every
+//! gateway on a contended deployment (`reserve::share`), and a refusal
+//! held back for share moves the turn to another tenant's waiter.
+//!
 //! A waiter holds no reservation: it reserves through [`admit::admit`]
 //! when the line gives it the turn. When its time runs out it leaves the
 //! line and reserves once more outside it, so the 429 it gets is the one it
