@@ -269,7 +269,7 @@ local function reserve(KEYS, ARGV)
   -- (whose budgets all admit it): share.lua's share_refusal.
   local function share_check(c)
     local E = share_read(raw[SH[c]], now)
-    if #E == 0 or not share_holds_back(E, claim_t, claim_r) then
+    if #E == 0 or not share_holds_back(E, claim_t, claim_r, now) then
       return nil
     end
     local pick = share_named(V, LO[c], HI[c])

@@ -5,12 +5,12 @@
 --
 -- Stored at a deployment's share key (`<…>:upstream:<deployment>:share`,
 -- the deployment's hash tag): one string of entries, in order of arrival,
---   '<tenant> <rank> <lead> <seen µs> <waited µs>;'
+--   '<tenant> <rank> <lead> <waited µs> <admitted µs> <pending 0|1>;'
 -- (tenant ids are [A-Za-z0-9._-]: no separator). Written only when a claim
 -- is refused by the deployment, or counted while the state lives; TTL:
--- SHARE_ACTIVE after the last write + margin. Entries not seen within
--- SHARE_ACTIVE are dropped when read, and a state without live entries
--- counts as absent.
+-- SHARE_ACTIVE after the last write + margin. Entries whose last claim
+-- (refusal or admission) is SHARE_ACTIVE old are dropped when read, and a
+-- state without live entries counts as absent.
 
 -- The claim of reserve.lua's share argument `arg` ('' or nil: none), the
 -- share keys following KEYS[q]: SH (candidate → share key), tenant, rank,
@@ -36,14 +36,14 @@ local function share_claim(arg, KEYS, q)
 end
 
 -- The live entries of stored value `v` (false when absent): { tenant, rank,
--- lead, seen, waited } each.
+-- lead, waited, admitted, pending } each.
 local function share_read(v, now)
   local E = {}
   if v then
-    for t, r, l, seen, w in string.gmatch(v, '([^ ;]+) (%d+) (%d+) (%d+) (%d+);') do
-      seen = tonumber(seen)
-      if seen + SHARE_ACTIVE > now then
-        E[#E + 1] = { t, tonumber(r), tonumber(l), seen, tonumber(w) }
+    for t, r, l, w, a, p in string.gmatch(v, '([^ ;]+) (%d+) (%d+) (%d+) (%d+) ([01]);') do
+      w, a = tonumber(w), tonumber(a)
+      if (w > a and w or a) + SHARE_ACTIVE > now then
+        E[#E + 1] = { t, tonumber(r), tonumber(l), w, a, p == '1' }
       end
     end
   end
@@ -69,14 +69,15 @@ local function share_find(E, t)
   return nil
 end
 
--- ShareState::holds_back: another tenant waits with a lower rank, or the
--- same rank and a smaller lead.
-local function share_holds_back(E, t, rank)
+-- ShareState::holds_back: another tenant is pending with a lower rank, or
+-- was refused within SHARE_ACTIVE with the same rank and a smaller lead.
+local function share_holds_back(E, t, rank, now)
   local me = share_find(E, t)
   local lead = me and me[3] or share_least(E)
   for i = 1, #E do
     local e = E[i]
-    if e[5] > 0 and e[1] ~= t and (e[2] < rank or (e[2] == rank and e[3] < lead)) then
+    if e[1] ~= t and ((e[2] < rank and e[6])
+        or (e[2] == rank and e[4] > 0 and e[4] + SHARE_ACTIVE > now and e[3] < lead)) then
       return true
     end
   end
@@ -86,7 +87,7 @@ end
 local function share_entry(E, t, rank)
   local e = share_find(E, t)
   if e == nil then
-    e = { t, rank, share_least(E), 0, 0 }
+    e = { t, rank, share_least(E), 0, 0, false }
     E[#E + 1] = e
   end
   return e
@@ -99,7 +100,8 @@ local function share_write(key, E)
   for i = 1, #E do
     local e = E[i]
     e[3] = e[3] - least
-    parts[i] = e[1] .. ' ' .. s(e[2]) .. ' ' .. s(e[3]) .. ' ' .. s(e[4]) .. ' ' .. s(e[5]) .. ';'
+    parts[i] = e[1] .. ' ' .. s(e[2]) .. ' ' .. s(e[3]) .. ' ' .. s(e[4]) .. ' ' .. s(e[5])
+      .. (e[6] and ' 1;' or ' 0;')
   end
   put(key, table.concat(parts), ttl_ms(SHARE_ACTIVE))
 end
@@ -114,14 +116,14 @@ local function share_admitted(key, E, t, rank, step, now)
   if lead > cap then
     lead = cap
   end
-  e[2], e[3], e[4], e[5] = rank, lead, now, 0
+  e[2], e[3], e[5], e[6] = rank, lead, now, false
   share_write(key, E)
 end
 
 -- ShareState::refused.
 local function share_refused(key, E, t, rank, now)
   local e = share_entry(E, t, rank)
-  e[2], e[4], e[5] = rank, now, now
+  e[2], e[4], e[6] = rank, now, true
   share_write(key, E)
 end
 

@@ -18,12 +18,18 @@
 //!   seen within [`ACTIVE_MICROS`], and its entries likewise.
 //! - Entry per tenant: class rank, *lead* (the tenant's service so far in
 //!   lead units: tokens × [`SHARE_SCALE`] / weight, relative to the least
-//!   served active tenant), when it was last seen, and whether it waits:
-//!   the time of its last refusal, cleared when it is admitted.
+//!   served active tenant), the times of its last refusal and admission,
+//!   and whether it is *pending* (refused since its last admission).
 //! - A claim is *held back* (refused for share, though the budgets would
-//!   admit it) while another active tenant waits with a higher class (a
-//!   lower rank), or with the same class and a smaller lead: the capacity
-//!   is left for the tenant that is behind.
+//!   admit it) while another tenant is pending with a higher class (a
+//!   lower rank), or was refused within [`ACTIVE_MICROS`] (it is
+//!   backlogged: its other requests still wait somewhere in the fleet)
+//!   with the same class and a smaller lead: the capacity is left for the
+//!   tenant that is behind. A class above holds back only while it is
+//!   pending, so it never idles capacity once it is served; within a class
+//!   an admission does not end the backlog, else a tenant ahead would take
+//!   every refill that comes between the other's admission and its next
+//!   refusal.
 //! - An admitted claim adds its step (tokens × [`SHARE_SCALE`] / weight) to
 //!   its lead, at most [`GAP_STEPS`] steps above the least lead; a tenant
 //!   new to the state starts at the least lead (no credit saved up). Then
@@ -53,7 +59,8 @@ use super::{BudgetKind, BudgetSpec, ReserveRequest};
 
 /// Lead units per token at weight 1.
 pub const SHARE_SCALE: u64 = 1000;
-/// An entry (and the state) lives this long after it was last seen, µs.
+/// An entry (and the state) lives this long after its last claim, µs; a
+/// tenant refused within it is backlogged.
 pub const ACTIVE_MICROS: u64 = 1_000_000;
 /// A tenant is at most this many of its own steps ahead of the least
 /// served one: what it took while no one else waited is forgotten beyond.
@@ -132,10 +139,18 @@ pub struct ShareEntry {
     pub rank: u8,
     /// Lead units above the least served active tenant.
     pub lead: u64,
-    /// Last claim, UTC µs.
-    pub seen: u64,
-    /// Last refusal, UTC µs; 0 once admitted since.
+    /// Last refusal, UTC µs (0: none).
     pub waited: u64,
+    /// Last admission, UTC µs (0: none).
+    pub admitted: u64,
+    /// Refused since its last admission.
+    pub pending: bool,
+}
+
+impl ShareEntry {
+    fn seen(&self) -> u64 {
+        self.waited.max(self.admitted)
+    }
 }
 
 /// A deployment's share state: its entries in order of arrival.
@@ -148,7 +163,7 @@ pub struct ShareState {
 impl ShareState {
     /// Drops the entries not seen within [`ACTIVE_MICROS`] of `now`.
     pub fn live(&mut self, now: u64) {
-        self.entries.retain(|e| e.seen + ACTIVE_MICROS > now);
+        self.entries.retain(|e| e.seen() + ACTIVE_MICROS > now);
     }
 
     /// True when no entry is left.
@@ -167,14 +182,17 @@ impl ShareState {
             .map_or_else(|| self.least(), |e| e.lead)
     }
 
-    /// True when `claim` must leave the capacity to a waiting tenant that
-    /// is ahead of it in class, or behind it in service.
-    pub fn holds_back(&self, claim: &ShareClaim) -> bool {
+    /// True when `claim` must leave the capacity at `now` to a pending
+    /// tenant of a higher class, or a backlogged one of its class behind it.
+    pub fn holds_back(&self, claim: &ShareClaim, now: u64) -> bool {
         let lead = self.lead_of(&claim.tenant);
         self.entries.iter().any(|e| {
-            e.waited > 0
-                && *e.tenant != *claim.tenant
-                && (e.rank < claim.rank || (e.rank == claim.rank && e.lead < lead))
+            *e.tenant != *claim.tenant
+                && ((e.rank < claim.rank && e.pending)
+                    || (e.rank == claim.rank
+                        && e.waited > 0
+                        && e.waited + ACTIVE_MICROS > now
+                        && e.lead < lead))
         })
     }
 
@@ -187,8 +205,9 @@ impl ShareState {
                     tenant: claim.tenant.clone(),
                     rank: claim.rank,
                     lead,
-                    seen: 0,
                     waited: 0,
+                    admitted: 0,
+                    pending: false,
                 });
                 self.entries.len() - 1
             }
@@ -202,8 +221,8 @@ impl ShareState {
         let e = self.entry(claim);
         e.lead = (e.lead + step).min(least + GAP_STEPS * step);
         e.rank = claim.rank;
-        e.seen = now;
-        e.waited = 0;
+        e.admitted = now;
+        e.pending = false;
         self.normalize();
     }
 
@@ -211,8 +230,8 @@ impl ShareState {
     pub fn refused(&mut self, claim: &ShareClaim, now: u64) {
         let e = self.entry(claim);
         e.rank = claim.rank;
-        e.seen = now;
         e.waited = now;
+        e.pending = true;
         self.normalize();
     }
 
@@ -237,33 +256,48 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_ahead_is_held_back_while_one_behind_waits_and_released_after() {
+    fn a_tenant_ahead_is_held_back_while_one_behind_is_backlogged_and_released_after() {
         let (h, l) = (claim("heavy", 1, 3), claim("light", 1, 1));
         let mut s = ShareState::default();
         s.refused(&l, 10);
         s.admitted(&h, h.step(30), 20);
         assert_eq!(s.lead_of("heavy"), 10_000);
-        assert!(s.holds_back(&h), "light waits and is behind");
-        assert!(!s.holds_back(&l));
+        assert!(s.holds_back(&h, 20), "light waits and is behind");
+        assert!(!s.holds_back(&l, 20));
         s.admitted(&l, l.step(30), 30);
-        // light is 30,000 ahead of heavy's 10,000: now light waits for no one,
-        // heavy is behind but does not wait.
+        // Light is 30,000 ahead of heavy's 10,000: it holds no one back, and
+        // heavy, behind, was never refused.
         assert_eq!((s.lead_of("heavy"), s.lead_of("light")), (0, 20_000));
-        assert!(!s.holds_back(&h) && !s.holds_back(&l));
+        assert!(!s.holds_back(&h, 30) && !s.holds_back(&l, 30));
         s.refused(&h, 40);
-        assert!(s.holds_back(&l));
-        s.live(40 + ACTIVE_MICROS);
-        assert!(s.is_empty(), "entries leave after a second unseen");
+        assert!(s.holds_back(&l, 40));
+        s.admitted(&h, h.step(30), 50);
+        assert!(
+            s.holds_back(&l, 50),
+            "an admission does not end heavy's backlog: light is still ahead"
+        );
+        assert!(
+            !s.holds_back(&l, 40 + ACTIVE_MICROS),
+            "a second after its last refusal it does"
+        );
+        s.live(50 + ACTIVE_MICROS);
+        assert!(
+            s.is_empty(),
+            "entries leave a second after their last claim"
+        );
     }
 
     #[test]
-    fn a_higher_class_waiting_holds_back_a_lower_one_until_admitted() {
+    fn a_higher_class_pending_holds_back_a_lower_one_until_admitted() {
         let (chat, jobs) = (claim("chat", 0, 1), claim("jobs", 2, 1));
         let mut s = ShareState::default();
         s.refused(&chat, 1);
-        assert!(s.holds_back(&jobs));
+        assert!(s.holds_back(&jobs, 1));
         s.admitted(&chat, chat.step(200), 2);
-        assert!(!s.holds_back(&jobs), "no idle capacity once it is served");
+        assert!(
+            !s.holds_back(&jobs, 2),
+            "no idle capacity once it is served"
+        );
     }
 
     #[test]

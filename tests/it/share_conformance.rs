@@ -86,8 +86,8 @@ pub(crate) async fn a_waiting_tenant_behind_its_share_gets_the_capacity_first(h:
         "named after the deployment's bucket, retry after its own cost's refill"
     );
     admitted(claim_on(&h, "l3", 400, &up, &light).await);
-    // Light (400,000) is now ahead of heavy (133,333) and no longer waits:
-    // heavy is refused by the budget only.
+    // Light (400,000) is now ahead of heavy (133,333): heavy is owed the
+    // next turn, but this refusal is the empty bucket's.
     let d = denied(claim_on(&h, "h5", 400, &up, &heavy).await);
     assert!(!d.held_for_share);
     h.clock.advance(400 * MS);

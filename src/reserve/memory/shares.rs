@@ -48,7 +48,7 @@ impl Inner {
         else {
             return Check::Ok;
         };
-        if !st.holds_back(claim) {
+        if !st.holds_back(claim, now) {
             return Check::Ok;
         }
         let cand = &req.candidates[c];
