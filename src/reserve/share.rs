@@ -38,10 +38,11 @@
 //!   on the deployment's first token bucket (else [`SHARE_RETRY_MICROS`]):
 //!   by then the tenant behind has had its turn.
 //!
-//! Borrowing: a tenant that is not refused does not wait, so it holds no
-//! one back, and one that stops claiming leaves the state after
-//! [`ACTIVE_MICROS`]; capacity never idles while the only waiters are
-//! tenants that are ahead.
+//! Borrowing: a tenant that is not refused holds no one back, and one
+//! that stops claiming leaves the state after [`ACTIVE_MICROS`]. A tenant
+//! ahead is held back at most [`ACTIVE_MICROS`] after the last refusal of
+//! the one behind it (the tokens wait in the bucket meanwhile, lost only
+//! if it fills), and by a higher class only while that class is pending.
 //!
 //! # Bounds (integers below 2^53, exact in Lua)
 //!
