@@ -31,6 +31,7 @@ fn request(ks: &KeySpace) -> ReserveRequest {
         ..Limits::default()
     };
     ReserveRequest {
+        share: None,
         id: String::new(),
         costs: budgetgate::reserve::Costs::tokens(300),
         common: scope_budgets(ks, Scope::Tenant("acme".into()), &tenant, true),

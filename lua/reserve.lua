@@ -8,6 +8,8 @@
 --                candidate's specs, in order (all share one hash tag)
 -- KEYS[N+2..]    the previous key layout's counter of each quota spec, in
 --                spec order (read when the current counter is absent)
+-- then           the share key (share.lua) of each candidate the share
+--                claim lists, in its order (none without a claim)
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens reserved (input + output estimate), tokens
@@ -41,6 +43,9 @@
 --                the cost of each common spec for each candidate (candidate
 --                by candidate, C × ncommon packed doubles): a common budget
 --                priced per deployment (dollars)
+-- ARGV[10+C+2N]  '' without a share claim, else its words: tenant, class
+--                rank, step (lead units, src/reserve/share.rs), then the
+--                1-based numbers of the candidates whose share key follows
 --
 -- Reply (every element a string; sent as one string of space-separated
 -- words, lib.lua's words, except the replay, whose hold has spaces):
@@ -55,6 +60,11 @@
 --   {'D', now, spec index (0-based), available, retry_after µs, reset µs}
 --       denied; nothing was debited (buckets whose stored policy differs
 --       from the request's are brought under it: adopt_policies).
+--   {'S', now, spec index, available, retry_after µs, reset µs}
+--       denied as 'D', held back for share: the budgets would admit it,
+--       the deployment's capacity goes to a tenant behind it (share.lua).
+--       A refused claim is recorded in the share state of each candidate
+--       that refused it by its own budgets or held it back.
 --   {'V', now}
 --       this id was voided (settle.lua, mode void) before or after it was
 --       reserved: nothing written, never admitted.
@@ -236,11 +246,39 @@ local function reserve(KEYS, ARGV)
     end
   end
 
+  -- The share claim: SH[c] is candidate c's share key (nil: no claim).
+  -- Parsed only when some share state exists, or when a refusal records
+  -- one (before any write): an uncontended call reads its keys and no more.
+  local share_arg = ARGV[T + 2 * nspec + 2]
+  local SH, claim_t, claim_r, claim_step = nil, nil, nil, nil
+  for j = q + 1, #KEYS do
+    if raw[KEYS[j]] then
+      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+      break
+    end
+  end
+
   local function reply(r)
     if r[1] == 'I' then
       return { 'I', snow, s(r[2] - 1) }
     end
-    return { 'D', snow, s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
+    return { r[1], snow, s(r[2] - 1), s(r[3]), s(r[4]), s(r[5]) }
+  end
+
+  -- nil, or the refusal of the claim held back for share on candidate c
+  -- (whose budgets all admit it): share.lua's share_refusal.
+  local function share_check(c)
+    local E = share_read(raw[SH[c]], now)
+    if #E == 0 or not share_holds_back(E, claim_t, claim_r, now) then
+      return nil
+    end
+    local pick = share_named(V, LO[c], HI[c])
+    if pick == nil then
+      return nil
+    end
+    local legacy = LEGACY[pick] and raw[LEGACY[pick]]
+    return share_refusal(V, pick, cost_of(V, CC, ncommon, pick, c), raw[KEYS[pick + 1]],
+      KEYS[pick + 1], legacy, now, snow)
   end
 
   local function admit(candidate, lo, hi)
@@ -361,18 +399,39 @@ local function reserve(KEYS, ARGV)
     return admit(0, 1, 0)
   end
   local best_denial, first_impossible = nil, nil
+  -- The candidates whose own budgets refused the claim or held it back.
+  local contended = {}
   for c = 1, ncand do
     local r = common
     if CC ~= nil then
       r = reserve_check_all(V, CC, ncommon, c, KEYS, 1, ncommon, now, snow, id, LEGACY, nil)
     end
     if r == nil or r[1] ~= 'I' then
-      r = reserve_check_all(V, CC, ncommon, c, KEYS, LO[c], HI[c], now, snow, id, LEGACY, r)
+      local own = reserve_check_all(V, CC, ncommon, c, KEYS, LO[c], HI[c], now, snow, id, LEGACY, nil)
+      if own ~= nil and own[1] == 'D' then
+        contended[#contended + 1] = c
+      end
+      if own == nil and r == nil and SH ~= nil and SH[c] ~= nil then
+        own = share_check(c)
+        if own ~= nil then
+          contended[#contended + 1] = c
+        end
+      end
+      -- The common budgets' refusal among equal waits; an impossible one wins.
+      if own ~= nil and (r == nil or own[1] == 'I' or own[4] > r[4]) then
+        r = own
+      end
     end
     if r == nil then
+      if SH ~= nil and SH[c] ~= nil then
+        local E = share_read(raw[SH[c]], now)
+        if #E > 0 then
+          share_admitted(SH[c], E, claim_t, claim_r, claim_step, now)
+        end
+      end
       return admit(c - 1, LO[c], HI[c])
     end
-    if r[1] == 'D' then
+    if r[1] ~= 'I' then
       if best_denial == nil or r[4] < best_denial[4] then
         best_denial = r
       end
@@ -381,7 +440,17 @@ local function reserve(KEYS, ARGV)
     end
   end
   if best_denial ~= nil then
+    if SH == nil and #contended > 0 then
+      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+    end
     adopt_policies(V, KEYS, nspec, now)
+    if SH ~= nil then
+      for _, c in ipairs(contended) do
+        if SH[c] ~= nil then
+          share_refused(SH[c], share_read(raw[SH[c]], now), claim_t, claim_r, now)
+        end
+      end
+    end
     return reply(best_denial)
   end
   adopt_policies(V, KEYS, nspec, now)

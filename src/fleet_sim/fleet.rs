@@ -275,6 +275,7 @@ impl<'c> Fleet<'c> {
     ) {
         let ([rpm, tpm], primary) = &self.budgets[tenant];
         let req = ReserveRequest {
+            share: None,
             id: format!("{gw}.{}.{req_no}", self.generation[gw]),
             costs: Costs::tokens(estimate),
             common: vec![rpm.clone(), tpm.clone()],

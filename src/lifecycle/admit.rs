@@ -129,6 +129,7 @@ pub async fn admit<'p>(
         }),
     );
     let reserve = ReserveRequest {
+        share: cx.share.clone(),
         id: id.clone(),
         costs,
         common,
@@ -144,7 +145,7 @@ pub async fn admit<'p>(
     let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
-            tracing::info!(tenant = %plan.requester.tenant, end_user = request.end_user.as_deref().unwrap_or(""), scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, policy_version = %policy.version, "denied");
+            tracing::info!(tenant = %plan.requester.tenant, end_user = request.end_user.as_deref().unwrap_or(""), scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, held_for_share = denial.held_for_share, policy_version = %policy.version, "denied");
             return Err(ApiError::RateLimited {
                 headers: cx.dialect.rate_limit_headers(
                     std::slice::from_ref(&denial.state),
@@ -296,6 +297,7 @@ pub fn request_count_reservation(
     let policy = &*cx.policy;
     let common: Vec<BudgetSpec> = plan.common.iter().filter(|s| keep(s)).cloned().collect();
     ReserveRequest {
+        share: None,
         id: cx.finish.request_id.reservation_id(true),
         costs: amounts::reserve_costs(
             &Demand::default(),

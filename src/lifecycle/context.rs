@@ -32,6 +32,9 @@ pub struct RequestContext {
     /// Who answered the last reservation (a deny-cache refusal knows only
     /// the refusing budget).
     pub answered_by: Option<AnsweredBy>,
+    /// The request's claim to a share of a contended deployment, set when
+    /// it may wait (the gateway has a queue).
+    pub share: Option<crate::reserve::share::ShareClaim>,
 }
 
 impl RequestContext {
@@ -49,6 +52,7 @@ impl RequestContext {
             finish,
             plan: None,
             answered_by: None,
+            share: None,
         }
     }
 }

@@ -8,6 +8,11 @@
 //! line without a store call (it does not overtake the waiters); while no
 //! one waits anywhere, this phase adds one atomic load to admit.
 //!
+//! A request that may wait carries a share claim (tenant, class, weight) on
+//! every reservation: the store weighs it against the waiters of every
+//! gateway on a contended deployment (`reserve::share`), and a refusal
+//! held back for share moves the turn to another tenant's waiter.
+//!
 //! A waiter holds no reservation: it reserves through [`admit::admit`]
 //! when the line gives it the turn. When its time runs out it leaves the
 //! line and reserves once more outside it, so the 429 it gets is the one it
@@ -28,6 +33,7 @@ use super::route::Attempts;
 use crate::queue::class::WAITER_OVERHEAD_BYTES;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
+use crate::reserve::share::ShareClaim;
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
@@ -125,13 +131,21 @@ pub async fn admit<'p>(
         .key(request.caller.tenant, request.caller.key)
         .weight
         .unwrap_or(cx.policy.tenant(request.caller.tenant).weight);
-    let joining = |spec: &BudgetSpec, refused: Option<Duration>| Joining {
+    // The store weighs this tenant's claim on a contended deployment
+    // against the other gateways' waiters (`reserve::share`).
+    cx.share = Some(ShareClaim {
+        tenant: request.plan.requester.tenant.clone(),
+        rank: asked.class.index() as u8,
+        weight,
+    });
+    let joining = |spec: &BudgetSpec, refused: Option<Duration>, held_for_share| Joining {
         class: asked.class,
         tenant: request.plan.requester.tenant.clone(),
         weight,
         cost: spec.cost(request.estimate.total_tokens),
         bytes: request.raw.len() + WAITER_OVERHEAD_BYTES,
         refused,
+        held_for_share,
     };
     let may_wait = |spec: &BudgetSpec, policy: &QueuePolicy| {
         !spec.shadow && policy.may_wait(kind(&spec.scope, tenant), asked.class)
@@ -158,7 +172,7 @@ pub async fn admit<'p>(
             ticket = Some(join(
                 cx,
                 spec.key.clone(),
-                joining(spec, None),
+                joining(spec, None, false),
                 policy,
                 1_000_000,
             )?);
@@ -216,9 +230,17 @@ pub async fn admit<'p>(
             .find(|s| s.scope == denial.scope && s.name == denial.name && may_wait(s, policy));
         let same_line = spec.is_some_and(|s| ticket.as_ref().is_some_and(|t| *t.key() == s.key));
         let first = !std::mem::replace(&mut refused_once, true);
+        let held = denial.held_for_share;
+        let refused_in_line = |t: &Ticket| {
+            if held {
+                t.held_back(wait);
+            } else {
+                t.refused(wait);
+            }
+        };
         if same_line && !first {
             if let Some(t) = &ticket {
-                t.refused(wait);
+                refused_in_line(t);
             }
             continue;
         }
@@ -234,7 +256,7 @@ pub async fn admit<'p>(
         }
         if same_line {
             if let Some(t) = &ticket {
-                t.refused(wait);
+                refused_in_line(t);
             }
             continue;
         }
@@ -245,7 +267,7 @@ pub async fn admit<'p>(
         match join(
             cx,
             spec.key.clone(),
-            joining(spec, Some(wait)),
+            joining(spec, Some(wait), held),
             policy,
             micros,
         ) {

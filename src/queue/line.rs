@@ -17,7 +17,11 @@
 //!
 //! One waiter at a time holds the line's *turn*: it alone retries its
 //! reservation, at once (it was never tried, or capacity came back) or at
-//! the time the store's latest refusal named. Nothing here reads a clock
+//! the time the store's latest refusal named. A refusal that held the
+//! waiter's tenant back for its fleet-wide share (`reserve::share`: the
+//! budget has capacity, owed to a tenant behind it) holds that tenant
+//! until the retry time and gives the turn to the best waiter of another
+//! tenant at once, so a line led by a tenant ahead still serves the others. Nothing here reads a clock
 //! or does I/O: every event carries `now`, and the caller wakes the
 //! waiters returned.
 
@@ -102,6 +106,9 @@ pub struct Line {
     /// No starvation turn before this.
     next_starve: Option<Instant>,
     max_starve: Option<Duration>,
+    /// Tenants the store held back for their fleet-wide share, until when:
+    /// their waiters let the others' try first meanwhile.
+    held: HashMap<Arc<str>, Instant>,
 }
 
 impl Line {
@@ -118,6 +125,7 @@ impl Line {
             returned_while_running: false,
             next_starve: None,
             max_starve,
+            held: HashMap::new(),
         }
     }
 
@@ -132,12 +140,14 @@ impl Line {
     }
 
     /// Adds waiter `id`; `refused`: this budget refused it just now and
-    /// named this wait (the line's turn then waits for it too).
+    /// named this wait (the line's turn then waits for it too), or held its
+    /// tenant back for share (`held_for_share`: only its tenant waits).
     pub fn join(
         &mut self,
         id: u64,
         entry: Entry,
         refused: Option<Duration>,
+        held_for_share: bool,
         now: Instant,
     ) -> Wakes {
         let c = entry.class.index();
@@ -152,8 +162,12 @@ impl Line {
         if entry.class == Class::Batch {
             self.batch_by_age.insert((entry.joined, id));
         }
-        if let Some(wait) = refused {
-            self.retry_at = Some(now + wait);
+        match refused {
+            Some(wait) if held_for_share => {
+                self.held.insert(entry.tenant.clone(), now + wait);
+            }
+            Some(wait) => self.retry_at = Some(now + wait),
+            None => {}
         }
         self.waiting.insert(id, Waiting { entry, tag });
         self.reschedule(now)
@@ -208,6 +222,22 @@ impl Line {
         } else {
             now + retry_after
         });
+        self.returned_while_running = false;
+        self.reschedule(now)
+    }
+
+    /// The store held waiter `id`'s tenant back for its fleet-wide share
+    /// for `retry_after` (the budget has capacity, for a tenant behind it):
+    /// the best waiter of another tenant tries now.
+    pub fn held_back(&mut self, id: u64, retry_after: Duration, now: Instant) -> Wakes {
+        if self.turn.is_some_and(|t| t.id == id) {
+            self.turn = None;
+        }
+        if let Some(w) = self.waiting.get_mut(&id) {
+            w.entry.tried = true;
+            self.held.insert(w.entry.tenant.clone(), now + retry_after);
+        }
+        self.retry_at = None;
         self.returned_while_running = false;
         self.reschedule(now)
     }
@@ -273,10 +303,25 @@ impl Line {
                 return Some((id, true));
             }
         }
+        let held = |id: &u64| {
+            self.waiting
+                .get(id)
+                .and_then(|w| self.held.get(&w.entry.tenant))
+                .is_some_and(|until| *until > now)
+        };
+        // The best waiter of a tenant not held back, else the best of all
+        // (its turn then comes when its tenant's hold ends).
         self.by_tag
             .iter()
-            .find_map(|s| s.first())
+            .find_map(|s| s.iter().find(|(_, id)| !held(id)))
+            .or_else(|| self.by_tag.iter().find_map(|s| s.first()))
             .map(|&(_, id)| (id, false))
+    }
+
+    /// Until when waiter `id`'s tenant is held back, if it is at `now`.
+    fn held_until(&self, id: u64, now: Instant) -> Option<Instant> {
+        let w = self.waiting.get(&id)?;
+        self.held.get(&w.entry.tenant).copied().filter(|u| *u > now)
     }
 
     /// Gives the turn to the best waiter if it does not hold it.
@@ -307,6 +352,11 @@ impl Line {
             Some(r) if tried && r > now => Some(r),
             _ => None,
         };
+        let at = match (at, self.held_until(best, now)) {
+            (Some(a), Some(h)) => Some(a.max(h)),
+            (a, h) => a.or(h),
+        };
+        self.held.retain(|_, until| *until > now);
         self.turn = Some(Turn {
             id: best,
             at,

@@ -31,9 +31,15 @@ fn admit_next(line: &mut Line, now: Instant) -> Option<u64> {
 fn a_higher_class_goes_first_whatever_the_arrival_order() {
     let now = Instant::now();
     let mut line = Line::new(None);
-    line.join(1, entry(Class::Batch, "b", 1, 10, now), None, now);
-    line.join(2, entry(Class::Standard, "s", 1, 10, now), None, now);
-    line.join(3, entry(Class::Interactive, "i", 1, 10, now), None, now);
+    line.join(1, entry(Class::Batch, "b", 1, 10, now), None, false, now);
+    line.join(2, entry(Class::Standard, "s", 1, 10, now), None, false, now);
+    line.join(
+        3,
+        entry(Class::Interactive, "i", 1, 10, now),
+        None,
+        false,
+        now,
+    );
     assert_eq!(admit_next(&mut line, now), Some(3));
     assert_eq!(admit_next(&mut line, now), Some(2));
     assert_eq!(admit_next(&mut line, now), Some(1));
@@ -46,8 +52,20 @@ fn weights_three_to_one_share_admitted_cost_three_to_one_and_each_tenant_is_fifo
     let mut line = Line::new(None);
     // 40 waiters each, equal cost; ids 0..40 tenant a (weight 3), 100.. tenant b (weight 1).
     for i in 0..40 {
-        line.join(i, entry(Class::Standard, "a", 3, 100, now), None, now);
-        line.join(100 + i, entry(Class::Standard, "b", 1, 100, now), None, now);
+        line.join(
+            i,
+            entry(Class::Standard, "a", 3, 100, now),
+            None,
+            false,
+            now,
+        );
+        line.join(
+            100 + i,
+            entry(Class::Standard, "b", 1, 100, now),
+            None,
+            false,
+            now,
+        );
     }
     let order: Vec<u64> = (0..40).map_while(|_| admit_next(&mut line, now)).collect();
     let a: Vec<u64> = order.iter().copied().filter(|&i| i < 100).collect();
@@ -65,8 +83,20 @@ fn fair_sharing_is_by_cost_not_by_request_count() {
     let mut line = Line::new(None);
     // Equal weights; a asks 300 per request, b 100: b gets three turns per a's one.
     for i in 0..20 {
-        line.join(i, entry(Class::Standard, "a", 1, 300, now), None, now);
-        line.join(100 + i, entry(Class::Standard, "b", 1, 100, now), None, now);
+        line.join(
+            i,
+            entry(Class::Standard, "a", 1, 300, now),
+            None,
+            false,
+            now,
+        );
+        line.join(
+            100 + i,
+            entry(Class::Standard, "b", 1, 100, now),
+            None,
+            false,
+            now,
+        );
     }
     let order: Vec<u64> = (0..16).map_while(|_| admit_next(&mut line, now)).collect();
     let a_cost: u64 = order.iter().filter(|&&i| i < 100).count() as u64 * 300;
@@ -82,7 +112,13 @@ fn a_tenant_back_from_idle_saves_up_no_credit() {
     let now = Instant::now();
     let mut line = Line::new(None);
     for i in 0..10 {
-        line.join(i, entry(Class::Standard, "busy", 1, 100, now), None, now);
+        line.join(
+            i,
+            entry(Class::Standard, "busy", 1, 100, now),
+            None,
+            false,
+            now,
+        );
     }
     for _ in 0..5 {
         admit_next(&mut line, now);
@@ -94,6 +130,7 @@ fn a_tenant_back_from_idle_saves_up_no_credit() {
             200 + i,
             entry(Class::Standard, "idle", 1, 100, now),
             None,
+            false,
             now,
         );
     }
@@ -106,8 +143,8 @@ fn a_tenant_back_from_idle_saves_up_no_credit() {
 fn a_refused_holder_keeps_the_turn_until_the_refill_time_and_a_refund_brings_it_forward() {
     let now = Instant::now();
     let mut line = Line::new(None);
-    line.join(1, entry(Class::Standard, "a", 1, 10, now), None, now);
-    line.join(2, entry(Class::Standard, "a", 1, 10, now), None, now);
+    line.join(1, entry(Class::Standard, "a", 1, 10, now), None, false, now);
+    line.join(2, entry(Class::Standard, "a", 1, 10, now), None, false, now);
     assert_eq!(line.my_turn(1), MyTurn::Now);
     assert_eq!(line.my_turn(2), MyTurn::No);
     assert!(line.begin(1, now));
@@ -125,7 +162,7 @@ fn a_refused_holder_keeps_the_turn_until_the_refill_time_and_a_refund_brings_it_
 fn a_refund_during_an_attempt_makes_its_refusal_retry_at_once() {
     let now = Instant::now();
     let mut line = Line::new(None);
-    line.join(1, entry(Class::Standard, "a", 1, 10, now), None, now);
+    line.join(1, entry(Class::Standard, "a", 1, 10, now), None, false, now);
     assert!(line.begin(1, now));
     line.capacity_returned(now);
     line.refused(1, Duration::from_secs(5), now);
@@ -136,10 +173,16 @@ fn a_refund_during_an_attempt_makes_its_refusal_retry_at_once() {
 fn a_better_arrival_takes_the_turn_and_tries_at_once() {
     let now = Instant::now();
     let mut line = Line::new(None);
-    line.join(1, entry(Class::Batch, "b", 1, 10, now), None, now);
+    line.join(1, entry(Class::Batch, "b", 1, 10, now), None, false, now);
     assert!(line.begin(1, now));
     line.refused(1, Duration::from_secs(1), now);
-    let wakes = line.join(2, entry(Class::Interactive, "i", 1, 10, now), None, now);
+    let wakes = line.join(
+        2,
+        entry(Class::Interactive, "i", 1, 10, now),
+        None,
+        false,
+        now,
+    );
     assert_eq!(wakes.len(), 2, "the old holder and the new one are woken");
     assert_eq!(line.my_turn(2), MyTurn::Now);
     assert_eq!(line.my_turn(1), MyTurn::No);
@@ -150,12 +193,18 @@ fn a_starving_batch_waiter_gets_one_turn_per_max_starve() {
     let t0 = Instant::now();
     let starve = Duration::from_secs(10);
     let mut line = Line::new(Some(starve));
-    line.join(1, entry(Class::Batch, "b", 1, 10, t0), None, t0);
-    line.join(2, entry(Class::Batch, "b", 1, 10, t0), None, t0);
+    line.join(1, entry(Class::Batch, "b", 1, 10, t0), None, false, t0);
+    line.join(2, entry(Class::Batch, "b", 1, 10, t0), None, false, t0);
     let mut id = 10;
     let mut next_interactive = |line: &mut Line, now| {
         id += 1;
-        line.join(id, entry(Class::Interactive, "i", 1, 10, now), None, now);
+        line.join(
+            id,
+            entry(Class::Interactive, "i", 1, 10, now),
+            None,
+            false,
+            now,
+        );
     };
     next_interactive(&mut line, t0);
     assert_eq!(admit_next(&mut line, t0), Some(11));
@@ -170,4 +219,65 @@ fn a_starving_batch_waiter_gets_one_turn_per_max_starve() {
     let t2 = t1 + starve;
     next_interactive(&mut line, t2);
     assert_eq!(admit_next(&mut line, t2), Some(2));
+}
+
+#[test]
+fn a_tenant_held_back_for_share_lets_another_tenant_try_at_once_and_tries_again_after() {
+    let now = Instant::now();
+    let mut line = Line::new(None);
+    // "heavy" (weight 3) has the smaller tags: its waiter holds the turn.
+    line.join(
+        1,
+        entry(Class::Standard, "heavy", 3, 30, now),
+        None,
+        false,
+        now,
+    );
+    line.join(
+        2,
+        entry(Class::Standard, "heavy", 3, 30, now),
+        None,
+        false,
+        now,
+    );
+    line.join(
+        3,
+        entry(Class::Standard, "light", 1, 30, now),
+        None,
+        false,
+        now,
+    );
+    assert!(line.begin(1, now));
+    line.refused(1, Duration::from_millis(500), now);
+    assert!(line.begin(1, now + Duration::from_millis(500)));
+    let held = Duration::from_millis(30);
+    line.held_back(1, held, now);
+    assert_eq!(
+        line.my_turn(3),
+        MyTurn::Now,
+        "light tries at once, refill or not"
+    );
+    assert!(line.begin(3, now));
+    line.admitted(3, now);
+    assert_eq!(
+        line.my_turn(1),
+        MyTurn::At(now + held),
+        "heavy again after its hold"
+    );
+    // A held tenant's newcomer does not take the turn from the others.
+    line.join(
+        4,
+        entry(Class::Standard, "light", 1, 30, now),
+        None,
+        false,
+        now,
+    );
+    line.join(
+        5,
+        entry(Class::Standard, "heavy", 3, 1, now),
+        Some(held),
+        true,
+        now,
+    );
+    assert_eq!(line.my_turn(4), MyTurn::Now);
 }

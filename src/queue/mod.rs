@@ -83,6 +83,8 @@ pub struct Joining {
     pub bytes: usize,
     /// This line's budget refused it just now with this wait.
     pub refused: Option<std::time::Duration>,
+    /// That refusal held its tenant back for share (`reserve::share`).
+    pub held_for_share: bool,
 }
 
 impl Queue {
@@ -152,6 +154,7 @@ impl Queue {
                     wake: wake.clone(),
                 },
                 j.refused,
+                j.held_for_share,
                 now,
             )
         };

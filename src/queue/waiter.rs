@@ -117,6 +117,15 @@ impl Ticket {
         });
     }
 
+    /// The store held the attempt back for its tenant's fleet-wide share
+    /// for `retry_after`: the waiter stays, others' tenants go first.
+    pub fn held_back(&self, retry_after: Duration) {
+        let id = self.id;
+        self.queue.on_line(&self.key, |line| {
+            line.held_back(id, retry_after, Instant::now())
+        });
+    }
+
     /// The attempt was admitted: the waiter leaves, the next one tries.
     /// Returns how long it waited in this line.
     pub fn admitted(mut self) -> Duration {

@@ -175,6 +175,7 @@ mod tests {
     fn request(id: &str) -> ReserveRequest {
         let scope = Scope::Tenant("t".into());
         ReserveRequest {
+            share: None,
             id: id.into(),
             costs: crate::reserve::Costs::tokens(100),
             common: vec![BudgetSpec {

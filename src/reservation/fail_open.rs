@@ -330,6 +330,7 @@ fn scaled(req: &ReserveRequest, share: f64) -> ReserveRequest {
         s
     };
     ReserveRequest {
+        share: None,
         common: req.common.iter().map(shrink).collect(),
         candidates: req
             .candidates
@@ -411,6 +412,7 @@ mod tests {
             shadow: false,
         };
         ReserveRequest {
+            share: None,
             id: id.into(),
             costs: Costs::tokens(1),
             common: vec![spec],

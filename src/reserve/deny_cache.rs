@@ -222,6 +222,7 @@ mod tests {
 
     fn denial(name: BudgetName, available: i64, retry: u64) -> Denial {
         Denial {
+            held_for_share: false,
             scope: Scope::Tenant("t".into()),
             name,
             limit: 60,

@@ -12,6 +12,7 @@
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
 //! - [`deny_cache`]: local refusals for budgets known to be empty.
 //! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
+//! - [`share`]: fleet-wide weighted shares of a contended deployment.
 //! - [`store_config`]: the `[store]` settings the stores read.
 //! - `amounts`: what a call asks of each budget ([`Costs`], [`Step`],
 //!   [`Actual`]) and who asks ([`Requester`]).
@@ -26,6 +27,7 @@ pub mod lease;
 pub mod memory;
 pub mod records;
 pub mod redis;
+pub mod share;
 pub mod store_config;
 
 pub use amounts::{
@@ -265,6 +267,9 @@ pub struct ReserveRequest {
     /// Who asks: read by the gateway's store wrappers (deny cache, failure
     /// policy), ignored by the stores.
     pub requester: Arc<Requester>,
+    /// The tenant's claim to a weighted share of a contended deployment
+    /// ([`share`]); `None`: the stores decide by the budgets alone.
+    pub share: Option<share::ShareClaim>,
 }
 
 /// A budget's state as seen by one decision, in its own unit (tokens or requests).
@@ -328,6 +333,9 @@ pub struct Denial {
     pub now_micros: u64,
     /// State of the refusing budget.
     pub state: BudgetState,
+    /// The budgets would have admitted it, but the deployment's capacity
+    /// goes to a tenant behind it in its weighted share ([`share`]).
+    pub held_for_share: bool,
 }
 
 /// A refusal that can never succeed: larger than the budget's capacity.

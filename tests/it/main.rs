@@ -65,6 +65,8 @@ mod request_ids;
 mod responses;
 mod responses_estimate;
 mod sdk_e2e;
+mod share_conformance;
+mod share_fleet;
 mod shutdown;
 mod store_conformance;
 mod streaming;

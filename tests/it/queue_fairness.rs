@@ -20,9 +20,9 @@ use serde_json::Value;
 
 use crate::support::*;
 
-const WARM_UP: Duration = Duration::from_secs(3);
+pub(crate) const WARM_UP: Duration = Duration::from_secs(3);
 
-fn window() -> Duration {
+pub(crate) fn window() -> Duration {
     let secs = std::env::var("BUDGETGATE_QUEUE_WINDOW_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -51,7 +51,7 @@ async fn contended(
     (gw, mock)
 }
 
-fn class(ms: i64) -> RawQueueClass {
+pub(crate) fn class(ms: i64) -> RawQueueClass {
     RawQueueClass {
         max_wait_ms: Some(ms),
         max_starve_ms: None,
@@ -60,18 +60,18 @@ fn class(ms: i64) -> RawQueueClass {
 
 /// What the clients of one tenant saw within the window.
 #[derive(Default)]
-struct Seen {
-    tokens: u64,
-    answered: u64,
-    refused: u64,
+pub(crate) struct Seen {
+    pub(crate) tokens: u64,
+    pub(crate) answered: u64,
+    pub(crate) refused: u64,
     waits_ms: Vec<u64>,
 }
 
-struct Load {
-    client: reqwest::Client,
-    url: String,
-    start: Instant,
-    stop: AtomicBool,
+pub(crate) struct Load {
+    pub(crate) client: reqwest::Client,
+    pub(crate) url: String,
+    pub(crate) start: Instant,
+    pub(crate) stop: AtomicBool,
 }
 
 impl Load {
@@ -81,9 +81,14 @@ impl Load {
 
     /// One request; what it saw goes to `seen` when it ended in the window.
     async fn one(&self, key: &str, max_tokens: u64, seen: &Mutex<Seen>) {
+        self.one_at(&self.url, key, max_tokens, seen).await
+    }
+
+    /// [`Load::one`] sent to the gateway at `url`.
+    async fn one_at(&self, url: &str, key: &str, max_tokens: u64, seen: &Mutex<Seen>) {
         let r = self
             .client
-            .post(format!("{}/chat/completions", self.url))
+            .post(format!("{url}/chat/completions"))
             .bearer_auth(key)
             .json(&hi(max_tokens))
             .send()
@@ -128,13 +133,39 @@ impl Load {
             .collect()
     }
 
-    async fn run_for_window(&self) {
+    /// `clients` closed loops of `key` until the window is over, each
+    /// sending its requests to the gateways of `urls` in turn (client `i`
+    /// starts at gateway `i`).
+    pub(crate) fn closed_loops_over(
+        self: &Arc<Self>,
+        clients: usize,
+        key: &'static str,
+        max_tokens: u64,
+        seen: &Arc<Mutex<Seen>>,
+        urls: &[String],
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        (0..clients)
+            .map(|i| {
+                let (load, seen, urls) = (self.clone(), seen.clone(), urls.to_vec());
+                tokio::spawn(async move {
+                    let mut n = i;
+                    while !load.stop.load(Ordering::Relaxed) {
+                        load.one_at(&urls[n % urls.len()], key, max_tokens, &seen)
+                            .await;
+                        n += 1;
+                    }
+                })
+            })
+            .collect()
+    }
+
+    pub(crate) async fn run_for_window(&self) {
         tokio::time::sleep(WARM_UP + window()).await;
         self.stop.store(true, Ordering::Relaxed);
     }
 }
 
-fn tenant(name: &str, key: &str, priority: &str, weight: i64) -> config::RawTenant {
+pub(crate) fn tenant(name: &str, key: &str, priority: &str, weight: i64) -> config::RawTenant {
     config::RawTenant {
         priority: Some(priority.into()),
         weight: Some(weight),

@@ -146,6 +146,7 @@ fn deep_budgets(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec
 /// A 1,000-token reservation `id` on the tenant's and one upstream's budgets.
 fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> ReserveRequest {
     ReserveRequest {
+        share: None,
         id,
         costs: budgetgate::reserve::Costs::tokens(1000),
         common: common.to_vec(),
@@ -372,6 +373,7 @@ async fn redis_store_throughput_and_memory() {
         .expect("connect");
     let (common, upstream) = budgets(&ks, "idle");
     let req = ReserveRequest {
+        share: None,
         id: "idle-1".into(),
         costs: budgetgate::reserve::Costs::tokens(1000),
         common: common.clone(),

@@ -11,6 +11,10 @@
 //! both the leases and the reservations then carry the new policy), with
 //! the replies and `leased_out` of every budget compared too.
 //!
+//! Share claims (issue 28 point 4) ride on most reservations: the share
+//! states they make, the claims they hold back and their expiry must agree
+//! too (`outcomes seen` counts `Denied/held for share`).
+//!
 //! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
 //! needs `redis-server`).
 
@@ -26,6 +30,7 @@ use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::lease::LeaseStore;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::redis::RedisStore;
+use budgetgate::reserve::share::ShareClaim;
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveRequest, Scope, Settlement, Window,
 };
@@ -115,6 +120,31 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (prop_oneof![Just(0u64), 0u64..10_000_000], lease_differential::lease_call())
             .prop_map(|(micros, ops)| Op::Lease { micros, ops }),
         1 => lease_differential::policy_change().prop_map(|spec| Op::Policy { spec }),
+    ]
+}
+
+/// Reservations on the deployments alone (no common budget refuses
+/// first), mostly with share claims, many ids, short clock steps: share
+/// states form, hold claims back and expire.
+fn share_op() -> impl Strategy<Value = Op> {
+    let reserve = || {
+        (
+            0u8..200,
+            prop_oneof![0u64..50, 0u64..700],
+            Just(0u8),
+            1u8..5,
+            shape(),
+        )
+    };
+    prop_oneof![
+        5 => reserve().prop_map(|(id, tokens, common, candidates, shape)| Op::Reserve {
+            id, tokens, common, candidates, shape
+        }),
+        3 => (0u64..400_000).prop_map(|micros| Op::Advance { micros }),
+        1 => Just(Op::Advance { micros: 1_100_000 }),
+        2 => prop::collection::vec(reserve(), 2..12).prop_map(Op::ReserveWave),
+        1 => (0u8..200, 0u64..700, any::<bool>(), shape())
+            .prop_map(|(id, actual, failed, shape)| Op::Settle { id, actual, failed, shape }),
     ]
 }
 
@@ -322,7 +352,16 @@ fn request(
             })
             .collect();
     }
+    // A share claim on most reservations (issue 28 point 4): three
+    // tenants, every class, weights 1 to 4, so share states form, hold
+    // claims back and expire as the clock moves.
+    let share = (id % 4 != 3).then(|| ShareClaim {
+        tenant: format!("t{}", id % 3).into(),
+        rank: ((u16::from(id) / 2 + u16::from(shape)) % 3) as u8,
+        weight: 1 + u64::from(shape % 4),
+    });
     ReserveRequest {
+        share,
         id: format!("c{case}-r{id}"),
         costs,
         common,
@@ -348,6 +387,9 @@ fn seen(label: impl Into<String>) {
 /// Outcome variant name with its budget, e.g. `Denied/TokensPerDay`.
 fn label(debug: &str) -> String {
     let head: String = debug.chars().take_while(|c| c.is_alphanumeric()).collect();
+    if debug.contains("held_for_share: true") {
+        return format!("{head}/held for share");
+    }
     let name = [
         "Tpm",
         "InputTpm",
@@ -609,6 +651,41 @@ fn redis_store_matches_the_memory_store() {
     }
 }
 
+/// Share claims (issue 28 point 4) where they bite: the deployments'
+/// budgets decide, the same claims made in the same order must be held
+/// back, admitted and expire alike in both stores.
+#[test]
+fn share_claims_agree_between_the_stores() {
+    let f = fixture();
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let result = runner.run(&prop::collection::vec(share_op(), 1..80), |ops| {
+        run_case(&f, &ops)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let held: u64 = SEEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(k, _)| k.contains("held for share"))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("claims held back for share: {held}");
+    assert!(
+        held > 0,
+        "no claim was held back: the cases never reach a share state"
+    );
+}
+
 /// The extremes of the exact range (issue 16, finding 5): `tpm = tpm_burst
 /// = 10^10`, a single request of 10^10 tokens, debt down to the floor, a
 /// bucket idle for a year, `tokens_per_month = 10^12` with debt, and a
@@ -650,6 +727,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     );
     let both = vec![tpm.clone(), month.clone()];
     let req = |id: &str, tokens: u64, specs: &[BudgetSpec]| ReserveRequest {
+        share: None,
         id: id.into(),
         costs: budgetgate::reserve::Costs::tokens(tokens),
         common: specs.to_vec(),

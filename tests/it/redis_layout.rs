@@ -63,6 +63,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
     let left = store.inspect(std::slice::from_ref(&day)).await.unwrap()[0].remaining;
     assert_eq!(left, 74_000, "v3 reads the v2 counter");
     let req = |id: &str, tokens| ReserveRequest {
+        share: None,
         id: id.into(),
         costs: budgetgate::reserve::Costs::tokens(tokens),
         common: vec![day.clone()],

@@ -159,6 +159,7 @@ async fn a_void_that_overtakes_its_reservation_leaves_every_budget_unchanged() {
     let specs = tenant_budgets(&ks);
     let before = remaining(&fast, &specs).await;
     let req = ReserveRequest {
+        share: None,
         id: "lost-1".into(),
         costs: budgetgate::reserve::Costs::tokens(300),
         common: specs.clone(),

@@ -35,6 +35,7 @@ fn acl(redis: &RedisServer, user: &str, rules: &[&str]) {
 fn request(ks: &KeySpace, id: &str) -> ReserveRequest {
     let scope = Scope::Tenant("acme".into());
     ReserveRequest {
+        share: None,
         id: id.into(),
         costs: Costs::tokens(10),
         common: vec![BudgetSpec {

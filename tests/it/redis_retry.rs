@@ -39,6 +39,7 @@ fn spec(ks: &KeySpace) -> BudgetSpec {
 
 fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
     ReserveRequest {
+        share: None,
         id: id.into(),
         costs: budgetgate::reserve::Costs::tokens(tokens),
         common: vec![spec(ks)],

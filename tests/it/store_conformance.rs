@@ -11,6 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::share_conformance::{
+    a_waiting_higher_class_goes_first_fleet_wide,
+    a_waiting_tenant_behind_its_share_gets_the_capacity_first,
+};
 use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::clock::{Clock, ManualClock};
@@ -223,6 +227,7 @@ impl H {
         candidates: &[Vec<BudgetSpec>],
     ) -> ReserveOutcome {
         let req = ReserveRequest {
+            share: None,
             id: id.to_string(),
             costs: budgetgate::reserve::Costs::tokens(tokens),
             common: common.to_vec(),
@@ -244,6 +249,7 @@ impl H {
         candidates: &[Vec<BudgetSpec>],
     ) -> ReserveOutcome {
         let req = ReserveRequest {
+            share: None,
             id: id.to_string(),
             costs: budgetgate::reserve::Costs {
                 tokens: costs[0][0],
@@ -459,6 +465,8 @@ conformance!(
     each_budget_is_charged_its_own_amount,
     a_priced_extension_grants_what_the_rest_can_buy,
     common_budgets_are_costed_per_candidate,
+    a_waiting_tenant_behind_its_share_gets_the_capacity_first,
+    a_waiting_higher_class_goes_first_fleet_wide,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must

@@ -263,6 +263,9 @@ impl Book {
         let mut covered = true;
         let mut leased = true;
         let mut roomy = false;
+        // A deployment's lease is short: a share claim then goes to the
+        // store, which weighs it against the fleet's (`reserve::share`).
+        let mut upstream_short = false;
         let fraction = self.settings.max_fraction_ppm;
         // The budget that falls shortest (for the refusal).
         let mut short: Option<(usize, i64)> = None;
@@ -295,6 +298,7 @@ impl Book {
                     };
                     if avail < need {
                         covered = false;
+                        upstream_short |= spec.scope.is_upstream();
                         e.urgent = true;
                         self.nudge = true;
                         // The store had room at the last reply (a whole
@@ -317,7 +321,8 @@ impl Book {
                 }
             }
         }
-        if !leased || (!covered && (roomy || r.candidates.len() > 1)) {
+        let share = upstream_short && r.share.is_some();
+        if !leased || (!covered && (roomy || share || r.candidates.len() > 1)) {
             return Decision::Store;
         }
         if !covered {
@@ -415,6 +420,7 @@ impl Book {
             _ => next,
         };
         Denial {
+            held_for_share: false,
             scope: spec.scope.clone(),
             name: spec.name,
             limit: spec.limit(),

@@ -51,6 +51,7 @@ impl Book {
                     now,
                 ),
                 None => Denial {
+                    held_for_share: false,
                     scope: spec.scope.clone(),
                     name: spec.name,
                     limit: spec.limit(),

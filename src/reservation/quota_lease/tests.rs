@@ -32,6 +32,7 @@ fn spec(name: BudgetName, per_minute: u64) -> BudgetSpec {
 
 fn request(id: &str, tokens: u64) -> ReserveRequest {
     ReserveRequest {
+        share: None,
         id: id.into(),
         costs: Costs::tokens(tokens),
         common: vec![spec(BudgetName::Rpm, 6_000), spec(BudgetName::Tpm, 600_000)],
@@ -312,4 +313,53 @@ fn a_policy_change_closes_the_lease_and_ends_it_once_its_holds_settle() {
         .find(|l| l.spec.name == BudgetName::Rpm)
         .expect("rpm line");
     assert!(rpm_line.end, "ended once its reservations settled");
+}
+
+/// A reservation on one leased deployment budget, with a share claim or not.
+fn upstream_request(id: &str, tokens: u64, share: bool) -> ReserveRequest {
+    let mut up = spec(BudgetName::Tpm, 600_000);
+    up.scope = Scope::Upstream("hot".into());
+    up.key = "bg:{d}:v3:upstream:hot:tpm".into();
+    ReserveRequest {
+        common: Vec::new(),
+        candidates: vec![vec![up]],
+        share: share.then(|| crate::reserve::share::ShareClaim {
+            tenant: "t".into(),
+            rank: 1,
+            weight: 1,
+        }),
+        ..request(id, tokens)
+    }
+}
+
+#[test]
+fn a_share_claim_a_deployment_lease_cannot_pay_goes_to_the_store() {
+    let mut b = book();
+    let mut now = 10 * S;
+    for i in 0..60 {
+        b.reserve(&upstream_request(&format!("warm{i}"), 100, false), now);
+        now += 1_000;
+    }
+    let calls = b.due(now);
+    assert_eq!(calls.len(), 1);
+    let replies = grant_all(&calls[0], 1_800_000_000_000_000);
+    b.apply(&calls[0], Some(&replies), now + 500);
+    now += 1_000;
+    assert!(
+        matches!(
+            b.reserve(&upstream_request("small", 100, true), now),
+            Decision::Local(ReserveOutcome::Admitted(_))
+        ),
+        "a lease that pays decides a claim here: no store call added"
+    );
+    assert!(matches!(
+        b.reserve(&upstream_request("big", 10_000_000, false), now),
+        Decision::Local(ReserveOutcome::Denied(_))
+    ));
+    // The store weighs the claim against the fleet's waiters: a local
+    // refusal would leave the deployment's share state blind to it.
+    assert!(matches!(
+        b.reserve(&upstream_request("big2", 10_000_000, true), now),
+        Decision::Store
+    ));
 }

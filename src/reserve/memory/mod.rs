@@ -5,9 +5,11 @@
 //! - `state`: the maps under the lock, and the checks and debits of a reservation.
 //! - `tombstones`: settled holds, kept as long as their holds would have lived.
 //! - `lease`: quota leases (`reserve::lease`), next to the holds.
+//! - `shares`: the share states of contended deployments (`reserve::share`).
 //! - [`snapshot`]: the embedded default's persistence across restarts.
 
 mod lease;
+mod shares;
 pub mod snapshot;
 mod state;
 mod tombstones;
@@ -151,17 +153,15 @@ impl MemoryStore {
         let mut chosen = None;
         let mut best_denial: Option<Denial> = None;
         let mut first_impossible: Option<Impossibility> = None;
-        for (idx, cand) in req.candidates.iter().enumerate() {
+        // The candidates whose own budgets (or share) refused this claim.
+        let mut contended: Vec<usize> = Vec::new();
+        for idx in 0..req.candidates.len() {
             let before = if per_candidate_common {
                 inner.check_all(&req.common, req, (idx, 0), None, now)
             } else {
                 Check::Ok
             };
-            let result = match before {
-                Check::Impossible(i) => Check::Impossible(i),
-                Check::Ok => inner.check_all(cand, req, (idx, n), None, now),
-                Check::Denied(d) => inner.check_all(cand, req, (idx, n), Some(d), now),
-            };
+            let result = inner.check_candidate(req, (idx, n), before, &mut contended, now);
             match result {
                 Check::Ok => {
                     chosen = Some(idx);
@@ -183,12 +183,16 @@ impl MemoryStore {
         let Some(candidate) = chosen else {
             inner.adopt_policies(req, now);
             return match (best_denial, first_impossible) {
-                (Some(d), _) => ReserveOutcome::Denied(d),
+                (Some(d), _) => {
+                    inner.share_refused(req, &contended, now);
+                    ReserveOutcome::Denied(d)
+                }
                 (None, Some(i)) => ReserveOutcome::Impossible(i),
                 // Every candidate refused, so one of the two is set.
                 (None, None) => inner.admit(req, &[], 0, now),
             };
         };
+        inner.share_admitted(req, candidate, now);
         let cand = req.candidates[candidate].clone();
         inner.admit(req, &cand, candidate, now)
     }
@@ -245,6 +249,7 @@ impl MemoryStore {
             let state = inner.state_of(spec, now);
             let retry = inner.wait_for(spec, Step::debit(1, rate), now);
             return ExtendOutcome::Exhausted(Denial {
+                held_for_share: false,
                 scope: spec.scope.clone(),
                 name: spec.name,
                 limit: spec.limit(),

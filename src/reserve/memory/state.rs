@@ -7,6 +7,7 @@ use foldhash::HashMap;
 
 use super::tombstones::Tombstones;
 use crate::reserve::bucket::{BucketState, MAX_LIMIT};
+use crate::reserve::share::ShareState;
 use crate::reserve::{
     Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
     ReserveRequest, WouldDeny,
@@ -32,6 +33,8 @@ pub(super) struct Inner {
     pub(super) settled: Tombstones,
     /// Quota leases per budget key (`lease`).
     pub(super) leases: HashMap<String, super::lease::BudgetLeases>,
+    /// Share states of contended deployments, by share key (`reserve::share`).
+    pub(super) shares: HashMap<String, ShareState>,
     pub(super) ops: u64,
     /// Time of the last sweep, UTC µs.
     pub(super) swept_at: u64,
@@ -82,6 +85,10 @@ impl Inner {
             self.quotas.retain(|_, q| q.end > now);
             self.holds.retain(|_, h| h.expires_at > now);
             super::lease::sweep(&mut self.leases, now);
+            self.shares.retain(|_, st| {
+                st.live(now);
+                !st.is_empty()
+            });
             for set in self.slots.values_mut() {
                 set.retain(|_, lease| *lease > now);
             }
@@ -216,6 +223,7 @@ impl Inner {
             Check::Ok
         } else {
             Check::Denied(Denial {
+                held_for_share: false,
                 scope: spec.scope.clone(),
                 name: spec.name,
                 limit: spec.limit(),

@@ -15,6 +15,7 @@ use redis::Script;
 use crate::reserve::bucket::{DEBT_FLOOR, MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
 use crate::reserve::calendar::MICROS_PER_DAY;
 use crate::reserve::keys::LAYOUT_VERSION;
+use crate::reserve::share::{ACTIVE_MICROS, GAP_STEPS, SHARE_RETRY_MICROS};
 use crate::reserve::{MAX_AMOUNT, MAX_COUNT, RATE_ONE};
 
 /// Every key's TTL gets this margin past the moment it stops mattering, so
@@ -31,6 +32,7 @@ const RENEW: &str = include_str!("../../../lua/renew.lua");
 const LOWER: &str = include_str!("../../../lua/lower.lua");
 const INSPECT: &str = include_str!("../../../lua/inspect.lua");
 const LEASE: &str = include_str!("../../../lua/lease.lua");
+const SHARE: &str = include_str!("../../../lua/share.lua");
 
 /// The Lua definitions of the constants shared with Rust.
 pub fn prelude() -> String {
@@ -45,7 +47,10 @@ pub fn prelude() -> String {
          local MAX_COST = {MAX_LIMIT}\n\
          local MAX_AMOUNT = {MAX_AMOUNT}\n\
          local RATE_ONE = {RATE_ONE}\n\
-         local MAX_COUNT = {MAX_COUNT}\n"
+         local MAX_COUNT = {MAX_COUNT}\n\
+         local SHARE_ACTIVE = {ACTIVE_MICROS}\n\
+         local SHARE_GAP = {GAP_STEPS}\n\
+         local SHARE_RETRY = {SHARE_RETRY_MICROS}\n"
     )
 }
 
@@ -84,6 +89,7 @@ impl LuaScript {
     pub fn reserve() -> Self {
         Self::assemble(&[
             LIB,
+            SHARE,
             RESERVE,
             "local reply = reserve(KEYS, ARGV)\nflush()\nreturn words(reply)",
         ])
@@ -101,7 +107,7 @@ impl LuaScript {
     /// The batch script: `reserve(KEYS, ARGV)`, `settle(KEYS, ARGV)` and
     /// the driver that runs a batch of them in order (see `batch.rs`).
     pub fn batch() -> Self {
-        Self::assemble(&[LIB, RESERVE, SETTLE, BATCH])
+        Self::assemble(&[LIB, SHARE, RESERVE, SETTLE, BATCH])
     }
 
     /// The extend script.
@@ -161,7 +167,7 @@ mod tests {
         assert!(p.contains(&format!("local UNITS = {UNITS_PER_TOKEN}\n")));
         assert!(p.contains(&format!("local DAY = {MICROS_PER_DAY}\n")));
         for file in [
-            LIB, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT, LEASE,
+            LIB, SHARE, RESERVE, SETTLE, BATCH, EXTEND, RENEW, LOWER, INSPECT, LEASE,
         ] {
             for name in [
                 "UNITS",
@@ -174,6 +180,9 @@ mod tests {
                 "MAX_AMOUNT",
                 "RATE_ONE",
                 "MAX_COUNT",
+                "SHARE_ACTIVE",
+                "SHARE_GAP",
+                "SHARE_RETRY",
             ] {
                 assert!(
                     !file.contains(&format!("local {name} =")),

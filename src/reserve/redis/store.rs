@@ -16,6 +16,7 @@ use super::wire::{
     Reply,
 };
 use super::{RedisStore, Route};
+use crate::reserve::share;
 
 #[async_trait]
 impl BudgetStore for RedisStore {
@@ -26,15 +27,19 @@ impl BudgetStore for RedisStore {
             .chain(req.candidates.iter().flatten())
             .collect();
         let legacy = self.previous_quota_keys(all.iter().copied());
+        let (share_arg, share_keys) = share_args(req);
         let mut inv = ScriptArgs::new(
             self.batcher.script_for(BatchOp::Reserve),
-            1 + all.len() + legacy.len(),
+            1 + all.len() + legacy.len() + share_keys.len(),
         );
         inv.key(self.keys.hold(&req.id));
         for s in &all {
             inv.key(&*s.key);
         }
         for k in &legacy {
+            inv.key(k);
+        }
+        for k in &share_keys {
             inv.key(k);
         }
         inv.arg(self.now_arg())
@@ -53,6 +58,7 @@ impl BudgetStore for RedisStore {
             inv.arg(live_line(s)).arg(adm_fields(s, *cost).as_slice());
         }
         inv.arg(common_costs(req).as_slice());
+        inv.arg(share_arg.as_str());
         let items = self.batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
@@ -146,12 +152,13 @@ impl BudgetStore for RedisStore {
                     would_deny,
                 }))
             }
-            "D" => {
+            "D" | "S" => {
                 let idx = r.usize()?;
                 let spec = all
                     .get(idx)
                     .ok_or_else(|| protocol("denial names no budget"))?;
-                let d = denial(&mut r, spec, cost_at(&costs, idx), now)?;
+                let mut d = denial(&mut r, spec, cost_at(&costs, idx), now)?;
+                d.held_for_share = tag == "S";
                 Ok(ReserveOutcome::Denied(d))
             }
             "V" => Ok(ReserveOutcome::Voided),
@@ -382,6 +389,31 @@ fn common_costs(req: &ReserveRequest) -> Vec<u8> {
         return Vec::new();
     }
     packed((0..req.candidates.len()).flat_map(|c| (0..n).map(move |i| cost(c, i))))
+}
+
+/// `lua/reserve.lua`'s share argument (empty without a claim: tenant, rank,
+/// step, then the 1-based candidates that have a share key) and those keys.
+fn share_args(req: &ReserveRequest) -> (String, Vec<String>) {
+    let Some(claim) = share::claim_of(req) else {
+        return (String::new(), Vec::new());
+    };
+    let mut arg = format!(
+        "{} {} {}",
+        claim.tenant,
+        claim.rank,
+        claim.step(req.costs.tokens)
+    );
+    let mut keys = Vec::new();
+    for (c, cand) in req.candidates.iter().enumerate() {
+        if let Some(k) = share::share_key(cand) {
+            arg.push_str(&format!(" {}", c + 1));
+            keys.push(k);
+        }
+    }
+    if keys.is_empty() {
+        return (String::new(), keys);
+    }
+    (arg, keys)
 }
 
 fn cost_at(costs: &[u64], idx: usize) -> u64 {

@@ -305,6 +305,7 @@ pub(super) fn denial(
     let retry_after_micros = r.u64()?;
     let reset = r.u64()?;
     Ok(Denial {
+        held_for_share: false,
         scope: spec.scope.clone(),
         name: spec.name,
         limit: spec.limit(),

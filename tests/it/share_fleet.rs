@@ -1,0 +1,161 @@
+//! Fleet-wide weighted shares (issue 28 point 4's acceptance): three
+//! gateways on one Redis (started here on a free port), one contended
+//! deployment, two `standard` tenants of weights 3 and 1 both saturating
+//! it. Their settled tokens over the window must be 3 : 1 within ±10 %,
+//! whichever gateways each tenant's traffic reaches. The window is
+//! `BUDGETGATE_QUEUE_WINDOW_SECS` (default 15 s, after a 3 s warm-up that
+//! is not counted; the issue's is 60 s), as in `queue_fairness`. Ratios are
+//! printed. Faults guarded against: each gateway's queue racing the others
+//! at every refill, so that a tenant's share follows how many gateways
+//! its traffic reaches instead of its weight; a tenant held back for share
+//! blocking its gateway's line for the other tenant's waiters.
+//!
+//! In-process gateways (whose stores never lease) and `budgetgate serve`
+//! processes (quota leases on, as by default).
+//!
+//! Run: `cargo test --test it share_fleet:: -- --nocapture --test-threads=1`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use budgetgate::config::raw::RawQueue;
+
+use super::queue_fairness::{class, tenant, window, Load, Seen};
+use crate::support::redis_server::RedisServer;
+use crate::support::*;
+
+const TPM: u64 = 60_000;
+const GATEWAYS: usize = 3;
+const CLIENTS: usize = 20;
+
+/// The config of a fleet on `redis`: deployment `mock` (`TPM`, a second of
+/// it as burst, not refunded: the mock answers every cap in full, so
+/// settled = reserved) shared by `heavy` (weight 3) and `light` (weight 1).
+async fn fleet_config(
+    redis: &RedisServer,
+    prefix: &str,
+) -> (TestConfig, mock_upstream::MockUpstream) {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(100_000);
+    let mut c = TestConfig::standard(&mock.base_url(), 16, limits());
+    c.tenants.clear();
+    c.tenants.push(tenant("heavy", "sk-heavy", "standard", 3));
+    c.tenants.push(tenant("light", "sk-light", "standard", 1));
+    let u = c.upstream("mock");
+    u.limits = limits().tpm(TPM).tpm_burst(TPM / 60);
+    u.refund_unused = Some(false);
+    c.queue = Some(RawQueue {
+        classes: [("standard".to_string(), class(20_000))]
+            .into_iter()
+            .collect(),
+        ..RawQueue::default()
+    });
+    (c.redis_fleet(&redis.url(), prefix), mock)
+}
+
+/// `GATEWAYS` in-process gateways (their stores never lease).
+async fn in_process(c: &TestConfig) -> Vec<Gateway> {
+    let mut gws = Vec::new();
+    for _ in 0..GATEWAYS {
+        gws.push(c.start().await);
+    }
+    gws
+}
+
+/// Runs `CLIENTS` closed loops per tenant, each tenant's clients spread
+/// over the gateways of its list (indexes into `gws`), and returns the
+/// settled-token ratio.
+async fn ratio(gws: &[String], heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
+    let urls = |on: &[usize]| -> Vec<String> { on.iter().map(|&g| gws[g].clone()).collect() };
+    let load = Arc::new(Load {
+        client: reqwest::Client::new(),
+        url: gws[0].clone(),
+        start: Instant::now(),
+        stop: AtomicBool::new(false),
+    });
+    let (heavy, light) = (Arc::<Mutex<Seen>>::default(), Arc::<Mutex<Seen>>::default());
+    let mut tasks = load.closed_loops_over(CLIENTS, "sk-heavy", 40, &heavy, &urls(heavy_on));
+    tasks.extend(load.closed_loops_over(CLIENTS, "sk-light", 40, &light, &urls(light_on)));
+    load.run_for_window().await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    let (h, l) = (heavy.lock().unwrap(), light.lock().unwrap());
+    let ratio = h.tokens as f64 / l.tokens.max(1) as f64;
+    let secs = window().as_secs_f64();
+    println!(
+        "weights 3:1 on {GATEWAYS} gateways, {what}, over {secs} s: heavy {} tokens ({} answered), light {} tokens ({} answered), ratio {ratio:.3}; refused {} / {}; {:.1} % of T",
+        h.tokens, h.answered, l.tokens, l.answered, h.refused, l.refused,
+        (h.tokens + l.tokens) as f64 / (TPM as f64 / 60.0 * secs) * 100.0
+    );
+    assert_eq!(h.refused + l.refused, 0, "a waiter was refused");
+    ratio
+}
+
+/// [`ratio`] on in-process gateways.
+async fn in_process_ratio(prefix: &str, heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
+    let redis = RedisServer::start();
+    let (c, _mock) = fleet_config(&redis, prefix).await;
+    let gws = in_process(&c).await;
+    let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+    ratio(&urls, heavy_on, light_on, what).await
+}
+
+fn within_ten_percent(ratio: f64) {
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "settled tokens {ratio:.3} : 1, not 3 : 1 within 10 %"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_three_to_one_hold_with_each_tenant_on_all_three_gateways() {
+    let all = [0, 1, 2];
+    within_ten_percent(in_process_ratio("bgshare1", &all, &all, "each tenant on all three").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_three_to_one_hold_whichever_gateways_a_tenant_reaches() {
+    // The weight-1 tenant's traffic reaches one gateway, the weight-3
+    // tenant's all three: without fleet-wide shares each gateway's
+    // queue takes a third of the deployment, two of them all for heavy.
+    within_ten_percent(
+        in_process_ratio("bgshare2", &[0, 1, 2], &[0], "light on one gateway").await,
+    );
+}
+
+/// The same on three `budgetgate serve` processes, quota leases on (the
+/// Redis store's default): a deployment lease never decides for a claim it
+/// cannot pay, and a saturated shared deployment does not suit a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_three_to_one_hold_on_three_serve_processes_with_leases_on() {
+    let redis = RedisServer::start();
+    let (c, _mock) = fleet_config(&redis, "bgshare3").await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = c.write(dir.path());
+    let mut gws = Vec::new();
+    for _ in 0..GATEWAYS {
+        gws.push(GatewayProcess::start(&path, &[("RUST_LOG", "warn")]).await);
+    }
+    let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+    let all = [0, 1, 2];
+    let r = ratio(
+        &urls,
+        &all,
+        &all,
+        "serve processes, each tenant on all three",
+    )
+    .await;
+    let mut leased = 0.0;
+    for g in &gws {
+        leased += g
+            .metric(
+                "budgetgate_lease_decisions_total",
+                &[("decided_by", "lease")],
+            )
+            .await;
+    }
+    println!("reservations decided from leases: {leased}");
+    within_ten_percent(r);
+}
