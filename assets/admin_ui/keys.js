@@ -58,7 +58,6 @@ async function loadKeys(panel) {
     const rows = v.data.map((k) => keyRow(panel, k));
     list.replaceChildren(...rows);
     if (rows.length === 0) list.replaceChildren(node('li', 'empty', 'No keys created through the API.'));
-    showError(panel, '');
   } catch (e) {
     showError(panel, e.message);
   }
@@ -78,10 +77,10 @@ function keyRow(panel, k) {
     const rotate = node('button', 'rotate', 'Rotate');
     rotate.type = 'button';
     rotate.addEventListener('click', async () => {
+      showError(panel, '');
       try {
         const v = await keysRequest('POST', base + '/rotate', { overlap_secs: 3600 });
         showSecret(panel, 'New secret of ' + k.id, v.secret);
-        showError(panel, '');
       } catch (e) { showError(panel, e.message); }
       loadKeys(panel);
     });
@@ -94,9 +93,9 @@ function keyRow(panel, k) {
         revoke.textContent = 'Revoke ' + k.id + ' everywhere?';
         return;
       }
+      showError(panel, '');
       try {
         await keysRequest('POST', base + '/revoke');
-        showError(panel, '');
       } catch (e) { showError(panel, e.message); }
       loadKeys(panel);
     });
@@ -122,11 +121,11 @@ function newKeyPanel(tenant) {
   form.addEventListener('submit', async (ev) => {
     ev.preventDefault();
     const body = alias.value.trim() ? { alias: alias.value.trim() } : {};
+    showError(panel, '');
     try {
       const v = await keysRequest('POST', keysPath(tenant), body);
       alias.value = '';
       showSecret(panel, 'Secret of new key ' + v.id, v.secret);
-      showError(panel, '');
     } catch (e) { showError(panel, e.message); }
     loadKeys(panel);
   });
@@ -135,7 +134,12 @@ function newKeyPanel(tenant) {
   const err = node('p', 'keys-error error');
   err.hidden = true;
   panel.append(form, secret, err, node('ul', 'key-list'));
-  panel.addEventListener('toggle', () => { if (panel.open) loadKeys(panel); });
+  panel.addEventListener('toggle', () => {
+    if (panel.open) {
+      showError(panel, '');
+      loadKeys(panel);
+    }
+  });
   return panel;
 }
 
