@@ -170,6 +170,11 @@ impl Ledger {
         self.spans.as_deref()
     }
 
+    /// The exporter of request spans, shared, while telemetry is on.
+    pub fn spans_arc(&self) -> Option<&Arc<crate::telemetry::Spans>> {
+        self.spans.as_ref()
+    }
+
     /// Now, UTC µs, from the gateway's clock.
     pub fn now_micros(&self) -> u64 {
         self.clock.now_micros()

@@ -6,8 +6,10 @@
 //! The span is built from the reservation's ledger row when the store has
 //! applied the settlement ([`crate::ledger::LedgerCapture::record`]), the
 //! same moment and the same figures as the spend ledger: tokens in and
-//! out, the µ$ cost, the tenant, how the request ended. When telemetry is
-//! off nothing is built: the capture's one branch on an `Option`.
+//! out, the µ$ cost, the tenant, how the request ended. A refused request
+//! (no reservation) gets a span of its refusal with its log line
+//! ([`Spans::refused`]). When telemetry is off nothing is built: one
+//! branch on an `Option` at the capture and at arrival.
 //!
 //! Attribute names follow the OpenTelemetry GenAI semantic conventions
 //! (<https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/>,
@@ -86,6 +88,25 @@ pub struct SpanFacts<'a> {
     pub upstream_model: &'a str,
 }
 
+/// A refused request, as its span tells it.
+#[derive(Debug, Clone, Copy)]
+pub struct Refusal<'a> {
+    /// The id the client saw.
+    pub request_id: &'a str,
+    /// The tenant, when authentication got that far ("" otherwise).
+    pub tenant: &'a str,
+    /// The public model, when the body was read that far ("" otherwise).
+    pub model: &'a str,
+    /// The ledger's name of the dialect.
+    pub dialect: &'static str,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// The refusal's label (as in the request log).
+    pub error: &'static str,
+    /// From arrival to the answer.
+    pub took: Duration,
+}
+
 /// The exporter of request spans.
 pub struct Spans {
     provider: SdkTracerProvider,
@@ -144,6 +165,37 @@ impl Spans {
             _ => {}
         }
         span.end_with_timestamp(at(row.at_micros));
+    }
+
+    /// Exports the span of a refused request (no reservation, no cost).
+    pub fn refused(&self, r: &Refusal<'_>) {
+        use opentelemetry::KeyValue;
+        let end = SystemTime::now();
+        let operation = operation_name(r.dialect);
+        let name = match r.model {
+            "" => operation.to_string(),
+            m => format!("{operation} {m}"),
+        };
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", operation),
+            KeyValue::new("budgetgate.outcome", "refused"),
+            KeyValue::new("budgetgate.error", r.error),
+            KeyValue::new("http.response.status_code", i64::from(r.status)),
+            KeyValue::new("budgetgate.request_id", r.request_id.to_string()),
+        ];
+        if !r.model.is_empty() {
+            attributes.push(KeyValue::new("gen_ai.request.model", r.model.to_string()));
+        }
+        if !r.tenant.is_empty() {
+            attributes.push(KeyValue::new("budgetgate.tenant", r.tenant.to_string()));
+        }
+        let builder = SpanBuilder::from_name(name)
+            .with_kind(SpanKind::Server)
+            .with_start_time(end.checked_sub(r.took).unwrap_or(end))
+            .with_attributes(attributes);
+        let mut span = self.tracer.build_with_context(builder, &Context::new());
+        span.set_status(Status::error(r.error));
+        span.end_with_timestamp(end);
     }
 
     /// Sends what is queued and stops the exporter (blocking: call it off

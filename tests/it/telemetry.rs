@@ -2,7 +2,8 @@
 //! an OTLP receiver in the test (axum on a free loopback port) decodes the
 //! protobuf the gateway posts to `/v1/traces` and finds one span per
 //! request, with the GenAI semantic-convention attributes and the
-//! gateway's own, and the same figures as the request's ledger row.
+//! gateway's own, and the same figures as the request's ledger row; a
+//! refused request's span says why.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -142,12 +143,12 @@ async fn each_request_is_one_otlp_span_with_genai_attributes_and_the_ledgers_fig
         ids.push(header(&r, "x-request-id").expect("a request id"));
         let _ = r.bytes().await;
     }
-    // A refused request (unknown key) reserves nothing and has no span.
+    // A refused request (unknown key): no reservation, a span of its refusal.
     assert_eq!(post_hi(&gw, "sk-nobody").await, 401);
     gw.settled().await;
 
     let deadline = Instant::now() + Duration::from_secs(10);
-    while spans.lock().unwrap().len() < calls.len() {
+    while spans.lock().unwrap().len() < calls.len() + 1 {
         assert!(
             Instant::now() < deadline,
             "spans received: {:?}",
@@ -156,8 +157,27 @@ async fn each_request_is_one_otlp_span_with_genai_attributes_and_the_ledgers_fig
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let got = spans.lock().unwrap().clone();
-    assert_eq!(got.len(), calls.len(), "one span per request: {got:?}");
+    let mut got = spans.lock().unwrap().clone();
+    assert_eq!(got.len(), calls.len() + 1, "one span per request: {got:?}");
+    let refused = got
+        .iter()
+        .position(|s| s.attributes.get("budgetgate.outcome") == Some(&json!("refused")))
+        .expect("the refusal's span");
+    let refused = got.remove(refused);
+    println!("span {:?}: {:?}", refused.name, refused.attributes);
+    // Refused at authentication, before the body named a model.
+    assert_eq!(refused.name, "chat");
+    assert!(!refused.attributes.contains_key("gen_ai.request.model"));
+    assert!(refused.error);
+    assert_eq!(refused.attributes["budgetgate.error"], "invalid_key");
+    assert_eq!(refused.attributes["http.response.status_code"], 401);
+    assert!(
+        !refused.attributes.contains_key("budgetgate.tenant"),
+        "no tenant: the key is unknown"
+    );
+    assert!(!refused
+        .attributes
+        .contains_key("budgetgate.cost_usd_micros"));
 
     // The ledger's rows, the same figures.
     tokio::time::sleep(Duration::from_millis(300)).await;
