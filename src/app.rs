@@ -91,26 +91,29 @@ async fn build_serving_store(
 }
 
 /// Starts the spend ledger of `state` over the control database's
-/// `pool`: the spend queries always, the capture and its writer when
-/// `[ledger] enabled` (the default). The writer runs on the calling
-/// runtime (the pool's); returns it for the shutdown flush.
+/// `pool` (its queries always; the writer and its buffer while
+/// `[ledger] enabled`, the default) with the request spans `spans`
+/// (telemetry on). The writer runs on the calling runtime (the pool's);
+/// returns it for the shutdown flush.
 pub fn start_ledger(
     state: &AppState,
     pool: sqlx::AnyPool,
     clock: Arc<dyn Clock>,
+    spans: Option<Arc<crate::telemetry::Spans>>,
 ) -> Option<crate::ledger::LedgerWriter> {
     use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerWriter};
     let settings = state.policy.load().ledger.clone();
     let sql = SqlLedger::new(pool);
     let _ = state.spend.set(sql.clone());
-    if !settings.enabled {
-        return None;
+    let buffer = settings
+        .enabled
+        .then(|| Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows)));
+    if buffer.is_some() || spans.is_some() {
+        let _ = state
+            .ledger
+            .set(Arc::new(Ledger::with(buffer.clone(), spans, clock.clone())));
     }
-    let buffer = Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows));
-    let _ = state
-        .ledger
-        .set(Arc::new(Ledger::new(buffer.clone(), clock.clone())));
-    Some(LedgerWriter::spawn(buffer, sql, settings, clock))
+    buffer.map(|b| LedgerWriter::spawn(b, sql, settings, clock))
 }
 
 /// How long connections may take to close after the cutoff before the
@@ -349,6 +352,7 @@ pub async fn run(
     };
     // Runtime tenants and keys join the file's before the first request.
     let (control, policy) = crate::control::open(&policy, &config_path).await?;
+    let spans = crate::telemetry::Spans::start(&policy.telemetry)?.map(Arc::new);
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let token_env = policy.server.admin_token_env.clone();
     let shared_store =
@@ -364,7 +368,12 @@ pub async fn run(
     let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
-    let ledger = start_ledger(&state, control.db().pool().clone(), clock.clone());
+    let ledger = start_ledger(
+        &state,
+        control.db().pool().clone(),
+        clock.clone(),
+        spans.clone(),
+    );
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {
@@ -500,6 +509,10 @@ pub async fn run(
     if let Some(w) = ledger {
         // After the last settlement: every row is buffered by now.
         w.shutdown(state.policy.load().server.shutdown_grace).await;
+    }
+    if let Some(s) = spans {
+        // After the last settlement: every span is queued by now.
+        let _ = tokio::task::spawn_blocking(move || s.shutdown()).await;
     }
     if let Some(m) = persistent {
         // After the last settlement: a graceful shutdown loses nothing.

@@ -67,5 +67,6 @@ pub mod queue;
 pub mod reservation;
 pub mod reserve;
 pub mod server;
+pub mod telemetry;
 pub mod tls;
 pub mod upstreams;

@@ -247,6 +247,7 @@ function tenantCard(t, children, spend) {
     c.appendChild(spendChart(subtreeSpend(t, children, spend, days), days));
   }
   if (refused.length) c.appendChild(refusals(refused));
+  c.appendChild(keysConsole(t.name));
   const kids = children.get(t.name) || [];
   if (kids.length) {
     const k = el('div', 'children');
@@ -350,6 +351,7 @@ function start() {
   });
   $('forget').addEventListener('click', () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    forgetKeyPanels();
     clearTimeout(timer);
     showPrompt();
   });

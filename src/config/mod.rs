@@ -383,6 +383,8 @@ pub struct Policy {
     pub ledger: crate::ledger::LedgerSettings,
     /// `[alerts]` (bound at start).
     pub alerts: crate::alerts::AlertSettings,
+    /// `[telemetry]`: request spans over OTLP (bound at start).
+    pub telemetry: crate::telemetry::TelemetrySettings,
     model_index: HashMap<String, usize>,
     /// `[control]`.
     pub control: ControlPolicy,

@@ -31,6 +31,18 @@ pub struct RawConfig {
     pub alerts: RawAlerts,
     #[serde(default)]
     pub control: RawControl,
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+}
+
+/// `[telemetry]`: request spans over OTLP/HTTP.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    pub otlp_endpoint: Option<String>,
+    pub service_name: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub export_interval_ms: Option<i64>,
 }
 
 /// `[queue]` (issue 28).

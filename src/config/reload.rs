@@ -108,6 +108,11 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
         changed.push("server.tls");
         new.server.tls = running.server.tls.clone();
     }
+    if new.telemetry != running.telemetry {
+        // The exporter is started once per process.
+        changed.push("telemetry");
+        new.telemetry = running.telemetry.clone();
+    }
     if new.control != running.control {
         // The database is opened (and migrated) at start.
         changed.push("control");

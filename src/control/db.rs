@@ -149,6 +149,18 @@ impl Db {
         &self.pool
     }
 
+    /// A transaction that will write. On SQLite it takes the write lock at
+    /// `BEGIN IMMEDIATE`: a deferred transaction that reads first and then
+    /// writes fails at once with `SQLITE_BUSY` (no busy wait is possible
+    /// for a reader's upgrade) when another connection (the ledger's
+    /// writer, another admin call) wrote in between.
+    pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.kind {
+            DbKind::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            DbKind::Postgres => self.pool.begin().await,
+        }
+    }
+
     /// Which database this is.
     pub fn kind(&self) -> DbKind {
         self.kind

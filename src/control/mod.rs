@@ -101,6 +101,7 @@ impl Opened {
             config_path: self.config_path,
             policy,
             changed: Notify::new(),
+            installing: Mutex::new(()),
             reachable: AtomicBool::new(true),
             runtime,
         })
@@ -120,6 +121,11 @@ pub struct ControlPlane {
     policy: Arc<ArcSwap<Policy>>,
     /// Woken by this gateway's own writes and by PostgreSQL notifications.
     changed: Notify,
+    /// Held while a policy is composed and installed: refreshes read the
+    /// database concurrently (the propagation task, a write's handler, a
+    /// file reload), and one that read earlier must not install after one
+    /// that read later, or a key just created vanishes until the next poll.
+    installing: Mutex<()>,
     /// Whether the last database call succeeded.
     reachable: AtomicBool,
     /// The runtime the database pool lives on (serving thread 0's):
@@ -196,23 +202,32 @@ impl ControlPlane {
                 })
             })
             .await;
-        let snap = match read {
-            Ok(Some(s)) => s,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "control refresh failed");
-                return;
-            }
-        };
+        match read {
+            Ok(Some(snap)) => self.serve(snap),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(error = %e, "control refresh failed"),
+        }
+    }
+
+    /// Serves `snap` unless a snapshot of a later counter is served
+    /// already (a slower refresh that read before a write finishing after
+    /// the write's own refresh). The policy is installed before the
+    /// snapshot is recorded, so a snapshot seen at version N means the
+    /// policy serving N (what [`ControlPlane::serves`] relies on).
+    fn serve(&self, snap: Snapshot) {
+        let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
+        if snap.version < self.snapshot.load().version {
+            return;
+        }
         let (raw, version) = self.file();
         match runtime::compose(&raw, &version, &snap) {
             Ok(p) => {
-                self.snapshot.store(Arc::new(snap));
                 if let ReloadOutcome::Applied { .. } =
                     reload::install(&self.policy, p, &self.config_path, Trigger::Control)
                 {
                     crate::metrics::register_policy_series(&self.policy.load());
                 }
+                self.snapshot.store(Arc::new(snap));
             }
             Err(e) => {
                 for error in &e.0 {
@@ -222,10 +237,37 @@ impl ControlPlane {
         }
     }
 
+    /// Whether this gateway serves counter `version` (or a later one).
+    pub fn serves(&self, version: i64) -> bool {
+        self.snapshot.load().version >= version
+    }
+
+    /// After this gateway's own write (which left the counter at
+    /// `version`): refreshes until the policy serves it, so that the
+    /// write's answer is never ahead of the gateway that gave it (a key
+    /// just created answers 200 here at once). Bounded: a database that
+    /// stops answering, or a change that does not merge, leaves it to the
+    /// propagation task.
+    pub async fn caught_up(&self, version: i64) {
+        for _ in 0..3 {
+            if self.serves(version) {
+                return;
+            }
+            self.refresh(false).await;
+        }
+        if !self.serves(version) {
+            tracing::warn!(
+                version,
+                "control change written but not yet served here; the next refresh will"
+            );
+        }
+    }
+
     /// The config file reload (SIGHUP, file change), merged with the
     /// current snapshot: a file that now defines a runtime name is
     /// rejected, naming it.
     pub fn reload_file(&self, trigger: Trigger) -> ReloadOutcome {
+        let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.snapshot.load_full();
         reload::reload_with(&self.policy, &self.config_path, trigger, |path| {
             let (raw, version) = Policy::read_raw(path)?;

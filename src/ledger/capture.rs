@@ -28,6 +28,10 @@ pub struct LedgerScope {
     pub price_version: Arc<str>,
     /// Names of the plan's deployments, in the plan's order.
     pub deployments: Vec<Arc<str>>,
+    /// The `gen_ai.provider.name` of each deployment (request spans).
+    pub providers: Vec<&'static str>,
+    /// The model name sent upstream (request spans).
+    pub upstream_model: Arc<str>,
 }
 
 /// The row of one reservation as far as it is known.
@@ -35,6 +39,9 @@ pub struct LedgerScope {
 pub struct LedgerDraft {
     scope: Arc<LedgerScope>,
     deployment: Arc<str>,
+    provider: &'static str,
+    /// UTC µs of the admission: a request span's start.
+    admitted_micros: u64,
     dialect: Dialect,
     end_user: Option<Arc<str>>,
     /// Position among the hold's amounts of a dollar budget: what the drop
@@ -55,6 +62,7 @@ impl LedgerDraft {
         end_user: Option<Arc<str>>,
         usd_index: Option<usize>,
     ) -> Self {
+        let provider = scope.providers.get(deployment).copied().unwrap_or("");
         let deployment = scope
             .deployments
             .get(deployment)
@@ -63,12 +71,29 @@ impl LedgerDraft {
         Self {
             scope,
             deployment,
+            provider,
+            admitted_micros: 0,
             dialect,
             end_user,
             usd_index,
             usage: None,
             cost_micros: 0,
             outcome: None,
+        }
+    }
+
+    /// The reservation was admitted at `micros` (UTC µs).
+    pub fn admitted_at(mut self, micros: u64) -> Self {
+        self.admitted_micros = micros;
+        self
+    }
+
+    /// What a request span needs beyond the row.
+    pub fn span_facts(&self) -> crate::telemetry::SpanFacts<'_> {
+        crate::telemetry::SpanFacts {
+            admitted_micros: self.admitted_micros,
+            provider: self.provider,
+            upstream_model: &self.scope.upstream_model,
         }
     }
 
@@ -153,10 +178,16 @@ impl LedgerCapture {
         &mut self.draft
     }
 
-    /// Buffers the row of reservation `id`, settled by `s` (applied by the store).
+    /// Buffers the row of reservation `id`, settled by `s` (applied by
+    /// the store), and exports its span.
     pub fn record(&self, id: &str, s: &Settlement) {
         let row = self.draft.row(id, s, self.ledger.now_micros());
-        self.ledger.buffer().record(row);
+        if let Some(spans) = self.ledger.spans() {
+            spans.export(&row, self.draft.span_facts());
+        }
+        if let Some(buffer) = self.ledger.buffer() {
+            buffer.record(row);
+        }
     }
 }
 
@@ -186,6 +217,8 @@ pub(crate) mod tests {
             model: "gpt-4o-mini".into(),
             price_version: "abc123".into(),
             deployments: vec!["east".into(), "west".into()],
+            providers: vec!["openai", "anthropic"],
+            upstream_model: "gpt-4o-mini-2024-07-18".into(),
         })
     }
 

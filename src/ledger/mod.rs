@@ -126,22 +126,53 @@ impl SpendRow {
     }
 }
 
-/// The ledger as the request path sees it: its buffer, and the clock that
-/// stamps rows. `None` in [`crate::server::AppState`] when it is off.
+/// Where settled reservations go, as the request path sees it: the
+/// ledger's buffer, the exporter of request spans (each when it is on),
+/// and the clock that stamps rows. `None` in [`crate::server::AppState`]
+/// when both are off: no row is then even drafted.
 pub struct Ledger {
-    buffer: Arc<LedgerBuffer>,
+    buffer: Option<Arc<LedgerBuffer>>,
+    spans: Option<Arc<crate::telemetry::Spans>>,
     clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl Ledger {
     /// A ledger recording into `buffer`, stamping rows with `clock`.
     pub fn new(buffer: Arc<LedgerBuffer>, clock: Arc<dyn crate::clock::Clock>) -> Self {
-        Self { buffer, clock }
+        Self {
+            buffer: Some(buffer),
+            spans: None,
+            clock,
+        }
     }
 
-    /// The buffer rows wait in.
-    pub fn buffer(&self) -> &Arc<LedgerBuffer> {
-        &self.buffer
+    /// Rows go to `buffer` (the ledger is on) and their spans to `spans`
+    /// (telemetry is on).
+    pub fn with(
+        buffer: Option<Arc<LedgerBuffer>>,
+        spans: Option<Arc<crate::telemetry::Spans>>,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        Self {
+            buffer,
+            spans,
+            clock,
+        }
+    }
+
+    /// The buffer rows wait in, while the ledger is on.
+    pub fn buffer(&self) -> Option<&Arc<LedgerBuffer>> {
+        self.buffer.as_ref()
+    }
+
+    /// The exporter of request spans, while telemetry is on.
+    pub fn spans(&self) -> Option<&crate::telemetry::Spans> {
+        self.spans.as_deref()
+    }
+
+    /// The exporter of request spans, shared, while telemetry is on.
+    pub fn spans_arc(&self) -> Option<&Arc<crate::telemetry::Spans>> {
+        self.spans.as_ref()
     }
 
     /// Now, UTC µs, from the gateway's clock.

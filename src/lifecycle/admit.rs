@@ -219,7 +219,12 @@ pub async fn admit<'p>(
                 cx.dialect,
                 request.end_user.clone(),
                 usd_index,
-            );
+            )
+            .admitted_at(match ledger.spans() {
+                // A span's start; without telemetry the clock is not read.
+                Some(_) => ledger.now_micros(),
+                None => 0,
+            });
             hold.with_ledger(LedgerCapture::new(ledger.clone(), draft))
         }
         None => hold,

@@ -41,10 +41,14 @@ impl RequestContext {
     /// A request that arrived now on `dialect` with `headers`.
     pub fn new(st: Arc<AppState>, dialect: Dialect, headers: &HeaderMap) -> Self {
         let policy = st.policy.load_full();
-        let finish = Finish::new(
+        let mut finish = Finish::new(
             policy.clone(),
             RequestId::arrived(headers, dialect.request_id_header(), dialect.key_headers()),
         );
+        if let Some(spans) = st.ledger.get().and_then(|l| l.spans_arc()) {
+            finish.spans = Some(spans.clone());
+            finish.dialect_name = crate::ledger::capture::dialect_name(dialect);
+        }
         Self {
             st,
             policy,

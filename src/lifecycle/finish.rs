@@ -59,6 +59,11 @@ pub struct Finish {
     pub decided_by: &'static str,
     /// Milliseconds it waited in the queue, when it waited.
     pub queued_ms: Option<u64>,
+    /// The ledger's name of the dialect (a refusal's span).
+    pub dialect_name: &'static str,
+    /// The exporter of request spans, while telemetry is on (a refusal's
+    /// span is written here; an admitted request's at its settlement).
+    pub spans: Option<Arc<crate::telemetry::Spans>>,
     written: bool,
 }
 
@@ -77,6 +82,8 @@ impl Finish {
             end_user: None,
             decided_by: "",
             queued_ms: None,
+            dialect_name: "",
+            spans: None,
             written: false,
         }
     }
@@ -102,6 +109,8 @@ impl Finish {
             end_user: self.end_user.take(),
             decided_by: self.decided_by,
             queued_ms: self.queued_ms,
+            dialect_name: self.dialect_name,
+            spans: self.spans.clone(),
             written: self.written,
         };
         self.written = true;
@@ -129,19 +138,32 @@ impl Finish {
         let decided_by = self.decided_by;
         let queued_ms = self.queued_ms.unwrap_or(0);
         match outcome {
-            Outcome::Refused(e) => tracing::info!(
-                request_id,
-                tenant,
-                end_user,
-                decided_by,
-                outcome = "refused",
-                decision = "refused",
-                status = e.status().as_u16(),
-                error = e.label(),
-                queued_ms,
-                latency_ms,
-                "request refused"
-            ),
+            Outcome::Refused(e) => {
+                if let Some(spans) = &self.spans {
+                    spans.refused(&crate::telemetry::Refusal {
+                        request_id,
+                        tenant,
+                        model,
+                        dialect: self.dialect_name,
+                        status: e.status().as_u16(),
+                        error: e.label(),
+                        took: self.started.elapsed(),
+                    });
+                }
+                tracing::info!(
+                    request_id,
+                    tenant,
+                    end_user,
+                    decided_by,
+                    outcome = "refused",
+                    decision = "refused",
+                    status = e.status().as_u16(),
+                    error = e.label(),
+                    queued_ms,
+                    latency_ms,
+                    "request refused"
+                )
+            }
             Outcome::Answered { settled } => tracing::info!(
                 request_id,
                 reservation_id,

@@ -23,6 +23,7 @@ use super::AppState;
 
 const INDEX_HTML: &str = include_str!("../../assets/admin_ui/index.html");
 const APP_JS: &str = include_str!("../../assets/admin_ui/app.js");
+const KEYS_JS: &str = include_str!("../../assets/admin_ui/keys.js");
 const APP_CSS: &str = include_str!("../../assets/admin_ui/app.css");
 
 /// The page's Content-Security-Policy.
@@ -68,6 +69,7 @@ pub async fn asset(
     }
     match asset.as_str() {
         "app.js" => serve(APP_JS, "text/javascript; charset=utf-8"),
+        "keys.js" => serve(KEYS_JS, "text/javascript; charset=utf-8"),
         "app.css" => serve(APP_CSS, "text/css; charset=utf-8"),
         _ => ApiError::NotFound(uri.path().to_string()).into_response(),
     }

@@ -239,6 +239,11 @@ impl AppState {
                             .deployments_of(model_id)
                             .map(|u| Arc::<str>::from(policy.deployment(u).name.as_str()))
                             .collect(),
+                        providers: policy
+                            .deployments_of(model_id)
+                            .map(|u| crate::telemetry::provider_name(policy.deployment(u).kind))
+                            .collect(),
+                        upstream_model: model.upstream_model.as_str().into(),
                     }),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
                     requester: Arc::new(Requester {

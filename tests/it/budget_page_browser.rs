@@ -19,11 +19,11 @@ use crate::support::*;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const TOKEN: &str = "browser-test-admin-token";
+pub(crate) const TOKEN: &str = "browser-test-admin-token";
 /// A model name that would run script if the page inserted names as HTML.
 const HOSTILE_MODEL: &str = "<img src=x onerror=\"document.title='pwned'\">";
 
-fn ensure_browser() {
+pub(crate) fn ensure_browser() {
     if Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists() {
         return;
     }
@@ -48,7 +48,7 @@ fn demo_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
 }
 
 /// `config/local.toml` (the README's demo) in front of the test's upstream.
-fn local_config(upstream: &str) -> TestConfig {
+pub(crate) fn local_config(upstream: &str) -> TestConfig {
     let mut config =
         TestConfig::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("config/local.toml"));
     let mock = config.upstream("mock");
@@ -58,7 +58,7 @@ fn local_config(upstream: &str) -> TestConfig {
 }
 
 /// A W3C WebDriver session on chromedriver.
-struct Browser {
+pub(crate) struct Browser {
     driver: tokio::process::Child,
     http: reqwest::Client,
     base: String,
@@ -66,7 +66,7 @@ struct Browser {
 }
 
 impl Browser {
-    async fn start() -> Browser {
+    pub(crate) async fn start() -> Browser {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -132,7 +132,7 @@ impl Browser {
         }
     }
 
-    async fn cmd(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+    pub(crate) async fn cmd(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
         let mut req = self.http.request(method, format!("{}{path}", self.base));
         if !body.is_null() {
             req = req.json(&body);
@@ -142,12 +142,12 @@ impl Browser {
         v["value"].clone()
     }
 
-    async fn goto(&self, url: &str) {
+    pub(crate) async fn goto(&self, url: &str) {
         self.cmd(reqwest::Method::POST, "/url", json!({ "url": url }))
             .await;
     }
 
-    async fn js(&self, script: &str) -> Value {
+    pub(crate) async fn js(&self, script: &str) -> Value {
         self.cmd(
             reqwest::Method::POST,
             "/execute/sync",
@@ -157,7 +157,7 @@ impl Browser {
     }
 
     /// Polls `script` until it returns something other than null/false.
-    async fn wait_for(&self, what: &str, script: &str) -> Value {
+    pub(crate) async fn wait_for(&self, what: &str, script: &str) -> Value {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
             let v = self.js(script).await;
@@ -173,7 +173,7 @@ impl Browser {
         }
     }
 
-    async fn element(&self, css: &str) -> String {
+    pub(crate) async fn element(&self, css: &str) -> String {
         let v = self
             .cmd(
                 reqwest::Method::POST,
@@ -187,7 +187,7 @@ impl Browser {
             .to_string()
     }
 
-    async fn type_into(&self, css: &str, text: &str) {
+    pub(crate) async fn type_into(&self, css: &str, text: &str) {
         let e = self.element(css).await;
         self.cmd(
             reqwest::Method::POST,
@@ -197,7 +197,7 @@ impl Browser {
         .await;
     }
 
-    async fn click(&self, css: &str) {
+    pub(crate) async fn click(&self, css: &str) {
         let e = self.element(css).await;
         self.cmd(
             reqwest::Method::POST,
@@ -207,7 +207,7 @@ impl Browser {
         .await;
     }
 
-    async fn screenshot(&self, path: &Path) {
+    pub(crate) async fn screenshot(&self, path: &Path) {
         use base64_png::decode;
         let v = self
             .cmd(reqwest::Method::GET, "/screenshot", Value::Null)
@@ -215,7 +215,7 @@ impl Browser {
         std::fs::write(path, decode(v.as_str().unwrap())).unwrap();
     }
 
-    async fn quit(mut self) {
+    pub(crate) async fn quit(mut self) {
         let _ = self.http.delete(&self.base).send().await;
         let _ = self.driver.kill().await;
     }

@@ -104,6 +104,20 @@ fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
         }),
         ..config::model("claude-test", &["claude"])
     });
+    // A deployment nothing listens on: its requests never reach an
+    // upstream and are voided.
+    c.upstreams.push(config::upstream(
+        "dead",
+        Kind::SelfHosted,
+        "http://127.0.0.1:1/v1",
+    ));
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        max_output_tokens: Some(4096),
+        default_max_output_tokens: Some(16),
+        price: Some(price("0.15", "0.60")),
+        ..config::model("gpt-dead", &["dead"])
+    });
     c.tenants.push(tenant(
         "cut",
         "kc",
@@ -174,6 +188,13 @@ fn request(
             json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "an endless story"}], "stream": true}),
             None,
         ),
+        // Never sent: voided (every budget refunded).
+        _ if i % 24 == 11 => (
+            "chat/completions",
+            KEY,
+            json!({"model": "gpt-dead", "messages": [{"role": "user", "content": "lost"}], "max_tokens": 12}),
+            None,
+        ),
         _ => ("chat/completions", KEY, chat(true), None),
     }
 }
@@ -195,7 +216,7 @@ async fn ledger_written(gw: &Gateway) {
         .expect("the ledger is on by default")
         .clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while ledger.buffer().held() > 0 {
+    while ledger.buffer().map_or(0, |b| b.held()) > 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the ledger was not written within 20 s"
@@ -279,7 +300,19 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
         .iter()
         .map(|r| r["outcome"].as_str().unwrap())
         .collect();
-    for o in ["answered", "cut_off", "upstream_failed"] {
+    let mut by_outcome: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        *by_outcome
+            .entry(r["outcome"].as_str().unwrap())
+            .or_default() += 1;
+    }
+    println!(
+        "ledger: {REQUESTS} requests (statuses {:?}), {} rows {by_outcome:?}, {} settle replies lost and retried",
+        statuses.lock().unwrap(),
+        rows.len(),
+        store.lost.load(Ordering::SeqCst)
+    );
+    for o in ["answered", "cut_off", "upstream_failed", "voided"] {
         assert!(outcomes.contains(o), "no {o} row: {outcomes:?}");
     }
     let dialects: BTreeSet<&str> = rows
@@ -292,10 +325,9 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
             .into_iter()
             .collect()
     );
-    for r in rows
-        .iter()
-        .filter(|r| r["outcome"] == "upstream_failed" && r["output_tokens"] == 0)
-    {
+    for r in rows.iter().filter(|r| {
+        (r["outcome"] == "upstream_failed" && r["output_tokens"] == 0) || r["outcome"] == "voided"
+    }) {
         assert_eq!(r["cost_micros"], 0, "a refund is not spend: {r}");
     }
 

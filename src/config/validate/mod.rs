@@ -9,6 +9,7 @@ mod lease;
 mod ledger;
 mod prices;
 mod queue;
+mod telemetry;
 mod tenants;
 mod tree;
 
@@ -338,6 +339,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let queue = queue::queue(&mut v, raw.queue.as_ref(), &server);
     let ledger = ledger::ledger(&mut v, &raw.ledger);
     let alerts = alerts::alerts(&mut v, &raw.alerts);
+    let telemetry = telemetry::telemetry(&mut v, &raw.telemetry);
     for m in models.iter().filter(|m| m.responses) {
         if min_output_tokens < crate::dialects::responses::MIN_CAP {
             v.err(
@@ -381,6 +383,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         queue,
         ledger,
         alerts,
+        telemetry,
         model_index,
         key_index,
     })

@@ -32,7 +32,7 @@ pub async fn create_key(
     sha256: &str,
     f: &KeyFields,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let exists: Option<String> =
         sqlx::query_scalar("SELECT id FROM api_keys WHERE tenant = $1 AND id = $2")
             .bind(tenant.to_string())
@@ -92,7 +92,7 @@ pub async fn update_key(
     before: &KeyFields,
     f: &KeyFields,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let n = sqlx::query(
         "UPDATE api_keys SET alias = $3, owner = $4, limits = $5, allowed_models = $6, expires_at = $7, updated_at = $8 WHERE tenant = $1 AND id = $2",
     )
@@ -132,7 +132,7 @@ pub async fn rotate_key(
     sha256: &str,
     overlap_micros: u64,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let live: Option<String> = sqlx::query_scalar(
         "SELECT id FROM api_keys WHERE tenant = $1 AND id = $2 AND revoked_at IS NULL",
     )
@@ -175,7 +175,7 @@ pub async fn revoke_key(
     now: u64,
     (tenant, id): (&str, &str),
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let n = sqlx::query(
         "UPDATE api_keys SET revoked_at = $3, updated_at = $3 WHERE tenant = $1 AND id = $2 AND revoked_at IS NULL",
     )

@@ -110,7 +110,7 @@ pub async fn create_tenant(
     now: u64,
     t: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let exists: Option<String> = sqlx::query_scalar("SELECT name FROM tenants WHERE name = $1")
         .bind(t.name.clone())
         .fetch_optional(&mut *tx)
@@ -143,7 +143,7 @@ pub async fn update_tenant(
     before: &RawTenant,
     t: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let n = sqlx::query("UPDATE tenants SET spec = $2, updated_at = $3 WHERE name = $1")
         .bind(t.name.clone())
         .bind(tenant_spec(t))
@@ -172,7 +172,7 @@ pub async fn delete_tenant(
     now: u64,
     before: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let n = sqlx::query("DELETE FROM tenants WHERE name = $1")
         .bind(before.name.clone())
         .execute(&mut *tx)

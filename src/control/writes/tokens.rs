@@ -15,7 +15,7 @@ pub async fn create_token(
     sha256: &str,
     (role, tenant): (Role, Option<&str>),
 ) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     sqlx::query("INSERT INTO admin_tokens (id, sha256, role, tenant, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, NULL)")
         .bind(id.to_string())
         .bind(sha256.to_string())
@@ -37,7 +37,7 @@ pub async fn create_token(
 
 /// Revokes admin token `id`.
 pub async fn revoke_token(db: &Db, actor: &Actor, now: u64, id: &str) -> Result<i64, WriteError> {
-    let mut tx = db.pool().begin().await?;
+    let mut tx = db.begin_write().await?;
     let n =
         sqlx::query("UPDATE admin_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
             .bind(id.to_string())

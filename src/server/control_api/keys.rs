@@ -112,10 +112,11 @@ pub async fn create(
         .plane
         .run(async move { writes::create_key(&db, &actor, now, (&t2, &i2), &digest, &f).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, &format!("key {id:?} of tenant {tenant:?}"));
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, &format!("key {id:?} of tenant {tenant:?}")),
+    };
+    c.plane.caught_up(version).await;
     let mut v = view(&key);
     v["secret"] = json!(secret);
     json_response(StatusCode::CREATED, v)
@@ -282,10 +283,11 @@ pub async fn update(
         .plane
         .run(async move { writes::update_key(&db, &actor, now, (&t2, &i2), &old_f, &f).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, "key");
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, "key"),
+    };
+    c.plane.caught_up(version).await;
     match find(&c, &st.policy.load_full(), (&tenant, &id)) {
         Ok(k) => json_response(StatusCode::OK, view(&k)),
         Err(r) => r,
@@ -342,10 +344,11 @@ pub async fn rotate(
             writes::rotate_key(&db, &actor, now, (&t2, &i2), &digest, overlap * 1_000_000).await
         })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, "key");
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, "key"),
+    };
+    c.plane.caught_up(version).await;
     match find(&c, &st.policy.load_full(), (&tenant, &id)) {
         Ok(k) => {
             let mut v = view(&k);
@@ -378,10 +381,11 @@ pub async fn revoke(
         .plane
         .run(async move { writes::revoke_key(&db, &actor, now, (&t2, &i2)).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, "key (or it is already revoked)");
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, "key (or it is already revoked)"),
+    };
+    c.plane.caught_up(version).await;
     match find(&c, &st.policy.load_full(), (&tenant, &id)) {
         Ok(k) => json_response(StatusCode::OK, view(&k)),
         Err(r) => r,

@@ -224,15 +224,22 @@ pub async fn create(
         .plane
         .run(async move { writes::create_tenant(&db, &actor, now, &spec).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, &format!("tenant {:?}", t.name));
-    }
-    answer_after_write(&st, &c, &t.name, StatusCode::CREATED).await
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, &format!("tenant {:?}", t.name)),
+    };
+    answer_after_write(&st, &c, version, &t.name, StatusCode::CREATED).await
 }
 
 /// Refreshes this gateway from the database, then shows tenant `name`.
-async fn answer_after_write(st: &AppState, c: &Caller, name: &str, status: StatusCode) -> Response {
-    c.plane.refresh(false).await;
+async fn answer_after_write(
+    st: &AppState,
+    c: &Caller,
+    version: i64,
+    name: &str,
+    status: StatusCode,
+) -> Response {
+    c.plane.caught_up(version).await;
     let policy = st.policy.load_full();
     let v = view(&policy, &c.plane.snapshot(), &c.plane.file().0, name)
         .unwrap_or(json!({ "name": name }));
@@ -326,10 +333,11 @@ pub async fn update(
         .plane
         .run(async move { writes::update_tenant(&db, &actor, now, &before, &spec).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, &format!("tenant {name:?}"));
-    }
-    answer_after_write(&st, &c, &name, StatusCode::OK).await
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, &format!("tenant {name:?}")),
+    };
+    answer_after_write(&st, &c, version, &name, StatusCode::OK).await
 }
 
 /// `DELETE /admin/v1/tenants/{tenant}`: the tenant and its keys; refused
@@ -365,9 +373,10 @@ pub async fn delete(
         .plane
         .run(async move { writes::delete_tenant(&db, &actor, now, &before).await })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, &format!("tenant {name:?}"));
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, &format!("tenant {name:?}")),
+    };
+    c.plane.caught_up(version).await;
     json_response(StatusCode::OK, json!({ "deleted": name }))
 }

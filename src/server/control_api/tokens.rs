@@ -92,10 +92,11 @@ pub async fn create(
             writes::create_token(&db, &actor, now, &i2, &digest, (role, tenant.as_deref())).await
         })
         .await;
-    if let Err(e) = written {
-        return write_failed(&e, &format!("admin token {id:?}"));
-    }
-    c.plane.refresh(false).await;
+    let version = match written {
+        Ok(v) => v,
+        Err(e) => return write_failed(&e, &format!("admin token {id:?}")),
+    };
+    c.plane.caught_up(version).await;
     json_response(
         StatusCode::CREATED,
         json!({ "id": id, "role": role.name(), "tenant": b.tenant, "token": token }),
@@ -146,8 +147,8 @@ pub async fn revoke(
         .run(async move { writes::revoke_token(&db, &actor, now, &i2).await })
         .await;
     match written {
-        Ok(_) => {
-            c.plane.refresh(false).await;
+        Ok(version) => {
+            c.plane.caught_up(version).await;
             json_response(StatusCode::OK, json!({ "revoked": id }))
         }
         Err(writes::WriteError::NotFound) => not_found("admin token"),

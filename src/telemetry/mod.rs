@@ -1,0 +1,212 @@
+//! Request spans over OTLP (issue 29, point 7; docs/OPERATIONS.md): each
+//! settled or voided reservation becomes one span, exported over
+//! OTLP/HTTP (protobuf) to `[telemetry] otlp_endpoint`, so that a platform
+//! team sees the gateway in the traces it already has. Off by default.
+//!
+//! The span is built from the reservation's ledger row when the store has
+//! applied the settlement ([`crate::ledger::LedgerCapture::record`]), the
+//! same moment and the same figures as the spend ledger: tokens in and
+//! out, the µ$ cost, the tenant, how the request ended. A refused request
+//! (no reservation) gets a span of its refusal with its log line
+//! ([`Spans::refused`]). When telemetry is off nothing is built: one
+//! branch on an `Option` at the capture and at arrival.
+//!
+//! Attribute names follow the OpenTelemetry GenAI semantic conventions
+//! (<https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/>,
+//! now kept in the semantic-conventions-genai repository):
+//! `gen_ai.operation.name`, `gen_ai.provider.name` (and the attribute it
+//! replaced, `gen_ai.system`, which many backends still read),
+//! `gen_ai.request.model`, `gen_ai.response.model`,
+//! `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`; the
+//! gateway's own facts are under `budgetgate.*`. Spans are exported in
+//! batches by the SDK's processor on a thread of its own, never on a
+//! serving thread.
+
+mod attributes;
+
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::trace::{
+    Span as _, SpanBuilder, SpanKind, Status, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::Context;
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
+};
+use opentelemetry_sdk::Resource;
+
+use crate::ledger::{SpendOutcome, SpendRow};
+pub use attributes::{operation_name, provider_name};
+
+/// `[telemetry]` as validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// The OTLP/HTTP traces URL (`…/v1/traces`); `None`: no spans.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the spans' resource.
+    pub service_name: String,
+    /// The share of requests exported, 0 to 1 (by trace id).
+    pub sample_ratio: f64,
+    /// How often a batch of spans is sent.
+    pub export_interval: Duration,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "budgetgate".into(),
+            sample_ratio: 1.0,
+            export_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The OTLP path of traces, appended to an endpoint given without it.
+pub const TRACES_PATH: &str = "/v1/traces";
+
+/// The traces URL of `endpoint` (the collector's base URL, or the full
+/// traces URL).
+pub fn traces_url(endpoint: &str) -> String {
+    let e = endpoint.trim_end_matches('/');
+    if e.ends_with(TRACES_PATH) {
+        e.to_string()
+    } else {
+        format!("{e}{TRACES_PATH}")
+    }
+}
+
+/// What a span needs beyond the ledger row: when the reservation was
+/// admitted, and the deployment's provider and upstream model.
+#[derive(Debug, Clone, Copy)]
+pub struct SpanFacts<'a> {
+    /// UTC µs of the admission (the span's start).
+    pub admitted_micros: u64,
+    /// `gen_ai.provider.name` of the deployment.
+    pub provider: &'static str,
+    /// The model name the deployment was asked for.
+    pub upstream_model: &'a str,
+}
+
+/// A refused request, as its span tells it.
+#[derive(Debug, Clone, Copy)]
+pub struct Refusal<'a> {
+    /// The id the client saw.
+    pub request_id: &'a str,
+    /// The tenant, when authentication got that far ("" otherwise).
+    pub tenant: &'a str,
+    /// The public model, when the body was read that far ("" otherwise).
+    pub model: &'a str,
+    /// The ledger's name of the dialect.
+    pub dialect: &'static str,
+    /// The HTTP status answered.
+    pub status: u16,
+    /// The refusal's label (as in the request log).
+    pub error: &'static str,
+    /// From arrival to the answer.
+    pub took: Duration,
+}
+
+/// The exporter of request spans.
+pub struct Spans {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+}
+
+impl Spans {
+    /// Starts the exporter `settings` configure; `None` when telemetry is
+    /// off. Must be called within a Tokio runtime or not: the exporter's
+    /// client and batch thread are its own.
+    pub fn start(settings: &TelemetrySettings) -> Result<Option<Spans>, String> {
+        let Some(endpoint) = &settings.otlp_endpoint else {
+            return Ok(None);
+        };
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(traces_url(endpoint))
+            .with_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("telemetry: the OTLP exporter did not start: {e}"))?;
+        let batch = BatchConfigBuilder::default()
+            .with_scheduled_delay(settings.export_interval)
+            .with_max_queue_size(8_192)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batch)
+            .build();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_sampler(Sampler::TraceIdRatioBased(settings.sample_ratio))
+            .with_resource(
+                Resource::builder()
+                    .with_service_name(settings.service_name.clone())
+                    .build(),
+            )
+            .build();
+        let tracer = provider.tracer("budgetgate");
+        tracing::info!(endpoint = %traces_url(endpoint), sample_ratio = settings.sample_ratio, "request spans exported over OTLP/HTTP");
+        Ok(Some(Spans { provider, tracer }))
+    }
+
+    /// Exports the span of the reservation whose row is `row`.
+    pub fn export(&self, row: &SpendRow, facts: SpanFacts<'_>) {
+        let operation = operation_name(row.dialect);
+        let start = at(facts.admitted_micros.min(row.at_micros).max(1));
+        let builder = SpanBuilder::from_name(format!("{operation} {}", row.model))
+            .with_kind(SpanKind::Server)
+            .with_start_time(start)
+            .with_attributes(attributes::of(row, &facts));
+        let mut span = self.tracer.build_with_context(builder, &Context::new());
+        match row.outcome {
+            SpendOutcome::UpstreamFailed => span.set_status(Status::error("upstream failed")),
+            SpendOutcome::Voided => span.set_status(Status::error("never reached the upstream")),
+            _ => {}
+        }
+        span.end_with_timestamp(at(row.at_micros));
+    }
+
+    /// Exports the span of a refused request (no reservation, no cost).
+    pub fn refused(&self, r: &Refusal<'_>) {
+        use opentelemetry::KeyValue;
+        let end = SystemTime::now();
+        let operation = operation_name(r.dialect);
+        let name = match r.model {
+            "" => operation.to_string(),
+            m => format!("{operation} {m}"),
+        };
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", operation),
+            KeyValue::new("budgetgate.outcome", "refused"),
+            KeyValue::new("budgetgate.error", r.error),
+            KeyValue::new("http.response.status_code", i64::from(r.status)),
+            KeyValue::new("budgetgate.request_id", r.request_id.to_string()),
+        ];
+        if !r.model.is_empty() {
+            attributes.push(KeyValue::new("gen_ai.request.model", r.model.to_string()));
+        }
+        if !r.tenant.is_empty() {
+            attributes.push(KeyValue::new("budgetgate.tenant", r.tenant.to_string()));
+        }
+        let builder = SpanBuilder::from_name(name)
+            .with_kind(SpanKind::Server)
+            .with_start_time(end.checked_sub(r.took).unwrap_or(end))
+            .with_attributes(attributes);
+        let mut span = self.tracer.build_with_context(builder, &Context::new());
+        span.set_status(Status::error(r.error));
+        span.end_with_timestamp(end);
+    }
+
+    /// Sends what is queued and stops the exporter (blocking: call it off
+    /// the serving threads).
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown_with_timeout(Duration::from_secs(5)) {
+            tracing::warn!(error = %e, "telemetry: spans not all exported at shutdown");
+        }
+    }
+}
+
+fn at(micros: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_micros(micros)
+}
