@@ -464,7 +464,7 @@ impl<'c> Fleet<'c> {
             }
             Event::LoseGrant => self.lose_grants += 1,
             Event::Sample => {
-                if self.cfg.progress && now % 10_000_000 == 0 && now > 0 {
+                if self.cfg.progress && now.is_multiple_of(10_000_000) && now > 0 {
                     eprintln!(
                         "{} run: {} simulated s, {} admitted",
                         if self.leased { "leased" } else { "exact" },
