@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use tokio::time::Instant;
 
 use super::admit::{self, Admitted};
@@ -39,9 +39,9 @@ use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
 
 /// The request header lowering a request's class.
-pub const PRIORITY_HEADER: &str = "x-budgetgate-priority";
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-budgetgate-priority");
 /// The request header lowering a request's `max_wait`, milliseconds.
-pub const MAX_WAIT_HEADER: &str = "x-budgetgate-max-wait-ms";
+pub const MAX_WAIT_HEADER: HeaderName = HeaderName::from_static("x-budgetgate-max-wait-ms");
 /// The response header of a request that waited: milliseconds in the queue.
 pub const QUEUED_HEADER: &str = "x-budgetgate-queued-ms";
 
@@ -65,7 +65,7 @@ pub fn asked(cx: &RequestContext, request: &Prepared, headers: &HeaderMap) -> Op
         .priority
         .unwrap_or(tenant.priority);
     let class = match headers
-        .get(PRIORITY_HEADER)
+        .get(&PRIORITY_HEADER)
         .map(|v| v.to_str().map(Class::parse))
     {
         None => own,
@@ -81,7 +81,7 @@ pub fn asked(cx: &RequestContext, request: &Prepared, headers: &HeaderMap) -> Op
     };
     let mut max_wait = q.class(class).max_wait;
     if let Some(ms) = headers
-        .get(MAX_WAIT_HEADER)
+        .get(&MAX_WAIT_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
     {

@@ -34,6 +34,11 @@ impl Inner {
 
     /// The live share state of candidate `c` of `req`, when it claims one.
     fn share_of(&self, req: &ReserveRequest, c: usize, now: u64) -> Option<(String, ShareState)> {
+        // No deployment contended anywhere (the usual case): nothing to
+        // look up, and no key text to build for it.
+        if self.shares.is_empty() {
+            return None;
+        }
         share::claim_of(req)?;
         let key = share::share_key(&req.candidates[c])?;
         let mut st = self.shares.get(&key)?.clone();
