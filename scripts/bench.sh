@@ -14,6 +14,9 @@
 #   REDIS=0           skip the Redis-store gateway
 #   LEASE=off         the Redis-store gateway without quota leases (one store
 #                     call per request; default: leases on, as the Redis store runs)
+#   LEDGER=on         keep the spend ledger on (default off here: each gateway
+#                     writes its own SQLite file in the temp dir; the ledger's
+#                     own cost is measured by scripts/instructions.sh)
 #   NO_BUILD=1        use the release binaries already built
 #   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
 #   STREAMS=1000      concurrent streams of the memory phase (0 skips it)
@@ -137,10 +140,15 @@ KEY="sk-bench-$$"
 KEY_SHA=$(printf '%s' "$KEY" | sha256sum | cut -d' ' -f1)
 
 write_config() { # $1 file, $2 store section
+    local ledger=""
+    [[ ${LEDGER:-off} == off ]] && ledger=$'\n[ledger]\nenabled = false'
     cat >"$1" <<EOF
 # Written by scripts/bench.sh: limits high enough never to refuse.
 [server]
 listen = "127.0.0.1:0"
+
+[control]
+database_url = "sqlite://$1.control.db"$ledger
 
 [store]
 $2
