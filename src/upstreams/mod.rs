@@ -49,6 +49,11 @@ pub struct UpstreamClient {
     /// showed in the per-request profile; the set is small (upstreams ×
     /// endpoints × models), bounded by [`URL_CACHE_MAX`] anyway.
     urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
+    /// Parsed URLs of endpoints that depend only on the base URL and the
+    /// dialect (every upstream kind but Azure), found
+    /// by comparing the base URL: no URL text is formatted and hashed per
+    /// request. A handful of entries (upstreams × dialects).
+    by_base: Arc<Mutex<Vec<(String, Dialect, reqwest::Url)>>>,
 }
 
 /// Most parsed URLs kept; the cache starts over when full.
@@ -65,6 +70,7 @@ impl UpstreamClient {
     pub fn new() -> Self {
         Self {
             urls: Arc::new(Mutex::new(HashMap::new())),
+            by_base: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -94,6 +100,24 @@ impl UpstreamClient {
         dialect: Dialect,
         upstream_model: &str,
     ) -> Result<reqwest::Url, UpstreamError> {
+        // Azure's URLs also carry the deployment (model) and the API version.
+        if upstream.kind != UpstreamKind::Azure {
+            let mut known = self.by_base.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, _, u)) = known
+                .iter()
+                .find(|(base, d, _)| *d == dialect && *base == upstream.base_url)
+            {
+                return Ok(u.clone());
+            }
+            let text = endpoint_url(upstream, dialect, upstream_model);
+            let url = reqwest::Url::parse(&text)
+                .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
+            if known.len() >= URL_CACHE_MAX {
+                known.clear();
+            }
+            known.push((upstream.base_url.clone(), dialect, url.clone()));
+            return Ok(url);
+        }
         let text = endpoint_url(upstream, dialect, upstream_model);
         let mut urls = self.urls.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = urls.get(&text) {
