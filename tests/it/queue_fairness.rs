@@ -173,6 +173,43 @@ pub(crate) fn tenant(name: &str, key: &str, priority: &str, weight: i64) -> conf
     }
 }
 
+/// `sk-heavy` (weight 3) and `sk-light` (weight 1), `clients` closed loops
+/// each, every tenant's loops spread over its gateways' URLs, for the
+/// window after the warm-up: prints the settled tokens and their ratio
+/// (`what` names the setting), checks that no waiter was refused, returns
+/// the ratio. `tpm` is the shared deployment's, for the share of T used.
+pub(crate) async fn weights_ratio(
+    heavy_on: &[String],
+    light_on: &[String],
+    clients: usize,
+    tpm: u64,
+    what: &str,
+) -> f64 {
+    let load = Arc::new(Load {
+        client: reqwest::Client::new(),
+        url: heavy_on[0].clone(),
+        start: Instant::now(),
+        stop: AtomicBool::new(false),
+    });
+    let (heavy, light) = (Arc::<Mutex<Seen>>::default(), Arc::<Mutex<Seen>>::default());
+    let mut tasks = load.closed_loops_over(clients, "sk-heavy", 40, &heavy, heavy_on);
+    tasks.extend(load.closed_loops_over(clients, "sk-light", 40, &light, light_on));
+    load.run_for_window().await;
+    for t in tasks {
+        let _ = t.await;
+    }
+    let (h, l) = (heavy.lock().unwrap(), light.lock().unwrap());
+    let ratio = h.tokens as f64 / l.tokens.max(1) as f64;
+    let secs = window().as_secs_f64();
+    println!(
+        "weights 3:1 {what}, over {secs} s: heavy {} tokens ({} answered), light {} tokens ({} answered), ratio {ratio:.3}; refused {} / {}; {:.1} % of T",
+        h.tokens, h.answered, l.tokens, l.answered, h.refused, l.refused,
+        (h.tokens + l.tokens) as f64 / (tpm as f64 / 60.0 * secs) * 100.0
+    );
+    assert_eq!(h.refused + l.refused, 0, "a waiter was refused");
+    ratio
+}
+
 fn p99(waits: &mut [u64]) -> u64 {
     waits.sort_unstable();
     if waits.is_empty() {
@@ -282,28 +319,8 @@ async fn two_tenants_with_weights_three_and_one_settle_three_to_one() {
         ],
     )
     .await;
-    let load = Arc::new(Load {
-        client: reqwest::Client::new(),
-        url: gw.base_url(),
-        start: Instant::now(),
-        stop: AtomicBool::new(false),
-    });
-    let (heavy, light) = (Arc::<Mutex<Seen>>::default(), Arc::<Mutex<Seen>>::default());
-    let mut tasks = load.closed_loops(20, "sk-heavy", 40, &heavy);
-    tasks.extend(load.closed_loops(20, "sk-light", 40, &light));
-    load.run_for_window().await;
-    for t in tasks {
-        let _ = t.await;
-    }
-    let (h, l) = (heavy.lock().unwrap(), light.lock().unwrap());
-    let ratio = h.tokens as f64 / l.tokens.max(1) as f64;
-    let secs = window().as_secs_f64();
-    println!(
-        "weights 3:1 over {secs} s: heavy {} tokens ({} answered), light {} tokens ({} answered), ratio {ratio:.3}; refused {} / {}; {:.1} % of T",
-        h.tokens, h.answered, l.tokens, l.answered, h.refused, l.refused,
-        (h.tokens + l.tokens) as f64 / (TPM as f64 / 60.0 * secs) * 100.0
-    );
-    assert_eq!(h.refused + l.refused, 0, "a waiter was refused");
+    let url = [gw.base_url()];
+    let ratio = weights_ratio(&url, &url, 20, TPM, "on one gateway").await;
     assert!(
         (2.7..=3.3).contains(&ratio),
         "settled tokens {ratio:.3} : 1, not 3 : 1 within 10 %"

@@ -15,13 +15,9 @@
 //!
 //! Run: `cargo test --test it share_fleet:: -- --nocapture --test-threads=1`.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
 use budgetgate::config::raw::RawQueue;
 
-use super::queue_fairness::{class, tenant, window, Load, Seen};
+use super::queue_fairness::{class, tenant, weights_ratio};
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
 
@@ -68,29 +64,8 @@ async fn in_process(c: &TestConfig) -> Vec<Gateway> {
 /// settled-token ratio.
 async fn ratio(gws: &[String], heavy_on: &[usize], light_on: &[usize], what: &str) -> f64 {
     let urls = |on: &[usize]| -> Vec<String> { on.iter().map(|&g| gws[g].clone()).collect() };
-    let load = Arc::new(Load {
-        client: reqwest::Client::new(),
-        url: gws[0].clone(),
-        start: Instant::now(),
-        stop: AtomicBool::new(false),
-    });
-    let (heavy, light) = (Arc::<Mutex<Seen>>::default(), Arc::<Mutex<Seen>>::default());
-    let mut tasks = load.closed_loops_over(CLIENTS, "sk-heavy", 40, &heavy, &urls(heavy_on));
-    tasks.extend(load.closed_loops_over(CLIENTS, "sk-light", 40, &light, &urls(light_on)));
-    load.run_for_window().await;
-    for t in tasks {
-        let _ = t.await;
-    }
-    let (h, l) = (heavy.lock().unwrap(), light.lock().unwrap());
-    let ratio = h.tokens as f64 / l.tokens.max(1) as f64;
-    let secs = window().as_secs_f64();
-    println!(
-        "weights 3:1 on {GATEWAYS} gateways, {what}, over {secs} s: heavy {} tokens ({} answered), light {} tokens ({} answered), ratio {ratio:.3}; refused {} / {}; {:.1} % of T",
-        h.tokens, h.answered, l.tokens, l.answered, h.refused, l.refused,
-        (h.tokens + l.tokens) as f64 / (TPM as f64 / 60.0 * secs) * 100.0
-    );
-    assert_eq!(h.refused + l.refused, 0, "a waiter was refused");
-    ratio
+    let what = format!("on {GATEWAYS} gateways, {what}");
+    weights_ratio(&urls(heavy_on), &urls(light_on), CLIENTS, TPM, &what).await
 }
 
 /// [`ratio`] on in-process gateways.
