@@ -90,21 +90,23 @@ async fn build_serving_store(
     }
 }
 
-/// Starts the spend ledger of `state` over the control database's
-/// `pool` (its queries always; the writer and its buffer while
-/// `[ledger] enabled`, the default) with the request spans `spans`
-/// (telemetry on). The writer runs on the calling runtime (the pool's);
-/// returns it for the shutdown flush.
+/// Starts the spend ledger of `state` over the control database `db`
+/// (its queries always; the writer and its buffer while `[ledger]
+/// enabled`, the default) with the request spans `spans` (telemetry on).
+/// The writer runs on a thread of its own with its own connection: a
+/// serving thread only pushes rows into the buffer. Returns it for the
+/// shutdown flush.
 pub fn start_ledger(
     state: &AppState,
-    pool: sqlx::AnyPool,
+    db: &crate::control::db::Db,
     clock: Arc<dyn Clock>,
     spans: Option<Arc<crate::telemetry::Spans>>,
-) -> Option<crate::ledger::LedgerWriter> {
-    use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerWriter};
+) -> Result<Option<crate::ledger::LedgerWriter>, String> {
+    use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerSink, LedgerWriter};
     let settings = state.policy.load().ledger.clone();
-    let sql = SqlLedger::new(pool);
-    let _ = state.spend.set(sql.clone());
+    let _ = state
+        .spend
+        .set(SqlLedger::new(db.pool().clone(), db.kind()));
     let buffer = settings
         .enabled
         .then(|| Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows)));
@@ -113,7 +115,15 @@ pub fn start_ledger(
             .ledger
             .set(Arc::new(Ledger::with(buffer.clone(), spans, clock.clone())));
     }
-    buffer.map(|b| LedgerWriter::spawn(b, sql, settings, clock))
+    let Some(buffer) = buffer else {
+        return Ok(None);
+    };
+    let (db, kind) = (db.clone(), db.kind());
+    let open: crate::ledger::batcher::OpenSink = Box::new(move || {
+        let pool = db.writer_pool().map_err(|e| e.to_string())?;
+        Ok(SqlLedger::new(pool, kind) as Arc<dyn LedgerSink>)
+    });
+    LedgerWriter::spawn_thread(buffer, open, settings, clock).map(Some)
 }
 
 /// How long connections may take to close after the cutoff before the
@@ -368,12 +378,7 @@ pub async fn run(
     let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
-    let ledger = start_ledger(
-        &state,
-        control.db().pool().clone(),
-        clock.clone(),
-        spans.clone(),
-    );
+    let ledger = start_ledger(&state, control.db(), clock.clone(), spans.clone())?;
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {

@@ -108,6 +108,8 @@ pub enum DbError {
 pub struct Db {
     pool: AnyPool,
     kind: DbKind,
+    /// The URL as connected (SQLite's with `mode=rwc`).
+    url: String,
 }
 
 /// The default database: `control.db` beside the memory store's snapshot,
@@ -139,9 +141,29 @@ impl Db {
             .connect(&url)
             .await
             .map_err(DbError::Connect)?;
-        let db = Db { pool, kind };
+        let db = Db { pool, kind, url };
         db.migrate().await?;
         Ok(db)
+    }
+
+    /// A pool of one connection to the same database, for the ledger's
+    /// writer on its own thread: its batches then never wait for a
+    /// connection the control plane holds, and (PostgreSQL) its socket is
+    /// driven by the writer's runtime, not by a serving thread's. An
+    /// in-memory SQLite database exists once per connection: the shared
+    /// pool is returned for it. Lazy: it connects on its first write, so
+    /// a database down at that moment is a failed batch (kept in the
+    /// buffer, tried again), not a ledger that never starts. Call it on
+    /// the runtime that will use it.
+    pub fn writer_pool(&self) -> Result<AnyPool, DbError> {
+        if self.kind == DbKind::Sqlite && self.url.contains(":memory:") {
+            return Ok(self.pool.clone());
+        }
+        AnyPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(&self.url)
+            .map_err(DbError::Connect)
     }
 
     /// The pool (sqlx `Any`: placeholders `$1, $2, …`).

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::buffer::LedgerBuffer;
@@ -61,11 +61,24 @@ impl Default for LedgerSettings {
 /// How often rows past the retention are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
 
-/// The running writer task.
+/// The running writer: a task on the caller's runtime ([`Self::spawn`],
+/// for tests and tools) or a thread of its own ([`Self::spawn_thread`],
+/// what `serve` runs, so that batching, encoding and the database driver
+/// never run on a serving thread).
 pub struct LedgerWriter {
     stop: watch::Sender<Option<Duration>>,
-    task: Option<JoinHandle<()>>,
+    runs: Runs,
 }
+
+enum Runs {
+    Task(Option<JoinHandle<()>>),
+    /// Resolves when the thread's loop has returned.
+    Thread(Option<oneshot::Receiver<()>>),
+}
+
+/// Opens the sink on the writer's own runtime (a pool must be created on
+/// the runtime that drives its connections).
+pub type OpenSink = Box<dyn FnOnce() -> Result<Arc<dyn LedgerSink>, String> + Send>;
 
 impl LedgerWriter {
     /// Starts the writer of `buffer` into `sink` on the current runtime.
@@ -79,26 +92,88 @@ impl LedgerWriter {
         let task = tokio::spawn(run(buffer, sink, settings, clock, stop_rx));
         Self {
             stop,
-            task: Some(task),
+            runs: Runs::Task(Some(task)),
         }
     }
 
+    /// Starts the writer of `buffer` on a thread of its own
+    /// (`budgetgate-ledger`, a single-threaded runtime), writing into the
+    /// sink `open` makes there.
+    pub fn spawn_thread(
+        buffer: Arc<LedgerBuffer>,
+        open: OpenSink,
+        settings: LedgerSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, String> {
+        let (stop, stop_rx) = watch::channel(None);
+        let (done_tx, done_rx) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("budgetgate-ledger".into())
+            .spawn(move || writer_thread(buffer, open, settings, clock, stop_rx, done_tx))
+            .map_err(|e| format!("cannot start the ledger's writer thread: {e}"))?;
+        Ok(Self {
+            stop,
+            runs: Runs::Thread(Some(done_rx)),
+        })
+    }
+
     /// Writes what is waiting (trying for up to `grace` while the sink
-    /// fails) and stops the task.
+    /// fails) and stops the writer.
     pub async fn shutdown(mut self, grace: Duration) {
         self.stop.send_replace(Some(grace));
-        if let Some(t) = self.task.take() {
-            let _ = t.await;
+        match &mut self.runs {
+            Runs::Task(t) => {
+                if let Some(t) = t.take() {
+                    let _ = t.await;
+                }
+            }
+            Runs::Thread(done) => {
+                if let Some(done) = done.take() {
+                    let _ = done.await;
+                }
+            }
         }
     }
 }
 
 impl Drop for LedgerWriter {
     fn drop(&mut self) {
-        if let Some(t) = self.task.take() {
+        // A thread sees its stop sender gone and returns after one last write.
+        if let Runs::Task(Some(t)) = &mut self.runs {
             t.abort();
         }
     }
+}
+
+/// The writer thread's body: its runtime, its sink, the loop.
+#[inline(never)]
+fn writer_thread(
+    buffer: Arc<LedgerBuffer>,
+    open: OpenSink,
+    settings: LedgerSettings,
+    clock: Arc<dyn Clock>,
+    stop: watch::Receiver<Option<Duration>>,
+    done: oneshot::Sender<()>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "ledger writer: no runtime; rows stay buffered until dropped");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        match open() {
+            Ok(sink) => run(buffer, sink, settings, clock, stop).await,
+            Err(e) => {
+                tracing::error!(error = %e, "ledger writer: the database cannot be opened; rows stay buffered until dropped")
+            }
+        }
+    });
+    let _ = done.send(());
 }
 
 async fn run(
@@ -116,10 +191,15 @@ async fn run(
                 prune(&*sink, &*clock, retention).await;
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(settings.batch_interval) => {}
-            _ = buffer.batch_ready() => {}
-            _ = stop.changed() => {}
+        let orphaned = tokio::select! {
+            _ = tokio::time::sleep(settings.batch_interval) => false,
+            _ = buffer.batch_ready() => false,
+            changed = stop.changed() => changed.is_err(),
+        };
+        if orphaned {
+            // The writer's handle was dropped without a shutdown.
+            write_waiting(&buffer, &*sink, settings.batch_rows).await;
+            return;
         }
         let grace = *stop.borrow();
         match grace {
@@ -294,6 +374,71 @@ mod tests {
         let (buffer, w) = start(&sink, settings(100));
         buffer.record(row("r1", 5));
         w.shutdown(Duration::from_secs(5)).await;
+        assert_eq!(sink.rows.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_writer_thread_writes_off_the_callers_runtime_and_flushes_at_shutdown() {
+        let sink = Arc::new(MemorySink::default());
+        let s = LedgerSettings {
+            batch_interval: Duration::from_millis(20),
+            ..settings(100)
+        };
+        let buffer = Arc::new(LedgerBuffer::new(s.buffer_rows, s.batch_rows));
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(10_000_000_000));
+        let opened_on = Arc::new(Mutex::new(None));
+        let open: OpenSink = {
+            let (sink, opened_on) = (sink.clone(), opened_on.clone());
+            Box::new(move || {
+                *opened_on.lock().unwrap() = std::thread::current().name().map(String::from);
+                Ok(sink as Arc<dyn LedgerSink>)
+            })
+        };
+        let w = LedgerWriter::spawn_thread(buffer.clone(), open, s, clock).unwrap();
+        buffer.record(row("r1", 5));
+        for _ in 0..200 {
+            if !sink.rows.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            sink.rows.lock().unwrap().len(),
+            1,
+            "written within a few intervals"
+        );
+        assert_eq!(
+            opened_on.lock().unwrap().as_deref(),
+            Some("budgetgate-ledger")
+        );
+        buffer.record(row("r2", 5));
+        w.shutdown(Duration::from_secs(5)).await;
+        assert_eq!(sink.rows.lock().unwrap().len(), 2, "the shutdown flush");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_writer_thread_writes_once_more_and_ends() {
+        let sink = Arc::new(MemorySink::default());
+        let buffer = Arc::new(LedgerBuffer::new(100, 3));
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(10_000_000_000));
+        let open: OpenSink = {
+            let sink = sink.clone();
+            Box::new(move || Ok(sink as Arc<dyn LedgerSink>))
+        };
+        let w = LedgerWriter::spawn_thread(buffer.clone(), open, settings(100), clock).unwrap();
+        buffer.record(row("r1", 5));
+        drop(w);
+        for _ in 0..200 {
+            if Arc::strong_count(&buffer) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            Arc::strong_count(&buffer),
+            1,
+            "the thread ended (its buffer handle is gone)"
+        );
         assert_eq!(sink.rows.lock().unwrap().len(), 1);
     }
 

@@ -2,8 +2,13 @@
 //! the sink the writer fills and the reader of the spend queries. One SQL
 //! text serves SQLite and PostgreSQL: `$N` placeholders (both accept
 //! them), `ON CONFLICT … DO NOTHING` (both), sums cast back to BIGINT
-//! (PostgreSQL's SUM of a BIGINT is NUMERIC). Client text only ever
-//! travels as bound values; column names come from [`Dimension::column`].
+//! (PostgreSQL's SUM of a BIGINT is NUMERIC). The one exception is the
+//! batch INSERT on SQLite, written with anonymous `?`: sqlx's SQLite
+//! driver binds a named parameter (`$N`) by asking SQLite for its name,
+//! a lookup that scans the statement's parameter list, so a 5,632-value
+//! INSERT bound by name costs more than the rows it writes. Client text
+//! only ever travels as bound values; column names come from
+//! [`Dimension::column`].
 
 use std::sync::Arc;
 
@@ -13,6 +18,7 @@ use sqlx::Row;
 use super::batcher::{LedgerError, LedgerSink};
 use super::query::{day_of, DayTotal, SpendQuery, SpendReader, SpendTotals};
 use super::{SpendOutcome, SpendRow};
+use crate::control::db::DbKind;
 
 /// Columns of one inserted row.
 const COLUMNS: [&str; 22] = [
@@ -60,11 +66,15 @@ fn chunks<T>(rows: &[T]) -> impl Iterator<Item = &[T]> {
 }
 
 /// The ledger's table over a control-database pool. The pool lives on
-/// one runtime (serving thread 0's); queries from handlers on other
-/// serving threads run there.
+/// the runtime that made it (serving thread 0's for the queries, the
+/// writer thread's for the writer's own pool); queries from handlers on
+/// other serving threads run there.
 pub struct SqlLedger {
     pool: sqlx::AnyPool,
     runtime: tokio::runtime::Handle,
+    /// The INSERT of each [`STATEMENT_ROWS`] size, in this database's
+    /// placeholders, built once.
+    inserts: [Arc<str>; STATEMENT_ROWS.len()],
 }
 
 fn db(e: sqlx::Error) -> LedgerError {
@@ -82,12 +92,13 @@ fn unbig(v: i64) -> u64 {
 }
 
 impl SqlLedger {
-    /// The ledger in `pool`'s database (migrated by the control plane),
-    /// its queries run on the calling runtime.
-    pub fn new(pool: sqlx::AnyPool) -> Arc<Self> {
+    /// The ledger in `pool`'s database of `kind` (migrated by the control
+    /// plane), its queries run on the calling runtime.
+    pub fn new(pool: sqlx::AnyPool, kind: DbKind) -> Arc<Self> {
         Arc::new(Self {
             pool,
             runtime: tokio::runtime::Handle::current(),
+            inserts: STATEMENT_ROWS.map(|n| Self::insert_sql(n, kind).into()),
         })
     }
 
@@ -104,7 +115,8 @@ impl SqlLedger {
             .map_err(|e| LedgerError(e.to_string()))?
     }
 
-    fn insert_sql(rows: usize) -> String {
+    fn insert_sql(rows: usize, kind: DbKind) -> String {
+        use std::fmt::Write;
         let mut sql = format!("INSERT INTO spend_ledger ({}) VALUES ", COLUMNS.join(", "));
         let mut n = 0;
         for r in 0..rows {
@@ -117,7 +129,12 @@ impl SqlLedger {
                     sql.push_str(", ");
                 }
                 n += 1;
-                sql.push_str(&format!("${n}"));
+                match kind {
+                    DbKind::Sqlite => sql.push('?'),
+                    DbKind::Postgres => {
+                        let _ = write!(sql, "${n}");
+                    }
+                }
             }
             sql.push(')');
         }
@@ -167,25 +184,27 @@ impl LedgerSink for SqlLedger {
         let mut tx = self.pool.begin().await.map_err(db)?;
         let mut new = 0;
         for chunk in chunks(rows) {
-            let sql = Self::insert_sql(chunk.len());
-            // Fixed column names and numbered placeholders only: no client text.
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            let Some(at) = STATEMENT_ROWS.iter().position(|&n| n == chunk.len()) else {
+                return Err(LedgerError(format!("no statement of {} rows", chunk.len())));
+            };
+            // Fixed column names and placeholders only: no client text.
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(self.inserts[at].clone()));
             for r in chunk {
-                let ancestor = |i: usize| r.ancestors.get(i).map(|a| a.to_string());
+                let ancestor = |i: usize| r.ancestors.get(i).map(|a| &**a);
                 query = query
-                    .bind(r.reservation_id.clone())
+                    .bind(r.reservation_id.as_str())
                     .bind(big(r.at_micros))
                     .bind(day_of(r.at_micros))
-                    .bind(r.tenant.to_string())
+                    .bind(&*r.tenant)
                     .bind(ancestor(0))
                     .bind(ancestor(1))
                     .bind(ancestor(2))
                     .bind(ancestor(3))
-                    .bind(r.key_id.to_string())
-                    .bind(r.end_user.as_deref().unwrap_or("").to_string())
-                    .bind(r.model.to_string())
-                    .bind(r.deployment.to_string())
-                    .bind(r.dialect.to_string())
+                    .bind(&*r.key_id)
+                    .bind(r.end_user.as_deref().unwrap_or(""))
+                    .bind(&*r.model)
+                    .bind(&*r.deployment)
+                    .bind(r.dialect)
                     .bind(big(r.input_tokens))
                     .bind(big(r.cached_read_tokens))
                     .bind(big(r.cache_write_tokens))
@@ -193,8 +212,8 @@ impl LedgerSink for SqlLedger {
                     .bind(big(r.reasoning_tokens))
                     .bind(big(r.charged_tokens))
                     .bind(big(r.cost_micros))
-                    .bind(r.outcome.as_str().to_string())
-                    .bind(r.price_version.to_string());
+                    .bind(r.outcome.as_str())
+                    .bind(&*r.price_version);
             }
             new += query.execute(&mut *tx).await.map_err(db)?.rows_affected();
         }
@@ -380,7 +399,7 @@ mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        (SqlLedger::new(pool), dir)
+        (SqlLedger::new(pool, DbKind::Sqlite), dir)
     }
 
     fn row(
