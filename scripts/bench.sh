@@ -21,8 +21,6 @@
 #   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
 #   STREAMS=1000      concurrent streams of the memory phase (0 skips it)
 #   COLD=1            run the cold-400-KB-body isolation phase (0 skips it)
-#   RATE=2000         pace each point at this many requests per second (all
-#                     clients together; default unpaced)
 #
 # Prints one table (target, mode, concurrency, RPS, p50, p99, added p50/p99
 # versus the direct upstream at the same point, gateway RPS / direct RPS,
@@ -93,14 +91,6 @@ fi
 OHA_EXTRA=()
 if oha --help 2>/dev/null | grep -q -- '--no-tui'; then
     OHA_EXTRA+=(--no-tui)
-fi
-# RATE paces every point (requests per second, all clients together): the
-# latency the gateway adds when the machine is not saturated, as opposed
-# to the unpaced points, where load generator, upstream, Redis and gateway
-# compete for the same cores and the p99 measures that queueing.
-if [[ -n "${RATE:-}" ]]; then
-    OHA_EXTRA+=(-q "$RATE")
-    say "paced: $RATE requests per second per point"
 fi
 
 # --- helpers ----------------------------------------------------------------

@@ -160,21 +160,68 @@ pub struct RawImageTokens {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLimits {
+    #[serde(default, deserialize_with = "wide_int")]
     pub rpm: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub tpm: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub rpm_burst: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub tpm_burst: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub input_tpm: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub input_tpm_burst: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub output_tpm: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub output_tpm_burst: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub max_concurrent: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub tokens_per_day: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub tokens_per_month: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub requests_per_day: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
     pub cache_read_weight: Option<i64>,
     pub usd_per_day: Option<RawDecimal>,
     pub usd_per_month: Option<RawDecimal>,
+}
+
+/// A limit as written, brought to the nearest `i64` when it is beyond 64
+/// bits (TOML hands such a literal over as an `i128`): 10^20 then gets the
+/// validator's range message (`limits.tpm: must be ≤ 10000000000`), the
+/// same one the admin API gives (which clamps its JSON alike), instead of
+/// a parser's type error.
+fn wide_int<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    struct Wide(i64);
+    struct WideVisitor;
+    impl serde::de::Visitor<'_> for WideVisitor {
+        type Value = Wide;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an integer")
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Wide, E> {
+            Ok(Wide(v))
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Wide, E> {
+            Ok(Wide(i64::try_from(v).unwrap_or(i64::MAX)))
+        }
+        fn visit_i128<E>(self, v: i128) -> Result<Wide, E> {
+            Ok(Wide(v.clamp(i64::MIN as i128, i64::MAX as i128) as i64))
+        }
+        fn visit_u128<E>(self, v: u128) -> Result<Wide, E> {
+            Ok(Wide(i64::try_from(v).unwrap_or(i64::MAX)))
+        }
+    }
+    impl<'de> Deserialize<'de> for Wide {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(WideVisitor)
+        }
+    }
+    Ok(Option::<Wide>::deserialize(d)?.map(|w| w.0))
 }
 
 /// A decimal amount as written: a string (`"0.15"`), or anything else,
