@@ -41,8 +41,14 @@ fn a_limit_beyond_64_bits_gets_the_range_message_not_a_parser_error() {
         let e = Policy::from_toml(&text.replace("123454321", written))
             .expect_err("refused")
             .to_string();
-        assert!(e.contains("limits.tpm: must be ≤ 10000000000"), "{written}: {e}");
-        assert!(!e.contains("i128") && !e.contains("parse"), "{written}: {e}");
+        assert!(
+            e.contains("limits.tpm: must be ≤ 10000000000"),
+            "{written}: {e}"
+        );
+        assert!(
+            !e.contains("i128") && !e.contains("parse"),
+            "{written}: {e}"
+        );
     }
     let e = Policy::from_toml(&text.replace("123454321", "-100000000000000000000"))
         .expect_err("refused")
