@@ -40,6 +40,7 @@ mod lease_faults;
 mod lease_fleet;
 mod ledger;
 mod ledger_faults;
+mod ledger_sink;
 mod lifecycle_log;
 mod listen;
 mod memory_persistence;
