@@ -21,6 +21,11 @@
 #   RUST_LOG=warn     gateway log filter (default warn: no per-request log lines)
 #   STREAMS=1000      concurrent streams of the memory phase (0 skips it)
 #   COLD=1            run the cold-400-KB-body isolation phase (0 skips it)
+#   PIN=1             the gateways on CPU 1, everything else (load generator,
+#                     upstreams, redis-server) on CPU 0 (taskset): the gateway
+#                     then has a core to itself, as in a deployment, instead
+#                     of competing with the load generator for both; the
+#                     direct target runs on CPU 0 alike (default: unpinned)
 #
 # Prints one table (target, mode, concurrency, RPS, p50, p99, added p50/p99
 # versus the direct upstream at the same point, gateway RPS / direct RPS,
@@ -122,16 +127,23 @@ free_port() {
 rss_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 
 # --- servers ----------------------------------------------------------------
+ON_GW=() ON_REST=()
+if [[ "${PIN:-0}" == 1 ]]; then
+    command -v taskset >/dev/null || die "PIN=1 needs taskset (util-linux)"
+    [[ $(nproc) -ge 2 ]] || die "PIN=1 needs two CPUs"
+    ON_GW=(taskset -c 1) ON_REST=(taskset -c 0)
+    say "pinned: gateways on CPU 1; load generator, upstreams and redis-server on CPU 0"
+fi
 # Thousands of sockets in the streams phase (client side and upstream side).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-"$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>"$TMP/mock.err" &
+"${ON_REST[@]}" "$MOCK" --listen 127.0.0.1:0 >"$TMP/mock.out" 2>"$TMP/mock.err" &
 PIDS+=($!)
 MOCK_ADDR=$(wait_listening "$TMP/mock.out" "mock_upstream listening on" "$!") ||
     die "mock upstream did not start: $(tail -5 "$TMP/mock.err")"
 say "mock upstream on $MOCK_ADDR (no token delay)"
 # A slow upstream (20 ms per token: a 64-token stream lasts ~1.3 s) keeps
 # streams open for the concurrent-streams phase.
-"$MOCK" --listen 127.0.0.1:0 --token-delay-ms 20 >"$TMP/slow.out" 2>"$TMP/slow.err" &
+"${ON_REST[@]}" "$MOCK" --listen 127.0.0.1:0 --token-delay-ms 20 >"$TMP/slow.out" 2>"$TMP/slow.err" &
 PIDS+=($!)
 SLOW_ADDR=$(wait_listening "$TMP/slow.out" "mock_upstream listening on" "$!") ||
     die "slow mock upstream did not start: $(tail -5 "$TMP/slow.err")"
@@ -193,7 +205,7 @@ ADDR[direct]=$MOCK_ADDR
 
 start_gateway() { # $1 name, $2 config
     local name=$1 cfg=$2 pid addr
-    "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    "${ON_GW[@]}" "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
     pid=$!
     PIDS+=("$pid")
     if ! addr=$(wait_listening "$TMP/$name.out" "budgetgate listening on" "$pid"); then
@@ -216,7 +228,7 @@ start_gateway gw-memory "$TMP/memory.toml" || die "the memory-store gateway must
 if [[ "${REDIS:-1}" != 0 ]]; then
     if command -v redis-server >/dev/null; then
         RPORT=$(free_port) || die "no free port for redis-server"
-        redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
+        "${ON_REST[@]}" redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no \
             >"$TMP/redis.log" 2>&1 &
         PIDS+=($!)
         for _ in $(seq 1 50); do
@@ -239,7 +251,7 @@ BODY_NONSTREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"Y
 BODY_STREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"stream":true}'
 
 run_oha() { # $1 addr, $2 body, $3 concurrency, $4 duration
-    oha "${OHA_EXTRA[@]}" "${OHA_JSON[@]}" -z "$4" -c "$3" -m POST \
+    "${ON_REST[@]}" oha "${OHA_EXTRA[@]}" "${OHA_JSON[@]}" -z "$4" -c "$3" -m POST \
         -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
         -d "$2" "http://$1/v1/chat/completions"
 }
@@ -354,7 +366,11 @@ fi
 
 # --- report -----------------------------------------------------------------
 echo
-echo "budgetgate benchmark: $(date -u +%FT%TZ), $(nproc) CPUs, load generator, upstream, redis and gateway on one machine"
+if [[ "${PIN:-0}" == 1 ]]; then
+    echo "budgetgate benchmark: $(date -u +%FT%TZ), $(nproc) CPUs, pinned: gateways on CPU 1, load generator, upstream and redis on CPU 0"
+else
+    echo "budgetgate benchmark: $(date -u +%FT%TZ), $(nproc) CPUs, load generator, upstream, redis and gateway on one machine"
+fi
 echo "oha -z $DURATION after $WARMUP warm-up; gateway RUST_LOG=$RUST_LOG; latencies in ms; added = gateway − direct at the same mode and concurrency"
 echo
 awk -F'\t' '
