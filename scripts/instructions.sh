@@ -23,6 +23,9 @@
 #                                        # as `serve` runs it: SQLite in the temp dir)
 #   QUEUE=on scripts/instructions.sh     # with a [queue] configured (uncontended:
 #                                        # nobody waits)
+#   TELEMETRY=on scripts/instructions.sh # request spans exported over OTLP/HTTP
+#                                        # (to the mock upstream, which refuses
+#                                        # them: the export work is done all the same)
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -41,6 +44,7 @@ SHAPE=${SHAPE:-flat}
 LEASE=${LEASE:-off}
 LEDGER=${LEDGER:-on}
 QUEUE=${QUEUE:-off}
+TELEMETRY=${TELEMETRY:-off}
 BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
 [[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
@@ -154,6 +158,9 @@ if [[ $LEDGER == off ]]; then
 fi
 if [[ $QUEUE == on ]]; then
     printf '[queue]\nmax_queued = 10000\n' >>"$TMP/gw.toml"
+fi
+if [[ $TELEMETRY == on ]]; then
+    printf '[telemetry]\notlp_endpoint = "http://%s"\n' "$MOCK_ADDR" >>"$TMP/gw.toml"
 fi
 GW_CMD=("$GATEWAY" serve --threads 1 --config "$TMP/gw.toml")
 if [[ $PROFILE == gateway ]]; then

@@ -16,6 +16,10 @@
 //!
 //! [`BudgetStore::inspect`]: crate::reserve::BudgetStore::inspect
 
+// The refusal is returned as is (`Result<_, Response>`, 128 bytes), as in
+// the control API: built on a rare path, boxing it would buy nothing.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use axum::extract::{OriginalUri, Path, State};
@@ -99,28 +103,83 @@ pub(crate) fn disabled(st: &AppState, uri: &OriginalUri) -> Response {
     )
 }
 
-/// Checks the admin token: `Some` holds the refusal to send (404 when the
-/// admin API is disabled, 401 without a valid token).
-pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
-    let Some(expected) = st.admin_token_digest() else {
-        return Some(disabled(st, uri));
-    };
-    match super::handlers::bearer_token(headers) {
-        Some(token) if token_matches(&expected, token) => None,
-        // Admin tokens of the control database without a tenant scope
-        // read these pages too (they list every tenant).
-        Some(token) if unscoped_token(st, token) => None,
-        _ => Some(unauthorized()),
+/// What an admin token may read on the budget and spend pages: every
+/// tenant (the root token, a control-database token without a tenant),
+/// or one tenant's subtree (a tenant-scoped token).
+pub(crate) enum Reader {
+    All,
+    Subtree(String),
+}
+
+impl Reader {
+    /// The reader of a request, or the refusal to send (404 while the
+    /// admin API is disabled, 401 without a known token).
+    pub(crate) fn of(
+        st: &AppState,
+        headers: &HeaderMap,
+        uri: &OriginalUri,
+    ) -> Result<Reader, Response> {
+        let Some(expected) = st.admin_token_digest() else {
+            return Err(disabled(st, uri));
+        };
+        let token = super::handlers::bearer_token(headers).ok_or_else(unauthorized)?;
+        if token_matches(&expected, token) {
+            return Ok(Reader::All);
+        }
+        let scope = st.control.get().and_then(|c| {
+            c.snapshot()
+                .tokens
+                .iter()
+                .find(|t| token_matches(&t.sha256, token))
+                .map(|t| t.tenant.clone())
+        });
+        match scope {
+            Some(None) => Ok(Reader::All),
+            Some(Some(tenant)) => Ok(Reader::Subtree(tenant)),
+            None => Err(unauthorized()),
+        }
+    }
+
+    /// Whether tenant `name` is readable.
+    pub(crate) fn sees(&self, policy: &Policy, name: &str) -> bool {
+        match self {
+            Reader::All => true,
+            Reader::Subtree(root) => super::control_api::in_subtree(policy, name, root),
+        }
+    }
+
+    /// 403 unless tenant `name` is readable (the same answer whether it
+    /// exists or not).
+    pub(crate) fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
+        match self {
+            Reader::Subtree(root) if !self.sees(policy, name) => {
+                Err(super::control_api::forbidden(&format!(
+                    "This admin token cannot see tenant {name:?}: it is limited to tenant {root:?} and its subtree."
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// 403 for a tenant-scoped token: the page covers every tenant or the
+    /// shared deployments.
+    pub(crate) fn check_whole(&self) -> Result<(), Response> {
+        match self {
+            Reader::All => Ok(()),
+            Reader::Subtree(root) => Err(super::control_api::forbidden(&format!(
+                "This admin token is limited to tenant {root:?} and its subtree: this page covers every tenant or the shared deployments."
+            ))),
+        }
     }
 }
 
-fn unscoped_token(st: &AppState, token: &str) -> bool {
-    st.control.get().is_some_and(|c| {
-        c.snapshot()
-            .tokens
-            .iter()
-            .any(|t| t.tenant.is_none() && token_matches(&t.sha256, token))
-    })
+/// Checks the admin token for a page that covers every tenant: `Some`
+/// holds the refusal to send (404 when the admin API is disabled, 401
+/// without a valid token, 403 for a tenant-scoped token).
+pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
+    Reader::of(st, headers, uri)
+        .and_then(|r| r.check_whole())
+        .err()
 }
 
 /// `GET /admin/v1/policy`: the active policy's version and the names of its
@@ -282,10 +341,14 @@ pub async fn tenant_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = refuse(&st, &headers, &uri) {
+    let reader = match Reader::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let p = st.policy.load_full();
+    if let Err(r) = reader.check_sees(&p, &tenant) {
         return r;
     }
-    let p = st.policy.load_full();
     let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
         return not_found("tenant");
     };

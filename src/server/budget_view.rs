@@ -117,13 +117,14 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-/// Tenants of `policy` sorted by name, the page after `after`.
+/// Tenants of `policy` that `keep` admits, sorted by name, the page after `after`.
 fn page<'p>(
     policy: &'p Policy,
     after: Option<&str>,
     limit: usize,
+    keep: impl Fn(&TenantPolicy) -> bool,
 ) -> (Vec<&'p TenantPolicy>, bool) {
-    let mut tenants: Vec<&TenantPolicy> = policy.tenants.iter().collect();
+    let mut tenants: Vec<&TenantPolicy> = policy.tenants.iter().filter(|t| keep(t)).collect();
     tenants.sort_by(|a, b| a.name.cmp(&b.name));
     let start = after.map_or(0, |a| tenants.partition_point(|t| t.name.as_str() <= a));
     let rest = &tenants[start..];
@@ -138,9 +139,11 @@ pub async fn list(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = admin::refuse(&st, &headers, &uri) {
-        return r;
-    }
+    // A tenant-scoped token reads its subtree, without the shared deployments.
+    let reader = match admin::Reader::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
     let Ok(Query(q)) = query else {
         return ApiError::InvalidRequest {
             message: "`limit` must be a whole number and `after` a tenant name.".into(),
@@ -158,7 +161,7 @@ pub async fn list(
     }
     let p = st.policy.load_full();
     let ks = AppState::key_space(&p);
-    let (tenants, more) = page(&p, q.after.as_deref(), limit);
+    let (tenants, more) = page(&p, q.after.as_deref(), limit, |t| reader.sees(&p, &t.name));
     let mut specs = Vec::new();
     let mut tenant_ranges = Vec::with_capacity(tenants.len());
     for t in &tenants {
@@ -168,7 +171,7 @@ pub async fn list(
     }
     let first_page = q.after.is_none();
     let mut upstream_ranges = Vec::new();
-    if first_page {
+    if first_page && matches!(reader, admin::Reader::All) {
         for u in &p.upstreams {
             let from = specs.len();
             specs.extend(plan::upstream_budgets(&ks, u));
@@ -353,22 +356,22 @@ mod tests {
     fn pages_follow_names_and_end() {
         let p = policy(&["c", "a", "d", "b", "e"]);
         let names = |v: Vec<&TenantPolicy>| v.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
-        let (first, more) = page(&p, None, 2);
+        let (first, more) = page(&p, None, 2, |_| true);
         assert_eq!(
             (names(first), more),
             (vec!["a".to_string(), "b".into()], true)
         );
-        let (second, more) = page(&p, Some("b"), 2);
+        let (second, more) = page(&p, Some("b"), 2, |_| true);
         assert_eq!(
             (names(second), more),
             (vec!["c".to_string(), "d".into()], true)
         );
-        let (last, more) = page(&p, Some("d"), 2);
+        let (last, more) = page(&p, Some("d"), 2, |_| true);
         assert_eq!((names(last), more), (vec!["e".to_string()], false));
         // A cursor naming a tenant removed meanwhile still continues after it.
-        let (after_gone, _) = page(&p, Some("bb"), 10);
+        let (after_gone, _) = page(&p, Some("bb"), 10, |_| true);
         assert_eq!(names(after_gone), vec!["c", "d", "e"]);
-        let (exact, more) = page(&p, None, 5);
+        let (exact, more) = page(&p, None, 5, |_| true);
         assert_eq!((exact.len(), more), (5, false));
     }
 

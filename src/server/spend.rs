@@ -9,6 +9,10 @@
 //!
 //! 503 while the ledger has no database (or it does not answer).
 
+// The refusal is returned as is (`Result<_, Response>`, 128 bytes), as in
+// the control API: built on a rare path, boxing it would buy nothing.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use axum::extract::{OriginalUri, Query, State};
@@ -148,6 +152,19 @@ fn csv_response(name: &str, body: String) -> Response {
     r
 }
 
+/// A tenant-scoped token's query covers its subtree: without `tenant` it
+/// is its own tenant's; a `tenant` outside the subtree is 403.
+fn scope_to(reader: &admin::Reader, st: &AppState, q: &mut SpendQuery) -> Result<(), Response> {
+    let admin::Reader::Subtree(root) = reader else {
+        return Ok(());
+    };
+    match &q.within {
+        None => q.within = Some(root.clone()),
+        Some(t) => reader.check_sees(&st.policy.load(), t)?,
+    }
+    Ok(())
+}
+
 /// `GET /admin/v1/spend`.
 pub async fn spend(
     State(st): State<Arc<AppState>>,
@@ -155,16 +172,20 @@ pub async fn spend(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = admin::refuse(&st, &headers, &uri) {
-        return r;
-    }
+    let reader = match admin::Reader::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
     let Ok(Query(params)) = params else {
         return invalid("top", "`top` and `limit` must be whole numbers.".into()).into_response();
     };
-    let (q, csv) = match (parse(&params, st.clock.now_micros()), csv_format(&params)) {
+    let (mut q, csv) = match (parse(&params, st.clock.now_micros()), csv_format(&params)) {
         (Ok(q), Ok(csv)) => (q, csv),
         (Err(r), _) | (_, Err(r)) => return r.into_response(),
     };
+    if let Err(r) = scope_to(&reader, &st, &mut q) {
+        return r;
+    }
     let Some(reader) = reader_of(&st) else {
         return no_database();
     };
@@ -226,16 +247,20 @@ pub async fn rows(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(r) = admin::refuse(&st, &headers, &uri) {
-        return r;
-    }
+    let reader = match admin::Reader::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
     let Ok(Query(params)) = params else {
         return invalid("limit", "`top` and `limit` must be whole numbers.".into()).into_response();
     };
-    let (q, csv) = match (parse(&params, st.clock.now_micros()), csv_format(&params)) {
+    let (mut q, csv) = match (parse(&params, st.clock.now_micros()), csv_format(&params)) {
         (Ok(q), Ok(csv)) => (q, csv),
         (Err(r), _) | (_, Err(r)) => return r.into_response(),
     };
+    if let Err(r) = scope_to(&reader, &st, &mut q) {
+        return r;
+    }
     let limit = params.limit.unwrap_or(MAX_ROWS);
     if limit == 0 || limit > MAX_ROWS {
         return invalid("limit", format!("`limit` must be within 1..={MAX_ROWS}.")).into_response();

@@ -216,6 +216,87 @@ async fn a_bad_value_gets_the_config_files_message_with_the_fields_path() {
 }
 
 #[tokio::test]
+async fn a_tenant_scoped_token_reads_the_budgets_and_spend_of_its_subtree_only() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for (name, parent) in [("acme", None), ("ml", Some("acme")), ("other", None)] {
+        let (s, v) = post(
+            &gw,
+            "/admin/v1/tenants",
+            json!({"name": name, "parent": parent, "limits": {"tpm": 5_000}}),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/admin_tokens",
+        json!({"role": "read", "tenant": "acme"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let scoped = v["token"].as_str().unwrap().to_string();
+
+    // The budget page's list: its subtree, no shared deployments.
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/budgets", &scoped, None).await;
+    assert_eq!(s, 200, "{v}");
+    let mut names: Vec<&str> = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["acme", "ml"], "{v}");
+    assert_eq!(v["upstreams"], json!([]), "{v}");
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/budgets", ROOT, None).await;
+    assert_eq!(s, 200);
+    assert!(
+        v["tenants"].as_array().unwrap().len() > 3,
+        "the root sees all"
+    );
+    assert!(!v["upstreams"].as_array().unwrap().is_empty());
+
+    for (path, want) in [
+        ("/admin/v1/tenants/ml/budgets", 200),
+        ("/admin/v1/tenants/acme/budgets", 200),
+        ("/admin/v1/tenants/other/budgets", 403),
+        ("/admin/v1/tenants/nobody/budgets", 403),
+        ("/admin/v1/policy", 403),
+        ("/admin/v1/spend?tenant=other", 403),
+        ("/admin/v1/spend/rows?tenant=other", 403),
+    ] {
+        let (s, v) = admin_call(&gw, Method::GET, path, &scoped, None).await;
+        assert_eq!(s, want, "{path}: {v}");
+    }
+    let upstream = gw.state.policy.load().upstreams[0].name.clone();
+    let (s, v) = admin_call(
+        &gw,
+        Method::GET,
+        &format!("/admin/v1/upstreams/{upstream}/budgets"),
+        &scoped,
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{v}");
+    // Spend without `tenant` is its own subtree's; within it, allowed.
+    for path in [
+        "/admin/v1/spend",
+        "/admin/v1/spend?tenant=ml",
+        "/admin/v1/spend/rows",
+    ] {
+        let (s, v) = admin_call(&gw, Method::GET, path, &scoped, None).await;
+        assert!(s != 401 && s != 403, "{path}: {s} {v}");
+    }
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/budgets", "not-a-token", None).await;
+    assert_eq!(s, 401);
+}
+
+#[tokio::test]
 async fn names_with_quotes_semicolons_unicode_and_10000_characters_are_refused_or_stored_literally()
 {
     let mock = start_mock().await;
