@@ -68,7 +68,12 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
 pub struct LedgerWriter {
     stop: watch::Sender<Option<Duration>>,
     runs: Runs,
+    /// For the count of rows a cut-short shutdown leaves unwritten.
+    buffer: Arc<LedgerBuffer>,
 }
+
+/// What a shutdown may wait beyond its grace (the last attempt's end).
+const SHUTDOWN_SLACK: Duration = Duration::from_millis(500);
 
 enum Runs {
     Task(Option<JoinHandle<()>>),
@@ -89,10 +94,11 @@ impl LedgerWriter {
         clock: Arc<dyn Clock>,
     ) -> Self {
         let (stop, stop_rx) = watch::channel(None);
-        let task = tokio::spawn(run(buffer, sink, settings, clock, stop_rx));
+        let task = tokio::spawn(run(buffer.clone(), sink, settings, clock, stop_rx));
         Self {
             stop,
             runs: Runs::Task(Some(task)),
+            buffer,
         }
     }
 
@@ -107,6 +113,7 @@ impl LedgerWriter {
     ) -> Result<Self, String> {
         let (stop, stop_rx) = watch::channel(None);
         let (done_tx, done_rx) = oneshot::channel();
+        let held = buffer.clone();
         std::thread::Builder::new()
             .name("budgetgate-ledger".into())
             .spawn(move || writer_thread(buffer, open, settings, clock, stop_rx, done_tx))
@@ -114,24 +121,33 @@ impl LedgerWriter {
         Ok(Self {
             stop,
             runs: Runs::Thread(Some(done_rx)),
+            buffer: held,
         })
     }
 
     /// Writes what is waiting (trying for up to `grace` while the sink
-    /// fails) and stops the writer.
+    /// fails) and stops the writer. Waits at most `grace` plus
+    /// [`SHUTDOWN_SLACK`]: a write already in flight when the shutdown
+    /// began (a database that hangs) does not hold the process longer.
     pub async fn shutdown(mut self, grace: Duration) {
         self.stop.send_replace(Some(grace));
-        match &mut self.runs {
-            Runs::Task(t) => {
-                if let Some(t) = t.take() {
-                    let _ = t.await;
-                }
-            }
-            Runs::Thread(done) => {
-                if let Some(done) = done.take() {
-                    let _ = done.await;
-                }
-            }
+        let bound = grace + SHUTDOWN_SLACK;
+        let finished = match &mut self.runs {
+            Runs::Task(t) => match t.take() {
+                Some(t) => tokio::time::timeout(bound, t).await.is_ok(),
+                None => true,
+            },
+            Runs::Thread(done) => match done.take() {
+                Some(done) => tokio::time::timeout(bound, done).await.is_ok(),
+                None => true,
+            },
+        };
+        if !finished {
+            tracing::error!(
+                rows = self.buffer.held(),
+                grace_ms = grace.as_millis() as u64,
+                "ledger rows not written at shutdown: the database did not answer within the grace period"
+            );
         }
     }
 }
@@ -198,17 +214,26 @@ async fn run(
         };
         if orphaned {
             // The writer's handle was dropped without a shutdown.
-            write_waiting(&buffer, &*sink, settings.batch_rows).await;
+            write_waiting(&buffer, &*sink, settings.batch_rows, WRITE_TIMEOUT).await;
             return;
         }
         let grace = *stop.borrow();
         match grace {
             None => {
-                write_waiting(&buffer, &*sink, settings.batch_rows).await;
+                write_waiting(&buffer, &*sink, settings.batch_rows, WRITE_TIMEOUT).await;
             }
             Some(grace) => {
+                // Every attempt ends by the deadline: a database that is
+                // down or hung costs the shutdown at most its grace.
                 let deadline = tokio::time::Instant::now() + grace;
-                while !write_waiting(&buffer, &*sink, settings.batch_rows).await {
+                loop {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let limit = left.min(WRITE_TIMEOUT);
+                    if !limit.is_zero()
+                        && write_waiting(&buffer, &*sink, settings.batch_rows, limit).await
+                    {
+                        break;
+                    }
                     if tokio::time::Instant::now() + settings.batch_interval > deadline {
                         tracing::error!(
                             rows = buffer.held(),
@@ -224,16 +249,36 @@ async fn run(
     }
 }
 
-/// Writes every row waiting now, batch by batch; false when the sink
-/// failed (the failed batch is back in the buffer).
-async fn write_waiting(buffer: &LedgerBuffer, sink: &dyn LedgerSink, batch_rows: usize) -> bool {
+/// Longest one batch's write may take before it is given up (the batch
+/// goes back to the buffer and is tried again): a connection that went
+/// half-open mid-statement would otherwise stop the ledger for good. A
+/// write given up after the database applied it is harmless: the retry's
+/// rows are already there (primary key).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Writes every row waiting now, batch by batch, each write given at most
+/// `limit`; false when the sink failed or timed out (the failed batch is
+/// back in the buffer).
+async fn write_waiting(
+    buffer: &LedgerBuffer,
+    sink: &dyn LedgerSink,
+    batch_rows: usize,
+    limit: Duration,
+) -> bool {
     loop {
         let batch = buffer.take(batch_rows);
         if batch.is_empty() {
             crate::metrics::ledger_buffered(buffer.held());
             return true;
         }
-        match sink.write(&batch).await {
+        let outcome = match tokio::time::timeout(limit, sink.write(&batch)).await {
+            Ok(r) => r,
+            Err(_) => Err(LedgerError(format!(
+                "the write did not finish within {} ms",
+                limit.as_millis()
+            ))),
+        };
+        match outcome {
             Ok(new) => {
                 let n = batch.len();
                 buffer.written(n);
@@ -440,6 +485,88 @@ mod tests {
             "the thread ended (its buffer handle is gone)"
         );
         assert_eq!(sink.rows.lock().unwrap().len(), 1);
+    }
+
+    /// A sink whose first `hangs` writes never finish (a half-open
+    /// connection), then writes into `inner`.
+    struct HangingSink {
+        inner: MemorySink,
+        hangs: Mutex<usize>,
+    }
+
+    #[async_trait::async_trait]
+    impl LedgerSink for HangingSink {
+        async fn write(&self, rows: &[SpendRow]) -> Result<u64, LedgerError> {
+            let hang = {
+                let mut h = self.hangs.lock().unwrap();
+                let hang = *h > 0;
+                *h = h.saturating_sub(1);
+                hang
+            };
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            self.inner.write(rows).await
+        }
+        async fn prune(&self, before: u64) -> Result<u64, LedgerError> {
+            self.inner.prune(before).await
+        }
+    }
+
+    fn hanging(hangs: usize) -> Arc<HangingSink> {
+        Arc::new(HangingSink {
+            inner: MemorySink::default(),
+            hangs: Mutex::new(hangs),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_hangs_is_given_up_and_its_batch_written_again() {
+        let sink = hanging(1);
+        let buffer = Arc::new(LedgerBuffer::new(100, 3));
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(10_000_000_000));
+        let _w = LedgerWriter::spawn(buffer.clone(), sink.clone(), settings(100), clock);
+        buffer.record(row("r1", 5));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(
+            sink.inner.rows.lock().unwrap().is_empty(),
+            "the first write hangs"
+        );
+        assert_eq!(buffer.held(), 1, "its row is still held");
+        tokio::time::sleep(WRITE_TIMEOUT + Duration::from_secs(2)).await;
+        assert_eq!(
+            sink.inner.rows.lock().unwrap().len(),
+            1,
+            "written on the retry"
+        );
+        assert_eq!(buffer.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_waits_at_most_its_grace_for_a_database_that_hangs() {
+        let sink = hanging(usize::MAX);
+        let s = LedgerSettings {
+            batch_interval: Duration::from_millis(50),
+            ..settings(100)
+        };
+        let buffer = Arc::new(LedgerBuffer::new(s.buffer_rows, s.batch_rows));
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(10_000_000_000));
+        let open: OpenSink = {
+            let sink = sink.clone();
+            Box::new(move || Ok(sink as Arc<dyn LedgerSink>))
+        };
+        let w = LedgerWriter::spawn_thread(buffer.clone(), open, s, clock).unwrap();
+        buffer.record(row("r1", 5));
+        // Let a write start and hang, then shut down with a short grace.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        w.shutdown(Duration::from_millis(300)).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(300) + SHUTDOWN_SLACK + Duration::from_millis(400),
+            "shutdown took {took:?}"
+        );
+        assert!(sink.inner.rows.lock().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -115,6 +115,9 @@ pub struct SpendQuery {
     pub to_micros: u64,
     /// Only rows of this tenant and its descendants.
     pub within: Option<String>,
+    /// Only rows recorded in this tenant's subtree as well: a tenant-scoped
+    /// caller's own tenant (`within` may name a tenant inside it).
+    pub scope: Option<String>,
     /// Only this many groups, by cost (then requests) descending.
     pub top: Option<usize>,
 }
@@ -337,6 +340,7 @@ mod tests {
             from_micros: 0,
             to_micros: u64::MAX,
             within: None,
+            scope: None,
             top,
         }
     }

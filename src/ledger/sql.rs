@@ -150,8 +150,20 @@ impl SqlLedger {
             FilterValue::Int(big(q.from_micros)),
             FilterValue::Int(big(q.to_micros)),
         ];
-        if let Some(t) = &q.within {
-            sql.push_str(" AND (tenant = $3 OR ancestor_1 = $4 OR ancestor_2 = $5 OR ancestor_3 = $6 OR ancestor_4 = $7)");
+        // Each subtree is matched on the names the row recorded: `within`
+        // (the tenant asked for) and `scope` (the caller's own subtree),
+        // so a name reused after a delete does not bring back the old
+        // tenant's rows to a caller scoped elsewhere.
+        for t in [&q.within, &q.scope].into_iter().flatten() {
+            let n = values.len();
+            sql.push_str(&format!(
+                " AND (tenant = ${} OR ancestor_1 = ${} OR ancestor_2 = ${} OR ancestor_3 = ${} OR ancestor_4 = ${})",
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                n + 5
+            ));
             for _ in 0..5 {
                 values.push(FilterValue::Text(t.clone()));
             }
@@ -458,6 +470,7 @@ mod tests {
             from_micros: day("2026-11-01"),
             to_micros: day("2026-12-02"),
             within: None,
+            scope: None,
             top: None,
         };
         let back = l.rows(&q, 10).await.unwrap();
@@ -485,6 +498,7 @@ mod tests {
             from_micros: day("2026-11-01"),
             to_micros: day("2026-12-31"),
             within: Some("acme".into()),
+            scope: None,
             top: None,
         };
         let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
@@ -512,6 +526,7 @@ mod tests {
             group_by: vec![],
             period: None,
             within: Some("ml".into()),
+            scope: None,
             ..q
         };
         let g = crate::ledger::query::spend(&*l, &ml_only).await.unwrap();
@@ -520,6 +535,46 @@ mod tests {
             (g[0].totals.input_tokens, g[0].totals.reasoning_tokens),
             (30, 9)
         );
+    }
+
+    #[tokio::test]
+    async fn a_scope_matches_the_subtree_the_rows_recorded() {
+        let (l, _dir) = ledger().await;
+        // beta-team's rows under beta; later a new beta-team under acme.
+        l.write(&[
+            row("old", "beta-team", &["beta"], "m", 100, 5),
+            row("new", "beta-team", &["acme"], "m", 200, 7),
+            row("mine", "acme", &[], "m", 300, 11),
+        ])
+        .await
+        .unwrap();
+        let q = |within: Option<&str>, scope: Option<&str>| SpendQuery {
+            group_by: vec![],
+            period: None,
+            from_micros: 0,
+            to_micros: 1_000,
+            within: within.map(String::from),
+            scope: scope.map(String::from),
+            top: None,
+        };
+        let ids = |rows: Vec<SpendRow>| {
+            rows.into_iter()
+                .map(|r| r.reservation_id)
+                .collect::<Vec<_>>()
+        };
+        let got = l
+            .rows(&q(Some("beta-team"), Some("acme")), 10)
+            .await
+            .unwrap();
+        assert_eq!(ids(got), ["new"], "the old tenant of that name stays out");
+        let got = l.rows(&q(None, Some("acme")), 10).await.unwrap();
+        assert_eq!(ids(got), ["new", "mine"]);
+        let got = l.rows(&q(Some("beta-team"), None), 10).await.unwrap();
+        assert_eq!(ids(got), ["old", "new"], "unscoped: every row of the name");
+        let g = crate::ledger::query::spend(&*l, &q(Some("beta-team"), Some("acme")))
+            .await
+            .unwrap();
+        assert_eq!((g[0].totals.requests, g[0].totals.cost_micros), (1, 7));
     }
 
     #[tokio::test]
@@ -538,6 +593,7 @@ mod tests {
             from_micros: 0,
             to_micros: 1_000,
             within: None,
+            scope: None,
             top: None,
         };
         let ids: Vec<String> = l

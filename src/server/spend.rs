@@ -111,6 +111,7 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
         from_micros: from,
         to_micros: to,
         within: params.tenant.clone().filter(|t| !t.is_empty()),
+        scope: None,
         top: params.top,
     })
 }
@@ -152,16 +153,17 @@ fn csv_response(name: &str, body: String) -> Response {
     r
 }
 
-/// A tenant-scoped token's query covers its subtree: without `tenant` it
-/// is its own tenant's; a `tenant` outside the subtree is 403.
+/// A tenant-scoped token's query covers its subtree as the rows recorded
+/// it (a tenant deleted and its name reused elsewhere keeps its rows out
+/// of reach); a `tenant` outside the subtree today is 403.
 fn scope_to(reader: &admin::Reader, st: &AppState, q: &mut SpendQuery) -> Result<(), Response> {
     let admin::Reader::Subtree(root) = reader else {
         return Ok(());
     };
-    match &q.within {
-        None => q.within = Some(root.clone()),
-        Some(t) => reader.check_sees(&st.policy.load(), t)?,
+    if let Some(t) = &q.within {
+        reader.check_sees(&st.policy.load(), t)?;
     }
+    q.scope = Some(root.clone());
     Ok(())
 }
 

@@ -294,6 +294,37 @@ async fn a_tenant_scoped_token_reads_the_budgets_and_spend_of_its_subtree_only()
     }
     let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/budgets", "not-a-token", None).await;
     assert_eq!(s, 401);
+
+    // A token scoped to a tenant ends with it: the name, reused, is not its.
+    let (s, v) = post(&gw, "/admin/v1/tenants", json!({"name": "solo"})).await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/admin_tokens",
+        json!({"role": "admin", "tenant": "solo"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let solo = v["token"].as_str().unwrap().to_string();
+    let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/budgets", &solo, None).await;
+    assert_eq!(s, 200);
+    let (s, v) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/solo", ROOT, None).await;
+    assert!(s == 200 || s == 204, "{s} {v}");
+    let (s, v) = post(
+        &gw,
+        "/admin/v1/tenants",
+        json!({"name": "solo", "parent": "acme"}),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    for path in [
+        "/admin/v1/budgets",
+        "/admin/v1/tenants/solo",
+        "/admin/v1/spend",
+    ] {
+        let (s, v) = admin_call(&gw, Method::GET, path, &solo, None).await;
+        assert_eq!(s, 401, "{path}: {v}");
+    }
 }
 
 #[tokio::test]

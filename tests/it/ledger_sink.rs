@@ -63,6 +63,7 @@ async fn written_twice_is_one_row(url: &str) {
         from_micros: 0,
         to_micros: u64::MAX / 2,
         within: None,
+        scope: None,
         top: None,
     };
     let back = ledger.rows(&q, 10_000).await.expect("read back");

@@ -190,6 +190,13 @@ pub async fn delete_tenant(
             .execute(&mut *tx)
             .await?;
     }
+    // Admin tokens scoped to it end with it: a tenant created later under
+    // the same name, anywhere in the tree, is not theirs.
+    sqlx::query("UPDATE admin_tokens SET revoked_at = $2 WHERE tenant = $1 AND revoked_at IS NULL")
+        .bind(before.name.clone())
+        .bind(i(now))
+        .execute(&mut *tx)
+        .await?;
     let audit = Audit {
         actor,
         at: now,
