@@ -24,6 +24,14 @@ pub async fn post(gw: &Gateway, path: &str, body: Value) -> (u16, Value) {
     admin_call(gw, Method::POST, path, ROOT, Some(body)).await
 }
 
+/// Creates an admin token of `body` (`role`, optional `tenant`) with the
+/// root token; returns the token.
+async fn admin_token(gw: &Gateway, body: Value) -> String {
+    let (s, v) = post(gw, "/admin/v1/admin_tokens", body).await;
+    assert_eq!(s, 201, "{v}");
+    v["token"].as_str().unwrap().to_string()
+}
+
 /// Creates key `id` of `tenant` through the API; returns its secret.
 pub async fn new_key(gw: &(impl Endpoint + ?Sized), tenant: &str, id: &str) -> String {
     let (s, v) = admin_call(
@@ -232,14 +240,7 @@ async fn a_tenant_scoped_token_reads_the_budgets_and_spend_of_its_subtree_only()
         .await;
         assert_eq!(s, 201, "{v}");
     }
-    let (s, v) = post(
-        &gw,
-        "/admin/v1/admin_tokens",
-        json!({"role": "read", "tenant": "acme"}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let scoped = v["token"].as_str().unwrap().to_string();
+    let scoped = admin_token(&gw, json!({"role": "read", "tenant": "acme"})).await;
 
     // The budget page's list: its subtree, no shared deployments.
     let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/budgets", &scoped, None).await;
@@ -298,14 +299,7 @@ async fn a_tenant_scoped_token_reads_the_budgets_and_spend_of_its_subtree_only()
     // A token scoped to a tenant ends with it: the name, reused, is not its.
     let (s, v) = post(&gw, "/admin/v1/tenants", json!({"name": "solo"})).await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = post(
-        &gw,
-        "/admin/v1/admin_tokens",
-        json!({"role": "admin", "tenant": "solo"}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let solo = v["token"].as_str().unwrap().to_string();
+    let solo = admin_token(&gw, json!({"role": "admin", "tenant": "solo"})).await;
     let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/budgets", &solo, None).await;
     assert_eq!(s, 200);
     let (s, v) = admin_call(&gw, Method::DELETE, "/admin/v1/tenants/solo", ROOT, None).await;
@@ -485,17 +479,8 @@ async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_i
         .await;
         assert_eq!(s, 201, "{v}");
     }
-    let (s, v) = post(
-        &gw,
-        "/admin/v1/admin_tokens",
-        json!({"role": "admin", "tenant": "ml"}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
-    let scoped = v["token"].as_str().unwrap().to_string();
-    let (s, v) = post(&gw, "/admin/v1/admin_tokens", json!({"role": "read"})).await;
-    assert_eq!(s, 201, "{v}");
-    let reader = v["token"].as_str().unwrap().to_string();
+    let scoped = admin_token(&gw, json!({"role": "admin", "tenant": "ml"})).await;
+    let reader = admin_token(&gw, json!({"role": "read"})).await;
 
     for (m, path, body) in [
         (Method::GET, "/admin/v1/tenants/other", None),
