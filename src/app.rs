@@ -90,42 +90,6 @@ async fn build_serving_store(
     }
 }
 
-/// Starts the spend ledger of `state` over the control database `db`
-/// (its queries always; the writer and its buffer while `[ledger]
-/// enabled`, the default) with the request spans `spans` (telemetry on).
-/// The writer runs on a thread of its own with its own connection: a
-/// serving thread only pushes rows into the buffer. Returns it for the
-/// shutdown flush.
-pub fn start_ledger(
-    state: &AppState,
-    db: &crate::control::db::Db,
-    clock: Arc<dyn Clock>,
-    spans: Option<Arc<crate::telemetry::Spans>>,
-) -> Result<Option<crate::ledger::LedgerWriter>, String> {
-    use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerSink, LedgerWriter};
-    let settings = state.policy.load().ledger.clone();
-    let _ = state
-        .spend
-        .set(SqlLedger::new(db.pool().clone(), db.kind()));
-    let buffer = settings
-        .enabled
-        .then(|| Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows)));
-    if buffer.is_some() || spans.is_some() {
-        let _ = state
-            .ledger
-            .set(Arc::new(Ledger::with(buffer.clone(), spans, clock.clone())));
-    }
-    let Some(buffer) = buffer else {
-        return Ok(None);
-    };
-    let (db, kind) = (db.clone(), db.kind());
-    let open: crate::ledger::batcher::OpenSink = Box::new(move || {
-        let pool = db.writer_pool().map_err(|e| e.to_string())?;
-        Ok(SqlLedger::new(pool, kind) as Arc<dyn LedgerSink>)
-    });
-    LedgerWriter::spawn_thread(buffer, open, settings, clock).map(Some)
-}
-
 /// How long connections may take to close after the cutoff before the
 /// server stops waiting for them (a client that stopped reading).
 const AFTER_CUTOFF: Duration = Duration::from_secs(5);
@@ -378,7 +342,7 @@ pub async fn run(
     let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
-    let ledger = start_ledger(&state, control.db(), clock.clone(), spans.clone())?;
+    let ledger = crate::ledger::start(&state, control.db(), clock.clone(), spans.clone())?;
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {

@@ -12,6 +12,7 @@
 //!   and prunes rows past the retention.
 //! - [`sql`]: the sink and the queries over the control database.
 //! - [`cli`]: `budgetgate spend`, the queries over HTTP.
+//! - `start`: the ledger's wiring in `serve` ([`start()`]).
 //! - [`query`]: spend grouped by tenant, key, model, end user and day or
 //!   month; top N; CSV.
 //!
@@ -26,6 +27,7 @@ pub mod capture;
 pub mod cli;
 pub mod query;
 pub mod sql;
+mod start;
 
 use std::sync::Arc;
 
@@ -34,6 +36,7 @@ pub use batcher::{LedgerSettings, LedgerWriter};
 pub use buffer::LedgerBuffer;
 pub use capture::{LedgerCapture, LedgerDraft, LedgerScope};
 pub use query::{SpendQuery, SpendReader};
+pub use start::start;
 
 /// How the reservation of a row ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
