@@ -62,6 +62,11 @@ pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[
         "spend ledger",
         include_str!("../../migrations/sqlite/0100_spend_ledger.sql"),
     ),
+    (
+        101,
+        "spend ledger request ids",
+        include_str!("../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, in version order (the same versions as SQLite's).
@@ -75,6 +80,11 @@ pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[
         100,
         "spend ledger",
         include_str!("../../migrations/postgres/0100_spend_ledger.sql"),
+    ),
+    (
+        101,
+        "spend ledger request ids",
+        include_str!("../../migrations/postgres/0101_spend_ledger_request_ids.sql"),
     ),
 ];
 
@@ -294,7 +304,7 @@ mod tests {
         let db = Db::open(&url).await.expect("first open migrates");
         assert_eq!(
             db.applied_version().await,
-            Some(100),
+            Some(101),
             "control and ledger migrations"
         );
         drop(db);
@@ -312,7 +322,7 @@ mod tests {
                 e,
                 DbError::Newer {
                     found: 999,
-                    known: 100
+                    known: 101
                 }
             ),
             "{e}"

@@ -2,8 +2,11 @@
 //! request path. It wakes every batch interval, or sooner when a batch's
 //! worth is waiting; a batch the sink refuses goes back to the buffer and
 //! is tried again at the next wake-up (the buffer's bound then decides
-//! what is dropped). Once an hour it deletes rows past the retention. At
-//! shutdown it writes what is waiting, for a bounded time.
+//! what is dropped). Once an hour it deletes rows past the retention, in
+//! batches of at most [`PRUNE_ROWS`], each under the write timeout, with
+//! the waiting rows written between batches: a prune of millions of rows
+//! never holds the writer (or SQLite's write lock) for long. At shutdown it
+//! writes what is waiting, for a bounded time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +29,10 @@ pub struct LedgerError(pub String);
 pub trait LedgerSink: Send + Sync + 'static {
     /// Writes `rows` in one transaction; returns how many were new.
     async fn write(&self, rows: &[SpendRow]) -> Result<u64, LedgerError>;
-    /// Deletes the rows settled before `before_micros`; returns how many.
-    async fn prune(&self, before_micros: u64) -> Result<u64, LedgerError>;
+    /// Deletes at most `at_most` of the rows settled before
+    /// `before_micros`, oldest first; returns how many. Fewer than
+    /// `at_most` means none is left.
+    async fn prune(&self, before_micros: u64, at_most: u64) -> Result<u64, LedgerError>;
 }
 
 /// `[ledger]` as the writer uses it.
@@ -44,6 +49,9 @@ pub struct LedgerSettings {
     pub buffer_rows: usize,
     /// Rows older than this are deleted; `None` keeps them.
     pub retention: Option<Duration>,
+    /// Longest one write or one prune batch may take before it is given
+    /// up ([`WRITE_TIMEOUT`]; not configurable, shorter in tests).
+    pub write_timeout: Duration,
 }
 
 impl Default for LedgerSettings {
@@ -54,12 +62,26 @@ impl Default for LedgerSettings {
             batch_rows: 500,
             buffer_rows: 100_000,
             retention: Some(Duration::from_secs(400 * 86_400)),
+            write_timeout: WRITE_TIMEOUT,
         }
     }
 }
 
 /// How often rows past the retention are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
+
+/// Most rows one prune statement deletes: tens of milliseconds on SQLite
+/// (four indexes to update per row), so rows settled meanwhile wait that
+/// long at most. Halved after a batch that timed out.
+pub const PRUNE_ROWS: u64 = 2_000;
+
+/// A prune under way: rows settled before `before` are being deleted.
+struct Pruning {
+    before: u64,
+    batch: u64,
+    deleted: u64,
+    started: tokio::time::Instant,
+}
 
 /// The running writer: a task on the caller's runtime ([`Self::spawn`],
 /// for tests and tools) or a thread of its own ([`Self::spawn_thread`],
@@ -200,27 +222,47 @@ async fn run(
     mut stop: watch::Receiver<Option<Duration>>,
 ) {
     let mut next_prune = tokio::time::Instant::now();
+    let mut pruning: Option<Pruning> = None;
+    let write_timeout = settings.write_timeout;
     loop {
         if let Some(retention) = settings.retention {
-            if tokio::time::Instant::now() >= next_prune {
+            if pruning.is_none() && tokio::time::Instant::now() >= next_prune {
                 next_prune += PRUNE_EVERY;
-                prune(&*sink, &*clock, retention).await;
+                pruning = Some(Pruning {
+                    before: clock
+                        .now_micros()
+                        .saturating_sub(retention.as_micros() as u64),
+                    batch: PRUNE_ROWS,
+                    deleted: 0,
+                    started: tokio::time::Instant::now(),
+                });
             }
         }
-        let orphaned = tokio::select! {
-            _ = tokio::time::sleep(settings.batch_interval) => false,
-            _ = buffer.batch_ready() => false,
-            changed = stop.changed() => changed.is_err(),
+        if let Some(p) = &mut pruning {
+            if prune_batch(&*sink, p, write_timeout).await {
+                pruning = None;
+            }
+        }
+        let orphaned = if pruning.is_some() {
+            // Mid-prune: write what waits now, then the next batch; a
+            // shutdown is seen between batches.
+            stop.has_changed().is_err()
+        } else {
+            tokio::select! {
+                _ = tokio::time::sleep(settings.batch_interval) => false,
+                _ = buffer.batch_ready() => false,
+                changed = stop.changed() => changed.is_err(),
+            }
         };
         if orphaned {
             // The writer's handle was dropped without a shutdown.
-            write_waiting(&buffer, &*sink, settings.batch_rows, WRITE_TIMEOUT).await;
+            write_waiting(&buffer, &*sink, settings.batch_rows, write_timeout).await;
             return;
         }
         let grace = *stop.borrow();
         match grace {
             None => {
-                write_waiting(&buffer, &*sink, settings.batch_rows, WRITE_TIMEOUT).await;
+                write_waiting(&buffer, &*sink, settings.batch_rows, write_timeout).await;
             }
             Some(grace) => {
                 // Every attempt ends by the deadline: a database that is
@@ -228,7 +270,7 @@ async fn run(
                 let deadline = tokio::time::Instant::now() + grace;
                 loop {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    let limit = left.min(WRITE_TIMEOUT);
+                    let limit = left.min(write_timeout);
                     if !limit.is_zero()
                         && write_waiting(&buffer, &*sink, settings.batch_rows, limit).await
                     {
@@ -254,7 +296,7 @@ async fn run(
 /// half-open mid-statement would otherwise stop the ledger for good. A
 /// write given up after the database applied it is harmless: the retry's
 /// rows are already there (primary key).
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes every row waiting now, batch by batch, each write given at most
 /// `limit`; false when the sink failed or timed out (the failed batch is
@@ -296,14 +338,48 @@ async fn write_waiting(
     }
 }
 
-async fn prune(sink: &dyn LedgerSink, clock: &dyn Clock, retention: Duration) {
-    let before = clock
-        .now_micros()
-        .saturating_sub(retention.as_micros() as u64);
-    match sink.prune(before).await {
-        Ok(n) if n > 0 => tracing::info!(rows = n, "ledger rows past the retention deleted"),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "ledger retention: rows not deleted"),
+/// Deletes the next batch of `p`'s rows, given at most `limit`; true when
+/// the prune is over (no row left past the retention, or the database
+/// failed: tried again at the next hour).
+async fn prune_batch(sink: &dyn LedgerSink, p: &mut Pruning, limit: Duration) -> bool {
+    match tokio::time::timeout(limit, sink.prune(p.before, p.batch)).await {
+        Ok(Ok(n)) => {
+            p.deleted += n;
+            if n < p.batch {
+                if p.deleted > 0 {
+                    tracing::info!(
+                        rows = p.deleted,
+                        took_ms = p.started.elapsed().as_millis() as u64,
+                        "ledger rows past the retention deleted"
+                    );
+                }
+                return true;
+            }
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, deleted = p.deleted, "ledger retention: rows not deleted; tried again in an hour");
+            true
+        }
+        Err(_) if p.batch <= 1 => {
+            tracing::warn!(
+                timeout_ms = limit.as_millis() as u64,
+                deleted = p.deleted,
+                "ledger retention: the database does not delete one row in time; tried again in an hour"
+            );
+            true
+        }
+        Err(_) => {
+            // Rolled back (the statement's future was dropped): smaller
+            // batches, so each fits the timeout.
+            p.batch /= 2;
+            tracing::warn!(
+                timeout_ms = limit.as_millis() as u64,
+                next_batch = p.batch,
+                "ledger retention: a batch did not finish in time; trying smaller ones"
+            );
+            false
+        }
     }
 }
 

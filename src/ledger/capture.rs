@@ -2,11 +2,15 @@
 //! admission ([`LedgerDraft`]: who, what, where), the settle phase adds the
 //! usage, the cost and how the request ended, and once the store has
 //! applied the settlement the row goes to the buffer ([`LedgerCapture::record`]).
-//! Only settlements the store applied become rows: `Settled`, and
+//! Settlements the store applied become rows: `Settled`, and
 //! `AlreadySettled` (a retry after a lost reply; the first attempt applied
-//! it, and the row's primary key keeps it to one row).
+//! it, and the row's primary key keeps it to one row). A settlement the
+//! store never confirmed within its retry window becomes a row too, with
+//! outcome `unknown` ([`LedgerCapture::record_unknown`]).
 
 use std::sync::Arc;
+
+use axum::http::HeaderValue;
 
 use super::{Ledger, SpendOutcome, SpendRow};
 use crate::dialects::{Dialect, UsageBreakdown};
@@ -42,6 +46,11 @@ pub struct LedgerDraft {
     provider: &'static str,
     /// UTC µs of the admission: a request span's start.
     admitted_micros: u64,
+    /// The request id the client saw (a header value: a reference-counted
+    /// copy of the one the response carries).
+    request_id: HeaderValue,
+    /// Which reservation of the request this is, from 1.
+    attempt: u32,
     dialect: Dialect,
     end_user: Option<Arc<str>>,
     /// Position among the hold's amounts of a dollar budget: what the drop
@@ -73,6 +82,8 @@ impl LedgerDraft {
             deployment,
             provider,
             admitted_micros: 0,
+            request_id: HeaderValue::from_static(""),
+            attempt: 1,
             dialect,
             end_user,
             usd_index,
@@ -85,6 +96,14 @@ impl LedgerDraft {
     /// The reservation was admitted at `micros` (UTC µs).
     pub fn admitted_at(mut self, micros: u64) -> Self {
         self.admitted_micros = micros;
+        self
+    }
+
+    /// The reservation is the `attempt`-th (from 1) of the request the
+    /// client knows as `request_id`.
+    pub fn of_request(mut self, request_id: HeaderValue, attempt: u32) -> Self {
+        self.request_id = request_id;
+        self.attempt = attempt;
         self
     }
 
@@ -136,6 +155,9 @@ impl LedgerDraft {
             .unwrap_or(UsageBreakdown::from_counts(0, 0));
         SpendRow {
             reservation_id: id.to_string(),
+            // Only visible ASCII is ever kept as a request id.
+            request_id: self.request_id.to_str().unwrap_or("").to_owned(),
+            attempt: self.attempt,
             at_micros,
             tenant: self.scope.tenant.clone(),
             ancestors: self.scope.ancestors.clone(),
@@ -181,7 +203,20 @@ impl LedgerCapture {
     /// Buffers the row of reservation `id`, settled by `s` (applied by
     /// the store), and exports its span.
     pub fn record(&self, id: &str, s: &Settlement) {
-        let row = self.draft.row(id, s, self.ledger.now_micros());
+        self.push(self.draft.row(id, s, self.ledger.now_micros()));
+    }
+
+    /// Buffers the row of reservation `id` whose settlement `s` the store
+    /// never confirmed (every attempt failed; one may have applied before
+    /// its reply was lost): its figures are what `s` charges, its outcome
+    /// `unknown`.
+    pub fn record_unknown(&self, id: &str, s: &Settlement) {
+        let mut row = self.draft.row(id, s, self.ledger.now_micros());
+        row.outcome = SpendOutcome::Unknown;
+        self.push(row);
+    }
+
+    fn push(&self, row: SpendRow) {
         if let Some(spans) = self.ledger.spans() {
             spans.export(&row, self.draft.span_facts());
         }

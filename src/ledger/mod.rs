@@ -54,6 +54,10 @@ pub enum SpendOutcome {
     /// The reservation was dropped unsettled (its handler cancelled before
     /// an answer was read): charged whole, the drop backstop.
     Abandoned,
+    /// The store never confirmed the settlement within its retry window
+    /// (a reply lost, the store down): either it applied (the row's
+    /// figures were charged) or the hold expires charged whole.
+    Unknown,
 }
 
 impl SpendOutcome {
@@ -65,6 +69,7 @@ impl SpendOutcome {
             SpendOutcome::UpstreamFailed => "upstream_failed",
             SpendOutcome::Voided => "voided",
             SpendOutcome::Abandoned => "abandoned",
+            SpendOutcome::Unknown => "unknown",
         }
     }
 
@@ -76,6 +81,7 @@ impl SpendOutcome {
             "upstream_failed" => SpendOutcome::UpstreamFailed,
             "voided" => SpendOutcome::Voided,
             "abandoned" => SpendOutcome::Abandoned,
+            "unknown" => SpendOutcome::Unknown,
             _ => return None,
         })
     }
@@ -84,8 +90,15 @@ impl SpendOutcome {
 /// One ledger row: a settled or voided reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpendRow {
-    /// The reservation id (the primary key).
+    /// The reservation id (the primary key), made by the gateway.
     pub reservation_id: String,
+    /// The request id the client saw (`x-request-id`, `request-id` on
+    /// Messages): the client's own when it sent a usable one, so not
+    /// unique across tenants. Empty on rows written before migration 0101.
+    pub request_id: String,
+    /// Which reservation of its request this is: 1, then 2, … for each
+    /// retry on another deployment (0 on rows written before migration 0101).
+    pub attempt: u32,
     /// When the settlement was applied, UTC µs.
     pub at_micros: u64,
     /// The request's tenant.

@@ -120,6 +120,10 @@ pub struct SpendQuery {
     pub scope: Option<String>,
     /// Only this many groups, by cost (then requests) descending.
     pub top: Option<usize>,
+    /// Only the rows of the request the client knows by this id (every
+    /// attempt of it; the same id sent by clients of other tenants too,
+    /// unless `scope` keeps them out).
+    pub request_id: Option<String>,
 }
 
 /// Sums over a set of rows.
@@ -342,6 +346,7 @@ mod tests {
             within: None,
             scope: None,
             top,
+            request_id: None,
         }
     }
 

@@ -21,8 +21,10 @@ use super::{SpendOutcome, SpendRow};
 use crate::control::db::DbKind;
 
 /// Columns of one inserted row.
-const COLUMNS: [&str; 22] = [
+const COLUMNS: [&str; 24] = [
     "reservation_id",
+    "request_id",
+    "attempt",
     "at_micros",
     "day",
     "tenant",
@@ -50,7 +52,7 @@ const COLUMNS: [&str; 22] = [
 /// these sizes, so each connection prepares (parses) at most five
 /// statements once and then finds them in its statement cache. A statement
 /// per batch size would be parsed again for every batch: SQLite's parser
-/// then cost more than the requests the rows describe. 22 × 256 bound
+/// then cost more than the requests the rows describe. 24 × 256 bound
 /// values stays under SQLite's 32,766 and PostgreSQL's 65,535.
 const STATEMENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -75,7 +77,17 @@ pub struct SqlLedger {
     /// The INSERT of each [`STATEMENT_ROWS`] size, in this database's
     /// placeholders, built once.
     inserts: [Arc<str>; STATEMENT_ROWS.len()],
+    /// The DELETE of one prune batch, in this database's dialect.
+    prune: &'static str,
 }
+
+/// One prune batch: the oldest rows past the retention, at most `$2`,
+/// found through the `at_micros` index. SQLite deletes them by rowid (its
+/// table's own key, no second index lookup); PostgreSQL by primary key.
+const PRUNE_SQLITE: &str = "DELETE FROM spend_ledger WHERE rowid IN \
+     (SELECT rowid FROM spend_ledger WHERE at_micros < $1 ORDER BY at_micros LIMIT $2)";
+const PRUNE_POSTGRES: &str = "DELETE FROM spend_ledger WHERE reservation_id IN \
+     (SELECT reservation_id FROM spend_ledger WHERE at_micros < $1 ORDER BY at_micros LIMIT $2)";
 
 fn db(e: sqlx::Error) -> LedgerError {
     LedgerError(e.to_string())
@@ -99,6 +111,10 @@ impl SqlLedger {
             pool,
             runtime: tokio::runtime::Handle::current(),
             inserts: STATEMENT_ROWS.map(|n| Self::insert_sql(n, kind).into()),
+            prune: match kind {
+                DbKind::Sqlite => PRUNE_SQLITE,
+                DbKind::Postgres => PRUNE_POSTGRES,
+            },
         })
     }
 
@@ -154,6 +170,10 @@ impl SqlLedger {
         // (the tenant asked for) and `scope` (the caller's own subtree),
         // so a name reused after a delete does not bring back the old
         // tenant's rows to a caller scoped elsewhere.
+        if let Some(id) = &q.request_id {
+            sql.push_str(&format!(" AND request_id = ${}", values.len() + 1));
+            values.push(FilterValue::Text(id.clone()));
+        }
         for t in [&q.within, &q.scope].into_iter().flatten() {
             let n = values.len();
             sql.push_str(&format!(
@@ -205,6 +225,8 @@ impl LedgerSink for SqlLedger {
                 let ancestor = |i: usize| r.ancestors.get(i).map(|a| &**a);
                 query = query
                     .bind(r.reservation_id.as_str())
+                    .bind(r.request_id.as_str())
+                    .bind(i64::from(r.attempt))
                     .bind(big(r.at_micros))
                     .bind(day_of(r.at_micros))
                     .bind(&*r.tenant)
@@ -233,9 +255,10 @@ impl LedgerSink for SqlLedger {
         Ok(new)
     }
 
-    async fn prune(&self, before_micros: u64) -> Result<u64, LedgerError> {
-        let done = sqlx::query("DELETE FROM spend_ledger WHERE at_micros < $1")
+    async fn prune(&self, before_micros: u64, at_most: u64) -> Result<u64, LedgerError> {
+        let done = sqlx::query(self.prune)
             .bind(big(before_micros))
+            .bind(big(at_most))
             .execute(&self.pool)
             .await
             .map_err(db)?;
@@ -346,6 +369,8 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
     let outcome = text("outcome")?;
     Ok(SpendRow {
         reservation_id: text("reservation_id")?,
+        request_id: text("request_id")?,
+        attempt: u32::try_from(int("attempt")?).unwrap_or(u32::MAX),
         at_micros: int("at_micros")?,
         tenant: text("tenant")?.into(),
         ancestors: ancestors.into(),

@@ -224,7 +224,9 @@ pub async fn admit<'p>(
                 // A span's start; without telemetry the clock is not read.
                 Some(_) => ledger.now_micros(),
                 None => 0,
-            });
+            })
+            // `tried` above counted this attempt.
+            .of_request(cx.finish.request_id.header(), attempts.count() as u32);
             hold.with_ledger(LedgerCapture::new(ledger.clone(), draft))
         }
         None => hold,

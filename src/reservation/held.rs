@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::slot_renewal::RenewalHandle;
-use super::tracker::{bounded, record_settlement, settle_in_gateway, SettleReport};
+use super::tracker::{bounded, SettleAnswer, SettleReport};
 use super::{DenyRelease, GatewayStore, SettlementTracker};
 use crate::metrics::TenantMetrics;
 use crate::reserve::{
@@ -145,19 +145,22 @@ impl HeldReservation {
 
     /// Settles and waits for the store's answer (used before retrying on
     /// another deployment, so the refund and the freed slot are visible to
-    /// the next reservation).
+    /// the next reservation). The settlement is the tracker's task, not
+    /// this future's: a client that leaves while the store is slow drops
+    /// only the wait, and the settlement still runs to completion (its
+    /// exhausted retries counted, the shutdown drain waiting for it).
+    /// `None` when it failed for good or was not run (no runtime).
     pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
-        let s = bounded(s);
-        self.done = true;
-        self.lease = None;
-        let outcome = settle_in_gateway(&self.store, &self.id, &s, self.settle_retry).await;
-        if let Some(o) = &outcome {
-            record_settlement(&self.report, &self.id, &s, o);
-        }
-        outcome
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.finish_with(s, Some(tx));
+        rx.await.ok().flatten()
     }
 
     fn finish(&mut self, s: Settlement) {
+        self.finish_with(s, None);
+    }
+
+    fn finish_with(&mut self, s: Settlement, answer: Option<SettleAnswer>) {
         if self.done {
             return;
         }
@@ -170,6 +173,7 @@ impl HeldReservation {
             s,
             self.settle_retry,
             std::mem::take(&mut self.report),
+            answer,
         );
     }
 }

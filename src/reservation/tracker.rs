@@ -75,6 +75,10 @@ pub(super) struct SettleReport {
     pub(super) ledger: Option<crate::ledger::LedgerCapture>,
 }
 
+/// Where a settlement's outcome goes when its caller waits for it
+/// ([`super::HeldReservation::settle_now`]): `None` when it failed for good.
+pub(super) type SettleAnswer = tokio::sync::oneshot::Sender<Option<SettleOutcome>>;
+
 /// Called once a reservation's settlement is applied in the store, with
 /// the tokens it refunded (its slots are free in any case).
 pub type CapacityHook = Arc<dyn Fn(u64) + Send + Sync>;
@@ -171,6 +175,7 @@ impl SettlementTracker {
         s: Settlement,
         retry_for: Duration,
         report: SettleReport,
+        answer: Option<SettleAnswer>,
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
@@ -203,7 +208,17 @@ impl SettlementTracker {
                 None => {
                     inner.failed.fetch_add(1, Ordering::SeqCst);
                     tracing::error!(reservation_id = %id, actual_tokens = s.actual_tokens, "settlement failed after retries");
+                    // An attempt may have applied before its reply was
+                    // lost: the ledger says so rather than nothing.
+                    if let Some(l) = &report.ledger {
+                        l.record_unknown(&id, &s);
+                    }
                 }
+            }
+            // The waiter may be gone (its client left): the settlement is
+            // done all the same.
+            if let Some(answer) = answer {
+                let _ = answer.send(outcome);
             }
             if inner.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
                 inner.idle.notify_waiters();
@@ -231,7 +246,7 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
     }
 }
 
-pub(super) fn record_settlement(
+fn record_settlement(
     report: &SettleReport,
     id: &str,
     s: &Settlement,
@@ -278,7 +293,7 @@ pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
 
 /// [`settle_with_retry`] through the gateway's store layers, called
 /// directly (no boxed future per layer).
-pub(super) async fn settle_in_gateway(
+async fn settle_in_gateway(
     store: &GatewayStore,
     id: &str,
     s: &Settlement,

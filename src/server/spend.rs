@@ -4,8 +4,10 @@
 //! - `GET /admin/v1/spend?group_by=tenant,model&period=day|month&from=YYYY-MM-DD&to=YYYY-MM-DD&tenant=NAME&top=N&format=json|csv`:
 //!   totals per group and period; `to` is exclusive; by default the last
 //!   30 days; `tenant` keeps the rows of that tenant and its descendants.
-//! - `GET /admin/v1/spend/rows?from=&to=&tenant=&limit=N&format=json|csv`:
-//!   the rows themselves, oldest first (the CSV export for finance).
+//! - `GET /admin/v1/spend/rows?from=&to=&tenant=&request_id=&limit=N&format=json|csv`:
+//!   the rows themselves, oldest first (the CSV export for finance);
+//!   `request_id` keeps the rows of the request a client knows by that id
+//!   (every attempt), over all time unless `from` or `to` is given.
 //!
 //! 503 while the ledger has no database (or it does not answer).
 
@@ -29,6 +31,8 @@ use crate::ledger::{SpendReader, SpendRow};
 const DAY_MICROS: u64 = 86_400_000_000;
 /// The range when `from` is not given, days before `to`.
 const DEFAULT_DAYS: u64 = 30;
+/// The end of "all time": 10000-01-01 UTC, past any date `to` accepts.
+const ALL_TIME_END: u64 = 253_402_300_800_000_000;
 /// Most rows one `/spend/rows` answer holds.
 pub const MAX_ROWS: usize = 100_000;
 
@@ -40,6 +44,7 @@ pub struct SpendParams {
     from: Option<String>,
     to: Option<String>,
     tenant: Option<String>,
+    request_id: Option<String>,
     top: Option<usize>,
     limit: Option<usize>,
     format: Option<String>,
@@ -96,9 +101,21 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
             }),
         }
     };
-    let to = date("to", &params.to)?.unwrap_or((now / DAY_MICROS + 1) * DAY_MICROS);
-    let from =
-        date("from", &params.from)?.unwrap_or_else(|| to.saturating_sub(DEFAULT_DAYS * DAY_MICROS));
+    let request_id = params.request_id.clone().filter(|t| !t.is_empty());
+    let (to, from) = (date("to", &params.to)?, date("from", &params.from)?);
+    // A request looked up by its id: whenever it was, unless the caller
+    // bounds it.
+    let all_time = request_id.is_some() && to.is_none() && from.is_none();
+    let to = match to {
+        Some(to) => to,
+        None if all_time => ALL_TIME_END,
+        None => (now / DAY_MICROS + 1) * DAY_MICROS,
+    };
+    let from = match from {
+        Some(from) => from,
+        None if all_time => 0,
+        None => to.saturating_sub(DEFAULT_DAYS * DAY_MICROS),
+    };
     if from >= to {
         return Err(invalid("from", "`from` must be before `to`.".into()));
     }
@@ -113,6 +130,7 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
         within: params.tenant.clone().filter(|t| !t.is_empty()),
         scope: None,
         top: params.top,
+        request_id,
     })
 }
 
@@ -284,8 +302,10 @@ pub async fn rows(
 }
 
 /// The columns of a row, in the CSV export's order.
-pub const ROW_COLUMNS: [&str; 19] = [
+pub const ROW_COLUMNS: [&str; 21] = [
     "reservation_id",
+    "request_id",
+    "attempt",
     "at",
     "tenant",
     "ancestors",
@@ -306,9 +326,11 @@ pub const ROW_COLUMNS: [&str; 19] = [
     "at_micros",
 ];
 
-fn row_fields(r: &SpendRow) -> [String; 19] {
+fn row_fields(r: &SpendRow) -> [String; 21] {
     [
         r.reservation_id.clone(),
+        r.request_id.clone(),
+        r.attempt.to_string(),
         rfc3339(r.at_micros),
         r.tenant.to_string(),
         r.ancestors
@@ -349,6 +371,8 @@ pub fn rows_csv(rows: &[SpendRow]) -> String {
 fn row_json(r: &SpendRow) -> Value {
     json!({
         "reservation_id": r.reservation_id,
+        "request_id": r.request_id,
+        "attempt": r.attempt,
         "at": rfc3339(r.at_micros),
         "at_micros": r.at_micros,
         "tenant": &*r.tenant,
@@ -394,6 +418,34 @@ mod tests {
             parse(&bad, now).unwrap_err().into_response().status(),
             StatusCode::BAD_REQUEST
         );
+    }
+
+    #[test]
+    fn a_request_id_is_looked_up_over_all_time_unless_bounded() {
+        let now = query::parse_date("2026-12-02").unwrap();
+        let by_id = SpendParams {
+            request_id: Some("req-1".into()),
+            ..Default::default()
+        };
+        let q = parse(&by_id, now).unwrap();
+        assert_eq!(q.request_id.as_deref(), Some("req-1"));
+        assert_eq!((q.from_micros, q.to_micros), (0, ALL_TIME_END));
+        assert_eq!(
+            query::period_name(Period::Day, query::day_of(ALL_TIME_END)),
+            "10000-01-01"
+        );
+        let bounded = SpendParams {
+            from: Some("2026-11-01".into()),
+            ..by_id
+        };
+        let q = parse(&bounded, now).unwrap();
+        assert_eq!(q.from_micros, query::parse_date("2026-11-01").unwrap());
+        assert_eq!(q.to_micros, query::parse_date("2026-12-03").unwrap());
+        let empty = SpendParams {
+            request_id: Some(String::new()),
+            ..Default::default()
+        };
+        assert_eq!(parse(&empty, now).unwrap().request_id, None);
     }
 
     #[test]

@@ -406,3 +406,321 @@ async fn one_row_per_settled_or_voided_reservation_and_the_cost_is_each_budgets_
         "a header line and one line per row"
     );
 }
+
+/// The memory store, with every settle made slow (it waits `delay`, then
+/// applies) and, when `lose_replies`, its reply lost after it applied.
+struct SlowSettles {
+    inner: Arc<MemoryStore>,
+    delay: Duration,
+    lose_replies: bool,
+    started: AtomicU64,
+    applied: AtomicU64,
+}
+
+impl SlowSettles {
+    fn new(clock: &ManualClock, delay: Duration, lose_replies: bool) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            delay,
+            lose_replies,
+            started: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl BudgetStore for SlowSettles {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.inner.reserve(req).await
+    }
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        self.inner.extend(id, step).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        let o = self.inner.settle(id, s).await?;
+        self.applied.fetch_add(1, Ordering::SeqCst);
+        if self.lose_replies {
+            return Err(StoreError::Timeout);
+        }
+        Ok(o)
+    }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, ttl).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.inner.inspect(specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
+}
+
+/// Issue 36, point 4: the refund of an upstream 500 was awaited in the
+/// request's own future, so a client that left during a slow settle
+/// cancelled it: tokens stayed charged, the concurrency slot taken until
+/// its lease expired, no ledger row, no failure counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_a_slow_settle_after_an_upstream_500_still_gets_the_refund_the_free_slot_and_one_row(
+) {
+    let mock = start_mock().await;
+    mock.state
+        .set_fault(Some(crate::support::mock_upstream::Fault::ServerError));
+    let clock = ManualClock::new(NOON);
+    let store = SlowSettles::new(&clock, Duration::from_millis(1_500), false);
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        16,
+        limits().max_concurrent(1).tokens_per_day(100_000),
+    );
+    c.ledger.batch_interval_ms = Some(100);
+    let gw = c.start_with(clock, store.clone()).await;
+    gw.state.set_admin_token(Some(TOKEN));
+
+    let left = chat_request(&gw, KEY, &hi(16))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(
+        left.as_ref().is_err_and(|e| e.is_timeout()),
+        "the client left before the answer: {left:?}"
+    );
+    assert_eq!(store.started.load(Ordering::SeqCst), 1, "the settle began");
+    // Long enough for the settle to land, were it still running.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.applied.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw.settled().await;
+    assert_eq!(
+        store.applied.load(Ordering::SeqCst),
+        1,
+        "the settlement ran to completion"
+    );
+    assert_eq!(
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        0,
+        "the failed attempt is refunded"
+    );
+    assert_eq!(
+        gw.t1(BudgetName::MaxConcurrent).await,
+        1,
+        "its concurrency slot is free"
+    );
+    assert_eq!(gw.state.settlements.failed(), 0);
+    ledger_written(&gw).await;
+    let rows = ledger_rows(&gw).await;
+    assert_eq!(rows.len(), 1, "exactly one row: {rows:?}");
+    assert_eq!(rows[0]["outcome"], "upstream_failed", "{}", rows[0]);
+    assert_eq!(rows[0]["charged_tokens"], 0, "{}", rows[0]);
+    assert_eq!(rows[0]["attempt"], 1, "{}", rows[0]);
+}
+
+/// Issue 36, point 8: a settlement whose every reply was lost (the first
+/// one applied) left no ledger row; it is written with outcome `unknown`
+/// and the figures the settlement charges, and counted as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_the_store_never_confirmed_is_a_row_with_outcome_unknown() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(7);
+    let clock = ManualClock::new(NOON);
+    let store = SlowSettles::new(&clock, Duration::ZERO, true);
+    let mut c = TestConfig::standard(&mock.base_url(), 16, limits().tokens_per_day(100_000));
+    c.ledger.batch_interval_ms = Some(100);
+    c.server.settle_retry_secs = Some(1);
+    let gw = c.start_with(clock, store.clone()).await;
+    gw.state.set_admin_token(Some(TOKEN));
+
+    let r = chat_request(&gw, KEY, &hi(16))
+        .header("x-request-id", "lost-reply-1")
+        .send()
+        .await
+        .expect("gateway");
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    gw.settled().await;
+    assert_eq!(gw.state.settlements.failed(), 1, "counted as failed");
+    assert!(store.applied.load(Ordering::SeqCst) >= 2, "retried");
+    ledger_written(&gw).await;
+    let rows = ledger_rows(&gw).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!(row["outcome"], "unknown", "{row}");
+    assert_eq!(row["request_id"], "lost-reply-1", "{row}");
+    assert_eq!(row["output_tokens"], 7, "{row}");
+    assert_eq!(
+        row["charged_tokens"].as_u64().unwrap(),
+        gw.t1_used(BudgetName::TokensPerDay).await,
+        "the row's figures are what the settlement charged (it applied): {row}"
+    );
+}
+
+/// Issue 36, point 7: each row names the request id the client saw and
+/// its attempt; `GET /admin/v1/spend/rows?request_id=` finds every
+/// attempt of a request, and a tenant-scoped token only its subtree's rows
+/// (a client id is not unique across tenants).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_name_the_request_and_attempt_and_a_request_id_is_looked_up_in_the_callers_scope() {
+    const ML_KEY: &str = "sk-ledger-ml";
+    let mock = start_mock().await;
+    let mut c = TestConfig::standard(&mock.base_url(), 16, limits().tokens_per_day(100_000));
+    c.ledger.batch_interval_ms = Some(100);
+    c.tenants.push(config::RawTenant {
+        name: "acme".into(),
+        ..Default::default()
+    });
+    let mut ml = tenant("ml", "k-ml", ML_KEY, limits().tokens_per_day(100_000));
+    ml.parent = Some("acme".into());
+    c.tenants.push(ml);
+    // A model whose first deployment never answers: a request on it is
+    // voided there and retried on the mock, a second reservation.
+    c.upstreams.push(config::upstream(
+        "dead",
+        Kind::SelfHosted,
+        "http://127.0.0.1:1/v1",
+    ));
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        max_output_tokens: Some(4096),
+        default_max_output_tokens: Some(16),
+        ..config::model("gpt-retried", &["dead", "mock"])
+    });
+    let gw = c.start().await;
+    gw.state.set_admin_token(Some(TOKEN));
+
+    let send = |key: &'static str, model: &'static str, id: Option<&'static str>| {
+        let mut req = chat_request(
+            &gw,
+            key,
+            &json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        if let Some(id) = id {
+            req = req.header("x-request-id", id);
+        }
+        async move {
+            let r = req.send().await.expect("gateway");
+            assert_eq!(r.status(), 200);
+            let seen = must_header(&r, "x-request-id");
+            let _ = r.bytes().await;
+            seen
+        }
+    };
+    assert_eq!(send(ML_KEY, "gpt-retried", Some("shared-7")).await, "shared-7");
+    assert_eq!(send(KEY, "gpt-4o-mini", Some("shared-7")).await, "shared-7");
+    let generated = send(KEY, "gpt-4o-mini", None).await;
+    ledger_written(&gw).await;
+
+    let rows_of = |token: String, query: String| {
+        let gw = &gw;
+        async move {
+            let (s, v) = admin_call(
+                gw,
+                reqwest::Method::GET,
+                &format!("/admin/v1/spend/rows?{query}"),
+                &token,
+                None,
+            )
+            .await;
+            assert_eq!(s, 200, "{query}: {v}");
+            let mut rows = v["data"].as_array().unwrap().clone();
+            rows.sort_by_key(|r| (r["tenant"].to_string(), r["attempt"].as_u64()));
+            rows
+        }
+    };
+    let summary = |rows: &[Value]| {
+        rows.iter()
+            .map(|r| {
+                (
+                    r["tenant"].as_str().unwrap().to_string(),
+                    r["attempt"].as_u64().unwrap(),
+                    r["outcome"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let row = |t: &str, attempt: u64, outcome: &str| (t.to_string(), attempt, outcome.to_string());
+
+    let all = rows_of(TOKEN.into(), "request_id=shared-7".into()).await;
+    assert_eq!(
+        summary(&all),
+        [row("ml", 1, "voided"), row("ml", 2, "answered"), row("t1", 1, "answered")]
+    );
+    let ids: BTreeSet<&str> = all
+        .iter()
+        .map(|r| r["reservation_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3, "each reservation its own id: {all:?}");
+    assert!(!ids.contains("shared-7"), "a client id never names a reservation");
+    assert!(all.iter().all(|r| r["request_id"] == "shared-7"));
+
+    // The gateway's own id is the first reservation's.
+    let mine = rows_of(TOKEN.into(), format!("request_id={generated}")).await;
+    assert_eq!(summary(&mine), [row("t1", 1, "answered")]);
+    assert_eq!(mine[0]["reservation_id"], generated.as_str());
+
+    let token = |tenant: &str| {
+        let gw = &gw;
+        let body = json!({"role": "read", "tenant": tenant});
+        async move {
+            let (s, v) = admin_call(
+                gw,
+                reqwest::Method::POST,
+                "/admin/v1/admin_tokens",
+                TOKEN,
+                Some(body),
+            )
+            .await;
+            assert_eq!(s, 201, "{v}");
+            v["token"].as_str().unwrap().to_string()
+        }
+    };
+    let acme = token("acme").await;
+    assert_eq!(
+        summary(&rows_of(acme.clone(), "request_id=shared-7".into()).await),
+        [row("ml", 1, "voided"), row("ml", 2, "answered")],
+        "acme's token sees its subtree's request only"
+    );
+    assert_eq!(
+        summary(&rows_of(token("t1").await, "request_id=shared-7".into()).await),
+        [row("t1", 1, "answered")]
+    );
+    assert!(
+        rows_of(acme.clone(), format!("request_id={generated}"))
+            .await
+            .is_empty(),
+        "another tenant's request is not found"
+    );
+    let (s, _) = admin_call(
+        &gw,
+        reqwest::Method::GET,
+        "/admin/v1/spend/rows?request_id=shared-7&tenant=t1",
+        &acme,
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "naming a tenant outside the subtree");
+
+    let csv = admin_get(
+        &gw,
+        "/admin/v1/spend/rows?request_id=shared-7&format=csv",
+        Some(TOKEN),
+    )
+    .await
+    .text()
+    .await
+    .unwrap();
+    let mut lines = csv.lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("reservation_id,request_id,attempt,"),
+        "{csv}"
+    );
+    assert_eq!(lines.count(), 3, "{csv}");
+}

@@ -27,5 +27,6 @@ pub(super) fn ledger(v: &mut V, raw: &RawLedger) -> LedgerSettings {
                 .positive("ledger.retention_days", days, 36_500)
                 .map_or(d.retention, |n| Some(Duration::from_secs(n * 86_400))),
         },
+        write_timeout: d.write_timeout,
     }
 }

@@ -12,6 +12,8 @@ struct MemorySink {
     down: AtomicBool,
     writes: Mutex<Vec<usize>>,
     pruned_before: Mutex<Vec<u64>>,
+    /// How long one prune statement takes (a large table's).
+    prune_takes: Mutex<Duration>,
 }
 
 #[async_trait::async_trait]
@@ -31,12 +33,22 @@ impl LedgerSink for MemorySink {
         }
         Ok(new)
     }
-    async fn prune(&self, before: u64) -> Result<u64, LedgerError> {
+    async fn prune(&self, before: u64, at_most: u64) -> Result<u64, LedgerError> {
         self.pruned_before.lock().unwrap().push(before);
+        let takes = *self.prune_takes.lock().unwrap();
+        tokio::time::sleep(takes).await;
         let mut t = self.rows.lock().unwrap();
-        let n = t.len();
-        t.retain(|_, r| r.at_micros >= before);
-        Ok((n - t.len()) as u64)
+        let mut old: Vec<(u64, String)> = t
+            .values()
+            .filter(|r| r.at_micros < before)
+            .map(|r| (r.at_micros, r.reservation_id.clone()))
+            .collect();
+        old.sort();
+        old.truncate(at_most as usize);
+        for (_, id) in &old {
+            t.remove(id);
+        }
+        Ok(old.len() as u64)
     }
 }
 
@@ -47,6 +59,7 @@ fn settings(buffer_rows: usize) -> LedgerSettings {
         batch_rows: 3,
         buffer_rows,
         retention: None,
+        write_timeout: WRITE_TIMEOUT,
     }
 }
 
@@ -197,8 +210,8 @@ impl LedgerSink for HangingSink {
         }
         self.inner.write(rows).await
     }
-    async fn prune(&self, before: u64) -> Result<u64, LedgerError> {
-        self.inner.prune(before).await
+    async fn prune(&self, before: u64, at_most: u64) -> Result<u64, LedgerError> {
+        self.inner.prune(before, at_most).await
     }
 }
 
@@ -271,4 +284,65 @@ async fn rows_past_the_retention_are_deleted() {
         *sink.pruned_before.lock().unwrap(),
         [10_000_000_000 - 1_000_000_000]
     );
+}
+
+/// `n` rows settled at `at` µs, named `{prefix}{i}`.
+fn old_rows(sink: &MemorySink, prefix: &str, n: u64, at: u64) {
+    let mut t = sink.rows.lock().unwrap();
+    for i in 0..n {
+        let mut r = row(&format!("{prefix}{i}"), 1);
+        r.at_micros = at;
+        t.insert(r.reservation_id.clone(), r);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rows_settled_during_a_long_prune_are_written_between_its_batches() {
+    // Five batches of old rows, each batch's DELETE taking 2 s: the prune
+    // runs 10 s, a row settled meanwhile waits for one batch at most.
+    let sink = Arc::new(MemorySink::default());
+    old_rows(&sink, "old", 5 * PRUNE_ROWS, 1);
+    *sink.prune_takes.lock().unwrap() = Duration::from_secs(2);
+    let s = LedgerSettings {
+        retention: Some(Duration::from_secs(1_000)),
+        ..settings(100)
+    };
+    let (buffer, _w) = start(&sink, s);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    buffer.record(row("during", 5));
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let has = |id: &str| sink.rows.lock().unwrap().contains_key(id);
+    assert!(has("during"), "written after the batch under way");
+    assert!(
+        sink.rows.lock().unwrap().len() > 3 * PRUNE_ROWS as usize,
+        "the prune is not over"
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(sink.rows.lock().unwrap().len(), 1, "every old row deleted");
+    assert_eq!(
+        sink.pruned_before.lock().unwrap().len(),
+        6,
+        "five full batches, then one that finds none"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prune_batch_past_the_write_timeout_is_retried_smaller() {
+    let sink = Arc::new(MemorySink::default());
+    old_rows(&sink, "old", 10, 1);
+    *sink.prune_takes.lock().unwrap() = WRITE_TIMEOUT + Duration::from_secs(1);
+    let s = LedgerSettings {
+        retention: Some(Duration::from_secs(1_000)),
+        ..settings(100)
+    };
+    let (buffer, _w) = start(&sink, s);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    buffer.record(row("during", 5));
+    // The database is fast again, but the batch under way still hangs.
+    *sink.prune_takes.lock().unwrap() = Duration::from_millis(10);
+    tokio::time::sleep(WRITE_TIMEOUT - Duration::from_secs(5) - Duration::from_millis(1)).await;
+    assert_eq!(sink.rows.lock().unwrap().len(), 10, "nothing deleted yet");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ids: Vec<String> = sink.rows.lock().unwrap().keys().cloned().collect();
+    assert_eq!(ids, ["during"], "given up at the timeout, then deleted by a smaller batch");
 }

@@ -19,7 +19,7 @@ fn a_batch_is_cut_into_the_few_cached_statement_sizes() {
 use super::*;
 use crate::ledger::query::{parse_date, Dimension, Period};
 
-/// A SQLite file in a temp dir with migration 0100 applied.
+/// A SQLite file in a temp dir with the ledger's migrations applied.
 async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
     sqlx::any::install_default_drivers();
     let dir = tempfile::tempdir().unwrap();
@@ -29,18 +29,20 @@ async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
         .connect(&url)
         .await
         .unwrap();
-    sqlx::raw_sql(include_str!(
-        "../../../migrations/sqlite/0100_spend_ledger.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
+    for migration in [
+        include_str!("../../../migrations/sqlite/0100_spend_ledger.sql"),
+        include_str!("../../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
+    ] {
+        sqlx::raw_sql(migration).execute(&pool).await.unwrap();
+    }
     (SqlLedger::new(pool, DbKind::Sqlite), dir)
 }
 
 fn row(id: &str, tenant: &str, ancestors: &[&str], model: &str, at: u64, cost: u64) -> SpendRow {
     SpendRow {
         reservation_id: id.into(),
+        request_id: format!("req-{id}"),
+        attempt: 1,
         at_micros: at,
         tenant: tenant.into(),
         ancestors: ancestors.iter().map(|a| Arc::<str>::from(*a)).collect(),
@@ -89,6 +91,7 @@ async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
         within: None,
         scope: None,
         top: None,
+        request_id: None,
     };
     let back = l.rows(&q, 10).await.unwrap();
     assert_eq!(back, rows, "stored literally, in time order");
@@ -117,6 +120,7 @@ async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
         within: Some("acme".into()),
         scope: None,
         top: None,
+        request_id: None,
     };
     let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
     let got: Vec<(String, Vec<String>, u64, u64)> = groups
@@ -173,6 +177,7 @@ async fn a_scope_matches_the_subtree_the_rows_recorded() {
         within: within.map(String::from),
         scope: scope.map(String::from),
         top: None,
+        request_id: None,
     };
     let ids = |rows: Vec<SpendRow>| {
         rows.into_iter()
@@ -198,12 +203,37 @@ async fn a_scope_matches_the_subtree_the_rows_recorded() {
 async fn rows_past_the_retention_are_deleted() {
     let (l, _dir) = ledger().await;
     l.write(&[
-        row("old", "t", &[], "m", 100, 1),
+        row("old-3", "t", &[], "m", 130, 1),
+        row("old-1", "t", &[], "m", 110, 1),
         row("new", "t", &[], "m", 200, 1),
+        row("old-2", "t", &[], "m", 120, 1),
+        row("edge", "t", &[], "m", 150, 1),
     ])
     .await
     .unwrap();
-    assert_eq!(l.prune(150).await.unwrap(), 1);
+    // In batches of at most two, oldest first; fewer than two: done.
+    assert_eq!(l.prune(150, 2).await.unwrap(), 2);
+    let left = |rows: Vec<SpendRow>| {
+        rows.into_iter()
+            .map(|r| r.reservation_id)
+            .collect::<Vec<_>>()
+    };
+    let all = SpendQuery {
+        group_by: vec![],
+        period: None,
+        from_micros: 0,
+        to_micros: 1_000,
+        within: None,
+        scope: None,
+        top: None,
+        request_id: None,
+    };
+    assert_eq!(
+        left(l.rows(&all, 10).await.unwrap()),
+        ["old-3", "edge", "new"]
+    );
+    assert_eq!(l.prune(150, 2).await.unwrap(), 1);
+    assert_eq!(l.prune(150, 2).await.unwrap(), 0);
     let q = SpendQuery {
         group_by: vec![],
         period: None,
@@ -212,6 +242,7 @@ async fn rows_past_the_retention_are_deleted() {
         within: None,
         scope: None,
         top: None,
+        request_id: None,
     };
     let ids: Vec<String> = l
         .rows(&q, 10)
@@ -220,5 +251,60 @@ async fn rows_past_the_retention_are_deleted() {
         .into_iter()
         .map(|r| r.reservation_id)
         .collect();
-    assert_eq!(ids, ["new"]);
+    assert_eq!(ids, ["edge", "new"]);
+}
+
+#[tokio::test]
+async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
+    let (l, _dir) = ledger().await;
+    let attempt = |id: &str, tenant: &str, ancestors: &[&str], request: &str, n: u32, at: u64| {
+        SpendRow {
+            request_id: request.into(),
+            attempt: n,
+            ..row(id, tenant, ancestors, "m", at, 1)
+        }
+    };
+    // One request of ml retried once; another tenant's client sent the
+    // same id; an unrelated request.
+    l.write(&[
+        attempt("r1", "ml", &["acme"], "client-7", 1, 100),
+        attempt("r2", "ml", &["acme"], "client-7", 2, 110),
+        attempt("r3", "other", &[], "client-7", 1, 120),
+        attempt("r4", "ml", &["acme"], "client-8", 1, 130),
+    ])
+    .await
+    .unwrap();
+    let q = |request: &str, scope: Option<&str>| SpendQuery {
+        group_by: vec![],
+        period: None,
+        from_micros: 0,
+        to_micros: 1_000,
+        within: None,
+        scope: scope.map(String::from),
+        top: None,
+        request_id: Some(request.into()),
+    };
+    let got = |rows: Vec<SpendRow>| {
+        rows.into_iter()
+            .map(|r| (r.reservation_id, r.attempt))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        got(l.rows(&q("client-7", None), 10).await.unwrap()),
+        [("r1".into(), 1), ("r2".into(), 2), ("r3".into(), 1)]
+    );
+    assert_eq!(
+        got(l.rows(&q("client-7", Some("acme")), 10).await.unwrap()),
+        [("r1".into(), 1), ("r2".into(), 2)],
+        "another tenant's request of the same id stays out"
+    );
+    assert_eq!(
+        got(l.rows(&q("client-7", Some("other")), 10).await.unwrap()),
+        [("r3".into(), 1)]
+    );
+    assert!(l.rows(&q("nobody", None), 10).await.unwrap().is_empty());
+    let totals = crate::ledger::query::spend(&*l, &q("client-7", Some("acme")))
+        .await
+        .unwrap();
+    assert_eq!(totals[0].totals.requests, 2);
 }
