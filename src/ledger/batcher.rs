@@ -72,8 +72,9 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
 
 /// Most rows one prune statement deletes: tens of milliseconds on SQLite
 /// (four indexes to update per row), so rows settled meanwhile wait that
-/// long at most. Halved after a batch that timed out.
-pub const PRUNE_ROWS: u64 = 2_000;
+/// long at most, while each batch's commit (a sync to disk) is shared by
+/// enough rows. Halved after a batch that timed out.
+pub const PRUNE_ROWS: u64 = 10_000;
 
 /// A prune under way: rows settled before `before` are being deleted.
 struct Pruning {

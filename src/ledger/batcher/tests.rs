@@ -286,6 +286,13 @@ async fn rows_past_the_retention_are_deleted() {
     );
 }
 
+/// A row settled now (the writer's clock), inside the retention.
+fn fresh(id: &str) -> SpendRow {
+    let mut r = row(id, 5);
+    r.at_micros = 10_000_000_000;
+    r
+}
+
 /// `n` rows settled at `at` µs, named `{prefix}{i}`.
 fn old_rows(sink: &MemorySink, prefix: &str, n: u64, at: u64) {
     let mut t = sink.rows.lock().unwrap();
@@ -309,7 +316,7 @@ async fn rows_settled_during_a_long_prune_are_written_between_its_batches() {
     };
     let (buffer, _w) = start(&sink, s);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    buffer.record(row("during", 5));
+    buffer.record(fresh("during"));
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let has = |id: &str| sink.rows.lock().unwrap().contains_key(id);
     assert!(has("during"), "written after the batch under way");
@@ -337,7 +344,7 @@ async fn a_prune_batch_past_the_write_timeout_is_retried_smaller() {
     };
     let (buffer, _w) = start(&sink, s);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    buffer.record(row("during", 5));
+    buffer.record(fresh("during"));
     // The database is fast again, but the batch under way still hangs.
     *sink.prune_takes.lock().unwrap() = Duration::from_millis(10);
     tokio::time::sleep(WRITE_TIMEOUT - Duration::from_secs(5) - Duration::from_millis(1)).await;
