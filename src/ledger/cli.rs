@@ -30,6 +30,10 @@ pub struct SpendArgs {
     /// Only this tenant and its descendants.
     #[arg(long)]
     pub tenant: Option<String>,
+    /// Only the request a client knows by this id (`x-request-id`): every
+    /// attempt of it, over all time unless `--from` or `--to` is given.
+    #[arg(long)]
+    pub request_id: Option<String>,
     /// Only the N largest groups by cost.
     #[arg(long)]
     pub top: Option<usize>,
@@ -62,6 +66,7 @@ pub async fn run(a: &SpendArgs) -> Result<String, String> {
     put("from", a.from.clone());
     put("to", a.to.clone());
     put("tenant", a.tenant.clone());
+    put("request_id", a.request_id.clone());
     put("top", a.top.map(|n| n.to_string()));
     put("limit", a.limit.map(|n| n.to_string()));
     put("format", a.csv.then(|| "csv".to_string()));

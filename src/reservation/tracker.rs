@@ -246,12 +246,7 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
     }
 }
 
-fn record_settlement(
-    report: &SettleReport,
-    id: &str,
-    s: &Settlement,
-    outcome: &SettleOutcome,
-) {
+fn record_settlement(report: &SettleReport, id: &str, s: &Settlement, outcome: &SettleOutcome) {
     // A retry after a lost reply answers AlreadySettled: the first attempt
     // applied it, and the ledger keeps one row per id.
     if let (Some(l), SettleOutcome::Settled { .. } | SettleOutcome::AlreadySettled) =

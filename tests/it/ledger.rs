@@ -492,7 +492,10 @@ async fn a_client_leaving_a_slow_settle_after_an_upstream_500_still_gets_the_ref
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     request.abort();
-    assert!(request.await.is_err_and(|e| e.is_cancelled()), "left before the answer");
+    assert!(
+        request.await.is_err_and(|e| e.is_cancelled()),
+        "left before the answer"
+    );
     // Long enough for the settle to land, were it still running.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while store.applied.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
@@ -612,7 +615,10 @@ async fn rows_name_the_request_and_attempt_and_a_request_id_is_looked_up_in_the_
             seen
         }
     };
-    assert_eq!(send(ML_KEY, "gpt-retried", Some("shared-7")).await, "shared-7");
+    assert_eq!(
+        send(ML_KEY, "gpt-retried", Some("shared-7")).await,
+        "shared-7"
+    );
     assert_eq!(send(KEY, "gpt-4o-mini", Some("shared-7")).await, "shared-7");
     let generated = send(KEY, "gpt-4o-mini", None).await;
     ledger_written(&gw).await;
@@ -650,14 +656,21 @@ async fn rows_name_the_request_and_attempt_and_a_request_id_is_looked_up_in_the_
     let all = rows_of(TOKEN.into(), "request_id=shared-7".into()).await;
     assert_eq!(
         summary(&all),
-        [row("ml", 1, "voided"), row("ml", 2, "answered"), row("t1", 1, "answered")]
+        [
+            row("ml", 1, "voided"),
+            row("ml", 2, "answered"),
+            row("t1", 1, "answered")
+        ]
     );
     let ids: BTreeSet<&str> = all
         .iter()
         .map(|r| r["reservation_id"].as_str().unwrap())
         .collect();
     assert_eq!(ids.len(), 3, "each reservation its own id: {all:?}");
-    assert!(!ids.contains("shared-7"), "a client id never names a reservation");
+    assert!(
+        !ids.contains("shared-7"),
+        "a client id never names a reservation"
+    );
     assert!(all.iter().all(|r| r["request_id"] == "shared-7"));
 
     // The gateway's own id is the first reservation's.

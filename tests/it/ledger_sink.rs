@@ -116,11 +116,18 @@ async fn written_twice_is_one_row(url: &str) {
     // The retention prune, in batches: rows 0..100 are past it.
     let before = 1_700_000_000_000_000 + 100;
     for want in [40, 40, 20, 0] {
-        assert_eq!(ledger.prune(before, 40).await.expect("prune"), want, "{url}");
+        assert_eq!(
+            ledger.prune(before, 40).await.expect("prune"),
+            want,
+            "{url}"
+        );
     }
     let left = ledger.rows(&q, 10_000).await.expect("read back");
     assert_eq!(left.len(), 300, "{url}");
-    assert_eq!(left[0].reservation_id, "r-00100", "{url}: the oldest went first");
+    assert_eq!(
+        left[0].reservation_id, "r-00100",
+        "{url}: the oldest went first"
+    );
 }
 
 #[tokio::test]
@@ -142,7 +149,9 @@ async fn rows_settled_while_a_million_rows_are_pruned_are_written_within_the_wri
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("c.db").display());
-    let db = Db::open(&url).await.expect("the database opens and migrates");
+    let db = Db::open(&url)
+        .await
+        .expect("the database opens and migrates");
     // The old rows in one statement: settled in the first second of 1970.
     let started = Instant::now();
     sqlx::query(
@@ -185,7 +194,10 @@ async fn rows_settled_while_a_million_rows_are_pruned_are_written_within_the_wri
     let mut pruned_in = None;
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        assert!(Instant::now() < deadline, "the prune did not end within 180 s");
+        assert!(
+            Instant::now() < deadline,
+            "the prune did not end within 180 s"
+        );
         let old_left = sqlx::query("SELECT 1 FROM spend_ledger WHERE at_micros < $1 LIMIT 1")
             .bind(1_000_000i64)
             .fetch_optional(db.pool())
@@ -243,5 +255,8 @@ async fn rows_settled_while_a_million_rows_are_pruned_are_written_within_the_wri
         .fetch_one(db.pool())
         .await
         .unwrap();
-    assert_eq!(rows as usize, during_prune, "every old row deleted, every new one kept");
+    assert_eq!(
+        rows as usize, during_prune,
+        "every old row deleted, every new one kept"
+    );
 }

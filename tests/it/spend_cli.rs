@@ -83,6 +83,14 @@ async fn budgetgate_spend_prints_the_ledgers_totals_and_rows_as_json_and_csv() {
     let rows = spend(&gw, &["--rows", "--csv", "--limit", "2"]).unwrap();
     assert_eq!(rows.lines().count(), 3, "a header and two rows: {rows}");
 
+    // One request by the id its client saw.
+    let all: Value = serde_json::from_str(&spend(&gw, &["--rows"]).unwrap()).unwrap();
+    let id = all["data"][1]["request_id"].as_str().unwrap().to_string();
+    let one: Value =
+        serde_json::from_str(&spend(&gw, &["--rows", "--request-id", &id]).unwrap()).unwrap();
+    assert_eq!(one["data"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["data"][0], all["data"][1]);
+
     let refused = spend(&gw, &["--group-by", "colour"]).unwrap_err();
     assert!(
         refused.contains("400") && refused.contains("group_by"),

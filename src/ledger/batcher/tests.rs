@@ -351,5 +351,9 @@ async fn a_prune_batch_past_the_write_timeout_is_retried_smaller() {
     assert_eq!(sink.rows.lock().unwrap().len(), 10, "nothing deleted yet");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let ids: Vec<String> = sink.rows.lock().unwrap().keys().cloned().collect();
-    assert_eq!(ids, ["during"], "given up at the timeout, then deleted by a smaller batch");
+    assert_eq!(
+        ids,
+        ["during"],
+        "given up at the timeout, then deleted by a smaller batch"
+    );
 }

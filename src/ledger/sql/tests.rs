@@ -257,13 +257,12 @@ async fn rows_past_the_retention_are_deleted() {
 #[tokio::test]
 async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
     let (l, _dir) = ledger().await;
-    let attempt = |id: &str, tenant: &str, ancestors: &[&str], request: &str, n: u32, at: u64| {
-        SpendRow {
+    let attempt =
+        |id: &str, tenant: &str, ancestors: &[&str], request: &str, n: u32, at: u64| SpendRow {
             request_id: request.into(),
             attempt: n,
             ..row(id, tenant, ancestors, "m", at, 1)
-        }
-    };
+        };
     // One request of ml retried once; another tenant's client sent the
     // same id; an unrelated request.
     l.write(&[
