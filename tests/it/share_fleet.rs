@@ -134,3 +134,158 @@ async fn weights_three_to_one_hold_on_three_serve_processes_with_leases_on() {
     println!("reservations decided from leases: {leased}");
     within_ten_percent(r);
 }
+
+mod probe {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    pub struct Rec {
+        pub light: bool,
+        pub gw: usize,
+        pub start: Duration,
+        pub end: Duration,
+        pub status: u16,
+        pub queued: u64,
+        pub tokens: u64,
+    }
+
+    pub async fn run(gws: &[String], clients: usize, load: Duration) -> Vec<Rec> {
+        let t0 = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let recs = Arc::new(Mutex::new(Vec::new()));
+        let client = reqwest::Client::new();
+        let mut tasks = Vec::new();
+        for light in [false, true] {
+            for i in 0..clients {
+                let (stop, recs, client, gws) =
+                    (stop.clone(), recs.clone(), client.clone(), gws.to_vec());
+                tasks.push(tokio::spawn(async move {
+                    let mut n = i;
+                    let key = if light { "sk-light" } else { "sk-heavy" };
+                    while !stop.load(Ordering::Relaxed) {
+                        let gw = n % gws.len();
+                        n += 1;
+                        let start = t0.elapsed();
+                        let r = client
+                            .post(format!("{}/chat/completions", gws[gw]))
+                            .bearer_auth(key)
+                            .json(&hi(40))
+                            .send()
+                            .await
+                            .expect("gateway reachable");
+                        let status = r.status().as_u16();
+                        let queued = header(&r, "x-budgetgate-queued-ms")
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        let body: serde_json::Value = r.json().await.unwrap_or_default();
+                        let tokens = body["usage"]["total_tokens"].as_u64().unwrap_or(0);
+                        recs.lock().unwrap().push(Rec {
+                            light,
+                            gw,
+                            start,
+                            end: t0.elapsed(),
+                            status,
+                            queued,
+                            tokens,
+                        });
+                    }
+                }));
+            }
+        }
+        tokio::time::sleep(load).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        let v = recs.lock().unwrap().clone();
+        v
+    }
+
+    pub fn report(recs: &[Rec], warm: Duration, max_wait: Duration) {
+        for light in [false, true] {
+            let mine: Vec<&Rec> = recs.iter().filter(|r| r.light == light).collect();
+            let mut worst_over = 0;
+            let mut max_wait_seen = Duration::ZERO;
+            for r in &mine {
+                if r.start < warm {
+                    continue;
+                }
+                let over = mine
+                    .iter()
+                    .filter(|o| o.start > r.start && o.end < r.end && o.status == 200)
+                    .count();
+                worst_over = worst_over.max(over);
+                max_wait_seen = max_wait_seen.max(r.end - r.start);
+            }
+            let refused: Vec<&&Rec> = mine.iter().filter(|r| r.status != 200).collect();
+            let per_gw: Vec<usize> = (0..GATEWAYS)
+                .map(|g| {
+                    mine.iter()
+                        .filter(|r| r.gw == g && r.status == 200 && r.end >= warm)
+                        .count()
+                })
+                .collect();
+            let tokens: u64 = mine
+                .iter()
+                .filter(|r| r.end >= warm)
+                .map(|r| r.tokens)
+                .sum();
+            println!("{} : tokens {tokens} refused {} worst overtaken {worst_over} max wait {max_wait_seen:?} per gw {per_gw:?}", if light {"light"} else {"heavy"}, refused.len());
+            for r in refused {
+                // share of light in the settled tokens during this one's wait
+                let during: Vec<&Rec> = recs
+                    .iter()
+                    .filter(|o| o.status == 200 && o.end > r.start && o.end < r.end)
+                    .collect();
+                let lt: u64 = during.iter().filter(|o| o.light).map(|o| o.tokens).sum();
+                let all: u64 = during.iter().map(|o| o.tokens).sum();
+                println!(
+                    "   refused {:?} light share during wait {:.3} (max wait {max_wait:?})",
+                    r,
+                    lt as f64 / all.max(1) as f64
+                );
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn probe_fleet() {
+        let clients: usize = std::env::var("P_CLIENTS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10);
+        let secs: u64 = std::env::var("P_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(15);
+        let wait_ms: i64 = std::env::var("P_WAIT")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10_000);
+        let tpm: u64 = std::env::var("P_TPM")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60_000);
+        let redis = RedisServer::start();
+        let (mut c, _mock) = fleet_config(&redis, "bgprobe").await;
+        c.queue
+            .as_mut()
+            .unwrap()
+            .classes
+            .insert("standard".into(), class(wait_ms));
+        let u = c.upstream("mock");
+        u.limits = limits().tpm(tpm).tpm_burst(tpm / 60);
+        let gws = in_process(&c).await;
+        let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+        let recs = run(&urls, clients, Duration::from_secs(secs)).await;
+        report(
+            &recs,
+            Duration::from_secs(3),
+            Duration::from_millis(wait_ms as u64),
+        );
+    }
+}
