@@ -13,11 +13,23 @@
 //! In-process gateways (whose stores never lease) and `budgetgate serve`
 //! processes (quota leases on, as by default).
 //!
+//! Order within a tenant (issue 36): with 10 clients a tenant, the light
+//! tenant's requests must be served about in the order they came,
+//! whichever gateway each waits at, and none may wait its whole
+//! `max_wait`. Faults guarded against: each gateway serving its own
+//! waiters of a tenant, so that the one at a gateway that loses the races
+//! for the refills waits while later ones of its tenant elsewhere pass it
+//! (overtaken by 8 to 15, some answered 429 after their whole `max_wait`).
+//!
 //! Run: `cargo test --test it share_fleet:: -- --nocapture --test-threads=1`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use budgetgate::config::raw::RawQueue;
 
-use super::queue_fairness::{class, tenant, weights_ratio};
+use super::queue_fairness::{class, tenant, weights_ratio, WARM_UP};
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
 
@@ -135,157 +147,140 @@ async fn weights_three_to_one_hold_on_three_serve_processes_with_leases_on() {
     within_ten_percent(r);
 }
 
-mod probe {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+/// One request as a client saw it.
+#[derive(Clone, Copy)]
+struct Sent {
+    light: bool,
+    started: Duration,
+    ended: Duration,
+    status: u16,
+    tokens: u64,
+}
 
-    use super::*;
-
-    #[derive(Clone, Debug)]
-    pub struct Rec {
-        pub light: bool,
-        pub gw: usize,
-        pub start: Duration,
-        pub end: Duration,
-        pub status: u16,
-        pub queued: u64,
-        pub tokens: u64,
-    }
-
-    pub async fn run(gws: &[String], clients: usize, load: Duration) -> Vec<Rec> {
-        let t0 = Instant::now();
-        let stop = Arc::new(AtomicBool::new(false));
-        let recs = Arc::new(Mutex::new(Vec::new()));
-        let client = reqwest::Client::new();
-        let mut tasks = Vec::new();
-        for light in [false, true] {
-            for i in 0..clients {
-                let (stop, recs, client, gws) =
-                    (stop.clone(), recs.clone(), client.clone(), gws.to_vec());
-                tasks.push(tokio::spawn(async move {
-                    let mut n = i;
-                    let key = if light { "sk-light" } else { "sk-heavy" };
-                    while !stop.load(Ordering::Relaxed) {
-                        let gw = n % gws.len();
-                        n += 1;
-                        let start = t0.elapsed();
-                        let r = client
-                            .post(format!("{}/chat/completions", gws[gw]))
-                            .bearer_auth(key)
-                            .json(&hi(40))
-                            .send()
-                            .await
-                            .expect("gateway reachable");
-                        let status = r.status().as_u16();
-                        let queued = header(&r, "x-budgetgate-queued-ms")
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0);
-                        let body: serde_json::Value = r.json().await.unwrap_or_default();
-                        let tokens = body["usage"]["total_tokens"].as_u64().unwrap_or(0);
-                        recs.lock().unwrap().push(Rec {
-                            light,
-                            gw,
-                            start,
-                            end: t0.elapsed(),
-                            status,
-                            queued,
-                            tokens,
-                        });
-                    }
-                }));
-            }
-        }
-        tokio::time::sleep(load).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            let _ = t.await;
-        }
-        let v = recs.lock().unwrap().clone();
-        v
-    }
-
-    pub fn report(recs: &[Rec], warm: Duration, max_wait: Duration) {
-        for light in [false, true] {
-            let mine: Vec<&Rec> = recs.iter().filter(|r| r.light == light).collect();
-            let mut worst_over = 0;
-            let mut max_wait_seen = Duration::ZERO;
-            for r in &mine {
-                if r.start < warm {
-                    continue;
+/// `clients` closed loops per tenant on `gws` (client `i` starts at
+/// gateway `i`, then takes the next each time) for `load`: every request.
+async fn every_request(gws: &[String], clients: usize, load: Duration) -> Vec<Sent> {
+    let t0 = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let client = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for light in [false, true] {
+        for i in 0..clients {
+            let (stop, sent, client, gws) =
+                (stop.clone(), sent.clone(), client.clone(), gws.to_vec());
+            tasks.push(tokio::spawn(async move {
+                let key = if light { "sk-light" } else { "sk-heavy" };
+                let mut n = i;
+                while !stop.load(Ordering::Relaxed) {
+                    let started = t0.elapsed();
+                    let r = client
+                        .post(format!("{}/chat/completions", gws[n % gws.len()]))
+                        .bearer_auth(key)
+                        .json(&hi(40))
+                        .send()
+                        .await
+                        .expect("gateway reachable");
+                    n += 1;
+                    let status = r.status().as_u16();
+                    let body: serde_json::Value = r.json().await.unwrap_or_default();
+                    let tokens = body["usage"]["total_tokens"].as_u64().unwrap_or(0);
+                    let ended = t0.elapsed();
+                    sent.lock().unwrap().push(Sent {
+                        light,
+                        started,
+                        ended,
+                        status,
+                        tokens,
+                    });
                 }
-                let over = mine
-                    .iter()
-                    .filter(|o| o.start > r.start && o.end < r.end && o.status == 200)
-                    .count();
-                worst_over = worst_over.max(over);
-                max_wait_seen = max_wait_seen.max(r.end - r.start);
-            }
-            let refused: Vec<&&Rec> = mine.iter().filter(|r| r.status != 200).collect();
-            let per_gw: Vec<usize> = (0..GATEWAYS)
-                .map(|g| {
-                    mine.iter()
-                        .filter(|r| r.gw == g && r.status == 200 && r.end >= warm)
-                        .count()
-                })
-                .collect();
-            let tokens: u64 = mine
-                .iter()
-                .filter(|r| r.end >= warm)
-                .map(|r| r.tokens)
-                .sum();
-            println!("{} : tokens {tokens} refused {} worst overtaken {worst_over} max wait {max_wait_seen:?} per gw {per_gw:?}", if light {"light"} else {"heavy"}, refused.len());
-            for r in refused {
-                // share of light in the settled tokens during this one's wait
-                let during: Vec<&Rec> = recs
-                    .iter()
-                    .filter(|o| o.status == 200 && o.end > r.start && o.end < r.end)
-                    .collect();
-                let lt: u64 = during.iter().filter(|o| o.light).map(|o| o.tokens).sum();
-                let all: u64 = during.iter().map(|o| o.tokens).sum();
-                println!(
-                    "   refused {:?} light share during wait {:.3} (max wait {max_wait:?})",
-                    r,
-                    lt as f64 / all.max(1) as f64
-                );
-            }
+            }));
         }
     }
+    tokio::time::sleep(load).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let all = sent.lock().unwrap().clone();
+    all
+}
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn probe_fleet() {
-        let clients: usize = std::env::var("P_CLIENTS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(10);
-        let secs: u64 = std::env::var("P_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(15);
-        let wait_ms: i64 = std::env::var("P_WAIT")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(10_000);
-        let tpm: u64 = std::env::var("P_TPM")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(60_000);
-        let redis = RedisServer::start();
-        let (mut c, _mock) = fleet_config(&redis, "bgprobe").await;
-        c.queue
-            .as_mut()
-            .unwrap()
-            .classes
-            .insert("standard".into(), class(wait_ms));
-        let u = c.upstream("mock");
-        u.limits = limits().tpm(tpm).tpm_burst(tpm / 60);
-        let gws = in_process(&c).await;
-        let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
-        let recs = run(&urls, clients, Duration::from_secs(secs)).await;
-        report(
-            &recs,
-            Duration::from_secs(3),
-            Duration::from_millis(wait_ms as u64),
+/// Of the tenant's requests started after the warm-up: the most later
+/// ones of its tenant answered before one was, the longest time one took,
+/// and the refused ones.
+fn order_of(all: &[Sent], light: bool) -> (usize, Duration, Vec<Sent>) {
+    let mine: Vec<&Sent> = all.iter().filter(|s| s.light == light).collect();
+    let counted = || mine.iter().filter(|s| s.started >= WARM_UP);
+    let overtaken = counted()
+        .map(|s| {
+            mine.iter()
+                .filter(|o| o.started > s.started && o.ended < s.ended && o.status == 200)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    let longest = counted().map(|s| s.ended - s.started).max().unwrap_or_default();
+    let refused = counted().filter(|s| s.status != 200).map(|s| **s).collect();
+    (overtaken, longest, refused)
+}
+
+/// The issue's fleet (three gateways, 60,000 tpm, weights 3 : 1, 10
+/// clients each) with `max_wait` scaled down from its 10 s to 4 s: a light
+/// request's turn comes about every 2 s (10 clients, about 5 of its
+/// requests a second), so served in order none waits near 4 s (measured
+/// at most 2.96 s in 9 runs), while each gateway serving its own waiters
+/// took 3.6 to 4.8 s (429s in 2 runs of 4) and let 8 to 15 later requests
+/// of the tenant pass one. One 9 s window thus tests more than the issue's
+/// ten 15 s runs at 10 s, which failed in 6 of 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_tenants_requests_are_served_in_order_across_the_fleet_and_none_waits_out_its_max_wait() {
+    const MAX_WAIT: Duration = Duration::from_secs(4);
+    let redis = RedisServer::start();
+    let (mut c, _mock) = fleet_config(&redis, "bgorder").await;
+    c.queue = Some(RawQueue {
+        classes: [("standard".to_string(), class(MAX_WAIT.as_millis() as i64))]
+            .into_iter()
+            .collect(),
+        ..RawQueue::default()
+    });
+    let gws = in_process(&c).await;
+    let urls: Vec<String> = gws.iter().map(|g| g.base_url()).collect();
+    let all = every_request(&urls, 10, WARM_UP + Duration::from_secs(9)).await;
+    let (light_passed, light_longest, light_refused) = order_of(&all, true);
+    let (heavy_passed, heavy_longest, heavy_refused) = order_of(&all, false);
+    let tokens = |light: bool| -> u64 {
+        let counted = all.iter().filter(|s| s.light == light && s.ended >= WARM_UP);
+        counted.map(|s| s.tokens).sum()
+    };
+    println!(
+        "fleet order, 10 clients a tenant, max_wait {MAX_WAIT:?}: light passed by at most {light_passed} later requests, longest {light_longest:?}, {} refused; heavy passed by at most {heavy_passed}, longest {heavy_longest:?}, {} refused; settled tokens {} : {}",
+        light_refused.len(),
+        heavy_refused.len(),
+        tokens(false),
+        tokens(true),
+    );
+    for s in &light_refused {
+        // Its tenant's share of what was settled while it waited.
+        let during = all.iter().filter(|o| o.status == 200 && o.ended > s.started && o.ended < s.ended);
+        let (light, total) = during.fold((0, 0), |(l, t), o| {
+            (l + if o.light { o.tokens } else { 0 }, t + o.tokens)
+        });
+        println!(
+            "light refused {} after {:?}; light's share meanwhile {:.3}",
+            s.status,
+            s.ended - s.started,
+            light as f64 / total.max(1) as f64
         );
     }
+    assert!(
+        light_refused.is_empty() && heavy_refused.is_empty(),
+        "a request waited out its max_wait"
+    );
+    // DESIGN §11 ("Order within a tenant"): the store orders the waiters it
+    // has seen; one not yet seen may be passed by a few.
+    assert!(
+        light_passed <= 5,
+        "a light request was passed by {light_passed} later ones of its tenant"
+    );
 }
