@@ -33,7 +33,7 @@ use super::route::Attempts;
 use crate::queue::class::WAITER_OVERHEAD_BYTES;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
-use crate::reserve::share::{ClaimOrder, ShareClaim};
+use crate::reserve::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
@@ -307,8 +307,9 @@ fn place(cx: &mut RequestContext, since: Option<Instant>, until: Option<Instant>
     }
 }
 
+/// `d` in µs, within what a claim's order may carry (`claim_of`).
 fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+    u64::try_from(d.as_micros()).map_or(MAX_WAITER_ID, |m| m.min(MAX_WAITER_ID))
 }
 
 /// A request that waited (`since`: when it first joined a line) leaves

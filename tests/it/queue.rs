@@ -222,11 +222,8 @@ async fn a_refusal_after_a_wait_says_how_long_it_waited_and_counts_as_a_timeout(
         "x-budgetgate-queued-ms {queued} after {took:?}"
     );
     assert_eq!(
-        gw.metric(
-            "budgetgate_queue_timeouts_total",
-            &[("class", "standard")]
-        )
-        .await,
+        gw.metric("budgetgate_queue_timeouts_total", &[("class", "standard")])
+            .await,
         1.0,
         "counted as a timeout"
     );
@@ -239,7 +236,11 @@ async fn a_refusal_after_a_wait_says_how_long_it_waited_and_counts_as_a_timeout(
         if let Some(l) = found {
             break l;
         }
-        assert!(Instant::now() < deadline, "no final line: {}", gw.dump_logs());
+        assert!(
+            Instant::now() < deadline,
+            "no final line: {}",
+            gw.dump_logs()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(
