@@ -8,10 +8,13 @@
 //! line without a store call (it does not overtake the waiters); while no
 //! one waits anywhere, this phase adds one atomic load to admit.
 //!
-//! A request that may wait carries a share claim (tenant, class, weight) on
-//! every reservation: the store weighs it against the waiters of every
-//! gateway on a contended deployment (`reserve::share`), and a refusal
-//! held back for share moves the turn to another tenant's waiter.
+//! A request that may wait carries a share claim (tenant, class, weight,
+//! and its place in its tenant's order: how long it has waited, what is
+//! left) on every reservation: the store weighs it against the waiters of
+//! every gateway on a contended deployment and serves each tenant's
+//! oldest first (`reserve::share`), and a refusal held back for share
+//! moves the turn to another tenant's waiter. Every way out after a wait
+//! notes it (`left_queue`): header, final line, metrics.
 //!
 //! A waiter holds no reservation: it reserves through [`admit::admit`]
 //! when the line gives it the turn. When its time runs out it leaves the

@@ -34,6 +34,12 @@
 //!   its lead, at most [`GAP_STEPS`] steps above the least lead; a tenant
 //!   new to the state starts at the least lead (no credit saved up). Then
 //!   every lead is lowered by the least one, so the least is 0.
+//! - Order within a tenant: a claim may carry its waiter's place
+//!   ([`ClaimOrder`]); the entry keeps the tenant's *first waiter* seen
+//!   refused (lowest rank, then earliest start, dated by the store's clock
+//!   from the claim's wait), and holds back the tenant's claims behind it
+//!   alike. It lives [`ACTIVE_MICROS`] after its latest refusal, never past
+//!   its deadline; its admission or its last attempt frees the place.
 //! - A refusal held back for share names the time the claim's cost refills
 //!   on the deployment's first token bucket (else [`SHARE_RETRY_MICROS`]):
 //!   by then the tenant behind has had its turn.
