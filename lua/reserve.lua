@@ -44,7 +44,8 @@
 --                by candidate, C × ncommon packed doubles): a common budget
 --                priced per deployment (dollars)
 -- ARGV[10+C+2N]  '' without a share claim, else its words: tenant, class
---                rank, step (lead units, src/reserve/share.rs), then the
+--                rank, step (lead units, src/reserve/share.rs), its order
+--                (waiter id, 0: none; waited µs; left µs), then the
 --                1-based numbers of the candidates whose share key follows
 --
 -- Reply (every element a string; sent as one string of space-separated
@@ -250,10 +251,10 @@ local function reserve(KEYS, ARGV)
   -- Parsed only when some share state exists, or when a refusal records
   -- one (before any write): an uncontended call reads its keys and no more.
   local share_arg = ARGV[T + 2 * nspec + 2]
-  local SH, claim_t, claim_r, claim_step = nil, nil, nil, nil
+  local SH, claim_t, claim_r, claim_step, claim_o = nil, nil, nil, nil, nil
   for j = q + 1, #KEYS do
     if raw[KEYS[j]] then
-      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+      SH, claim_t, claim_r, claim_step, claim_o = share_claim(share_arg, KEYS, q)
       break
     end
   end
@@ -269,7 +270,7 @@ local function reserve(KEYS, ARGV)
   -- (whose budgets all admit it): share.lua's share_refusal.
   local function share_check(c)
     local E = share_read(raw[SH[c]], now)
-    if #E == 0 or not share_holds_back(E, claim_t, claim_r, now) then
+    if #E == 0 or not share_holds_back(E, claim_t, claim_r, claim_o, now) then
       return nil
     end
     local pick = share_named(V, LO[c], HI[c])
@@ -426,7 +427,7 @@ local function reserve(KEYS, ARGV)
       if SH ~= nil and SH[c] ~= nil then
         local E = share_read(raw[SH[c]], now)
         if #E > 0 then
-          share_admitted(SH[c], E, claim_t, claim_r, claim_step, now)
+          share_admitted(SH[c], E, claim_t, claim_r, claim_step, claim_o, now)
         end
       end
       return admit(c - 1, LO[c], HI[c])
@@ -441,13 +442,13 @@ local function reserve(KEYS, ARGV)
   end
   if best_denial ~= nil then
     if SH == nil and #contended > 0 then
-      SH, claim_t, claim_r, claim_step = share_claim(share_arg, KEYS, q)
+      SH, claim_t, claim_r, claim_step, claim_o = share_claim(share_arg, KEYS, q)
     end
     adopt_policies(V, KEYS, nspec, now)
     if SH ~= nil then
       for _, c in ipairs(contended) do
         if SH[c] ~= nil then
-          share_refused(SH[c], share_read(raw[SH[c]], now), claim_t, claim_r, now)
+          share_refused(SH[c], share_read(raw[SH[c]], now), claim_t, claim_r, claim_o, now)
         end
       end
     end

@@ -8,10 +8,13 @@
 //! line without a store call (it does not overtake the waiters); while no
 //! one waits anywhere, this phase adds one atomic load to admit.
 //!
-//! A request that may wait carries a share claim (tenant, class, weight) on
-//! every reservation: the store weighs it against the waiters of every
-//! gateway on a contended deployment (`reserve::share`), and a refusal
-//! held back for share moves the turn to another tenant's waiter.
+//! A request that may wait carries a share claim (tenant, class, weight,
+//! and its place in its tenant's order: how long it has waited, what is
+//! left) on every reservation: the store weighs it against the waiters of
+//! every gateway on a contended deployment and serves each tenant's
+//! oldest first (`reserve::share`), and a refusal held back for share
+//! moves the turn to another tenant's waiter. Every way out after a wait
+//! notes it (`left_queue`): header, final line, metrics.
 //!
 //! A waiter holds no reservation: it reserves through [`admit::admit`]
 //! when the line gives it the turn. When its time runs out it leaves the
@@ -33,7 +36,7 @@ use super::route::Attempts;
 use crate::queue::class::WAITER_OVERHEAD_BYTES;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
-use crate::reserve::share::ShareClaim;
+use crate::reserve::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
 use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
@@ -137,6 +140,11 @@ pub async fn admit<'p>(
         tenant: request.plan.requester.tenant.clone(),
         rank: asked.class.index() as u8,
         weight,
+        order: Some(ClaimOrder {
+            id: ClaimOrder::new_id(),
+            waited_micros: 0,
+            left_micros: micros(asked.max_wait).max(1),
+        }),
     });
     let joining = |spec: &BudgetSpec, refused: Option<Duration>, held_for_share| Joining {
         class: asked.class,
@@ -169,12 +177,16 @@ pub async fn admit<'p>(
                 .and_then(|k| keys.iter().find(|s| &s.key == k).copied())
         };
         if let Some(spec) = busy {
+            // Joined without a store call: the Retry-After of a full queue
+            // is the line's own retry time.
+            let retry = queue.line_retry(&spec.key);
             ticket = Some(join(
                 cx,
                 spec.key.clone(),
                 joining(spec, None, false),
                 policy,
-                1_000_000,
+                retry,
+                None,
             )?);
             deadline = Some(Instant::now() + asked.max_wait);
             since = Some(Instant::now());
@@ -183,34 +195,31 @@ pub async fn admit<'p>(
     loop {
         if let (Some(t), Some(until)) = (&ticket, deadline) {
             if let Err(ended) = t.turn(until).await {
-                let waited = since.unwrap_or_else(|| t.joined()).elapsed();
                 drop(ticket.take());
-                note_wait(cx, waited);
                 return match ended {
-                    Ended::Closed => Err(ApiError::ShuttingDown),
+                    Ended::Closed => {
+                        note_wait(cx, since);
+                        Err(ApiError::ShuttingDown)
+                    }
                     Ended::Deadline => {
-                        metrics::timed_out(asked.class, waited.as_secs_f64());
-                        tracing::info!(
-                            tenant,
-                            class = asked.class.as_str(),
-                            waited_ms = waited.as_millis() as u64,
-                            "queue wait timed out"
-                        );
-                        admit::admit(cx, request, candidates, attempts).await
+                        // The last attempt, outside the line: it gives up
+                        // its tenant's place in the store's order too.
+                        place(cx, since, Some(until), true);
+                        let result = admit::admit(cx, request, candidates, attempts).await;
+                        left_queue(cx, tenant, asked.class, since, &result, true);
+                        result
                     }
                 };
             }
         }
+        place(cx, since, deadline, false);
         let result = admit::admit(cx, request, candidates.clone(), attempts).await;
         let (denial, hint) = match &result {
             Ok(_) => {
                 if let Some(t) = ticket.take() {
-                    let joined = since.unwrap_or_else(|| t.joined());
                     t.admitted();
-                    let waited = joined.elapsed();
-                    metrics::admitted(asked.class, waited.as_secs_f64());
-                    note_wait(cx, waited);
                 }
+                left_queue(cx, tenant, asked.class, since, &result, false);
                 return result;
             }
             Err(ApiError::RateLimited {
@@ -218,7 +227,10 @@ pub async fn admit<'p>(
                 concurrency_hint_micros,
                 ..
             }) => (denial, *concurrency_hint_micros),
-            Err(_) => return result,
+            Err(_) => {
+                left_queue(cx, tenant, asked.class, since, &result, false);
+                return result;
+            }
         };
         let wait = if denial.name == BudgetName::MaxConcurrent {
             hint
@@ -249,9 +261,12 @@ pub async fn admit<'p>(
         let until = deadline.unwrap_or_else(|| Instant::now() + asked.max_wait);
         let left = until.saturating_duration_since(Instant::now());
         let (Some(spec), false) = (spec, queue.is_closed()) else {
+            left_queue(cx, tenant, asked.class, since, &result, false);
             return result;
         };
         if wait >= left {
+            // Its time runs out before the refusing budget would fit it.
+            left_queue(cx, tenant, asked.class, since, &result, true);
             return result;
         }
         if same_line {
@@ -263,13 +278,13 @@ pub async fn admit<'p>(
         if let Some(t) = ticket.take() {
             t.leave(true);
         }
-        let micros = wait.as_micros() as u64;
         match join(
             cx,
             spec.key.clone(),
             joining(spec, Some(wait), held),
             policy,
-            micros,
+            Some(wait),
+            since,
         ) {
             Ok(t) => ticket = Some(t),
             Err(full) => return Err(full),
@@ -279,24 +294,87 @@ pub async fn admit<'p>(
     }
 }
 
-/// Joins the line of `key`, or the 429 `queue_full` with `retry_micros`.
+/// Sets the share claim's order for the next attempt: how long the
+/// request has waited and what is left of its `max_wait` (0 on its
+/// `last` attempt).
+fn place(cx: &mut RequestContext, since: Option<Instant>, until: Option<Instant>, last: bool) {
+    let Some(o) = cx.share.as_mut().and_then(|c| c.order.as_mut()) else {
+        return;
+    };
+    let now = Instant::now();
+    o.waited_micros = since.map_or(0, |s| micros(now.saturating_duration_since(s)));
+    if last {
+        o.left_micros = 0;
+    } else if let Some(u) = until {
+        o.left_micros = micros(u.saturating_duration_since(now)).max(1);
+    }
+}
+
+/// `d` in µs, within what a claim's order may carry (`claim_of`).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).map_or(MAX_WAITER_ID, |m| m.min(MAX_WAITER_ID))
+}
+
+/// A request that waited (`since`: when it first joined a line) leaves
+/// the queue with `result`: the wait goes on its response and final line
+/// whatever the answer; an admission and a refusal because its time ran
+/// out (`timed_out`) are counted.
+fn left_queue<T>(
+    cx: &mut RequestContext,
+    tenant: &str,
+    class: Class,
+    since: Option<Instant>,
+    result: &Result<T, ApiError>,
+    timed_out: bool,
+) {
+    let Some(since) = since else {
+        return;
+    };
+    let waited = since.elapsed();
+    note_wait(cx, Some(since));
+    match result {
+        Ok(_) => metrics::admitted(class, waited.as_secs_f64()),
+        Err(ApiError::RateLimited { .. }) if timed_out => {
+            metrics::timed_out(class, waited.as_secs_f64());
+            tracing::info!(
+                tenant,
+                class = class.as_str(),
+                waited_ms = waited.as_millis() as u64,
+                "queue wait timed out"
+            );
+        }
+        Err(_) => {}
+    }
+}
+
+/// Joins the line of `key`, or the 429 `queue_full` retrying after
+/// `retry` (the refusal's, else the line's retry time; else 1 s). A
+/// request that waited already (`since`) has its wait noted.
 fn join(
-    cx: &RequestContext,
+    cx: &mut RequestContext,
     key: std::sync::Arc<str>,
     j: Joining,
     policy: &QueuePolicy,
-    retry_micros: u64,
+    retry: Option<Duration>,
+    since: Option<Instant>,
 ) -> Result<Ticket, ApiError> {
     let class = j.class;
-    cx.st.queue.join(key, j, policy).map_err(|why| {
+    let joined = cx.st.queue.join(key, j, policy);
+    joined.map_err(|why| {
         metrics::full(class);
         tracing::info!(class = class.as_str(), full = ?why, "wait queue full");
+        note_wait(cx, since);
         ApiError::QueueFull {
-            retry_after_micros: retry_micros.max(1),
+            retry_after_micros: retry.map_or(1_000_000, micros).max(1),
         }
     })
 }
 
-fn note_wait(cx: &mut RequestContext, waited: Duration) {
-    cx.finish.queued_ms = Some(waited.as_millis() as u64);
+/// The request's wait so far goes on its response and final line (added
+/// to an earlier one: a clamped retry may wait again).
+fn note_wait(cx: &mut RequestContext, since: Option<Instant>) {
+    if let Some(since) = since {
+        let ms = since.elapsed().as_millis() as u64;
+        cx.finish.queued_ms = Some(cx.finish.queued_ms.unwrap_or(0) + ms);
+    }
 }

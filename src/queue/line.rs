@@ -101,6 +101,8 @@ pub struct Line {
     turn: Option<Turn>,
     /// When the store's latest refusal said the head would fit.
     retry_at: Option<Instant>,
+    /// The wait the latest refusal in this line named.
+    last_wait: Option<Duration>,
     /// Capacity came back while a turn's reservation was in flight.
     returned_while_running: bool,
     /// No starvation turn before this.
@@ -122,6 +124,7 @@ impl Line {
             tenants: HashMap::new(),
             turn: None,
             retry_at: None,
+            last_wait: None,
             returned_while_running: false,
             next_starve: None,
             max_starve,
@@ -162,6 +165,9 @@ impl Line {
         if entry.class == Class::Batch {
             self.batch_by_age.insert((entry.joined, id));
         }
+        if refused.is_some() {
+            self.last_wait = refused;
+        }
         match refused {
             Some(wait) if held_for_share => {
                 self.held.insert(entry.tenant.clone(), now + wait);
@@ -171,6 +177,16 @@ impl Line {
         }
         self.waiting.insert(id, Waiting { entry, tag });
         self.reschedule(now)
+    }
+
+    /// How long until the line's head may fit (a `queue_full` answer's
+    /// Retry-After): what is left of the latest refusal's retry time, else
+    /// (the head tries now) the wait that refusal named.
+    pub fn retry_after(&self, now: Instant) -> Option<Duration> {
+        match self.retry_at {
+            Some(at) if at > now => Some(at - now),
+            _ => self.last_wait,
+        }
     }
 
     /// What waiter `id` may do at `now`.
@@ -217,6 +233,7 @@ impl Line {
         if let Some(w) = self.waiting.get_mut(&id) {
             w.entry.tried = true;
         }
+        self.last_wait = Some(retry_after);
         self.retry_at = Some(if self.returned_while_running {
             now
         } else {
@@ -237,6 +254,7 @@ impl Line {
             w.entry.tried = true;
             self.held.insert(w.entry.tenant.clone(), now + retry_after);
         }
+        self.last_wait = Some(retry_after);
         self.retry_at = None;
         self.returned_while_running = false;
         self.reschedule(now)
@@ -309,12 +327,18 @@ impl Line {
                 .and_then(|w| self.held.get(&w.entry.tenant))
                 .is_some_and(|until| *until > now)
         };
-        // The best waiter of a tenant not held back, else the best of all
-        // (its turn then comes when its tenant's hold ends).
+        // The best waiter of a tenant not held back; else, in the highest
+        // class waiting, the one whose tenant's hold ends first (its turn
+        // comes then: a tenant released sooner is not kept waiting behind
+        // one held longer).
         self.by_tag
             .iter()
             .find_map(|s| s.iter().find(|(_, id)| !held(id)))
-            .or_else(|| self.by_tag.iter().find_map(|s| s.first()))
+            .or_else(|| {
+                let s = self.by_tag.iter().find(|s| !s.is_empty())?;
+                s.iter()
+                    .min_by_key(|&&(tag, id)| (self.held_until(id, now), tag))
+            })
             .map(|&(_, id)| (id, false))
     }
 

@@ -281,3 +281,67 @@ fn a_tenant_held_back_for_share_lets_another_tenant_try_at_once_and_tries_again_
     );
     assert_eq!(line.my_turn(4), MyTurn::Now);
 }
+
+#[test]
+fn with_every_tenant_held_back_the_one_released_first_gets_the_turn() {
+    let now = Instant::now();
+    let mut line = Line::new(None);
+    // "heavy" has the smaller tags, so it would come first by tag.
+    line.join(
+        1,
+        entry(Class::Standard, "heavy", 3, 30, now),
+        None,
+        false,
+        now,
+    );
+    line.join(
+        2,
+        entry(Class::Standard, "light", 1, 30, now),
+        None,
+        false,
+        now,
+    );
+    assert!(line.begin(1, now));
+    line.held_back(1, Duration::from_millis(200), now);
+    assert!(line.begin(2, now), "light tries at once");
+    line.held_back(2, Duration::from_millis(50), now);
+    assert_eq!(
+        line.my_turn(2),
+        MyTurn::At(now + Duration::from_millis(50)),
+        "light's hold ends first: its turn comes then, not after heavy's"
+    );
+    assert_eq!(line.my_turn(1), MyTurn::No);
+}
+
+#[test]
+fn the_line_retry_time_is_what_is_left_of_its_latest_refusal() {
+    let now = Instant::now();
+    let mut line = Line::new(None);
+    assert_eq!(line.retry_after(now), None);
+    line.join(
+        1,
+        entry(Class::Standard, "a", 1, 30, now),
+        Some(Duration::from_millis(700)),
+        false,
+        now,
+    );
+    assert_eq!(
+        line.retry_after(now + Duration::from_millis(200)),
+        Some(Duration::from_millis(500))
+    );
+    assert!(line.begin(1, now + Duration::from_millis(700)));
+    line.refused(
+        1,
+        Duration::from_millis(300),
+        now + Duration::from_millis(700),
+    );
+    assert_eq!(
+        line.retry_after(now + Duration::from_millis(700)),
+        Some(Duration::from_millis(300))
+    );
+    // Its time has come (the head tries now): the wait it last named.
+    assert_eq!(
+        line.retry_after(now + Duration::from_secs(5)),
+        Some(Duration::from_millis(300))
+    );
+}

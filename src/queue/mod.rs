@@ -107,6 +107,13 @@ impl Queue {
         self.lock().lines.get(key).map_or(0, Line::len)
     }
 
+    /// When the line of `key` expects its budget to fit its head (the
+    /// latest refusal's retry time), if it has one.
+    pub fn line_retry(&self, key: &str) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        self.lock().lines.get(key).and_then(|l| l.retry_after(now))
+    }
+
     /// The first of `keys` whose line has waiters.
     pub fn busy_line<'k>(
         &self,

@@ -34,6 +34,12 @@
 //!   its lead, at most [`GAP_STEPS`] steps above the least lead; a tenant
 //!   new to the state starts at the least lead (no credit saved up). Then
 //!   every lead is lowered by the least one, so the least is 0.
+//! - Order within a tenant: a claim may carry its waiter's place
+//!   ([`ClaimOrder`]); the entry keeps the tenant's *first waiter* seen
+//!   refused (lowest rank, then earliest start, dated by the store's clock
+//!   from the claim's wait), and holds back the tenant's claims behind it
+//!   alike. It lives [`ACTIVE_MICROS`] after its latest refusal, never past
+//!   its deadline; its admission or its last attempt frees the place.
 //! - A refusal held back for share names the time the claim's cost refills
 //!   on the deployment's first token bucket (else [`SHARE_RETRY_MICROS`]):
 //!   by then the tenant behind has had its turn.
@@ -70,6 +76,8 @@ pub const GAP_STEPS: u64 = 64;
 pub const SHARE_RETRY_MICROS: u64 = 10_000;
 /// Highest weight (the config's bound).
 pub const MAX_WEIGHT: u64 = 1_000_000;
+/// Highest waiter id (2^53 − 1).
+pub const MAX_WAITER_ID: u64 = (1 << 53) - 1;
 
 /// Who claims a share of a contended deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +88,29 @@ pub struct ShareClaim {
     pub rank: u8,
     /// Weight, 1 ..= [`MAX_WEIGHT`].
     pub weight: u64,
+    /// The request's place among its tenant's waiters (`None`: it keeps
+    /// none, and no tenant order holds it back).
+    pub order: Option<ClaimOrder>,
+}
+
+/// A claim's place in its tenant's fleet-wide order: oldest waiter first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimOrder {
+    /// The waiter, 1 ..= [`MAX_WAITER_ID`] (gateway-made, random).
+    pub id: u64,
+    /// How long it has waited so far, µs (0: not yet). The store dates it
+    /// by its own clock from this, so gateways' clocks never meet.
+    pub waited_micros: u64,
+    /// What is left of its `max_wait`, µs (0: this is its last attempt;
+    /// it is held back by no one and gives up its place).
+    pub left_micros: u64,
+}
+
+impl ClaimOrder {
+    /// A new waiter's id: random, below 2^53 (exact in Lua), never 0.
+    pub fn new_id() -> u64 {
+        (uuid::Uuid::new_v4().as_u64_pair().0 & MAX_WAITER_ID).max(1)
+    }
 }
 
 impl ShareClaim {
@@ -95,6 +126,13 @@ pub fn claim_of(req: &ReserveRequest) -> Option<&ShareClaim> {
     req.share
         .as_ref()
         .filter(|c| is_valid_id(&c.tenant) && c.rank <= 2)
+        .filter(|c| {
+            c.order.is_none_or(|o| {
+                (1..=MAX_WAITER_ID).contains(&o.id)
+                    && o.waited_micros <= MAX_WAITER_ID
+                    && o.left_micros <= MAX_WAITER_ID
+            })
+        })
 }
 
 /// The share key of a candidate deployment: next to its first non-shadow
@@ -146,11 +184,33 @@ pub struct ShareEntry {
     pub admitted: u64,
     /// Refused since its last admission.
     pub pending: bool,
+    /// Its first waiter in order of service that the store has seen
+    /// refused: no other claim of the tenant behind it is admitted first.
+    pub first: Option<FirstWaiter>,
+}
+
+/// A tenant's first waiter (lowest rank, then oldest) seen refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstWaiter {
+    /// Its class rank.
+    pub rank: u8,
+    /// When it began waiting, UTC µs (store clock).
+    pub since: u64,
+    /// Its id ([`ClaimOrder::id`]).
+    pub id: u64,
+    /// It holds its place until then, UTC µs: [`ACTIVE_MICROS`] after its
+    /// latest refusal, never past its deadline (a waiter gone away frees
+    /// its tenant's order by then).
+    pub until: u64,
 }
 
 impl ShareEntry {
     fn seen(&self) -> u64 {
         self.waited.max(self.admitted)
+    }
+
+    fn first_at(&self, now: u64) -> Option<FirstWaiter> {
+        self.first.filter(|f| f.until > now)
     }
 }
 
@@ -165,6 +225,9 @@ impl ShareState {
     /// Drops the entries not seen within [`ACTIVE_MICROS`] of `now`.
     pub fn live(&mut self, now: u64) {
         self.entries.retain(|e| e.seen() + ACTIVE_MICROS > now);
+        for e in &mut self.entries {
+            e.first = e.first_at(now);
+        }
     }
 
     /// True when no entry is left.
@@ -184,17 +247,31 @@ impl ShareState {
     }
 
     /// True when `claim` must leave the capacity at `now` to a pending
-    /// tenant of a higher class, or a backlogged one of its class behind it.
+    /// tenant of a higher class, a backlogged one of its class behind it,
+    /// or a waiter of its own tenant ahead of it.
     pub fn holds_back(&self, claim: &ShareClaim, now: u64) -> bool {
         let lead = self.lead_of(&claim.tenant);
         self.entries.iter().any(|e| {
-            *e.tenant != *claim.tenant
-                && ((e.rank < claim.rank && e.pending)
-                    || (e.rank == claim.rank
-                        && e.waited > 0
-                        && e.waited + ACTIVE_MICROS > now
-                        && e.lead < lead))
+            if *e.tenant == *claim.tenant {
+                return Self::behind_first(e, claim, now);
+            }
+            (e.rank < claim.rank && e.pending)
+                || (e.rank == claim.rank
+                    && e.waited > 0
+                    && e.waited + ACTIVE_MICROS > now
+                    && e.lead < lead)
         })
+    }
+
+    /// `claim` comes after its tenant's first waiter (`e`'s): a lower rank,
+    /// or the same and an earlier start. A last attempt never waits.
+    fn behind_first(e: &ShareEntry, claim: &ShareClaim, now: u64) -> bool {
+        let (Some(o), Some(f)) = (claim.order, e.first_at(now)) else {
+            return false;
+        };
+        o.left_micros > 0
+            && f.id != o.id
+            && (f.rank, f.since) < (claim.rank, now.saturating_sub(o.waited_micros))
     }
 
     fn entry(&mut self, claim: &ShareClaim) -> &mut ShareEntry {
@@ -209,6 +286,7 @@ impl ShareState {
                     waited: 0,
                     admitted: 0,
                     pending: false,
+                    first: None,
                 });
                 self.entries.len() - 1
             }
@@ -224,15 +302,39 @@ impl ShareState {
         e.rank = claim.rank;
         e.admitted = now;
         e.pending = false;
+        let first = e.first_at(now);
+        e.first = first.filter(|f| claim.order.is_none_or(|o| o.id != f.id));
         self.normalize();
     }
 
-    /// `claim` was refused at `now` (by the deployment's budgets or for share).
+    /// `claim` was refused at `now` (by the deployment's budgets or for
+    /// share): its waiter becomes its tenant's first if it comes before
+    /// the first known (or keeps that place a while longer if it is it).
     pub fn refused(&mut self, claim: &ShareClaim, now: u64) {
         let e = self.entry(claim);
         e.rank = claim.rank;
         e.waited = now;
         e.pending = true;
+        let first = e.first_at(now);
+        e.first = match claim.order {
+            None => first,
+            // A last attempt gives its place up.
+            Some(o) if o.left_micros == 0 => first.filter(|f| f.id != o.id),
+            Some(o) => {
+                let until = now + ACTIVE_MICROS.min(o.left_micros);
+                let since = now.saturating_sub(o.waited_micros);
+                match first {
+                    Some(f) if f.id == o.id => Some(FirstWaiter { until, ..f }),
+                    Some(f) if (f.rank, f.since) <= (claim.rank, since) => Some(f),
+                    _ => Some(FirstWaiter {
+                        rank: claim.rank,
+                        since,
+                        id: o.id,
+                        until,
+                    }),
+                }
+            }
+        };
         self.normalize();
     }
 
@@ -253,6 +355,7 @@ mod tests {
             tenant: t.into(),
             rank,
             weight,
+            order: None,
         }
     }
 
@@ -285,6 +388,91 @@ mod tests {
         assert!(
             s.is_empty(),
             "entries leave a second after their last claim"
+        );
+    }
+
+    fn waiter(t: &str, id: u64, waited: u64, left: u64) -> ShareClaim {
+        ShareClaim {
+            order: Some(ClaimOrder {
+                id,
+                waited_micros: waited,
+                left_micros: left,
+            }),
+            ..claim(t, 1, 1)
+        }
+    }
+
+    #[test]
+    fn a_tenants_older_waiter_refused_once_goes_before_its_younger_ones_fleet_wide() {
+        let mut s = ShareState::default();
+        let now = 10_000_000;
+        // Waiter 1 has waited 3 s (it joined at 7 s), waiter 2 1 s.
+        let (old, young) = (
+            waiter("t", 1, 3_000_000, 5_000_000),
+            waiter("t", 2, 1_000_000, 9_000_000),
+        );
+        assert!(!s.holds_back(&young, now), "no order known yet");
+        s.refused(&old, now);
+        assert!(s.holds_back(&young, now + 10), "the older one goes first");
+        assert!(!s.holds_back(&waiter("t", 1, 3_000_010, 5_000_000), now + 10));
+        assert!(
+            !s.holds_back(&waiter("u", 3, 0, 9_000_000), now + 10),
+            "other tenants are not in its order"
+        );
+        // The younger one refused does not take the older one's place,
+        // and a still older one does.
+        s.refused(&young, now + 20);
+        assert_eq!(s.entries[0].first.map(|f| f.id), Some(1));
+        s.refused(&waiter("t", 4, 5_000_000, 1_000_000), now + 30);
+        assert_eq!(s.entries[0].first.map(|f| f.id), Some(4));
+        // Waiter 4 admitted: its place is free; the next refused takes it.
+        s.admitted(&waiter("t", 4, 5_000_100, 900_000), 1, now + 100);
+        assert_eq!(s.entries[0].first, None);
+        assert!(!s.holds_back(&young, now + 110));
+    }
+
+    #[test]
+    fn a_first_waiter_gone_frees_its_tenants_order_at_its_deadline_or_last_attempt() {
+        let mut s = ShareState::default();
+        let now = 10_000_000;
+        let young = waiter("t", 2, 0, 9_000_000);
+        // 200 ms left of its wait: it holds its place no longer.
+        s.refused(&waiter("t", 1, 3_000_000, 200_000), now);
+        assert!(s.holds_back(&young, now + 199_999));
+        assert!(!s.holds_back(&young, now + 200_000));
+        // A second after its latest refusal at most.
+        s.refused(&waiter("t", 1, 3_000_000, 5_000_000), now);
+        assert!(s.holds_back(&young, now + ACTIVE_MICROS - 1));
+        assert!(!s.holds_back(&young, now + ACTIVE_MICROS));
+        // Its last attempt (nothing left) is held back by no one and gives
+        // its place up.
+        s.refused(&waiter("t", 1, 3_000_000, 5_000_000), now);
+        let last = waiter("t", 1, 8_000_000, 0);
+        assert!(!s.holds_back(&waiter("t", 5, 9_000_000, 0), now + 1));
+        s.refused(&last, now + 1);
+        assert_eq!(s.entries[0].first, None);
+        assert!(!s.holds_back(&young, now + 2));
+    }
+
+    #[test]
+    fn a_waiter_of_a_higher_class_is_not_held_behind_an_older_one_of_a_lower_class() {
+        let mut s = ShareState::default();
+        let now = 10_000_000;
+        let batch = ShareClaim {
+            rank: 2,
+            ..waiter("t", 1, 5_000_000, 5_000_000)
+        };
+        s.refused(&batch, now);
+        let chat = ShareClaim {
+            rank: 0,
+            ..waiter("t", 2, 0, 5_000_000)
+        };
+        assert!(!s.holds_back(&chat, now + 1));
+        s.refused(&chat, now + 2);
+        assert_eq!(s.entries[0].first.map(|f| f.id), Some(2));
+        assert!(
+            s.holds_back(&batch, now + 3),
+            "the lower class waits for it"
         );
     }
 

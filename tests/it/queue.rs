@@ -161,10 +161,93 @@ async fn a_full_queue_answers_429_queue_full_at_once() {
     assert_eq!(r.status(), 429);
     let retry: u64 = must_header(&r, "retry-after").parse().unwrap();
     assert!(retry >= 1);
+    // The line's retry time: what is left of its head's refusal's wait
+    // (about 44 tokens at 100 a second), not a fixed second.
+    let retry_ms: u64 = must_header(&r, "retry-after-ms").parse().unwrap();
+    assert!(
+        (1..=450).contains(&retry_ms),
+        "retry-after-ms {retry_ms}: not the line's retry time"
+    );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "queue_full", "{body}");
     first.abort();
     wait_depth(&gw, 0).await;
+}
+
+/// A waiter whose turn comes with less time left than the refusing
+/// budget's retry time is answered at once; it waited all the same. The
+/// fault: that refusal carried no `x-budgetgate-queued-ms`, logged
+/// `queued_ms=0` and was not counted in `budgetgate_queue_timeouts_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_after_a_wait_says_how_long_it_waited_and_counts_as_a_timeout() {
+    let mock = start_mock().await;
+    let mut c = queued_config(&mock, Some(queue_of(&[("standard", 5000)])));
+    // 100 tokens of burst refilled at 24 a second: a request of about 48
+    // tokens fits every 2 s.
+    c.upstream("mock").limits = limits().rpm(1000).tpm(1440).tpm_burst(100);
+    let dir = tempfile::tempdir().unwrap();
+    let gw = GatewayProcess::start(&c.write(dir.path()), &[]).await;
+    for _ in 0..2 {
+        assert_eq!(post_chat(&gw.root, KEY, &hi(40)).await.status(), 200);
+    }
+    // The first waits about 1.8 s for its refill, then is admitted.
+    let first = tokio::spawn({
+        let root = gw.root.clone();
+        async move { post_chat(&root, KEY, &hi(40)).await.status().as_u16() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The second joins its line; when its turn comes (the first admitted,
+    // the bucket empty), the 2 s refill is longer than what is left of its
+    // 2.5 s: answered then, after about 1.5 s in the queue.
+    let started = Instant::now();
+    let r = chat_request(&gw.root, KEY, &hi(40))
+        .header("x-request-id", "waited-then-refused")
+        .header("x-budgetgate-max-wait-ms", "2500")
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status(), 429);
+    assert_eq!(first.await.unwrap(), 200);
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(2500),
+        "answered after {took:?}"
+    );
+    let queued = header(&r, "x-budgetgate-queued-ms")
+        .expect("a refusal after a wait carries x-budgetgate-queued-ms")
+        .parse::<u64>()
+        .unwrap();
+    assert!(
+        queued >= 900 && queued as u128 <= took.as_millis(),
+        "x-budgetgate-queued-ms {queued} after {took:?}"
+    );
+    assert_eq!(
+        gw.metric("budgetgate_queue_timeouts_total", &[("class", "standard")])
+            .await,
+        1.0,
+        "counted as a timeout"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        let found = gw.logs().into_iter().find(|l| {
+            l.pointer("/fields/request_id").and_then(Value::as_str) == Some("waited-then-refused")
+                && l.pointer("/fields/outcome").is_some()
+        });
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no final line: {}",
+            gw.dump_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        line.pointer("/fields/queued_ms").and_then(Value::as_u64),
+        Some(queued),
+        "{line:#}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

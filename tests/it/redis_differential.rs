@@ -30,7 +30,7 @@ use budgetgate::reserve::keys::KeySpace;
 use budgetgate::reserve::lease::LeaseStore;
 use budgetgate::reserve::memory::MemoryStore;
 use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::share::ShareClaim;
+use budgetgate::reserve::share::{ClaimOrder, ShareClaim};
 use budgetgate::reserve::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveRequest, Scope, Settlement, Window,
 };
@@ -354,11 +354,24 @@ fn request(
     }
     // A share claim on most reservations (issue 28 point 4): three
     // tenants, every class, weights 1 to 4, so share states form, hold
-    // claims back and expire as the clock moves.
+    // claims back and expire as the clock moves; most with a place in
+    // their tenant's order (five waiters met again and again, of every
+    // age, some on their last attempt), so first waiters are recorded,
+    // hold others back, are kept, replaced, given up and expire.
+    let order = (id % 6 != 5).then(|| ClaimOrder {
+        id: 1 + u64::from(id % 5),
+        waited_micros: u64::from(shape) * 150_000 + u64::from(id % 3) * 40_000,
+        left_micros: if id % 7 == 0 {
+            0
+        } else {
+            100_000 + u64::from(id) * 10_000
+        },
+    });
     let share = (id % 4 != 3).then(|| ShareClaim {
         tenant: format!("t{}", id % 3).into(),
         rank: ((u16::from(id) / 2 + u16::from(shape)) % 3) as u8,
         weight: 1 + u64::from(shape % 4),
+        order,
     });
     ReserveRequest {
         share,

@@ -6,11 +6,14 @@
 //! tenant behind it is owed (shares then follow who asks first, whatever
 //! the weights); a lower class taking capacity a waiting higher class
 //! needs; a share state written for an uncontended deployment (the Lua
-//! path's cost); capacity held back for a tenant that no longer waits.
+//! path's cost); capacity held back for a tenant that no longer waits;
+//! a tenant's later request admitted before its older waiter that the
+//! store has seen (FIFO within a tenant broken across gateways), or kept
+//! behind one that has gone.
 
 use std::sync::Arc;
 
-use budgetgate::reserve::share::{ShareClaim, ACTIVE_MICROS};
+use budgetgate::reserve::share::{ClaimOrder, ShareClaim, ACTIVE_MICROS};
 use budgetgate::reserve::{BudgetSpec, Costs, ReserveOutcome, ReserveRequest, Scope};
 
 use super::store_conformance::{admitted, denied, tenant, H};
@@ -22,6 +25,7 @@ fn claim(t: &str, rank: u8, weight: u64) -> ShareClaim {
         tenant: Arc::from(t),
         rank,
         weight,
+        order: None,
     }
 }
 
@@ -125,5 +129,59 @@ pub(crate) async fn a_waiting_higher_class_goes_first_fleet_wide(h: H) {
     assert_eq!((d.held_for_share, d.retry_after_micros), (true, 200 * MS));
     admitted(claim_on(&h, "c2", 200, &up, &chat).await);
     admitted(claim_on(&h, "j3", 200, &up, &jobs).await);
+    h.check_keys().await;
+}
+
+/// Waiter `id` of tenant "t": waited `waited` ms so far, `left` ms left.
+fn waiter(id: u64, waited: u64, left: u64) -> ShareClaim {
+    ShareClaim {
+        order: Some(ClaimOrder {
+            id,
+            waited_micros: waited * MS,
+            left_micros: left * MS,
+        }),
+        ..claim("t", 1, 1)
+    }
+}
+
+/// Within a tenant, the oldest waiter the store has seen refused goes
+/// first, whichever gateway the others ask from; a waiter gone frees the
+/// order by its deadline, and a last attempt is held back by no one.
+pub(crate) async fn a_tenants_oldest_waiter_goes_first_fleet_wide(h: H) {
+    let up = [h.tpm(upstream(), 60_000, 1000)];
+    let other = claim("u", 1, 1);
+    admitted(claim_on(&h, "u1", 400, &up, &other).await);
+    admitted(claim_on(&h, "u2", 400, &up, &other).await);
+    // Waiter 1 (waiting 2 s) is refused by the deployment: 200 tokens left.
+    let d = denied(claim_on(&h, "w1a", 400, &up, &waiter(1, 2000, 5000)).await);
+    assert!(!d.held_for_share);
+    h.clock.advance(400 * MS);
+    // 600 tokens: a younger request of its tenant is held back for it.
+    let d = denied(claim_on(&h, "w2a", 400, &up, &waiter(2, 0, 5000)).await);
+    assert!(d.held_for_share, "{d:?}");
+    assert_eq!(d.retry_after_micros, 400 * MS);
+    admitted(claim_on(&h, "w1b", 400, &up, &waiter(1, 2400, 4600)).await);
+    // Waiter 1 gone (admitted): waiter 2 is refused by the bucket and takes
+    // the first place; waiter 3, younger, waits behind it.
+    assert!(!denied(claim_on(&h, "w2b", 400, &up, &waiter(2, 10, 4990)).await).held_for_share);
+    h.clock.advance(400 * MS);
+    assert!(denied(claim_on(&h, "w3a", 400, &up, &waiter(3, 0, 300)).await).held_for_share);
+    // A last attempt (nothing left) is not held back.
+    admitted(claim_on(&h, "w4", 400, &up, &waiter(4, 9000, 0)).await);
+    h.clock.advance(200 * MS);
+    // Waiter 3 is younger than waiter 2 whoever asks first.
+    assert!(denied(claim_on(&h, "w3b", 400, &up, &waiter(3, 200, 100)).await).held_for_share);
+    // Waiter 2 leaves without a word: a second after its latest refusal
+    // (well before its deadline) the others are no longer held back for it.
+    h.clock.advance(ACTIVE_MICROS - 200 * MS);
+    admitted(claim_on(&h, "w5", 400, &up, &waiter(5, 0, 5000)).await);
+    admitted(claim_on(&h, "w6", 400, &up, &waiter(6, 0, 5000)).await);
+    // Waiter 7, refused with 250 ms left, holds the first place until its
+    // deadline only.
+    assert!(!denied(claim_on(&h, "w7", 400, &up, &waiter(7, 0, 250)).await).held_for_share);
+    h.clock.advance(200 * MS);
+    assert!(denied(claim_on(&h, "w8a", 400, &up, &waiter(8, 0, 5000)).await).held_for_share);
+    h.clock.advance(50 * MS);
+    admitted(claim_on(&h, "w8b", 400, &up, &waiter(8, 50, 4950)).await);
     h.check_keys().await;
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::share_conformance::{
-    a_waiting_higher_class_goes_first_fleet_wide,
+    a_tenants_oldest_waiter_goes_first_fleet_wide, a_waiting_higher_class_goes_first_fleet_wide,
     a_waiting_tenant_behind_its_share_gets_the_capacity_first,
 };
 use crate::support::redis_server;
@@ -467,6 +467,7 @@ conformance!(
     common_budgets_are_costed_per_candidate,
     a_waiting_tenant_behind_its_share_gets_the_capacity_first,
     a_waiting_higher_class_goes_first_fleet_wide,
+    a_tenants_oldest_waiter_goes_first_fleet_wide,
 );
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must

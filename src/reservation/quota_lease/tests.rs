@@ -327,6 +327,7 @@ fn upstream_request(id: &str, tokens: u64, share: bool) -> ReserveRequest {
             tenant: "t".into(),
             rank: 1,
             weight: 1,
+            order: None,
         }),
         ..request(id, tokens)
     }

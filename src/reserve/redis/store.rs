@@ -392,16 +392,25 @@ fn common_costs(req: &ReserveRequest) -> Vec<u8> {
 }
 
 /// `lua/reserve.lua`'s share argument (empty without a claim: tenant, rank,
-/// step, then the 1-based candidates that have a share key) and those keys.
+/// step, order (id, 0 for none; waited µs; left µs), then the 1-based
+/// candidates that have a share key) and those keys.
 fn share_args(req: &ReserveRequest) -> (String, Vec<String>) {
     let Some(claim) = share::claim_of(req) else {
         return (String::new(), Vec::new());
     };
+    let o = claim.order.unwrap_or(share::ClaimOrder {
+        id: 0,
+        waited_micros: 0,
+        left_micros: 0,
+    });
     let mut arg = format!(
-        "{} {} {}",
+        "{} {} {} {} {} {}",
         claim.tenant,
         claim.rank,
-        claim.step(req.costs.tokens)
+        claim.step(req.costs.tokens),
+        o.id,
+        o.waited_micros,
+        o.left_micros
     );
     let mut keys = Vec::new();
     for (c, cand) in req.candidates.iter().enumerate() {
