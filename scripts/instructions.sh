@@ -168,7 +168,11 @@ if [[ $PROFILE == gateway ]]; then
     # the ledger's writer and the database driver's threads work off it.
     GW_CMD=(valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$PWD/target/callgrind.out.%p" "${GW_CMD[@]}")
 fi
-RUST_LOG=warn "${GW_CMD[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
+# Its own state directory (snapshot, control database, ledger): the default
+# one may be held by a gateway running on this machine ("in use by another
+# budgetgate process").
+mkdir -p "$TMP/state"
+STATE_DIRECTORY="$TMP/state" RUST_LOG=warn "${GW_CMD[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
 GW_PID=$!
 PIDS+=($GW_PID)
 if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi

@@ -22,8 +22,15 @@ use budgetgate::reserve::keys::KeySpace;
     about = "An OpenAI-compatible LLM token-budget gateway"
 )]
 struct Cli {
-    /// Log as JSON lines instead of text.
-    #[arg(long, global = true, env = "BUDGETGATE_LOG_JSON")]
+    /// Log as JSON lines instead of text (`BUDGETGATE_LOG_JSON`: `1`,
+    /// `true`, `yes`, `on` / `0`, `false`, `no`, `off`).
+    #[arg(
+        long,
+        global = true,
+        env = "BUDGETGATE_LOG_JSON",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     log_json: bool,
     #[command(subcommand)]
     command: Command,

@@ -4,7 +4,8 @@
 //! and outcome names from fixed enums; raw keys, request ids and user input
 //! never become labels.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -51,7 +52,11 @@ pub fn render() -> String {
     match install() {
         Some(h) => {
             h.run_upkeep();
-            h.render()
+            let text = h.render();
+            match rendered().as_ref() {
+                Some(r) => finish_render(text, r),
+                None => text,
+            }
         }
         None => String::new(),
     }
@@ -70,27 +75,17 @@ pub fn scope_kind(scope: &Scope) -> &'static str {
 
 /// One admission decision. `outcome`: `admitted`, `denied`, `impossible`,
 /// `deny_cache`, `fail_open`, `fail_closed`; `budget` names the refusing
-/// budget (or `none`).
-pub fn decision(
-    tenant: &str,
-    scope: &str,
-    budget: &str,
-    outcome: &'static str,
-    policy_version: &str,
-) {
-    decision_counter(tenant, scope, budget, outcome, policy_version).increment(1);
+/// budget (or `none`). No policy-version label: every admin write is a
+/// policy version, and a label per version grew `/metrics` by a dozen
+/// series per key created (issue 36).
+pub fn decision(tenant: &str, scope: &str, budget: &str, outcome: &'static str) {
+    decision_counter(tenant, scope, budget, outcome).increment(1);
 }
 
-fn decision_counter(
-    tenant: &str,
-    scope: &str,
-    budget: &str,
-    outcome: &'static str,
-    policy_version: &str,
-) -> Counter {
+fn decision_counter(tenant: &str, scope: &str, budget: &str, outcome: &'static str) -> Counter {
     counter!("budgetgate_decisions_total",
         "tenant" => tenant.to_string(), "scope" => scope.to_string(), "budget" => budget.to_string(),
-        "outcome" => outcome, "policy_version" => policy_version.to_string())
+        "outcome" => outcome)
 }
 
 /// A shadow budget would have refused.
@@ -100,8 +95,7 @@ pub fn shadow_denial(tenant: &str, scope: &Scope, budget: BudgetName) {
     .increment(1);
 }
 
-/// The series every admitted request of one tenant records under one
-/// policy version, registered once (with the request's budget plan) and
+/// The series every admitted request of one tenant records, registered once (with the request's budget plan) and
 /// then updated through their handles. Looking a series up by name and
 /// labels cost ~15k instructions per request across the hot path's eight
 /// updates (callgrind, `scripts/instructions.sh`): each lookup clones its
@@ -117,11 +111,11 @@ pub struct TenantMetrics {
 }
 
 impl TenantMetrics {
-    /// Registers the series of `tenant` (a config name) under `policy_version`.
-    pub fn new(tenant: &str, policy_version: &str) -> Self {
+    /// Registers the series of `tenant` (a config name).
+    pub fn new(tenant: &str) -> Self {
         let t = || tenant.to_string();
         Self {
-            admitted: decision_counter(tenant, "tenant", "none", "admitted", policy_version),
+            admitted: decision_counter(tenant, "tenant", "none", "admitted"),
             reserved: counter!("budgetgate_reserved_tokens_total", "tenant" => t()),
             settled: counter!("budgetgate_settled_tokens_total", "tenant" => t()),
             refunded: counter!("budgetgate_refunded_tokens_total", "tenant" => t()),
@@ -302,12 +296,86 @@ pub fn active_streams(delta: f64) {
     gauge!("budgetgate_active_streams").increment(delta);
 }
 
-/// The active policy version (value 1 on the current version's series).
-pub fn policy_version(previous: Option<&str>, version: &str) {
-    if let Some(p) = previous {
-        gauge!("budgetgate_policy_info", "version" => p.to_string()).set(0.0);
+/// What [`render`] writes beside the recorder's series: the one
+/// `budgetgate_policy_info` series, and the tenants whose series it leaves
+/// out. The recorder can neither relabel a series nor forget one, so both
+/// are done at render time.
+#[derive(Default)]
+struct Rendered {
+    /// The active policy version (empty before the first policy).
+    version: String,
+    /// Per tenant name ever served, how many installed policies hold it
+    /// (one gateway per process: 1 or 0; tests run several, and a name one
+    /// of them drops stays shown while another serves it). At 0 its series
+    /// are left out.
+    tenants: HashMap<String, usize>,
+}
+
+static RENDERED: Mutex<Option<Rendered>> = Mutex::new(None);
+
+fn rendered() -> std::sync::MutexGuard<'static, Option<Rendered>> {
+    RENDERED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `policy` is served from now on, after `previous` (`None` at start).
+/// `budgetgate_policy_info{version}` is one series whose label changes
+/// (a series per version, never removed, grew by one per admin write);
+/// tenants of `previous` that `policy` no longer has leave `/metrics`.
+pub fn policy_installed(previous: Option<&crate::config::Policy>, policy: &crate::config::Policy) {
+    let mut guard = rendered();
+    let r = guard.get_or_insert_with(Rendered::default);
+    r.version.clone_from(&policy.version);
+    for t in &policy.tenants {
+        *r.tenants.entry(t.name.clone()).or_default() += 1;
     }
-    gauge!("budgetgate_policy_info", "version" => version.to_string()).set(1.0);
+    for t in previous.iter().flat_map(|p| &p.tenants) {
+        if let Some(n) = r.tenants.get_mut(&t.name) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
+
+/// `text` (the recorder's exposition) without the samples of deleted
+/// tenants (a `tenant` label naming one; tenant names need no escaping:
+/// `[A-Za-z0-9._-]`), then the `budgetgate_policy_info` series.
+fn finish_render(mut text: String, r: &Rendered) -> String {
+    let deleted = |t: &str| r.tenants.get(t) == Some(&0);
+    if r.tenants.values().any(|&n| n == 0) {
+        let mut kept = String::with_capacity(text.len());
+        for line in text.split_inclusive('\n') {
+            if !line.starts_with('#') && tenant_label(line).is_some_and(deleted) {
+                continue;
+            }
+            kept.push_str(line);
+        }
+        text = kept;
+    }
+    if !r.version.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("# TYPE budgetgate_policy_info gauge\nbudgetgate_policy_info{version=\"");
+        // Versions are hex digests and counters (`3f9c1a2b7d40.12`).
+        text.extend(
+            r.version
+                .chars()
+                .filter(|c| *c != '"' && *c != '\\' && *c != '\n'),
+        );
+        text.push_str("\"} 1\n");
+    }
+    text
+}
+
+/// The value of the `tenant` label of one sample line, if it has one.
+fn tenant_label(line: &str) -> Option<&str> {
+    let labels = &line[line.find('{')? + 1..];
+    let at = if labels.starts_with("tenant=\"") {
+        0
+    } else {
+        labels.find(",tenant=\"")? + 1
+    };
+    let value = &labels[at + "tenant=\"".len()..];
+    Some(&value[..value.find('"')?])
 }
 
 /// A settlement the store failed is retried (same reservation id, so
@@ -361,7 +429,7 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     gauge!("budgetgate_ledger_buffered_rows").increment(0.0);
     for t in &policy.tenants {
         let tn = || t.name.clone();
-        decision_counter(&t.name, "tenant", "none", "admitted", &policy.version).increment(0);
+        decision_counter(&t.name, "tenant", "none", "admitted").increment(0);
         for c in [
             "budgetgate_reserved_tokens_total",
             "budgetgate_settled_tokens_total",
@@ -490,4 +558,32 @@ pub fn alert_fired(budget: &'static str, threshold_percent: u64) {
 /// `delivered`, `retried`, `given_up`, `dropped` (the queue was full).
 pub fn alert_delivery(outcome: &'static str) {
     counter!("budgetgate_alert_deliveries_total", "outcome" => outcome).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deleted_tenants_lines_are_left_out_and_policy_info_is_one_line() {
+        let text = "# TYPE budgetgate_decisions_total counter\n\
+            budgetgate_decisions_total{tenant=\"gone\",scope=\"tenant\"} 3\n\
+            budgetgate_decisions_total{tenant=\"kept\",scope=\"tenant\"} 4\n\
+            budgetgate_budget_remaining_ratio{scope=\"key\",tenant=\"gone\"} 0.5\n\
+            budgetgate_other{model=\"a,tenant=\\\"gone\"} 1\n"
+            .to_string();
+        let r = Rendered {
+            version: "abc.7".into(),
+            tenants: [("gone".to_string(), 0), ("kept".to_string(), 1)].into(),
+        };
+        let out = finish_render(text, &r);
+        assert_eq!(
+            out,
+            "# TYPE budgetgate_decisions_total counter\n\
+            budgetgate_decisions_total{tenant=\"kept\",scope=\"tenant\"} 4\n\
+            budgetgate_other{model=\"a,tenant=\\\"gone\"} 1\n\
+            # TYPE budgetgate_policy_info gauge\n\
+            budgetgate_policy_info{version=\"abc.7\"} 1\n"
+        );
+    }
 }

@@ -133,15 +133,18 @@ async fn deliver(
                 return;
             }
             Ok(r) => format!("status {}", r.status().as_u16()),
-            Err(e) => e.to_string(),
+            // Never the error's own text: it holds the URL, which is a
+            // Slack-style hook's secret.
+            Err(e) => crate::upstreams::redact::send_error(&e),
         };
+        let webhook = crate::upstreams::redact::endpoint(url);
         if tokio::time::Instant::now() + pause > deadline {
             crate::metrics::alert_delivery("given_up");
-            tracing::error!(alert_id = id, error = %why, "budget alert not delivered; given up");
+            tracing::error!(alert_id = id, %webhook, error = %why, "budget alert not delivered; given up");
             return;
         }
         crate::metrics::alert_delivery("retried");
-        tracing::warn!(alert_id = id, error = %why, retry_in_ms = pause.as_millis() as u64, "budget alert not delivered; retrying");
+        tracing::warn!(alert_id = id, %webhook, error = %why, retry_in_ms = pause.as_millis() as u64, "budget alert not delivered; retrying");
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(RETRY_MAX);
     }

@@ -197,8 +197,8 @@ pub fn install(
         );
     }
     let new_version = new.version.clone();
+    crate::metrics::policy_installed(Some(&running), &new);
     current.store(Arc::new(new));
-    crate::metrics::policy_version(Some(&running.version), &new_version);
     tracing::info!(
         config = %path.display(),
         %trigger,

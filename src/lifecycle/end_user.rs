@@ -101,7 +101,10 @@ pub fn end_user(
     };
     let key = policy.end_user_key.as_ref().ok_or_else(|| {
         // Checked at load: a tree with end-user settings has a key.
-        ApiError::Unavailable("End-user budgets are not available; please retry.".into())
+        ApiError::OwnStoreUnavailable {
+            store: crate::server::error::OwnStore::EndUserBudgets,
+            message: "End-user budgets are not available; please retry.".into(),
+        }
     })?;
     Ok(Some(key.hash(id).into()))
 }

@@ -75,6 +75,29 @@ pub async fn prepare(
     body: Body,
     path_model: Option<String>,
 ) -> Result<Prepared, ApiError> {
+    prepare_as(cx, caller, headers, body, path_model, Purpose::Send).await
+}
+
+/// What a prepared request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Sent upstream: its estimate must fit the token budgets.
+    Send,
+    /// Only counted (`POST /v1/responses/input_tokens`): the count is
+    /// answered whatever the budgets' capacity, as
+    /// `/v1/messages/count_tokens` answers it.
+    Count,
+}
+
+/// [`prepare`] for `purpose`.
+pub async fn prepare_as(
+    cx: &mut RequestContext,
+    caller: Caller,
+    headers: &HeaderMap,
+    body: Body,
+    path_model: Option<String>,
+    purpose: Purpose,
+) -> Result<Prepared, ApiError> {
     let bytes = super::decode::read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
     let end_user_header = super::end_user::header(cx.policy.tenant(caller.tenant), headers)?;
@@ -92,6 +115,7 @@ pub async fn prepare(
             path_model,
             betas: &betas,
             end_user_header,
+            purpose,
         };
         parse(&cx.st, &cx.policy, req)
     } else {
@@ -105,12 +129,16 @@ pub async fn prepare(
                 path_model,
                 betas: &betas,
                 end_user_header,
+                purpose,
             };
             parse(&st, &policy, req)
         };
-        estimate::off_io_threads(len, job).await.ok_or_else(|| {
-            ApiError::Unavailable("The request could not be estimated; please retry.".into())
-        })?
+        estimate::off_io_threads(len, job)
+            .await
+            .ok_or_else(|| ApiError::OwnStoreUnavailable {
+                store: crate::server::error::OwnStore::Estimator,
+                message: "The request could not be estimated; please retry.".into(),
+            })?
     };
     let prepared = match prepared {
         Ok(p) => p,
@@ -187,6 +215,7 @@ struct Request<'b> {
     path_model: Option<String>,
     betas: &'b [String],
     end_user_header: Option<HeaderValue>,
+    purpose: Purpose,
 }
 
 fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, ApiError> {
@@ -197,6 +226,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         path_model,
         betas,
         end_user_header,
+        purpose,
     } = req;
     let value: Value = serde_json::from_slice(&raw).map_err(|e| {
         invalid(
@@ -320,8 +350,11 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         .collect();
     // The end user's budgets are common ones too (every candidate's).
     let none: [&[BudgetSpec]; 0] = [];
-    let room =
-        plan::token_room(common, &cand_specs).tighter(plan::token_room(&end_user_budgets, &none));
+    let room = match purpose {
+        Purpose::Send => plan::token_room(common, &cand_specs)
+            .tighter(plan::token_room(&end_user_budgets, &none)),
+        Purpose::Count => estimate::TokenRoom::default(),
+    };
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,

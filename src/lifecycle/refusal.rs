@@ -10,7 +10,9 @@
 //! on a failure only the refusing budget is described). A refusal answered
 //! by the local deny cache makes no store call — that is its point — so it
 //! describes only the refusing budget's family and omits the other; so does
-//! a refusal of the local limiter while the store is down.
+//! a refusal of the local limiter while the store is down. A refusal of a
+//! quota lease is a refusal like the store's (the budget is hot, not the
+//! store down): the other budgets are read as for any other.
 
 use axum::http::HeaderMap;
 
@@ -41,11 +43,14 @@ pub async fn headers(cx: &RequestContext, refusal: &ApiError) -> Option<HeaderMa
         _ => return None,
     };
     let mut states: Vec<BudgetState> = refusing.into_iter().cloned().collect();
-    // Only the store knows the other budgets: not after a deny-cache
+    // Only the store knows the other budgets: not read after a deny-cache
     // refusal (no store call is its point) nor while the store is down
-    // (a refusal of the local limiter of a `fail_open` tenant).
+    // (a refusal of the local limiter of a `fail_open` tenant). A lease's
+    // refusal reads them, as the store's does.
     let store_answered = match refusal {
-        ApiError::RateLimited { .. } => cx.answered_by == Some(AnsweredBy::Store),
+        ApiError::RateLimited { .. } => {
+            matches!(cx.answered_by, Some(AnsweredBy::Store | AnsweredBy::Lease))
+        }
         _ => true,
     };
     if let (Some(plan), true) = (&cx.plan, store_answered) {

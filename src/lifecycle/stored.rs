@@ -147,12 +147,23 @@ async fn stored_inner(
 }
 
 /// `POST /v1/responses/input_tokens`: the estimate of a Responses body
-/// (its recorded context included), without an upstream call.
+/// (its recorded context included), without an upstream call, charged to
+/// the request budgets only: answered past a token budget's capacity too.
 pub async fn input_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
     let mut cx = RequestContext::new(st, Dialect::Responses, &headers);
     let result = async {
         let caller: Caller = authenticate(&mut cx, &headers)?;
-        let prepared = prepare::prepare(&mut cx, caller, &headers, body, None).await?;
+        // The count whatever the token budgets' capacity: a body larger
+        // than a budget is what a client counts before trimming it.
+        let prepared = prepare::prepare_as(
+            &mut cx,
+            caller,
+            &headers,
+            body,
+            None,
+            prepare::Purpose::Count,
+        )
+        .await?;
         let (hold, specs, admission) = charge_requests(&mut cx, &prepared.plan).await?;
         hold.settle(requests_only(&specs));
         let body = serde_json::json!({

@@ -105,7 +105,6 @@ impl DenyCachedStore {
                 metrics::scope_kind(&denial.scope),
                 denial.name.as_str(),
                 "deny_cache",
-                &who.policy_version,
             );
             return Ok((ReserveOutcome::Denied(denial), AnsweredBy::DenyCache));
         }
@@ -151,7 +150,6 @@ pub(super) fn count_refusal(
         metrics::scope_kind(scope),
         name.as_str(),
         outcome,
-        &r.requester.policy_version,
     );
 }
 

@@ -230,13 +230,7 @@ impl GatewayStore {
             OnStoreError::FailClosed => {
                 tracing::error!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing closed");
                 metrics::degraded(&who.tenant, "fail_closed");
-                metrics::decision(
-                    &who.tenant,
-                    "tenant",
-                    "none",
-                    "fail_closed",
-                    &who.policy_version,
-                );
+                metrics::decision(&who.tenant, "tenant", "none", "fail_closed");
                 if unknown {
                     self.compensate(&r.id, Compensation::Void, hold_ttl);
                 }

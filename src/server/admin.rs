@@ -300,9 +300,23 @@ pub(crate) async fn budgets_with_ancestors(
     st: &AppState,
     policy: &Policy,
     subject: (&str, &str),
-    mut specs: Vec<BudgetSpec>,
+    specs: Vec<BudgetSpec>,
     ancestors: Vec<(&str, Vec<BudgetSpec>)>,
 ) -> Response {
+    match budgets_body(st, policy, subject, specs, ancestors).await {
+        Ok(body) => json_response(StatusCode::OK, body),
+        Err(r) => r,
+    }
+}
+
+/// The body of [`budgets_with_ancestors`], or its error response.
+pub(crate) async fn budgets_body(
+    st: &AppState,
+    policy: &Policy,
+    subject: (&str, &str),
+    mut specs: Vec<BudgetSpec>,
+    ancestors: Vec<(&str, Vec<BudgetSpec>)>,
+) -> Result<Value, Response> {
     let own = specs.len();
     let mut ranges = Vec::with_capacity(ancestors.len());
     for (name, a) in ancestors {
@@ -313,7 +327,7 @@ pub(crate) async fn budgets_with_ancestors(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "admin: budget store inspect failed");
-            return ApiError::StoreUnavailable.into_response();
+            return Err(ApiError::StoreUnavailable.into_response());
         }
     };
     let render = |r: std::ops::Range<usize>| -> Vec<Value> {
@@ -331,7 +345,7 @@ pub(crate) async fn budgets_with_ancestors(
             .map(|(name, r)| json!({"tenant": name, "budgets": render(r)}))
             .collect();
     }
-    json_response(StatusCode::OK, body)
+    Ok(body)
 }
 
 /// `GET /admin/v1/tenants/{tenant}/budgets`.

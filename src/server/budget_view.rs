@@ -182,8 +182,7 @@ pub async fn list(
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %e, "admin: budget store inspect failed");
-            return ApiError::Unavailable("The budget store did not answer.".into())
-                .into_response();
+            return ApiError::StoreUnavailable.into_response();
         }
     };
     // What is out on quota leases, fleet-wide and here (leases on only).

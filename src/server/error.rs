@@ -75,6 +75,15 @@ pub enum ApiError {
     Unavailable(String),
     /// The budget store failed and the tenant fails closed: 503.
     StoreUnavailable,
+    /// Another of the gateway's own stores cannot answer now: 503
+    /// `server_error` with a code naming it (never `upstream_error`: the
+    /// provider is not at fault).
+    OwnStoreUnavailable {
+        /// Which store.
+        store: OwnStore,
+        /// What the client is told.
+        message: String,
+    },
     /// The gateway is shutting down: 503.
     ShuttingDown,
     /// The upstream answered 429.
@@ -100,6 +109,33 @@ pub enum ApiError {
     /// A `Content-Encoding` the gateway does not decode, or stacked
     /// encodings: 415 (the text names it).
     UnsupportedEncoding(String),
+}
+
+/// The gateway's own stores besides the budget store, as the `code` of
+/// their 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnStore {
+    /// The spend ledger's database (`ledger_unavailable`).
+    Ledger,
+    /// The control database (`control_database_unavailable`).
+    ControlDatabase,
+    /// The estimation threads (`estimator_busy`).
+    Estimator,
+    /// End users' budgets, kept in the budget store
+    /// (`budget_store_unavailable`).
+    EndUserBudgets,
+}
+
+impl OwnStore {
+    /// The error's `code`, also its label in logs and metrics.
+    pub fn code(self) -> &'static str {
+        match self {
+            OwnStore::Ledger => "ledger_unavailable",
+            OwnStore::ControlDatabase => "control_database_unavailable",
+            OwnStore::Estimator => "estimator_busy",
+            OwnStore::EndUserBudgets => "budget_store_unavailable",
+        }
+    }
 }
 
 /// An error response: `status` with an OpenAI error body.
@@ -198,6 +234,7 @@ impl ApiError {
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Unavailable(_)
             | ApiError::StoreUnavailable
+            | ApiError::OwnStoreUnavailable { .. }
             | ApiError::ShuttingDown
             | ApiError::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -241,6 +278,7 @@ impl ApiError {
             ApiError::BadGateway(_) => "bad_gateway",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::StoreUnavailable => "store_unavailable",
+            ApiError::OwnStoreUnavailable { store, .. } => store.code(),
             ApiError::ShuttingDown => "shutting_down",
             ApiError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             ApiError::GatewayTimeout => "gateway_timeout",
@@ -446,6 +484,9 @@ impl ApiError {
                 None,
                 Some("budget_store_unavailable"),
             ),
+            ApiError::OwnStoreUnavailable { store, message } => {
+                shaped(dialect, status, &message, "server_error", None, Some(store.code()))
+            }
             ApiError::ShuttingDown => {
                 let mut resp = shaped(
                     dialect,
@@ -497,5 +538,49 @@ impl ApiError {
                 Some("unsupported_content_encoding"),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(r: Response) -> serde_json::Value {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 16)
+            .await
+            .expect("a body");
+        serde_json::from_slice(&bytes).expect("JSON")
+    }
+
+    /// Fault guarded against: the estimation threads' and end users'
+    /// 503s said `upstream_error`, blaming the provider for the gateway's
+    /// own failure (issue 36).
+    #[tokio::test]
+    async fn the_gateways_own_stores_answer_503_server_error_naming_the_store() {
+        for (store, code) in [
+            (OwnStore::Estimator, "estimator_busy"),
+            (OwnStore::EndUserBudgets, "budget_store_unavailable"),
+            (OwnStore::Ledger, "ledger_unavailable"),
+            (OwnStore::ControlDatabase, "control_database_unavailable"),
+        ] {
+            let e = || ApiError::OwnStoreUnavailable {
+                store,
+                message: "retry".into(),
+            };
+            assert!(!e().is_upstream_failure());
+            assert_eq!(e().label(), code);
+            let r = e().respond(Dialect::ChatCompletions);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let v = body_of(r).await;
+            assert_eq!(v["error"]["type"], "server_error", "{v}");
+            assert_eq!(v["error"]["code"], code, "{v}");
+            let r = e().respond(Dialect::Messages);
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+            let v = body_of(r).await;
+            assert_eq!(v["error"]["type"], "api_error", "{v}");
+        }
+        let v = body_of(ApiError::StoreUnavailable.respond(Dialect::ChatCompletions)).await;
+        assert_eq!(v["error"]["type"], "server_error");
+        assert_eq!(v["error"]["code"], "budget_store_unavailable");
     }
 }

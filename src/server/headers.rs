@@ -12,8 +12,10 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use crate::reserve::{BudgetName, BudgetState, Scope};
 
 /// Formats a duration the way Go's `time.Duration.String` does and OpenAI
-/// writes `x-ratelimit-reset-*`: `0s`, `250µs`, `17ms`, `1.5s`, `6m0s`, `1h2m3s`.
-/// Millisecond precision above one millisecond.
+/// writes `x-ratelimit-reset-*`: `0s`, `17ms`, `1.5s`, `6m0s`, `1h2m3s`.
+/// Millisecond precision above one millisecond; below it `1ms` (rounded
+/// up): Go's `µs` is not ASCII, which a header value should be, and a
+/// non-zero wait must never read `0s`.
 pub fn go_duration(micros: u64) -> String {
     // Written with itoa into one string sized once: this runs twice on
     // every response, and `format!` cost ~500 instructions a call.
@@ -22,8 +24,7 @@ pub fn go_duration(micros: u64) -> String {
     if micros == 0 {
         out.push_str("0s");
     } else if micros < 1_000 {
-        out.push_str(n.format(micros));
-        out.push_str("µs");
+        out.push_str("1ms");
     } else if micros < 1_000_000 {
         out.push_str(n.format(micros / 1000));
         fraction(&mut out, micros % 1000);
@@ -261,7 +262,10 @@ mod tests {
         assert_eq!(go_duration(360_000_000), "6m0s");
         assert_eq!(go_duration(8_640_000), "8.64s");
         assert_eq!(go_duration(3_723_000_000), "1h2m3s");
-        assert_eq!(go_duration(17), "17µs");
+        // Below a millisecond: `1ms`, ASCII, never `0s` (issue 36).
+        for us in [1, 17, 999] {
+            assert_eq!(go_duration(us), "1ms");
+        }
         assert_eq!(go_duration(1_250), "1.25ms");
         assert_eq!(go_duration(1_001), "1.001ms");
         assert_eq!(go_duration(60_000_000), "1m0s");

@@ -84,6 +84,8 @@ pub struct AppState {
     pub spend: Arc<std::sync::OnceLock<Arc<dyn crate::ledger::SpendReader>>>,
     /// The control plane (runtime tenants and keys), set once at start.
     pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
+    /// `GET /v1/budget`'s last answer per key (at most a second old).
+    pub own_budgets: Arc<control_api::own_budget::Answers>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -159,7 +161,7 @@ impl AppState {
             gateway = gateway.with_leases(l);
         }
         let store = Arc::new(gateway);
-        crate::metrics::policy_version(None, &policy.version);
+        crate::metrics::policy_installed(None, &policy);
         crate::queue::metrics::register();
         let records = Arc::new(records_for(&policy.store));
         Arc::new(Self {
@@ -173,6 +175,7 @@ impl AppState {
             plans: Arc::default(),
             records,
             recent_refusals: Arc::default(),
+            own_budgets: Arc::default(),
             queue: Arc::default(),
             ledger: Arc::default(),
             spend: Arc::default(),
@@ -245,7 +248,7 @@ impl AppState {
                             .collect(),
                         upstream_model: model.upstream_model.as_str().into(),
                     }),
-                    tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name, &policy.version)),
+                    tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name)),
                     requester: Arc::new(Requester {
                         tenant: tenant.name.as_str().into(),
                         policy_version: policy.version.as_str().into(),
@@ -278,6 +281,7 @@ impl AppState {
             plans: self.plans.clone(),
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
+            own_budgets: self.own_budgets.clone(),
             queue: self.queue.clone(),
             ledger: self.ledger.clone(),
             spend: self.spend.clone(),

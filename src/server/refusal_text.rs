@@ -4,7 +4,9 @@
 //! budgets (`$0.25`, their µ$ shown as decimal dollars) — and when to retry.
 //! `of` follows the refusing scope: ` for tenant ml, child of acme` when
 //! the request's tenant is nested (the scope may be an ancestor's), else
-//! empty.
+//! empty. A quota's refusal (`insufficient_quota`) starts "Quota
+//! exceeded", a rate's "Rate limit reached": clients tell the two apart by
+//! the words too.
 
 use super::error::is_quota;
 use crate::reserve::{BudgetName, Denial, Impossibility, Scope};
@@ -58,7 +60,7 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
     if d.name.counts_usd() {
         // The spend may pass the limit (the debt of settled requests).
         return format!(
-            "Dollar budget exhausted for {} budget {} ({}){of}: limit {}, spent {}, this request needs {}. The budget resets in {}.",
+            "Quota exceeded for {} budget {} ({}){of}: dollar budget exhausted, limit {}, spent {}, this request needs {}. The budget resets in {}.",
             scope_kind(&d.scope),
             d.scope,
             d.name,
@@ -69,7 +71,12 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
         );
     }
     format!(
-        "Rate limit reached for {} budget {} ({}){of}: limit {}, used {}, requested {} {}. {}",
+        "{} for {} budget {} ({}){of}: limit {}, used {}, requested {} {}. {}",
+        if is_quota(d.name) {
+            "Quota exceeded"
+        } else {
+            "Rate limit reached"
+        },
         scope_kind(&d.scope),
         d.scope,
         d.name,
@@ -88,11 +95,76 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
 /// The message of a request larger than a budget's capacity.
 pub fn impossible(i: &Impossibility, of: &str) -> String {
     format!(
-        "Request too large for {} budget {} ({}){of}: capacity {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+        "{} for {} budget {} ({}){of}: capacity {}, requested {}. This request can never be admitted; reduce the prompt or max_tokens.",
+        if is_quota(i.name) {
+            "Quota exceeded: request too large"
+        } else {
+            "Request too large"
+        },
         scope_kind(&i.scope),
         i.scope,
         i.name,
         amount(i.name, i.capacity as i64),
         amount(i.name, i.requested as i64)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reserve::BudgetState;
+
+    fn denial(name: BudgetName) -> Denial {
+        let scope = Scope::Tenant("acme".into());
+        Denial {
+            scope: scope.clone(),
+            name,
+            limit: 1000,
+            requested: 50,
+            available: 10,
+            retry_after_micros: 2_000_000,
+            now_micros: 0,
+            state: BudgetState {
+                scope,
+                name,
+                limit: 1000,
+                remaining: 10,
+                reset_micros: 2_000_000,
+                window: None,
+            },
+            held_for_share: false,
+        }
+    }
+
+    /// Fault guarded against: an `insufficient_quota` refusal read "Rate
+    /// limit reached", so a client matching the words retried a quota that
+    /// resets hours later (issue 36).
+    #[test]
+    fn quota_refusals_start_quota_exceeded_and_rate_refusals_rate_limit_reached() {
+        for name in [
+            BudgetName::TokensPerDay,
+            BudgetName::TokensPerMonth,
+            BudgetName::RequestsPerDay,
+            BudgetName::UsdPerDay,
+            BudgetName::UsdPerMonth,
+        ] {
+            let m = rate_limited(&denial(name), 2_000_000, "");
+            assert!(
+                m.starts_with("Quota exceeded for tenant budget tenant:acme"),
+                "{m}"
+            );
+            let i = Impossibility {
+                scope: Scope::Tenant("acme".into()),
+                name,
+                capacity: 1000,
+                requested: 5000,
+            };
+            let m = impossible(&i, "");
+            assert!(m.starts_with("Quota exceeded"), "{m}");
+        }
+        for name in [BudgetName::Rpm, BudgetName::Tpm, BudgetName::OutputTpm] {
+            let m = rate_limited(&denial(name), 2_000_000, "");
+            assert!(m.starts_with("Rate limit reached"), "{m}");
+        }
+    }
 }

@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::admin::{self, json_response};
-use super::error::ApiError;
+use super::error::{ApiError, OwnStore};
 use super::AppState;
 use crate::ledger::query::{self, csv_field, rfc3339, Dimension, Period, SpendGroup, SpendQuery};
 use crate::ledger::{SpendReader, SpendRow};
@@ -147,14 +147,20 @@ fn reader_of(st: &AppState) -> Option<&Arc<dyn SpendReader>> {
 }
 
 fn no_database() -> Response {
-    ApiError::Unavailable("The spend ledger has no database on this gateway.".into())
-        .into_response()
+    ApiError::OwnStoreUnavailable {
+        store: OwnStore::Ledger,
+        message: "The spend ledger has no database on this gateway.".into(),
+    }
+    .into_response()
 }
 
 fn unavailable(e: crate::ledger::LedgerError) -> Response {
     tracing::warn!(error = %e, "spend query failed");
-    ApiError::Unavailable("The spend ledger's database did not answer; please retry.".into())
-        .into_response()
+    ApiError::OwnStoreUnavailable {
+        store: OwnStore::Ledger,
+        message: "The spend ledger's database did not answer; please retry.".into(),
+    }
+    .into_response()
 }
 
 fn csv_response(name: &str, body: String) -> Response {

@@ -122,13 +122,22 @@ impl Spans {
             return Ok(None);
         };
         use opentelemetry_otlp::WithExportConfig;
+        // Logged without user, password, path or query.
+        let redacted = crate::upstreams::redact::endpoint(endpoint);
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_endpoint(traces_url(endpoint))
             .with_timeout(Duration::from_secs(10))
             .build()
-            .map_err(|e| format!("telemetry: the OTLP exporter did not start: {e}"))?;
+            .map_err(|e| {
+                // The exporter's error may quote the endpoint, password included.
+                let said = e
+                    .to_string()
+                    .replace(&traces_url(endpoint), &redacted)
+                    .replace(endpoint.as_str(), &redacted);
+                format!("telemetry: the OTLP exporter did not start: {said}")
+            })?;
         let batch = BatchConfigBuilder::default()
             .with_scheduled_delay(settings.export_interval)
             .with_max_queue_size(8_192)
@@ -146,7 +155,7 @@ impl Spans {
             )
             .build();
         let tracer = provider.tracer("budgetgate");
-        tracing::info!(endpoint = %traces_url(endpoint), sample_ratio = settings.sample_ratio, "request spans exported over OTLP/HTTP");
+        tracing::info!(endpoint = %redacted, sample_ratio = settings.sample_ratio, "request spans exported over OTLP/HTTP");
         Ok(Some(Spans { provider, tracer }))
     }
 

@@ -5,7 +5,9 @@
 //!
 //! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
 //! - [`relay`]: metering, extension, cutoff and settlement of a stream.
+//! - [`redact`]: what logs say of other endpoints the gateway calls.
 
+pub mod redact;
 pub mod relay;
 pub mod sse;
 

@@ -145,6 +145,77 @@ async fn text_logs_to_a_pipe_have_no_colour_codes() {
     assert!(!logs.contains('\u{1b}'), "colour codes in a pipe: {logs:?}");
 }
 
+/// `budgetgate serve` on `cfg` with `envs` until it listens; its log (stderr).
+async fn serve_log(cfg: &str, state_dir: &Path, envs: &[(&str, &str)]) -> String {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"));
+    cmd.args(["serve", "--config", cfg, "--listen", "127.0.0.1:0"])
+        .env("STATE_DIRECTORY", state_dir)
+        .env("RUST_LOG", "info")
+        .env_remove("BUDGETGATE_LOG_JSON")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 512];
+        while !text(&seen).contains("listening on") {
+            let n = stdout.read(&mut buf).await.unwrap();
+            assert!(n > 0, "gateway exited before listening");
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("gateway did not start");
+    child.start_kill().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    text(&out.stderr)
+}
+
+/// Fault guarded against: `BUDGETGATE_LOG_JSON=1`, as OPERATIONS.md and
+/// the shipped systemd unit write it, made every command exit 2 (only
+/// `true`/`false` were accepted).
+#[tokio::test]
+async fn budgetgate_log_json_takes_1_0_true_and_false() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    for v in ["1", "0", "true", "false"] {
+        let out = budgetgate(&["check-config", &cfg], &[("BUDGETGATE_LOG_JSON", v)], None);
+        assert!(
+            out.status.success(),
+            "BUDGETGATE_LOG_JSON={v}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = budgetgate(
+        &["check-config", &cfg],
+        &[("BUDGETGATE_LOG_JSON", "maybe")],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a value that is neither is refused"
+    );
+    for (v, json) in [("1", true), ("true", true), ("0", false), ("false", false)] {
+        let log = serve_log(&cfg, dir.path(), &[("BUDGETGATE_LOG_JSON", v)]).await;
+        let line = log
+            .lines()
+            .find(|l| l.contains("budgetgate listening"))
+            .unwrap_or_else(|| panic!("BUDGETGATE_LOG_JSON={v}: no listening line in {log}"));
+        assert_eq!(
+            serde_json::from_str::<Value>(line).is_ok(),
+            json,
+            "BUDGETGATE_LOG_JSON={v}: {line}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_reload_of_an_unchanged_file_logs_that_it_was_unchanged() {
     let dir = tempfile::tempdir().unwrap();

@@ -360,7 +360,7 @@ async fn a_shadow_tenant_over_its_limit_is_served_and_each_would_be_denial_is_co
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metric_values_count_every_request_under_the_policy_version_that_admitted_it() {
+async fn metric_values_count_every_request_across_policy_versions_in_one_series() {
     // Tenant and deployment names of their own: the recorder is shared by
     // every test of this binary.
     let mock = start_mock().await;
@@ -376,7 +376,8 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
         let body: serde_json::Value = r.json().await.unwrap();
         used += body["usage"]["total_tokens"].as_f64().unwrap();
     }
-    // A reload: admissions from now on are counted under the new version.
+    // A reload: admissions go on in the same series (no label per policy
+    // version: every admin write is one, issue 36).
     let reloaded = {
         config.tenant("metered").limits = limits().rpm(999);
         config.policy()
@@ -394,14 +395,22 @@ async fn metric_values_count_every_request_under_the_policy_version_that_admitte
     let sum = |metric: &str, labels: &[(&str, &str)]| sample_sum(&scrape, metric, labels);
     let tenant = ("tenant", "metered");
     let deployment = ("deployment", "metered-mock");
-    let admitted = |version: &str| {
+    assert_eq!(
         sum(
             "budgetgate_decisions_total",
-            &[tenant, ("outcome", "admitted"), ("policy_version", version)],
-        )
-    };
-    assert_eq!(admitted(&v1), 3.0, "{text}");
-    assert_eq!(admitted(&v2), 2.0, "{text}");
+            &[tenant, ("outcome", "admitted")]
+        ),
+        5.0,
+        "{text}"
+    );
+    let admitted_series: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("budgetgate_decisions_total{") && l.contains("tenant=\"metered\"")
+        })
+        .collect();
+    assert_eq!(admitted_series.len(), 1, "{admitted_series:?}");
+    assert!(!text.contains("policy_version="), "{text}");
     assert_eq!(
         sum(
             "budgetgate_upstream_requests_total",

@@ -909,3 +909,39 @@ async fn a_self_hosted_upstream_that_ignores_the_cap_is_cut_off_at_it() {
     let input = last["response"]["usage"]["input_tokens"].as_u64().unwrap();
     assert_eq!(tokens_used(&gw).await, input + delivered);
 }
+
+/// Fault guarded against: `POST /v1/responses/input_tokens` answered 429
+/// for a body past a token budget's capacity, where the count is what the
+/// client asks for (to trim the body) and `/v1/messages/count_tokens`
+/// answers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_tokens_answers_the_count_past_a_token_budgets_capacity() {
+    let mock = start_mock().await;
+    // tpm 200: a prompt of about 600 tokens can never be sent.
+    let gw = cfg(&mock, 50, limits().tpm(200)).start().await;
+    let long = "word ".repeat(600);
+    let body = json!({"model": "gpt-4o-mini", "input": long});
+    let r = post(&gw, KEY, "/responses", &body).await;
+    assert_eq!(r.status(), 429, "the request itself never fits");
+    gw.settled().await;
+    let requests_before = used(&gw, BudgetName::RequestsPerDay).await;
+    let r = post(&gw, KEY, "/responses/input_tokens", &body).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers().contains_key("x-ratelimit-limit-requests"),
+        "{:?}",
+        r.headers()
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["object"], "response.input_tokens");
+    let n = v["input_tokens"].as_u64().unwrap();
+    assert!(n >= 600, "{v}");
+    assert_eq!(mock.state.request_count(), 0, "never sent upstream");
+    gw.settled().await;
+    assert_eq!(
+        used(&gw, BudgetName::RequestsPerDay).await,
+        requests_before + 1,
+        "the count is charged as one request"
+    );
+    assert_eq!(tokens_used(&gw).await, 0, "no token is spent");
+}

@@ -284,13 +284,19 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
     }
 }
 
-/// 503: the control database cannot take changes now.
+/// 503: the control database cannot take changes now (`server_error`, as
+/// every failure of the gateway's own stores).
 pub fn unavailable() -> Response {
-    error_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The control database is unavailable: changes are refused until it is back (requests are served with the last known tenants and keys).",
-        Some("control_database_unavailable"),
-    )
+    let mut r = crate::server::error::ApiError::OwnStoreUnavailable {
+        store: crate::server::error::OwnStore::ControlDatabase,
+        message: "The control database is unavailable: changes are refused until it is back (requests are served with the last known tenants and keys).".into(),
+    }
+    .respond(crate::dialects::Dialect::ChatCompletions);
+    r.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
 }
 
 /// The JSON body of a request, with integers beyond 64 bits brought to the

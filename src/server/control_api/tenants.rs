@@ -46,8 +46,9 @@ fn view(
     let (mut v, source) = match snap.tenants.iter().find(|r| r.spec.name == name) {
         Some(r) => {
             let mut v = serde_json::to_value(&r.spec).unwrap_or(Value::Null);
-            v["created_at"] = json!(r.created_at);
-            v["updated_at"] = json!(r.updated_at);
+            // Unix seconds, as a key's timestamps (stored in µs).
+            v["created_at"] = json!(r.created_at / 1_000_000);
+            v["updated_at"] = json!(r.updated_at / 1_000_000);
             (v, "api")
         }
         None => {
