@@ -39,6 +39,7 @@ mod lease_conformance;
 mod lease_differential;
 mod lease_faults;
 mod lease_fleet;
+mod lease_refusals;
 mod ledger;
 mod ledger_faults;
 mod ledger_sink;
