@@ -25,6 +25,7 @@ use crate::reserve::store_config::LeaseMode;
 use crate::reserve::BudgetStore;
 use crate::server::{budget_view, router, AppState};
 use crate::tls::Tls;
+use crate::upstreams::redact;
 
 /// Builds the store `policy` configures, reading time from `clock`. The
 /// memory store built here is the in-process one without persistence
@@ -39,7 +40,7 @@ pub async fn build_store(
             // Redis mode reads time from Redis TIME (one clock for the fleet), not `clock`.
             let store = RedisStore::from_policy(&policy.store)
                 .await
-                .map_err(|e| format!("store.url {url}: {e}"))?;
+                .map_err(|e| format!("store.url {}: {e}", redact::endpoint(url)))?;
             Ok(Arc::new(store))
         }
     }
@@ -57,7 +58,7 @@ async fn build_leases(policy: &Policy) -> Result<Option<Arc<QuotaLeases>>, Strin
     }
     let store = RedisStore::from_policy(&policy.store)
         .await
-        .map_err(|e| format!("store.url {url}: {e}"))?;
+        .map_err(|e| format!("store.url {}: {e}", redact::endpoint(url)))?;
     // Unique per process and start: lease ids never repeat across restarts.
     let gateway = uuid::Uuid::new_v4().simple().to_string();
     Ok(Some(Arc::new(QuotaLeases::new(

@@ -64,3 +64,38 @@ async fn webhook_errors_and_the_otlp_endpoint_are_logged_without_their_secrets()
         assert!(!log.contains(secret), "{secret:?} in the log:\n{log}");
     }
 }
+
+/// A Redis URL may carry the store's password (`redis://:pass@host`): a
+/// gateway that cannot reach its store says where it tried, never with it.
+#[test]
+fn a_store_url_is_logged_without_its_password() {
+    const REDIS_PASSWORD: &str = "redis-password-4711";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TestConfig::standard("http://127.0.0.1:9/v1", 20, limits().tpm(1_000))
+        .redis(&format!(
+            "redis://:{REDIS_PASSWORD}@127.0.0.1:{}/",
+            closed_port()
+        ))
+        .write(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env("STATE_DIRECTORY", dir.path())
+        .env_remove("BUDGETGATE_CONFIG")
+        .output()
+        .expect("run budgetgate serve");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "serve started without its store:\n{log}"
+    );
+    assert!(log.contains("store.url redis://127.0.0.1:"), "{log}");
+    assert!(
+        !log.contains(REDIS_PASSWORD),
+        "the password in the log:\n{log}"
+    );
+}
