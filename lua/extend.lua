@@ -15,7 +15,8 @@
 -- ceil(g × rate / RATE_ONE) (lib.lua's rate_grant, rate_debit); when not
 -- even 1 token fits, nothing is written. Quota extensions go to the window
 -- current now. The tightest line is the one granting least (the lowest
--- available among equals, then the first).
+-- available among equals, then the first). Buckets are counted at their
+-- stored rate and burst, not the hold's (lib.lua's bucket_stored).
 --
 -- Reply (strings):
 --   {'E', now, granted}                              extended by `granted` tokens
@@ -56,8 +57,11 @@ for i, p, kind, ref, a, b, d in live_lines(h.live) do
     if rate > 0 then
       local avail
       if kind == 'B' then
-        ln.b = tonumber(b)
-        avail = fdiv((bucket_at(raw[ln.key], ln.b, now)), UNITS)
+        -- At the stored rate and burst (bucket_stored): the hold's
+        -- policy may be older than the bucket's.
+        local level, last
+        level, last, ln.sa, ln.sb = bucket_stored(raw[ln.key], ln.a, tonumber(b), now)
+        avail = fdiv(level, UNITS)
       else
         avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
       end
@@ -77,9 +81,9 @@ if grant == 0 and want > 0 then
   local need = rate_debit(1, ln.rate)
   local retry, reset
   if ln.kind == 'B' then
-    local level, last = bucket_at(raw[ln.key], ln.b, now)
-    retry = refill_wait(need * UNITS - level, ln.a, now, last)
-    reset = refill_wait(ln.b * UNITS - level, ln.a, now, last)
+    local level, last = bucket_stored(raw[ln.key], ln.a, ln.sb, now)
+    retry = refill_wait(need * UNITS - level, ln.sa, now, last)
+    reset = refill_wait(ln.sb * UNITS - level, ln.sa, now, last)
   else
     local _, wend = window(ln.b, now)
     retry, reset = wend - now, wend - now
@@ -95,11 +99,11 @@ for _, ln in ipairs(lines) do
     amount = rate_debit(grant, ln.rate)
   end
   if amount > 0 and ln.kind == 'B' then
-    local level, last = bucket_at(raw[key], ln.b, now)
+    local level, last, rate, burst = bucket_stored(raw[key], ln.sa, ln.sb, now)
     -- amount ≤ what every budget has: the floor is never reached.
     level = bucket_debit(level, amount * UNITS)
-    local v = pack('<dddd', level, last, ln.a, ln.b)
-    call('SET', key, v, 'PX', ttl_ms(refill_wait(ln.b * UNITS - level, ln.a, now, last)))
+    local v = pack('<dddd', level, last, rate, burst)
+    call('SET', key, v, 'PX', ttl_ms(refill_wait(burst * UNITS - level, rate, now, last)))
     raw[key] = v
     d = s(tonumber(d) + amount)
   elseif amount > 0 and ln.kind == 'Q' then

@@ -120,10 +120,17 @@ local function put_quota(bkey, w, used, wend, now)
   put(bkey, pack('<dd', w, used), ttl_ms(wend - now))
 end
 
--- Takes `units` from the budget: a grant (fits what is free) or debt.
+-- Takes `units` from the budget: a grant (fits what is free; under the
+-- line's policy, as a reservation) or debt (at the stored rate and burst:
+-- a lease granted under an older policy never writes it back).
 local function take(kind, a, b, bkey, legacy, units, debt, now)
   if kind == 1 then
-    local level, last = bucket_at(raw[bkey], b, now)
+    local level, last
+    if debt then
+      level, last, a, b = bucket_stored(raw[bkey], a, b, now)
+    else
+      level, last = bucket_at(raw[bkey], b, now)
+    end
     if units > MAX_COST then
       units = MAX_COST
     end
@@ -186,11 +193,12 @@ local function members_free(bkey, id, from, to)
   end
 end
 
--- Returns `units` unspent units of lease record r to the budget; answers
--- what reached it (whole units).
+-- Returns `units` unspent units of lease record r to the budget (a bucket
+-- at its stored rate and burst); answers what reached it (whole units).
 local function give(kind, a, b, bkey, legacy, id, r, units, now)
   if kind == 1 then
-    local level, last = bucket_at(raw[bkey], b, now)
+    local level, last
+    level, last, a, b = bucket_stored(raw[bkey], a, b, now)
     local cap = b * UNITS
     local room = fdiv(cap - level, UNITS)
     local u = units

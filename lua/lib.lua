@@ -186,6 +186,22 @@ local function bucket_at(v, burst, now)
   return level, last
 end
 
+-- The stored value `v` brought to now under the policy it is stored with
+-- (BucketState::advance at its own rate and burst; `v` false: full under
+-- `per_minute` and `burst`). For counts taken under a policy that a reload
+-- may have changed since (a settle, an extension, a lease's debt, give
+-- back or end): they change the level, never the policy, so the next
+-- reservation refills at the stored (new) rate. Returns level, last, rate,
+-- burst (Inner::stored_bucket).
+local function bucket_stored(v, per_minute, burst, now)
+  if not v then
+    return burst * UNITS, now, per_minute, burst
+  end
+  local _, _, rate, sburst = unpack_('<dddd', v)
+  local level, last = bucket_at(v, sburst, now)
+  return level, last, rate, sburst
+end
+
 -- µs from `now` until `need` more units have refilled at `per_minute` units
 -- per ms, for a bucket refilled up to `last` (0 when none is needed): whole
 -- milliseconds, capped at MAX_WAIT_MS before the conversion to µs; the part

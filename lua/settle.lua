@@ -27,7 +27,9 @@
 -- never above MAX_COUNT), frees the slots, and shrinks the hold to its
 -- settled tombstone (kept until it expires, so a retried settle answers 'S'
 -- and a retried reserve still replays). The reply's refunded and debt
--- compare the common tokens (ARGV[3]) with the hold's.
+-- compare the common tokens (ARGV[3]) with the hold's. A bucket is counted
+-- at its stored rate and burst, not the hold's (a reload may have changed
+-- them since the reservation: lib.lua's bucket_stored).
 --
 -- Reply (strings; sent as one string of space-separated words, lib.lua's
 -- words):
@@ -105,8 +107,9 @@ local function settle(KEYS, ARGV)
     elseif (kind == 'b' or kind == 'q') and not void then
       -- Request budgets: only a void gives them back.
     elseif kind == 'B' or kind == 'b' then
-      local per_minute, burst = tonumber(a), tonumber(b)
-      local level, last = bucket_at(raw[key], burst, now)
+      -- At the stored rate and burst: a hold admitted under an older
+      -- policy must not write it back (bucket_stored).
+      local level, last, per_minute, burst = bucket_stored(raw[key], tonumber(a), tonumber(b), now)
       local cap = burst * UNITS
       local held = tonumber(d)
       local used = line_used(kind == 'B', held, p, MAX_COST)

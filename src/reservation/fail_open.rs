@@ -23,7 +23,7 @@ use lru::LruCache;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
-use super::quota_lease::QuotaLeases;
+use super::quota_lease::{OverflowEnd, QuotaLeases, StoreStep};
 use crate::metrics;
 use crate::reserve::memory::MemoryStore;
 use crate::reserve::{
@@ -266,8 +266,10 @@ impl GatewayStore {
     /// Extends where the reservation is held.
     pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
-            if let Some(o) = l.extend(id, step).await {
-                return Ok(o);
+            match l.extend(id, step).await {
+                Some(Ok(o)) => return Ok(o),
+                Some(Err(call)) => return self.overflow(l, id, call).await,
+                None => {}
             }
         }
         if self.local.contains(id) {
@@ -276,10 +278,78 @@ impl GatewayStore {
         self.inner.extend(id, step).await
     }
 
+    /// An extension of leased reservation `id` its leases could not pay,
+    /// made in the store (`quota_lease::local_hold`): past the deny cache
+    /// (its refusal is the extension's answer) and the failure policy (a
+    /// failed extension leaves the stream to its upstream cap).
+    async fn overflow(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        call: StoreStep,
+    ) -> Result<ExtendOutcome, StoreError> {
+        super::quota_lease::metrics::overflow();
+        let store = self.inner.store();
+        match call {
+            StoreStep::Reserve(r) => {
+                let tokens = r.costs.tokens;
+                let o = store.reserve(&r).await;
+                let admitted = match &o {
+                    Ok(ReserveOutcome::Admitted(_)) => Some(true),
+                    Ok(ReserveOutcome::Denied(_) | ReserveOutcome::Impossible(_)) => Some(false),
+                    // Voided: a settlement voided it first; unknown: the call failed.
+                    _ => None,
+                };
+                l.overflow_reserved(id, &r.id, admitted, tokens);
+                match o? {
+                    ReserveOutcome::Admitted(a) => Ok(ExtendOutcome::Extended {
+                        granted: tokens,
+                        now_micros: a.now_micros,
+                    }),
+                    ReserveOutcome::Voided => Ok(ExtendOutcome::AlreadySettled),
+                    refused => Ok(super::quota_lease::exhausted(&refused, 0)
+                        .map_or(ExtendOutcome::AlreadySettled, ExtendOutcome::Exhausted)),
+                }
+            }
+            StoreStep::Extend { id: ov, step } => {
+                let o = store.extend(&ov, &step).await?;
+                if let ExtendOutcome::Extended { granted, .. } = o {
+                    l.overflow_extended(id, granted);
+                }
+                Ok(o)
+            }
+        }
+    }
+
+    /// Settles the overflows of leased reservation `id` in the store
+    /// (before its local hold: a failure leaves both to the retry).
+    async fn settle_overflows(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        s: &Settlement,
+    ) -> Result<(), StoreError> {
+        let store = self.inner.store();
+        for end in l.overflow_ends(id, s) {
+            match end {
+                OverflowEnd::Settle(ov, s) => {
+                    store.settle(&ov, &s).await?;
+                }
+                OverflowEnd::Void(ov, ttl) => {
+                    store.void(&ov, ttl).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Settles where the reservation is held.
     pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
-        if let Some(o) = self.leased(id).and_then(|l| l.settle(id, s)) {
-            return Ok(o);
+        if let Some(l) = self.leased(id) {
+            self.settle_overflows(l, id, s).await?;
+            if let Some(o) = l.settle(id, s) {
+                return Ok(o);
+            }
         }
         if self.local.contains(id) {
             let o = self.fallback.settle(id, s).await;
@@ -361,8 +431,11 @@ impl BudgetStore for GatewayStore {
             upstream_failed: true,
             actual: crate::reserve::Actual::Void,
         };
-        if let Some(o) = self.leased(id).and_then(|l| l.settle(id, &void)) {
-            return Ok(o);
+        if let Some(l) = self.leased(id) {
+            self.settle_overflows(l, id, &void).await?;
+            if let Some(o) = l.settle(id, &void) {
+                return Ok(o);
+            }
         }
         if self.local.contains(id) {
             let o = self.fallback.void(id, hold_ttl_micros).await;

@@ -57,6 +57,7 @@ mod own_budget;
 mod queue;
 mod queue_fairness;
 mod queue_paths;
+mod rate_cut;
 mod redis_acl;
 mod redis_bench;
 mod redis_crash;

@@ -137,6 +137,18 @@ impl Lease {
         }
     }
 
+    /// True when the lease may still pay the extensions of the holds it
+    /// paid for: unexpired and in its window, closing or under another
+    /// policy than the budget's now (its units are debited in the store).
+    pub(super) fn pays(&self, now: u64, utc: u64) -> bool {
+        self.seq > 0
+            && now < self.deadline
+            && match (self.spec.kind, self.window) {
+                (BudgetKind::Quota { window, .. }, Some(w)) => window.id(utc) == w,
+                _ => true,
+            }
+    }
+
     /// True when a reservation under `spec` may spend this lease at `now`.
     pub(super) fn spendable(&self, spec: &BudgetSpec, now: u64, utc: u64) -> bool {
         !self.closing
@@ -153,7 +165,12 @@ impl Lease {
 /// A reservation decided from leases.
 pub(super) struct LocalHold {
     pub(super) lines: Vec<LocalLine>,
+    /// Tokens reserved: at admission, extensions, overflow (`local_hold`).
     pub(super) reserved_tokens: u64,
+    /// The reservation's hold lifetime, µs: its overflow's.
+    pub(super) hold_ttl: u64,
+    /// Store reservations of extensions the leases could not pay.
+    pub(super) overflow: Option<Box<super::local_hold::Overflow>>,
 }
 
 pub(super) struct LocalLine {
@@ -168,6 +185,15 @@ pub(super) struct LocalLine {
     pub(super) slot: bool,
     pub(super) window: Option<u64>,
 }
+
+/// How often [`Book::sweep`] forgets idle budgets, µs of the monotonic
+/// clock.
+pub const SWEEP_EVERY: u64 = 10_000_000;
+
+/// Whole seconds without a request after which a budget's demand reads
+/// zero ([`Demand`] counts the current and the previous second): its entry
+/// then says nothing a new one would not.
+const IDLE_SECS: u64 = 2;
 
 /// The book: entries by budget key and local holds by reservation id.
 pub struct Book {
@@ -184,6 +210,8 @@ pub struct Book {
     next_id: u64,
     /// A lease is wanted or short: the keeper should plan now.
     pub nudge: bool,
+    /// Monotonic µs of the last [`Book::sweep`].
+    swept_at: u64,
 }
 
 /// What [`Book::reserve`] decided.
@@ -208,7 +236,51 @@ impl Book {
             id_prefix: id_prefix.into(),
             next_id: 0,
             nudge: false,
+            swept_at: 0,
         }
+    }
+
+    /// Budgets the book keeps an entry for.
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Forgets the budgets nobody needs (issue 36: an entry per end user
+    /// ever seen, never freed): no lease, none wanted, nothing held by a
+    /// local reservation, no request for [`IDLE_SECS`]. At most once per
+    /// [`SWEEP_EVERY`], from the keeper's planning (off the request path);
+    /// a budget asked again starts a new entry, as a new budget would.
+    /// Returns true when it swept.
+    pub fn sweep(&mut self, now: u64) -> bool {
+        if now < self.swept_at.saturating_add(SWEEP_EVERY) {
+            return false;
+        }
+        self.swept_at = now;
+        // Keys a hold names with nothing in flight (a line of 0 units)
+        // keep their entry too: its settlement looks the lease up there.
+        let named: HashSet<&str> = self
+            .holds
+            .values()
+            .flat_map(|h| h.lines.iter().map(|l| &*l.key))
+            .collect();
+        self.entries.retain(|key, e| {
+            e.lease.is_some()
+                || e.wanted
+                || e.in_flight > 0
+                || e.demand.idle_slots(now) < IDLE_SECS
+                || named.contains(&**key)
+        });
+        let entries = &self.entries;
+        self.active.retain(|key| entries.contains_key(key));
+        // A burst of end users must not keep its table: give the memory
+        // back once most of it is free.
+        if self.entries.capacity() > 4 * self.entries.len() + 64 {
+            self.entries.shrink_to_fit();
+        }
+        if self.active.capacity() > 4 * self.active.len() + 64 {
+            self.active.shrink_to_fit();
+        }
+        true
     }
 
     pub(super) fn next_lease_id(&mut self) -> Arc<str> {
@@ -326,18 +398,15 @@ impl Book {
             return Decision::Store;
         }
         if !covered {
-            let (pos, _) = short.expect("a short lease was recorded");
-            let spec = r
-                .common
-                .iter()
-                .chain(cand.iter())
-                .nth(pos)
-                .expect("position in range");
-            return Decision::Local(ReserveOutcome::Denied(self.denial(
-                spec,
-                r.costs.of(0, pos, spec),
-                now,
-            )));
+            // The shortest lease refuses (the store decides if none was found).
+            let refusal = short.and_then(|(pos, _)| {
+                let spec = r.common.iter().chain(cand.iter()).nth(pos)?;
+                self.denial(spec, r.costs.of(0, pos, spec), now)
+            });
+            return match refusal {
+                Some(d) => Decision::Local(ReserveOutcome::Denied(d)),
+                None => Decision::Store,
+            };
         }
         Decision::Local(self.admit(r, cand, now, utc))
     }
@@ -353,11 +422,13 @@ impl Book {
         let mut budgets = Vec::with_capacity(lines.capacity());
         for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
             let cost = r.costs.of(0, pos, spec);
-            let e = self
-                .entries
-                .get_mut(&*spec.key)
-                .expect("entry made by the check");
-            let l = e.lease.as_mut().expect("lease checked");
+            // Made and checked by `reserve` under the same lock.
+            let Some(e) = self.entries.get_mut(&*spec.key) else {
+                continue;
+            };
+            let Some(l) = e.lease.as_mut() else {
+                continue;
+            };
             let slot = matches!(spec.kind, BudgetKind::Concurrency { .. });
             e.admitted.count(cost, now);
             let held = if slot {
@@ -385,6 +456,8 @@ impl Book {
             LocalHold {
                 lines,
                 reserved_tokens: r.costs.tokens,
+                hold_ttl: r.hold_ttl_micros,
+                overflow: None,
             },
         );
         ReserveOutcome::Admitted(Admission {
@@ -399,10 +472,10 @@ impl Book {
     /// A refusal of `spec` for `cost`: the lease is short and a top-up is
     /// due. The retry hint is what the budget's refill (or window) needs
     /// for the shortfall, at least the time to the next top-up.
-    pub(super) fn denial(&self, spec: &BudgetSpec, cost: u64, now: u64) -> Denial {
+    pub(super) fn denial(&self, spec: &BudgetSpec, cost: u64, now: u64) -> Option<Denial> {
         let utc = self.utc(now);
-        let e = &self.entries[&*spec.key];
-        let l = e.lease.as_ref().expect("a short lease");
+        let e = self.entries.get(&*spec.key)?;
+        let l = e.lease.as_ref()?;
         let avail = l.available(e.in_flight);
         let short = (cost as i64 - avail).max(1) as u64;
         let next = l
@@ -419,7 +492,7 @@ impl Book {
             }
             _ => next,
         };
-        Denial {
+        Some(Denial {
             held_for_share: false,
             scope: spec.scope.clone(),
             name: spec.name,
@@ -429,7 +502,7 @@ impl Book {
             retry_after_micros: retry,
             now_micros: utc,
             state: state(spec, l, e.in_flight, utc),
-        }
+        })
     }
 
     /// Time between two calls for one lease: about 40 local admissions'
@@ -473,23 +546,16 @@ fn entry<'a>(
     off: &LeaseOff,
     spec: &BudgetSpec,
 ) -> &'a mut Entry {
-    if !entries.contains_key(&*spec.key) {
-        let leasable = off.allows(&spec.scope);
-        entries.insert(
-            spec.key.clone(),
-            Entry {
-                spec: spec.clone(),
-                leasable,
-                demand: Demand::default(),
-                admitted: Demand::default(),
-                lease: None,
-                in_flight: 0,
-                urgent: false,
-                wanted: false,
-            },
-        );
-    }
-    let e = entries.get_mut(&*spec.key).expect("inserted above");
+    let e = entries.entry(spec.key.clone()).or_insert_with(|| Entry {
+        spec: spec.clone(),
+        leasable: off.allows(&spec.scope),
+        demand: Demand::default(),
+        admitted: Demand::default(),
+        lease: None,
+        in_flight: 0,
+        urgent: false,
+        wanted: false,
+    });
     if e.spec.kind != spec.kind {
         e.spec = spec.clone();
     }

@@ -8,6 +8,11 @@
 //! - `budgetgate_leases_total{event}`: granted, topped_up, returned,
 //!   expired, fenced.
 //! - `budgetgate_leases_held`: leases this gateway holds now.
+//! - `budgetgate_lease_book_entries`: budgets the lease book keeps an entry
+//!   for (leased, wanted, held by a local reservation, or asked within
+//!   the last seconds; idle ones are swept every 10 s).
+//! - `budgetgate_lease_overflows_total`: extensions of leased reservations
+//!   the leases could not pay, sent to the store as exact reservations.
 //!
 //! Store calls per admitted request of a budget domain are
 //! (store reservations + lease calls) / admissions: the test of issue 30
@@ -44,6 +49,8 @@ pub fn register() {
         counter!("budgetgate_leases_total", "event" => event).increment(0);
     }
     gauge!("budgetgate_leases_held").set(0.0);
+    gauge!("budgetgate_lease_book_entries").set(0.0);
+    counter!("budgetgate_lease_overflows_total").increment(0);
 }
 
 /// A reservation decided from leases (`true`) or sent to the store.
@@ -84,4 +91,14 @@ pub fn expired(n: u64) {
 /// Leases held now.
 pub fn held(n: usize) {
     gauge!("budgetgate_leases_held").set(n as f64);
+}
+
+/// Budgets the book keeps an entry for.
+pub fn book_entries(n: usize) {
+    gauge!("budgetgate_lease_book_entries").set(n as f64);
+}
+
+/// One extension of a leased reservation sent to the store.
+pub fn overflow() {
+    counter!("budgetgate_lease_overflows_total").increment(1);
 }

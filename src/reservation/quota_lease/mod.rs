@@ -49,6 +49,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 pub use book::{Book, BookSettings, Decision, LeaseOff};
+pub use local_hold::{exhausted, Extension, OverflowEnd, StoreStep};
 pub use plan::{Applied, Call};
 
 use crate::reserve::lease::LeaseStore;
@@ -136,14 +137,35 @@ impl QuotaLeases {
 
     /// Extends a local hold from its leases; when they are short, asks the
     /// store for a top-up first (off the request path for reservations,
-    /// on it for a stream that would otherwise be cut off).
-    pub async fn extend(&self, id: &str, step: &Step) -> Option<ExtendOutcome> {
-        let first = self.lock().extend(id, step, self.now())?;
-        if !matches!(first, ExtendOutcome::Exhausted(_)) {
-            return Some(first);
+    /// on it for a stream that would otherwise be cut off); when they are
+    /// still short, answers the store call that extends it exactly
+    /// (`local_hold`: a stream with budget left is not cut off).
+    pub async fn extend(&self, id: &str, step: &Step) -> Option<Result<ExtendOutcome, StoreStep>> {
+        if let Extension::Done(o) = self.lock().extend(id, step, self.now())? {
+            return Some(Ok(o));
         }
         self.round().await;
-        self.lock().extend(id, step, self.now())
+        let mut book = self.lock();
+        match book.extend(id, step, self.now())? {
+            Extension::Done(o) => Some(Ok(o)),
+            Extension::Short => book.overflow_step(id, step).map(Err),
+        }
+    }
+
+    /// The answer to an overflow reservation of `id` ([`StoreStep::Reserve`]):
+    /// `Some(true)` admitted, `Some(false)` refused, `None` unknown.
+    pub fn overflow_reserved(&self, id: &str, ov_id: &str, admitted: Option<bool>, tokens: u64) {
+        self.lock().overflow_reserved(id, ov_id, admitted, tokens);
+    }
+
+    /// `granted` tokens more on `id`'s overflow ([`StoreStep::Extend`]).
+    pub fn overflow_extended(&self, id: &str, granted: u64) {
+        self.lock().overflow_extended(id, granted);
+    }
+
+    /// The store calls that settle `id`'s overflows, before [`Self::settle`].
+    pub fn overflow_ends(&self, id: &str, s: &Settlement) -> Vec<OverflowEnd> {
+        self.lock().overflow_ends(id, s)
     }
 
     /// Settles (or voids) a local hold.
@@ -190,7 +212,11 @@ impl QuotaLeases {
 
     /// One planning round: sends every due call and applies the replies.
     pub async fn round(&self) {
-        let calls = self.lock().due(self.now());
+        let (calls, entries) = {
+            let mut book = self.lock();
+            (book.due(self.now()), book.entries())
+        };
+        metrics::book_entries(entries);
         self.send(calls).await;
     }
 

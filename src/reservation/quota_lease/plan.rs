@@ -42,6 +42,7 @@ impl Book {
     /// The calls due at `now`, lines grouped by budget domain. Each line's
     /// lease is marked on the wire until [`Book::apply`] sees its reply.
     pub fn due(&mut self, now: u64) -> Vec<Call> {
+        self.sweep(now);
         let utc = self.utc(now);
         let settings = self.settings.clone();
         let mut lines: Vec<LeaseLine> = Vec::new();
@@ -68,7 +69,9 @@ impl Book {
             } else {
                 Arc::from("")
             };
-            let e = self.entries.get_mut(&*key).expect("looked up above");
+            let Some(e) = self.entries.get_mut(&*key) else {
+                continue;
+            };
             let Some(l) = e.lease.as_mut() else {
                 // Demand that fell again before the grant went out wants nothing.
                 if e.leasable
@@ -297,10 +300,12 @@ impl Book {
         })
     }
 
-    /// Leases held now.
+    /// Leases held now (every leased budget is `active`: counted without
+    /// visiting the entries of budgets that never leased).
     pub fn leases(&self) -> usize {
-        self.entries
-            .values()
+        self.active
+            .iter()
+            .filter_map(|k| self.entries.get(k))
             .filter(|e| e.lease.as_ref().is_some_and(|l| l.seq > 0))
             .count()
     }

@@ -261,7 +261,8 @@ fn report(inner: &mut Inner, spec: &BudgetSpec, r: &mut Record, spent: u64, now:
     let debt = r.spent - held;
     match spec.kind {
         BudgetKind::Bucket { per_minute, burst } => {
-            let mut b = inner.bucket(&spec.key, per_minute, burst, now);
+            // At the stored policy: the lease's may be older.
+            let mut b = inner.stored_bucket(&spec.key, per_minute, burst, now);
             crate::metrics::debt_forgiven(b.debit(debt));
             store_at(&mut inner.buckets, &spec.key, b);
         }
@@ -347,8 +348,9 @@ fn give_back(
 ) -> u64 {
     match spec.kind {
         BudgetKind::Bucket { per_minute, burst } => {
-            let mut b = inner.bucket(&spec.key, per_minute, burst, now);
-            let room = (capacity_units(burst) - b.level).div_euclid(UNITS_PER_TOKEN);
+            // At the stored policy: the lease's may be older.
+            let mut b = inner.stored_bucket(&spec.key, per_minute, burst, now);
+            let room = (capacity_units(b.burst) - b.level).div_euclid(UNITS_PER_TOKEN);
             b.credit(units);
             store_at(&mut inner.buckets, &spec.key, b);
             units.min(room.max(0) as u64)

@@ -233,6 +233,12 @@ impl MemoryStore {
             })
             .filter(|(_, _, rate)| *rate > 0)
             .collect();
+        // Counted at the stored policy: the hold's may be older (a reload
+        // since), and writing it back would refill at the old rate.
+        let paying: Vec<(usize, BudgetSpec, u64)> = paying
+            .into_iter()
+            .map(|(i, spec, rate)| (i, inner.at_stored_policy(&spec), rate))
+            .collect();
         let mut grant = want;
         // The line granting least (the lowest available among equals, then the first).
         let mut tightest: Option<(u64, i64, &BudgetSpec, u64)> = None;
@@ -246,13 +252,20 @@ impl MemoryStore {
         }
         if grant == 0 && want > 0 {
             let (_, avail, spec, rate) = tightest.expect("a zero grant needs a limiting budget");
-            let state = inner.state_of(spec, now);
+            let mut state = inner.state_of(spec, now);
             let retry = inner.wait_for(spec, Step::debit(1, rate), now);
+            // The limit the hold was taken under, as the Redis store answers.
+            let limit = hold
+                .lines
+                .iter()
+                .find(|l| l.spec.key == spec.key)
+                .map_or(spec.limit(), |l| l.spec.limit());
+            state.limit = limit;
             return ExtendOutcome::Exhausted(Denial {
                 held_for_share: false,
                 scope: spec.scope.clone(),
                 name: spec.name,
-                limit: spec.limit(),
+                limit,
                 requested: want,
                 available: avail,
                 retry_after_micros: retry,

@@ -126,6 +126,40 @@ impl Inner {
         }
     }
 
+    /// The bucket at `key` brought to `now` under the policy it is stored
+    /// with (`per_minute` and `burst` only when none is stored: full under
+    /// them). For counts taken under a policy that a reload may have
+    /// changed since (a settle, an extension, a lease's debt, give back or
+    /// end): they change the level, never the policy, so the next
+    /// reservation refills at the stored (new) rate (`lua/lib.lua`'s
+    /// `bucket_stored`).
+    pub(super) fn stored_bucket(
+        &self,
+        key: &str,
+        per_minute: u64,
+        burst: u64,
+        now: u64,
+    ) -> BucketState {
+        match self.buckets.get(key) {
+            Some(b) => b.advance(b.per_minute, b.burst, now),
+            None => BucketState::full(per_minute, burst, now),
+        }
+    }
+
+    /// `spec` under the policy its bucket is stored with (other kinds, and
+    /// a bucket with no state, as they are): what an extension of a hold
+    /// taken under an older policy counts with ([`Self::stored_bucket`]).
+    pub(super) fn at_stored_policy(&self, spec: &BudgetSpec) -> BudgetSpec {
+        let mut s = spec.clone();
+        if let (BudgetKind::Bucket { .. }, Some(b)) = (spec.kind, self.buckets.get(&*spec.key)) {
+            s.kind = BudgetKind::Bucket {
+                per_minute: b.per_minute,
+                burst: b.burst,
+            };
+        }
+        s
+    }
+
     pub(super) fn quota(&self, key: &str, window: u64) -> QuotaState {
         match self.quotas.get(key) {
             Some(q) if q.window == window => *q,
@@ -399,7 +433,8 @@ impl Inner {
             _ if spec.name.counts_requests() && used.is_some() => false,
             BudgetKind::Bucket { per_minute, burst } => {
                 let used = used.map_or(0, |u| u.min(MAX_LIMIT));
-                let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                // The hold's policy may be older than the bucket's.
+                let mut b = self.stored_bucket(&spec.key, per_minute, burst, now);
                 let refunded = used < line.held && refundable;
                 if refunded {
                     b.credit(line.held - used);
