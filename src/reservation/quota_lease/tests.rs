@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::book::{Book, Decision, LeaseOff};
+use super::local_hold::{Extension, StoreStep};
 use super::plan::Call;
 use crate::reserve::lease::{LeaseReply, LeaseState};
 use crate::reserve::store_config::LeasePolicy;
@@ -69,6 +70,16 @@ fn grant_all(call: &Call, now_utc: u64) -> Vec<LeaseReply> {
             })
         })
         .collect()
+}
+
+/// The tokens an extension decided from the leases granted.
+fn extended(e: Option<Extension>) -> u64 {
+    match e {
+        Some(Extension::Done(ExtendOutcome::Extended { granted, .. })) => granted,
+        Some(Extension::Done(o)) => panic!("{o:?}"),
+        Some(Extension::Short) => panic!("the leases are short"),
+        None => panic!("not a local hold"),
+    }
 }
 
 /// Drives demand past `min_rate` and answers the grant: a book with both
@@ -204,20 +215,16 @@ fn extensions_come_from_the_lease_and_stop_at_what_it_holds() {
         .map(|(_, a)| a)
         .expect("leased");
     b.reserve(&request("s", 100), now);
-    match b.extend("s", &Step::tokens(50), now) {
-        Some(ExtendOutcome::Extended { granted, .. }) => assert_eq!(granted, 50),
-        o => panic!("{o:?}"),
-    }
+    assert_eq!(extended(b.extend("s", &Step::tokens(50), now)), 50);
     let left = (tpm - 150) as u64;
-    match b.extend("s", &Step::tokens(left + 10), now) {
-        Some(ExtendOutcome::Extended { granted, .. }) => {
-            assert_eq!(granted, left, "the largest amount the lease pays")
-        }
-        o => panic!("{o:?}"),
-    }
+    assert_eq!(
+        extended(b.extend("s", &Step::tokens(left + 10), now)),
+        left,
+        "the largest amount the lease pays"
+    );
     assert!(matches!(
         b.extend("s", &Step::tokens(1), now),
-        Some(ExtendOutcome::Exhausted(_))
+        Some(Extension::Short)
     ));
     assert!(
         b.extend("unknown", &Step::tokens(1), now).is_none(),
@@ -363,4 +370,249 @@ fn a_share_claim_a_deployment_lease_cannot_pay_goes_to_the_store() {
         b.reserve(&upstream_request("big2", 10_000_000, true), now),
         Decision::Store
     ));
+}
+
+/// The store's answer to a call that grants nothing new: each lease keeps
+/// what it was granted, less the line's give back.
+fn keep_all(b: &Book, call: &Call, now_utc: u64) -> Vec<LeaseReply> {
+    call.lines
+        .iter()
+        .map(|line| {
+            let (granted, given_back) = b
+                .entries
+                .get(&*line.spec.key)
+                .and_then(|e| e.lease.as_ref())
+                .map_or((0, 0), |l| (l.granted, l.given_back));
+            LeaseReply::Live(LeaseState {
+                epoch: 1,
+                granted,
+                given_back: given_back + line.give_back,
+                granted_now: 0,
+                expires_at_micros: now_utc + line.ttl_micros,
+                now_micros: now_utc,
+                free: 1_000,
+                window: None,
+            })
+        })
+        .collect()
+}
+
+/// An end user's tpm budget: one key per end user.
+fn end_user_request(id: &str, user: u64) -> ReserveRequest {
+    let mut s = spec(BudgetName::Tpm, 60_000);
+    s.scope = Scope::EndUser("hot".into(), format!("{user:032x}").into());
+    s.key = format!("bg:{{d}}:v3:end_user:hot:{user:032x}:tpm").into();
+    ReserveRequest {
+        common: vec![s],
+        ..request(id, 10)
+    }
+}
+
+/// Fault (issue 36, point 2): the book kept an entry for every budget key
+/// it ever saw, so 100,000 end users cost ≈188 MB, never freed. An idle
+/// sweep interval later only what has a lease, a hold or recent demand is
+/// kept; then nothing.
+#[test]
+fn idle_budgets_are_swept_and_leased_held_or_asked_ones_kept() {
+    let (mut b, now) = leased_book();
+    assert!(matches!(
+        b.reserve(&request("held", 100), now),
+        Decision::Local(ReserveOutcome::Admitted(_))
+    ));
+    for user in 0..200_000 {
+        assert!(matches!(
+            b.reserve(&end_user_request(&format!("u{user}"), user), now),
+            Decision::Store
+        ));
+    }
+    assert_eq!(b.entries(), 200_002);
+    // One end user keeps asking; the others go away.
+    let later = now + super::book::SWEEP_EVERY;
+    b.reserve(&end_user_request("again", 7), later - S / 2);
+    b.due(later);
+    assert_eq!(
+        b.entries(),
+        3,
+        "the two budgets of the hold (their leases) and the end user asked"
+    );
+    // The hold settles and everybody stops asking: nothing is kept once
+    // the leases are gone.
+    let s = Settlement {
+        actual_tokens: 100,
+        upstream_failed: false,
+        actual: Actual::Tokens,
+    };
+    assert!(b.settle("held", &s, later).is_some());
+    let mut t = later;
+    for _ in 0..3 {
+        t += super::book::SWEEP_EVERY;
+        let calls = b.due(t);
+        for call in calls {
+            let ended: Vec<LeaseReply> = call
+                .lines
+                .iter()
+                .map(|_| LeaseReply::Ended {
+                    given_back: 0,
+                    now_micros: 0,
+                })
+                .collect();
+            b.apply(&call, Some(&ended), t);
+        }
+    }
+    assert_eq!(b.leases(), 0);
+    assert_eq!(b.entries(), 0);
+}
+
+/// `budgetgate_lease_book_entries` as the gateway's keeper sets it, read
+/// from the exposition (paused tokio time is the injected clock).
+#[tokio::test(start_paused = true)]
+async fn the_book_entries_gauge_follows_the_sweep() {
+    use crate::reserve::memory::MemoryStore;
+    let gauge = || {
+        let text = crate::metrics::render();
+        text.lines()
+            .find_map(|l| l.strip_prefix("budgetgate_lease_book_entries "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .expect("gauge exported")
+    };
+    crate::metrics::install();
+    let store = Arc::new(MemoryStore::new(Arc::new(crate::clock::ManualClock::new(
+        1_800_000_000_000_000,
+    ))));
+    let leases = super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        store,
+        Duration::from_millis(50),
+        "g1",
+    );
+    for user in 0..200_000 {
+        assert!(leases
+            .reserve(&end_user_request(&format!("u{user}"), user))
+            .is_none());
+    }
+    leases.round().await;
+    assert_eq!(gauge(), 200_000.0);
+    tokio::time::advance(Duration::from_micros(super::book::SWEEP_EVERY)).await;
+    leases.round().await;
+    assert_eq!(gauge(), 0.0, "an idle sweep interval later");
+}
+
+/// A hold on both leases of `leased_book`, and the tpm lease's key.
+fn stream(b: &mut Book, now: u64) {
+    assert!(matches!(
+        b.reserve(&request("stream", 100), now),
+        Decision::Local(ReserveOutcome::Admitted(_))
+    ));
+}
+
+/// Fault (issue 36, point 3): a 300-token leased stream was cut off at 208
+/// tokens when the tenant's other traffic stopped: demand fell, the lease
+/// closed, and a closing lease paid no extension though it held the units.
+/// Once it has given them back, the step is reserved exactly in the store.
+#[test]
+fn a_closing_lease_pays_its_streams_then_the_store_does() {
+    let (mut b, now) = leased_book();
+    stream(&mut b, now);
+    let quiet = now + 2 * S;
+    let calls = b.due(quiet);
+    let tpm = calls
+        .iter()
+        .flat_map(|c| &c.lines)
+        .find(|l| l.spec.name == BudgetName::Tpm)
+        .expect("tpm line");
+    assert!(tpm.give_back > 0 && !tpm.end, "closing: {tpm:?}");
+    assert_eq!(extended(b.extend("stream", &Step::tokens(50), quiet)), 50);
+    for call in &calls {
+        let replies = keep_all(&b, call, 1_800_000_000_000_000);
+        b.apply(call, Some(&replies), quiet + 500);
+    }
+    assert!(matches!(
+        b.extend("stream", &Step::tokens(50), quiet + S / 10),
+        Some(Extension::Short)
+    ));
+    match b.overflow_step("stream", &Step::tokens(50)) {
+        Some(StoreStep::Reserve(r)) => {
+            assert_eq!(r.id, "stream.x1");
+            assert_eq!(r.common.len(), 1, "the token budget only");
+            assert_eq!(r.common[0].name, BudgetName::Tpm);
+            assert_eq!(r.costs.of(0, 0, &r.common[0]), 50);
+        }
+        o => panic!("{o:?}"),
+    }
+}
+
+/// Fault (issue 36, point 3): a reload lowering the limit a stream's lease
+/// was granted under (tpm 1,000,000 → 900,000) cut it off at 112 tokens:
+/// the lease, no longer under the budget's policy, paid nothing.
+#[test]
+fn a_lease_under_the_old_policy_pays_its_streams() {
+    let (mut b, now) = leased_book();
+    stream(&mut b, now);
+    let mut lowered = request("n", 100);
+    lowered.common[1] = spec(BudgetName::Tpm, 540_000);
+    assert!(matches!(b.reserve(&lowered, now), Decision::Store));
+    assert_eq!(extended(b.extend("stream", &Step::tokens(50), now)), 50);
+}
+
+/// A stream paying two token budgets (the tenant's and its key's): a
+/// reload lowering the key's limit must not cut it off either.
+#[test]
+fn a_reload_of_another_limit_of_the_stream_leaves_it_paid() {
+    let key_tpm = |per_minute| BudgetSpec {
+        scope: Scope::Key("hot".into(), "k".into()),
+        key: "bg:{d}:v3:key:hot:k:tpm".into(),
+        ..spec(BudgetName::Tpm, per_minute)
+    };
+    let two = |id: &str, per_minute| {
+        let mut r = request(id, 100);
+        r.common.push(key_tpm(per_minute));
+        r
+    };
+    let mut b = book();
+    let mut now = 10 * S;
+    for i in 0..60 {
+        b.reserve(&two(&format!("w{i}"), 600_000), now);
+        now += 1_000;
+    }
+    let calls = b.due(now);
+    let replies = grant_all(&calls[0], 1_800_000_000_000_000);
+    b.apply(&calls[0], Some(&replies), now + 500);
+    assert_eq!(b.leases(), 3);
+    assert!(matches!(
+        b.reserve(&two("stream", 600_000), now + 1_000),
+        Decision::Local(ReserveOutcome::Admitted(_))
+    ));
+    assert!(matches!(
+        b.reserve(&two("n", 300_000), now + 2_000),
+        Decision::Store
+    ));
+    assert_eq!(
+        extended(b.extend("stream", &Step::tokens(50), now + 3_000)),
+        50
+    );
+}
+
+/// A lease that stops suiting its budget (one report interval of demand
+/// no longer fits `max_fraction`) closes; its streams are still paid.
+#[test]
+fn an_outgrown_lease_pays_its_streams() {
+    let (mut b, now) = leased_book();
+    stream(&mut b, now);
+    for i in 0..4 {
+        // Far beyond the lease: refused here, but demand all the same.
+        b.reserve(&request(&format!("big{i}"), 100_000), now + 1_000);
+    }
+    let calls = b.due(now + S / 4);
+    assert!(
+        calls
+            .iter()
+            .flat_map(|c| &c.lines)
+            .any(|l| l.spec.name == BudgetName::Tpm && l.give_back > 0),
+        "outgrown: closing, its free units going back"
+    );
+    assert_eq!(
+        extended(b.extend("stream", &Step::tokens(50), now + S / 4 + 1_000)),
+        50
+    );
 }
