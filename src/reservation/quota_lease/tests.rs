@@ -616,3 +616,84 @@ fn an_outgrown_lease_pays_its_streams() {
         50
     );
 }
+
+/// Fault (issue 36, point 3): once a leased stream's closing lease had
+/// given its units back, the stream was cut off with budget left. Its step
+/// is now an exact store reservation, and the settlement charges that
+/// reservation what the stream used beyond the lease (refunding the rest
+/// in the store).
+#[tokio::test(start_paused = true)]
+async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
+    use crate::clock::ManualClock;
+    use crate::reservation::deny::{AnsweredBy, DenyCachedStore};
+    use crate::reservation::GatewayStore;
+    use crate::reserve::deny_cache::DenyCache;
+    use crate::reserve::memory::MemoryStore;
+    use crate::reserve::BudgetStore;
+
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let leases = Arc::new(super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        mem.clone(),
+        Duration::from_millis(50),
+        "g1",
+    ));
+    let inner: Arc<dyn BudgetStore> = mem.clone();
+    let gw = GatewayStore::new(
+        DenyCachedStore::new(
+            inner,
+            Arc::new(DenyCache::with_capacity(16)),
+            Arc::new(clock.clone()),
+        ),
+        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        1.0,
+    )
+    .with_leases(leases.clone());
+    let used = |tokens| Settlement {
+        actual_tokens: tokens,
+        upstream_failed: false,
+        actual: Actual::Tokens,
+    };
+    for i in 0..60 {
+        let r = request(&format!("w{i}"), 100);
+        gw.reserve(&r).await.expect("reserve");
+        gw.settle(&r.id, &used(100)).await.expect("settle");
+    }
+    leases.round().await;
+    assert_eq!(leases.leases(), 2);
+    let (o, by) = gw
+        .reserve_answered(&request("stream", 100))
+        .await
+        .expect("reserve");
+    assert!(matches!(o, ReserveOutcome::Admitted(_)));
+    assert!(matches!(by, AnsweredBy::Lease));
+    // The tenant's other traffic stops: the leases close and give back
+    // what no stream holds.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    clock.advance(2 * S);
+    leases.round().await;
+    assert_eq!(leases.leased_units("bg:{d}:v3:tenant:hot:tpm"), Some(0));
+    let tpm = spec(BudgetName::Tpm, 600_000);
+    let remaining = || mem.inspect_sync(std::slice::from_ref(&tpm))[0].remaining;
+    let before = remaining();
+    match gw.extend("stream", &Step::tokens(50)).await.expect("extend") {
+        ExtendOutcome::Extended { granted, .. } => assert_eq!(granted, 50),
+        o => panic!("cut off: {o:?}"),
+    }
+    let reserved = remaining();
+    assert_eq!(before - reserved, 50, "reserved in the store");
+    // 120 used: 100 the lease paid, 20 of the store's 50.
+    match gw.settle("stream", &used(120)).await.expect("settle") {
+        SettleOutcome::Settled {
+            reserved,
+            refunded,
+            debt,
+            ..
+        } => assert_eq!((reserved, refunded, debt), (150, 30, 0)),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(remaining() - reserved, 30, "refunded in the store");
+    assert_eq!(mem.live_holds(), 0, "the store's reservation settled");
+}
