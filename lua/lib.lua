@@ -191,14 +191,20 @@ end
 -- `per_minute` and `burst`). For counts taken under a policy that a reload
 -- may have changed since (a settle, an extension, a lease's debt, give
 -- back or end): they change the level, never the policy, so the next
--- reservation refills at the stored (new) rate. Returns level, last, rate,
--- burst (Inner::stored_bucket).
+-- reservation refills at the stored (new) rate. A bucket full by now
+-- carries no state worth its policy (its key may have expired already):
+-- it is brought under the given policy, as bucket_at does. Returns level,
+-- last, rate, burst (Inner::stored_bucket).
 local function bucket_stored(v, per_minute, burst, now)
   if not v then
     return burst * UNITS, now, per_minute, burst
   end
   local _, _, rate, sburst = unpack_('<dddd', v)
   local level, last = bucket_at(v, sburst, now)
+  if level >= sburst * UNITS then
+    level, last = bucket_at(v, burst, now)
+    return level, last, per_minute, burst
+  end
   return level, last, rate, sburst
 end
 

@@ -63,7 +63,7 @@ impl Book {
             let grants = self
                 .entries
                 .get(&*key)
-                .is_some_and(|e| e.lease.is_none() && e.leasable && e.wanted);
+                .is_some_and(|e| e.lease.is_none() && e.leasable && (e.wanted || orphans(e)));
             let id = if grants {
                 self.next_lease_id()
             } else {
@@ -72,11 +72,16 @@ impl Book {
             let Some(e) = self.entries.get_mut(&*key) else {
                 continue;
             };
+            let orphans = orphans(e);
             let Some(l) = e.lease.as_mut() else {
-                // Demand that fell again before the grant went out wants nothing.
+                // Demand that fell again before the grant went out wants
+                // nothing. Slots in use by local reservations whose lease
+                // was fenced or expired are leased again whatever the
+                // demand: the new lease's members count them in the store
+                // (issue 36; the bound until then: DESIGN section 14).
                 if e.leasable
-                    && e.wanted
-                    && e.demand.quick_requests_per_sec(now) >= settings.min_rate
+                    && (e.wanted && e.demand.quick_requests_per_sec(now) >= settings.min_rate
+                        || orphans)
                 {
                     e.wanted = false;
                     let line = LeaseLine {
@@ -177,6 +182,11 @@ impl Book {
                     // Its reservations still settle into it; what nobody
                     // holds goes back now, not at the end.
                     line.give_back = avail as u64;
+                } else if slots && avail < 0 && l.spec.kind == e.spec.kind && since >= spacing {
+                    // More slots in use than it holds (a lease granted
+                    // again for the requests of a fenced one, short of
+                    // free slots then): the rest, so the store counts them.
+                    line.want = avail.unsigned_abs();
                 } else if since < settings.report / 2 {
                     continue;
                 }
@@ -316,6 +326,12 @@ impl Book {
         let l = e.lease.as_ref().filter(|l| l.seq > 0)?;
         Some(l.available(e.in_flight))
     }
+}
+
+/// True when local reservations hold slots of a concurrency budget that
+/// has no lease any more (fenced, expired): slots the store does not count.
+fn orphans(e: &Entry) -> bool {
+    e.lease.is_none() && e.in_flight > 0 && matches!(e.spec.kind, BudgetKind::Concurrency { .. })
 }
 
 /// Units one lease aims to hold: about one report interval of this

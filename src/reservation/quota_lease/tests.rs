@@ -697,3 +697,102 @@ async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
     assert_eq!(remaining() - reserved, 30, "refunded in the store");
     assert_eq!(mem.live_holds(), 0, "the store's reservation settled");
 }
+
+/// Fault (issue 36, point 3): a fenced concurrency lease forgot its slot
+/// members while its requests ran on (90 upstream requests in flight under
+/// `max_concurrent = 88`). The gateway leases the slots again for them, so
+/// the store counts them once the old members expire.
+#[test]
+fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
+    use crate::clock::ManualClock;
+    use crate::reserve::memory::MemoryStore;
+
+    const T0: u64 = 1_800_000_000_000_000;
+    let slots = |max| BudgetSpec {
+        key: "bg:{d}:v3:tenant:hot:max_concurrent".into(),
+        kind: BudgetKind::Concurrency { max },
+        ..spec(BudgetName::MaxConcurrent, 0)
+    };
+    let req = |id: &str, max| ReserveRequest {
+        common: vec![slots(max)],
+        lease_micros: 600 * S,
+        hold_ttl_micros: 600 * S,
+        ..request(id, 1)
+    };
+    let clock = ManualClock::new(T0);
+    let store = MemoryStore::new(Arc::new(clock.clone()));
+    let p = LeasePolicy {
+        min_rate: 1,
+        ..LeasePolicy::default()
+    };
+    let mut a = Book::new(
+        super::settings(&p, Duration::from_millis(50)),
+        LeaseOff::default(),
+        "a",
+    );
+    // The book's monotonic clock is the store's minus T0.
+    let round = |a: &mut Book, t: u64| {
+        clock.set(T0 + t);
+        for call in a.due(t) {
+            let replies = store.lease_sync(&call.lines);
+            a.apply(&call, Some(&replies), t);
+        }
+    };
+    // Gateway A leases the slots under max 100 and runs 20 long requests.
+    let mut t = 10 * S;
+    let mut running = 0;
+    let mut n = 0;
+    while running < 20 && t < 30 * S {
+        n += 1;
+        if let Decision::Local(ReserveOutcome::Admitted(_)) = a.reserve(&req(&format!("r{n}"), 100), t)
+        {
+            running += 1;
+            continue;
+        }
+        t += 130_000;
+        round(&mut a, t);
+    }
+    assert_eq!(running, 20);
+    // A reload to 88 slots: gateway B's first lease under it bumps the
+    // budget's epoch; A sees the new policy too (its lease closes).
+    let b_lease = crate::reserve::lease::LeaseLine {
+        spec: slots(88),
+        lease: "b.1".into(),
+        seq: 1,
+        epoch: 0,
+        want: 2,
+        give_back: 0,
+        spent: 0,
+        end: false,
+        ttl_micros: 600 * S,
+        record_ttl_micros: 600 * S,
+    };
+    let b_granted = match &store.lease_sync(&[b_lease])[0] {
+        LeaseReply::Live(st) => st.granted,
+        o => panic!("{o:?}"),
+    };
+    assert!(matches!(
+        a.reserve(&req("new", 88), t),
+        Decision::Store
+    ));
+    // A's next report is fenced; its requests run on for a minute.
+    let end = t + 60 * S;
+    let mut fenced = false;
+    while t < end {
+        t += 100_000;
+        let before = a.leases();
+        round(&mut a, t);
+        fenced |= before > a.leases();
+    }
+    assert!(fenced, "A's lease was fenced");
+    // Gateway B takes every slot the store still has.
+    let mut b_running = 0;
+    while let ReserveOutcome::Admitted(_) = store.reserve_sync(&req(&format!("b{b_running}"), 88)) {
+        b_running += 1;
+    }
+    let fleet = running + b_running + b_granted;
+    assert!(
+        fleet <= 88,
+        "{running} on A, {b_running} exact and {b_granted} leased on B: {fleet} in flight"
+    );
+}

@@ -237,7 +237,7 @@ impl MemoryStore {
         // since), and writing it back would refill at the old rate.
         let paying: Vec<(usize, BudgetSpec, u64)> = paying
             .into_iter()
-            .map(|(i, spec, rate)| (i, inner.at_stored_policy(&spec), rate))
+            .map(|(i, spec, rate)| (i, inner.at_stored_policy(&spec, now), rate))
             .collect();
         let mut grant = want;
         // The line granting least (the lowest available among equals, then the first).

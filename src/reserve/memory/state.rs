@@ -132,7 +132,9 @@ impl Inner {
     /// changed since (a settle, an extension, a lease's debt, give back or
     /// end): they change the level, never the policy, so the next
     /// reservation refills at the stored (new) rate (`lua/lib.lua`'s
-    /// `bucket_stored`).
+    /// `bucket_stored`). A bucket full by now carries no state worth its
+    /// policy (the Redis store's key may have expired already): it is
+    /// brought under the given policy, as [`Self::bucket`] does.
     pub(super) fn stored_bucket(
         &self,
         key: &str,
@@ -141,7 +143,14 @@ impl Inner {
         now: u64,
     ) -> BucketState {
         match self.buckets.get(key) {
-            Some(b) => b.advance(b.per_minute, b.burst, now),
+            Some(b) => {
+                let stored = b.advance(b.per_minute, b.burst, now);
+                if stored.is_full() {
+                    b.advance(per_minute, burst, now)
+                } else {
+                    stored
+                }
+            }
             None => BucketState::full(per_minute, burst, now),
         }
     }
@@ -149,13 +158,15 @@ impl Inner {
     /// `spec` under the policy its bucket is stored with (other kinds, and
     /// a bucket with no state, as they are): what an extension of a hold
     /// taken under an older policy counts with ([`Self::stored_bucket`]).
-    pub(super) fn at_stored_policy(&self, spec: &BudgetSpec) -> BudgetSpec {
+    pub(super) fn at_stored_policy(&self, spec: &BudgetSpec, now: u64) -> BudgetSpec {
         let mut s = spec.clone();
         if let (BudgetKind::Bucket { .. }, Some(b)) = (spec.kind, self.buckets.get(&*spec.key)) {
-            s.kind = BudgetKind::Bucket {
-                per_minute: b.per_minute,
-                burst: b.burst,
-            };
+            if !b.advance(b.per_minute, b.burst, now).is_full() {
+                s.kind = BudgetKind::Bucket {
+                    per_minute: b.per_minute,
+                    burst: b.burst,
+                };
+            }
         }
         s
     }
