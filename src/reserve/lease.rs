@@ -81,6 +81,11 @@
 //!   slots are members of the budget's slot set: with `g` = granted and
 //!   `b` = given back, the members `<lease id>#<n>` for `b < n ≤ g`, each
 //!   with the lease's expiry as its score, so exact reservations count them.
+//! - **Policy of the counts.** Debt, give backs and ends change a
+//!   bucket's level at the rate and burst it is stored with (the lease's
+//!   policy may be older: a reload since), never writing the lease's back;
+//!   only a grant or top-up brings a bucket under the line's policy, as a
+//!   reservation does (issue 36).
 //! - **Give back** (`give_back`): returns that many unspent units (at most
 //!   granted − given back − spent) to the budget: a bucket only up to its
 //!   capacity (what does not fit is dropped), a quota only to the window it

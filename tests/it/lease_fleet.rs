@@ -361,6 +361,11 @@ fn check_config_prints_the_lease_bounds_for_the_fleet() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("fleet of 3 gateway(s)"), "{text}");
     assert!(text.contains("without faults: over-admission 0"), "{text}");
+    // Issue 36: the slots of a fenced or expired concurrency lease.
+    assert!(
+        text.contains("slots: requests still running on a concurrency lease that is fenced"),
+        "{text}"
+    );
     // rpm 6000 with a burst of 500: a lease holds at most a quarter, 125;
     // three gateways strand at most 375.
     assert!(text.contains("tenant:hot rpm: one lease at most 125; stranded at most 375 across the fleet; a lost grant over-admits at most 125, a lost lease refills in 1.2 s"), "{text}");

@@ -26,6 +26,7 @@ pub fn describe(policy: &Policy) -> Vec<String> {
             l.max_fraction
         ),
         "  without faults: over-admission 0 (leases are debited before they are spent); stranded at most the leases below".into(),
+        "  slots: requests still running on a concurrency lease that is fenced (its limit changed) or expires are leased again by their gateway at its next round, at most half the free slots per call; until then, and while the store is unreachable, over-admission at most the slots in use on that lease".into(),
         "  a gateway killed: what its leases held is lost until they expire (counted as spent); a failover that loses a grant: over-admission at most one lease; a partition: spending stops at the lease's expiry".into(),
     ];
     let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
@@ -64,6 +65,9 @@ pub fn describe(policy: &Policy) -> Vec<String> {
                 )
             }
             BudgetKind::Quota { .. } => ", a lost quota lease stays spent for its window".into(),
+            BudgetKind::Concurrency { .. } => format!(
+                ", a fenced or expired lease over-admits at most {lease} slots until its requests are leased again or end"
+            ),
             _ => String::new(),
         };
         out.push(format!(

@@ -197,7 +197,13 @@ impl Book {
     /// The answer to an overflow reservation `ov_id` of `id` for `tokens`:
     /// `Some(true)` admitted, `Some(false)` refused (nothing written),
     /// `None` unknown (the store call failed).
-    pub fn overflow_reserved(&mut self, id: &str, ov_id: &str, admitted: Option<bool>, tokens: u64) {
+    pub fn overflow_reserved(
+        &mut self,
+        id: &str,
+        ov_id: &str,
+        admitted: Option<bool>,
+        tokens: u64,
+    ) {
         let Some(ov) = self.holds.get_mut(id).and_then(|h| h.overflow.as_mut()) else {
             return;
         };

@@ -31,7 +31,13 @@
 //! spends only what its unexpired leases hold. Refunds of reservations
 //! that outlive their lease (fenced, expired) are not returned, and their
 //! debt is not charged: at most the estimate error of the reservations in
-//! flight at the fence.
+//! flight at the fence. Their extensions are paid by their lease while it
+//! is unexpired, closing or not, then reserved exactly in the store
+//! (`local_hold`); the slots of a fenced or expired concurrency lease are
+//! leased again for its requests at the next round (`plan`).
+//!
+//! The book sweeps idle budgets every [`book::SWEEP_EVERY`]: its size
+//! follows the budgets in use, not every end user ever seen.
 
 pub mod book;
 pub mod bounds;

@@ -678,7 +678,11 @@ async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
     let tpm = spec(BudgetName::Tpm, 600_000);
     let remaining = || mem.inspect_sync(std::slice::from_ref(&tpm))[0].remaining;
     let before = remaining();
-    match gw.extend("stream", &Step::tokens(50)).await.expect("extend") {
+    match gw
+        .extend("stream", &Step::tokens(50))
+        .await
+        .expect("extend")
+    {
         ExtendOutcome::Extended { granted, .. } => assert_eq!(granted, 50),
         o => panic!("cut off: {o:?}"),
     }
@@ -744,7 +748,8 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
     let mut n = 0;
     while running < 20 && t < 30 * S {
         n += 1;
-        if let Decision::Local(ReserveOutcome::Admitted(_)) = a.reserve(&req(&format!("r{n}"), 100), t)
+        if let Decision::Local(ReserveOutcome::Admitted(_)) =
+            a.reserve(&req(&format!("r{n}"), 100), t)
         {
             running += 1;
             continue;
@@ -771,10 +776,7 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
         LeaseReply::Live(st) => st.granted,
         o => panic!("{o:?}"),
     };
-    assert!(matches!(
-        a.reserve(&req("new", 88), t),
-        Decision::Store
-    ));
+    assert!(matches!(a.reserve(&req("new", 88), t), Decision::Store));
     // A's next report is fenced; its requests run on for a minute.
     let end = t + 60 * S;
     let mut fenced = false;
