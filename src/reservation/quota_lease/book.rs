@@ -88,7 +88,9 @@ pub(super) struct Entry {
     pub(super) demand: Demand,
     /// What was decided from the lease, per second (the spacing of its calls).
     pub(super) admitted: Demand,
-    pub(super) lease: Option<Lease>,
+    /// Boxed: most entries never lease (an end user's budgets), and an
+    /// inline lease would more than double every entry.
+    pub(super) lease: Option<Box<Lease>>,
     /// Units held by local reservations of this budget (slots in use, for concurrency).
     pub(super) in_flight: u64,
     /// A reservation found the lease short: top up as soon as spacing allows.

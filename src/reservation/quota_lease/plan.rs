@@ -96,7 +96,7 @@ impl Book {
                         ttl_micros: settings.ttl,
                         record_ttl_micros: settings.record_ttl,
                     };
-                    e.lease = Some(Lease {
+                    e.lease = Some(Box::new(Lease {
                         id,
                         spec: e.spec.clone(),
                         seq: 0,
@@ -112,7 +112,7 @@ impl Book {
                         on_wire: true,
                         last_call: now,
                         granted_at: now,
-                    });
+                    }));
                     lines.push(line);
                 } else {
                     e.wanted = false;
