@@ -560,6 +560,20 @@ pub fn alert_delivery(outcome: &'static str) {
     counter!("budgetgate_alert_deliveries_total", "outcome" => outcome).increment(1);
 }
 
+/// The control database as this gateway serves it: the version counter
+/// of the snapshot served, and how many of its entities are quarantined
+/// (not served: they do not merge, docs/CONTROL.md).
+pub fn control_served(version: i64, quarantined: usize) {
+    gauge!("budgetgate_control_version").set(version as f64);
+    gauge!("budgetgate_control_quarantined").set(quarantined as f64);
+}
+
+/// Seconds since a read of the control database last found the served
+/// snapshot current.
+pub fn control_snapshot_age(seconds: f64) {
+    gauge!("budgetgate_control_snapshot_age_seconds").set(seconds);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -120,6 +120,11 @@ pub struct Db {
     kind: DbKind,
     /// The URL as connected (SQLite's with `mode=rwc`).
     url: String,
+    /// Held by this process's control writes from before their
+    /// transaction begins to its end: they queue here instead of in the
+    /// database (SQLite's busy handler waits by sleeping, 1 to 100 ms a
+    /// time; a queued PostgreSQL writer would hold a pooled connection).
+    writers: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The default database: `control.db` beside the memory store's snapshot,
@@ -151,7 +156,12 @@ impl Db {
             .connect(&url)
             .await
             .map_err(DbError::Connect)?;
-        let db = Db { pool, kind, url };
+        let db = Db {
+            pool,
+            kind,
+            url,
+            writers: Default::default(),
+        };
         db.migrate().await?;
         Ok(db)
     }
@@ -191,6 +201,12 @@ impl Db {
             DbKind::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
             DbKind::Postgres => self.pool.begin().await,
         }
+    }
+
+    /// Waits for this process's turn to write (see `writers`); the turn
+    /// lasts as long as the guard.
+    pub async fn write_turn(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.writers.clone().lock_owned().await
     }
 
     /// Which database this is.

@@ -12,10 +12,13 @@
 //!   (SQLite; and as the backstop of a missed notification), a periodic
 //!   full refresh.
 //!
-//! The config file stays the bootstrap and the home of static entities;
-//! a name in both is an error at start and at reload. When the database is
-//! unreachable the gateway keeps serving the last snapshot it read, and
-//! changes are refused (503) until it is back.
+//! The config file stays the bootstrap and the home of static entities.
+//! An entity of the database that does not merge with the file and the
+//! rest (a name the file also defines, a key or child whose tenant is
+//! gone, what the validator refuses) is quarantined: logged, counted,
+//! listed, not served; the rest is served ([`runtime::compose`]). When the
+//! database is unreachable the gateway keeps serving the last snapshot it
+//! read, and changes are refused (503) until it is back.
 
 pub mod db;
 pub mod runtime;
@@ -23,8 +26,9 @@ pub mod sync;
 pub mod writes;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
@@ -33,7 +37,7 @@ use crate::config::raw::RawConfig;
 use crate::config::reload::{self, ReloadOutcome, Trigger};
 use crate::config::{ConfigErrors, Policy};
 use db::Db;
-use runtime::Snapshot;
+use runtime::{Quarantined, Snapshot};
 
 /// The database opened and read at start, before the gateway's state
 /// exists ([`Opened::into_plane`] joins it).
@@ -43,6 +47,8 @@ pub struct Opened {
     snapshot: Snapshot,
     file: (RawConfig, String),
     config_path: PathBuf,
+    /// The policy version served at start and what it leaves out.
+    quarantine: (String, Vec<Quarantined>),
 }
 
 /// Opens the control database of `file_policy` (the config file alone),
@@ -58,7 +64,11 @@ pub async fn open(file_policy: &Policy, config_path: &Path) -> Result<(Opened, P
     let db = Db::open(&url).await.map_err(|e| e.to_string())?;
     let snapshot = runtime::load(&db).await.map_err(|e| e.to_string())?;
     let file = Policy::read_raw(config_path).map_err(|e| e.to_string())?;
-    let policy = runtime::compose(&file.0, &file.1, &snapshot).map_err(|e| e.to_string())?;
+    let composed = runtime::compose(&file.0, &file.1, &snapshot).map_err(|e| e.to_string())?;
+    let quarantine = (composed.policy.version.clone(), composed.quarantined());
+    log_quarantine(&quarantine.0, &quarantine.1);
+    crate::metrics::control_served(snapshot.version, quarantine.1.len());
+    let policy = composed.policy;
     tracing::info!(
         database = %db_kind_name(&db),
         version = snapshot.version,
@@ -73,9 +83,23 @@ pub async fn open(file_policy: &Policy, config_path: &Path) -> Result<(Opened, P
             snapshot,
             file,
             config_path: config_path.to_path_buf(),
+            quarantine,
         },
         policy,
     ))
+}
+
+/// Logs each quarantined entity at error (once per policy version: the
+/// callers log a version once).
+fn log_quarantine(policy_version: &str, list: &[Quarantined]) {
+    for q in list {
+        tracing::error!(
+            entity = %q.entity,
+            reason = %q.reason,
+            policy_version,
+            "control database entity quarantined: not served until it merges again (GET /admin/v1/control/quarantine)"
+        );
+    }
 }
 
 fn db_kind_name(db: &Db) -> &'static str {
@@ -104,6 +128,11 @@ impl Opened {
             installing: Mutex::new(()),
             reachable: AtomicBool::new(true),
             runtime,
+            quarantine: ArcSwap::from_pointee(self.quarantine.1),
+            logged: Mutex::new(self.quarantine.0),
+            started: Instant::now(),
+            confirmed_ms: AtomicU64::new(0),
+            test_pause: Mutex::new(None),
         })
     }
 }
@@ -131,6 +160,17 @@ pub struct ControlPlane {
     /// The runtime the database pool lives on (serving thread 0's):
     /// handlers on other serving threads run their calls there.
     runtime: tokio::runtime::Handle,
+    /// The entities of the served snapshot left out of the policy.
+    quarantine: ArcSwap<Vec<Quarantined>>,
+    /// The policy version whose quarantine was logged last.
+    logged: Mutex<String>,
+    /// When the plane was made (the origin of `confirmed_ms`).
+    started: Instant,
+    /// When a read of the database last found the served snapshot
+    /// current (ms after `started`).
+    confirmed_ms: AtomicU64,
+    /// Tests only: see [`ControlPlane::pause_writes_before_commit`].
+    test_pause: Mutex<Option<(String, Duration)>>,
 }
 
 impl ControlPlane {
@@ -147,6 +187,60 @@ impl ControlPlane {
     /// The config file as last read (values and version).
     pub fn file(&self) -> (RawConfig, String) {
         self.file.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The entities of the database not served (they do not merge), by
+    /// entity.
+    pub fn quarantined(&self) -> Arc<Vec<Quarantined>> {
+        self.quarantine.load_full()
+    }
+
+    /// How long since a read of the database last found the served
+    /// snapshot current: the age of the tenants and keys served (it grows
+    /// while the database cannot be read).
+    pub fn snapshot_age(&self) -> Duration {
+        let at = Duration::from_millis(self.confirmed_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(at)
+    }
+
+    fn confirm(&self) {
+        let ms = self.started.elapsed().as_millis().min(u64::MAX as u128) as u64;
+        self.confirmed_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// What this gateway's writes are re-checked against under the lock.
+    pub fn recheck(&self) -> writes::Recheck {
+        writes::Recheck {
+            file: self.file().0,
+            pause: self
+                .test_pause
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    /// For tests: this gateway's writes of audit action `action` (`"*"`:
+    /// every one) wait `pause` between their re-check and their commit,
+    /// holding the control tree's lock, so that a test can have another
+    /// write arrive in between. Hidden: nothing in the gateway, its
+    /// config or its environment calls it.
+    #[doc(hidden)]
+    pub fn pause_writes_before_commit(&self, pause: Option<(&str, Duration)>) {
+        *self.test_pause.lock().unwrap_or_else(|e| e.into_inner()) =
+            pause.map(|(a, d)| (a.to_string(), d));
+    }
+
+    /// Records what `policy_version` leaves out; logs it the first time
+    /// that version is seen.
+    fn note_quarantine(&self, policy_version: &str, version: i64, list: Vec<Quarantined>) {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if *logged != policy_version {
+            log_quarantine(policy_version, &list);
+            *logged = policy_version.to_string();
+        }
+        crate::metrics::control_served(version, list.len());
+        self.quarantine.store(Arc::new(list));
     }
 
     /// Whether the database answered the last call.
@@ -203,8 +297,14 @@ impl ControlPlane {
             })
             .await;
         match read {
-            Ok(Some(snap)) => self.serve(snap),
-            Ok(None) => {}
+            Ok(Some(snap)) => {
+                let read = snap.version;
+                self.serve(snap);
+                if self.serves(read) {
+                    self.confirm();
+                }
+            }
+            Ok(None) => self.confirm(),
             Err(e) => tracing::debug!(error = %e, "control refresh failed"),
         }
     }
@@ -213,7 +313,8 @@ impl ControlPlane {
     /// already (a slower refresh that read before a write finishing after
     /// the write's own refresh). The policy is installed before the
     /// snapshot is recorded, so a snapshot seen at version N means the
-    /// policy serving N (what [`ControlPlane::serves`] relies on).
+    /// policy serving N (what [`ControlPlane::serves`] relies on). What
+    /// does not merge is quarantined and the rest served.
     fn serve(&self, snap: Snapshot) {
         let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         if snap.version < self.snapshot.load().version {
@@ -221,15 +322,20 @@ impl ControlPlane {
         }
         let (raw, version) = self.file();
         match runtime::compose(&raw, &version, &snap) {
-            Ok(p) => {
+            Ok(c) => {
+                let list = c.quarantined();
+                let policy_version = c.policy.version.clone();
                 if let ReloadOutcome::Applied { .. } =
-                    reload::install(&self.policy, p, &self.config_path, Trigger::Control)
+                    reload::install(&self.policy, c.policy, &self.config_path, Trigger::Control)
                 {
                     crate::metrics::register_policy_series(&self.policy.load());
                 }
+                self.note_quarantine(&policy_version, snap.version, list);
                 self.snapshot.store(Arc::new(snap));
             }
             Err(e) => {
+                // The file itself does not validate (it did when it was
+                // read): nothing of the database is the cause.
                 for error in &e.0 {
                     tracing::error!(%error, version = snap.version, "control database change not served");
                 }
@@ -264,16 +370,23 @@ impl ControlPlane {
     }
 
     /// The config file reload (SIGHUP, file change), merged with the
-    /// current snapshot: a file that now defines a runtime name is
-    /// rejected, naming it.
+    /// current snapshot. Rejected only for the file's own errors: a
+    /// runtime entity the new file leaves without its tenant or parent,
+    /// or whose name it now defines too, is quarantined.
     pub fn reload_file(&self, trigger: Trigger) -> ReloadOutcome {
         let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.snapshot.load_full();
-        reload::reload_with(&self.policy, &self.config_path, trigger, |path| {
+        let mut quarantine = None;
+        let outcome = reload::reload_with(&self.policy, &self.config_path, trigger, |path| {
             let (raw, version) = Policy::read_raw(path)?;
-            let p = runtime::compose(&raw, &version, &snap)?;
+            let c = runtime::compose(&raw, &version, &snap)?;
             *self.file.lock().unwrap_or_else(|e| e.into_inner()) = (raw, version);
-            Ok::<Policy, ConfigErrors>(p)
-        })
+            quarantine = Some((c.policy.version.clone(), c.quarantined()));
+            Ok::<Policy, ConfigErrors>(c.policy)
+        });
+        if let Some((policy_version, list)) = quarantine {
+            self.note_quarantine(&policy_version, snap.version, list);
+        }
+        outcome
     }
 }

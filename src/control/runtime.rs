@@ -11,7 +11,7 @@
 //! (`<file>.<counter>`): every change tags decisions anew and rebuilds the
 //! budget plans.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -161,14 +161,22 @@ pub async fn version(db: &Db) -> Result<i64, sqlx::Error> {
 /// Reads every runtime entity, in one transaction (one version).
 pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
     let mut tx = db.pool().begin().await?;
+    let snap = load_in(&mut tx).await?;
+    tx.commit().await?;
+    Ok(snap)
+}
+
+/// Reads every runtime entity through `tx` (a write's own transaction
+/// reads what it is about to change, under its lock).
+pub async fn load_in(tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<Snapshot, LoadError> {
     let version: i64 = sqlx::query_scalar("SELECT version FROM control_version WHERE id = 1")
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut **tx)
         .await?;
     let mut tenants = Vec::new();
     for row in sqlx::query(
         "SELECT name, spec, created_at, updated_at FROM tenants ORDER BY created_at, name",
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?
     {
         let name: String = row.try_get("name")?;
@@ -185,7 +193,7 @@ pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
     for row in sqlx::query(
         "SELECT sha256, tenant, key_id, retires_at FROM key_secrets ORDER BY created_at DESC",
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?
     {
         secrets
@@ -200,7 +208,7 @@ pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
     for row in sqlx::query(
         "SELECT tenant, id, alias, owner, limits, allowed_models, expires_at, revoked_at, created_at FROM api_keys ORDER BY created_at, tenant, id",
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut **tx)
     .await?
     {
         let tenant: String = row.try_get("tenant")?;
@@ -225,7 +233,7 @@ pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
     let mut tokens = Vec::new();
     for row in
         sqlx::query("SELECT id, sha256, role, tenant FROM admin_tokens WHERE revoked_at IS NULL")
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?
     {
         let id: String = row.try_get("id")?;
@@ -246,7 +254,6 @@ pub async fn load(db: &Db) -> Result<Snapshot, LoadError> {
             tenant: row.try_get("tenant")?,
         });
     }
-    tx.commit().await?;
     Ok(Snapshot {
         version,
         tenants,
@@ -265,41 +272,143 @@ pub struct Placement {
     pub keys: HashMap<(String, String), (usize, usize)>,
 }
 
+/// An entity of the control database, as the quarantine names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entity {
+    /// A runtime tenant.
+    Tenant {
+        /// Its name.
+        name: String,
+    },
+    /// A runtime key (of a file tenant or of a runtime one).
+    Key {
+        /// Its tenant.
+        tenant: String,
+        /// Its id.
+        id: String,
+    },
+}
+
+impl std::fmt::Display for Entity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Entity::Tenant { name } => write!(f, "tenant {name:?}"),
+            Entity::Key { tenant, id } => write!(f, "key {id:?} of tenant {tenant:?}"),
+        }
+    }
+}
+
+/// An entity of the control database that does not merge with the config
+/// file and the rest of the database, and is therefore not served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Quarantined {
+    /// What is not served.
+    #[serde(flatten)]
+    pub entity: Entity,
+    /// Why, e.g. `its parent "acme" is not defined`.
+    pub reason: String,
+}
+
+/// Entity → why it is not served.
+pub type Quarantine = BTreeMap<Entity, String>;
+
 /// The config file with the snapshot's entities merged in, and where they
-/// went; a name defined in both is an error naming it.
-pub fn merge(file: &RawConfig, snap: &Snapshot) -> Result<(RawConfig, Placement), ConfigErrors> {
-    let mut raw = file.clone();
-    let mut errors = Vec::new();
-    let mut at = Placement::default();
+/// went. An entity that cannot be placed (a tenant the file also defines,
+/// a tenant whose parent or a key whose tenant is neither in the file nor
+/// served from the database, a key id the file's tenant also has) is
+/// added to `out` and left out, as is every entity already in `out`; the
+/// rest is merged. What the validator would refuse is not looked at here
+/// ([`compose`] does).
+pub fn merge_placing(
+    file: &RawConfig,
+    snap: &Snapshot,
+    out: &mut Quarantine,
+) -> (RawConfig, Placement) {
     let file_names: HashSet<&str> = file.tenants.iter().map(|t| t.name.as_str()).collect();
+    let tenant_entity = |name: &str| Entity::Tenant {
+        name: name.to_string(),
+    };
+    for t in &snap.tenants {
+        if file_names.contains(t.spec.name.as_str()) {
+            out.entry(tenant_entity(&t.spec.name)).or_insert_with(|| {
+                format!(
+                    "tenant {:?} is defined both in the config file and in the control database; the file's is served",
+                    t.spec.name
+                )
+            });
+        }
+    }
+    // A parent that is left out leaves its children out in turn: until no
+    // more are.
+    loop {
+        let served: HashSet<&str> = snap
+            .tenants
+            .iter()
+            .map(|t| t.spec.name.as_str())
+            .filter(|n| !out.contains_key(&tenant_entity(n)))
+            .collect();
+        let mut more = Vec::new();
+        for t in &snap.tenants {
+            let Some(p) = t.spec.parent.as_deref() else {
+                continue;
+            };
+            if out.contains_key(&tenant_entity(&t.spec.name))
+                || file_names.contains(p)
+                || served.contains(p)
+            {
+                continue;
+            }
+            let why = if snap.tenants.iter().any(|x| x.spec.name == p) {
+                format!("its parent {p:?} is quarantined")
+            } else {
+                format!("its parent {p:?} is not defined")
+            };
+            more.push((tenant_entity(&t.spec.name), why));
+        }
+        if more.is_empty() {
+            break;
+        }
+        out.extend(more);
+    }
+    let mut raw = file.clone();
+    let mut at = Placement::default();
     for (i, t) in file.tenants.iter().enumerate() {
         at.tenants.insert(t.name.clone(), i);
     }
     for t in &snap.tenants {
-        if file_names.contains(t.spec.name.as_str()) {
-            errors.push(format!(
-                "tenants: tenant {:?} is defined both in the config file and in the control database; remove one",
-                t.spec.name
-            ));
+        if out.contains_key(&tenant_entity(&t.spec.name)) {
             continue;
         }
         at.tenants.insert(t.spec.name.clone(), raw.tenants.len());
         raw.tenants.push(t.spec.clone());
     }
     for k in snap.keys.iter().filter(|k| k.revoked_at.is_none()) {
+        let entity = Entity::Key {
+            tenant: k.tenant.clone(),
+            id: k.id.clone(),
+        };
+        if out.contains_key(&entity) {
+            continue;
+        }
         let Some(&ti) = at.tenants.get(&k.tenant) else {
-            errors.push(format!(
-                "tenants: key {:?} of the control database belongs to tenant {:?}, which is not defined",
-                k.id, k.tenant
-            ));
+            let why = if snap.tenants.iter().any(|x| x.spec.name == k.tenant) {
+                format!("its tenant {:?} is quarantined", k.tenant)
+            } else {
+                format!("its tenant {:?} is not defined", k.tenant)
+            };
+            out.insert(entity, why);
             continue;
         };
         let tenant = &mut raw.tenants[ti];
         if tenant.keys.iter().any(|x| x.id == k.id) {
-            errors.push(format!(
-                "tenants: key {:?} of tenant {:?} is defined both in the config file and in the control database; remove one",
-                k.id, k.tenant
-            ));
+            out.insert(
+                entity,
+                format!(
+                    "key {:?} of tenant {:?} is defined both in the config file and in the control database; the file's is served",
+                    k.id, k.tenant
+                ),
+            );
             continue;
         }
         let Some(current) = k.secrets.iter().find(|s| s.retires_at.is_none()) else {
@@ -323,22 +432,178 @@ pub fn merge(file: &RawConfig, snap: &Snapshot) -> Result<(RawConfig, Placement)
             ..RawKey::default()
         });
     }
-    if errors.is_empty() {
-        Ok((raw, at))
+    (raw, at)
+}
+
+/// The config file with the snapshot's entities merged in, and where they
+/// went; an entity that cannot be placed is an error naming it (what a
+/// change through the API is held to).
+pub fn merge(file: &RawConfig, snap: &Snapshot) -> Result<(RawConfig, Placement), ConfigErrors> {
+    let mut out = Quarantine::new();
+    let merged = merge_placing(file, snap, &mut out);
+    if out.is_empty() {
+        Ok(merged)
     } else {
-        Err(ConfigErrors(errors))
+        Err(ConfigErrors(
+            out.into_iter().map(|(e, why)| describe(&e, &why)).collect(),
+        ))
     }
 }
 
+/// `tenant "x": why` (a reason that names the entity already is kept as is).
+pub fn describe(entity: &Entity, why: &str) -> String {
+    if why.starts_with("tenant ") || why.starts_with("key ") {
+        why.to_string()
+    } else {
+        format!("{entity}: {why}")
+    }
+}
+
+/// What the gateway serves: the policy, and the entities of the database
+/// left out of it.
+#[derive(Debug)]
+pub struct Composed {
+    /// The config file merged with every entity that merges.
+    pub policy: Policy,
+    /// The others, by entity.
+    pub quarantine: Quarantine,
+}
+
+impl Composed {
+    /// The quarantine as a list (by entity).
+    pub fn quarantined(&self) -> Vec<Quarantined> {
+        list(&self.quarantine)
+    }
+}
+
+/// `q` as a list, by entity.
+pub fn list(q: &Quarantine) -> Vec<Quarantined> {
+    q.iter()
+        .map(|(entity, reason)| Quarantined {
+            entity: entity.clone(),
+            reason: reason.clone(),
+        })
+        .collect()
+}
+
 /// The policy of the config file `file` (version `file_version`) with the
-/// snapshot's entities: what the gateway serves.
+/// snapshot's entities: what the gateway serves. One entity that does not
+/// merge never keeps the others out: it is quarantined (left out, with
+/// why), and so is what depends on it (a tenant's children and keys).
+/// The validator's errors are traced to the runtime entity their path
+/// names; an error of the file itself is the only failure (a file that
+/// does not validate alone).
 pub fn compose(
     file: &RawConfig,
     file_version: &str,
     snap: &Snapshot,
-) -> Result<Policy, ConfigErrors> {
-    let (raw, _) = merge(file, snap)?;
-    Policy::from_raw(raw, format!("{file_version}.{}", snap.version))
+) -> Result<Composed, ConfigErrors> {
+    let version = format!("{file_version}.{}", snap.version);
+    let mut quarantine = Quarantine::new();
+    loop {
+        let (raw, at) = merge_placing(file, snap, &mut quarantine);
+        let errors = match Policy::from_raw(raw, version.clone()) {
+            Ok(policy) => return Ok(Composed { policy, quarantine }),
+            Err(e) => e.0,
+        };
+        let file_tenants = file.tenants.len();
+        let tenant_at: HashMap<usize, &str> = at
+            .tenants
+            .iter()
+            .filter(|(_, &i)| i >= file_tenants)
+            .map(|(n, &i)| (i, n.as_str()))
+            .collect();
+        let key_at: HashMap<(usize, usize), &(String, String)> =
+            at.keys.iter().map(|(k, &ij)| (ij, k)).collect();
+        let before = quarantine.len();
+        let mut untraced = Vec::new();
+        for error in errors {
+            let owner = owner_of(&error).and_then(|(i, j)| {
+                let prefix;
+                let entity = match j.and_then(|j| key_at.get(&(i, j))) {
+                    Some((tenant, id)) => {
+                        prefix = format!("tenants[{i}].keys[{}]", j.unwrap_or(0));
+                        Entity::Key {
+                            tenant: tenant.clone(),
+                            id: id.clone(),
+                        }
+                    }
+                    None => {
+                        prefix = format!("tenants[{i}]");
+                        Entity::Tenant {
+                            name: tenant_at.get(&i)?.to_string(),
+                        }
+                    }
+                };
+                Some((entity, prefix))
+            });
+            match owner {
+                Some((entity, prefix)) => {
+                    let (_, msg) = relative(std::slice::from_ref(&error), &prefix)
+                        .pop()
+                        .unwrap_or((None, error.clone()));
+                    quarantine.entry(entity).or_insert(msg);
+                }
+                None => untraced.push(error),
+            }
+        }
+        if quarantine.len() > before {
+            continue;
+        }
+        // Errors no runtime entity's path names: the file's own, or (the
+        // file alone validating) some combination of runtime entities
+        // the validator does not trace; then none of them is served.
+        let none = Snapshot {
+            version: snap.version,
+            ..Snapshot::default()
+        };
+        let (alone, _) = merge_placing(file, &none, &mut Quarantine::new());
+        if let Err(e) = Policy::from_raw(alone, version.clone()) {
+            return Err(e);
+        }
+        let why = format!(
+            "the policy does not validate with the control database's entities: {}",
+            untraced.join("; ")
+        );
+        let everything: Vec<Entity> = snap
+            .tenants
+            .iter()
+            .map(|t| Entity::Tenant {
+                name: t.spec.name.clone(),
+            })
+            .chain(
+                snap.keys
+                    .iter()
+                    .filter(|k| k.revoked_at.is_none())
+                    .map(|k| Entity::Key {
+                        tenant: k.tenant.clone(),
+                        id: k.id.clone(),
+                    }),
+            )
+            .collect();
+        let before = quarantine.len();
+        for e in everything {
+            quarantine.entry(e).or_insert_with(|| why.clone());
+        }
+        if quarantine.len() == before {
+            return Err(ConfigErrors(untraced));
+        }
+    }
+}
+
+/// The `(i, j)` of the first `tenants[i]` (and `.keys[j]` right after it)
+/// an error names: its path, or (an error of another section about a
+/// tenant) its message.
+fn owner_of(error: &str) -> Option<(usize, Option<usize>)> {
+    let at = error.find("tenants[")?;
+    let rest = &error[at + "tenants[".len()..];
+    let close = rest.find(']')?;
+    let i = rest[..close].parse().ok()?;
+    let j = rest[close + 1..]
+        .strip_prefix(".keys[")
+        .and_then(|r| r.split_once(']'))
+        .and_then(|(j, _)| j.parse().ok());
+    Some((i, j))
 }
 
 /// The errors of `errors` about the entity at `prefix` (`tenants[3]`,

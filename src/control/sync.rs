@@ -6,6 +6,9 @@
 //! - PostgreSQL: `LISTEN budgetgate_control`; every change commits a
 //!   `pg_notify`, which wakes the refresh at once.
 //! - A full refresh every [`FULL_REFRESH`] whatever the counter says.
+//! - `budgetgate_control_snapshot_age_seconds` every [`AGE_GAUGE`]: how
+//!   long since a read found the served snapshot current (a gateway cut
+//!   off from PostgreSQL shows it).
 //!
 //! A key's expiry and a rotated secret's end need none of this: they are
 //! checked against the clock on every request.
@@ -23,12 +26,25 @@ pub const POLL: Duration = Duration::from_millis(250);
 /// How often everything is read again.
 pub const FULL_REFRESH: Duration = Duration::from_secs(30);
 
+/// How often `budgetgate_control_snapshot_age_seconds` is set (apart from
+/// the refresh: a read that hangs must not stop the age from growing).
+pub const AGE_GAUGE: Duration = Duration::from_secs(1);
+
 /// Starts propagation on the current runtime; the tasks run until aborted.
 pub fn spawn(plane: Arc<ControlPlane>) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     if plane.db.kind() == DbKind::Postgres {
         tasks.push(tokio::spawn(listen(plane.clone())));
     }
+    let aging = plane.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(AGE_GAUGE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            crate::metrics::control_snapshot_age(aging.snapshot_age().as_secs_f64());
+        }
+    }));
     tasks.push(tokio::spawn(async move {
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,6 +1,6 @@
 //! The control plane on its SQLite default (issue 29): tenants and keys
 //! through the admin API, one validator with the config file, names kept
-//! literal, a name in both places refused, keys surviving a restart,
+//! literal, a name in both places quarantined, keys surviving a restart,
 //! roles and tenant scopes, the audit trail, the OpenAPI document, and a
 //! key holder's own budget.
 
@@ -376,7 +376,8 @@ async fn names_with_quotes_semicolons_unicode_and_10000_characters_are_refused_o
 }
 
 #[tokio::test]
-async fn a_name_defined_in_the_file_and_the_database_is_an_error_at_start_and_at_reload() {
+async fn a_name_the_file_also_defines_is_quarantined_at_reload_and_at_start_and_the_files_is_served(
+) {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("c.db");
@@ -386,39 +387,39 @@ async fn a_name_defined_in_the_file_and_the_database_is_an_error_at_start_and_at
     assert_eq!(s, 201);
     let (s, v) = post(&gw, "/admin/v1/tenants", json!({"name": "t1"})).await;
     assert_eq!(s, 409, "t1 is the file's: {v}");
+    let api_key = new_key(&gw, "ml", "api").await;
 
+    // The file now defines `ml` too: the reload applies, the file's `ml`
+    // is served, the database's is quarantined; the API key of `ml`
+    // belongs to the tenant of that name, now the file's.
     let mut both = config(&mock.base_url(), &db);
     both.tenants
         .push(config::tenant("ml", "k", "sk-ml", limits()));
     both.write_to(&gw.config_path);
     let control = gw.state.control.get().expect("control plane").clone();
-    let ReloadOutcome::Rejected { errors, .. } = control.reload_file(Trigger::Signal) else {
-        panic!("the reload was not rejected");
-    };
+    let outcome = control.reload_file(Trigger::Signal);
     assert!(
-        errors
-            .iter()
-            .any(|e| e.contains("tenant \"ml\" is defined both")),
-        "{errors:?}"
+        matches!(outcome, ReloadOutcome::Applied { .. }),
+        "{outcome:?}"
     );
+    let q = control.quarantined();
+    assert_eq!(q.len(), 1, "{q:?}");
     assert!(
-        gw.state
-            .policy
-            .load()
-            .tenants
-            .iter()
-            .any(|t| t.name == "ml"),
-        "the running policy stays"
+        q[0].reason.contains("tenant \"ml\" is defined both"),
+        "{q:?}"
     );
+    assert_eq!(post_hi(&gw, "sk-ml").await, 200, "the file's key");
+    assert_eq!(post_hi(&gw, &api_key).await, 200, "the API key of ml");
+    let (_, v) = admin_call(&gw, Method::GET, "/admin/v1/tenants/ml", ROOT, None).await;
+    assert_eq!(v["source"], "file", "{v}");
 
-    // At start: the same file and database refuse to start.
+    // At start: the same file and database start, with the same quarantine.
     let path = dir.path().join("both.toml");
     both.write_to(&path);
-    let e = match budgetgate::control::open(&Policy::load(&path).unwrap(), &path).await {
-        Err(e) => e,
-        Ok(_) => panic!("started with a name in both places"),
-    };
-    assert!(e.contains("tenant \"ml\" is defined both"), "{e}");
+    let (_, policy) = budgetgate::control::open(&Policy::load(&path).unwrap(), &path)
+        .await
+        .expect("starts with a name in both places");
+    assert_eq!(policy.tenants.iter().filter(|t| t.name == "ml").count(), 1);
 }
 
 #[tokio::test]

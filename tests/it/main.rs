@@ -21,6 +21,7 @@ mod config_range;
 mod control;
 mod control_fleet;
 mod control_own_write;
+mod control_races;
 mod deploy_kit;
 mod deployments;
 mod dollars;

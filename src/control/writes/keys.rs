@@ -4,7 +4,7 @@ use serde_json::Value;
 use sqlx::any::Any;
 use sqlx::Transaction;
 
-use super::{finish, i, json, Actor, Audit, WriteError};
+use super::{finish, i, json, lock, Actor, Audit, Recheck, WriteError};
 use crate::config::raw::RawLimits;
 use crate::control::db::Db;
 
@@ -25,19 +25,19 @@ pub struct KeyFields {
 
 /// Creates key `id` of `tenant` with the secret whose digest is `sha256`.
 pub async fn create_key(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     (tenant, id): (&str, &str),
     sha256: &str,
     f: &KeyFields,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, true).await?;
     let exists: Option<String> =
         sqlx::query_scalar("SELECT id FROM api_keys WHERE tenant = $1 AND id = $2")
             .bind(tenant.to_string())
             .bind(id.to_string())
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut *w.tx)
             .await?;
     if exists.is_some() {
         return Err(WriteError::Exists);
@@ -53,9 +53,9 @@ pub async fn create_key(
     .bind(json(&f.allowed_models))
     .bind(f.expires_at.map(i))
     .bind(i(now))
-    .execute(&mut *tx)
+    .execute(&mut *w.tx)
     .await?;
-    insert_secret(&mut tx, (tenant, id), sha256, now).await?;
+    insert_secret(&mut w.tx, (tenant, id), sha256, now).await?;
     let audit = Audit {
         actor,
         at: now,
@@ -64,7 +64,7 @@ pub async fn create_key(
         before: None,
         after: Some(serde_json::to_value(f).unwrap_or(Value::Null)),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 async fn insert_secret(
@@ -85,14 +85,14 @@ async fn insert_secret(
 
 /// Replaces the settable fields of key `id` of `tenant`.
 pub async fn update_key(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     (tenant, id): (&str, &str),
     before: &KeyFields,
     f: &KeyFields,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, true).await?;
     let n = sqlx::query(
         "UPDATE api_keys SET alias = $3, owner = $4, limits = $5, allowed_models = $6, expires_at = $7, updated_at = $8 WHERE tenant = $1 AND id = $2",
     )
@@ -104,7 +104,7 @@ pub async fn update_key(
     .bind(json(&f.allowed_models))
     .bind(f.expires_at.map(i))
     .bind(i(now))
-    .execute(&mut *tx)
+    .execute(&mut *w.tx)
     .await?
     .rows_affected();
     if n == 0 {
@@ -118,27 +118,27 @@ pub async fn update_key(
         before: serde_json::to_value(before).ok(),
         after: serde_json::to_value(f).ok(),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// Gives key `id` of `tenant` the secret `sha256`; its current secrets
 /// stay valid until `now + overlap` (µs). Secrets already past their end
 /// are deleted.
 pub async fn rotate_key(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     (tenant, id): (&str, &str),
     sha256: &str,
     overlap_micros: u64,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, false).await?;
     let live: Option<String> = sqlx::query_scalar(
         "SELECT id FROM api_keys WHERE tenant = $1 AND id = $2 AND revoked_at IS NULL",
     )
     .bind(tenant.to_string())
     .bind(id.to_string())
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut *w.tx)
     .await?;
     if live.is_none() {
         return Err(WriteError::NotFound);
@@ -148,15 +148,15 @@ pub async fn rotate_key(
         .bind(tenant.to_string())
         .bind(id.to_string())
         .bind(i(now))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
     sqlx::query("UPDATE key_secrets SET retires_at = $3 WHERE tenant = $1 AND key_id = $2 AND retires_at IS NULL")
         .bind(tenant.to_string())
         .bind(id.to_string())
         .bind(i(until))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
-    insert_secret(&mut tx, (tenant, id), sha256, now).await?;
+    insert_secret(&mut w.tx, (tenant, id), sha256, now).await?;
     let audit = Audit {
         actor,
         at: now,
@@ -165,24 +165,24 @@ pub async fn rotate_key(
         before: None,
         after: Some(serde_json::json!({ "previous_secret_valid_until": until })),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// Revokes key `id` of `tenant` (it stays listed, refused everywhere).
 pub async fn revoke_key(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     (tenant, id): (&str, &str),
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, false).await?;
     let n = sqlx::query(
         "UPDATE api_keys SET revoked_at = $3, updated_at = $3 WHERE tenant = $1 AND id = $2 AND revoked_at IS NULL",
     )
     .bind(tenant.to_string())
     .bind(id.to_string())
     .bind(i(now))
-    .execute(&mut *tx)
+    .execute(&mut *w.tx)
     .await?
     .rows_affected();
     if n == 0 {
@@ -191,7 +191,7 @@ pub async fn revoke_key(
     sqlx::query("DELETE FROM key_secrets WHERE tenant = $1 AND key_id = $2")
         .bind(tenant.to_string())
         .bind(id.to_string())
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
     let audit = Audit {
         actor,
@@ -201,5 +201,5 @@ pub async fn revoke_key(
         before: None,
         after: Some(serde_json::json!({ "revoked_at": now })),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }

@@ -1,5 +1,13 @@
-//! Changes to the control database. Each is one transaction that applies
-//! the change, appends its audit row (who, when, what, before, after),
+//! Changes to the control database. Each is one transaction that first
+//! locks the control tree ([`lock`]: PostgreSQL `SELECT … FOR UPDATE` on
+//! the `control_version` row, SQLite `BEGIN IMMEDIATE`), so that control
+//! writes of the whole fleet run one at a time; then applies the change,
+//! re-reads everything in the transaction and merges it with the config
+//! file again ([`finish`]): a change that would leave an entity that does
+//! not merge (a key or a child whose tenant was deleted meanwhile, a
+//! tenant whose children were created meanwhile, a move into a cycle) is
+//! rolled back and answered [`WriteError::Conflict`], naming what changed.
+//! Then it appends its audit row (who, when, what, before, after),
 //! increments the version counter and, on PostgreSQL, notifies the
 //! other gateways (`pg_notify` is delivered at commit, so a listener never
 //! sees a change before it is readable). Values are always bound
@@ -13,12 +21,15 @@ mod tokens;
 pub use keys::*;
 pub use tokens::*;
 
+use std::time::Duration;
+
 use serde_json::Value;
 use sqlx::any::Any;
 use sqlx::Transaction;
 
 use super::db::{Db, DbKind};
-use crate::config::raw::RawTenant;
+use super::runtime::{self, LoadError, Quarantine};
+use crate::config::raw::{RawConfig, RawTenant};
 
 /// The PostgreSQL channel changes are announced on.
 pub const CHANNEL: &str = "budgetgate_control";
@@ -49,6 +60,81 @@ pub enum WriteError {
     /// An entity of that name exists.
     #[error("already exists")]
     Exists,
+    /// Another change committed first, and this one no longer merges
+    /// (what, in the message).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl From<LoadError> for WriteError {
+    fn from(e: LoadError) -> Self {
+        match e {
+            LoadError::Db(e) => WriteError::Db(e),
+            other => WriteError::Db(sqlx::Error::Protocol(other.to_string())),
+        }
+    }
+}
+
+/// What a write is checked against under the lock.
+#[derive(Debug, Clone, Default)]
+pub struct Recheck {
+    /// The config file the database is merged with (this gateway's).
+    pub file: RawConfig,
+    /// Tests only (`ControlPlane::pause_writes_before_commit`): writes of
+    /// this audit action (`"*"`: all) wait this long between their
+    /// re-check and their commit, holding the lock.
+    pub pause: Option<(String, Duration)>,
+}
+
+/// A write's transaction with the control tree locked.
+pub(super) struct Locked<'c> {
+    pub(super) tx: Transaction<'static, Any>,
+    /// This process's turn (dropped after the transaction ends).
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+    check: &'c Recheck,
+    /// The database before the change, read under the lock; `None`: the
+    /// change depends on nothing else (a revocation, a rotation), and is
+    /// not re-checked.
+    before: Option<runtime::Snapshot>,
+    /// A tenant that must be served after the change (an admin token's
+    /// scope).
+    pub(super) needs_tenant: Option<String>,
+}
+
+/// Begins a write: the transaction, the control tree locked for it (every
+/// other control write of the fleet waits until it ends), and, when
+/// `recheck`, what does not merge before the change.
+pub(super) async fn lock<'c>(
+    db: &Db,
+    check: &'c Recheck,
+    recheck: bool,
+) -> Result<Locked<'c>, WriteError> {
+    let turn = db.write_turn().await;
+    // SQLite: `BEGIN IMMEDIATE` takes the database's write lock.
+    let mut tx = db.begin_write().await?;
+    if db.kind() == DbKind::Postgres {
+        sqlx::query_scalar::<_, i64>("SELECT version FROM control_version WHERE id = 1 FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await?;
+    }
+    let before = match recheck {
+        true => Some(runtime::load_in(&mut tx).await?),
+        false => None,
+    };
+    Ok(Locked {
+        tx,
+        _turn: turn,
+        check,
+        before,
+        needs_tenant: None,
+    })
+}
+
+/// What does not merge of `snap`.
+fn quarantine_of(snap: &runtime::Snapshot, check: &Recheck) -> Result<Quarantine, WriteError> {
+    runtime::compose(&check.file, "recheck", snap)
+        .map(|c| c.quarantine)
+        .map_err(|e| WriteError::Conflict(e.0.join("; ")))
 }
 
 pub(super) fn i(v: u64) -> i64 {
@@ -59,11 +145,50 @@ pub(super) fn json(v: &impl serde::Serialize) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
 }
 
-pub(super) async fn finish(
-    db: &Db,
-    mut tx: Transaction<'_, Any>,
-    audit: Audit<'_>,
-) -> Result<i64, WriteError> {
+/// Ends a write: re-checks it (everything read again in the transaction,
+/// merged with the file: nothing that merged before it may stop merging),
+/// then the audit row, the counter, the notification, the commit. A
+/// change that fails the re-check is rolled back.
+pub(super) async fn finish(db: &Db, w: Locked<'_>, audit: Audit<'_>) -> Result<i64, WriteError> {
+    let Locked {
+        mut tx,
+        _turn,
+        check,
+        before,
+        needs_tenant,
+    } = w;
+    if let Some(before) = before {
+        let snap = runtime::load_in(&mut tx).await?;
+        let after = runtime::compose(&check.file, "recheck", &snap)
+            .map_err(|e| WriteError::Conflict(e.0.join("; ")))?;
+        // Composed only when needed: most changes leave nothing out.
+        let before = match after.quarantine.is_empty() {
+            true => Quarantine::new(),
+            false => quarantine_of(&before, check)?,
+        };
+        let mut changed: Vec<String> = after
+            .quarantine
+            .iter()
+            .filter(|(e, _)| !before.contains_key(*e))
+            .map(|(e, why)| runtime::describe(e, why))
+            .collect();
+        if let Some(t) = needs_tenant {
+            if !after.policy.tenants.iter().any(|x| x.name == t) {
+                changed.push(format!("tenant {t:?} is not defined"));
+            }
+        }
+        if !changed.is_empty() {
+            return Err(WriteError::Conflict(format!(
+                "The control database changed since this gateway last read it, and this change no longer fits: {}. Nothing was changed; read again and retry.",
+                changed.join("; ")
+            )));
+        }
+    }
+    if let Some((action, pause)) = &check.pause {
+        if action == "*" || action == audit.action {
+            tokio::time::sleep(*pause).await;
+        }
+    }
     sqlx::query(
         "INSERT INTO audit (at, actor, action, subject, before_value, after_value) VALUES ($1, $2, $3, $4, $5, $6)",
     )
@@ -105,15 +230,15 @@ fn tenant_value(t: &RawTenant) -> Value {
 
 /// Creates tenant `t`; returns the new version.
 pub async fn create_tenant(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     t: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, true).await?;
     let exists: Option<String> = sqlx::query_scalar("SELECT name FROM tenants WHERE name = $1")
         .bind(t.name.clone())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *w.tx)
         .await?;
     if exists.is_some() {
         return Err(WriteError::Exists);
@@ -122,7 +247,7 @@ pub async fn create_tenant(
         .bind(t.name.clone())
         .bind(tenant_spec(t))
         .bind(i(now))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
     let audit = Audit {
         actor,
@@ -132,23 +257,23 @@ pub async fn create_tenant(
         before: None,
         after: Some(tenant_value(t)),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// Replaces tenant `t` (found by its name) with `t`.
 pub async fn update_tenant(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     before: &RawTenant,
     t: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, true).await?;
     let n = sqlx::query("UPDATE tenants SET spec = $2, updated_at = $3 WHERE name = $1")
         .bind(t.name.clone())
         .bind(tenant_spec(t))
         .bind(i(now))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?
         .rows_affected();
     if n == 0 {
@@ -162,20 +287,20 @@ pub async fn update_tenant(
         before: Some(tenant_value(before)),
         after: Some(tenant_value(t)),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// Deletes tenant `before` and its keys.
 pub async fn delete_tenant(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     before: &RawTenant,
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    let mut w = lock(db, check, true).await?;
     let n = sqlx::query("DELETE FROM tenants WHERE name = $1")
         .bind(before.name.clone())
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?
         .rows_affected();
     if n == 0 {
@@ -187,7 +312,7 @@ pub async fn delete_tenant(
     ] {
         sqlx::query(table)
             .bind(before.name.clone())
-            .execute(&mut *tx)
+            .execute(&mut *w.tx)
             .await?;
     }
     // Admin tokens scoped to it end with it: a tenant created later under
@@ -195,7 +320,7 @@ pub async fn delete_tenant(
     sqlx::query("UPDATE admin_tokens SET revoked_at = $2 WHERE tenant = $1 AND revoked_at IS NULL")
         .bind(before.name.clone())
         .bind(i(now))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
     let audit = Audit {
         actor,
@@ -205,5 +330,5 @@ pub async fn delete_tenant(
         before: Some(tenant_value(before)),
         after: None,
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }

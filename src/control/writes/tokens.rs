@@ -2,27 +2,30 @@
 
 use serde_json::Value;
 
-use super::{finish, i, Actor, Audit, WriteError};
+use super::{finish, i, lock, Actor, Audit, Recheck, WriteError};
 use crate::control::db::Db;
 use crate::control::runtime::Role;
 
 /// Stores admin token `id` (its digest only).
 pub async fn create_token(
-    db: &Db,
+    (db, check): (&Db, &Recheck),
     actor: &Actor,
     now: u64,
     id: &str,
     sha256: &str,
     (role, tenant): (Role, Option<&str>),
 ) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+    // Its scope must still exist when it is stored: a tenant deleted
+    // meanwhile and created again later would otherwise be its.
+    let mut w = lock(db, check, tenant.is_some()).await?;
+    w.needs_tenant = tenant.map(str::to_string);
     sqlx::query("INSERT INTO admin_tokens (id, sha256, role, tenant, created_at, revoked_at) VALUES ($1, $2, $3, $4, $5, NULL)")
         .bind(id.to_string())
         .bind(sha256.to_string())
         .bind(role.name())
         .bind(tenant.map(str::to_string))
         .bind(i(now))
-        .execute(&mut *tx)
+        .execute(&mut *w.tx)
         .await?;
     let audit = Audit {
         actor,
@@ -32,17 +35,22 @@ pub async fn create_token(
         before: None,
         after: Some(serde_json::json!({ "role": role.name(), "tenant": tenant })),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// Revokes admin token `id`.
-pub async fn revoke_token(db: &Db, actor: &Actor, now: u64, id: &str) -> Result<i64, WriteError> {
-    let mut tx = db.begin_write().await?;
+pub async fn revoke_token(
+    (db, check): (&Db, &Recheck),
+    actor: &Actor,
+    now: u64,
+    id: &str,
+) -> Result<i64, WriteError> {
+    let mut w = lock(db, check, false).await?;
     let n =
         sqlx::query("UPDATE admin_tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
             .bind(id.to_string())
             .bind(i(now))
-            .execute(&mut *tx)
+            .execute(&mut *w.tx)
             .await?
             .rows_affected();
     if n == 0 {
@@ -56,7 +64,7 @@ pub async fn revoke_token(db: &Db, actor: &Actor, now: u64, id: &str) -> Result<
         before: None,
         after: Some(serde_json::json!({ "revoked_at": now })),
     };
-    finish(db, tx, audit).await
+    finish(db, w, audit).await
 }
 
 /// One audit row.

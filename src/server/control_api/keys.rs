@@ -17,7 +17,7 @@ use super::{
     bad_request, body_value, conflict, not_found, paged, validate, write_failed, Caller, Page,
 };
 use crate::config::{hash_key, Policy};
-use crate::control::runtime::{self, RuntimeKey, Secret, Snapshot};
+use crate::control::runtime::{Entity, RuntimeKey, Secret, Snapshot};
 use crate::control::writes;
 use crate::server::admin::json_response;
 use crate::server::AppState;
@@ -31,16 +31,11 @@ fn validate_key(
     snap: &Snapshot,
     (tenant, id): (&str, &str),
 ) -> Result<Policy, Response> {
-    let file = c.plane.file();
-    let placement = match runtime::merge(&file.0, snap) {
-        Ok((_, p)) => p,
-        Err(e) => return Err(conflict(&e.0.join("; "))),
+    let own = Entity::Key {
+        tenant: tenant.to_string(),
+        id: id.to_string(),
     };
-    let prefix = match placement.keys.get(&(tenant.to_string(), id.to_string())) {
-        Some((t, k)) => format!("tenants[{t}].keys[{k}]"),
-        None => "-".into(),
-    };
-    validate(&file, snap, &prefix)
+    validate(&c.plane.file(), snap, &c.plane.quarantined(), Some(&own))
 }
 
 /// `POST /admin/v1/tenants/{tenant}/keys`.
@@ -106,11 +101,13 @@ pub async fn create(
     if let Err(r) = validate_key(&c, &snap, (&tenant, &id)) {
         return r;
     }
-    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane
-        .run(async move { writes::create_key(&db, &actor, now, (&t2, &i2), &digest, &f).await })
+        .run(async move {
+            writes::create_key((&db, &check), &actor, now, (&t2, &i2), &digest, &f).await
+        })
         .await;
     let version = match written {
         Ok(v) => v,
@@ -277,12 +274,14 @@ pub async fn update(
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
     let (t2, i2) = (tenant.clone(), id.clone());
-    let written = c
-        .plane
-        .run(async move { writes::update_key(&db, &actor, now, (&t2, &i2), &old_f, &f).await })
-        .await;
+    let written =
+        c.plane
+            .run(async move {
+                writes::update_key((&db, &check), &actor, now, (&t2, &i2), &old_f, &f).await
+            })
+            .await;
     let version = match written {
         Ok(v) => v,
         Err(e) => return write_failed(&e, "key"),
@@ -336,12 +335,20 @@ pub async fn rotate(
     let secret = new_secret();
     let digest = hash_key(&secret);
     let now = st.clock.now_micros();
-    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane
         .run(async move {
-            writes::rotate_key(&db, &actor, now, (&t2, &i2), &digest, overlap * 1_000_000).await
+            writes::rotate_key(
+                (&db, &check),
+                &actor,
+                now,
+                (&t2, &i2),
+                &digest,
+                overlap * 1_000_000,
+            )
+            .await
         })
         .await;
     let version = match written {
@@ -375,11 +382,11 @@ pub async fn revoke(
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane
-        .run(async move { writes::revoke_key(&db, &actor, now, (&t2, &i2)).await })
+        .run(async move { writes::revoke_key((&db, &check), &actor, now, (&t2, &i2)).await })
         .await;
     let version = match written {
         Ok(v) => v,

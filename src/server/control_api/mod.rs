@@ -3,7 +3,9 @@
 //! at `/admin/v1/openapi.json`) and docs/CONTROL.md.
 //!
 //! - [`tenants`], [`keys`], [`tokens`] (admin tokens and the audit
-//!   trail), [`own_budget`] (`GET /v1/budget` for a key holder).
+//!   trail), [`quarantine`] (what the control database holds but this
+//!   gateway does not serve), [`own_budget`] (`GET /v1/budget` for a key
+//!   holder).
 //! - Who: the bootstrap token (the environment variable of
 //!   `server.admin_token_env`) is the root; tokens of the database have a
 //!   role (`read`, `admin`) and optionally a tenant whose subtree is all
@@ -25,6 +27,7 @@
 mod key_body;
 pub mod keys;
 pub mod own_budget;
+pub mod quarantine;
 pub mod tenants;
 pub mod tokens;
 
@@ -41,7 +44,7 @@ use super::admin::{error_response, json_response, token_matches};
 use super::AppState;
 use crate::config::raw::RawConfig;
 use crate::config::{Limits, Policy};
-use crate::control::runtime::{self, Role, Snapshot};
+use crate::control::runtime::{self, Entity, Quarantined, Role, Snapshot};
 use crate::control::writes::{Actor, WriteError};
 use crate::control::ControlPlane;
 
@@ -85,6 +88,7 @@ pub fn routes() -> Router<Arc<AppState>> {
         )
         .route("/admin/v1/admin_tokens/{id}/revoke", post(tokens::revoke))
         .route("/admin/v1/audit", get(tokens::audit))
+        .route("/admin/v1/control/quarantine", get(quarantine::list))
         .route("/v1/budget", get(own_budget::read))
 }
 
@@ -277,6 +281,7 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
     match e {
         WriteError::NotFound => not_found(what),
         WriteError::Exists => conflict(&format!("{what} already exists.")),
+        WriteError::Conflict(why) => conflict(why),
         WriteError::Db(err) => {
             tracing::warn!(error = %err, "control API: the database refused a change");
             unavailable()
@@ -323,22 +328,66 @@ fn clamp_numbers(v: &mut Value) {
     }
 }
 
-/// Validates the file merged with `snap`: `Ok` with the policy, or the
-/// answer: 400 with the errors of the entity at `prefix` (paths relative
-/// to the body), 409 for errors elsewhere.
+/// Validates the file merged with `snap` (the served snapshot with one
+/// change, to `own`): `Ok` with the policy, or the answer: 400 with the
+/// errors of `own` (paths relative to the body), 409 for errors
+/// elsewhere. The entities quarantined now (`quarantined`) are left out,
+/// `own` excepted: a change is not refused for what was broken before
+/// it.
 pub fn validate(
     file: &(RawConfig, String),
     snap: &Snapshot,
-    prefix: &str,
+    quarantined: &[Quarantined],
+    own: Option<&Entity>,
 ) -> Result<Policy, Response> {
-    let errors = match runtime::merge(&file.0, snap) {
-        Ok((raw, _)) => match Policy::from_raw(raw, file.1.clone()) {
-            Ok(p) => return Ok(p),
-            Err(e) => e.0,
-        },
+    let mut snap = snap.clone();
+    let out = |e: Entity| quarantined.iter().any(|q| q.entity == e) && Some(&e) != own;
+    snap.tenants.retain(|t| {
+        !out(Entity::Tenant {
+            name: t.spec.name.clone(),
+        })
+    });
+    snap.keys.retain(|k| {
+        !out(Entity::Key {
+            tenant: k.tenant.clone(),
+            id: k.id.clone(),
+        })
+    });
+    if let Some(Entity::Tenant { name }) = own {
+        let parent = snap
+            .tenants
+            .iter()
+            .find(|t| &t.spec.name == name)
+            .and_then(|t| t.spec.parent.clone());
+        if let Some(p) = parent {
+            let known = file.0.tenants.iter().any(|t| t.name == p)
+                || snap.tenants.iter().any(|t| t.spec.name == p);
+            if !known {
+                return Err(bad_request(
+                    Some("parent"),
+                    &format!("parent: unknown tenant {p:?} ({name} → {p})"),
+                ));
+            }
+        }
+    }
+    let (raw, at) = match runtime::merge(&file.0, &snap) {
+        Ok(m) => m,
         Err(e) => return Err(conflict(&e.0.join("; "))),
     };
-    let rel = runtime::relative(&errors, prefix);
+    let prefix = match own {
+        Some(Entity::Tenant { name }) => at.tenants.get(name).map(|i| format!("tenants[{i}]")),
+        Some(Entity::Key { tenant, id }) => at
+            .keys
+            .get(&(tenant.clone(), id.clone()))
+            .map(|(t, k)| format!("tenants[{t}].keys[{k}]")),
+        None => None,
+    }
+    .unwrap_or_else(|| "-".into());
+    let errors = match Policy::from_raw(raw, file.1.clone()) {
+        Ok(p) => return Ok(p),
+        Err(e) => e.0,
+    };
+    let rel = runtime::relative(&errors, &prefix);
     let own: Vec<&(Option<String>, String)> = rel.iter().filter(|(p, _)| p.is_some()).collect();
     if let Some((param, _)) = own.first() {
         let text: Vec<&str> = own.iter().map(|(_, m)| m.as_str()).collect();

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::config::raw::RawTenant;
 use crate::config::Policy;
-use crate::control::runtime::{RuntimeTenant, Snapshot};
+use crate::control::runtime::{Entity, RuntimeTenant, Snapshot};
 use crate::control::writes;
 use crate::server::admin::json_response;
 use crate::server::AppState;
@@ -43,19 +43,20 @@ fn view(
 ) -> Option<Value> {
     let t = policy.tenants.iter().find(|t| t.name == name)?;
     let keys: Vec<&str> = t.keys.iter().map(|k| k.id.as_str()).collect();
-    let (mut v, source) = match snap.tenants.iter().find(|r| r.spec.name == name) {
-        Some(r) => {
+    // The file's first: a runtime tenant of the same name is quarantined.
+    let (mut v, source) = match file.tenants.iter().find(|r| r.name == name) {
+        Some(raw) => {
+            let mut raw = raw.clone();
+            raw.keys.clear();
+            (serde_json::to_value(&raw).unwrap_or(Value::Null), "file")
+        }
+        None => {
+            let r = snap.tenants.iter().find(|r| r.spec.name == name)?;
             let mut v = serde_json::to_value(&r.spec).unwrap_or(Value::Null);
             // Unix seconds, as a key's timestamps (stored in µs).
             v["created_at"] = json!(r.created_at / 1_000_000);
             v["updated_at"] = json!(r.updated_at / 1_000_000);
             (v, "api")
-        }
-        None => {
-            let raw = file.tenants.iter().find(|r| r.name == name)?;
-            let mut raw = raw.clone();
-            raw.keys.clear();
-            (serde_json::to_value(&raw).unwrap_or(Value::Null), "file")
         }
     };
     v["source"] = json!(source);
@@ -212,8 +213,10 @@ pub async fn create(
         created_at: now,
         updated_at: now,
     });
-    let at = format!("tenants[{}]", file.0.tenants.len() + snap.tenants.len() - 1);
-    let candidate = match validate(&file, &snap, &at) {
+    let own = Entity::Tenant {
+        name: t.name.clone(),
+    };
+    let candidate = match validate(&file, &snap, &c.plane.quarantined(), Some(&own)) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -221,9 +224,10 @@ pub async fn create(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
+    let check = c.plane.recheck();
     let written = c
         .plane
-        .run(async move { writes::create_tenant(&db, &actor, now, &spec).await })
+        .run(async move { writes::create_tenant((&db, &check), &actor, now, &spec).await })
         .await;
     let version = match written {
         Ok(v) => v,
@@ -321,8 +325,8 @@ pub async fn update(
     let mut snap = (*c.plane.snapshot()).clone();
     snap.tenants[pos].spec = t.clone();
     snap.tenants[pos].updated_at = now;
-    let at = format!("tenants[{}]", file.0.tenants.len() + pos);
-    let candidate = match validate(&file, &snap, &at) {
+    let own = Entity::Tenant { name: name.clone() };
+    let candidate = match validate(&file, &snap, &c.plane.quarantined(), Some(&own)) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -330,9 +334,10 @@ pub async fn update(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
+    let check = c.plane.recheck();
     let written = c
         .plane
-        .run(async move { writes::update_tenant(&db, &actor, now, &before, &spec).await })
+        .run(async move { writes::update_tenant((&db, &check), &actor, now, &before, &spec).await })
         .await;
     let version = match written {
         Ok(v) => v,
@@ -365,14 +370,14 @@ pub async fn delete(
     let mut snap = (*c.plane.snapshot()).clone();
     snap.tenants.remove(pos);
     snap.keys.retain(|k| k.tenant != name);
-    if let Err(r) = validate(&file, &snap, "-") {
+    if let Err(r) = validate(&file, &snap, &c.plane.quarantined(), None) {
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor) = (c.plane.db().clone(), c.who.actor());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
     let written = c
         .plane
-        .run(async move { writes::delete_tenant(&db, &actor, now, &before).await })
+        .run(async move { writes::delete_tenant((&db, &check), &actor, now, &before).await })
         .await;
     let version = match written {
         Ok(v) => v,

@@ -86,10 +86,19 @@ pub async fn create(
         id.clone(),
         b.tenant.clone(),
     );
+    let check = c.plane.recheck();
     let written = c
         .plane
         .run(async move {
-            writes::create_token(&db, &actor, now, &i2, &digest, (role, tenant.as_deref())).await
+            writes::create_token(
+                (&db, &check),
+                &actor,
+                now,
+                &i2,
+                &digest,
+                (role, tenant.as_deref()),
+            )
+            .await
         })
         .await;
     let version = match written {
@@ -142,9 +151,10 @@ pub async fn revoke(
     }
     let now = st.clock.now_micros();
     let (db, actor, i2) = (c.plane.db().clone(), c.who.actor(), id.clone());
+    let check = c.plane.recheck();
     let written = c
         .plane
-        .run(async move { writes::revoke_token(&db, &actor, now, &i2).await })
+        .run(async move { writes::revoke_token((&db, &check), &actor, now, &i2).await })
         .await;
     match written {
         Ok(version) => {
