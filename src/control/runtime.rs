@@ -624,3 +624,157 @@ pub fn relative(errors: &[String], prefix: &str) -> Vec<(Option<String>, String)
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+[[upstreams]]
+name = "u"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:9/v1"
+[[models]]
+name = "m"
+upstreams = ["u"]
+[[tenants]]
+name = "f"
+limits = { tpm = 1000 }
+"#;
+
+    fn file() -> RawConfig {
+        toml::from_str(FILE).unwrap()
+    }
+
+    fn tenant(name: &str, parent: Option<&str>) -> RuntimeTenant {
+        RuntimeTenant {
+            spec: RawTenant {
+                name: name.into(),
+                parent: parent.map(str::to_string),
+                ..RawTenant::default()
+            },
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    fn key(tenant: &str, id: &str) -> RuntimeKey {
+        RuntimeKey {
+            tenant: tenant.into(),
+            id: id.into(),
+            alias: None,
+            owner: serde_json::Value::Null,
+            limits: RawLimits::default(),
+            allowed_models: None,
+            expires_at: None,
+            revoked_at: None,
+            created_at: 0,
+            secrets: vec![Secret {
+                sha256: crate::config::hash_key(&format!("{tenant}/{id}")),
+                retires_at: None,
+            }],
+        }
+    }
+
+    fn names(q: &Quarantine) -> Vec<String> {
+        q.keys().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn an_orphan_and_what_hangs_from_it_are_quarantined_and_the_rest_served() {
+        let snap = Snapshot {
+            version: 7,
+            tenants: vec![
+                tenant("a", Some("f")),
+                tenant("b", Some("gone")),
+                tenant("c", Some("b")),
+            ],
+            keys: vec![
+                key("f", "k"),
+                key("a", "k"),
+                key("c", "k"),
+                key("gone", "k"),
+            ],
+            tokens: Vec::new(),
+        };
+        let c = compose(&file(), "v", &snap).expect("composes");
+        assert_eq!(
+            names(&c.quarantine),
+            [
+                "tenant \"b\"",
+                "tenant \"c\"",
+                "key \"k\" of tenant \"c\"",
+                "key \"k\" of tenant \"gone\""
+            ]
+        );
+        assert_eq!(
+            c.quarantine[&Entity::Tenant { name: "c".into() }],
+            "its parent \"b\" is quarantined"
+        );
+        let served: Vec<(&str, usize)> = c
+            .policy
+            .tenants
+            .iter()
+            .map(|t| (t.name.as_str(), t.keys.len()))
+            .collect();
+        assert_eq!(served, [("f", 1), ("a", 1)]);
+        assert_eq!(c.policy.version, "v.7");
+        assert!(merge(&file(), &snap).is_err(), "the API's merge refuses it");
+    }
+
+    #[test]
+    fn what_the_validator_refuses_is_traced_to_its_runtime_entity() {
+        // Five deep under the file's root: the fifth is refused (at most 4).
+        let snap = Snapshot {
+            version: 1,
+            tenants: vec![
+                tenant("a", Some("f")),
+                tenant("b", Some("a")),
+                tenant("c", Some("b")),
+                tenant("d", Some("c")),
+                tenant("e", Some("d")),
+            ],
+            keys: vec![key("d", "k"), key("e", "k")],
+            tokens: Vec::new(),
+        };
+        let c = compose(&file(), "v", &snap).expect("composes");
+        assert_eq!(
+            names(&c.quarantine),
+            [
+                "tenant \"d\"",
+                "tenant \"e\"",
+                "key \"k\" of tenant \"d\"",
+                "key \"k\" of tenant \"e\""
+            ]
+        );
+        let why = &c.quarantine[&Entity::Tenant { name: "d".into() }];
+        assert!(why.starts_with("parent: "), "{why}");
+        assert_eq!(c.policy.tenants.len(), 4);
+    }
+
+    #[test]
+    fn a_name_the_file_defines_is_the_files_and_a_bad_file_is_the_only_failure() {
+        let snap = Snapshot {
+            version: 1,
+            tenants: vec![tenant("f", None)],
+            keys: vec![key("f", "k")],
+            tokens: Vec::new(),
+        };
+        let c = compose(&file(), "v", &snap).expect("composes");
+        assert_eq!(names(&c.quarantine), ["tenant \"f\""]);
+        assert_eq!(
+            c.policy.tenants[0].keys.len(),
+            1,
+            "its key is the file tenant's"
+        );
+        let mut bad = file();
+        bad.tenants[0].limits.tpm = Some(0);
+        let e = compose(&bad, "v", &snap).expect_err("the file's own error");
+        assert!(
+            e.0.iter().any(|m| m.contains("tenants[0].limits.tpm")),
+            "{e:?}"
+        );
+    }
+}

@@ -67,10 +67,8 @@ async fn call(gw: &Gateway, m: Method, path: &str, body: Option<Value>) -> (u16,
 
 /// Every runtime key's tenant and every runtime tenant's parent is a
 /// tenant of the file (`file`) or of the database: the orphans, named.
-async fn orphans(url: &str, file: &[&str]) -> Vec<String> {
-    let db = Db::open(url).await.expect("open the control database");
-    let snap = runtime::load(&db).await.expect("read the control database");
-    db.pool().close().await;
+async fn orphans(db: &Db, file: &[&str]) -> Vec<String> {
+    let snap = runtime::load(db).await.expect("read the control database");
     let names: HashSet<&str> = snap
         .tenants
         .iter()
@@ -100,6 +98,7 @@ async fn orphans(url: &str, file: &[&str]) -> Vec<String> {
 /// `mover` under it on `b`. Returns how many rounds each write won.
 async fn race(a: &Gateway, b: &Gateway, url: &str) -> [usize; 4] {
     let mut won = [0usize; 4];
+    let db = Db::open(url).await.expect("open the control database");
     let (s, v) = call(
         a,
         Method::POST,
@@ -158,6 +157,8 @@ async fn race(a: &Gateway, b: &Gateway, url: &str) -> [usize; 4] {
                 assert_eq!(v["error"]["code"], "conflict", "{v}");
             }
         }
+        let left = orphans(&db, &["t1"]).await;
+        assert!(left.is_empty(), "round {n}: orphans {left:?}");
         // Back to a small tree: the child and the tenant go (the mover
         // moves on to the next round's tenant, leaving this one).
         let (s, v) = call(
@@ -173,8 +174,7 @@ async fn race(a: &Gateway, b: &Gateway, url: &str) -> [usize; 4] {
             assert!(s == 200 || s == 404, "round {n}, delete {t}: {s} {v}");
         }
     }
-    let left = orphans(url, &["t1"]).await;
-    assert!(left.is_empty(), "orphans: {left:?}");
+    db.pool().close().await;
     won
 }
 
@@ -451,4 +451,162 @@ async fn a_reload_removing_a_file_tenant_with_api_keys_applies_and_quarantines_w
     for k in [&team_key, &child_key, &other] {
         assert_eq!(post_hi(&gw, k).await, 200);
     }
+}
+
+#[tokio::test]
+async fn an_orphan_already_in_the_database_is_quarantined_and_the_rest_is_served_revoked_and_restarted(
+) {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control.db");
+    let cfg = super::control::config(&mock.base_url(), &path);
+    let gw = cfg.start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    for name in ["gone", "kept"] {
+        let (s, v) = call(
+            &gw,
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let orphan = new_key(&gw, "gone", "k").await;
+    let kept = new_key(&gw, "kept", "k").await;
+    // What an unserialised delete left behind before: the tenant's row
+    // gone, its key still there.
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM tenants WHERE name = 'gone'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE control_version SET version = version + 1")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.pool().close().await;
+    plane(&gw).refresh(true).await;
+    assert_eq!(quarantine(&gw).await, ["key gone/k"]);
+    assert_eq!(post_hi(&gw, &orphan).await, 401, "not served");
+    assert_eq!(post_hi(&gw, &kept).await, 200, "the rest is");
+
+    // Later changes are served: a new key works, a revoked one is refused.
+    let late = new_key(&gw, "kept", "late").await;
+    assert_eq!(post_hi(&gw, &late).await, 200);
+    let (s, v) = call(
+        &gw,
+        Method::POST,
+        "/admin/v1/tenants/kept/keys/k/revoke",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(post_hi(&gw, &kept).await, 401, "revoked");
+
+    // A restart starts, with the same quarantine.
+    drop(gw);
+    let gw = cfg.start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    assert_eq!(quarantine(&gw).await, ["key gone/k"]);
+    assert_eq!(post_hi(&gw, &late).await, 200);
+    assert_eq!(post_hi(&gw, &kept).await, 401);
+}
+
+#[tokio::test]
+async fn a_write_that_no_longer_fits_the_database_is_refused_409_naming_what_changed() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control.db");
+    let gw = super::control::config(&mock.base_url(), &path)
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for name in ["x", "y", "m"] {
+        let (s, v) = call(
+            &gw,
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({ "name": name })),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    // Changes this gateway has not read yet (the counter is left alone):
+    // `x` deleted, a child of `y` created.
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM tenants WHERE name = 'x'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO tenants (name, spec, created_at, updated_at) VALUES ('y-new', '{\"name\":\"y-new\",\"parent\":\"y\"}', 0, 0)",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.pool().close().await;
+    let version = plane(&gw).snapshot().version;
+
+    let (s, v) = call(
+        &gw,
+        Method::POST,
+        "/admin/v1/tenants/x/keys",
+        Some(json!({"id": "k"})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["code"]), (409, &json!("conflict")), "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("its tenant \"x\" is not defined"), "{msg}");
+    let (s, v) = call(
+        &gw,
+        Method::POST,
+        "/admin/v1/tenants",
+        Some(json!({"name": "x-kid", "parent": "x"})),
+    )
+    .await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("its parent \"x\" is not defined"),
+        "{v}"
+    );
+    // `y` looks childless here, but has a child now.
+    let (s, v) = call(&gw, Method::DELETE, "/admin/v1/tenants/y", None).await;
+    assert_eq!(s, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant \"y-new\""),
+        "{v}"
+    );
+    let (s, v) = call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/m",
+        Some(json!({"parent": "x"})),
+    )
+    .await;
+    assert_eq!(s, 409, "a move under it: {v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tenant \"m\": its parent \"x\" is not defined"),
+        "{v}"
+    );
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let snap = runtime::load(&db).await.unwrap();
+    assert_eq!(snap.version, version, "nothing was written");
+    assert!(snap.keys.is_empty());
+    assert_eq!(orphans(&db, &["t1"]).await, Vec::<String>::new());
 }
