@@ -558,9 +558,7 @@ pub fn compose(
             ..Snapshot::default()
         };
         let (alone, _) = merge_placing(file, &none, &mut Quarantine::new());
-        if let Err(e) = Policy::from_raw(alone, version.clone()) {
-            return Err(e);
-        }
+        Policy::from_raw(alone, version.clone())?;
         let why = format!(
             "the policy does not validate with the control database's entities: {}",
             untraced.join("; ")

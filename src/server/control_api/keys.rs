@@ -79,7 +79,14 @@ pub async fn create(
     let secret = new_secret();
     let digest = hash_key(&secret);
     let mut snap = (*c.plane.snapshot()).clone();
-    if snap.keys.iter().any(|k| k.tenant == tenant && k.id == id) {
+    let in_file = c
+        .plane
+        .file()
+        .0
+        .tenants
+        .iter()
+        .any(|t| t.name == tenant && t.keys.iter().any(|k| k.id == id));
+    if in_file || snap.keys.iter().any(|k| k.tenant == tenant && k.id == id) {
         return conflict(&format!("Key {id:?} of tenant {tenant:?} already exists."));
     }
     let key = RuntimeKey {

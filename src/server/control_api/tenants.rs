@@ -208,6 +208,12 @@ pub async fn create(
     if snap.tenants.iter().any(|r| r.spec.name == t.name) {
         return conflict(&format!("Tenant {:?} already exists.", t.name));
     }
+    if file.0.tenants.iter().any(|r| r.name == t.name) {
+        return conflict(&format!(
+            "Tenant {:?} is defined in the config file.",
+            t.name
+        ));
+    }
     snap.tenants.push(RuntimeTenant {
         spec: t.clone(),
         created_at: now,
