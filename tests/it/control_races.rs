@@ -65,6 +65,12 @@ async fn call(gw: &Gateway, m: Method, path: &str, body: Option<Value>) -> (u16,
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// `f`, started `lag` from now.
+async fn after<T>(lag: Duration, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::sleep(lag).await;
+    f.await
+}
+
 /// Every runtime key's tenant and every runtime tenant's parent is a
 /// tenant of the file (`file`) or of the database: the orphans, named.
 async fn orphans(db: &Db, file: &[&str]) -> Vec<String> {
@@ -120,26 +126,33 @@ async fn race(a: &Gateway, b: &Gateway, url: &str) -> [usize; 4] {
             format!("/admin/v1/tenants/{r}"),
             format!("/admin/v1/tenants/{r}/keys"),
         );
-        // The delete starts 0 to 4 ms after the others, round by round,
-        // so that each of them lands before, during and after it.
-        let lag = Duration::from_micros((n as u64 * 7919) % 4000);
+        // Each write starts 0 to 3 ms late, round by round, so that each
+        // lands before, during and after the others.
+        let lag =
+            |i: u64| Duration::from_micros((n as u64 * 4 + i).wrapping_mul(2_654_435_761) % 3000);
         let (del, key, child, mv) = tokio::join!(
-            async {
-                tokio::time::sleep(lag).await;
-                call(a, Method::DELETE, &this, None).await
-            },
-            call(b, Method::POST, &keys, Some(json!({"id": "k"}))),
-            call(
-                a,
-                Method::POST,
-                "/admin/v1/tenants",
-                Some(json!({"name": format!("c{n}"), "parent": r})),
+            after(lag(0), call(a, Method::DELETE, &this, None)),
+            after(
+                lag(1),
+                call(b, Method::POST, &keys, Some(json!({"id": "k"})))
             ),
-            call(
-                b,
-                Method::PATCH,
-                "/admin/v1/tenants/mover",
-                Some(json!({ "parent": r })),
+            after(
+                lag(2),
+                call(
+                    a,
+                    Method::POST,
+                    "/admin/v1/tenants",
+                    Some(json!({"name": format!("c{n}"), "parent": r})),
+                )
+            ),
+            after(
+                lag(3),
+                call(
+                    b,
+                    Method::PATCH,
+                    "/admin/v1/tenants/mover",
+                    Some(json!({ "parent": r })),
+                )
             ),
         );
         for (i, ((s, v), ok)) in [(del, 200), (key, 201), (child, 201), (mv, 200)]
