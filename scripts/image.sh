@@ -160,4 +160,30 @@ ls -ln "$vol" | awk 'NR > 1 {print "  " $3 ":" $4, $NF}'
 [ -s "$vol/memory-store.json" ] && [ -s "$vol/control.db" ] || fail "no snapshot or control database in the state volume"
 [ "$(stat -c %u "$vol/memory-store.json")" = 10001 ] || fail "the snapshot is not owned by uid 10001"
 
+step "the default target: the toolchain stage, then the runtime (on a stand-in crate)"
+# The real toolchain stage is a release build of the gateway (~10 minutes
+# of both cores) in docker.io/library/rust, which no registry here serves:
+# the same stages are built on a crate that prints its arguments, with a
+# stand-in toolchain image (Debian's gcc, the host's Rust mounted), so that
+# a broken build stage, cache mount, strip or COPY --from fails here.
+sysroot=$(rustc --print sysroot)
+rust_image=localhost/budgetgate-ci-rust
+podman image exists "$rust_image" ||
+    containers_build -t "$rust_image" -f tests/containers/rust.Containerfile tests/containers
+crate="$CONTAINERS_DIR/stand-in-crate"
+rm -rf "$crate" && mkdir -p "$crate/src"
+cp Containerfile "$crate/"
+printf '[package]\nname = "budgetgate"\nversion = "0.0.0"\nedition = "2021"\n' >"$crate/Cargo.toml"
+echo 'fn main() { println!("stand-in {}", std::env::args().skip(1).collect::<Vec<_>>().join(" ")); }' >"$crate/src/main.rs"
+(cd "$crate" && cargo generate-lockfile --offline -q)
+containers_build --format docker --build-arg RUST_IMAGE="$rust_image" \
+    -v "$sysroot:/usr/local/rust:ro" -t localhost/budgetgate-ci-default-target "$crate" ||
+    fail "the default target does not build"
+said=$(podman run --rm --no-healthcheck localhost/budgetgate-ci-default-target 2>>"$CONTAINERS_DIR/podman.log")
+[ "$said" = "stand-in serve --listen 0.0.0.0:8080" ] || fail "the default target's image ran: '$said'"
+[ "$(podman image inspect --format '{{.Config.User}}' localhost/budgetgate-ci-default-target)" = 10001:10001 ] ||
+    fail "the default target's image does not run as 10001"
+podman rmi localhost/budgetgate-ci-default-target >/dev/null
+echo "built (USER 10001); it ran: $said"
+
 step "passed"

@@ -28,6 +28,15 @@ GATEWAY_IMAGE=localhost/budgetgate:ci
 
 containers_log() { echo "[containers] $*" >&2; }
 
+# podman build, quiet unless it fails (then the end of its output).
+containers_build() {
+    podman build --quiet "$@" >/dev/null 2>"$CONTAINERS_DIR/build.log" || {
+        tail -30 "$CONTAINERS_DIR/build.log" >&2
+        containers_log "podman build $* failed"
+        return 1
+    }
+}
+
 # podman and its configuration for this run.
 containers_setup() {
     "$REPO/scripts/install-test-deps.sh" containers
@@ -98,13 +107,13 @@ containers_service_images() {
     containers_base_image
     if ! podman image exists "$REDIS_IMAGE"; then
         containers_log "building the stand-in $REDIS_IMAGE from Debian's redis-server"
-        podman build --quiet --format docker -t "$REDIS_IMAGE" \
-            -f "$REPO/tests/containers/redis.Containerfile" "$REPO/tests/containers" >/dev/null
+        containers_build --format docker -t "$REDIS_IMAGE" \
+            -f "$REPO/tests/containers/redis.Containerfile" "$REPO/tests/containers"
     fi
     if ! podman image exists "$POSTGRES_IMAGE"; then
         containers_log "building the stand-in $POSTGRES_IMAGE from Debian's postgresql"
-        podman build --quiet --format docker -t "$POSTGRES_IMAGE" \
-            -f "$REPO/tests/containers/postgres.Containerfile" "$REPO/tests/containers" >/dev/null
+        containers_build --format docker -t "$POSTGRES_IMAGE" \
+            -f "$REPO/tests/containers/postgres.Containerfile" "$REPO/tests/containers"
     fi
 }
 
@@ -117,8 +126,8 @@ containers_gateway_image() {
     cp "$1" "$ctx/budgetgate"
     # The test profile's binary carries debug info, a release one symbols.
     if command -v strip >/dev/null; then strip "$ctx/budgetgate"; fi
-    podman build --quiet --format docker --target prebuilt -t "$GATEWAY_IMAGE" \
-        -f "$REPO/Containerfile" "$ctx" >/dev/null
+    containers_build --format docker --target prebuilt -t "$GATEWAY_IMAGE" \
+        -f "$REPO/Containerfile" "$ctx"
 }
 
 # A free TCP port on the loopback interface.
