@@ -23,6 +23,7 @@ mod control_fleet;
 mod control_own_write;
 mod deploy_kit;
 mod deployments;
+mod docs_links;
 mod dollars;
 mod dollars_fleet;
 mod dollars_flow;
