@@ -470,3 +470,62 @@ async fn the_shipped_log_json_setting_starts_the_gateway_with_json_logs() {
         );
     }
 }
+
+/// deploy/fleet.toml shows every production setting, most commented out:
+/// uncommented (all but `[server.tls]`, whose files do not exist here, and
+/// `parent`, which names a tenant the file does not have), they still pass
+/// `check-config`, so the file a fleet is configured from does not rot.
+#[test]
+fn the_fleet_configs_commented_settings_are_valid_when_uncommented() {
+    let file = std::fs::read_to_string(repo_path("deploy/fleet.toml")).unwrap();
+    let is_setting = |rest: &str| {
+        let header = rest.split("  #").next().unwrap_or("").trim_end();
+        if header.starts_with('[') {
+            return header.ends_with(']') && !header.contains(' ');
+        }
+        rest.split_once(" = ").is_some_and(|(name, _)| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.\"-".contains(c))
+        })
+    };
+    let mut out = String::new();
+    let mut uncommented = 0;
+    let mut in_tls = false;
+    for line in file.lines() {
+        let line = match line.strip_prefix("# ") {
+            Some(rest) if is_setting(rest) => {
+                uncommented += 1;
+                rest
+            }
+            _ => line,
+        };
+        if line.starts_with('[') {
+            in_tls = line.starts_with("[server.tls]");
+        }
+        if in_tls || line.starts_with("parent = ") {
+            continue;
+        }
+        out.push_str(&line.replace(
+            "<printf %s KEY | budgetgate hash-key>",
+            "4ff444b1a79536cc47732956cf5bc6256abf64bc1b8adff6843fac08bbb6be9f",
+        ));
+        out.push('\n');
+    }
+    assert!(uncommented > 80, "only {uncommented} settings uncommented");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet-uncommented.toml");
+    std::fs::write(&path, &out).unwrap();
+    let p = path.to_string_lossy();
+    let env = [
+        ("OPENAI_API_KEY", "sk-check"),
+        ("ANTHROPIC_API_KEY", "sk-check"),
+        ("BUDGETGATE_END_USER_KEY", "a-secret-of-at-least-16-bytes"),
+        ("BUDGETGATE_ALERT_SECRET", "a-secret-of-at-least-16-bytes"),
+    ];
+    let out_cmd = budgetgate(&["check-config", &p], &env, None);
+    assert!(out_cmd.status.success(), "{}\n{out}", text(&out_cmd.stderr));
+    let said = text(&out_cmd.stdout);
+    assert!(said.contains("2 upstreams, 2 models, 1 tenants"), "{said}");
+}
