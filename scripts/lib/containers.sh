@@ -126,8 +126,14 @@ containers_gateway_image() {
     cp "$1" "$ctx/budgetgate"
     # The test profile's binary carries debug info, a release one symbols.
     if command -v strip >/dev/null; then strip "$ctx/budgetgate"; fi
+    local previous
+    previous=$(podman image inspect --format '{{.Id}}' "$GATEWAY_IMAGE" 2>/dev/null || true)
     containers_build --format docker --target prebuilt -t "$GATEWAY_IMAGE" \
         -f "$REPO/Containerfile" "$ctx"
+    # The image a new binary replaced would stay behind, untagged, at every run.
+    if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$GATEWAY_IMAGE")" ]; then
+        podman rmi "$previous" >/dev/null 2>&1 || true
+    fi
 }
 
 # A free TCP port on the loopback interface.
