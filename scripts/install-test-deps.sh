@@ -3,7 +3,7 @@
 # taking milliseconds when everything is there). Debian/Ubuntu packages via
 # apt-get; nothing is downloaded from anywhere else (no browser downloads).
 #
-#   scripts/install-test-deps.sh [redis] [chromium] [promtool] [postgres]   (default: all)
+#   scripts/install-test-deps.sh [redis] [chromium] [promtool] [postgres] [containers]   (default: all)
 #
 # redis     redis-server, redis-cli   (tests start their own servers on free ports)
 # chromium  /usr/bin/chromium and /usr/bin/chromedriver (the budget page test)
@@ -11,10 +11,12 @@
 #           installed without starting or enabling its Prometheus server
 # postgres  Debian's `postgresql` server binaries (/usr/lib/postgresql/*/bin: initdb,
 #           pg_ctl); tests make their own clusters, the package's own cluster is not started
+# containers  podman, buildah, debootstrap, runc, netavark, aardvark-dns, catatonit (the
+#           image and compose checks, scripts/image.sh and scripts/compose.sh)
 set -euo pipefail
 
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool postgres)
+[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool postgres containers)
 
 packages=()
 for w in "${want[@]}"; do
@@ -30,6 +32,15 @@ for w in "${want[@]}"; do
             command -v promtool >/dev/null 2>&1 || packages+=(prometheus) ;;
         postgres)
             ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || packages+=(postgresql) ;;
+        containers)
+            for tool in podman buildah debootstrap runc; do
+                command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || packages+=("$tool")
+            done
+            # podman's network backend with its DNS (compose service names),
+            # and the init of a pod's infra container.
+            [ -x /usr/lib/podman/netavark ] || packages+=(netavark)
+            [ -x /usr/lib/podman/aardvark-dns ] || packages+=(aardvark-dns)
+            command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || packages+=(catatonit) ;;
         *) echo "unknown component: $w" >&2; exit 2 ;;
     esac
 done

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of budgetgate. Installs what the tests need when missing:
-# redis-server, chromium + chromedriver and promtool (Debian packages), a
-# Python virtualenv with the pinned openai and anthropic SDKs.
+# redis-server, chromium + chromedriver, promtool, PostgreSQL, podman and
+# debootstrap (Debian packages), a Python virtualenv with the pinned openai
+# and anthropic SDKs (and podman-compose, scripts/compose.sh). Then the
+# distribution checks: the container image, the compose fleet, the archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,4 +22,36 @@ export BUDGETGATE_PYTHON="$PWD/.venv/bin/python"
 
 # --no-fail-fast: one failing test file must not hide the results of the others.
 # No feature flags: every suite is compiled into a plain `cargo test`.
-cargo test --all-targets --no-fail-fast "$@"
+status=0
+cargo test --all-targets --no-fail-fast "$@" || status=$?
+
+# The distribution checks (issue 38): the container image, the compose
+# fleet, the release archive. They run on a full run (no arguments; DIST=0
+# skips them, DIST=1 forces them) and on the test build's binaries: what
+# they check — the Containerfile, the image's user, volume, health check and
+# signals, the compose wiring, the archive's layout and the README's commands
+# — does not depend on the optimisation level, and a release build would add
+# ~10 minutes of both cores (docs/PERFORMANCE.md, "CI time").
+# DIST_PROFILE=release checks release binaries instead (build them first).
+DIST=${DIST:-$([ $# -eq 0 ] && echo 1 || echo 0)}
+if [ "$DIST" = 1 ]; then
+    DIST_PROFILE=${DIST_PROFILE:-debug}
+    if [ "$DIST_PROFILE" = debug ]; then
+        # With the examples in the build, the features are those of the tests
+        # above: this links, it compiles nothing again.
+        cargo build --bins --examples
+    fi
+    summary=()
+    for check in image.sh compose.sh package.sh archive-check.sh; do
+        t0=$SECONDS
+        echo "=== scripts/$check (PROFILE=$DIST_PROFILE)"
+        if PROFILE=$DIST_PROFILE "scripts/$check"; then
+            summary+=("$check ok ($((SECONDS - t0)) s)")
+        else
+            summary+=("$check FAILED ($((SECONDS - t0)) s)")
+            status=1
+        fi
+    done
+    echo "distribution checks: ${summary[*]}"
+fi
+exit "$status"

@@ -374,6 +374,8 @@ fn every_shipped_config_passes_check_config_and_each_feature_has_an_example() {
         .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     configs.sort();
+    // The compose fleet's config (deploy/compose.yaml) too.
+    configs.push(repo_path("deploy/fleet.toml"));
     let env = [
         ("OPENAI_API_KEY", "sk-check"),
         ("ANTHROPIC_API_KEY", "sk-check"),
@@ -408,4 +410,122 @@ fn every_shipped_config_passes_check_config_and_each_feature_has_an_example() {
             "no local example config has {feature} ({needle})"
         );
     }
+}
+
+/// The values the shipped systemd unit and container image give
+/// `BUDGETGATE_LOG_JSON` start the gateway with JSON logs (the unit's `1`
+/// once made it exit at start: "invalid value '1' for '--log-json'").
+#[tokio::test]
+async fn the_shipped_log_json_setting_starts_the_gateway_with_json_logs() {
+    let setting = |file: &str, prefix: &str| -> String {
+        let text = std::fs::read_to_string(repo_path(file)).expect(file);
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("{file}: no `{prefix}` line"))
+            .trim_end_matches(" \\")
+            .to_string()
+    };
+    let unit = setting(
+        "deploy/systemd/budgetgate.service",
+        "Environment=BUDGETGATE_LOG_JSON=",
+    );
+    let image = setting("Containerfile", "BUDGETGATE_LOG_JSON=");
+    for value in [unit.as_str(), image.as_str(), "yes", "true"] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = write_config(dir.path());
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
+            .args(["serve", "--config", &cfg, "--listen", "127.0.0.1:0"])
+            .env("STATE_DIRECTORY", dir.path())
+            .env("RUST_LOG", "info")
+            .env("BUDGETGATE_LOG_JSON", value)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut seen = Vec::new();
+        let started = tokio::time::timeout(Duration::from_secs(30), async {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 512];
+            while !text(&seen).contains("listening on") {
+                let n = stdout.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return false;
+                }
+                seen.extend_from_slice(&buf[..n]);
+            }
+            true
+        })
+        .await
+        .expect("gateway did not start");
+        child.start_kill().unwrap();
+        let out = child.wait_with_output().await.unwrap();
+        let logs = text(&out.stderr);
+        assert!(started, "BUDGETGATE_LOG_JSON={value}: exited: {logs}");
+        let first = logs.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with('{') && first.contains("\"level\""),
+            "BUDGETGATE_LOG_JSON={value}: not JSON: {logs}"
+        );
+    }
+}
+
+/// deploy/fleet.toml shows every production setting, most commented out:
+/// uncommented (all but `[server.tls]`, whose files do not exist here, and
+/// `parent`, which names a tenant the file does not have), they still pass
+/// `check-config`, so the file a fleet is configured from does not rot.
+#[test]
+fn the_fleet_configs_commented_settings_are_valid_when_uncommented() {
+    let file = std::fs::read_to_string(repo_path("deploy/fleet.toml")).unwrap();
+    let is_setting = |rest: &str| {
+        let header = rest.split("  #").next().unwrap_or("").trim_end();
+        if header.starts_with('[') {
+            return header.ends_with(']') && !header.contains(' ');
+        }
+        rest.split_once(" = ").is_some_and(|(name, _)| {
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.\"-".contains(c))
+        })
+    };
+    let mut out = String::new();
+    let mut uncommented = 0;
+    let mut in_tls = false;
+    for line in file.lines() {
+        let line = match line.strip_prefix("# ") {
+            Some(rest) if is_setting(rest) => {
+                uncommented += 1;
+                rest
+            }
+            _ => line,
+        };
+        if line.starts_with('[') {
+            in_tls = line.starts_with("[server.tls]");
+        }
+        if in_tls || line.starts_with("parent = ") {
+            continue;
+        }
+        out.push_str(&line.replace(
+            "<printf %s KEY | budgetgate hash-key>",
+            "4ff444b1a79536cc47732956cf5bc6256abf64bc1b8adff6843fac08bbb6be9f",
+        ));
+        out.push('\n');
+    }
+    assert!(uncommented > 80, "only {uncommented} settings uncommented");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet-uncommented.toml");
+    std::fs::write(&path, &out).unwrap();
+    let p = path.to_string_lossy();
+    let env = [
+        ("OPENAI_API_KEY", "sk-check"),
+        ("ANTHROPIC_API_KEY", "sk-check"),
+        ("BUDGETGATE_END_USER_KEY", "a-secret-of-at-least-16-bytes"),
+        ("BUDGETGATE_ALERT_SECRET", "a-secret-of-at-least-16-bytes"),
+    ];
+    let out_cmd = budgetgate(&["check-config", &p], &env, None);
+    assert!(out_cmd.status.success(), "{}\n{out}", text(&out_cmd.stderr));
+    let said = text(&out_cmd.stdout);
+    assert!(said.contains("2 upstreams, 2 models, 1 tenants"), "{said}");
 }

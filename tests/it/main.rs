@@ -24,6 +24,7 @@ mod control_own_write;
 mod control_races;
 mod deploy_kit;
 mod deployments;
+mod docs_links;
 mod dollars;
 mod dollars_fleet;
 mod dollars_flow;
