@@ -339,6 +339,9 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             for line in budgetgate::reservation::quota_lease::bounds::describe(&p) {
                 println!("{line}");
             }
+            for line in p.model_pattern_notes() {
+                println!("{line}");
+            }
             println!(
                 "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",
                 config.display(),
@@ -420,9 +423,16 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         return ExitCode::FAILURE;
     };
     let Some(m) = policy.model(&model_name) else {
-        eprintln!("unknown model {model_name:?}");
+        let names: Vec<&str> = policy.models.iter().map(|m| m.name.as_str()).collect();
+        eprintln!(
+            "unknown model {model_name:?} (models: {})",
+            names.join(", ")
+        );
         return ExitCode::FAILURE;
     };
+    let resolution = policy
+        .describe_resolution(&model_name)
+        .unwrap_or_else(|| m.name.clone());
     let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
     let candidates = plan::candidate_budgets(&ks, &policy, m);
     let room = plan::token_room(&[], &candidates);
@@ -436,7 +446,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
     };
     match estimate::estimate(endpoint, &body, &me, &policy.estimation, room) {
         Ok(e) => {
-            println!("model:             {}", m.name);
+            println!("model:             {resolution}");
             println!("encoding:          {}", m.encoding);
             println!("input tokens:      {}", e.input_tokens);
             println!("output per choice: {}", e.output_tokens_per_choice);

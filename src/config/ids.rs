@@ -45,9 +45,9 @@ impl Policy {
         Some((self.tenant(t), self.key(t, k)))
     }
 
-    /// A model by public name.
+    /// The model serving the name a client sent ([`Policy::model`]).
     pub fn model_id(&self, name: &str) -> Option<ModelId> {
-        self.model_index.get(name).copied().map(ModelId)
+        self.model_index.resolve(name).map(ModelId)
     }
 
     /// The tenant `id`.

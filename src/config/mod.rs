@@ -8,6 +8,7 @@
 
 pub mod end_user;
 mod ids;
+pub mod model_names;
 mod output_limit;
 pub mod raw;
 pub mod reload;
@@ -167,11 +168,18 @@ pub struct UpstreamPolicy {
     pub price: Option<Arc<PriceTable>>,
 }
 
-/// `[[models]]`: a public model name.
+/// `[[models]]`: a public model name, or a pattern of names
+/// ([`model_names`]).
 #[derive(Debug, Clone)]
 pub struct ModelPolicy {
-    /// Public name clients send.
+    /// Public name clients send, or the pattern (`claude-*`, `*`) that
+    /// names this entry's budgets, limits, prices and metric labels.
     pub name: String,
+    /// The name is a pattern: upstream gets the name the client sent,
+    /// unless `upstream_model` is configured.
+    pub pattern: bool,
+    /// `upstream_model` was configured (every matching name goes up as it).
+    pub renamed: bool,
     /// Indexes into [`Policy::upstreams`], in preference order.
     pub upstreams: Vec<usize>,
     /// Model name sent upstream.
@@ -259,17 +267,17 @@ pub struct KeyPolicy {
     pub weight: Option<u64>,
     /// UTC µs from which the key is refused (keys of the admin API).
     pub expires_at: Option<u64>,
-    /// The models the key may use; `None`: every model. A name the policy
-    /// no longer serves is dropped (the key loses that model, never gains).
-    pub allowed_models: Option<Vec<ModelId>>,
+    /// The model names the key may send, exact or patterns
+    /// ([`model_names`], matched on the name sent); `None`: every model.
+    pub allowed_models: Option<Vec<model_names::NamePattern>>,
 }
 
 impl KeyPolicy {
-    /// Whether the key may use model `m`.
-    pub fn allows(&self, m: ModelId) -> bool {
+    /// Whether the key may send model name `sent`.
+    pub fn allows(&self, sent: &str) -> bool {
         self.allowed_models
             .as_ref()
-            .is_none_or(|ms| ms.contains(&m))
+            .is_none_or(|ms| ms.iter().any(|m| m.matches(sent)))
     }
 }
 
@@ -385,7 +393,7 @@ pub struct Policy {
     pub alerts: crate::alerts::AlertSettings,
     /// `[telemetry]`: request spans over OTLP (bound at start).
     pub telemetry: crate::telemetry::TelemetrySettings,
-    model_index: HashMap<String, usize>,
+    model_index: model_names::ModelIndex,
     /// `[control]`.
     pub control: ControlPolicy,
     /// Keys by their SHA-256 digest (raw bytes: hashing the request's key
@@ -428,9 +436,15 @@ impl Policy {
         validate::validate(raw, version)
     }
 
-    /// A model by public name.
+    /// The model serving the name a client sent: the entry named exactly
+    /// so, else the pattern entry with the longest matching prefix.
     pub fn model(&self, name: &str) -> Option<&ModelPolicy> {
-        self.model_index.get(name).map(|&i| &self.models[i])
+        self.model_index.resolve(name).map(|i| &self.models[i])
+    }
+
+    /// Whether an entry is named exactly `name` (a pattern by its own name).
+    pub fn has_model_entry(&self, name: &str) -> bool {
+        self.model_index.contains(name)
     }
 
     /// How a refusal names the request's tenant when it has ancestors

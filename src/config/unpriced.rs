@@ -59,6 +59,9 @@ impl Policy {
         if m.allow_server_tools {
             out.push("allows server tools, billed per use: this tenant's requests using them are refused".to_string());
         }
+        if m.pattern {
+            out.push("is a pattern: its one price covers every name it matches (a name priced otherwise needs an exact entry)".to_string());
+        }
         out
     }
 }

@@ -44,9 +44,11 @@ async fn count(
         Some(Value::String(m)) => m.clone(),
         _ => return Err(invalid(Some("model"), "model: Field required")),
     };
+    let key = policy.key(caller.tenant, caller.key);
     let model_id = policy
         .model_id(&name)
-        .ok_or_else(|| ApiError::ModelNotFound(name.clone()))?;
+        .filter(|_| key.allows(&name))
+        .ok_or_else(|| super::prepare::not_found(&policy, key, Dialect::Messages, &name))?;
     let model = policy.model_at(model_id);
     if !model.messages {
         return Err(ApiError::ModelElsewhere {

@@ -131,7 +131,7 @@ pub async fn forward(
         .send(
             upstream,
             cx.dialect,
-            &model.upstream_model,
+            request.upstream_model(model),
             out_body,
             request_id.clone(),
             &extra,
@@ -150,8 +150,11 @@ pub async fn forward(
                 .answered("error", started.elapsed().as_secs_f64());
             // The URL too, so an operator sees which address failed; only on
             // this failure path is it built.
-            let url =
-                crate::upstreams::endpoint_url_for_log(upstream, cx.dialect, &model.upstream_model);
+            let url = crate::upstreams::endpoint_url_for_log(
+                upstream,
+                cx.dialect,
+                request.upstream_model(model),
+            );
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, url, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
             let never_sent = matches!(e, UpstreamError::Connect(_));

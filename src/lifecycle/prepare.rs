@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::authenticate::Caller;
 use super::context::RequestContext;
 use super::owner;
-use crate::config::{CapReservation, ModelId, Policy};
+use crate::config::{CapReservation, ModelId, ModelPolicy, Policy};
 use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
@@ -65,6 +65,17 @@ pub struct Prepared {
     /// Reserved a second time with a cap lowered by the store's refusal:
     /// a refusal now stands.
     pub clamp_retried: bool,
+    /// The model name the client sent, when a pattern entry without
+    /// `upstream_model` serves it: that name goes upstream.
+    pub sent_model: Option<Box<str>>,
+}
+
+impl Prepared {
+    /// The model name sent upstream: the client's, matched by a pattern
+    /// entry without `upstream_model`; else the entry's `upstream_model`.
+    pub fn upstream_model<'a>(&'a self, model: &'a ModelPolicy) -> &'a str {
+        self.sent_model.as_deref().unwrap_or(&model.upstream_model)
+    }
 }
 
 /// Reads, parses, validates and estimates the request.
@@ -241,10 +252,14 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         // Azure path form: the deployment in the URL names the model.
         body.insert("model".into(), Value::String(m));
     }
-    let model_id = match body.get("model") {
-        Some(Value::String(m)) => policy
-            .model_id(m)
-            .ok_or_else(|| ApiError::ModelNotFound(m.clone()))?,
+    let key = policy.key(caller.tenant, caller.key);
+    let (model_id, sent) = match body.get("model") {
+        Some(Value::String(m)) => match policy.model_id(m) {
+            // A key limited to some models sees no others (as a provider's
+            // project key does): the same 404 as an unknown model.
+            Some(id) if key.allows(m) => (id, m.as_str()),
+            _ => return Err(not_found(policy, key, dialect, m)),
+        },
         Some(_) => return Err(invalid(Some("model"), "`model` must be a string.")),
         None => {
             return Err(invalid(
@@ -254,11 +269,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         }
     };
     let model = policy.model_at(model_id);
-    if !policy.key(caller.tenant, caller.key).allows(model_id) {
-        // A key limited to some models sees no others (as a provider's
-        // project key does): the same 404 as an unknown model.
-        return Err(ApiError::ModelNotFound(model.name.clone()));
-    }
+    let sent_model = (model.pattern && !model.renamed).then(|| Box::from(sent));
     if model.messages != dialect.is_anthropic() {
         // All deployments of a model speak one dialect (checked at load).
         return Err(ApiError::ModelElsewhere {
@@ -407,7 +418,55 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         end_user_counting,
         clamped,
         clamp_retried: false,
+        sent_model,
     })
+}
+
+/// The 404 of a model name `sent` that `key` cannot use on `dialect`'s
+/// routes, naming what it can: the entries (names and patterns) served
+/// there, or the key's own list when it has one.
+pub fn not_found(
+    policy: &Policy,
+    key: &crate::config::KeyPolicy,
+    dialect: Dialect,
+    sent: &str,
+) -> ApiError {
+    use crate::config::model_names::NamePattern;
+    let known: Vec<String> = match &key.allowed_models {
+        Some(allowed) => allowed
+            .iter()
+            .map(|p| match p {
+                NamePattern::Exact(n) => n.clone(),
+                NamePattern::Prefix(p) => format!("{p}*"),
+            })
+            .collect(),
+        None => policy
+            .models
+            .iter()
+            .filter(|m| m.messages == dialect.is_anthropic())
+            .map(|m| m.name.clone())
+            .collect(),
+    };
+    ApiError::ModelNotFound {
+        model: sent.to_string(),
+        known: known_list(&known),
+    }
+}
+
+/// At most [`KNOWN_SHOWN`] names, then how many more.
+fn known_list(names: &[String]) -> String {
+    /// Names a 404 lists before it counts the rest.
+    const KNOWN_SHOWN: usize = 20;
+    let mut out = names
+        .iter()
+        .take(KNOWN_SHOWN)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > KNOWN_SHOWN {
+        out.push_str(&format!(" and {} more", names.len() - KNOWN_SHOWN));
+    }
+    out
 }
 
 /// Incremental reservation of a stream's client cap (DESIGN section 5):

@@ -27,7 +27,7 @@ pub fn upstream_body(
         &p.estimate,
         p.clamped,
         p.stream,
-        model,
+        (model, p.upstream_model(model)),
         dialect,
         upstream,
     )
@@ -35,13 +35,14 @@ pub fn upstream_body(
 
 /// [`upstream_body`] of a client body `raw` (a JSON object) with its
 /// `estimate`, streamed or not; `clamped`: the client's cap was lowered
-/// and the lowered one replaces it in every dialect.
+/// and the lowered one replaces it in every dialect. `model` is the entry
+/// and the name it goes upstream as.
 pub fn rewrite(
     raw: &[u8],
     estimate: &Estimate,
     clamped: bool,
     stream: bool,
-    model: &ModelPolicy,
+    (model, upstream_model): (&ModelPolicy, &str),
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
@@ -49,8 +50,7 @@ pub fn rewrite(
     // are copied byte for byte, never re-serialised (a 400 KB prompt costs
     // a scan, not a rebuild).
     let RawMembers(top) = serde_json::from_slice(raw)?;
-    let mut set: Vec<(&str, String)> =
-        vec![("model", serde_json::to_string(&model.upstream_model)?)];
+    let mut set: Vec<(&str, String)> = vec![("model", serde_json::to_string(upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
     // Messages: the client's `max_tokens` (required) goes up unchanged,
     // unless it was clamped.

@@ -43,7 +43,12 @@ pub enum ApiError {
         message: String,
     },
     /// Unknown model (404 `model_not_found`).
-    ModelNotFound(String),
+    ModelNotFound {
+        /// The name the client sent.
+        model: String,
+        /// The names and patterns the caller can use, as listed in the message.
+        known: String,
+    },
     /// Unknown path (404).
     NotFound(String),
     /// A known path with another method (405): the method and the path.
@@ -222,7 +227,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } | ApiError::Unpriceable { .. } => {
                 StatusCode::BAD_REQUEST
             }
-            ApiError::ModelNotFound(_)
+            ApiError::ModelNotFound { .. }
             | ApiError::NotFound(_)
             | ApiError::ModelElsewhere { .. }
             | ApiError::ResponseNotFound(..) => StatusCode::NOT_FOUND,
@@ -263,7 +268,7 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::InvalidRequest { .. } => "invalid_request",
             ApiError::Unpriceable { .. } => "unpriceable",
-            ApiError::ModelNotFound(_) | ApiError::ModelElsewhere { .. } => "model_not_found",
+            ApiError::ModelNotFound { .. } | ApiError::ModelElsewhere { .. } => "model_not_found",
             ApiError::Overloaded => "overloaded",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(..) => "method_not_allowed",
@@ -396,10 +401,14 @@ impl ApiError {
                 None,
                 Some("overloaded"),
             ),
-            ApiError::ModelNotFound(m) => shaped(
+            ApiError::ModelNotFound { model, known } => shaped(
                 dialect,
                 status,
-                &format!("The model `{m}` does not exist or you do not have access to it."),
+                &if known.is_empty() {
+                    format!("The model `{model}` does not exist or you do not have access to it.")
+                } else {
+                    format!("The model `{model}` does not exist or you do not have access to it. Models on this gateway (a name ending in `*` serves every name it starts): {known}.")
+                },
                 "invalid_request_error",
                 Some("model"),
                 Some("model_not_found"),

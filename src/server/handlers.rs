@@ -114,9 +114,23 @@ pub async fn get_model(
     headers: HeaderMap,
 ) -> Response {
     let mut cx = RequestContext::new(st, Dialect::ChatCompletions, &headers);
-    let result = authenticate(&mut cx, &headers).and_then(|_| match cx.policy.model(&model) {
-        Some(m) => Ok(Json(model_object(m)).into_response()),
-        None => Err(ApiError::ModelNotFound(model)),
+    let result = authenticate(&mut cx, &headers).and_then(|caller| {
+        let policy = &cx.policy;
+        let key = policy.key(caller.tenant, caller.key);
+        match policy.model(&model) {
+            // A name a pattern entry serves is listed under that name.
+            Some(m) if key.allows(&model) => Ok(Json(json!({
+                "id": if m.pattern { model.as_str() } else { m.name.as_str() },
+                "object": "model", "created": 0, "owned_by": "budgetgate"
+            }))
+            .into_response()),
+            _ => Err(lifecycle::prepare::not_found(
+                policy,
+                key,
+                Dialect::ChatCompletions,
+                &model,
+            )),
+        }
     });
     lifecycle::conclude(cx, result)
 }

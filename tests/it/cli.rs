@@ -529,3 +529,55 @@ fn the_fleet_configs_commented_settings_are_valid_when_uncommented() {
     let said = text(&out_cmd.stdout);
     assert!(said.contains("2 upstreams, 2 models, 1 tenants"), "{said}");
 }
+
+/// Fault: a pattern entry's reach was invisible: the operator could not
+/// see which entry a name resolves to, what goes upstream, nor that one
+/// price covers every name a pattern matches (issue 37, point 4).
+#[test]
+fn check_config_and_estimate_show_how_a_name_resolves() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard("http://127.0.0.1:9/v1", 50, limits().usd_per_day("1"));
+    c.model("gpt-4o-mini").price = Some(price("0.15", "0.60"));
+    c.models.push(config::RawModel {
+        price: Some(price("1.25", "10")),
+        max_output_tokens: Some(4096),
+        ..config::model("gpt-5*", &["mock"])
+    });
+    let cfg = c.write(dir.path()).to_string_lossy().into_owned();
+    let out = budgetgate(&["check-config", &cfg], &[], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("models[2] \"gpt-5*\": a pattern: serves names starting with \"gpt-5\" that no exact entry or longer pattern serves, sent upstream as the client named them"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .contains("model \"gpt-5*\" is a pattern: its one price covers every name it matches"),
+        "{stdout}"
+    );
+    let body =
+        r#"{"model":"gpt-5.5-codex","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#;
+    let out = budgetgate(&["estimate", "-c", &cfg], &[], Some(body));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains(
+            "model:             gpt-5.5-codex → entry \"gpt-5*\" (sent upstream as gpt-5.5-codex)"
+        ),
+        "{stdout}"
+    );
+    let out = budgetgate(
+        &["estimate", "-c", &cfg, "--model", "llama"],
+        &[],
+        Some(body),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(
+            "unknown model \"llama\" (models: gpt-4o-mini, text-embedding-3-small, gpt-5*)"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -52,6 +52,7 @@ mod memory_persistence;
 mod messages;
 mod metric_series;
 mod mock_upstream_selftest;
+mod model_patterns;
 mod nested_tenants;
 mod operations;
 mod output_limits;

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use super::V;
+use crate::config::model_names::{ModelIndex, NamePattern};
 use crate::config::raw::RawConfig;
 use crate::config::*;
 use crate::reserve::keys::is_valid_id;
@@ -172,19 +173,41 @@ pub(super) fn models(
     upstream_index: &HashMap<String, usize>,
     upstreams: &[UpstreamPolicy],
     estimation: &crate::estimate::EstimateSettings,
-) -> (Vec<ModelPolicy>, HashMap<String, usize>) {
+) -> (Vec<ModelPolicy>, ModelIndex) {
     let mut models = Vec::new();
-    let mut model_index = HashMap::new();
+    let mut model_index = ModelIndex::default();
     for (i, m) in raw.models.iter().enumerate() {
         let path = format!("models[{i}]");
         if m.name.is_empty() {
             v.err(format!("{path}.name"), "must not be empty");
         }
-        if model_index.insert(m.name.clone(), i).is_some() {
-            v.err(
-                format!("{path}.name"),
-                format!("duplicate model {:?}", m.name),
-            );
+        let pattern = match NamePattern::parse(&m.name) {
+            Ok(p) => p,
+            Err(why) => {
+                v.err(format!("{path}.name"), format!("{:?}: {why}", m.name));
+                NamePattern::Exact(m.name.clone())
+            }
+        };
+        if !model_index.insert(&m.name, &pattern, i) {
+            let first = raw
+                .models
+                .iter()
+                .position(|o| o.name == m.name)
+                .unwrap_or(i);
+            if pattern.is_pattern() {
+                v.err(
+                    format!("{path}.name"),
+                    format!(
+                        "pattern {:?} is models[{first}]'s already: one entry per pattern",
+                        m.name
+                    ),
+                );
+            } else {
+                v.err(
+                    format!("{path}.name"),
+                    format!("duplicate model {:?}", m.name),
+                );
+            }
         }
         if m.upstreams.is_empty() {
             v.err(
@@ -303,6 +326,8 @@ pub(super) fn models(
         models.push(ModelPolicy {
             image: estimation.image_cost(&upstream_model, &m.name),
             name: m.name.clone(),
+            pattern: pattern.is_pattern(),
+            renamed: m.upstream_model.is_some(),
             upstreams: ups,
             upstream_model,
             encoding,

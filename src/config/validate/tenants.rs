@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::V;
+use crate::config::model_names::NamePattern;
 use crate::config::raw::RawConfig;
 use crate::config::*;
 use crate::reserve::keys::is_valid_id;
@@ -14,7 +15,7 @@ pub(super) type KeyIndex = HashMap<[u8; 32], KeyRef>;
 pub(super) fn tenants(
     v: &mut V,
     raw: &RawConfig,
-    model_index: &HashMap<String, usize>,
+    model_index: &crate::config::model_names::ModelIndex,
 ) -> (Vec<TenantPolicy>, KeyIndex) {
     let mut tenants = Vec::new();
     let mut tenant_names = HashMap::new();
@@ -70,10 +71,17 @@ pub(super) fn tenants(
                 priority: super::queue::class(v, &format!("{kp}.priority"), k.priority.as_deref()),
                 weight: super::queue::weight(v, &format!("{kp}.weight"), k.weight),
                 expires_at: k.terms.expires_at,
+                // A name no entry serves any longer (or, from an older
+                // database, a malformed pattern) is dropped: the key loses
+                // it, never gains.
                 allowed_models: k.terms.allowed_models.as_ref().map(|names| {
                     names
                         .iter()
-                        .filter_map(|n| model_index.get(n).copied().map(ModelId))
+                        .filter_map(|n| NamePattern::parse(n).ok())
+                        .filter(|p| match p {
+                            NamePattern::Exact(n) => model_index.resolve(n).is_some(),
+                            NamePattern::Prefix(_) => true,
+                        })
                         .collect()
                 }),
             });
@@ -81,7 +89,7 @@ pub(super) fn tenants(
         let mut model_limits = BTreeMap::new();
         for (model, l) in &t.model_limits {
             let mp = format!("{path}.model_limits.{model}");
-            if !model_index.contains_key(model) {
+            if !model_index.contains(model) {
                 v.err(&mp, format!("unknown model {model:?}"));
             }
             model_limits.insert(model.clone(), v.limits(&mp, l));

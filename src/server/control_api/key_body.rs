@@ -86,13 +86,19 @@ pub(super) fn fields(policy: &Policy, b: &KeyBody) -> Result<KeyFields, Response
         ));
     }
     if let Some(models) = &b.allowed_models {
+        // The syntax of `[[models]]` names, matched on the name sent
+        // (config::model_names): an exact name must be served.
         for (i, m) in models.iter().enumerate() {
-            if policy.model(m).is_none() {
-                let path = format!("allowed_models[{i}]");
-                return Err(bad_request(
-                    Some(&path),
-                    &format!("{path}: unknown model {m:?}"),
-                ));
+            let path = format!("allowed_models[{i}]");
+            match crate::config::model_names::NamePattern::parse(m) {
+                Err(why) => return Err(bad_request(Some(&path), &format!("{path}: {m:?}: {why}"))),
+                Ok(p) if !p.is_pattern() && policy.model(m).is_none() => {
+                    return Err(bad_request(
+                        Some(&path),
+                        &format!("{path}: unknown model {m:?}"),
+                    ));
+                }
+                Ok(_) => {}
             }
         }
     }
