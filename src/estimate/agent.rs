@@ -77,6 +77,13 @@ impl Calls {
         t.exact(TOKENS_PER_MESSAGE.saturating_add(FUNCTION_OUTPUT_FRAMING_TOKENS));
     }
 
+    /// Tool definitions found among the input items (Codex's
+    /// `additional_tools`): their names count as the request's own for
+    /// outputs whose call is not in the request.
+    pub(super) fn tools(&mut self, enc: Encoding, tools: Option<&Value>) {
+        self.longest = self.longest.max(longest_tool_name(tools, enc));
+    }
+
     /// Charges the names outputs carry; `tools` are the request's tool
     /// definitions (for the name of a call made in an earlier turn).
     pub(super) fn finish(&self, t: &mut Tally, enc: Encoding, tools: Option<&Value>) {
@@ -99,21 +106,35 @@ impl Calls {
 }
 
 /// Tokens of the longest function name among tool definitions (Responses
-/// `{"name"}` and chat `{"function": {"name"}}` shapes).
+/// `{"name"}` and chat `{"function": {"name"}}` shapes), members of
+/// Responses `namespace` groups included (a call names its function; the
+/// group's name is charged as its own: `functions.NAME` already frames
+/// one namespace).
 fn longest_tool_name(tools: Option<&Value>, enc: Encoding) -> u64 {
-    let Some(Value::Array(tools)) = tools else {
-        return 0;
-    };
-    tools
-        .iter()
-        .filter_map(|tool| {
-            tool.get("name")
-                .or_else(|| tool.get("function").and_then(|f| f.get("name")))
-                .and_then(Value::as_str)
-        })
-        .map(|name| enc.count_cached(name))
-        .max()
-        .unwrap_or(0)
+    fn walk(tools: &[Value], enc: Encoding, depth: usize) -> u64 {
+        tools
+            .iter()
+            .map(|tool| {
+                let own = tool
+                    .get("name")
+                    .or_else(|| tool.get("function").and_then(|f| f.get("name")))
+                    .and_then(Value::as_str)
+                    .map_or(0, |name| enc.count_cached(name));
+                let members = match tool.get("tools") {
+                    // Nesting is bounded by the Responses checks; this
+                    // bound only keeps a hostile body from recursing far.
+                    Some(Value::Array(m)) if depth < 8 => walk(m, enc, depth + 1),
+                    _ => 0,
+                };
+                own.max(members)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+    match tools {
+        Some(Value::Array(tools)) => walk(tools, enc, 0),
+        _ => 0,
+    }
 }
 
 /// One passed-back reasoning item: the text of its `summary` and `content`

@@ -146,6 +146,12 @@ fn item_tokens(item: &Map<String, Value>, cx: &Ctx, t: &mut Tally, calls: &mut C
             content_tokens(item.get("output"), cx, t);
         }
         Some("reasoning") => agent::reasoning(t, enc, item),
+        Some("additional_tools") => {
+            // Codex's tools ride in the input (namespace groups of function
+            // tools): counted as tool definitions, structured, as `tools` is.
+            calls.tools(enc, item.get("tools"));
+            t.structured(json_tokens(enc, &Value::Object(item.clone())));
+        }
         _ => t.structured(json_tokens(enc, &Value::Object(item.clone()))),
     }
 }

@@ -54,6 +54,8 @@ pub fn check_body(
         allowed_objects: &tenant.allowed_provider_objects,
         hosted_tools: &model.hosted_tools,
         allow_background: model.allow_background,
+        model: &model.name,
+        allowing_line: |kind| format!("hosted_tools = [\"{kind}\"]"),
     };
     refuse::check(body, &rules).map_err(|r| match r {
         Refusal::Invalid { param, message } => invalid(Some(&param), message),

@@ -27,9 +27,6 @@ use crate::server::BudgetPlan;
 /// `standard_only`.
 const STANDARD_TIERS: [&str; 3] = ["auto", "default", "standard_only"];
 
-/// Tool types whose calls are model output, priced as tokens.
-const PRICED_TOOLS: [&str; 2] = ["function", "custom"];
-
 /// Checks that a request under the dollar budgets of `plan` and of its
 /// end user (`end_user`) can be priced, and keeps only the `candidates`
 /// (positions in `plan.upstreams`) that have a price; returns the cache
@@ -116,18 +113,23 @@ pub fn unpriced_feature(dialect: Dialect, body: &Value) -> Option<(String, Strin
     }
 }
 
-/// A Responses tool the provider runs and bills per call.
+/// A Responses tool the provider runs and bills per call, wherever it
+/// sits (nested in `namespace` groups, in `additional_tools` items).
 fn hosted_tool(body: &Value) -> Option<(String, String)> {
-    let tools = body.get("tools")?.as_array()?;
-    tools.iter().enumerate().find_map(|(i, t)| {
-        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
-        (!PRICED_TOOLS.contains(&kind)).then(|| {
-            (
-                format!("tools[{i}].type"),
+    use crate::dialects::responses::tools::{class, visit, ToolClass};
+    let body = body.as_object()?;
+    let found = visit(
+        body,
+        |path, _, kind| match class(kind) {
+            ToolClass::Client | ToolClass::Group => Ok(()),
+            ToolClass::Hosted | ToolClass::Unknown => Err((
+                format!("{path}.type"),
                 format!("hosted tool `{kind}` is billed per call beside the tokens"),
-            )
-        })
-    })
+            )),
+        },
+        |deep| (deep.path, "tool groups nested too deep".to_string()),
+    );
+    found.err()
 }
 
 /// Chat Completions features billed beside text tokens: web search (per

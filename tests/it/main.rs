@@ -77,6 +77,7 @@ mod reload;
 mod request_ids;
 mod responses;
 mod responses_estimate;
+mod responses_tools;
 mod sdk_e2e;
 mod share_conformance;
 mod share_fleet;

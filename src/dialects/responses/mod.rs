@@ -10,9 +10,12 @@
 //! - [`stream`]: named stream events: output counting, terminal events,
 //!   the cutoff's `response.incomplete`, the `error` event.
 //! - [`refuse`]: what a body refers to that cannot be metered or isolated.
+//! - [`tools`]: the tools of a body wherever they sit (`namespace` groups,
+//!   `additional_tools` items), classed by who runs them.
 
 pub mod refuse;
 pub mod stream;
+pub mod tools;
 
 use serde_json::Value;
 

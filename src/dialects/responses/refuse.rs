@@ -9,14 +9,15 @@
 //! `conversation` is always refused. Hosted tools run on the provider's
 //! side (searches, code, images, remote MCP) with costs and inputs the
 //! gateway does not see: refused unless the model allows the tool by
-//! type. `background: true` is refused unless the model allows it.
+//! type, wherever it sits ([`super::tools`]: nested in `namespace`
+//! groups, in `additional_tools` items), the refusal naming its path and
+//! quoting the config line that would allow it; a type the gateway does
+//! not know is refused the same way. `background: true` is refused
+//! unless the model allows it.
 
 use serde_json::{Map, Value};
 
 use super::{valid_id, MIN_CAP};
-
-/// Tool types the gateway meters: their calls are model output.
-const METERED_TOOLS: &[&str] = &["function", "custom"];
 
 /// The config that relaxes the refusals.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +29,10 @@ pub struct Rules<'a> {
     pub hosted_tools: &'a [String],
     /// Whether `background: true` is allowed for this model.
     pub allow_background: bool,
+    /// The model's public name (refusals name it).
+    pub model: &'a str,
+    /// The config line that would allow a tool type on this model.
+    pub allowing_line: fn(&str) -> String,
 }
 
 /// Why a body is refused.
@@ -104,11 +109,19 @@ pub fn check(body: &Map<String, Value>, rules: &Rules) -> Result<References, Ref
             }
         }
     }
-    if let Some(Value::Array(tools)) = body.get("tools") {
-        for (i, tool) in tools.iter().enumerate() {
-            check_tool(i, tool, rules, &allowed)?;
-        }
-    }
+    super::tools::visit(
+        body,
+        |path, tool, kind| check_tool(path, tool, kind, rules, &allowed),
+        |deep| {
+            invalid(
+                format!("{}.tools", deep.path),
+                format!(
+                    "Tool groups (`namespace`) nest at most {} levels deep.",
+                    super::tools::MAX_DEPTH
+                ),
+            )
+        },
+    )?;
     let background = body.get("background").and_then(Value::as_bool) == Some(true);
     if background && !rules.allow_background {
         return Err(invalid(
@@ -142,27 +155,36 @@ pub fn check(body: &Map<String, Value>, rules: &Rules) -> Result<References, Ref
 }
 
 fn check_tool(
-    i: usize,
+    path: super::tools::ToolPath<'_>,
     tool: &Value,
+    kind: &str,
     rules: &Rules,
     allowed: &impl Fn(&str) -> bool,
 ) -> Result<(), Refusal> {
-    let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
-    if METERED_TOOLS.contains(&kind) {
-        return Ok(());
-    }
-    if !rules.hosted_tools.iter().any(|t| t == kind) {
-        return Err(invalid(
-            format!("tools[{i}].type"),
-            format!("Hosted tool `{kind}` runs on the provider's side with inputs and costs this gateway cannot meter; it is not allowed for this model (function and custom tools are)."),
-        ));
+    use super::tools::{class, ToolClass};
+    let listed = rules.hosted_tools.iter().any(|t| t == kind);
+    match class(kind) {
+        ToolClass::Client | ToolClass::Group => return Ok(()),
+        ToolClass::Hosted if !listed => {
+            return Err(invalid(
+                format!("{path}.type"),
+                format!("Hosted tool `{kind}` runs on the provider's side with inputs and costs this gateway cannot meter; it is not allowed for model `{}` (function, custom and namespace tools are). An operator allows it with this line in the model's entry: {}", rules.model, (rules.allowing_line)(kind)),
+            ))
+        }
+        ToolClass::Unknown if !listed => {
+            return Err(invalid(
+                format!("{path}.type"),
+                format!("Tool type `{kind}` is unknown to this gateway, which cannot tell whether the client or the provider runs it (nor what it costs); it is refused on model `{}`. If the provider runs it, an operator allows it with this line in the model's entry: {}", rules.model, (rules.allowing_line)(kind)),
+            ))
+        }
+        ToolClass::Hosted | ToolClass::Unknown => {}
     }
     if let Some(Value::Array(ids)) = tool.get("vector_store_ids") {
         for id in ids {
             let id = id.as_str().unwrap_or("");
             if !allowed(id) {
                 return Err(invalid(
-                    format!("tools[{i}].vector_store_ids"),
+                    format!("{path}.vector_store_ids"),
                     format!("The vector store `{id}` is a provider object this gateway has not recorded for your tenant."),
                 ));
             }
@@ -171,7 +193,7 @@ fn check_tool(
     if let Some(Value::String(id)) = tool.get("container") {
         if !allowed(id) {
             return Err(invalid(
-                format!("tools[{i}].container"),
+                format!("{path}.container"),
                 format!("The container `{id}` is a provider object this gateway has not recorded for your tenant; use `{{\"type\": \"auto\"}}`."),
             ));
         }
@@ -188,10 +210,16 @@ mod tests {
         check(body.as_object().unwrap(), &rules)
     }
 
+    fn line(kind: &str) -> String {
+        format!("hosted_tools = [\"{kind}\"]")
+    }
+
     const NONE: Rules<'static> = Rules {
         allowed_objects: &[],
         hosted_tools: &[],
         allow_background: false,
+        model: "m",
+        allowing_line: line,
     };
 
     fn param(r: Result<References, Refusal>) -> String {
@@ -253,6 +281,7 @@ mod tests {
             allowed_objects: &ids,
             hosted_tools: &tools,
             allow_background: true,
+            ..NONE
         };
         let r = run(
             json!({"input": [{"role":"user","content":[{"type":"input_file","file_id":"file-1"}]}],
