@@ -212,8 +212,9 @@ pub struct ModelPolicy {
     pub token_ratio: u64,
     /// How a stream with the client's own output cap is reserved.
     pub client_cap_reservation: CapReservation,
-    /// Messages only: the `anthropic-beta` values clients may send.
-    pub anthropic_betas: Vec<String>,
+    /// Messages only: which `anthropic-beta` values go upstream (an allow
+    /// list, or every beta but a deny list: `dialects::anthropic::betas`).
+    pub anthropic_betas: crate::dialects::anthropic::betas::BetaPolicy,
     /// Messages only: server tools, MCP servers and containers are allowed
     /// (work the provider does and bills outside the token usage).
     pub allow_server_tools: bool,

@@ -312,6 +312,8 @@ pub struct RawModel {
     pub client_cap_reservation: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub anthropic_betas: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub anthropic_betas_deny: Vec<String>,
     pub allow_server_tools: Option<bool>,
     pub allow_file_ids: Option<bool>,
     pub anthropic_cache_reads_count: Option<bool>,

@@ -33,6 +33,32 @@ impl Policy {
         out
     }
 
+    /// One line per priced Messages model that passes a long-context beta
+    /// (`context-1m-*`) without `price_tiers`: its long requests are priced
+    /// at the base price, below what the provider bills above 200k input
+    /// tokens. (The tier is chosen by input size, never by the header.)
+    pub fn long_context_warnings(&self) -> Vec<String> {
+        self.models
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.messages && m.anthropic_betas.passes_some("context-1m-"))
+            .filter(|(_, m)| {
+                let tables = m
+                    .upstreams
+                    .iter()
+                    .filter_map(|&u| m.price_on(&self.upstreams[u]))
+                    .collect::<Vec<_>>();
+                !tables.is_empty() && tables.iter().any(|t| t.tiers.is_empty())
+            })
+            .map(|(i, m)| {
+                format!(
+                    "models[{i}] ({}) passes the long-context beta `context-1m-*` but has no price_tiers: requests above the provider's long-context threshold are priced at the base price (add price_tiers, docs/MONEY.md, or deny the beta with anthropic_betas_deny)",
+                    m.name
+                )
+            })
+            .collect()
+    }
+
     /// Why requests of model `m` may be unpriceable.
     fn unpriced(&self, m: &ModelPolicy) -> Vec<String> {
         let mut out = Vec::new();

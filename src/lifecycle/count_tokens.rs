@@ -56,6 +56,8 @@ async fn count(
             messages: false,
         });
     }
+    // The same betas as on /v1/messages (Claude Code sends its set here too).
+    super::prepare::check_betas(model, &super::prepare::anthropic_betas(headers)?)?;
     let input = anthropic::estimate::input_tokens(&body, model.encoding, model.token_ratio)
         .map_err(|e| {
             // Input estimation never compares with a capacity: only `Invalid` comes back.

@@ -200,9 +200,23 @@ pub fn invalid(param: Option<&str>, message: impl Into<String>) -> ApiError {
     }
 }
 
+/// Refuses a request whose `anthropic-beta` values `model` does not pass
+/// upstream (400 naming the first).
+pub fn check_betas(model: &ModelPolicy, betas: &[String]) -> Result<(), ApiError> {
+    for b in betas {
+        if let Err(why) = model.anthropic_betas.check(b) {
+            return Err(invalid(
+                None,
+                anthropic::betas::refusal_message(b, &model.name, &why),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The `anthropic-beta` values of a Messages request (comma-separated,
 /// in one header or several).
-fn anthropic_betas(headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
+pub fn anthropic_betas(headers: &HeaderMap) -> Result<Vec<String>, ApiError> {
     let mut betas = Vec::new();
     for v in headers.get_all(crate::dialects::anthropic::BETA) {
         let v = v
@@ -277,15 +291,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             messages: model.messages,
         });
     }
-    if let Some(b) = betas.iter().find(|b| !model.anthropic_betas.contains(b)) {
-        return Err(invalid(
-            None,
-            format!(
-                "anthropic-beta: `{b}` is not enabled for model `{}` on this gateway.",
-                model.name
-            ),
-        ));
-    }
+    check_betas(model, betas)?;
     let references = match dialect {
         Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
         _ => References::default(),

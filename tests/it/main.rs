@@ -12,6 +12,7 @@ mod support;
 
 mod admin;
 mod alerts;
+mod anthropic_betas;
 mod budget_page_browser;
 mod budget_page_console;
 mod clamp;

@@ -6,6 +6,7 @@ use super::V;
 use crate::config::model_names::{ModelIndex, NamePattern};
 use crate::config::raw::RawConfig;
 use crate::config::*;
+use crate::dialects::anthropic::betas::{BetaPolicy, BetaRule};
 use crate::reserve::keys::is_valid_id;
 
 /// `anthropic-version` sent when neither the client nor the upstream's
@@ -289,6 +290,7 @@ pub(super) fn models(
         };
         let anthropic_only = [
             ("anthropic_betas", !m.anthropic_betas.is_empty()),
+            ("anthropic_betas_deny", !m.anthropic_betas_deny.is_empty()),
             ("allow_server_tools", m.allow_server_tools.is_some()),
             ("allow_file_ids", m.allow_file_ids.is_some()),
             (
@@ -338,7 +340,7 @@ pub(super) fn models(
             messages,
             token_ratio: if messages { token_ratio } else { 1000 },
             client_cap_reservation,
-            anthropic_betas: m.anthropic_betas.clone(),
+            anthropic_betas: betas(v, &path, m),
             allow_server_tools: m.allow_server_tools.unwrap_or(false),
             allow_file_ids: m.allow_file_ids.unwrap_or(false),
             anthropic_cache_reads_count: m.anthropic_cache_reads_count.unwrap_or(false),
@@ -350,6 +352,37 @@ pub(super) fn models(
     }
 
     (models, model_index)
+}
+
+/// The beta policy of model `m`: its allow list when it has one, else
+/// every beta but the default deny list and its own additions.
+fn betas(v: &mut V, path: &str, m: &crate::config::raw::RawModel) -> BetaPolicy {
+    let mut parse = |field: &str, list: &[String]| -> Vec<BetaRule> {
+        list.iter()
+            .enumerate()
+            .filter_map(|(j, b)| match BetaRule::parse(b) {
+                Ok(r) => Some(r),
+                Err(why) => {
+                    v.err(format!("{path}.{field}[{j}]"), format!("{b:?}: {why}"));
+                    None
+                }
+            })
+            .collect()
+    };
+    let allow = parse("anthropic_betas", &m.anthropic_betas);
+    let deny = parse("anthropic_betas_deny", &m.anthropic_betas_deny);
+    if !m.anthropic_betas.is_empty() {
+        if !m.anthropic_betas_deny.is_empty() {
+            v.err(
+                format!("{path}.anthropic_betas_deny"),
+                "has no effect beside anthropic_betas (an allow list: only the betas it names pass)",
+            );
+        }
+        return BetaPolicy::Allow(allow);
+    }
+    let mut all = crate::dialects::anthropic::betas::default_deny();
+    all.extend(deny);
+    BetaPolicy::Deny(all)
 }
 
 /// Whether an upstream of `kind` with `api_version` serves the Responses

@@ -132,12 +132,43 @@ pub fn input(body: &Map<String, Value>, enc: Encoding, ratio: u64) -> Result<Inp
     if body.get("cache_control").is_some_and(|v| !v.is_null()) {
         c.prefix = Some((c.text, c.fixed));
     }
+    // Fields this estimator does not know (new betas add them: Claude Code
+    // sends `context_management` and `output_config`) may carry text the
+    // model reads (a structured-output schema): counted as their JSON.
+    for (k, v) in body {
+        if !NO_PROMPT_TEXT.contains(&k.as_str()) && !v.is_null() {
+            c.json(v);
+        }
+    }
     let tokens = |(text, fixed): (u64, u64)| super::scale(text, ratio).saturating_add(fixed);
     Ok(Input {
         tokens: tokens((c.text, c.fixed)),
         cacheable_prefix: c.prefix.map_or(0, tokens),
     })
 }
+
+/// Top-level fields that put no text in the prompt, or whose text is
+/// counted above (`tools`, `system`, `messages`).
+const NO_PROMPT_TEXT: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "max_tokens",
+    "metadata",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_k",
+    "top_p",
+    "tool_choice",
+    "thinking",
+    "cache_control",
+    "service_tier",
+    "container",
+    "mcp_servers",
+    "context_management",
+];
 
 fn invalid(param: &str, message: &str) -> EstimateError {
     EstimateError::Invalid {
@@ -402,6 +433,29 @@ mod tests {
         assert!(text > 3 * TOKENS_PER_MESSAGE + enc.count("What is the weather?"));
         let missing = serde_json::Map::new();
         assert!(input_tokens(&missing, enc, 1000).is_err());
+    }
+
+    /// Fault: a field a new beta added passed unestimated though it put
+    /// text before the model (a structured-output schema).
+    #[test]
+    fn fields_it_does_not_know_are_counted_as_their_json() {
+        let enc = Encoding::O200kBase;
+        let base = json!({"messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100, "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}});
+        let schema = json!({"type": "object", "properties": {"answer": {"type": "string", "description": "the whole answer, in full sentences"}}});
+        let mut with = base.clone();
+        with["output_config"] =
+            json!({"effort": "high", "format": {"type": "json_schema", "schema": schema}});
+        with["a_future_field"] = json!("Some text a future beta puts before the model.");
+        let (Value::Object(b), Value::Object(w)) = (base, with) else {
+            unreachable!()
+        };
+        let plain = input_tokens(&b, enc, 1000).unwrap();
+        let more = input_tokens(&w, enc, 1000).unwrap();
+        assert!(
+            more >= plain + enc.count(&schema.to_string()) + 8,
+            "{more} vs {plain}"
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@
 //! - [`stream`]: the event stream's metering, cutoff and error events.
 //! - [`headers`]: `anthropic-ratelimit-*` describing the gateway's budgets.
 //! - [`error`]: the error body and its `type` per status.
+//! - [`betas`]: which `anthropic-beta` values a model passes upstream.
 
+pub mod betas;
 pub mod error;
 pub mod estimate;
 pub mod headers;
