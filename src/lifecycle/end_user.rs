@@ -5,7 +5,13 @@
 //! the dialect's body fields ([`Dialect::end_user_fields`]: OpenAI's
 //! `safety_identifier`, then `user`; Anthropic's `metadata.user_id`). Every
 //! source present must name the same id: two that disagree are refused
-//! (which one to charge is not the gateway's to guess), as is an id over
+//! (which one to charge is not the gateway's to guess), except that the
+//! header wins over `metadata.user_id` (issue 37): the header is the
+//! gateway's own field, set by whoever deploys the client, while
+//! `metadata.user_id` is a provider field each client fills its own way
+//! (Claude Code puts a new session id in it every session), so a person
+//! named by the header is charged and the field still goes upstream as
+//! sent. An id over
 //! [`MAX_ID_BYTES`] (named by its source), a body field that is not a
 //! string, and a request without an id when the tree requires one. An
 //! empty value counts as absent. The id itself goes no further than this
@@ -32,6 +38,9 @@ pub const HEADER: HeaderName = HeaderName::from_static("x-budgetgate-end-user");
 
 /// Longest end-user id accepted, bytes.
 pub const MAX_ID_BYTES: usize = 256;
+
+/// Anthropic's `metadata.user_id`, which the header overrides.
+const METADATA_USER_ID: &[&str] = &["metadata", "user_id"];
 
 /// Where an id was read.
 #[derive(Debug, Clone, Copy)]
@@ -119,7 +128,11 @@ fn id_of<'a>(
     if let Some(v) = header {
         take(&mut found, v.as_bytes(), Source::Header)?;
     }
+    let named_by_header = found.is_some();
     for path in dialect.end_user_fields() {
+        if named_by_header && *path == METADATA_USER_ID {
+            continue;
+        }
         let source = Source::Field(path);
         match field(body, path) {
             None | Some(Value::Null) => {}
@@ -226,6 +239,32 @@ mod tests {
         assert_eq!(id_of(chat, None, &b).unwrap(), None);
         let b = body(json!({"metadata": {"user_id": "a"}, "user": "ignored"}));
         assert_eq!(id_of(Dialect::Messages, None, &b).unwrap(), Some(&b"a"[..]));
+    }
+
+    /// Fault: naming the person with the header while Claude Code put its
+    /// session id in `metadata.user_id` got a 400 on every request.
+    #[test]
+    fn the_header_wins_over_metadata_user_id_only() {
+        let session = body(json!({"metadata": {"user_id": "{\"session_id\":\"7b3e\"}"}}));
+        assert_eq!(
+            id_of(Dialect::Messages, headers(Some("alice")).as_ref(), &session).unwrap(),
+            Some(&b"alice"[..])
+        );
+        // An empty header is absent: the field names the end user.
+        assert_eq!(
+            id_of(Dialect::Messages, headers(Some("")).as_ref(), &session).unwrap(),
+            Some(&br#"{"session_id":"7b3e"}"#[..])
+        );
+        // OpenAI's fields still have to agree with the header.
+        let chat = body(json!({"user": "bob"}));
+        assert!(id_of(
+            Dialect::ChatCompletions,
+            headers(Some("alice")).as_ref(),
+            &chat
+        )
+        .is_err());
+        let chat = body(json!({"safety_identifier": "bob"}));
+        assert!(id_of(Dialect::Responses, headers(Some("alice")).as_ref(), &chat).is_err());
     }
 
     #[test]

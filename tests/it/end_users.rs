@@ -366,3 +366,63 @@ async fn as_user_key(gw: &Gateway, key: &str, user: &str, body: &Value) -> (u16,
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
+
+/// Fault: Claude Code puts a new session id in `metadata.user_id` every
+/// session, so under `end_user_limits` each session was a new end user,
+/// and naming the person with `x-budgetgate-end-user` (through
+/// `ANTHROPIC_CUSTOM_HEADERS`) was refused as a disagreement (issue 37).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_names_the_person_across_claude_code_sessions() {
+    end_user_key();
+    let mock = start_mock().await;
+    let mut c = TestConfig::new();
+    c.upstreams.push(config::upstream(
+        "claude",
+        Kind::Anthropic,
+        &mock.root_url(),
+    ));
+    c.models.push(config::RawModel {
+        max_output_tokens: Some(64000),
+        ..config::model("claude-*", &["claude"])
+    });
+    let mut t = config::tenant("t1", "k1", KEY, limits().rpm(1000).tpm(1_000_000));
+    t.end_user_limits = limits().rpm(10);
+    c.tenants.push(t);
+    let gw = c.start().await;
+    for session in ["7b3e16a4-0f5c", "91aa02c1-55de"] {
+        let user_id =
+            format!(r#"{{"device_id":"4a0d","account_uuid":"","session_id":"{session}"}}"#);
+        let r = reqwest::Client::new()
+            .post(format!("{}/messages", gw.base_url()))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header(HEADER, "alice")
+            .json(&json!({"model": "claude-opus-4-8", "max_tokens": 32,
+                "metadata": {"user_id": user_id},
+                "messages": [{"role": "user", "content": "say hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    }
+    gw.all_settled().await;
+    let alice = gw.end_user("t1", "alice");
+    assert_eq!(
+        gw.remaining(alice, BudgetName::Rpm).await,
+        8,
+        "both charged to alice"
+    );
+    // `metadata.user_id` went upstream as the client sent it; the header did not.
+    for (r, session) in mock
+        .state
+        .requests()
+        .iter()
+        .zip(["7b3e16a4-0f5c", "91aa02c1-55de"])
+    {
+        assert!(r.body["metadata"]["user_id"]
+            .as_str()
+            .unwrap()
+            .contains(session));
+        assert!(r.header(HEADER).is_none());
+    }
+}
