@@ -3,7 +3,7 @@
 # taking milliseconds when everything is there). Debian/Ubuntu packages via
 # apt-get; nothing is downloaded from anywhere else (no browser downloads).
 #
-#   scripts/install-test-deps.sh [redis] [chromium] [promtool] [postgres] [containers]   (default: all)
+#   scripts/install-test-deps.sh [redis] [chromium] [promtool] [postgres] [containers] [node]   (default: all)
 #
 # redis     redis-server, redis-cli   (tests start their own servers on free ports)
 # chromium  /usr/bin/chromium and /usr/bin/chromedriver (the budget page test)
@@ -13,10 +13,12 @@
 #           pg_ctl); tests make their own clusters, the package's own cluster is not started
 # containers  podman, buildah, debootstrap, runc, netavark, aardvark-dns, catatonit (the
 #           image and compose checks, scripts/image.sh and scripts/compose.sh)
+# node      node and npm (Debian's `nodejs`, `npm`): scripts/test.sh installs the pinned
+#           coding-agent CLIs with `npm ci` (tests/agents/)
 set -euo pipefail
 
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool postgres containers)
+[ ${#want[@]} -eq 0 ] && want=(redis chromium promtool postgres containers node)
 
 packages=()
 for w in "${want[@]}"; do
@@ -41,6 +43,9 @@ for w in "${want[@]}"; do
             [ -x /usr/lib/podman/netavark ] || packages+=(netavark)
             [ -x /usr/lib/podman/aardvark-dns ] || packages+=(aardvark-dns)
             command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || packages+=(catatonit) ;;
+        node)
+            command -v node >/dev/null 2>&1 || packages+=(nodejs)
+            command -v npm >/dev/null 2>&1 || packages+=(npm) ;;
         *) echo "unknown component: $w" >&2; exit 2 ;;
     esac
 done

@@ -2,8 +2,10 @@
 # Runs every test of budgetgate. Installs what the tests need when missing:
 # redis-server, chromium + chromedriver, promtool, PostgreSQL, podman and
 # debootstrap (Debian packages), a Python virtualenv with the pinned openai
-# and anthropic SDKs (and podman-compose, scripts/compose.sh). Then the
-# distribution checks: the container image, the compose fleet, the archive.
+# and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
+# coding-agent CLIs (Codex CLI, Claude Code) under tests/agents/ (npm ci).
+# Then the distribution checks: the container image, the compose fleet, the
+# archive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +21,19 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import openai, anthropic"
     cp tests/python/requirements.txt .venv/.requirements
 fi
 export BUDGETGATE_PYTHON="$PWD/.venv/bin/python"
+
+# The coding agents the real-CLI tests drive (tests/it/agents_cli.rs), pinned
+# with integrity hashes in tests/agents/package-lock.json. Their native
+# binaries are optional dependencies: --include=optional. Reinstalled when
+# the lockfile changed.
+if ! cmp -s tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed 2>/dev/null \
+   || [ ! -x tests/agents/node_modules/.bin/codex ] || [ ! -x tests/agents/node_modules/.bin/claude ]; then
+    echo "installing the pinned coding-agent CLIs (npm ci)..."
+    (cd tests/agents && npm ci --include=optional --no-audit --no-fund)
+    cp tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed
+fi
+tests/agents/node_modules/.bin/codex --version
+HOME="$(mktemp -d)" tests/agents/node_modules/.bin/claude --version
 
 # --no-fail-fast: one failing test file must not hide the results of the others.
 # No feature flags: every suite is compiled into a plain `cargo test`.

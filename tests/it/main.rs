@@ -11,6 +11,7 @@
 mod support;
 
 mod admin;
+mod agents_cli;
 mod alerts;
 mod anthropic_betas;
 mod budget_page_browser;
