@@ -267,6 +267,9 @@ pub struct MockState {
     stored_inputs: Mutex<std::collections::HashMap<String, Value>>,
     /// Responses usage details: (cached input tokens, reasoning tokens).
     responses_details: Mutex<(u64, u64)>,
+    /// Responses: `web_search_call` items an answer reports when its body
+    /// offers a web search tool (at most its `max_tool_calls`).
+    web_search_calls: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -290,7 +293,14 @@ impl MockState {
             stored: Arc::default(),
             stored_inputs: Mutex::default(),
             responses_details: Mutex::default(),
+            web_search_calls: AtomicU64::new(0),
         }
+    }
+
+    /// Responses: report `n` `web_search_call` items in an answer whose
+    /// body offers a `web_search` tool (at most its `max_tool_calls`).
+    pub fn set_web_search_calls(&self, n: u64) {
+        self.web_search_calls.store(n, Ordering::SeqCst);
     }
 
     /// Responses: report `cached` input tokens (inside `input_tokens`) and

@@ -352,7 +352,33 @@ impl Plan {
     fn final_response(&self, st: &MockState) -> Value {
         let done = self.ending == Ending::Completed;
         let item = self.item(if done { "completed" } else { "incomplete" }, true);
-        self.response(self.final_status(), vec![item], self.final_usage(st), st)
+        let mut output = self.web_searches(st);
+        output.push(item);
+        self.response(self.final_status(), output, self.final_usage(st), st)
+    }
+
+    /// The `web_search_call` items of the answer: as many as the mock was
+    /// told ([`MockState::set_web_search_calls`]), at most the body's
+    /// `max_tool_calls`, when the body offers a web search tool.
+    fn web_searches(&self, st: &MockState) -> Vec<Value> {
+        let offered = self.body["tools"].as_array().is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t["type"]
+                    .as_str()
+                    .is_some_and(|k| k.starts_with("web_search"))
+            })
+        });
+        if !offered {
+            return Vec::new();
+        }
+        let n = st.web_search_calls.load(Ordering::SeqCst);
+        let n = self.body["max_tool_calls"].as_u64().map_or(n, |m| n.min(m));
+        (0..n)
+            .map(|i| {
+                json!({"id": format!("ws_{i}_{}", &self.id[5..]), "type": "web_search_call",
+                "status": "completed", "action": {"type": "search", "query": "budgetgate"}})
+            })
+            .collect()
     }
 }
 
@@ -463,7 +489,12 @@ fn stream(st: &MockState, plan: Plan, fault: Option<Fault>) -> Response {
             if fault == Some(Fault::DropMidStream) {
                 return Err(());
             }
-            let item = done["output"][0].clone();
+            // The message (or call) is the last item, after any web searches.
+            let item = done["output"]
+                .as_array()
+                .and_then(|a| a.last())
+                .cloned()
+                .unwrap_or(Value::Null);
             if plan.call.is_none() {
                 send(&mut e, "response.output_text.done", json!({"item_id": plan.item_id, "output_index": 0, "content_index": 0, "text": plan.text(), "logprobs": []})).await?;
                 send(&mut e, "response.content_part.done", json!({"item_id": plan.item_id, "output_index": 0, "content_index": 0, "part": item["content"][0]})).await?;

@@ -201,8 +201,17 @@ pub struct ModelPolicy {
     pub routing: Routing,
     /// Served on `/v1/responses` (every deployment's kind can serve it).
     pub responses: bool,
-    /// Hosted Responses tools (by `type`) this model may use.
+    /// Hosted Responses tools (by `type`) this model may use, priced or not.
     pub hosted_tools: Vec<String>,
+    /// The priced ones (`hosted_tools` as a table), µ$ per unit; also in
+    /// every price table of the model ([`ModelPolicy::price_on`]).
+    pub hosted_prices: crate::money::HostedPrices,
+    /// Most uses of hosted tools one request may make (`max_tool_calls`):
+    /// sent upstream as `max_tool_calls`, a client's value lowered to it.
+    pub max_tool_calls: u64,
+    /// Input tokens reserved per use of a priced hosted tool
+    /// (`hosted_call_input_tokens`: what a search puts in the context).
+    pub hosted_call_input_tokens: u64,
     /// `background: true` allowed (charged the whole reservation, never refunded).
     pub allow_background: bool,
     /// Its deployments speak Anthropic Messages (all of them or none:
@@ -477,7 +486,15 @@ impl ModelPolicy {
     /// This model's prices on deployment `upstream`: the deployment's own,
     /// else the model's; `None` when neither is priced.
     pub fn price_on(&self, upstream: &UpstreamPolicy) -> Option<Arc<PriceTable>> {
-        upstream.price.clone().or_else(|| self.price.clone())
+        match &upstream.price {
+            // A deployment's token prices with this model's hosted tools.
+            Some(p) if !self.hosted_prices.is_empty() => Some(Arc::new(PriceTable {
+                hosted: self.hosted_prices,
+                ..PriceTable::clone(p)
+            })),
+            Some(p) => Some(p.clone()),
+            None => self.price.clone(),
+        }
     }
 }
 

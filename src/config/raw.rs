@@ -240,6 +240,36 @@ impl From<&str> for RawDecimal {
     }
 }
 
+/// `hosted_tools`: a list of tool types allowed unpriced
+/// (`["web_search"]`), or a table pricing each in the unit it bills
+/// (`{ web_search = { per = "call", usd = "0.01" } }`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RawHostedTools {
+    List(Vec<String>),
+    Priced(BTreeMap<String, RawHostedTool>),
+}
+
+impl Default for RawHostedTools {
+    fn default() -> Self {
+        RawHostedTools::List(Vec::new())
+    }
+}
+
+impl From<Vec<String>> for RawHostedTools {
+    fn from(v: Vec<String>) -> Self {
+        RawHostedTools::List(v)
+    }
+}
+
+/// One priced hosted tool: its unit and its price per unit, USD.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHostedTool {
+    pub per: String,
+    pub usd: RawDecimal,
+}
+
 /// `price = { input = "0.15", … }`: USD per million tokens.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -306,7 +336,9 @@ pub struct RawModel {
     pub routing: Option<String>,
     pub responses: Option<bool>,
     #[serde(default)]
-    pub hosted_tools: Vec<String>,
+    pub hosted_tools: RawHostedTools,
+    pub max_tool_calls: Option<i64>,
+    pub hosted_call_input_tokens: Option<i64>,
     pub allow_background: Option<bool>,
     pub token_ratio: Option<i64>,
     pub client_cap_reservation: Option<String>,

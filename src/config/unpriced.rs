@@ -76,10 +76,17 @@ impl Policy {
                 "has no price on deployment(s) {unpriced:?}: this tenant's requests never go there"
             ));
         }
-        if !m.hosted_tools.is_empty() {
+        let unpriced_tools: Vec<&String> = m
+            .hosted_tools
+            .iter()
+            .filter(|n| {
+                crate::money::HostedKind::of_tool_type(n)
+                    .is_none_or(|k| m.hosted_prices.get(k).is_none())
+            })
+            .collect();
+        if !unpriced_tools.is_empty() {
             out.push(format!(
-                "allows hosted tools {:?}, billed per call: this tenant's requests using them are refused",
-                m.hosted_tools
+                "allows hosted tools {unpriced_tools:?}, billed per call: this tenant's requests using them are refused"
             ));
         }
         if m.allow_server_tools {

@@ -178,6 +178,7 @@ fn breakdown(
         cache_writes_1h: 0,
         output: completion,
         reasoning: completion.map_or(0, |c| reasoning.min(c)),
+        hosted: Default::default(),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct UsageBreakdown {
     pub output: Option<u64>,
     /// Reasoning tokens, a subset of `output`.
     pub reasoning: u64,
+    /// Uses of hosted tools priced per use, as the answer reports them
+    /// (Responses output items such as `web_search_call`).
+    pub hosted: crate::money::HostedCalls,
 }
 
 impl UsageBreakdown {
@@ -44,6 +47,7 @@ impl UsageBreakdown {
             cache_writes_1h: 0,
             output: Some(completion),
             reasoning: 0,
+            hosted: crate::money::HostedCalls::EMPTY,
         }
     }
 

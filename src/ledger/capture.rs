@@ -286,6 +286,7 @@ pub(crate) mod tests {
             cache_writes_1h: 0,
             output: Some(30),
             reasoning: 12,
+            hosted: Default::default(),
         };
         d.settled(used, Some(4_321), SpendOutcome::CutOff);
         let r = d.row("r1", &settlement(177, false, Actual::PerSpec(vec![1])), 99);

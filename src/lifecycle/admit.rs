@@ -111,6 +111,7 @@ pub async fn admit<'p>(
     let id = cx.finish.request_id.reservation_id(first);
     let demand = Demand {
         cache_writes: request.cache,
+        hosted: request.hosted,
         ..Demand::of(&request.estimate)
     };
     let common_budgets = Budgets {

@@ -66,8 +66,8 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     // Only `usage` is read out of the answer; the rest is checked to be
     // JSON and passed on untouched (the whole tree is built only when the
     // upstream sent no usage and the output must be counted here).
-    let (usage, id) = match serde_json::from_slice::<Whole>(&body) {
-        Ok(a) if body.trim_ascii_start().starts_with(b"{") => (a.usage, a.id),
+    let (usage, id, output) = match serde_json::from_slice::<Whole>(&body) {
+        Ok(a) if body.trim_ascii_start().starts_with(b"{") => (a.usage, a.id, a.output),
         _ => {
             hold.settle(refund(&budgets));
             return Metered::Failed(ApiError::BadGateway(
@@ -84,7 +84,12 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             cx.dialect.count_answer_output(&parsed, encoding, ratio)
         });
-    let used = full_charge(request).unwrap_or(used);
+    let mut used = full_charge(request).unwrap_or(used);
+    if !request.hosted.is_empty() {
+        if let Some(Ok(Value::Array(items))) = output.map(|o| serde_json::from_str(o.get())) {
+            used.hosted = crate::dialects::responses::hosted_uses(&items);
+        }
+    }
     if let (Some(owner), Some(id)) = (OwnerWriter::new(cx, request, budgets.deployment()), id) {
         owner.write(&id, used.total());
     }
@@ -204,6 +209,10 @@ struct Whole<'a> {
     /// The id of a stored response (Responses), for its owner record.
     #[serde(borrow, default)]
     id: Option<std::borrow::Cow<'a, str>>,
+    /// The output items (Responses): read for the uses of priced hosted
+    /// tools, only when the request may use one.
+    #[serde(borrow, default)]
+    output: Option<&'a RawValue>,
 }
 
 /// A background response goes on after the HTTP response ends, beyond the

@@ -55,7 +55,7 @@ pub fn check_body(
         hosted_tools: &model.hosted_tools,
         allow_background: model.allow_background,
         model: &model.name,
-        allowing_line: |kind| format!("hosted_tools = [\"{kind}\"]"),
+        allowing_line: &|kind| allowing_line(model, kind),
     };
     refuse::check(body, &rules).map_err(|r| match r {
         Refusal::Invalid { param, message } => invalid(Some(&param), message),
@@ -63,6 +63,45 @@ pub fn check_body(
             ApiError::ResponseNotFound(id, Some("previous_response_id"))
         }
     })
+}
+
+/// The `hosted_tools` line of `model`'s entry that would allow tool
+/// `kind` too: priced in the unit it bills when the gateway can count its
+/// uses (beside the model's other priced tools), else the list form.
+pub fn allowing_line(model: &ModelPolicy, kind: &str) -> String {
+    use crate::money::{format_usd, HostedKind};
+    let priced = |k: HostedKind| model.hosted_prices.get(k).map(|m| (k, m));
+    match HostedKind::of_tool_type(kind) {
+        Some(k) => {
+            let mut entries: Vec<String> = HostedKind::ALL
+                .into_iter()
+                .filter_map(priced)
+                .filter(|(p, _)| *p != k)
+                .map(|(p, m)| {
+                    format!(
+                        "{} = {{ per = \"{}\", usd = \"{}\" }}",
+                        p.name(),
+                        p.unit().name(),
+                        format_usd(m as i64)
+                    )
+                })
+                .collect();
+            entries.push(format!(
+                "{kind} = {{ per = \"{}\", usd = \"…\" }}",
+                k.unit().name()
+            ));
+            format!("hosted_tools = {{ {} }}", entries.join(", "))
+        }
+        None => {
+            let mut names: Vec<String> = model
+                .hosted_tools
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect();
+            names.push(format!("{kind:?}"));
+            format!("hosted_tools = [{}]", names.join(", "))
+        }
+    }
 }
 
 /// Looks up `previous_response_id` (see the module docs) and adjusts the

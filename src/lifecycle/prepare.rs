@@ -68,6 +68,12 @@ pub struct Prepared {
     /// The model name the client sent, when a pattern entry without
     /// `upstream_model` serves it: that name goes upstream.
     pub sent_model: Option<Box<str>>,
+    /// Uses of priced hosted tools reserved (their price on dollar
+    /// budgets); empty when the body uses none.
+    pub hosted: crate::money::HostedCalls,
+    /// `max_tool_calls` sent upstream: the model's maximum, or the
+    /// client's lower value (set when the body uses a priced hosted tool).
+    pub max_tool_calls: Option<u64>,
 }
 
 impl Prepared {
@@ -397,6 +403,17 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
                     })
             })
         })?;
+    let (hosted, max_tool_calls) = match dialect {
+        Dialect::Responses => hosted_demand(model, &body),
+        _ => (crate::money::HostedCalls::EMPTY, None),
+    };
+    if let Some(calls) = max_tool_calls {
+        // What the searches bring into the context is input the body does
+        // not show: an allowance per use, settled at the reported usage.
+        let allowance = calls.saturating_mul(model.hosted_call_input_tokens);
+        estimate.input_tokens = estimate.input_tokens.saturating_add(allowance);
+        estimate.total_tokens = estimate.total_tokens.saturating_add(allowance);
+    }
     drop(body);
     let clamped = tenant.on_short_output == crate::config::OnShortOutput::Clamp
         && super::clamp::to_capacity(
@@ -425,7 +442,58 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         clamped,
         clamp_retried: false,
         sent_model,
+        hosted,
+        max_tool_calls,
     })
+}
+
+/// The uses of priced hosted tools a Responses body may make, and the
+/// `max_tool_calls` that bounds them upstream: the model's maximum, or the
+/// client's value when lower (never raised). Per-call and per-image tools
+/// reserve that many uses; a per-session tool one session. `(empty,
+/// None)` when the body uses no priced hosted tool.
+fn hosted_demand(model: &ModelPolicy, body: &Value) -> (crate::money::HostedCalls, Option<u64>) {
+    use crate::dialects::responses::tools::visit;
+    use crate::money::{HostedCalls, HostedKind, Per};
+    let mut uses = HostedCalls::default();
+    if model.hosted_prices.is_empty() {
+        return (uses, None);
+    }
+    let Some(obj) = body.as_object() else {
+        return (uses, None);
+    };
+    let mut kinds: Vec<HostedKind> = Vec::new();
+    let _ = visit(
+        obj,
+        |_, _, kind| {
+            if let Some(k) = HostedKind::of_tool_type(kind) {
+                if model.hosted_prices.get(k).is_some() && !kinds.contains(&k) {
+                    kinds.push(k);
+                }
+            }
+            Ok::<(), ()>(())
+        },
+        |_| (),
+    );
+    if kinds.is_empty() {
+        return (uses, None);
+    }
+    let calls = match body.get("max_tool_calls").and_then(Value::as_u64) {
+        Some(client) => client.min(model.max_tool_calls),
+        None => model.max_tool_calls,
+    };
+    let n = u32::try_from(calls).unwrap_or(u32::MAX);
+    for k in kinds {
+        uses.add(
+            k,
+            if k.unit() == Per::Session {
+                n.min(1)
+            } else {
+                n
+            },
+        );
+    }
+    (uses, Some(calls))
 }
 
 /// The 404 of a model name `sent` that `key` cannot use on `dialect`'s

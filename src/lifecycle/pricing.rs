@@ -58,7 +58,7 @@ pub fn check(
             format!("the model `{}` has no price on this gateway", model.name),
         ))
     } else {
-        unpriced_feature(dialect, body)
+        unpriced_feature(dialect, body, &model.hosted_prices)
     };
     match (unpriced, enforced) {
         (Some((param, what)), Some(budget)) => Err(refusal(budget, param, &what)),
@@ -88,9 +88,13 @@ fn refusal(budget: &BudgetSpec, param: String, what: &str) -> ApiError {
     }
 }
 
-/// The first thing `body` asks for that the price table does not price:
-/// `(param, what)`.
-pub fn unpriced_feature(dialect: Dialect, body: &Value) -> Option<(String, String)> {
+/// The first thing `body` asks for that the price table does not price
+/// (hosted tools priced per use in `hosted` are priced): `(param, what)`.
+pub fn unpriced_feature(
+    dialect: Dialect,
+    body: &Value,
+    hosted: &crate::money::HostedPrices,
+) -> Option<(String, String)> {
     if let Some(tier) = body.get("service_tier").and_then(Value::as_str) {
         if !STANDARD_TIERS.contains(&tier) {
             return Some((
@@ -108,20 +112,24 @@ pub fn unpriced_feature(dialect: Dialect, body: &Value) -> Option<(String, Strin
                     format!("{u} are billed per use beside the tokens"),
                 )
             }),
-        Dialect::Responses => hosted_tool(body),
+        Dialect::Responses => hosted_tool(body, hosted),
         Dialect::ChatCompletions | Dialect::Completions | Dialect::Embeddings => chat_extras(body),
     }
 }
 
 /// A Responses tool the provider runs and bills per call, wherever it
 /// sits (nested in `namespace` groups, in `additional_tools` items).
-fn hosted_tool(body: &Value) -> Option<(String, String)> {
+fn hosted_tool(body: &Value, hosted: &crate::money::HostedPrices) -> Option<(String, String)> {
     use crate::dialects::responses::tools::{class, visit, ToolClass};
+    use crate::money::HostedKind;
     let body = body.as_object()?;
+    let priced =
+        |kind: &str| HostedKind::of_tool_type(kind).is_some_and(|k| hosted.get(k).is_some());
     let found = visit(
         body,
         |path, _, kind| match class(kind) {
             ToolClass::Client | ToolClass::Group => Ok(()),
+            ToolClass::Hosted if priced(kind) => Ok(()),
             ToolClass::Hosted | ToolClass::Unknown => Err((
                 format!("{path}.type"),
                 format!("hosted tool `{kind}` is billed per call beside the tokens"),
@@ -216,57 +224,71 @@ mod tests {
             json!({"messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}),
         ] {
             assert_eq!(
-                unpriced_feature(Dialect::ChatCompletions, &body),
+                unpriced_feature(Dialect::ChatCompletions, &body, &Default::default()),
                 None,
                 "{body}"
             );
         }
         let tier = json!({"input": "hi", "service_tier": "flex"});
         assert_eq!(
-            unpriced_feature(Dialect::Responses, &tier).unwrap().0,
+            unpriced_feature(Dialect::Responses, &tier, &Default::default())
+                .unwrap()
+                .0,
             "service_tier"
         );
         let prio = json!({"messages": [], "service_tier": "priority"});
         assert_eq!(
-            unpriced_feature(Dialect::Messages, &prio).unwrap().0,
+            unpriced_feature(Dialect::Messages, &prio, &Default::default())
+                .unwrap()
+                .0,
             "service_tier"
         );
         let standard = json!({"messages": [], "service_tier": "standard_only"});
-        assert_eq!(unpriced_feature(Dialect::Messages, &standard), None);
+        assert_eq!(
+            unpriced_feature(Dialect::Messages, &standard, &Default::default()),
+            None
+        );
     }
 
     #[test]
     fn per_use_fees_are_not_priced() {
         let web = json!({"input": "hi", "tools": [{"type": "function", "name": "f"}, {"type": "web_search"}]});
         assert_eq!(
-            unpriced_feature(Dialect::Responses, &web).unwrap().0,
+            unpriced_feature(Dialect::Responses, &web, &Default::default())
+                .unwrap()
+                .0,
             "tools[1].type"
         );
         let server = json!({"messages": [], "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
         assert_eq!(
-            unpriced_feature(Dialect::Messages, &server).unwrap().0,
+            unpriced_feature(Dialect::Messages, &server, &Default::default())
+                .unwrap()
+                .0,
             "tools"
         );
         let client =
             json!({"messages": [], "tools": [{"name": "get_weather", "input_schema": {}}]});
-        assert_eq!(unpriced_feature(Dialect::Messages, &client), None);
+        assert_eq!(
+            unpriced_feature(Dialect::Messages, &client, &Default::default()),
+            None
+        );
         let search = json!({"messages": [], "web_search_options": {}});
         assert_eq!(
-            unpriced_feature(Dialect::ChatCompletions, &search)
+            unpriced_feature(Dialect::ChatCompletions, &search, &Default::default())
                 .unwrap()
                 .0,
             "web_search_options"
         );
         let audio = json!({"messages": [], "modalities": ["text", "audio"]});
         assert_eq!(
-            unpriced_feature(Dialect::ChatCompletions, &audio)
+            unpriced_feature(Dialect::ChatCompletions, &audio, &Default::default())
                 .unwrap()
                 .0,
             "modalities"
         );
         let heard = json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]});
         assert_eq!(
-            unpriced_feature(Dialect::ChatCompletions, &heard)
+            unpriced_feature(Dialect::ChatCompletions, &heard, &Default::default())
                 .unwrap()
                 .0,
             "messages[0].content"

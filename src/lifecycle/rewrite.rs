@@ -22,7 +22,7 @@ pub fn upstream_body(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
-    rewrite(
+    let mut out = rewrite(
         &p.raw,
         &p.estimate,
         p.clamped,
@@ -30,7 +30,31 @@ pub fn upstream_body(
         (model, p.upstream_model(model)),
         dialect,
         upstream,
-    )
+    )?;
+    if let Some(calls) = p.max_tool_calls {
+        out = set_member(&out, "max_tool_calls", &calls.to_string())?;
+    }
+    Ok(out)
+}
+
+/// `body` (a JSON object) with member `key` set to the raw JSON `value`,
+/// every other member copied byte for byte in order. Only requests that
+/// use a priced hosted tool pay this second pass.
+fn set_member(body: &[u8], key: &str, value: &str) -> Result<Vec<u8>, serde_json::Error> {
+    let RawMembers(top) = serde_json::from_slice(body)?;
+    let mut out = Vec::with_capacity(body.len() + key.len() + value.len() + 4);
+    out.push(b'{');
+    for (k, v) in top.iter().filter(|(k, _)| k != key) {
+        serde_json::to_writer(&mut out, k.as_ref())?;
+        out.push(b':');
+        out.extend_from_slice(v.get().as_bytes());
+        out.push(b',');
+    }
+    serde_json::to_writer(&mut out, key)?;
+    out.push(b':');
+    out.extend_from_slice(value.as_bytes());
+    out.push(b'}');
+    Ok(out)
 }
 
 /// [`upstream_body`] of a client body `raw` (a JSON object) with its

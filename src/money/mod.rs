@@ -8,6 +8,8 @@
 //!
 //! - [`price`]: a deployment's price table ([`PriceTable`], with optional
 //!   long-context tiers) and the one cost function ([`Price::cost`]).
+//! - [`hosted`]: hosted tools priced per use (a web search per call), part
+//!   of a price table.
 //!
 //! # Rounding
 //!
@@ -51,8 +53,10 @@
 //!   `g × rate ≤ 10^15`. [`price::grant`] is that formula, checked against
 //!   the definition by its tests.
 
+pub mod hosted;
 pub mod price;
 
+pub use hosted::{HostedCalls, HostedKind, HostedPrices, Per};
 pub use price::{grant, CacheWrites, Price, PriceTable, TokenCounts};
 
 // The bounds of the module docs, checked when the crate compiles.

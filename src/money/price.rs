@@ -111,6 +111,8 @@ pub struct PriceTable {
     pub base: Price,
     /// `(above_input_tokens, price)`, thresholds strictly increasing.
     pub tiers: Vec<(u64, Price)>,
+    /// Hosted tools priced per use (the model's `hosted_tools`), at every tier.
+    pub hosted: super::hosted::HostedPrices,
 }
 
 impl PriceTable {
@@ -119,6 +121,7 @@ impl PriceTable {
         Self {
             base,
             tiers: Vec::new(),
+            hosted: Default::default(),
         }
     }
 
@@ -135,6 +138,14 @@ impl PriceTable {
     /// What `c` costs, at the tier of its input.
     pub fn cost(&self, c: &TokenCounts) -> u64 {
         self.at(c.all_input()).cost(c)
+    }
+
+    /// What `c` and the hosted-tool `uses` cost together, µ$, at most
+    /// [`MAX_COST`].
+    pub fn cost_with(&self, c: &TokenCounts, uses: &super::hosted::HostedCalls) -> u64 {
+        self.cost(c)
+            .saturating_add(self.hosted.cost(uses))
+            .min(MAX_COST)
     }
 }
 
@@ -252,6 +263,7 @@ mod tests {
         let t = PriceTable {
             base,
             tiers: vec![(200_000, long)],
+            hosted: Default::default(),
         };
         assert_eq!(t.at(200_000), &base);
         assert_eq!(t.at(200_001), &long);

@@ -5,7 +5,7 @@
 //! is refused with its path; groups nest at most 4 deep; an unknown tool
 //! type is refused with the config line that would allow it.
 
-use budgetgate::reserve::BudgetName;
+use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -182,7 +182,127 @@ async fn an_unknown_tool_type_is_refused_saying_how_to_allow_it() {
     assert!(m.contains("hosted_tools"), "{m}");
     drop(gw);
     // Listed by the operator, it passes.
-    c.model("gpt-4o-mini").hosted_tools = vec!["teleport".into()];
+    c.model("gpt-4o-mini").hosted_tools = vec!["teleport".to_string()].into();
     let gw = c.start().await;
     assert_eq!(post(&gw, "/responses", &body).await.status(), 200);
+}
+
+/// `gpt-4o-mini` priced $0.15 / $0.60 per million tokens, web search at
+/// $0.01 per call, at most 3 calls a request, 1000 input tokens reserved
+/// per call; tenant `t1` with `usd` a day.
+fn priced_search(mock: &str, usd: &str) -> TestConfig {
+    use budgetgate::config::raw::{RawHostedTool, RawHostedTools};
+    let mut c = TestConfig::standard(mock, 100, limits().usd_per_day(usd).tpm(1_000_000));
+    let m = c.model("gpt-4o-mini");
+    m.price = Some(price("0.15", "0.60"));
+    m.hosted_tools = RawHostedTools::Priced(
+        [(
+            "web_search".to_string(),
+            RawHostedTool {
+                per: "call".into(),
+                usd: "0.01".into(),
+            },
+        )]
+        .into(),
+    );
+    m.max_tool_calls = Some(3);
+    m.hosted_call_input_tokens = Some(1000);
+    c
+}
+
+/// Fault: a web search ran on the provider's bill with nothing reserved
+/// or charged for it, or was refused without saying how to allow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpriced_web_search_is_refused_quoting_the_line_that_prices_it() {
+    let mock = start_mock().await;
+    let gw = config(&mock.base_url()).start().await;
+    let body = json!({"model": "gpt-4o-mini", "input": "news?", "tools": [{"type": "web_search"}]});
+    let r = post(&gw, "/responses", &body).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    let m = e["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains(r#"hosted_tools = { web_search = { per = "call", usd = "…" } }"#),
+        "{m}"
+    );
+    // Allowed by the list form (unpriced), a dollar budget still refuses it.
+    let mut c = priced_search(&mock.base_url(), "1");
+    c.model("gpt-4o-mini").hosted_tools = vec!["web_search".to_string()].into();
+    let gw = c.start().await;
+    let r = post(&gw, "/responses", &body).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "unpriceable_request", "{e}");
+    assert_eq!(mock.state.request_count(), 0);
+}
+
+/// Fault: a priced web search reserved nothing for its calls (a dollar
+/// budget overspent by every search), was settled without them, or the
+/// client's `max_tool_calls` was raised to the model's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priced_web_search_reserves_its_price_and_settles_the_calls_reported() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    mock.state.set_web_search_calls(2);
+    // $0.03: the tokens fit, three calls at $0.01 with them do not.
+    let gw = priced_search(&mock.base_url(), "0.03").start().await;
+    let usd = || gw.used(Scope::Tenant("t1".into()), BudgetName::UsdPerDay);
+    let body = |extra: Value| {
+        let mut b = json!({"model": "gpt-4o-mini", "input": "news?",
+            "tools": [function("f"), {"type": "web_search"}]});
+        if let Value::Object(o) = extra {
+            b.as_object_mut().unwrap().extend(o);
+        }
+        b
+    };
+    let r = post(&gw, "/responses", &body(json!({}))).await;
+    assert_eq!(r.status(), 429, "3 calls × $0.01 + tokens > $0.03");
+    assert_eq!(mock.state.request_count(), 0);
+    // The client asks for at most 2 calls: reserved 2 × $0.01, sent as is.
+    let r = post(&gw, "/responses", &body(json!({"max_tool_calls": 2}))).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let v: Value = r.json().await.unwrap();
+    gw.all_settled().await;
+    let sent = &mock.state.requests()[0].body;
+    assert_eq!(
+        sent["max_tool_calls"], 2,
+        "a client's value is never raised"
+    );
+    let u = &v["usage"];
+    let (input, output) = (
+        u["input_tokens"].as_u64().unwrap(),
+        u["output_tokens"].as_u64().unwrap(),
+    );
+    let tokens = (input * 150_000 + output * 600_000).div_ceil(1_000_000);
+    let calls = v["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "web_search_call")
+        .count() as u64;
+    assert_eq!(calls, 2);
+    assert_eq!(
+        usd().await,
+        tokens + calls * 10_000,
+        "the calls reported, charged"
+    );
+    // A larger client value is lowered to the model's maximum (streamed).
+    drop(gw);
+    let gw = priced_search(&mock.base_url(), "1").start().await;
+    let mut b = body(json!({"max_tool_calls": 50}));
+    b["stream"] = json!(true);
+    let r = post(&gw, "/responses", &b).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("response.completed"));
+    gw.all_settled().await;
+    let sent = &mock.state.requests()[1].body;
+    assert_eq!(sent["max_tool_calls"], 3, "lowered to the model's maximum");
+    let used = gw
+        .used(Scope::Tenant("t1".into()), BudgetName::UsdPerDay)
+        .await;
+    assert!(
+        used >= 2 * 10_000 && used < 3 * 10_000,
+        "two calls charged on the stream: {used}"
+    );
 }

@@ -1,6 +1,7 @@
 //! Validation of `[[upstreams]]` and `[[models]]`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::V;
 use crate::config::model_names::{ModelIndex, NamePattern};
@@ -323,7 +324,15 @@ pub(super) fn models(
             }
         };
         let responses = responses_route(v, &path, m, &ups, &raw.upstreams);
-        let price = v.price_table(&path, m.price.as_ref(), &m.price_tiers, messages);
+        let hosted = hosted_tools(v, &path, &m.hosted_tools);
+        let price = v
+            .price_table(&path, m.price.as_ref(), &m.price_tiers, messages)
+            .map(|t| {
+                Arc::new(crate::money::PriceTable {
+                    hosted: hosted.1,
+                    ..crate::money::PriceTable::clone(&t)
+                })
+            });
         let upstream_model = m.upstream_model.clone().unwrap_or_else(|| m.name.clone());
         models.push(ModelPolicy {
             image: estimation.image_cost(&upstream_model, &m.name),
@@ -346,12 +355,79 @@ pub(super) fn models(
             anthropic_cache_reads_count: m.anthropic_cache_reads_count.unwrap_or(false),
             price,
             responses,
-            hosted_tools: m.hosted_tools.clone(),
+            hosted_tools: hosted.0,
+            hosted_prices: hosted.1,
+            max_tool_calls: v
+                .positive(&format!("{path}.max_tool_calls"), m.max_tool_calls, 1000)
+                .unwrap_or(DEFAULT_MAX_TOOL_CALLS),
+            hosted_call_input_tokens: v
+                .positive(
+                    &format!("{path}.hosted_call_input_tokens"),
+                    m.hosted_call_input_tokens,
+                    MAX_LIMIT,
+                )
+                .unwrap_or(DEFAULT_HOSTED_CALL_INPUT_TOKENS),
             allow_background: m.allow_background.unwrap_or(false),
         });
     }
 
     (models, model_index)
+}
+
+/// Default `max_tool_calls`: uses of hosted tools one request may make.
+pub const DEFAULT_MAX_TOOL_CALLS: u64 = 4;
+
+/// Default `hosted_call_input_tokens`: input reserved per use of a priced
+/// hosted tool (docs/MONEY.md: what a web search adds to the context).
+pub const DEFAULT_HOSTED_CALL_INPUT_TOKENS: u64 = 4000;
+
+/// `hosted_tools`: the types allowed, and the prices of the priced ones.
+fn hosted_tools(
+    v: &mut V,
+    path: &str,
+    raw: &crate::config::raw::RawHostedTools,
+) -> (Vec<String>, crate::money::HostedPrices) {
+    use crate::config::raw::RawHostedTools;
+    use crate::money::{HostedKind, HostedPrices, Per};
+    let mut prices = HostedPrices::default();
+    match raw {
+        RawHostedTools::List(names) => (names.clone(), prices),
+        RawHostedTools::Priced(table) => {
+            for (name, t) in table {
+                let tp = format!("{path}.hosted_tools.{name}");
+                let Some(kind) = HostedKind::of_tool_type(name) else {
+                    v.err(
+                        &tp,
+                        format!("the gateway cannot count uses of {name:?} in answers, so cannot price it; allow it unpriced with the list form (hosted_tools = [{name:?}])"),
+                    );
+                    continue;
+                };
+                match Per::parse(&t.per) {
+                    None => v.err(
+                        format!("{tp}.per"),
+                        format!(
+                            "must be \"call\", \"session\" or \"image\", not {:?}",
+                            t.per
+                        ),
+                    ),
+                    Some(per) if per != kind.unit() => v.err(
+                        format!("{tp}.per"),
+                        format!(
+                            "{name} bills per {}, not per {}",
+                            kind.unit().name(),
+                            per.name()
+                        ),
+                    ),
+                    Some(_) => {
+                        if let Some(m) = v.hosted_price(&format!("{tp}.usd"), &t.usd) {
+                            prices.set(kind, m);
+                        }
+                    }
+                }
+            }
+            (table.keys().cloned().collect(), prices)
+        }
+    }
 }
 
 /// The beta policy of model `m`: its allow list when it has one, else

@@ -37,6 +37,11 @@ impl V {
         None
     }
 
+    /// The price of one use of a hosted tool at `path`, in µ$ (≤ $1,000).
+    pub(super) fn hosted_price(&mut self, path: &str, d: &RawDecimal) -> Option<u64> {
+        self.decimal(path, d, MAX_PRICE)
+    }
+
     /// A dollar budget at `path`, in µ$: > 0 and ≤ $10,000,000.
     pub(super) fn usd_budget(&mut self, path: &str, d: Option<&RawDecimal>) -> Option<u64> {
         let m = self.decimal(path, d?, MAX_BUDGET)?;
@@ -162,6 +167,7 @@ impl V {
         Some(Arc::new(PriceTable {
             base: base?,
             tiers: out,
+            hosted: Default::default(),
         }))
     }
 }

@@ -118,6 +118,7 @@ impl UsageFields {
             cache_writes_1h: self.cache_creation_1h.unwrap_or(0),
             output: self.output,
             reasoning: 0,
+            hosted: Default::default(),
         }
     }
 }

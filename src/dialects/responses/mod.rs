@@ -62,7 +62,38 @@ pub fn usage_from_value(u: &Value) -> UsageBreakdown {
         cache_writes_1h: 0,
         output,
         reasoning: output.map_or(0, |o| reasoning.min(o)),
+        hosted: Default::default(),
     }
+}
+
+/// Uses of priced hosted tools an answer's `output` items report: one per
+/// `web_search_call`, `file_search_call` and `image_generation_call`; one
+/// session per distinct container of its `code_interpreter_call`s.
+pub fn hosted_uses<'a>(items: impl IntoIterator<Item = &'a Value>) -> crate::money::HostedCalls {
+    use crate::money::HostedKind;
+    let mut uses = crate::money::HostedCalls::default();
+    let mut containers: Vec<&str> = Vec::new();
+    for item in items {
+        let kind = item
+            .get("type")
+            .and_then(Value::as_str)
+            .and_then(HostedKind::of_output_item);
+        match kind {
+            Some(HostedKind::CodeInterpreter) => {
+                let c = item
+                    .get("container_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if !containers.contains(&c) {
+                    containers.push(c);
+                    uses.add(HostedKind::CodeInterpreter, 1);
+                }
+            }
+            Some(k) => uses.add(k, 1),
+            None => {}
+        }
+    }
+    uses
 }
 
 /// The breakdown of a raw `usage` member.

@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use super::{valid_id, MIN_CAP};
 
 /// The config that relaxes the refusals.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Rules<'a> {
     /// Provider object ids this tenant may name (files, vector stores,
     /// containers, prompts, items).
@@ -32,7 +32,7 @@ pub struct Rules<'a> {
     /// The model's public name (refusals name it).
     pub model: &'a str,
     /// The config line that would allow a tool type on this model.
-    pub allowing_line: fn(&str) -> String,
+    pub allowing_line: &'a dyn Fn(&str) -> String,
 }
 
 /// Why a body is refused.
@@ -219,7 +219,7 @@ mod tests {
         hosted_tools: &[],
         allow_background: false,
         model: "m",
-        allowing_line: line,
+        allowing_line: &line,
     };
 
     fn param(r: Result<References, Refusal>) -> String {

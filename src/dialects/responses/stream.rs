@@ -123,7 +123,18 @@ impl StreamState {
                 out.usage = v
                     .pointer("/response/usage")
                     .filter(|u| u.is_object())
-                    .map(usage_from_value);
+                    .map(usage_from_value)
+                    .map(|mut u| {
+                        // The uses of hosted tools: the final output's
+                        // items, else the items delivered.
+                        u.hosted = match v.pointer("/response/output") {
+                            Some(Value::Array(items)) if !items.is_empty() => {
+                                super::hosted_uses(items)
+                            }
+                            _ => super::hosted_uses(self.items.values()),
+                        };
+                        u
+                    });
             }
             "response.output_item.added" => {
                 if let (Some(i), Some(item)) = (index, v.get("item")) {

@@ -25,7 +25,9 @@
 //! caching), the output price per extended token, the usage breakdown's
 //! exact cost at settle (uncached input, cache reads, 5-minute and 1-hour
 //! writes, output), rounded up once each time; always refunded to that
-//! cost. A dollar budget on a deployment without a price (only reachable
+//! cost. Hosted tools priced per use add their price: at reserve for the
+//! most uses the request may make, at settle for the uses its answer
+//! reports. A dollar budget on a deployment without a price (only reachable
 //! for shadow budgets: prepare refuses the rest) counts 0.
 //!
 //! The stores apply whatever these functions say, per spec (store contract
@@ -35,7 +37,7 @@
 
 use crate::dialects::UsageBreakdown;
 use crate::estimate::Estimate;
-use crate::money::{CacheWrites, PriceTable, TokenCounts};
+use crate::money::{CacheWrites, HostedCalls, PriceTable, TokenCounts};
 use crate::reserve::{BudgetName, BudgetSpec, Costs, Step, RATE_ONE};
 
 /// Per mille that counts a cached input token in full.
@@ -105,6 +107,9 @@ pub struct Demand {
     /// Cache writes the body asks for: dollar budgets reserve its input
     /// at the write price.
     pub cache_writes: CacheWrites,
+    /// Uses of priced hosted tools the request may make: dollar budgets
+    /// reserve their price (`crate::money::hosted`).
+    pub hosted: HostedCalls,
 }
 
 impl Demand {
@@ -118,6 +123,7 @@ impl Demand {
                 .client_max_output
                 .map(|c| c.saturating_mul(e.choices.max(1))),
             cache_writes: CacheWrites::None,
+            hosted: HostedCalls::EMPTY,
         }
     }
 
@@ -129,6 +135,7 @@ impl Demand {
             output: 0,
             client_cap: None,
             cache_writes: CacheWrites::None,
+            hosted: HostedCalls::EMPTY,
         }
     }
 
@@ -189,6 +196,8 @@ pub fn reserve_amount(
         return price.map_or(0, |p| {
             p.at(demand.input)
                 .reservation(demand.input, demand.output, demand.cache_writes)
+                .saturating_add(p.hosted.cost(&demand.hosted))
+                .min(crate::money::MAX_COST)
         });
     }
     by_name(spec.name, demand.input_for(c), demand.output_for(c))
@@ -279,9 +288,10 @@ pub fn nothing_used<'a>(budgets: impl Iterator<Item = Budgets<'a>>) -> Vec<u64> 
     settled_amounts(&UsageBreakdown::from_counts(0, 0), budgets, None)
 }
 
-/// The exact cost of `used` at `price`, µ$ (`None` without a price).
+/// The exact cost of `used` at `price`, µ$ (`None` without a price): its
+/// tokens and the hosted-tool uses it reports.
 pub fn settled_cost(used: &UsageBreakdown, price: Option<&PriceTable>) -> Option<u64> {
-    price.map(|p| p.cost(&token_counts(used)))
+    price.map(|p| p.cost_with(&token_counts(used), &used.hosted))
 }
 
 /// A usage breakdown by price class: uncached input, cache reads, 5-minute

@@ -54,6 +54,7 @@ fn default_counting_equals_what_one_token_number_meant() {
         cached_input: 10,
         output: Some(25),
         reasoning: 5,
+        hosted: Default::default(),
         ..UsageBreakdown::default()
     };
     let all = [Budgets::plain(&common), Budgets::plain(&own)];
@@ -89,6 +90,7 @@ fn input_and_output_limits_count_their_own_part() {
         uncached_input: Some(280),
         output: Some(90),
         reasoning: 60,
+        hosted: Default::default(),
         ..UsageBreakdown::default()
     };
     assert_eq!(
@@ -153,6 +155,7 @@ fn a_cacheable_prefix_is_reserved_at_the_budget_weight() {
         output: 500,
         client_cap: Some(500),
         cache_writes: CacheWrites::None,
+        hosted: Default::default(),
     };
     let full = reserve_costs(
         &demand,
