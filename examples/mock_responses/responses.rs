@@ -27,6 +27,9 @@
 //!   (ends `failed` after half the output, with / without usage),
 //!   `max_tokens_only` (ignores `max_output_tokens`), `slow_first_byte` as
 //!   for the other routes.
+//! * Web searches ([`MockState::set_web_search_calls`]): an answer whose
+//!   body offers a `web_search` tool reports that many `web_search_call`
+//!   items before its message (at most the body's `max_tool_calls`).
 //! * Every response is stored at creation (status `in_progress` while it
 //!   streams), so it can be fetched while the stream runs.
 

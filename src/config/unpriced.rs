@@ -147,4 +147,32 @@ limits = { tpm = 1000 }
         assert!(w[2].contains("\"tools\" allows hosted tools [\"web_search\"]"));
         assert!(w[3].starts_with("tenants[1] (scoped) has a dollar budget and model \"half\""));
     }
+
+    /// Fault: a model passing Claude Code's `context-1m-*` beta priced its
+    /// long requests at the base price without the operator being told.
+    #[test]
+    fn a_priced_model_passing_the_long_context_beta_without_tiers_is_flagged() {
+        let text = r#"
+[[upstreams]]
+name = "a"
+kind = "anthropic"
+base_url = "http://127.0.0.1:9"
+[[models]]
+name = "claude-*"
+upstreams = ["a"]
+price = { input = "3", cached_input = "0.30", cache_write_5m = "3.75", cache_write_1h = "6", output = "15" }
+[[models]]
+name = "claude-denied"
+upstreams = ["a"]
+price = { input = "3", cached_input = "0.30", cache_write_5m = "3.75", cache_write_1h = "6", output = "15" }
+anthropic_betas_deny = ["context-1m-*"]
+[[models]]
+name = "claude-free"
+upstreams = ["a"]
+"#;
+        let p = Policy::from_toml(text).unwrap();
+        let w = p.long_context_warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("models[0] (claude-*) passes the long-context beta"));
+    }
 }

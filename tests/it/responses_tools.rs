@@ -302,7 +302,7 @@ async fn a_priced_web_search_reserves_its_price_and_settles_the_calls_reported()
         .used(Scope::Tenant("t1".into()), BudgetName::UsdPerDay)
         .await;
     assert!(
-        used >= 2 * 10_000 && used < 3 * 10_000,
+        (2 * 10_000..3 * 10_000).contains(&used),
         "two calls charged on the stream: {used}"
     );
 }
