@@ -44,6 +44,7 @@ mod lease_differential;
 mod lease_faults;
 mod lease_fleet;
 mod lease_refusals;
+mod lease_streams;
 mod ledger;
 mod ledger_faults;
 mod ledger_sink;
