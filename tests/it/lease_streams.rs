@@ -73,6 +73,10 @@ fn background(
         .collect()
 }
 
+fn prompt() -> Value {
+    json!([{"role": "user", "content": "Write an endless story."}])
+}
+
 /// The long stream, read to its end: (content chunks, finish_reason,
 /// usage's completion_tokens).
 async fn long_stream(root: String, id: &'static str) -> (usize, Value, Value) {
@@ -82,7 +86,7 @@ async fn long_stream(root: String, id: &'static str) -> (usize, Value, Value) {
         .header("x-request-id", id)
         .json(&json!({
             "model": "gpt-4o-mini",
-            "messages": [{"role": "user", "content": "Write an endless story."}],
+            "messages": prompt(),
             "stream": true,
             "stream_options": {"include_usage": true},
         }))
@@ -119,6 +123,12 @@ fn check_log(gw: &GatewayProcess, id: &str) {
         line.pointer("/fields/decided_by"),
         Some(&json!("lease")),
         "the stream was admitted from the tenant's lease: {line}"
+    );
+    let input = chat_input_tokens(&json!({"model": "gpt-4o-mini", "messages": prompt()}));
+    assert_eq!(
+        line.pointer("/fields/settled"),
+        Some(&json!(input + STREAM_TOKENS)),
+        "the stream settled what it used: {line}"
     );
 }
 
@@ -158,6 +168,10 @@ async fn a_leased_stream_completes_after_the_background_traffic_stops() {
     let (delivered, finish, completion) = stream.await.expect("the stream's task");
     let over = overflows(&gw).await;
     println!("demand fell: {delivered} tokens delivered, finish {finish}, {over} overflow steps");
+    assert!(
+        over >= 1.0,
+        "the lease stopped paying mid-stream: some step went to the store as an exact reservation"
+    );
     assert_eq!(
         bad.load(Ordering::Relaxed),
         0,
@@ -204,6 +218,10 @@ async fn a_leased_stream_completes_across_a_reload_lowering_its_limit() {
     }
     let over = overflows(&gw).await;
     println!("reload: {delivered} tokens delivered, finish {finish}, {over} overflow steps");
+    assert!(
+        over >= 1.0,
+        "the lease stopped paying mid-stream: some step went to the store as an exact reservation"
+    );
     assert_eq!(
         bad.load(Ordering::Relaxed),
         0,
