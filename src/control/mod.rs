@@ -217,6 +217,7 @@ impl ControlPlane {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            scope: None,
         }
     }
 

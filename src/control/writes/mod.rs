@@ -64,6 +64,10 @@ pub enum WriteError {
     /// (what, in the message).
     #[error("{0}")]
     Conflict(String),
+    /// A tenant-scoped admin token's change reaches outside its subtree
+    /// as the database is under the lock (moved out meanwhile).
+    #[error("{0}")]
+    Forbidden(String),
 }
 
 impl From<LoadError> for WriteError {
@@ -84,6 +88,28 @@ pub struct Recheck {
     /// this audit action (`"*"`: all) wait this long between their
     /// re-check and their commit, holding the lock.
     pub pause: Option<(String, Duration)>,
+    /// The caller's subtree and the tenants the change touches: set for a
+    /// tenant-scoped admin token, whose scope the handler checked against
+    /// its gateway's last snapshot only.
+    pub scope: Option<Scope>,
+}
+
+/// A tenant-scoped admin token's write, checked under the lock.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    /// The token's tenant.
+    pub root: String,
+    /// Tenants the change reads or writes (a key's tenant, a tenant, its
+    /// new parent): each must lie in `root`'s subtree before the change.
+    pub tenants: Vec<String>,
+}
+
+/// Whether `name` is `root` or one of its descendants under `policy`.
+pub fn in_subtree(policy: &crate::config::Policy, name: &str, root: &str) -> bool {
+    let Some(t) = policy.tenants.iter().find(|t| t.name == name) else {
+        return false;
+    };
+    t.name == root || t.ancestors.iter().any(|&a| policy.tenants[a].name == root)
 }
 
 /// A write's transaction with the control tree locked.
@@ -117,10 +143,29 @@ pub(super) async fn lock<'c>(
             .fetch_one(&mut *tx)
             .await?;
     }
-    let before = match recheck {
+    // A scoped token's change is always checked: a revocation too may
+    // name a key whose tenant left the token's subtree meanwhile.
+    let before = match recheck || check.scope.is_some() {
         true => Some(runtime::load_in(&mut tx).await?),
         false => None,
     };
+    if let (Some(scope), Some(before)) = (&check.scope, &before) {
+        let policy = runtime::compose(&check.file, "recheck", before)
+            .map_err(|e| WriteError::Conflict(e.0.join("; ")))?
+            .policy;
+        // The handler's refusal, word for word: the same request sent
+        // after this gateway catches up gets the same answer.
+        if let Some(t) = scope
+            .tenants
+            .iter()
+            .find(|t| !in_subtree(&policy, t, &scope.root))
+        {
+            return Err(WriteError::Forbidden(format!(
+                "This admin token cannot see or change tenant {t:?}: it is limited to tenant {:?} and its subtree.",
+                scope.root
+            )));
+        }
+    }
     Ok(Locked {
         tx,
         _turn: turn,

@@ -108,7 +108,7 @@ pub async fn create(
     if let Err(r) = validate_key(&c, &snap, (&tenant, &id)) {
         return r;
     }
-    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.recheck(&[&tenant]));
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane
@@ -281,7 +281,7 @@ pub async fn update(
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.recheck(&[&tenant]));
     let (t2, i2) = (tenant.clone(), id.clone());
     let written =
         c.plane
@@ -342,7 +342,7 @@ pub async fn rotate(
     let secret = new_secret();
     let digest = hash_key(&secret);
     let now = st.clock.now_micros();
-    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.recheck(&[&tenant]));
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane
@@ -389,7 +389,7 @@ pub async fn revoke(
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.recheck(&[&tenant]));
     let (t2, i2) = (tenant.clone(), id.clone());
     let written = c
         .plane

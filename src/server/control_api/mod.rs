@@ -190,6 +190,18 @@ impl Caller {
         }
     }
 
+    /// What this caller's write is checked against under the lock: for a
+    /// tenant-scoped token, that `tenants` still lie in its subtree (the
+    /// checks above read this gateway's last snapshot only).
+    pub fn recheck(&self, tenants: &[&str]) -> crate::control::writes::Recheck {
+        let mut check = self.plane.recheck();
+        check.scope = self.who.scope().map(|root| crate::control::writes::Scope {
+            root: root.to_string(),
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        });
+        check
+    }
+
     /// 403 unless the caller may change things.
     pub fn writer(&self) -> Result<(), Response> {
         if self.who.may_write() {
@@ -233,13 +245,7 @@ impl Caller {
     }
 }
 
-/// Whether `name` is `root` or one of its descendants under `policy`.
-pub fn in_subtree(policy: &Policy, name: &str, root: &str) -> bool {
-    let Some(t) = policy.tenants.iter().find(|t| t.name == name) else {
-        return false;
-    };
-    t.name == root || t.ancestors.iter().any(|&a| policy.tenants[a].name == root)
-}
+pub use crate::control::writes::in_subtree;
 
 /// 403 `forbidden`.
 pub fn forbidden(message: &str) -> Response {
@@ -282,6 +288,7 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
         WriteError::NotFound => not_found(what),
         WriteError::Exists => conflict(&format!("{what} already exists.")),
         WriteError::Conflict(why) => conflict(why),
+        WriteError::Forbidden(why) => forbidden(why),
         WriteError::Db(err) => {
             tracing::warn!(error = %err, "control API: the database refused a change");
             unavailable()

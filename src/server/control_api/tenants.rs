@@ -165,6 +165,18 @@ fn scope_allows(
     }
 }
 
+/// What a scoped token's change to `t` (`exists`: an update) must find
+/// in its subtree under the lock: `t`'s parent, what [`scope_allows`]
+/// checked, and `t` itself when it exists; only `t` when it is the
+/// token's own tenant (whose parent, unchanged, lies outside).
+fn touched<'t>(c: &Caller, t: &'t RawTenant, exists: bool) -> Vec<&'t str> {
+    if c.who.scope() == Some(t.name.as_str()) {
+        return vec![&t.name];
+    }
+    let own = exists.then_some(t.name.as_str());
+    t.parent.as_deref().into_iter().chain(own).collect()
+}
+
 /// For a scoped token: no limit of `name` above its parent's in `candidate`.
 fn parent_bound(c: &Caller, candidate: &Policy, name: &str) -> Result<(), Response> {
     if c.who.scope().is_none() {
@@ -230,7 +242,7 @@ pub async fn create(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
-    let check = c.plane.recheck();
+    let check = c.recheck(&touched(&c, &t, false));
     let written = c
         .plane
         .run(async move { writes::create_tenant((&db, &check), &actor, now, &spec).await })
@@ -340,7 +352,7 @@ pub async fn update(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
-    let check = c.plane.recheck();
+    let check = c.recheck(&touched(&c, &t, true));
     let written = c
         .plane
         .run(async move { writes::update_tenant((&db, &check), &actor, now, &before, &spec).await })
@@ -380,7 +392,7 @@ pub async fn delete(
         return r;
     }
     let now = st.clock.now_micros();
-    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.plane.recheck());
+    let (db, actor, check) = (c.plane.db().clone(), c.who.actor(), c.recheck(&[&name]));
     let written = c
         .plane
         .run(async move { writes::delete_tenant((&db, &check), &actor, now, &before).await })
