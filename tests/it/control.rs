@@ -26,7 +26,7 @@ pub async fn post(gw: &Gateway, path: &str, body: Value) -> (u16, Value) {
 
 /// Creates an admin token of `body` (`role`, optional `tenant`) with the
 /// root token; returns the token.
-async fn admin_token(gw: &Gateway, body: Value) -> String {
+pub async fn admin_token(gw: &Gateway, body: Value) -> String {
     let (s, v) = post(gw, "/admin/v1/admin_tokens", body).await;
     assert_eq!(s, 201, "{v}");
     v["token"].as_str().unwrap().to_string()

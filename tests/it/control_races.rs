@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::control::{new_key, ROOT};
+use super::control::{admin_token, new_key, ROOT};
 use crate::support::postgres::PgServer;
 use crate::support::*;
 use budgetgate::config::reload::{ReloadOutcome, Trigger};
@@ -622,4 +622,101 @@ async fn a_write_that_no_longer_fits_the_database_is_refused_409_naming_what_cha
     assert_eq!(snap.version, version, "nothing was written");
     assert!(snap.keys.is_empty());
     assert_eq!(orphans(&db, &["t1"]).await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_scoped_tokens_write_under_a_tenant_moved_out_of_its_subtree_meanwhile_is_refused_403() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control.db");
+    let gw = super::control::config(&mock.base_url(), &path)
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for body in [
+        json!({"name": "team"}),
+        json!({"name": "a", "parent": "team"}),
+        json!({"name": "b", "parent": "a"}),
+        json!({"name": "m", "parent": "team"}),
+    ] {
+        let (s, v) = call(&gw, Method::POST, "/admin/v1/tenants", Some(body)).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    new_key(&gw, "a", "k").await;
+    let token = admin_token(&gw, json!({"role": "admin", "tenant": "team"})).await;
+    // Another gateway's move this gateway has not read yet (the counter is
+    // left alone): `a`, and `b` under it, leave `team`'s subtree.
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE tenants SET spec = '{\"name\":\"a\"}' WHERE name = 'a'")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    db.pool().close().await;
+    let version = plane(&gw).snapshot().version;
+    let scoped = |m: Method, path: &'static str, body: Option<Value>| {
+        let (gw, token) = (&gw, token.clone());
+        async move { admin_call(gw, m, path, &token, body).await }
+    };
+
+    let refused = [
+        (Method::POST, "/admin/v1/tenants/a/keys", Some(json!({"id": "k2"})), "a"),
+        (
+            Method::POST,
+            "/admin/v1/tenants",
+            Some(json!({"name": "a-kid", "parent": "a"})),
+            "a",
+        ),
+        (Method::PATCH, "/admin/v1/tenants/m", Some(json!({"parent": "a"})), "a"),
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/b",
+            Some(json!({"limits": {"rpm": 5}})),
+            "b",
+        ),
+        (Method::DELETE, "/admin/v1/tenants/b", None, "b"),
+        (Method::PATCH, "/admin/v1/tenants/a/keys/k", Some(json!({"alias": "x"})), "a"),
+        (Method::POST, "/admin/v1/tenants/a/keys/k/rotate", Some(json!({})), "a"),
+        (Method::POST, "/admin/v1/tenants/a/keys/k/revoke", None, "a"),
+    ];
+    for (m, path, body, tenant) in refused {
+        let (s, v) = scoped(m.clone(), path, body).await;
+        assert_eq!(
+            (s, &v["error"]["code"]),
+            (403, &json!("forbidden")),
+            "{m} {path}: {v}"
+        );
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("cannot see or change tenant \"{tenant}\"")),
+            "{m} {path}: {msg}"
+        );
+    }
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let snap = runtime::load(&db).await.unwrap();
+    assert_eq!(snap.version, version, "nothing was written");
+    assert_eq!(snap.keys.len(), 1);
+    assert!(snap.keys[0].revoked_at.is_none());
+    assert_eq!(snap.tenants.len(), 4);
+    db.pool().close().await;
+
+    // What still lies in the subtree is written as before, the token's
+    // own tenant included.
+    let (s, v) = scoped(
+        Method::POST,
+        "/admin/v1/tenants",
+        Some(json!({"name": "m-kid", "parent": "m"})),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = scoped(
+        Method::PATCH,
+        "/admin/v1/tenants/team",
+        Some(json!({"limits": {"rpm": 1000}})),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
 }

@@ -174,7 +174,7 @@ fn touched<'t>(c: &Caller, t: &'t RawTenant, exists: bool) -> Vec<&'t str> {
         return vec![&t.name];
     }
     let own = exists.then_some(t.name.as_str());
-    t.parent.as_deref().into_iter().chain(own).collect()
+    own.into_iter().chain(t.parent.as_deref()).collect()
 }
 
 /// For a scoped token: no limit of `name` above its parent's in `candidate`.
