@@ -661,14 +661,24 @@ async fn a_scoped_tokens_write_under_a_tenant_moved_out_of_its_subtree_meanwhile
     };
 
     let refused = [
-        (Method::POST, "/admin/v1/tenants/a/keys", Some(json!({"id": "k2"})), "a"),
+        (
+            Method::POST,
+            "/admin/v1/tenants/a/keys",
+            Some(json!({"id": "k2"})),
+            "a",
+        ),
         (
             Method::POST,
             "/admin/v1/tenants",
             Some(json!({"name": "a-kid", "parent": "a"})),
             "a",
         ),
-        (Method::PATCH, "/admin/v1/tenants/m", Some(json!({"parent": "a"})), "a"),
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/m",
+            Some(json!({"parent": "a"})),
+            "a",
+        ),
         (
             Method::PATCH,
             "/admin/v1/tenants/b",
@@ -676,8 +686,18 @@ async fn a_scoped_tokens_write_under_a_tenant_moved_out_of_its_subtree_meanwhile
             "b",
         ),
         (Method::DELETE, "/admin/v1/tenants/b", None, "b"),
-        (Method::PATCH, "/admin/v1/tenants/a/keys/k", Some(json!({"alias": "x"})), "a"),
-        (Method::POST, "/admin/v1/tenants/a/keys/k/rotate", Some(json!({})), "a"),
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/a/keys/k",
+            Some(json!({"alias": "x"})),
+            "a",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/tenants/a/keys/k/rotate",
+            Some(json!({})),
+            "a",
+        ),
         (Method::POST, "/admin/v1/tenants/a/keys/k/revoke", None, "a"),
     ];
     for (m, path, body, tenant) in refused {
