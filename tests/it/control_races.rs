@@ -740,3 +740,75 @@ async fn a_scoped_tokens_write_under_a_tenant_moved_out_of_its_subtree_meanwhile
     .await;
     assert_eq!(s, 200, "{v}");
 }
+
+#[tokio::test]
+async fn a_scoped_tokens_limit_above_a_parent_limit_lowered_meanwhile_is_refused_400() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control.db");
+    let gw = super::control::config(&mock.base_url(), &path)
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for body in [
+        json!({"name": "team", "limits": {"rpm": 100}}),
+        json!({"name": "a", "parent": "team"}),
+    ] {
+        let (s, v) = call(&gw, Method::POST, "/admin/v1/tenants", Some(body)).await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let token = admin_token(&gw, json!({"role": "admin", "tenant": "team"})).await;
+    // The root lowers `team`'s rpm on another gateway; this one has not
+    // read it yet (the counter is left alone).
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE tenants SET spec = '{\"name\":\"team\",\"limits\":{\"rpm\":10}}' WHERE name = 'team'",
+    )
+    .execute(db.pool())
+    .await
+    .unwrap();
+    db.pool().close().await;
+    let version = plane(&gw).snapshot().version;
+
+    for (m, path, body) in [
+        (
+            Method::PATCH,
+            "/admin/v1/tenants/a",
+            json!({"limits": {"rpm": 50}}),
+        ),
+        (
+            Method::POST,
+            "/admin/v1/tenants",
+            json!({"name": "a2", "parent": "team", "limits": {"rpm": 50}}),
+        ),
+    ] {
+        let (s, v) = admin_call(&gw, m.clone(), path, &token, Some(body)).await;
+        assert_eq!(
+            (s, &v["error"]["param"]),
+            (400, &json!("limits.rpm")),
+            "{m} {path}: {v}"
+        );
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("50 is above the 10 of parent tenant \"team\""),
+            "{msg}"
+        );
+    }
+    let db = Db::open(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    let snap = runtime::load(&db).await.unwrap();
+    assert_eq!(snap.version, version, "nothing was written");
+    db.pool().close().await;
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/a",
+        &token,
+        Some(json!({"limits": {"rpm": 10}})),
+    )
+    .await;
+    assert_eq!(s, 200, "within the lowered limit: {v}");
+}

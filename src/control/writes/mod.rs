@@ -68,6 +68,15 @@ pub enum WriteError {
     /// as the database is under the lock (moved out meanwhile).
     #[error("{0}")]
     Forbidden(String),
+    /// A field of the change is out of range as the database is under the
+    /// lock (`param`: its path in the body).
+    #[error("{message}")]
+    Invalid {
+        /// The field's path in the body.
+        param: String,
+        /// Why.
+        message: String,
+    },
 }
 
 impl From<LoadError> for WriteError {
@@ -102,6 +111,40 @@ pub struct Scope {
     /// Tenants the change reads or writes (a key's tenant, a tenant, its
     /// new parent): each must lie in `root`'s subtree before the change.
     pub tenants: Vec<String>,
+    /// A tenant whose limits may not exceed its parent's after the change.
+    pub bounded: Option<String>,
+}
+
+/// The first limit of `child` above `parent`'s: its field, both values.
+pub fn above_parent(
+    child: &crate::config::Limits,
+    parent: &crate::config::Limits,
+) -> Option<(&'static str, u64, u64)> {
+    let (c, p) = (child, parent);
+    [
+        ("rpm", c.rpm, p.rpm),
+        ("tpm", c.tpm, p.tpm),
+        ("input_tpm", c.input_tpm, p.input_tpm),
+        ("output_tpm", c.output_tpm, p.output_tpm),
+        ("max_concurrent", c.max_concurrent, p.max_concurrent),
+        ("tokens_per_day", c.tokens_per_day, p.tokens_per_day),
+        ("tokens_per_month", c.tokens_per_month, p.tokens_per_month),
+        ("requests_per_day", c.requests_per_day, p.requests_per_day),
+        ("usd_per_day", c.usd_per_day, p.usd_per_day),
+        ("usd_per_month", c.usd_per_month, p.usd_per_month),
+    ]
+    .into_iter()
+    .find_map(|(field, c, p)| match (c, p) {
+        (Some(c), Some(p)) if c > p => Some((field, c, p)),
+        _ => None,
+    })
+}
+
+/// The refusal of a limit above the parent's, at `path` of the body.
+pub fn above_parent_message(path: &str, (c, p): (u64, u64), parent: &str) -> String {
+    format!(
+        "{path}: {c} is above the {p} of parent tenant {parent:?}; a tenant-scoped admin token cannot raise a tenant's limits above its parent's"
+    )
 }
 
 /// Whether `name` is `root` or one of its descendants under `policy`.
@@ -220,6 +263,19 @@ pub(super) async fn finish(db: &Db, w: Locked<'_>, audit: Audit<'_>) -> Result<i
         if let Some(t) = needs_tenant {
             if !after.policy.tenants.iter().any(|x| x.name == t) {
                 changed.push(format!("tenant {t:?} is not defined"));
+            }
+        }
+        // A parent's limit lowered meanwhile: the handler's 400, as a
+        // retry would get.
+        let bounded = check.scope.as_ref().and_then(|s| s.bounded.as_deref());
+        let p = &after.policy;
+        if let Some(t) = bounded.and_then(|n| p.tenants.iter().find(|t| t.name == n)) {
+            if let Some(parent) = t.parent.map(|i| &p.tenants[i]) {
+                if let Some((field, c, v)) = above_parent(&t.limits, &parent.limits) {
+                    let param = format!("limits.{field}");
+                    let message = above_parent_message(&param, (c, v), &parent.name);
+                    return Err(WriteError::Invalid { param, message });
+                }
             }
         }
         if !changed.is_empty() {

@@ -198,6 +198,7 @@ impl Caller {
         check.scope = self.who.scope().map(|root| crate::control::writes::Scope {
             root: root.to_string(),
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            bounded: None,
         });
         check
     }
@@ -289,6 +290,7 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
         WriteError::Exists => conflict(&format!("{what} already exists.")),
         WriteError::Conflict(why) => conflict(why),
         WriteError::Forbidden(why) => forbidden(why),
+        WriteError::Invalid { param, message } => bad_request(Some(param), message),
         WriteError::Db(err) => {
             tracing::warn!(error = %err, "control API: the database refused a change");
             unavailable()
@@ -411,48 +413,15 @@ pub fn within_parent(
     parent_name: &str,
     at: &str,
 ) -> Result<(), Response> {
-    let pairs = [
-        ("rpm", child.rpm, parent.rpm),
-        ("tpm", child.tpm, parent.tpm),
-        ("input_tpm", child.input_tpm, parent.input_tpm),
-        ("output_tpm", child.output_tpm, parent.output_tpm),
-        (
-            "max_concurrent",
-            child.max_concurrent,
-            parent.max_concurrent,
-        ),
-        (
-            "tokens_per_day",
-            child.tokens_per_day,
-            parent.tokens_per_day,
-        ),
-        (
-            "tokens_per_month",
-            child.tokens_per_month,
-            parent.tokens_per_month,
-        ),
-        (
-            "requests_per_day",
-            child.requests_per_day,
-            parent.requests_per_day,
-        ),
-        ("usd_per_day", child.usd_per_day, parent.usd_per_day),
-        ("usd_per_month", child.usd_per_month, parent.usd_per_month),
-    ];
-    for (field, c, p) in pairs {
-        if let (Some(c), Some(p)) = (c, p) {
-            if c > p {
-                let path = format!("{at}.{field}");
-                return Err(bad_request(
-                    Some(&path),
-                    &format!(
-                        "{path}: {c} is above the {p} of parent tenant {parent_name:?}; a tenant-scoped admin token cannot raise a tenant's limits above its parent's"
-                    ),
-                ));
-            }
+    use crate::control::writes::{above_parent, above_parent_message};
+    match above_parent(child, parent) {
+        Some((field, c, p)) => {
+            let path = format!("{at}.{field}");
+            let message = above_parent_message(&path, (c, p), parent_name);
+            Err(bad_request(Some(&path), &message))
         }
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `?limit=` (1..=1000, default 100) and `?after=` of a list.

@@ -242,7 +242,10 @@ pub async fn create(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
-    let check = c.recheck(&touched(&c, &t, false));
+    let mut check = c.recheck(&touched(&c, &t, false));
+    if let Some(s) = check.scope.as_mut() {
+        s.bounded = Some(t.name.clone());
+    }
     let written = c
         .plane
         .run(async move { writes::create_tenant((&db, &check), &actor, now, &spec).await })
@@ -352,7 +355,10 @@ pub async fn update(
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
-    let check = c.recheck(&touched(&c, &t, true));
+    let mut check = c.recheck(&touched(&c, &t, true));
+    if let Some(s) = check.scope.as_mut() {
+        s.bounded = Some(t.name.clone());
+    }
     let written = c
         .plane
         .run(async move { writes::update_tenant((&db, &check), &actor, now, &before, &spec).await })
