@@ -205,7 +205,9 @@ ADDR[direct]=$MOCK_ADDR
 
 start_gateway() { # $1 name, $2 config
     local name=$1 cfg=$2 pid addr
-    "${ON_GW[@]}" "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    # A state directory of its own: the default one may be held by a gateway the user runs.
+    mkdir -p "$TMP/$name.state"
+    STATE_DIRECTORY="$TMP/$name.state" "${ON_GW[@]}" "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
     pid=$!
     PIDS+=("$pid")
     if ! addr=$(wait_listening "$TMP/$name.out" "budgetgate listening on" "$pid"); then

@@ -85,7 +85,9 @@ name = "small"
 keys = [{ id = "k1", sha256 = "$(sha $small)" }]
 limits = { rpm = 30, tpm = 3000, max_concurrent = 2, tokens_per_day = 40000000 }
 TOML
-RUST_LOG=warn "$bin/budgetgate" serve --config "$work/soak.toml" >"$work/gateway.log" 2>&1 &
+# A state directory of its own: the default one may be held by a gateway the user runs.
+mkdir -p "$work/state"
+STATE_DIRECTORY="$work/state" RUST_LOG=warn "$bin/budgetgate" serve --config "$work/soak.toml" >"$work/gateway.log" 2>&1 &
 gw=$!
 pids+=($gw)
 wait_for "$work/gateway.log" "listening"
