@@ -122,7 +122,10 @@ fn ledger_config(mock: &mock_upstream::MockUpstream) -> TestConfig {
         "cut",
         "kc",
         CUT_KEY,
-        limits().tokens_per_day(3_000).usd_per_day("1000"),
+        // Room for one stream's first reservation but not its 40 tokens of
+        // output: the first stream admitted is cut off whatever the
+        // interleaving of the 16 workers, every later one is refused.
+        limits().tokens_per_day(40).usd_per_day("1000"),
     ));
     c.ledger.batch_interval_ms = Some(200);
     c
