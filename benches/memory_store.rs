@@ -7,12 +7,12 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
+use budgetgate::admission::plan::scope_budgets;
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::{ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement};
 use budgetgate::clock::{Clock, SystemClock};
 use budgetgate::config::Limits;
-use budgetgate::reservation::plan::scope_budgets;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::{ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 fn request(ks: &KeySpace) -> ReserveRequest {
@@ -33,7 +33,7 @@ fn request(ks: &KeySpace) -> ReserveRequest {
     ReserveRequest {
         share: None,
         id: String::new(),
-        costs: budgetgate::reserve::Costs::tokens(300),
+        costs: budgetgate::budget::Costs::tokens(300),
         common: scope_budgets(ks, Scope::Tenant("acme".into()), &tenant, true),
         candidates: vec![scope_budgets(
             ks,
@@ -67,7 +67,7 @@ fn benches(c: &mut Criterion) {
                     // Refund everything, so millions of pairs never drain the buckets.
                     actual_tokens: 0,
                     upstream_failed: false,
-                    actual: budgetgate::reserve::Actual::Tokens,
+                    actual: budgetgate::budget::Actual::Tokens,
                 },
             );
             assert!(matches!(s, SettleOutcome::Settled { .. }));

@@ -1,6 +1,6 @@
 -- budgetgate batch: reservations and settlements of many requests in one
 -- atomic call, applied in order, exactly as if each were its own call.
--- lib.lua, reserve.lua and settle.lua are prepended (src/reserve/redis/scripts.rs).
+-- lib.lua, reserve.lua and settle.lua are prepended (src/budget/redis/scripts.rs).
 --
 -- Why: every call pays its own dispatch, and every item used to write each
 -- budget it touched. Here the keys are read once per batch (one MGET), a

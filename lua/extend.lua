@@ -1,5 +1,5 @@
 -- budgetgate extend: debit more output from every amount budget of a hold.
--- Mirrors MemoryStore::extend_sync (src/reserve/memory/); lib.lua is prepended.
+-- Mirrors MemoryStore::extend_sync (src/budget/memory/); lib.lua is prepended.
 --
 -- KEYS[1]        the hold
 -- KEYS[2..N+1]   the hold's budget keys, in the hold's line order

@@ -1,5 +1,5 @@
 -- budgetgate inspect: read budgets without changing them.
--- Mirrors MemoryStore::inspect_sync (src/reserve/memory/); lib.lua is prepended.
+-- Mirrors MemoryStore::inspect_sync (src/budget/memory/); lib.lua is prepended.
 --
 -- KEYS[1..N]     budget keys
 -- KEYS[N+1..]    the previous key layout's counter of each quota, in order

@@ -1,15 +1,15 @@
 -- budgetgate: shared Lua library, prepended to every script at build time
--- (src/reserve/redis/scripts.rs concatenates a prelude, lib.lua with extend.lua, renew.lua,
+-- (src/budget/redis/scripts.rs concatenates a prelude, lib.lua with extend.lua, renew.lua,
 -- inspect.lua, lower.lua and lease.lua, and with reserve.lua + settle.lua + batch.lua;
 -- each result is one EVALSHA script). State below (`raw`, deferred writes,
 -- slot counts) lives for one script call, which may carry a whole batch.
 --
--- It mirrors the Rust reference in src/reserve/bucket.rs (token buckets),
--- src/reserve/calendar.rs (UTC quota windows) and the decisions of
--- src/reserve/memory/ (DESIGN section 2).
+-- It mirrors the Rust reference in src/budget/bucket.rs (token buckets),
+-- src/budget/calendar.rs (UTC quota windows) and the decisions of
+-- src/budget/memory/ (DESIGN section 2).
 --
 -- Numbers: Lua 5.1 numbers are doubles. Every value here is an integer below
--- 2^53 (bounds proved in src/reserve/bucket.rs: levels within [-2^52, 6e14]
+-- 2^53 (bounds proved in src/budget/bucket.rs: levels within [-2^52, 6e14]
 -- units, intermediate values below 5.2e15, times below 2e15 µs),
 -- so additions, subtractions and products are exact; only division needs care,
 -- see fdiv. Every number crosses the script boundary (ARGV, replies) as a
@@ -64,7 +64,7 @@
 -- MARGIN_MS added to every TTL, LAYOUT the key-layout version, DEBT_FLOOR
 -- the lowest bucket level, MAX_WAIT_MS the longest wait computed, MAX_COST
 -- the largest single amount) are defined
--- by a prelude that src/reserve/redis/scripts.rs writes from the Rust
+-- by a prelude that src/budget/redis/scripts.rs writes from the Rust
 -- constants in front of every script: they are never copied by hand.
 
 local call, fmt, match, find, sub, floor =

@@ -1,5 +1,5 @@
 -- budgetgate lower: follow a provider's own view of a deployment's budget.
--- Mirrors MemoryStore::lower_sync (src/reserve/memory/); lib.lua is prepended.
+-- Mirrors MemoryStore::lower_sync (src/budget/memory/); lib.lua is prepended.
 --
 -- KEYS[1]        a bucket key
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)

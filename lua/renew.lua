@@ -1,5 +1,5 @@
 -- budgetgate renew: extend the concurrency leases of a live hold.
--- Mirrors MemoryStore::renew_sync (src/reserve/memory/); lib.lua is prepended.
+-- Mirrors MemoryStore::renew_sync (src/budget/memory/); lib.lua is prepended.
 --
 -- KEYS[1]        the hold
 -- KEYS[2..N+1]   the hold's budget keys, in the hold's line order

@@ -1,5 +1,5 @@
 -- budgetgate reserve: all-or-nothing debit of every budget one request touches.
--- Mirrors MemoryStore::reserve_sync (src/reserve/memory/). Defines
+-- Mirrors MemoryStore::reserve_sync (src/budget/memory/). Defines
 -- reserve(KEYS, ARGV), one item of a batch (batch.lua); lib.lua is prepended.
 -- KEYS and ARGV below are the item's own.
 --
@@ -44,7 +44,7 @@
 --                by candidate, C × ncommon packed doubles): a common budget
 --                priced per deployment (dollars)
 -- ARGV[10+C+2N]  '' without a share claim, else its words: tenant, class
---                rank, step (lead units, src/reserve/share.rs), its order
+--                rank, step (lead units, src/budget/share.rs), its order
 --                (waiter id, 0: none; waited µs; left µs), then the
 --                1-based numbers of the candidates whose share key follows
 --

@@ -1,5 +1,5 @@
 -- budgetgate settle: apply a hold's final usage exactly once.
--- Mirrors MemoryStore::settle_sync (src/reserve/memory/). Defines
+-- Mirrors MemoryStore::settle_sync (src/budget/memory/). Defines
 -- settle(KEYS, ARGV), one item of a batch (batch.lua); lib.lua is prepended.
 -- KEYS and ARGV below are the item's own.
 --

@@ -1,5 +1,5 @@
 -- budgetgate shares: fleet-wide weighted shares of a contended deployment.
--- Mirrors src/reserve/share.rs line for line (its module doc states the
+-- Mirrors src/budget/share.rs line for line (its module doc states the
 -- rules and the bounds: every number an integer below 2^53). lib.lua is
 -- prepended; reserve.lua calls these.
 --

@@ -15,14 +15,14 @@ use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+use crate::admission::quota_lease::{LeaseOff, QuotaLeases};
+use crate::budget::memory::MemoryStore;
+use crate::budget::redis::RedisStore;
+use crate::budget::store_config::LeaseMode;
+use crate::budget::BudgetStore;
 use crate::clock::{Clock, SystemClock};
 use crate::config::reload;
 use crate::config::{Policy, StoreKind};
-use crate::reservation::quota_lease::{LeaseOff, QuotaLeases};
-use crate::reserve::memory::MemoryStore;
-use crate::reserve::redis::RedisStore;
-use crate::reserve::store_config::LeaseMode;
-use crate::reserve::BudgetStore;
 use crate::server::{budget_view, router, AppState};
 use crate::tls::Tls;
 use crate::upstreams::redact;
@@ -83,7 +83,7 @@ async fn build_serving_store(
                 .store
                 .snapshot_path
                 .clone()
-                .unwrap_or_else(crate::reserve::memory::snapshot::default_path);
+                .unwrap_or_else(crate::budget::memory::snapshot::default_path);
             let store = Arc::new(MemoryStore::persistent(clock, &path)?);
             Ok((store.clone(), Some(store)))
         }

@@ -33,10 +33,10 @@
 //!   weighted fair sharing by cost), the waiter's ticket; above the store
 //!   (holds no reservation), joined to the request path by
 //!   `lifecycle::wait`.
-//! - [`reservation`]: a held reservation (extend, settle, drop backstop),
+//! - [`admission`]: a held reservation (extend, settle, drop backstop),
 //!   leases, the settlement tracker, the budget plan of a request, and the
 //!   deny-cache and fail-open store layers composed into the gateway's store.
-//! - [`reserve`]: the budget model, the `BudgetStore` trait and its stores,
+//! - [`budget`]: the budget model, the `BudgetStore` trait and its stores,
 //!   and the owner records of stored responses
 //!   (knows nothing of HTTP, config files or the request path).
 //! - [`server`]: axum router, route handlers, the error map, rate-limit
@@ -51,8 +51,10 @@
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
 
 pub mod admin_cli;
+pub mod admission;
 pub mod alerts;
 pub mod app;
+pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod control;
@@ -64,8 +66,6 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod money;
 pub mod queue;
-pub mod reservation;
-pub mod reserve;
 pub mod server;
 pub mod telemetry;
 pub mod tls;

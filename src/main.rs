@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use budgetgate::admin_cli;
+use budgetgate::admission::plan;
+use budgetgate::budget::keys::KeySpace;
 use budgetgate::config::{hash_key, Policy};
 use budgetgate::dialects::Dialect;
 use budgetgate::estimate::{self, ModelEstimation};
-use budgetgate::reservation::plan;
-use budgetgate::reserve::keys::KeySpace;
 
 #[derive(Parser)]
 #[command(
@@ -337,7 +337,7 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             for w in p.output_limit_warnings() {
                 eprintln!("warning: {w}");
             }
-            for line in budgetgate::reservation::quota_lease::bounds::describe(&p) {
+            for line in budgetgate::admission::quota_lease::bounds::describe(&p) {
                 println!("{line}");
             }
             for line in p.model_pattern_notes() {

@@ -10,7 +10,7 @@ use std::sync::{Mutex, OnceLock};
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::reserve::{BudgetName, Scope};
+use crate::budget::{BudgetName, Scope};
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
@@ -478,11 +478,11 @@ pub fn store_snapshot(ok: bool) {
 }
 
 /// Units (1/60,000 token) of debt that passed a bucket's floor
-/// (`reserve::bucket::DEBT_FLOOR`): counted, never silently forgiven.
+/// (`budget::bucket::DEBT_FLOOR`): counted, never silently forgiven.
 pub fn debt_forgiven(units: i64) {
     if units > 0 {
         counter!("budgetgate_debt_forgiven_tokens_total")
-            .increment((units as u64).div_ceil(crate::reserve::bucket::UNITS_PER_TOKEN as u64));
+            .increment((units as u64).div_ceil(crate::budget::bucket::UNITS_PER_TOKEN as u64));
     }
 }
 

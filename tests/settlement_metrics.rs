@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use budgetgate::reservation::tracker::settle_with_retry;
-use budgetgate::reserve::{
+use budgetgate::admission::tracker::settle_with_retry;
+use budgetgate::budget::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, StoreError,
 };
@@ -29,7 +29,7 @@ impl BudgetStore for FlakySettle {
     async fn extend(
         &self,
         _: &str,
-        _: &budgetgate::reserve::Step,
+        _: &budgetgate::budget::Step,
     ) -> Result<ExtendOutcome, StoreError> {
         unreachable!("only settle is called")
     }
@@ -64,7 +64,7 @@ fn counter(name: &str) -> f64 {
 const SETTLEMENT: Settlement = Settlement {
     actual_tokens: 10,
     upstream_failed: false,
-    actual: budgetgate::reserve::Actual::Tokens,
+    actual: budgetgate::budget::Actual::Tokens,
 };
 
 /// One test: the counters are process-wide.

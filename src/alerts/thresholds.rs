@@ -3,7 +3,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::reserve::{BudgetSpec, BudgetState, Scope, Window};
+use crate::budget::{BudgetSpec, BudgetState, Scope, Window};
 
 /// One threshold crossed by one budget in one window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +83,7 @@ fn tenant_of(scope: &Scope) -> Option<String> {
 }
 
 fn window_start(w: Window, now: u64) -> u64 {
-    use crate::reserve::calendar::{civil_from_days, days_from_civil, MICROS_PER_DAY};
+    use crate::budget::calendar::{civil_from_days, days_from_civil, MICROS_PER_DAY};
     let day = now / MICROS_PER_DAY;
     match w {
         Window::Day => day * MICROS_PER_DAY,
@@ -115,11 +115,11 @@ pub fn firing_id(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reserve::BudgetName;
+    use crate::budget::BudgetName;
 
     fn spec(name: BudgetName) -> BudgetSpec {
-        crate::reservation::plan::scope_budgets(
-            &crate::reserve::keys::KeySpace::new("bg", "default"),
+        crate::admission::plan::scope_budgets(
+            &crate::budget::keys::KeySpace::new("bg", "default"),
             Scope::Tenant("acme".into()),
             &crate::config::Limits {
                 tokens_per_day: Some(1_000),

@@ -45,8 +45,8 @@ impl Fired {
 }
 
 /// Quota and dollar budgets: the ones with a calendar window.
-fn is_windowed(name: crate::reserve::BudgetName) -> bool {
-    use crate::reserve::BudgetName::*;
+fn is_windowed(name: crate::budget::BudgetName) -> bool {
+    use crate::budget::BudgetName::*;
     matches!(
         name,
         TokensPerDay | TokensPerMonth | RequestsPerDay | UsdPerDay | UsdPerMonth
@@ -59,7 +59,7 @@ pub async fn check(
     settings: &AlertSettings,
     fired: &mut Fired,
     deliveries: &Deliveries,
-) -> Result<Vec<Firing>, crate::reserve::StoreError> {
+) -> Result<Vec<Firing>, crate::budget::StoreError> {
     let p = st.policy.load_full();
     let specs: Vec<_> = p
         .tenants

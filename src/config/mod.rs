@@ -25,9 +25,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::budget::bucket::MAX_LIMIT;
 use crate::estimate::{Encoding, EstimateSettings};
 use crate::money::PriceTable;
-use crate::reserve::bucket::MAX_LIMIT;
 use raw::RawConfig;
 
 /// Every problem found in a config file, each prefixed by its path.
@@ -258,8 +258,8 @@ pub enum Routing {
     LeastUtilised,
 }
 
-pub use crate::reserve::store_config::{StoreKind, StorePolicy};
-pub use crate::reserve::OnStoreError;
+pub use crate::budget::store_config::{StoreKind, StorePolicy};
+pub use crate::budget::OnStoreError;
 pub use ids::{DeploymentId, KeyId, ModelId, TenantId};
 
 /// One API key of a tenant.

@@ -131,7 +131,7 @@ pub struct Db {
 /// in the state directory (`$STATE_DIRECTORY`, `$XDG_STATE_HOME/budgetgate`,
 /// `~/.local/state/budgetgate`, else `/var/lib/budgetgate`).
 pub fn default_url() -> String {
-    let snapshot = crate::reserve::memory::snapshot::default_path();
+    let snapshot = crate::budget::memory::snapshot::default_path();
     let dir = snapshot.parent().unwrap_or(Path::new("."));
     format!("sqlite://{}", dir.join("control.db").display())
 }

@@ -126,7 +126,7 @@ impl Dialect {
     /// Anthropic's `anthropic-ratelimit-*`, with the IETF fields.
     pub fn rate_limit_headers(
         self,
-        states: &[crate::reserve::BudgetState],
+        states: &[crate::budget::BudgetState],
         now_micros: u64,
     ) -> axum::http::HeaderMap {
         match self {

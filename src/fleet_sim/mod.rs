@@ -1,6 +1,6 @@
 //! A deterministic, seeded simulation of a gateway fleet spending quota
 //! leases (issue 30): the lease book every gateway runs
-//! ([`crate::reservation::quota_lease::Book`]), memory stores as the store
+//! ([`crate::admission::quota_lease::Book`]), memory stores as the store
 //! primaries (their reservation and lease code is the Redis scripts'
 //! reference, checked against them by the differential test), one
 //! simulated clock and a per-call latency.
@@ -24,7 +24,7 @@ mod tests;
 
 pub use report::{BudgetLine, Report, RunStats};
 
-use crate::reserve::store_config::LeasePolicy;
+use crate::budget::store_config::LeasePolicy;
 
 /// What to simulate.
 #[derive(Debug, Clone)]

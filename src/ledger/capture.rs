@@ -13,8 +13,8 @@ use std::sync::Arc;
 use axum::http::HeaderValue;
 
 use super::{Ledger, SpendOutcome, SpendRow};
+use crate::budget::{Actual, Settlement};
 use crate::dialects::{Dialect, UsageBreakdown};
-use crate::reserve::{Actual, Settlement};
 
 /// What every reservation of one budget plan (tenant, key, model, policy)
 /// shares in its row; built once per plan.

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::reserve::calendar::{civil_from_days, days_from_civil};
+use crate::budget::calendar::{civil_from_days, days_from_civil};
 
 const DAY_MICROS: u64 = 86_400_000_000;
 

@@ -1,19 +1,19 @@
 //! Phase 4, admit (DESIGN section 1.5): one atomic reservation across the
 //! tenant's budgets and the first candidate deployment whose budgets admit
 //! it. The deny cache and the failure policy are layers of the store
-//! ([`crate::reservation::GatewayStore`]), not branches here.
+//! ([`crate::admission::GatewayStore`]), not branches here.
 
 use std::sync::Arc;
 
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
+use crate::admission::amounts::{self, Budgets, Counting, Demand};
+use crate::admission::HeldReservation;
+use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::ledger::{LedgerCapture, LedgerDraft};
 use crate::metrics;
 use crate::money::PriceTable;
-use crate::reservation::amounts::{self, Budgets, Counting, Demand};
-use crate::reservation::HeldReservation;
-use crate::reserve::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::server::error::ApiError;
 use crate::server::{BudgetPlan, PlannedDeployment};
 
@@ -159,7 +159,7 @@ pub async fn admit<'p>(
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
         // A fresh id is never voided; answered as the store failure it stands for.
         ReserveOutcome::Voided => {
-            return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
+            return Err(crate::budget::StoreError::Unavailable("reservation voided".into()).into())
         }
     };
     let deployment = candidates[admission.candidate];
@@ -270,7 +270,7 @@ fn capacity_hook(
     plan: Arc<BudgetPlan>,
     chosen: usize,
     candidates: &[&PlannedDeployment],
-) -> crate::reservation::tracker::CapacityHook {
+) -> crate::admission::tracker::CapacityHook {
     let deployment = candidates
         .get(chosen)
         .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));

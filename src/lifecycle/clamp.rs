@@ -13,9 +13,9 @@ use axum::response::Response;
 use super::context::RequestContext;
 use super::meter::Metered;
 use super::prepare::Prepared;
+use crate::budget::BudgetName;
 use crate::config::OnShortOutput;
 use crate::estimate::{fit_output, Estimate, TokenRoom};
-use crate::reserve::BudgetName;
 use crate::server::error::ApiError;
 
 /// The header that reports a lowered cap (per choice).

@@ -11,9 +11,9 @@ use axum::response::Response;
 
 use super::finish::Finish;
 use super::request_id::RequestId;
+use crate::admission::AnsweredBy;
 use crate::config::Policy;
 use crate::dialects::Dialect;
-use crate::reservation::AnsweredBy;
 use crate::server::{AppState, BudgetPlan};
 
 /// One request on its way through the phases.
@@ -34,7 +34,7 @@ pub struct RequestContext {
     pub answered_by: Option<AnsweredBy>,
     /// The request's claim to a share of a contended deployment, set when
     /// it may wait (the gateway has a queue).
-    pub share: Option<crate::reserve::share::ShareClaim>,
+    pub share: Option<crate::budget::share::ShareClaim>,
 }
 
 impl RequestContext {

@@ -17,8 +17,8 @@ use super::authenticate;
 use super::context::RequestContext;
 use super::decode::read_body;
 use super::prepare::invalid;
+use crate::budget::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
 use crate::dialects::{anthropic, Dialect};
-use crate::reserve::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
 use crate::server::error::ApiError;
 use crate::server::AppState;
 

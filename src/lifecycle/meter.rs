@@ -19,11 +19,11 @@ use super::owner::OwnerWriter;
 use super::prepare::Prepared;
 use super::rewrite::{enforced_cap, output_cap};
 use super::settle::{refund, settle};
+use crate::admission::{amounts, HeldReservation};
+use crate::budget::ExtendOutcome;
 use crate::dialects::UsageBreakdown;
 use crate::ledger::SpendOutcome;
 use crate::metrics;
-use crate::reservation::{amounts, HeldReservation};
-use crate::reserve::ExtendOutcome;
 use crate::server::error::ApiError;
 use crate::upstreams::relay::{self, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
 

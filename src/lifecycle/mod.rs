@@ -18,7 +18,7 @@
 //! what fits for tenants with `on_short_output = "clamp"`. [`refusal`] gives a refusal the rate-limit headers of every budget the
 //! request touches. [`context`] holds what the phases share, among it the
 //! [`request_id`] named on arrival. The lifecycle knows budgets
-//! only through [`crate::reservation`] and upstreams only through
+//! only through [`crate::admission`] and upstreams only through
 //! [`crate::upstreams`].
 
 pub mod admit;

@@ -1,7 +1,7 @@
 //! Stored responses belong to one tenant (DESIGN section 11; the
 //! Responses dialect). Every tenant reaches the provider through the
 //! gateway's one key, so the gateway keeps its own owner record of each
-//! response id it sees ([`crate::reserve::records`]) and lets only the
+//! response id it sees ([`crate::budget::records`]) and lets only the
 //! owner continue it (`previous_response_id`), only on the deployment that
 //! holds it:
 //!
@@ -26,11 +26,11 @@ use serde_json::{Map, Value};
 use super::authenticate::Caller;
 use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
+use crate::budget::records::{Records, ResponseRecord};
 use crate::config::{DeploymentId, ModelPolicy, Policy};
 use crate::dialects::responses::refuse::{self, References, Refusal, Rules};
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::reserve::records::{Records, ResponseRecord};
 use crate::server::error::ApiError;
 
 /// What a Responses body refers to, or why it is refused.

@@ -14,15 +14,15 @@ use serde_json::Value;
 use super::authenticate::Caller;
 use super::context::RequestContext;
 use super::owner;
+use crate::admission::amounts::Counting;
+use crate::admission::plan;
+use crate::budget::{BudgetName, BudgetSpec, Scope};
 use crate::config::{CapReservation, ModelId, ModelPolicy, Policy};
 use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
 use crate::money::CacheWrites;
-use crate::reservation::amounts::Counting;
-use crate::reservation::plan;
-use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::{AppState, BudgetPlan};
 

@@ -14,10 +14,10 @@
 
 use serde_json::Value;
 
+use crate::budget::BudgetSpec;
 use crate::config::ModelPolicy;
 use crate::dialects::{anthropic, Dialect};
 use crate::money::CacheWrites;
-use crate::reserve::BudgetSpec;
 use crate::server::error::ApiError;
 use crate::server::BudgetPlan;
 

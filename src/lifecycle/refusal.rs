@@ -17,8 +17,8 @@
 use axum::http::HeaderMap;
 
 use super::context::RequestContext;
-use crate::reservation::AnsweredBy;
-use crate::reserve::{BudgetSpec, BudgetState};
+use crate::admission::AnsweredBy;
+use crate::budget::{BudgetSpec, BudgetState};
 use crate::server::error::ApiError;
 
 /// Keeps `refusal` of a request of `tenant` for the budget page's recent

@@ -5,8 +5,8 @@
 
 use super::context::RequestContext;
 use super::prepare::Prepared;
+use crate::budget::{BudgetName, BudgetSpec};
 use crate::config::{DeploymentId, Routing};
-use crate::reserve::{BudgetName, BudgetSpec};
 use crate::server::error::{retry_after_secs, ApiError};
 use crate::server::PlannedDeployment;
 

@@ -5,10 +5,10 @@
 //! usage's exact cost at the prices the hold was admitted under.
 
 use super::admit::HoldBudgets;
+use crate::admission::{amounts, HeldReservation};
+use crate::budget::{Actual, Settlement};
 use crate::dialects::UsageBreakdown;
 use crate::ledger::SpendOutcome;
-use crate::reservation::{amounts, HeldReservation};
-use crate::reserve::{Actual, Settlement};
 
 /// Settles `hold` (in the background) with what the answer used (every
 /// count filled in), per budget of the hold, the request having ended as

@@ -20,11 +20,11 @@ use futures_util::TryStreamExt;
 use super::authenticate::{authenticate, Caller};
 use super::context::RequestContext;
 use super::prepare;
+use crate::admission::amounts::{self, Budgets};
+use crate::admission::HeldReservation;
+use crate::budget::{Actual, Admission, BudgetSpec, ReserveOutcome, Settlement};
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::reservation::amounts::{self, Budgets};
-use crate::reservation::HeldReservation;
-use crate::reserve::{Actual, Admission, BudgetSpec, ReserveOutcome, Settlement};
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
 use crate::server::{AppState, BudgetPlan};
@@ -200,7 +200,7 @@ async fn charge_requests(
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
         // A fresh id is never voided; answered as the store failure it stands for.
         ReserveOutcome::Voided => {
-            return Err(crate::reserve::StoreError::Unavailable("reservation voided".into()).into())
+            return Err(crate::budget::StoreError::Unavailable("reservation voided".into()).into())
         }
     };
     cx.finish.reservation_id = Some(id.clone());

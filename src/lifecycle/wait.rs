@@ -12,7 +12,7 @@
 //! and its place in its tenant's order: how long it has waited, what is
 //! left) on every reservation: the store weighs it against the waiters of
 //! every gateway on a contended deployment and serves each tenant's
-//! oldest first (`reserve::share`), and a refusal held back for share
+//! oldest first (`budget::share`), and a refusal held back for share
 //! moves the turn to another tenant's waiter. Every way out after a wait
 //! notes it (`left_queue`): header, final line, metrics.
 //!
@@ -33,11 +33,11 @@ use super::admit::{self, Admitted};
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
+use crate::budget::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
+use crate::budget::{BudgetName, BudgetSpec, Scope};
 use crate::queue::class::WAITER_OVERHEAD_BYTES;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
-use crate::reserve::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
-use crate::reserve::{BudgetName, BudgetSpec, Scope};
 use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
 
@@ -135,7 +135,7 @@ pub async fn admit<'p>(
         .weight
         .unwrap_or(cx.policy.tenant(request.caller.tenant).weight);
     // The store weighs this tenant's claim on a contended deployment
-    // against the other gateways' waiters (`reserve::share`).
+    // against the other gateways' waiters (`budget::share`).
     cx.share = Some(ShareClaim {
         tenant: request.plan.requester.tenant.clone(),
         rank: asked.class.index() as u8,

@@ -154,7 +154,7 @@ impl PriceTable {
 /// `remaining` units left at `rate` units per million tokens, computed
 /// without a product above 2^53 for `step ≤ 10^6`, `rate ≤ 10^9` and
 /// `remaining < 2^53` (module docs of [`crate::money`]): what
-/// `lua/extend.lua` computes in doubles; [`crate::reserve::Step::grant`]
+/// `lua/extend.lua` computes in doubles; [`crate::budget::Step::grant`]
 /// is the same in `u128`. Rate 0: the whole step.
 pub fn grant(step: u64, rate: u64, remaining: i64) -> u64 {
     if remaining <= 0 {
@@ -221,7 +221,7 @@ mod tests {
             cache_write_1h: super::super::MAX_PRICE,
             output: super::super::MAX_PRICE,
         };
-        let limit = crate::reserve::bucket::MAX_LIMIT;
+        let limit = crate::budget::bucket::MAX_LIMIT;
         let one = TokenCounts {
             output: limit,
             ..TokenCounts::default()
@@ -312,7 +312,7 @@ mod tests {
                     // The stores' grant (u128 in Rust, this formula in Lua).
                     assert_eq!(
                         g,
-                        crate::reserve::Step::grant(remaining, rate, step),
+                        crate::budget::Step::grant(remaining, rate, step),
                         "{case}"
                     );
                 }

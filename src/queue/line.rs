@@ -18,7 +18,7 @@
 //! One waiter at a time holds the line's *turn*: it alone retries its
 //! reservation, at once (it was never tried, or capacity came back) or at
 //! the time the store's latest refusal named. A refusal that held the
-//! waiter's tenant back for its fleet-wide share (`reserve::share`: the
+//! waiter's tenant back for its fleet-wide share (`budget::share`: the
 //! budget has capacity, owed to a tenant behind it) holds that tenant
 //! until the retry time and gives the turn to the best waiter of another
 //! tenant at once, so a line led by a tenant ahead still serves the others. Nothing here reads a clock

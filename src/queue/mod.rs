@@ -83,7 +83,7 @@ pub struct Joining {
     pub bytes: usize,
     /// This line's budget refused it just now with this wait.
     pub refused: Option<std::time::Duration>,
-    /// That refusal held its tenant back for share (`reserve::share`).
+    /// That refusal held its tenant back for share (`budget::share`).
     pub held_for_share: bool,
 }
 

@@ -14,7 +14,7 @@
 //!   with their key *ids* (the names of `key:` scopes) only.
 //! - Reading budgets never changes them ([`BudgetStore::inspect`]).
 //!
-//! [`BudgetStore::inspect`]: crate::reserve::BudgetStore::inspect
+//! [`BudgetStore::inspect`]: crate::budget::BudgetStore::inspect
 
 // The refusal is returned as is (`Result<_, Response>`, 128 bytes), as in
 // the control API: built on a rare path, boxing it would buy nothing.
@@ -30,9 +30,9 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use super::AppState;
+use crate::admission::plan::{self, scope_budgets};
+use crate::budget::{BudgetSpec, Scope};
 use crate::config::Policy;
-use crate::reservation::plan::{self, scope_budgets};
-use crate::reserve::{BudgetSpec, Scope};
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte
 /// whatever the first difference (constant time over equal-length digests).

@@ -29,9 +29,9 @@ use super::admin;
 use super::error::ApiError;
 use super::headers::go_duration;
 use super::AppState;
+use crate::admission::plan;
+use crate::budget::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
 use crate::config::{Policy, TenantPolicy};
-use crate::reservation::plan;
-use crate::reserve::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
 
 /// Tenants per page when the request gives no `limit`.
 pub const DEFAULT_PAGE: usize = 100;
@@ -256,7 +256,7 @@ pub async fn list(
 
 /// The budgets each end user of `t` has (its `end_user_limits`), as
 /// configured: `budget`, `kind`, `unit`, `limit`, `capacity`.
-fn end_user_limits_json(ks: &crate::reserve::keys::KeySpace, t: &TenantPolicy) -> Vec<Value> {
+fn end_user_limits_json(ks: &crate::budget::keys::KeySpace, t: &TenantPolicy) -> Vec<Value> {
     if t.end_user_limits.is_empty() {
         return Vec::new();
     }

@@ -8,11 +8,11 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use super::refusal_text;
+use crate::budget::{BudgetName, Denial, Impossibility, Scope, StoreError};
 use crate::dialects::anthropic;
 use crate::dialects::error::error_body;
 use crate::dialects::Dialect;
 use crate::estimate::EstimateError;
-use crate::reserve::{BudgetName, Denial, Impossibility, Scope, StoreError};
 use crate::upstreams::UpstreamError;
 
 /// A request-ending error, as the client sees it.

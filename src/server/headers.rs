@@ -9,7 +9,7 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::reserve::{BudgetName, BudgetState, Scope};
+use crate::budget::{BudgetName, BudgetState, Scope};
 
 /// Formats a duration the way Go's `time.Duration.String` does and OpenAI
 /// writes `x-ratelimit-reset-*`: `0s`, `17ms`, `1.5s`, `6m0s`, `1h2m3s`.

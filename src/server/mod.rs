@@ -33,22 +33,22 @@ use arc_swap::ArcSwap;
 use axum::routing::{any, get, post};
 use axum::Router;
 
+use crate::admission::amounts::Counting;
+use crate::admission::deny::DenyCachedStore;
+use crate::admission::plan;
+use crate::admission::{DenyRelease, GatewayStore, SettlementTracker};
+use crate::budget::deny_cache::DenyCache;
+use crate::budget::guarded::GuardedStore;
+use crate::budget::keys::KeySpace;
+use crate::budget::memory::MemoryStore;
+use crate::budget::records::{MemoryRecords, Records};
+use crate::budget::redis::records::RedisRecords;
+use crate::budget::{BudgetSpec, BudgetStore, Requester};
 use crate::clock::Clock;
 use crate::config::{DeploymentId, KeyId, ModelId, Policy, TenantId};
 use crate::lifecycle::stored::StoredOp;
 use crate::metrics::{DeploymentMetrics, TenantMetrics};
 use crate::money::PriceTable;
-use crate::reservation::amounts::Counting;
-use crate::reservation::deny::DenyCachedStore;
-use crate::reservation::plan;
-use crate::reservation::{DenyRelease, GatewayStore, SettlementTracker};
-use crate::reserve::deny_cache::DenyCache;
-use crate::reserve::guarded::GuardedStore;
-use crate::reserve::keys::KeySpace;
-use crate::reserve::memory::MemoryStore;
-use crate::reserve::records::{MemoryRecords, Records};
-use crate::reserve::redis::records::RedisRecords;
-use crate::reserve::{BudgetSpec, BudgetStore, Requester};
 use crate::upstreams::UpstreamClient;
 
 /// Everything a request needs. One per serving thread: the store handle
@@ -138,12 +138,12 @@ impl AppState {
     }
 
     /// [`Self::new`], deciding what `leases` cover from them
-    /// ([`crate::reservation::quota_lease`]).
+    /// ([`crate::admission::quota_lease`]).
     pub fn with_leases(
         policy: Policy,
         store: Arc<dyn BudgetStore>,
         clock: Arc<dyn Clock>,
-        leases: Option<Arc<crate::reservation::quota_lease::QuotaLeases>>,
+        leases: Option<Arc<crate::admission::quota_lease::QuotaLeases>>,
     ) -> Arc<Self> {
         // Before the store wrapper registers its metric handles.
         crate::metrics::install();
@@ -157,7 +157,7 @@ impl AppState {
             policy.store.fail_open_entries,
         );
         if let Some(l) = leases {
-            crate::reservation::quota_lease::metrics::register();
+            crate::admission::quota_lease::metrics::register();
             gateway = gateway.with_leases(l);
         }
         let store = Arc::new(gateway);
@@ -324,8 +324,8 @@ impl AppState {
 }
 
 /// The owner-record store of the configured store kind.
-fn records_for(store: &crate::reserve::store_config::StorePolicy) -> Records {
-    use crate::reserve::store_config::StoreKind;
+fn records_for(store: &crate::budget::store_config::StorePolicy) -> Records {
+    use crate::budget::store_config::StoreKind;
     match &store.kind {
         StoreKind::Memory => Records::Memory(MemoryRecords::new(
             store.max_memory_records,

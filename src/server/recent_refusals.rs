@@ -104,7 +104,7 @@ impl RecentRefusals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reserve::{BudgetName, Impossibility, Scope};
+    use crate::budget::{BudgetName, Impossibility, Scope};
 
     fn impossible(tenant: &str) -> ApiError {
         ApiError::Impossible(Box::new(Impossibility {

@@ -9,7 +9,7 @@
 //! the words too.
 
 use super::error::is_quota;
-use crate::reserve::{BudgetName, Denial, Impossibility, Scope};
+use crate::budget::{BudgetName, Denial, Impossibility, Scope};
 
 fn scope_kind(scope: &Scope) -> &'static str {
     match scope {
@@ -112,7 +112,7 @@ pub fn impossible(i: &Impossibility, of: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reserve::BudgetState;
+    use crate::budget::BudgetState;
 
     fn denial(name: BudgetName) -> Denial {
         let scope = Scope::Tenant("acme".into());

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use budgetgate::alerts::webhook::{signature, IDEMPOTENCY_ID, SIGNATURE};
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::Value;
 
 use crate::support::*;

@@ -5,7 +5,7 @@
 use crate::support::config::{model, tenant, upstream, RawModel, RawUpstream};
 use crate::support::mock_upstream::{self, Fault, MockUpstream};
 use crate::support::*;
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 /// Two deployments of `gpt-4o-mini` (A then B, each `tpm = 1000`) and

@@ -7,8 +7,8 @@
 //! tokens, a deny cache comparing µ$ with tokens, a refusal that says
 //! nothing in dollars, headers that read as requests.
 
+use budgetgate::budget::{BudgetName, Scope};
 use budgetgate::money::format_usd;
-use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;

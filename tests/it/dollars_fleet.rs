@@ -12,9 +12,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use budgetgate::admission::plan;
+use budgetgate::budget::{BudgetName, Scope};
 use budgetgate::clock::{Clock, SystemClock};
-use budgetgate::reservation::plan;
-use budgetgate::reserve::{BudgetName, Scope};
 use budgetgate::server::AppState;
 
 use super::dollars::{cost, priced};

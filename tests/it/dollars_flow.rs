@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
+use budgetgate::budget::{BudgetName, Scope};
 use budgetgate::config::reload::{reload, ReloadOutcome, Trigger};
 use budgetgate::dialects::Dialect;
 use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
-use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use super::dollars::{cost, priced, IN, OUT};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 /// One deployment `mock` of `kind`, model `gpt-4o-mini` with `max_output`,

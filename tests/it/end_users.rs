@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -4,7 +4,7 @@
 
 use crate::support::mock_upstream::Fault;
 use crate::support::*;
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 /// Tenant `t1`'s limits in every test here.

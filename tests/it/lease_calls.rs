@@ -3,8 +3,8 @@
 //! numbers beyond any budget, on the memory store, Redis and Redis Cluster
 //! (`lease_conformance`'s harness).
 
-use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseState};
-use budgetgate::reserve::{BudgetKind, BudgetSpec};
+use budgetgate::budget::lease::{LeaseLine, LeaseReply, LeaseState};
+use budgetgate::budget::{BudgetKind, BudgetSpec};
 
 use super::lease_conformance::{leased, line, live, one, out, want, RECORD_TTL, SEC};
 use super::store_conformance::{conformance, tenant, Backend, H};

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use budgetgate::reserve::lease::{LeaseLine, LeaseReply};
-use budgetgate::reserve::{BudgetKind, BudgetSpec};
+use budgetgate::budget::lease::{LeaseLine, LeaseReply};
+use budgetgate::budget::{BudgetKind, BudgetSpec};
 use proptest::prelude::*;
 
 /// One lease line as drawn: which lease (of a few per budget), which

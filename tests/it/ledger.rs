@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use budgetgate::clock::ManualClock;
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::{
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::{
     BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
 };
+use budgetgate::clock::ManualClock;
 use serde_json::{json, Value};
 
 use crate::support::config::{self, tenant};

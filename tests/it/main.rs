@@ -36,6 +36,7 @@ mod estimate_accuracy;
 mod first_use;
 mod gateway_budgets;
 mod gateway_errors;
+mod house;
 mod key_headers;
 mod lease_burst;
 mod lease_calls;

@@ -2,7 +2,7 @@
 //! simulated upstream: shapes, headers, cache-token settlement, stream
 //! usage, cutoff, upstream failures, and the official `anthropic` SDK.
 
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 use crate::support::mock_upstream::{Fault, MockUpstream};

@@ -5,7 +5,7 @@
 //! longest prefix over a shorter one, and an unknown name's 404 lists the
 //! names and patterns there are.
 
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;
@@ -82,7 +82,7 @@ async fn a_hundred_names_of_one_pattern_share_its_budget_and_labels() {
     let limits = policy.tenants[0].model_limits["zz-*"].clone();
     for n in ["zz-invented-000", "zz-invented-099"] {
         let scope = Scope::TenantModel("t1".into(), n.into());
-        let specs = budgetgate::reservation::plan::scope_budgets(&ks, scope, &limits, true);
+        let specs = budgetgate::admission::plan::scope_budgets(&ks, scope, &limits, true);
         let state = gw.store.inspect(&specs).await.expect("inspect");
         assert!(
             state.iter().all(|s| s.remaining == s.limit as i64),

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;

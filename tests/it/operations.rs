@@ -10,9 +10,9 @@ use crate::support::config::{tenant, RawTenant};
 use crate::support::store_spy::{Call, Hooks, Spy};
 use crate::support::*;
 use async_trait::async_trait;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::*;
 use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::*;
 use serde_json::{json, Value};
 
 /// The hooks of a memory store that counts its calls, can be switched

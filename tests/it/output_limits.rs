@@ -3,7 +3,7 @@
 //! delta; and a model without a configured `max_output_tokens` forwarding
 //! the client's cap instead of refusing it at an invented limit.
 
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 use crate::support::mock_upstream::MockUpstream;

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::StoreError;
 use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::StoreError;
 use serde_json::Value;
 
 use crate::support::config::key;

@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use budgetgate::budget::{BudgetName, Scope};
 use budgetgate::config::raw::{RawQueue, RawQueueClass};
-use budgetgate::reserve::{BudgetName, Scope};
 use serde_json::Value;
 
 use crate::support::mock_upstream::MockUpstream;

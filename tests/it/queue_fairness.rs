@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use budgetgate::budget::memory::MemoryStore;
 use budgetgate::clock::{ManualClock, SystemClock};
 use budgetgate::config::raw::{RawQueue, RawQueueClass};
-use budgetgate::reserve::memory::MemoryStore;
 use serde_json::Value;
 
 use crate::support::*;

@@ -11,9 +11,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use budgetgate::budget::memory::MemoryStore;
 use budgetgate::clock::{ManualClock, SystemClock};
 use budgetgate::config::raw::RawQueue;
-use budgetgate::reserve::memory::MemoryStore;
 use serde_json::Value;
 
 use super::queue::{drain, queue_of, queued_config, wait_depth};
@@ -103,7 +103,7 @@ struct Counting(std::sync::Mutex<BTreeMap<String, usize>>);
 
 #[async_trait::async_trait]
 impl store_spy::Hooks for Counting {
-    async fn before(&self, call: store_spy::Call) -> Result<u64, budgetgate::reserve::StoreError> {
+    async fn before(&self, call: store_spy::Call) -> Result<u64, budgetgate::budget::StoreError> {
         *self
             .0
             .lock()

@@ -5,8 +5,8 @@
 //! the new rate. Each test runs on the memory store, Redis and Redis
 //! Cluster (`store_conformance`'s harness, one manual clock per test).
 
-use budgetgate::reserve::lease::{LeaseLine, LeaseReply};
-use budgetgate::reserve::{ExtendOutcome, SettleOutcome, Step};
+use budgetgate::budget::lease::{LeaseLine, LeaseReply};
+use budgetgate::budget::{ExtendOutcome, SettleOutcome, Step};
 
 use super::lease_conformance::{line, live, one, want, SEC};
 use super::store_conformance::{admitted, conformance, denied, tenant, Backend, H};

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::lease::{LeaseLine, LeaseReply, LeaseStore};
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::lease::{LeaseLine, LeaseReply, LeaseStore};
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     Settlement, Window,
 };
@@ -148,7 +148,7 @@ fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> 
     ReserveRequest {
         share: None,
         id,
-        costs: budgetgate::reserve::Costs::tokens(1000),
+        costs: budgetgate::budget::Costs::tokens(1000),
         common: common.to_vec(),
         candidates: vec![upstream.to_vec()],
         lease_micros: 30_000_000,
@@ -180,7 +180,7 @@ async fn pairs_per_second(
                 let s = Settlement {
                     actual_tokens: 700,
                     upstream_failed: false,
-                    actual: budgetgate::reserve::Actual::Tokens,
+                    actual: budgetgate::budget::Actual::Tokens,
                 };
                 store.settle(&req.id, &s).await.expect("settle");
             }
@@ -247,7 +247,7 @@ async fn script_cost(
         let s = Settlement {
             actual_tokens: 700,
             upstream_failed: false,
-            actual: budgetgate::reserve::Actual::Tokens,
+            actual: budgetgate::budget::Actual::Tokens,
         };
         store.settle(&id, &s).await.expect("settle");
     })
@@ -375,7 +375,7 @@ async fn redis_store_throughput_and_memory() {
     let req = ReserveRequest {
         share: None,
         id: "idle-1".into(),
-        costs: budgetgate::reserve::Costs::tokens(1000),
+        costs: budgetgate::budget::Costs::tokens(1000),
         common: common.clone(),
         candidates: vec![upstream],
         lease_micros: 30_000_000,
@@ -389,7 +389,7 @@ async fn redis_store_throughput_and_memory() {
             &Settlement {
                 actual_tokens: 700,
                 upstream_failed: false,
-                actual: budgetgate::reserve::Actual::Tokens,
+                actual: budgetgate::budget::Actual::Tokens,
             },
         )
         .await

@@ -3,7 +3,7 @@
 //! (the reference) and the Redis store on one shared [`ManualClock`], must
 //! give identical outcomes and identical `inspect` values after every step.
 //! Waves of reserves (and of settles) are issued concurrently, so the Redis
-//! store sends them in batches (`reserve::redis::batch`); the memory store applies them
+//! store sends them in batches (`budget::redis::batch`); the memory store applies them
 //! one by one in the order they were issued, and every outcome must match.
 //!
 //! Quota leases (issue 30) join in: calls of lease lines on every budget
@@ -25,15 +25,15 @@ use std::time::Duration;
 use super::lease_differential::{self, LeaseOp, Leases};
 use crate::support::redis_server;
 use crate::support::NOON;
-use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::lease::LeaseStore;
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::share::{ClaimOrder, ShareClaim};
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::lease::LeaseStore;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::share::{ClaimOrder, ShareClaim};
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveRequest, Scope, Settlement, Window,
 };
+use budgetgate::clock::{Clock, ManualClock};
 use futures_util::future::join_all;
 use proptest::prelude::*;
 
@@ -190,10 +190,10 @@ fn actuals(seed: u8, actual: u64) -> Vec<u64> {
         .collect()
 }
 
-fn step_of(tokens: u64, shape: u8) -> budgetgate::reserve::Step {
+fn step_of(tokens: u64, shape: u8) -> budgetgate::budget::Step {
     match shape {
-        0 => budgetgate::reserve::Step::tokens(tokens),
-        seed => budgetgate::reserve::Step {
+        0 => budgetgate::budget::Step::tokens(tokens),
+        seed => budgetgate::budget::Step {
             tokens,
             rates: rates(seed),
         },
@@ -205,8 +205,8 @@ fn settlement(actual: u64, failed: bool, shape: u8) -> Settlement {
         actual_tokens: actual,
         upstream_failed: failed,
         actual: match shape {
-            0 => budgetgate::reserve::Actual::Tokens,
-            seed => budgetgate::reserve::Actual::PerSpec(actuals(seed, actual)),
+            0 => budgetgate::budget::Actual::Tokens,
+            seed => budgetgate::budget::Actual::PerSpec(actuals(seed, actual)),
         },
     }
 }
@@ -338,7 +338,7 @@ fn request(
         4 => vec![b, a],
         _ => vec![vec![]],
     };
-    let mut costs = budgetgate::reserve::Costs::tokens(tokens);
+    let mut costs = budgetgate::budget::Costs::tokens(tokens);
     if shape != 0 {
         costs.per_candidate = (0..candidates.len().max(1))
             .map(|c| {
@@ -519,7 +519,7 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                         seen(format!("wave {}", label(&format!("{m:?}"))));
                         let once = wave.iter().filter(|w| w.0 == id).count() == 1;
                         match &m {
-                            budgetgate::reserve::ReserveOutcome::Admitted(a)
+                            budgetgate::budget::ReserveOutcome::Admitted(a)
                                 if once && !a.replayed =>
                             {
                                 cached.insert(id);
@@ -562,7 +562,7 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     let r = f.redis.reserve(&req).await.expect("redis reserve");
                     seen(label(&format!("{m:?}")));
                     match &m {
-                        budgetgate::reserve::ReserveOutcome::Admitted(a) if !a.replayed => {
+                        budgetgate::budget::ReserveOutcome::Admitted(a) if !a.replayed => {
                             cached.insert(*id);
                         }
                         _ => {
@@ -707,7 +707,7 @@ fn share_claims_agree_between_the_stores() {
 /// equal to the figures the arithmetic gives.
 #[test]
 fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
-    use budgetgate::reserve::{ReserveOutcome, SettleOutcome};
+    use budgetgate::budget::{ReserveOutcome, SettleOutcome};
     const MAX: u64 = 10_000_000_000;
     const QUOTA: u64 = 1_000_000_000_000;
     const YEAR: u64 = 365 * 86_400_000_000;
@@ -742,14 +742,14 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     let req = |id: &str, tokens: u64, specs: &[BudgetSpec]| ReserveRequest {
         share: None,
         id: id.into(),
-        costs: budgetgate::reserve::Costs::tokens(tokens),
+        costs: budgetgate::budget::Costs::tokens(tokens),
         common: specs.to_vec(),
         candidates: vec![vec![]],
         lease_micros: LEASE,
         hold_ttl_micros: HOLD_TTL,
         requester: Default::default(),
     };
-    let used = |actual_tokens| budgetgate::reserve::Settlement {
+    let used = |actual_tokens| budgetgate::budget::Settlement {
         actual_tokens,
         upstream_failed: false,
         actual: Default::default(),

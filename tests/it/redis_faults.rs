@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use crate::support::mock_upstream::{self, MockConfig};
 use crate::support::redis_server::cli;
 use crate::support::*;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::redis::{HoldRecord, RedisStore};
-use budgetgate::reserve::{BudgetKind, BudgetName, BudgetSpec, BudgetStore, Scope, Window};
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::redis::{HoldRecord, RedisStore};
+use budgetgate::budget::{BudgetKind, BudgetName, BudgetSpec, BudgetStore, Scope, Window};
 use futures_util::StreamExt;
 
 const PREFIX: &str = "bgfault";

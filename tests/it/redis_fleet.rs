@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
-use budgetgate::reserve::bucket::UNITS_PER_TOKEN;
-use budgetgate::reserve::redis::HoldRecord;
+use budgetgate::budget::bucket::UNITS_PER_TOKEN;
+use budgetgate::budget::redis::HoldRecord;
 
 const CLIENTS: usize = 200;
 const GATEWAYS: usize = 3;

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use crate::support::redis_server;
 use crate::support::NOON;
-use budgetgate::clock::ManualClock;
-use budgetgate::reserve::keys::{KeySpace, LAYOUT_VERSION};
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::{KeySpace, LAYOUT_VERSION};
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope, Window,
 };
+use budgetgate::clock::ManualClock;
 
 #[tokio::test]
 async fn a_v2_quota_counter_is_honoured_by_v3() {
@@ -65,7 +65,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
     let req = |id: &str, tokens| ReserveRequest {
         share: None,
         id: id.into(),
-        costs: budgetgate::reserve::Costs::tokens(tokens),
+        costs: budgetgate::budget::Costs::tokens(tokens),
         common: vec![day.clone()],
         candidates: vec![vec![]],
         lease_micros: 10_000_000,

@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
-use budgetgate::clock::ManualClock;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     SettleOutcome, StoreError, Window,
 };
+use budgetgate::clock::ManualClock;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -161,7 +161,7 @@ async fn a_void_that_overtakes_its_reservation_leaves_every_budget_unchanged() {
     let req = ReserveRequest {
         share: None,
         id: "lost-1".into(),
-        costs: budgetgate::reserve::Costs::tokens(300),
+        costs: budgetgate::budget::Costs::tokens(300),
         common: specs.clone(),
         candidates: vec![vec![]],
         lease_micros: 10_000_000,

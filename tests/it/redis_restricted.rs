@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use crate::support::redis_server::RedisServer;
 use crate::support::*;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::Costs;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::Costs;
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     SettleOutcome, Settlement, Step,
 };

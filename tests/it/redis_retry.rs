@@ -13,9 +13,9 @@
 use std::time::Duration;
 
 use crate::support::redis_server::RedisServer;
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,
     SettleOutcome, Settlement, StoreError,
 };
@@ -41,7 +41,7 @@ fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
     ReserveRequest {
         share: None,
         id: id.into(),
-        costs: budgetgate::reserve::Costs::tokens(tokens),
+        costs: budgetgate::budget::Costs::tokens(tokens),
         common: vec![spec(ks)],
         candidates: vec![vec![]],
         lease_micros: 30_000_000,
@@ -118,7 +118,7 @@ async fn settle_twice_and_after_a_lost_reply_refunds_exactly_once() {
     let s = Settlement {
         actual_tokens: 100,
         upstream_failed: false,
-        actual: budgetgate::reserve::Actual::Tokens,
+        actual: budgetgate::budget::Actual::Tokens,
     };
 
     // Plain retry: the second settle changes nothing.
@@ -185,7 +185,7 @@ async fn reserve_after_a_lost_reply_debits_once() {
                 &Settlement {
                     actual_tokens: 0,
                     upstream_failed: false,
-                    actual: budgetgate::reserve::Actual::Tokens,
+                    actual: budgetgate::budget::Actual::Tokens,
                 }
             )
             .await,
@@ -205,7 +205,7 @@ async fn scripts_flushed_from_redis_are_loaded_again_and_apply_once() {
     let s = Settlement {
         actual_tokens: 40,
         upstream_failed: false,
-        actual: budgetgate::reserve::Actual::Tokens,
+        actual: budgetgate::budget::Actual::Tokens,
     };
     assert!(matches!(
         store.settle("b", &s).await,

@@ -5,8 +5,8 @@
 //! `input_tokens` route, the cap and usage fields sent upstream, and
 //! per-kind upstream URLs and config checks.
 
+use budgetgate::budget::BudgetName;
 use budgetgate::config::Policy;
-use budgetgate::reserve::BudgetName;
 use serde_json::{json, Value};
 
 use crate::support::config::{model, tenant, upstream, RawModel, RawUpstream as Upstream};
@@ -837,8 +837,8 @@ async fn a_reasoning_model_is_never_extended_its_cap_goes_upstream() {
 /// gateway on the Redis store keeps tenants apart through them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_records_live_in_redis_under_their_own_hash_tag() {
-    use budgetgate::reserve::records::ResponseRecord;
-    use budgetgate::reserve::redis::records::RedisRecords;
+    use budgetgate::budget::records::ResponseRecord;
+    use budgetgate::budget::redis::records::RedisRecords;
     let server = crate::support::redis_server::RedisServer::start();
     let records = RedisRecords::new(
         &server.url(),

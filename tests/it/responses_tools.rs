@@ -5,7 +5,7 @@
 //! is refused with its path; groups nest at most 4 deep; an unknown tool
 //! type is refused with the config line that would allow it.
 
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::*;

@@ -1,4 +1,4 @@
-//! Fleet-wide shares in the store (issue 28 point 4, `reserve::share`):
+//! Fleet-wide shares in the store (issue 28 point 4, `budget::share`):
 //! these tests run in `store_conformance`'s suite, unchanged against the
 //! memory store, the Redis store on one node and on a 3-node Redis Cluster,
 //! on one manual clock each, so every value is exact. Faults guarded
@@ -13,8 +13,8 @@
 
 use std::sync::Arc;
 
-use budgetgate::reserve::share::{ClaimOrder, ShareClaim, ACTIVE_MICROS};
-use budgetgate::reserve::{BudgetSpec, Costs, ReserveOutcome, ReserveRequest, Scope};
+use budgetgate::budget::share::{ClaimOrder, ShareClaim, ACTIVE_MICROS};
+use budgetgate::budget::{BudgetSpec, Costs, ReserveOutcome, ReserveRequest, Scope};
 
 use super::store_conformance::{admitted, denied, tenant, H};
 

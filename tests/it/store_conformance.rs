@@ -17,16 +17,16 @@ use crate::share_conformance::{
 };
 use crate::support::redis_server;
 use crate::support::NOON;
-use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::reserve::keys::KeySpace;
-use budgetgate::reserve::lease::LeaseStore;
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::redis::RedisStore;
-use budgetgate::reserve::{
+use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::lease::LeaseStore;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::redis::RedisStore;
+use budgetgate::budget::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
     Window,
 };
+use budgetgate::clock::{Clock, ManualClock};
 
 /// Concurrency lease of every test reservation, µs.
 const LEASE: u64 = 10_000_000;
@@ -229,7 +229,7 @@ impl H {
         let req = ReserveRequest {
             share: None,
             id: id.to_string(),
-            costs: budgetgate::reserve::Costs::tokens(tokens),
+            costs: budgetgate::budget::Costs::tokens(tokens),
             common: common.to_vec(),
             candidates: candidates.to_vec(),
             lease_micros: LEASE,
@@ -251,7 +251,7 @@ impl H {
         let req = ReserveRequest {
             share: None,
             id: id.to_string(),
-            costs: budgetgate::reserve::Costs {
+            costs: budgetgate::budget::Costs {
                 tokens: costs[0][0],
                 per_candidate: costs,
             },
@@ -270,7 +270,7 @@ impl H {
 
     async fn extend(&self, id: &str, tokens: u64) -> ExtendOutcome {
         self.store
-            .extend(id, &budgetgate::reserve::Step::tokens(tokens))
+            .extend(id, &budgetgate::budget::Step::tokens(tokens))
             .await
             .expect("extend")
     }
@@ -286,7 +286,7 @@ impl H {
                 &Settlement {
                     actual_tokens,
                     upstream_failed: false,
-                    actual: budgetgate::reserve::Actual::Tokens,
+                    actual: budgetgate::budget::Actual::Tokens,
                 },
             )
             .await
@@ -1023,7 +1023,7 @@ async fn upstream_failure_refunds_non_refundable_budgets(h: H) {
             &Settlement {
                 actual_tokens: 0,
                 upstream_failed: true,
-                actual: budgetgate::reserve::Actual::Tokens,
+                actual: budgetgate::budget::Actual::Tokens,
             },
         )
         .await
@@ -1235,7 +1235,7 @@ async fn each_budget_is_charged_its_own_amount(h: H) {
     );
     // 50 more output tokens: one per token on tpm, none on the input
     // bucket, $0.60 per million (ceil(50 × 0.6) = 30 µ$) on the quota.
-    let step = budgetgate::reserve::Step {
+    let step = budgetgate::budget::Step {
         tokens: 50,
         rates: vec![1_000_000, 0, 600_000, 0],
     };
@@ -1255,7 +1255,7 @@ async fn each_budget_is_charged_its_own_amount(h: H) {
             &Settlement {
                 actual_tokens: 120,
                 upstream_failed: false,
-                actual: budgetgate::reserve::Actual::PerSpec(vec![120, 70, 4_000_000, 1]),
+                actual: budgetgate::budget::Actual::PerSpec(vec![120, 70, 4_000_000, 1]),
             },
         )
         .await
@@ -1290,7 +1290,7 @@ async fn a_priced_extension_grants_what_the_rest_can_buy(h: H) {
         h.reserve_amounts("a", vec![vec![10, BIG - 123_457]], &specs, &[])
             .await,
     );
-    let step = budgetgate::reserve::Step {
+    let step = budgetgate::budget::Step {
         tokens: 1_000_000,
         rates: vec![1_000_000, 600_000],
     };
@@ -1318,7 +1318,7 @@ async fn a_priced_extension_grants_what_the_rest_can_buy(h: H) {
         h.reserve_amounts("b", vec![vec![1_999_999]], std::slice::from_ref(&usd2), &[])
             .await,
     );
-    let dear = budgetgate::reserve::Step {
+    let dear = budgetgate::budget::Step {
         tokens: 3,
         rates: vec![1_000_000_000],
     };

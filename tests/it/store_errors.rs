@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::StoreError;
 use budgetgate::clock::{Clock, ManualClock};
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::StoreError;
 use reqwest::Method;
 use serde_json::{json, Value};
 use sqlx::Connection;

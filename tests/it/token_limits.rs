@@ -8,7 +8,7 @@
 //! reserving a stream's cap incrementally while its provider counts it
 //! whole at request start).
 
-use budgetgate::reserve::{BudgetName, Scope};
+use budgetgate::budget::{BudgetName, Scope};
 use serde_json::{json, Value};
 
 use crate::support::mock_upstream::MockUpstream;

@@ -7,7 +7,7 @@
 
 use crate::support::*;
 use axum::routing::post;
-use budgetgate::reserve::BudgetName;
+use budgetgate::budget::BudgetName;
 use serde_json::{json, Value};
 
 const COMPLETION_TOKENS: u64 = 7;

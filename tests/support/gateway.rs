@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use budgetgate::admission::plan;
 use budgetgate::app::{Launch, Started};
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::{BudgetName, BudgetSpec, BudgetState, BudgetStore, Scope};
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::config::{Policy, StoreKind};
-use budgetgate::reservation::plan;
-use budgetgate::reserve::memory::MemoryStore;
-use budgetgate::reserve::{BudgetName, BudgetSpec, BudgetState, BudgetStore, Scope};
 use budgetgate::server::AppState;
 use tokio::sync::oneshot;
 

@@ -5,7 +5,7 @@
 use std::ops::Deref;
 
 use async_trait::async_trait;
-use budgetgate::reserve::{
+use budgetgate::budget::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::V;
+use crate::budget::keys::is_valid_id;
 use crate::config::model_names::{ModelIndex, NamePattern};
 use crate::config::raw::RawConfig;
 use crate::config::*;
 use crate::dialects::anthropic::betas::{BetaPolicy, BetaRule};
-use crate::reserve::keys::is_valid_id;
 
 /// `anthropic-version` sent when neither the client nor the upstream's
 /// `anthropic_version` names one (the current version of Anthropic's API,

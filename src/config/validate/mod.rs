@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use super::raw::{RawConfig, RawLimits};
 use super::*;
+use crate::budget::bucket::{MAX_LIMIT, MAX_QUOTA};
+use crate::budget::keys::{is_valid_id, is_valid_prefix};
 use crate::estimate::EstimateSettings;
-use crate::reserve::bucket::{MAX_LIMIT, MAX_QUOTA};
-use crate::reserve::keys::{is_valid_id, is_valid_prefix};
 
 /// `[A-Za-z_][A-Za-z0-9_]*`: a portable environment variable name.
 fn is_env_name(name: &str) -> bool {
@@ -246,7 +246,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 raw.store.response_record_ttl_secs,
                 10 * 365 * 86_400,
             )
-            .unwrap_or(crate::reserve::records::DEFAULT_TTL.as_secs()),
+            .unwrap_or(crate::budget::records::DEFAULT_TTL.as_secs()),
         ),
         max_memory_records: v
             .positive(
@@ -254,23 +254,21 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 raw.store.max_response_records,
                 100_000_000,
             )
-            .map_or(crate::reserve::records::DEFAULT_MAX_MEMORY, |n| n as usize),
+            .map_or(crate::budget::records::DEFAULT_MAX_MEMORY, |n| n as usize),
         deny_cache_entries: v
             .positive(
                 "store.deny_cache_entries",
                 raw.store.deny_cache_entries,
                 100_000_000,
             )
-            .map_or(crate::reserve::deny_cache::DEFAULT_ENTRIES, |n| n as usize),
+            .map_or(crate::budget::deny_cache::DEFAULT_ENTRIES, |n| n as usize),
         fail_open_entries: v
             .positive(
                 "store.fail_open_entries",
                 raw.store.fail_open_entries,
                 100_000_000,
             )
-            .map_or(crate::reservation::fail_open::DEFAULT_ENTRIES, |n| {
-                n as usize
-            }),
+            .map_or(crate::admission::fail_open::DEFAULT_ENTRIES, |n| n as usize),
     };
 
     let e = &raw.estimation;

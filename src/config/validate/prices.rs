@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use super::V;
+use crate::budget::bucket::MAX_LIMIT;
 use crate::config::raw::{RawDecimal, RawPrice, RawPriceTier};
 use crate::money::{format_usd, parse_usd, Price, PriceTable, UsdError, MAX_BUDGET, MAX_PRICE};
-use crate::reserve::bucket::MAX_LIMIT;
 
 impl V {
     /// A decimal amount at `path`, in µ$ (at most `max`).

@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::V;
+use crate::budget::keys::is_valid_id;
 use crate::config::model_names::NamePattern;
 use crate::config::raw::RawConfig;
 use crate::config::*;
-use crate::reserve::keys::is_valid_id;
 
 /// The digest-to-(tenant, key) index of every configured key.
 pub(super) type KeyIndex = HashMap<[u8; 32], KeyRef>;
@@ -132,7 +132,7 @@ pub(super) fn tenants(
                 .positive(
                     &format!("{path}.unrecorded_previous_response_tokens"),
                     t.unrecorded_previous_response_tokens,
-                    crate::reserve::bucket::MAX_LIMIT,
+                    crate::budget::bucket::MAX_LIMIT,
                 )
                 .unwrap_or(8192),
             allowed_provider_objects: t.allowed_provider_objects.clone(),

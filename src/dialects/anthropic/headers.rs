@@ -10,7 +10,7 @@
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::reserve::{BudgetName, BudgetState};
+use crate::budget::{BudgetName, BudgetState};
 use crate::server::headers::{ietf_headers, tightest_for_client};
 
 const REQUESTS: [HeaderName; 3] = [
@@ -85,7 +85,7 @@ pub fn rfc3339(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reserve::Scope;
+    use crate::budget::Scope;
 
     #[test]
     fn timestamps() {

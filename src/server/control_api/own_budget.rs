@@ -17,9 +17,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use crate::admission::plan::scope_budgets;
+use crate::budget::Scope;
 use crate::dialects::Dialect;
-use crate::reservation::plan::scope_budgets;
-use crate::reserve::Scope;
 use crate::server::admin::{ancestor_specs, budgets_body, json_response};
 use crate::server::AppState;
 

@@ -1,0 +1,518 @@
+//! The failure policy as a store wrapper (DESIGN section 7): when the
+//! store fails a reservation, a `fail_closed` tenant's request fails (503),
+//! a `fail_open` tenant's request is reserved on a local in-process limiter
+//! that enforces this gateway's share of every budget. The reservations
+//! held there are remembered by id, so their extensions, renewals and
+//! settlements go where they were reserved.
+//!
+//! The limiter keeps state for at most `store.fail_open_entries` budgets
+//! (default [`DEFAULT_ENTRIES`]): end users make the number of budgets
+//! unbounded, and an outage is when they pile up. The least recently
+//! reserved budget is forgotten first (it starts full again: the limiter
+//! is this gateway's share of a budget, not the budget), and counted
+//! (`budgetgate_fail_open_evictions_total`).
+
+use std::collections::{HashMap, HashSet};
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lru::LruCache;
+
+use super::compensate::{outcome_unknown, Compensation, Compensator};
+use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
+use super::quota_lease::{OverflowEnd, QuotaLeases, StoreStep};
+use crate::budget::memory::MemoryStore;
+use crate::budget::{
+    BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, OnStoreError, RenewOutcome,
+    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
+};
+use crate::metrics;
+
+/// Budgets the limiter keeps state for when `store.fail_open_entries` is not set.
+pub const DEFAULT_ENTRIES: usize = 100_000;
+
+/// The budget keys the local limiter holds state for, least recently
+/// reserved first.
+struct Tracked(Mutex<LruCache<String, ()>>);
+
+impl Tracked {
+    fn new(entries: usize) -> Self {
+        let n = NonZeroUsize::MIN.saturating_add(entries.saturating_sub(1));
+        Tracked(Mutex::new(LruCache::new(n)))
+    }
+
+    /// Marks the budgets of `r` used; forgets in `limiter` the budgets
+    /// pushed out.
+    fn touch(&self, r: &ReserveRequest, limiter: &MemoryStore) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for spec in r.common.iter().chain(r.candidates.iter().flatten()) {
+            if keys.get(&*spec.key).is_some() {
+                continue;
+            }
+            if let Some((old, ())) = keys.push(spec.key.to_string(), ()) {
+                limiter.forget(&old);
+                metrics::fail_open_eviction();
+            }
+        }
+    }
+}
+
+/// Reservations held by the local limiter, by id.
+#[derive(Default)]
+struct LocalHolds {
+    /// How many ids `ids` holds: read without the lock on every call, so
+    /// the common case (the store is up) never takes it.
+    count: AtomicUsize,
+    ids: Mutex<HashSet<String>>,
+}
+
+impl LocalHolds {
+    fn contains(&self, id: &str) -> bool {
+        self.count.load(Ordering::Acquire) > 0 && self.lock().contains(id)
+    }
+
+    fn insert(&self, id: &str) {
+        let mut ids = self.lock();
+        if ids.insert(id.to_string()) {
+            self.count.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if self.lock().remove(id) {
+            self.count.fetch_sub(1, Ordering::Release);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The gateway's budget store: the failure policy over the deny cache over
+/// the guarded store. Composed once at start-up (and once per serving
+/// thread's store handle, sharing cache, local limiter and holds).
+pub struct GatewayStore {
+    inner: DenyCachedStore,
+    fallback: Arc<MemoryStore>,
+    /// This gateway's share of every budget while failing open, (0, 1].
+    share: f64,
+    local: Arc<LocalHolds>,
+    /// Reservations served by the local limiter whose store reservation
+    /// has an unknown outcome, with their hold lifetime: settled in the
+    /// store too when they end ([`super::compensate`]).
+    lost: Arc<Mutex<HashMap<String, Duration>>>,
+    compensator: Arc<Compensator>,
+    tracked: Arc<Tracked>,
+    /// Quota leases (Redis store with `lease = "auto"`): reservations they
+    /// cover are decided there, before any other layer.
+    leases: Option<Arc<QuotaLeases>>,
+}
+
+impl GatewayStore {
+    /// The same store deciding what `leases` cover from them.
+    pub fn with_leases(mut self, leases: Arc<QuotaLeases>) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
+    /// The lease layer, when leases are on.
+    pub fn leases(&self) -> Option<&Arc<QuotaLeases>> {
+        self.leases.as_ref()
+    }
+
+    fn leased(&self, id: &str) -> Option<&QuotaLeases> {
+        self.leases.as_deref().filter(|l| l.holds(id))
+    }
+
+    /// `inner` with the local limiter `fallback` enforcing `share` of every
+    /// budget for `fail_open` tenants while `inner` fails.
+    /// The limiter keeps state for [`DEFAULT_ENTRIES`] budgets.
+    pub fn new(inner: DenyCachedStore, fallback: Arc<MemoryStore>, share: f64) -> Self {
+        Self::bounded(inner, fallback, share, DEFAULT_ENTRIES)
+    }
+
+    /// [`Self::new`] with a limiter that keeps state for at most `entries`
+    /// budgets.
+    pub fn bounded(
+        inner: DenyCachedStore,
+        fallback: Arc<MemoryStore>,
+        share: f64,
+        entries: usize,
+    ) -> Self {
+        Self {
+            inner,
+            fallback,
+            share,
+            local: Arc::default(),
+            lost: Arc::default(),
+            compensator: Arc::default(),
+            tracked: Arc::new(Tracked::new(entries)),
+            leases: None,
+        }
+    }
+
+    /// Lost-reply compensations not landed yet.
+    pub fn pending_compensations(&self) -> usize {
+        self.compensator.pending()
+    }
+
+    fn compensate(&self, id: &str, what: Compensation, hold_ttl: Duration) {
+        self.compensator
+            .submit(self.inner.store().clone(), id.to_string(), what, hold_ttl);
+    }
+
+    fn lost_reply(&self, id: &str) -> Option<Duration> {
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.is_empty() {
+            return None;
+        }
+        lost.remove(id)
+    }
+
+    /// The same layers over another handle to the budget store.
+    pub fn with_inner(&self, inner: Arc<dyn BudgetStore>) -> Self {
+        Self {
+            inner: self.inner.with_inner(inner),
+            fallback: self.fallback.clone(),
+            share: self.share,
+            local: self.local.clone(),
+            lost: self.lost.clone(),
+            compensator: self.compensator.clone(),
+            tracked: self.tracked.clone(),
+            leases: self.leases.clone(),
+        }
+    }
+
+    /// The deny cache layer.
+    pub fn deny_cache(&self) -> &Arc<crate::budget::deny_cache::DenyCache> {
+        self.inner.cache()
+    }
+
+    /// Reserves in the store; when it fails, applies the requester's
+    /// failure policy.
+    pub async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.reserve_answered(r).await.map(|(o, _)| o)
+    }
+
+    /// [`Self::reserve`], and which layer answered.
+    pub async fn reserve_answered(
+        &self,
+        r: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
+        if let Some(o) = self.leases.as_ref().and_then(|l| l.reserve(r)) {
+            match &o {
+                ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
+                ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
+                _ => {}
+            }
+            return Ok((o, AnsweredBy::Lease));
+        }
+        let e = match self.inner.reserve_answered(r).await {
+            Ok(o) => return Ok(o),
+            Err(e) => e,
+        };
+        if let Some(l) = &self.leases {
+            l.store_failed(r);
+        }
+        let who = &r.requester;
+        // The store may have applied it: whatever this request gets, the
+        // reservation is settled under its own id when the request ends.
+        let unknown = outcome_unknown(&e);
+        let hold_ttl = Duration::from_micros(r.hold_ttl_micros);
+        match who.on_store_error {
+            OnStoreError::FailClosed => {
+                tracing::error!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing closed");
+                metrics::degraded(&who.tenant, "fail_closed");
+                metrics::decision(&who.tenant, "tenant", "none", "fail_closed");
+                if unknown {
+                    self.compensate(&r.id, Compensation::Void, hold_ttl);
+                }
+                Err(e)
+            }
+            OnStoreError::FailOpen => {
+                tracing::warn!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing open to the local limiter");
+                metrics::degraded(&who.tenant, "fail_open");
+                self.tracked.touch(r, &self.fallback);
+                let outcome = self.fallback.reserve(&scaled(r, self.share)).await?;
+                match &outcome {
+                    ReserveOutcome::Admitted(_) => {
+                        self.local.insert(&r.id);
+                        if unknown {
+                            let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+                            lost.insert(r.id.clone(), hold_ttl);
+                        }
+                    }
+                    ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
+                    ReserveOutcome::Impossible(i) => {
+                        count_refusal(r, &i.scope, i.name, "impossible")
+                    }
+                    ReserveOutcome::Voided => {}
+                }
+                if unknown && !matches!(outcome, ReserveOutcome::Admitted(_)) {
+                    self.compensate(&r.id, Compensation::Void, hold_ttl);
+                }
+                Ok((outcome, AnsweredBy::LocalLimiter))
+            }
+        }
+    }
+
+    /// Extends where the reservation is held.
+    pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        if let Some(l) = self.leased(id) {
+            match l.extend(id, step).await {
+                Some(Ok(o)) => return Ok(o),
+                Some(Err(call)) => return self.overflow(l, id, call).await,
+                None => {}
+            }
+        }
+        if self.local.contains(id) {
+            return self.fallback.extend(id, step).await;
+        }
+        self.inner.extend(id, step).await
+    }
+
+    /// An extension of leased reservation `id` its leases could not pay,
+    /// made in the store (`quota_lease::local_hold`): past the deny cache
+    /// (its refusal is the extension's answer) and the failure policy (a
+    /// failed extension leaves the stream to its upstream cap).
+    async fn overflow(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        call: StoreStep,
+    ) -> Result<ExtendOutcome, StoreError> {
+        super::quota_lease::metrics::overflow();
+        let store = self.inner.store();
+        match call {
+            StoreStep::Reserve(r) => {
+                let tokens = r.costs.tokens;
+                let o = store.reserve(&r).await;
+                let admitted = match &o {
+                    Ok(ReserveOutcome::Admitted(_)) => Some(true),
+                    Ok(ReserveOutcome::Denied(_) | ReserveOutcome::Impossible(_)) => Some(false),
+                    // Voided: a settlement voided it first; unknown: the call failed.
+                    _ => None,
+                };
+                l.overflow_reserved(id, &r.id, admitted, tokens);
+                match o? {
+                    ReserveOutcome::Admitted(a) => Ok(ExtendOutcome::Extended {
+                        granted: tokens,
+                        now_micros: a.now_micros,
+                    }),
+                    ReserveOutcome::Voided => Ok(ExtendOutcome::AlreadySettled),
+                    refused => Ok(super::quota_lease::exhausted(&refused, 0)
+                        .map_or(ExtendOutcome::AlreadySettled, ExtendOutcome::Exhausted)),
+                }
+            }
+            StoreStep::Extend { id: ov, step } => {
+                let o = store.extend(&ov, &step).await?;
+                if let ExtendOutcome::Extended { granted, .. } = o {
+                    l.overflow_extended(id, granted);
+                }
+                Ok(o)
+            }
+        }
+    }
+
+    /// Settles the overflows of leased reservation `id` in the store
+    /// (before its local hold: a failure leaves both to the retry).
+    async fn settle_overflows(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        s: &Settlement,
+    ) -> Result<(), StoreError> {
+        let store = self.inner.store();
+        for end in l.overflow_ends(id, s) {
+            match end {
+                OverflowEnd::Settle(ov, s) => {
+                    store.settle(&ov, &s).await?;
+                }
+                OverflowEnd::Void(ov, ttl) => {
+                    store.void(&ov, ttl).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles where the reservation is held.
+    pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        if let Some(l) = self.leased(id) {
+            self.settle_overflows(l, id, s).await?;
+            if let Some(o) = l.settle(id, s) {
+                return Ok(o);
+            }
+        }
+        if self.local.contains(id) {
+            let o = self.fallback.settle(id, s).await;
+            if o.is_ok() {
+                self.local.remove(id);
+                if let Some(ttl) = self.lost_reply(id) {
+                    self.compensate(id, Compensation::Settle(s.clone()), ttl);
+                }
+            }
+            return o;
+        }
+        self.inner.settle(id, s).await
+    }
+
+    /// Reads budgets from the store.
+    pub async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        BudgetStore::inspect(&self.inner, specs).await
+    }
+
+    /// Lowers a token bucket in the store (see [`BudgetStore::lower`]).
+    pub async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        BudgetStore::lower(&self.inner, spec, at_most).await
+    }
+}
+
+/// The same reservation scaled to this gateway's share of every budget.
+fn scaled(req: &ReserveRequest, share: f64) -> ReserveRequest {
+    let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
+    let shrink = |s: &BudgetSpec| {
+        let mut s = s.clone();
+        s.kind = match s.kind {
+            BudgetKind::Bucket { per_minute, burst } => BudgetKind::Bucket {
+                per_minute: scale(per_minute),
+                burst: scale(burst),
+            },
+            BudgetKind::Quota { limit, window } => BudgetKind::Quota {
+                limit: scale(limit),
+                window,
+            },
+            BudgetKind::Concurrency { max } => BudgetKind::Concurrency { max: scale(max) },
+        };
+        s
+    };
+    ReserveRequest {
+        share: None,
+        common: req.common.iter().map(shrink).collect(),
+        candidates: req
+            .candidates
+            .iter()
+            .map(|c| c.iter().map(shrink).collect())
+            .collect(),
+        ..req.clone()
+    }
+}
+
+#[async_trait]
+impl BudgetStore for GatewayStore {
+    async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        GatewayStore::reserve(self, r).await
+    }
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        GatewayStore::extend(self, id, step).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        if let Some(o) = self.leased(id).and_then(|l| l.renew(id)) {
+            return Ok(o);
+        }
+        if self.local.contains(id) {
+            return self.fallback.renew(id).await;
+        }
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        GatewayStore::settle(self, id, s).await
+    }
+    async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
+        let void = Settlement {
+            actual_tokens: 0,
+            upstream_failed: true,
+            actual: crate::budget::Actual::Void,
+        };
+        if let Some(l) = self.leased(id) {
+            self.settle_overflows(l, id, &void).await?;
+            if let Some(o) = l.settle(id, &void) {
+                return Ok(o);
+            }
+        }
+        if self.local.contains(id) {
+            let o = self.fallback.void(id, hold_ttl_micros).await;
+            if o.is_ok() {
+                self.local.remove(id);
+                if let Some(ttl) = self.lost_reply(id) {
+                    self.compensate(id, Compensation::Void, ttl);
+                }
+            }
+            return o;
+        }
+        self.inner.void(id, hold_ttl_micros).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        GatewayStore::inspect(self, specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        GatewayStore::lower(self, spec, at_most).await
+    }
+    fn times_out_calls(&self) -> bool {
+        self.inner.times_out_calls()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::{Costs, Requester, Scope};
+    use crate::clock::ManualClock;
+
+    fn request(id: &str, key: &str) -> ReserveRequest {
+        let spec = BudgetSpec {
+            scope: Scope::Tenant("t".into()),
+            name: crate::budget::BudgetName::Rpm,
+            kind: BudgetKind::Bucket {
+                per_minute: 10,
+                burst: 10,
+            },
+            key: key.into(),
+            refund_unused: true,
+            shadow: false,
+        };
+        ReserveRequest {
+            share: None,
+            id: id.into(),
+            costs: Costs::tokens(1),
+            common: vec![spec],
+            candidates: Vec::new(),
+            lease_micros: 1_000_000,
+            hold_ttl_micros: 1_000_000,
+            requester: Arc::new(Requester {
+                tenant: "t".into(),
+                policy_version: "v".into(),
+                on_store_error: OnStoreError::FailOpen,
+            }),
+        }
+    }
+
+    /// Fault: the local limiter kept a budget per end user seen during an
+    /// outage, without bound.
+    #[test]
+    fn the_limiter_keeps_state_for_its_most_recent_budgets_only() {
+        let limiter = MemoryStore::new(Arc::new(ManualClock::new(1_000_000)));
+        let tracked = Tracked::new(2);
+        for (i, key) in ["a", "b", "a", "c"].into_iter().enumerate() {
+            let r = request(&format!("r{i}"), key);
+            tracked.touch(&r, &limiter);
+            assert!(matches!(
+                limiter.reserve_sync(&r),
+                ReserveOutcome::Admitted(_)
+            ));
+        }
+        // `b` was the least recently reserved when `c` came: forgotten.
+        assert_eq!(limiter.budget_entries(), 2);
+        let state = |key: &str| limiter.inspect_sync(&request("x", key).common)[0].remaining;
+        assert_eq!(state("a"), 8);
+        assert_eq!(state("c"), 9);
+        assert_eq!(state("b"), 10, "starts full again");
+    }
+}

@@ -1,0 +1,203 @@
+//! A reservation as a value that must be settled. [`HeldReservation`] has
+//! its concurrency lease renewed while alive (released when it is dropped),
+//! records what extensions granted, settles exactly once, and its `Drop` is
+//! the backstop that settles on every exit path (handler cancelled by a
+//! client disconnect, panic, early return).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::slot_renewal::RenewalHandle;
+use super::tracker::{bounded, SettleAnswer, SettleReport};
+use super::{DenyRelease, GatewayStore, SettlementTracker};
+use crate::budget::{
+    Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
+};
+use crate::metrics::TenantMetrics;
+
+/// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
+/// dropped unsettled, the whole reservation is charged (no refund) and its
+/// slots are freed.
+pub struct HeldReservation {
+    id: String,
+    store: Arc<GatewayStore>,
+    tracker: SettlementTracker,
+    reserved_tokens: u64,
+    /// What the hold debited each spec so far, in the store's order, when
+    /// known: the drop backstop charges exactly it (µ$ lines included).
+    amounts: Vec<u64>,
+    settle_retry: Duration,
+    /// Renewed while held; dropping it stops the renewals.
+    lease: Option<RenewalHandle>,
+    done: bool,
+    report: SettleReport,
+}
+
+impl HeldReservation {
+    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
+    /// renewed every `lease / 3` (by the tracker's lease keeper).
+    pub fn new(
+        id: String,
+        store: Arc<GatewayStore>,
+        tracker: SettlementTracker,
+        reserved_tokens: u64,
+        lease: Duration,
+        settle_retry: Duration,
+    ) -> Self {
+        let renew: Arc<dyn BudgetStore> = store.clone();
+        let lease = tracker.slot_renewer().register(&id, renew, lease);
+        Self {
+            id,
+            store,
+            tracker,
+            reserved_tokens,
+            amounts: Vec::new(),
+            settle_retry,
+            lease: Some(lease),
+            done: false,
+            report: SettleReport::default(),
+        }
+    }
+
+    /// What the reservation debited each spec of the hold (the admitted
+    /// candidate's row of [`crate::budget::Costs::per_candidate`]); kept
+    /// up to date by [`HeldReservation::extend`].
+    pub fn with_amounts(mut self, amounts: Vec<u64>) -> Self {
+        self.amounts = amounts;
+        self
+    }
+
+    /// Records this reservation's settlement in `tenant`'s metrics.
+    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
+        self.report.tenant = Some(tenant);
+        self
+    }
+
+    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
+    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
+        self.report.deny = Some(deny);
+        self
+    }
+
+    /// Calls `hook` once the settlement is applied (the wait queue's
+    /// wake-up for the budgets of this hold).
+    pub fn with_capacity_hook_if(mut self, hook: Option<super::tracker::CapacityHook>) -> Self {
+        self.report.capacity = hook;
+        self
+    }
+
+    /// Has the settlement's ledger row captured by `ledger` once the store
+    /// applied it.
+    pub fn with_ledger(mut self, ledger: crate::ledger::LedgerCapture) -> Self {
+        self.report.ledger = Some(ledger);
+        self
+    }
+
+    /// The ledger draft of this reservation, when the ledger is on.
+    pub fn ledger_draft(&mut self) -> Option<&mut crate::ledger::LedgerDraft> {
+        self.report.ledger.as_mut().map(|l| l.draft_mut())
+    }
+
+    /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
+    /// the settlement this reservation is about to make is applied.
+    pub fn record_spend(&mut self, micros: u64) {
+        self.report.spend_micros = Some(micros);
+    }
+
+    /// The reservation id (also the response's `x-request-id`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Tokens reserved so far (initial + extensions).
+    pub fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens
+    }
+
+    /// Asks the store for `step` more on the budgets of the hold and
+    /// records what it granted.
+    pub async fn extend(&mut self, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        let outcome = self.store.extend(&self.id, step).await?;
+        if let ExtendOutcome::Extended { granted, .. } = outcome {
+            self.reserved_tokens += granted;
+            if step.rates.len() == self.amounts.len() {
+                for (a, &rate) in self.amounts.iter_mut().zip(&step.rates) {
+                    *a += Step::debit(granted, rate);
+                }
+            } else {
+                // Not known per spec any more: the backstop charges tokens.
+                self.amounts.clear();
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Resolves when the gateway's shutdown grace period ends: the holder
+    /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
+    pub async fn shutdown_cutoff(&self) {
+        self.tracker.cutoff().await
+    }
+
+    /// Settles in the background (tracked); consumes the reservation.
+    pub fn settle(mut self, s: Settlement) {
+        self.finish(s);
+    }
+
+    /// Settles and waits for the store's answer (used before retrying on
+    /// another deployment, so the refund and the freed slot are visible to
+    /// the next reservation). The settlement is the tracker's task, not
+    /// this future's: a client that leaves while the store is slow drops
+    /// only the wait, and the settlement still runs to completion (its
+    /// exhausted retries counted, the shutdown drain waiting for it).
+    /// `None` when it failed for good or was not run (no runtime).
+    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.finish_with(s, Some(tx));
+        rx.await.ok().flatten()
+    }
+
+    fn finish(&mut self, s: Settlement) {
+        self.finish_with(s, None);
+    }
+
+    fn finish_with(&mut self, s: Settlement, answer: Option<SettleAnswer>) {
+        if self.done {
+            return;
+        }
+        let s = bounded(s);
+        self.done = true;
+        self.lease = None;
+        self.tracker.spawn_settle(
+            self.store.clone(),
+            self.id.clone(),
+            s,
+            self.settle_retry,
+            std::mem::take(&mut self.report),
+            answer,
+        );
+    }
+}
+
+impl Drop for HeldReservation {
+    fn drop(&mut self) {
+        if !self.done {
+            tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
+            if let Some(l) = self.report.ledger.as_mut() {
+                l.draft_mut().abandoned(&self.amounts);
+            }
+            let s = Settlement {
+                actual_tokens: self.reserved_tokens,
+                upstream_failed: false,
+                actual: if self.amounts.is_empty() {
+                    Actual::Tokens
+                } else {
+                    Actual::PerSpec(std::mem::take(&mut self.amounts))
+                },
+            };
+            // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                self.finish(s);
+            }
+        }
+    }
+}

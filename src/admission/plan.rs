@@ -1,0 +1,473 @@
+//! Which budgets a request touches, from policy: the one place that turns
+//! configured [`Limits`] into [`BudgetSpec`]s, and says how each counts a
+//! request ([`Counting`]: a scope's cache-read weight, a provider's rule).
+
+use super::amounts::{Counting, FULL_WEIGHT};
+use crate::budget::keys::KeySpace;
+use crate::budget::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
+use crate::config::{
+    KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamKind, UpstreamPolicy,
+};
+use crate::estimate::TokenRoom;
+
+/// Budgets of one scope under `limits`.
+pub fn scope_budgets(
+    ks: &KeySpace,
+    scope: Scope,
+    limits: &Limits,
+    refund_unused: bool,
+) -> Vec<BudgetSpec> {
+    let mut out = Vec::new();
+    let mut push = |name: BudgetName, kind: BudgetKind| {
+        out.push(BudgetSpec {
+            key: ks.budget(&scope, name).into(),
+            scope: scope.clone(),
+            name,
+            kind,
+            // Providers bill actual usage: dollars always go back to it.
+            refund_unused: refund_unused || name.counts_usd(),
+            shadow: false,
+        });
+    };
+    if let Some(rpm) = limits.rpm {
+        push(
+            BudgetName::Rpm,
+            BudgetKind::Bucket {
+                per_minute: rpm,
+                burst: limits.rpm_burst.unwrap_or(rpm),
+            },
+        );
+    }
+    if let Some(tpm) = limits.tpm {
+        push(
+            BudgetName::Tpm,
+            BudgetKind::Bucket {
+                per_minute: tpm,
+                burst: limits.tpm_burst.unwrap_or(tpm),
+            },
+        );
+    }
+    for (name, limit, burst) in [
+        (
+            BudgetName::InputTpm,
+            limits.input_tpm,
+            limits.input_tpm_burst,
+        ),
+        (
+            BudgetName::OutputTpm,
+            limits.output_tpm,
+            limits.output_tpm_burst,
+        ),
+    ] {
+        if let Some(per_minute) = limit {
+            push(
+                name,
+                BudgetKind::Bucket {
+                    per_minute,
+                    burst: burst.unwrap_or(per_minute),
+                },
+            );
+        }
+    }
+    if let Some(max) = limits.max_concurrent {
+        push(BudgetName::MaxConcurrent, BudgetKind::Concurrency { max });
+    }
+    if let Some(limit) = limits.tokens_per_day {
+        push(
+            BudgetName::TokensPerDay,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Day,
+            },
+        );
+    }
+    if let Some(limit) = limits.tokens_per_month {
+        push(
+            BudgetName::TokensPerMonth,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Month,
+            },
+        );
+    }
+    if let Some(limit) = limits.requests_per_day {
+        push(
+            BudgetName::RequestsPerDay,
+            BudgetKind::Quota {
+                limit,
+                window: Window::Day,
+            },
+        );
+    }
+    // Dollar budgets: calendar quotas whose unit is the micro-dollar.
+    for (name, limit, window) in [
+        (BudgetName::UsdPerDay, limits.usd_per_day, Window::Day),
+        (BudgetName::UsdPerMonth, limits.usd_per_month, Window::Month),
+    ] {
+        if let Some(limit) = limit {
+            push(name, BudgetKind::Quota { limit, window });
+        }
+    }
+    out
+}
+
+/// Shadow budgets of one scope: evaluated and debited like the others but
+/// never enforced; stored under their own keys.
+pub fn shadow_budgets(ks: &KeySpace, scope: Scope, limits: &Limits) -> Vec<BudgetSpec> {
+    scope_budgets(ks, scope, limits, true)
+        .into_iter()
+        .map(|mut s| {
+            s.key = ks.shadow_budget(&s.scope, s.name).into();
+            s.shadow = true;
+            s
+        })
+        .collect()
+}
+
+/// Budgets shared by every candidate deployment: the key's, then for the
+/// tenant and each of its ancestors (nearest first) its tenant scope, its
+/// tenant×model scope and its `shadow_limits`. Each level's `shadow` puts
+/// that level's budgets in shadow (the key's go with its own tenant); its
+/// `shadow_limits` add shadow budgets of its tenant scope.
+pub fn tenant_budgets(
+    ks: &KeySpace,
+    policy: &Policy,
+    tenant: &TenantPolicy,
+    key: &KeyPolicy,
+    model: &ModelPolicy,
+) -> Vec<BudgetSpec> {
+    tenant_plan(ks, policy, tenant, key, model).0
+}
+
+/// [`tenant_budgets`] and how each counts: every budget of a scope
+/// weights cache reads by the scope's `cache_read_weight` (default: in
+/// full); shadow limits by their own, else their tenant's.
+pub fn tenant_plan(
+    ks: &KeySpace,
+    policy: &Policy,
+    tenant: &TenantPolicy,
+    key: &KeyPolicy,
+    model: &ModelPolicy,
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
+    let mut out = Vec::new();
+    let mut counting = Vec::new();
+    for (depth, level) in policy.lineage(tenant).enumerate() {
+        // A level in shadow mode has every budget of its own in shadow.
+        let mut add = |mut specs: Vec<BudgetSpec>, weight: Option<u64>| {
+            let c = Counting {
+                cache_read_weight: weight.unwrap_or(FULL_WEIGHT),
+                whole_cap: false,
+            };
+            for s in &mut specs {
+                s.shadow |= level.shadow;
+            }
+            counting.extend(specs.iter().map(|_| c));
+            out.extend(specs);
+        };
+        let name = || -> std::sync::Arc<str> { level.name.as_str().into() };
+        let l = &level.limits;
+        add(
+            scope_budgets(ks, Scope::Tenant(name()), l, true),
+            l.cache_read_weight,
+        );
+        if depth == 0 {
+            let l = &key.limits;
+            let scope = Scope::Key(name(), key.id.as_str().into());
+            add(scope_budgets(ks, scope, l, true), l.cache_read_weight);
+        }
+        if let Some(l) = level.model_limits.get(&model.name) {
+            let scope = Scope::TenantModel(name(), model.name.as_str().into());
+            add(scope_budgets(ks, scope, l, true), l.cache_read_weight);
+        }
+        let l = &level.shadow_limits;
+        add(
+            shadow_budgets(ks, Scope::Tenant(name()), l),
+            l.cache_read_weight.or(level.limits.cache_read_weight),
+        );
+    }
+    (out, counting)
+}
+
+/// Budgets of one end user (`hash`, from `config::end_user`) of `tenant`
+/// and how each counts: for the tenant and each ancestor with
+/// `end_user_limits`, the scope `end_user:<level>/<hash>` under those
+/// limits (an end user is then counted once per level that limits end
+/// users, across that level's whole subtree). A level in shadow has its
+/// end-user budgets in shadow.
+pub fn end_user_plan(
+    ks: &KeySpace,
+    policy: &Policy,
+    tenant: &TenantPolicy,
+    hash: &std::sync::Arc<str>,
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
+    let mut out = Vec::new();
+    let mut counting = Vec::new();
+    for level in policy.lineage(tenant) {
+        let l = &level.end_user_limits;
+        if l.is_empty() {
+            continue;
+        }
+        let scope = Scope::EndUser(level.name.as_str().into(), hash.clone());
+        let mut specs = scope_budgets(ks, scope, l, true);
+        for s in &mut specs {
+            s.shadow = level.shadow;
+        }
+        let c = Counting {
+            cache_read_weight: l.cache_read_weight.unwrap_or(FULL_WEIGHT),
+            whole_cap: false,
+        };
+        counting.extend(specs.iter().map(|_| c));
+        out.extend(specs);
+    }
+    (out, counting)
+}
+
+/// Budgets of one upstream deployment.
+pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetSpec> {
+    scope_budgets(
+        ks,
+        Scope::Upstream(upstream.name.as_str().into()),
+        &upstream.limits,
+        upstream.refund_unused,
+    )
+}
+
+/// How the budgets `specs` of `upstream` count a request of `model`: as
+/// the provider counts its own rate limits. Only the per-minute token
+/// budgets follow the provider; the others count like a tenant's.
+///
+/// - Cache reads: `openai`, `azure` and `self_hosted` count cached input
+///   in full (OpenAI's `cached_tokens` are inside `prompt_tokens`, which
+///   its rate limits count); Anthropic's input limits leave
+///   `cache_read_input_tokens` out on current models, so an `anthropic`
+///   deployment's `tpm` and `input_tpm` weight them 0, unless the model
+///   sets `anthropic_cache_reads_count` (older models count them).
+/// - Output: `openai`, `azure` and `anthropic` count a request's
+///   `max_tokens` at its start (OpenAI and Azure against TPM; Anthropic
+///   against OTPM, adjusted at the end), so `tpm` and `output_tpm` reserve
+///   the client's whole cap even where the tenant's budgets reserve a
+///   stream's cap incrementally; a `self_hosted` server counts what it
+///   generates.
+pub fn upstream_counting(
+    specs: &[BudgetSpec],
+    upstream: &UpstreamPolicy,
+    model: &ModelPolicy,
+) -> Vec<Counting> {
+    let reads = match upstream.kind {
+        UpstreamKind::Anthropic if !model.anthropic_cache_reads_count => 0,
+        _ => FULL_WEIGHT,
+    };
+    let counts_cap_at_start = upstream.kind != UpstreamKind::SelfHosted;
+    specs
+        .iter()
+        .map(|s| Counting {
+            cache_read_weight: match s.name {
+                BudgetName::Tpm | BudgetName::InputTpm => reads,
+                _ => FULL_WEIGHT,
+            },
+            whole_cap: counts_cap_at_start
+                && matches!(s.name, BudgetName::Tpm | BudgetName::OutputTpm),
+        })
+        .collect()
+}
+
+/// Candidate budget lists for a model's deployments, in preference order.
+pub fn candidate_budgets(
+    ks: &KeySpace,
+    policy: &Policy,
+    model: &ModelPolicy,
+) -> Vec<Vec<BudgetSpec>> {
+    model
+        .upstreams
+        .iter()
+        .map(|&i| upstream_budgets(ks, &policy.upstreams[i]))
+        .collect()
+}
+
+/// The room a request's default output must fit ([`TokenRoom`]): per
+/// dimension (input + output; output alone), the minimum over the common
+/// budgets and the largest over candidates (a request needs only one
+/// deployment to fit).
+pub fn token_room<C: AsRef<[BudgetSpec]>>(common: &[BudgetSpec], candidates: &[C]) -> TokenRoom {
+    TokenRoom {
+        total: tightest(common, candidates, |n| {
+            n.counts_tokens() && !matches!(n, BudgetName::InputTpm | BudgetName::OutputTpm)
+        }),
+        output: tightest(common, candidates, |n| n == BudgetName::OutputTpm),
+    }
+}
+
+/// The smallest capacity among budgets named `which` a request must fit:
+/// the minimum over `common` and the largest over `candidates`.
+fn tightest<C: AsRef<[BudgetSpec]>>(
+    common: &[BudgetSpec],
+    candidates: &[C],
+    which: impl Fn(BudgetName) -> bool,
+) -> Option<u64> {
+    let cap = |specs: &[BudgetSpec]| {
+        specs
+            .iter()
+            .filter(|s| which(s.name))
+            .map(|s| s.capacity())
+            .min()
+    };
+    let common_cap = cap(common);
+    let cand_cap = if candidates.iter().any(|c| cap(c.as_ref()).is_none()) {
+        None
+    } else {
+        candidates.iter().filter_map(|c| cap(c.as_ref())).max()
+    };
+    match (common_cap, cand_cap) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tree_tests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+
+    const CONFIG: &str = r#"
+[[upstreams]]
+name = "claude"
+kind = "anthropic"
+base_url = "https://api.anthropic.com"
+limits = { tpm = 100000, input_tpm = 40000, output_tpm = 8000, output_tpm_burst = 16000, rpm = 50 }
+
+[[upstreams]]
+name = "oai"
+kind = "openai"
+base_url = "https://api.openai.com/v1"
+limits = { tpm = 100000, output_tpm = 9000 }
+
+[[upstreams]]
+name = "vllm"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:1/v1"
+limits = { tpm = 100000 }
+
+[[models]]
+name = "claude-new"
+upstreams = ["claude"]
+
+[[models]]
+name = "claude-old"
+upstreams = ["claude"]
+anthropic_cache_reads_count = true
+
+[[models]]
+name = "gpt"
+upstreams = ["oai", "vllm"]
+
+[[tenants]]
+name = "t"
+keys = [{ id = "k", sha256 = "0000000000000000000000000000000000000000000000000000000000000000" }]
+limits = { tpm = 1000, input_tpm = 500, cache_read_weight = 100 }
+model_limits = { gpt = { output_tpm = 50 } }
+"#;
+
+    fn counting(policy: &Policy, upstream: &str, model: &str) -> Vec<(BudgetName, u64, bool)> {
+        let ks = KeySpace::new("p", "d");
+        let u = policy
+            .upstreams
+            .iter()
+            .find(|u| u.name == upstream)
+            .unwrap();
+        let m = policy.model(model).unwrap();
+        let specs = upstream_budgets(&ks, u);
+        upstream_counting(&specs, u, m)
+            .into_iter()
+            .zip(specs)
+            .map(|(c, s)| (s.name, c.cache_read_weight, c.whole_cap))
+            .collect()
+    }
+
+    #[test]
+    fn upstream_budgets_count_as_their_provider() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        use BudgetName::*;
+        assert_eq!(
+            counting(&p, "claude", "claude-new"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 0, true),
+                (InputTpm, 0, false),
+                (OutputTpm, 1000, true)
+            ]
+        );
+        assert_eq!(
+            counting(&p, "claude", "claude-old"),
+            vec![
+                (Rpm, 1000, false),
+                (Tpm, 1000, true),
+                (InputTpm, 1000, false),
+                (OutputTpm, 1000, true)
+            ]
+        );
+        assert_eq!(
+            counting(&p, "oai", "gpt"),
+            vec![(Tpm, 1000, true), (OutputTpm, 1000, true)]
+        );
+        assert_eq!(counting(&p, "vllm", "gpt"), vec![(Tpm, 1000, false)]);
+        let ks = KeySpace::new("p", "d");
+        let claude = upstream_budgets(&ks, &p.upstreams[0]);
+        assert_eq!(
+            claude[3].kind,
+            BudgetKind::Bucket {
+                per_minute: 8000,
+                burst: 16000
+            }
+        );
+    }
+
+    #[test]
+    fn tenant_side_budgets_weight_cache_reads_per_scope() {
+        let p = Policy::from_toml(CONFIG).unwrap();
+        let t = &p.tenants[0];
+        let ks = KeySpace::new("p", "d");
+        let (specs, counting) = tenant_plan(&ks, &p, t, &t.keys[0], p.model("gpt").unwrap());
+        let got: Vec<(BudgetName, u64)> = specs
+            .iter()
+            .zip(&counting)
+            .map(|(s, c)| (s.name, c.cache_read_weight))
+            .collect();
+        use BudgetName::*;
+        assert_eq!(got, vec![(Tpm, 100), (InputTpm, 100), (OutputTpm, 1000)]);
+        assert!(counting.iter().all(|c| !c.whole_cap));
+        let room = token_room(&specs, &[upstream_budgets(&ks, &p.upstreams[1])]);
+        assert_eq!(
+            room,
+            TokenRoom {
+                total: Some(1000),
+                output: Some(50)
+            }
+        );
+    }
+
+    #[test]
+    fn upstreams_cannot_set_a_cache_read_weight() {
+        let bad = CONFIG.replace(
+            "limits = { tpm = 100000 }",
+            "limits = { tpm = 100000, cache_read_weight = 0 }",
+        );
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.starts_with("upstreams[2].limits.cache_read_weight:")),
+            "{e}"
+        );
+        let bad = CONFIG.replace("cache_read_weight = 100", "cache_read_weight = 1001");
+        assert!(Policy::from_toml(&bad).is_err());
+        let bad = CONFIG.replace("output_tpm = 9000", "output_tpm_burst = 9000");
+        let e = Policy::from_toml(&bad).unwrap_err();
+        assert!(
+            e.0.iter()
+                .any(|m| m.ends_with("output_tpm_burst: needs output_tpm")),
+            "{e}"
+        );
+    }
+}

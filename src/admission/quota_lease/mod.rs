@@ -1,0 +1,298 @@
+//! Quota leases (issue 30; DESIGN "Leased quota"): hot budgets spent
+//! in-process from batches the shared store grants.
+//!
+//! A layer of the gateway's store ([`super::GatewayStore`]), like the deny
+//! cache and the failure policy: a reservation whose every budget is
+//! covered by a live lease of this gateway is decided here, all-or-nothing,
+//! with its hold kept here; its extensions come from the leases and its
+//! settlement refunds into them. A reservation naming any budget without a
+//! lease goes to the store as before, one call. A budget is leased once
+//! this gateway's demand on it passes `lease.min_rate` requests per second;
+//! a background task ([`QuotaLeases::spawn_keeper`]) grants, tops up,
+//! reports and gives back, one store call per budget domain per round, off
+//! the request path.
+//!
+//! - [`book`]: the synchronous core (leases, local holds, decisions).
+//! - [`plan`]: which store calls are due and what their replies change.
+//! - [`demand`]: this gateway's rate per budget.
+//!
+//! # Bounds
+//!
+//! Without faults a lease is pre-debited: the store's budget plus what is
+//! out on leases never exceeds what the budget admits, so admission is
+//! never above the limit. What a gateway holds and does not spend is
+//! stranded (refused elsewhere) for at most one report interval: at most
+//! `max_fraction` of a budget's capacity per gateway, in practice one
+//! report interval of its demand. Faults (DESIGN "Leased quota, faults"):
+//! a gateway that dies loses what its leases held (the store counts it as
+//! spent; a bucket refills it, a quota keeps it, slots expire with the
+//! lease); a failover that loses a grant lets the gateway spend what the
+//! new primary never debited, at most that lease; a partitioned gateway
+//! spends only what its unexpired leases hold. Refunds of reservations
+//! that outlive their lease (fenced, expired) are not returned, and their
+//! debt is not charged: at most the estimate error of the reservations in
+//! flight at the fence. Their extensions are paid by their lease while it
+//! is unexpired, closing or not, then reserved exactly in the store
+//! (`local_hold`); the slots of a fenced or expired concurrency lease are
+//! leased again for its requests at the next round (`plan`).
+//!
+//! The book sweeps idle budgets every [`book::SWEEP_EVERY`]: its size
+//! follows the budgets in use, not every end user ever seen.
+
+pub mod book;
+pub mod bounds;
+pub mod demand;
+mod local_hold;
+pub mod metrics;
+pub mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+pub use book::{Book, BookSettings, Decision, LeaseOff};
+pub use local_hold::{exhausted, Extension, OverflowEnd, StoreStep};
+pub use plan::{Applied, Call};
+
+use crate::budget::lease::LeaseStore;
+use crate::budget::store_config::LeasePolicy;
+use crate::budget::{
+    ExtendOutcome, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
+};
+
+/// How often the keeper looks for due calls, at most.
+const TICK_MIN: Duration = Duration::from_millis(5);
+/// ... and at least.
+const TICK_MAX: Duration = Duration::from_millis(50);
+
+/// The lease layer's state, shared by every serving thread.
+pub struct QuotaLeases {
+    book: Mutex<Book>,
+    store: Arc<dyn LeaseStore>,
+    timeout: Duration,
+    base: Instant,
+    wake: Notify,
+    tick: Duration,
+}
+
+impl QuotaLeases {
+    /// Leases under `policy` through `store`, each call ending after
+    /// `timeout`. `gateway_id` makes lease ids unique per process.
+    pub fn new(
+        policy: &LeasePolicy,
+        off: LeaseOff,
+        store: Arc<dyn LeaseStore>,
+        timeout: Duration,
+        gateway_id: &str,
+    ) -> Self {
+        Self {
+            book: Mutex::new(Book::new(settings(policy, timeout), off, gateway_id)),
+            store,
+            timeout,
+            base: Instant::now(),
+            wake: Notify::new(),
+            tick: (policy.report_interval / 40).clamp(TICK_MIN, TICK_MAX),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.base.elapsed().as_micros() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Decides `r` from leases, or `None` when the store must.
+    pub fn reserve(&self, r: &ReserveRequest) -> Option<ReserveOutcome> {
+        let now = self.now();
+        let (decision, nudge) = {
+            let mut book = self.lock();
+            let d = book.reserve(r, now);
+            (d, std::mem::take(&mut book.nudge))
+        };
+        if nudge {
+            self.wake.notify_one();
+        }
+        match decision {
+            Decision::Local(o) => {
+                metrics::decision(true);
+                Some(o)
+            }
+            Decision::Store => {
+                metrics::decision(false);
+                None
+            }
+        }
+    }
+
+    /// The store failed to decide `r`: its demand is taken back.
+    pub fn store_failed(&self, r: &ReserveRequest) {
+        let now = self.now();
+        self.lock().uncount(r, now);
+    }
+
+    /// True when `id` is a reservation decided here.
+    pub fn holds(&self, id: &str) -> bool {
+        self.lock().holds(id)
+    }
+
+    /// Extends a local hold from its leases; when they are short, asks the
+    /// store for a top-up first (off the request path for reservations,
+    /// on it for a stream that would otherwise be cut off); when they are
+    /// still short, answers the store call that extends it exactly
+    /// (`local_hold`: a stream with budget left is not cut off).
+    pub async fn extend(&self, id: &str, step: &Step) -> Option<Result<ExtendOutcome, StoreStep>> {
+        if let Extension::Done(o) = self.lock().extend(id, step, self.now())? {
+            return Some(Ok(o));
+        }
+        self.round().await;
+        let mut book = self.lock();
+        match book.extend(id, step, self.now())? {
+            Extension::Done(o) => Some(Ok(o)),
+            Extension::Short => book.overflow_step(id, step).map(Err),
+        }
+    }
+
+    /// The answer to an overflow reservation of `id` ([`StoreStep::Reserve`]):
+    /// `Some(true)` admitted, `Some(false)` refused, `None` unknown.
+    pub fn overflow_reserved(&self, id: &str, ov_id: &str, admitted: Option<bool>, tokens: u64) {
+        self.lock().overflow_reserved(id, ov_id, admitted, tokens);
+    }
+
+    /// `granted` tokens more on `id`'s overflow ([`StoreStep::Extend`]).
+    pub fn overflow_extended(&self, id: &str, granted: u64) {
+        self.lock().overflow_extended(id, granted);
+    }
+
+    /// The store calls that settle `id`'s overflows, before [`Self::settle`].
+    pub fn overflow_ends(&self, id: &str, s: &Settlement) -> Vec<OverflowEnd> {
+        self.lock().overflow_ends(id, s)
+    }
+
+    /// Settles (or voids) a local hold.
+    pub fn settle(&self, id: &str, s: &Settlement) -> Option<SettleOutcome> {
+        self.lock().settle(id, s, self.now())
+    }
+
+    /// A local hold's slots live as long as its leases: nothing to renew.
+    pub fn renew(&self, id: &str) -> Option<RenewOutcome> {
+        let book = self.lock();
+        let ttl = book.settings.ttl;
+        book.holds(id).then(|| RenewOutcome::Renewed {
+            lease_until_micros: book.utc(self.now()).saturating_add(ttl),
+        })
+    }
+
+    /// Applies a reloaded `[store.lease]`.
+    pub fn set_policy(&self, policy: &LeasePolicy) {
+        self.lock()
+            .set_policy(settings(policy, self.timeout), LeaseOff::of(policy));
+    }
+
+    /// Leases held now.
+    pub fn leases(&self) -> usize {
+        self.lock().leases()
+    }
+
+    /// Units this gateway holds on a lease of budget `key`.
+    pub fn leased_units(&self, key: &str) -> Option<i64> {
+        self.lock().leased_units(key)
+    }
+
+    /// What is out on leases for each of `specs`, fleet-wide (the store's
+    /// view, as of the last reports).
+    pub async fn leased_out(
+        &self,
+        specs: &[crate::budget::BudgetSpec],
+    ) -> Result<Vec<crate::budget::lease::LeasedOut>, crate::budget::StoreError> {
+        match tokio::time::timeout(self.timeout, self.store.leased_out(specs)).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::budget::StoreError::Timeout),
+        }
+    }
+
+    /// One planning round: sends every due call and applies the replies.
+    pub async fn round(&self) {
+        let (calls, entries) = {
+            let mut book = self.lock();
+            (book.due(self.now()), book.entries())
+        };
+        metrics::book_entries(entries);
+        self.send(calls).await;
+    }
+
+    async fn send(&self, calls: Vec<Call>) {
+        for call in calls {
+            metrics::call();
+            let replies =
+                match tokio::time::timeout(self.timeout, self.store.lease(&call.lines)).await {
+                    Ok(Ok(r)) if r.len() == call.lines.len() => Some(r),
+                    Ok(Ok(r)) => {
+                        tracing::warn!(
+                            lines = call.lines.len(),
+                            replies = r.len(),
+                            "lease call: reply count differs; resending"
+                        );
+                        None
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "lease call failed; resending");
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!("lease call timed out; resending");
+                        None
+                    }
+                };
+            let applied = self.lock().apply(&call, replies.as_deref(), self.now());
+            metrics::applied(&applied);
+        }
+        metrics::held(self.leases());
+    }
+
+    /// Wakes the keeper (a budget became hot, a lease ran short).
+    pub fn nudge(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Runs the keeper on the current runtime until the handle is aborted.
+    pub fn spawn_keeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(me.tick) => {}
+                    _ = me.wake.notified() => {}
+                }
+                me.round().await;
+            }
+        })
+    }
+
+    /// Gives back every lease (shutdown, after the last settlement).
+    pub async fn end_all(&self) {
+        let calls = self.lock().end_all(self.now());
+        self.send(calls).await;
+    }
+}
+
+/// The book's settings from `[store.lease]`.
+pub fn settings(policy: &LeasePolicy, timeout: Duration) -> BookSettings {
+    let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
+    BookSettings {
+        min_rate: policy.min_rate,
+        ttl: us(policy.ttl),
+        report: us(policy.report_interval),
+        max_fraction_ppm: (policy.max_fraction * 1e6).round().clamp(1.0, 1e6) as u64,
+        margin: us(policy.clock_margin),
+        // Long enough to answer a retried call and the final end of a
+        // lease whose reservations were still settling.
+        record_ttl: us(policy.ttl) * 4 + us(timeout) * 2,
+        fleet_size: policy.fleet_size,
+    }
+}

@@ -1,0 +1,345 @@
+//! Settlements as tracked work. Settlements run as tasks off the
+//! response's critical path, retried with the same reservation id
+//! (idempotent) for a bounded time, and drained at shutdown. The tracker
+//! also carries the shutdown *cutoff*: at the end of the grace period every
+//! stream still relaying is told to cut off cleanly.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use super::slot_renewal::SlotRenewer;
+use super::GatewayStore;
+
+use crate::budget::bucket::MAX_LIMIT;
+use crate::budget::deny_cache::DenyCache;
+use crate::budget::{BudgetSpec, BudgetStore, SettleOutcome, Settlement};
+use crate::metrics::TenantMetrics;
+
+/// The local deny-cache entries a refund must clear: the refundable token
+/// budgets of a tenant's budget plan. Built once per plan.
+pub struct DenyRelease {
+    /// The gateway's deny cache.
+    pub cache: Arc<DenyCache>,
+    /// Budget keys of the plan's refundable, token-counting tenant budgets.
+    pub keys: Vec<String>,
+}
+
+impl DenyRelease {
+    /// The release of `specs`' entries in `cache`.
+    pub fn of(cache: Arc<DenyCache>, specs: &[BudgetSpec]) -> Self {
+        let mut r = DenyRelease {
+            cache,
+            keys: Vec::new(),
+        };
+        r.keys.extend(Self::released(specs));
+        r
+    }
+
+    /// This release and that of `more` (a request's end-user budgets).
+    pub fn with(&self, more: &[BudgetSpec]) -> Self {
+        let mut keys = self.keys.clone();
+        keys.extend(Self::released(more));
+        DenyRelease {
+            cache: self.cache.clone(),
+            keys,
+        }
+    }
+
+    /// Keys of the budgets among `specs` a settlement may refund:
+    /// refundable token budgets, and dollar budgets (always refunded to
+    /// the actual cost).
+    fn released(specs: &[BudgetSpec]) -> impl Iterator<Item = String> + '_ {
+        specs
+            .iter()
+            .filter(|s| s.refund_unused && s.name.counts_tokens() || s.name.counts_usd())
+            .map(|s| s.key.to_string())
+    }
+}
+
+/// What a settlement reports to besides the store: the tenant's metrics and
+/// the deny-cache entries its refund clears.
+#[derive(Clone, Default)]
+pub(super) struct SettleReport {
+    pub(super) tenant: Option<Arc<TenantMetrics>>,
+    pub(super) deny: Option<Arc<DenyRelease>>,
+    /// The settled cost, µ$, when the deployment is priced.
+    pub(super) spend_micros: Option<u64>,
+    /// Told when the settlement is applied (refunds and freed slots are
+    /// capacity that requests waiting in the queue may take).
+    pub(super) capacity: Option<CapacityHook>,
+    /// The settlement's ledger row, when the ledger is on.
+    pub(super) ledger: Option<crate::ledger::LedgerCapture>,
+}
+
+/// Where a settlement's outcome goes when its caller waits for it
+/// ([`super::HeldReservation::settle_now`]): `None` when it failed for good.
+pub(super) type SettleAnswer = tokio::sync::oneshot::Sender<Option<SettleOutcome>>;
+
+/// Called once a reservation's settlement is applied in the store, with
+/// the tokens it refunded (its slots are free in any case).
+pub type CapacityHook = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Counts settlement tasks in flight so tests and shutdown can wait for them.
+#[derive(Clone, Default)]
+pub struct SettlementTracker {
+    inner: Arc<TrackerInner>,
+}
+
+struct TrackerInner {
+    pending: AtomicUsize,
+    idle: Notify,
+    settled: AtomicU64,
+    failed: AtomicU64,
+    /// Becomes true at the shutdown deadline.
+    cutoff: watch::Sender<bool>,
+    /// Renews the leases of live reservations.
+    slot_renewer: SlotRenewer,
+}
+
+impl Default for TrackerInner {
+    fn default() -> Self {
+        Self {
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            settled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            cutoff: watch::Sender::new(false),
+            slot_renewer: SlotRenewer::default(),
+        }
+    }
+}
+
+impl SettlementTracker {
+    /// Settlements queued or running.
+    pub fn pending(&self) -> usize {
+        self.inner.pending.load(Ordering::SeqCst)
+    }
+
+    /// Settlements applied since start (including `AlreadySettled` answers).
+    pub fn settled(&self) -> u64 {
+        self.inner.settled.load(Ordering::SeqCst)
+    }
+
+    /// Settlements given up after the retry window.
+    pub fn failed(&self) -> u64 {
+        self.inner.failed.load(Ordering::SeqCst)
+    }
+
+    /// Reservations whose leases are being renewed (live ones).
+    pub fn live_leases(&self) -> usize {
+        self.inner.slot_renewer.live()
+    }
+
+    /// Tells every stream still relaying, and every request still waiting
+    /// for its upstream, to end now (the shutdown grace period is over).
+    pub fn begin_cutoff(&self) {
+        self.inner.cutoff.send_replace(true);
+    }
+
+    /// True once [`SettlementTracker::begin_cutoff`] was called.
+    pub fn is_cut_off(&self) -> bool {
+        *self.inner.cutoff.borrow()
+    }
+
+    /// Resolves once [`SettlementTracker::begin_cutoff`] is called (at once
+    /// if it was). Cancel-safe.
+    pub async fn cutoff(&self) {
+        let mut rx = self.inner.cutoff.subscribe();
+        let _ = rx.wait_for(|cut| *cut).await;
+    }
+
+    /// Waits until no settlement is pending.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if self.pending() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The slot renewer of the reservations this tracker settles.
+    pub(super) fn slot_renewer(&self) -> &SlotRenewer {
+        &self.inner.slot_renewer
+    }
+
+    pub(super) fn spawn_settle(
+        &self,
+        store: Arc<GatewayStore>,
+        id: String,
+        s: Settlement,
+        retry_for: Duration,
+        report: SettleReport,
+        answer: Option<SettleAnswer>,
+    ) {
+        self.inner.pending.fetch_add(1, Ordering::SeqCst);
+        let inner = self.inner.clone();
+        let mut settle = Box::pin(async move {
+            let outcome = settle_in_gateway(&store, &id, &s, retry_for).await;
+            match outcome {
+                Some(o) => {
+                    record_settlement(&report, &id, &s, &o);
+                    inner.settled.fetch_add(1, Ordering::SeqCst);
+                    match &o {
+                        SettleOutcome::Settled {
+                            reserved,
+                            refunded,
+                            debt,
+                            ..
+                        } => {
+                            tracing::debug!(reservation_id = %id, reserved, refunded, debt, "settled")
+                        }
+                        SettleOutcome::AlreadySettled => {
+                            tracing::debug!(reservation_id = %id, "settled already")
+                        }
+                        SettleOutcome::Unknown => {
+                            tracing::debug!(reservation_id = %id, "settle: no such hold (expired)")
+                        }
+                        SettleOutcome::Voided => {
+                            tracing::debug!(reservation_id = %id, "settle: voided")
+                        }
+                    }
+                }
+                None => {
+                    inner.failed.fetch_add(1, Ordering::SeqCst);
+                    tracing::error!(reservation_id = %id, actual_tokens = s.actual_tokens, "settlement failed after retries");
+                    // An attempt may have applied before its reply was
+                    // lost: the ledger says so rather than nothing.
+                    if let Some(l) = &report.ledger {
+                        l.record_unknown(&id, &s);
+                    }
+                }
+            }
+            // The waiter may be gone (its client left): the settlement is
+            // done all the same.
+            if let Some(answer) = answer {
+                let _ = answer.send(outcome);
+            }
+            if inner.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+                inner.idle.notify_waiters();
+            }
+        });
+        // A store that answers without I/O (the memory store) settles in
+        // this first poll, which saves a task and a cross-thread wake-up per
+        // request; otherwise the request is already on its way to the store
+        // and a task waits for the answer. (A future may be polled again
+        // with another waker; only the last one is woken.)
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        if settle.as_mut().poll(&mut cx).is_pending() {
+            tokio::spawn(settle);
+        }
+    }
+}
+
+/// `s` with its usage bounded by the largest single cost (tokens): the
+/// usage comes from the upstream's answer, and an absurd count must not
+/// overflow the budget arithmetic (whose integers stay below 2^53).
+pub(super) fn bounded(s: Settlement) -> Settlement {
+    Settlement {
+        actual_tokens: s.actual_tokens.min(MAX_LIMIT),
+        ..s
+    }
+}
+
+fn record_settlement(report: &SettleReport, id: &str, s: &Settlement, outcome: &SettleOutcome) {
+    // A retry after a lost reply answers AlreadySettled: the first attempt
+    // applied it, and the ledger keeps one row per id.
+    if let (Some(l), SettleOutcome::Settled { .. } | SettleOutcome::AlreadySettled) =
+        (&report.ledger, outcome)
+    {
+        l.record(id, s);
+    }
+    let actual_tokens = s.actual_tokens;
+    let SettleOutcome::Settled {
+        reserved, refunded, ..
+    } = outcome
+    else {
+        return;
+    };
+    if let Some(hook) = &report.capacity {
+        hook(*refunded);
+    }
+    if let Some(t) = &report.tenant {
+        t.settled(*reserved, actual_tokens);
+        if let Some(micros) = report.spend_micros {
+            t.spent(micros);
+        }
+    }
+    if let (Some(d), true) = (&report.deny, *refunded > 0) {
+        d.cache.forget(&d.keys);
+    }
+}
+
+/// Settles in `store`, retrying store errors with a growing back-off for
+/// up to `retry_for`.
+pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
+    store: &S,
+    id: &str,
+    s: Settlement,
+    retry_for: Duration,
+) -> Option<SettleOutcome> {
+    retry(id, retry_for, || store.settle(id, &s)).await
+}
+
+/// [`settle_with_retry`] through the gateway's store layers, called
+/// directly (no boxed future per layer).
+async fn settle_in_gateway(
+    store: &GatewayStore,
+    id: &str,
+    s: &Settlement,
+    retry_for: Duration,
+) -> Option<SettleOutcome> {
+    retry(id, retry_for, || store.settle(id, s)).await
+}
+
+/// Calls `settle` until it succeeds, with a growing back-off, for up to `retry_for`.
+async fn retry<F, Fut>(id: &str, retry_for: Duration, mut settle: F) -> Option<SettleOutcome>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<SettleOutcome, crate::budget::StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + retry_for;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match settle().await {
+            Ok(o) => return Some(o),
+            Err(e) => {
+                tracing::warn!(reservation_id = %id, error = %e, "settle failed, retrying");
+                if tokio::time::Instant::now() + backoff > deadline {
+                    crate::metrics::settlement_failed();
+                    return None;
+                }
+                tokio::time::sleep(backoff).await;
+                crate::metrics::settlement_retry();
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_usage_is_bounded_by_the_largest_single_cost() {
+        let s = bounded(Settlement {
+            actual_tokens: u64::MAX,
+            upstream_failed: true,
+            actual: crate::budget::Actual::Tokens,
+        });
+        assert_eq!(s.actual_tokens, MAX_LIMIT);
+        assert!(s.upstream_failed);
+        let small = Settlement {
+            actual_tokens: 17,
+            upstream_failed: false,
+            actual: crate::budget::Actual::Tokens,
+        };
+        assert_eq!(bounded(small).actual_tokens, 17);
+    }
+}

@@ -1,0 +1,498 @@
+//! The store's state under its one lock, and the checks and debits a
+//! reservation makes on it.
+
+// foldhash: these maps are looked up several times per request; their keys
+// are config-derived budget keys and gateway-made reservation ids.
+use foldhash::HashMap;
+
+use super::tombstones::Tombstones;
+use crate::budget::bucket::{BucketState, MAX_LIMIT};
+use crate::budget::share::ShareState;
+use crate::budget::{
+    Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
+    ReserveRequest, WouldDeny,
+};
+use crate::budget::{MAX_AMOUNT, MAX_COUNT};
+
+/// Operations between sweeps of expired holds, leases, full idle buckets
+/// and past quota windows.
+const SWEEP_EVERY: u64 = 4096;
+
+/// Longest time between sweeps while the store is used at all, µs: a
+/// quiet store (one whose end users went away) frees their state too.
+const SWEEP_PERIOD: u64 = 60_000_000;
+
+#[derive(Default)]
+pub(super) struct Inner {
+    pub(super) buckets: HashMap<String, BucketState>,
+    pub(super) quotas: HashMap<String, QuotaState>,
+    pub(super) slots: HashMap<String, HashMap<String, u64>>,
+    /// Live (unsettled) holds: as many as requests in flight.
+    pub(super) holds: HashMap<String, Hold>,
+    /// Settled holds.
+    pub(super) settled: Tombstones,
+    /// Quota leases per budget key (`lease`).
+    pub(super) leases: HashMap<String, super::lease::BudgetLeases>,
+    /// Share states of contended deployments, by share key (`budget::share`).
+    pub(super) shares: HashMap<String, ShareState>,
+    pub(super) ops: u64,
+    /// Time of the last sweep, UTC µs.
+    pub(super) swept_at: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct QuotaState {
+    pub(super) window: u64,
+    pub(super) used: u64,
+    /// End of the window, UTC µs: the entry is swept from then on (its
+    /// count would read as 0 anyway).
+    pub(super) end: u64,
+}
+
+pub(super) struct Hold {
+    pub(super) lines: Vec<HoldLine>,
+    pub(super) reserved_tokens: u64,
+    pub(super) lease_micros: u64,
+    pub(super) expires_at: u64,
+    pub(super) admission: Admission,
+}
+
+pub(super) struct HoldLine {
+    pub(super) spec: BudgetSpec,
+    /// The spec's position among the reservation's specs (common, then the
+    /// chosen candidate's): what extension rates and settled actuals are
+    /// indexed by.
+    pub(super) pos: usize,
+    /// What the line holds in the spec's unit, reservation and extensions.
+    pub(super) held: u64,
+    /// Quota debits as `(window id, amount)`, so refunds go only to the window debited.
+    pub(super) debits: Vec<(u64, u64)>,
+}
+
+pub(super) enum Check {
+    Ok,
+    Denied(Denial),
+    Impossible(Impossibility),
+}
+
+impl Inner {
+    pub(super) fn tick(&mut self, now: u64) {
+        self.ops += 1;
+        self.settled.rotate(now);
+        if self.ops.is_multiple_of(SWEEP_EVERY) || now >= self.swept_at.saturating_add(SWEEP_PERIOD)
+        {
+            self.swept_at = now;
+            self.quotas.retain(|_, q| q.end > now);
+            self.holds.retain(|_, h| h.expires_at > now);
+            super::lease::sweep(&mut self.leases, now);
+            self.shares.retain(|_, st| {
+                st.live(now);
+                !st.is_empty()
+            });
+            for set in self.slots.values_mut() {
+                set.retain(|_, lease| *lease > now);
+            }
+            self.slots.retain(|_, s| !s.is_empty());
+            self.buckets.retain(|_, b| {
+                let b = b.advance(b.per_minute, b.burst, now);
+                !b.is_full()
+            });
+        }
+    }
+
+    /// A refused reservation still brings every bucket it names under the
+    /// request's policy, when the stored limit or burst differ (a reload
+    /// changed them): refill up to now at the old rate, the new rate from
+    /// now on. Without it a refused tenant's bucket would keep refilling at
+    /// the old rate until some request is admitted, while the retry hints
+    /// use the new one. Written once per bucket per policy change.
+    pub(super) fn adopt_policies(&mut self, req: &ReserveRequest, now: u64) {
+        for spec in req.common.iter().chain(req.candidates.iter().flatten()) {
+            let BudgetKind::Bucket { per_minute, burst } = spec.kind else {
+                continue;
+            };
+            if let Some(b) = self.buckets.get_mut(&*spec.key) {
+                if (b.per_minute, b.burst) != (per_minute, burst) {
+                    *b = b.advance(per_minute, burst, now);
+                }
+            }
+        }
+    }
+
+    pub(super) fn bucket(&self, key: &str, per_minute: u64, burst: u64, now: u64) -> BucketState {
+        match self.buckets.get(key) {
+            Some(b) => b.advance(per_minute, burst, now),
+            None => BucketState::full(per_minute, burst, now),
+        }
+    }
+
+    /// The bucket at `key` brought to `now` under the policy it is stored
+    /// with (`per_minute` and `burst` only when none is stored: full under
+    /// them). For counts taken under a policy that a reload may have
+    /// changed since (a settle, an extension, a lease's debt, give back or
+    /// end): they change the level, never the policy, so the next
+    /// reservation refills at the stored (new) rate (`lua/lib.lua`'s
+    /// `bucket_stored`). A bucket full by now carries no state worth its
+    /// policy (the Redis store's key may have expired already): it is
+    /// brought under the given policy, as [`Self::bucket`] does.
+    pub(super) fn stored_bucket(
+        &self,
+        key: &str,
+        per_minute: u64,
+        burst: u64,
+        now: u64,
+    ) -> BucketState {
+        match self.buckets.get(key) {
+            Some(b) => {
+                let stored = b.advance(b.per_minute, b.burst, now);
+                if stored.is_full() {
+                    b.advance(per_minute, burst, now)
+                } else {
+                    stored
+                }
+            }
+            None => BucketState::full(per_minute, burst, now),
+        }
+    }
+
+    /// `spec` under the policy its bucket is stored with (other kinds, and
+    /// a bucket with no state, as they are): what an extension of a hold
+    /// taken under an older policy counts with ([`Self::stored_bucket`]).
+    pub(super) fn at_stored_policy(&self, spec: &BudgetSpec, now: u64) -> BudgetSpec {
+        let mut s = spec.clone();
+        if let (BudgetKind::Bucket { .. }, Some(b)) = (spec.kind, self.buckets.get(&*spec.key)) {
+            if !b.advance(b.per_minute, b.burst, now).is_full() {
+                s.kind = BudgetKind::Bucket {
+                    per_minute: b.per_minute,
+                    burst: b.burst,
+                };
+            }
+        }
+        s
+    }
+
+    pub(super) fn quota(&self, key: &str, window: u64) -> QuotaState {
+        match self.quotas.get(key) {
+            Some(q) if q.window == window => *q,
+            // Its end is set by the caller that stores it.
+            _ => QuotaState {
+                window,
+                used: 0,
+                end: 0,
+            },
+        }
+    }
+
+    pub(super) fn live_slots(&self, key: &str, now: u64) -> u64 {
+        self.slots
+            .get(key)
+            .map(|s| s.values().filter(|lease| **lease > now).count() as u64)
+            .unwrap_or(0)
+    }
+
+    pub(super) fn available(&self, spec: &BudgetSpec, now: u64) -> i64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                self.bucket(&spec.key, per_minute, burst, now).available()
+            }
+            BudgetKind::Quota { limit, window } => {
+                limit as i64 - self.quota(&spec.key, window.id(now)).used as i64
+            }
+            BudgetKind::Concurrency { max } => max as i64 - self.live_slots(&spec.key, now) as i64,
+        }
+    }
+
+    pub(super) fn wait_for(&self, spec: &BudgetSpec, cost: u64, now: u64) -> u64 {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => self
+                .bucket(&spec.key, per_minute, burst, now)
+                .wait_for(cost, now),
+            BudgetKind::Quota { window, .. } => window.end(now) - now,
+            BudgetKind::Concurrency { .. } => 0,
+        }
+    }
+
+    pub(super) fn state_of(&self, spec: &BudgetSpec, now: u64) -> BudgetState {
+        let (remaining, reset, window) = match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let b = self.bucket(&spec.key, per_minute, burst, now);
+                (b.available(), b.until_full(now), None)
+            }
+            BudgetKind::Quota { limit, window } => {
+                let q = self.quota(&spec.key, window.id(now));
+                (
+                    limit as i64 - q.used as i64,
+                    window.end(now) - now,
+                    Some(window),
+                )
+            }
+            BudgetKind::Concurrency { max } => {
+                (max as i64 - self.live_slots(&spec.key, now) as i64, 0, None)
+            }
+        };
+        BudgetState {
+            scope: spec.scope.clone(),
+            name: spec.name,
+            limit: spec.limit(),
+            remaining,
+            reset_micros: reset,
+            window,
+        }
+    }
+
+    pub(super) fn check(&self, spec: &BudgetSpec, cost: u64, id: &str, now: u64) -> Check {
+        if !matches!(spec.kind, BudgetKind::Concurrency { .. }) && cost > spec.capacity() {
+            return Check::Impossible(Impossibility {
+                scope: spec.scope.clone(),
+                name: spec.name,
+                capacity: spec.capacity(),
+                requested: cost,
+            });
+        }
+        let available = self.available(spec, now);
+        let fits = match spec.kind {
+            BudgetKind::Concurrency { .. } => {
+                // Only a live lease of this id counts: an expired one lingers
+                // until the next sweep, and honouring it would make the
+                // decision depend on sweep timing (and exceed the limit).
+                available >= 1
+                    || self
+                        .slots
+                        .get(&*spec.key)
+                        .and_then(|s| s.get(id))
+                        .is_some_and(|lease| *lease > now)
+            }
+            _ => available >= cost as i64,
+        };
+        if fits {
+            Check::Ok
+        } else {
+            Check::Denied(Denial {
+                held_for_share: false,
+                scope: spec.scope.clone(),
+                name: spec.name,
+                limit: spec.limit(),
+                requested: cost,
+                available,
+                retry_after_micros: self.wait_for(spec, cost, now),
+                now_micros: now,
+                state: self.state_of(spec, now),
+            })
+        }
+    }
+
+    /// Checks every spec of `specs` (at `first` onwards among candidate
+    /// `candidate`'s specs, for their costs) after `worst`, the result of
+    /// earlier specs; an impossible budget wins over a denial, and among
+    /// denials the longest wait, the first of equals (every budget must admit).
+    pub(super) fn check_all(
+        &self,
+        specs: &[BudgetSpec],
+        req: &ReserveRequest,
+        (candidate, first): (usize, usize),
+        worst: Option<Denial>,
+        now: u64,
+    ) -> Check {
+        let mut worst = worst;
+        for (j, spec) in specs.iter().enumerate() {
+            if spec.shadow {
+                // Evaluated again at admission; a shadow refusal never blocks.
+                continue;
+            }
+            let cost = req.costs.of(candidate, first + j, spec);
+            match self.check(spec, cost, &req.id, now) {
+                Check::Ok => {}
+                Check::Impossible(i) => return Check::Impossible(i),
+                Check::Denied(d) => {
+                    if worst
+                        .as_ref()
+                        .is_none_or(|w| d.retry_after_micros > w.retry_after_micros)
+                    {
+                        worst = Some(d);
+                    }
+                }
+            }
+        }
+        match worst {
+            Some(d) => Check::Denied(d),
+            None => Check::Ok,
+        }
+    }
+
+    /// Debits `amount` (in the spec's unit) and returns the quota window debited, if any.
+    pub(super) fn debit(
+        &mut self,
+        spec: &BudgetSpec,
+        amount: u64,
+        now: u64,
+        id: &str,
+    ) -> Option<u64> {
+        match spec.kind {
+            BudgetKind::Bucket { per_minute, burst } => {
+                let mut b = self.bucket(&spec.key, per_minute, burst, now);
+                // Admitted amounts fit what is available: nothing passes the floor.
+                b.debit(amount);
+                store_at(&mut self.buckets, &spec.key, b);
+                None
+            }
+            BudgetKind::Quota { window, .. } => {
+                let w = window.id(now);
+                let mut q = self.quota(&spec.key, w);
+                q.used += amount;
+                q.end = window.end(now);
+                store_at(&mut self.quotas, &spec.key, q);
+                Some(w)
+            }
+            BudgetKind::Concurrency { .. } => {
+                // The lease end is written by the caller, which knows the lease length.
+                let _ = id;
+                None
+            }
+        }
+    }
+
+    pub(super) fn admit(
+        &mut self,
+        req: &ReserveRequest,
+        cand: &[BudgetSpec],
+        candidate: usize,
+        now: u64,
+    ) -> ReserveOutcome {
+        let mut lines = Vec::with_capacity(req.common.len() + cand.len());
+        let mut budgets = Vec::with_capacity(lines.capacity());
+        let mut would_deny = Vec::new();
+        for (pos, spec) in req.common.iter().chain(cand.iter()).enumerate() {
+            let cost = req.costs.of(candidate, pos, spec);
+            if spec.shadow && !matches!(self.check(spec, cost, &req.id, now), Check::Ok) {
+                would_deny.push(WouldDeny {
+                    scope: spec.scope.clone(),
+                    name: spec.name,
+                });
+                continue;
+            }
+            let window = self.debit(spec, cost, now, &req.id);
+            if let BudgetKind::Concurrency { .. } = spec.kind {
+                let lease_end = now + req.lease_micros;
+                match self.slots.get_mut(&*spec.key) {
+                    Some(set) => {
+                        set.insert(req.id.clone(), lease_end);
+                    }
+                    None => {
+                        let set = HashMap::from_iter([(req.id.clone(), lease_end)]);
+                        self.slots.insert(spec.key.to_string(), set);
+                    }
+                }
+            } else {
+                budgets.push(self.state_of(spec, now));
+            }
+            let held = match spec.kind {
+                BudgetKind::Concurrency { .. } => 0,
+                _ => cost,
+            };
+            lines.push(HoldLine {
+                spec: spec.clone(),
+                pos,
+                held,
+                debits: window.map(|w| vec![(w, cost)]).unwrap_or_default(),
+            });
+        }
+        let admission = Admission {
+            now_micros: now,
+            candidate,
+            budgets,
+            replayed: false,
+            would_deny,
+        };
+        self.holds.insert(
+            req.id.clone(),
+            Hold {
+                lines,
+                reserved_tokens: req.costs.tokens,
+                lease_micros: req.lease_micros,
+                expires_at: now + req.hold_ttl_micros,
+                admission: admission.clone(),
+            },
+        );
+        ReserveOutcome::Admitted(admission)
+    }
+}
+
+impl Inner {
+    /// Settles one line of a hold with its actual `used` (`None`: a void,
+    /// which gives back everything, refundable or not, request counts
+    /// included): refunds what it held beyond `used` when refundable (a
+    /// quota only to the current window's debits), charges what `used`
+    /// exceeds as debt, frees its slot. True when something was refunded.
+    pub(super) fn settle_line(
+        &mut self,
+        id: &str,
+        line: &HoldLine,
+        used: Option<u64>,
+        failed: bool,
+        now: u64,
+    ) -> bool {
+        let spec = &line.spec;
+        let refundable = spec.refund_unused || failed;
+        match spec.kind {
+            BudgetKind::Concurrency { .. } => {
+                if let Some(set) = self.slots.get_mut(&*spec.key) {
+                    set.remove(id);
+                }
+                false
+            }
+            // Request budgets: only a void gives them back.
+            _ if spec.name.counts_requests() && used.is_some() => false,
+            BudgetKind::Bucket { per_minute, burst } => {
+                let used = used.map_or(0, |u| u.min(MAX_LIMIT));
+                // The hold's policy may be older than the bucket's.
+                let mut b = self.stored_bucket(&spec.key, per_minute, burst, now);
+                let refunded = used < line.held && refundable;
+                if refunded {
+                    b.credit(line.held - used);
+                } else if used > line.held {
+                    crate::metrics::debt_forgiven(b.debit(used - line.held));
+                }
+                store_at(&mut self.buckets, &spec.key, b);
+                refunded
+            }
+            BudgetKind::Quota { window, .. } => {
+                let used = used.map_or(0, |u| u.min(MAX_AMOUNT));
+                let w = window.id(now);
+                let mut count = self.quota(&spec.key, w).used;
+                let refunded = used < line.held && refundable;
+                if refunded {
+                    let here: u64 = line
+                        .debits
+                        .iter()
+                        .filter(|(dw, _)| *dw == w)
+                        .map(|(_, a)| a)
+                        .sum();
+                    count = count.saturating_sub((line.held - used).min(here));
+                } else if used > line.held {
+                    count = (count + (used - line.held)).min(MAX_COUNT);
+                }
+                store_at(
+                    &mut self.quotas,
+                    &spec.key,
+                    QuotaState {
+                        window: w,
+                        used: count,
+                        end: window.end(now),
+                    },
+                );
+                refunded
+            }
+        }
+    }
+}
+
+/// Writes `v` at `key`, allocating the key only when it is new (every
+/// reservation rewrites the same few budget keys).
+pub(super) fn store_at<V>(map: &mut HashMap<String, V>, key: &str, v: V) {
+    match map.get_mut(key) {
+        Some(slot) => *slot = v,
+        None => {
+            map.insert(key.to_owned(), v);
+        }
+    }
+}
