@@ -41,7 +41,7 @@ fn request(ks: &KeySpace) -> ReserveRequest {
             &upstream,
             true,
         )],
-        lease_micros: 30_000_000,
+        slot_lease_micros: 30_000_000,
         hold_ttl_micros: 900_000_000,
         requester: Default::default(),
     }

@@ -11,7 +11,7 @@
 #     either (budgets on Redis);
 #   - the spend ledger read through B holds the rows both gateways wrote;
 #   - quota leases are on: a burst on one budget is served from leases
-#     (budgetgate_lease_decisions_total{decided_by="lease"} > 0);
+#     (budgetgate_quota_lease_decisions_total{decided_by="lease"} > 0);
 # then tears the fleet down (`down -v`) and checks that nothing of it is left:
 # no container, pod, volume or network of the project.
 #
@@ -172,7 +172,7 @@ t0=$(date +%s%N)
 codes=$(curl -s --no-progress-meter --parallel --parallel-max 16 -K "$cfg" 2>/dev/null | sort | uniq -c | awk '{printf "%s%s x %s", sep, $2, $1; sep = ", "}')
 answered=$(echo "$codes" | sed -n 's/.*200 x \([0-9]*\).*/\1/p')
 ms=$((($(date +%s%N) - t0) / 1000000))
-leased=$(curl -s "$A/metrics" | awk '/^budgetgate_lease_decisions_total\{.*decided_by="lease"/ {s += $2} END {print s + 0}')
+leased=$(curl -s "$A/metrics" | awk '/^budgetgate_quota_lease_decisions_total\{.*decided_by="lease"/ {s += $2} END {print s + 0}')
 echo "300 requests in $ms ms through A: $codes; decided from a lease: $leased"
 [ "$answered" = 300 ] || fail "$answered of 300 burst requests answered 200"
 [ "${leased%.*}" -gt 0 ] || fail "no decision was taken from a lease"

@@ -56,7 +56,7 @@ cat >"$work/soak.toml" <<TOML
 listen = "127.0.0.1:$gw_port"
 max_request_secs = 60
 settle_retry_secs = 10
-lease_secs = 10
+slot_lease_secs = 10
 [store]
 kind = "redis"
 # Debug binaries on a busy machine: the 50 ms default would time out often.

@@ -441,6 +441,9 @@ pub async fn run(
         ))
     };
     tracing::info!(listen = %local, threads, policy_version = %state.policy.load().version, "budgetgate listening");
+    for note in &state.policy.load().renamed_keys {
+        tracing::warn!("{note}");
+    }
     ready(Started {
         addr: local,
         state: state.clone(),

@@ -327,7 +327,8 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             }
             // Not errors (the gateway runs and refuses those requests
             // clearly), but worth knowing before a tenant finds out.
-            let mut warnings = p.unpriced_warnings();
+            let mut warnings = p.renamed_keys.clone();
+            warnings.extend(p.unpriced_warnings());
             warnings.extend(p.long_context_warnings());
             for w in &warnings {
                 println!("warning: {w}");

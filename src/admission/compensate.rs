@@ -190,7 +190,7 @@ mod tests {
                 shadow: false,
             }],
             candidates: vec![vec![]],
-            lease_micros: 1_000_000,
+            slot_lease_micros: 1_000_000,
             hold_ttl_micros: 60_000_000,
             requester: Default::default(),
         }

@@ -484,7 +484,7 @@ mod tests {
             costs: Costs::tokens(1),
             common: vec![spec],
             candidates: Vec::new(),
-            lease_micros: 1_000_000,
+            slot_lease_micros: 1_000_000,
             hold_ttl_micros: 1_000_000,
             requester: Arc::new(Requester {
                 tenant: "t".into(),

@@ -261,7 +261,7 @@ pub struct ReserveRequest {
     /// Must hold at least one entry (which may be empty).
     pub candidates: Vec<Vec<BudgetSpec>>,
     /// Concurrency lease, microseconds.
-    pub lease_micros: u64,
+    pub slot_lease_micros: u64,
     /// How long the hold lives, microseconds (max request duration + settle-retry window).
     pub hold_ttl_micros: u64,
     /// Who asks: read by the gateway's store wrappers (deny cache, failure
@@ -387,10 +387,10 @@ pub enum ExtendOutcome {
 /// Result of [`BudgetStore::renew`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum RenewOutcome {
-    /// The lease now ends at `lease_until_micros`.
+    /// The lease now ends at `slot_lease_until_micros`.
     Renewed {
         /// New lease end, UTC µs.
-        lease_until_micros: u64,
+        slot_lease_until_micros: u64,
     },
     /// No such hold.
     Unknown,

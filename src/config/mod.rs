@@ -44,8 +44,9 @@ pub struct ServerPolicy {
     pub max_body_bytes: usize,
     /// Longest a request may run upstream (total timeout), also the lower part of the hold TTL.
     pub max_request: Duration,
-    /// Concurrency lease; renewed every lease/3 while a request runs.
-    pub lease: Duration,
+    /// Slot lease: how long a concurrency slot is held without renewal
+    /// (renewed every third of it while its request runs).
+    pub slot_lease: Duration,
     /// How long a failed settlement is retried; hold TTL = max_request + settle_retry.
     pub settle_retry: Duration,
     /// `retry-after` sent with a concurrency refusal.
@@ -401,6 +402,10 @@ pub struct Policy {
     pub ledger: crate::ledger::LedgerSettings,
     /// `[alerts]` (bound at start).
     pub alerts: crate::alerts::AlertSettings,
+    /// Keys written under a former name, one line each naming the new key:
+    /// accepted for one release, printed by `check-config` and logged at
+    /// start and reload.
+    pub renamed_keys: Vec<String>,
     /// `[telemetry]`: request spans over OTLP (bound at start).
     pub telemetry: crate::telemetry::TelemetrySettings,
     model_index: model_names::ModelIndex,

@@ -99,6 +99,8 @@ pub struct RawServer {
     pub listen: Option<String>,
     pub max_body_bytes: Option<i64>,
     pub max_request_secs: Option<i64>,
+    pub slot_lease_secs: Option<i64>,
+    /// Former name of `slot_lease_secs` (issue 39), accepted for one release.
     pub lease_secs: Option<i64>,
     pub settle_retry_secs: Option<i64>,
     pub concurrency_retry_secs: Option<i64>,

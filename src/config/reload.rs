@@ -197,6 +197,9 @@ pub fn install(
         );
     }
     let new_version = new.version.clone();
+    for note in &new.renamed_keys {
+        tracing::warn!(config = %path.display(), "{note}");
+    }
     crate::metrics::policy_installed(Some(&running), &new);
     current.store(Arc::new(new));
     tracing::info!(

@@ -280,7 +280,7 @@ impl<'c> Fleet<'c> {
             costs: Costs::tokens(estimate),
             common: vec![rpm.clone(), tpm.clone()],
             candidates: vec![Vec::new()],
-            lease_micros: 5_000_000,
+            slot_lease_micros: 5_000_000,
             // Longer than any simulated request (1.5 s) plus its calls; the
             // settled holds' tombstones live as long, so a gateway's 30 s
             // would keep tens of millions of them in the big fleet.

@@ -135,7 +135,7 @@ pub async fn admit<'p>(
         costs,
         common,
         candidates: candidates.iter().map(|d| d.budgets.clone()).collect(),
-        lease_micros: policy.server.lease.as_micros() as u64,
+        slot_lease_micros: policy.server.slot_lease.as_micros() as u64,
         hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
             as u64,
         requester: plan.requester.clone(),
@@ -177,7 +177,7 @@ pub async fn admit<'p>(
         cx.st.store.clone(),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
-        policy.server.lease,
+        policy.server.slot_lease,
         policy.server.settle_retry,
     )
     .with_amounts(
@@ -314,7 +314,7 @@ pub fn request_count_reservation(
         ),
         common,
         candidates: vec![Vec::new()],
-        lease_micros: policy.server.lease.as_micros() as u64,
+        slot_lease_micros: policy.server.slot_lease.as_micros() as u64,
         hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
             as u64,
         requester: plan.requester.clone(),

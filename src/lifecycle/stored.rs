@@ -209,7 +209,7 @@ async fn charge_requests(
         cx.st.store.clone(),
         cx.st.settlements.clone(),
         0,
-        policy.server.lease,
+        policy.server.slot_lease,
         policy.server.settle_retry,
     )
     .with_metrics(plan.tenant_metrics.clone());

@@ -79,6 +79,44 @@ fn check_config_takes_the_file_as_argument_flag_or_environment() {
     assert!(text(&out.stderr).contains("--config FILE"));
 }
 
+/// Issue 39 point 5: `[server] lease_secs` is renamed `slot_lease_secs`
+/// (the slot lease, not a quota lease). The former key is accepted for one
+/// release with a warning naming the new one; both together are an error.
+#[test]
+fn the_former_lease_secs_key_is_accepted_with_a_warning_naming_slot_lease_secs() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    let text_of = |p: &str| std::fs::read_to_string(p).unwrap();
+    let base = text_of(&cfg);
+    let with = |extra: &str| {
+        let t = if base.contains("[server]") {
+            base.replacen("[server]", &format!("[server]\n{extra}"), 1)
+        } else {
+            format!("[server]\n{extra}\n{base}")
+        };
+        std::fs::write(&cfg, t).unwrap();
+        budgetgate(&["check-config", &cfg], &[], None)
+    };
+    let old = with("lease_secs = 7");
+    assert!(old.status.success(), "{}", text(&old.stderr));
+    let out = text(&old.stdout);
+    assert!(
+        out.contains("warning: server.lease_secs is renamed server.slot_lease_secs"),
+        "{out}"
+    );
+    assert!(out.contains("1 warning(s)"), "{out}");
+    let new = with("slot_lease_secs = 7");
+    assert!(new.status.success(), "{}", text(&new.stderr));
+    assert!(!text(&new.stdout).contains("renamed"), "{}", text(&new.stdout));
+    let both = with("slot_lease_secs = 7\nlease_secs = 7");
+    assert_eq!(both.status.code(), Some(1));
+    assert!(
+        text(&both.stderr).contains("server.lease_secs: is the former name of server.slot_lease_secs"),
+        "{}",
+        text(&both.stderr)
+    );
+}
+
 #[test]
 fn estimate_reads_budgetgate_config_and_suggests_the_endpoint() {
     let dir = tempfile::tempdir().unwrap();

@@ -195,17 +195,17 @@ impl Counters {
         Self {
             local: fleet_metric(
                 gws,
-                "budgetgate_lease_decisions_total",
+                "budgetgate_quota_lease_decisions_total",
                 &[("decided_by", "lease")],
             )
             .await,
             by_store: fleet_metric(
                 gws,
-                "budgetgate_lease_decisions_total",
+                "budgetgate_quota_lease_decisions_total",
                 &[("decided_by", "store")],
             )
             .await,
-            calls: fleet_metric(gws, "budgetgate_lease_calls_total", &[]).await,
+            calls: fleet_metric(gws, "budgetgate_quota_lease_calls_total", &[]).await,
         }
     }
 }
@@ -264,17 +264,17 @@ async fn a_hot_tenant_is_served_from_leases_without_over_admission() {
     );
     let local = fleet_metric(
         &gws,
-        "budgetgate_lease_decisions_total",
+        "budgetgate_quota_lease_decisions_total",
         &[("decided_by", "lease")],
     )
     .await;
     let by_store = fleet_metric(
         &gws,
-        "budgetgate_lease_decisions_total",
+        "budgetgate_quota_lease_decisions_total",
         &[("decided_by", "store")],
     )
     .await;
-    let calls = fleet_metric(&gws, "budgetgate_lease_calls_total", &[]).await;
+    let calls = fleet_metric(&gws, "budgetgate_quota_lease_calls_total", &[]).await;
     let cold_ok = cold.ok.load(Ordering::Relaxed) as f64;
     // Each reservation the store decides costs a reserve and a settle call.
     let hot_store_calls =
@@ -301,7 +301,7 @@ async fn a_hot_tenant_is_served_from_leases_without_over_admission() {
     for e in ["granted", "topped_up", "returned", "expired", "fenced"] {
         events.push((
             e,
-            fleet_metric(&gws, "budgetgate_leases_total", &[("event", e)]).await,
+            fleet_metric(&gws, "budgetgate_quota_leases_total", &[("event", e)]).await,
         ));
     }
     println!("  lease events: {events:?}");

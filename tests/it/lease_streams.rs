@@ -133,7 +133,7 @@ fn check_log(gw: &GatewayProcess, id: &str) {
 }
 
 async fn overflows(gw: &GatewayProcess) -> f64 {
-    gw.metric("budgetgate_lease_overflows_total", &[]).await
+    gw.metric("budgetgate_quota_lease_overflows_total", &[]).await
 }
 
 /// Background traffic leases the tenant's `tpm`, the stream starts from
@@ -155,10 +155,9 @@ async fn a_leased_stream_completes_after_the_background_traffic_stops() {
     let clients = background(&gw.root, stop.clone(), bad.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        gw.metric("budgetgate_leases_held", &[]).await > 0.0,
+        gw.metric("budgetgate_quota_leases_held", &[]).await > 0.0,
         "the background traffic leases the tenant's budget"
     );
-
     let stream = tokio::spawn(long_stream(gw.root.clone(), "long-stream-demand-falls"));
     tokio::time::sleep(Duration::from_millis(400)).await;
     stop.store(true, Ordering::Relaxed);
@@ -168,6 +167,34 @@ async fn a_leased_stream_completes_after_the_background_traffic_stops() {
     let (delivered, finish, completion) = stream.await.expect("the stream's task");
     let over = overflows(&gw).await;
     println!("demand fell: {delivered} tokens delivered, finish {finish}, {over} overflow steps");
+    // Issue 39 point 5: the quota lease metrics keep their former names for
+    // one release, with the same values (read once the traffic is over:
+    // the two names of a counter are incremented one after the other).
+    for (new, old, labels) in [
+        (
+            "budgetgate_quota_lease_overflows_total",
+            "budgetgate_lease_overflows_total",
+            &[][..],
+        ),
+        (
+            "budgetgate_quota_lease_decisions_total",
+            "budgetgate_lease_decisions_total",
+            &[("decided_by", "lease")][..],
+        ),
+        (
+            "budgetgate_quota_leases_total",
+            "budgetgate_leases_total",
+            &[("event", "granted")][..],
+        ),
+    ] {
+        let scrape = crate::support::http::scrape(&gw).await;
+        let (a, b) = (
+            crate::support::http::sample_sum(&scrape, new, labels),
+            crate::support::http::sample_sum(&scrape, old, labels),
+        );
+        assert!(a > 0.0 && a == b, "{new} {a} and its former name {old} {b}");
+    }
+
     assert!(
         over >= 1.0,
         "the lease stopped paying mid-stream: some step went to the store as an exact reservation"
@@ -202,7 +229,7 @@ async fn a_leased_stream_completes_across_a_reload_lowering_its_limit() {
     let clients = background(&gw.root, stop.clone(), bad.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        gw.metric("budgetgate_leases_held", &[]).await > 0.0,
+        gw.metric("budgetgate_quota_leases_held", &[]).await > 0.0,
         "the background traffic leases the tenant's budget"
     );
 

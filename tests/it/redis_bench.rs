@@ -151,7 +151,7 @@ fn bench_request(id: String, common: &[BudgetSpec], upstream: &[BudgetSpec]) -> 
         costs: budgetgate::budget::Costs::tokens(1000),
         common: common.to_vec(),
         candidates: vec![upstream.to_vec()],
-        lease_micros: 30_000_000,
+        slot_lease_micros: 30_000_000,
         hold_ttl_micros: 60_000_000,
         requester: Default::default(),
     }
@@ -378,7 +378,7 @@ async fn redis_store_throughput_and_memory() {
         costs: budgetgate::budget::Costs::tokens(1000),
         common: common.clone(),
         candidates: vec![upstream],
-        lease_micros: 30_000_000,
+        slot_lease_micros: 30_000_000,
         hold_ttl_micros: 60_000_000,
         requester: Default::default(),
     };

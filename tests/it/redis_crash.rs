@@ -1,6 +1,6 @@
 //! Crash safety (DESIGN section 2, "Concurrency"): a gateway killed with
 //! SIGKILL mid-stream cannot leak its concurrency slot. The slot frees once
-//! the lease expires (`server.lease_secs = 2`), and a restarted gateway
+//! the lease expires (`server.slot_lease_secs = 2`), and a restarted gateway
 //! admits again.
 //!
 //! Run: `cargo test --test it redis_crash:: -- --nocapture` (needs `redis-server`).
@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 fn config(upstream: &str, redis_url: &str) -> TestConfig {
     let mut config = TestConfig::standard(upstream, 64, limits().max_concurrent(1).tpm(100000))
         .redis_fleet(redis_url, "bgcrash");
-    config.server.lease_secs = Some(2);
+    config.server.slot_lease_secs = Some(2);
     config
 }
 

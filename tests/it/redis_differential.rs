@@ -379,7 +379,7 @@ fn request(
         costs,
         common,
         candidates,
-        lease_micros: LEASE,
+        slot_lease_micros: LEASE,
         hold_ttl_micros: HOLD_TTL,
         requester: Default::default(),
     }
@@ -745,7 +745,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
         costs: budgetgate::budget::Costs::tokens(tokens),
         common: specs.to_vec(),
         candidates: vec![vec![]],
-        lease_micros: LEASE,
+        slot_lease_micros: LEASE,
         hold_ttl_micros: HOLD_TTL,
         requester: Default::default(),
     };

@@ -127,7 +127,7 @@ fn config(upstream: &str, redis_url: &str) -> TestConfig {
         limits().max_concurrent(SLOTS).tokens_per_day(DAY_LIMIT),
     )
     .redis(redis_url);
-    c.server.lease_secs = Some(2);
+    c.server.slot_lease_secs = Some(2);
     c.server.settle_retry_secs = Some(30);
     c.store.timeout_ms = Some(200);
     c.store.key_prefix = Some(PREFIX.into());

@@ -68,7 +68,7 @@ async fn a_v2_quota_counter_is_honoured_by_v3() {
         costs: budgetgate::budget::Costs::tokens(tokens),
         common: vec![day.clone()],
         candidates: vec![vec![]],
-        lease_micros: 10_000_000,
+        slot_lease_micros: 10_000_000,
         hold_ttl_micros: 60_000_000,
         requester: Default::default(),
     };

@@ -164,7 +164,7 @@ async fn a_void_that_overtakes_its_reservation_leaves_every_budget_unchanged() {
         costs: budgetgate::budget::Costs::tokens(300),
         common: specs.clone(),
         candidates: vec![vec![]],
-        lease_micros: 10_000_000,
+        slot_lease_micros: 10_000_000,
         hold_ttl_micros: 60_000_000,
         requester: Default::default(),
     };

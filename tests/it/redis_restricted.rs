@@ -50,7 +50,7 @@ fn request(ks: &KeySpace, id: &str) -> ReserveRequest {
             shadow: false,
         }],
         candidates: vec![vec![]],
-        lease_micros: 10_000_000,
+        slot_lease_micros: 10_000_000,
         hold_ttl_micros: 60_000_000,
         requester: Default::default(),
     }

@@ -44,7 +44,7 @@ fn request(ks: &KeySpace, id: &str, tokens: u64) -> ReserveRequest {
         costs: budgetgate::budget::Costs::tokens(tokens),
         common: vec![spec(ks)],
         candidates: vec![vec![]],
-        lease_micros: 30_000_000,
+        slot_lease_micros: 30_000_000,
         hold_ttl_micros: 600_000_000,
         requester: Default::default(),
     }

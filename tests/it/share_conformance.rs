@@ -42,7 +42,7 @@ async fn claim_on(
         costs: Costs::tokens(tokens),
         common: vec![h.tpm(tenant(), 1_000_000, 1_000_000)],
         candidates: vec![up.to_vec()],
-        lease_micros: 10_000_000,
+        slot_lease_micros: 10_000_000,
         hold_ttl_micros: 120_000_000,
         requester: Default::default(),
         share: Some(c.clone()),

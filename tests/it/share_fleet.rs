@@ -138,7 +138,7 @@ async fn weights_three_to_one_hold_on_three_serve_processes_with_leases_on() {
     for g in &gws {
         leased += g
             .metric(
-                "budgetgate_lease_decisions_total",
+                "budgetgate_quota_lease_decisions_total",
                 &[("decided_by", "lease")],
             )
             .await;

@@ -232,7 +232,7 @@ impl H {
             costs: budgetgate::budget::Costs::tokens(tokens),
             common: common.to_vec(),
             candidates: candidates.to_vec(),
-            lease_micros: LEASE,
+            slot_lease_micros: LEASE,
             hold_ttl_micros: HOLD_TTL,
             requester: Default::default(),
         };
@@ -257,7 +257,7 @@ impl H {
             },
             common: common.to_vec(),
             candidates: candidates.to_vec(),
-            lease_micros: LEASE,
+            slot_lease_micros: LEASE,
             hold_ttl_micros: HOLD_TTL,
             requester: Default::default(),
         };
@@ -685,7 +685,7 @@ async fn renew_extends_live_leases_but_never_resurrects_expired_ones(h: H) {
     assert_eq!(
         h.renew("a").await,
         RenewOutcome::Renewed {
-            lease_until_micros: NOON + 16 * SEC
+            slot_lease_until_micros: NOON + 16 * SEC
         }
     );
     h.clock.advance(6 * SEC);

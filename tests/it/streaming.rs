@@ -1071,7 +1071,7 @@ async fn long_stream_outliving_its_lease_keeps_its_concurrency_slot() {
     mock.state.set_token_delay(Duration::from_millis(20));
     let config = {
         let mut config = stream_config(&mock.base_url(), 20, 100, limits().max_concurrent(1));
-        config.server.lease_secs = Some(1);
+        config.server.slot_lease_secs = Some(1);
         config
     };
     let clock = ManualClock::new(NOON);

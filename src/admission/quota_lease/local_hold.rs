@@ -187,7 +187,7 @@ impl Book {
             },
             common: specs,
             candidates: vec![Vec::new()],
-            lease_micros: hold.hold_ttl,
+            slot_lease_micros: hold.hold_ttl,
             hold_ttl_micros: hold.hold_ttl,
             requester: Arc::new(Requester::default()),
             share: None,

@@ -184,7 +184,7 @@ impl QuotaLeases {
         let book = self.lock();
         let ttl = book.settings.ttl;
         book.holds(id).then(|| RenewOutcome::Renewed {
-            lease_until_micros: book.utc(self.now()).saturating_add(ttl),
+            slot_lease_until_micros: book.utc(self.now()).saturating_add(ttl),
         })
     }
 

@@ -38,7 +38,7 @@ fn request(id: &str, tokens: u64) -> ReserveRequest {
         costs: Costs::tokens(tokens),
         common: vec![spec(BudgetName::Rpm, 6_000), spec(BudgetName::Tpm, 600_000)],
         candidates: vec![Vec::new()],
-        lease_micros: 5 * S,
+        slot_lease_micros: 5 * S,
         hold_ttl_micros: 60 * S,
         requester: Arc::new(Requester::default()),
     }
@@ -463,7 +463,7 @@ fn idle_budgets_are_swept_and_leased_held_or_asked_ones_kept() {
     assert_eq!(b.entries(), 0);
 }
 
-/// `budgetgate_lease_book_entries` as the gateway's keeper sets it, read
+/// `budgetgate_quota_lease_book_entries` as the gateway's keeper sets it, read
 /// from the exposition (paused tokio time is the injected clock).
 #[tokio::test(start_paused = true)]
 async fn the_book_entries_gauge_follows_the_sweep() {
@@ -471,7 +471,7 @@ async fn the_book_entries_gauge_follows_the_sweep() {
     let gauge = || {
         let text = crate::metrics::render();
         text.lines()
-            .find_map(|l| l.strip_prefix("budgetgate_lease_book_entries "))
+            .find_map(|l| l.strip_prefix("budgetgate_quota_lease_book_entries "))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .expect("gauge exported")
     };
@@ -719,7 +719,7 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
     };
     let req = |id: &str, max| ReserveRequest {
         common: vec![slots(max)],
-        lease_micros: 600 * S,
+        slot_lease_micros: 600 * S,
         hold_ttl_micros: 600 * S,
         ..request(id, 1)
     };

@@ -309,7 +309,7 @@ impl MemoryStore {
         if hold.expires_at <= now {
             return RenewOutcome::Unknown;
         }
-        let until = now + hold.lease_micros;
+        let until = now + hold.slot_lease_micros;
         let keys: Vec<std::sync::Arc<str>> = hold
             .lines
             .iter()
@@ -325,7 +325,7 @@ impl MemoryStore {
             }
         }
         RenewOutcome::Renewed {
-            lease_until_micros: until,
+            slot_lease_until_micros: until,
         }
     }
 

@@ -52,7 +52,7 @@ pub(super) struct QuotaState {
 pub(super) struct Hold {
     pub(super) lines: Vec<HoldLine>,
     pub(super) reserved_tokens: u64,
-    pub(super) lease_micros: u64,
+    pub(super) slot_lease_micros: u64,
     pub(super) expires_at: u64,
     pub(super) admission: Admission,
 }
@@ -372,7 +372,7 @@ impl Inner {
             }
             let window = self.debit(spec, cost, now, &req.id);
             if let BudgetKind::Concurrency { .. } = spec.kind {
-                let lease_end = now + req.lease_micros;
+                let lease_end = now + req.slot_lease_micros;
                 match self.slots.get_mut(&*spec.key) {
                     Some(set) => {
                         set.insert(req.id.clone(), lease_end);
@@ -408,7 +408,7 @@ impl Inner {
             Hold {
                 lines,
                 reserved_tokens: req.costs.tokens,
-                lease_micros: req.lease_micros,
+                slot_lease_micros: req.slot_lease_micros,
                 expires_at: now + req.hold_ttl_micros,
                 admission: admission.clone(),
             },

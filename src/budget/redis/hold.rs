@@ -18,7 +18,7 @@ pub struct HoldRecord {
     /// Logical expiry, UTC µs (the key's TTL adds a margin).
     pub expires_micros: u64,
     /// Concurrency lease, µs.
-    pub lease_micros: u64,
+    pub slot_lease_micros: u64,
     /// Tokens reserved, initial + extensions.
     pub reserved_tokens: u64,
     /// Index of the chosen candidate deployment.
@@ -110,7 +110,7 @@ impl HoldRecord {
         };
         let expires_micros = hold_num(h.next(), "exp")?;
         let reserved_tokens = hold_num(h.next(), "res")?;
-        let lease_micros = hold_num(h.next(), "lease")?;
+        let slot_lease_micros = hold_num(h.next(), "lease")?;
         let admitted_micros = hold_num(h.next(), "now")?;
         let candidate = hold_num(h.next(), "cand")?;
         let settlement = HoldSettlement {
@@ -191,7 +191,7 @@ impl HoldRecord {
             id: id.to_string(),
             admitted_micros,
             expires_micros,
-            lease_micros,
+            slot_lease_micros,
             reserved_tokens,
             candidate,
             lines,

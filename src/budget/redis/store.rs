@@ -45,7 +45,7 @@ impl BudgetStore for RedisStore {
         inv.arg(self.now_arg())
             .arg(&req.id)
             .arg(req.costs.tokens)
-            .arg(req.lease_micros)
+            .arg(req.slot_lease_micros)
             .arg(req.hold_ttl_micros)
             .arg(req.common.len())
             .arg(req.candidates.len());
@@ -231,7 +231,7 @@ impl BudgetStore for RedisStore {
         let _now = r.u64()?;
         match tag {
             "R" => Ok(RenewOutcome::Renewed {
-                lease_until_micros: r.u64()?,
+                slot_lease_until_micros: r.u64()?,
             }),
             "U" => {
                 self.forget_hold(id);

@@ -128,6 +128,13 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             SocketAddr::from(([127, 0, 0, 1], 8080))
         }
     };
+    let mut renamed_keys = Vec::new();
+    let slot_lease_secs = renamed(
+        &mut v,
+        &mut renamed_keys,
+        ("server.slot_lease_secs", raw.server.slot_lease_secs),
+        ("server.lease_secs", raw.server.lease_secs),
+    );
     let server = ServerPolicy {
         listen,
         max_body_bytes: v
@@ -138,7 +145,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             )
             .unwrap_or(4 << 20) as usize,
         max_request: v.secs("server.max_request_secs", raw.server.max_request_secs, 600),
-        lease: v.secs("server.lease_secs", raw.server.lease_secs, 30),
+        slot_lease: v.secs("server.slot_lease_secs", slot_lease_secs, 30),
         settle_retry: v.secs(
             "server.settle_retry_secs",
             raw.server.settle_retry_secs,
@@ -382,9 +389,34 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         ledger,
         alerts,
         telemetry,
+        renamed_keys,
         model_index,
         key_index,
     })
+}
+
+/// A setting that has a new name and a former one (accepted for one
+/// release): the value under either, a note naming the new key when the
+/// former is used, an error when both are.
+fn renamed<T>(
+    v: &mut V,
+    notes: &mut Vec<String>,
+    (new, new_value): (&str, Option<T>),
+    (old, old_value): (&str, Option<T>),
+) -> Option<T> {
+    match (new_value, old_value) {
+        (Some(n), Some(_)) => {
+            v.err(old, format!("is the former name of {new}: set only {new}"));
+            Some(n)
+        }
+        (None, Some(o)) => {
+            notes.push(format!(
+                "{old} is renamed {new}: the former name is accepted until the next release"
+            ));
+            Some(o)
+        }
+        (n, None) => n,
+    }
 }
 
 /// The end-user hash key from `server.end_user_key_env`: required (at
