@@ -20,12 +20,12 @@
 //!   lead units: tokens × [`SHARE_SCALE`] / weight, relative to the least
 //!   served active tenant), the times of its last refusal and admission,
 //!   and whether it is *pending* (refused since its last admission).
-//! - A claim is *held back* (refused for share, though the budgets would
+//! - A claim is *deferred* (refused for share, though the budgets would
 //!   admit it) while another tenant is pending with a higher class (a
 //!   lower rank), or was refused within [`ACTIVE_MICROS`] (it is
 //!   backlogged: its other requests still wait somewhere in the fleet)
 //!   with the same class and a smaller lead: the capacity is left for the
-//!   tenant that is behind. A class above holds back only while it is
+//!   tenant that is behind. A class above defers only while it is
 //!   pending, so it never idles capacity once it is served; within a class
 //!   an admission does not end the backlog, else a tenant ahead would take
 //!   every refill that comes between the other's admission and its next
@@ -37,16 +37,16 @@
 //! - Order within a tenant: a claim may carry its waiter's place
 //!   ([`ClaimOrder`]); the entry keeps the tenant's *first waiter* seen
 //!   refused (lowest rank, then earliest start, dated by the store's clock
-//!   from the claim's wait), and holds back the tenant's claims behind it
+//!   from the claim's wait), and defers the tenant's claims behind it
 //!   alike. It lives [`ACTIVE_MICROS`] after its latest refusal, never past
 //!   its deadline; its admission or its last attempt frees the place.
-//! - A refusal held back for share names the time the claim's cost refills
+//! - A refusal deferred for share names the time the claim's cost refills
 //!   on the deployment's first token bucket (else [`SHARE_RETRY_MICROS`]):
 //!   by then the tenant behind has had its turn.
 //!
 //! Borrowing: a tenant that is not refused holds no one back, and one
 //! that stops claiming leaves the state after [`ACTIVE_MICROS`]. A tenant
-//! ahead is held back at most [`ACTIVE_MICROS`] after the last refusal of
+//! ahead is deferred at most [`ACTIVE_MICROS`] after the last refusal of
 //! the one behind it (the tokens wait in the bucket meanwhile, lost only
 //! if it fills), and by a higher class only while that class is pending.
 //!
@@ -72,7 +72,7 @@ pub const ACTIVE_MICROS: u64 = 1_000_000;
 /// A tenant is at most this many of its own steps ahead of the least
 /// served one: what it took while no one else waited is forgotten beyond.
 pub const GAP_STEPS: u64 = 64;
-/// Retry time of a claim held back on a deployment without a token bucket, µs.
+/// Retry time of a claim deferred on a deployment without a token bucket, µs.
 pub const SHARE_RETRY_MICROS: u64 = 10_000;
 /// Highest weight (the config's bound).
 pub const MAX_WEIGHT: u64 = 1_000_000;
@@ -102,7 +102,7 @@ pub struct ClaimOrder {
     /// by its own clock from this, so gateways' clocks never meet.
     pub waited_micros: u64,
     /// What is left of its `max_wait`, µs (0: this is its last attempt;
-    /// it is held back by no one and gives up its place).
+    /// it is deferred by no one and gives up its place).
     pub left_micros: u64,
 }
 
@@ -145,7 +145,7 @@ pub fn share_key(candidate: &[BudgetSpec]) -> Option<String> {
     Some(format!("{base}share"))
 }
 
-/// The spec a refusal held back for share names (the deployment's first
+/// The spec a refusal deferred for share names (the deployment's first
 /// token bucket, else its first enforced budget), and its retry time for
 /// `cost`.
 pub fn named_spec(candidate: &[BudgetSpec]) -> Option<usize> {
@@ -156,7 +156,7 @@ pub fn named_spec(candidate: &[BudgetSpec]) -> Option<usize> {
         .or_else(|| candidate.iter().position(|s| enforced(&s)))
 }
 
-/// Retry time of a claim of `cost` held back on `spec`, µs.
+/// Retry time of a claim of `cost` deferred on `spec`, µs.
 pub fn retry_micros(spec: &BudgetSpec, cost: u64) -> u64 {
     match spec.kind {
         BudgetKind::Bucket { per_minute, .. } if per_minute > 0 => {
@@ -360,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_ahead_is_held_back_while_one_behind_is_backlogged_and_released_after() {
+    fn a_tenant_ahead_is_deferred_while_one_behind_is_backlogged_and_released_after() {
         let (h, l) = (claim("heavy", 1, 3), claim("light", 1, 1));
         let mut s = ShareState::default();
         s.refused(&l, 10);
@@ -444,7 +444,7 @@ mod tests {
         s.refused(&waiter("t", 1, 3_000_000, 5_000_000), now);
         assert!(s.holds_back(&young, now + ACTIVE_MICROS - 1));
         assert!(!s.holds_back(&young, now + ACTIVE_MICROS));
-        // Its last attempt (nothing left) is held back by no one and gives
+        // Its last attempt (nothing left) is deferred by no one and gives
         // its place up.
         s.refused(&waiter("t", 1, 3_000_000, 5_000_000), now);
         let last = waiter("t", 1, 8_000_000, 0);

@@ -12,7 +12,7 @@
 //! and its place in its tenant's order: how long it has waited, what is
 //! left) on every reservation: the store weighs it against the waiters of
 //! every gateway on a contended deployment and serves each tenant's
-//! oldest first (`budget::share`), and a refusal held back for share
+//! oldest first (`budget::share`), and a refusal deferred for share
 //! moves the turn to another tenant's waiter. Every way out after a wait
 //! notes it (`left_queue`): header, final line, metrics.
 //!
@@ -245,7 +245,7 @@ pub async fn admit<'p>(
         let held = denial.held_for_share;
         let refused_in_line = |t: &Ticket| {
             if held {
-                t.held_back(wait);
+                t.defer_for_share(wait);
             } else {
                 t.refused(wait);
             }

@@ -108,7 +108,7 @@ pub struct Line {
     /// No starvation turn before this.
     next_starve: Option<Instant>,
     max_starve: Option<Duration>,
-    /// Tenants the store held back for their fleet-wide share, until when:
+    /// Tenants the store deferred for their fleet-wide share, until when:
     /// their waiters let the others' try first meanwhile.
     held: HashMap<Arc<str>, Instant>,
 }
@@ -246,7 +246,7 @@ impl Line {
     /// The store held waiter `id`'s tenant back for its fleet-wide share
     /// for `retry_after` (the budget has capacity, for a tenant behind it):
     /// the best waiter of another tenant tries now.
-    pub fn held_back(&mut self, id: u64, retry_after: Duration, now: Instant) -> Wakes {
+    pub fn defer_for_share(&mut self, id: u64, retry_after: Duration, now: Instant) -> Wakes {
         if self.turn.is_some_and(|t| t.id == id) {
             self.turn = None;
         }
@@ -327,7 +327,7 @@ impl Line {
                 .and_then(|w| self.held.get(&w.entry.tenant))
                 .is_some_and(|until| *until > now)
         };
-        // The best waiter of a tenant not held back; else, in the highest
+        // The best waiter of a tenant not deferred; else, in the highest
         // class waiting, the one whose tenant's hold ends first (its turn
         // comes then: a tenant released sooner is not kept waiting behind
         // one held longer).
@@ -342,7 +342,7 @@ impl Line {
             .map(|&(_, id)| (id, false))
     }
 
-    /// Until when waiter `id`'s tenant is held back, if it is at `now`.
+    /// Until when waiter `id`'s tenant is deferred, if it is at `now`.
     fn held_until(&self, id: u64, now: Instant) -> Option<Instant> {
         let w = self.waiting.get(&id)?;
         self.held.get(&w.entry.tenant).copied().filter(|u| *u > now)

@@ -222,7 +222,7 @@ fn a_starving_batch_waiter_gets_one_turn_per_max_starve() {
 }
 
 #[test]
-fn a_tenant_held_back_for_share_lets_another_tenant_try_at_once_and_tries_again_after() {
+fn a_tenant_deferred_for_share_lets_another_tenant_try_at_once_and_tries_again_after() {
     let now = Instant::now();
     let mut line = Line::new(None);
     // "heavy" (weight 3) has the smaller tags: its waiter holds the turn.
@@ -251,7 +251,7 @@ fn a_tenant_held_back_for_share_lets_another_tenant_try_at_once_and_tries_again_
     line.refused(1, Duration::from_millis(500), now);
     assert!(line.begin(1, now + Duration::from_millis(500)));
     let held = Duration::from_millis(30);
-    line.held_back(1, held, now);
+    line.defer_for_share(1, held, now);
     assert_eq!(
         line.my_turn(3),
         MyTurn::Now,
@@ -283,7 +283,7 @@ fn a_tenant_held_back_for_share_lets_another_tenant_try_at_once_and_tries_again_
 }
 
 #[test]
-fn with_every_tenant_held_back_the_one_released_first_gets_the_turn() {
+fn with_every_tenant_deferred_the_one_released_first_gets_the_turn() {
     let now = Instant::now();
     let mut line = Line::new(None);
     // "heavy" has the smaller tags, so it would come first by tag.
@@ -302,9 +302,9 @@ fn with_every_tenant_held_back_the_one_released_first_gets_the_turn() {
         now,
     );
     assert!(line.begin(1, now));
-    line.held_back(1, Duration::from_millis(200), now);
+    line.defer_for_share(1, Duration::from_millis(200), now);
     assert!(line.begin(2, now), "light tries at once");
-    line.held_back(2, Duration::from_millis(50), now);
+    line.defer_for_share(2, Duration::from_millis(50), now);
     assert_eq!(
         line.my_turn(2),
         MyTurn::At(now + Duration::from_millis(50)),

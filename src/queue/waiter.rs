@@ -119,10 +119,10 @@ impl Ticket {
 
     /// The store held the attempt back for its tenant's fleet-wide share
     /// for `retry_after`: the waiter stays, others' tenants go first.
-    pub fn held_back(&self, retry_after: Duration) {
+    pub fn defer_for_share(&self, retry_after: Duration) {
         let id = self.id;
         self.queue.on_line(&self.key, |line| {
-            line.held_back(id, retry_after, Instant::now())
+            line.defer_for_share(id, retry_after, Instant::now())
         });
     }
 

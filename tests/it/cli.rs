@@ -107,11 +107,16 @@ fn the_former_lease_secs_key_is_accepted_with_a_warning_naming_slot_lease_secs()
     assert!(out.contains("1 warning(s)"), "{out}");
     let new = with("slot_lease_secs = 7");
     assert!(new.status.success(), "{}", text(&new.stderr));
-    assert!(!text(&new.stdout).contains("renamed"), "{}", text(&new.stdout));
+    assert!(
+        !text(&new.stdout).contains("renamed"),
+        "{}",
+        text(&new.stdout)
+    );
     let both = with("slot_lease_secs = 7\nlease_secs = 7");
     assert_eq!(both.status.code(), Some(1));
     assert!(
-        text(&both.stderr).contains("server.lease_secs: is the former name of server.slot_lease_secs"),
+        text(&both.stderr)
+            .contains("server.lease_secs: is the former name of server.slot_lease_secs"),
         "{}",
         text(&both.stderr)
     );

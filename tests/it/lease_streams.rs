@@ -133,7 +133,8 @@ fn check_log(gw: &GatewayProcess, id: &str) {
 }
 
 async fn overflows(gw: &GatewayProcess) -> f64 {
-    gw.metric("budgetgate_quota_lease_overflows_total", &[]).await
+    gw.metric("budgetgate_quota_lease_overflows_total", &[])
+        .await
 }
 
 /// Background traffic leases the tenant's `tpm`, the stream starts from

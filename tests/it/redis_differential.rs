@@ -12,7 +12,7 @@
 //! the replies and `leased_out` of every budget compared too.
 //!
 //! Share claims (issue 28 point 4) ride on most reservations: the share
-//! states they make, the claims they hold back and their expiry must agree
+//! states they make, the claims they defer and their expiry must agree
 //! too (`outcomes seen` counts `Denied/held for share`).
 //!
 //! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
@@ -692,10 +692,10 @@ fn share_claims_agree_between_the_stores() {
         .filter(|(k, _)| k.contains("held for share"))
         .map(|(_, n)| n)
         .sum();
-    eprintln!("claims held back for share: {held}");
+    eprintln!("claims deferred for share: {held}");
     assert!(
         held > 0,
-        "no claim was held back: the cases never reach a share state"
+        "no claim was deferred: the cases never reach a share state"
     );
 }
 

@@ -6,7 +6,7 @@
 //! tenant behind it is owed (shares then follow who asks first, whatever
 //! the weights); a lower class taking capacity a waiting higher class
 //! needs; a share state written for an uncontended deployment (the Lua
-//! path's cost); capacity held back for a tenant that no longer waits;
+//! path's cost); capacity deferred for a tenant that no longer waits;
 //! a tenant's later request admitted before its older waiter that the
 //! store has seen (FIFO within a tenant broken across gateways), or kept
 //! behind one that has gone.
@@ -110,7 +110,7 @@ pub(crate) async fn a_waiting_tenant_behind_its_share_gets_the_capacity_first(h:
     assert!(d.held_for_share, "{d:?}");
     admitted(claim_on(&h, "l6", 400, &up, &light).await);
     assert_eq!(share_keys(&h).await, usize::from(h.raw.is_some()));
-    // A second after the last claim the state is gone: nothing held back.
+    // A second after the last claim the state is gone: nothing deferred.
     h.clock.advance(ACTIVE_MICROS + 400 * MS);
     admitted(claim_on(&h, "h10", 400, &up, &heavy).await);
     admitted(claim_on(&h, "h11", 400, &up, &heavy).await);
@@ -146,7 +146,7 @@ fn waiter(id: u64, waited: u64, left: u64) -> ShareClaim {
 
 /// Within a tenant, the oldest waiter the store has seen refused goes
 /// first, whichever gateway the others ask from; a waiter gone frees the
-/// order by its deadline, and a last attempt is held back by no one.
+/// order by its deadline, and a last attempt is deferred by no one.
 pub(crate) async fn a_tenants_oldest_waiter_goes_first_fleet_wide(h: H) {
     let up = [h.tpm(upstream(), 60_000, 1000)];
     let other = claim("u", 1, 1);
@@ -156,7 +156,7 @@ pub(crate) async fn a_tenants_oldest_waiter_goes_first_fleet_wide(h: H) {
     let d = denied(claim_on(&h, "w1a", 400, &up, &waiter(1, 2000, 5000)).await);
     assert!(!d.held_for_share);
     h.clock.advance(400 * MS);
-    // 600 tokens: a younger request of its tenant is held back for it.
+    // 600 tokens: a younger request of its tenant is deferred for it.
     let d = denied(claim_on(&h, "w2a", 400, &up, &waiter(2, 0, 5000)).await);
     assert!(d.held_for_share, "{d:?}");
     assert_eq!(d.retry_after_micros, 400 * MS);
@@ -166,13 +166,13 @@ pub(crate) async fn a_tenants_oldest_waiter_goes_first_fleet_wide(h: H) {
     assert!(!denied(claim_on(&h, "w2b", 400, &up, &waiter(2, 10, 4990)).await).held_for_share);
     h.clock.advance(400 * MS);
     assert!(denied(claim_on(&h, "w3a", 400, &up, &waiter(3, 0, 300)).await).held_for_share);
-    // A last attempt (nothing left) is not held back.
+    // A last attempt (nothing left) is not deferred.
     admitted(claim_on(&h, "w4", 400, &up, &waiter(4, 9000, 0)).await);
     h.clock.advance(200 * MS);
     // Waiter 3 is younger than waiter 2 whoever asks first.
     assert!(denied(claim_on(&h, "w3b", 400, &up, &waiter(3, 200, 100)).await).held_for_share);
     // Waiter 2 leaves without a word: a second after its latest refusal
-    // (well before its deadline) the others are no longer held back for it.
+    // (well before its deadline) the others are no longer deferred for it.
     h.clock.advance(ACTIVE_MICROS - 200 * MS);
     admitted(claim_on(&h, "w5", 400, &up, &waiter(5, 0, 5000)).await);
     admitted(claim_on(&h, "w6", 400, &up, &waiter(6, 0, 5000)).await);

@@ -7,7 +7,7 @@
 //! is not counted; the is 60 s), as in `queue_fairness`. Ratios are
 //! printed. Faults guarded against: each gateway's queue racing the others
 //! at every refill, so that a tenant's share follows how many gateways
-//! its traffic reaches instead of its weight; a tenant held back for share
+//! its traffic reaches instead of its weight; a tenant deferred for share
 //! blocking its gateway's line for the other tenant's waiters.
 //!
 //! In-process gateways (whose stores never lease) and `budgetgate serve`

@@ -47,7 +47,10 @@ const BOOK_ENTRIES: &str = "budgetgate_quota_lease_book_entries";
 const OVERFLOWS: &str = "budgetgate_quota_lease_overflows_total";
 
 fn old(new: &str) -> &'static str {
-    RENAMED.iter().find(|(n, _)| *n == new).map_or("", |(_, o)| o)
+    RENAMED
+        .iter()
+        .find(|(n, _)| *n == new)
+        .map_or("", |(_, o)| o)
 }
 
 /// A counter under its name and its former name.
@@ -55,12 +58,11 @@ struct Both(Counter, Counter);
 
 impl Both {
     fn of(name: &'static str, labels: &[(&'static str, &'static str)]) -> Self {
-        let labels: Vec<metrics::Label> =
-            labels.iter().map(|(k, v)| metrics::Label::new(*k, *v)).collect();
-        Both(
-            counter!(name, labels.clone()),
-            counter!(old(name), labels),
-        )
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, *v))
+            .collect();
+        Both(counter!(name, labels.clone()), counter!(old(name), labels))
     }
 
     fn increment(&self, n: u64) {

@@ -46,7 +46,7 @@ impl Inner {
         (!st.is_empty()).then_some((key, st))
     }
 
-    /// `Check::Ok`, or the refusal of a claim held back for share on
+    /// `Check::Ok`, or the refusal of a claim deferred for share on
     /// candidate `c` (whose budgets all admit it).
     pub(super) fn share_check(&self, req: &ReserveRequest, c: usize, now: u64) -> Check {
         let (Some(claim), Some((_, st))) = (share::claim_of(req), self.share_of(req, c, now))
