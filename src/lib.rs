@@ -8,10 +8,15 @@
 //! # Layout
 //!
 //! - [`clock`]: the one place that reads the wall clock.
-//! - [`config`]: typed TOML configuration and its validation.
+//! - [`config`]: typed TOML configuration and its validation; every
+//!   settings type of every feature (`[store]`, `[queue]`, `[ledger]`,
+//!   `[alerts]`, `[telemetry]`, `[server.tls]`, `[estimation]`, beta
+//!   policies) and the bounds validation checks. Imports no feature.
 //! - [`control`]: the control plane: runtime tenants, keys and admin
-//!   tokens in SQLite or PostgreSQL, their migrations, their merge into
-//!   the policy and their propagation to every gateway.
+//!   tokens, their merge into the policy and their propagation to every
+//!   gateway.
+//! - [`db`]: the database handle the control plane and the ledger share
+//!   (SQLite or PostgreSQL), the embedded migrations, the state directory.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
 //!   completions, embeddings, Responses, Anthropic Messages): estimate,
 //!   cap field, usage breakdown, output counting, cutoff frames, error
@@ -58,6 +63,7 @@ pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod db;
 pub mod dialects;
 pub mod estimate;
 pub mod fleet_sim;
