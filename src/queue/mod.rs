@@ -2,8 +2,8 @@
 //! request may wait, it waits in this gateway's queue instead of getting a
 //! 429, and is admitted the moment a retry of its reservation succeeds.
 //!
-//! Priority classes, budget kinds and the `[queue]` settings are
-//! [`crate::config::queue`]'s (config owns every settings type).
+//! - The priority classes, budget kinds and `[queue]` settings are
+//!   [`crate::config::queue`]'s (config owns every settings type).
 //! - [`line`]: one budget's line of waiters and who gets the next turn
 //!   (strict priority, starvation guard, weighted fair sharing by
 //!   estimated cost, FIFO within a tenant). Pure: no clock, no I/O.
