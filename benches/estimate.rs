@@ -13,8 +13,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use budgetgate::config::estimate::{Encoding, EstimateSettings};
 use budgetgate::dialects::Dialect;
-use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+use budgetgate::estimate::{estimate, ModelEstimation};
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use serde_json::{json, Value};
 
@@ -28,7 +29,7 @@ fn model() -> ModelEstimation {
         max_output_tokens: Some(16384),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: budgetgate::estimate::ImageCost::flat(1536),
+        image: budgetgate::config::estimate::ImageCost::flat(1536),
     }
 }
 

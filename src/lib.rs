@@ -8,10 +8,15 @@
 //! # Layout
 //!
 //! - [`clock`]: the one place that reads the wall clock.
-//! - [`config`]: typed TOML configuration and its validation.
+//! - [`config`]: typed TOML configuration and its validation; every
+//!   settings type of every feature (`[store]`, `[queue]`, `[ledger]`,
+//!   `[alerts]`, `[telemetry]`, `[server.tls]`, `[estimation]`, beta
+//!   policies) and the bounds validation checks. Imports no feature.
 //! - [`control`]: the control plane: runtime tenants, keys and admin
-//!   tokens in SQLite or PostgreSQL, their migrations, their merge into
-//!   the policy and their propagation to every gateway.
+//!   tokens, their merge into the policy and their propagation to every
+//!   gateway.
+//! - [`db`]: the database handle the control plane and the ledger share
+//!   (SQLite or PostgreSQL), the embedded migrations, the state directory.
 //! - [`dialects`]: everything that differs between API surfaces (chat,
 //!   completions, embeddings, Responses, Anthropic Messages): estimate,
 //!   cap field, usage breakdown, output counting, cutoff frames, error
@@ -28,7 +33,7 @@
 //! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`money`]: prices and dollar amounts in exact integers (µ$): decimal
 //!   parsing, price tables with long-context tiers, the one cost function.
-//! - [`queue`]: wait queues (issue 28): priority classes, one line of
+//! - [`queue`]: wait queues (issue 28): one line of
 //!   waiters per waited-for budget (strict priority, starvation guard,
 //!   weighted fair sharing by cost), the waiter's ticket; above the store
 //!   (holds no reservation), joined to the request path by
@@ -58,6 +63,7 @@ pub mod budget;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod db;
 pub mod dialects;
 pub mod estimate;
 pub mod fleet_sim;

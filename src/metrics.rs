@@ -201,58 +201,6 @@ fn upstream_counter(deployment: &str, status: &str) -> Counter {
     counter!("budgetgate_upstream_requests_total", "deployment" => deployment.to_string(), "status" => status.to_string())
 }
 
-/// A store call's latency (seconds) and whether it failed.
-pub fn store_call(op: &'static str, seconds: f64, ok: bool) {
-    store_call_histogram(op).record(seconds);
-    if !ok {
-        counter!("budgetgate_store_errors_total", "op" => op).increment(1);
-    }
-}
-
-fn store_call_histogram(op: &'static str) -> Histogram {
-    histogram!("budgetgate_store_call_seconds", "op" => op)
-}
-
-/// Latency handles of the two store calls every request makes (`reserve`,
-/// `settle`), registered once per store wrapper (see [`TenantMetrics`]).
-pub struct StoreCallMetrics {
-    reserve: Histogram,
-    settle: Histogram,
-}
-
-impl StoreCallMetrics {
-    /// Registers the two series.
-    pub fn new() -> Self {
-        Self {
-            reserve: store_call_histogram("reserve"),
-            settle: store_call_histogram("settle"),
-        }
-    }
-
-    /// As [`store_call`], through a registered handle when `op` has one.
-    pub fn record(&self, op: &'static str, seconds: f64, ok: bool) {
-        match (op, ok) {
-            ("reserve", true) => self.reserve.record(seconds),
-            ("settle", true) => self.settle.record(seconds),
-            _ => store_call(op, seconds, ok),
-        }
-    }
-}
-
-impl Default for StoreCallMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// One batch of `calls` reserve and settle calls sent to Redis (calls
-/// that arrive while earlier batches are on the wire go together; calls per
-/// batch = `budgetgate_redis_batch_calls_total / budgetgate_redis_batches_total`).
-pub fn redis_batch(calls: usize) {
-    counter!("budgetgate_redis_batches_total").increment(1);
-    counter!("budgetgate_redis_batch_calls_total").increment(calls as u64);
-}
-
 /// A decision taken without the store (`fail_open` or `fail_closed`).
 pub fn degraded(tenant: &str, mode: &'static str) {
     counter!("budgetgate_degraded_decisions_total", "tenant" => tenant.to_string(), "mode" => mode)
@@ -263,12 +211,6 @@ pub fn degraded(tenant: &str, mode: &'static str) {
 pub fn deny_cache_hit(tenant: &str, budget: BudgetName) {
     counter!("budgetgate_deny_cache_hits_total", "tenant" => tenant.to_string(), "budget" => budget.as_str())
         .increment(1);
-}
-
-/// The deny cache forgot its least recently used budget to remember
-/// another (`store.deny_cache_entries`).
-pub fn deny_cache_eviction() {
-    counter!("budgetgate_deny_cache_evictions_total").increment(1);
 }
 
 /// The fail-open limiter forgot the state of its least recently used
@@ -454,7 +396,7 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
         }
     }
     for op in STORE_OPS {
-        let _ = store_call_histogram(op);
+        let _ = crate::budget::metrics::store_call_histogram(op);
         counter!("budgetgate_store_errors_total", "op" => op).increment(0);
     }
     gauge!("budgetgate_active_streams").increment(0.0);
@@ -466,24 +408,6 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     // zero before, so a scrape's series do not change with time alone.
     counter!("budgetgate_store_snapshots_total").increment(0);
     counter!("budgetgate_store_snapshot_failures_total").increment(0);
-}
-
-/// A memory-store snapshot written (`ok`) or failed.
-pub fn store_snapshot(ok: bool) {
-    if ok {
-        counter!("budgetgate_store_snapshots_total").increment(1);
-    } else {
-        counter!("budgetgate_store_snapshot_failures_total").increment(1);
-    }
-}
-
-/// Units (1/60,000 token) of debt that passed a bucket's floor
-/// (`budget::bucket::DEBT_FLOOR`): counted, never silently forgiven.
-pub fn debt_forgiven(units: i64) {
-    if units > 0 {
-        counter!("budgetgate_debt_forgiven_tokens_total")
-            .increment((units as u64).div_ceil(crate::budget::bucket::UNITS_PER_TOKEN as u64));
-    }
 }
 
 /// A lost-reply compensation ended: `settled`, `voided`, `voided_ahead`

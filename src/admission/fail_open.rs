@@ -6,7 +6,7 @@
 //! settlements go where they were reserved.
 //!
 //! The limiter keeps state for at most `store.fail_open_entries` budgets
-//! (default [`DEFAULT_ENTRIES`]): end users make the number of budgets
+//! (default [`DEFAULT_FAIL_OPEN_ENTRIES`]): end users make the number of budgets
 //! unbounded, and an outage is when they pile up. The least recently
 //! reserved budget is forgotten first (it starts full again: the limiter
 //! is this gateway's share of a budget, not the budget), and counted
@@ -26,13 +26,12 @@ use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
 use super::quota_lease::{OverflowEnd, QuotaLeases, StoreStep};
 use crate::budget::memory::MemoryStore;
 use crate::budget::{
-    BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, OnStoreError, RenewOutcome,
-    ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
+    BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
+    ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
+use crate::config::store::DEFAULT_FAIL_OPEN_ENTRIES;
+use crate::config::OnStoreError;
 use crate::metrics;
-
-/// Budgets the limiter keeps state for when `store.fail_open_entries` is not set.
-pub const DEFAULT_ENTRIES: usize = 100_000;
 
 /// The budget keys the local limiter holds state for, least recently
 /// reserved first.
@@ -133,9 +132,9 @@ impl GatewayStore {
 
     /// `inner` with the local limiter `fallback` enforcing `share` of every
     /// budget for `fail_open` tenants while `inner` fails.
-    /// The limiter keeps state for [`DEFAULT_ENTRIES`] budgets.
+    /// The limiter keeps state for [`DEFAULT_FAIL_OPEN_ENTRIES`] budgets.
     pub fn new(inner: DenyCachedStore, fallback: Arc<MemoryStore>, share: f64) -> Self {
-        Self::bounded(inner, fallback, share, DEFAULT_ENTRIES)
+        Self::bounded(inner, fallback, share, DEFAULT_FAIL_OPEN_ENTRIES)
     }
 
     /// [`Self::new`] with a limiter that keeps state for at most `entries`

@@ -14,9 +14,9 @@ use tokio::sync::{watch, Notify};
 use super::slot_renewal::SlotRenewer;
 use super::GatewayStore;
 
-use crate::budget::bucket::MAX_LIMIT;
 use crate::budget::deny_cache::DenyCache;
 use crate::budget::{BudgetSpec, BudgetStore, SettleOutcome, Settlement};
+use crate::config::bounds::MAX_LIMIT;
 use crate::metrics::TenantMetrics;
 
 /// The local deny-cache entries a refund must clear: the refundable token

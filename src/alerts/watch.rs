@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::thresholds::{crossed, Firing};
 use super::webhook::{body, Deliveries};
-use super::AlertSettings;
+use crate::config::alerts::AlertSettings;
 use crate::server::{admin, AppState};
 
 /// Fired ids and the window end each belongs to.

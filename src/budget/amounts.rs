@@ -3,7 +3,7 @@
 //!
 //! # Bounds (every stored value an integer below 2^53, exact in Lua)
 //!
-//! - Token buckets: a single amount ≤ [`crate::budget::bucket::MAX_LIMIT`]
+//! - Token buckets: a single amount ≤ [`crate::config::bounds::MAX_LIMIT`]
 //!   (10^10 tokens), bounds in `bucket`.
 //! - Quotas: limits and a single amount ≤ [`MAX_AMOUNT`] (10^13); a count is
 //!   admitted up to its limit and capped at [`MAX_COUNT`] (2^52) when debt
@@ -18,9 +18,8 @@
 
 use std::sync::Arc;
 
-use serde::Serialize;
-
 use super::BudgetSpec;
+use crate::config::OnStoreError;
 
 /// What a reservation costs each budget it touches, in each budget's own
 /// unit (tokens, requests, micro-dollars): `per_candidate` carries the
@@ -60,8 +59,8 @@ impl Costs {
 
 /// Largest single amount, and largest quota limit, in a budget's own unit
 /// (10^13: $10^7 in µ$, or 10^10 tokens × $1,000 per million). Token
-/// buckets keep the tighter [`crate::budget::bucket::MAX_LIMIT`] and token
-/// quotas [`crate::budget::bucket::MAX_QUOTA`]. A quota's count stays below
+/// buckets keep the tighter [`crate::config::bounds::MAX_LIMIT`] and token
+/// quotas [`crate::config::bounds::MAX_QUOTA`]. A quota's count stays below
 /// 2^53 ≈ 9·10^15: it is admitted only up to its limit (≤ 10^13), and each
 /// settlement adds at most one amount (≤ 10^13) of debt beyond what it
 /// reserved; stores cap a count at [`MAX_COUNT`] (2^52) when settling
@@ -78,6 +77,14 @@ pub const MAX_RATE: u64 = 1_000_000_000;
 /// Units of a rate that stand for one unit per token: an extension of `g`
 /// tokens debits `ceil(g × rate / RATE_ONE)` from a spec whose rate is `rate`.
 pub const RATE_ONE: u64 = 1_000_000;
+
+// Money's bounds are the stores' bounds: a dollar cost, price or spend
+// the money module allows is one every store keeps exactly.
+const _: () = {
+    assert!(MAX_RATE == crate::money::MAX_PRICE);
+    assert!(MAX_AMOUNT == crate::money::MAX_COST);
+    assert!(MAX_COUNT == crate::money::MAX_SPEND);
+};
 
 /// What an extension asks of each budget of a hold.
 ///
@@ -164,15 +171,4 @@ pub struct Requester {
     pub policy_version: Arc<str>,
     /// What a store failure does to the request.
     pub on_store_error: OnStoreError,
-}
-
-/// What a store failure does to a tenant's requests (DESIGN section 7).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnStoreError {
-    /// Fall back to a local limiter.
-    FailOpen,
-    /// Answer 503.
-    #[default]
-    FailClosed,
 }

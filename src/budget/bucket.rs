@@ -15,8 +15,9 @@
 //! # Bounds (every value an integer below 2^53, exact as a Lua double)
 //!
 //! Validated at config load: limits, bursts and a single cost ≤
-//! [`MAX_LIMIT`] = 10^10 tokens; quotas ≤ [`MAX_QUOTA`] = 10^12 whole tokens
-//! (quotas never use bucket units). Let `U` = 60,000, `C` = burst × U ≤
+//! [`MAX_LIMIT`] = 10^10 tokens; quotas ≤ [`MAX_QUOTA`](crate::config::bounds::MAX_QUOTA) = 10^12 whole tokens
+//! (quotas never use bucket units). Both bounds live in
+//! [`crate::config::bounds`], where validation checks them. Let `U` = 60,000, `C` = burst × U ≤
 //! 6·10^14 (capacity) and `F` = 2^52 ≈ 4.5·10^15 ([`DEBT_FLOOR`] is −F).
 //!
 //! - Level: `−F ≤ level ≤ C`. A debit or debt below −F is clamped there and
@@ -44,12 +45,7 @@
 /// Units per token (or per request): one millisecond at `L`/min adds `L` units.
 pub const UNITS_PER_TOKEN: i64 = 60_000;
 
-/// Largest per-minute limit, burst or single cost accepted at config load,
-/// in tokens (or requests). Keeps every value below 2^53 (see module docs).
-pub const MAX_LIMIT: u64 = 10_000_000_000;
-
-/// Largest quota per window accepted at config load, whole tokens (or requests).
-pub const MAX_QUOTA: u64 = 1_000_000_000_000;
+use crate::config::bounds::MAX_LIMIT;
 
 /// Lowest level a bucket keeps, units (−2^52, about −7.5·10^10 tokens).
 pub const DEBT_FLOOR: i64 = -(1 << 52);

@@ -23,7 +23,7 @@
 //! left to the store, which refuses it for good rather than with a wait.
 //!
 //! Bounded: at most `store.deny_cache_entries` budgets (default
-//! [`DEFAULT_ENTRIES`]) are remembered, the least recently used forgotten
+//! [`DEFAULT_DENY_CACHE_ENTRIES`]) are remembered, the least recently used forgotten
 //! first and counted (`budgetgate_deny_cache_evictions_total`); end users
 //! make the number of budgets unbounded. Forgetting is always safe: the
 //! store then answers.
@@ -35,6 +35,7 @@ use lru::LruCache;
 
 use super::bucket::{ceil_div, to_units, MAX_WAIT_MS};
 use super::{BudgetKind, BudgetName, BudgetSpec, Denial};
+use crate::config::store::DEFAULT_DENY_CACHE_ENTRIES;
 
 struct Entry {
     /// The budget's limits at the refusal: an entry recorded under other
@@ -55,9 +56,6 @@ struct Entry {
     denial: Denial,
 }
 
-/// Budgets remembered when `store.deny_cache_entries` is not set.
-pub const DEFAULT_ENTRIES: usize = 100_000;
-
 /// Refusals known locally, by budget key.
 pub struct DenyCache {
     entries: Mutex<LruCache<String, Entry>>,
@@ -70,9 +68,9 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    /// An empty cache of [`DEFAULT_ENTRIES`].
+    /// An empty cache of [`DEFAULT_DENY_CACHE_ENTRIES`].
     pub fn new() -> Self {
-        Self::with_capacity(DEFAULT_ENTRIES)
+        Self::with_capacity(DEFAULT_DENY_CACHE_ENTRIES)
     }
 
     /// An empty cache remembering at most `entries` budgets (at least one).
@@ -129,7 +127,7 @@ impl DenyCache {
             },
         );
         if pushed.is_some_and(|(k, _)| *k != *spec.key) {
-            crate::metrics::deny_cache_eviction();
+            super::metrics::deny_cache_eviction();
         }
     }
 

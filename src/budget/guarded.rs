@@ -20,11 +20,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use super::metrics;
 use super::{
     BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
     ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
 };
-use crate::metrics;
 
 /// First back-off after a failure.
 const BACKOFF_START: Duration = Duration::from_millis(100);

@@ -19,22 +19,6 @@ pub const LAYOUT_VERSION: u32 = 3;
 /// Characters left as they are in encoded names.
 const NAME: &AsciiSet = &NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-');
 
-/// True for a valid tenant or key id: `[A-Za-z0-9._-]{1,64}`.
-pub fn is_valid_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
-}
-
-/// True for a valid key prefix: non-empty, printable ASCII, no `{`, `}` or whitespace.
-pub fn is_valid_prefix(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-}
-
 /// The Redis Cluster hash tag of `key`: what lies between its first `{`
 /// and the next `}`, when that is not empty (the slot is then computed on
 /// the tag alone).
@@ -65,7 +49,8 @@ pub struct KeySpace {
 
 impl KeySpace {
     /// Key space `<prefix>:{<domain>}:v<LAYOUT_VERSION>`. `prefix` must satisfy
-    /// [`is_valid_prefix`] and `domain` [`is_valid_id`] (checked at config load).
+    /// [`is_valid_prefix`](crate::config::ids::is_valid_prefix) and `domain`
+    /// [`is_valid_id`](crate::config::ids::is_valid_id) (checked at config load).
     pub fn new(prefix: &str, domain: &str) -> Self {
         Self {
             base: format!("{prefix}:{{{domain}}}:v{LAYOUT_VERSION}"),
@@ -204,16 +189,5 @@ mod tests {
         let ks = KeySpace::new("bg", "d");
         let k = ks.budget(&Scope::Upstream("x}{y:z".into()), BudgetName::Tpm);
         assert_eq!(k, "bg:{d}:v3:upstream:x%7D%7By%3Az:tpm");
-    }
-
-    #[test]
-    fn id_and_prefix_validation() {
-        assert!(is_valid_id("acme-prod_1.x"));
-        assert!(!is_valid_id(""));
-        assert!(!is_valid_id("a/b"));
-        assert!(!is_valid_id(&"a".repeat(65)));
-        assert!(is_valid_prefix("budgetgate"));
-        assert!(!is_valid_prefix("bg{x}"));
-        assert!(!is_valid_prefix("b g"));
     }
 }

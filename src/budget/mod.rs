@@ -10,10 +10,10 @@
 //! - [`lease`]: the store calls of quota leases ([`lease::LeaseStore`]).
 //! - [`memory`]: the in-process store.
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
+//! - [`metrics`]: the stores' own metrics (store calls, batches, debt).
 //! - [`deny_cache`]: local refusals for budgets known to be empty.
 //! - [`redis`]: the Redis store (Lua scripts in `lua/`), for a fleet of gateways.
 //! - [`share`]: fleet-wide weighted shares of a contended deployment.
-//! - [`store_config`]: the `[store]` settings the stores read.
 //! - `amounts`: what a call asks of each budget ([`Costs`], [`Step`],
 //!   [`Actual`]) and who asks ([`Requester`]).
 
@@ -25,14 +25,12 @@ pub mod guarded;
 pub mod keys;
 pub mod lease;
 pub mod memory;
+pub mod metrics;
 pub mod records;
 pub mod redis;
 pub mod share;
-pub mod store_config;
 
-pub use amounts::{
-    Actual, Costs, OnStoreError, Requester, Step, MAX_AMOUNT, MAX_COUNT, MAX_RATE, RATE_ONE,
-};
+pub use amounts::{Actual, Costs, Requester, Step, MAX_AMOUNT, MAX_COUNT, MAX_RATE, RATE_ONE};
 
 use async_trait::async_trait;
 use serde::Serialize;

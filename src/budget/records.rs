@@ -61,11 +61,6 @@ impl ResponseRecord {
     }
 }
 
-/// Default record lifetime: 30 days, the provider's retention of stored responses.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
-/// Default cap on records kept in memory.
-pub const DEFAULT_MAX_MEMORY: usize = 100_000;
-
 /// The record store of the configured budget store kind.
 pub enum Records {
     /// In process, capped, LRU.
@@ -226,7 +221,7 @@ mod tests {
 
     #[test]
     fn lru_evicts_the_least_recently_used_and_the_evicted_is_unknown() {
-        let m = MemoryRecords::new(2, DEFAULT_TTL);
+        let m = MemoryRecords::new(2, crate::config::store::DEFAULT_RECORD_TTL);
         m.put("a", rec("a"));
         m.put("b", rec("b"));
         assert!(m.get("a").is_some()); // a is now the most recent

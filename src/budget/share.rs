@@ -60,9 +60,10 @@
 
 use std::sync::Arc;
 
-use super::bucket::{MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
-use super::keys::is_valid_id;
+use super::bucket::{MAX_WAIT_MS, UNITS_PER_TOKEN};
 use super::{BudgetKind, BudgetSpec, ReserveRequest};
+use crate::config::bounds::MAX_LIMIT;
+use crate::config::ids::is_valid_id;
 
 /// Lead units per token at weight 1.
 pub const SHARE_SCALE: u64 = 1000;

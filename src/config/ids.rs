@@ -1,8 +1,25 @@
 //! Typed indices into one policy's lists: what authentication and routing
 //! return, so that a request names its tenant, key, model and deployment
-//! by position in the policy it holds, never by address.
+//! by position in the policy it holds, never by address; and which
+//! tenant, key and key-prefix names are valid.
 
 use super::{KeyPolicy, ModelPolicy, Policy, TenantPolicy, UpstreamPolicy};
+
+/// True for a valid tenant or key id: `[A-Za-z0-9._-]{1,64}`.
+pub fn is_valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// True for a valid key prefix: non-empty, printable ASCII, no `{`, `}` or whitespace.
+pub fn is_valid_prefix(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+}
 
 /// A tenant: index into [`Policy::tenants`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,5 +90,21 @@ impl Policy {
     /// The deployments of model `id`, in configured order.
     pub fn deployments_of(&self, id: ModelId) -> impl Iterator<Item = DeploymentId> + '_ {
         self.models[id.0].upstreams.iter().map(|&u| DeploymentId(u))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn id_and_prefix_validation() {
+        assert!(is_valid_id("acme-prod_1.x"));
+        assert!(!is_valid_id(""));
+        assert!(!is_valid_id("a/b"));
+        assert!(!is_valid_id(&"a".repeat(65)));
+        assert!(is_valid_prefix("budgetgate"));
+        assert!(!is_valid_prefix("bg{x}"));
+        assert!(!is_valid_prefix("b g"));
     }
 }

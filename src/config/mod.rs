@@ -6,12 +6,21 @@
 //! flags about prices (dollar budgets over models it cannot price),
 //! `output_limit` the models without a configured output limit.
 
+pub mod alerts;
+pub mod betas;
+pub mod bounds;
 pub mod end_user;
-mod ids;
+pub mod estimate;
+pub mod ids;
+pub mod ledger;
 pub mod model_names;
 mod output_limit;
+pub mod queue;
 pub mod raw;
 pub mod reload;
+pub mod store;
+pub mod telemetry;
+pub mod tls;
 mod unpriced;
 mod validate;
 
@@ -25,9 +34,9 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::budget::bucket::MAX_LIMIT;
-use crate::estimate::{Encoding, EstimateSettings};
 use crate::money::PriceTable;
+use bounds::MAX_LIMIT;
+use estimate::{Encoding, EstimateSettings};
 use raw::RawConfig;
 
 /// Every problem found in a config file, each prefixed by its path.
@@ -59,7 +68,7 @@ pub struct ServerPolicy {
     pub shutdown_grace: Duration,
     /// `[server.tls]`: serve HTTPS with these files (bound at start; the
     /// certificate itself is reloaded, see [`crate::tls`]).
-    pub tls: Option<crate::tls::TlsFiles>,
+    pub tls: Option<tls::TlsFiles>,
     /// Name of the environment variable holding the key of the end-user id
     /// hash (read at load; required when a tenant has end-user settings).
     pub end_user_key_env: String,
@@ -188,7 +197,7 @@ pub struct ModelPolicy {
     /// Tokenizer.
     pub encoding: Encoding,
     /// What an image part costs, by `detail` (`[estimation]` image knobs).
-    pub image: crate::estimate::ImageCost,
+    pub image: estimate::ImageCost,
     /// Output reserved when the client gives no cap, tokens per choice.
     pub default_max_output_tokens: u64,
     /// Largest output the model produces, tokens per choice, when the
@@ -224,7 +233,7 @@ pub struct ModelPolicy {
     pub client_cap_reservation: CapReservation,
     /// Messages only: which `anthropic-beta` values go upstream (an allow
     /// list, or every beta but a deny list: `dialects::anthropic::betas`).
-    pub anthropic_betas: crate::dialects::anthropic::betas::BetaPolicy,
+    pub anthropic_betas: betas::BetaPolicy,
     /// Messages only: server tools, MCP servers and containers are allowed
     /// (work the provider does and bills outside the token usage).
     pub allow_server_tools: bool,
@@ -259,9 +268,8 @@ pub enum Routing {
     LeastUtilised,
 }
 
-pub use crate::budget::store_config::{StoreKind, StorePolicy};
-pub use crate::budget::OnStoreError;
 pub use ids::{DeploymentId, KeyId, ModelId, TenantId};
+pub use store::{LeaseMode, LeasePolicy, OnStoreError, StoreKind, StorePolicy};
 
 /// One API key of a tenant.
 #[derive(Debug, Clone)]
@@ -273,7 +281,7 @@ pub struct KeyPolicy {
     /// Limits of this key alone.
     pub limits: Limits,
     /// `priority` of requests with this key (`None`: the tenant's).
-    pub priority: Option<crate::queue::Class>,
+    pub priority: Option<crate::config::queue::Class>,
     /// `weight` of requests with this key (`None`: the tenant's).
     pub weight: Option<u64>,
     /// UTC µs from which the key is refused (keys of the admin API).
@@ -305,7 +313,7 @@ pub(crate) struct KeyRef {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControlPolicy {
     /// `sqlite://…` or `postgres://…`; `None`: SQLite under the state
-    /// directory ([`crate::control::db::default_url`]).
+    /// directory ([`crate::db::default_url`]).
     pub database_url: Option<String>,
 }
 
@@ -366,7 +374,7 @@ pub struct TenantPolicy {
     pub reads_end_user: bool,
     /// Priority class of its requests (`priority`): its own, its nearest
     /// ancestor's, else `standard`.
-    pub priority: crate::queue::Class,
+    pub priority: crate::config::queue::Class,
     /// Fair-share weight within a class (`weight`): its own, its nearest
     /// ancestor's, else 1.
     pub weight: u64,
@@ -397,17 +405,17 @@ pub struct Policy {
     /// `None` when no tenant has end-user settings and the variable is unset.
     pub end_user_key: Option<std::sync::Arc<end_user::EndUserKey>>,
     /// `[queue]`: requests may wait instead of being refused (`None`: off).
-    pub queue: Option<crate::queue::QueuePolicy>,
+    pub queue: Option<crate::config::queue::QueuePolicy>,
     /// `[ledger]` (bound at start).
-    pub ledger: crate::ledger::LedgerSettings,
+    pub ledger: ledger::LedgerSettings,
     /// `[alerts]` (bound at start).
-    pub alerts: crate::alerts::AlertSettings,
+    pub alerts: alerts::AlertSettings,
     /// Keys written under a former name, one line each naming the new key:
     /// accepted for one release, printed by `check-config` and logged at
     /// start and reload.
     pub renamed_keys: Vec<String>,
     /// `[telemetry]`: request spans over OTLP (bound at start).
-    pub telemetry: crate::telemetry::TelemetrySettings,
+    pub telemetry: telemetry::TelemetrySettings,
     model_index: model_names::ModelIndex,
     /// `[control]`.
     pub control: ControlPolicy,

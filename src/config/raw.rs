@@ -106,7 +106,7 @@ pub struct RawServer {
     pub concurrency_retry_secs: Option<i64>,
     pub admin_token_env: Option<String>,
     pub shutdown_grace_secs: Option<i64>,
-    pub tls: Option<crate::tls::RawTls>,
+    pub tls: Option<super::tls::RawTls>,
     pub end_user_key_env: Option<String>,
 }
 

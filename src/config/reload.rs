@@ -167,7 +167,9 @@ pub fn reload_with(
 
 /// Swaps `new` in unless it has the running version, keeping the
 /// restart-only settings: the one way a policy changes at runtime, for a
-/// file reload and a control-database change alike.
+/// file reload and a control-database change alike. What follows an
+/// applied policy (its metrics series) is the caller's: config imports no
+/// feature.
 pub fn install(
     current: &ArcSwap<Policy>,
     mut new: Policy,
@@ -200,7 +202,6 @@ pub fn install(
     for note in &new.renamed_keys {
         tracing::warn!(config = %path.display(), "{note}");
     }
-    crate::metrics::policy_installed(Some(&running), &new);
     current.store(Arc::new(new));
     tracing::info!(
         config = %path.display(),

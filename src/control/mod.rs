@@ -2,8 +2,8 @@
 //! runtime through the admin API, kept in a database, merged into the
 //! policy every gateway of a fleet serves.
 //!
-//! - [`db`]: the database handle ([`db::Db`]), SQLite by default,
-//!   PostgreSQL for a fleet; embedded migrations.
+//! - The database handle is [`crate::db`]'s (shared with the ledger); this
+//!   module keeps the control plane's own SQL.
 //! - [`runtime`]: the entities as read ([`runtime::Snapshot`]) and their
 //!   merge with the config file into one policy.
 //! - [`writes`]: every change, each with its audit row, the version
@@ -20,7 +20,6 @@
 //! database is unreachable the gateway keeps serving the last snapshot it
 //! read, and changes are refused (503) until it is back.
 
-pub mod db;
 pub mod runtime;
 pub mod sync;
 pub mod writes;
@@ -36,7 +35,7 @@ use tokio::sync::Notify;
 use crate::config::raw::RawConfig;
 use crate::config::reload::{self, ReloadOutcome, Trigger};
 use crate::config::{ConfigErrors, Policy};
-use db::Db;
+use crate::db::{self, Db};
 use runtime::{Quarantined, Snapshot};
 
 /// The database opened and read at start, before the gateway's state
@@ -326,10 +325,15 @@ impl ControlPlane {
             Ok(c) => {
                 let list = c.quarantined();
                 let policy_version = c.policy.version.clone();
+                // Installs are one at a time (`installing`): the policy
+                // running now is the one the new policy replaces.
+                let previous = self.policy.load_full();
                 if let ReloadOutcome::Applied { .. } =
                     reload::install(&self.policy, c.policy, &self.config_path, Trigger::Control)
                 {
-                    crate::metrics::register_policy_series(&self.policy.load());
+                    let policy = self.policy.load();
+                    crate::metrics::policy_installed(Some(&previous), &policy);
+                    crate::metrics::register_policy_series(&policy);
                 }
                 self.note_quarantine(&policy_version, snap.version, list);
                 self.snapshot.store(Arc::new(snap));
@@ -378,6 +382,9 @@ impl ControlPlane {
         let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.snapshot.load_full();
         let mut quarantine = None;
+        // Installs are one at a time (`installing`): the policy running
+        // now is the one a reload replaces.
+        let previous = self.policy.load_full();
         let outcome = reload::reload_with(&self.policy, &self.config_path, trigger, |path| {
             let (raw, version) = Policy::read_raw(path)?;
             let c = runtime::compose(&raw, &version, &snap)?;
@@ -387,6 +394,9 @@ impl ControlPlane {
         });
         if let Some((policy_version, list)) = quarantine {
             self.note_quarantine(&policy_version, snap.version, list);
+        }
+        if let ReloadOutcome::Applied { .. } = outcome {
+            crate::metrics::policy_installed(Some(&previous), &self.policy.load());
         }
         outcome
     }

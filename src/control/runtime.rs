@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
-use super::db::Db;
 use crate::config::raw::{KeyTerms, RawConfig, RawKey, RawLimits, RawTenant};
 use crate::config::{ConfigErrors, Policy};
+use crate::db::Db;
 
 /// An admin role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

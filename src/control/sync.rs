@@ -16,9 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::db::DbKind;
 use super::writes::CHANNEL;
 use super::ControlPlane;
+use crate::db::DbKind;
 
 /// How often the version counter is read.
 pub const POLL: Duration = Duration::from_millis(250);

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::Part;
-use crate::estimate::Encoding;
+use crate::config::estimate::Encoding;
 
 /// Path under an OpenAI-style base URL.
 pub const PATH: &str = "chat/completions";

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::estimate::Encoding;
+use crate::config::estimate::Encoding;
 
 /// Path under an OpenAI-style base URL.
 pub const PATH: &str = "completions";

@@ -41,7 +41,8 @@ use serde_json::Value;
 
 pub use usage::UsageBreakdown;
 
-use crate::estimate::{self, Encoding, Estimate, EstimateError, EstimateSettings, ModelEstimation};
+use crate::config::estimate::{Encoding, EstimateSettings};
+use crate::estimate::{self, Estimate, EstimateError, ModelEstimation};
 
 /// An API surface.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +167,7 @@ impl Dialect {
     /// The lowest output cap the API accepts.
     pub fn min_cap(self) -> u64 {
         match self {
-            Dialect::Responses => responses::MIN_CAP,
+            Dialect::Responses => crate::config::bounds::RESPONSES_MIN_CAP,
             _ => 1,
         }
     }

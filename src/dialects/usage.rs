@@ -13,7 +13,7 @@
 
 use serde_json::Value;
 
-use crate::budget::bucket::MAX_LIMIT;
+use crate::config::bounds::MAX_LIMIT;
 
 /// What an answer used, in tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -27,7 +27,8 @@
 use serde_json::Value;
 
 use super::input::Tally;
-use super::{Encoding, TOKENS_PER_MESSAGE};
+use super::TOKENS_PER_MESSAGE;
+use crate::config::estimate::Encoding;
 
 /// Framing of a call beyond 3 + `assistant` + name + arguments:
 /// `<|channel|>`, `commentary`, ` to=functions.`, ` `, `<|constrain|>`,

@@ -31,7 +31,7 @@
 use foldhash::HashMap;
 use std::sync::{LazyLock, Mutex};
 
-use super::Encoding;
+use crate::config::estimate::Encoding;
 
 /// Entries of each partition of the process-wide cache.
 pub const DEFAULT_CAPACITY: usize = 4096;

@@ -17,16 +17,7 @@
 //! URL is not decoded), so `"high"`, `"auto"` and a missing `detail` are
 //! charged the worst case the rule allows, and `"low"` its fixed cost.
 
-use super::EstimateSettings;
-
-/// Tokens charged for one image part of one model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageCost {
-    /// `detail: "low"`.
-    pub low: u64,
-    /// `"high"`, `"auto"` or no `detail`: the most the model's rule allows.
-    pub high: u64,
-}
+use crate::config::estimate::{EstimateSettings, ImageCost};
 
 /// Most 512 px tiles a high-detail image can need (768 × 2048 after scaling).
 const MAX_TILES: u64 = 8;

@@ -104,7 +104,7 @@ pub fn fit_output(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::estimate::Encoding;
+    use crate::config::estimate::Encoding;
 
     fn model() -> ModelEstimation {
         ModelEstimation {
@@ -113,7 +113,7 @@ mod tests {
             max_output_tokens: Some(4000),
             min_output_tokens: 16,
             token_ratio: 1000,
-            image: crate::estimate::ImageCost::flat(1536),
+            image: crate::config::estimate::ImageCost::flat(1536),
         }
     }
 

@@ -9,7 +9,7 @@ fn model(encoding: Encoding) -> ModelEstimation {
         max_output_tokens: Some(4000),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: crate::estimate::ImageCost::flat(1536),
+        image: crate::config::estimate::ImageCost::flat(1536),
     }
 }
 
@@ -206,7 +206,7 @@ fn image_parts_cost_the_models_price_for_their_detail_and_audio_a_flat_amount() 
         ..EstimateSettings::default()
     };
     let m = ModelEstimation {
-        image: crate::estimate::ImageCost {
+        image: crate::config::estimate::ImageCost {
             low: 100,
             high: 1000,
         },
@@ -712,7 +712,7 @@ fn huge_values_saturate_instead_of_overflowing() {
         max_output_tokens: Some(u64::MAX),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: crate::estimate::ImageCost::flat(1536),
+        image: crate::config::estimate::ImageCost::flat(1536),
     };
     let e = estimate(
         Dialect::Completions,
@@ -738,7 +738,7 @@ fn huge_values_saturate_instead_of_overflowing() {
     let m = ModelEstimation {
         min_output_tokens: u64::MAX,
         token_ratio: 1000,
-        image: crate::estimate::ImageCost::flat(1536),
+        image: crate::config::estimate::ImageCost::flat(1536),
         ..m
     };
     let mut body = user("hi");
@@ -826,7 +826,7 @@ fn repeated_bodies_estimate_the_same_through_the_cache() {
         max_output_tokens: Some(1000),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: crate::estimate::ImageCost::flat(1536),
+        image: crate::config::estimate::ImageCost::flat(1536),
     };
     let s = EstimateSettings::default();
     let first = estimate(Dialect::ChatCompletions, &b, &m, &s, TokenRoom::default()).unwrap();

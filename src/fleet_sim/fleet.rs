@@ -539,6 +539,6 @@ fn settlement(actual: u64) -> Settlement {
     }
 }
 
-fn quota_lease_tick(p: &crate::budget::store_config::LeasePolicy) -> u64 {
+fn quota_lease_tick(p: &crate::config::store::LeasePolicy) -> u64 {
     (p.report_interval.as_micros() as u64 / 40).clamp(5_000, 50_000)
 }

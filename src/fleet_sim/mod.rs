@@ -24,7 +24,7 @@ mod tests;
 
 pub use report::{BudgetLine, Report, RunStats};
 
-use crate::budget::store_config::LeasePolicy;
+use crate::config::store::LeasePolicy;
 
 /// What to simulate.
 #[derive(Debug, Clone)]

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use super::buffer::LedgerBuffer;
 use super::SpendRow;
 use crate::clock::Clock;
+use crate::config::ledger::LedgerSettings;
 
 /// Why the sink could not write or read.
 #[derive(Debug, thiserror::Error)]
@@ -33,38 +34,6 @@ pub trait LedgerSink: Send + Sync + 'static {
     /// `before_micros`, oldest first; returns how many. Fewer than
     /// `at_most` means none is left.
     async fn prune(&self, before_micros: u64, at_most: u64) -> Result<u64, LedgerError>;
-}
-
-/// `[ledger]` as the writer uses it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LedgerSettings {
-    /// Whether settlements are recorded at all.
-    pub enabled: bool,
-    /// Longest a row waits in the buffer while the sink is up: the crash
-    /// loss bound.
-    pub batch_interval: Duration,
-    /// Most rows per write.
-    pub batch_rows: usize,
-    /// Most rows buffered (waiting or being written); past it rows are dropped.
-    pub buffer_rows: usize,
-    /// Rows older than this are deleted; `None` keeps them.
-    pub retention: Option<Duration>,
-    /// Longest one write or one prune batch may take before it is given
-    /// up ([`WRITE_TIMEOUT`]; not configurable, shorter in tests).
-    pub write_timeout: Duration,
-}
-
-impl Default for LedgerSettings {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            batch_interval: Duration::from_secs(1),
-            batch_rows: 500,
-            buffer_rows: 100_000,
-            retention: Some(Duration::from_secs(400 * 86_400)),
-            write_timeout: WRITE_TIMEOUT,
-        }
-    }
 }
 
 /// How often rows past the retention are deleted.
@@ -291,13 +260,6 @@ async fn run(
         }
     }
 }
-
-/// Longest one batch's write may take before it is given up (the batch
-/// goes back to the buffer and is tried again): a connection that went
-/// half-open mid-statement would otherwise stop the ledger for good. A
-/// write given up after the database applied it is harmless: the retry's
-/// rows are already there (primary key).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes every row waiting now, batch by batch, each write given at most
 /// `limit`; false when the sink failed or timed out (the failed batch is

@@ -31,8 +31,8 @@ mod start;
 
 use std::sync::Arc;
 
+pub use batcher::LedgerWriter;
 pub use batcher::{LedgerError, LedgerSink};
-pub use batcher::{LedgerSettings, LedgerWriter};
 pub use buffer::LedgerBuffer;
 pub use capture::{LedgerCapture, LedgerDraft, LedgerScope};
 pub use query::{SpendQuery, SpendReader};

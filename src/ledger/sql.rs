@@ -18,7 +18,7 @@ use sqlx::Row;
 use super::batcher::{LedgerError, LedgerSink};
 use super::query::{day_of, DayTotal, SpendQuery, SpendReader, SpendTotals};
 use super::{SpendOutcome, SpendRow};
-use crate::control::db::DbKind;
+use crate::db::DbKind;
 
 /// Columns of one inserted row.
 const COLUMNS: [&str; 24] = [

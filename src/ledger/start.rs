@@ -14,7 +14,7 @@ use crate::clock::Clock;
 /// shutdown flush.
 pub fn start(
     state: &crate::server::AppState,
-    db: &crate::control::db::Db,
+    db: &crate::db::Db,
     clock: Arc<dyn Clock>,
     spans: Option<Arc<crate::telemetry::Spans>>,
 ) -> Result<Option<crate::ledger::LedgerWriter>, String> {

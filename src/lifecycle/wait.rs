@@ -35,9 +35,9 @@ use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::budget::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
 use crate::budget::{BudgetName, BudgetSpec, Scope};
-use crate::queue::class::WAITER_OVERHEAD_BYTES;
+use crate::config::queue::{Class, QueuePolicy, WaitKind, WAITER_OVERHEAD_BYTES};
 use crate::queue::waiter::{Ended, Ticket};
-use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
+use crate::queue::{metrics, Joining};
 use crate::server::error::ApiError;
 use crate::server::PlannedDeployment;
 

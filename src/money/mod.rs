@@ -25,7 +25,7 @@
 //!
 //! - Prices are validated ≤ [`MAX_PRICE`] = 10^9 µ$ per million tokens
 //!   ($1,000 per million) at config load; token counts are ≤ 10^10
-//!   ([`crate::budget::bucket::MAX_LIMIT`]: estimates and usage are
+//!   (`config::bounds::MAX_LIMIT`: estimates and usage are
 //!   clamped there). One term `tokens × price` ≤ 10^19 and the sum of the
 //!   five token classes ≤ 5·10^19 < 2^128: exact in `u128`.
 //! - A single cost (reservation, extension step or settlement) is clamped
@@ -62,7 +62,6 @@ pub use price::{grant, CacheWrites, Price, PriceTable, TokenCounts};
 // The bounds of the module docs, checked when the crate compiles.
 const _: () = {
     assert!(MAX_PRICE == 1_000 * MICROS_PER_USD);
-    assert!(MAX_COST == crate::budget::bucket::MAX_LIMIT * MAX_PRICE / PRICE_TOKENS);
     assert!(MAX_SPEND + MAX_COST < 1 << 53);
     assert!(MAX_BUDGET <= MAX_SPEND);
     // The partial grant's largest intermediate products.
@@ -77,19 +76,21 @@ pub const MICROS_PER_USD: u64 = 1_000_000;
 pub const PRICE_TOKENS: u64 = 1_000_000;
 
 /// Largest price accepted, µ$ per million tokens ($1,000 per million):
-/// the stores' largest extension rate.
-pub const MAX_PRICE: u64 = crate::budget::MAX_RATE;
+/// the stores' largest extension rate (`budget::MAX_RATE`, which checks
+/// that it is the same).
+pub const MAX_PRICE: u64 = 1_000_000_000;
 
 /// Largest dollar budget per window, µ$ ($10 million).
 pub const MAX_BUDGET: u64 = 10_000_000 * MICROS_PER_USD;
 
 /// Largest single cost, µ$: 10^10 tokens at $1,000 per million (the
-/// stores' largest amount).
-pub const MAX_COST: u64 = crate::budget::MAX_AMOUNT;
+/// stores' largest amount, `budget::MAX_AMOUNT`; config's bounds check
+/// that it is 10^10 tokens at the largest price).
+pub const MAX_COST: u64 = 10_000_000_000_000;
 
 /// Highest spend a store keeps in a dollar quota window, µ$ (2^52, the
-/// stores' largest quota count).
-pub const MAX_SPEND: u64 = crate::budget::MAX_COUNT;
+/// stores' largest quota count, `budget::MAX_COUNT`).
+pub const MAX_SPEND: u64 = 1 << 52;
 
 /// Why a decimal dollar amount was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -221,7 +221,7 @@ mod tests {
             cache_write_1h: super::super::MAX_PRICE,
             output: super::super::MAX_PRICE,
         };
-        let limit = crate::budget::bucket::MAX_LIMIT;
+        let limit = crate::config::bounds::MAX_LIMIT;
         let one = TokenCounts {
             output: limit,
             ..TokenCounts::default()

@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::class::Class;
+use crate::config::queue::Class;
 
 /// Tags are in cost × [`TAG_SCALE`] / weight, so small weights' remainders
 /// are kept (u128: no sum of costs overflows).

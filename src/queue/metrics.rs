@@ -3,7 +3,7 @@
 
 use metrics::{counter, gauge, histogram};
 
-use super::Class;
+use crate::config::queue::Class;
 
 /// Waiters of `class` came (`+1`) or went (`-1`).
 pub fn depth(class: Class, delta: f64) {

@@ -2,7 +2,8 @@
 //! request may wait, it waits in this gateway's queue instead of getting a
 //! 429, and is admitted the moment a retry of its reservation succeeds.
 //!
-//! - [`class`]: priority classes, budget kinds and the `[queue]` settings.
+//! - The priority classes, budget kinds and `[queue]` settings are
+//!   [`crate::config::queue`]'s (config owns every settings type).
 //! - [`line`]: one budget's line of waiters and who gets the next turn
 //!   (strict priority, starvation guard, weighted fair sharing by
 //!   estimated cost, FIFO within a tenant). Pure: no clock, no I/O.
@@ -16,7 +17,6 @@
 //! refusal's retry time) and from settlements that return capacity to a
 //! waited-for budget ([`Queue::capacity_returned`]), never from polling.
 
-pub mod class;
 pub mod line;
 pub mod metrics;
 pub mod waiter;
@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-pub use class::{Class, ClassPolicy, QueuePolicy, WaitKind};
+use crate::config::queue::{Class, QueuePolicy};
 use line::{Entry, Line, Wakes};
 
 /// Why a request could not join the queue.

@@ -11,7 +11,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::line::MyTurn;
-use super::{Class, Queue};
+use super::Queue;
+use crate::config::queue::Class;
 
 /// Why a wait ended without a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -239,7 +239,7 @@ pub async fn list(
         let depth = st.queue.depth();
         body["queue"] = json!({
             "enabled": p.queue.is_some(),
-            "depth": crate::queue::Class::ALL
+            "depth": crate::config::queue::Class::ALL
                 .iter()
                 .map(|c| (c.as_str().to_string(), json!(depth[c.index()])))
                 .collect::<serde_json::Map<String, Value>>(),

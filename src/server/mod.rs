@@ -324,8 +324,8 @@ impl AppState {
 }
 
 /// The owner-record store of the configured store kind.
-fn records_for(store: &crate::budget::store_config::StorePolicy) -> Records {
-    use crate::budget::store_config::StoreKind;
+fn records_for(store: &crate::config::store::StorePolicy) -> Records {
+    use crate::config::store::StoreKind;
     match &store.kind {
         StoreKind::Memory => Records::Memory(MemoryRecords::new(
             store.max_memory_records,

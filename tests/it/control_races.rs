@@ -17,9 +17,9 @@ use super::control::{admin_token, new_key, ROOT};
 use crate::support::postgres::PgServer;
 use crate::support::*;
 use budgetgate::config::reload::{ReloadOutcome, Trigger};
-use budgetgate::control::db::Db;
 use budgetgate::control::runtime;
 use budgetgate::control::ControlPlane;
+use budgetgate::db::Db;
 
 /// Rounds of concurrent delete / create-key / create-child / move.
 const ROUNDS: usize = 200;

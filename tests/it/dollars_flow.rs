@@ -10,9 +10,10 @@
 use std::time::Duration;
 
 use budgetgate::budget::{BudgetName, Scope};
+use budgetgate::config::estimate::{Encoding, EstimateSettings};
 use budgetgate::config::reload::{reload, ReloadOutcome, Trigger};
 use budgetgate::dialects::Dialect;
-use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+use budgetgate::estimate::{estimate, ModelEstimation};
 use serde_json::{json, Value};
 
 use super::dollars::{cost, priced, IN, OUT};
@@ -92,7 +93,7 @@ async fn cache_reads_and_writes_are_priced_at_their_prices_to_the_micro_dollar()
         max_output_tokens: Some(64000),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: budgetgate::estimate::ImageCost::flat(1536),
+        image: budgetgate::config::estimate::ImageCost::flat(1536),
     };
     let input = estimate(
         Dialect::Messages,

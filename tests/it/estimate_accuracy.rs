@@ -19,8 +19,9 @@
 //! String counts use tiktoken-rs directly (`encode_ordinary`, so text like
 //! `<|endoftext|>` is ordinary text, as the gateway must treat client text).
 
+use budgetgate::config::estimate::{Encoding, EstimateSettings};
 use budgetgate::dialects::Dialect;
-use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+use budgetgate::estimate::{estimate, ModelEstimation};
 use serde_json::{json, Value};
 use tiktoken_rs::CoreBPE;
 
@@ -78,7 +79,7 @@ fn model(enc: Encoding) -> ModelEstimation {
         max_output_tokens: Some(16384),
         min_output_tokens: 16,
         token_ratio: 1000,
-        image: budgetgate::estimate::ImageCost::flat(1536),
+        image: budgetgate::config::estimate::ImageCost::flat(1536),
     }
 }
 

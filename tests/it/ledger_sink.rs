@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use budgetgate::control::db::Db;
+use budgetgate::db::Db;
 use budgetgate::ledger::sql::SqlLedger;
 use budgetgate::ledger::{LedgerSink, SpendOutcome, SpendQuery, SpendReader, SpendRow};
 
@@ -144,7 +144,8 @@ const OLD_ROWS: u64 = 1_000_000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_settled_while_a_million_rows_are_pruned_are_written_within_the_write_timeout() {
     use budgetgate::clock::{Clock, ManualClock};
-    use budgetgate::ledger::{LedgerBuffer, LedgerSettings, LedgerWriter};
+    use budgetgate::config::ledger::LedgerSettings;
+    use budgetgate::ledger::{LedgerBuffer, LedgerWriter};
     use std::time::{Duration, Instant};
 
     let dir = tempfile::tempdir().unwrap();

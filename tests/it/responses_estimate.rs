@@ -20,8 +20,9 @@
 //! on the counted part, + 10 % + 32 on the structured part (tools,
 //! `tool_choice`, schemas), and never below the true count.
 
+use budgetgate::config::estimate::{Encoding, EstimateSettings};
 use budgetgate::dialects::Dialect;
-use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+use budgetgate::estimate::{estimate, ModelEstimation};
 use serde_json::{json, Value};
 
 fn t(s: &str) -> u64 {
@@ -357,8 +358,8 @@ async fn the_simulated_upstream_counts_text_bodies_as_the_gateway_estimates_them
 
 #[test]
 fn image_costs_load_per_model_and_can_be_configured_by_prefix() {
+    use budgetgate::config::estimate::ImageCost;
     use budgetgate::config::{raw::RawImageTokens, Policy};
-    use budgetgate::estimate::ImageCost;
     // A prefix with its `low` and `high`.
     type Row<'a> = (&'a str, Option<i64>, Option<i64>);
     let load = |table: Option<Vec<Row>>| {

@@ -69,7 +69,7 @@ fn setup(upstream: &str, ca: &Ca) -> TlsSetup {
     std::fs::write(&cert, c).unwrap();
     std::fs::write(&key, k).unwrap();
     let mut config = TestConfig::standard(upstream, 20, limits().tpm(100000));
-    config.server.tls = Some(budgetgate::tls::RawTls {
+    config.server.tls = Some(budgetgate::config::tls::RawTls {
         cert_file: Some(cert.display().to_string()),
         key_file: Some(key.display().to_string()),
     });

@@ -42,8 +42,9 @@ pub fn repo_path(rel: &str) -> std::path::PathBuf {
 
 /// The gateway's input-token estimate of a `gpt-4o-mini` (o200k_base) chat body.
 pub fn chat_input_tokens(body: &serde_json::Value) -> u64 {
+    use budgetgate::config::estimate::{Encoding, EstimateSettings};
     use budgetgate::dialects::Dialect;
-    use budgetgate::estimate::{estimate, Encoding, EstimateSettings, ModelEstimation};
+    use budgetgate::estimate::{estimate, ModelEstimation};
     let me = ModelEstimation {
         encoding: Encoding::O200kBase,
         default_max_output_tokens: 16,

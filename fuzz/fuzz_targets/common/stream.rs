@@ -3,7 +3,7 @@
 //! JSON events; no choice is relayed past its enforced cap + tolerance.
 
 use budgetgate::dialects::Dialect;
-use budgetgate::estimate::Encoding;
+use budgetgate::config::estimate::Encoding;
 use budgetgate::upstreams::relay::{FrameAction, StreamProcessor};
 use budgetgate::upstreams::sse::FrameSplitter;
 

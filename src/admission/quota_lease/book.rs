@@ -32,7 +32,7 @@ pub struct LeaseOff {
 
 impl LeaseOff {
     /// The `lease = "off"` switches of `[store.lease]`.
-    pub fn of(p: &crate::budget::store_config::LeasePolicy) -> Self {
+    pub fn of(p: &crate::config::store::LeasePolicy) -> Self {
         Self {
             tenants: p.off_tenants.iter().map(|t| t.as_str().into()).collect(),
             keys: p

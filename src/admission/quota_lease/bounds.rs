@@ -4,8 +4,8 @@
 use super::book::LeaseOff;
 use crate::admission::plan::{scope_budgets, upstream_budgets};
 use crate::budget::keys::KeySpace;
-use crate::budget::store_config::{LeaseMode, StoreKind};
 use crate::budget::{BudgetKind, BudgetSpec, Scope};
+use crate::config::store::{LeaseMode, StoreKind};
 use crate::config::Policy;
 
 /// One line per leasable budget of the config's tenants, keys and

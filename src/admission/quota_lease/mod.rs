@@ -59,10 +59,10 @@ pub use local_hold::{exhausted, Extension, OverflowEnd, StoreStep};
 pub use plan::{Applied, Call};
 
 use crate::budget::lease::LeaseStore;
-use crate::budget::store_config::LeasePolicy;
 use crate::budget::{
     ExtendOutcome, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
 };
+use crate::config::store::LeasePolicy;
 
 /// How often the keeper looks for due calls, at most.
 const TICK_MIN: Duration = Duration::from_millis(5);

@@ -9,11 +9,11 @@ use super::book::{Book, Decision, LeaseOff};
 use super::local_hold::{Extension, StoreStep};
 use super::plan::Call;
 use crate::budget::lease::{LeaseReply, LeaseState};
-use crate::budget::store_config::LeasePolicy;
 use crate::budget::{
     Actual, BudgetKind, BudgetName, BudgetSpec, Costs, ExtendOutcome, Requester, ReserveOutcome,
     ReserveRequest, Scope, SettleOutcome, Settlement, Step,
 };
+use crate::config::store::LeasePolicy;
 
 const S: u64 = 1_000_000;
 

@@ -261,7 +261,7 @@ fn report(inner: &mut Inner, spec: &BudgetSpec, r: &mut Record, spent: u64, now:
         BudgetKind::Bucket { per_minute, burst } => {
             // At the stored policy: the lease's may be older.
             let mut b = inner.stored_bucket(&spec.key, per_minute, burst, now);
-            crate::metrics::debt_forgiven(b.debit(debt));
+            crate::budget::metrics::debt_forgiven(b.debit(debt));
             store_at(&mut inner.buckets, &spec.key, b);
         }
         BudgetKind::Quota { window, .. } => {

@@ -23,8 +23,8 @@ use super::{
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
     StoreError, MAX_RATE, RATE_ONE,
 };
-use crate::budget::bucket::MAX_LIMIT;
 use crate::clock::Clock;
+use crate::config::bounds::MAX_LIMIT;
 use state::{store_at, Check, Inner};
 use tombstones::Tombstone;
 

@@ -105,28 +105,11 @@ impl Snapshot {
     }
 }
 
-/// Where the snapshot goes when `store.snapshot_path` is not set: the
-/// directory systemd gives the service (`StateDirectory=`, as
-/// `$STATE_DIRECTORY`), else `$XDG_STATE_HOME/budgetgate`, else
-/// `~/.local/state/budgetgate`, else `/var/lib/budgetgate`; the file is
-/// `memory-store.json` in it. Never the config directory, which may be a
-/// read-only mount.
+/// Where the snapshot goes when `store.snapshot_path` is not set:
+/// `memory-store.json` in the gateway's state directory
+/// ([`crate::db::state_dir`]).
 pub fn default_path() -> PathBuf {
-    let dir = if let Some(d) = non_empty_env("STATE_DIRECTORY") {
-        // systemd may pass several, colon-separated: the first is ours.
-        PathBuf::from(d.split(':').next().unwrap_or(&d))
-    } else if let Some(d) = non_empty_env("XDG_STATE_HOME") {
-        Path::new(&d).join("budgetgate")
-    } else if let Some(h) = non_empty_env("HOME") {
-        Path::new(&h).join(".local/state/budgetgate")
-    } else {
-        PathBuf::from("/var/lib/budgetgate")
-    };
-    dir.join("memory-store.json")
-}
-
-fn non_empty_env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+    crate::db::state_dir().join("memory-store.json")
 }
 
 /// Writes the store's state to its file every [`INTERVAL`] on a thread of
@@ -231,11 +214,11 @@ impl Snapshotter {
         };
         match write_atomically(&self.path, &snap) {
             Ok(()) => {
-                crate::metrics::store_snapshot(true);
+                crate::budget::metrics::store_snapshot(true);
                 true
             }
             Err(e) => {
-                crate::metrics::store_snapshot(false);
+                crate::budget::metrics::store_snapshot(false);
                 tracing::warn!(path = %self.path.display(), error = %e, "memory store snapshot failed; the store keeps serving, a restart would lose what changed since the last snapshot");
                 false
             }

@@ -6,13 +6,14 @@
 use foldhash::HashMap;
 
 use super::tombstones::Tombstones;
-use crate::budget::bucket::{BucketState, MAX_LIMIT};
+use crate::budget::bucket::BucketState;
 use crate::budget::share::ShareState;
 use crate::budget::{
     Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
     ReserveRequest, WouldDeny,
 };
 use crate::budget::{MAX_AMOUNT, MAX_COUNT};
+use crate::config::bounds::MAX_LIMIT;
 
 /// Operations between sweeps of expired holds, leases, full idle buckets
 /// and past quota windows.
@@ -450,7 +451,7 @@ impl Inner {
                 if refunded {
                     b.credit(line.held - used);
                 } else if used > line.held {
-                    crate::metrics::debt_forgiven(b.debit(used - line.held));
+                    crate::budget::metrics::debt_forgiven(b.debit(used - line.held));
                 }
                 store_at(&mut self.buckets, &spec.key, b);
                 refunded

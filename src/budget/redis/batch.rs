@@ -341,7 +341,7 @@ impl Batcher {
         };
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.items.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        crate::metrics::redis_batch(batch.len());
+        crate::budget::metrics::redis_batch(batch.len());
         let result =
             match tokio::time::timeout_at(deadline, run_script::<Value>(&self.conn, script, cmd))
                 .await

@@ -63,7 +63,7 @@ impl LeaseStore for RedisStore {
         for _ in lines {
             out.push(reply(&mut r)?);
         }
-        crate::metrics::debt_forgiven(r.i64()?);
+        crate::budget::metrics::debt_forgiven(r.i64()?);
         if r.rest() != 0 {
             return Err(protocol(format!("lease replied {items:?}")));
         }

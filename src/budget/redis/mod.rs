@@ -54,8 +54,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::store_config::{StoreKind, StorePolicy};
 use crate::clock::Clock;
+use crate::config::store::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
 use super::{BudgetSpec, StoreError};

@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use redis::Script;
 
-use crate::budget::bucket::{DEBT_FLOOR, MAX_LIMIT, MAX_WAIT_MS, UNITS_PER_TOKEN};
+use crate::budget::bucket::{DEBT_FLOOR, MAX_WAIT_MS, UNITS_PER_TOKEN};
 use crate::budget::calendar::MICROS_PER_DAY;
 use crate::budget::keys::LAYOUT_VERSION;
 use crate::budget::share::{ACTIVE_MICROS, GAP_STEPS, SHARE_RETRY_MICROS};
 use crate::budget::{MAX_AMOUNT, MAX_COUNT, RATE_ONE};
+use crate::config::bounds::MAX_LIMIT;
 
 /// Every key's TTL gets this margin past the moment it stops mattering, so
 /// a key is never dropped while its logical state still differs from

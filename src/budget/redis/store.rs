@@ -345,7 +345,7 @@ impl RedisStore {
                     debt: r.u64()?,
                     now_micros: now,
                 };
-                crate::metrics::debt_forgiven(r.i64()?);
+                crate::budget::metrics::debt_forgiven(r.i64()?);
                 outcome
             }
             "U" => SettleOutcome::Unknown,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{is_env_name, V};
-use crate::alerts::AlertSettings;
+use crate::config::alerts::AlertSettings;
 use crate::config::raw::RawAlerts;
 
 /// Shortest signing secret, bytes.

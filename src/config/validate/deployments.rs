@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::V;
-use crate::budget::keys::is_valid_id;
+use crate::config::betas::{BetaPolicy, BetaRule};
+use crate::config::ids::is_valid_id;
 use crate::config::model_names::{ModelIndex, NamePattern};
 use crate::config::raw::RawConfig;
 use crate::config::*;
-use crate::dialects::anthropic::betas::{BetaPolicy, BetaRule};
 
 /// `anthropic-version` sent when neither the client nor the upstream's
 /// `anthropic_version` names one (the current version of Anthropic's API,
@@ -174,7 +174,7 @@ pub(super) fn models(
     raw: &RawConfig,
     upstream_index: &HashMap<String, usize>,
     upstreams: &[UpstreamPolicy],
-    estimation: &crate::estimate::EstimateSettings,
+    estimation: &crate::config::estimate::EstimateSettings,
 ) -> (Vec<ModelPolicy>, ModelIndex) {
     let mut models = Vec::new();
     let mut model_index = ModelIndex::default();
@@ -456,7 +456,7 @@ fn betas(v: &mut V, path: &str, m: &crate::config::raw::RawModel) -> BetaPolicy 
         }
         return BetaPolicy::Allow(allow);
     }
-    let mut all = crate::dialects::anthropic::betas::default_deny();
+    let mut all = crate::config::betas::default_deny();
     all.extend(deny);
     BetaPolicy::Deny(all)
 }

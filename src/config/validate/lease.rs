@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::V;
-use crate::budget::store_config::{LeaseMode, LeasePolicy, StoreKind};
 use crate::config::raw::RawConfig;
+use crate::config::store::{LeaseMode, LeasePolicy, StoreKind};
 
 fn mode(v: &mut V, path: &str, value: Option<&str>) -> Option<LeaseMode> {
     match value? {

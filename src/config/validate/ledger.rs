@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::V;
+use crate::config::ledger::LedgerSettings;
 use crate::config::raw::RawLedger;
-use crate::ledger::LedgerSettings;
 
 pub(super) fn ledger(v: &mut V, raw: &RawLedger) -> LedgerSettings {
     let d = LedgerSettings::default();

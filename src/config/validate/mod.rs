@@ -16,11 +16,11 @@ mod tree;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::bounds::{MAX_LIMIT, MAX_QUOTA};
+use super::estimate::{EstimateSettings, ImageCost};
+use super::ids::{is_valid_id, is_valid_prefix};
 use super::raw::{RawConfig, RawLimits};
 use super::*;
-use crate::budget::bucket::{MAX_LIMIT, MAX_QUOTA};
-use crate::budget::keys::{is_valid_id, is_valid_prefix};
-use crate::estimate::EstimateSettings;
 
 /// `[A-Za-z_][A-Za-z0-9_]*`: a portable environment variable name.
 fn is_env_name(name: &str) -> bool {
@@ -175,7 +175,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 Duration::from_secs(30)
             }
         },
-        tls: crate::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
+        tls: super::tls::TlsFiles::validate(raw.server.tls.as_ref(), |p, m| v.err(p, m)),
         end_user_key_env: match raw.server.end_user_key_env.as_deref() {
             None => "BUDGETGATE_END_USER_KEY".into(),
             Some(name) if is_env_name(name) => name.to_string(),
@@ -253,7 +253,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 raw.store.response_record_ttl_secs,
                 10 * 365 * 86_400,
             )
-            .unwrap_or(crate::budget::records::DEFAULT_TTL.as_secs()),
+            .unwrap_or(super::store::DEFAULT_RECORD_TTL.as_secs()),
         ),
         max_memory_records: v
             .positive(
@@ -261,21 +261,21 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 raw.store.max_response_records,
                 100_000_000,
             )
-            .map_or(crate::budget::records::DEFAULT_MAX_MEMORY, |n| n as usize),
+            .map_or(super::store::DEFAULT_MAX_MEMORY_RECORDS, |n| n as usize),
         deny_cache_entries: v
             .positive(
                 "store.deny_cache_entries",
                 raw.store.deny_cache_entries,
                 100_000_000,
             )
-            .map_or(crate::budget::deny_cache::DEFAULT_ENTRIES, |n| n as usize),
+            .map_or(super::store::DEFAULT_DENY_CACHE_ENTRIES, |n| n as usize),
         fail_open_entries: v
             .positive(
                 "store.fail_open_entries",
                 raw.store.fail_open_entries,
                 100_000_000,
             )
-            .map_or(crate::admission::fail_open::DEFAULT_ENTRIES, |n| n as usize),
+            .map_or(super::store::DEFAULT_FAIL_OPEN_ENTRIES, |n| n as usize),
     };
 
     let e = &raw.estimation;
@@ -346,12 +346,12 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let alerts = alerts::alerts(&mut v, &raw.alerts);
     let telemetry = telemetry::telemetry(&mut v, &raw.telemetry);
     for m in models.iter().filter(|m| m.responses) {
-        if min_output_tokens < crate::dialects::responses::MIN_CAP {
+        if min_output_tokens < super::bounds::RESPONSES_MIN_CAP {
             v.err(
                 "estimation.min_output_tokens",
                 format!(
                     "must be at least {} while model {:?} is served on /v1/responses (the API refuses a smaller max_output_tokens); raise it or set responses = false on the model",
-                    crate::dialects::responses::MIN_CAP,
+                    super::bounds::RESPONSES_MIN_CAP,
                     m.name
                 ),
             );
@@ -360,7 +360,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let control = ControlPolicy {
         database_url: match raw.control.database_url.as_deref() {
             // The URL itself is not repeated: it may hold a password.
-            Some(url) if crate::control::db::DbKind::of(url).is_none() => {
+            Some(url) if crate::db::DbKind::of(url).is_none() => {
                 v.err(
                     "control.database_url",
                     "must start with sqlite: or postgres:// (postgresql://)",
@@ -455,7 +455,7 @@ fn end_user_key(
 fn image_tokens(
     v: &mut V,
     table: Option<&std::collections::BTreeMap<String, super::raw::RawImageTokens>>,
-) -> Vec<(String, crate::estimate::ImageCost)> {
+) -> Vec<(String, ImageCost)> {
     let mut out = Vec::new();
     for (prefix, cost) in table.into_iter().flatten() {
         let path = format!("estimation.image_tokens.{prefix:?}");
@@ -475,10 +475,7 @@ fn image_tokens(
         let low = v
             .positive(&format!("{path}.low"), cost.low, MAX_LIMIT)
             .unwrap_or(high);
-        out.push((
-            prefix.to_ascii_lowercase(),
-            crate::estimate::ImageCost { low, high },
-        ));
+        out.push((prefix.to_ascii_lowercase(), ImageCost { low, high }));
     }
     out
 }

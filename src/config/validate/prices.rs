@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::V;
-use crate::budget::bucket::MAX_LIMIT;
+use crate::config::bounds::MAX_LIMIT;
 use crate::config::raw::{RawDecimal, RawPrice, RawPriceTier};
 use crate::money::{format_usd, parse_usd, Price, PriceTable, UsdError, MAX_BUDGET, MAX_PRICE};
 

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::V;
+use crate::config::queue::{Class, QueuePolicy, WaitKind};
 use crate::config::raw::RawQueue;
 use crate::config::ServerPolicy;
-use crate::queue::{Class, QueuePolicy, WaitKind};
 
 /// Largest `weight`: tags stay far from overflow and a share of one in a
 /// million is already below anything measurable.
@@ -111,8 +111,8 @@ pub(super) fn queue(
 
 #[cfg(test)]
 mod tests {
+    use crate::config::queue::Class;
     use crate::config::Policy;
-    use crate::queue::Class;
 
     const KEY: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -159,7 +159,7 @@ name = "solo"
             Some(3000)
         );
         assert_eq!(q.class(Class::Interactive).max_wait.as_millis(), 5000);
-        assert!(!q.may_wait(crate::queue::WaitKind::Own, Class::Batch));
-        assert!(q.may_wait(crate::queue::WaitKind::Upstream, Class::Batch));
+        assert!(!q.may_wait(crate::config::queue::WaitKind::Own, Class::Batch));
+        assert!(q.may_wait(crate::config::queue::WaitKind::Upstream, Class::Batch));
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::V;
 use crate::config::raw::RawTelemetry;
-use crate::telemetry::TelemetrySettings;
+use crate::config::telemetry::{traces_url, TelemetrySettings};
 
 /// Longest `service.name` accepted, bytes.
 const MAX_SERVICE_NAME: usize = 255;
@@ -75,9 +75,7 @@ fn endpoint_ok(u: &str) -> bool {
     let host = rest.split(['/', '?', '#']).next().unwrap_or("");
     !host.is_empty()
         && !u.chars().any(|c| c.is_whitespace() || c.is_control())
-        && crate::telemetry::traces_url(u)
-            .parse::<axum::http::Uri>()
-            .is_ok()
+        && traces_url(u).parse::<axum::http::Uri>().is_ok()
 }
 
 #[cfg(test)]
@@ -138,12 +136,9 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(t.sample_ratio, 0.25);
         let e = t.otlp_endpoint.unwrap();
+        assert_eq!(traces_url(&e), "http://127.0.0.1:4318/v1/traces");
         assert_eq!(
-            crate::telemetry::traces_url(&e),
-            "http://127.0.0.1:4318/v1/traces"
-        );
-        assert_eq!(
-            crate::telemetry::traces_url("https://otel.example/v1/traces/"),
+            traces_url("https://otel.example/v1/traces/"),
             "https://otel.example/v1/traces"
         );
     }

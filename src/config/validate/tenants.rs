@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::V;
-use crate::budget::keys::is_valid_id;
+use crate::config::ids::is_valid_id;
 use crate::config::model_names::NamePattern;
 use crate::config::raw::RawConfig;
 use crate::config::*;
@@ -132,7 +132,7 @@ pub(super) fn tenants(
                 .positive(
                     &format!("{path}.unrecorded_previous_response_tokens"),
                     t.unrecorded_previous_response_tokens,
-                    crate::budget::bucket::MAX_LIMIT,
+                    crate::config::bounds::MAX_LIMIT,
                 )
                 .unwrap_or(8192),
             allowed_provider_objects: t.allowed_provider_objects.clone(),
@@ -162,7 +162,7 @@ pub(super) fn tenants(
         let lineage = || std::iter::once(i).chain(t.ancestors.iter().copied());
         if let Some(c) = lineage()
             .find_map(|l| raw.tenants[l].priority.as_deref())
-            .and_then(crate::queue::Class::parse)
+            .and_then(crate::config::queue::Class::parse)
         {
             t.priority = c;
         }

@@ -6,7 +6,7 @@ use sqlx::Transaction;
 
 use super::{finish, i, json, lock, Actor, Audit, Recheck, WriteError};
 use crate::config::raw::RawLimits;
-use crate::control::db::Db;
+use crate::db::Db;
 
 /// The fields of a key a caller sets.
 #[derive(Debug, Clone, Default, serde::Serialize)]

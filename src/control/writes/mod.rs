@@ -27,9 +27,9 @@ use serde_json::Value;
 use sqlx::any::Any;
 use sqlx::Transaction;
 
-use super::db::{Db, DbKind};
 use super::runtime::{self, LoadError, Quarantine};
 use crate::config::raw::{RawConfig, RawTenant};
+use crate::db::{Db, DbKind};
 
 /// The PostgreSQL channel changes are announced on.
 pub const CHANNEL: &str = "budgetgate_control";

@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use super::{finish, i, lock, Actor, Audit, Recheck, WriteError};
-use crate::control::db::Db;
 use crate::control::runtime::Role;
+use crate::db::Db;
 
 /// Stores admin token `id` (its digest only).
 pub async fn create_token(

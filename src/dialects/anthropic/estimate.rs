@@ -32,7 +32,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::estimate::{Encoding, EstimateError};
+use crate::config::estimate::Encoding;
+use crate::estimate::EstimateError;
 
 /// Framing tokens per message (role and turn markers; not published).
 pub const TOKENS_PER_MESSAGE: u64 = 4;

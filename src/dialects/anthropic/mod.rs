@@ -31,7 +31,7 @@ use serde_json::Value;
 
 use super::usage::{clamp_count, UsageBreakdown};
 use super::KeyHeader;
-use crate::estimate::Encoding;
+use crate::config::estimate::Encoding;
 
 /// Path under an Anthropic base URL (`https://api.anthropic.com`).
 pub const PATH: &str = "v1/messages";

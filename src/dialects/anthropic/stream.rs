@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::{block_tokens, scale, UsageFields};
+use crate::config::estimate::Encoding;
 use crate::dialects::UsageBreakdown;
-use crate::estimate::Encoding;
 
 /// What the relay learns from one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

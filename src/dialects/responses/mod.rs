@@ -2,7 +2,7 @@
 //! "Responses"): input is `instructions`, `input` items, `tools` and the
 //! `text.format` schema (framing in [`crate::estimate`]'s Responses
 //! module); the output cap is `max_output_tokens` (the API refuses less
-//! than [`MIN_CAP`]); usage is `input_tokens` (with the cached subset
+//! than [`crate::config::bounds::RESPONSES_MIN_CAP`]); usage is `input_tokens` (with the cached subset
 //! `input_tokens_details.cached_tokens`) and `output_tokens` (with the
 //! reasoning subset `output_tokens_details.reasoning_tokens`), in the body
 //! and in the terminal stream event; streams never ask for usage.
@@ -20,16 +20,13 @@ pub mod tools;
 use serde_json::Value;
 
 use super::usage::{clamp_count, UsageBreakdown};
-use crate::estimate::Encoding;
+use crate::config::estimate::Encoding;
 
 /// Path under an OpenAI-style base URL.
 pub const PATH: &str = "responses";
 
 /// The output-cap field sent upstream.
 pub const CAP_FIELD: &str = "max_output_tokens";
-
-/// The lowest `max_output_tokens` the API accepts.
-pub const MIN_CAP: u64 = 16;
 
 /// Whether `id` has the shape of a response id the gateway handles:
 /// `[A-Za-z0-9_-]{1,128}`. Anything else is never looked up.

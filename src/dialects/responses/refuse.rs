@@ -17,7 +17,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{valid_id, MIN_CAP};
+use super::valid_id;
+use crate::config::bounds::RESPONSES_MIN_CAP as MIN_CAP;
 
 /// The config that relaxes the refusals.
 #[derive(Clone, Copy)]

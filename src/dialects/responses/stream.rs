@@ -20,8 +20,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::usage_from_value;
+use crate::config::estimate::Encoding;
 use crate::dialects::UsageBreakdown;
-use crate::estimate::Encoding;
 
 /// Delta events that carry model output (text the model generated).
 pub const OUTPUT_DELTAS: &[&str] = &[

@@ -1,5 +1,6 @@
 use super::*;
 use crate::clock::ManualClock;
+use crate::config::ledger::WRITE_TIMEOUT;
 use crate::ledger::capture::tests::row;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -11,8 +11,8 @@ use axum::response::Response;
 use serde_json::json;
 
 use super::{bad_request, forbidden, not_found, unavailable, write_failed, Caller, Principal};
-use crate::budget::keys::is_valid_id;
 use crate::config::hash_key;
+use crate::config::ids::is_valid_id;
 use crate::control::runtime::Role;
 use crate::control::writes;
 use crate::server::admin::json_response;

@@ -10,10 +10,10 @@ use serde_json::{json, Value};
 
 use super::super::sse::parse_frame;
 use super::error_frame;
+use crate::config::estimate::Encoding;
 use crate::dialects::anthropic::stream::{self as messages, MessagesStream, Seen};
 use crate::dialects::responses::stream::StreamState;
 use crate::dialects::{Dialect, Part, UsageBreakdown};
-use crate::estimate::Encoding;
 
 /// What the processor does with one frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

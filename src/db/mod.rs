@@ -1,5 +1,7 @@
-//! The control database: `[control] database_url`, an SQLite file under the
-//! state directory by default, PostgreSQL (`postgres://…`) for a fleet.
+//! The shared database handle: `[control] database_url`, an SQLite file
+//! under the state directory by default, PostgreSQL (`postgres://…`) for a
+//! fleet. A bottom module: the control plane and the spend ledger both
+//! use it, and it imports neither (each keeps its own SQL).
 //!
 //! [`Db`] is the handle every user of the database shares (the control
 //! plane, the spend ledger): a pool of sqlx's `Any` driver, so one query
@@ -127,13 +129,33 @@ pub struct Db {
     writers: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
-/// The default database: `control.db` beside the memory store's snapshot,
-/// in the state directory (`$STATE_DIRECTORY`, `$XDG_STATE_HOME/budgetgate`,
-/// `~/.local/state/budgetgate`, else `/var/lib/budgetgate`).
+/// The gateway's state directory, where the default database and the
+/// memory store's snapshot live: the directory systemd gives the service
+/// (`StateDirectory=`, as `$STATE_DIRECTORY`), else
+/// `$XDG_STATE_HOME/budgetgate`, else `~/.local/state/budgetgate`, else
+/// `/var/lib/budgetgate`. Never the config directory, which may be a
+/// read-only mount.
+pub fn state_dir() -> PathBuf {
+    if let Some(d) = non_empty_env("STATE_DIRECTORY") {
+        // systemd may pass several, colon-separated: the first is ours.
+        PathBuf::from(d.split(':').next().unwrap_or(&d))
+    } else if let Some(d) = non_empty_env("XDG_STATE_HOME") {
+        Path::new(&d).join("budgetgate")
+    } else if let Some(h) = non_empty_env("HOME") {
+        Path::new(&h).join(".local/state/budgetgate")
+    } else {
+        PathBuf::from("/var/lib/budgetgate")
+    }
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The default database: `control.db` in the state directory
+/// ([`state_dir`]), beside the memory store's snapshot.
 pub fn default_url() -> String {
-    let snapshot = crate::budget::memory::snapshot::default_path();
-    let dir = snapshot.parent().unwrap_or(Path::new("."));
-    format!("sqlite://{}", dir.join("control.db").display())
+    format!("sqlite://{}", state_dir().join("control.db").display())
 }
 
 impl Db {

@@ -1,5 +1,6 @@
-//! How the budget store is configured (`[store]`): read by the stores,
-//! validated and loaded by `config`.
+//! How the budget store is configured (`[store]`, `on_store_error`): the
+//! settings and the defaults validation fills in, read by the stores and
+//! the admission layers.
 
 use std::time::Duration;
 
@@ -97,3 +98,25 @@ impl Default for LeasePolicy {
         }
     }
 }
+
+/// What a store failure does to a tenant's requests (DESIGN section 7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStoreError {
+    /// Fall back to a local limiter.
+    FailOpen,
+    /// Answer 503.
+    #[default]
+    FailClosed,
+}
+
+/// Default owner-record lifetime: 30 days, the provider's retention of
+/// stored responses (`store.record_ttl_secs`).
+pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default cap on owner records kept in memory (`store.max_memory_records`).
+pub const DEFAULT_MAX_MEMORY_RECORDS: usize = 100_000;
+/// Budgets the deny cache remembers when `store.deny_cache_entries` is not set.
+pub const DEFAULT_DENY_CACHE_ENTRIES: usize = 100_000;
+/// Budgets the fail-open limiter keeps state for when
+/// `store.fail_open_entries` is not set.
+pub const DEFAULT_FAIL_OPEN_ENTRIES: usize = 100_000;
