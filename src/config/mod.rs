@@ -269,7 +269,7 @@ pub enum Routing {
 }
 
 pub use ids::{DeploymentId, KeyId, ModelId, TenantId};
-pub use store::{LeaseMode, LeasePolicy, OnStoreError, StoreKind, StorePolicy};
+pub use store::{OnStoreError, StoreKind, StorePolicy};
 
 /// One API key of a tenant.
 #[derive(Debug, Clone)]
