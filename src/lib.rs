@@ -67,6 +67,7 @@ pub mod metrics;
 pub mod money;
 pub mod queue;
 pub mod server;
+pub mod settlement;
 pub mod telemetry;
 pub mod tls;
 pub mod upstreams;

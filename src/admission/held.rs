@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::slot_renewal::RenewalHandle;
-use super::tracker::{bounded, SettleAnswer, SettleReport};
-use super::{DenyRelease, GatewayStore, SettlementTracker};
+use super::tracker::{bounded, SettleAnswer};
+use super::{GatewayStore, SettlementTracker};
 use crate::budget::{
     Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
 };
-use crate::metrics::TenantMetrics;
+use crate::settlement::{Outcome, Settling, Subject};
 
 /// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
 /// dropped unsettled, the whole reservation is charged (no refund) and its
@@ -30,7 +30,8 @@ pub struct HeldReservation {
     /// Renewed while held; dropping it stops the renewals.
     lease: Option<RenewalHandle>,
     done: bool,
-    report: SettleReport,
+    /// What the settlement is about, for its observers (never read here).
+    subject: Subject,
 }
 
 impl HeldReservation {
@@ -55,7 +56,7 @@ impl HeldReservation {
             settle_retry,
             lease: Some(lease),
             done: false,
-            report: SettleReport::default(),
+            subject: Subject::default(),
         }
     }
 
@@ -67,41 +68,11 @@ impl HeldReservation {
         self
     }
 
-    /// Records this reservation's settlement in `tenant`'s metrics.
-    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
-        self.report.tenant = Some(tenant);
+    /// What the settlement will be about: its observers read it once the
+    /// store has answered.
+    pub fn about(mut self, subject: Subject) -> Self {
+        self.subject = subject;
         self
-    }
-
-    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
-    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
-        self.report.deny = Some(deny);
-        self
-    }
-
-    /// Calls `hook` once the settlement is applied (the wait queue's
-    /// wake-up for the budgets of this hold).
-    pub fn with_capacity_hook_if(mut self, hook: Option<super::tracker::CapacityHook>) -> Self {
-        self.report.capacity = hook;
-        self
-    }
-
-    /// Has the settlement's ledger row captured by `ledger` once the store
-    /// applied it.
-    pub fn with_ledger(mut self, ledger: crate::ledger::LedgerCapture) -> Self {
-        self.report.ledger = Some(ledger);
-        self
-    }
-
-    /// The ledger draft of this reservation, when the ledger is on.
-    pub fn ledger_draft(&mut self) -> Option<&mut crate::ledger::LedgerDraft> {
-        self.report.ledger.as_mut().map(|l| l.draft_mut())
-    }
-
-    /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
-    /// the settlement this reservation is about to make is applied.
-    pub fn record_spend(&mut self, micros: u64) {
-        self.report.spend_micros = Some(micros);
     }
 
     /// The reservation id (also the response's `x-request-id`).
@@ -139,7 +110,7 @@ impl HeldReservation {
     }
 
     /// Settles in the background (tracked); consumes the reservation.
-    pub fn settle(mut self, s: Settlement) {
+    pub fn settle(mut self, s: Settling) {
         self.finish(s);
     }
 
@@ -150,21 +121,21 @@ impl HeldReservation {
     /// only the wait, and the settlement still runs to completion (its
     /// exhausted retries counted, the shutdown drain waiting for it).
     /// `None` when it failed for good or was not run (no runtime).
-    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+    pub async fn settle_now(mut self, s: Settling) -> Option<SettleOutcome> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.finish_with(s, Some(tx));
         rx.await.ok().flatten()
     }
 
-    fn finish(&mut self, s: Settlement) {
+    fn finish(&mut self, s: Settling) {
         self.finish_with(s, None);
     }
 
-    fn finish_with(&mut self, s: Settlement, answer: Option<SettleAnswer>) {
+    fn finish_with(&mut self, mut s: Settling, answer: Option<SettleAnswer>) {
         if self.done {
             return;
         }
-        let s = bounded(s);
+        s.settlement = bounded(s.settlement);
         self.done = true;
         self.lease = None;
         self.tracker.spawn_settle(
@@ -172,7 +143,7 @@ impl HeldReservation {
             self.id.clone(),
             s,
             self.settle_retry,
-            std::mem::take(&mut self.report),
+            std::mem::take(&mut self.subject),
             answer,
         );
     }
@@ -182,9 +153,6 @@ impl Drop for HeldReservation {
     fn drop(&mut self) {
         if !self.done {
             tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
-            if let Some(l) = self.report.ledger.as_mut() {
-                l.draft_mut().abandoned(&self.amounts);
-            }
             let s = Settlement {
                 actual_tokens: self.reserved_tokens,
                 upstream_failed: false,
@@ -196,7 +164,7 @@ impl Drop for HeldReservation {
             };
             // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
             if tokio::runtime::Handle::try_current().is_ok() {
-                self.finish(s);
+                self.finish(Settling::of(s, Outcome::Abandoned));
             }
         }
     }
