@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::slot_renewal::RenewalHandle;
 use super::tracker::{bounded, SettleAnswer};
-use super::{GatewayStore, SettlementTracker};
+use super::{AnsweredBy, GatewayStore, SettlementTracker};
 use crate::budget::{
     Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
 };
@@ -21,6 +21,9 @@ use crate::settlement::{Outcome, Settling, Subject};
 pub struct HeldReservation {
     id: String,
     store: Arc<GatewayStore>,
+    /// The layer that admitted it, where it is extended, renewed and
+    /// settled (the others are never asked).
+    at: AnsweredBy,
     tracker: SettlementTracker,
     reserved_tokens: u64,
     /// What the hold debited each spec so far, in the store's order, when
@@ -35,21 +38,23 @@ pub struct HeldReservation {
 }
 
 impl HeldReservation {
-    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
-    /// renewed every `lease / 3` (by the tracker's lease keeper).
+    /// Wraps a reservation of `reserved_tokens` admitted `at` a layer of
+    /// `store` and has its lease renewed every `lease / 3` (by the
+    /// tracker's lease keeper).
     pub fn new(
         id: String,
-        store: Arc<GatewayStore>,
+        (store, at): (Arc<GatewayStore>, AnsweredBy),
         tracker: SettlementTracker,
         reserved_tokens: u64,
         lease: Duration,
         settle_retry: Duration,
     ) -> Self {
-        let renew: Arc<dyn BudgetStore> = store.clone();
+        let renew: Arc<dyn BudgetStore> = store.renewal_store(at);
         let lease = tracker.slot_renewer().register(&id, renew, lease);
         Self {
             id,
             store,
+            at,
             tracker,
             reserved_tokens,
             amounts: Vec::new(),
@@ -88,7 +93,7 @@ impl HeldReservation {
     /// Asks the store for `step` more on the budgets of the hold and
     /// records what it granted.
     pub async fn extend(&mut self, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        let outcome = self.store.extend(&self.id, step).await?;
+        let outcome = self.store.extend_at(self.at, &self.id, step).await?;
         if let ExtendOutcome::Extended { granted, .. } = outcome {
             self.reserved_tokens += granted;
             if step.rates.len() == self.amounts.len() {
@@ -139,7 +144,7 @@ impl HeldReservation {
         self.done = true;
         self.lease = None;
         self.tracker.spawn_settle(
-            self.store.clone(),
+            (self.store.clone(), self.at),
             self.id.clone(),
             s,
             self.settle_retry,

@@ -32,8 +32,8 @@ pub mod quota_lease;
 pub mod slot_renewal;
 pub mod tracker;
 
+pub use crate::settlement::DenyRelease;
 pub use deny::AnsweredBy;
 pub use fail_open::GatewayStore;
 pub use held::HeldReservation;
-pub use crate::settlement::DenyRelease;
 pub use tracker::SettlementTracker;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::slot_renewal::SlotRenewer;
-use super::GatewayStore;
+use super::{AnsweredBy, GatewayStore};
 
 use crate::budget::bucket::MAX_LIMIT;
 use crate::budget::{BudgetStore, SettleOutcome, Settlement};
@@ -122,7 +122,7 @@ impl SettlementTracker {
 
     pub(super) fn spawn_settle(
         &self,
-        store: Arc<GatewayStore>,
+        (store, at): (Arc<GatewayStore>, AnsweredBy),
         id: String,
         s: Settling,
         retry_for: Duration,
@@ -132,7 +132,7 @@ impl SettlementTracker {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_in_gateway(&store, &id, &s.settlement, retry_for).await;
+            let outcome = settle_in_gateway(&store, at, &id, &s.settlement, retry_for).await;
             // Observers hear of a settlement the store never confirmed too:
             // the ledger says so rather than nothing.
             inner.observers.settled(&Settled {
@@ -211,15 +211,16 @@ pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
     retry(id, retry_for, || store.settle(id, &s)).await
 }
 
-/// [`settle_with_retry`] through the gateway's store layers, called
-/// directly (no boxed future per layer).
+/// [`settle_with_retry`] at the layer of the gateway's store that
+/// admitted the reservation, called directly (no boxed future per layer).
 async fn settle_in_gateway(
     store: &GatewayStore,
+    at: AnsweredBy,
     id: &str,
     s: &Settlement,
     retry_for: Duration,
 ) -> Option<SettleOutcome> {
-    retry(id, retry_for, || store.settle(id, s)).await
+    retry(id, retry_for, || store.settle_at(at, id, s)).await
 }
 
 /// Calls `settle` until it succeeds, with a growing back-off, for up to `retry_for`.

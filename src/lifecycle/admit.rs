@@ -174,7 +174,7 @@ pub async fn admit<'p>(
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(
         id,
-        cx.st.store.clone(),
+        (cx.st.store.clone(), answered_by),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
         policy.server.lease,
@@ -224,9 +224,10 @@ pub async fn admit<'p>(
         } else {
             Arc::new(plan.deny_release.with(&request.end_user_budgets))
         }),
-        returned: policy.queue.is_some().then(|| {
-            capacity_returned(plan.clone(), admission.candidate, &candidates)
-        }),
+        returned: policy
+            .queue
+            .is_some()
+            .then(|| capacity_returned(plan.clone(), admission.candidate, &candidates)),
         who,
     });
     let rates = amounts::extension_rates(

@@ -190,7 +190,8 @@ async fn charge_requests(
     let policy = cx.policy.clone();
     let reserve = super::admit::request_count_reservation(cx, plan, |s| s.name.counts_requests());
     let id = reserve.id.clone();
-    let admission = match cx.st.store.reserve(&reserve).await? {
+    let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
+    let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
             return Err(ApiError::RateLimited {
@@ -208,7 +209,7 @@ async fn charge_requests(
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(
         id,
-        cx.st.store.clone(),
+        (cx.st.store.clone(), answered_by),
         cx.st.settlements.clone(),
         0,
         policy.server.lease,

@@ -24,6 +24,7 @@ impl Observer for CapacityReturned {
         let (Some((_, refunded)), Some(r)) = (e.applied_now(), &e.subject.returned) else {
             return;
         };
-        self.queue.capacity_returned_each(|key| r.each(refunded, key));
+        self.queue
+            .capacity_returned_each(|key| r.each(refunded, key));
     }
 }

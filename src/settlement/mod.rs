@@ -110,9 +110,9 @@ impl Settled<'_> {
         let usd_index = self.subject.who.as_ref().and_then(|w| w.usd_index);
         let cost = match (made.cost_micros, made.outcome, &s.actual) {
             (Some(c), _, _) => c,
-            (None, Outcome::Abandoned, Actual::PerSpec(amounts)) => usd_index
-                .and_then(|i| amounts.get(i).copied())
-                .unwrap_or(0),
+            (None, Outcome::Abandoned, Actual::PerSpec(amounts)) => {
+                usd_index.and_then(|i| amounts.get(i).copied()).unwrap_or(0)
+            }
             _ => 0,
         };
         Figures {
