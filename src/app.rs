@@ -343,7 +343,10 @@ pub async fn run(
     let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
-    let ledger = crate::ledger::start(&state, control.db(), clock.clone(), spans.clone())?;
+    if let Some(s) = &spans {
+        let _ = state.spans.set(s.clone());
+    }
+    let ledger = crate::ledger::start(&state, control.db(), clock.clone())?;
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {

@@ -46,6 +46,10 @@
 //!   (knows nothing of HTTP, config files or the request path).
 //! - [`server`]: axum router, route handlers, the error map, rate-limit
 //!   headers, the admin API and the gateway state.
+//! - [`settlement`]: the settlement event and the observer trait: once the
+//!   store has answered a settlement, one event (its outcome named where
+//!   it was made) goes to every observer (spans, ledger, queue capacity,
+//!   tenant metrics, deny release), registered in `server::observers`.
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
 //! - [`tls`]: HTTPS on the listener, certificate reload.
@@ -73,6 +77,7 @@ pub mod metrics;
 pub mod money;
 pub mod queue;
 pub mod server;
+pub mod settlement;
 pub mod telemetry;
 pub mod tls;
 pub mod upstreams;

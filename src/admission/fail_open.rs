@@ -23,7 +23,7 @@ use lru::LruCache;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
-use super::quota_lease::{OverflowEnd, QuotaLeases, StoreStep};
+use super::quota_lease::{HeldSettle, OverflowEnd, QuotaLeases, StoreStep};
 use crate::budget::memory::MemoryStore;
 use crate::budget::{
     BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
@@ -328,8 +328,13 @@ impl GatewayStore {
         id: &str,
         s: &Settlement,
     ) -> Result<(), StoreError> {
+        self.end_overflows(l.overflow_ends(id, s)).await
+    }
+
+    /// Settles or voids overflow reservations in the store.
+    async fn end_overflows(&self, ends: Vec<OverflowEnd>) -> Result<(), StoreError> {
         let store = self.inner.store();
-        for end in l.overflow_ends(id, s) {
+        for end in ends {
             match end {
                 OverflowEnd::Settle(ov, s) => {
                     store.settle(&ov, &s).await?;
@@ -342,7 +347,8 @@ impl GatewayStore {
         Ok(())
     }
 
-    /// Settles where the reservation is held.
+    /// Settles where the reservation is held (looked up: the lease book,
+    /// the local limiter, the store, in order).
     pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
             self.settle_overflows(l, id, s).await?;
@@ -351,16 +357,85 @@ impl GatewayStore {
             }
         }
         if self.local.contains(id) {
-            let o = self.fallback.settle(id, s).await;
-            if o.is_ok() {
-                self.local.remove(id);
-                if let Some(ttl) = self.lost_reply(id) {
-                    self.compensate(id, Compensation::Settle(s.clone()), ttl);
-                }
-            }
-            return o;
+            return self.settle_local(id, s).await;
         }
         self.inner.settle(id, s).await
+    }
+
+    /// Settles a reservation `at` the layer that admitted it, without
+    /// asking the others: a hold of the store or of the local limiter
+    /// never touches the lease book, a lease's takes its lock once (twice
+    /// more when it has overflows to settle in the store).
+    pub async fn settle_at(
+        &self,
+        at: AnsweredBy,
+        id: &str,
+        s: &Settlement,
+    ) -> Result<SettleOutcome, StoreError> {
+        match (at, &self.leases) {
+            (AnsweredBy::Lease, Some(l)) => {
+                match l.settle_held(id, s) {
+                    HeldSettle::Done(Some(o)) => return Ok(o),
+                    HeldSettle::Done(None) => {}
+                    HeldSettle::Overflows(ends) => {
+                        self.end_overflows(ends).await?;
+                        if let Some(o) = l.settle(id, s) {
+                            return Ok(o);
+                        }
+                    }
+                }
+                self.inner.settle(id, s).await
+            }
+            (AnsweredBy::LocalLimiter, _) if self.local.contains(id) => {
+                self.settle_local(id, s).await
+            }
+            _ => self.inner.settle(id, s).await,
+        }
+    }
+
+    /// Settles a reservation of the local limiter, and in the store too
+    /// when its store reservation's outcome was unknown.
+    async fn settle_local(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        let o = self.fallback.settle(id, s).await;
+        if o.is_ok() {
+            self.local.remove(id);
+            if let Some(ttl) = self.lost_reply(id) {
+                self.compensate(id, Compensation::Settle(s.clone()), ttl);
+            }
+        }
+        o
+    }
+
+    /// Extends a reservation `at` the layer that admitted it (see
+    /// [`Self::settle_at`]).
+    pub async fn extend_at(
+        &self,
+        at: AnsweredBy,
+        id: &str,
+        step: &Step,
+    ) -> Result<ExtendOutcome, StoreError> {
+        match (at, &self.leases) {
+            (AnsweredBy::Lease, Some(l)) => match l.extend(id, step).await {
+                Some(Ok(o)) => Ok(o),
+                Some(Err(call)) => self.overflow(l, id, call).await,
+                None => self.inner.extend(id, step).await,
+            },
+            (AnsweredBy::LocalLimiter, _) if self.local.contains(id) => {
+                self.fallback.extend(id, step).await
+            }
+            _ => self.inner.extend(id, step).await,
+        }
+    }
+
+    /// Where the slots of a reservation admitted `at` a layer are renewed:
+    /// the store, the local limiter, or this store (whose renewal asks the
+    /// lease book once).
+    pub fn renewal_store(self: &Arc<Self>, at: AnsweredBy) -> Arc<dyn BudgetStore> {
+        match at {
+            AnsweredBy::Lease if self.leases.is_some() => self.clone(),
+            AnsweredBy::LocalLimiter => self.fallback.clone(),
+            _ => self.inner.store().clone(),
+        }
     }
 
     /// Reads budgets from the store.
@@ -413,7 +488,8 @@ impl BudgetStore for GatewayStore {
         GatewayStore::extend(self, id, step).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        if let Some(o) = self.leased(id).and_then(|l| l.renew(id)) {
+        // One lock of the book: its renewal looks the hold up itself.
+        if let Some(o) = self.leases.as_ref().and_then(|l| l.renew(id)) {
             return Ok(o);
         }
         if self.local.contains(id) {

@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::slot_renewal::RenewalHandle;
-use super::tracker::{bounded, SettleAnswer, SettleReport};
-use super::{DenyRelease, GatewayStore, SettlementTracker};
+use super::tracker::{bounded, SettleAnswer};
+use super::{AnsweredBy, GatewayStore, SettlementTracker};
 use crate::budget::{
     Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
 };
-use crate::metrics::TenantMetrics;
+use crate::settlement::{Outcome, Settling, Subject};
 
 /// A live reservation. Settle it with [`HeldReservation::settle`]; if it is
 /// dropped unsettled, the whole reservation is charged (no refund) and its
@@ -21,6 +21,9 @@ use crate::metrics::TenantMetrics;
 pub struct HeldReservation {
     id: String,
     store: Arc<GatewayStore>,
+    /// The layer that admitted it, where it is extended, renewed and
+    /// settled (the others are never asked).
+    at: AnsweredBy,
     tracker: SettlementTracker,
     reserved_tokens: u64,
     /// What the hold debited each spec so far, in the store's order, when
@@ -30,32 +33,35 @@ pub struct HeldReservation {
     /// Renewed while held; dropping it stops the renewals.
     lease: Option<RenewalHandle>,
     done: bool,
-    report: SettleReport,
+    /// What the settlement is about, for its observers (never read here).
+    subject: Subject,
 }
 
 impl HeldReservation {
-    /// Wraps an admitted reservation of `reserved_tokens` and has its lease
-    /// renewed every `lease / 3` (by the tracker's lease keeper).
+    /// Wraps a reservation of `reserved_tokens` admitted `at` a layer of
+    /// `store` and has its lease renewed every `lease / 3` (by the
+    /// tracker's lease keeper).
     pub fn new(
         id: String,
-        store: Arc<GatewayStore>,
+        (store, at): (Arc<GatewayStore>, AnsweredBy),
         tracker: SettlementTracker,
         reserved_tokens: u64,
         lease: Duration,
         settle_retry: Duration,
     ) -> Self {
-        let renew: Arc<dyn BudgetStore> = store.clone();
+        let renew: Arc<dyn BudgetStore> = store.renewal_store(at);
         let lease = tracker.slot_renewer().register(&id, renew, lease);
         Self {
             id,
             store,
+            at,
             tracker,
             reserved_tokens,
             amounts: Vec::new(),
             settle_retry,
             lease: Some(lease),
             done: false,
-            report: SettleReport::default(),
+            subject: Subject::default(),
         }
     }
 
@@ -67,41 +73,11 @@ impl HeldReservation {
         self
     }
 
-    /// Records this reservation's settlement in `tenant`'s metrics.
-    pub fn with_metrics(mut self, tenant: Arc<TenantMetrics>) -> Self {
-        self.report.tenant = Some(tenant);
+    /// What the settlement will be about: its observers read it once the
+    /// store has answered.
+    pub fn about(mut self, subject: Subject) -> Self {
+        self.subject = subject;
         self
-    }
-
-    /// Clears `deny`'s deny-cache entries when the settlement refunds tokens.
-    pub fn with_deny_release(mut self, deny: Arc<DenyRelease>) -> Self {
-        self.report.deny = Some(deny);
-        self
-    }
-
-    /// Calls `hook` once the settlement is applied (the wait queue's
-    /// wake-up for the budgets of this hold).
-    pub fn with_capacity_hook_if(mut self, hook: Option<super::tracker::CapacityHook>) -> Self {
-        self.report.capacity = hook;
-        self
-    }
-
-    /// Has the settlement's ledger row captured by `ledger` once the store
-    /// applied it.
-    pub fn with_ledger(mut self, ledger: crate::ledger::LedgerCapture) -> Self {
-        self.report.ledger = Some(ledger);
-        self
-    }
-
-    /// The ledger draft of this reservation, when the ledger is on.
-    pub fn ledger_draft(&mut self) -> Option<&mut crate::ledger::LedgerDraft> {
-        self.report.ledger.as_mut().map(|l| l.draft_mut())
-    }
-
-    /// Counts `micros` (the settled cost, µ$) in the tenant's spend once
-    /// the settlement this reservation is about to make is applied.
-    pub fn record_spend(&mut self, micros: u64) {
-        self.report.spend_micros = Some(micros);
     }
 
     /// The reservation id (also the response's `x-request-id`).
@@ -117,7 +93,7 @@ impl HeldReservation {
     /// Asks the store for `step` more on the budgets of the hold and
     /// records what it granted.
     pub async fn extend(&mut self, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        let outcome = self.store.extend(&self.id, step).await?;
+        let outcome = self.store.extend_at(self.at, &self.id, step).await?;
         if let ExtendOutcome::Extended { granted, .. } = outcome {
             self.reserved_tokens += granted;
             if step.rates.len() == self.amounts.len() {
@@ -139,7 +115,7 @@ impl HeldReservation {
     }
 
     /// Settles in the background (tracked); consumes the reservation.
-    pub fn settle(mut self, s: Settlement) {
+    pub fn settle(mut self, s: Settling) {
         self.finish(s);
     }
 
@@ -150,29 +126,29 @@ impl HeldReservation {
     /// only the wait, and the settlement still runs to completion (its
     /// exhausted retries counted, the shutdown drain waiting for it).
     /// `None` when it failed for good or was not run (no runtime).
-    pub async fn settle_now(mut self, s: Settlement) -> Option<SettleOutcome> {
+    pub async fn settle_now(mut self, s: Settling) -> Option<SettleOutcome> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.finish_with(s, Some(tx));
         rx.await.ok().flatten()
     }
 
-    fn finish(&mut self, s: Settlement) {
+    fn finish(&mut self, s: Settling) {
         self.finish_with(s, None);
     }
 
-    fn finish_with(&mut self, s: Settlement, answer: Option<SettleAnswer>) {
+    fn finish_with(&mut self, mut s: Settling, answer: Option<SettleAnswer>) {
         if self.done {
             return;
         }
-        let s = bounded(s);
+        s.settlement = bounded(s.settlement);
         self.done = true;
         self.lease = None;
         self.tracker.spawn_settle(
-            self.store.clone(),
+            (self.store.clone(), self.at),
             self.id.clone(),
             s,
             self.settle_retry,
-            std::mem::take(&mut self.report),
+            std::mem::take(&mut self.subject),
             answer,
         );
     }
@@ -182,9 +158,6 @@ impl Drop for HeldReservation {
     fn drop(&mut self) {
         if !self.done {
             tracing::debug!(reservation_id = %self.id, "reservation dropped unsettled; charging it in full");
-            if let Some(l) = self.report.ledger.as_mut() {
-                l.draft_mut().abandoned(&self.amounts);
-            }
             let s = Settlement {
                 actual_tokens: self.reserved_tokens,
                 upstream_failed: false,
@@ -196,7 +169,7 @@ impl Drop for HeldReservation {
             };
             // Drop may run outside a runtime only at process exit; then the hold expires by TTL.
             if tokio::runtime::Handle::try_current().is_ok() {
-                self.finish(s);
+                self.finish(Settling::of(s, Outcome::Abandoned));
             }
         }
     }

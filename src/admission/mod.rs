@@ -13,6 +13,8 @@
 //! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
 //!   wrappers around the guarded store, composed once into the
 //!   [`GatewayStore`] every request reserves through.
+//! - [`deny_release`]: the settlement observer that clears the deny
+//!   cache's entries of a hold whose settlement refunded.
 //! - [`compensate`]: reservations whose reply was lost, settled under their
 //!   own id when the request ends (DESIGN section 13).
 //!
@@ -22,6 +24,7 @@
 pub mod amounts;
 pub mod compensate;
 pub mod deny;
+pub mod deny_release;
 pub mod fail_open;
 pub mod held;
 pub mod plan;
@@ -29,7 +32,8 @@ pub mod quota_lease;
 pub mod slot_renewal;
 pub mod tracker;
 
+pub use crate::settlement::DenyRelease;
 pub use deny::AnsweredBy;
 pub use fail_open::GatewayStore;
 pub use held::HeldReservation;
-pub use tracker::{DenyRelease, SettlementTracker};
+pub use tracker::SettlementTracker;

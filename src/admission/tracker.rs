@@ -12,76 +12,15 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::slot_renewal::SlotRenewer;
-use super::GatewayStore;
+use super::{AnsweredBy, GatewayStore};
 
-use crate::budget::deny_cache::DenyCache;
-use crate::budget::{BudgetSpec, BudgetStore, SettleOutcome, Settlement};
+use crate::budget::{BudgetStore, SettleOutcome, Settlement};
 use crate::config::bounds::MAX_LIMIT;
-use crate::metrics::TenantMetrics;
-
-/// The local deny-cache entries a refund must clear: the refundable token
-/// budgets of a tenant's budget plan. Built once per plan.
-pub struct DenyRelease {
-    /// The gateway's deny cache.
-    pub cache: Arc<DenyCache>,
-    /// Budget keys of the plan's refundable, token-counting tenant budgets.
-    pub keys: Vec<String>,
-}
-
-impl DenyRelease {
-    /// The release of `specs`' entries in `cache`.
-    pub fn of(cache: Arc<DenyCache>, specs: &[BudgetSpec]) -> Self {
-        let mut r = DenyRelease {
-            cache,
-            keys: Vec::new(),
-        };
-        r.keys.extend(Self::released(specs));
-        r
-    }
-
-    /// This release and that of `more` (a request's end-user budgets).
-    pub fn with(&self, more: &[BudgetSpec]) -> Self {
-        let mut keys = self.keys.clone();
-        keys.extend(Self::released(more));
-        DenyRelease {
-            cache: self.cache.clone(),
-            keys,
-        }
-    }
-
-    /// Keys of the budgets among `specs` a settlement may refund:
-    /// refundable token budgets, and dollar budgets (always refunded to
-    /// the actual cost).
-    fn released(specs: &[BudgetSpec]) -> impl Iterator<Item = String> + '_ {
-        specs
-            .iter()
-            .filter(|s| s.refund_unused && s.name.counts_tokens() || s.name.counts_usd())
-            .map(|s| s.key.to_string())
-    }
-}
-
-/// What a settlement reports to besides the store: the tenant's metrics and
-/// the deny-cache entries its refund clears.
-#[derive(Clone, Default)]
-pub(super) struct SettleReport {
-    pub(super) tenant: Option<Arc<TenantMetrics>>,
-    pub(super) deny: Option<Arc<DenyRelease>>,
-    /// The settled cost, µ$, when the deployment is priced.
-    pub(super) spend_micros: Option<u64>,
-    /// Told when the settlement is applied (refunds and freed slots are
-    /// capacity that requests waiting in the queue may take).
-    pub(super) capacity: Option<CapacityHook>,
-    /// The settlement's ledger row, when the ledger is on.
-    pub(super) ledger: Option<crate::ledger::LedgerCapture>,
-}
+use crate::settlement::{Observers, Settled, Settling, Subject};
 
 /// Where a settlement's outcome goes when its caller waits for it
 /// ([`super::HeldReservation::settle_now`]): `None` when it failed for good.
 pub(super) type SettleAnswer = tokio::sync::oneshot::Sender<Option<SettleOutcome>>;
-
-/// Called once a reservation's settlement is applied in the store, with
-/// the tokens it refunded (its slots are free in any case).
-pub type CapacityHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Counts settlement tasks in flight so tests and shutdown can wait for them.
 #[derive(Clone, Default)]
@@ -98,6 +37,8 @@ struct TrackerInner {
     cutoff: watch::Sender<bool>,
     /// Renews the leases of live reservations.
     slot_renewer: SlotRenewer,
+    /// Told of every settlement the store answered.
+    observers: Observers,
 }
 
 impl Default for TrackerInner {
@@ -109,11 +50,22 @@ impl Default for TrackerInner {
             failed: AtomicU64::new(0),
             cutoff: watch::Sender::new(false),
             slot_renewer: SlotRenewer::default(),
+            observers: Observers::default(),
         }
     }
 }
 
 impl SettlementTracker {
+    /// A tracker telling `observers` of every settlement.
+    pub fn new(observers: Observers) -> Self {
+        Self {
+            inner: Arc::new(TrackerInner {
+                observers,
+                ..TrackerInner::default()
+            }),
+        }
+    }
+
     /// Settlements queued or running.
     pub fn pending(&self) -> usize {
         self.inner.pending.load(Ordering::SeqCst)
@@ -170,20 +122,27 @@ impl SettlementTracker {
 
     pub(super) fn spawn_settle(
         &self,
-        store: Arc<GatewayStore>,
+        (store, at): (Arc<GatewayStore>, AnsweredBy),
         id: String,
-        s: Settlement,
+        s: Settling,
         retry_for: Duration,
-        report: SettleReport,
+        subject: Subject,
         answer: Option<SettleAnswer>,
     ) {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let mut settle = Box::pin(async move {
-            let outcome = settle_in_gateway(&store, &id, &s, retry_for).await;
+            let outcome = settle_in_gateway(&store, at, &id, &s.settlement, retry_for).await;
+            // Observers hear of a settlement the store never confirmed too:
+            // the ledger says so rather than nothing.
+            inner.observers.settled(&Settled {
+                id: &id,
+                made: &s,
+                applied: outcome.as_ref(),
+                subject: &subject,
+            });
             match outcome {
                 Some(o) => {
-                    record_settlement(&report, &id, &s, &o);
                     inner.settled.fetch_add(1, Ordering::SeqCst);
                     match &o {
                         SettleOutcome::Settled {
@@ -207,12 +166,7 @@ impl SettlementTracker {
                 }
                 None => {
                     inner.failed.fetch_add(1, Ordering::SeqCst);
-                    tracing::error!(reservation_id = %id, actual_tokens = s.actual_tokens, "settlement failed after retries");
-                    // An attempt may have applied before its reply was
-                    // lost: the ledger says so rather than nothing.
-                    if let Some(l) = &report.ledger {
-                        l.record_unknown(&id, &s);
-                    }
+                    tracing::error!(reservation_id = %id, actual_tokens = s.settlement.actual_tokens, "settlement failed after retries");
                 }
             }
             // The waiter may be gone (its client left): the settlement is
@@ -246,35 +200,6 @@ pub(super) fn bounded(s: Settlement) -> Settlement {
     }
 }
 
-fn record_settlement(report: &SettleReport, id: &str, s: &Settlement, outcome: &SettleOutcome) {
-    // A retry after a lost reply answers AlreadySettled: the first attempt
-    // applied it, and the ledger keeps one row per id.
-    if let (Some(l), SettleOutcome::Settled { .. } | SettleOutcome::AlreadySettled) =
-        (&report.ledger, outcome)
-    {
-        l.record(id, s);
-    }
-    let actual_tokens = s.actual_tokens;
-    let SettleOutcome::Settled {
-        reserved, refunded, ..
-    } = outcome
-    else {
-        return;
-    };
-    if let Some(hook) = &report.capacity {
-        hook(*refunded);
-    }
-    if let Some(t) = &report.tenant {
-        t.settled(*reserved, actual_tokens);
-        if let Some(micros) = report.spend_micros {
-            t.spent(micros);
-        }
-    }
-    if let (Some(d), true) = (&report.deny, *refunded > 0) {
-        d.cache.forget(&d.keys);
-    }
-}
-
 /// Settles in `store`, retrying store errors with a growing back-off for
 /// up to `retry_for`.
 pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
@@ -286,15 +211,16 @@ pub async fn settle_with_retry<S: BudgetStore + ?Sized>(
     retry(id, retry_for, || store.settle(id, &s)).await
 }
 
-/// [`settle_with_retry`] through the gateway's store layers, called
-/// directly (no boxed future per layer).
+/// [`settle_with_retry`] at the layer of the gateway's store that
+/// admitted the reservation, called directly (no boxed future per layer).
 async fn settle_in_gateway(
     store: &GatewayStore,
+    at: AnsweredBy,
     id: &str,
     s: &Settlement,
     retry_for: Duration,
 ) -> Option<SettleOutcome> {
-    retry(id, retry_for, || store.settle(id, s)).await
+    retry(id, retry_for, || store.settle_at(at, id, s)).await
 }
 
 /// Calls `settle` until it succeeds, with a growing back-off, for up to `retry_for`.

@@ -2,9 +2,9 @@
 //! void of a held reservation, for finance queries the Prometheus counters
 //! cannot answer (per user, per model, last month).
 //!
-//! - [`capture`]: what a reservation knows of its row from admission on
-//!   ([`LedgerDraft`]), completed into a [`SpendRow`] when the store has
-//!   applied the settlement.
+//! - [`capture`]: the ledger's settlement observer ([`LedgerRows`]): the
+//!   [`SpendRow`] of a settlement, built from the settlement event once
+//!   the store has answered it.
 //! - [`buffer`]: the bounded in-memory buffer rows wait in; recording never
 //!   blocks a request, a full buffer drops the row and counts it.
 //! - [`batcher`]: the writer task that moves the buffer to a [`LedgerSink`]
@@ -34,58 +34,12 @@ use std::sync::Arc;
 pub use batcher::LedgerWriter;
 pub use batcher::{LedgerError, LedgerSink};
 pub use buffer::LedgerBuffer;
-pub use capture::{LedgerCapture, LedgerDraft, LedgerScope};
+pub use capture::{LedgerRows, LedgerScope};
 pub use query::{SpendQuery, SpendReader};
 pub use start::start;
 
-/// How the reservation of a row ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpendOutcome {
-    /// The upstream answered (a whole answer, or a stream that completed).
-    Answered,
-    /// A stream cut off by the gateway (budget, time limit, cap, shutdown)
-    /// or ended by the client going away; what was delivered is charged.
-    CutOff,
-    /// The upstream failed (before any output: refunded; mid-stream: what
-    /// was delivered is charged).
-    UpstreamFailed,
-    /// The request never reached the upstream: every budget refunded.
-    Voided,
-    /// The reservation was dropped unsettled (its handler cancelled before
-    /// an answer was read): charged whole, the drop backstop.
-    Abandoned,
-    /// The store never confirmed the settlement within its retry window
-    /// (a reply lost, the store down): either it applied (the row's
-    /// figures were charged) or the hold expires charged whole.
-    Unknown,
-}
-
-impl SpendOutcome {
-    /// The column's value.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            SpendOutcome::Answered => "answered",
-            SpendOutcome::CutOff => "cut_off",
-            SpendOutcome::UpstreamFailed => "upstream_failed",
-            SpendOutcome::Voided => "voided",
-            SpendOutcome::Abandoned => "abandoned",
-            SpendOutcome::Unknown => "unknown",
-        }
-    }
-
-    /// The outcome a column value names.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "answered" => SpendOutcome::Answered,
-            "cut_off" => SpendOutcome::CutOff,
-            "upstream_failed" => SpendOutcome::UpstreamFailed,
-            "voided" => SpendOutcome::Voided,
-            "abandoned" => SpendOutcome::Abandoned,
-            "unknown" => SpendOutcome::Unknown,
-            _ => return None,
-        })
-    }
-}
+/// How the reservation of a row ended (the settlement's outcome).
+pub use crate::settlement::Outcome as SpendOutcome;
 
 /// One ledger row: a settled or voided reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,53 +96,24 @@ impl SpendRow {
     }
 }
 
-/// Where settled reservations go, as the request path sees it: the
-/// ledger's buffer, the exporter of request spans (each when it is on),
-/// and the clock that stamps rows. `None` in [`crate::server::AppState`]
-/// when both are off: no row is then even drafted.
+/// Where settled reservations' rows go, as the request path sees it: the
+/// ledger's buffer and the clock that stamps rows. Unset in
+/// [`crate::server::AppState`] while the ledger is off.
 pub struct Ledger {
-    buffer: Option<Arc<LedgerBuffer>>,
-    spans: Option<Arc<crate::telemetry::Spans>>,
+    buffer: Arc<LedgerBuffer>,
     clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl Ledger {
     /// A ledger recording into `buffer`, stamping rows with `clock`.
     pub fn new(buffer: Arc<LedgerBuffer>, clock: Arc<dyn crate::clock::Clock>) -> Self {
-        Self {
-            buffer: Some(buffer),
-            spans: None,
-            clock,
-        }
+        Self { buffer, clock }
     }
 
-    /// Rows go to `buffer` (the ledger is on) and their spans to `spans`
-    /// (telemetry is on).
-    pub fn with(
-        buffer: Option<Arc<LedgerBuffer>>,
-        spans: Option<Arc<crate::telemetry::Spans>>,
-        clock: Arc<dyn crate::clock::Clock>,
-    ) -> Self {
-        Self {
-            buffer,
-            spans,
-            clock,
-        }
-    }
-
-    /// The buffer rows wait in, while the ledger is on.
+    /// The buffer rows wait in (always there: a ledger is set only
+    /// while it is on).
     pub fn buffer(&self) -> Option<&Arc<LedgerBuffer>> {
-        self.buffer.as_ref()
-    }
-
-    /// The exporter of request spans, while telemetry is on.
-    pub fn spans(&self) -> Option<&crate::telemetry::Spans> {
-        self.spans.as_deref()
-    }
-
-    /// The exporter of request spans, shared, while telemetry is on.
-    pub fn spans_arc(&self) -> Option<&Arc<crate::telemetry::Spans>> {
-        self.spans.as_ref()
+        Some(&self.buffer)
     }
 
     /// Now, UTC µs, from the gateway's clock.

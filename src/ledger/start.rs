@@ -1,6 +1,5 @@
 //! Starting the ledger in `serve`: the spend reader over the control
-//! database, the buffer and the request spans the request path records
-//! into, and the writer thread with its own connection.
+//! database, the buffer the request path records into, and the writer thread with its own connection.
 
 use std::sync::Arc;
 
@@ -8,7 +7,7 @@ use crate::clock::Clock;
 
 /// Starts the spend ledger of `state` over the control database `db`
 /// (its queries always; the writer and its buffer while `[ledger]
-/// enabled`, the default) with the request spans `spans` (telemetry on).
+/// enabled`, the default).
 /// The writer runs on a thread of its own with its own connection: a
 /// serving thread only pushes rows into the buffer. Returns it for the
 /// shutdown flush.
@@ -16,7 +15,6 @@ pub fn start(
     state: &crate::server::AppState,
     db: &crate::db::Db,
     clock: Arc<dyn Clock>,
-    spans: Option<Arc<crate::telemetry::Spans>>,
 ) -> Result<Option<crate::ledger::LedgerWriter>, String> {
     use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerSink, LedgerWriter};
     let settings = state.policy.load().ledger.clone();
@@ -26,14 +24,12 @@ pub fn start(
     let buffer = settings
         .enabled
         .then(|| Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows)));
-    if buffer.is_some() || spans.is_some() {
-        let _ = state
-            .ledger
-            .set(Arc::new(Ledger::with(buffer.clone(), spans, clock.clone())));
-    }
     let Some(buffer) = buffer else {
         return Ok(None);
     };
+    let _ = state
+        .ledger
+        .set(Arc::new(Ledger::new(buffer.clone(), clock.clone())));
     let (db, kind) = (db.clone(), db.kind());
     let open: crate::ledger::batcher::OpenSink = Box::new(move || {
         let pool = db.writer_pool().map_err(|e| e.to_string())?;

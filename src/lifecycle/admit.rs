@@ -11,11 +11,11 @@ use super::route::Attempts;
 use crate::admission::amounts::{self, Budgets, Counting, Demand};
 use crate::admission::HeldReservation;
 use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
-use crate::ledger::{LedgerCapture, LedgerDraft};
 use crate::metrics;
 use crate::money::PriceTable;
 use crate::server::error::ApiError;
 use crate::server::{BudgetPlan, PlannedDeployment};
+use crate::settlement::{Returned, Subject, Who};
 
 /// An admitted attempt.
 pub struct Admitted<'p> {
@@ -174,7 +174,7 @@ pub async fn admit<'p>(
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(
         id,
-        cx.st.store.clone(),
+        (cx.st.store.clone(), answered_by),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
         policy.server.slot_lease,
@@ -187,51 +187,49 @@ pub async fn admit<'p>(
             .get(admission.candidate)
             .cloned()
             .unwrap_or_default(),
-    )
-    .with_metrics(plan.tenant_metrics.clone())
-    .with_capacity_hook_if(policy.queue.is_some().then(|| {
-        capacity_hook(
-            cx.st.queue.clone(),
-            plan.clone(),
-            admission.candidate,
-            &candidates,
-        )
-    }))
-    .with_deny_release(if request.end_user_budgets.is_empty() {
-        plan.deny_release.clone()
-    } else {
-        Arc::new(plan.deny_release.with(&request.end_user_budgets))
-    });
+    );
     let deployment_index = plan
         .upstreams
         .iter()
         .position(|d| d.upstream == deployment.upstream)
         .unwrap_or(0);
-    let hold = match cx.st.ledger.get() {
-        Some(ledger) => {
-            let usd_index = reserve
-                .common
-                .iter()
-                .chain(deployment.budgets.iter())
-                .position(|s| s.name.counts_usd());
-            let draft = LedgerDraft::new(
-                plan.ledger.clone(),
-                deployment_index,
-                cx.dialect,
-                request.end_user.clone(),
-                usd_index,
-            )
-            .admitted_at(match ledger.spans() {
-                // A span's start; without telemetry the clock is not read.
-                Some(_) => ledger.now_micros(),
-                None => 0,
-            })
-            // `tried` above counted this attempt.
-            .of_request(cx.finish.request_id.header(), attempts.count() as u32);
-            hold.with_ledger(LedgerCapture::new(ledger.clone(), draft))
-        }
-        None => hold,
-    };
+    // Who and what are drafted only while a row or a span will be made of them.
+    let spans = cx.st.spans.get().is_some();
+    let who = (spans || cx.st.ledger.get().is_some()).then(|| {
+        let usd_index = reserve
+            .common
+            .iter()
+            .chain(deployment.budgets.iter())
+            .position(|s| s.name.counts_usd());
+        let who = Who::new(
+            plan.ledger.clone(),
+            deployment_index,
+            cx.dialect,
+            request.end_user.clone(),
+            usd_index,
+        )
+        .admitted_at(match spans {
+            // A span's start; without telemetry the clock is not read.
+            true => cx.st.clock.now_micros(),
+            false => 0,
+        })
+        // `tried` above counted this attempt.
+        .of_request(cx.finish.request_id.header(), attempts.count() as u32);
+        Box::new(who)
+    });
+    let hold = hold.about(Subject {
+        tenant: Some(plan.tenant_metrics.clone()),
+        release: Some(if request.end_user_budgets.is_empty() {
+            plan.deny_release.clone()
+        } else {
+            Arc::new(plan.deny_release.with(&request.end_user_budgets))
+        }),
+        returned: policy
+            .queue
+            .is_some()
+            .then(|| capacity_returned(plan.clone(), admission.candidate, &candidates)),
+        who,
+    });
     let rates = amounts::extension_rates(
         &demand,
         [
@@ -262,20 +260,31 @@ pub async fn admit<'p>(
     })
 }
 
-/// What a settlement of a hold on `plan` and `candidates[chosen]` tells the
-/// wait queue: capacity came back to its budgets (a line waiting for one
-/// of them tries again). Built only when the gateway has a queue.
-fn capacity_hook(
-    queue: Arc<crate::queue::Queue>,
+/// The budgets a settlement of a hold on `plan` and `candidates[chosen]`
+/// returns capacity to, for the wait queue (a line waiting for one of them
+/// tries again). Built only when the gateway has a queue.
+fn capacity_returned(
     plan: Arc<BudgetPlan>,
     chosen: usize,
     candidates: &[&PlannedDeployment],
-) -> crate::admission::tracker::CapacityHook {
+) -> Arc<dyn Returned> {
     let deployment = candidates
         .get(chosen)
         .and_then(|d| plan.upstreams.iter().position(|p| p.upstream == d.upstream));
-    Arc::new(move |refunded| {
-        let upstream = deployment
+    Arc::new(CapacityOf { plan, deployment })
+}
+
+/// A hold's plan and its deployment's position in it.
+struct CapacityOf {
+    plan: Arc<BudgetPlan>,
+    deployment: Option<usize>,
+}
+
+impl Returned for CapacityOf {
+    fn each(&self, refunded: u64, key: &mut dyn FnMut(&str)) {
+        let plan = &self.plan;
+        let upstream = self
+            .deployment
             .map(|d| &plan.upstreams[d].budgets[..])
             .unwrap_or(&[]);
         // A settlement frees the slots; it returns tokens (and dollars) only
@@ -284,14 +293,10 @@ fn capacity_hook(
             s.name == BudgetName::MaxConcurrent
                 || (refunded > 0 && (s.name.counts_tokens() || s.name.counts_usd()))
         };
-        queue.capacity_returned(
-            plan.common
-                .iter()
-                .chain(upstream)
-                .filter(returned)
-                .map(|s| &*s.key),
-        );
-    })
+        for s in plan.common.iter().chain(upstream).filter(returned) {
+            key(&s.key);
+        }
+    }
 }
 
 /// A reservation of `plan`'s common budgets that `keep` selects, each

@@ -45,9 +45,9 @@ impl RequestContext {
             policy.clone(),
             RequestId::arrived(headers, dialect.request_id_header(), dialect.key_headers()),
         );
-        if let Some(spans) = st.ledger.get().and_then(|l| l.spans_arc()) {
+        if let Some(spans) = st.spans.get() {
             finish.spans = Some(spans.clone());
-            finish.dialect_name = crate::ledger::capture::dialect_name(dialect);
+            finish.dialect_name = crate::settlement::dialect_name(dialect);
         }
         Self {
             st,

@@ -15,16 +15,18 @@ use super::context::RequestContext;
 use super::prepare::{invalid, Prepared};
 use super::request_id::holds_key;
 use super::rewrite::upstream_body;
-use super::settle::refund;
+// A request whose bytes never reached the upstream is voided (DESIGN section 13).
+use super::settle::{refund, void};
 use crate::admission::plan;
 use crate::admission::HeldReservation;
-use crate::budget::{Actual, BudgetName, Settlement};
+use crate::budget::BudgetName;
 use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
 use crate::metrics::DeploymentMetrics;
 use crate::server::error::ApiError;
 use crate::server::AppState;
+use crate::settlement::Settling;
 use crate::upstreams::UpstreamError;
 
 // Header names built at compile time: naming a header by a string at run
@@ -254,23 +256,13 @@ fn forwarded_client_headers(
     out
 }
 
-/// The settlement of a request whose bytes never reached the upstream:
-/// void (DESIGN section 13).
-fn void() -> Settlement {
-    Settlement {
-        actual_tokens: 0,
-        upstream_failed: true,
-        actual: Actual::Void,
-    }
-}
-
 /// An upstream answered with an error status before any output: refund,
 /// cool the deployment down after a 429, and act on [`classify`].
 async fn upstream_failure(
     cx: &RequestContext,
     resp: reqwest::Response,
     hold: HeldReservation,
-    refund: Settlement,
+    refund: Settling,
     upstream: &UpstreamPolicy,
     headers: HeaderMap,
 ) -> Forwarded {

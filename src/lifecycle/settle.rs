@@ -8,26 +8,20 @@ use super::admit::HoldBudgets;
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::{Actual, Settlement};
 use crate::dialects::UsageBreakdown;
-use crate::ledger::SpendOutcome;
+use crate::settlement::{Outcome, Settling};
 
 /// Settles `hold` (in the background) with what the answer used (every
 /// count filled in), per budget of the hold, the request having ended as
-/// `outcome` (for the ledger); returns the tokens settled.
+/// `outcome`; returns the tokens settled.
 pub fn settle(
-    mut hold: HeldReservation,
+    hold: HeldReservation,
     budgets: &HoldBudgets,
     used: UsageBreakdown,
-    outcome: SpendOutcome,
+    outcome: Outcome,
 ) -> u64 {
     let actual = used.total();
     let cost = amounts::settled_cost(&used, budgets.price());
-    if let Some(cost) = cost {
-        hold.record_spend(cost);
-    }
-    if let Some(draft) = hold.ledger_draft() {
-        draft.settled(used, cost, outcome);
-    }
-    hold.settle(Settlement {
+    let settlement = Settlement {
         actual_tokens: actual,
         upstream_failed: false,
         actual: Actual::PerSpec(amounts::settled_amounts(
@@ -35,17 +29,30 @@ pub fn settle(
             budgets.budgets(),
             budgets.price(),
         )),
-    });
+    };
+    hold.settle(Settling::of(settlement, outcome).used(used, cost));
     actual
 }
 
 /// The settlement of work the upstream never did: every token and dollar
 /// of the hold goes back, even to budgets that keep unused output (the
 /// request count stays spent).
-pub fn refund(budgets: &HoldBudgets) -> Settlement {
-    Settlement {
+pub fn refund(budgets: &HoldBudgets) -> Settling {
+    let settlement = Settlement {
         actual_tokens: 0,
         upstream_failed: true,
         actual: Actual::PerSpec(amounts::nothing_used(budgets.budgets())),
-    }
+    };
+    Settling::of(settlement, Outcome::UpstreamFailed)
+}
+
+/// The settlement of a request that never reached the upstream: the hold
+/// is voided (nothing charged, the request count included).
+pub fn void() -> Settling {
+    let settlement = Settlement {
+        actual_tokens: 0,
+        upstream_failed: true,
+        actual: Actual::Void,
+    };
+    Settling::of(settlement, Outcome::Voided)
 }

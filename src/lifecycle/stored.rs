@@ -20,6 +20,7 @@ use futures_util::TryStreamExt;
 use super::authenticate::{authenticate, Caller};
 use super::context::RequestContext;
 use super::prepare;
+use super::settle::void;
 use crate::admission::amounts::{self, Budgets};
 use crate::admission::HeldReservation;
 use crate::budget::{Actual, Admission, BudgetSpec, ReserveOutcome, Settlement};
@@ -28,6 +29,7 @@ use crate::dialects::Dialect;
 use crate::server::error::ApiError;
 use crate::server::headers::rate_limit_headers;
 use crate::server::{AppState, BudgetPlan};
+use crate::settlement::{Outcome, Settling, Subject};
 use crate::upstreams::UpstreamError;
 
 /// An operation on a stored response.
@@ -188,7 +190,8 @@ async fn charge_requests(
     let policy = cx.policy.clone();
     let reserve = super::admit::request_count_reservation(cx, plan, |s| s.name.counts_requests());
     let id = reserve.id.clone();
-    let admission = match cx.st.store.reserve(&reserve).await? {
+    let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
+    let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
             return Err(ApiError::RateLimited {
@@ -206,31 +209,27 @@ async fn charge_requests(
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(
         id,
-        cx.st.store.clone(),
+        (cx.st.store.clone(), answered_by),
         cx.st.settlements.clone(),
         0,
         policy.server.slot_lease,
         policy.server.settle_retry,
     )
-    .with_metrics(plan.tenant_metrics.clone());
+    .about(Subject {
+        tenant: Some(plan.tenant_metrics.clone()),
+        ..Subject::default()
+    });
     Ok((hold, reserve.common, admission))
 }
 
 /// The request counted, no tokens.
-fn requests_only(specs: &[BudgetSpec]) -> Settlement {
-    Settlement {
+fn requests_only(specs: &[BudgetSpec]) -> Settling {
+    let settlement = Settlement {
         actual_tokens: 0,
         upstream_failed: false,
         actual: Actual::PerSpec(amounts::nothing_used(std::iter::once(Budgets::plain(
             specs,
         )))),
-    }
-}
-
-fn void() -> Settlement {
-    Settlement {
-        actual_tokens: 0,
-        upstream_failed: true,
-        actual: Actual::Void,
-    }
+    };
+    Settling::of(settlement, Outcome::Answered)
 }

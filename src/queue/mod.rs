@@ -10,6 +10,8 @@
 //! - [`waiter`]: a request's place in a line ([`waiter::Ticket`]): waits for
 //!   its turn, its deadline or the shutdown; leaving is by drop.
 //! - [`metrics`]: depth, waits, admissions after waiting, timeouts, refusals.
+//! - [`settlement`]: the settlement observer that wakes the lines of the
+//!   budgets a settlement returned capacity to.
 //!
 //! The queue sits above the store: it never holds a reservation and never
 //! calls the store itself; a waiter whose turn comes reserves through the
@@ -19,6 +21,7 @@
 
 pub mod line;
 pub mod metrics;
+pub mod settlement;
 pub mod waiter;
 
 use std::collections::HashMap;
@@ -222,6 +225,12 @@ impl Queue {
     /// A settlement returned capacity to the budgets stored under `keys`:
     /// the lines waiting for them try again now. Free while no one waits.
     pub fn capacity_returned<'k>(&self, keys: impl Iterator<Item = &'k str>) {
+        self.capacity_returned_each(|key| keys.for_each(key));
+    }
+
+    /// [`Queue::capacity_returned`] with the keys given one by one by
+    /// `keys` to the function it is called with.
+    pub fn capacity_returned_each(&self, keys: impl FnOnce(&mut dyn FnMut(&str))) {
         if !self.is_busy() {
             return;
         }
@@ -229,11 +238,11 @@ impl Queue {
         let mut wakes: Wakes = Vec::new();
         {
             let mut inner = self.lock();
-            for k in keys {
+            keys(&mut |k| {
                 if let Some(line) = inner.lines.get_mut(k) {
                     wakes.extend(line.capacity_returned(now));
                 }
-            }
+            });
         }
         notify(wakes);
     }

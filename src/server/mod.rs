@@ -12,6 +12,7 @@
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
 //! - [`spend`]: the spend ledger's queries and CSV (`/admin/v1/spend…`).
+//! - [`observers`]: the settlement observers, registered in one place.
 //! - [`admin_ui`]: the live budget page at `/admin/ui`;
 //!   [`recent_refusals`]: what it shows of each tenant's last refusals.
 
@@ -22,6 +23,7 @@ pub mod control_api;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod observers;
 pub mod recent_refusals;
 pub mod refusal_text;
 pub mod spend;
@@ -80,6 +82,8 @@ pub struct AppState {
     pub queue: Arc<crate::queue::Queue>,
     /// The spend ledger's buffer, set once at start; unset while the ledger is off.
     pub ledger: Arc<std::sync::OnceLock<Arc<crate::ledger::Ledger>>>,
+    /// The exporter of request spans, set once at start; unset while telemetry is off.
+    pub spans: Arc<std::sync::OnceLock<Arc<crate::telemetry::Spans>>>,
     /// The spend ledger's queries, set once at start; unset without a database.
     pub spend: Arc<std::sync::OnceLock<Arc<dyn crate::ledger::SpendReader>>>,
     /// The control plane (runtime tenants and keys), set once at start.
@@ -164,20 +168,23 @@ impl AppState {
         crate::metrics::policy_installed(None, &policy);
         crate::queue::metrics::register();
         let records = Arc::new(records_for(&policy.store));
+        let (queue, ledger, spans) = (Arc::default(), Arc::default(), Arc::default());
+        let observers = observers::observers(&queue, &ledger, &spans, &clock);
         Arc::new(Self {
             policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
             clock,
             upstream: UpstreamClient::new(),
-            settlements: SettlementTracker::default(),
+            settlements: SettlementTracker::new(observers),
             cooldowns: Arc::new(Mutex::new(HashMap::new())),
             admin_token: Arc::new(Mutex::new(None)),
             plans: Arc::default(),
             records,
             recent_refusals: Arc::default(),
             own_budgets: Arc::default(),
-            queue: Arc::default(),
-            ledger: Arc::default(),
+            queue,
+            ledger,
+            spans,
             spend: Arc::default(),
             control: Arc::default(),
         })
@@ -284,6 +291,7 @@ impl AppState {
             own_budgets: self.own_budgets.clone(),
             queue: self.queue.clone(),
             ledger: self.ledger.clone(),
+            spans: self.spans.clone(),
             spend: self.spend.clone(),
             control: self.control.clone(),
         })

@@ -4,9 +4,8 @@
 
 use opentelemetry::KeyValue;
 
-use super::SpanFacts;
 use crate::config::UpstreamKind;
-use crate::ledger::SpendRow;
+use crate::settlement::{dialect_name, Figures, Who};
 
 /// `gen_ai.operation.name` of a ledger dialect: the conventions' well-known
 /// values (`chat`, `text_completion`, `embeddings`).
@@ -34,39 +33,37 @@ fn int(name: &'static str, v: u64) -> KeyValue {
     KeyValue::new(name, v.min(i64::MAX as u64) as i64)
 }
 
-/// Every attribute of the span of `row`.
-pub(super) fn of(row: &SpendRow, facts: &SpanFacts<'_>) -> Vec<KeyValue> {
+/// Every attribute of the span of reservation `id` of `who`, charged `f`.
+pub(super) fn of(id: &str, who: &Who, f: &Figures) -> Vec<KeyValue> {
     // The conventions count cached input inside the input tokens and
     // break it out beside them; the ledger keeps them apart.
-    let input = row.input_tokens + row.cached_read_tokens + row.cache_write_tokens;
+    let used = &f.usage;
+    let (cached_read, cache_write) = (used.cached_input, used.cache_writes);
+    let input = used.uncached_input.unwrap_or(0) + cached_read + cache_write;
+    let dialect = dialect_name(who.dialect);
+    let scope = &who.scope;
     let mut a = vec![
-        KeyValue::new("gen_ai.operation.name", operation_name(row.dialect)),
-        KeyValue::new("gen_ai.provider.name", facts.provider),
-        KeyValue::new("gen_ai.system", facts.provider),
-        KeyValue::new("gen_ai.request.model", row.model.to_string()),
-        KeyValue::new("gen_ai.response.model", facts.upstream_model.to_string()),
+        KeyValue::new("gen_ai.operation.name", operation_name(dialect)),
+        KeyValue::new("gen_ai.provider.name", who.provider),
+        KeyValue::new("gen_ai.system", who.provider),
+        KeyValue::new("gen_ai.request.model", scope.model.to_string()),
+        KeyValue::new("gen_ai.response.model", scope.upstream_model.to_string()),
         int("gen_ai.usage.input_tokens", input),
-        int("gen_ai.usage.output_tokens", row.output_tokens),
-        int(
-            "gen_ai.usage.cache_read.input_tokens",
-            row.cached_read_tokens,
-        ),
-        int(
-            "gen_ai.usage.cache_creation.input_tokens",
-            row.cache_write_tokens,
-        ),
-        int("budgetgate.cost_usd_micros", row.cost_micros),
-        int("budgetgate.charged_tokens", row.charged_tokens),
-        int("budgetgate.reasoning_tokens", row.reasoning_tokens),
-        KeyValue::new("budgetgate.tenant", row.tenant.to_string()),
-        KeyValue::new("budgetgate.key", row.key_id.to_string()),
-        KeyValue::new("budgetgate.outcome", row.outcome.as_str()),
-        KeyValue::new("budgetgate.deployment", row.deployment.to_string()),
-        KeyValue::new("budgetgate.dialect", row.dialect),
-        KeyValue::new("budgetgate.reservation_id", row.reservation_id.clone()),
-        KeyValue::new("budgetgate.price_version", row.price_version.to_string()),
+        int("gen_ai.usage.output_tokens", used.output.unwrap_or(0)),
+        int("gen_ai.usage.cache_read.input_tokens", cached_read),
+        int("gen_ai.usage.cache_creation.input_tokens", cache_write),
+        int("budgetgate.cost_usd_micros", f.cost_micros),
+        int("budgetgate.charged_tokens", f.charged_tokens),
+        int("budgetgate.reasoning_tokens", used.reasoning),
+        KeyValue::new("budgetgate.tenant", scope.tenant.to_string()),
+        KeyValue::new("budgetgate.key", scope.key_id.to_string()),
+        KeyValue::new("budgetgate.outcome", f.outcome.as_str()),
+        KeyValue::new("budgetgate.deployment", who.deployment.to_string()),
+        KeyValue::new("budgetgate.dialect", dialect),
+        KeyValue::new("budgetgate.reservation_id", id.to_string()),
+        KeyValue::new("budgetgate.price_version", scope.price_version.to_string()),
     ];
-    if let Some(eu) = &row.end_user {
+    if let Some(eu) = &who.end_user {
         a.push(KeyValue::new("budgetgate.end_user", eu.to_string()));
     }
     a

@@ -3,10 +3,10 @@
 //! OTLP/HTTP (protobuf) to `[telemetry] otlp_endpoint`, so that a platform
 //! team sees the gateway in the traces it already has. Off by default.
 //!
-//! The span is built from the reservation's ledger row when the store has
-//! applied the settlement ([`crate::ledger::LedgerCapture::record`]), the
-//! same moment and the same figures as the spend ledger: tokens in and
-//! out, the µ$ cost, the tenant, how the request ended. A refused request
+//! The span is built from the settlement event when the store has
+//! answered the settlement ([`settlement::RequestSpans`], an observer of
+//! it like the spend ledger), from the same figures as the ledger's row:
+//! tokens in and out, the µ$ cost, the tenant, how the request ended. A refused request
 //! (no reservation) gets a span of its refusal with its log line
 //! ([`Spans::refused`]). When telemetry is off nothing is built: one
 //! branch on an `Option` at the capture and at arrival.
@@ -23,6 +23,7 @@
 //! serving thread.
 
 mod attributes;
+pub mod settlement;
 
 use std::time::{Duration, SystemTime};
 
@@ -36,20 +37,8 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 
 use crate::config::telemetry::{traces_url, TelemetrySettings};
-use crate::ledger::{SpendOutcome, SpendRow};
+use crate::settlement::{dialect_name, Outcome, Settled, Who};
 pub use attributes::{operation_name, provider_name};
-
-/// What a span needs beyond the ledger row: when the reservation was
-/// admitted, and the deployment's provider and upstream model.
-#[derive(Debug, Clone, Copy)]
-pub struct SpanFacts<'a> {
-    /// UTC µs of the admission (the span's start).
-    pub admitted_micros: u64,
-    /// `gen_ai.provider.name` of the deployment.
-    pub provider: &'static str,
-    /// The model name the deployment was asked for.
-    pub upstream_model: &'a str,
-}
 
 /// A refused request, as its span tells it.
 #[derive(Debug, Clone, Copy)]
@@ -122,21 +111,23 @@ impl Spans {
         Ok(Some(Spans { provider, tracer }))
     }
 
-    /// Exports the span of the reservation whose row is `row`.
-    pub fn export(&self, row: &SpendRow, facts: SpanFacts<'_>) {
-        let operation = operation_name(row.dialect);
-        let start = at(facts.admitted_micros.min(row.at_micros).max(1));
-        let builder = SpanBuilder::from_name(format!("{operation} {}", row.model))
+    /// Exports the span of the settlement `e` of the reservation `who`
+    /// describes, ended at `at_micros`.
+    pub fn export(&self, e: &Settled<'_>, who: &Who, at_micros: u64) {
+        let f = e.figures();
+        let operation = operation_name(dialect_name(who.dialect));
+        let start = at(who.admitted_micros.min(at_micros).max(1));
+        let builder = SpanBuilder::from_name(format!("{operation} {}", who.scope.model))
             .with_kind(SpanKind::Server)
             .with_start_time(start)
-            .with_attributes(attributes::of(row, &facts));
+            .with_attributes(attributes::of(e.id, who, &f));
         let mut span = self.tracer.build_with_context(builder, &Context::new());
-        match row.outcome {
-            SpendOutcome::UpstreamFailed => span.set_status(Status::error("upstream failed")),
-            SpendOutcome::Voided => span.set_status(Status::error("never reached the upstream")),
+        match f.outcome {
+            Outcome::UpstreamFailed => span.set_status(Status::error("upstream failed")),
+            Outcome::Voided => span.set_status(Status::error("never reached the upstream")),
             _ => {}
         }
-        span.end_with_timestamp(at(row.at_micros));
+        span.end_with_timestamp(at(at_micros));
     }
 
     /// Exports the span of a refused request (no reservation, no cost).

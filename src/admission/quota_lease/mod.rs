@@ -48,6 +48,7 @@ pub mod plan;
 #[cfg(test)]
 mod tests;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -77,6 +78,19 @@ pub struct QuotaLeases {
     base: Instant,
     wake: Notify,
     tick: Duration,
+    /// Book lock acquisitions on behalf of a hold (its settle, extend,
+    /// renew and their bookkeeping): read by tests that check a hold goes
+    /// where it was admitted.
+    hold_locks: AtomicU64,
+}
+
+/// What settling a lease-admitted hold found under the book's one lock.
+pub enum HeldSettle {
+    /// Settled here; `None` when the book does not hold it (the store does).
+    Done(Option<SettleOutcome>),
+    /// Its overflows must be settled in the store first (then
+    /// [`QuotaLeases::settle`]).
+    Overflows(Vec<OverflowEnd>),
 }
 
 impl QuotaLeases {
@@ -96,6 +110,7 @@ impl QuotaLeases {
             base: Instant::now(),
             wake: Notify::new(),
             tick: (policy.report_interval / 40).clamp(TICK_MIN, TICK_MAX),
+            hold_locks: AtomicU64::new(0),
         }
     }
 
@@ -105,6 +120,19 @@ impl QuotaLeases {
 
     fn lock(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`Self::lock`] on behalf of a hold, counted.
+    fn lock_for_hold(&self) -> MutexGuard<'_, Book> {
+        // Relaxed: a tally read by tests, ordering nothing.
+        self.hold_locks.fetch_add(1, Ordering::Relaxed);
+        self.lock()
+    }
+
+    /// Book lock acquisitions on behalf of holds so far (tests).
+    #[doc(hidden)]
+    pub fn hold_locks(&self) -> u64 {
+        self.hold_locks.load(Ordering::Relaxed)
     }
 
     /// Decides `r` from leases, or `None` when the store must.
@@ -138,7 +166,7 @@ impl QuotaLeases {
 
     /// True when `id` is a reservation decided here.
     pub fn holds(&self, id: &str) -> bool {
-        self.lock().holds(id)
+        self.lock_for_hold().holds(id)
     }
 
     /// Extends a local hold from its leases; when they are short, asks the
@@ -147,11 +175,11 @@ impl QuotaLeases {
     /// still short, answers the store call that extends it exactly
     /// (`local_hold`: a stream with budget left is not cut off).
     pub async fn extend(&self, id: &str, step: &Step) -> Option<Result<ExtendOutcome, StoreStep>> {
-        if let Extension::Done(o) = self.lock().extend(id, step, self.now())? {
+        if let Extension::Done(o) = self.lock_for_hold().extend(id, step, self.now())? {
             return Some(Ok(o));
         }
         self.round().await;
-        let mut book = self.lock();
+        let mut book = self.lock_for_hold();
         match book.extend(id, step, self.now())? {
             Extension::Done(o) => Some(Ok(o)),
             Extension::Short => book.overflow_step(id, step).map(Err),
@@ -161,27 +189,42 @@ impl QuotaLeases {
     /// The answer to an overflow reservation of `id` ([`StoreStep::Reserve`]):
     /// `Some(true)` admitted, `Some(false)` refused, `None` unknown.
     pub fn overflow_reserved(&self, id: &str, ov_id: &str, admitted: Option<bool>, tokens: u64) {
-        self.lock().overflow_reserved(id, ov_id, admitted, tokens);
+        self.lock_for_hold()
+            .overflow_reserved(id, ov_id, admitted, tokens);
     }
 
     /// `granted` tokens more on `id`'s overflow ([`StoreStep::Extend`]).
     pub fn overflow_extended(&self, id: &str, granted: u64) {
-        self.lock().overflow_extended(id, granted);
+        self.lock_for_hold().overflow_extended(id, granted);
     }
 
     /// The store calls that settle `id`'s overflows, before [`Self::settle`].
     pub fn overflow_ends(&self, id: &str, s: &Settlement) -> Vec<OverflowEnd> {
-        self.lock().overflow_ends(id, s)
+        self.lock_for_hold().overflow_ends(id, s)
     }
 
     /// Settles (or voids) a local hold.
     pub fn settle(&self, id: &str, s: &Settlement) -> Option<SettleOutcome> {
-        self.lock().settle(id, s, self.now())
+        let now = self.now();
+        self.lock_for_hold().settle(id, s, now)
+    }
+
+    /// Settles (or voids) a local hold under one lock of the book, unless
+    /// it has overflows to settle in the store first.
+    pub fn settle_held(&self, id: &str, s: &Settlement) -> HeldSettle {
+        let now = self.now();
+        let mut book = self.lock_for_hold();
+        let ends = book.overflow_ends(id, s);
+        if ends.is_empty() {
+            HeldSettle::Done(book.settle(id, s, now))
+        } else {
+            HeldSettle::Overflows(ends)
+        }
     }
 
     /// A local hold's slots live as long as its leases: nothing to renew.
     pub fn renew(&self, id: &str) -> Option<RenewOutcome> {
-        let book = self.lock();
+        let book = self.lock_for_hold();
         let ttl = book.settings.ttl;
         book.holds(id).then(|| RenewOutcome::Renewed {
             slot_lease_until_micros: book.utc(self.now()).saturating_add(ttl),

@@ -798,3 +798,101 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
         "{running} on A, {b_running} exact and {b_granted} leased on B: {fleet} in flight"
     );
 }
+
+/// Issue 39, point 4: a hold is extended, renewed and settled where it
+/// was admitted. Over 1,000 store-admitted requests with leases on, no
+/// hold takes the book's lock (deciding a reservation still does: the book
+/// counts the demand); a leased hold takes it exactly once per settle,
+/// extend and renew.
+#[tokio::test(start_paused = true)]
+async fn a_hold_goes_where_it_was_admitted_and_takes_the_book_lock_only_if_leased() {
+    use crate::admission::deny::{AnsweredBy, DenyCachedStore};
+    use crate::admission::{GatewayStore, HeldReservation, SettlementTracker};
+    use crate::budget::deny_cache::DenyCache;
+    use crate::budget::memory::MemoryStore;
+    use crate::budget::BudgetStore;
+    use crate::clock::ManualClock;
+    use crate::settlement::{Outcome, Settling};
+
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let leases = Arc::new(super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        mem.clone(),
+        Duration::from_millis(50),
+        "g1",
+    ));
+    let inner: Arc<dyn BudgetStore> = mem.clone();
+    let gw = Arc::new(
+        GatewayStore::new(
+            DenyCachedStore::new(
+                inner,
+                Arc::new(DenyCache::with_capacity(16)),
+                Arc::new(clock.clone()),
+            ),
+            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+            1.0,
+        )
+        .with_leases(leases.clone()),
+    );
+    let tracker = SettlementTracker::default();
+    let hold = |id: &str, at| {
+        HeldReservation::new(
+            id.to_string(),
+            (gw.clone(), at),
+            tracker.clone(),
+            100,
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        )
+    };
+    let used = |tokens| {
+        Settling::of(
+            Settlement {
+                actual_tokens: tokens,
+                upstream_failed: false,
+                actual: Actual::Tokens,
+            },
+            Outcome::Answered,
+        )
+    };
+    // No round is run: the budgets are hot, but no lease is granted yet.
+    for i in 0..1_000 {
+        let r = request(&format!("s{i}"), 100);
+        let (o, by) = gw.reserve_answered(&r).await.expect("reserve");
+        assert!(matches!(o, ReserveOutcome::Admitted(_)));
+        assert_eq!(by, AnsweredBy::Store);
+        let mut h = hold(&r.id, by);
+        if i % 10 == 0 {
+            h.extend(&Step::tokens(10)).await.expect("extend");
+        }
+        h.settle(used(100));
+    }
+    tracker.wait_idle().await;
+    assert_eq!(tracker.settled(), 1_000);
+    assert_eq!(
+        leases.hold_locks(),
+        0,
+        "a store-admitted hold asked the book"
+    );
+
+    leases.round().await;
+    assert_eq!(leases.leases(), 2);
+    let r = request("leased", 100);
+    let (o, by) = gw.reserve_answered(&r).await.expect("reserve");
+    assert!(matches!(o, ReserveOutcome::Admitted(_)));
+    assert_eq!(by, AnsweredBy::Lease);
+    let mut h = hold(&r.id, by);
+    let before = leases.hold_locks();
+    h.extend(&Step::tokens(10)).await.expect("extend");
+    assert_eq!(leases.hold_locks() - before, 1, "one lock per extend");
+    let before = leases.hold_locks();
+    gw.renewal_store(by).renew(&r.id).await.expect("renew");
+    assert_eq!(leases.hold_locks() - before, 1, "one lock per renew");
+    let before = leases.hold_locks();
+    h.settle(used(100));
+    tracker.wait_idle().await;
+    assert_eq!(leases.hold_locks() - before, 1, "one lock per settle");
+    assert_eq!(tracker.settled(), 1_001);
+}

@@ -3,6 +3,10 @@
 //! bounded: tenant, deployment and model names come from the config, budget
 //! and outcome names from fixed enums; raw keys, request ids and user input
 //! never become labels.
+//!
+//! - [`settlement`]: the tenant metrics' settlement observer.
+
+pub mod settlement;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -1,0 +1,33 @@
+//! The settlement observers of the gateway, registered here and nowhere
+//! else: every settlement the store answered is told to each, in this
+//! order. A new observer is a file in its own module and one line here.
+//! (It goes with [`super::AppState`], which builds the list.)
+
+use std::sync::{Arc, OnceLock};
+
+use crate::clock::Clock;
+use crate::settlement::{Observer, Observers};
+
+/// The observers of a gateway whose ledger and request spans are set (at
+/// start) in `ledger` and `spans`, whose waiting lines are `queue`, and
+/// whose clock is `clock`.
+pub fn observers(
+    queue: &Arc<crate::queue::Queue>,
+    ledger: &Arc<OnceLock<Arc<crate::ledger::Ledger>>>,
+    spans: &Arc<OnceLock<Arc<crate::telemetry::Spans>>>,
+    clock: &Arc<dyn Clock>,
+) -> Observers {
+    let list: Vec<Arc<dyn Observer>> = vec![
+        Arc::new(crate::telemetry::settlement::RequestSpans::new(
+            spans.clone(),
+            clock.clone(),
+        )),
+        Arc::new(crate::ledger::LedgerRows::new(ledger.clone())),
+        Arc::new(crate::queue::settlement::CapacityReturned::new(
+            queue.clone(),
+        )),
+        Arc::new(crate::metrics::settlement::TenantSettlements),
+        Arc::new(crate::admission::deny_release::DenyReleaseObserver),
+    ];
+    Observers::new(list)
+}
