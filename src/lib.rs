@@ -61,6 +61,7 @@ pub mod control;
 pub mod dialects;
 pub mod estimate;
 pub mod fleet_sim;
+pub mod gateway;
 pub mod ledger;
 pub mod lifecycle;
 pub mod metrics;

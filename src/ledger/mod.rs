@@ -144,7 +144,7 @@ impl SpendRow {
 
 /// Where settled reservations go, as the request path sees it: the
 /// ledger's buffer, the exporter of request spans (each when it is on),
-/// and the clock that stamps rows. `None` in [`crate::server::AppState`]
+/// and the clock that stamps rows. `None` in [`crate::gateway::AppState`]
 /// when both are off: no row is then even drafted.
 pub struct Ledger {
     buffer: Option<Arc<LedgerBuffer>>,

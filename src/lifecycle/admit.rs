@@ -11,11 +11,11 @@ use super::route::Attempts;
 use crate::admission::amounts::{self, Budgets, Counting, Demand};
 use crate::admission::HeldReservation;
 use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
+use crate::gateway::error::ApiError;
+use crate::gateway::{BudgetPlan, PlannedDeployment};
 use crate::ledger::{LedgerCapture, LedgerDraft};
 use crate::metrics;
 use crate::money::PriceTable;
-use crate::server::error::ApiError;
-use crate::server::{BudgetPlan, PlannedDeployment};
 
 /// An admitted attempt.
 pub struct Admitted<'p> {
@@ -299,7 +299,7 @@ fn capacity_hook(
 /// (`count_tokens`, the stored-response routes).
 pub fn request_count_reservation(
     cx: &RequestContext,
-    plan: &crate::server::BudgetPlan,
+    plan: &crate::gateway::BudgetPlan,
     keep: impl Fn(&BudgetSpec) -> bool,
 ) -> ReserveRequest {
     let policy = &*cx.policy;

@@ -19,8 +19,8 @@ use super::decode::read_body;
 use super::prepare::invalid;
 use crate::budget::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
 use crate::dialects::{anthropic, Dialect};
-use crate::server::error::ApiError;
-use crate::server::AppState;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// Answers one count request.
 pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {

@@ -22,9 +22,9 @@ use crate::budget::{Actual, BudgetName, Settlement};
 use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 use crate::metrics::DeploymentMetrics;
-use crate::server::error::ApiError;
-use crate::server::AppState;
 use crate::upstreams::UpstreamError;
 
 // Header names built at compile time: naming a header by a string at run

@@ -22,9 +22,9 @@ use super::settle::{refund, settle};
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::ExtendOutcome;
 use crate::dialects::UsageBreakdown;
+use crate::gateway::error::ApiError;
 use crate::ledger::SpendOutcome;
 use crate::metrics;
-use crate::server::error::ApiError;
 use crate::upstreams::relay::{self, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
 
 /// How the answer went, for the final line.

@@ -35,11 +35,11 @@ use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::budget::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
 use crate::budget::{BudgetName, BudgetSpec, Scope};
+use crate::gateway::error::ApiError;
+use crate::gateway::PlannedDeployment;
 use crate::queue::class::WAITER_OVERHEAD_BYTES;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Class, Joining, QueuePolicy, WaitKind};
-use crate::server::error::ApiError;
-use crate::server::PlannedDeployment;
 
 /// The request header lowering a request's class.
 pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-budgetgate-priority");

@@ -28,11 +28,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
-use super::AppState;
-use crate::admission::plan::{self, scope_budgets};
-use crate::budget::{BudgetSpec, Scope};
+use crate::admission::plan;
+use crate::budget::BudgetSpec;
 use crate::config::Policy;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte
 /// whatever the first difference (constant time over equal-length digests).
@@ -58,7 +58,7 @@ pub(crate) fn json_response(status: StatusCode, v: Value) -> Response {
 
 /// An admin API refusal: an OpenAI error body, never cached.
 pub(crate) fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
-    let mut r = super::error::body(status, message, "invalid_request_error", None, code);
+    let mut r = crate::gateway::error::body(status, message, "invalid_request_error", None, code);
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
@@ -232,58 +232,6 @@ pub async fn policy(
     )
 }
 
-/// Every budget of tenant `t`: the tenant scope, each key scope and each
-/// tenant×model scope, in that order.
-pub(crate) fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
-    let ks = AppState::key_space(policy);
-    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.as_str().into()), &t.limits, true);
-    for k in &t.keys {
-        out.extend(scope_budgets(
-            &ks,
-            Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
-            &k.limits,
-            true,
-        ));
-    }
-    for (model, limits) in &t.model_limits {
-        out.extend(scope_budgets(
-            &ks,
-            Scope::TenantModel(t.name.as_str().into(), model.as_str().into()),
-            limits,
-            true,
-        ));
-    }
-    out
-}
-
-/// The budgets of tenant `t`'s ancestors that its requests reserve
-/// against, as [`tenant_specs`] lists a tenant's own (tenant scope, then
-/// the tenant×model scopes; no keys): nearest first, one list per ancestor.
-pub(crate) fn ancestor_specs<'p>(
-    policy: &'p Policy,
-    t: &crate::config::TenantPolicy,
-) -> Vec<(&'p str, Vec<BudgetSpec>)> {
-    let ks = AppState::key_space(policy);
-    t.ancestors
-        .iter()
-        .map(|&i| {
-            let a = &policy.tenants[i];
-            let scope = Scope::Tenant(a.name.as_str().into());
-            let mut specs = scope_budgets(&ks, scope, &a.limits, true);
-            for (model, limits) in &a.model_limits {
-                let scope = Scope::TenantModel(a.name.as_str().into(), model.as_str().into());
-                specs.extend(scope_budgets(&ks, scope, limits, true));
-            }
-            if a.shadow {
-                for s in &mut specs {
-                    s.shadow = true;
-                }
-            }
-            (a.name.as_str(), specs)
-        })
-        .collect()
-}
-
 /// Reads `specs` from the store and renders them.
 async fn budgets_response(
     st: &AppState,
@@ -366,8 +314,8 @@ pub async fn tenant_budgets(
     let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
         return not_found("tenant");
     };
-    let specs = tenant_specs(&p, t);
-    let ancestors = ancestor_specs(&p, t);
+    let specs = plan::tenant_specs(&p, t);
+    let ancestors = plan::ancestor_specs(&p, t);
     budgets_with_ancestors(&st, &p, ("tenant", &t.name), specs, ancestors).await
 }
 

@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::admin::{self, json_response};
-use super::error::{ApiError, OwnStore};
-use super::AppState;
+use crate::gateway::error::{ApiError, OwnStore};
+use crate::gateway::AppState;
 use crate::ledger::query::{self, csv_field, rfc3339, Dimension, Period, SpendGroup, SpendQuery};
 use crate::ledger::{SpendReader, SpendRow};
 

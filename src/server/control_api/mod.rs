@@ -41,12 +41,12 @@ use axum::Router;
 use serde_json::{json, Value};
 
 use super::admin::{error_response, json_response, token_matches};
-use super::AppState;
 use crate::config::raw::RawConfig;
 use crate::config::{Limits, Policy};
 use crate::control::runtime::{self, Entity, Quarantined, Role, Snapshot};
 use crate::control::writes::{Actor, WriteError};
 use crate::control::ControlPlane;
+use crate::gateway::AppState;
 
 /// The document served at `/admin/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
@@ -255,7 +255,7 @@ pub fn forbidden(message: &str) -> Response {
 
 /// 400 with `param` (the field's path in the body).
 pub fn bad_request(param: Option<&str>, message: &str) -> Response {
-    let mut r = super::error::body(
+    let mut r = crate::gateway::error::body(
         StatusCode::BAD_REQUEST,
         message,
         "invalid_request_error",
@@ -301,8 +301,8 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
 /// 503: the control database cannot take changes now (`server_error`, as
 /// every failure of the gateway's own stores).
 pub fn unavailable() -> Response {
-    let mut r = crate::server::error::ApiError::OwnStoreUnavailable {
-        store: crate::server::error::OwnStore::ControlDatabase,
+    let mut r = crate::gateway::error::ApiError::OwnStoreUnavailable {
+        store: crate::gateway::error::OwnStore::ControlDatabase,
         message: "The control database is unavailable: changes are refused until it is back (requests are served with the last known tenants and keys).".into(),
     }
     .respond(crate::dialects::Dialect::ChatCompletions);

@@ -15,8 +15,8 @@ use crate::budget::keys::is_valid_id;
 use crate::config::hash_key;
 use crate::control::runtime::Role;
 use crate::control::writes;
+use crate::gateway::AppState;
 use crate::server::admin::json_response;
-use crate::server::AppState;
 
 fn root_only(c: &Caller) -> Result<(), Response> {
     match c.who {
