@@ -61,6 +61,18 @@ pub enum Dialect {
     Messages,
 }
 
+impl From<Dialect> for estimate::BodyShape {
+    fn from(d: Dialect) -> Self {
+        match d {
+            Dialect::ChatCompletions => Self::ChatCompletions,
+            Dialect::Completions => Self::Completions,
+            Dialect::Embeddings => Self::Embeddings,
+            Dialect::Responses => Self::Responses,
+            Dialect::Messages => Self::Messages,
+        }
+    }
+}
+
 /// A request header that may carry the client's key.
 #[derive(Debug, Clone)]
 pub enum KeyHeader {
