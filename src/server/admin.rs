@@ -31,6 +31,8 @@ use sha2::{Digest, Sha256};
 use crate::admission::plan;
 use crate::budget::BudgetSpec;
 use crate::config::Policy;
+use crate::control::runtime::Role;
+use crate::control::writes::{in_subtree, Actor};
 use crate::gateway::error::ApiError;
 use crate::gateway::AppState;
 
@@ -103,81 +105,134 @@ pub(crate) fn disabled(st: &AppState, uri: &OriginalUri) -> Response {
     )
 }
 
-/// What an admin token may read on the budget and spend pages: every
-/// tenant (the root token, a control-database token without a tenant),
-/// or one tenant's subtree (a tenant-scoped token).
-pub(crate) enum Reader {
-    All,
-    Subtree(String),
+/// Who presents an admin token: the bootstrap token (the environment
+/// variable of `server.admin_token_env`) or a token of the control
+/// database, with its role and the subtree it is limited to. The one admin
+/// authentication: the admin pages, the budget and spend pages and the
+/// control API ([`super::control_api::Caller`]) all look a token up here
+/// and refuse with the same texts.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// The bootstrap token.
+    Root,
+    /// A token of the database.
+    Token {
+        /// Its id.
+        id: String,
+        /// Its role.
+        role: Role,
+        /// The subtree it is limited to.
+        tenant: Option<String>,
+    },
 }
 
-impl Reader {
-    /// The reader of a request, or the refusal to send (404 while the
-    /// admin API is disabled, 401 without a known token).
-    pub(crate) fn of(
-        st: &AppState,
-        headers: &HeaderMap,
-        uri: &OriginalUri,
-    ) -> Result<Reader, Response> {
-        let Some(expected) = st.admin_token_digest() else {
+impl Principal {
+    /// The principal of a request, or the refusal to send: 404 while the
+    /// admin API is disabled, 401 without a known token. The bootstrap
+    /// token's digest is compared first, then the control database's
+    /// tokens (none without a control plane).
+    pub fn of(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<Self, Response> {
+        let Some(root) = st.admin_token_digest() else {
             return Err(disabled(st, uri));
         };
         let token = super::handlers::bearer_token(headers).ok_or_else(unauthorized)?;
-        if token_matches(&expected, token) {
-            return Ok(Reader::All);
+        if token_matches(&root, token) {
+            return Ok(Principal::Root);
         }
-        let scope = st.control.get().and_then(|c| {
+        let found = st.control.get().and_then(|c| {
             c.snapshot()
                 .tokens
                 .iter()
                 .find(|t| token_matches(&t.sha256, token))
-                .map(|t| t.tenant.clone())
+                .map(|t| Principal::Token {
+                    id: t.id.clone(),
+                    role: t.role,
+                    tenant: t.tenant.clone(),
+                })
         });
-        match scope {
-            Some(None) => Ok(Reader::All),
-            Some(Some(tenant)) => Ok(Reader::Subtree(tenant)),
-            None => Err(unauthorized()),
+        found.ok_or_else(unauthorized)
+    }
+
+    /// How the audit trail names the caller.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Principal::Root => Actor("root".into()),
+            Principal::Token { id, .. } => Actor(format!("admin_token:{id}")),
         }
     }
 
-    /// Whether tenant `name` is readable.
-    pub(crate) fn sees(&self, policy: &Policy, name: &str) -> bool {
+    /// The subtree the caller is limited to.
+    pub fn scope(&self) -> Option<&str> {
         match self {
-            Reader::All => true,
-            Reader::Subtree(root) => super::control_api::in_subtree(policy, name, root),
+            Principal::Token { tenant, .. } => tenant.as_deref(),
+            Principal::Root => None,
         }
     }
 
-    /// 403 unless tenant `name` is readable (the same answer whether it
-    /// exists or not).
-    pub(crate) fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
-        match self {
-            Reader::Subtree(root) if !self.sees(policy, name) => {
-                Err(super::control_api::forbidden(&format!(
-                    "This admin token cannot see tenant {name:?}: it is limited to tenant {root:?} and its subtree."
-                )))
-            }
-            _ => Ok(()),
+    /// Whether the caller may change things (the root, the admin role).
+    pub fn may_write(&self) -> bool {
+        matches!(
+            self,
+            Principal::Root
+                | Principal::Token {
+                    role: Role::Admin,
+                    ..
+                }
+        )
+    }
+
+    /// Whether tenant `name` (of `policy`) is in the caller's subtree.
+    pub fn sees(&self, policy: &Policy, name: &str) -> bool {
+        match self.scope() {
+            None => true,
+            Some(root) => in_subtree(policy, name, root),
         }
     }
 
-    /// 403 for a tenant-scoped token: the page covers every tenant or the
-    /// shared deployments.
-    pub(crate) fn check_whole(&self) -> Result<(), Response> {
-        match self {
-            Reader::All => Ok(()),
-            Reader::Subtree(root) => Err(super::control_api::forbidden(&format!(
-                "This admin token is limited to tenant {root:?} and its subtree: this page covers every tenant or the shared deployments."
+    /// 403 unless tenant `name` is in the caller's subtree (a tenant the
+    /// caller cannot see gets the same answer whether it exists or not).
+    pub fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
+        if self.sees(policy, name) {
+            Ok(())
+        } else {
+            Err(forbidden(&format!(
+                "This admin token cannot see or change tenant {name:?}: it is limited to tenant {:?} and its subtree.",
+                self.scope().unwrap_or("")
+            )))
+        }
+    }
+
+    /// 403 unless the caller has no tenant scope.
+    pub fn unscoped(&self) -> Result<(), Response> {
+        self.unscoped_because("")
+    }
+
+    /// 403 for a tenant-scoped token on a page that covers every tenant
+    /// or the shared deployments.
+    pub fn check_whole(&self) -> Result<(), Response> {
+        self.unscoped_because(": this page covers every tenant or the shared deployments")
+    }
+
+    fn unscoped_because(&self, why: &str) -> Result<(), Response> {
+        match self.scope() {
+            None => Ok(()),
+            Some(t) => Err(forbidden(&format!(
+                "This admin token is limited to tenant {t:?} and its subtree{why}."
             ))),
         }
     }
+}
+
+/// 403 `forbidden`.
+pub fn forbidden(message: &str) -> Response {
+    error_response(StatusCode::FORBIDDEN, message, Some("forbidden"))
 }
 
 /// Checks the admin token for a page that covers every tenant: `Some`
 /// holds the refusal to send (404 when the admin API is disabled, 401
 /// without a valid token, 403 for a tenant-scoped token).
 pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
-    Reader::of(st, headers, uri)
+    Principal::of(st, headers, uri)
         .and_then(|r| r.check_whole())
         .err()
 }
@@ -303,7 +358,7 @@ pub async fn tenant_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match Reader::of(&st, &headers, &uri) {
+    let reader = match Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };

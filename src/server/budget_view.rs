@@ -140,7 +140,7 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Response {
     // A tenant-scoped token reads its subtree, without the shared deployments.
-    let reader = match admin::Reader::of(&st, &headers, &uri) {
+    let reader = match admin::Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -171,7 +171,7 @@ pub async fn list(
     }
     let first_page = q.after.is_none();
     let mut upstream_ranges = Vec::new();
-    if first_page && matches!(reader, admin::Reader::All) {
+    if first_page && reader.scope().is_none() {
         for u in &p.upstreams {
             let from = specs.len();
             specs.extend(plan::upstream_budgets(&ks, u));
