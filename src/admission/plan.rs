@@ -1,6 +1,8 @@
 //! Which budgets a request touches, from policy: the one place that turns
 //! configured [`Limits`] into [`BudgetSpec`]s, and says how each counts a
 //! request ([`Counting`]: a scope's cache-read weight, a provider's rule).
+//! Also which budgets a tenant has ([`tenant_specs`], [`ancestor_specs`]),
+//! the one list the budget pages, `GET /v1/budget` and the alert watch read.
 
 use super::amounts::{Counting, FULL_WEIGHT};
 use crate::budget::keys::KeySpace;
