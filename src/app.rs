@@ -23,7 +23,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::reload;
 use crate::config::store::LeaseMode;
 use crate::config::{Policy, StoreKind};
-use crate::server::{budget_view, router, AppState};
+use crate::gateway::AppState;
+use crate::server::{budget_view, router};
 use crate::tls::Tls;
 use crate::upstreams::redact;
 
@@ -346,7 +347,12 @@ pub async fn run(
     if let Some(s) = &spans {
         let _ = state.spans.set(s.clone());
     }
-    let ledger = crate::ledger::start(&state, control.db(), clock.clone())?;
+    let ledger = crate::ledger::start(&state.policy.load().ledger, control.db(), clock.clone())?;
+    let _ = state.spend.set(ledger.spend);
+    if let Some(l) = ledger.ledger {
+        let _ = state.ledger.set(l);
+    }
+    let ledger = ledger.writer;
     crate::metrics::register_policy_series(&state.policy.load());
     if budget_gauges.is_some() {
         if let Err(e) = budget_view::refresh_gauges(&state).await {
@@ -466,7 +472,15 @@ pub async fn run(
         tracing::info!(token_env = %token_env, "admin API disabled (token variable unset)");
     }
     let gauges = budget_gauges.map(|every| budget_view::spawn_gauges(state.clone(), every));
-    let alerts = crate::alerts::watch::spawn(state.clone(), state.policy.load().alerts.clone());
+    let alerts = crate::alerts::watch::spawn(
+        crate::alerts::watch::Watched {
+            policy: state.policy.clone(),
+            clock: state.clock.clone(),
+            store: state.store.clone(),
+            budgets_of: crate::admission::plan::tenant_specs,
+        },
+        state.policy.load().alerts.clone(),
+    );
     let upkeep = crate::metrics::spawn_upkeep(METRICS_UPKEEP);
     let shutdown = async move {
         shutdown.await;

@@ -20,9 +20,11 @@
 //! - [`dialects`]: everything that differs between API surfaces (chat,
 //!   completions, embeddings, Responses, Anthropic Messages): estimate,
 //!   cap field, usage breakdown, output counting, cutoff frames, error
-//!   body, rate-limit header family, named stream events, the provider
-//!   objects a body refers to.
-//! - [`estimate`]: tiktoken cost estimation of request bodies.
+//!   body, rate-limit headers (`x-ratelimit-*`, IETF `RateLimit`,
+//!   Anthropic's), named stream events, the provider objects a body
+//!   refers to.
+//! - [`estimate`]: tiktoken cost estimation of request bodies, by body
+//!   shape (no dialect: `dialects` maps each to its shape).
 //! - [`ledger`]: the spend ledger: one row per settled or voided
 //!   reservation, buffered (bounded) and written in batches off the request
 //!   path; spend queries and CSV.
@@ -39,17 +41,23 @@
 //!   (holds no reservation), joined to the request path by
 //!   `lifecycle::wait`.
 //! - [`admission`]: a held reservation (extend, settle, drop backstop),
-//!   leases, the settlement tracker, the budget plan of a request, and the
-//!   deny-cache and fail-open store layers composed into the gateway's store.
+//!   leases, the settlement tracker, the budget plan of a request (and the
+//!   one list of a tenant's budgets the pages and the alert watch read),
+//!   and the deny-cache and fail-open store layers composed into the gateway's store.
 //! - [`budget`]: the budget model, the `BudgetStore` trait and its stores,
 //!   and the owner records of stored responses
 //!   (knows nothing of HTTP, config files or the request path).
-//! - [`server`]: axum router, route handlers, the error map, rate-limit
-//!   headers, the admin API and the gateway state.
+//! - [`gateway`]: the gateway's state (`AppState`) and the budget plan of
+//!   a (tenant, key, model), the error map (`ApiError`, its words and its
+//!   rendering), each tenant's recent refusals and the settlement
+//!   observers' registration (`gateway::observers`): what every phase of
+//!   the request path reads, under the lifecycle and the HTTP face.
+//! - [`server`]: the HTTP face: axum router, route handlers, the admin and
+//!   control APIs (one admin authentication), the budget and spend pages.
 //! - [`settlement`]: the settlement event and the observer trait: once the
 //!   store has answered a settlement, one event (its outcome named where
 //!   it was made) goes to every observer (spans, ledger, queue capacity,
-//!   tenant metrics, deny release), registered in `server::observers`.
+//!   tenant metrics, deny release).
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
 //! - [`tls`]: HTTPS on the listener, certificate reload.
@@ -58,6 +66,10 @@
 //! - [`alerts`]: soft thresholds of quota and dollar budgets fired as
 //!   signed webhooks, once per threshold per window.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
+//!
+//! The fleet simulation of quota leases is an example
+//! (`examples/fleet_sim/`), not part of the library: it drives
+//! `admission::quota_lease::Book` through its public API.
 
 pub mod admin_cli;
 pub mod admission;
@@ -70,7 +82,7 @@ pub mod control;
 pub mod db;
 pub mod dialects;
 pub mod estimate;
-pub mod fleet_sim;
+pub mod gateway;
 pub mod ledger;
 pub mod lifecycle;
 pub mod metrics;

@@ -1,6 +1,8 @@
 //! Which budgets a request touches, from policy: the one place that turns
 //! configured [`Limits`] into [`BudgetSpec`]s, and says how each counts a
 //! request ([`Counting`]: a scope's cache-read weight, a provider's rule).
+//! Also which budgets a tenant has ([`tenant_specs`], [`ancestor_specs`]),
+//! the one list the budget pages, `GET /v1/budget` and the alert watch read.
 
 use super::amounts::{Counting, FULL_WEIGHT};
 use crate::budget::keys::KeySpace;
@@ -9,6 +11,11 @@ use crate::config::{
     KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamKind, UpstreamPolicy,
 };
 use crate::estimate::TokenRoom;
+
+/// The key space of `policy`'s budgets (prefix and domain).
+pub fn key_space(policy: &Policy) -> KeySpace {
+    KeySpace::new(&policy.store.key_prefix, &policy.store.domain)
+}
 
 /// Budgets of one scope under `limits`.
 pub fn scope_budgets(
@@ -220,6 +227,56 @@ pub fn end_user_plan(
         out.extend(specs);
     }
     (out, counting)
+}
+
+/// Every budget of tenant `t`'s own scopes, as the budget pages list them
+/// and the alert watch reads them: the tenant scope, each key scope and
+/// each tenant×model scope, in that order.
+pub fn tenant_specs(policy: &Policy, t: &TenantPolicy) -> Vec<BudgetSpec> {
+    let ks = key_space(policy);
+    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.as_str().into()), &t.limits, true);
+    for k in &t.keys {
+        out.extend(scope_budgets(
+            &ks,
+            Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
+            &k.limits,
+            true,
+        ));
+    }
+    for (model, limits) in &t.model_limits {
+        out.extend(scope_budgets(
+            &ks,
+            Scope::TenantModel(t.name.as_str().into(), model.as_str().into()),
+            limits,
+            true,
+        ));
+    }
+    out
+}
+
+/// The budgets of tenant `t`'s ancestors that its requests reserve
+/// against, as [`tenant_specs`] lists a tenant's own (tenant scope, then
+/// the tenant×model scopes; no keys): nearest first, one list per ancestor.
+pub fn ancestor_specs<'p>(policy: &'p Policy, t: &TenantPolicy) -> Vec<(&'p str, Vec<BudgetSpec>)> {
+    let ks = key_space(policy);
+    t.ancestors
+        .iter()
+        .map(|&i| {
+            let a = &policy.tenants[i];
+            let scope = Scope::Tenant(a.name.as_str().into());
+            let mut specs = scope_budgets(&ks, scope, &a.limits, true);
+            for (model, limits) in &a.model_limits {
+                let scope = Scope::TenantModel(a.name.as_str().into(), model.as_str().into());
+                specs.extend(scope_budgets(&ks, scope, limits, true));
+            }
+            if a.shadow {
+                for s in &mut specs {
+                    s.shadow = true;
+                }
+            }
+            (a.name.as_str(), specs)
+        })
+        .collect()
 }
 
 /// Budgets of one upstream deployment.

@@ -9,10 +9,30 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use super::thresholds::{crossed, Firing};
 use super::webhook::{body, Deliveries};
+use crate::budget::{BudgetSpec, BudgetStore};
+use crate::clock::Clock;
 use crate::config::alerts::AlertSettings;
-use crate::server::{admin, AppState};
+use crate::config::{Policy, TenantPolicy};
+
+/// What the watch reads, handed over by the wiring: the active policy
+/// (reloads included), the time, the budget store (read only) and which
+/// budgets of a tenant to check — the composition the budget pages list
+/// (`admission::plan::tenant_specs`), so that a page and an alert never
+/// disagree on a tenant's budgets.
+pub struct Watched {
+    /// The active policy.
+    pub policy: Arc<ArcSwap<Policy>>,
+    /// Gateway time.
+    pub clock: Arc<dyn Clock>,
+    /// The gateway's store; only `inspect` is called.
+    pub store: Arc<dyn BudgetStore>,
+    /// Every budget of a tenant's own scopes.
+    pub budgets_of: fn(&Policy, &TenantPolicy) -> Vec<BudgetSpec>,
+}
 
 /// Fired ids and the window end each belongs to.
 #[derive(Default)]
@@ -55,7 +75,7 @@ fn is_windowed(name: crate::budget::BudgetName) -> bool {
 
 /// One check: reads the budgets, queues the new firings; returns them.
 pub async fn check(
-    st: &AppState,
+    st: &Watched,
     settings: &AlertSettings,
     fired: &mut Fired,
     deliveries: &Deliveries,
@@ -64,7 +84,7 @@ pub async fn check(
     let specs: Vec<_> = p
         .tenants
         .iter()
-        .flat_map(|t| admin::tenant_specs(&p, t))
+        .flat_map(|t| (st.budgets_of)(&p, t))
         .filter(|s| !s.shadow && is_windowed(s.name))
         .collect();
     let now = st.clock.now_micros();
@@ -94,7 +114,7 @@ pub async fn check(
 
 /// Starts the watch (and its delivery task) when `settings` has a
 /// webhook; the secret is read from its environment variable now.
-pub fn spawn(st: Arc<AppState>, settings: AlertSettings) -> Option<tokio::task::JoinHandle<()>> {
+pub fn spawn(st: Watched, settings: AlertSettings) -> Option<tokio::task::JoinHandle<()>> {
     let url = settings.webhook_url.clone()?;
     let secret = std::env::var_os(&settings.secret_env)
         .map(|s| s.as_encoded_bytes().to_vec())

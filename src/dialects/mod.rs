@@ -9,7 +9,7 @@
 //! stream deltas), what a clean cutoff looks like, which headers carry the
 //! client's key and name the request, and the error body. (The three
 //! OpenAI dialects share the `x-ratelimit-*` header family of
-//! [`crate::server::headers`] and keep the end user in `user`; chat,
+//! [`rate_limit_headers`] and keep the end user in `user`; chat,
 //! completions and embeddings have no provider-side objects a body refers
 //! to; [`responses`] names them ([`responses::refuse`]) and streams named
 //! events ([`responses::stream`]).)
@@ -19,6 +19,8 @@
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
 //! - [`usage`]: the usage breakdown and its clamping of bad fields.
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
+//! - [`rate_limit_headers`]: `x-ratelimit-*` and the IETF `RateLimit`
+//!   fields (Anthropic's family is [`anthropic::headers`]).
 //!
 //! [`Dialect`] is an enum with one module per variant, not a trait object:
 //! the set of dialects is closed (every one is written here), the request
@@ -33,6 +35,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod error;
 pub mod openai;
+pub mod rate_limit_headers;
 pub mod responses;
 pub mod usage;
 
@@ -57,6 +60,18 @@ pub enum Dialect {
     Responses,
     /// Anthropic Messages: `POST /v1/messages`.
     Messages,
+}
+
+impl From<Dialect> for estimate::BodyShape {
+    fn from(d: Dialect) -> Self {
+        match d {
+            Dialect::ChatCompletions => Self::ChatCompletions,
+            Dialect::Completions => Self::Completions,
+            Dialect::Embeddings => Self::Embeddings,
+            Dialect::Responses => Self::Responses,
+            Dialect::Messages => Self::Messages,
+        }
+    }
 }
 
 /// A request header that may carry the client's key.
@@ -132,7 +147,7 @@ impl Dialect {
     ) -> axum::http::HeaderMap {
         match self {
             Dialect::Messages => anthropic::headers::rate_limit_headers(states, now_micros),
-            _ => crate::server::headers::rate_limit_headers(states),
+            _ => rate_limit_headers::rate_limit_headers(states),
         }
     }
 

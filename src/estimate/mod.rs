@@ -40,6 +40,12 @@
 //! * **Responses** bodies: `instructions`, `input` (string or items),
 //!   `tools`, `tool_choice` and the `text.format` schema, framed as
 //!   documented in [`responses`] (one choice, capped by `max_output_tokens`).
+//! * **Anthropic Messages** bodies: [`messages`] (text at the model's
+//!   `token_ratio`, images by size, PDFs by page).
+//!
+//! Which of these a body is comes as a [`BodyShape`]: the estimator knows
+//! the shapes of bodies, not the API surfaces (`dialects` maps each
+//! [`Dialect`](crate::dialects::Dialect) to its shape).
 //!
 //! Strings are counted with `encode_ordinary`, so client text such as
 //! `<|endoftext|>` counts as ordinary text and can never be interpreted as a
@@ -56,6 +62,7 @@ mod agent;
 pub mod cache;
 mod image;
 mod input;
+pub mod messages;
 pub mod pool;
 mod responses;
 mod room;
@@ -63,7 +70,6 @@ mod room;
 mod tests;
 
 use crate::config::estimate::{Encoding, EstimateSettings, ImageCost};
-use crate::dialects::Dialect;
 pub use agent::{
     FUNCTION_CALL_FRAMING_TOKENS, FUNCTION_OUTPUT_FRAMING_TOKENS, REASONING_FRAMING_TOKENS,
     UNKNOWN_NAME_TOKENS,
@@ -235,6 +241,22 @@ impl EstimateError {
     }
 }
 
+/// The shape of a request body, as the estimator reads it: where the
+/// input is, which fields cap the output and how many choices it asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyShape {
+    /// `messages`, capped by `max_tokens` / `max_completion_tokens`, `n` choices.
+    ChatCompletions,
+    /// `prompt` (one or several), capped by `max_tokens`, `n` × `best_of`.
+    Completions,
+    /// `input`, no output.
+    Embeddings,
+    /// `instructions` and `input`, capped by `max_output_tokens`, one choice.
+    Responses,
+    /// Anthropic's `system` and `messages`, `max_tokens` required.
+    Messages,
+}
+
 /// Estimates the token cost of one request body.
 ///
 /// Validates what affects cost (the input field's shape, `max_tokens`,
@@ -255,7 +277,7 @@ impl EstimateError {
 ///
 /// Arithmetic saturates; it never panics on any input.
 pub fn estimate(
-    endpoint: Dialect,
+    endpoint: impl Into<BodyShape>,
     body: &Value,
     model: &ModelEstimation,
     settings: &EstimateSettings,
@@ -267,25 +289,25 @@ pub fn estimate(
             "the request body must be a JSON object",
         ));
     };
+    let endpoint: BodyShape = endpoint.into();
     let enc = model.encoding;
     let mut cacheable_prefix = 0;
     let (input_tokens, prompts) = match endpoint {
-        Dialect::ChatCompletions => (input::chat_input(body, enc, settings, model.image)?, 1),
-        Dialect::Completions => input::completions_input(body, enc)?,
-        Dialect::Responses => (responses::input(body, enc, settings, model.image)?, 1),
-        Dialect::Messages => {
+        BodyShape::ChatCompletions => (input::chat_input(body, enc, settings, model.image)?, 1),
+        BodyShape::Completions => input::completions_input(body, enc)?,
+        BodyShape::Responses => (responses::input(body, enc, settings, model.image)?, 1),
+        BodyShape::Messages => {
             if matches!(body.get("max_tokens"), None | Some(Value::Null)) {
                 return Err(EstimateError::invalid(
                     Some("max_tokens"),
                     "max_tokens: Field required",
                 ));
             }
-            let counted =
-                crate::dialects::anthropic::estimate::input(body, enc, model.token_ratio)?;
+            let counted = messages::input(body, enc, model.token_ratio)?;
             cacheable_prefix = counted.cacheable_prefix;
             (counted.tokens, 1)
         }
-        Dialect::Embeddings => {
+        BodyShape::Embeddings => {
             let tokens = input::embeddings_input(body, enc)?;
             return Ok(Estimate {
                 input_tokens: tokens,
@@ -309,9 +331,9 @@ pub fn estimate(
         ));
     }
     let (choices, caps): (u64, &[&str]) = match endpoint {
-        Dialect::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
-        Dialect::Responses => (1, &["max_output_tokens"]),
-        Dialect::Messages => (1, &["max_tokens"]),
+        BodyShape::ChatCompletions => (n, &["max_tokens", "max_completion_tokens"]),
+        BodyShape::Responses => (1, &["max_output_tokens"]),
+        BodyShape::Messages => (1, &["max_tokens"]),
         _ => {
             let best_of = positive_int(body, "best_of")?.unwrap_or(1);
             (prompts.saturating_mul(n.max(best_of)), &["max_tokens"])

@@ -1,3 +1,4 @@
+use crate::dialects::Dialect;
 use serde_json::{json, Value};
 
 use super::*;

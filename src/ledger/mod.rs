@@ -98,7 +98,7 @@ impl SpendRow {
 
 /// Where settled reservations' rows go, as the request path sees it: the
 /// ledger's buffer and the clock that stamps rows. Unset in
-/// [`crate::server::AppState`] while the ledger is off.
+/// [`crate::gateway::AppState`] while the ledger is off.
 pub struct Ledger {
     buffer: Arc<LedgerBuffer>,
     clock: Arc<dyn crate::clock::Clock>,

@@ -11,10 +11,10 @@ use super::route::Attempts;
 use crate::admission::amounts::{self, Budgets, Counting, Demand};
 use crate::admission::HeldReservation;
 use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
+use crate::gateway::error::ApiError;
+use crate::gateway::{BudgetPlan, PlannedDeployment};
 use crate::metrics;
 use crate::money::PriceTable;
-use crate::server::error::ApiError;
-use crate::server::{BudgetPlan, PlannedDeployment};
 use crate::settlement::{Returned, Subject, Who};
 
 /// An admitted attempt.
@@ -304,7 +304,7 @@ impl Returned for CapacityOf {
 /// (`count_tokens`, the stored-response routes).
 pub fn request_count_reservation(
     cx: &RequestContext,
-    plan: &crate::server::BudgetPlan,
+    plan: &crate::gateway::BudgetPlan,
     keep: impl Fn(&BudgetSpec) -> bool,
 ) -> ReserveRequest {
     let policy = &*cx.policy;

@@ -8,7 +8,7 @@ use axum::http::{header, HeaderMap, HeaderName};
 use super::context::RequestContext;
 use crate::config::{KeyId, Policy, TenantId};
 use crate::dialects::KeyHeader;
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// The authenticated caller: tenant and key of the request's policy.
 #[derive(Debug, Clone, Copy)]

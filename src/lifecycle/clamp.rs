@@ -16,7 +16,7 @@ use super::prepare::Prepared;
 use crate::budget::BudgetName;
 use crate::config::OnShortOutput;
 use crate::estimate::{fit_output, Estimate, TokenRoom};
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// The header that reports a lowered cap (per choice).
 pub const CLAMPED_HEADER: &str = "x-budgetgate-output-clamped";

@@ -14,7 +14,7 @@ use super::request_id::RequestId;
 use crate::admission::AnsweredBy;
 use crate::config::Policy;
 use crate::dialects::Dialect;
-use crate::server::{AppState, BudgetPlan};
+use crate::gateway::{AppState, BudgetPlan};
 
 /// One request on its way through the phases.
 pub struct RequestContext {

@@ -18,9 +18,10 @@ use super::context::RequestContext;
 use super::decode::read_body;
 use super::prepare::invalid;
 use crate::budget::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
-use crate::dialects::{anthropic, Dialect};
-use crate::server::error::ApiError;
-use crate::server::AppState;
+use crate::dialects::Dialect;
+use crate::estimate::messages;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// Answers one count request.
 pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
@@ -58,12 +59,11 @@ async fn count(
     }
     // The same betas as on /v1/messages (Claude Code sends its set here too).
     super::prepare::check_betas(model, &super::prepare::anthropic_betas(headers)?)?;
-    let input = anthropic::estimate::input_tokens(&body, model.encoding, model.token_ratio)
-        .map_err(|e| {
-            // Input estimation never compares with a capacity: only `Invalid` comes back.
-            let tenant = policy.tenant(caller.tenant).name.as_str();
-            ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
-        })?;
+    let input = messages::input_tokens(&body, model.encoding, model.token_ratio).map_err(|e| {
+        // Input estimation never compares with a capacity: only `Invalid` comes back.
+        let tenant = policy.tenant(caller.tenant).name.as_str();
+        ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
+    })?;
     // The request counts once, on the tenant's request budgets.
     let plan = cx
         .st

@@ -17,7 +17,7 @@ use tower::ServiceExt;
 use tower_http::decompression::{DecompressionBody, RequestDecompression};
 
 use super::prepare::invalid;
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// Longest a client may take to send its request body.
 const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

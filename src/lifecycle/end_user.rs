@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use super::prepare::invalid;
 use crate::config::{Policy, TenantPolicy};
 use crate::dialects::Dialect;
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// The header naming the end user.
 pub const HEADER: HeaderName = HeaderName::from_static("x-budgetgate-end-user");
@@ -111,7 +111,7 @@ pub fn end_user(
     let key = policy.end_user_key.as_ref().ok_or_else(|| {
         // Checked at load: a tree with end-user settings has a key.
         ApiError::OwnStoreUnavailable {
-            store: crate::server::error::OwnStore::EndUserBudgets,
+            store: crate::gateway::error::OwnStore::EndUserBudgets,
             message: "End-user budgets are not available; please retry.".into(),
         }
     })?;

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use super::request_id::RequestId;
 use crate::config::{DeploymentId, ModelId, Policy, TenantId};
+use crate::gateway::error::ApiError;
 use crate::metrics;
-use crate::server::error::ApiError;
 use crate::upstreams::relay::{Ending, RelaySummary};
 
 /// How a request ended.

@@ -23,9 +23,9 @@ use crate::budget::BudgetName;
 use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 use crate::metrics::DeploymentMetrics;
-use crate::server::error::ApiError;
-use crate::server::AppState;
 use crate::settlement::Settling;
 use crate::upstreams::UpstreamError;
 

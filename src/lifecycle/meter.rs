@@ -22,8 +22,8 @@ use super::settle::{refund, settle};
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::ExtendOutcome;
 use crate::dialects::UsageBreakdown;
+use crate::gateway::error::ApiError;
 use crate::metrics;
-use crate::server::error::ApiError;
 use crate::settlement::Outcome as SpendOutcome;
 use crate::upstreams::relay::{self, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
 

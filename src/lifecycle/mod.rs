@@ -54,8 +54,8 @@ use forward::Forwarded;
 use meter::Metered;
 
 use crate::dialects::Dialect;
-use crate::server::error::ApiError;
-use crate::server::AppState;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// One proxied request, phase by phase.
 pub async fn handle(

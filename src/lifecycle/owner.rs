@@ -31,7 +31,7 @@ use crate::config::{DeploymentId, ModelPolicy, Policy};
 use crate::dialects::responses::refuse::{self, References, Refusal, Rules};
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// What a Responses body refers to, or why it is refused.
 pub fn check_body(

@@ -22,9 +22,9 @@ use crate::dialects::anthropic;
 use crate::dialects::responses::refuse::References;
 use crate::dialects::Dialect;
 use crate::estimate::{self, Estimate, ModelEstimation};
+use crate::gateway::error::ApiError;
+use crate::gateway::{AppState, BudgetPlan};
 use crate::money::CacheWrites;
-use crate::server::error::ApiError;
-use crate::server::{AppState, BudgetPlan};
 
 /// A request after validation and estimation, ready to route and reserve.
 pub struct Prepared {
@@ -153,7 +153,7 @@ pub async fn prepare_as(
         estimate::off_io_threads(len, job)
             .await
             .ok_or_else(|| ApiError::OwnStoreUnavailable {
-                store: crate::server::error::OwnStore::Estimator,
+                store: crate::gateway::error::OwnStore::Estimator,
                 message: "The request could not be estimated; please retry.".into(),
             })?
     };

@@ -17,9 +17,9 @@ use serde_json::Value;
 use crate::budget::BudgetSpec;
 use crate::config::ModelPolicy;
 use crate::dialects::{anthropic, Dialect};
+use crate::gateway::error::ApiError;
+use crate::gateway::BudgetPlan;
 use crate::money::CacheWrites;
-use crate::server::error::ApiError;
-use crate::server::BudgetPlan;
 
 /// Standard service tiers: priced by the price table. OpenAI's `auto`
 /// and `default` (auto uses the project's default tier, standard unless

@@ -19,10 +19,10 @@ use axum::http::HeaderMap;
 use super::context::RequestContext;
 use crate::admission::AnsweredBy;
 use crate::budget::{BudgetSpec, BudgetState};
-use crate::server::error::ApiError;
+use crate::gateway::error::ApiError;
 
 /// Keeps `refusal` of a request of `tenant` for the budget page's recent
-/// refusals ([`crate::server::recent_refusals`]); called only on refusals,
+/// refusals ([`crate::gateway::recent_refusals`]); called only on refusals,
 /// so admitted requests never pay for it.
 pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusal: &ApiError) {
     if let Some(t) = tenant {

@@ -7,8 +7,8 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use crate::budget::{BudgetName, BudgetSpec};
 use crate::config::{DeploymentId, Routing};
-use crate::server::error::{retry_after_secs, ApiError};
-use crate::server::PlannedDeployment;
+use crate::gateway::error::{retry_after_secs, ApiError};
+use crate::gateway::PlannedDeployment;
 
 /// Most deployments one request is tried on (first attempt included).
 const MAX_ATTEMPTS: usize = 3;

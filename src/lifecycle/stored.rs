@@ -24,11 +24,11 @@ use super::settle::void;
 use crate::admission::amounts::{self, Budgets};
 use crate::admission::HeldReservation;
 use crate::budget::{Actual, Admission, BudgetSpec, ReserveOutcome, Settlement};
+use crate::dialects::rate_limit_headers::rate_limit_headers;
 use crate::dialects::responses::valid_id;
 use crate::dialects::Dialect;
-use crate::server::error::ApiError;
-use crate::server::headers::rate_limit_headers;
-use crate::server::{AppState, BudgetPlan};
+use crate::gateway::error::ApiError;
+use crate::gateway::{AppState, BudgetPlan};
 use crate::settlement::{Outcome, Settling, Subject};
 use crate::upstreams::UpstreamError;
 

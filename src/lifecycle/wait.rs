@@ -36,10 +36,10 @@ use super::route::Attempts;
 use crate::budget::share::{ClaimOrder, ShareClaim, MAX_WAITER_ID};
 use crate::budget::{BudgetName, BudgetSpec, Scope};
 use crate::config::queue::{Class, QueuePolicy, WaitKind, WAITER_OVERHEAD_BYTES};
+use crate::gateway::error::ApiError;
+use crate::gateway::PlannedDeployment;
 use crate::queue::waiter::{Ended, Ticket};
 use crate::queue::{metrics, Joining};
-use crate::server::error::ApiError;
-use crate::server::PlannedDeployment;
 
 /// The request header lowering a request's class.
 pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-budgetgate-priority");

@@ -28,11 +28,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
-use super::AppState;
-use crate::admission::plan::{self, scope_budgets};
-use crate::budget::{BudgetSpec, Scope};
+use crate::admission::plan;
+use crate::budget::BudgetSpec;
 use crate::config::Policy;
+use crate::control::runtime::Role;
+use crate::control::writes::{in_subtree, Actor};
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// True when `presented`'s SHA-256 equals `expected`, comparing every byte
 /// whatever the first difference (constant time over equal-length digests).
@@ -58,7 +60,7 @@ pub(crate) fn json_response(status: StatusCode, v: Value) -> Response {
 
 /// An admin API refusal: an OpenAI error body, never cached.
 pub(crate) fn error_response(status: StatusCode, message: &str, code: Option<&str>) -> Response {
-    let mut r = super::error::body(status, message, "invalid_request_error", None, code);
+    let mut r = crate::gateway::error::body(status, message, "invalid_request_error", None, code);
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
@@ -103,81 +105,134 @@ pub(crate) fn disabled(st: &AppState, uri: &OriginalUri) -> Response {
     )
 }
 
-/// What an admin token may read on the budget and spend pages: every
-/// tenant (the root token, a control-database token without a tenant),
-/// or one tenant's subtree (a tenant-scoped token).
-pub(crate) enum Reader {
-    All,
-    Subtree(String),
+/// Who presents an admin token: the bootstrap token (the environment
+/// variable of `server.admin_token_env`) or a token of the control
+/// database, with its role and the subtree it is limited to. The one admin
+/// authentication: the admin pages, the budget and spend pages and the
+/// control API ([`super::control_api::Caller`]) all look a token up here
+/// and refuse with the same texts.
+#[derive(Debug, Clone)]
+pub enum Principal {
+    /// The bootstrap token.
+    Root,
+    /// A token of the database.
+    Token {
+        /// Its id.
+        id: String,
+        /// Its role.
+        role: Role,
+        /// The subtree it is limited to.
+        tenant: Option<String>,
+    },
 }
 
-impl Reader {
-    /// The reader of a request, or the refusal to send (404 while the
-    /// admin API is disabled, 401 without a known token).
-    pub(crate) fn of(
-        st: &AppState,
-        headers: &HeaderMap,
-        uri: &OriginalUri,
-    ) -> Result<Reader, Response> {
-        let Some(expected) = st.admin_token_digest() else {
+impl Principal {
+    /// The principal of a request, or the refusal to send: 404 while the
+    /// admin API is disabled, 401 without a known token. The bootstrap
+    /// token's digest is compared first, then the control database's
+    /// tokens (none without a control plane).
+    pub fn of(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<Self, Response> {
+        let Some(root) = st.admin_token_digest() else {
             return Err(disabled(st, uri));
         };
         let token = super::handlers::bearer_token(headers).ok_or_else(unauthorized)?;
-        if token_matches(&expected, token) {
-            return Ok(Reader::All);
+        if token_matches(&root, token) {
+            return Ok(Principal::Root);
         }
-        let scope = st.control.get().and_then(|c| {
+        let found = st.control.get().and_then(|c| {
             c.snapshot()
                 .tokens
                 .iter()
                 .find(|t| token_matches(&t.sha256, token))
-                .map(|t| t.tenant.clone())
+                .map(|t| Principal::Token {
+                    id: t.id.clone(),
+                    role: t.role,
+                    tenant: t.tenant.clone(),
+                })
         });
-        match scope {
-            Some(None) => Ok(Reader::All),
-            Some(Some(tenant)) => Ok(Reader::Subtree(tenant)),
-            None => Err(unauthorized()),
+        found.ok_or_else(unauthorized)
+    }
+
+    /// How the audit trail names the caller.
+    pub fn actor(&self) -> Actor {
+        match self {
+            Principal::Root => Actor("root".into()),
+            Principal::Token { id, .. } => Actor(format!("admin_token:{id}")),
         }
     }
 
-    /// Whether tenant `name` is readable.
-    pub(crate) fn sees(&self, policy: &Policy, name: &str) -> bool {
+    /// The subtree the caller is limited to.
+    pub fn scope(&self) -> Option<&str> {
         match self {
-            Reader::All => true,
-            Reader::Subtree(root) => super::control_api::in_subtree(policy, name, root),
+            Principal::Token { tenant, .. } => tenant.as_deref(),
+            Principal::Root => None,
         }
     }
 
-    /// 403 unless tenant `name` is readable (the same answer whether it
-    /// exists or not).
-    pub(crate) fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
-        match self {
-            Reader::Subtree(root) if !self.sees(policy, name) => {
-                Err(super::control_api::forbidden(&format!(
-                    "This admin token cannot see tenant {name:?}: it is limited to tenant {root:?} and its subtree."
-                )))
-            }
-            _ => Ok(()),
+    /// Whether the caller may change things (the root, the admin role).
+    pub fn may_write(&self) -> bool {
+        matches!(
+            self,
+            Principal::Root
+                | Principal::Token {
+                    role: Role::Admin,
+                    ..
+                }
+        )
+    }
+
+    /// Whether tenant `name` (of `policy`) is in the caller's subtree.
+    pub fn sees(&self, policy: &Policy, name: &str) -> bool {
+        match self.scope() {
+            None => true,
+            Some(root) => in_subtree(policy, name, root),
         }
     }
 
-    /// 403 for a tenant-scoped token: the page covers every tenant or the
-    /// shared deployments.
-    pub(crate) fn check_whole(&self) -> Result<(), Response> {
-        match self {
-            Reader::All => Ok(()),
-            Reader::Subtree(root) => Err(super::control_api::forbidden(&format!(
-                "This admin token is limited to tenant {root:?} and its subtree: this page covers every tenant or the shared deployments."
+    /// 403 unless tenant `name` is in the caller's subtree (a tenant the
+    /// caller cannot see gets the same answer whether it exists or not).
+    pub fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
+        if self.sees(policy, name) {
+            Ok(())
+        } else {
+            Err(forbidden(&format!(
+                "This admin token cannot see or change tenant {name:?}: it is limited to tenant {:?} and its subtree.",
+                self.scope().unwrap_or("")
+            )))
+        }
+    }
+
+    /// 403 unless the caller has no tenant scope.
+    pub fn unscoped(&self) -> Result<(), Response> {
+        self.unscoped_because("")
+    }
+
+    /// 403 for a tenant-scoped token on a page that covers every tenant
+    /// or the shared deployments.
+    pub fn check_whole(&self) -> Result<(), Response> {
+        self.unscoped_because(": this page covers every tenant or the shared deployments")
+    }
+
+    fn unscoped_because(&self, why: &str) -> Result<(), Response> {
+        match self.scope() {
+            None => Ok(()),
+            Some(t) => Err(forbidden(&format!(
+                "This admin token is limited to tenant {t:?} and its subtree{why}."
             ))),
         }
     }
+}
+
+/// 403 `forbidden`.
+pub fn forbidden(message: &str) -> Response {
+    error_response(StatusCode::FORBIDDEN, message, Some("forbidden"))
 }
 
 /// Checks the admin token for a page that covers every tenant: `Some`
 /// holds the refusal to send (404 when the admin API is disabled, 401
 /// without a valid token, 403 for a tenant-scoped token).
 pub(crate) fn refuse(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Option<Response> {
-    Reader::of(st, headers, uri)
+    Principal::of(st, headers, uri)
         .and_then(|r| r.check_whole())
         .err()
 }
@@ -230,58 +285,6 @@ pub async fn policy(
             "upstreams": upstreams,
         }),
     )
-}
-
-/// Every budget of tenant `t`: the tenant scope, each key scope and each
-/// tenant×model scope, in that order.
-pub(crate) fn tenant_specs(policy: &Policy, t: &crate::config::TenantPolicy) -> Vec<BudgetSpec> {
-    let ks = AppState::key_space(policy);
-    let mut out = scope_budgets(&ks, Scope::Tenant(t.name.as_str().into()), &t.limits, true);
-    for k in &t.keys {
-        out.extend(scope_budgets(
-            &ks,
-            Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
-            &k.limits,
-            true,
-        ));
-    }
-    for (model, limits) in &t.model_limits {
-        out.extend(scope_budgets(
-            &ks,
-            Scope::TenantModel(t.name.as_str().into(), model.as_str().into()),
-            limits,
-            true,
-        ));
-    }
-    out
-}
-
-/// The budgets of tenant `t`'s ancestors that its requests reserve
-/// against, as [`tenant_specs`] lists a tenant's own (tenant scope, then
-/// the tenant×model scopes; no keys): nearest first, one list per ancestor.
-pub(crate) fn ancestor_specs<'p>(
-    policy: &'p Policy,
-    t: &crate::config::TenantPolicy,
-) -> Vec<(&'p str, Vec<BudgetSpec>)> {
-    let ks = AppState::key_space(policy);
-    t.ancestors
-        .iter()
-        .map(|&i| {
-            let a = &policy.tenants[i];
-            let scope = Scope::Tenant(a.name.as_str().into());
-            let mut specs = scope_budgets(&ks, scope, &a.limits, true);
-            for (model, limits) in &a.model_limits {
-                let scope = Scope::TenantModel(a.name.as_str().into(), model.as_str().into());
-                specs.extend(scope_budgets(&ks, scope, limits, true));
-            }
-            if a.shadow {
-                for s in &mut specs {
-                    s.shadow = true;
-                }
-            }
-            (a.name.as_str(), specs)
-        })
-        .collect()
 }
 
 /// Reads `specs` from the store and renders them.
@@ -355,7 +358,7 @@ pub async fn tenant_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match Reader::of(&st, &headers, &uri) {
+    let reader = match Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -366,8 +369,8 @@ pub async fn tenant_budgets(
     let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
         return not_found("tenant");
     };
-    let specs = tenant_specs(&p, t);
-    let ancestors = ancestor_specs(&p, t);
+    let specs = plan::tenant_specs(&p, t);
+    let ancestors = plan::ancestor_specs(&p, t);
     budgets_with_ancestors(&st, &p, ("tenant", &t.name), specs, ancestors).await
 }
 

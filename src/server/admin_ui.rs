@@ -18,8 +18,8 @@ use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
 use super::admin;
-use super::error::ApiError;
-use super::AppState;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 const INDEX_HTML: &str = include_str!("../../assets/admin_ui/index.html");
 const APP_JS: &str = include_str!("../../assets/admin_ui/app.js");

@@ -15,7 +15,7 @@
 //! - Each tenant comes with its `parent` (the page draws the tree), the
 //!   configured limits of each of its end users (`end_user_limits`: no
 //!   state, end users are too many to list) and its budget refusals of the
-//!   last minutes (`recent_refusals`, [`super::recent_refusals`]).
+//!   last minutes (`recent_refusals`, [`crate::gateway::recent_refusals`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,12 +26,12 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::admin;
-use super::error::ApiError;
-use super::headers::go_duration;
-use super::AppState;
 use crate::admission::plan;
 use crate::budget::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
 use crate::config::{Policy, TenantPolicy};
+use crate::dialects::rate_limit_headers::go_duration;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 
 /// Tenants per page when the request gives no `limit`.
 pub const DEFAULT_PAGE: usize = 100;
@@ -140,7 +140,7 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Response {
     // A tenant-scoped token reads its subtree, without the shared deployments.
-    let reader = match admin::Reader::of(&st, &headers, &uri) {
+    let reader = match admin::Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -166,12 +166,12 @@ pub async fn list(
     let mut tenant_ranges = Vec::with_capacity(tenants.len());
     for t in &tenants {
         let from = specs.len();
-        specs.extend(admin::tenant_specs(&p, t));
+        specs.extend(plan::tenant_specs(&p, t));
         tenant_ranges.push(from..specs.len());
     }
     let first_page = q.after.is_none();
     let mut upstream_ranges = Vec::new();
-    if first_page && matches!(reader, admin::Reader::All) {
+    if first_page && reader.scope().is_none() {
         for u in &p.upstreams {
             let from = specs.len();
             specs.extend(plan::upstream_budgets(&ks, u));
@@ -289,7 +289,7 @@ pub async fn refresh_gauges(st: &AppState) -> Result<(), StoreError> {
     let ks = AppState::key_space(&p);
     let mut specs = Vec::new();
     for t in &p.tenants {
-        specs.extend(admin::tenant_specs(&p, t));
+        specs.extend(plan::tenant_specs(&p, t));
     }
     for u in &p.upstreams {
         specs.extend(plan::upstream_budgets(&ks, u));

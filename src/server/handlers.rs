@@ -11,10 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
-use super::AppState;
 use crate::config::ModelPolicy;
 use crate::dialects::Dialect;
+use crate::gateway::error::ApiError;
+use crate::gateway::AppState;
 use crate::lifecycle;
 use crate::lifecycle::authenticate::authenticate;
 use crate::lifecycle::context::RequestContext;

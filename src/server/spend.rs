@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::admin::{self, json_response};
-use super::error::{ApiError, OwnStore};
-use super::AppState;
+use crate::gateway::error::{ApiError, OwnStore};
+use crate::gateway::AppState;
 use crate::ledger::query::{self, csv_field, rfc3339, Dimension, Period, SpendGroup, SpendQuery};
 use crate::ledger::{SpendReader, SpendRow};
 
@@ -180,14 +180,14 @@ fn csv_response(name: &str, body: String) -> Response {
 /// A tenant-scoped token's query covers its subtree as the rows recorded
 /// it (a tenant deleted and its name reused elsewhere keeps its rows out
 /// of reach); a `tenant` outside the subtree today is 403.
-fn scope_to(reader: &admin::Reader, st: &AppState, q: &mut SpendQuery) -> Result<(), Response> {
-    let admin::Reader::Subtree(root) = reader else {
+fn scope_to(reader: &admin::Principal, st: &AppState, q: &mut SpendQuery) -> Result<(), Response> {
+    let Some(root) = reader.scope() else {
         return Ok(());
     };
     if let Some(t) = &q.within {
         reader.check_sees(&st.policy.load(), t)?;
     }
-    q.scope = Some(root.clone());
+    q.scope = Some(root.to_string());
     Ok(())
 }
 
@@ -198,7 +198,7 @@ pub async fn spend(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match admin::Reader::of(&st, &headers, &uri) {
+    let reader = match admin::Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };
@@ -273,7 +273,7 @@ pub async fn rows(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match admin::Reader::of(&st, &headers, &uri) {
+    let reader = match admin::Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
     };

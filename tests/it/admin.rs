@@ -169,7 +169,9 @@ async fn budget_numbers_match_the_headers_of_the_request_before_once_settled() {
     assert_eq!(tpm["reset"], json!(reset_tokens));
     let reset_micros = tpm["reset_micros"].as_u64().unwrap();
     assert_eq!(
-        json!(budgetgate::server::headers::go_duration(reset_micros)),
+        json!(budgetgate::dialects::rate_limit_headers::go_duration(
+            reset_micros
+        )),
         tpm["reset"]
     );
     // The slot was freed at settlement.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use budgetgate::admission::plan;
 use budgetgate::budget::{BudgetName, Scope};
 use budgetgate::clock::{Clock, SystemClock};
-use budgetgate::server::AppState;
+use budgetgate::gateway::AppState;
 
 use super::dollars::{cost, priced};
 use crate::support::redis_server::RedisServer;

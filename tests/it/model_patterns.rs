@@ -78,7 +78,7 @@ async fn a_hundred_names_of_one_pattern_share_its_budget_and_labels() {
     // The budget an invented name would have had, were names budgets, is
     // untouched in the store.
     let policy = gw.state.policy.load_full();
-    let ks = budgetgate::server::AppState::key_space(&policy);
+    let ks = budgetgate::gateway::AppState::key_space(&policy);
     let limits = policy.tenants[0].model_limits["zz-*"].clone();
     for n in ["zz-invented-000", "zz-invented-099"] {
         let scope = Scope::TenantModel("t1".into(), n.into());

@@ -15,7 +15,7 @@ use budgetgate::budget::memory::MemoryStore;
 use budgetgate::budget::{BudgetName, BudgetSpec, BudgetState, BudgetStore, Scope};
 use budgetgate::clock::{Clock, ManualClock};
 use budgetgate::config::{Policy, StoreKind};
-use budgetgate::server::AppState;
+use budgetgate::gateway::AppState;
 use tokio::sync::oneshot;
 
 use super::config::TestConfig;

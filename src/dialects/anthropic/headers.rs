@@ -11,7 +11,7 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::budget::{BudgetName, BudgetState};
-use crate::server::headers::{ietf_headers, tightest_for_client};
+use crate::dialects::rate_limit_headers::{ietf_headers, tightest_for_client};
 
 const REQUESTS: [HeaderName; 3] = [
     HeaderName::from_static("anthropic-ratelimit-requests-limit"),

@@ -13,8 +13,8 @@
 //! are `{"type":"error","error":{"type","message"}}`, and the rate-limit
 //! headers are `anthropic-ratelimit-*`.
 //!
-//! - [`estimate`]: input estimation (text times the model's `token_ratio`,
-//!   images by size, PDFs by page).
+//! - Input estimation (text times the model's `token_ratio`, images by
+//!   size, PDFs by page) is the estimator's: [`crate::estimate::messages`].
 //! - [`stream`]: the event stream's metering, cutoff and error events.
 //! - [`headers`]: `anthropic-ratelimit-*` describing the gateway's budgets.
 //! - [`error`]: the error body and its `type` per status.
@@ -22,7 +22,6 @@
 
 pub mod betas;
 pub mod error;
-pub mod estimate;
 pub mod headers;
 pub mod stream;
 
@@ -32,6 +31,7 @@ use serde_json::Value;
 use super::usage::{clamp_count, UsageBreakdown};
 use super::KeyHeader;
 use crate::config::estimate::Encoding;
+pub use crate::estimate::messages::scale;
 
 /// Path under an Anthropic base URL (`https://api.anthropic.com`).
 pub const PATH: &str = "v1/messages";
@@ -127,12 +127,6 @@ impl UsageFields {
 /// per mille, rounded up (Anthropic's tokenizer is not public).
 pub fn count_text(s: &str, enc: Encoding, ratio: u64) -> u64 {
     scale(enc.count_cached(s), ratio)
-}
-
-/// `tokens × ratio / 1000`, rounded up, saturating.
-pub fn scale(tokens: u64, ratio: u64) -> u64 {
-    let scaled = (tokens as u128 * ratio as u128).div_ceil(1000);
-    u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
 /// Tiktoken tokens of a content block of an answer, or of a

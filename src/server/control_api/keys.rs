@@ -19,8 +19,8 @@ use super::{
 use crate::config::{hash_key, Policy};
 use crate::control::runtime::{Entity, RuntimeKey, Secret, Snapshot};
 use crate::control::writes;
+use crate::gateway::AppState;
 use crate::server::admin::json_response;
-use crate::server::AppState;
 
 use super::key_body::{fields, new_secret, view, KeyBody, MAX_OVERLAP_SECS};
 

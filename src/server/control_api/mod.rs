@@ -40,13 +40,13 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::{json, Value};
 
-use super::admin::{error_response, json_response, token_matches};
-use super::AppState;
+use super::admin::{error_response, json_response};
 use crate::config::raw::RawConfig;
 use crate::config::{Limits, Policy};
-use crate::control::runtime::{self, Entity, Quarantined, Role, Snapshot};
-use crate::control::writes::{Actor, WriteError};
+use crate::control::runtime::{self, Entity, Quarantined, Snapshot};
+use crate::control::writes::WriteError;
 use crate::control::ControlPlane;
+use crate::gateway::AppState;
 
 /// The document served at `/admin/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
@@ -104,50 +104,7 @@ async fn openapi(
     json_response(StatusCode::OK, doc)
 }
 
-/// Who calls the control API.
-#[derive(Debug, Clone)]
-pub enum Principal {
-    /// The bootstrap token.
-    Root,
-    /// A token of the database.
-    Token {
-        /// Its id.
-        id: String,
-        /// Its role.
-        role: Role,
-        /// The subtree it is limited to.
-        tenant: Option<String>,
-    },
-}
-
-impl Principal {
-    /// How the audit trail names the caller.
-    pub fn actor(&self) -> Actor {
-        match self {
-            Principal::Root => Actor("root".into()),
-            Principal::Token { id, .. } => Actor(format!("admin_token:{id}")),
-        }
-    }
-
-    /// The subtree the caller is limited to.
-    pub fn scope(&self) -> Option<&str> {
-        match self {
-            Principal::Token { tenant, .. } => tenant.as_deref(),
-            Principal::Root => None,
-        }
-    }
-
-    fn may_write(&self) -> bool {
-        matches!(
-            self,
-            Principal::Root
-                | Principal::Token {
-                    role: Role::Admin,
-                    ..
-                }
-        )
-    }
-}
+pub use super::admin::Principal;
 
 /// An authenticated request to the control API.
 pub struct Caller {
@@ -159,35 +116,14 @@ pub struct Caller {
 
 impl Caller {
     /// The caller of a request, or the refusal to send: 404 while the
-    /// admin API is disabled, 401 without a known token.
+    /// admin API or the control plane is off, 401 without a known token
+    /// ([`Principal::of`]).
     pub fn of(st: &AppState, headers: &HeaderMap, uri: &OriginalUri) -> Result<Caller, Response> {
-        let Some(root) = st.admin_token_digest() else {
-            return Err(super::admin::disabled(st, uri));
-        };
         let Some(plane) = st.control.get().cloned() else {
             return Err(super::admin::disabled(st, uri));
         };
-        let token =
-            super::handlers::bearer_token(headers).ok_or_else(super::admin::unauthorized)?;
-        if token_matches(&root, token) {
-            return Ok(Caller {
-                plane,
-                who: Principal::Root,
-            });
-        }
-        let snap = plane.snapshot();
-        let found = snap.tokens.iter().find(|t| token_matches(&t.sha256, token));
-        match found {
-            Some(t) => Ok(Caller {
-                who: Principal::Token {
-                    id: t.id.clone(),
-                    role: t.role,
-                    tenant: t.tenant.clone(),
-                },
-                plane,
-            }),
-            None => Err(super::admin::unauthorized()),
-        }
+        let who = Principal::of(st, headers, uri)?;
+        Ok(Caller { plane, who })
     }
 
     /// What this caller's write is checked against under the lock: for a
@@ -216,46 +152,27 @@ impl Caller {
 
     /// 403 unless the caller has no tenant scope.
     pub fn unscoped(&self) -> Result<(), Response> {
-        match self.who.scope() {
-            None => Ok(()),
-            Some(t) => Err(forbidden(&format!(
-                "This admin token is limited to tenant {t:?} and its subtree."
-            ))),
-        }
+        self.who.unscoped()
     }
 
     /// Whether tenant `name` (of `policy`) is in the caller's subtree.
     pub fn sees(&self, policy: &Policy, name: &str) -> bool {
-        match self.who.scope() {
-            None => true,
-            Some(root) => in_subtree(policy, name, root),
-        }
+        self.who.sees(policy, name)
     }
 
-    /// 403 unless tenant `name` is in the caller's subtree (a tenant the
-    /// caller cannot see gets the same answer whether it exists or not).
+    /// 403 unless tenant `name` is in the caller's subtree.
     pub fn check_sees(&self, policy: &Policy, name: &str) -> Result<(), Response> {
-        if self.sees(policy, name) {
-            Ok(())
-        } else {
-            Err(forbidden(&format!(
-                "This admin token cannot see or change tenant {name:?}: it is limited to tenant {:?} and its subtree.",
-                self.who.scope().unwrap_or("")
-            )))
-        }
+        self.who.check_sees(policy, name)
     }
 }
 
 pub use crate::control::writes::in_subtree;
 
-/// 403 `forbidden`.
-pub fn forbidden(message: &str) -> Response {
-    error_response(StatusCode::FORBIDDEN, message, Some("forbidden"))
-}
+pub use super::admin::forbidden;
 
 /// 400 with `param` (the field's path in the body).
 pub fn bad_request(param: Option<&str>, message: &str) -> Response {
-    let mut r = super::error::body(
+    let mut r = crate::gateway::error::body(
         StatusCode::BAD_REQUEST,
         message,
         "invalid_request_error",
@@ -301,8 +218,8 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
 /// 503: the control database cannot take changes now (`server_error`, as
 /// every failure of the gateway's own stores).
 pub fn unavailable() -> Response {
-    let mut r = crate::server::error::ApiError::OwnStoreUnavailable {
-        store: crate::server::error::OwnStore::ControlDatabase,
+    let mut r = crate::gateway::error::ApiError::OwnStoreUnavailable {
+        store: crate::gateway::error::OwnStore::ControlDatabase,
         message: "The control database is unavailable: changes are refused until it is back (requests are served with the last known tenants and keys).".into(),
     }
     .respond(crate::dialects::Dialect::ChatCompletions);

@@ -5,80 +5,25 @@
 //! tenant are not shown.
 //!
 //! The read costs a store call and is not metered: each key's answer is
-//! kept for at most [`MAX_AGE_MICROS`] ([`Answers`]), so a client polling
+//! kept for at most a second
+//! ([`crate::gateway::own_budgets`]), so a client polling
 //! in a loop costs the store at most one read a second per key. The
 //! answer says how old it is (`age_micros`).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use crate::admission::plan::ancestor_specs;
 use crate::admission::plan::scope_budgets;
 use crate::budget::Scope;
 use crate::dialects::Dialect;
-use crate::server::admin::{ancestor_specs, budgets_body, json_response};
-use crate::server::AppState;
-
-/// The oldest answer served from [`Answers`], µs.
-pub const MAX_AGE_MICROS: u64 = 1_000_000;
-
-/// One key's last answer.
-struct Answer {
-    /// UTC µs of its store read.
-    at: u64,
-    /// The policy it was read under: a reload's new limits show at once.
-    policy_version: String,
-    body: Value,
-}
-
-/// The last answer per (tenant, key id), at most one entry per key of the
-/// policy: past that (keys deleted since), entries older than
-/// [`MAX_AGE_MICROS`] go, and if none is, all do.
-#[derive(Default)]
-pub struct Answers {
-    by_key: Mutex<HashMap<(String, String), Answer>>,
-}
-
-impl Answers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Answer>> {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The answer of `key` read under `version` at most [`MAX_AGE_MICROS`]
-    /// before `now`, with its age.
-    fn fresh(&self, key: &(String, String), version: &str, now: u64) -> Option<(Value, u64)> {
-        let answers = self.lock();
-        let a = answers.get(key)?;
-        let age = now.checked_sub(a.at)?;
-        (age <= MAX_AGE_MICROS && a.policy_version == version).then(|| (a.body.clone(), age))
-    }
-
-    fn keep(&self, key: (String, String), answer: Answer, keys_in_policy: usize) {
-        let mut answers = self.lock();
-        if !answers.contains_key(&key) && answers.len() >= keys_in_policy.max(1) {
-            let now = answer.at;
-            answers.retain(|_, a| now.saturating_sub(a.at) <= MAX_AGE_MICROS);
-            if answers.len() >= keys_in_policy.max(1) {
-                answers.clear();
-            }
-        }
-        answers.insert(key, answer);
-    }
-
-    /// Answers kept.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// No answer kept.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use crate::gateway::own_budgets::Answer;
+use crate::gateway::AppState;
+use crate::server::admin::{budgets_body, json_response};
 
 fn with_age(mut body: Value, age_micros: u64) -> Response {
     body["age_micros"] = json!(age_micros);

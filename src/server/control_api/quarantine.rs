@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::Caller;
 use crate::control::runtime::Entity;
+use crate::gateway::AppState;
 use crate::server::admin::json_response;
-use crate::server::AppState;
 
 /// `GET /admin/v1/control/quarantine`. A tenant-scoped token sees the
 /// entries of its subtree: keys of its tenants, tenants whose parent is

@@ -19,8 +19,8 @@ use crate::config::raw::RawTenant;
 use crate::config::Policy;
 use crate::control::runtime::{Entity, RuntimeTenant, Snapshot};
 use crate::control::writes;
+use crate::gateway::AppState;
 use crate::server::admin::json_response;
-use crate::server::AppState;
 
 /// `?parent=`, `?prefix=`, `?source=` of the tenant list.
 #[derive(Debug, serde::Deserialize)]

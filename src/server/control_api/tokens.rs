@@ -15,8 +15,8 @@ use crate::config::hash_key;
 use crate::config::ids::is_valid_id;
 use crate::control::runtime::Role;
 use crate::control::writes;
+use crate::gateway::AppState;
 use crate::server::admin::json_response;
-use crate::server::AppState;
 
 fn root_only(c: &Caller) -> Result<(), Response> {
     match c.who {

@@ -32,8 +32,14 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::estimate::Encoding;
-use crate::estimate::EstimateError;
+use super::{Encoding, EstimateError};
+
+/// `tokens × ratio / 1000`, rounded up, saturating: tiktoken counts in
+/// Anthropic tokens at a model's `token_ratio` per mille.
+pub fn scale(tokens: u64, ratio: u64) -> u64 {
+    let scaled = (tokens as u128 * ratio as u128).div_ceil(1000);
+    u64::try_from(scaled).unwrap_or(u64::MAX)
+}
 
 /// Framing tokens per message (role and turn markers; not published).
 pub const TOKENS_PER_MESSAGE: u64 = 4;
@@ -141,7 +147,7 @@ pub fn input(body: &Map<String, Value>, enc: Encoding, ratio: u64) -> Result<Inp
             c.json(v);
         }
     }
-    let tokens = |(text, fixed): (u64, u64)| super::scale(text, ratio).saturating_add(fixed);
+    let tokens = |(text, fixed): (u64, u64)| scale(text, ratio).saturating_add(fixed);
     Ok(Input {
         tokens: tokens((c.text, c.fixed)),
         cacheable_prefix: c.prefix.map_or(0, tokens),
@@ -461,7 +467,6 @@ mod tests {
 
     #[test]
     fn the_cacheable_prefix_ends_at_the_last_breakpoint_in_cache_order() {
-        use super::super::scale;
         let enc = Encoding::O200kBase;
         let long = "Rules of the house. ".repeat(50);
         let at = |body: Value| {

@@ -4,9 +4,17 @@
 //! fleet (50 gateways, 40 primaries, 10^6 requests per second for 60 s);
 //! `--faults` adds gateway crashes, lost grants and partitions. Output:
 //! docs/PERFORMANCE.md, "Fleet simulation".
+//!
+//! The simulation ([`sim`]) is this example's, not the library's: it
+//! drives the production lease book (`budgetgate::admission::quota_lease`)
+//! and memory stores through their public API. Its tests run in a plain
+//! `cargo test` (`test = true` in Cargo.toml); alone:
+//! `cargo test --example fleet_sim -- --nocapture`.
 
-use budgetgate::fleet_sim::{run, Faults, SimConfig};
+mod sim;
+
 use clap::Parser;
+use sim::{run, Faults, SimConfig};
 
 #[derive(Parser)]
 struct Args {

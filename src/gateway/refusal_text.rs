@@ -42,7 +42,7 @@ fn amount(name: BudgetName, n: i64) -> String {
 
 /// A wait written for people: `1.5s`, `250ms`, `6m0s` (same as the headers).
 fn human(micros: u64) -> String {
-    super::headers::go_duration(micros)
+    crate::dialects::rate_limit_headers::go_duration(micros)
 }
 
 /// The message of a refusal by `d` that may succeed in `wait` µs.

@@ -1,6 +1,6 @@
 //! A deterministic, seeded simulation of a gateway fleet spending quota
 //! leases (issue 30): the lease book every gateway runs
-//! ([`crate::admission::quota_lease::Book`]), memory stores as the store
+//! ([`budgetgate::admission::quota_lease::Book`]), memory stores as the store
 //! primaries (their reservation and lease code is the Redis scripts'
 //! reference, checked against them by the differential test), one
 //! simulated clock and a per-call latency.
@@ -22,9 +22,9 @@ mod report;
 #[cfg(test)]
 mod tests;
 
-pub use report::{BudgetLine, Report, RunStats};
+pub use report::Report;
 
-use crate::config::store::LeasePolicy;
+use budgetgate::config::store::LeasePolicy;
 
 /// What to simulate.
 #[derive(Debug, Clone)]

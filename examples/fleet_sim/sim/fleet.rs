@@ -11,15 +11,15 @@ use rand_distr::{Distribution, Exp, Geometric, Zipf};
 
 use super::report::{BudgetCount, RunStats};
 use super::SimConfig;
-use crate::admission::quota_lease::{self, Book, Call, Decision, LeaseOff};
-use crate::budget::keys::hash_tag;
-use crate::budget::lease::{LeaseLine, LeaseReply};
-use crate::budget::memory::MemoryStore;
-use crate::budget::{
+use budgetgate::admission::quota_lease::{self, Book, Call, Decision, LeaseOff};
+use budgetgate::budget::keys::hash_tag;
+use budgetgate::budget::lease::{LeaseLine, LeaseReply};
+use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::{
     Actual, BudgetKind, BudgetName, BudgetSpec, Costs, Requester, ReserveOutcome, ReserveRequest,
     Scope, Settlement,
 };
-use crate::clock::ManualClock;
+use budgetgate::clock::ManualClock;
 
 /// UTC µs of simulated time 0 (2026-12-01).
 const BASE_UTC: u64 = 1_796_083_200_000_000;
@@ -539,6 +539,6 @@ fn settlement(actual: u64) -> Settlement {
     }
 }
 
-fn quota_lease_tick(p: &crate::config::store::LeasePolicy) -> u64 {
+fn quota_lease_tick(p: &budgetgate::config::store::LeasePolicy) -> u64 {
     (p.report_interval.as_micros() as u64 / 40).clamp(5_000, 50_000)
 }
