@@ -361,7 +361,6 @@ fn report(house: &House) -> Report {
 }
 
 #[test]
-#[ignore = "issue 39: un-ignored in the commit where the house stands"]
 fn imports_point_down_the_floors() {
     let src = std::env::var_os("HOUSE_SRC")
         .map(PathBuf::from)
@@ -379,7 +378,6 @@ fn imports_point_down_the_floors() {
 }
 
 #[test]
-#[ignore = "issue 39: un-ignored in the commit where the house stands"]
 fn every_floor_in_the_table_names_a_module_of_the_tree() {
     let house = read_house(&repo_path("src"));
     for (m, _, neighbours) in FLOORS {
