@@ -1,7 +1,7 @@
--- budgetgate lease: quota leases (src/budget/lease.rs has the semantics
+-- budgetgate lease: quota leases (src/budget/quota_lease.rs has the semantics
 -- and the bounds): grant, top-up, report, give back and end, fenced by the
 -- budget's policy epoch; and the read of what is out on leases.
--- Mirrors src/budget/memory/lease.rs step for step; lib.lua is prepended.
+-- Mirrors src/budget/memory/quota_lease.rs step for step; lib.lua is prepended.
 --
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        'L' apply lease lines | 'O' read what is out on leases

@@ -7,6 +7,13 @@
 //!
 //! # Layout
 //!
+//! The modules stand on floors (DESIGN §9, checked by
+//! `tests/it/house.rs`): from the bottom `clock`, `money`, `db`; `config`;
+//! `budget`, `estimate`; the layers (`dialects`, `settlement`, `metrics`,
+//! `tls`, `upstreams`, `queue`, `telemetry`, `control`, `ledger`,
+//! `alerts`, `admission`); `gateway`; `lifecycle`; `server`, `admin_cli`;
+//! `app`. Imports point down.
+//!
 //! - [`clock`]: the one place that reads the wall clock.
 //! - [`config`]: typed TOML configuration and its validation; every
 //!   settings type of every feature (`[store]`, `[queue]`, `[ledger]`,
@@ -40,8 +47,9 @@
 //!   weighted fair sharing by cost), the waiter's ticket; above the store
 //!   (holds no reservation), joined to the request path by
 //!   `lifecycle::wait`.
-//! - [`admission`]: a held reservation (extend, settle, drop backstop),
-//!   leases, the settlement tracker, the budget plan of a request (and the
+//! - [`admission`]: a held reservation (extend, settle, drop backstop,
+//!   each where it was admitted), quota leases, slot lease renewal, the
+//!   settlement tracker, the budget plan of a request (and the
 //!   one list of a tenant's budgets the pages and the alert watch read),
 //!   and the deny-cache and fail-open store layers composed into the gateway's store.
 //! - [`budget`]: the budget model, the `BudgetStore` trait and its stores,

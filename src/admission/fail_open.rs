@@ -157,11 +157,6 @@ impl GatewayStore {
         }
     }
 
-    /// Lost-reply compensations not landed yet.
-    pub fn pending_compensations(&self) -> usize {
-        self.compensator.pending()
-    }
-
     fn compensate(&self, id: &str, what: Compensation, hold_ttl: Duration) {
         self.compensator
             .submit(self.inner.store().clone(), id.to_string(), what, hold_ttl);

@@ -1,5 +1,5 @@
 //! A reservation as a value that must be settled. [`HeldReservation`] has
-//! its concurrency lease renewed while alive (released when it is dropped),
+//! its slot lease renewed while alive (released when it is dropped),
 //! records what extensions granted, settles exactly once, and its `Drop` is
 //! the backstop that settles on every exit path (handler cancelled by a
 //! client disconnect, panic, early return).
@@ -31,7 +31,7 @@ pub struct HeldReservation {
     amounts: Vec<u64>,
     settle_retry: Duration,
     /// Renewed while held; dropping it stops the renewals.
-    lease: Option<RenewalHandle>,
+    slot_lease: Option<RenewalHandle>,
     done: bool,
     /// What the settlement is about, for its observers (never read here).
     subject: Subject,
@@ -39,18 +39,18 @@ pub struct HeldReservation {
 
 impl HeldReservation {
     /// Wraps a reservation of `reserved_tokens` admitted `at` a layer of
-    /// `store` and has its lease renewed every `lease / 3` (by the
-    /// tracker's lease keeper).
+    /// `store` and has its slot lease renewed every `slot_lease / 3` (by the
+    /// tracker's slot renewer).
     pub fn new(
         id: String,
         (store, at): (Arc<GatewayStore>, AnsweredBy),
         tracker: SettlementTracker,
         reserved_tokens: u64,
-        lease: Duration,
+        slot_lease: Duration,
         settle_retry: Duration,
     ) -> Self {
         let renew: Arc<dyn BudgetStore> = store.renewal_store(at);
-        let lease = tracker.slot_renewer().register(&id, renew, lease);
+        let lease = tracker.slot_renewer().register(&id, renew, slot_lease);
         Self {
             id,
             store,
@@ -59,7 +59,7 @@ impl HeldReservation {
             reserved_tokens,
             amounts: Vec::new(),
             settle_retry,
-            lease: Some(lease),
+            slot_lease: Some(lease),
             done: false,
             subject: Subject::default(),
         }
@@ -142,7 +142,7 @@ impl HeldReservation {
         }
         s.settlement = bounded(s.settlement);
         self.done = true;
-        self.lease = None;
+        self.slot_lease = None;
         self.tracker.spawn_settle(
             (self.store.clone(), self.at),
             self.id.clone(),

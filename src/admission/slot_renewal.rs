@@ -1,12 +1,12 @@
 //! Lease renewal for every live reservation from one background task.
 //!
-//! A reservation's concurrency slots are leases (DESIGN section 2): they
+//! A reservation's concurrency slots are slot leases (DESIGN section 2): they
 //! expire unless renewed, so a crashed gateway frees them. Renewing from a
 //! task per request cost a task spawn, a timer and a cross-thread wake-up
 //! on every request, although most requests end long before their first
 //! renewal is due (issue 7 profile). Instead each live reservation is an
 //! entry in one map; a single keeper task sleeps until the earliest entry
-//! is due (at `lease / 3` after admission or after its last renewal),
+//! is due (at `slot_lease / 3` after admission or after its last renewal),
 //! renews what is due, and sleeps again. Registering and removing an entry
 //! is a mutex-protected map insert and remove.
 
@@ -21,11 +21,11 @@ use tokio::time::Instant;
 
 use crate::budget::BudgetStore;
 
-/// Shortest renewal period, whatever the lease (protects the store from a
-/// misconfigured tiny lease).
+/// Shortest renewal period, whatever the slot lease (protects the store from a
+/// misconfigured tiny slot lease).
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 
-/// Renews the leases of registered reservations. Cheap to clone.
+/// Renews the slot leases of registered reservations. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct SlotRenewer {
     shared: Arc<Shared>,
@@ -57,7 +57,7 @@ struct Entry {
 }
 
 /// A registration: renewals stop when it is dropped (with the reservation
-/// that holds it), so no exit path can leave a lease renewed forever.
+/// that holds it), so no exit path can leave a slot lease renewed forever.
 pub struct RenewalHandle {
     key: u64,
     state: Arc<Mutex<State>>,
@@ -83,16 +83,16 @@ impl Drop for Shared {
 }
 
 impl SlotRenewer {
-    /// Renews reservation `id` in `store` every `lease / 3` (at least every
+    /// Renews reservation `id` in `store` every `slot_lease / 3` (at least every
     /// 10 ms) until the handle is dropped. Must be called inside a tokio
     /// runtime (the keeper task starts on first use).
     pub fn register(
         &self,
         id: &str,
         store: Arc<dyn BudgetStore>,
-        lease: Duration,
+        slot_lease: Duration,
     ) -> RenewalHandle {
-        let every = (lease / 3).max(MIN_PERIOD);
+        let every = (slot_lease / 3).max(MIN_PERIOD);
         let due = Instant::now() + every;
         let handle = self.shared.next_handle.fetch_add(1, Ordering::Relaxed);
         let wake = {
@@ -166,7 +166,7 @@ async fn run(state: Weak<Mutex<State>>, wake: Arc<Notify>) {
             .into_iter()
             .map(|(id, store)| async move {
                 if let Err(e) = store.renew(&id).await {
-                    tracing::warn!(reservation_id = %id, error = %e, "lease renewal failed");
+                    tracing::warn!(reservation_id = %id, error = %e, "slot lease renewal failed");
                 }
             })
             .collect();
@@ -235,7 +235,7 @@ mod tests {
 
     // Paused tokio time: the keeper's sleeps advance instantly and exactly.
     #[tokio::test(start_paused = true)]
-    async fn renews_every_third_of_the_lease_until_released() {
+    async fn renews_every_third_of_the_slot_lease_until_released() {
         let keeper = SlotRenewer::default();
         let store = counting();
         let h = keeper.register("r1", store.clone(), Duration::from_secs(3));
@@ -252,7 +252,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_shorter_lease_registered_later_wakes_the_keeper_early() {
+    async fn a_shorter_slot_lease_registered_later_wakes_the_keeper_early() {
         let keeper = SlotRenewer::default();
         let slow = counting();
         let fast = counting();

@@ -81,20 +81,10 @@ impl SettlementTracker {
         self.inner.failed.load(Ordering::SeqCst)
     }
 
-    /// Reservations whose leases are being renewed (live ones).
-    pub fn live_leases(&self) -> usize {
-        self.inner.slot_renewer.live()
-    }
-
     /// Tells every stream still relaying, and every request still waiting
     /// for its upstream, to end now (the shutdown grace period is over).
     pub fn begin_cutoff(&self) {
         self.inner.cutoff.send_replace(true);
-    }
-
-    /// True once [`SettlementTracker::begin_cutoff`] was called.
-    pub fn is_cut_off(&self) -> bool {
-        *self.inner.cutoff.borrow()
     }
 
     /// Resolves once [`SettlementTracker::begin_cutoff`] is called (at once

@@ -7,7 +7,7 @@
 //! - [`bucket`]: token-bucket arithmetic in exact integer units.
 //! - [`calendar`]: UTC day/month quota windows.
 //! - [`keys`]: the one pure function that names stored keys.
-//! - [`lease`]: the store calls of quota leases ([`lease::LeaseStore`]).
+//! - [`quota_lease`]: the store calls of quota leases ([`quota_lease::LeaseStore`]).
 //! - [`memory`]: the in-process store.
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
 //! - [`metrics`]: the stores' own metrics (store calls, batches, debt).
@@ -23,9 +23,9 @@ pub mod calendar;
 pub mod deny_cache;
 pub mod guarded;
 pub mod keys;
-pub mod lease;
 pub mod memory;
 pub mod metrics;
+pub mod quota_lease;
 pub mod records;
 pub mod redis;
 pub mod share;
@@ -91,7 +91,7 @@ pub enum BudgetName {
     /// Output tokens per minute (token bucket): the output alone (reasoning
     /// included), as Anthropic's OTPM.
     OutputTpm,
-    /// Requests in flight (leased slots).
+    /// Requests in flight (slots under a slot lease).
     MaxConcurrent,
     /// Tokens per UTC day (calendar quota).
     TokensPerDay,
@@ -191,7 +191,7 @@ pub enum BudgetKind {
         /// Window length.
         window: Window,
     },
-    /// Leased slots.
+    /// Slots under a slot lease.
     Concurrency {
         /// Slots.
         max: u64,
@@ -258,7 +258,7 @@ pub struct ReserveRequest {
     /// the first whose budgets admit (together with `common`) is chosen.
     /// Must hold at least one entry (which may be empty).
     pub candidates: Vec<Vec<BudgetSpec>>,
-    /// Concurrency lease, microseconds.
+    /// Slot lease: how long a concurrency slot is held without renewal, µs.
     pub slot_lease_micros: u64,
     /// How long the hold lives, microseconds (max request duration + settle-retry window).
     pub hold_ttl_micros: u64,
@@ -385,9 +385,9 @@ pub enum ExtendOutcome {
 /// Result of [`BudgetStore::renew`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum RenewOutcome {
-    /// The lease now ends at `slot_lease_until_micros`.
+    /// The slot lease now ends at `slot_lease_until_micros`.
     Renewed {
-        /// New lease end, UTC µs.
+        /// New slot lease end, UTC µs.
         slot_lease_until_micros: u64,
     },
     /// No such hold.
@@ -467,7 +467,7 @@ pub trait BudgetStore: Send + Sync + 'static {
     /// Debits up to `step` more from every token budget of the hold: all
     /// of it when every budget admits, else the largest amount all admit (≥ 1).
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError>;
-    /// Renews the hold's concurrency leases for another lease period.
+    /// Renews the hold's slot leases for another slot lease period.
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError>;
     /// Settles the hold once: refunds or charges debt, frees slots.
     async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError>;

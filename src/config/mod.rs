@@ -465,11 +465,6 @@ impl Policy {
         self.model_index.resolve(name).map(|i| &self.models[i])
     }
 
-    /// Whether an entry is named exactly `name` (a pattern by its own name).
-    pub fn has_model_entry(&self, name: &str) -> bool {
-        self.model_index.contains(name)
-    }
-
     /// How a refusal names the request's tenant when it has ancestors
     /// (whose budgets may be the refusing ones): `tenant ml, child of acme`
     /// (`…, child of team, child of acme` deeper down); `None` for a root.

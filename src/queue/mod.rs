@@ -105,11 +105,6 @@ impl Queue {
         self.lock().depth
     }
 
-    /// Requests waiting for the budget stored under `key`.
-    pub fn line_len(&self, key: &str) -> usize {
-        self.lock().lines.get(key).map_or(0, Line::len)
-    }
-
     /// When the line of `key` expects its budget to fit its head (the
     /// latest refusal's retry time), if it has one.
     pub fn line_retry(&self, key: &str) -> Option<std::time::Duration> {

@@ -3,7 +3,7 @@
 //! numbers beyond any budget, on the memory store, Redis and Redis Cluster
 //! (`lease_conformance`'s harness).
 
-use budgetgate::budget::lease::{LeaseLine, LeaseReply, LeaseState};
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply, LeaseState};
 use budgetgate::budget::{BudgetKind, BudgetSpec};
 
 use super::lease_conformance::{leased, line, live, one, out, want, RECORD_TTL, SEC};

@@ -1,11 +1,11 @@
-//! The store side of quota leases (issue 30, `budget::lease`): each test
+//! The store side of quota leases (issue 30, `budget::quota_lease`): each test
 //! runs unchanged against the memory store, the Redis store on one node and
 //! on a 3-node Redis Cluster, through `store_conformance`'s harness (one
 //! [`ManualClock`] per test, so every expected value is exact). What each
 //! line does to its budget is here; `lease_calls` holds what spans lines
 //! and calls: fencing, retries, missing records, many budgets, bounds.
 
-use budgetgate::budget::lease::{LeaseLine, LeaseReply, LeaseState, LeasedOut};
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply, LeaseState, LeasedOut};
 use budgetgate::budget::{BudgetSpec, SettleOutcome, Window};
 
 use super::store_conformance::{admitted, conformance, denied, tenant, Backend, H};

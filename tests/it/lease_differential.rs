@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use budgetgate::budget::lease::{LeaseLine, LeaseReply};
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply};
 use budgetgate::budget::{BudgetKind, BudgetSpec};
 use proptest::prelude::*;
 

@@ -5,7 +5,7 @@
 //! the new rate. Each test runs on the memory store, Redis and Redis
 //! Cluster (`store_conformance`'s harness, one manual clock per test).
 
-use budgetgate::budget::lease::{LeaseLine, LeaseReply};
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply};
 use budgetgate::budget::{ExtendOutcome, SettleOutcome, Step};
 
 use super::lease_conformance::{line, live, one, want, SEC};

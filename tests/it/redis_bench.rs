@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::redis_server::RedisServer;
 use budgetgate::budget::keys::KeySpace;
-use budgetgate::budget::lease::{LeaseLine, LeaseReply, LeaseStore};
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply, LeaseStore};
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetStore, ReserveOutcome, ReserveRequest, Scope,

@@ -26,8 +26,8 @@ use super::lease_differential::{self, LeaseOp, Leases};
 use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::budget::keys::KeySpace;
-use budgetgate::budget::lease::LeaseStore;
 use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::quota_lease::LeaseStore;
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::share::{ClaimOrder, ShareClaim};
 use budgetgate::budget::{

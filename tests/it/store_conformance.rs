@@ -18,8 +18,8 @@ use crate::share_conformance::{
 use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::budget::keys::KeySpace;
-use budgetgate::budget::lease::LeaseStore;
 use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::quota_lease::LeaseStore;
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Denial, ExtendOutcome,

@@ -13,8 +13,8 @@ use super::report::{BudgetCount, RunStats};
 use super::SimConfig;
 use budgetgate::admission::quota_lease::{self, Book, Call, Decision, LeaseOff};
 use budgetgate::budget::keys::hash_tag;
-use budgetgate::budget::lease::{LeaseLine, LeaseReply};
 use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply};
 use budgetgate::budget::{
     Actual, BudgetKind, BudgetName, BudgetSpec, Costs, Requester, ReserveOutcome, ReserveRequest,
     Scope, Settlement,

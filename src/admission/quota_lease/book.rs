@@ -14,7 +14,7 @@ use std::sync::Arc;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::demand::Demand;
-use crate::budget::lease::LeaseLine;
+use crate::budget::quota_lease::LeaseLine;
 use crate::budget::{
     Admission, BudgetKind, BudgetSpec, BudgetState, Denial, ReserveOutcome, ReserveRequest, Scope,
 };
@@ -315,11 +315,6 @@ impl Book {
     /// UTC µs at monotonic `now`, as the store's clock reads it.
     pub fn utc(&self, now: u64) -> u64 {
         (now as i64).saturating_add(self.utc_offset).max(0) as u64
-    }
-
-    /// Live reservations decided here.
-    pub fn local_holds(&self) -> usize {
-        self.holds.len()
     }
 
     /// True when `id` was decided here and is not settled.

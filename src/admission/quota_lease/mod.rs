@@ -59,7 +59,7 @@ pub use book::{Book, BookSettings, Decision, LeaseOff};
 pub use local_hold::{exhausted, Extension, OverflowEnd, StoreStep};
 pub use plan::{Applied, Call};
 
-use crate::budget::lease::LeaseStore;
+use crate::budget::quota_lease::LeaseStore;
 use crate::budget::{
     ExtendOutcome, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
 };
@@ -252,7 +252,7 @@ impl QuotaLeases {
     pub async fn leased_out(
         &self,
         specs: &[crate::budget::BudgetSpec],
-    ) -> Result<Vec<crate::budget::lease::LeasedOut>, crate::budget::StoreError> {
+    ) -> Result<Vec<crate::budget::quota_lease::LeasedOut>, crate::budget::StoreError> {
         match tokio::time::timeout(self.timeout, self.store.leased_out(specs)).await {
             Ok(r) => r,
             Err(_) => Err(crate::budget::StoreError::Timeout),

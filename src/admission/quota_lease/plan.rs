@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::book::{Book, Entry, Lease};
 use super::metrics;
 use crate::budget::keys::hash_tag;
-use crate::budget::lease::{LeaseLine, LeaseReply};
+use crate::budget::quota_lease::{LeaseLine, LeaseReply};
 use crate::budget::BudgetKind;
 
 /// One store call: lines of one budget domain.

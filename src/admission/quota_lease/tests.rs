@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::book::{Book, Decision, LeaseOff};
 use super::local_hold::{Extension, StoreStep};
 use super::plan::Call;
-use crate::budget::lease::{LeaseReply, LeaseState};
+use crate::budget::quota_lease::{LeaseReply, LeaseState};
 use crate::budget::{
     Actual, BudgetKind, BudgetName, BudgetSpec, Costs, ExtendOutcome, Requester, ReserveOutcome,
     ReserveRequest, Scope, SettleOutcome, Settlement, Step,
@@ -760,7 +760,7 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
     assert_eq!(running, 20);
     // A reload to 88 slots: gateway B's first lease under it bumps the
     // budget's epoch; A sees the new policy too (its lease closes).
-    let b_lease = crate::budget::lease::LeaseLine {
+    let b_lease = crate::budget::quota_lease::LeaseLine {
         spec: slots(88),
         lease: "b.1".into(),
         seq: 1,

@@ -4,11 +4,11 @@
 //!
 //! - `state`: the maps under the lock, and the checks and debits of a reservation.
 //! - `tombstones`: settled holds, kept as long as their holds would have lived.
-//! - `lease`: quota leases (`budget::lease`), next to the holds.
+//! - `lease`: quota leases (`budget::quota_lease`), next to the holds.
 //! - `shares`: the share states of contended deployments (`budget::share`).
 //! - [`snapshot`]: the embedded default's persistence across restarts.
 
-mod lease;
+mod quota_lease;
 mod shares;
 pub mod snapshot;
 mod state;

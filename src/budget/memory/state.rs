@@ -33,7 +33,7 @@ pub(super) struct Inner {
     /// Settled holds.
     pub(super) settled: Tombstones,
     /// Quota leases per budget key (`lease`).
-    pub(super) leases: HashMap<String, super::lease::BudgetLeases>,
+    pub(super) leases: HashMap<String, super::quota_lease::BudgetLeases>,
     /// Share states of contended deployments, by share key (`budget::share`).
     pub(super) shares: HashMap<String, ShareState>,
     pub(super) ops: u64,
@@ -85,7 +85,7 @@ impl Inner {
             self.swept_at = now;
             self.quotas.retain(|_, q| q.end > now);
             self.holds.retain(|_, h| h.expires_at > now);
-            super::lease::sweep(&mut self.leases, now);
+            super::quota_lease::sweep(&mut self.leases, now);
             self.shares.retain(|_, st| {
                 st.live(now);
                 !st.is_empty()

@@ -11,7 +11,7 @@
 //! (the connection and its errors), `wire` (argument encodings and reply
 //! reading), `hold` (the stored hold record), `batch` (group commit of
 //! reserve and settle calls), `store` (the [`super::BudgetStore`]
-//! operations) and `lease` (quota leases, [`super::lease::LeaseStore`]); this file holds the store's state and the calls they share.
+//! operations) and `quota_lease` ([`super::quota_lease::LeaseStore`]); this file holds the store's state and the calls they share.
 //!
 //! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
 //!   each of `extend.lua`, `renew.lua`, `inspect.lua` and `lower.lua`, and
@@ -44,7 +44,7 @@
 mod batch;
 mod conn;
 mod hold;
-mod lease;
+mod quota_lease;
 pub mod records;
 mod scripts;
 mod store;

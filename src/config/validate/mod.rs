@@ -5,10 +5,10 @@
 mod alerts;
 mod deployments;
 pub mod forwarding;
-mod lease;
 mod ledger;
 mod prices;
 mod queue;
+mod quota_lease;
 mod telemetry;
 mod tenants;
 mod tree;
@@ -221,7 +221,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     if !is_valid_id(&domain) {
         v.err("store.domain", "must match [A-Za-z0-9._-]{1,64}");
     }
-    let lease = lease::lease(&mut v, &raw, &kind);
+    let lease = quota_lease::lease(&mut v, &raw, &kind);
     let store = StorePolicy {
         lease,
         kind,

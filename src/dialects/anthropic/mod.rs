@@ -123,12 +123,6 @@ impl UsageFields {
     }
 }
 
-/// Text of `s` in Anthropic tokens: the model's encoding times `ratio`
-/// per mille, rounded up (Anthropic's tokenizer is not public).
-pub fn count_text(s: &str, enc: Encoding, ratio: u64) -> u64 {
-    scale(enc.count_cached(s), ratio)
-}
-
 /// Tiktoken tokens of a content block of an answer, or of a
 /// `content_block_delta`'s `delta`: text, tool input (the JSON as sent),
 /// thinking. A thinking block's `signature` and redacted thinking are not

@@ -1,5 +1,5 @@
 //! Quota leases in the memory store: [`LeaseStore`] with the semantics of
-//! `budget::lease` (module docs there), the reference `lua/lease.lua` is
+//! `budget::quota_lease` (module docs there), the reference `lua/lease.lua` is
 //! checked against by the differential test. A lease debits and credits
 //! its budget through the same bucket, quota-window and slot-set code as a
 //! reservation (`state`), under the store's one lock.
@@ -20,7 +20,9 @@ use super::state::{store_at, Inner, QuotaState};
 use super::MemoryStore;
 use crate::budget::bucket::capacity_units;
 use crate::budget::bucket::UNITS_PER_TOKEN;
-use crate::budget::lease::{BoundedLine, LeaseLine, LeaseReply, LeaseState, LeaseStore, LeasedOut};
+use crate::budget::quota_lease::{
+    BoundedLine, LeaseLine, LeaseReply, LeaseState, LeaseStore, LeasedOut,
+};
 use crate::budget::{BudgetKind, BudgetSpec, StoreError, MAX_AMOUNT, MAX_COUNT};
 
 /// The epoch record of one budget and its lease records.
@@ -148,7 +150,7 @@ impl LeaseStore for MemoryStore {
     }
 }
 
-/// Applies one line (order of the steps: `budget::lease` module docs).
+/// Applies one line (order of the steps: `budget::quota_lease` module docs).
 fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
     let spec = &line.spec;
     let l = line.bounded();

@@ -1,13 +1,13 @@
 //! Quota leases in the Redis store: [`LeaseStore`] as one call of
 //! `lua/lease.lua` per call, every line of it in the one script (they are
 //! all of one budget domain, so on one slot). Semantics in
-//! `budget::lease`; the memory store's `budget/memory/lease.rs` is the
+//! `budget::quota_lease`; the memory store's `budget/memory/quota_lease.rs` is the
 //! reference the differential test holds this to.
 
 use async_trait::async_trait;
 
 use crate::budget::keys::encode_name;
-use crate::budget::lease::{LeaseLine, LeaseReply, LeaseState, LeaseStore, LeasedOut};
+use crate::budget::quota_lease::{LeaseLine, LeaseReply, LeaseState, LeaseStore, LeasedOut};
 use crate::budget::{BudgetKind, BudgetSpec, StoreError, Window};
 
 use super::batch::ScriptArgs;

@@ -6,7 +6,7 @@
 //! (`crate::admission::quota_lease`) decides when to call it. Both stores
 //! implement [`LeaseStore`] with the same semantics, checked against each
 //! other by the differential test: the Redis store in `lua/lease.lua`, the
-//! memory store in `budget/memory/lease.rs` (used by the fleet simulation
+//! memory store in `budget/memory/quota_lease.rs` (used by the fleet simulation
 //! and the differential test; a gateway on the memory store never leases).
 //!
 //! # A lease
