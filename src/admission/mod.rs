@@ -13,6 +13,8 @@
 //! - [`deny`] and [`fail_open`]: the deny cache and the failure policy as
 //!   wrappers around the guarded store, composed once into the
 //!   [`GatewayStore`] every request reserves through.
+//! - [`expected`] and [`exposure`]: expected-output reservation (opt-in)
+//!   and the per-budget exposure it may take.
 //! - [`compensate`]: reservations whose reply was lost, settled under their
 //!   own id when the request ends (DESIGN section 13).
 //!
@@ -22,6 +24,8 @@
 pub mod amounts;
 pub mod compensate;
 pub mod deny;
+pub mod expected;
+pub mod exposure;
 pub mod fail_open;
 pub mod held;
 pub mod plan;

@@ -9,6 +9,8 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::admission::amounts::{self, Budgets, Counting, Demand};
+use crate::admission::expected::{ExpectedTicket, Output};
+use crate::admission::exposure::ExposureGuard;
 use crate::admission::HeldReservation;
 use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::ledger::{LedgerCapture, LedgerDraft};
@@ -40,6 +42,8 @@ pub struct HoldBudgets {
     deployment: usize,
     /// Units per `RATE_ONE` output tokens an extension debits, per spec.
     rates: Vec<u64>,
+    /// What an expected-mode reservation's settlement records.
+    expected: Option<ExpectedTicket>,
 }
 
 impl HoldBudgets {
@@ -68,6 +72,14 @@ impl HoldBudgets {
     /// What an extension pays per budget (see [`amounts::extension_rates`]).
     pub fn rates(&self) -> &[u64] {
         &self.rates
+    }
+
+    /// Records the settled `output` of an expected-mode reservation (in
+    /// its window when `answered`: neither cut off nor failed).
+    pub fn expected_settled(&self, output: u64, answered: bool) {
+        if let Some(t) = &self.expected {
+            t.settled(output, answered);
+        }
     }
 
     /// The prices the hold was admitted under (its plan's policy, not the
@@ -118,7 +130,7 @@ pub async fn admit<'p>(
         specs: &common,
         counting: &common_counting,
     };
-    let costs = amounts::reserve_costs(
+    let mut costs = amounts::reserve_costs(
         &demand,
         common_budgets,
         candidates.iter().map(|d| {
@@ -129,6 +141,18 @@ pub async fn admit<'p>(
             (budgets, d.price.as_deref())
         }),
     );
+    // Opt-in only: a plan in "cap" mode has no expected part.
+    let (exposure, expected) = match &plan.expected {
+        Some(e) if !request.stream || request.never_extend => {
+            let output = Output {
+                cap: demand.output,
+                choices: request.estimate.choices,
+            };
+            let (guard, ticket) = e.lower(output, common_budgets, &mut costs);
+            (Some(guard), Some(ticket))
+        }
+        _ => (None, None),
+    };
     let reserve = ReserveRequest {
         share: cx.share.clone(),
         id: id.clone(),
@@ -189,14 +213,17 @@ pub async fn admit<'p>(
             .unwrap_or_default(),
     )
     .with_metrics(plan.tenant_metrics.clone())
-    .with_capacity_hook_if(policy.queue.is_some().then(|| {
-        capacity_hook(
-            cx.st.queue.clone(),
-            plan.clone(),
-            admission.candidate,
-            &candidates,
-        )
-    }))
+    .with_capacity_hook_if(releasing(
+        policy.queue.is_some().then(|| {
+            capacity_hook(
+                cx.st.queue.clone(),
+                plan.clone(),
+                admission.candidate,
+                &candidates,
+            )
+        }),
+        exposure,
+    ))
     .with_deny_release(if request.end_user_budgets.is_empty() {
         plan.deny_release.clone()
     } else {
@@ -253,6 +280,7 @@ pub async fn admit<'p>(
         common: reserve.common,
         common_counting,
         rates,
+        expected,
     };
     Ok(Admitted {
         hold,
@@ -260,6 +288,24 @@ pub async fn admit<'p>(
         deployment,
         budgets,
     })
+}
+
+/// `hook`, also giving back `exposure` once the settlement is applied
+/// (the hook is dropped with the settlement's task, or with a hold that
+/// never settles): exactly once, on every path.
+fn releasing(
+    hook: Option<crate::admission::tracker::CapacityHook>,
+    exposure: Option<ExposureGuard>,
+) -> Option<crate::admission::tracker::CapacityHook> {
+    match exposure {
+        None => hook,
+        Some(guard) => Some(Arc::new(move |refunded| {
+            let _held = &guard;
+            if let Some(h) = &hook {
+                h(refunded);
+            }
+        })),
+    }
 }
 
 /// What a settlement of a hold on `plan` and `candidates[chosen]` tells the

@@ -20,6 +20,10 @@ pub fn settle(
     outcome: SpendOutcome,
 ) -> u64 {
     let actual = used.total();
+    budgets.expected_settled(
+        used.output.unwrap_or(0),
+        matches!(outcome, SpendOutcome::Answered),
+    );
     let cost = amounts::settled_cost(&used, budgets.price());
     if let Some(cost) = cost {
         hold.record_spend(cost);

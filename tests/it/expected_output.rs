@@ -1,0 +1,326 @@
+//! `output_reservation = "expected"` (issue 37 point 5): thinking turns
+//! reserve, on the tenant's budgets, the p90 of the (model, tenant)'s
+//! settled outputs once 20 are known, within a per-budget exposure past
+//! which a turn reserves its whole cap; deployment budgets reserve the
+//! whole cap in both modes; `"cap"` is unchanged; 50 concurrent turns of
+//! the committed output sizes, largest first, never spend past the quota
+//! plus `max_exposure`.
+
+use budgetgate::budget::{BudgetName, Scope};
+use budgetgate::config::output_reservation::RawMaxExposure;
+use serde_json::json;
+
+use crate::support::mock_upstream::MockUpstream;
+use crate::support::*;
+
+/// The cap every turn sends (Claude Code's default `max_tokens`).
+const CAP: u64 = 64_000;
+
+/// The committed output sizes (`scripts/output_sizes.py`), in order.
+fn output_sizes() -> Vec<u64> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/agent_turns/output_sizes.txt"
+    );
+    std::fs::read_to_string(path)
+        .expect("output sizes")
+        .lines()
+        .map(|l| l.trim().parse().expect("a size"))
+        .collect()
+}
+
+/// `claude-test` on one Anthropic deployment (`output_tpm` large enough
+/// for every test), tenant `t1` with `tokens_per_day = quota` in `mode`.
+fn config(mock: &MockUpstream, quota: u64, mode: Option<&str>) -> TestConfig {
+    let mut c = TestConfig::new();
+    c.upstreams.push(config::RawUpstream {
+        api_key_env: Some("CARGO_PKG_NAME".into()),
+        forward_client_headers: vec!["x-mock-messages".into()],
+        limits: limits().output_tpm(10_000_000).output_tpm_burst(10_000_000),
+        ..config::upstream("claude0", Kind::Anthropic, &mock.root_url())
+    });
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(4096),
+        max_output_tokens: Some(CAP as i64),
+        token_ratio: Some(1000),
+        ..config::model("claude-test", &["claude0"])
+    });
+    let mut t = config::tenant("t1", "k1", KEY, limits().tokens_per_day(quota));
+    t.output_reservation = mode.map(str::to_string);
+    c.tenants.push(t);
+    c
+}
+
+/// A thinking turn whose answer is `output` tokens (thinking and text).
+async fn turn(gw: &Gateway, output: u64) -> reqwest::Response {
+    let body = json!({
+        "model": "claude-test", "max_tokens": CAP, "stream": true,
+        "thinking": {"type": "enabled", "budget_tokens": 32_000},
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    reqwest::Client::new()
+        .post(format!("{}/messages", gw.base_url()))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header(
+            "x-mock-messages",
+            format!("input=100,thinking={}", output.saturating_sub(1)),
+        )
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /v1/messages")
+}
+
+/// Runs `n` turns of `output` tokens each, one after the other.
+async fn answered(gw: &Gateway, n: usize, output: u64) {
+    for _ in 0..n {
+        let r = turn(gw, output).await;
+        assert_eq!(r.status(), 200);
+        let _ = r.text().await;
+    }
+    gw.all_settled().await;
+}
+
+/// What budget `name` of `scope` holds while one more turn waits upstream.
+async fn held_by_one_turn(
+    gw: &Gateway,
+    mock: &MockUpstream,
+    scope: Scope,
+    name: BudgetName,
+) -> u64 {
+    let before = gw.used(scope.clone(), name).await;
+    mock.state.hold();
+    let pending = tokio::spawn({
+        let url = gw.base_url();
+        async move { post_turn(&url, 1500).await }
+    });
+    wait_held(mock, 1).await;
+    let during = gw.used(scope, name).await;
+    mock.state.release();
+    let r = pending.await.expect("turn task");
+    assert_eq!(r.0, 200);
+    gw.all_settled().await;
+    during - before
+}
+
+/// [`turn`] by URL (spawned tasks): status and body.
+async fn post_turn(base_url: &str, output: u64) -> (u16, String) {
+    let body = json!({
+        "model": "claude-test", "max_tokens": CAP, "stream": true,
+        "thinking": {"type": "enabled", "budget_tokens": 32_000},
+        "messages": [{"role": "user", "content": "hi"}],
+    });
+    let r = reqwest::Client::new()
+        .post(format!("{base_url}/messages"))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header(
+            "x-mock-messages",
+            format!("input=100,thinking={}", output.saturating_sub(1)),
+        )
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /v1/messages");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
+}
+
+async fn wait_held(mock: &MockUpstream, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while mock.state.held_count() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} turns never reached the upstream"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+fn t1() -> Scope {
+    Scope::Tenant("t1".into())
+}
+
+fn deployment() -> Scope {
+    Scope::Upstream("claude0".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expected_mode_reserves_the_default_then_near_the_p90_after_twenty_answers() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1);
+    let gw = config(&mock, 10_000_000, Some("expected")).start().await;
+    let first = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+    assert!(
+        (4096..4096 + 100).contains(&first),
+        "until 20 answers are known: the model's default output, held {first}"
+    );
+    // 1 answer already; 19 more of 1,500 make 20 known.
+    answered(&gw, 19, 1500).await;
+    let held = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+    assert!(
+        (1500..1600).contains(&held),
+        "the p90 of 20 answers of 1,500 (and the input estimate), not the cap: held {held}"
+    );
+    assert_eq!(
+        held_by_one_turn(&gw, &mock, deployment(), BudgetName::OutputTpm).await,
+        CAP,
+        "the deployment's output_tpm reserves the whole max_tokens"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cap_mode_is_unchanged_and_the_deployment_reserves_the_whole_cap() {
+    for mode in [None, Some("cap")] {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(1);
+        let gw = config(&mock, 10_000_000, mode).start().await;
+        answered(&gw, 25, 1500).await;
+        let held = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+        assert!(
+            (CAP..CAP + 100).contains(&held),
+            "{mode:?}: the whole cap, held {held}"
+        );
+        assert_eq!(
+            held_by_one_turn(&gw, &mock, deployment(), BudgetName::OutputTpm).await,
+            CAP
+        );
+        // Settled at what the answers used, in either mode.
+        assert_eq!(
+            gw.used(t1(), BudgetName::TokensPerDay).await,
+            27 * (100 + 1500)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_exposure_a_turn_reserves_its_whole_cap_and_the_exposure_comes_back() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1);
+    let mut c = config(&mock, 10_000_000, Some("expected"));
+    // One turn's exposure (64,000 − 1,500) fits, two do not.
+    c.tenant("t1").max_exposure = Some(RawMaxExposure::Tokens(100_000));
+    let gw = c.start().await;
+    answered(&gw, 20, 1500).await;
+    let before = gw.used(t1(), BudgetName::TokensPerDay).await;
+    mock.state.hold();
+    let url = gw.base_url();
+    let a = tokio::spawn({
+        let url = url.clone();
+        async move { post_turn(&url, 1500).await }
+    });
+    wait_held(&mock, 1).await;
+    let one = gw.used(t1(), BudgetName::TokensPerDay).await - before;
+    let b = tokio::spawn(async move { post_turn(&url, 1500).await });
+    wait_held(&mock, 2).await;
+    let two = gw.used(t1(), BudgetName::TokensPerDay).await - before;
+    assert!(one < 1600, "the first within max_exposure: {one}");
+    assert!(
+        two - one >= CAP,
+        "the second would pass max_exposure: its whole cap ({})",
+        two - one
+    );
+    mock.state.release();
+    assert_eq!(a.await.unwrap().0, 200);
+    assert_eq!(b.await.unwrap().0, 200);
+    gw.all_settled().await;
+    assert_eq!(
+        gw.state.expected.exposure.in_use(&gw.budgets(t1())[0].key),
+        0
+    );
+    // Given back: the next turn is lowered again.
+    let again = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+    assert!(again < 1600, "exposure released at settlement: {again}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_above_the_reservation_settles_as_debt_in_full() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1);
+    let gw = config(&mock, 10_000_000, Some("expected")).start().await;
+    answered(&gw, 20, 1500).await;
+    let before = gw.used(t1(), BudgetName::TokensPerDay).await;
+    answered(&gw, 1, 30_000).await;
+    assert_eq!(
+        gw.used(t1(), BudgetName::TokensPerDay).await - before,
+        100 + 30_000,
+        "charged what it used, far above its 1,500 reserved"
+    );
+    // The metric registry is the test process's: other tests' t1 count too.
+    let scrape = scrape(&gw).await;
+    assert!(
+        sample_sum(
+            &scrape,
+            "budgetgate_output_past_reservation_total",
+            &[("tenant", "t1")]
+        ) >= 1.0
+    );
+    assert!(
+        sample_sum(
+            &scrape,
+            "budgetgate_output_debt_tokens_total",
+            &[("tenant", "t1")]
+        ) >= 28_500.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_thinking_turns_never_spend_past_the_quota_plus_max_exposure() {
+    const QUOTA: u64 = 2_000_000;
+    const MAX_EXPOSURE: u64 = QUOTA / 10;
+    let mut sizes = output_sizes();
+    let known: Vec<u64> = sizes[..20].to_vec();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    for mode in ["expected", "cap"] {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(1);
+        let gw = config(&mock, QUOTA, Some(mode)).start().await;
+        for &k in &known {
+            answered(&gw, 1, k).await;
+        }
+        mock.state.hold();
+        let mut turns = Vec::new();
+        for &out in &sizes[..50] {
+            let url = gw.base_url();
+            turns.push(tokio::spawn(async move { post_turn(&url, out).await }));
+            // Largest first: each turn is in flight (or refused) before the next.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while turns.iter().filter(|t| t.is_finished()).count() + mock.state.held_count() < 50 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turns neither admitted nor refused"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let admitted = mock.state.held_count();
+        let held = gw.used(t1(), BudgetName::TokensPerDay).await;
+        assert!(
+            held <= QUOTA,
+            "{mode}: reservations within the quota: {held}"
+        );
+        mock.state.release();
+        let mut ok = 0;
+        for t in turns {
+            let (status, _) = t.await.unwrap();
+            assert!(status == 200 || status == 429, "{mode}: {status}");
+            ok += usize::from(status == 200);
+        }
+        gw.all_settled().await;
+        let spent = gw.used(t1(), BudgetName::TokensPerDay).await;
+        println!("{mode}: {ok} of 50 admitted ({admitted} in flight at once), spent {spent}");
+        assert_eq!(ok, admitted);
+        assert!(
+            spent <= QUOTA + MAX_EXPOSURE,
+            "{mode}: spent {spent} > quota + max_exposure"
+        );
+        if mode == "cap" {
+            assert!(spent <= QUOTA, "cap mode never over-admits: {spent}");
+        } else {
+            assert!(ok > 0, "expected mode admits turns");
+        }
+    }
+}
