@@ -241,6 +241,55 @@ impl ExpectedPlan {
     }
 }
 
+/// `check-config`'s statement of the bound (DESIGN section 5, "Expected
+/// output"): for every tenant and key in expected mode, each token budget
+/// it lowers and the most that budget may be over-admitted at any moment,
+/// `fleet_size × max_exposure` (the book is per gateway).
+pub fn describe(policy: &crate::config::Policy) -> Vec<String> {
+    use crate::budget::keys::KeySpace;
+    use crate::budget::Scope;
+    use crate::config::output_reservation::OutputReservation;
+    let n = policy.store.lease.fleet_size.max(1);
+    let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let mut out = Vec::new();
+    let mut line = |scope: Scope, limits: &crate::config::Limits, s: ExpectedSettings| {
+        for b in super::plan::scope_budgets(&ks, scope, limits, true) {
+            if b.name.counts_tokens() && b.name != BudgetName::InputTpm {
+                let one = s.max_exposure.of(b.capacity());
+                out.push(format!(
+                    "  {} {}: max_exposure {one} per gateway; over-admission at any moment at most {} across the fleet",
+                    b.scope,
+                    b.name,
+                    one.saturating_mul(n),
+                ));
+            }
+        }
+    };
+    for t in &policy.tenants {
+        if let OutputReservation::Expected(s) = t.output_reservation {
+            line(Scope::Tenant(t.name.as_str().into()), &t.limits, s);
+        }
+        for k in &t.keys {
+            if let OutputReservation::Expected(s) = t.output_reservation(k) {
+                line(
+                    Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
+                    &k.limits,
+                    s,
+                );
+            }
+        }
+    }
+    if !out.is_empty() {
+        out.insert(
+            0,
+            format!(
+                "output_reservation = \"expected\": turns not metered as they stream reserve the expected output on tenant-side token budgets (their ancestors' and end users' too, each bounded alike), deployment budgets the whole cap; fleet of {n} gateway(s):"
+            ),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
