@@ -324,3 +324,148 @@ async fn fifty_concurrent_thinking_turns_never_spend_past_the_quota_plus_max_exp
         }
     }
 }
+
+/// The agent-turns benchmark (`scripts/agent_turns.sh`; printed, never
+/// asserted): 4 agents × 200 Claude Code-shaped thinking turns (cap
+/// 64,000), outputs in order from the committed list, input reported as
+/// the gateway's estimate, under a quota the exposure cap does not bind,
+/// in "expected" and in "cap" mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark: scripts/agent_turns.sh"]
+async fn agent_turns_benchmark() {
+    const AGENTS: usize = 4;
+    let turns: usize = std::env::var("AGENT_TURNS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(200);
+    let sizes = output_sizes();
+    for mode in ["expected", "cap"] {
+        let tenant = format!("bench-{mode}");
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(1);
+        let mut c = config(&mock, 1_000_000_000_000, Some(mode));
+        c.tenant("t1").name = tenant.clone();
+        c.tenant(&tenant).max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
+        let gw = c.start().await;
+        let scope = Scope::Tenant(tenant.as_str().into());
+        // The gateway's input estimate of the body: what the mock reports.
+        let input = {
+            let before = gw.used(scope.clone(), BudgetName::TokensPerDay).await;
+            mock.state.hold();
+            let url = gw.base_url();
+            let t = tokio::spawn(async move { post_turn_in(&url, 2, 1).await });
+            wait_held(&mock, 1).await;
+            let held = gw.used(scope.clone(), BudgetName::TokensPerDay).await - before;
+            mock.state.release();
+            let _ = t.await;
+            gw.all_settled().await;
+            // Cap mode holds the cap; expected mode the default output (4096).
+            held - if mode == "cap" { CAP } else { 4096 }
+        };
+        let before = scrape(&gw).await;
+        let sum = |s: &prometheus_parse::Scrape, m: &str| sample_sum(s, m, &[("tenant", &tenant)]);
+        let (r0, s0) = (
+            sum(&before, "budgetgate_reserved_tokens_total"),
+            sum(&before, "budgetgate_settled_tokens_total"),
+        );
+        let key = gw.budgets(scope.clone())[0].key.clone();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = tokio::spawn({
+            let (book, done) = (gw.state.expected.clone(), done.clone());
+            async move {
+                let mut peak = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(book.exposure.in_use(&key));
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                peak
+            }
+        });
+        let started = std::time::Instant::now();
+        let mut agents = Vec::new();
+        for a in 0..AGENTS {
+            let url = gw.base_url();
+            let sizes = sizes.clone();
+            agents.push(tokio::spawn(async move {
+                let mut refused = 0;
+                for i in 0..turns {
+                    let out = sizes[(a * turns + i) % sizes.len()];
+                    let (status, _) = post_turn_in(&url, input, out).await;
+                    refused += usize::from(status != 200);
+                }
+                refused
+            }));
+        }
+        let mut refused = 0;
+        for a in agents {
+            refused += a.await.unwrap();
+        }
+        gw.all_settled().await;
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let peak_exposure = sampler.await.unwrap();
+        let after = scrape(&gw).await;
+        let reserved = sum(&after, "budgetgate_reserved_tokens_total") - r0;
+        let settled = sum(&after, "budgetgate_settled_tokens_total") - s0;
+        let debt = sum(&after, "budgetgate_output_debt_tokens_total");
+        let past = sum(&after, "budgetgate_output_past_reservation_total");
+        println!(
+            "agent_turns claude-code {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, {refused} refused, \
+             reserved/settled {:.3} ({reserved} / {settled}), turns past their reservation {past}, debt {debt} tokens \
+             (largest turn {}), peak exposure {peak_exposure}, {:.1} s",
+            reserved / settled,
+            largest_debt(mode, &sizes, AGENTS * turns),
+            started.elapsed().as_secs_f64(),
+        );
+    }
+}
+
+/// The largest debt of one turn: its output above the p90 of the 200
+/// answers before it (0 in cap mode), replayed from the list.
+fn largest_debt(mode: &str, sizes: &[u64], n: usize) -> u64 {
+    if mode == "cap" {
+        return 0;
+    }
+    let mut w: Vec<u64> = Vec::new();
+    let mut largest = 0;
+    for i in 0..n {
+        let out = sizes[i % sizes.len()];
+        let mut sorted = w.clone();
+        sorted.sort_unstable();
+        let e = if sorted.len() < 20 {
+            4096
+        } else {
+            sorted[(sorted.len() * 900).div_ceil(1000) - 1]
+        };
+        largest = largest.max(out.saturating_sub(e));
+        w.push(out);
+        if w.len() > 200 {
+            w.remove(0);
+        }
+    }
+    largest
+}
+
+/// A Claude Code-shaped thinking turn by URL: the mock reports `input` and
+/// answers `output` tokens.
+async fn post_turn_in(base_url: &str, input: u64, output: u64) -> (u16, String) {
+    let body = json!({
+        "model": "claude-test", "max_tokens": CAP, "stream": true,
+        "thinking": {"type": "enabled", "budget_tokens": 32_000},
+        "system": "You are Claude Code, Anthropic's official CLI for Claude.",
+        "messages": [{"role": "user", "content": "Fix the failing test in src/lib.rs and run cargo test."}],
+    });
+    let r = reqwest::Client::new()
+        .post(format!("{base_url}/messages"))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header(
+            "x-mock-messages",
+            format!("input={input},thinking={}", output.saturating_sub(1)),
+        )
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /v1/messages");
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap_or_default())
+}
