@@ -325,11 +325,125 @@ async fn fifty_concurrent_thinking_turns_never_spend_past_the_quota_plus_max_exp
     }
 }
 
+/// The two agents the benchmark replays.
+#[derive(Clone, Copy, PartialEq)]
+enum Cli {
+    /// Claude Code: Messages, thinking, `max_tokens = 64000`, ~26.7k input.
+    ClaudeCode,
+    /// Codex: Responses, a `reasoning = true` model, no cap sent (the
+    /// entry's 16,000), ~13k input.
+    Codex,
+}
+
+impl Cli {
+    fn name(self) -> &'static str {
+        match self {
+            Cli::ClaudeCode => "claude-code",
+            Cli::Codex => "codex",
+        }
+    }
+
+    /// The output cap a turn runs under.
+    fn cap(self) -> u64 {
+        match self {
+            Cli::ClaudeCode => CAP,
+            Cli::Codex => CODEX_CAP,
+        }
+    }
+
+    /// The output an expected-mode turn reserves until 20 are known.
+    fn default_output(self) -> u64 {
+        match self {
+            Cli::ClaudeCode => 4096,
+            Cli::Codex => CODEX_CAP,
+        }
+    }
+}
+
+/// Codex's cap: `max_output_tokens` of the `gpt-6*` entry in `config/local.toml`.
+const CODEX_CAP: u64 = 16_000;
+
+/// `config` plus `gpt-test`, a Responses model like the one serving
+/// Codex's default turn (`reasoning = true`, cap 16,000).
+fn bench_config(mock: &MockUpstream, mode: &str) -> TestConfig {
+    let mut c = config(mock, 1_000_000_000_000, Some(mode));
+    c.upstreams.push(config::RawUpstream {
+        api_key_env: Some("CARGO_PKG_NAME".into()),
+        forward_client_headers: vec!["x-mock-responses".into()],
+        ..config::upstream("openai0", Kind::Openai, &mock.base_url())
+    });
+    c.models.push(config::RawModel {
+        reasoning: Some(true),
+        default_max_output_tokens: Some(CODEX_CAP as i64),
+        max_output_tokens: Some(CODEX_CAP as i64),
+        ..config::model("gpt-test", &["openai0"])
+    });
+    c
+}
+
+/// A body the size of the agent's usual turn: its system prompt and
+/// tools stand in as `words` words (about one token each).
+fn bench_body(cli: Cli, words: usize) -> serde_json::Value {
+    let context: String = (0..words)
+        .map(|i| ["code ", "test ", "file ", "edit "][i % 4])
+        .collect();
+    match cli {
+        Cli::ClaudeCode => json!({
+            "model": "claude-test", "max_tokens": CAP, "stream": true,
+            "thinking": {"type": "enabled", "budget_tokens": 32_000},
+            "system": context,
+            "messages": [{"role": "user", "content": "Fix the failing test in src/lib.rs and run cargo test."}],
+        }),
+        Cli::Codex => json!({
+            "model": "gpt-test", "stream": true, "instructions": context,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Fix the failing test in src/lib.rs and run cargo test."}]}],
+        }),
+    }
+}
+
+/// One turn of `cli` with `body`; the mock reports `input` and answers
+/// `output` tokens (Claude Code: thinking; Codex: reasoning).
+async fn bench_turn(
+    base_url: &str,
+    cli: Cli,
+    body: &serde_json::Value,
+    input: u64,
+    output: u64,
+) -> u16 {
+    let output = output.clamp(1, cli.cap());
+    let (path, header, scenario) = match cli {
+        Cli::ClaudeCode => (
+            "messages",
+            "x-mock-messages",
+            format!("input={input},thinking={}", output - 1),
+        ),
+        Cli::Codex => (
+            "responses",
+            "x-mock-responses",
+            format!("input={input},output=1,reasoning={}", output - 1),
+        ),
+    };
+    let r = reqwest::Client::new()
+        .post(format!("{base_url}/{path}"))
+        .bearer_auth(KEY)
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header(header, scenario)
+        .json(body)
+        .send()
+        .await
+        .expect("POST a turn");
+    let status = r.status().as_u16();
+    let _ = r.text().await;
+    status
+}
+
 /// The agent-turns benchmark (`scripts/agent_turns.sh`; printed, never
-/// asserted): 4 agents × 200 Claude Code-shaped thinking turns (cap
-/// 64,000), outputs in order from the committed list, input reported as
-/// the gateway's estimate, under a quota the exposure cap does not bind,
-/// in "expected" and in "cap" mode.
+/// asserted): per agent shape, 4 agents × 200 turns, outputs in order from
+/// the committed list, the mock reporting the gateway's input estimate,
+/// under a quota the exposure cap does not bind, in "expected" and in
+/// "cap" mode. The bodies are synthetic, sized like each agent's default
+/// turn (docs/AGENTS.md), not recorded from the CLIs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark: scripts/agent_turns.sh"]
 async fn agent_turns_benchmark() {
@@ -339,133 +453,121 @@ async fn agent_turns_benchmark() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(200);
     let sizes = output_sizes();
-    for mode in ["expected", "cap"] {
-        let tenant = format!("bench-{mode}");
-        let mock = start_mock().await;
-        mock.state.set_output_tokens(1);
-        let mut c = config(&mock, 1_000_000_000_000, Some(mode));
-        c.tenant("t1").name = tenant.clone();
-        c.tenant(&tenant).max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
-        let gw = c.start().await;
-        let scope = Scope::Tenant(tenant.as_str().into());
-        // The gateway's input estimate of the body: what the mock reports.
-        let input = {
-            let before = gw.used(scope.clone(), BudgetName::TokensPerDay).await;
-            mock.state.hold();
-            let url = gw.base_url();
-            let t = tokio::spawn(async move { post_turn_in(&url, 2, 1).await });
-            wait_held(&mock, 1).await;
-            let held = gw.used(scope.clone(), BudgetName::TokensPerDay).await - before;
-            mock.state.release();
-            let _ = t.await;
-            gw.all_settled().await;
-            // Cap mode holds the cap; expected mode the default output (4096).
-            held - if mode == "cap" { CAP } else { 4096 }
-        };
-        let before = scrape(&gw).await;
-        let sum = |s: &prometheus_parse::Scrape, m: &str| sample_sum(s, m, &[("tenant", &tenant)]);
-        let (r0, s0) = (
-            sum(&before, "budgetgate_reserved_tokens_total"),
-            sum(&before, "budgetgate_settled_tokens_total"),
-        );
-        let key = gw.budgets(scope.clone())[0].key.clone();
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let sampler = tokio::spawn({
-            let (book, done) = (gw.state.expected.clone(), done.clone());
-            async move {
-                let mut peak = 0;
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(book.exposure.in_use(&key));
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    for (cli, words) in [(Cli::ClaudeCode, 26_000), (Cli::Codex, 12_500)] {
+        let body = bench_body(cli, words);
+        for mode in ["expected", "cap"] {
+            let tenant = format!("bench-{}-{mode}", cli.name());
+            let mock = start_mock().await;
+            mock.state.set_output_tokens(1);
+            let mut c = bench_config(&mock, mode);
+            c.tenant("t1").name = tenant.clone();
+            c.tenant(&tenant).max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
+            let gw = c.start().await;
+            let scope = Scope::Tenant(tenant.as_str().into());
+            // The gateway's input estimate of the body: what the mock reports.
+            let input = {
+                let before = gw.used(scope.clone(), BudgetName::TokensPerDay).await;
+                mock.state.hold();
+                let (url, b) = (gw.base_url(), body.clone());
+                let t = tokio::spawn(async move { bench_turn(&url, cli, &b, 2, 1).await });
+                wait_held(&mock, 1).await;
+                let held = gw.used(scope.clone(), BudgetName::TokensPerDay).await - before;
+                mock.state.release();
+                assert_eq!(t.await.unwrap(), 200);
+                gw.all_settled().await;
+                held - if mode == "cap" {
+                    cli.cap()
+                } else {
+                    cli.default_output()
                 }
-                peak
+            };
+            let sum =
+                |s: &prometheus_parse::Scrape, m: &str| sample_sum(s, m, &[("tenant", &tenant)]);
+            let before = scrape(&gw).await;
+            let (r0, s0) = (
+                sum(&before, "budgetgate_reserved_tokens_total"),
+                sum(&before, "budgetgate_settled_tokens_total"),
+            );
+            let key = gw.budgets(scope.clone())[0].key.clone();
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let sampler = tokio::spawn({
+                let (book, done) = (gw.state.expected.clone(), done.clone());
+                async move {
+                    let mut peak = 0;
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        peak = peak.max(book.exposure.in_use(&key));
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                    peak
+                }
+            });
+            let started = std::time::Instant::now();
+            let mut agents = Vec::new();
+            for a in 0..AGENTS {
+                let (url, sizes, body) = (gw.base_url(), sizes.clone(), body.clone());
+                agents.push(tokio::spawn(async move {
+                    let mut refused = 0;
+                    for i in 0..turns {
+                        let out = sizes[(a * turns + i) % sizes.len()];
+                        refused +=
+                            usize::from(bench_turn(&url, cli, &body, input, out).await != 200);
+                    }
+                    refused
+                }));
             }
-        });
-        let started = std::time::Instant::now();
-        let mut agents = Vec::new();
-        for a in 0..AGENTS {
-            let url = gw.base_url();
-            let sizes = sizes.clone();
-            agents.push(tokio::spawn(async move {
-                let mut refused = 0;
-                for i in 0..turns {
-                    let out = sizes[(a * turns + i) % sizes.len()];
-                    let (status, _) = post_turn_in(&url, input, out).await;
-                    refused += usize::from(status != 200);
-                }
-                refused
-            }));
+            let mut refused = 0;
+            for a in agents {
+                refused += a.await.unwrap();
+            }
+            gw.all_settled().await;
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            let peak_exposure = sampler.await.unwrap();
+            let after = scrape(&gw).await;
+            let reserved = sum(&after, "budgetgate_reserved_tokens_total") - r0;
+            let settled = sum(&after, "budgetgate_settled_tokens_total") - s0;
+            let debt = sum(&after, "budgetgate_output_debt_tokens_total") as u64;
+            let past = sum(&after, "budgetgate_output_past_reservation_total") as u64;
+            let (largest_debt, peak_turn) = replay(cli, mode, &sizes, AGENTS * turns, input);
+            println!(
+                "agent_turns {} {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, {refused} refused; \
+                 reserved/settled {:.3} ({reserved} / {settled}); turns past their reservation {past}, debt {debt} tokens \
+                 (largest one turn's {largest_debt}); peak exposure {peak_exposure}; smallest tpm admitting one turn {peak_turn} \
+                 (x{AGENTS} for {AGENTS} at once); {:.1} s",
+                cli.name(),
+                reserved / settled,
+                started.elapsed().as_secs_f64(),
+            );
         }
-        let mut refused = 0;
-        for a in agents {
-            refused += a.await.unwrap();
-        }
-        gw.all_settled().await;
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        let peak_exposure = sampler.await.unwrap();
-        let after = scrape(&gw).await;
-        let reserved = sum(&after, "budgetgate_reserved_tokens_total") - r0;
-        let settled = sum(&after, "budgetgate_settled_tokens_total") - s0;
-        let debt = sum(&after, "budgetgate_output_debt_tokens_total");
-        let past = sum(&after, "budgetgate_output_past_reservation_total");
-        println!(
-            "agent_turns claude-code {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, {refused} refused, \
-             reserved/settled {:.3} ({reserved} / {settled}), turns past their reservation {past}, debt {debt} tokens \
-             (largest turn {}), peak exposure {peak_exposure}, {:.1} s",
-            reserved / settled,
-            largest_debt(mode, &sizes, AGENTS * turns),
-            started.elapsed().as_secs_f64(),
-        );
     }
 }
 
-/// The largest debt of one turn: its output above the p90 of the 200
-/// answers before it (0 in cap mode), replayed from the list.
-fn largest_debt(mode: &str, sizes: &[u64], n: usize) -> u64 {
+/// Replayed from the list in order (the 4 agents' turns interleave, so
+/// this is the list's figure, not the run's): the largest debt of one turn
+/// (its output above the p90 of the 200 answers before it; 0 in cap mode)
+/// and the largest reservation of one turn (the smallest `tpm` that admits
+/// every turn alone).
+fn replay(cli: Cli, mode: &str, sizes: &[u64], n: usize, input: u64) -> (u64, u64) {
     if mode == "cap" {
-        return 0;
+        return (0, input + cli.cap());
     }
     let mut w: Vec<u64> = Vec::new();
-    let mut largest = 0;
+    let (mut debt, mut peak) = (0, 0);
     for i in 0..n {
-        let out = sizes[i % sizes.len()];
+        let out = sizes[i % sizes.len()].clamp(1, cli.cap());
         let mut sorted = w.clone();
         sorted.sort_unstable();
         let e = if sorted.len() < 20 {
-            4096
+            cli.default_output()
         } else {
             sorted[(sorted.len() * 900).div_ceil(1000) - 1]
-        };
-        largest = largest.max(out.saturating_sub(e));
+        }
+        .min(cli.cap());
+        debt = u64::max(debt, out.saturating_sub(e));
+        peak = u64::max(peak, input + e);
         w.push(out);
         if w.len() > 200 {
             w.remove(0);
         }
     }
-    largest
-}
-
-/// A Claude Code-shaped thinking turn by URL: the mock reports `input` and
-/// answers `output` tokens.
-async fn post_turn_in(base_url: &str, input: u64, output: u64) -> (u16, String) {
-    let body = json!({
-        "model": "claude-test", "max_tokens": CAP, "stream": true,
-        "thinking": {"type": "enabled", "budget_tokens": 32_000},
-        "system": "You are Claude Code, Anthropic's official CLI for Claude.",
-        "messages": [{"role": "user", "content": "Fix the failing test in src/lib.rs and run cargo test."}],
-    });
-    let r = reqwest::Client::new()
-        .post(format!("{base_url}/messages"))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .header(
-            "x-mock-messages",
-            format!("input={input},thinking={}", output.saturating_sub(1)),
-        )
-        .json(&body)
-        .send()
-        .await
-        .expect("POST /v1/messages");
-    let status = r.status().as_u16();
-    (status, r.text().await.unwrap_or_default())
+    (debt, peak)
 }
