@@ -75,11 +75,17 @@ impl OutputWindow {
     }
 }
 
+/// One (model, tenant)'s window, shared by its plans.
+type SharedWindow = Arc<Mutex<OutputWindow>>;
+
+/// The windows by (model, tenant) name (names, not ids: kept across reloads).
+type Windows = HashMap<(Arc<str>, Arc<str>), SharedWindow>;
+
 /// The gateway's windows and exposure book (one per process, every
 /// serving thread's; kept across reloads).
 #[derive(Default)]
 pub struct ExpectedBooks {
-    windows: Mutex<HashMap<(Arc<str>, Arc<str>), Arc<Mutex<OutputWindow>>>>,
+    windows: Mutex<Windows>,
     /// Exposure in use per budget.
     pub exposure: Arc<ExposureBook>,
 }
