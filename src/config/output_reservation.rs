@@ -92,36 +92,39 @@ pub enum RawMaxExposure {
 }
 
 /// `output_reservation` as written: `Some(true)` for `"expected"`,
-/// `Some(false)` for `"cap"`, `Err` otherwise.
-pub fn parse_mode(s: &str) -> Result<bool, String> {
+/// `Some(false)` for `"cap"`, `None` otherwise.
+pub fn parse_mode(s: &str) -> Option<bool> {
     match s {
-        "expected" => Ok(true),
-        "cap" => Ok(false),
-        other => Err(format!("must be \"expected\" or \"cap\", not {other:?}")),
+        "expected" => Some(true),
+        "cap" => Some(false),
+        _ => None,
     }
 }
 
 /// `expected_quantile` as written (a fraction in (0, 1]), per mille.
-pub fn parse_quantile(q: f64) -> Result<u32, String> {
-    if q.is_finite() && q > 0.0 && q <= 1.0 {
-        // Rounded to the nearest per mille, at least 1.
-        Ok(((q * 1000.0).round() as u32).clamp(1, 1000))
-    } else {
-        Err(format!("must be within (0, 1], not {q}"))
-    }
+pub fn parse_quantile(q: f64) -> Option<u32> {
+    // Rounded to the nearest per mille, at least 1.
+    (q.is_finite() && q > 0.0 && q <= 1.0).then(|| ((q * 1000.0).round() as u32).clamp(1, 1000))
 }
 
 /// `max_exposure` as written.
-pub fn parse_exposure(raw: &RawMaxExposure) -> Result<MaxExposure, String> {
+pub fn parse_exposure(raw: &RawMaxExposure) -> Option<MaxExposure> {
     match raw {
-        RawMaxExposure::Tokens(t) if *t >= 0 => Ok(MaxExposure::Tokens(*t as u64)),
-        RawMaxExposure::Tokens(t) => Err(format!("must be ≥ 0, not {t}")),
+        RawMaxExposure::Tokens(t) => u64::try_from(*t).ok().map(MaxExposure::Tokens),
         RawMaxExposure::Text(s) => s
             .strip_suffix('%')
             .and_then(|p| p.trim().parse::<u64>().ok())
             .filter(|&p| p <= 100)
-            .map(MaxExposure::Percent)
-            .ok_or_else(|| format!("must be a token count or \"N%\" (0 to 100), not {s:?}")),
+            .map(MaxExposure::Percent),
+    }
+}
+
+impl std::fmt::Display for RawMaxExposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tokens(t) => write!(f, "{t}"),
+            Self::Text(s) => write!(f, "{s:?}"),
+        }
     }
 }
 
@@ -131,16 +134,17 @@ mod tests {
 
     #[test]
     fn settings_parse_and_bound() {
-        assert_eq!(parse_mode("expected"), Ok(true));
-        assert!(parse_mode("p90").is_err());
-        assert_eq!(parse_quantile(0.9), Ok(900));
-        assert!(parse_quantile(0.0).is_err());
-        assert!(parse_quantile(1.5).is_err());
+        assert_eq!(parse_mode("expected"), Some(true));
+        assert_eq!(parse_mode("p90"), None);
+        assert_eq!(parse_quantile(0.9), Some(900));
+        assert_eq!(parse_quantile(0.0), None);
+        assert_eq!(parse_quantile(1.5), None);
         assert_eq!(
             parse_exposure(&RawMaxExposure::Text("10%".into())),
-            Ok(MaxExposure::Percent(10))
+            Some(MaxExposure::Percent(10))
         );
-        assert!(parse_exposure(&RawMaxExposure::Text("ten".into())).is_err());
+        assert_eq!(parse_exposure(&RawMaxExposure::Text("ten".into())), None);
+        assert_eq!(parse_exposure(&RawMaxExposure::Tokens(-1)), None);
         assert_eq!(MaxExposure::Percent(10).of(2_000_000), 200_000);
         assert_eq!(MaxExposure::Tokens(5).of(2_000_000), 5);
     }

@@ -190,39 +190,61 @@ fn output_reservation(v: &mut V, raw: &RawConfig, i: usize, t: &mut TenantPolicy
     use crate::config::output_reservation::{
         parse_exposure, parse_mode, parse_quantile, ExpectedSettings,
     };
-    let lineage = || std::iter::once(i).chain(t.ancestors.iter().copied());
+    let lineage: Vec<usize> = std::iter::once(i)
+        .chain(t.ancestors.iter().copied())
+        .collect();
     let mut settings = ExpectedSettings::default();
-    if let Some((l, q)) = lineage().find_map(|l| Some((l, raw.tenants[l].expected_quantile?))) {
-        match parse_quantile(q) {
-            Ok(q) => settings.quantile_permille = q,
-            Err(e) => v.err(format!("tenants[{l}].expected_quantile"), e),
-        }
-    }
-    if let Some((l, m)) = lineage().find_map(|l| Some((l, raw.tenants[l].max_exposure.as_ref()?))) {
-        match parse_exposure(m) {
-            Ok(m) => settings.max_exposure = m,
-            Err(e) => v.err(format!("tenants[{l}].max_exposure"), e),
-        }
-    }
-    let mode = |v: &mut V, path: String, s: &str| match parse_mode(s) {
-        Ok(true) => Some(OutputReservation::Expected(settings)),
-        Ok(false) => Some(OutputReservation::Cap),
-        Err(e) => {
-            v.err(path, e);
-            None
-        }
-    };
-    if let Some((l, m)) =
-        lineage().find_map(|l| Some((l, raw.tenants[l].output_reservation.as_deref()?)))
+    if let Some((l, q)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].expected_quantile?)))
     {
-        if let Some(m) = mode(v, format!("tenants[{l}].output_reservation"), m) {
-            t.output_reservation = m;
+        match parse_quantile(q) {
+            Some(q) => settings.quantile_permille = q,
+            None => v.err(
+                format!("tenants[{l}].expected_quantile"),
+                format!("must be within (0, 1], not {q}"),
+            ),
+        }
+    }
+    if let Some((l, m)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].max_exposure.as_ref()?)))
+    {
+        match parse_exposure(m) {
+            Some(m) => settings.max_exposure = m,
+            None => v.err(
+                format!("tenants[{l}].max_exposure"),
+                format!("must be a token count or \"N%\" (0 to 100), not {m}"),
+            ),
+        }
+    }
+    let mode = |s: &str| {
+        parse_mode(s).map(|expected| match expected {
+            true => OutputReservation::Expected(settings),
+            false => OutputReservation::Cap,
+        })
+    };
+    if let Some((l, m)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].output_reservation.as_deref()?)))
+    {
+        match mode(m) {
+            Some(m) => t.output_reservation = m,
+            None => v.err(
+                format!("tenants[{l}].output_reservation"),
+                format!("must be \"expected\" or \"cap\", not {m:?}"),
+            ),
         }
     }
     for (j, k) in raw.tenants[i].keys.iter().enumerate() {
         if let (Some(m), Some(kp)) = (k.output_reservation.as_deref(), t.keys.get_mut(j)) {
-            kp.output_reservation =
-                mode(v, format!("tenants[{i}].keys[{j}].output_reservation"), m);
+            kp.output_reservation = mode(m);
+            if kp.output_reservation.is_none() {
+                v.err(
+                    format!("tenants[{i}].keys[{j}].output_reservation"),
+                    format!("must be \"expected\" or \"cap\", not {m:?}"),
+                );
+            }
         }
     }
 }
