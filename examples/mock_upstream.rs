@@ -696,7 +696,8 @@ async fn handle(
                     .and_then(fault_from_model)
             })
             .or(*lock(&st.fault));
-        return responses::handle(&st, &method, uri.path(), parsed, fault).await;
+        let sc = responses::Scenario::from_headers(&headers);
+        return responses::handle(&st, &method, uri.path(), parsed, fault, sc).await;
     }
 
     let (op, deployment) = match route(&method, uri.path()) {

@@ -341,6 +341,9 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             for line in budgetgate::admission::quota_lease::bounds::describe(&p) {
                 println!("{line}");
             }
+            for line in budgetgate::admission::expected::describe(&p) {
+                println!("{line}");
+            }
             for line in p.model_pattern_notes() {
                 println!("{line}");
             }

@@ -163,6 +163,10 @@ function budgetRow(b) {
     ? '$' + b.usd.remaining + ' / $' + b.usd.limit
     : fmt.format(b.remaining) + ' / ' + fmt.format(b.capacity) + ' ' + unit;
   row.appendChild(el('span', 'numbers', numbers));
+  // Usage settled above its reservation (expected-mode turns) shows as debt.
+  if (b.debt > 0) {
+    row.appendChild(el('span', 'debt', 'debt ' + fmt.format(b.debt) + ' ' + unit));
+  }
   row.appendChild(el('span', 'reset', resetText(b)));
   return row;
 }

@@ -30,6 +30,12 @@
 //! * Web searches ([`MockState::set_web_search_calls`]): an answer whose
 //!   body offers a `web_search` tool reports that many `web_search_call`
 //!   items before its message (at most the body's `max_tool_calls`).
+//! * Per request, the `x-mock-responses` header (comma-separated
+//!   `name=value`, as `x-mock-messages`): `input=N` reports N input tokens
+//!   (else the mock's own count), `output=N` answers N visible tokens
+//!   (else the mock's output setting, within `max_output_tokens`),
+//!   `reasoning=N` adds N reasoning tokens (else
+//!   [`MockState::set_responses_details`]'s).
 //! * Every response is stored at creation (status `in_progress` while it
 //!   streams), so it can be fetched while the stream runs.
 
@@ -82,8 +88,40 @@ pub fn responses_input_tokens(bpe: &CoreBPE, body: &Value) -> u64 {
     n
 }
 
-fn usage(st: &MockState, input: u64, visible_output: u64) -> Value {
+/// The `x-mock-responses` controls of one request (module docs).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scenario {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+    pub reasoning: Option<u64>,
+}
+
+impl Scenario {
+    /// Reads the `x-mock-responses` header.
+    pub fn from_headers(h: &axum::http::HeaderMap) -> Scenario {
+        let mut s = Scenario::default();
+        let Some(v) = h.get("x-mock-responses").and_then(|v| v.to_str().ok()) else {
+            return s;
+        };
+        for pair in v.split(',') {
+            let Some((k, v)) = pair.split_once('=') else {
+                continue;
+            };
+            let n = v.trim().parse::<u64>().ok();
+            match k.trim() {
+                "input" => s.input = n,
+                "output" => s.output = n,
+                "reasoning" => s.reasoning = n,
+                _ => {}
+            }
+        }
+        s
+    }
+}
+
+fn usage(st: &MockState, input: u64, visible_output: u64, sc: Scenario) -> Value {
     let (cached, reasoning) = *lock(&st.responses_details);
+    let reasoning = sc.reasoning.unwrap_or(reasoning);
     let (input, visible_output) = st.usage(input, visible_output);
     let output = visible_output + reasoning;
     json!({
@@ -115,6 +153,7 @@ pub async fn handle(
     path: &str,
     body: Option<Value>,
     fault: Option<Fault>,
+    sc: Scenario,
 ) -> Response {
     let path = path.strip_suffix('/').unwrap_or(path);
     if let Some((id, action)) = stored_id(path) {
@@ -181,7 +220,8 @@ pub async fn handle(
     // An upstream that ignores the cap (as `max_tokens_only` servers ignore
     // every cap field but `max_tokens`).
     let cap = cap.filter(|_| fault != Some(Fault::MaxTokensOnly));
-    let wanted = st.output_tokens();
+    let wanted = sc.output.unwrap_or_else(|| st.output_tokens());
+    let input = sc.input.unwrap_or(input);
     let mut k = cap.map_or(wanted, |c| wanted.min(c));
     let mut ending = if cap.is_some_and(|c| wanted > c) {
         Ending::Incomplete
@@ -216,6 +256,7 @@ pub async fn handle(
         ending,
         usage_missing: fault == Some(Fault::MissingUsage),
         body: body.clone(),
+        scenario: sc,
     };
     lock(&st.stored).insert(id.clone(), plan.response("in_progress", vec![], None, st));
     if let Some(items) = body.get("input") {
@@ -255,6 +296,7 @@ struct Plan {
     ending: Ending,
     usage_missing: bool,
     body: Value,
+    scenario: Scenario,
 }
 
 fn tool_call(body: &Value) -> Option<String> {
@@ -349,7 +391,7 @@ impl Plan {
 
     fn final_usage(&self, st: &MockState) -> Option<Value> {
         let missing = self.usage_missing || self.ending == (Ending::Failed { usage: false });
-        (!missing).then(|| usage(st, self.input, self.visible_output()))
+        (!missing).then(|| usage(st, self.input, self.visible_output(), self.scenario))
     }
 
     fn final_response(&self, st: &MockState) -> Value {

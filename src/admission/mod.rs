@@ -15,6 +15,8 @@
 //!   [`GatewayStore`] every request reserves through.
 //! - [`deny_release`]: the settlement observer that clears the deny
 //!   cache's entries of a hold whose settlement refunded.
+//! - [`expected`] and [`exposure`]: expected-output reservation (opt-in)
+//!   and the per-budget exposure it may take.
 //! - [`compensate`]: reservations whose reply was lost, settled under their
 //!   own id when the request ends (DESIGN section 13).
 //!
@@ -25,6 +27,8 @@ pub mod amounts;
 pub mod compensate;
 pub mod deny;
 pub mod deny_release;
+pub mod expected;
+pub mod exposure;
 pub mod fail_open;
 pub mod held;
 pub mod plan;

@@ -15,6 +15,7 @@ pub mod ids;
 pub mod ledger;
 pub mod model_names;
 mod output_limit;
+pub mod output_reservation;
 pub mod queue;
 pub mod raw;
 pub mod reload;
@@ -289,6 +290,8 @@ pub struct KeyPolicy {
     /// The model names the key may send, exact or patterns
     /// ([`model_names`], matched on the name sent); `None`: every model.
     pub allowed_models: Option<Vec<model_names::NamePattern>>,
+    /// `output_reservation` of requests with this key (`None`: the tenant's).
+    pub output_reservation: Option<output_reservation::OutputReservation>,
 }
 
 impl KeyPolicy {
@@ -378,6 +381,16 @@ pub struct TenantPolicy {
     /// Fair-share weight within a class (`weight`): its own, its nearest
     /// ancestor's, else 1.
     pub weight: u64,
+    /// `output_reservation` (with `expected_quantile`, `max_exposure`):
+    /// its own, its nearest ancestor's, else the whole cap.
+    pub output_reservation: output_reservation::OutputReservation,
+}
+
+impl TenantPolicy {
+    /// The output reservation of a request with `key`: the key's, else the tenant's.
+    pub fn output_reservation(&self, key: &KeyPolicy) -> output_reservation::OutputReservation {
+        key.output_reservation.unwrap_or(self.output_reservation)
+    }
 }
 
 /// A whole validated configuration.

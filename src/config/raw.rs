@@ -384,6 +384,10 @@ pub struct RawTenant {
     pub lease: Option<String>,
     pub priority: Option<String>,
     pub weight: Option<i64>,
+    /// `"cap"` (the default) or `"expected"` (issue 37 point 5).
+    pub output_reservation: Option<String>,
+    pub expected_quantile: Option<f64>,
+    pub max_exposure: Option<super::output_reservation::RawMaxExposure>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -396,6 +400,9 @@ pub struct RawKey {
     pub lease: Option<String>,
     pub priority: Option<String>,
     pub weight: Option<i64>,
+    /// `"cap"` or `"expected"`; unset: the tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_reservation: Option<String>,
     /// What a key created through the admin API adds (never read from the
     /// file: the control database holds it).
     #[serde(skip)]

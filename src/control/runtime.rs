@@ -420,6 +420,7 @@ pub fn merge_placing(
             id: k.id.clone(),
             sha256: current.sha256.clone(),
             limits: k.limits.clone(),
+            output_reservation: None,
             terms: KeyTerms {
                 expires_at: k.expires_at,
                 allowed_models: k.allowed_models.clone(),

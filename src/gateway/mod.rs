@@ -76,6 +76,8 @@ pub struct AppState {
     pub control: Arc<std::sync::OnceLock<Arc<crate::control::ControlPlane>>>,
     /// `GET /v1/budget`'s last answer per key (at most a second old).
     pub own_budgets: Arc<own_budgets::Answers>,
+    /// Expected-output windows and exposure book (per process).
+    pub expected: Arc<crate::admission::expected::ExpectedBooks>,
 }
 
 /// The budgets a request of one (tenant, key, model) reserves against,
@@ -95,6 +97,9 @@ pub struct BudgetPlan {
     pub requester: Arc<Requester>,
     /// What every ledger row of the plan's reservations shares.
     pub ledger: Arc<crate::ledger::LedgerScope>,
+    /// `output_reservation = "expected"` of the tenant or key; `None`:
+    /// the whole cap (nothing looked up per request).
+    pub expected: Option<crate::admission::expected::ExpectedPlan>,
 }
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
@@ -168,6 +173,7 @@ impl AppState {
             records,
             recent_refusals: Arc::default(),
             own_budgets: Arc::default(),
+            expected: Arc::default(),
             queue,
             ledger,
             spans,
@@ -241,6 +247,14 @@ impl AppState {
                             .collect(),
                         upstream_model: model.upstream_model.as_str().into(),
                     }),
+                    expected: tenant.output_reservation(key).expected().map(|s| {
+                        self.expected.plan(
+                            s,
+                            &tenant.name,
+                            &model.name,
+                            model.default_max_output_tokens,
+                        )
+                    }),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name)),
                     requester: Arc::new(Requester {
                         tenant: tenant.name.as_str().into(),
@@ -275,6 +289,7 @@ impl AppState {
             records: self.records.clone(),
             recent_refusals: self.recent_refusals.clone(),
             own_budgets: self.own_budgets.clone(),
+            expected: self.expected.clone(),
             queue: self.queue.clone(),
             ledger: self.ledger.clone(),
             spans: self.spans.clone(),

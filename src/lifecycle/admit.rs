@@ -9,6 +9,7 @@ use super::context::RequestContext;
 use super::prepare::Prepared;
 use super::route::Attempts;
 use crate::admission::amounts::{self, Budgets, Counting, Demand};
+use crate::admission::expected::{ExpectedTicket, Output};
 use crate::admission::HeldReservation;
 use crate::budget::{Admission, BudgetName, BudgetSpec, ReserveOutcome, ReserveRequest};
 use crate::gateway::error::ApiError;
@@ -40,6 +41,8 @@ pub struct HoldBudgets {
     deployment: usize,
     /// Units per `RATE_ONE` output tokens an extension debits, per spec.
     rates: Vec<u64>,
+    /// What an expected-mode reservation's settlement records.
+    expected: Option<ExpectedTicket>,
 }
 
 impl HoldBudgets {
@@ -68,6 +71,14 @@ impl HoldBudgets {
     /// What an extension pays per budget (see [`amounts::extension_rates`]).
     pub fn rates(&self) -> &[u64] {
         &self.rates
+    }
+
+    /// Records the settled `output` of an expected-mode reservation (in
+    /// its window when `answered`: neither cut off nor failed).
+    pub fn expected_settled(&self, output: u64, answered: bool) {
+        if let Some(t) = &self.expected {
+            t.settled(output, answered);
+        }
     }
 
     /// The prices the hold was admitted under (its plan's policy, not the
@@ -118,7 +129,7 @@ pub async fn admit<'p>(
         specs: &common,
         counting: &common_counting,
     };
-    let costs = amounts::reserve_costs(
+    let mut costs = amounts::reserve_costs(
         &demand,
         common_budgets,
         candidates.iter().map(|d| {
@@ -129,6 +140,18 @@ pub async fn admit<'p>(
             (budgets, d.price.as_deref())
         }),
     );
+    // Opt-in only: a plan in "cap" mode has no expected part.
+    let (exposure, expected) = match &plan.expected {
+        Some(e) if !request.stream || request.never_extend => {
+            let output = Output {
+                cap: demand.output,
+                choices: request.estimate.choices,
+            };
+            let (guard, ticket) = e.lower(output, common_budgets, &mut costs);
+            (Some(guard), Some(ticket))
+        }
+        _ => (None, None),
+    };
     let reserve = ReserveRequest {
         share: cx.share.clone(),
         id: id.clone(),
@@ -229,6 +252,7 @@ pub async fn admit<'p>(
             .is_some()
             .then(|| capacity_returned(plan.clone(), admission.candidate, &candidates)),
         who,
+        until_settled: exposure.map(|g| Box::new(g) as Box<dyn std::any::Any + Send + Sync>),
     });
     let rates = amounts::extension_rates(
         &demand,
@@ -251,6 +275,7 @@ pub async fn admit<'p>(
         common: reserve.common,
         common_counting,
         rates,
+        expected,
     };
     Ok(Admitted {
         hold,

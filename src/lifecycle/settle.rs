@@ -20,6 +20,10 @@ pub fn settle(
     outcome: Outcome,
 ) -> u64 {
     let actual = used.total();
+    budgets.expected_settled(
+        used.output.unwrap_or(0),
+        matches!(outcome, Outcome::Answered),
+    );
     let cost = amounts::settled_cost(&used, budgets.price());
     let settlement = Settlement {
         actual_tokens: actual,

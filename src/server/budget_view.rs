@@ -4,6 +4,7 @@
 //!
 //! - One budget renders the same everywhere ([`budget_json`]): its scope,
 //!   scope kind and name, budget, kind, `unit`, limit, capacity, remaining,
+//!   debt (what a budget in debt owes),
 //!   reset. A reader draws any budget as `remaining / capacity unit` without
 //!   knowing its kind, so a new kind (e.g. dollars) needs no page change.
 //! - Tenants are listed by name, `limit` per page (default
@@ -94,6 +95,9 @@ pub fn budget_json(spec: &BudgetSpec, s: &BudgetState) -> Value {
         "limit": s.limit,
         "capacity": spec.capacity(),
         "remaining": s.remaining,
+        // Usage settled above what was held (expected-mode turns, estimate
+        // errors): what the budget owes, in its unit.
+        "debt": (-s.remaining).max(0),
         "reset_micros": s.reset_micros,
         "reset": go_duration(s.reset_micros),
         "window": s.window,

@@ -80,6 +80,11 @@ pub struct Subject {
     pub returned: Option<Arc<dyn Returned>>,
     /// Who, what and where, while the ledger or the request spans are on.
     pub who: Option<Box<Who>>,
+    /// What the hold keeps until its settlement is applied and every
+    /// observer has run, then drops: an expected-output hold's exposure
+    /// (`admission::exposure`), given back exactly once on every path
+    /// (settlement, refund, void, drop backstop).
+    pub until_settled: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 /// What every reservation of one budget plan (tenant, key, model, policy)

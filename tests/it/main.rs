@@ -33,6 +33,7 @@ mod dollars_flow;
 mod edges;
 mod end_users;
 mod estimate_accuracy;
+mod expected_output;
 mod first_use;
 mod gateway_budgets;
 mod gateway_errors;

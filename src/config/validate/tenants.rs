@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::V;
 use crate::config::ids::is_valid_id;
 use crate::config::model_names::NamePattern;
+use crate::config::output_reservation::OutputReservation;
 use crate::config::raw::RawConfig;
 use crate::config::*;
 
@@ -84,6 +85,8 @@ pub(super) fn tenants(
                         })
                         .collect()
                 }),
+                // Resolved below, with the tenant's settings.
+                output_reservation: None,
             });
         }
         let mut model_limits = BTreeMap::new();
@@ -147,6 +150,8 @@ pub(super) fn tenants(
             priority: super::queue::class(v, &format!("{path}.priority"), t.priority.as_deref())
                 .unwrap_or_default(),
             weight: super::queue::weight(v, &format!("{path}.weight"), t.weight).unwrap_or(1),
+            // Resolved below, from the tenant up.
+            output_reservation: OutputReservation::Cap,
         });
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
@@ -172,9 +177,76 @@ pub(super) fn tenants(
         {
             t.weight = w as u64;
         }
+        output_reservation(v, raw, i, t);
     }
 
     (tenants, key_index)
+}
+
+/// Resolves `output_reservation`, `expected_quantile` and `max_exposure`
+/// of tenant `i` (each its own, else its nearest ancestor's) and of its
+/// keys (a key's mode, with the tenant's settings).
+fn output_reservation(v: &mut V, raw: &RawConfig, i: usize, t: &mut TenantPolicy) {
+    use crate::config::output_reservation::{
+        parse_exposure, parse_mode, parse_quantile, ExpectedSettings,
+    };
+    let lineage: Vec<usize> = std::iter::once(i)
+        .chain(t.ancestors.iter().copied())
+        .collect();
+    let mut settings = ExpectedSettings::default();
+    if let Some((l, q)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].expected_quantile?)))
+    {
+        match parse_quantile(q) {
+            Some(q) => settings.quantile_permille = q,
+            None => v.err(
+                format!("tenants[{l}].expected_quantile"),
+                format!("must be within (0, 1], not {q}"),
+            ),
+        }
+    }
+    if let Some((l, m)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].max_exposure.as_ref()?)))
+    {
+        match parse_exposure(m) {
+            Some(m) => settings.max_exposure = m,
+            None => v.err(
+                format!("tenants[{l}].max_exposure"),
+                format!("must be a token count or \"N%\" (0 to 100), not {m}"),
+            ),
+        }
+    }
+    let mode = |s: &str| {
+        parse_mode(s).map(|expected| match expected {
+            true => OutputReservation::Expected(settings),
+            false => OutputReservation::Cap,
+        })
+    };
+    if let Some((l, m)) = lineage
+        .iter()
+        .find_map(|&l| Some((l, raw.tenants[l].output_reservation.as_deref()?)))
+    {
+        match mode(m) {
+            Some(m) => t.output_reservation = m,
+            None => v.err(
+                format!("tenants[{l}].output_reservation"),
+                format!("must be \"expected\" or \"cap\", not {m:?}"),
+            ),
+        }
+    }
+    for (j, k) in raw.tenants[i].keys.iter().enumerate() {
+        if let (Some(m), Some(kp)) = (k.output_reservation.as_deref(), t.keys.get_mut(j)) {
+            kp.output_reservation = mode(m);
+            if kp.output_reservation.is_none() {
+                v.err(
+                    format!("tenants[{i}].keys[{j}].output_reservation"),
+                    format!("must be \"expected\" or \"cap\", not {m:?}"),
+                );
+            }
+        }
+    }
 }
 
 /// A digest's entry: refused from the earlier of the key's expiry and the

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The agent-turns benchmark (issue 37 point 5): 4 agents x 200 thinking
+# turns (cap 64,000) with outputs in order from
+# tests/fixtures/agent_turns/output_sizes.txt (scripts/output_sizes.py), in
+# "expected" and "cap" mode, under a quota the exposure cap does not bind.
+# Prints reserved / settled tokens, turns past their reservation, debt and
+# peak exposure per mode; nothing is asserted, no timing is a criterion.
+#   scripts/agent_turns.sh            # 200 turns per agent
+#   AGENT_TURNS=50 scripts/agent_turns.sh
+#   RELEASE=1 scripts/agent_turns.sh  # a release build (same figures, faster)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test ${RELEASE:+--release} --test it expected_output::agent_turns_benchmark -- --ignored --nocapture 2>&1 |
+    grep -E '^agent_turns|test result'
