@@ -17,17 +17,19 @@ pub fn observers(
     spans: &Arc<OnceLock<Arc<crate::telemetry::Spans>>>,
     clock: &Arc<dyn Clock>,
 ) -> Observers {
+    // The deny cache first, then the queue: a waiter woken for capacity
+    // must not meet an entry the refund cleared. Then what only records.
     let list: Vec<Arc<dyn Observer>> = vec![
-        Arc::new(crate::telemetry::settlement::RequestSpans::new(
-            spans.clone(),
-            clock.clone(),
-        )),
-        Arc::new(crate::ledger::LedgerRows::new(ledger.clone())),
+        Arc::new(crate::admission::deny_release::DenyReleaseObserver),
         Arc::new(crate::queue::settlement::CapacityReturned::new(
             queue.clone(),
         )),
         Arc::new(crate::metrics::settlement::TenantSettlements),
-        Arc::new(crate::admission::deny_release::DenyReleaseObserver),
+        Arc::new(crate::ledger::LedgerRows::new(ledger.clone())),
+        Arc::new(crate::telemetry::settlement::RequestSpans::new(
+            spans.clone(),
+            clock.clone(),
+        )),
     ];
     Observers::new(list)
 }
