@@ -11,7 +11,7 @@
 #           installed without starting or enabling its Prometheus server
 # postgres  Debian's `postgresql` server binaries (/usr/lib/postgresql/*/bin: initdb,
 #           pg_ctl); tests make their own clusters, the package's own cluster is not started
-# containers  podman, buildah, debootstrap, runc, netavark, aardvark-dns, catatonit (the
+# containers  podman, buildah, debootstrap, runc, netavark, aardvark-dns, catatonit, iptables (the
 #           image and compose checks, scripts/image.sh and scripts/compose.sh)
 # node      node and npm (Debian's `nodejs`, `npm`): scripts/test.sh installs the pinned
 #           coding-agent CLIs with `npm ci` (tests/agents/)
@@ -42,7 +42,11 @@ for w in "${want[@]}"; do
             # and the init of a pod's infra container.
             [ -x /usr/lib/podman/netavark ] || packages+=(netavark)
             [ -x /usr/lib/podman/aardvark-dns ] || packages+=(aardvark-dns)
-            command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || packages+=(catatonit) ;;
+            command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || packages+=(catatonit)
+            # netavark sets up a container's network with iptables; without
+            # it every RUN step fails "netavark: No such file or directory"
+            # (seen on a machine where Debian's netavark came without it).
+            command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || packages+=(iptables) ;;
         node)
             command -v node >/dev/null 2>&1 || packages+=(nodejs)
             command -v npm >/dev/null 2>&1 || packages+=(npm) ;;
