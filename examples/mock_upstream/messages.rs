@@ -252,11 +252,9 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
 fn server_tool_calls(sc: &Scenario, body: &Value) -> Option<Value> {
     let tools = body.get("tools").and_then(Value::as_array)?;
     let offered = |prefix: &str| {
-        tools.iter().find(|t| {
-            t["type"]
-                .as_str()
-                .is_some_and(|ty| ty.starts_with(prefix))
-        })
+        tools
+            .iter()
+            .find(|t| t["type"].as_str().is_some_and(|ty| ty.starts_with(prefix)))
     };
     let calls = |prefix: &str, n: u64| {
         offered(prefix).map_or(0, |t| t["max_uses"].as_u64().map_or(n, |m| n.min(m)))

@@ -120,10 +120,7 @@ pub fn unpriced_feature(
 
 /// A Messages server tool not priced in `hosted` (priced by its name
 /// without the version date: `web_search_20250305` as `web_search`).
-fn server_tool(
-    body: &Value,
-    hosted: &crate::money::HostedPrices,
-) -> Option<anthropic::Unmetered> {
+fn server_tool(body: &Value, hosted: &crate::money::HostedPrices) -> Option<anthropic::Unmetered> {
     use crate::money::HostedKind;
     let priced = |ty: &str| {
         HostedKind::of_tool_type(anthropic::server_tool_name(ty))

@@ -115,8 +115,7 @@ impl UsageFields {
         if let Some(calls) = u.get("server_tool_use") {
             for (field, kind) in SERVER_TOOL_USAGE {
                 if let Some(n) = clamp_count(calls.get(field), field) {
-                    self.hosted
-                        .set(kind, u32::try_from(n).unwrap_or(u32::MAX));
+                    self.hosted.set(kind, u32::try_from(n).unwrap_or(u32::MAX));
                 }
             }
         }
@@ -230,9 +229,7 @@ pub fn server_tools(body: &Value) -> impl Iterator<Item = (usize, &str)> {
 /// allows and prices it by.
 pub fn server_tool_name(ty: &str) -> &str {
     match ty.rsplit_once('_') {
-        Some((name, date)) if date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()) => {
-            name
-        }
+        Some((name, date)) if date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()) => name,
         _ => ty,
     }
 }

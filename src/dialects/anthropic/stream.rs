@@ -133,8 +133,7 @@ impl MessagesStream {
         if !self.stopped {
             u.output = Some(self.delivered_output());
             for k in crate::money::HostedKind::ALL {
-                u.hosted
-                    .set(k, u.hosted.get(k).max(self.calls_seen.get(k)));
+                u.hosted.set(k, u.hosted.get(k).max(self.calls_seen.get(k)));
             }
         } else if u.output.is_none() {
             u.output = Some(self.counted());
@@ -216,8 +215,10 @@ mod tests {
         assert_eq!(s.used().hosted.get(WebSearch), 2, "cut: the calls started");
         feed(
             &mut s,
-            &[json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
-                "usage": {"output_tokens": 5, "server_tool_use": {"web_search_requests": 3}}})],
+            &[
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 5, "server_tool_use": {"web_search_requests": 3}}}),
+            ],
         );
         assert_eq!(s.used().hosted.get(WebSearch), 3, "the final count");
     }
