@@ -184,6 +184,19 @@ async fn streamed_calls_settle_and_max_uses_is_set_and_lowered() {
         .used(Scope::Tenant(TENANT.into()), BudgetName::UsdPerDay)
         .await;
     let calls = 2 * 10_000 + 2_000;
+    // A count is the body's tokens, without the calls' input allowance.
+    let r = reqwest::Client::new()
+        .post(format!("{}/messages/count_tokens", gw.base_url()))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body(json!([search(None)])))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let counted = v["input_tokens"].as_u64().unwrap();
+    assert!((1..1000).contains(&counted), "{v}");
     assert!(
         (calls..calls + 10_000).contains(&used),
         "two searches and a fetch charged on the stream, with the tokens: {used}"
