@@ -16,6 +16,10 @@
 //! * `late_cache=1`: cache fields appear first in the final `message_delta`;
 //! * `drop=1`: the stream stops after three text deltas, connection aborted;
 //! * `no_stop=1`: the stream ends after `message_delta` without `message_stop`.
+//! * `web_search=N`, `web_fetch=N`: when the body offers that server tool
+//!   (`web_search_20250305`…), report N calls (at most the tool's
+//!   `max_uses`) in `usage.server_tool_use` (`web_search_requests`,
+//!   `web_fetch_requests`), in the final `message_delta` of a stream.
 //!
 //! [`super::Fault::Overloaded`] answers 529 `overloaded_error`; a
 //! `RateLimited` fault answers 429 in Anthropic's shape. Every answer
@@ -46,6 +50,8 @@ pub struct Scenario {
     pub late_cache: bool,
     pub drop: bool,
     pub no_stop: bool,
+    pub web_search: u64,
+    pub web_fetch: u64,
 }
 
 impl Scenario {
@@ -68,6 +74,8 @@ impl Scenario {
                 "late_cache" => s.late_cache = n > 0,
                 "drop" => s.drop = n > 0,
                 "no_stop" => s.no_stop = n > 0,
+                "web_search" => s.web_search = n,
+                "web_fetch" => s.web_fetch = n,
                 _ => {}
             }
         }
@@ -185,7 +193,7 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
         sc.input.unwrap_or_else(|| input_tokens(&model, &body)),
         thinking + k + tool_tokens,
     );
-    let usage = json!({
+    let mut usage = json!({
         "input_tokens": input,
         "cache_creation_input_tokens": sc.cache_creation,
         "cache_read_input_tokens": sc.cache_read,
@@ -196,6 +204,9 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
         "output_tokens": output,
         "service_tier": "standard"
     });
+    if let Some(calls) = server_tool_calls(&sc, &body) {
+        usage["server_tool_use"] = calls;
+    }
     let id = format!("msg_mock_{}", uuid::Uuid::new_v4().simple());
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let delay = *lock(&st.token_delay);
@@ -233,6 +244,28 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
         HeaderValue::from_static("application/json"),
     );
     anthropic_headers(r)
+}
+
+/// `usage.server_tool_use` of an answer whose body offers a web search or
+/// fetch server tool: the calls the scenario asks for, at most each
+/// tool's `max_uses`.
+fn server_tool_calls(sc: &Scenario, body: &Value) -> Option<Value> {
+    let tools = body.get("tools").and_then(Value::as_array)?;
+    let offered = |prefix: &str| {
+        tools
+            .iter()
+            .find(|t| t["type"].as_str().is_some_and(|ty| ty.starts_with(prefix)))
+    };
+    let calls = |prefix: &str, n: u64| {
+        offered(prefix).map_or(0, |t| t["max_uses"].as_u64().map_or(n, |m| n.min(m)))
+    };
+    if offered("web_search_").is_none() && offered("web_fetch_").is_none() {
+        return None;
+    }
+    Some(json!({
+        "web_search_requests": calls("web_search_", sc.web_search),
+        "web_fetch_requests": calls("web_fetch_", sc.web_fetch)
+    }))
 }
 
 struct Plan {
@@ -414,6 +447,9 @@ async fn produce(p: Plan, tx: &Tx) -> Result<(), ()> {
         .await?;
     }
     let mut final_usage = json!({"output_tokens": p.usage["output_tokens"]});
+    if let Some(calls) = p.usage.get("server_tool_use") {
+        final_usage["server_tool_use"] = calls.clone();
+    }
     if p.sc.late_cache {
         for k in ["cache_creation_input_tokens", "cache_read_input_tokens"] {
             final_usage[k] = p.usage[k].clone();

@@ -104,7 +104,8 @@ pub fn unpriced_feature(
         }
     }
     match dialect {
-        Dialect::Messages => anthropic::unmetered(body)
+        Dialect::Messages => server_tool(body, hosted)
+            .or_else(|| anthropic::unmetered_beside_tools(body))
             .filter(|u| *u != anthropic::Unmetered::FileId)
             .map(|u| {
                 (
@@ -115,6 +116,19 @@ pub fn unpriced_feature(
         Dialect::Responses => hosted_tool(body, hosted),
         Dialect::ChatCompletions | Dialect::Completions | Dialect::Embeddings => chat_extras(body),
     }
+}
+
+/// A Messages server tool not priced in `hosted` (priced by its name
+/// without the version date: `web_search_20250305` as `web_search`).
+fn server_tool(body: &Value, hosted: &crate::money::HostedPrices) -> Option<anthropic::Unmetered> {
+    use crate::money::HostedKind;
+    let priced = |ty: &str| {
+        HostedKind::of_tool_type(anthropic::server_tool_name(ty))
+            .is_some_and(|k| hosted.get(k).is_some())
+    };
+    anthropic::server_tools(body)
+        .any(|(_, ty)| !priced(ty))
+        .then_some(anthropic::Unmetered::ServerTool)
 }
 
 /// A Responses tool the provider runs and bills per call, wherever it

@@ -31,9 +31,51 @@ pub fn upstream_body(
         dialect,
         upstream,
     )?;
-    if let Some(calls) = p.max_tool_calls {
-        out = set_member(&out, "max_tool_calls", &calls.to_string())?;
+    match (p.max_tool_calls, dialect) {
+        (Some(_), Dialect::Messages) => {
+            let tools = server_tool_max_uses(&out, model)?;
+            out = set_member(&out, "tools", &tools)?;
+        }
+        (Some(calls), _) => {
+            out = set_member(&out, "max_tool_calls", &calls.to_string())?;
+        }
+        (None, _) => {}
     }
+    Ok(out)
+}
+
+/// The `tools` of Messages body `body` with `max_uses` set on each server
+/// tool `model` prices ([`super::prepare::server_tool_max_uses`]: the
+/// model's maximum, a client's value lowered to it); every other tool
+/// and member copied byte for byte.
+fn server_tool_max_uses(body: &[u8], model: &ModelPolicy) -> Result<String, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct Tools<'a> {
+        #[serde(borrow)]
+        tools: Vec<&'a RawValue>,
+    }
+    let Tools { tools } = serde_json::from_slice(body)?;
+    let mut out = String::with_capacity(body.len().min(1 << 16));
+    out.push('[');
+    for (i, raw) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let tool: Value = serde_json::from_str(raw.get())?;
+        let priced = tool
+            .get("type")
+            .and_then(Value::as_str)
+            .and_then(|ty| super::prepare::priced_server_tool(model, ty));
+        match priced {
+            Some(_) => {
+                let n = super::prepare::server_tool_max_uses(model, &tool);
+                let edited = set_member(raw.get().as_bytes(), "max_uses", &n.to_string())?;
+                out.push_str(&String::from_utf8_lossy(&edited));
+            }
+            None => out.push_str(raw.get()),
+        }
+    }
+    out.push(']');
     Ok(out)
 }
 

@@ -5,7 +5,8 @@
 //! per = "call", usd = "0.01" } }`) allows it under dollar budgets: a
 //! request reserves its price for the most uses it may make and settles
 //! the uses its answer reports. The kinds here are the ones whose uses an
-//! answer reports (its output items); another type can only be allowed
+//! answer reports (Responses: its output items; Messages: its
+//! `usage.server_tool_use` counts); another type can only be allowed
 //! unpriced.
 
 use super::MAX_COST;
@@ -50,15 +51,18 @@ pub enum HostedKind {
     CodeInterpreter,
     /// `image_generation`.
     ImageGeneration,
+    /// `web_fetch` (Anthropic's server tool, dated variants).
+    WebFetch,
 }
 
 impl HostedKind {
     /// Every kind, in [`HostedCalls`] order.
-    pub const ALL: [HostedKind; 4] = [
+    pub const ALL: [HostedKind; KINDS] = [
         HostedKind::WebSearch,
         HostedKind::FileSearch,
         HostedKind::CodeInterpreter,
         HostedKind::ImageGeneration,
+        HostedKind::WebFetch,
     ];
 
     /// The tool type the config and bodies name it by.
@@ -68,13 +72,14 @@ impl HostedKind {
             HostedKind::FileSearch => "file_search",
             HostedKind::CodeInterpreter => "code_interpreter",
             HostedKind::ImageGeneration => "image_generation",
+            HostedKind::WebFetch => "web_fetch",
         }
     }
 
     /// The unit the provider bills it by.
     pub fn unit(self) -> Per {
         match self {
-            HostedKind::WebSearch | HostedKind::FileSearch => Per::Call,
+            HostedKind::WebSearch | HostedKind::FileSearch | HostedKind::WebFetch => Per::Call,
             HostedKind::CodeInterpreter => Per::Session,
             HostedKind::ImageGeneration => Per::Image,
         }
@@ -100,13 +105,22 @@ impl HostedKind {
     }
 }
 
+/// How many kinds there are.
+const KINDS: usize = 5;
+
 /// Uses of each [`HostedKind`] (reserved, or reported by an answer).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostedCalls([u32; 4]);
+pub struct HostedCalls([u32; KINDS]);
 
 impl HostedCalls {
     /// No use.
-    pub const EMPTY: HostedCalls = HostedCalls([0; 4]);
+    pub const EMPTY: HostedCalls = HostedCalls([0; KINDS]);
+
+    /// Sets the uses of `kind` to `n` (a count reported again replaces
+    /// the one before).
+    pub fn set(&mut self, kind: HostedKind, n: u32) {
+        self.0[kind.index()] = n;
+    }
 
     /// Adds `n` uses of `kind`.
     pub fn add(&mut self, kind: HostedKind, n: u32) {
@@ -128,7 +142,7 @@ impl HostedCalls {
 /// A model's prices of hosted tools, µ$ per unit of each kind (`None`:
 /// not priced).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostedPrices([Option<u64>; 4]);
+pub struct HostedPrices([Option<u64>; KINDS]);
 
 impl HostedPrices {
     /// Prices `kind` at `micros` per unit.

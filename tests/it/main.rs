@@ -55,6 +55,7 @@ mod listen;
 mod log_secrets;
 mod memory_persistence;
 mod messages;
+mod messages_server_tools;
 mod metric_series;
 mod mock_upstream_selftest;
 mod model_patterns;

@@ -80,7 +80,17 @@ pub struct UsageFields {
     /// `cache_creation.ephemeral_1h_input_tokens`: the 1-hour part of the writes.
     cache_creation_1h: Option<u64>,
     output: Option<u64>,
+    /// `server_tool_use`: the calls of server tools priced per call.
+    hosted: crate::money::HostedCalls,
 }
+
+/// The `usage.server_tool_use` counts of server tools billed per call
+/// (Anthropic API reference, "Messages", `usage.server_tool_use`), and
+/// the kind each prices as.
+const SERVER_TOOL_USAGE: [(&str, crate::money::HostedKind); 2] = [
+    ("web_search_requests", crate::money::HostedKind::WebSearch),
+    ("web_fetch_requests", crate::money::HostedKind::WebFetch),
+];
 
 impl UsageFields {
     /// Takes every field `u` reports (last value wins).
@@ -102,6 +112,13 @@ impl UsageFields {
                 self.cache_creation_1h = Some(n);
             }
         }
+        if let Some(calls) = u.get("server_tool_use") {
+            for (field, kind) in SERVER_TOOL_USAGE {
+                if let Some(n) = clamp_count(calls.get(field), field) {
+                    self.hosted.set(kind, u32::try_from(n).unwrap_or(u32::MAX));
+                }
+            }
+        }
     }
 
     /// The output tokens last reported.
@@ -118,7 +135,7 @@ impl UsageFields {
             cache_writes_1h: self.cache_creation_1h.unwrap_or(0),
             output: self.output,
             reasoning: 0,
-            hosted: Default::default(),
+            hosted: self.hosted,
         }
     }
 }
@@ -193,18 +210,41 @@ impl Unmetered {
     }
 }
 
-/// The first unmetered feature `body` asks for, if any.
-pub fn unmetered(body: &Value) -> Option<Unmetered> {
+/// The server tools of `body`: each one's index in `tools` and `type`
+/// (any `type` other than `custom` and Anthropic's client tools `bash`,
+/// `text_editor`, `computer`, `memory`, which the client runs).
+pub fn server_tools(body: &Value) -> impl Iterator<Item = (usize, &str)> {
     const CLIENT_TOOLS: [&str; 4] = ["bash", "text_editor", "computer", "memory"];
     let tools = body.get("tools").and_then(Value::as_array);
-    let server_tool = tools.into_iter().flatten().any(|t| {
-        t.get("type")
-            .and_then(Value::as_str)
-            .is_some_and(|ty| ty != "custom" && !CLIENT_TOOLS.iter().any(|c| ty.starts_with(c)))
-    });
-    if server_tool {
+    tools
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, t)| Some((i, t.get("type").and_then(Value::as_str)?)))
+        .filter(|(_, ty)| *ty != "custom" && !CLIENT_TOOLS.iter().any(|c| ty.starts_with(c)))
+}
+
+/// The name of server tool type `ty` without its version date
+/// (`web_search_20250305` is `web_search`): the name `hosted_tools`
+/// allows and prices it by.
+pub fn server_tool_name(ty: &str) -> &str {
+    match ty.rsplit_once('_') {
+        Some((name, date)) if date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => ty,
+    }
+}
+
+/// The first unmetered feature `body` asks for, if any.
+pub fn unmetered(body: &Value) -> Option<Unmetered> {
+    if server_tools(body).next().is_some() {
         return Some(Unmetered::ServerTool);
     }
+    unmetered_beside_tools(body)
+}
+
+/// The first unmetered feature `body` asks for beside its server tools
+/// (which are allowed one by one, [`server_tools`]).
+pub fn unmetered_beside_tools(body: &Value) -> Option<Unmetered> {
     let present = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
     if present("mcp_servers") {
         return Some(Unmetered::McpServers);
@@ -317,6 +357,31 @@ mod tests {
         let file = json!({"messages": [{"role": "user", "content": [
             {"type": "document", "source": {"type": "file", "file_id": "file_1"}}]}]});
         assert_eq!(unmetered(&file), Some(Unmetered::FileId));
+    }
+
+    #[test]
+    fn server_tools_are_named_without_their_date_and_their_calls_read() {
+        let body = json!({"tools": [{"name": "f", "input_schema": {}},
+            {"type": "bash_20250124", "name": "bash"},
+            {"type": "web_search_20250305", "name": "web_search"},
+            {"type": "code_execution_20250825", "name": "code_execution"},
+            {"type": "mcp_toolset", "mcp_server_name": "x"}]});
+        let names: Vec<(usize, &str)> = server_tools(&body)
+            .map(|(i, t)| (i, server_tool_name(t)))
+            .collect();
+        assert_eq!(
+            names,
+            [(2, "web_search"), (3, "code_execution"), (4, "mcp_toolset")]
+        );
+        assert_eq!(server_tool_name("web_fetch_20250910"), "web_fetch");
+        assert_eq!(server_tool_name("web_fetch_2025"), "web_fetch_2025");
+        let mut f = UsageFields::default();
+        f.merge(&json!({"input_tokens": 5, "server_tool_use": {"web_search_requests": 0}}));
+        f.merge(&json!({"output_tokens": 9,
+            "server_tool_use": {"web_search_requests": 3, "web_fetch_requests": 1}}));
+        let h = f.breakdown().hosted;
+        assert_eq!(h.get(crate::money::HostedKind::WebSearch), 3);
+        assert_eq!(h.get(crate::money::HostedKind::WebFetch), 1);
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! Output is counted from `text_delta`, `input_json_delta` and
 //! `thinking_delta` (a `signature_delta` is not output the client can
 //! count). Usage fields come from `message.usage` of `message_start` and
-//! then from each `message_delta`'s `usage`, last value wins, never summed.
+//! then from each `message_delta`'s `usage`, last value wins, never summed;
+//! so are the server tool calls (`usage.server_tool_use`), and a stream
+//! that ends before its final usage is charged at least the
+//! `server_tool_use` blocks it started.
 //!
 //! A cutoff ends the message the way the API ends one that reached
 //! `max_tokens`: `content_block_stop` for a block still open,
@@ -47,6 +50,9 @@ pub struct MessagesStream {
     /// A `message_delta` with a stop reason passed: the usage it carries is final.
     stopped: bool,
     ratio: u64,
+    /// Server tool calls whose `server_tool_use` block started: what a
+    /// stream that ends before its final usage is charged for them.
+    calls_seen: crate::money::HostedCalls,
 }
 
 impl MessagesStream {
@@ -81,6 +87,12 @@ impl MessagesStream {
                 // A block may start with content (a tool_use name, text).
                 if let Some(b) = v.get("content_block") {
                     self.raw_counted += block_tokens(b, enc);
+                    if b.get("type").and_then(Value::as_str) == Some("server_tool_use") {
+                        let kind = b.get("name").and_then(Value::as_str);
+                        if let Some(k) = kind.and_then(crate::money::HostedKind::of_tool_type) {
+                            self.calls_seen.add(k, 1);
+                        }
+                    }
                 }
             }
             Some("content_block_delta") => {
@@ -120,6 +132,9 @@ impl MessagesStream {
         let mut u = self.usage.breakdown();
         if !self.stopped {
             u.output = Some(self.delivered_output());
+            for k in crate::money::HostedKind::ALL {
+                u.hosted.set(k, u.hosted.get(k).max(self.calls_seen.get(k)));
+            }
         } else if u.output.is_none() {
             u.output = Some(self.counted());
         }
@@ -186,6 +201,26 @@ mod tests {
         let u = s.used();
         assert_eq!(u.output, Some(15));
         assert_eq!(u.total(), 24);
+    }
+
+    #[test]
+    fn server_tool_calls_settle_as_reported_or_as_started_when_cut() {
+        use crate::money::HostedKind::WebSearch;
+        let start = json!({"type": "message_start", "message": {"usage": {"input_tokens": 9,
+            "output_tokens": 1, "server_tool_use": {"web_search_requests": 0}}}});
+        let call = json!({"type": "content_block_start", "index": 0, "content_block":
+            {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}});
+        let mut s = MessagesStream::new(1000);
+        feed(&mut s, &[start.clone(), call.clone(), call.clone()]);
+        assert_eq!(s.used().hosted.get(WebSearch), 2, "cut: the calls started");
+        feed(
+            &mut s,
+            &[
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                "usage": {"output_tokens": 5, "server_tool_use": {"web_search_requests": 3}}}),
+            ],
+        );
+        assert_eq!(s.used().hosted.get(WebSearch), 3, "the final count");
     }
 
     #[test]
