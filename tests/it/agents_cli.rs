@@ -473,7 +473,7 @@ fn record(name: &str, turn: &Exchange, home: &Path) {
     fn strip(v: &mut Value) {
         match v {
             Value::Object(m) => {
-                m.retain(|k, v| !RUN_IDS.contains(&k.as_str()) && !(k == "id" && is_run_id(v)));
+                m.retain(|k, v| !(RUN_IDS.contains(&k.as_str()) || (k == "id" && is_run_id(v))));
                 m.values_mut().for_each(strip);
             }
             Value::Array(a) => a.iter_mut().for_each(strip),
