@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The agent-turns benchmark (issue 37 point 5): 4 agents x 200 thinking
-# turns (cap 64,000) with outputs in order from
+# The agent-turns benchmark (issue 37 point 5): 4 agents x 200 turns of
+# each pinned CLI's recorded default body (tests/fixtures/agent_turns/
+# claude_code.json and codex.json; re-record with AGENT_TURNS_RECORD=1
+# cargo test --test it agents_cli::) with outputs in order from
 # tests/fixtures/agent_turns/output_sizes.txt (scripts/output_sizes.py), in
 # "expected" and "cap" mode, under a quota the exposure cap does not bind.
 # Prints reserved / settled tokens, turns past their reservation, debt and
-# peak exposure per mode; nothing is asserted, no timing is a criterion.
-#   scripts/agent_turns.sh            # 200 turns per agent
-#   AGENT_TURNS=50 scripts/agent_turns.sh
+# peak exposure per mode, then the smallest tenant tpm without a 429 per
+# mode (bisection over runs of 4 agents starting one turn each a minute);
+# nothing is asserted, no timing is a criterion.
+#   scripts/agent_turns.sh            # 200 turns per agent, 50 minutes per tpm run
+#   AGENT_TURNS=50 AGENT_TURNS_TPM_ROUNDS=10 scripts/agent_turns.sh
 #   RELEASE=1 scripts/agent_turns.sh  # a release build (same figures, faster)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,12 +13,25 @@
 //!
 //! Isolation: a temporary `CODEX_HOME` / `CLAUDE_CONFIG_DIR` and `HOME`, an
 //! environment cleared of everything but what is set here (the variables
-//! docs/AGENTS.md lists), and `HTTP(S)_PROXY` pointing at a local port that
-//! records and drops every connection, with `NO_PROXY=127.0.0.1,localhost`:
-//! any call off the loopback fails at once and is seen. None may go to a
-//! model API (every model request went to the gateway); the others (Codex
-//! asks GitHub and chatgpt.com for plugins, catalogues and experiments)
-//! fail without harm and are listed in docs/AGENTS.md.
+//! docs/AGENTS.md lists), and `HTTP(S)_PROXY` pointing at a closed local
+//! port (bound, then dropped), with `NO_PROXY=127.0.0.1,localhost`: any
+//! call off the loopback fails at once. Every call to the gateway goes
+//! through a tap on the loopback ([`Tap`]) that keeps both directions'
+//! bytes: the requests the CLI made, and the status and headers the
+//! gateway answered each with, are compared with what the mock received.
+//! Codex's other calls (GitHub and chatgpt.com: plugins, catalogues,
+//! experiments) fail without harm and are listed in docs/AGENTS.md.
+//!
+//! Refusals and cutoffs (issue 37's acceptance): each CLI against a 429
+//! that can never be admitted, a spent quota and a cutoff mid-stream; the
+//! gateway's side is asserted (status, `x-should-retry`, attempts, the
+//! stream's terminal events), the CLI's exit time, status and text are
+//! printed (`--nocapture`) and recorded in docs/AGENTS.md.
+//!
+//! `AGENT_TURNS_RECORD=1` makes the say-hi tests write each CLI's request
+//! body, ids stripped and paths neutralised, to
+//! `tests/fixtures/agent_turns/` (the benchmark's bodies,
+//! `scripts/agent_turns.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,12 +39,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use budgetgate::budget::{BudgetName, Scope};
-use tokio::io::AsyncReadExt;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::support::*;
 
 /// How `scripts/test.sh` installs the CLIs.
 const INSTALL: &str = "(cd tests/agents && npm ci --include=optional)";
+
+/// The longest one CLI run may take.
+const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// The pinned CLI `name` (`codex`, `claude`); fails with the install
 /// command when it is missing.
@@ -45,55 +63,203 @@ fn cli(name: &str) -> PathBuf {
     path
 }
 
-/// A local port standing in for an HTTP(S) proxy: every connection is
-/// recorded (its first line: `CONNECT host:443 …` or `GET http://…`) and
-/// dropped.
-struct Proxy {
-    url: String,
-    seen: Arc<Mutex<Vec<String>>>,
+/// The URL of a local port nothing listens on (bound, then released): a
+/// proxy there refuses every connection at once.
+fn closed_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free local port");
+    let url = format!("http://{}", l.local_addr().expect("its address"));
+    drop(l);
+    url
 }
 
-async fn proxy() -> Proxy {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
+/// Both directions of one connection through the [`Tap`].
+#[derive(Default)]
+struct Wire {
+    up: Vec<u8>,
+    down: Vec<u8>,
+}
+
+/// One request the CLI made and the gateway's answer to it.
+#[derive(Debug)]
+struct Exchange {
+    /// `POST /v1/messages?beta=true`, …
+    request: String,
+    /// 0 when no answer came.
+    status: u16,
+    /// Lower-cased names.
+    headers: Vec<(String, String)>,
+    /// The request's body, as sent.
+    sent: String,
+    /// The answer's bytes after its head (chunk sizes included).
+    body: String,
+}
+
+impl Exchange {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A model request (not a model list or a token count).
+    fn is_turn(&self) -> bool {
+        self.request.starts_with("POST /v1/messages ")
+            || self.request.starts_with("POST /v1/messages?")
+            || self.request.starts_with("POST /v1/responses")
+    }
+}
+
+/// A loopback relay in front of the gateway keeping every byte both ways:
+/// what the CLI sent and what the gateway answered, as on the wire.
+struct Tap {
+    url: String,
+    wires: Arc<Mutex<Vec<Arc<Mutex<Wire>>>>>,
+}
+
+async fn tap_of(gw: &Gateway) -> Tap {
+    let target = gw.root_url().trim_start_matches("http://").to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the tap");
+    let url = format!("http://{}", listener.local_addr().expect("tap address"));
+    let wires: Arc<Mutex<Vec<Arc<Mutex<Wire>>>>> = Arc::default();
+    let log = wires.clone();
     tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            let log = log.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                let n = tokio::time::timeout(Duration::from_millis(500), sock.read(&mut buf))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or(0);
-                let first = String::from_utf8_lossy(&buf[..n]);
-                let line = first.lines().next().unwrap_or("(nothing sent)").to_string();
-                log.lock().unwrap().push(line);
-            });
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let wire = Arc::new(Mutex::new(Wire::default()));
+            log.lock().expect("tap log").push(wire.clone());
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            tokio::spawn(pipe(cr, sw, wire.clone(), true));
+            tokio::spawn(pipe(sr, cw, wire, false));
         }
     });
-    Proxy { url, seen }
+    Tap { url, wires }
 }
 
-/// Hosts of model APIs: a call to one bypassed the gateway.
-const MODEL_APIS: &[&str] = &["api.openai.com", "api.anthropic.com", "openai.azure.com"];
-
-/// Fails when a connection the proxy saw went to a model API.
-fn no_model_call_bypassed_the_gateway(proxy: &Proxy) -> Vec<String> {
-    let seen = proxy.seen.lock().unwrap().clone();
-    for line in &seen {
-        assert!(
-            !MODEL_APIS.iter().any(|h| line.contains(h)),
-            "a model request went around the gateway: {line}"
-        );
+/// Copies `from` to `to`, keeping the bytes (before writing them on, so a
+/// byte the CLI read is always kept).
+async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, wire: Arc<Mutex<Wire>>, up: bool) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        {
+            let mut w = wire.lock().expect("wire");
+            if up {
+                w.up.extend_from_slice(&buf[..n]);
+            } else {
+                w.down.extend_from_slice(&buf[..n]);
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
     }
-    seen
+    let _ = to.shutdown().await;
+}
+
+/// Where each message head starting with one of `starts` begins, its
+/// first line ending in `line_end` then CRLF (a body is JSON or SSE text,
+/// whose strings hold no raw CRLF; the next head may follow a body with
+/// no line break).
+fn heads(bytes: &[u8], starts: &[&str], line_end: impl Fn(&[u8]) -> bool) -> Vec<usize> {
+    (0..bytes.len())
+        .filter(|&i| starts.iter().any(|s| bytes[i..].starts_with(s.as_bytes())))
+        .filter(|&i| {
+            let line = &bytes[i..];
+            line.windows(2)
+                .position(|x| x == b"\r\n")
+                .is_some_and(|end| line_end(&line[..end]))
+        })
+        .collect()
+}
+
+impl Tap {
+    /// Every request through the tap, in order of connection, each with
+    /// the gateway's answer.
+    fn exchanges(&self) -> Vec<Exchange> {
+        let mut out = Vec::new();
+        for wire in self.wires.lock().expect("tap log").iter() {
+            let w = wire.lock().expect("wire");
+            let requests = heads(
+                &w.up,
+                &["GET /", "POST /", "PUT /", "DELETE /", "HEAD /"],
+                |l| l.ends_with(b" HTTP/1.1"),
+            );
+            let answers = heads(&w.down, &["HTTP/1.1 "], |l| {
+                l.len() > 12 && l[9..12].iter().all(u8::is_ascii_digit)
+            });
+            for (n, &at) in requests.iter().enumerate() {
+                let line_end = w.up[at..]
+                    .windows(2)
+                    .position(|x| x == b"\r\n")
+                    .map_or(w.up.len(), |p| at + p);
+                let request = String::from_utf8_lossy(&w.up[at..line_end]).into_owned();
+                let next = requests.get(n + 1).copied().unwrap_or(w.up.len());
+                let whole = String::from_utf8_lossy(&w.up[at..next]).into_owned();
+                let sent = whole
+                    .split_once("\r\n\r\n")
+                    .map_or(String::new(), |(_, b)| b.to_string());
+                let (status, headers, body) = match answers.get(n) {
+                    None => (0, Vec::new(), String::new()),
+                    Some(&a) => {
+                        let end = answers.get(n + 1).copied().unwrap_or(w.down.len());
+                        let text = String::from_utf8_lossy(&w.down[a..end]).into_owned();
+                        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+                        let mut lines = head.split("\r\n");
+                        let status = lines
+                            .next()
+                            .and_then(|l| l.split(' ').nth(1))
+                            .and_then(|c| c.parse().ok())
+                            .unwrap_or(0);
+                        let headers = lines
+                            .filter_map(|l| l.split_once(':'))
+                            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+                            .collect();
+                        (status, headers, body.to_string())
+                    }
+                };
+                out.push(Exchange {
+                    request,
+                    sent,
+                    status,
+                    headers,
+                    body,
+                });
+            }
+        }
+        out
+    }
+
+    /// The model requests ([`Exchange::is_turn`]), after checking that the
+    /// gateway answered every request the CLI made and that each turn it
+    /// admitted (2xx) reached the mock and nothing else did.
+    fn turns(&self, mock: &mock_upstream::MockUpstream) -> Vec<Exchange> {
+        let all = self.exchanges();
+        for e in &all {
+            assert_ne!(e.status, 0, "the gateway never answered {}", e.request);
+        }
+        let turns: Vec<Exchange> = all.into_iter().filter(Exchange::is_turn).collect();
+        let admitted = turns.iter().filter(|e| e.status < 300).count();
+        assert_eq!(
+            mock.state.requests().len(),
+            admitted,
+            "every turn the gateway admitted reached the mock, and nothing else: {turns:#?}"
+        );
+        turns
+    }
 }
 
 /// The environment every CLI runs with (and nothing else of the test's).
-fn base_env(home: &Path, proxy: &Proxy) -> Vec<(String, String)> {
+fn base_env(home: &Path) -> Vec<(String, String)> {
+    let proxy = closed_port();
     let mut env: Vec<(String, String)> = [
         ("PATH", std::env::var("PATH").unwrap_or_default()),
         ("HOME", home.display().to_string()),
@@ -114,19 +280,34 @@ fn base_env(home: &Path, proxy: &Proxy) -> Vec<(String, String)> {
         "https_proxy",
         "ALL_PROXY",
     ] {
-        env.push((k.to_string(), proxy.url.clone()));
+        env.push((k.to_string(), proxy.clone()));
     }
     env
 }
 
+/// How one CLI run ended.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl Run {
+    /// The last line the CLI printed (its error, on a refusal).
+    fn last_line(&self) -> &str {
+        let out = if self.stderr.trim().is_empty() {
+            &self.stdout
+        } else {
+            &self.stderr
+        };
+        out.trim().lines().last().unwrap_or("")
+    }
+}
+
 /// Runs `program args` in `dir` with `env` only, stdin closed, for at
-/// most 60 s: (exit code, stdout, stderr, how long it ran).
-async fn run(
-    program: &Path,
-    args: &[&str],
-    dir: &Path,
-    env: &[(String, String)],
-) -> (Option<i32>, String, String, Duration) {
+/// most [`RUN_LIMIT`].
+async fn run(program: &Path, args: &[&str], dir: &Path, env: &[(String, String)]) -> Run {
     let started = Instant::now();
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
@@ -137,16 +318,22 @@ async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("{} {args:?} ran over 60 s", program.display()))
-        .unwrap_or_else(|e| panic!("{}: {e}", program.display()));
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        started.elapsed(),
-    )
+    let Ok(out) = tokio::time::timeout(RUN_LIMIT, cmd.output()).await else {
+        // Killed on drop; the caller's checks say what the gateway saw.
+        return Run {
+            code: None,
+            stdout: String::new(),
+            stderr: format!("(killed after {RUN_LIMIT:?})"),
+            took: started.elapsed(),
+        };
+    };
+    let out = out.unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
+    }
 }
 
 /// `config/<file>` as shipped, its upstream pointed at `mock` (Anthropic
@@ -180,47 +367,158 @@ async fn one_settled_request(gw: &Gateway, tenant: &str, reserved_at_least: u64)
     used
 }
 
-/// Fault: Codex CLI 0.171.0 failed every turn through the gateway as
-/// shipped (400 on its `namespace` tool groups; its default model unknown).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn codex_exec_says_hi_through_the_shipped_config() {
-    let codex = cli("codex");
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let gw = shipped("local.toml", &mock).start().await;
-    let proxy = proxy().await;
-    let home = tempfile::tempdir().unwrap();
-    let codex_home = home.path().join("codex-home");
+/// Where one CLI runs: a temporary home (and config dir in it), a working
+/// directory, and its environment, pointed at the gateway through `tap`.
+struct Setup {
+    home: tempfile::TempDir,
+    work: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+fn setup() -> Setup {
+    let home = tempfile::tempdir().expect("a temporary home");
     let work = home.path().join("work");
-    std::fs::create_dir_all(&codex_home).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    // docs/AGENTS.md's block, pointed at this gateway; `model` left at the
-    // CLI's default.
+    std::fs::create_dir_all(&work).expect("the working directory");
+    let env = base_env(home.path());
+    Setup { home, work, env }
+}
+
+/// Codex with docs/AGENTS.md's block, pointed at `tap`; `model` left at
+/// the CLI's default.
+fn codex_setup(tap: &Tap) -> Setup {
+    let mut s = setup();
+    let codex_home = s.home.path().join("codex-home");
+    std::fs::create_dir_all(&codex_home).expect("CODEX_HOME");
     std::fs::write(
         codex_home.join("config.toml"),
         format!(
             "model_provider = \"budgetgate\"\n\n[model_providers.budgetgate]\nname = \"budgetgate\"\nbase_url = \"{}/v1\"\nenv_key = \"BUDGETGATE_API_KEY\"\nwire_api = \"responses\"\n",
-            gw.root_url()
+            tap.url
         ),
     )
-    .unwrap();
-    let mut env = base_env(home.path(), &proxy);
-    env.push(("CODEX_HOME".into(), codex_home.display().to_string()));
-    env.push(("BUDGETGATE_API_KEY".into(), "sk-local-demo".into()));
-    let (code, stdout, stderr, took) = run(
-        &codex,
+    .expect("config.toml");
+    s.env
+        .push(("CODEX_HOME".into(), codex_home.display().to_string()));
+    s.env
+        .push(("BUDGETGATE_API_KEY".into(), "sk-local-demo".into()));
+    s
+}
+
+/// Claude Code with docs/AGENTS.md's environment, pointed at `tap`.
+fn claude_setup(tap: &Tap) -> Setup {
+    let mut s = setup();
+    let config_dir = s.home.path().join("claude-config");
+    std::fs::create_dir_all(&config_dir).expect("CLAUDE_CONFIG_DIR");
+    s.env
+        .push(("CLAUDE_CONFIG_DIR".into(), config_dir.display().to_string()));
+    s.env.push(("ANTHROPIC_BASE_URL".into(), tap.url.clone()));
+    s.env
+        .push(("ANTHROPIC_API_KEY".into(), "sk-local-claude".into()));
+    s
+}
+
+async fn codex_say_hi(s: &Setup) -> Run {
+    run(
+        &cli("codex"),
         &["exec", "--skip-git-repo-check", "say hi"],
-        &work,
-        &env,
+        &s.work,
+        &s.env,
     )
-    .await;
-    assert_eq!(code, Some(0), "codex exec failed:\n{stdout}\n{stderr}");
-    assert!(
-        stdout.contains(mock_upstream::generated_text(12).trim()),
-        "the mock's answer: {stdout}"
+    .await
+}
+
+async fn claude_say_hi(s: &Setup) -> Run {
+    run(&cli("claude"), &["-p", "say hi"], &s.work, &s.env).await
+}
+
+/// Prints what the CLI did in `case` (docs/AGENTS.md's table).
+fn report(case: &str, agent: &str, r: &Run, turns: &[Exchange]) {
+    let statuses: Vec<u16> = turns.iter().map(|t| t.status).collect();
+    eprintln!(
+        "agents_cli {case} {agent}: exit {:?} after {:.1} s; turns answered {statuses:?}; last line: {}",
+        r.code,
+        r.took.as_secs_f64(),
+        r.last_line()
     );
+}
+
+/// Keys whose values identify a run, not the turn's shape.
+const RUN_IDS: &[&str] = &[
+    "user_id",
+    "session_id",
+    "prompt_cache_key",
+    "client_metadata",
+    "conversation_id",
+    "installation_id",
+];
+
+/// With `AGENT_TURNS_RECORD` set, writes the body the CLI sent in `turn`
+/// to `tests/fixtures/agent_turns/<name>.json`: run ids removed, the
+/// temporary home replaced by `/home/user` (also in Claude Code's
+/// project-directory form, `/` and `.` as `-`).
+fn record(name: &str, turn: &Exchange, home: &Path) {
+    if std::env::var_os("AGENT_TURNS_RECORD").is_none() {
+        return;
+    }
+    /// An item id such as `at_01a241fa-1b15-…` (not a schema's `id` property).
+    fn is_run_id(v: &Value) -> bool {
+        v.as_str().is_some_and(|s| {
+            s.split_once('_').is_some_and(|(p, rest)| {
+                p.len() <= 8
+                    && rest.len() >= 20
+                    && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+            })
+        })
+    }
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.retain(|k, v| !(RUN_IDS.contains(&k.as_str()) || (k == "id" && is_run_id(v))));
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let home = home.display().to_string();
+    let text = turn
+        .sent
+        .replace(&home, "/home/user")
+        .replace(&home.replace(['/', '.'], "-"), "-home-user");
+    let mut v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{name}: the body sent is not plain JSON ({e})"));
+    strip(&mut v);
+    let path = repo_path(&format!("tests/fixtures/agent_turns/{name}.json"));
+    let pretty = serde_json::to_string_pretty(&v).expect("JSON");
+    std::fs::write(&path, pretty + "\n").expect("write the recorded body");
+    eprintln!("recorded {}", path.display());
+}
+
+/// Fault: Codex CLI 0.171.0 failed every turn through the gateway as
+/// shipped (400 on its `namespace` tool groups; its default model unknown).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_exec_says_hi_through_the_shipped_config() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let gw = shipped("local.toml", &mock).start().await;
+    let tap = tap_of(&gw).await;
+    let s = codex_setup(&tap);
+    let r = codex_say_hi(&s).await;
+    assert_eq!(
+        r.code,
+        Some(0),
+        "codex exec failed:\n{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains(mock_upstream::generated_text(12).trim()),
+        "the mock's answer: {}",
+        r.stdout
+    );
+    let turns = tap.turns(&mock);
+    assert_eq!(turns.len(), 1, "one turn, one request: {turns:#?}");
     let sent = mock.state.requests();
-    assert_eq!(sent.len(), 1, "one turn, one request upstream");
     assert_eq!(sent[0].path, "/v1/responses");
     let model = sent[0].body["model"].as_str().unwrap_or_default();
     assert!(
@@ -230,36 +528,35 @@ async fn codex_exec_says_hi_through_the_shipped_config() {
     // Codex sends no cap: the gateway sent the pattern entry's.
     assert_eq!(sent[0].body["max_output_tokens"], 16000);
     one_settled_request(&gw, "demo", 16000).await;
-    let off = no_model_call_bypassed_the_gateway(&proxy);
-    eprintln!("codex exec took {took:?}; refused off the loopback: {off:?}");
+    record("codex", &turns[0], s.home.path());
+    report("say-hi", "codex", &r, &turns);
 }
 
 /// Fault: Claude Code 2.1.197 failed as shipped: its default model
 /// `claude-opus-4-8` got 404, and any model 400 on its betas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_print_says_hi_through_the_shipped_config() {
-    let claude = cli("claude");
     let mock = start_mock().await;
     mock.state.set_output_tokens(12);
     let gw = shipped("local-anthropic.toml", &mock).start().await;
-    let proxy = proxy().await;
-    let home = tempfile::tempdir().unwrap();
-    let config_dir = home.path().join("claude-config");
-    let work = home.path().join("work");
-    std::fs::create_dir_all(&config_dir).unwrap();
-    std::fs::create_dir_all(&work).unwrap();
-    let mut env = base_env(home.path(), &proxy);
-    env.push(("CLAUDE_CONFIG_DIR".into(), config_dir.display().to_string()));
-    env.push(("ANTHROPIC_BASE_URL".into(), gw.root_url()));
-    env.push(("ANTHROPIC_API_KEY".into(), "sk-local-claude".into()));
-    let (code, stdout, stderr, took) = run(&claude, &["-p", "say hi"], &work, &env).await;
-    assert_eq!(code, Some(0), "claude -p failed:\n{stdout}\n{stderr}");
-    assert!(
-        stdout.contains(mock_upstream::generated_text(12).trim()),
-        "the mock's answer: {stdout}"
+    let tap = tap_of(&gw).await;
+    let s = claude_setup(&tap);
+    let r = claude_say_hi(&s).await;
+    assert_eq!(
+        r.code,
+        Some(0),
+        "claude -p failed:\n{}\n{}",
+        r.stdout,
+        r.stderr
     );
+    assert!(
+        r.stdout.contains(mock_upstream::generated_text(12).trim()),
+        "the mock's answer: {}",
+        r.stdout
+    );
+    let turns = tap.turns(&mock);
+    assert_eq!(turns.len(), 1, "one turn, one request: {turns:#?}");
     let sent = mock.state.requests();
-    assert_eq!(sent.len(), 1, "one turn, one request upstream");
     assert_eq!(sent[0].path, "/v1/messages");
     assert_eq!(
         sent[0].body["model"], "claude-opus-4-8",
@@ -269,6 +566,231 @@ async fn claude_print_says_hi_through_the_shipped_config() {
     assert!(betas.contains("claude-code-20250219"), "{betas}");
     let max_tokens = sent[0].body["max_tokens"].as_u64().unwrap_or(0);
     one_settled_request(&gw, "coder", max_tokens).await;
-    let off = no_model_call_bypassed_the_gateway(&proxy);
-    eprintln!("claude -p took {took:?}; refused off the loopback: {off:?}");
+    record("claude_code", &turns[0], s.home.path());
+    report("say-hi", "claude", &r, &turns);
+}
+
+/// Issue 37's acceptance: Claude Code naming the person with
+/// `ANTHROPIC_CUSTOM_HEADERS`, two sessions (each with its own
+/// `metadata.user_id`), under `end_user_limits`: one end user, `alice`,
+/// charged with both; the sessions' ids with nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_sessions_naming_alice_charge_one_end_user() {
+    end_user_key();
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local-anthropic.toml", &mock);
+    c.tenant("coder").end_user_limits = limits().rpm(100);
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let mut s = claude_setup(&tap);
+    s.env.push((
+        "ANTHROPIC_CUSTOM_HEADERS".into(),
+        "x-budgetgate-end-user: alice".into(),
+    ));
+    for session in 1..=2 {
+        let r = claude_say_hi(&s).await;
+        assert_eq!(
+            r.code,
+            Some(0),
+            "session {session}:\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
+    }
+    let turns = tap.turns(&mock);
+    assert_eq!(turns.len(), 2, "one turn per session: {turns:#?}");
+    gw.all_settled().await;
+    let tenant = gw
+        .used(Scope::Tenant("coder".into()), BudgetName::Rpm)
+        .await;
+    let alice = gw
+        .used(gw.end_user("coder", "alice"), BudgetName::Rpm)
+        .await;
+    assert_eq!((tenant, alice), (2, 2), "both sessions charged to alice");
+    let sessions: Vec<String> = mock
+        .state
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["metadata"]["user_id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_ne!(sessions[0], sessions[1], "two sessions, two user_ids");
+    for id in &sessions {
+        assert!(!id.is_empty(), "Claude Code sent its metadata.user_id");
+        assert_eq!(
+            gw.used(gw.end_user("coder", id), BudgetName::Rpm).await,
+            0,
+            "a session is not an end user: {id}"
+        );
+    }
+}
+
+/// Moves the gateway's clock (frozen at noon in tests) with the wall
+/// clock, so that buckets refill while a CLI waits out a `retry-after`.
+fn ticking(gw: &Gateway) {
+    let clock = gw.clock.clone();
+    tokio::spawn(async move {
+        let mut last = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Instant::now();
+            clock.advance((now - last).as_micros() as u64);
+            last = now;
+        }
+    });
+}
+
+/// `config`'s tenant `name` with its limits changed by `f`.
+fn with_limits(c: &mut TestConfig, name: &str, f: impl FnOnce(Limits) -> Limits) {
+    let t = c.tenant(name);
+    t.limits = f(std::mem::take(&mut t.limits));
+}
+
+/// A refusal the CLI must not retry: 429, `x-should-retry: false`, one
+/// attempt (the last of `turns`, after `before` admitted turns).
+fn refused_once(turns: &[Exchange], before: usize, error: &str) {
+    assert_eq!(turns.len(), before + 1, "one attempt: {turns:#?}");
+    let last = &turns[before];
+    assert_eq!(last.status, 429, "{last:#?}");
+    assert_eq!(last.header("x-should-retry"), Some("false"), "{last:#?}");
+    assert!(last.body.contains(error), "{last:#?}");
+}
+
+/// Codex on a 429 that can never be admitted (a turn larger than the
+/// tenant's `tpm`) and on a spent quota: one attempt each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_refusals_get_one_attempt() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local.toml", &mock);
+    with_limits(&mut c, "demo", |l| l.tpm(10_000));
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let r = codex_say_hi(&codex_setup(&tap)).await;
+    let turns = tap.turns(&mock);
+    report("too-large", "codex", &r, &turns);
+    refused_once(&turns, 0, "can never be admitted");
+
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local.toml", &mock);
+    with_limits(&mut c, "demo", |l| l.tokens_per_day(40_000));
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let s = codex_setup(&tap);
+    let first = codex_say_hi(&s).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    gw.all_settled().await;
+    let r = codex_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("quota", "codex", &r, &turns);
+    refused_once(&turns, 1, "insufficient_quota");
+}
+
+/// Claude Code on a 429 that can never be admitted and on a spent quota:
+/// one attempt each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_refusals_get_one_attempt() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local-anthropic.toml", &mock);
+    with_limits(&mut c, "coder", |l| l.tpm(50_000));
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let r = claude_say_hi(&claude_setup(&tap)).await;
+    let turns = tap.turns(&mock);
+    report("too-large", "claude", &r, &turns);
+    refused_once(&turns, 0, "can never be admitted");
+
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local-anthropic.toml", &mock);
+    with_limits(&mut c, "coder", |l| l.tokens_per_day(92_000));
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let s = claude_setup(&tap);
+    let first = claude_say_hi(&s).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    gw.all_settled().await;
+    let r = claude_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("quota", "claude", &r, &turns);
+    refused_once(&turns, 1, "tokens_per_day");
+}
+
+/// Codex cut off mid-stream (a non-reasoning entry, so the stream is
+/// extended, and an `output_tpm` that refuses the extension): the stream
+/// ends with `response.incomplete`; one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_cutoff_ends_with_response_incomplete() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(2_000);
+    let mut c = shipped("local.toml", &mock);
+    let m = c.model("gpt-6*");
+    m.reasoning = Some(false);
+    m.default_max_output_tokens = Some(256);
+    with_limits(&mut c, "demo", |l| l.output_tpm(600));
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let r = codex_say_hi(&codex_setup(&tap)).await;
+    let turns = tap.turns(&mock);
+    report("cutoff", "codex", &r, &turns);
+    assert_eq!(turns.len(), 1, "one attempt: {turns:#?}");
+    assert_eq!(turns[0].status, 200);
+    assert!(
+        turns[0].body.contains("response.incomplete"),
+        "{}",
+        turns[0].body
+    );
+}
+
+/// Claude Code cut off mid-stream (no thinking, so the stream is extended;
+/// `output_tpm` refuses the extension): the stream ends with
+/// `message_delta` (`stop_reason: "max_tokens"`) and `message_stop`, and
+/// the connection closes. Claude Code reads that as its output limit and
+/// asks for the rest, three times (each refused with 429 and
+/// `retry-after` until `output_tpm` refills, then cut off again): with a
+/// bucket refilling in well under a second, as here, it exits in seconds;
+/// at `output_tpm = 6000` each wait is ~40 s (docs/AGENTS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_cutoff_ends_with_message_stop() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20_000);
+    let mut c = shipped("local-anthropic.toml", &mock);
+    with_limits(&mut c, "coder", |l| {
+        l.output_tpm(600_000).output_tpm_burst(6_000)
+    });
+    let gw = c.start().await;
+    ticking(&gw);
+    let tap = tap_of(&gw).await;
+    let mut s = claude_setup(&tap);
+    s.env.push(("MAX_THINKING_TOKENS".into(), "0".into()));
+    let r = claude_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("cutoff", "claude", &r, &turns);
+    assert!(!turns.is_empty());
+    for t in &turns {
+        match t.status {
+            200 => {
+                assert!(
+                    t.body.contains(r#""stop_reason":"max_tokens""#)
+                        && t.body.contains("event: message_stop"),
+                    "a cutoff's terminal events: {}",
+                    t.body
+                );
+            }
+            429 => assert!(t.header("retry-after").is_some(), "{t:#?}"),
+            other => panic!("{other}: {t:#?}"),
+        }
+    }
+    let streams = turns.iter().filter(|t| t.status == 200).count();
+    assert!(
+        streams <= 4,
+        "the first turn and at most three resumes: {turns:#?}"
+    );
 }

@@ -381,24 +381,23 @@ fn bench_config(mock: &MockUpstream, mode: &str) -> TestConfig {
     c
 }
 
-/// A body the size of the agent's usual turn: its system prompt and
-/// tools stand in as `words` words (about one token each).
-fn bench_body(cli: Cli, words: usize) -> serde_json::Value {
-    let context: String = (0..words)
-        .map(|i| ["code ", "test ", "file ", "edit "][i % 4])
-        .collect();
-    match cli {
-        Cli::ClaudeCode => json!({
-            "model": "claude-test", "max_tokens": CAP, "stream": true,
-            "thinking": {"type": "enabled", "budget_tokens": 32_000},
-            "system": context,
-            "messages": [{"role": "user", "content": "Fix the failing test in src/lib.rs and run cargo test."}],
-        }),
-        Cli::Codex => json!({
-            "model": "gpt-test", "stream": true, "instructions": context,
-            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Fix the failing test in src/lib.rs and run cargo test."}]}],
-        }),
-    }
+/// The body `cli` sent for its default turn, recorded from the pinned
+/// CLI against the mock (`AGENT_TURNS_RECORD=1 cargo test --test it
+/// agents_cli::`: ids stripped, paths neutralised), on the benchmark's model.
+fn bench_body(cli: Cli) -> serde_json::Value {
+    let (file, model) = match cli {
+        Cli::ClaudeCode => ("claude_code", "claude-test"),
+        Cli::Codex => ("codex", "gpt-test"),
+    };
+    let path = format!(
+        "{}/tests/fixtures/agent_turns/{file}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut body: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    body["model"] = json!(model);
+    body
 }
 
 /// One turn of `cli` with `body`; the mock reports `input` and answers
@@ -442,8 +441,9 @@ async fn bench_turn(
 /// asserted): per agent shape, 4 agents × 200 turns, outputs in order from
 /// the committed list, the mock reporting the gateway's input estimate,
 /// under a quota the exposure cap does not bind, in "expected" and in
-/// "cap" mode. The bodies are synthetic, sized like each agent's default
-/// turn (docs/AGENTS.md), not recorded from the CLIs.
+/// "cap" mode. The bodies are each CLI's recorded default turn
+/// ([`bench_body`]). Then, per mode, the smallest tenant `tpm` without a
+/// 429, by bisection over runs ([`smallest_tpm`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark: scripts/agent_turns.sh"]
 async fn agent_turns_benchmark() {
@@ -453,8 +453,8 @@ async fn agent_turns_benchmark() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(200);
     let sizes = output_sizes();
-    for (cli, words) in [(Cli::ClaudeCode, 26_000), (Cli::Codex, 12_500)] {
-        let body = bench_body(cli, words);
+    for cli in [Cli::ClaudeCode, Cli::Codex] {
+        let body = bench_body(cli);
         for mode in ["expected", "cap"] {
             let tenant = format!("bench-{}-{mode}", cli.name());
             let mock = start_mock().await;
@@ -531,14 +531,91 @@ async fn agent_turns_benchmark() {
             println!(
                 "agent_turns {} {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, {refused} refused; \
                  reserved/settled {:.3} ({reserved} / {settled}); turns past their reservation {past}, debt {debt} tokens \
-                 (largest one turn's {largest_debt}); peak exposure {peak_exposure}; smallest tpm admitting one turn {peak_turn} \
-                 (x{AGENTS} for {AGENTS} at once); {:.1} s",
+                 (largest one turn's {largest_debt}); peak exposure {peak_exposure}; largest reservation of one turn {peak_turn}; {:.1} s",
                 cli.name(),
                 reserved / settled,
                 started.elapsed().as_secs_f64(),
             );
+            drop(gw);
+            let started = std::time::Instant::now();
+            let (tpm, runs, rounds) = smallest_tpm(cli, mode, &body, input, &sizes).await;
+            println!(
+                "agent_turns {} {mode}: smallest tenant tpm without a 429: {tpm} ({AGENTS} agents, one turn each a minute, \
+                 in flight at once, {rounds} minutes; bisection to 1,000 tokens, {runs} runs); {:.1} s",
+                cli.name(),
+                started.elapsed().as_secs_f64(),
+            );
         }
     }
+}
+
+/// The smallest tenant `tpm` (its bucket's capacity, the default burst)
+/// at which `cli`'s turns in `mode` meet no 429, measured: runs of
+/// `AGENT_TURNS_TPM_ROUNDS` (default 50) minutes, each minute the 4 agents
+/// starting one turn each (outputs from the list in order), all four in
+/// flight at once (the mock holds them until each is admitted or
+/// refused), the clock then moved a minute on; bisected between 0 and
+/// four whole-cap turns to within 1,000 tokens. Returns (tpm, runs, minutes).
+async fn smallest_tpm(
+    cli: Cli,
+    mode: &str,
+    body: &serde_json::Value,
+    input: u64,
+    sizes: &[u64],
+) -> (u64, usize, usize) {
+    const AGENTS: usize = 4;
+    let rounds: usize = std::env::var("AGENT_TURNS_TPM_ROUNDS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(50);
+    let refusals = |tpm: u64| async move {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(1);
+        let mut c = bench_config(&mock, mode);
+        c.tenant("t1").max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
+        let l = std::mem::take(&mut c.tenant("t1").limits);
+        c.tenant("t1").limits = l.tpm(tpm);
+        let gw = c.start().await;
+        let mut refused = 0;
+        for round in 0..rounds {
+            mock.state.hold();
+            let mut turns = Vec::new();
+            for a in 0..AGENTS {
+                let (url, b) = (gw.base_url(), body.clone());
+                let out = sizes[(a * rounds + round) % sizes.len()];
+                turns.push(tokio::spawn(async move {
+                    bench_turn(&url, cli, &b, input, out).await
+                }));
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while turns.iter().filter(|t| t.is_finished()).count() + mock.state.held_count()
+                < AGENTS
+            {
+                assert!(std::time::Instant::now() < deadline, "turns stuck");
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            mock.state.release();
+            for t in turns {
+                refused += usize::from(t.await.expect("turn task") != 200);
+            }
+            gw.all_settled().await;
+            gw.clock.advance(60_000_000);
+        }
+        refused
+    };
+    let (mut lo, mut hi) = (0, AGENTS as u64 * (input + cli.cap()) + 1_000);
+    let mut runs = 1;
+    assert_eq!(refusals(hi).await, 0, "four whole-cap turns fit");
+    while hi - lo > 1_000 {
+        let mid = (lo + hi) / 2;
+        runs += 1;
+        if refusals(mid).await == 0 {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    (hi, runs, rounds)
 }
 
 /// Replayed from the list in order (the 4 agents' turns interleave, so
