@@ -794,3 +794,61 @@ async fn claude_cutoff_ends_with_message_stop() {
         "the first turn and at most three resumes: {turns:#?}"
     );
 }
+
+/// A rate refusal is one the CLI may retry: 429 with `retry-after` (and no
+/// `x-should-retry: false`); `rpm` refills one request a second, so the
+/// CLI's retry after it is admitted and the turn ends well.
+fn retried_after_a_rate_refusal(turns: &[Exchange], r: &Run) {
+    let first_refusal = turns
+        .iter()
+        .position(|t| t.status == 429)
+        .unwrap_or_else(|| panic!("a rate refusal: {turns:#?}"));
+    let refusal = &turns[first_refusal];
+    assert!(refusal.header("retry-after").is_some(), "{refusal:#?}");
+    assert_ne!(
+        refusal.header("x-should-retry"),
+        Some("false"),
+        "{refusal:#?}"
+    );
+    assert!(
+        turns[first_refusal..].iter().any(|t| t.status == 200),
+        "the retry after retry-after is admitted: {turns:#?}"
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+}
+
+/// Both CLIs on a rate refusal (issue 37 acceptance): a second turn right
+/// after the first meets `rpm` with no burst left, waits out `retry-after`
+/// and is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_refusals_are_retried_after_retry_after_and_admitted() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local.toml", &mock);
+    with_limits(&mut c, "demo", |l| l.rpm(60).rpm_burst(1));
+    let gw = c.start().await;
+    ticking(&gw);
+    let tap = tap_of(&gw).await;
+    let s = codex_setup(&tap);
+    let first = codex_say_hi(&s).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let r = codex_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("rate", "codex", &r, &turns);
+    retried_after_a_rate_refusal(&turns, &r);
+
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped("local-anthropic.toml", &mock);
+    with_limits(&mut c, "coder", |l| l.rpm(60).rpm_burst(1));
+    let gw = c.start().await;
+    ticking(&gw);
+    let tap = tap_of(&gw).await;
+    let s = claude_setup(&tap);
+    let first = claude_say_hi(&s).await;
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let r = claude_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("rate", "claude", &r, &turns);
+    retried_after_a_rate_refusal(&turns, &r);
+}
