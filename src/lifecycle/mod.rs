@@ -14,7 +14,8 @@
 //!
 //! [`wait`] (part of admit) lets a refused request wait in the queue for
 //! capacity. [`pricing`] (part of prepare) refuses a request a dollar budget
-//! cannot price; [`clamp`] (part of admit) lowers a client's output cap to
+//! cannot price; [`hosted_tools`] (part of prepare) says which provider-side
+//! tools a model allows, the calls a body may make and the count sent upstream; [`clamp`] (part of admit) lowers a client's output cap to
 //! what fits for tenants with `on_short_output = "clamp"`. [`refusal`] gives a refusal the rate-limit headers of every budget the
 //! request touches. [`context`] holds what the phases share, among it the
 //! [`request_id`] named on arrival. The lifecycle knows budgets
@@ -30,6 +31,7 @@ pub mod decode;
 pub mod end_user;
 pub mod finish;
 pub mod forward;
+pub mod hosted_tools;
 pub mod meter;
 pub mod owner;
 pub mod prepare;

@@ -45,7 +45,7 @@ pub fn upstream_body(
 }
 
 /// The `tools` of Messages body `body` with `max_uses` set on each server
-/// tool `model` prices ([`super::prepare::server_tool_max_uses`]: the
+/// tool `model` prices ([`super::hosted_tools::server_tool_max_uses`]: the
 /// model's maximum, a client's value lowered to it); every other tool
 /// and member copied byte for byte.
 fn server_tool_max_uses(body: &[u8], model: &ModelPolicy) -> Result<String, serde_json::Error> {
@@ -65,10 +65,10 @@ fn server_tool_max_uses(body: &[u8], model: &ModelPolicy) -> Result<String, serd
         let priced = tool
             .get("type")
             .and_then(Value::as_str)
-            .and_then(|ty| super::prepare::priced_server_tool(model, ty));
+            .and_then(|ty| super::hosted_tools::priced_server_tool(model, ty));
         match priced {
             Some(_) => {
-                let n = super::prepare::server_tool_max_uses(model, &tool);
+                let n = super::hosted_tools::server_tool_max_uses(model, &tool);
                 let edited = set_member(raw.get().as_bytes(), "max_uses", &n.to_string())?;
                 out.push_str(&String::from_utf8_lossy(&edited));
             }
