@@ -431,6 +431,96 @@ async fn claude_say_hi(s: &Setup) -> Run {
     run(&cli("claude"), &["-p", "say hi"], &s.work, &s.env).await
 }
 
+/// One of the two pinned CLIs, with its shipped config and demo tenant.
+#[derive(Clone, Copy)]
+enum Agent {
+    Codex,
+    Claude,
+}
+
+impl Agent {
+    fn name(self) -> &'static str {
+        match self {
+            Agent::Codex => "codex",
+            Agent::Claude => "claude",
+        }
+    }
+
+    /// The shipped config the CLI is documented with, and its tenant.
+    fn shipped(self, mock: &mock_upstream::MockUpstream) -> (TestConfig, &'static str) {
+        match self {
+            Agent::Codex => (shipped("local.toml", mock), "demo"),
+            Agent::Claude => (shipped("local-anthropic.toml", mock), "coder"),
+        }
+    }
+
+    fn setup(self, tap: &Tap) -> Setup {
+        match self {
+            Agent::Codex => codex_setup(tap),
+            Agent::Claude => claude_setup(tap),
+        }
+    }
+
+    async fn say_hi(self, s: &Setup) -> Run {
+        match self {
+            Agent::Codex => codex_say_hi(s).await,
+            Agent::Claude => claude_say_hi(s).await,
+        }
+    }
+
+    /// A gateway on the agent's shipped config, its tenant's limits
+    /// changed by `limits`, the mock answering 12 tokens; its clock moves
+    /// with the wall clock when `ticking`.
+    async fn gateway(
+        self,
+        limits: impl FnOnce(Limits) -> Limits,
+        tick: bool,
+    ) -> (mock_upstream::MockUpstream, Gateway, Tap, Setup) {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(12);
+        let (mut c, tenant) = self.shipped(&mock);
+        with_limits(&mut c, tenant, limits);
+        let gw = c.start().await;
+        if tick {
+            ticking(&gw);
+        }
+        let tap = tap_of(&gw).await;
+        let s = self.setup(&tap);
+        (mock, gw, tap, s)
+    }
+
+    /// A turn larger than the tenant's `tpm` can ever hold, then a second
+    /// turn on a spent `tokens_per_day`: one attempt each.
+    async fn refused_once(self, too_large_tpm: u64, day: u64, quota_error: &str) {
+        let (mock, _gw, tap, s) = self.gateway(|l| l.tpm(too_large_tpm), false).await;
+        let r = self.say_hi(&s).await;
+        let turns = tap.turns(&mock);
+        report("too-large", self.name(), &r, &turns);
+        refused_once(&turns, 0, "can never be admitted");
+
+        let (mock, gw, tap, s) = self.gateway(|l| l.tokens_per_day(day), false).await;
+        let first = self.say_hi(&s).await;
+        assert_eq!(first.code, Some(0), "{}", first.stderr);
+        gw.all_settled().await;
+        let r = self.say_hi(&s).await;
+        let turns = tap.turns(&mock);
+        report("quota", self.name(), &r, &turns);
+        refused_once(&turns, 1, quota_error);
+    }
+
+    /// A second turn at once meets `rpm` with no burst left, waits out
+    /// `retry-after` and is admitted.
+    async fn retried_after_a_rate_refusal(self) {
+        let (mock, _gw, tap, s) = self.gateway(|l| l.rpm(60).rpm_burst(1), true).await;
+        let first = self.say_hi(&s).await;
+        assert_eq!(first.code, Some(0), "{}", first.stderr);
+        let r = self.say_hi(&s).await;
+        let turns = tap.turns(&mock);
+        report("rate", self.name(), &r, &turns);
+        retried_after_a_rate_refusal(&turns, &r);
+    }
+}
+
 /// Prints what the CLI did in `case` (docs/AGENTS.md's table).
 fn report(case: &str, agent: &str, r: &Run, turns: &[Exchange]) {
     let statuses: Vec<u16> = turns.iter().map(|t| t.status).collect();
@@ -665,62 +755,18 @@ fn refused_once(turns: &[Exchange], before: usize, error: &str) {
 /// tenant's `tpm`) and on a spent quota: one attempt each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_refusals_get_one_attempt() {
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local.toml", &mock);
-    with_limits(&mut c, "demo", |l| l.tpm(10_000));
-    let gw = c.start().await;
-    let tap = tap_of(&gw).await;
-    let r = codex_say_hi(&codex_setup(&tap)).await;
-    let turns = tap.turns(&mock);
-    report("too-large", "codex", &r, &turns);
-    refused_once(&turns, 0, "can never be admitted");
-
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local.toml", &mock);
-    with_limits(&mut c, "demo", |l| l.tokens_per_day(40_000));
-    let gw = c.start().await;
-    let tap = tap_of(&gw).await;
-    let s = codex_setup(&tap);
-    let first = codex_say_hi(&s).await;
-    assert_eq!(first.code, Some(0), "{}", first.stderr);
-    gw.all_settled().await;
-    let r = codex_say_hi(&s).await;
-    let turns = tap.turns(&mock);
-    report("quota", "codex", &r, &turns);
-    refused_once(&turns, 1, "insufficient_quota");
+    Agent::Codex
+        .refused_once(10_000, 40_000, "insufficient_quota")
+        .await;
 }
 
 /// Claude Code on a 429 that can never be admitted and on a spent quota:
 /// one attempt each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_refusals_get_one_attempt() {
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local-anthropic.toml", &mock);
-    with_limits(&mut c, "coder", |l| l.tpm(50_000));
-    let gw = c.start().await;
-    let tap = tap_of(&gw).await;
-    let r = claude_say_hi(&claude_setup(&tap)).await;
-    let turns = tap.turns(&mock);
-    report("too-large", "claude", &r, &turns);
-    refused_once(&turns, 0, "can never be admitted");
-
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local-anthropic.toml", &mock);
-    with_limits(&mut c, "coder", |l| l.tokens_per_day(92_000));
-    let gw = c.start().await;
-    let tap = tap_of(&gw).await;
-    let s = claude_setup(&tap);
-    let first = claude_say_hi(&s).await;
-    assert_eq!(first.code, Some(0), "{}", first.stderr);
-    gw.all_settled().await;
-    let r = claude_say_hi(&s).await;
-    let turns = tap.turns(&mock);
-    report("quota", "claude", &r, &turns);
-    refused_once(&turns, 1, "tokens_per_day");
+    Agent::Claude
+        .refused_once(50_000, 92_000, "tokens_per_day")
+        .await;
 }
 
 /// Codex cut off mid-stream (a non-reasoning entry, so the stream is
@@ -822,33 +868,6 @@ fn retried_after_a_rate_refusal(turns: &[Exchange], r: &Run) {
 /// and is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_refusals_are_retried_after_retry_after_and_admitted() {
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local.toml", &mock);
-    with_limits(&mut c, "demo", |l| l.rpm(60).rpm_burst(1));
-    let gw = c.start().await;
-    ticking(&gw);
-    let tap = tap_of(&gw).await;
-    let s = codex_setup(&tap);
-    let first = codex_say_hi(&s).await;
-    assert_eq!(first.code, Some(0), "{}", first.stderr);
-    let r = codex_say_hi(&s).await;
-    let turns = tap.turns(&mock);
-    report("rate", "codex", &r, &turns);
-    retried_after_a_rate_refusal(&turns, &r);
-
-    let mock = start_mock().await;
-    mock.state.set_output_tokens(12);
-    let mut c = shipped("local-anthropic.toml", &mock);
-    with_limits(&mut c, "coder", |l| l.rpm(60).rpm_burst(1));
-    let gw = c.start().await;
-    ticking(&gw);
-    let tap = tap_of(&gw).await;
-    let s = claude_setup(&tap);
-    let first = claude_say_hi(&s).await;
-    assert_eq!(first.code, Some(0), "{}", first.stderr);
-    let r = claude_say_hi(&s).await;
-    let turns = tap.turns(&mock);
-    report("rate", "claude", &r, &turns);
-    retried_after_a_rate_refusal(&turns, &r);
+    Agent::Codex.retried_after_a_rate_refusal().await;
+    Agent::Claude.retried_after_a_rate_refusal().await;
 }
