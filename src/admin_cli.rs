@@ -1,5 +1,5 @@
-//! `budgetgate keys …`, `budgetgate tenants …`, `budgetgate admin-tokens …`:
-//! the control API from the command line. Every command is one HTTP call
+//! `budgetgate keys …`, `budgetgate tenants …`, `budgetgate admin-tokens …`,
+//! `budgetgate explain`: the admin API from the command line. Every command is one HTTP call
 //! to a running gateway (`--url`, `BUDGETGATE_URL`) with an admin token
 //! (`--token`, `BUDGETGATE_ADMIN_TOKEN`); the answer's JSON is printed as
 //! it came, and a refusal's message goes to stderr with a failing exit.
@@ -257,6 +257,15 @@ pub fn tokens_call(c: TokensCommand) -> Result<Call, String> {
             None,
         ),
     })
+}
+
+/// The call of `budgetgate explain REQUEST_ID`.
+pub fn explain_call(request_id: &str) -> Call {
+    (
+        reqwest::Method::GET,
+        format!("/admin/v1/refusals/{}", enc(request_id)),
+        None,
+    )
 }
 
 /// Makes `call` against `target`; prints the answer. `Err` holds what to

@@ -83,6 +83,18 @@ enum Command {
     /// Spend from the ledger of a running gateway (docs/LEDGER.md): totals
     /// by tenant, key, model, end user, day or month; top N; CSV.
     Spend(budgetgate::ledger::cli::SpendArgs),
+    /// Compare the ledger with the store's calendar quota counters and
+    /// explain the difference (docs/LEDGER.md, "Reconciliation"); exits 1
+    /// when an unexplained difference passes --threshold.
+    Reconcile(budgetgate::ledger::cli::ReconcileArgs),
+    /// Why was this request refused? The kept record of its refusal
+    /// (docs/API.md, "Why was this refused?").
+    Explain {
+        #[command(flatten)]
+        target: admin_cli::Target,
+        /// The request id the client saw (`x-request-id`, `request-id`).
+        request_id: String,
+    },
     /// Print the hash an end user's id goes by in refusals, logs and
     /// budgets (keyed with the secret in `server.end_user_key_env`), to find
     /// one user's refusals.
@@ -235,6 +247,10 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Reconcile(args) => reconcile_cmd(&args),
+        Command::Explain { target, request_id } => {
+            admin(&target, Ok(admin_cli::explain_call(&request_id)))
+        }
         Command::HashKey => {
             let mut key = String::new();
             if let Err(e) = std::io::stdin().read_to_string(&mut key) {
@@ -253,6 +269,36 @@ fn main() -> ExitCode {
         Command::Keys { target, command } => admin(&target, admin_cli::keys_call(command)),
         Command::Tenants { target, command } => admin(&target, admin_cli::tenants_call(command)),
         Command::AdminTokens { target, command } => admin(&target, admin_cli::tokens_call(command)),
+    }
+}
+
+fn reconcile_cmd(args: &budgetgate::ledger::cli::ReconcileArgs) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(budgetgate::ledger::cli::reconcile(args)) {
+        Ok(r) => {
+            println!("{}", r.body.trim_end());
+            for line in &r.unexplained {
+                eprintln!("budgetgate: unexplained: {line}");
+            }
+            if r.unexplained.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
     }
 }
 

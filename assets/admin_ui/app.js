@@ -222,6 +222,12 @@ function endUserLimits(limits) {
 
 const REASONS = { rate_limited: 'rate limit', quota: 'quota', concurrency: 'concurrency', impossible: 'larger than the budget' };
 
+async function openExplain(path) {
+  const r = await fetch(path, { headers: { Authorization: 'Bearer ' + token() }, cache: 'no-store' });
+  const text = JSON.stringify(await r.json(), null, 2);
+  window.open(URL.createObjectURL(new Blob([text], { type: 'application/json' })), '_blank', 'noopener');
+}
+
 function refusals(list) {
   const s = el('div', 'refusals');
   s.appendChild(el('h4', null, 'refused in the last 10 minutes: ' + list.length + (list.length >= 16 ? '+' : '')));
@@ -233,6 +239,15 @@ function refusals(list) {
     li.dataset.reason = r.reason;
     li.textContent = new Date(r.at_micros / 1000).toLocaleTimeString() + ' · ' + r.budget +
       ' of ' + r.scope + ' · ' + (REASONS[r.reason] || r.reason);
+    if (r.explain) {
+      // "Why was this refused?": the kept record, read with the page's token.
+      const a = el('a', 'explain', 'why?');
+      a.href = r.explain;
+      a.dataset.requestId = r.request_id;
+      a.addEventListener('click', (ev) => { ev.preventDefault(); openExplain(r.explain); });
+      li.appendChild(document.createTextNode(' · '));
+      li.appendChild(a);
+    }
     ul.appendChild(li);
   }
   s.appendChild(ul);

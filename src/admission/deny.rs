@@ -118,7 +118,7 @@ impl DenyCachedStore {
                     .iter()
                     .find(|s| s.scope == denial.scope && s.name == denial.name);
                 if let Some(spec) = spec {
-                    self.cache.record(spec, denial, now);
+                    self.cache.record_by(spec, denial, now, &r.id);
                 }
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
@@ -172,6 +172,12 @@ impl BudgetStore for DenyCachedStore {
     }
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         self.inner.inspect(specs).await
+    }
+    async fn holds_on(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
+        self.inner.holds_on(specs).await
     }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.inner.lower(spec, at_most).await

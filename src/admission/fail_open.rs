@@ -522,6 +522,12 @@ impl BudgetStore for GatewayStore {
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         GatewayStore::inspect(self, specs).await
     }
+    async fn holds_on(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
+        self.inner.holds_on(specs).await
+    }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         GatewayStore::lower(self, spec, at_most).await
     }

@@ -31,6 +31,18 @@ impl Window {
         }
     }
 
+    /// Start of the window containing `now`, UTC µs.
+    pub fn start(self, now: u64) -> u64 {
+        let day = now / MICROS_PER_DAY;
+        match self {
+            Window::Day => day * MICROS_PER_DAY,
+            Window::Month => {
+                let (y, m, _) = civil_from_days(day as i64);
+                days_from_civil(y, m, 1) as u64 * MICROS_PER_DAY
+            }
+        }
+    }
+
     /// End of the window containing `now` (exclusive), UTC µs.
     pub fn end(self, now: u64) -> u64 {
         let day = now / MICROS_PER_DAY;

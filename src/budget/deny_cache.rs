@@ -54,6 +54,9 @@ struct Entry {
     /// When the entry stops mattering (bucket full again / window reset), UTC µs.
     until: u64,
     denial: Denial,
+    /// The reservation id of the refused request the entry was recorded
+    /// from (a later local refusal names it: "why was this refused?").
+    by: String,
 }
 
 /// Refusals known locally, by budget key.
@@ -95,6 +98,11 @@ impl DenyCache {
     /// Remembers a store refusal of `spec` (the budget named by `denial`)
     /// taken at `now` (UTC µs). Concurrency and upstream refusals are ignored.
     pub fn record(&self, spec: &BudgetSpec, denial: &Denial, now: u64) {
+        self.record_by(spec, denial, now, "")
+    }
+
+    /// [`Self::record`] of the refusal of reservation `by`.
+    pub fn record_by(&self, spec: &BudgetSpec, denial: &Denial, now: u64, by: &str) {
         if spec.name == BudgetName::MaxConcurrent || spec.scope.is_upstream() {
             return;
         }
@@ -124,6 +132,7 @@ impl DenyCache {
                 last0,
                 until,
                 denial: denial.clone(),
+                by: by.to_string(),
             },
         );
         if pushed.is_some_and(|(k, _)| *k != *spec.key) {
@@ -142,6 +151,14 @@ impl DenyCache {
         for k in keys {
             e.pop(k);
         }
+    }
+
+    /// The store refusal the entry of budget `key` was recorded from: the
+    /// refused reservation's id and when (UTC µs). Read after a local
+    /// refusal, for its record; does not touch the entry's recency.
+    pub fn origin(&self, key: &str) -> Option<(String, u64)> {
+        let e = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        e.peek(key).map(|entry| (entry.by.clone(), entry.t0))
     }
 
     /// A local refusal for a request costing `costs` (in order) on `specs`

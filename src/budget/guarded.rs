@@ -152,6 +152,13 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.call("inspect", self.inner.inspect(specs)).await
     }
 
+    async fn holds_on(&self, specs: &[BudgetSpec]) -> Result<Vec<super::HeldOn>, StoreError> {
+        // A read for a refusal's record or a reconciliation: never a turn
+        // of the admissions' queue nor a failure that pauses them (the
+        // caller bounds it).
+        self.inner.holds_on(specs).await
+    }
+
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
         self.call("void", self.inner.void(id, hold_ttl_micros))
             .await

@@ -287,6 +287,41 @@ pub struct BudgetState {
     pub window: Option<Window>,
 }
 
+/// The holds in flight on one budget (the "why was this refused?"
+/// record, `crate::gateway::recent_refusals`): read only after a refusal,
+/// never on the admission path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HeldOn {
+    /// Live (unsettled) holds debiting the budget.
+    pub holds: u64,
+    /// What they hold, in the budget's unit (0 for concurrency: a hold
+    /// takes one slot).
+    pub units: u64,
+    /// The largest of them, as `(reservation id, units)`, largest first,
+    /// at most [`HELD_ON_LISTED`].
+    pub largest: Vec<(String, u64)>,
+    /// True when the store stopped reading before it had seen every hold
+    /// ([`HELD_ON_SCAN_MAX`]): the figures are then a lower bound.
+    pub partial: bool,
+}
+
+/// Holds named per budget in [`HeldOn::largest`].
+pub const HELD_ON_LISTED: usize = 10;
+/// Hold records a store reads for one [`BudgetStore::holds_on`] call at most.
+pub const HELD_ON_SCAN_MAX: usize = 20_000;
+
+impl HeldOn {
+    /// Counts a hold of `units` by `id`.
+    pub fn add(&mut self, id: &str, units: u64) {
+        self.holds += 1;
+        self.units = self.units.saturating_add(units);
+        self.largest.push((id.to_string(), units));
+        self.largest
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        self.largest.truncate(HELD_ON_LISTED);
+    }
+}
+
 /// A successful reservation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Admission {
@@ -483,6 +518,17 @@ pub trait BudgetStore: Send + Sync + 'static {
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError>;
     /// Reads budgets without changing them (admin API, tests).
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError>;
+    /// The live holds debiting each of `specs` (by key), read without
+    /// changing anything: after a refusal, for its record, and by
+    /// reconciliation. Stores keep no per-budget sum of holds (that would
+    /// cost every admission): this walks the holds, bounded by
+    /// [`HELD_ON_SCAN_MAX`]. The default answers that the store cannot.
+    async fn holds_on(&self, specs: &[BudgetSpec]) -> Result<Vec<HeldOn>, StoreError> {
+        let _ = specs;
+        Err(StoreError::Unavailable(
+            "this store does not list its holds".into(),
+        ))
+    }
     /// Lowers a token bucket (never raises it) so that at most `at_most`
     /// whole units remain now: the gateway follows a provider's own
     /// `x-ratelimit-remaining-*` view of a deployment. Returns the whole

@@ -62,6 +62,8 @@ pub struct LedgerWriter {
     runs: Runs,
     /// For the count of rows a cut-short shutdown leaves unwritten.
     buffer: Arc<LedgerBuffer>,
+    /// This run's crash marker, removed once the buffer is written.
+    marker: Option<super::crash::RunMarker>,
 }
 
 /// What a shutdown may wait beyond its grace (the last attempt's end).
@@ -91,6 +93,7 @@ impl LedgerWriter {
             stop,
             runs: Runs::Task(Some(task)),
             buffer,
+            marker: None,
         }
     }
 
@@ -114,7 +117,15 @@ impl LedgerWriter {
             stop,
             runs: Runs::Thread(Some(done_rx)),
             buffer: held,
+            marker: None,
         })
+    }
+
+    /// This writer with the run's crash marker ([`super::crash`]), removed
+    /// at a graceful shutdown.
+    pub fn with_marker(mut self, marker: Option<super::crash::RunMarker>) -> Self {
+        self.marker = marker;
+        self
     }
 
     /// Writes what is waiting (trying for up to `grace` while the sink
@@ -134,6 +145,11 @@ impl LedgerWriter {
                 None => true,
             },
         };
+        if let Some(m) = self.marker.take() {
+            // Graceful: what was not written by now is logged below, not
+            // lost to a crash.
+            m.clean_end();
+        }
         if !finished {
             tracing::error!(
                 rows = self.buffer.held(),

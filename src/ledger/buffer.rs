@@ -5,12 +5,14 @@
 //! (`budgetgate_ledger_rows_total{outcome="dropped"}`): the ledger gives
 //! way, the requests do not.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
+use super::query::SpendTotals;
 use super::SpendRow;
 
 /// Rows waiting to be written, bounded.
@@ -21,6 +23,27 @@ pub struct LedgerBuffer {
     full_batch: Notify,
     batch_rows: usize,
     dropped: AtomicU64,
+    /// What the dropped rows counted, per tenant level and UTC day, for
+    /// reconciliation (touched only when a row is dropped).
+    dropped_by: Mutex<HashMap<(Arc<str>, i64), SpendTotals>>,
+}
+
+/// (Tenant level, day) pairs whose dropped rows are summed; beyond, a
+/// dropped row is only counted.
+pub const DROPPED_SUMS_MAX: usize = 100_000;
+
+/// The totals one row adds.
+pub fn totals_of(row: &SpendRow) -> SpendTotals {
+    SpendTotals {
+        requests: 1,
+        input_tokens: row.input_tokens,
+        cached_read_tokens: row.cached_read_tokens,
+        cache_write_tokens: row.cache_write_tokens,
+        output_tokens: row.output_tokens,
+        reasoning_tokens: row.reasoning_tokens,
+        charged_tokens: row.charged_tokens,
+        cost_micros: row.cost_micros,
+    }
 }
 
 struct Inner {
@@ -43,6 +66,7 @@ impl LedgerBuffer {
             full_batch: Notify::new(),
             batch_rows: batch_rows.max(1),
             dropped: AtomicU64::new(0),
+            dropped_by: Mutex::new(HashMap::new()),
         }
     }
 
@@ -58,6 +82,7 @@ impl LedgerBuffer {
             drop(inner);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             crate::metrics::ledger_rows("dropped", 1);
+            self.sum_dropped(&row);
             return false;
         }
         inner.rows.push_back(row);
@@ -83,6 +108,46 @@ impl LedgerBuffer {
     /// Rows dropped because the buffer was full, since start.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn sum_dropped(&self, row: &SpendRow) {
+        let day = super::query::day_of(row.at_micros);
+        let t = totals_of(row);
+        let mut by = self.dropped_by.lock().unwrap_or_else(|e| e.into_inner());
+        for level in std::iter::once(&row.tenant).chain(row.ancestors.iter()) {
+            let key = (level.clone(), day);
+            if by.len() >= DROPPED_SUMS_MAX && !by.contains_key(&key) {
+                continue;
+            }
+            by.entry(key).or_default().add(&t);
+        }
+    }
+
+    /// What the rows dropped so far counted for tenant `level` (its
+    /// subtree) on the UTC days `days` (days since the epoch).
+    pub fn dropped_of(&self, level: &str, days: std::ops::Range<i64>) -> SpendTotals {
+        let by = self.dropped_by.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = SpendTotals::default();
+        for ((l, d), t) in by.iter() {
+            if &**l == level && days.contains(d) {
+                out.add(t);
+            }
+        }
+        out
+    }
+
+    /// What the rows waiting count for tenant `level` (its subtree),
+    /// settled within `[from, to)` UTC µs (a batch being written is
+    /// counted once written).
+    pub fn waiting_of(&self, level: &str, from: u64, to: u64) -> SpendTotals {
+        let inner = self.lock();
+        let mut out = SpendTotals::default();
+        for row in &inner.rows {
+            if (from..to).contains(&row.at_micros) && row.levels().any(|l| l == level) {
+                out.add(&totals_of(row));
+            }
+        }
+        out
     }
 
     /// Takes up to `max` of the oldest rows as the batch being written.
@@ -125,6 +190,24 @@ impl LedgerBuffer {
 mod tests {
     use super::*;
     use crate::ledger::capture::tests::row;
+
+    #[test]
+    fn what_waits_and_what_was_dropped_is_summed_per_tenant_level_and_window() {
+        let b = LedgerBuffer::new(2, 10);
+        let (r1, r2, r3) = (row("r1", 10), row("r2", 20), row("r3", 40));
+        let tenant = r1.tenant.to_string();
+        let at = r1.at_micros;
+        assert!(b.record(r1) && b.record(r2));
+        assert!(!b.record(r3));
+        let waiting = b.waiting_of(&tenant, at, at + 1);
+        assert_eq!((waiting.requests, waiting.cost_micros), (2, 30));
+        assert_eq!(b.waiting_of(&tenant, at + 1, at + 2).requests, 0);
+        assert_eq!(b.waiting_of("nobody", at, at + 1).requests, 0);
+        let day = crate::ledger::query::day_of(at);
+        let dropped = b.dropped_of(&tenant, day..day + 1);
+        assert_eq!((dropped.requests, dropped.cost_micros), (1, 40));
+        assert_eq!(b.dropped_of(&tenant, day + 1..day + 2).requests, 0);
+    }
 
     #[test]
     fn a_full_buffer_drops_and_counts_the_new_row() {

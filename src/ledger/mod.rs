@@ -11,10 +11,16 @@
 //!   in batches, off the request path, retrying while the sink is down,
 //!   and prunes rows past the retention.
 //! - [`sql`]: the sink and the queries over the control database.
-//! - [`cli`]: `budgetgate spend`, the queries over HTTP.
+//! - [`cli`]: `budgetgate spend` and `budgetgate reconcile`, over HTTP.
+//! - [`crash`]: the run marker that tells a restarted gateway its
+//!   previous run crashed (and lost at most its buffer).
 //! - `start`: the ledger's wiring in `serve` ([`start()`]).
 //! - [`query`]: spend grouped by tenant, key, model, end user and day or
 //!   month; top N; CSV.
+//! - [`window`]: the spend of one budget over its window (a refusal's
+//!   explanation, reconciliation).
+//! - [`reconcile`]: the ledger's sums against the store's calendar quota
+//!   counters, the difference explained by its known causes.
 //!
 //! Guarantees (docs/LEDGER.md): rows are idempotent by reservation id (the
 //! primary key; a retried settlement writes one row); a crash loses at
@@ -25,9 +31,12 @@ pub mod batcher;
 pub mod buffer;
 pub mod capture;
 pub mod cli;
+pub mod crash;
 pub mod query;
+pub mod reconcile;
 pub mod sql;
 mod start;
+pub mod window;
 
 use std::sync::Arc;
 
@@ -102,12 +111,29 @@ impl SpendRow {
 pub struct Ledger {
     buffer: Arc<LedgerBuffer>,
     clock: Arc<dyn crate::clock::Clock>,
+    /// The previous run of this gateway, when it crashed ([`crash`]).
+    previous_crash: Option<crash::Crash>,
 }
 
 impl Ledger {
     /// A ledger recording into `buffer`, stamping rows with `clock`.
     pub fn new(buffer: Arc<LedgerBuffer>, clock: Arc<dyn crate::clock::Clock>) -> Self {
-        Self { buffer, clock }
+        Self {
+            buffer,
+            clock,
+            previous_crash: None,
+        }
+    }
+
+    /// This ledger, knowing that the previous run crashed (`crash`).
+    pub fn after_crash(mut self, crash: Option<crash::Crash>) -> Self {
+        self.previous_crash = crash;
+        self
+    }
+
+    /// The previous run's crash, found at start.
+    pub fn previous_crash(&self) -> Option<crash::Crash> {
+        self.previous_crash
     }
 
     /// The buffer rows wait in (always there: a ledger is set only

@@ -22,6 +22,22 @@ pub trait SpendReader: Send + Sync + 'static {
         q: &SpendQuery,
         limit: usize,
     ) -> Result<Vec<super::SpendRow>, super::batcher::LedgerError>;
+    /// The extent of `q`'s rows (range and subtree): their count, the
+    /// first one's time, the largest charge (reconciliation's crash bound).
+    async fn extent(&self, q: &SpendQuery) -> Result<Extent, super::batcher::LedgerError>;
+}
+
+/// The extent of a set of rows ([`SpendReader::extent`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Extent {
+    /// Rows.
+    pub rows: u64,
+    /// When the first was settled, UTC µs (none without rows).
+    pub first_micros: Option<u64>,
+    /// The largest `charged_tokens` of a row.
+    pub max_charged_tokens: u64,
+    /// The largest `cost_micros` of a row.
+    pub max_cost_micros: u64,
 }
 
 /// Spend of `q`, folded ([`fold`]).
@@ -148,7 +164,8 @@ pub struct SpendTotals {
 }
 
 impl SpendTotals {
-    fn add(&mut self, o: &SpendTotals) {
+    /// Adds `o`.
+    pub fn add(&mut self, o: &SpendTotals) {
         self.requests += o.requests;
         self.input_tokens += o.input_tokens;
         self.cached_read_tokens += o.cached_read_tokens;

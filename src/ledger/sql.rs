@@ -16,7 +16,7 @@ use sqlx::any::AnyRow;
 use sqlx::Row;
 
 use super::batcher::{LedgerError, LedgerSink};
-use super::query::{day_of, DayTotal, SpendQuery, SpendReader, SpendTotals};
+use super::query::{day_of, DayTotal, Extent, SpendQuery, SpendReader, SpendTotals};
 use super::{SpendOutcome, SpendRow};
 use crate::db::DbKind;
 
@@ -279,6 +279,34 @@ impl SpendReader for SqlLedger {
         self.on_pool(move |pool| async move { rows(&pool, &q, limit).await })
             .await
     }
+
+    async fn extent(&self, q: &SpendQuery) -> Result<Extent, LedgerError> {
+        let q = q.clone();
+        self.on_pool(move |pool| async move { extent(&pool, &q).await })
+            .await
+    }
+}
+
+async fn extent(pool: &sqlx::AnyPool, q: &SpendQuery) -> Result<Extent, LedgerError> {
+    let (filter, values) = SqlLedger::filter(q);
+    let sql = format!(
+        "SELECT COUNT(*), MIN(at_micros), MAX(charged_tokens), MAX(cost_micros) FROM spend_ledger{filter}"
+    );
+    let row = bind_filter(sqlx::query(sqlx::AssertSqlSafe(sql)), values)
+        .fetch_one(pool)
+        .await
+        .map_err(db)?;
+    let opt = |i: usize| {
+        row.try_get::<Option<i64>, _>(i)
+            .map(|v| v.map(unbig))
+            .map_err(db)
+    };
+    Ok(Extent {
+        rows: opt(0)?.unwrap_or(0),
+        first_micros: opt(1)?,
+        max_charged_tokens: opt(2)?.unwrap_or(0),
+        max_cost_micros: opt(3)?.unwrap_or(0),
+    })
 }
 
 async fn days(pool: &sqlx::AnyPool, q: &SpendQuery) -> Result<Vec<DayTotal>, LedgerError> {

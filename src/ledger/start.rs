@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::config::ledger::LedgerSettings;
+use crate::ledger::crash::RunMarker;
 use crate::ledger::{sql::SqlLedger, Ledger, LedgerBuffer, LedgerSink, LedgerWriter, SpendReader};
 
 /// A started ledger: what the wiring hands the gateway's state, and the
@@ -37,13 +38,21 @@ pub fn start(
         });
     }
     let buffer = Arc::new(LedgerBuffer::new(settings.buffer_rows, settings.batch_rows));
-    let ledger = Some(Arc::new(Ledger::new(buffer.clone(), clock.clone())));
+    let (marker, crash) = RunMarker::begin(
+        &crate::db::state_dir(),
+        clock.now_micros(),
+        settings.buffer_rows,
+    );
+    let ledger = Some(Arc::new(
+        Ledger::new(buffer.clone(), clock.clone()).after_crash(crash),
+    ));
     let (db, kind) = (db.clone(), db.kind());
     let open: crate::ledger::batcher::OpenSink = Box::new(move || {
         let pool = db.writer_pool().map_err(|e| e.to_string())?;
         Ok(SqlLedger::new(pool, kind) as Arc<dyn LedgerSink>)
     });
-    let writer = LedgerWriter::spawn_thread(buffer, open, settings.clone(), clock)?;
+    let writer =
+        LedgerWriter::spawn_thread(buffer, open, settings.clone(), clock)?.with_marker(marker);
     Ok(Started {
         spend,
         ledger,

@@ -169,6 +169,13 @@ pub async fn admit<'p>(
     let admission = match outcome {
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
+            cx.refused = Some(super::refusal::Asked::of(
+                &reserve,
+                &demand,
+                &request.estimate,
+                &denial.scope,
+                denial.name,
+            ));
             tracing::info!(tenant = %plan.requester.tenant, end_user = request.end_user.as_deref().unwrap_or(""), scope = %denial.scope, budget = %denial.name, retry_after_us = denial.retry_after_micros, held_for_share = denial.held_for_share, policy_version = %policy.version, "denied");
             return Err(ApiError::RateLimited {
                 headers: cx.dialect.rate_limit_headers(
@@ -179,7 +186,16 @@ pub async fn admit<'p>(
                 concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
             });
         }
-        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
+        ReserveOutcome::Impossible(i) => {
+            cx.refused = Some(super::refusal::Asked::of(
+                &reserve,
+                &demand,
+                &request.estimate,
+                &i.scope,
+                i.name,
+            ));
+            return Err(ApiError::Impossible(Box::new(i)));
+        }
         // A fresh id is never voided; answered as the store failure it stands for.
         ReserveOutcome::Voided => {
             return Err(crate::budget::StoreError::Unavailable("reservation voided".into()).into())

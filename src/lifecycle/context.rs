@@ -35,6 +35,9 @@ pub struct RequestContext {
     /// The request's claim to a share of a contended deployment, set when
     /// it may wait (the gateway has a queue).
     pub share: Option<crate::budget::share::ShareClaim>,
+    /// What the last refused reservation asked, set only when one is
+    /// refused (the refusal's record: "why was this refused?").
+    pub refused: Option<Box<super::refusal::Asked>>,
 }
 
 impl RequestContext {
@@ -57,6 +60,7 @@ impl RequestContext {
             plan: None,
             answered_by: None,
             share: None,
+            refused: None,
         }
     }
 }

@@ -13,22 +13,153 @@
 //! a refusal of the local limiter while the store is down. A refusal of a
 //! quota lease is a refusal like the store's (the budget is hot, not the
 //! store down): the other budgets are read as for any other.
+//!
+//! And the refusal's record ([`note`], "why was this refused?",
+//! [`crate::gateway::recent_refusals`]): what the decision had, and what
+//! held the refusing budget, read a moment later off the request's path.
 
 use axum::http::HeaderMap;
 
 use super::context::RequestContext;
+use crate::admission::amounts::Demand;
 use crate::admission::AnsweredBy;
-use crate::budget::{BudgetSpec, BudgetState};
+use crate::budget::{BudgetName, BudgetSpec, BudgetState, BudgetStore, ReserveRequest, Scope};
+use crate::estimate::Estimate;
 use crate::gateway::error::ApiError;
+use crate::gateway::recent_refusals::{EstimateParts, InFlight, LeasesOut, Refusal, Reused};
 
-/// Keeps `refusal` of a request of `tenant` for the budget page's recent
-/// refusals ([`crate::gateway::recent_refusals`]); called only on refusals,
-/// so admitted requests never pay for it.
+/// What a refused reservation asked: kept in the request's context only
+/// once the store (or a layer) refused it, for the refusal's record.
+pub struct Asked {
+    /// The reservation's id.
+    pub reservation_id: String,
+    /// The estimate, by part.
+    pub estimate: EstimateParts,
+    /// The refusing budget, when the reservation named it.
+    pub spec: Option<BudgetSpec>,
+}
+
+impl Asked {
+    /// What `reserve` (of `demand`, estimated as `estimate`) asked, refused
+    /// by budget `name` of `scope`.
+    pub fn of(
+        reserve: &ReserveRequest,
+        demand: &Demand,
+        estimate: &Estimate,
+        scope: &Scope,
+        name: BudgetName,
+    ) -> Box<Self> {
+        let spec = reserve
+            .common
+            .iter()
+            .chain(reserve.candidates.iter().flatten())
+            .find(|s| s.scope == *scope && s.name == name)
+            .cloned();
+        Box::new(Asked {
+            reservation_id: reserve.id.clone(),
+            estimate: EstimateParts {
+                input_tokens: demand.input,
+                output_cap_tokens: demand.output,
+                tool_uses: demand.hosted.uses(),
+                total_tokens: estimate.total_tokens,
+            },
+            spec,
+        })
+    }
+}
+
+/// Keeps the record of `refusal` of a request of `tenant`
+/// ([`crate::gateway::recent_refusals`]) and, at most once a second per
+/// tenant, reads what held the refusing budget (holds in flight, units out
+/// on leases) into it a moment later, off the request's path. Called only
+/// on refusals, so admitted requests never pay for it.
 pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusal: &ApiError) {
-    if let Some(t) = tenant {
-        cx.st
-            .recent_refusals
-            .record(&cx.policy.tenant(t).name, refusal, cx.st.clock.now_micros());
+    let Some(t) = tenant else { return };
+    let now = cx.st.clock.now_micros();
+    let decided_by = match (refusal, cx.answered_by) {
+        (ApiError::RateLimited { .. }, Some(a)) => a.label(),
+        _ => "store",
+    };
+    let request_id = cx.finish.request_id.as_str();
+    let Some(mut record) = Refusal::of(refusal, request_id, decided_by, now) else {
+        return;
+    };
+    let tenant = cx.policy.tenant(t).name.clone();
+    let by_budget = matches!(
+        refusal,
+        ApiError::RateLimited { .. } | ApiError::Impossible(_)
+    );
+    let asked = cx.refused.as_deref().filter(|_| by_budget);
+    if let Some(a) = asked {
+        record.reservation_id = Some(a.reservation_id.clone());
+        record.estimate = Some(a.estimate);
+    }
+    let spec = asked.and_then(|a| a.spec.clone());
+    if let (Some(AnsweredBy::DenyCache), Some(spec)) = (cx.answered_by, &spec) {
+        if let Some((by, t0)) = cx.st.store.deny_cache().origin(&spec.key) {
+            record.reused = Some(Reused {
+                reservation_id: by,
+                age_micros: now.saturating_sub(t0),
+            });
+        }
+    }
+    let refusals = &cx.st.recent_refusals;
+    refusals.keep(&tenant, record);
+    let Some(spec) = spec else { return };
+    if !refusals.may_read_in_flight(&tenant, now) {
+        return;
+    }
+    let st = cx.st.clone();
+    let request_id = request_id.to_string();
+    let timeout = cx.policy.store.timeout;
+    tokio::spawn(async move {
+        let f = read_in_flight(&st, &spec, now, timeout).await;
+        st.recent_refusals
+            .fill_in_flight(&tenant, &request_id, now, f);
+    });
+}
+
+/// What held budget `spec` right after a decision at `decided` (UTC µs):
+/// its holds in flight (one walk of the store's holds) and the units out
+/// on its quota leases.
+pub async fn read_in_flight(
+    st: &crate::gateway::AppState,
+    spec: &BudgetSpec,
+    decided: u64,
+    timeout: std::time::Duration,
+) -> InFlight {
+    let specs = std::slice::from_ref(spec);
+    let mut notes = Vec::new();
+    let holds = match tokio::time::timeout(timeout, st.store.holds_on(specs)).await {
+        Ok(Ok(mut h)) => h.pop(),
+        Ok(Err(e)) => {
+            notes.push(format!("holds not read: {e}"));
+            None
+        }
+        Err(_) => {
+            notes.push("holds not read: the store timed out".to_string());
+            None
+        }
+    };
+    let leases = match st.store.leases() {
+        None => None,
+        Some(l) => match l.leased_out(specs).await {
+            Ok(mut out) => out.pop().map(|o| LeasesOut {
+                leases: o.leases,
+                units: o.units,
+                here: l.leased_units(&spec.key),
+            }),
+            Err(e) => {
+                notes.push(format!("leases not read: {e}"));
+                None
+            }
+        },
+    };
+    InFlight {
+        read_after_micros: st.clock.now_micros().saturating_sub(decided),
+        holds,
+        leases,
+        note: (!notes.is_empty()).then(|| notes.join("; ")),
     }
 }
 

@@ -122,6 +122,11 @@ impl HostedCalls {
         self.0[kind.index()] = n;
     }
 
+    /// Uses of every kind.
+    pub fn uses(&self) -> u64 {
+        self.0.iter().map(|&n| u64::from(n)).sum()
+    }
+
     /// Adds `n` uses of `kind`.
     pub fn add(&mut self, kind: HostedKind, n: u32) {
         let slot = &mut self.0[kind.index()];

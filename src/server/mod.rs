@@ -11,6 +11,9 @@
 //! - [`budget_view`]: every tenant's budgets (`/admin/v1/budgets`) and the
 //!   remaining-share gauges.
 //! - [`spend`]: the spend ledger's queries and CSV (`/admin/v1/spend…`).
+//! - [`refusals`]: "why was this refused?" (`/admin/v1/refusals/{id}`).
+//! - [`reconcile`]: the ledger against the store's quota counters
+//!   (`/admin/v1/reconcile`).
 //! - [`admin_ui`]: the live budget page at `/admin/ui`.
 
 pub mod admin;
@@ -18,6 +21,8 @@ pub mod admin_ui;
 pub mod budget_view;
 pub mod control_api;
 pub mod handlers;
+pub mod reconcile;
+pub mod refusals;
 pub mod spend;
 
 use std::sync::Arc;
@@ -73,6 +78,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/v1/budgets", get(budget_view::list))
         .route("/admin/v1/spend", get(spend::spend))
         .route("/admin/v1/spend/rows", get(spend::rows))
+        .route("/admin/v1/refusals/{request_id}", get(refusals::explain))
+        .route("/admin/v1/reconcile", get(reconcile::reconcile))
         .route("/admin/ui", get(admin_ui::page))
         .route("/admin/ui/", get(admin_ui::page))
         .route("/admin/ui/{asset}", get(admin_ui::asset))

@@ -102,7 +102,11 @@ fn config(
     batch_ms: i64,
     buffer_rows: i64,
 ) -> std::path::PathBuf {
-    let mut c = TestConfig::standard(mock, 8, limits().tpm(1_000_000_000));
+    let mut c = TestConfig::standard(
+        mock,
+        8,
+        limits().tpm(1_000_000_000).tokens_per_day(1_000_000_000),
+    );
     c.control.database_url = Some(pg.url());
     c.ledger.batch_interval_ms = Some(batch_ms);
     c.ledger.buffer_rows = Some(buffer_rows);
@@ -318,4 +322,14 @@ async fn postgres_stopped_under_load_the_ledger_buffers_to_its_bound_drops_with_
     for id in &ids {
         assert!(answered.contains(id), "row {id} is no answered request");
     }
+    // Reconciled (issue 41): the store counted every answer, the ledger
+    // all but the dropped rows, and the dropped rows explain the rest.
+    let q = crate::reconcile::assert_reconciled(&gw, TOKEN).await;
+    let difference = q["difference"].as_i64().unwrap();
+    assert!(difference > 0, "{q}");
+    assert_eq!(
+        crate::reconcile::explains(&q, "dropped"),
+        difference as u64,
+        "{q}"
+    );
 }

@@ -26,13 +26,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A TCP proxy to `upstream` that holds every client→server chunk for
 /// `delay` ms (0: none) before passing it on, in order.
-struct DelayProxy {
+pub(crate) struct DelayProxy {
     port: u16,
     delay: Arc<AtomicU64>,
 }
 
 impl DelayProxy {
-    async fn start(upstream: u16) -> Self {
+    pub(crate) async fn start(upstream: u16) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let delay = Arc::new(AtomicU64::new(0));
@@ -68,11 +68,11 @@ impl DelayProxy {
         Self { port, delay }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    fn set_delay(&self, ms: u64) {
+    pub(crate) fn set_delay(&self, ms: u64) {
         self.delay.store(ms, Ordering::SeqCst);
     }
 }

@@ -431,6 +431,28 @@ impl MemoryStore {
         b.available()
     }
 
+    /// Synchronous core of [`BudgetStore::holds_on`].
+    pub fn holds_on_sync(&self, specs: &[BudgetSpec]) -> Vec<super::HeldOn> {
+        let now = self.clock.now_micros();
+        let inner = self.lock();
+        let mut out = vec![super::HeldOn::default(); specs.len()];
+        for (seen, (id, hold)) in inner.holds.iter().enumerate() {
+            if seen >= super::HELD_ON_SCAN_MAX {
+                out.iter_mut().for_each(|h| h.partial = true);
+                break;
+            }
+            if hold.expires_at <= now {
+                continue;
+            }
+            for line in &hold.lines {
+                if let Some(i) = specs.iter().position(|s| s.key == line.spec.key) {
+                    out[i].add(id, line.held);
+                }
+            }
+        }
+        out
+    }
+
     /// Synchronous core of [`BudgetStore::inspect`].
     pub fn inspect_sync(&self, specs: &[BudgetSpec]) -> Vec<BudgetState> {
         let now = self.clock.now_micros();
@@ -463,6 +485,10 @@ impl BudgetStore for MemoryStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         Ok(self.inspect_sync(specs))
+    }
+
+    async fn holds_on(&self, specs: &[BudgetSpec]) -> Result<Vec<super::HeldOn>, StoreError> {
+        Ok(self.holds_on_sync(specs))
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {

@@ -43,6 +43,7 @@
 
 mod batch;
 mod conn;
+mod held_on;
 mod hold;
 mod quota_lease;
 pub mod records;

@@ -289,6 +289,13 @@ impl BudgetStore for RedisStore {
         r.i64()
     }
 
+    async fn holds_on(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
+        self.holds_on_walk(specs).await
+    }
+
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         if specs.is_empty() {
             // The health check: a read-only script round trip.

@@ -307,3 +307,33 @@ async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
         .unwrap();
     assert_eq!(totals[0].totals.requests, 2);
 }
+
+#[tokio::test]
+async fn the_extent_of_a_window_counts_its_rows_first_time_and_largest_charge() {
+    let (l, _dir) = ledger().await;
+    let mut big = row("r2", "ml", &["acme"], "gpt-4o", day("2026-12-01") + 20, 90);
+    big.charged_tokens = 400;
+    let rows = vec![
+        row("r1", "ml", &["acme"], "gpt-4o", day("2026-12-01") + 10, 30),
+        big,
+        row("r3", "other", &[], "gpt-4o", day("2026-12-01") + 5, 999),
+        row("r4", "ml", &["acme"], "gpt-4o", day("2026-12-02"), 500),
+    ];
+    l.write(&rows).await.unwrap();
+    let q = |within: &str| SpendQuery {
+        group_by: vec![],
+        period: None,
+        from_micros: day("2026-12-01"),
+        to_micros: day("2026-12-02"),
+        within: Some(within.into()),
+        scope: None,
+        top: None,
+        request_id: None,
+    };
+    let x = l.extent(&q("acme")).await.unwrap();
+    assert_eq!(x.rows, 2);
+    assert_eq!(x.first_micros, Some(day("2026-12-01") + 10));
+    assert_eq!((x.max_charged_tokens, x.max_cost_micros), (400, 90));
+    let none = l.extent(&q("nobody")).await.unwrap();
+    assert_eq!(none, crate::ledger::query::Extent::default());
+}

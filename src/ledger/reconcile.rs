@@ -1,0 +1,217 @@
+//! The ledger reconciled against the budgets (issue 41, docs/LEDGER.md
+//! "Reconciliation"): for a calendar quota (tokens or µ$, per day or month)
+//! the store's counter and the ledger's sum over the same window differ by
+//! known causes, each bounded by what the gateway can read:
+//!
+//! - the store counts more than the ledger by the **holds in flight**
+//!   (reserved, not settled: no row yet), the **units out on leases**
+//!   (debited from the store at the grant, spent or given back later), the
+//!   **rows still buffered** (settled, not yet written), the **rows the
+//!   ledger dropped** (buffer full during a database outage, summed when
+//!   dropped), **retention** (rows deleted past `ledger.retention_days`,
+//!   when the window starts before the cutoff) and the rows **lost in a
+//!   crash** (at most the crashed run's buffer, [`super::crash`]; in units,
+//!   that many rows of the largest charge the window's rows hold);
+//! - the ledger counts more than the store by the **window boundary** (a
+//!   request admitted before midnight and settled after counts in the
+//!   store's window of its admission, the ledger's row in the day of its
+//!   settlement: at most the rows settled within one request's lifetime
+//!   after the window's start) and a **store reset** (the store's counter
+//!   started after the window's first ledger row: a flushed Redis, a
+//!   memory store restarted without a snapshot).
+//!
+//! Each cause explains at most its bound, in the order above; what is left
+//! is unexplained. [`explain`] is the arithmetic; the admin route
+//! (`server::reconcile`) reads the inputs.
+
+use serde::Serialize;
+
+/// What one quota's reconciliation reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// What the store's counter holds for the window (limit − remaining).
+    pub store: i64,
+    /// The ledger's sum for the window, in the quota's unit.
+    pub ledger: u64,
+    /// Units of holds in flight on the quota (`None`: not read).
+    pub holds: Option<u64>,
+    /// Units out on leases of the quota (`None`: leases off or not read).
+    pub leases: Option<u64>,
+    /// Units of rows settled in the window still in this gateway's buffer.
+    pub buffered: u64,
+    /// Units of rows of the window this gateway dropped.
+    pub dropped: u64,
+    /// Rows of the window may be past the ledger's retention.
+    pub retention: bool,
+    /// Units a crash may have lost in the window (`None`: no crash known).
+    pub crash: Option<u64>,
+    /// Units of ledger rows settled within one request's lifetime after
+    /// the window's start (they may count in the previous window in the store).
+    pub boundary: u64,
+    /// The store's counter started after the window's first ledger row.
+    pub store_reset: bool,
+}
+
+/// One cause and what it explains, in the quota's unit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cause {
+    /// Its name (`holds_in_flight`, `leases_out`, `buffered`, `dropped`,
+    /// `retention`, `lost_in_a_crash`, `window_boundary`, `store_reset`).
+    pub cause: &'static str,
+    /// What it could explain at most (`None`: unbounded).
+    pub bound: Option<u64>,
+    /// What it explains of this difference.
+    pub explains: u64,
+}
+
+/// A quota reconciled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Explained {
+    /// Store − ledger.
+    pub difference: i64,
+    /// The causes that explain part of it, in order.
+    pub causes: Vec<Cause>,
+    /// What no known cause explains (same sign as the difference).
+    pub unexplained: i64,
+}
+
+/// Explains `i`'s difference by its causes (module docs).
+pub fn explain(i: &Inputs) -> Explained {
+    let difference = i.store - i.ledger as i64;
+    let mut left = difference.unsigned_abs();
+    let mut causes = Vec::new();
+    let mut take = |cause: &'static str, bound: Option<u64>| {
+        let explains = bound.map_or(left, |b| b.min(left));
+        left -= explains;
+        if explains > 0 || bound.is_some_and(|b| b > 0) {
+            causes.push(Cause {
+                cause,
+                bound,
+                explains,
+            });
+        }
+    };
+    if difference > 0 {
+        take("holds_in_flight", Some(i.holds.unwrap_or(0)));
+        take("leases_out", Some(i.leases.unwrap_or(0)));
+        take("buffered", Some(i.buffered));
+        take("dropped", Some(i.dropped));
+        if i.retention {
+            take("retention", None);
+        }
+        if let Some(c) = i.crash {
+            take("lost_in_a_crash", Some(c));
+        }
+    } else if difference < 0 {
+        take("window_boundary", Some(i.boundary));
+        if i.store_reset {
+            take("store_reset", None);
+        }
+    }
+    let unexplained = if difference < 0 {
+        -(left as i64)
+    } else {
+        left as i64
+    };
+    Explained {
+        difference,
+        causes,
+        unexplained,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(e: &Explained) -> Vec<(&'static str, u64)> {
+        e.causes.iter().map(|c| (c.cause, c.explains)).collect()
+    }
+
+    #[test]
+    fn equal_sums_need_no_cause() {
+        let e = explain(&Inputs {
+            store: 100,
+            ledger: 100,
+            ..Default::default()
+        });
+        assert_eq!((e.difference, e.unexplained), (0, 0));
+        assert!(e.causes.is_empty());
+    }
+
+    #[test]
+    fn a_larger_store_is_explained_in_order_up_to_each_bound() {
+        let e = explain(&Inputs {
+            store: 1_000,
+            ledger: 600,
+            holds: Some(100),
+            leases: Some(150),
+            buffered: 50,
+            dropped: 20,
+            ..Default::default()
+        });
+        assert_eq!(e.difference, 400);
+        assert_eq!(
+            names(&e),
+            vec![
+                ("holds_in_flight", 100),
+                ("leases_out", 150),
+                ("buffered", 50),
+                ("dropped", 20)
+            ]
+        );
+        assert_eq!(e.unexplained, 80);
+    }
+
+    #[test]
+    fn a_crash_explains_up_to_its_bound_and_no_more() {
+        let within = explain(&Inputs {
+            store: 500,
+            ledger: 300,
+            crash: Some(250),
+            ..Default::default()
+        });
+        assert_eq!(names(&within), vec![("lost_in_a_crash", 200)]);
+        assert_eq!(within.unexplained, 0);
+        let beyond = explain(&Inputs {
+            store: 500,
+            ledger: 100,
+            crash: Some(250),
+            ..Default::default()
+        });
+        assert_eq!(beyond.unexplained, 150);
+    }
+
+    #[test]
+    fn a_larger_ledger_is_the_boundary_or_a_reset_never_holds() {
+        let e = explain(&Inputs {
+            store: 100,
+            ledger: 180,
+            holds: Some(1_000),
+            boundary: 30,
+            ..Default::default()
+        });
+        assert_eq!(names(&e), vec![("window_boundary", 30)]);
+        assert_eq!(e.unexplained, -50);
+        let reset = explain(&Inputs {
+            store: 0,
+            ledger: 180,
+            store_reset: true,
+            ..Default::default()
+        });
+        assert_eq!(names(&reset), vec![("store_reset", 180)]);
+        assert_eq!(reset.unexplained, 0);
+    }
+
+    #[test]
+    fn retention_explains_what_is_left_of_a_larger_store() {
+        let e = explain(&Inputs {
+            store: 1_000,
+            ledger: 10,
+            retention: true,
+            ..Default::default()
+        });
+        assert_eq!(names(&e), vec![("retention", 990)]);
+        assert_eq!(e.unexplained, 0);
+    }
+}

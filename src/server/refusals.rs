@@ -1,0 +1,137 @@
+//! "Why was this refused?" (issue 41): `GET /admin/v1/refusals/{request_id}`
+//! answers every refusal this gateway kept of that request id
+//! ([`crate::gateway::recent_refusals`]: the last ten minutes), each with
+//! the ledger's spend of the refusing budget over its window. A
+//! tenant-scoped admin token reads its subtree only: a request id refused
+//! only in other tenants is 403, one refused nowhere kept 404.
+
+use std::sync::Arc;
+
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::admin::{self, error_response, json_response};
+use crate::gateway::recent_refusals::{Refusal, KEPT_MICROS};
+use crate::gateway::AppState;
+use crate::ledger::window;
+
+/// `GET /admin/v1/refusals/{request_id}`.
+pub async fn explain(
+    State(st): State<Arc<AppState>>,
+    Path(request_id): Path<String>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let reader = match admin::Principal::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let policy = st.policy.load_full();
+    let now = st.clock.now_micros();
+    let (found, hidden) = st
+        .recent_refusals
+        .find(&request_id, now, |t| reader.sees(&policy, t));
+    if found.is_empty() {
+        if hidden {
+            return admin::forbidden(&format!(
+                "This admin token cannot read the refusals of request {request_id:?}: it is limited to tenant {:?} and its subtree.",
+                reader.scope().unwrap_or("")
+            ));
+        }
+        return error_response(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "No refusal of request {request_id:?} is kept by this gateway (refusals are kept {} minutes, per gateway).",
+                KEPT_MICROS / 60_000_000
+            ),
+            Some("not_found"),
+        );
+    }
+    let mut refusals = Vec::with_capacity(found.len());
+    for (tenant, r) in &found {
+        let mut v = r.json(now);
+        v["tenant"] = json!(tenant);
+        if let Some(by) = &r.reused {
+            v["reused"]["request_id"] =
+                json!(st.recent_refusals.request_of(tenant, &by.reservation_id));
+        }
+        v["ledger"] = ledger_of(&st, r, reader.scope().map(str::to_string)).await;
+        v["explanation"] = json!(sentence(r));
+        refusals.push(v);
+    }
+    json_response(
+        StatusCode::OK,
+        json!({"request_id": request_id, "refusals": refusals}),
+    )
+}
+
+/// The ledger's spend of the refusing budget over its window at the refusal.
+async fn ledger_of(st: &AppState, r: &Refusal, caller: Option<String>) -> Value {
+    let (Some(scope), Some(name)) = (&r.scope, r.budget) else {
+        return Value::Null;
+    };
+    let Some(range) = window::window_of(name, r.at_micros) else {
+        return json!({"note": "a concurrency limit has no window"});
+    };
+    let Some(reader) = st.spend.get() else {
+        return json!({"note": "the ledger is off on this gateway"});
+    };
+    match window::spend_of(&**reader, scope, range, caller).await {
+        Ok(t) => json!({
+            "from_micros": range.0,
+            "to_micros": range.1,
+            "requests": t.requests,
+            "charged_tokens": t.charged_tokens,
+            "cost_micros": t.cost_micros,
+            "in_budget_unit": window::in_unit(name, &t),
+        }),
+        Err(e) => json!({"note": format!("the ledger did not answer: {e}")}),
+    }
+}
+
+/// One sentence a person reads first.
+fn sentence(r: &Refusal) -> String {
+    let Some(name) = r.budget else {
+        return match r.decided_by {
+            "queue" => "Refused by the wait queue: it was full.".into(),
+            _ => "Refused because the budget store did not answer and the tenant fails closed."
+                .into(),
+        };
+    };
+    let scope = r.scope.as_ref().map(|s| s.to_string()).unwrap_or_default();
+    let mut s = format!(
+        "Refused by {name} of {scope} ({}), decided by the {}: the request asked {} and {} was available.",
+        r.reason,
+        r.decided_by.replace('_', " "),
+        r.requested,
+        r.available.map_or("none".to_string(), |a| a.to_string()),
+    );
+    if let Some(by) = &r.reused {
+        s.push_str(&format!(
+            " The deny cache reused the store's refusal of reservation {} from {} ms before.",
+            by.reservation_id,
+            by.age_micros / 1000
+        ));
+    }
+    if let Some(f) = &r.in_flight {
+        if let Some(h) = &f.holds {
+            s.push_str(&format!(
+                " {} holds in flight held {} of it",
+                h.holds, h.units
+            ));
+        }
+        if let Some(l) = &f.leases {
+            s.push_str(&format!(
+                "; {} units were out on {} leases",
+                l.units, l.leases
+            ));
+        }
+        s.push_str(&format!(
+            " (read {} ms after the decision).",
+            f.read_after_micros / 1000
+        ));
+    }
+    s
+}
