@@ -468,7 +468,33 @@ conformance!(
     a_waiting_tenant_behind_its_share_gets_the_capacity_first,
     a_waiting_higher_class_goes_first_fleet_wide,
     a_tenants_oldest_waiter_goes_first_fleet_wide,
+    holds_on_names_the_live_holds_of_each_budget,
 );
+
+/// "Why was this refused?" reads the holds in flight on a budget: the live
+/// ones only, by reservation id, largest first; a settled hold is gone.
+async fn holds_on_names_the_live_holds_of_each_budget(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    let day = h.per_day(tenant(), 10_000);
+    let other = h.tpm(upstream("east"), 1000, 1000);
+    h.admit("a", 300, &[tpm.clone(), day.clone()]).await;
+    h.admit("b", 200, &[tpm.clone(), day.clone()]).await;
+    h.admit("c", 100, std::slice::from_ref(&tpm)).await;
+    h.settle("a", 300).await;
+    let held = h
+        .store
+        .holds_on(&[tpm.clone(), day.clone(), other.clone()])
+        .await
+        .expect("holds_on");
+    assert_eq!((held[0].holds, held[0].units), (2, 300));
+    assert_eq!(
+        held[0].largest,
+        vec![("b".to_string(), 200), ("c".to_string(), 100)]
+    );
+    assert_eq!((held[1].holds, held[1].units), (1, 200));
+    assert_eq!((held[2].holds, held[2].units), (0, 0));
+    assert!(held.iter().all(|h| !h.partial));
+}
 
 /// A request fits or waits exactly: 1000 tpm, 600 taken, 600 more must
 /// wait for 200 tokens = 12 s to the microsecond.
