@@ -74,6 +74,7 @@ struct Known {
 }
 
 /// The mock's Bedrock state.
+#[derive(Debug)]
 pub struct BedrockState {
     region: Mutex<String>,
     api_key: Mutex<String>,
@@ -615,7 +616,14 @@ fn credential_endpoint(
         return Some(ok(json_creds("container").to_string(), "application/json"));
     }
     if path == "/latest/api/token" && method == Method::PUT {
-        return Some(ok("mock-imds-session-token".into(), "text/plain"));
+        let mut r = ok("mock-imds-session-token".into(), "text/plain");
+        let ttl = headers
+            .get("x-aws-ec2-metadata-token-ttl-seconds")
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("21600"));
+        r.headers_mut()
+            .insert("x-aws-ec2-metadata-token-ttl-seconds", ttl);
+        return Some(r);
     }
     if let Some(role) = path.strip_prefix("/latest/meta-data/iam/security-credentials") {
         if headers.get("x-aws-ec2-metadata-token").is_none() {

@@ -199,15 +199,18 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
             assert_eq!(task.await.unwrap().unwrap(), 200);
             reserved
         };
+        let mut row = vec![held];
         for (b, scenario) in [
             (body(1000, true), "input=10,cache_read=300,cache_creation=40"),
             (body(1000, false), "input=20,cache_read=100"),
             (body(64, true), "input=5,thinking=10"),
         ] {
-            assert_eq!(post(&gw, &b, scenario).await.status(), 200, "{kind}");
+            let r = post(&gw, &b, scenario).await;
+            assert_eq!(r.status(), 200, "{kind}");
+            let _ = r.text().await;
+            gw.all_settled().await;
+            row.push(gw.t1_used(BudgetName::Tpm).await);
         }
-        gw.all_settled().await;
-        let mut row = vec![held];
         for name in [BudgetName::Tpm] {
             row.push(gw.t1_used(name).await);
         }

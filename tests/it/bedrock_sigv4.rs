@@ -277,7 +277,8 @@ async fn instance_metadata_credentials_sign_requests() {
         .collect();
     env.push(("AWS_EC2_METADATA_SERVICE_ENDPOINT".into(), mock.root_url()));
     let gw = start(&c, dir.path(), &env).await;
-    assert_eq!(ask(&gw, "claude-a", true).await.0, 200);
+    let (status, text) = ask(&gw, "claude-a", true).await;
+    assert_eq!(status, 200, "{text}\n{}", gw.dump_logs());
     let by = mock.state.bedrock.signed_by();
     assert!(by[0].starts_with("ASIAMOCKIMDS"), "{by:?}");
     assert_logs_hold_no_secret(&gw, &mock, &[]);
