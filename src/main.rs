@@ -125,7 +125,15 @@ fn init_logging(json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // The AWS SDK's signer and providers trace canonical requests (with
     // session tokens) below `info`: never logged, whatever RUST_LOG says.
-    for target in ["aws_sigv4", "aws_config", "aws_smithy_runtime", "aws_smithy_http_client", "aws_credential_types", "aws_sdk_sts", "aws_runtime"] {
+    for target in [
+        "aws_sigv4",
+        "aws_config",
+        "aws_smithy_runtime",
+        "aws_smithy_http_client",
+        "aws_credential_types",
+        "aws_sdk_sts",
+        "aws_runtime",
+    ] {
         if let Ok(d) = format!("{target}=info").parse::<tracing_subscriber::filter::Directive>() {
             filter = filter.add_directive(d);
         }

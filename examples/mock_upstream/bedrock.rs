@@ -179,7 +179,10 @@ impl BedrockState {
         };
         let id = format!("ASIAMOCK{}{n:08}", source.to_ascii_uppercase());
         let secret = format!("mock-secret-{source}-{n}-{}", uuid::Uuid::new_v4().simple());
-        let token = format!("mock-session-token-{source}-{n}-{}", uuid::Uuid::new_v4().simple());
+        let token = format!(
+            "mock-session-token-{source}-{n}-{}",
+            uuid::Uuid::new_v4().simple()
+        );
         let expires = SystemTime::now() + *lock(&self.issued_ttl);
         lock(&self.keys).insert(
             id.clone(),
@@ -231,12 +234,16 @@ fn fault_response(f: BedrockFault) -> Option<Response> {
             "AccessDeniedException",
             "You don't have access to the model with the specified model ID.",
         ),
-        BedrockFault::ModelNotReady => {
-            aws_error(429, "ModelNotReadyException", "Model is not ready to serve inference requests.")
-        }
-        BedrockFault::ModelTimeout => {
-            aws_error(408, "ModelTimeoutException", "The model took too long to answer.")
-        }
+        BedrockFault::ModelNotReady => aws_error(
+            429,
+            "ModelNotReadyException",
+            "Model is not ready to serve inference requests.",
+        ),
+        BedrockFault::ModelTimeout => aws_error(
+            408,
+            "ModelTimeoutException",
+            "The model took too long to answer.",
+        ),
         BedrockFault::StreamException => return None,
     })
 }
@@ -279,7 +286,11 @@ pub async fn handle(
         return Some(r);
     }
     let Some(Value::Object(mut body)) = parsed else {
-        return Some(aws_error(400, "ValidationException", "Malformed input request."));
+        return Some(aws_error(
+            400,
+            "ValidationException",
+            "Malformed input request.",
+        ));
     };
     match invoke {
         Some((id, stream)) => {
@@ -290,8 +301,7 @@ pub async fn handle(
                     "Malformed input request: extraneous key [model] is not permitted",
                 ));
             }
-            if body.get("anthropic_version").and_then(Value::as_str) != Some("bedrock-2023-05-31")
-            {
+            if body.get("anthropic_version").and_then(Value::as_str) != Some("bedrock-2023-05-31") {
                 return Some(aws_error(
                     400,
                     "ValidationException",
@@ -317,7 +327,11 @@ pub async fn handle(
                     "anthropic-version: header is required",
                 ));
             }
-            let Some(model) = body.get("model").and_then(Value::as_str).map(str::to_string) else {
+            let Some(model) = body
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+            else {
                 return Some(super::messages::error(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
@@ -348,7 +362,12 @@ fn percent_decode(s: &str) -> String {
 }
 
 /// An API key or a SigV4 signature that verifies; else AWS's 403.
-fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -> Result<(), Response> {
+fn authenticate(
+    b: &BedrockState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    body: &[u8],
+) -> Result<(), Response> {
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     let refuse = |exception: &str, message: &str| {
         lock(&b.refused).push(exception.to_string());
@@ -358,7 +377,10 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
         return if k == *lock(&b.api_key) {
             Ok(())
         } else {
-            Err(refuse("UnrecognizedClientException", "The API key is invalid."))
+            Err(refuse(
+                "UnrecognizedClientException",
+                "The API key is invalid.",
+            ))
         };
     }
     let Some(auth) = h("authorization") else {
@@ -371,11 +393,17 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
         return if k == *lock(&b.api_key) {
             Ok(())
         } else {
-            Err(refuse("UnrecognizedClientException", "The API key is invalid."))
+            Err(refuse(
+                "UnrecognizedClientException",
+                "The API key is invalid.",
+            ))
         };
     }
     let Some(parts) = auth.strip_prefix("AWS4-HMAC-SHA256 ") else {
-        return Err(refuse("IncompleteSignatureException", "Unknown authorization scheme."));
+        return Err(refuse(
+            "IncompleteSignatureException",
+            "Unknown authorization scheme.",
+        ));
     };
     let field = |name: &str| {
         parts
@@ -383,14 +411,22 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
             .map(str::trim)
             .find_map(|p| p.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
     };
-    let (Some(credential), Some(signed_headers), Some(signature)) =
-        (field("Credential"), field("SignedHeaders"), field("Signature"))
-    else {
-        return Err(refuse("IncompleteSignatureException", "Authorization header is incomplete."));
+    let (Some(credential), Some(signed_headers), Some(signature)) = (
+        field("Credential"),
+        field("SignedHeaders"),
+        field("Signature"),
+    ) else {
+        return Err(refuse(
+            "IncompleteSignatureException",
+            "Authorization header is incomplete.",
+        ));
     };
     let scope: Vec<&str> = credential.split('/').collect();
     let [key_id, date, region, service, terminal] = scope[..] else {
-        return Err(refuse("IncompleteSignatureException", "Credential is malformed."));
+        return Err(refuse(
+            "IncompleteSignatureException",
+            "Credential is malformed.",
+        ));
     };
     let want_region = lock(&b.region).clone();
     if region != want_region {
@@ -412,7 +448,10 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
         ));
     };
     if known.expires.is_some_and(|e| e <= SystemTime::now()) {
-        return Err(refuse("ExpiredTokenException", "The security token included in the request is expired"));
+        return Err(refuse(
+            "ExpiredTokenException",
+            "The security token included in the request is expired",
+        ));
     }
     if known.token.as_deref() != h("x-amz-security-token") {
         return Err(refuse(
@@ -421,10 +460,16 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
         ));
     }
     let Some(time) = h("x-amz-date").and_then(parse_amz_date) else {
-        return Err(refuse("IncompleteSignatureException", "x-amz-date is missing or malformed."));
+        return Err(refuse(
+            "IncompleteSignatureException",
+            "x-amz-date is missing or malformed.",
+        ));
     };
     if h("x-amz-date").map(|d| &d[..8.min(d.len())]) != Some(date) {
-        return Err(refuse("InvalidSignatureException", "Date in Credential scope does not match x-amz-date."));
+        return Err(refuse(
+            "InvalidSignatureException",
+            "Date in Credential scope does not match x-amz-date.",
+        ));
     }
     let skipped = ["x-amz-date", "x-amz-security-token"];
     let mut signed: Vec<(&str, &str)> = Vec::new();
@@ -450,15 +495,16 @@ fn authenticate(b: &BedrockState, headers: &HeaderMap, uri: &Uri, body: &[u8]) -
     );
     let creds = Credentials::new(key_id, known.secret, known.token, None, "mock");
     let identity: aws_smithy_runtime_api::client::identity::Identity = creds.into();
-    let params: aws_sigv4::http_request::SigningParams<'_> = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region(&want_region)
-        .name("bedrock")
-        .time(time)
-        .settings(aws_sigv4::http_request::SigningSettings::default())
-        .build()
-        .map_err(|_| refuse("InvalidSignatureException", "cannot verify"))?
-        .into();
+    let params: aws_sigv4::http_request::SigningParams<'_> =
+        aws_sigv4::sign::v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&want_region)
+            .name("bedrock")
+            .time(time)
+            .settings(aws_sigv4::http_request::SigningSettings::default())
+            .build()
+            .map_err(|_| refuse("InvalidSignatureException", "cannot verify"))?
+            .into();
     let signable = aws_sigv4::http_request::SignableRequest::new(
         "POST",
         url,
@@ -520,21 +566,35 @@ fn event_stream(answer: Response, exception: bool) -> Response {
                     continue;
                 }
                 if exception && sent == 3 {
-                    let m = Message::new(json!({"message": "The model stream failed (mock)."}).to_string())
-                        .add_header(Header::new(":message-type", EsValue::String("exception".into())))
-                        .add_header(Header::new(
-                            ":exception-type",
-                            EsValue::String("modelStreamErrorException".into()),
-                        ))
-                        .add_header(Header::new(":content-type", EsValue::String("application/json".into())));
+                    let m = Message::new(
+                        json!({"message": "The model stream failed (mock)."}).to_string(),
+                    )
+                    .add_header(Header::new(
+                        ":message-type",
+                        EsValue::String("exception".into()),
+                    ))
+                    .add_header(Header::new(
+                        ":exception-type",
+                        EsValue::String("modelStreamErrorException".into()),
+                    ))
+                    .add_header(Header::new(
+                        ":content-type",
+                        EsValue::String("application/json".into()),
+                    ));
                     let _ = tx.send(Ok(frame(&m))).await;
                     return;
                 }
                 let payload = json!({"bytes": aws_smithy_types::base64::encode(data.as_bytes()), "p": "abcd"});
                 let m = Message::new(payload.to_string())
-                    .add_header(Header::new(":message-type", EsValue::String("event".into())))
+                    .add_header(Header::new(
+                        ":message-type",
+                        EsValue::String("event".into()),
+                    ))
                     .add_header(Header::new(":event-type", EsValue::String("chunk".into())))
-                    .add_header(Header::new(":content-type", EsValue::String("application/json".into())));
+                    .add_header(Header::new(
+                        ":content-type",
+                        EsValue::String("application/json".into()),
+                    ));
                 if tx.send(Ok(frame(&m))).await.is_err() {
                     return;
                 }
@@ -542,7 +602,8 @@ fn event_stream(answer: Response, exception: bool) -> Response {
             }
         }
     });
-    let body = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let body =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
     let mut r = Response::new(Body::from_stream(body.boxed()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -562,7 +623,10 @@ fn frame(m: &Message) -> Bytes {
 }
 
 fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     // Civil date from days (Howard Hinnant's algorithm).
@@ -661,6 +725,9 @@ mod tests {
     fn dates_round_trip() {
         let t = parse_amz_date("20261130T120000Z").unwrap();
         assert_eq!(rfc3339(t), "2026-11-30T12:00:00Z");
-        assert_eq!(percent_decode("us.anthropic.x-v1%3A0"), "us.anthropic.x-v1:0");
+        assert_eq!(
+            percent_decode("us.anthropic.x-v1%3A0"),
+            "us.anthropic.x-v1:0"
+        );
     }
 }

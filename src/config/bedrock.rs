@@ -90,7 +90,8 @@ impl BedrockSettings {
         let Some(raw) = raw else {
             err(
                 format!("{path}.region"),
-                "required for kind = \"bedrock\" ([upstreams.bedrock] region = \"us-east-1\")".into(),
+                "required for kind = \"bedrock\" ([upstreams.bedrock] region = \"us-east-1\")"
+                    .into(),
             );
             return None;
         };
@@ -98,12 +99,18 @@ impl BedrockSettings {
         let region = match raw.region.as_deref() {
             Some(r) if is_region(r) => r.to_string(),
             Some(r) => {
-                err(format!("{path}.region"), format!("not an AWS region name: {r:?}"));
+                err(
+                    format!("{path}.region"),
+                    format!("not an AWS region name: {r:?}"),
+                );
                 ok = false;
                 String::new()
             }
             None => {
-                err(format!("{path}.region"), "required: the region requests are signed for".into());
+                err(
+                    format!("{path}.region"),
+                    "required: the region requests are signed for".into(),
+                );
                 ok = false;
                 String::new()
             }
@@ -153,11 +160,13 @@ impl BedrockSettings {
                 api_key_env.unwrap_or("?")
             ),
             BedrockAuth::SigV4 { profile } => {
-                let chain = crate::config::bedrock::sigv4_source(
-                    profile.as_deref(),
-                    |k| std::env::var(k).ok().filter(|v| !v.is_empty()),
-                );
-                format!("SigV4 (service {:?}, region {}) with {chain}", self.signing_name, self.region)
+                let chain = crate::config::bedrock::sigv4_source(profile.as_deref(), |k| {
+                    std::env::var(k).ok().filter(|v| !v.is_empty())
+                });
+                format!(
+                    "SigV4 (service {:?}, region {}) with {chain}",
+                    self.signing_name, self.region
+                )
             }
         }
     }
@@ -197,8 +206,7 @@ pub fn sigv4_source(profile: Option<&str>, env: impl Fn(&str) -> Option<String>)
 fn is_region(r: &str) -> bool {
     !r.is_empty()
         && r.len() <= 32
-        && r
-            .bytes()
+        && r.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
@@ -230,19 +238,34 @@ mod tests {
     #[test]
     fn the_source_named_follows_the_sdk_chain_order() {
         let env = |set: &'static [(&'static str, &'static str)]| {
-            move |k: &str| set.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                set.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
-        assert!(sigv4_source(None, env(&[("AWS_ACCESS_KEY_ID", "x"), ("HOME", "/nonexistent")]))
-            .contains("environment"));
-        assert!(sigv4_source(Some("prod"), env(&[("AWS_ACCESS_KEY_ID", "x")])).contains("\"prod\""));
         assert!(sigv4_source(
             None,
-            env(&[("HOME", "/nonexistent"), ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t")])
+            env(&[("AWS_ACCESS_KEY_ID", "x"), ("HOME", "/nonexistent")])
+        )
+        .contains("environment"));
+        assert!(
+            sigv4_source(Some("prod"), env(&[("AWS_ACCESS_KEY_ID", "x")])).contains("\"prod\"")
+        );
+        assert!(sigv4_source(
+            None,
+            env(&[
+                ("HOME", "/nonexistent"),
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t")
+            ])
         )
         .contains("web identity"));
         assert!(sigv4_source(
             None,
-            env(&[("HOME", "/nonexistent"), ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://x")])
+            env(&[
+                ("HOME", "/nonexistent"),
+                ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://x")
+            ])
         )
         .contains("container"));
         assert!(sigv4_source(None, env(&[("HOME", "/nonexistent")])).contains("IMDS"));

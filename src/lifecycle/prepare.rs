@@ -329,8 +329,11 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             // A deployment whose `models` map has no id for this model is skipped.
             let u = policy.deployment(d.upstream);
             u.models.is_none()
-                || u.model_id(model, sent_model.as_deref().unwrap_or(&model.upstream_model))
-                    .is_some()
+                || u.model_id(
+                    model,
+                    sent_model.as_deref().unwrap_or(&model.upstream_model),
+                )
+                .is_some()
         })
         .map(|(i, _)| i)
         .collect();

@@ -24,7 +24,9 @@ pub fn upstream_body(
 ) -> Result<Vec<u8>, serde_json::Error> {
     let name = p.upstream_model(model);
     // Prepare kept only deployments with an id for the model.
-    let id = upstream.model_id(model, name).unwrap_or(Cow::Borrowed(name));
+    let id = upstream
+        .model_id(model, name)
+        .unwrap_or(Cow::Borrowed(name));
     let mut out = rewrite(
         &p.raw,
         &p.estimate,

@@ -886,7 +886,10 @@ fn shipped_on_bedrock(mock: &mock_upstream::MockUpstream, api: &str) -> TestConf
         u.api_key_env = Some("CARGO_PKG_NAME".into());
         u.models = Some(
             [
-                ("claude-*".to_string(), "us.anthropic.{model}-v1:0".to_string()),
+                (
+                    "claude-*".to_string(),
+                    "us.anthropic.{model}-v1:0".to_string(),
+                ),
                 (
                     "claude-sonnet-4-5".to_string(),
                     "us.anthropic.claude-sonnet-4-5-v1:0".to_string(),
@@ -915,7 +918,13 @@ async fn claude_print_says_hi_through_bedrock_on_each_endpoint() {
         let tap = tap_of(&gw).await;
         let s = claude_setup(&tap);
         let r = claude_say_hi(&s).await;
-        assert_eq!(r.code, Some(0), "{api}: claude -p failed:\n{}\n{}", r.stdout, r.stderr);
+        assert_eq!(
+            r.code,
+            Some(0),
+            "{api}: claude -p failed:\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
         assert!(
             r.stdout.contains(mock_upstream::generated_text(12).trim()),
             "{api}: the mock's answer: {}",
@@ -953,8 +962,11 @@ async fn claude_cutoff_on_bedrock_ends_with_message_stop() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(20_000);
     let mut c = shipped_on_bedrock(&mock, "invoke");
+    // Refilling 1000 tokens a second, slower than the mock streams through
+    // the event-stream decoder (about 2000 a second here), so the stream
+    // outruns the bucket and is cut off.
     with_limits(&mut c, "coder", |l| {
-        l.output_tpm(600_000).output_tpm_burst(6_000)
+        l.output_tpm(60_000).output_tpm_burst(6_000)
     });
     let gw = c.start().await;
     ticking(&gw);

@@ -96,7 +96,12 @@ async fn invoke_streams_event_frames_as_sse_and_settles_the_usage() {
     assert_eq!(r.status(), 200);
     assert!(must_header(&r, "content-type").starts_with("text/event-stream"));
     let text = r.text().await.unwrap();
-    for e in ["message_start", "content_block_delta", "message_delta", "message_stop"] {
+    for e in [
+        "message_start",
+        "content_block_delta",
+        "message_delta",
+        "message_stop",
+    ] {
         assert!(text.contains(&format!("event: {e}\n")), "{e}: {text}");
     }
     assert_eq!(text.matches("event: content_block_delta").count(), 15);
@@ -124,7 +129,10 @@ async fn invoke_streams_event_frames_as_sse_and_settles_the_usage() {
     assert_eq!(v["usage"]["output_tokens"], 15);
     gw.all_settled().await;
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 55 + 7 + 15);
-    assert_eq!(mock.state.requests()[1].path, format!("/model/{ID_IN_PATH}/invoke"));
+    assert_eq!(
+        mock.state.requests()[1].path,
+        format!("/model/{ID_IN_PATH}/invoke")
+    );
 }
 
 /// Endpoint: the Anthropic Messages endpoint (`/anthropic/v1/messages`):
@@ -173,7 +181,10 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
             api => bedrock_upstream("d", &mock, api),
         };
         let up = config::RawUpstream {
-            limits: limits().tpm(1_000_000).input_tpm(1_000_000).output_tpm(1_000_000),
+            limits: limits()
+                .tpm(1_000_000)
+                .input_tpm(1_000_000)
+                .output_tpm(1_000_000),
             ..up
         };
         let gw = config_of(vec![up], limits().tpm(1_000_000)).start().await;
@@ -201,7 +212,10 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
         };
         let mut row = vec![held];
         for (b, scenario) in [
-            (body(1000, true), "input=10,cache_read=300,cache_creation=40"),
+            (
+                body(1000, true),
+                "input=10,cache_read=300,cache_creation=40",
+            ),
             (body(1000, false), "input=20,cache_read=100"),
             (body(64, true), "input=5,thinking=10"),
         ] {
@@ -220,8 +234,14 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
         seen.push((kind, row));
     }
     assert!(seen[0].1.iter().all(|&n| n > 0), "{seen:?}");
-    assert_eq!(seen[0].1, seen[1].1, "anthropic vs bedrock invoke: {seen:?}");
-    assert_eq!(seen[0].1, seen[2].1, "anthropic vs bedrock messages: {seen:?}");
+    assert_eq!(
+        seen[0].1, seen[1].1,
+        "anthropic vs bedrock invoke: {seen:?}"
+    );
+    assert_eq!(
+        seen[0].1, seen[2].1,
+        "anthropic vs bedrock messages: {seen:?}"
+    );
 }
 
 /// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output): the
@@ -316,7 +336,10 @@ async fn a_throttled_region_fails_over_within_the_request_and_each_counts_what_i
     assert_eq!(anth.state.requests().len(), 0);
     assert_eq!(gw.used(upstream("us-east-1"), BudgetName::Tpm).await, 0);
     assert_eq!(gw.used(upstream("us-east-1"), BudgetName::Rpm).await, 1);
-    assert_eq!(gw.used(upstream("us-west-2"), BudgetName::Tpm).await, 8 + 12);
+    assert_eq!(
+        gw.used(upstream("us-west-2"), BudgetName::Tpm).await,
+        8 + 12
+    );
     // us-east-1 cools down: the next request starts at us-west-2.
     let r = post(&gw, &body(100, false), "input=8").await;
     assert_eq!(r.status(), 200);
@@ -325,7 +348,8 @@ async fn a_throttled_region_fails_over_within_the_request_and_each_counts_what_i
     // Throttled everywhere (quota exceeded on us-west-2, the Anthropic
     // deployment rate-limited): 429 with retry-after, nothing kept.
     west.state.bedrock.set_fault(BedrockFault::QuotaExceeded, 1);
-    anth.state.set_fault(Some(mock_upstream::Fault::RateLimited));
+    anth.state
+        .set_fault(Some(mock_upstream::Fault::RateLimited));
     let r = post(&gw, &body(100, false), "input=8").await;
     assert_eq!(r.status(), 429);
     assert!(header_u64(&r, "retry-after") >= 1);
@@ -371,13 +395,22 @@ async fn bedrock_errors_answer_as_the_table_says() {
     let r = post(&gw, &body(100, false), "").await;
     assert_eq!(r.status(), 429, "cooling down: nothing else to try");
     assert!(header_u64(&r, "retry-after") >= 1);
-    assert_eq!(mock.state.requests().len(), before + 1, "not sent during its cool-down");
+    assert_eq!(
+        mock.state.requests().len(),
+        before + 1,
+        "not sent during its cool-down"
+    );
     drop(gw);
     // Model timeout: 504 and cool-down; the request fails over.
-    let gw = config_of(vec![up("br", &mock), up("spare", &spare)], limits().tpm(100_000))
-        .start()
-        .await;
-    mock.state.bedrock.set_fault(BedrockFault::ModelTimeout, u64::MAX);
+    let gw = config_of(
+        vec![up("br", &mock), up("spare", &spare)],
+        limits().tpm(100_000),
+    )
+    .start()
+    .await;
+    mock.state
+        .bedrock
+        .set_fault(BedrockFault::ModelTimeout, u64::MAX);
     spare.state.bedrock.set_fault(BedrockFault::ModelTimeout, 1);
     let r = post(&gw, &body(100, false), "").await;
     assert_eq!(r.status(), 504);
@@ -394,9 +427,21 @@ async fn a_deployment_without_an_id_for_the_name_is_skipped() {
     let listed = start_mock().await;
     let templated = start_mock().await;
     let mut a = bedrock_upstream("listed", &listed, "invoke");
-    a.models = Some([("claude-x-1".to_string(), "eu.anthropic.claude-x-1-v1:0".to_string())].into());
+    a.models = Some(
+        [(
+            "claude-x-1".to_string(),
+            "eu.anthropic.claude-x-1-v1:0".to_string(),
+        )]
+        .into(),
+    );
     let mut b = bedrock_upstream("templated", &templated, "messages");
-    b.models = Some([("claude-x*".to_string(), "global.anthropic.{model}-v2:0".to_string())].into());
+    b.models = Some(
+        [(
+            "claude-x*".to_string(),
+            "global.anthropic.{model}-v2:0".to_string(),
+        )]
+        .into(),
+    );
     let mut c = config_of(vec![a, b], limits().tpm(100_000));
     c.models[0].name = "claude-x*".into();
     let gw = c.start().await;
@@ -411,7 +456,11 @@ async fn a_deployment_without_an_id_for_the_name_is_skipped() {
         "/model/eu.anthropic.claude-x-1-v1%3A0/invoke"
     );
     assert_eq!(post(&gw, &named("claude-x-2"), "").await.status(), 200);
-    assert_eq!(listed.state.requests().len(), 1, "skipped: no id for claude-x-2");
+    assert_eq!(
+        listed.state.requests().len(),
+        1,
+        "skipped: no id for claude-x-2"
+    );
     assert_eq!(
         templated.state.requests()[0].body["model"],
         "global.anthropic.claude-x-2-v2:0"
@@ -432,7 +481,9 @@ async fn an_in_stream_exception_ends_in_an_error_event_settled_as_upstream_faile
     )
     .start()
     .await;
-    mock.state.bedrock.set_fault(BedrockFault::StreamException, 1);
+    mock.state
+        .bedrock
+        .set_fault(BedrockFault::StreamException, 1);
     let r = post(&gw, &body(100, true), "input=5").await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
@@ -446,7 +497,10 @@ async fn an_in_stream_exception_ends_in_an_error_event_settled_as_upstream_faile
     let ended = sample_sum(
         &scrape(&gw).await,
         "budgetgate_streams_ended_total",
-        &[("deployment", "br-stream-exception"), ("ending", "upstream_error")],
+        &[
+            ("deployment", "br-stream-exception"),
+            ("ending", "upstream_error"),
+        ],
     );
     assert_eq!(ended, 1.0);
 }

@@ -66,7 +66,10 @@ fn bare_env(home: &Path) -> Vec<(String, String)> {
     vec![
         ("HOME".into(), home.display().to_string()),
         ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
-        ("AWS_CONFIG_FILE".into(), home.join("no-config").display().to_string()),
+        (
+            "AWS_CONFIG_FILE".into(),
+            home.join("no-config").display().to_string(),
+        ),
         (
             "AWS_SHARED_CREDENTIALS_FILE".into(),
             home.join("no-credentials").display().to_string(),
@@ -110,7 +113,11 @@ fn assert_logs_hold_no_secret(gw: &GatewayProcess, mock: &MockUpstream, extra: &
         }
     }
     for s in secrets.iter().filter(|s| s.len() >= 8) {
-        assert!(!logs.contains(s.as_str()), "a log line holds a secret ({} chars)", s.len());
+        assert!(
+            !logs.contains(s.as_str()),
+            "a log line holds a secret ({} chars)",
+            s.len()
+        );
     }
     assert!(!logs.contains("AWS4-HMAC-SHA256 Credential"));
 }
@@ -129,8 +136,22 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
     let c = config_of(vec![
         sigv4_upstream("invoke", &mock, "invoke", "us-east-1", None, "claude-a"),
         sigv4_upstream("mantle", &mock, "messages", "us-east-1", None, "claude-b"),
-        sigv4_upstream("wrong-region", &mock, "invoke", "eu-west-3", None, "claude-c"),
-        sigv4_upstream("wrong-service", &mock, "invoke", "us-east-1", Some("bedrock-runtime"), "claude-d"),
+        sigv4_upstream(
+            "wrong-region",
+            &mock,
+            "invoke",
+            "eu-west-3",
+            None,
+            "claude-c",
+        ),
+        sigv4_upstream(
+            "wrong-service",
+            &mock,
+            "invoke",
+            "us-east-1",
+            Some("bedrock-runtime"),
+            "claude-d",
+        ),
     ]);
     let mut env = bare_env(dir.path());
     env.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY_ID.into()));
@@ -148,7 +169,12 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
     }
     assert_eq!(mock.state.bedrock.signed_by(), vec![ACCESS_KEY_ID; 4]);
     assert!(mock.state.bedrock.refused().is_empty());
-    let paths: Vec<String> = mock.state.requests().iter().map(|r| r.path.clone()).collect();
+    let paths: Vec<String> = mock
+        .state
+        .requests()
+        .iter()
+        .map(|r| r.path.clone())
+        .collect();
     assert_eq!(
         paths,
         [
@@ -161,10 +187,16 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
     for (model, deployment) in [("claude-c", "wrong-region"), ("claude-d", "wrong-service")] {
         let (status, text) = ask(&gw, model, false).await;
         assert_eq!(status, 502, "{text}");
-        assert!(text.contains(&format!("Deployment {deployment} rejected")), "{text}");
+        assert!(
+            text.contains(&format!("Deployment {deployment} rejected")),
+            "{text}"
+        );
         assert_eq!(
-            gw.metric("budgetgate_upstream_auth_failures_total", &[("deployment", deployment)])
-                .await,
+            gw.metric(
+                "budgetgate_upstream_auth_failures_total",
+                &[("deployment", deployment)]
+            )
+            .await,
             1.0
         );
     }
@@ -178,7 +210,10 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
     // The right key id with a wrong secret: the signature does not verify.
     let mut env = bare_env(dir.path());
     env.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY_ID.into()));
-    env.push(("AWS_SECRET_ACCESS_KEY".into(), "not-the-secret-0123456789".into()));
+    env.push((
+        "AWS_SECRET_ACCESS_KEY".into(),
+        "not-the-secret-0123456789".into(),
+    ));
     let gw = start(&c, dir.path(), &env).await;
     let (status, text) = ask(&gw, "claude-a", true).await;
     assert_eq!(status, 502, "{text}");
@@ -189,8 +224,11 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
         Some("InvalidSignatureException")
     );
     assert_eq!(
-        gw.metric("budgetgate_upstream_auth_failures_total", &[("deployment", "invoke")])
-            .await,
+        gw.metric(
+            "budgetgate_upstream_auth_failures_total",
+            &[("deployment", "invoke")]
+        )
+        .await,
         1.0
     );
     assert_logs_hold_no_secret(&gw, &mock, &["not-the-secret-0123456789"]);
@@ -207,7 +245,14 @@ async fn an_expiring_container_credential_is_refreshed_before_expiry() {
         budgetgate::upstreams::bedrock::credentials::REFRESH_BEFORE + Duration::from_secs(3),
     );
     let dir = tempfile::tempdir().unwrap();
-    let c = config_of(vec![sigv4_upstream("br", &mock, "invoke", "us-east-1", None, "claude-a")]);
+    let c = config_of(vec![sigv4_upstream(
+        "br",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     let mut env = bare_env(dir.path());
     env.push((
         "AWS_CONTAINER_CREDENTIALS_FULL_URI".into(),
@@ -241,11 +286,24 @@ async fn a_rewritten_web_identity_token_file_is_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "web-identity-token-one").unwrap();
-    let c = config_of(vec![sigv4_upstream("br", &mock, "invoke", "us-east-1", None, "claude-a")]);
+    let c = config_of(vec![sigv4_upstream(
+        "br",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     let mut env = bare_env(dir.path());
     env.extend([
-        ("AWS_WEB_IDENTITY_TOKEN_FILE".to_string(), token.display().to_string()),
-        ("AWS_ROLE_ARN".into(), "arn:aws:iam::123456789012:role/mock".into()),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE".to_string(),
+            token.display().to_string(),
+        ),
+        (
+            "AWS_ROLE_ARN".into(),
+            "arn:aws:iam::123456789012:role/mock".into(),
+        ),
         ("AWS_ROLE_SESSION_NAME".into(), "budgetgate-test".into()),
         ("AWS_REGION".into(), "us-east-1".into()),
         ("AWS_ENDPOINT_URL_STS".into(), mock.root_url()),
@@ -262,7 +320,11 @@ async fn a_rewritten_web_identity_token_file_is_picked_up() {
     let by = mock.state.bedrock.signed_by();
     assert!(by.iter().all(|k| k.starts_with("ASIAMOCKSTS")), "{by:?}");
     assert_ne!(by[0], by[1]);
-    assert_logs_hold_no_secret(&gw, &mock, &["web-identity-token-one", "web-identity-token-two"]);
+    assert_logs_hold_no_secret(
+        &gw,
+        &mock,
+        &["web-identity-token-one", "web-identity-token-two"],
+    );
 }
 
 /// IMDSv2 at `AWS_EC2_METADATA_SERVICE_ENDPOINT`: the chain's last source.
@@ -270,7 +332,14 @@ async fn a_rewritten_web_identity_token_file_is_picked_up() {
 async fn instance_metadata_credentials_sign_requests() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let c = config_of(vec![sigv4_upstream("br", &mock, "messages", "us-east-1", None, "claude-a")]);
+    let c = config_of(vec![sigv4_upstream(
+        "br",
+        &mock,
+        "messages",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     let mut env: Vec<(String, String)> = bare_env(dir.path())
         .into_iter()
         .filter(|(k, _)| k != "AWS_EC2_METADATA_DISABLED")
@@ -292,10 +361,23 @@ async fn a_deployment_without_credentials_is_skipped_at_start() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
     mock.state.bedrock.set_api_key(env!("CARGO_PKG_NAME"));
-    let mut c = config_of(vec![sigv4_upstream("no-creds", &mock, "invoke", "us-east-1", None, "claude-a")]);
+    let mut c = config_of(vec![sigv4_upstream(
+        "no-creds",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     c.upstreams.push(config::RawUpstream {
         api_key_env: Some("CARGO_PKG_NAME".into()),
-        models: Some([("claude-a".to_string(), "us.anthropic.claude-a-v1:0".to_string())].into()),
+        models: Some(
+            [(
+                "claude-a".to_string(),
+                "us.anthropic.claude-a-v1:0".to_string(),
+            )]
+            .into(),
+        ),
         bedrock: Some(RawBedrock {
             region: Some("us-east-1".into()),
             api: Some("messages".into()),
@@ -307,9 +389,24 @@ async fn a_deployment_without_credentials_is_skipped_at_start() {
     let mut env = bare_env(dir.path());
     env.push(("CARGO_PKG_NAME".into(), env!("CARGO_PKG_NAME").into()));
     let gw = start(&c, dir.path(), &env).await;
-    let skipped = gw.wait_log("deployment skipped: its AWS credentials could not be loaded", 1).await;
-    assert_eq!(skipped[0].pointer("/fields/deployment").and_then(Value::as_str), Some("no-creds"));
-    let ready: Value = reqwest::get(format!("{}/readyz", gw.root)).await.unwrap().json().await.unwrap();
+    let skipped = gw
+        .wait_log(
+            "deployment skipped: its AWS credentials could not be loaded",
+            1,
+        )
+        .await;
+    assert_eq!(
+        skipped[0]
+            .pointer("/fields/deployment")
+            .and_then(Value::as_str),
+        Some("no-creds")
+    );
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(ready["status"], "ready");
     assert_eq!(ready["skipped_deployments"], json!(["no-creds"]));
     let (status, text) = ask(&gw, "claude-a", false).await;
@@ -325,21 +422,42 @@ async fn a_deployment_without_credentials_is_skipped_at_start() {
 async fn check_config_names_the_credential_source() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config_of(vec![sigv4_upstream("br", &mock, "invoke", "us-east-1", None, "claude-a")]);
+    let mut c = config_of(vec![sigv4_upstream(
+        "br",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     c.models[0].upstreams.push("br2".into());
-    c.upstreams
-        .push(sigv4_upstream("br2", &mock, "invoke", "us-west-2", None, "claude-z"));
+    c.upstreams.push(sigv4_upstream(
+        "br2",
+        &mock,
+        "invoke",
+        "us-west-2",
+        None,
+        "claude-z",
+    ));
     let path = c.write(dir.path());
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"));
     cmd.arg("check-config").arg(&path);
     for (k, v) in bare_env(dir.path()) {
         cmd.env(k, v);
     }
-    cmd.env_remove("AWS_ACCESS_KEY_ID").env_remove("AWS_PROFILE");
-    cmd.env("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:9/creds");
+    cmd.env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_PROFILE");
+    cmd.env(
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "http://127.0.0.1:9/creds",
+    );
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         stdout.contains("upstreams \"br\": kind = \"bedrock\"")
             && stdout.contains("the container credentials endpoint"),
@@ -369,11 +487,19 @@ fn the_signature_equals_botocores_byte_for_byte() {
         ("content-type", "application/json"),
         ("accept", "application/vnd.amazon.eventstream"),
     ];
-    let creds = aws_credential_types::Credentials::new(key, secret, Some(token.into()), None, "test");
+    let creds =
+        aws_credential_types::Credentials::new(key, secret, Some(token.into()), None, "test");
     // 2026-11-30T12:00:00Z
     let time = UNIX_EPOCH + Duration::from_secs(1_796_040_000);
     let ours = budgetgate::upstreams::bedrock::sigv4::sign_request(
-        "POST", url, &headers, body.as_bytes(), &creds, "us-east-1", "bedrock", time,
+        "POST",
+        url,
+        &headers,
+        body.as_bytes(),
+        &creds,
+        "us-east-1",
+        "bedrock",
+        time,
     )
     .unwrap();
     let ours = |name: &str| {
@@ -412,7 +538,12 @@ print(json.dumps({k.lower(): v for k, v in req.headers.items()}))
     assert_eq!(ours("x-amz-date"), "20261130T120000Z");
     assert_eq!(ours("x-amz-security-token"), token);
     let auth = ours("authorization");
-    assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261130/us-east-1/bedrock/aws4_request"), "{auth}");
+    assert!(
+        auth.starts_with(
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261130/us-east-1/bedrock/aws4_request"
+        ),
+        "{auth}"
+    );
     assert_eq!(theirs["authorization"].as_str(), Some(auth.as_str()));
     let _ = SystemTime::now();
 }
@@ -423,7 +554,14 @@ print(json.dumps({k.lower(): v for k, v in req.headers.items()}))
 async fn throttling_on_the_only_region_answers_429_with_retry_after() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config_of(vec![sigv4_upstream("br", &mock, "invoke", "us-east-1", None, "claude-a")]);
+    let mut c = config_of(vec![sigv4_upstream(
+        "br",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
     c.upstreams[0].cooldown_secs = Some(4);
     let mut env = bare_env(dir.path());
     env.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY_ID.into()));

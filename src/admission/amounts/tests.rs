@@ -354,7 +354,10 @@ fn an_output_weight_multiplies_the_output_a_budget_counts() {
         cache_writes: CacheWrites::None,
         hosted: HostedCalls::EMPTY,
     };
-    assert_eq!(reserve_amount(&demand, &spec(BudgetName::Tpm), five, None), 5_100);
+    assert_eq!(
+        reserve_amount(&demand, &spec(BudgetName::Tpm), five, None),
+        5_100
+    );
     assert_eq!(
         reserve_amount(&demand, &spec(BudgetName::InputTpm), five, None),
         100

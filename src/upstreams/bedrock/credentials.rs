@@ -114,7 +114,11 @@ impl AwsCredentials {
     pub async fn load_all(&self, policy: &Policy) -> Vec<(String, String)> {
         let mut failed = Vec::new();
         for u in &policy.upstreams {
-            let Some(s) = u.bedrock.as_ref().filter(|_| u.kind == UpstreamKind::Bedrock) else {
+            let Some(s) = u
+                .bedrock
+                .as_ref()
+                .filter(|_| u.kind == UpstreamKind::Bedrock)
+            else {
                 continue;
             };
             if !matches!(s.auth, BedrockAuth::SigV4 { .. }) {

@@ -190,16 +190,27 @@ mod tests {
     fn chunk(json: &str) -> Message {
         let payload = json!({"bytes": aws_smithy_types::base64::encode(json)}).to_string();
         Message::new(payload)
-            .add_header(Header::new(":message-type", HeaderValue::String("event".into())))
-            .add_header(Header::new(":event-type", HeaderValue::String("chunk".into())))
+            .add_header(Header::new(
+                ":message-type",
+                HeaderValue::String("event".into()),
+            ))
+            .add_header(Header::new(
+                ":event-type",
+                HeaderValue::String("chunk".into()),
+            ))
     }
 
     #[tokio::test]
     async fn chunks_split_anywhere_become_named_sse_events_and_an_exception_ends_in_error() {
         let mut bytes = frame(&chunk(r#"{"type":"message_start","message":{}}"#));
-        bytes.extend(frame(&chunk(r#"{"type":"content_block_delta","delta":{"text":"hi"}}"#)));
+        bytes.extend(frame(&chunk(
+            r#"{"type":"content_block_delta","delta":{"text":"hi"}}"#,
+        )));
         let exc = Message::new(r#"{"message":"Too many tokens, please wait."}"#)
-            .add_header(Header::new(":message-type", HeaderValue::String("exception".into())))
+            .add_header(Header::new(
+                ":message-type",
+                HeaderValue::String("exception".into()),
+            ))
             .add_header(Header::new(
                 ":exception-type",
                 HeaderValue::String("throttlingException".into()),

@@ -60,7 +60,10 @@ pub fn url(upstream: &UpstreamPolicy, s: &BedrockSettings, model_id: &str, strea
 pub fn invoke_body(body: &[u8], betas: &[String]) -> Result<(Vec<u8>, bool), serde_json::Error> {
     let mut m: Map<String, Value> = serde_json::from_slice(body)?;
     m.remove("model");
-    let stream = m.remove("stream").and_then(|v| v.as_bool()).unwrap_or(false);
+    let stream = m
+        .remove("stream")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
     m.insert(
         "anthropic_version".into(),
         Value::String(INVOKE_ANTHROPIC_VERSION.into()),
@@ -105,7 +108,11 @@ impl UpstreamClient {
             (body, false)
         };
         let url = url(upstream, settings, model_id, stream);
-        let accept = if stream { EVENT_STREAM } else { "application/json" };
+        let accept = if stream {
+            EVENT_STREAM
+        } else {
+            "application/json"
+        };
         let version = extra_headers
             .iter()
             .find(|(n, _)| n == "anthropic-version")
@@ -134,10 +141,7 @@ impl UpstreamClient {
                         return Ok(local_error(
                             403,
                             "authentication_error",
-                            &format!(
-                                "Deployment {} has no AWS credentials: {why}",
-                                upstream.name
-                            ),
+                            &format!("Deployment {} has no AWS credentials: {why}", upstream.name),
                         ));
                     }
                 };
@@ -169,7 +173,10 @@ impl UpstreamClient {
             req = req.header(*n, v.as_str());
         }
         if !invoke {
-            for (n, v) in extra_headers.iter().filter(|(n, _)| n != "anthropic-version") {
+            for (n, v) in extra_headers
+                .iter()
+                .filter(|(n, _)| n != "anthropic-version")
+            {
                 req = req.header(n.as_str(), v.as_bytes());
             }
         } else {
@@ -344,7 +351,11 @@ mod tests {
         ] {
             let body = format!(r#"{{"__type":"com.amazon#{ty}","message":"m of {ty}"}}"#);
             let (s, _, m) = normalized_error(status, &h, body.as_bytes());
-            assert_eq!((s, m.as_str()), (want, format!("m of {ty}").as_str()), "{ty}");
+            assert_eq!(
+                (s, m.as_str()),
+                (want, format!("m of {ty}").as_str()),
+                "{ty}"
+            );
         }
     }
 
