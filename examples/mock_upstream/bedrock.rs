@@ -127,6 +127,24 @@ impl BedrockState {
         *lock(&self.api_key) = key.to_string();
     }
 
+    /// Accepts `id` (with `secret` and session `token`) until `expires`.
+    pub fn add_key(
+        &self,
+        id: &str,
+        secret: &str,
+        token: Option<&str>,
+        expires: Option<SystemTime>,
+    ) {
+        lock(&self.keys).insert(
+            id.to_string(),
+            Known {
+                secret: secret.to_string(),
+                token: token.map(str::to_string),
+                expires,
+            },
+        );
+    }
+
     /// The next `times` Bedrock requests fail with `fault` (`u64::MAX`: all).
     pub fn set_fault(&self, fault: BedrockFault, times: u64) {
         *lock(&self.fault) = Some((fault, times));
@@ -279,7 +297,7 @@ pub async fn handle(
         return Some(aws_error(405, "ValidationException", "POST only"));
     }
     if let Err(r) = authenticate(b, headers, uri, raw) {
-        return Some(r);
+        return Some(*r);
     }
     let fault = b.take_fault();
     if let Some(r) = fault.and_then(fault_response) {
@@ -367,11 +385,11 @@ fn authenticate(
     headers: &HeaderMap,
     uri: &Uri,
     body: &[u8],
-) -> Result<(), Response> {
+) -> Result<(), Box<Response>> {
     let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     let refuse = |exception: &str, message: &str| {
         lock(&b.refused).push(exception.to_string());
-        aws_error(403, exception, message)
+        Box::new(aws_error(403, exception, message))
     };
     if let Some(k) = h("x-api-key") {
         return if k == *lock(&b.api_key) {

@@ -167,7 +167,7 @@ async fn env_credentials_sign_both_apis_and_bad_signatures_are_refused() {
             }
         }
     }
-    assert_eq!(mock.state.bedrock.signed_by(), vec![ACCESS_KEY_ID; 4]);
+    assert_eq!(mock.state.bedrock.signed_by(), [ACCESS_KEY_ID; 4]);
     assert!(mock.state.bedrock.refused().is_empty());
     let paths: Vec<String> = mock
         .state
@@ -545,7 +545,6 @@ print(json.dumps({k.lower(): v for k, v in req.headers.items()}))
         "{auth}"
     );
     assert_eq!(theirs["authorization"].as_str(), Some(auth.as_str()));
-    let _ = SystemTime::now();
 }
 
 /// The throttled-everywhere answer of a SigV4 deployment: 429 with
@@ -579,4 +578,76 @@ async fn throttling_on_the_only_region_answers_429_with_retry_after() {
     assert_eq!(header(&r, "retry-after").as_deref(), Some("4"));
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "rate_limit_error");
+}
+
+/// The mock refuses what AWS refuses: a signature by a credential that
+/// has expired (`ExpiredTokenException`) and one by a key it does not
+/// know (`UnrecognizedClientException`), each signed by the gateway's own
+/// signer and sent straight to the mock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_refuses_an_expired_or_unknown_credential() {
+    let mock = start_mock().await;
+    mock.state.bedrock.add_key(
+        "ASIAMOCKEXPIRED00001",
+        "expired-secret-0123456789",
+        Some("expired-session-token"),
+        Some(SystemTime::now() - Duration::from_secs(1)),
+    );
+    let url = format!(
+        "{}/model/us.anthropic.claude-a-v1%3A0/invoke",
+        mock.root_url()
+    );
+    let body = br#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":8,"messages":[]}"#;
+    for (key, secret, token, refused) in [
+        (
+            "ASIAMOCKEXPIRED00001",
+            "expired-secret-0123456789",
+            Some("expired-session-token"),
+            "ExpiredTokenException",
+        ),
+        (
+            "AKIANOBODY0000000001",
+            "whatever-secret",
+            None,
+            "UnrecognizedClientException",
+        ),
+    ] {
+        let creds = aws_credential_types::Credentials::new(
+            key,
+            secret,
+            token.map(str::to_string),
+            None,
+            "test",
+        );
+        let headers = [
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+        ];
+        let signed = budgetgate::upstreams::bedrock::sigv4::sign_request(
+            "POST",
+            &url,
+            &headers,
+            body,
+            &creds,
+            "us-east-1",
+            "bedrock",
+            SystemTime::now(),
+        )
+        .unwrap();
+        let mut req = reqwest::Client::new().post(&url).body(body.to_vec());
+        for (n, v) in headers
+            .iter()
+            .map(|(n, v)| (*n, v.to_string()))
+            .chain(signed)
+        {
+            req = req.header(n, v);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 403);
+        assert!(must_header(&r, "x-amzn-errortype").starts_with(refused));
+    }
+    assert_eq!(
+        mock.state.bedrock.refused(),
+        ["ExpiredTokenException", "UnrecognizedClientException"]
+    );
 }

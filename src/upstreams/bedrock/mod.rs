@@ -218,10 +218,9 @@ impl UpstreamClient {
             }
         }
         let sse = event_stream::to_sse(Box::pin(resp.bytes_stream()));
-        Ok(out
-            .body(reqwest::Body::wrap_stream(sse))
+        out.body(reqwest::Body::wrap_stream(sse))
             .map(reqwest::Response::from)
-            .map_err(|_| UpstreamError::Other(upstream.name.clone()))?)
+            .map_err(|_| UpstreamError::Other(upstream.name.clone()))
     }
 }
 
@@ -361,21 +360,30 @@ mod tests {
 
     #[test]
     fn the_model_id_is_one_percent_encoded_path_segment() {
-        let up_settings = BedrockSettings {
-            region: "us-east-1".into(),
-            api: BedrockApi::Invoke,
-            signing_name: "bedrock".into(),
-            auth: BedrockAuth::ApiKey,
-        };
-        let base = "https://bedrock-runtime.us-east-1.amazonaws.com";
-        let u = format!(
-            "{base}/model/{}/invoke-with-response-stream",
-            path_segment("us.anthropic.claude-opus-4-8-v1:0")
-        );
+        let p = crate::config::Policy::from_toml(
+            r#"
+[[upstreams]]
+name = "br"
+kind = "bedrock"
+base_url = "https://bedrock-runtime.us-east-1.amazonaws.com/"
+bedrock = { region = "us-east-1" }
+"#,
+        )
+        .unwrap();
+        let up = &p.upstreams[0];
+        let s = up.bedrock.as_ref().unwrap();
         assert_eq!(
-            u,
+            url(up, s, "us.anthropic.claude-opus-4-8-v1:0", true),
             "https://bedrock-runtime.us-east-1.amazonaws.com/model/us.anthropic.claude-opus-4-8-v1%3A0/invoke-with-response-stream"
         );
-        assert_eq!(up_settings.api, BedrockApi::Invoke);
+        assert!(url(up, s, "m", false).ends_with("/model/m/invoke"));
+        let messages = BedrockSettings {
+            api: BedrockApi::Messages,
+            ..s.clone()
+        };
+        assert_eq!(
+            url(up, &messages, "m", true),
+            "https://bedrock-runtime.us-east-1.amazonaws.com/anthropic/v1/messages"
+        );
     }
 }
