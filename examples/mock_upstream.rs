@@ -36,6 +36,8 @@
 //! * Every request is recorded in [`MockState`] before any hold or fault logic;
 //!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
 //!   as one JSON line (method, path, query, every header): the request log.
+//! * Amazon Bedrock (its Messages endpoint, InvokeModel with event-stream
+//!   answers, SigV4 verified) and the AWS credential endpoints: [`bedrock`].
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
@@ -43,6 +45,9 @@
 
 #[path = "mock_upstream/messages.rs"]
 pub mod messages;
+
+#[path = "mock_upstream/bedrock.rs"]
+pub mod bedrock;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -270,6 +275,8 @@ pub struct MockState {
     /// Responses: `web_search_call` items an answer reports when its body
     /// offers a web search tool (at most its `max_tool_calls`).
     web_search_calls: AtomicU64,
+    /// Amazon Bedrock: region, known credentials, faults ([`bedrock`]).
+    pub bedrock: bedrock::BedrockState,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -294,6 +301,7 @@ impl MockState {
             stored_inputs: Mutex::default(),
             responses_details: Mutex::default(),
             web_search_calls: AtomicU64::new(0),
+            bedrock: bedrock::BedrockState::default(),
         }
     }
 
@@ -682,6 +690,10 @@ async fn handle(
         raw_body: body.clone(),
     });
     st.wait_hold().await;
+
+    if let Some(r) = bedrock::handle(&st, &method, &uri, &headers, &body, parsed.clone()).await {
+        return r;
+    }
 
     if responses::is_responses_path(uri.path()) {
         let fault = headers

@@ -338,6 +338,12 @@ pub async fn run(
         true => None,
     };
     let state = AppState::with_leases(policy, store, clock.clone(), leases.clone());
+    // A Bedrock deployment without credentials is skipped, not fatal:
+    // the gateway serves its other deployments (issue 42).
+    for (deployment, why) in state.upstream.aws.load_all(&state.policy.load_full()).await {
+        tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
+        state.cool_down(&deployment, u64::MAX);
+    }
     let keeper = leases.as_ref().map(|l| l.spawn_keeper());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());

@@ -133,8 +133,23 @@ enum Command {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The AWS SDK's signer and providers trace canonical requests (with
+    // session tokens) below `info`: never logged, whatever RUST_LOG says.
+    for target in [
+        "aws_sigv4",
+        "aws_config",
+        "aws_smithy_runtime",
+        "aws_smithy_http_client",
+        "aws_credential_types",
+        "aws_sdk_sts",
+        "aws_runtime",
+    ] {
+        if let Ok(d) = format!("{target}=info").parse::<tracing_subscriber::filter::Directive>() {
+            filter = filter.add_directive(d);
+        }
+    }
     // Colour codes only for a person at a terminal: redirected to a file or
     // a journal they are noise. `NO_COLOR` (no-color.org) turns them off too.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -392,6 +407,19 @@ fn check_config(config: &std::path::Path) -> ExitCode {
             }
             for line in p.model_pattern_notes() {
                 println!("{line}");
+            }
+            for line in p.deployment_model_notes() {
+                println!("{line}");
+            }
+            for u in &p.upstreams {
+                if let Some(b) = &u.bedrock {
+                    println!(
+                        "upstreams {:?}: kind = \"bedrock\", {:?} API, credentials: {}",
+                        u.name,
+                        b.api,
+                        b.credential_source(u.api_key_env.as_deref())
+                    );
+                }
             }
             println!(
                 "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",

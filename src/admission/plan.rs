@@ -164,6 +164,7 @@ pub fn tenant_plan(
             let c = Counting {
                 cache_read_weight: weight.unwrap_or(FULL_WEIGHT),
                 whole_cap: false,
+                output_weight: 1,
             };
             for s in &mut specs {
                 s.shadow |= level.shadow;
@@ -222,6 +223,7 @@ pub fn end_user_plan(
         let c = Counting {
             cache_read_weight: l.cache_read_weight.unwrap_or(FULL_WEIGHT),
             whole_cap: false,
+            output_weight: 1,
         };
         counting.extend(specs.iter().map(|_| c));
         out.extend(specs);
@@ -311,7 +313,7 @@ pub fn upstream_counting(
     model: &ModelPolicy,
 ) -> Vec<Counting> {
     let reads = match upstream.kind {
-        UpstreamKind::Anthropic if !model.anthropic_cache_reads_count => 0,
+        UpstreamKind::Anthropic | UpstreamKind::Bedrock if !model.anthropic_cache_reads_count => 0,
         _ => FULL_WEIGHT,
     };
     let counts_cap_at_start = upstream.kind != UpstreamKind::SelfHosted;
@@ -324,6 +326,10 @@ pub fn upstream_counting(
             },
             whole_cap: counts_cap_at_start
                 && matches!(s.name, BudgetName::Tpm | BudgetName::OutputTpm),
+            output_weight: match s.name {
+                BudgetName::Tpm | BudgetName::OutputTpm => upstream.output_token_weight,
+                _ => 1,
+            },
         })
         .collect()
 }

@@ -7,8 +7,10 @@
 //! `output_limit` the models without a configured output limit.
 
 pub mod alerts;
+pub mod bedrock;
 pub mod betas;
 pub mod bounds;
+pub mod deployment_models;
 pub mod end_user;
 pub mod estimate;
 pub mod ids;
@@ -136,6 +138,15 @@ pub enum UpstreamKind {
     SelfHosted,
     /// Anthropic's Messages API: `x-api-key` auth, `anthropic-version`.
     Anthropic,
+    /// Claude on Amazon Bedrock ([`bedrock`]): Messages clients only.
+    Bedrock,
+}
+
+impl UpstreamKind {
+    /// Serves Anthropic Messages (and only that).
+    pub fn speaks_messages(self) -> bool {
+        matches!(self, UpstreamKind::Anthropic | UpstreamKind::Bedrock)
+    }
 }
 
 /// `[[upstreams]]`: one deployment.
@@ -177,6 +188,18 @@ pub struct UpstreamPolicy {
     /// `price`: this deployment's prices, replacing those of every model
     /// it serves (docs/MONEY.md).
     pub price: Option<Arc<PriceTable>>,
+    /// `models`: this deployment's id of each public model
+    /// ([`deployment_models`]); `None`: the model's usual upstream name.
+    pub models: Option<deployment_models::DeploymentModels>,
+    /// `output_token_weight`: each output token counts this many times on
+    /// this deployment's `tpm` and `output_tpm` (reserved from the cap,
+    /// settled from the actual output); 1 unless the provider burns its
+    /// quota faster for output (Bedrock: 5 for Claude 4 models).
+    pub output_token_weight: u64,
+    /// `kind = "bedrock"`: API, region, authentication.
+    pub bedrock: Option<bedrock::BedrockSettings>,
+    /// `api_key_env` as written (named by `check-config`, never the key).
+    pub api_key_env: Option<String>,
 }
 
 /// `[[models]]`: a public model name, or a pattern of names

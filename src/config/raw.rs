@@ -322,6 +322,15 @@ pub struct RawUpstream {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub price_tiers: Vec<RawPriceTier>,
     pub lease: Option<String>,
+    /// Public model name (or pattern entry name) → this deployment's id for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<BTreeMap<String, String>>,
+    /// The deployment's `tpm`/`output_tpm` count each output token this many times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_token_weight: Option<i64>,
+    /// `[upstreams.bedrock]` of `kind = "bedrock"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bedrock: Option<super::bedrock::RawBedrock>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

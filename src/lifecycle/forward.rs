@@ -20,7 +20,7 @@ use super::settle::{refund, void};
 use crate::admission::plan;
 use crate::admission::HeldReservation;
 use crate::budget::BudgetName;
-use crate::config::{forwarding, UpstreamPolicy};
+use crate::config::{forwarding, UpstreamKind, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
@@ -95,6 +95,7 @@ pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
         )),
         // Anthropic's `overloaded_error`: like 503, another deployment may serve it.
         529 => Failure::Retry(ApiError::Overloaded),
+        504 => Failure::Retry(ApiError::GatewayTimeout),
         _ => Failure::Retry(ApiError::BadGateway(format!(
             "The upstream failed with status {status}."
         ))),
@@ -125,6 +126,10 @@ pub async fn forward(
         }
     };
     let extra = forwarded_client_headers(cx.dialect, upstream, client_headers);
+    let name = request.upstream_model(model);
+    let model_id = upstream
+        .model_id(model, name)
+        .unwrap_or(std::borrow::Cow::Borrowed(name));
     let request_id = cx.finish.request_id.header();
     let started = std::time::Instant::now();
     let sent = cx
@@ -133,7 +138,7 @@ pub async fn forward(
         .send(
             upstream,
             cx.dialect,
-            request.upstream_model(model),
+            &model_id,
             out_body,
             request_id.clone(),
             &extra,
@@ -152,11 +157,7 @@ pub async fn forward(
                 .answered("error", started.elapsed().as_secs_f64());
             // The URL too, so an operator sees which address failed; only on
             // this failure path is it built.
-            let url = crate::upstreams::endpoint_url_for_log(
-                upstream,
-                cx.dialect,
-                request.upstream_model(model),
-            );
+            let url = crate::upstreams::endpoint_url_for_log(upstream, cx.dialect, &model_id);
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, url, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
             let never_sent = matches!(e, UpstreamError::Connect(_));
@@ -179,7 +180,15 @@ pub async fn forward(
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
-        return upstream_failure(cx, resp, hold, refund(&budgets), upstream, headers).await;
+        return upstream_failure(
+            cx,
+            resp,
+            hold,
+            refund(&budgets),
+            (upstream, &deployment.metrics),
+            headers,
+        )
+        .await;
     }
     // The upstream names its request in its dialect's header (Anthropic: `request-id`).
     let upstream_id = if cx.dialect.is_anthropic() {
@@ -263,7 +272,7 @@ async fn upstream_failure(
     resp: reqwest::Response,
     hold: HeldReservation,
     refund: Settling,
-    upstream: &UpstreamPolicy,
+    (upstream, metrics): (&UpstreamPolicy, &DeploymentMetrics),
     headers: HeaderMap,
 ) -> Forwarded {
     let status = resp.status().as_u16();
@@ -274,12 +283,24 @@ async fn upstream_failure(
         .get(header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if status == 429 {
+    // A cloud model that is not ready or timed out is as unusable for a
+    // while as a throttled one (issue 42).
+    let cloud_unwell = upstream.kind == UpstreamKind::Bedrock && matches!(status, 503 | 504);
+    if status == 429 || cloud_unwell {
         let cool = retry_after.map_or(upstream.cooldown, std::time::Duration::from_secs);
         cx.st.cool_down(
             &upstream.name,
             cx.st.clock.now_micros() + cool.as_micros() as u64,
         );
+    }
+    if matches!(status, 401 | 403) {
+        // Named so an operator knows which deployment's credentials to
+        // fix; the credential itself never appears.
+        metrics.auth_failed();
+        return Forwarded::Failed(ApiError::BadGateway(format!(
+            "Deployment {} rejected the gateway's credentials.",
+            upstream.name
+        )));
     }
     match classify(status, retry_after) {
         Failure::Retry(e) => Forwarded::Retry(e),

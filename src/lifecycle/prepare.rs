@@ -325,8 +325,28 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         .iter()
         .enumerate()
         .filter(|(_, d)| n <= 1 || policy.deployment(d.upstream).supports_n)
+        .filter(|(_, d)| {
+            // A deployment whose `models` map has no id for this model is skipped.
+            let u = policy.deployment(d.upstream);
+            u.models.is_none()
+                || u.model_id(
+                    model,
+                    sent_model.as_deref().unwrap_or(&model.upstream_model),
+                )
+                .is_some()
+        })
         .map(|(i, _)| i)
         .collect();
+    if candidates.is_empty() && n <= 1 {
+        return Err(invalid(
+            Some("model"),
+            format!(
+                "No deployment of model `{}` has an id for `{}` (their `models` maps do not name it).",
+                model.name,
+                sent_model.as_deref().unwrap_or(&model.name)
+            ),
+        ));
+    }
     if candidates.is_empty() {
         return Err(invalid(
             Some("n"),

@@ -22,12 +22,17 @@ pub fn upstream_body(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
+    let name = p.upstream_model(model);
+    // Prepare kept only deployments with an id for the model.
+    let id = upstream
+        .model_id(model, name)
+        .unwrap_or(Cow::Borrowed(name));
     let mut out = rewrite(
         &p.raw,
         &p.estimate,
         p.clamped,
         p.stream,
-        (model, p.upstream_model(model)),
+        (model, &*id),
         dialect,
         upstream,
     )?;
@@ -202,7 +207,10 @@ pub fn enforced_cap(
     upstream: &UpstreamPolicy,
 ) -> Option<u64> {
     match upstream.kind {
-        UpstreamKind::Openai | UpstreamKind::Azure | UpstreamKind::Anthropic => None,
+        UpstreamKind::Openai
+        | UpstreamKind::Azure
+        | UpstreamKind::Anthropic
+        | UpstreamKind::Bedrock => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
             .map(|_| output_cap(p, model).max(dialect.min_cap())),

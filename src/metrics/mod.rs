@@ -189,6 +189,13 @@ impl DeploymentMetrics {
         self.latency.record(seconds);
     }
 
+    /// The upstream refused the gateway's credentials (401/403: access
+    /// denied, unrecognised or expired): `budgetgate_upstream_auth_failures_total`.
+    pub fn auth_failed(&self) {
+        counter!("budgetgate_upstream_auth_failures_total", "deployment" => self.deployment.clone())
+            .increment(1);
+    }
+
     /// What the provider says is left of its own limits (its
     /// `x-ratelimit-remaining-tokens` and `-requests` headers).
     pub fn provider_remaining(&self, tokens: Option<u64>, requests: Option<u64>) {
@@ -393,6 +400,8 @@ pub fn register_policy_series(policy: &crate::config::Policy) {
     }
     for u in &policy.upstreams {
         upstream_counter(&u.name, "200").increment(0);
+        counter!("budgetgate_upstream_auth_failures_total", "deployment" => u.name.clone())
+            .increment(0);
         let _ = histogram!("budgetgate_upstream_latency_seconds", "deployment" => u.name.clone());
         for ending in STREAM_ENDINGS {
             counter!("budgetgate_streams_ended_total", "deployment" => u.name.clone(), "ending" => ending)

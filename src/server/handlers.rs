@@ -156,12 +156,19 @@ pub async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-/// `GET /readyz`: the budget store answers.
+/// `GET /readyz`: the budget store answers. Deployments skipped since
+/// start (credentials that could not be loaded) are named.
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
         Ok(Ok(_)) => {
-            Json(json!({"status": "ready", "policy_version": policy.version})).into_response()
+            let skipped = st.upstream.aws.skipped();
+            if skipped.is_empty() {
+                Json(json!({"status": "ready", "policy_version": policy.version})).into_response()
+            } else {
+                Json(json!({"status": "ready", "policy_version": policy.version, "skipped_deployments": skipped}))
+                    .into_response()
+            }
         }
         _ => (
             StatusCode::SERVICE_UNAVAILABLE,

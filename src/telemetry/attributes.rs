@@ -25,6 +25,7 @@ pub fn provider_name(kind: UpstreamKind) -> &'static str {
         UpstreamKind::Openai => "openai",
         UpstreamKind::Azure => "azure.ai.openai",
         UpstreamKind::Anthropic => "anthropic",
+        UpstreamKind::Bedrock => "aws.bedrock",
         UpstreamKind::SelfHosted => "self_hosted",
     }
 }

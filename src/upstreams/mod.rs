@@ -6,7 +6,10 @@
 //! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
 //! - [`relay`]: metering, extension, cutoff and settlement of a stream.
 //! - [`redact`]: what logs say of other endpoints the gateway calls.
+//! - [`bedrock`]: Claude on Amazon Bedrock: URLs, bodies, SigV4 and its
+//!   credentials, event-stream to SSE, error answers.
 
+pub mod bedrock;
 pub mod redact;
 pub mod relay;
 pub mod sse;
@@ -56,6 +59,8 @@ pub struct UpstreamClient {
     /// by comparing the base URL: no URL text is formatted and hashed per
     /// request. A handful of entries (upstreams × dialects).
     by_base: Arc<Mutex<Vec<(String, Dialect, reqwest::Url)>>>,
+    /// SigV4 credentials of Bedrock deployments.
+    pub aws: Arc<bedrock::credentials::AwsCredentials>,
 }
 
 /// Most parsed URLs kept; the cache starts over when full.
@@ -73,6 +78,7 @@ impl UpstreamClient {
         Self {
             urls: Arc::new(Mutex::new(HashMap::new())),
             by_base: Arc::new(Mutex::new(Vec::new())),
+            aws: Arc::default(),
         }
     }
 
@@ -147,6 +153,18 @@ impl UpstreamClient {
         request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
+        if let Some(settings) = &upstream.bedrock {
+            return self
+                .send_bedrock(
+                    upstream,
+                    settings,
+                    upstream_model,
+                    body,
+                    request_id,
+                    extra_headers,
+                )
+                .await;
+        }
         let url = self.url(upstream, dialect, upstream_model)?;
         let mut req = self
             .client(upstream.connect_timeout)
@@ -256,6 +274,9 @@ fn path_segment(name: &str) -> percent_encoding::PercentEncode<'_> {
 /// `<base>/openai/deployments/<deployment>/<path>?api-version=<v>` for Azure
 /// (Azure OpenAI REST reference).
 pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model: &str) -> String {
+    if let Some(s) = &upstream.bedrock {
+        return bedrock::url(upstream, s, upstream_model, true);
+    }
     let path = dialect.path();
     if dialect == Dialect::Responses {
         return responses_url(upstream, "");

@@ -871,3 +871,118 @@ async fn rate_refusals_are_retried_after_retry_after_and_admitted() {
     Agent::Codex.retried_after_a_rate_refusal().await;
     Agent::Claude.retried_after_a_rate_refusal().await;
 }
+
+/// The shipped Claude Code config with its deployment moved to Claude on
+/// Bedrock (issue 42), on the mock's Bedrock `api` (`invoke`: InvokeModel
+/// with event-stream answers; `messages`: the Anthropic Messages endpoint
+/// of bedrock-mantle / bedrock-runtime), keyed by a Bedrock API key; every
+/// Claude name maps to `us.anthropic.<name>-v1:0`.
+fn shipped_on_bedrock(mock: &mock_upstream::MockUpstream, api: &str) -> TestConfig {
+    mock.state.bedrock.set_api_key(env!("CARGO_PKG_NAME"));
+    let mut c = shipped("local-anthropic.toml", mock);
+    for u in &mut c.upstreams {
+        u.kind = Some("bedrock".into());
+        u.anthropic_version = None;
+        u.api_key_env = Some("CARGO_PKG_NAME".into());
+        u.models = Some(
+            [
+                (
+                    "claude-*".to_string(),
+                    "us.anthropic.{model}-v1:0".to_string(),
+                ),
+                (
+                    "claude-sonnet-4-5".to_string(),
+                    "us.anthropic.claude-sonnet-4-5-v1:0".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        u.bedrock = Some(budgetgate::config::bedrock::RawBedrock {
+            region: Some("us-east-1".into()),
+            api: Some(api.into()),
+            ..Default::default()
+        });
+    }
+    c
+}
+
+/// Claude Code through `ANTHROPIC_BASE_URL` at a gateway whose deployment
+/// is Claude on Bedrock, each endpoint: `claude -p "say hi"` exits 0 with
+/// the mock's answer after one metered, settled turn, sent as Bedrock asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_print_says_hi_through_bedrock_on_each_endpoint() {
+    for api in ["invoke", "messages"] {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(12);
+        let gw = shipped_on_bedrock(&mock, api).start().await;
+        let tap = tap_of(&gw).await;
+        let s = claude_setup(&tap);
+        let r = claude_say_hi(&s).await;
+        assert_eq!(
+            r.code,
+            Some(0),
+            "{api}: claude -p failed:\n{}\n{}",
+            r.stdout,
+            r.stderr
+        );
+        assert!(
+            r.stdout.contains(mock_upstream::generated_text(12).trim()),
+            "{api}: the mock's answer: {}",
+            r.stdout
+        );
+        let turns = tap.turns(&mock);
+        assert_eq!(turns.len(), 1, "{api}: one turn: {turns:#?}");
+        let sent = &mock.state.requests()[0];
+        match api {
+            "invoke" => {
+                assert_eq!(
+                    sent.path,
+                    "/model/us.anthropic.claude-opus-4-8-v1%3A0/invoke-with-response-stream"
+                );
+                assert_eq!(sent.body["anthropic_version"], "bedrock-2023-05-31");
+                let betas = sent.body["anthropic_beta"].to_string();
+                assert!(betas.contains("claude-code-20250219"), "{betas}");
+            }
+            _ => {
+                assert_eq!(sent.path, "/anthropic/v1/messages");
+                assert_eq!(sent.body["model"], "us.anthropic.claude-opus-4-8-v1:0");
+            }
+        }
+        let max_tokens = sent.body["max_tokens"].as_u64().unwrap_or(0);
+        one_settled_request(&gw, "coder", max_tokens).await;
+        report(&format!("say-hi-bedrock-{api}"), "claude", &r, &turns);
+    }
+}
+
+/// A cutoff on a Bedrock (InvokeModel) deployment ends Claude Code's
+/// stream with `message_delta` (`stop_reason: "max_tokens"`) and
+/// `message_stop`, as on an Anthropic one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_cutoff_on_bedrock_ends_with_message_stop() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20_000);
+    let mut c = shipped_on_bedrock(&mock, "invoke");
+    // Refilling 1000 tokens a second, slower than the mock streams through
+    // the event-stream decoder (about 2000 a second here), so the stream
+    // outruns the bucket and is cut off.
+    with_limits(&mut c, "coder", |l| {
+        l.output_tpm(60_000).output_tpm_burst(6_000)
+    });
+    let gw = c.start().await;
+    ticking(&gw);
+    let tap = tap_of(&gw).await;
+    let mut s = claude_setup(&tap);
+    s.env.push(("MAX_THINKING_TOKENS".into(), "0".into()));
+    let r = claude_say_hi(&s).await;
+    let turns = tap.turns(&mock);
+    report("cutoff-bedrock", "claude", &r, &turns);
+    assert!(turns.iter().any(|t| t.status == 200));
+    for t in turns.iter().filter(|t| t.status == 200) {
+        assert!(
+            t.body.contains(r#""stop_reason":"max_tokens""#)
+                && t.body.contains("event: message_stop"),
+            "a cutoff's terminal events: {}",
+            t.body
+        );
+    }
+}

@@ -14,6 +14,8 @@ mod admin;
 mod agents_cli;
 mod alerts;
 mod anthropic_betas;
+mod bedrock;
+mod bedrock_sigv4;
 mod budget_page_browser;
 mod budget_page_console;
 mod clamp;

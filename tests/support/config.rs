@@ -23,6 +23,7 @@ pub enum Kind {
     Azure,
     SelfHosted,
     Anthropic,
+    Bedrock,
 }
 
 impl Kind {
@@ -33,6 +34,7 @@ impl Kind {
             Kind::Azure => "azure",
             Kind::SelfHosted => "self_hosted",
             Kind::Anthropic => "anthropic",
+            Kind::Bedrock => "bedrock",
         }
     }
 }

@@ -54,6 +54,9 @@ pub struct Counting {
     /// incremental part of a stream: an upstream's per-minute budget of a
     /// provider that counts `max_tokens` at request start.
     pub whole_cap: bool,
+    /// Times each output token counts (a deployment's
+    /// `output_token_weight` on its `tpm` and `output_tpm`; 1 elsewhere).
+    pub output_weight: u64,
 }
 
 impl Default for Counting {
@@ -61,6 +64,7 @@ impl Default for Counting {
         Self {
             cache_read_weight: FULL_WEIGHT,
             whole_cap: false,
+            output_weight: 1,
         }
     }
 }
@@ -153,10 +157,11 @@ impl Demand {
     }
 
     fn output_for(&self, c: Counting) -> u64 {
-        match self.client_cap {
+        let output = match self.client_cap {
             Some(cap) if c.whole_cap => cap.max(self.output),
             _ => self.output,
-        }
+        };
+        output.saturating_mul(c.output_weight)
     }
 }
 
@@ -243,7 +248,7 @@ pub fn extension_rates<'a>(
         if s.name.counts_usd() {
             output_price
         } else if counts_output(s.name) && !whole {
-            RATE_ONE
+            RATE_ONE.saturating_mul(c.output_weight)
         } else {
             0
         }
@@ -315,7 +320,11 @@ pub fn settled_amount(used: &UsageBreakdown, spec: &BudgetSpec, c: Counting) -> 
         .unwrap_or(0)
         .saturating_add(used.cache_writes)
         .saturating_add(weighted(used.cached_input, c.cache_read_weight));
-    by_name(spec.name, input, used.output.unwrap_or(0))
+    by_name(
+        spec.name,
+        input,
+        used.output.unwrap_or(0).saturating_mul(c.output_weight),
+    )
 }
 
 #[cfg(test)]

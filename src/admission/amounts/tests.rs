@@ -19,6 +19,7 @@ fn spec(name: BudgetName) -> BudgetSpec {
 const LEFT_OUT: Counting = Counting {
     cache_read_weight: 0,
     whole_cap: false,
+    output_weight: 1,
 };
 
 #[test]
@@ -132,6 +133,7 @@ fn cache_tokens_settle_as_each_budget_counts_them() {
     let quarter = Counting {
         cache_read_weight: 250,
         whole_cap: false,
+        output_weight: 1,
     };
     assert_eq!(settled_amount(&anthropic, &specs[0], quarter), 4_557);
     // OpenAI: cached_tokens is inside prompt_tokens, never added again.
@@ -177,6 +179,7 @@ fn a_cacheable_prefix_is_reserved_at_the_budget_weight() {
     let tenth = Counting {
         cache_read_weight: 100,
         whole_cap: false,
+        output_weight: 1,
     };
     assert_eq!(reserve_amount(&demand, &specs[1], tenth, None), 2_100);
 }
@@ -191,6 +194,7 @@ fn whole_cap_budgets_reserve_the_client_cap_and_are_not_extended() {
     let whole = Counting {
         cache_read_weight: FULL_WEIGHT,
         whole_cap: true,
+        output_weight: 1,
     };
     let counting = [whole, whole, Counting::default()];
     let upstream = Budgets {
@@ -330,4 +334,50 @@ fn settlement_prices_every_usage_class_at_its_own_price() {
     let want = (21 * 150_000u64 + 10_318 * 75_000 + 20 * 600_000).div_ceil(1_000_000);
     assert_eq!(settled_cost(&used, Some(&mini())), Some(want));
     assert_eq!(nothing_used(all()), vec![0, 0]);
+}
+
+/// A deployment that burns its quota five times faster for output
+/// (Bedrock's Claude 4 burndown) reserves input + 5 × cap on its `tpm`
+/// and settles input + 5 × actual output; its extension rate is 5 per token.
+#[test]
+fn an_output_weight_multiplies_the_output_a_budget_counts() {
+    let five = Counting {
+        cache_read_weight: FULL_WEIGHT,
+        whole_cap: true,
+        output_weight: 5,
+    };
+    let demand = Demand {
+        input: 100,
+        cacheable_prefix: 0,
+        output: 40,
+        client_cap: Some(1000),
+        cache_writes: CacheWrites::None,
+        hosted: HostedCalls::EMPTY,
+    };
+    assert_eq!(
+        reserve_amount(&demand, &spec(BudgetName::Tpm), five, None),
+        5_100
+    );
+    assert_eq!(
+        reserve_amount(&demand, &spec(BudgetName::InputTpm), five, None),
+        100
+    );
+    let used = UsageBreakdown::from_counts(100, 30);
+    assert_eq!(settled_amount(&used, &spec(BudgetName::Tpm), five), 250);
+    let streamed = Counting {
+        whole_cap: false,
+        ..five
+    };
+    let rates = extension_rates(
+        &Demand {
+            client_cap: None,
+            ..demand
+        },
+        std::iter::once(Budgets {
+            specs: &[spec(BudgetName::Tpm)],
+            counting: &[streamed],
+        }),
+        None,
+    );
+    assert_eq!(rates, vec![5 * RATE_ONE]);
 }

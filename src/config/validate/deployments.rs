@@ -44,10 +44,11 @@ pub(super) fn upstreams(
             "azure" => UpstreamKind::Azure,
             "self_hosted" => UpstreamKind::SelfHosted,
             "anthropic" => UpstreamKind::Anthropic,
+            "bedrock" => UpstreamKind::Bedrock,
             other => {
                 v.err(
                     format!("{path}.kind"),
-                    format!("must be \"openai\", \"azure\", \"self_hosted\" or \"anthropic\", not {other:?}"),
+                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\" or \"bedrock\", not {other:?}"),
                 );
                 UpstreamKind::Openai
             }
@@ -78,7 +79,44 @@ pub(super) fn upstreams(
                 "required for kind = \"azure\"",
             );
         }
-        let anthropic = kind == UpstreamKind::Anthropic;
+        // Claude on Bedrock speaks Messages like Anthropic's own API.
+        let anthropic = matches!(kind, UpstreamKind::Anthropic | UpstreamKind::Bedrock);
+        let bedrock = match kind {
+            UpstreamKind::Bedrock => crate::config::bedrock::BedrockSettings::from_raw(
+                &format!("{path}.bedrock"),
+                u.bedrock.as_ref(),
+                u.api_key_env.is_some(),
+                &mut |p, m| v.err(p, m),
+            ),
+            _ => {
+                if u.bedrock.is_some() {
+                    v.err(format!("{path}.bedrock"), "only for kind = \"bedrock\"");
+                }
+                None
+            }
+        };
+        let models = u.models.as_ref().map(|m| {
+            for (name, id) in m {
+                if name.is_empty() || id.trim().is_empty() {
+                    v.err(
+                        format!("{path}.models"),
+                        format!("{name:?} = {id:?}: a public name and a non-empty id"),
+                    );
+                }
+            }
+            crate::config::deployment_models::DeploymentModels(m.clone())
+        });
+        let output_token_weight = match u.output_token_weight {
+            None => 1,
+            Some(w) if (1..=100).contains(&w) => w as u64,
+            Some(w) => {
+                v.err(
+                    format!("{path}.output_token_weight"),
+                    format!("must be 1 to 100, not {w}"),
+                );
+                1
+            }
+        };
         if anthropic {
             // Anthropic has no api-version query, always takes `max_tokens` and has no `n`.
             for (field, set) in [
@@ -144,7 +182,7 @@ pub(super) fn upstreams(
             // back, as on a self-hosted server.
             refund_unused: u.refund_unused.unwrap_or(matches!(
                 kind,
-                UpstreamKind::SelfHosted | UpstreamKind::Anthropic
+                UpstreamKind::SelfHosted | UpstreamKind::Anthropic | UpstreamKind::Bedrock
             )),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
             supports_n: u.supports_n.unwrap_or(!anthropic),
@@ -162,6 +200,10 @@ pub(super) fn upstreams(
             learn_from_headers: u.learn_from_headers.unwrap_or(false),
             forward_client_headers,
             price,
+            models,
+            output_token_weight,
+            bedrock,
+            api_key_env: u.api_key_env.clone(),
         });
     }
 
@@ -268,12 +310,12 @@ pub(super) fn models(
                 Routing::Priority
             }
         };
-        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind == UpstreamKind::Anthropic);
+        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind.speaks_messages());
         let messages = ups.first().and_then(speaks).unwrap_or(false);
         if ups.iter().any(|i| speaks(i) != Some(messages)) {
             v.err(
                 format!("{path}.upstreams"),
-                "all deployments of a model must speak one dialect (all \"anthropic\" or none)",
+                "all deployments of a model must speak one dialect (all \"anthropic\" or \"bedrock\", or none)",
             );
         }
         let token_ratio = match m.token_ratio {
@@ -472,7 +514,7 @@ pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
         }
         UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
         // Anthropic models answer on /v1/messages only.
-        UpstreamKind::Anthropic => false,
+        UpstreamKind::Anthropic | UpstreamKind::Bedrock => false,
     }
 }
 
@@ -491,6 +533,7 @@ fn responses_route(
             Some("azure") => UpstreamKind::Azure,
             Some("self_hosted") => UpstreamKind::SelfHosted,
             Some("anthropic") => UpstreamKind::Anthropic,
+            Some("bedrock") => UpstreamKind::Bedrock,
             _ => UpstreamKind::Openai,
         };
         !serves_responses(kind, u.api_version.as_deref())
