@@ -36,6 +36,8 @@
 //! * Every request is recorded in [`MockState`] before any hold or fault logic;
 //!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
 //!   as one JSON line (method, path, query, every header): the request log.
+//! * Per-tenant and per-deployment counts of requests and tokens
+//!   (`GET /_counters`, [`counters`]).
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
@@ -43,6 +45,9 @@
 
 #[path = "mock_upstream/messages.rs"]
 pub mod messages;
+
+#[path = "mock_upstream/counters.rs"]
+pub mod counters;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -467,6 +472,10 @@ pub async fn start_on(listener: tokio::net::TcpListener, config: MockConfig) -> 
 pub fn router(state: Arc<MockState>) -> Router {
     Router::new()
         .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(counters::Counters::default()),
+            counters::count,
+        ))
         .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }

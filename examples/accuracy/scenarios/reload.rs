@@ -1,0 +1,158 @@
+//! A limit lowered by reload in the middle of a burst, three gateways on
+//! one Redis, leases on: rpm 1200 → 120 and tpm 120,000 → 12,000, the
+//! config file rewritten (by rename) while waves of requests run; each
+//! gateway's reload is seen on its `budgetgate_policy_info` version.
+//!
+//! Bounds (DESIGN section 2, "Policy changes"; section 14, "Fencing"):
+//! the whole run keeps the old contract (the new limits are lower); from
+//! `t_r`, the moment the last gateway runs the new policy, what is
+//! admitted keeps the new contract — the first access under the new policy
+//! clamps the bucket to the new burst, and no gateway spends a lease under
+//! an older policy. The "after" figures are counted from a snapshot of the
+//! mock's counters taken 100 ms after `t_r` (a request admitted before
+//! `t_r` has reached the upstream by then), their window from the snapshot
+//! to the last answer.
+
+use std::time::{Duration, Instant};
+
+use super::super::client::{merged, waves};
+use super::super::config::{Lease, Setup, Store, Tenant};
+use super::super::procs::{Gateway, Mock, Redis};
+use super::super::report::{Check, Row};
+use super::super::{Ctx, Fleet};
+use super::{chats, contract, cross_check, statuses};
+
+const OLD_RPM: u64 = 1200;
+const NEW_RPM: u64 = 120;
+const OLD_TPM: u64 = 120_000;
+const NEW_TPM: u64 = 12_000;
+const MAX_TOKENS: u64 = 50;
+const WAVE: usize = 100;
+const TENANT: &str = "reload";
+
+fn limits(rpm: u64, tpm: u64) -> String {
+    format!("{{ rpm = {rpm}, tpm = {tpm} }}")
+}
+
+async fn version(g: &Gateway) -> Option<String> {
+    let text = g.metrics().await.ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("budgetgate_policy_info{"))?;
+    let v = line.split("version=\"").nth(1)?;
+    Some(v.split('"').next()?.to_string())
+}
+
+pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
+    let mock = Mock::start(&ctx.bins, &["--output-tokens", &MAX_TOKENS.to_string()]).await?;
+    let redis = Redis::start(&[]).await?;
+    let mut setup = Setup::new(
+        Store::Redis {
+            url: redis.url(),
+            prefix: "acc".into(),
+            lease: Lease::On,
+            fleet: 3,
+            timeout_ms: 2000,
+        },
+        &mock.base_url(),
+    );
+    setup
+        .tenants
+        .push(Tenant::new(TENANT, &limits(OLD_RPM, OLD_TPM)));
+    let mut fleet = Fleet::start(ctx, &setup, 3).await?;
+    let mut before = Vec::new();
+    for g in &fleet.gws {
+        before.push(version(g).await.ok_or("no policy version")?);
+    }
+    let run = Duration::from_secs(if ctx.quick { 3 } else { 5 });
+    let addrs = fleet.addrs();
+    let load = tokio::spawn(async move {
+        waves(
+            run,
+            Duration::from_millis(100),
+            |_| chats(&addrs, TENANT, WAVE, MAX_TOKENS, false),
+            Duration::from_secs(60),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    setup.tenants[0].limits = limits(NEW_RPM, NEW_TPM);
+    let written = Instant::now();
+    setup.write(fleet.dir.path())?;
+    let mut seen = vec![None; fleet.gws.len()];
+    while seen.iter().any(Option::is_none) {
+        if written.elapsed() > Duration::from_secs(10) {
+            return Err("a gateway never reloaded".into());
+        }
+        for (i, g) in fleet.gws.iter().enumerate() {
+            if seen[i].is_none() && version(g).await.is_some_and(|v| v != before[i]) {
+                seen[i] = Some(written.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t_r = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let snap = mock.counters().await?.tenant(TENANT);
+    let snap_at = Instant::now();
+    let bursts = load.await.map_err(|e| e.to_string())?;
+    let b = merged(&bursts);
+    let c = mock.counters().await?;
+    let t = c.tenant(TENANT);
+    let after = t.minus(&snap);
+    let end = b
+        .started
+        .map(|s| s + Duration::from_secs_f64(b.window_ms / 1e3))
+        .unwrap_or(snap_at);
+    let after_ms = end.saturating_duration_since(snap_at).as_secs_f64() * 1e3;
+    let mut row = Row::new(
+        "reload",
+        "rpm 1200→120, tpm 120k→12k, 3 gateways, Redis, leases on".into(),
+        Check::new(
+            "requests after t_r",
+            after.requests,
+            contract(NEW_RPM, NEW_RPM, after_ms),
+            "req",
+        ),
+        Check::new(
+            "spent after t_r",
+            after.spent(),
+            contract(NEW_TPM, NEW_TPM, after_ms),
+            "tok",
+        ),
+    );
+    row.extra.push(Check::new(
+        "reserved after t_r",
+        after.reserved(),
+        contract(NEW_TPM, NEW_TPM, after_ms),
+        "tok",
+    ));
+    row.extra.push(Check::new(
+        "requests, whole run",
+        t.requests,
+        contract(OLD_RPM, OLD_RPM, b.window_ms),
+        "req",
+    ));
+    row.bound = format!(
+        "after t_r: rpm {NEW_RPM} + 2/s × D', tpm {NEW_TPM} + 200/s × D' (D' = {after_ms:.0} ms, DESIGN §2 policy changes, §14 fencing); whole run: rpm {OLD_RPM} + 20/s × D (D = {:.0} ms)",
+        b.window_ms
+    );
+    row.health = fleet.health().await;
+    row.spread_ms = b.spread_ms;
+    row.window_ms = b.window_ms;
+    row.notes.push(statuses(&b));
+    cross_check(&mut row, &b, &c, TENANT, true);
+    row.notes.push(format!(
+        "reload seen by the gateways {} ms after the write; t_r − write = {:.0} ms",
+        seen.iter()
+            .map(|s| format!("{:.0}", s.unwrap_or_default().as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join("/"),
+        (t_r - written).as_secs_f64() * 1e3
+    ));
+    if b.other() + b.failed() > 0 {
+        row.invalid
+            .push(format!("{} unexpected answers", b.other() + b.failed()));
+    }
+    Ok(vec![row])
+}
