@@ -54,6 +54,8 @@ pub struct Burst {
     pub outcomes: Vec<Outcome>,
     pub spread_ms: f64,
     pub window_ms: f64,
+    /// Each burst's spread (several when merged).
+    pub spreads: Vec<f64>,
     /// When the first byte was written.
     pub started: Option<Instant>,
 }
@@ -128,6 +130,7 @@ pub async fn burst(reqs: &[Req], limit: Duration) -> Burst {
     }
     Burst {
         outcomes,
+        spreads: vec![spread_ms],
         spread_ms,
         window_ms: (last - started).as_secs_f64() * 1e3,
         started: Some(started),
@@ -191,6 +194,7 @@ pub fn merged(bursts: &[Burst]) -> Burst {
     Burst {
         outcomes: bursts.iter().flat_map(|b| b.outcomes.clone()).collect(),
         spread_ms: bursts.iter().map(|b| b.spread_ms).fold(0.0, f64::max),
+        spreads: bursts.iter().flat_map(|b| b.spreads.clone()).collect(),
         window_ms: window_ms(bursts),
         started: bursts.iter().filter_map(|b| b.started).min(),
     }

@@ -3,8 +3,8 @@
 //! one self-hosted deployment `mock` on the mock upstream that forwards the
 //! `x-mock-tenant` header and presents the key `mock`; every tenant
 //! `fail_closed` unless a scenario says otherwise; a Redis store's timeout
-//! 2 s (issue 41: with 50 ms a burst on 2 cores falls back to the local
-//! limiter).
+//! [`STORE_TIMEOUT_MS`] (issue 41: with 50 ms a burst on 2 cores falls back
+//! to the local limiter).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -42,6 +42,12 @@ impl Lease {
         }
     }
 }
+
+/// The Redis store's timeout in every scenario but `fail_open`: issue 41
+/// asks at least 2 s; a debug gateway on 2 busy cores answering a
+/// 900-request burst alone passed 2 s (its store calls queue behind the
+/// burst), so 5 s.
+pub const STORE_TIMEOUT_MS: u64 = 5000;
 
 /// The lease settings of [`Lease::On`] (the bound's terms use them).
 pub const LEASE_MAX_FRACTION: f64 = 0.5;

@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! cargo run --release --example accuracy            # every variant
-//! QUICK=1 cargo run --example accuracy              # one variant each (CI)
+//! QUICK=1 cargo run --example accuracy              # one variant each, one round (CI)
+//! ROUNDS=1 cargo run --release --example accuracy   # every variant once (default: 3 rounds)
 //! SCENARIOS=burst,reload cargo run --example accuracy
 //! PEER_URL=http://127.0.0.1:4000/v1 PEER_KEY=… [PEER_CONFIG_HOOK=cmd] …
 //! ```
@@ -93,19 +94,30 @@ async fn main() {
         if quick { "QUICK" } else { "full" },
         ctx.bins.gateway.display()
     );
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(if quick { 1 } else { 3 });
     let mut rows = Vec::new();
-    for (name, _) in scenarios::ALL {
-        if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
-            continue;
+    for round in 1..=rounds {
+        for (name, _) in scenarios::ALL {
+            if only.as_ref().is_some_and(|o| !o.iter().any(|x| x == name)) {
+                continue;
+            }
+            let t = Instant::now();
+            let mut got = scenarios::run(name, &ctx).await;
+            println!(
+                "round {round}/{rounds}, scenario {name}: {} variant(s) in {:.1} s",
+                got.len(),
+                t.elapsed().as_secs_f64()
+            );
+            if rounds > 1 {
+                for r in &mut got {
+                    r.variant = format!("{} (round {round})", r.variant);
+                }
+            }
+            rows.extend(got);
         }
-        let t = Instant::now();
-        let got = scenarios::run(name, &ctx).await;
-        println!(
-            "scenario {name}: {} variant(s) in {:.1} s",
-            got.len(),
-            t.elapsed().as_secs_f64()
-        );
-        rows.extend(got);
     }
     if let Ok(url) = std::env::var("PEER_URL") {
         scenarios::burst::peer(&ctx, &url).await;

@@ -77,6 +77,21 @@ impl Row {
         }
     }
 
+    /// The spreads and window of the scenario's bursts.
+    pub fn set_burst(&mut self, b: &super::client::Burst) {
+        self.spread_ms = b.spread_ms;
+        self.window_ms = b.window_ms;
+        let mut s = b.spreads.clone();
+        s.sort_by(f64::total_cmp);
+        if let (Some(min), Some(max)) = (s.first(), s.last()) {
+            self.notes.push(format!(
+                "{} burst(s), each written within {min:.1}–{max:.1} ms (median {:.1} ms) after its first byte",
+                s.len(),
+                s[s.len() / 2]
+            ));
+        }
+    }
+
     pub fn valid(&self) -> bool {
         self.invalid.is_empty() && (self.degraded_intended || self.health.degraded == 0)
     }

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use super::super::client::{burst, merged, Req};
-use super::super::config::{key_of, Lease, Setup, Store, Tenant};
+use super::super::config::{key_of, Lease, Setup, Store, Tenant, STORE_TIMEOUT_MS};
 use super::super::procs::{Mock, Redis};
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
@@ -89,7 +89,7 @@ async fn variant(ctx: &Ctx, n: usize) -> Result<Row, String> {
             prefix: "acc".into(),
             lease: Lease::Off,
             fleet: n,
-            timeout_ms: 2000,
+            timeout_ms: STORE_TIMEOUT_MS,
         },
         None => Store::Memory,
     };
@@ -149,8 +149,7 @@ async fn variant(ctx: &Ctx, n: usize) -> Result<Row, String> {
         "tokens_per_day {QUOTA} + {n} × max_exposure {MAX_EXPOSURE} (DESIGN §15 exposure bound); estimate error 0"
     );
     row.health = fleet.health().await;
-    row.spread_ms = b.spread_ms;
-    row.window_ms = b.window_ms;
+    row.set_burst(&b);
     row.notes.push(format!("warm-up: {}", statuses(&warm)));
     row.notes
         .push(format!("{} waves: {}", waves.len(), statuses(&b)));

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use super::super::client::burst;
-use super::super::config::{Lease, Setup, Store, Tenant};
+use super::super::config::{Lease, Setup, Store, Tenant, STORE_TIMEOUT_MS};
 use super::super::procs::{Mock, Redis};
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
@@ -61,7 +61,7 @@ async fn variant(
             prefix: "acc".into(),
             lease,
             fleet: n,
-            timeout_ms: 2000,
+            timeout_ms: STORE_TIMEOUT_MS,
         },
         None => Store::Memory,
     };
@@ -92,8 +92,7 @@ async fn variant(
         b.window_ms
     );
     row.health = fleet.health().await;
-    row.spread_ms = b.spread_ms;
-    row.window_ms = b.window_ms;
+    row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);
     if b.other() + b.failed() > 0 {

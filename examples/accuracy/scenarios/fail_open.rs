@@ -85,8 +85,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     );
     row.health = fleet.health().await;
     row.degraded_intended = true;
-    row.spread_ms = b.spread_ms;
-    row.window_ms = b.window_ms;
+    row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);
     if b.other() + b.failed() > 0 {

@@ -1,8 +1,9 @@
 //! A Redis failover in the middle of a burst, leases on, three gateways.
 //! One primary and one replica behind a local TCP proxy ([`Proxy`]), as a
-//! cloud's failover endpoint: mid-run the proxy drops every connection
-//! (the primary is gone), the replica is promoted (`REPLICAOF NO ONE`) and
-//! the proxy is re-pointed at it. The replication lag is measured during
+//! cloud's failover endpoint: mid-run the primary is killed (SIGKILL: what
+//! it had not replicated is lost), the proxy drops every connection, and
+//! 500 ms later the replica is promoted (`REPLICAOF NO ONE`) and the proxy
+//! re-pointed at it. The replication lag is measured during
 //! the load (a key written to the primary, read back from the replica),
 //! and the replication offsets at the cut give the bytes the failover lost.
 //!
@@ -18,8 +19,8 @@
 use std::time::{Duration, Instant};
 
 use super::super::client::{merged, waves};
-use super::super::config::{Lease, Setup, Store, Tenant, LEASE_MAX_FRACTION};
-use super::super::procs::{info_field, redis_cmd, Mock, Redis};
+use super::super::config::{Lease, Setup, Store, Tenant, LEASE_MAX_FRACTION, STORE_TIMEOUT_MS};
+use super::super::procs::{info_field, Mock, Redis};
 use super::super::proxy::Proxy;
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
@@ -31,10 +32,12 @@ const MAX_TOKENS: u64 = 50;
 const WAVE: usize = 150;
 const TENANT: &str = "failover";
 const GATEWAYS: usize = 3;
+/// From the primary's death to the replica's promotion.
+const OUTAGE: Duration = Duration::from_millis(500);
 
 pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     let mock = Mock::start(&ctx.bins, &["--output-tokens", &MAX_TOKENS.to_string()]).await?;
-    let primary = Redis::start(&[]).await?;
+    let mut primary = Redis::start(&[]).await?;
     let replica = Redis::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]).await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -54,7 +57,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
             prefix: "acc".into(),
             lease: Lease::On,
             fleet: GATEWAYS,
-            timeout_ms: 2000,
+            timeout_ms: STORE_TIMEOUT_MS,
         },
         &mock.base_url(),
     );
@@ -85,19 +88,24 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     if let Some(rest) = (t0 + cut_at).checked_duration_since(Instant::now()) {
         tokio::time::sleep(rest).await;
     }
-    proxy.cut();
+    // The primary dies (what it had not yet sent to the replica is lost),
+    // the endpoint stops answering, and the replica is promoted after
+    // OUTAGE (a failover's detection time).
     let p_off = info_field(
         &primary.cmd(&["INFO", "replication"]).await?,
         "master_repl_offset",
     )
     .and_then(|v| v.parse::<i64>().ok())
     .unwrap_or(0);
+    primary.sigkill().await;
+    proxy.cut();
     let r_off = info_field(
         &replica.cmd(&["INFO", "replication"]).await?,
         "slave_repl_offset",
     )
     .and_then(|v| v.parse::<i64>().ok())
     .unwrap_or(0);
+    tokio::time::sleep(OUTAGE).await;
     replica.cmd(&["REPLICAOF", "NO", "ONE"]).await?;
     proxy.point(replica.port);
     let down_ms = (Instant::now() - (t0 + cut_at)).as_secs_f64() * 1e3;
@@ -136,14 +144,13 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     );
     row.health = fleet.health().await;
     row.degraded_intended = true;
-    row.spread_ms = b.spread_ms;
-    row.window_ms = b.window_ms;
+    row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, false);
     row.notes.push(format!(
-        "replication lag over {} samples: median {median:.3} ms, max {lag_ms:.3} ms; at the cut the replica was {} bytes behind; store unreachable {down_ms:.0} ms (cut to re-point)",
+        "replication lag over {} samples: median {median:.3} ms, max {lag_ms:.3} ms; the primary's offset read just before its SIGKILL {p_off}, the replica's after it {r_off} ({:+} bytes); store unreachable {down_ms:.0} ms (kill to re-point)",
         lags.len(),
-        p_off - r_off
+        r_off - p_off
     ));
     if b.failed() > 0 {
         row.invalid
@@ -153,25 +160,31 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
 }
 
 /// Replication lag samples (ms) until `until`: a key written to the
-/// primary, the time until the replica answers it.
+/// primary, the time until the replica answers it (one connection to each,
+/// kept open).
 async fn sample_lag(primary: u16, replica: u16, until: Instant) -> Vec<f64> {
     let mut out = Vec::new();
+    let (Ok(mut p), Ok(mut r)) = (connect(primary).await, connect(replica).await) else {
+        return out;
+    };
     let mut n = 0u64;
     while Instant::now() < until {
         n += 1;
-        let v = n.to_string();
-        if redis_cmd(primary, &["SET", "accuracy:lag", &v])
-            .await
-            .is_err()
-        {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg("accuracy:lag")
+            .arg(n)
+            .query_async(&mut p)
+            .await;
+        if set.is_err() {
             break;
         }
         let written = Instant::now();
         loop {
-            if redis_cmd(replica, &["GET", "accuracy:lag"])
-                .await
-                .is_ok_and(|r| r == v)
-            {
+            let got: redis::RedisResult<Option<u64>> = redis::cmd("GET")
+                .arg("accuracy:lag")
+                .query_async(&mut r)
+                .await;
+            if got.is_ok_and(|v| v == Some(n)) {
                 out.push(written.elapsed().as_secs_f64() * 1e3);
                 break;
             }
@@ -183,4 +196,12 @@ async fn sample_lag(primary: u16, replica: u16, until: Instant) -> Vec<f64> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     out
+}
+
+async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())
 }

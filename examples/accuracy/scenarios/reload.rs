@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use super::super::client::{merged, waves};
-use super::super::config::{Lease, Setup, Store, Tenant};
+use super::super::config::{Lease, Setup, Store, Tenant, STORE_TIMEOUT_MS};
 use super::super::procs::{Gateway, Mock, Redis};
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
@@ -52,7 +52,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
             prefix: "acc".into(),
             lease: Lease::On,
             fleet: 3,
-            timeout_ms: 2000,
+            timeout_ms: STORE_TIMEOUT_MS,
         },
         &mock.base_url(),
     );
@@ -138,8 +138,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
         b.window_ms
     );
     row.health = fleet.health().await;
-    row.spread_ms = b.spread_ms;
-    row.window_ms = b.window_ms;
+    row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);
     row.notes.push(format!(
