@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 pub struct Req {
     /// `host:port` of the gateway.
     pub addr: String,
-    pub path: &'static str,
+    pub path: String,
     /// Extra headers (the key, the mock's tenant, …).
     pub headers: Vec<(String, String)>,
     pub body: String,
@@ -197,5 +197,31 @@ pub fn merged(bursts: &[Burst]) -> Burst {
         spreads: bursts.iter().flat_map(|b| b.spreads.clone()).collect(),
         window_ms: window_ms(bursts),
         started: bursts.iter().filter_map(|b| b.started).min(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_read_by_its_status_and_a_cutoff_by_its_finish_reason() {
+        let ok = b"HTTP/1.1 200 OK\r\n\r\ndata: {\"choices\":[{\"finish_reason\":\"length\"}]}\n\n";
+        assert_eq!(
+            parse(ok, true),
+            Outcome::Status {
+                code: 200,
+                cut: true
+            }
+        );
+        assert_eq!(
+            parse(b"HTTP/1.1 429 Too Many Requests\r\n\r\n{}", true),
+            Outcome::Status {
+                code: 429,
+                cut: false
+            }
+        );
+        assert_eq!(parse(b"HTTP/1.1 200 OK\r\n\r\n{", false), Outcome::Failed);
+        assert_eq!(parse(b"", true), Outcome::Failed);
     }
 }

@@ -71,6 +71,19 @@ impl Fleet {
     pub async fn health(&mut self) -> procs::Health {
         procs::fleet_health(&self.gws, &mut self.last).await
     }
+
+    /// The fleet's health, and for a run with degraded decisions the last
+    /// log lines of each gateway (why), into the row.
+    pub async fn report(&mut self, row: &mut report::Row) {
+        row.health = self.health().await;
+        if row.health.degraded > 0 && !row.degraded_intended {
+            for (i, g) in self.gws.iter().enumerate() {
+                for l in g.log_tail(2) {
+                    row.notes.push(format!("gateway {i} log: {l}"));
+                }
+            }
+        }
+    }
 }
 
 #[tokio::main]

@@ -108,14 +108,14 @@ impl Tally {
         self.input_tokens + self.output_tokens
     }
 
-    pub fn minus(&self, o: &Tally) -> Tally {
+    pub fn plus(&self, o: &Tally) -> Tally {
         Tally {
-            requests: self.requests - o.requests,
-            input_tokens: self.input_tokens - o.input_tokens,
-            cap_tokens: self.cap_tokens - o.cap_tokens,
-            output_tokens: self.output_tokens - o.output_tokens,
-            streams: self.streams - o.streams,
-            streams_cut: self.streams_cut - o.streams_cut,
+            requests: self.requests + o.requests,
+            input_tokens: self.input_tokens + o.input_tokens,
+            cap_tokens: self.cap_tokens + o.cap_tokens,
+            output_tokens: self.output_tokens + o.output_tokens,
+            streams: self.streams + o.streams,
+            streams_cut: self.streams_cut + o.streams_cut,
         }
     }
 }
@@ -249,6 +249,17 @@ impl Gateway {
             let _ = c.start_kill();
             let _ = c.wait().await;
         }
+    }
+
+    /// The last `n` lines of the gateway's log (warnings and errors).
+    pub fn log_tail(&self, n: usize) -> Vec<String> {
+        let text =
+            std::fs::read_to_string(self._state.path().join("gateway.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| l.chars().take(300).collect())
+            .collect()
     }
 
     pub fn alive(&self) -> bool {

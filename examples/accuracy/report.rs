@@ -172,3 +172,38 @@ pub fn print(rows: &[Row]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(value: u64, bound: f64) -> Row {
+        Row::new(
+            "t",
+            "v".into(),
+            Check::new("a", value, bound, "tok"),
+            Check::new("b", value, bound, "tok"),
+        )
+    }
+
+    #[test]
+    fn an_unintended_degraded_decision_makes_a_run_invalid_not_passed() {
+        let mut r = row(10, 10.0);
+        assert!(r.valid() && r.held());
+        r.health.degraded = 1;
+        assert!(!r.valid());
+        assert_eq!(r.verdict(), "INVALID");
+        r.degraded_intended = true;
+        assert_eq!(r.verdict(), "within");
+    }
+
+    #[test]
+    fn a_figure_past_its_bound_is_broken() {
+        let r = row(11, 10.9);
+        assert!(r.valid() && !r.held());
+        assert_eq!(r.verdict(), "BROKEN");
+        let mut r = row(5, 10.0);
+        r.extra.push(Check::new("x", 3, 2.0, "req"));
+        assert_eq!(r.verdict(), "BROKEN");
+    }
+}

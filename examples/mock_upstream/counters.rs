@@ -350,3 +350,101 @@ where
         next
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    async fn post(base: &str, tenant: &str, key: &str, body: Value) -> String {
+        reqwest::Client::new()
+            .post(format!("{base}/chat/completions"))
+            .header("x-mock-tenant", tenant)
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST")
+            .text()
+            .await
+            .expect("body")
+    }
+
+    #[tokio::test]
+    async fn counts_requests_and_tokens_per_tenant_and_deployment() {
+        let mock = super::super::start(super::super::MockConfig::default())
+            .await
+            .expect("mock");
+        mock.state.set_output_tokens(7);
+        let base = mock.base_url();
+        let msg = json!([{"role": "user", "content": "hello there"}]);
+        post(
+            &base,
+            "a",
+            "dep1",
+            json!({"model": "gpt-4o-mini", "messages": msg, "max_tokens": 5}),
+        )
+        .await;
+        post(
+            &base,
+            "a",
+            "dep2",
+            json!({"model": "gpt-4o-mini", "messages": msg, "max_tokens": 50, "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        )
+        .await;
+        post(
+            &base,
+            "b",
+            "dep2",
+            json!({"model": "gpt-4o-mini", "messages": msg}),
+        )
+        .await;
+        // An aborted stream counts the tokens sent before the drop.
+        mock.state
+            .set_fault(Some(super::super::Fault::DropMidStream));
+        post(
+            &base,
+            "c",
+            "dep1",
+            json!({"model": "gpt-4o-mini", "messages": msg, "max_tokens": 50, "stream": true}),
+        )
+        .await;
+        let v: Value = reqwest::get(format!("{}/_counters", mock.root_url()))
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("json");
+        let input = super::super::chat_prompt_tokens(
+            super::super::bpe_for("gpt-4o-mini"),
+            &json!({"messages": msg}),
+        );
+        let a = &v["tenants"]["a"];
+        assert_eq!(a["requests"], 2, "{v}");
+        assert_eq!(a["input_tokens"], 2 * input, "{v}");
+        assert_eq!(a["cap_tokens"], 5 + 50, "{v}");
+        assert_eq!(a["output_tokens"], 5 + 7, "{v}");
+        assert_eq!(a["streams"], 1);
+        assert_eq!(a["streams_cut"], 0);
+        let b = &v["tenants"]["b"];
+        assert_eq!(b["cap_tokens"], 7, "no cap: what it answered, {v}");
+        let c = &v["tenants"]["c"];
+        assert_eq!(c["streams_cut"], 1, "{v}");
+        assert_eq!(c["output_tokens"], 3, "three deltas before the drop: {v}");
+        assert_eq!(v["deployments"]["dep1"]["requests"], 2, "{v}");
+        assert_eq!(v["deployments"]["dep2"]["requests"], 2, "{v}");
+        let cleared = reqwest::Client::new()
+            .delete(format!("{}/_counters", mock.root_url()))
+            .send()
+            .await
+            .expect("DELETE");
+        assert_eq!(cleared.status(), 200);
+        let v: Value = reqwest::get(format!("{}/_counters", mock.root_url()))
+            .await
+            .expect("GET")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["tenants"], json!({}));
+    }
+}

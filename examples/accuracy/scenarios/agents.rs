@@ -53,7 +53,7 @@ fn turn(addr: &str, output: u64) -> Req {
     });
     Req {
         addr: addr.to_string(),
-        path: "/v1/messages",
+        path: "/v1/messages".into(),
         headers: vec![
             ("x-api-key".into(), key_of(TENANT)),
             ("anthropic-version".into(), "2023-06-01".into()),
@@ -148,7 +148,7 @@ async fn variant(ctx: &Ctx, n: usize) -> Result<Row, String> {
     row.bound = format!(
         "tokens_per_day {QUOTA} + {n} × max_exposure {MAX_EXPOSURE} (DESIGN §15 exposure bound); estimate error 0"
     );
-    row.health = fleet.health().await;
+    fleet.report(&mut row).await;
     row.set_burst(&b);
     row.notes.push(format!("warm-up: {}", statuses(&warm)));
     row.notes

@@ -91,7 +91,7 @@ async fn variant(
         RPM / 60,
         b.window_ms
     );
-    row.health = fleet.health().await;
+    fleet.report(&mut row).await;
     row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);
@@ -127,15 +127,11 @@ pub async fn peer(ctx: &Ctx, url: &str) {
     }
     let key = std::env::var("PEER_KEY").unwrap_or_default();
     let rest = url.trim_start_matches("http://");
-    let (addr, prefix) = rest.split_once('/').unwrap_or((rest, "v1"));
-    let path: &'static str = if prefix.trim_end_matches('/').is_empty() {
-        "/chat/completions"
-    } else {
-        "/v1/chat/completions"
-    };
+    let (addr, base) = rest.split_once('/').unwrap_or((rest, "v1"));
+    let path = format!("/{}/chat/completions", base.trim_matches('/'));
     let mut reqs = chats(&[addr.to_string()], TENANT, REQUESTS, MAX_TOKENS, false);
     for r in &mut reqs {
-        r.path = path;
+        r.path = path.replace("//", "/");
         r.headers[0].1 = format!("Bearer {key}");
     }
     let b = burst(&reqs, Duration::from_secs(120)).await;

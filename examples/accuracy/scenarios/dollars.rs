@@ -68,7 +68,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     row.bound = format!(
         "usd_per_day {BUDGET_MICRO_USD} µ$ (DESIGN §2 quota, §12), no refill, no lease near the end (§14); debt 0"
     );
-    row.health = fleet.health().await;
+    fleet.report(&mut row).await;
     row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);

@@ -17,8 +17,8 @@ use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
 use super::{chats, contract, cross_check, statuses};
 
-const RPM: u64 = 600;
-const TPM: u64 = 60_000;
+const RPM: u64 = 300;
+const TPM: u64 = 30_000;
 const MAX_TOKENS: u64 = 50;
 const WAVE: usize = 150;
 const TENANT: &str = "kill";
@@ -86,7 +86,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
         TPM / 60,
         b.window_ms
     );
-    row.health = fleet.health().await;
+    fleet.report(&mut row).await;
     row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, false);

@@ -64,7 +64,7 @@ pub fn chat(addr: &str, tenant: &str, i: usize, max_tokens: u64, stream: bool) -
     });
     Req {
         addr: addr.to_string(),
-        path: "/v1/chat/completions",
+        path: "/v1/chat/completions".into(),
         headers: vec![
             ("authorization".into(), format!("Bearer {}", key_of(tenant))),
             ("x-mock-tenant".into(), tenant.to_string()),
@@ -78,6 +78,18 @@ pub fn chats(addrs: &[String], tenant: &str, n: usize, max_tokens: u64, stream: 
     (0..n)
         .map(|i| chat(&addrs[i % addrs.len()], tenant, i, max_tokens, stream))
         .collect()
+}
+
+/// Counts `reqs` upstream under `label` instead of their tenant's name.
+pub fn relabel(mut reqs: Vec<Req>, label: &str) -> Vec<Req> {
+    for r in &mut reqs {
+        for h in &mut r.headers {
+            if h.0 == "x-mock-tenant" {
+                h.1 = label.to_string();
+            }
+        }
+    }
+    reqs
 }
 
 /// The contract of a bucket over `window_ms`: burst + rate × window, with
@@ -131,5 +143,81 @@ pub fn cross_check(
         row.invalid.push(format!(
             "tenants' requests {all} ≠ deployments' {dep} upstream"
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{Burst, Outcome};
+    use crate::procs::{Counters, Tally};
+    use crate::report::Check;
+
+    #[test]
+    fn the_contract_counts_one_millisecond_more_of_refill() {
+        assert_eq!(contract(300, 300, 0.0), 300.0 + 300.0 / 60_000.0);
+        assert_eq!(contract(300, 600, 999.0), 300.0 + 10.0);
+    }
+
+    fn burst(ok: usize, refused: usize) -> Burst {
+        let mut outcomes = vec![
+            Outcome::Status {
+                code: 200,
+                cut: false
+            };
+            ok
+        ];
+        outcomes.extend(vec![
+            Outcome::Status {
+                code: 429,
+                cut: false
+            };
+            refused
+        ]);
+        Burst {
+            outcomes,
+            ..Burst::default()
+        }
+    }
+
+    fn counters(requests: u64, deployment: u64) -> Counters {
+        let mut c = Counters::default();
+        c.tenants.insert(
+            "t".into(),
+            Tally {
+                requests,
+                ..Tally::default()
+            },
+        );
+        c.deployments.insert(
+            "mock".into(),
+            Tally {
+                requests: deployment,
+                ..Tally::default()
+            },
+        );
+        c
+    }
+
+    fn checked(b: &Burst, c: &Counters, exact: bool) -> Vec<String> {
+        let mut r = Row::new(
+            "t",
+            "v".into(),
+            Check::new("a", 0, 0.0, ""),
+            Check::new("b", 0, 0.0, ""),
+        );
+        cross_check(&mut r, b, c, "t", exact);
+        r.invalid
+    }
+
+    #[test]
+    fn a_run_the_upstream_did_not_fully_see_or_that_never_reached_its_limits_is_invalid() {
+        assert!(checked(&burst(5, 3), &counters(5, 5), true).is_empty());
+        assert_eq!(checked(&burst(5, 3), &counters(4, 4), false).len(), 1);
+        assert_eq!(checked(&burst(5, 3), &counters(6, 6), true).len(), 1);
+        assert!(checked(&burst(5, 3), &counters(6, 6), false).is_empty());
+        assert_eq!(checked(&burst(5, 0), &counters(5, 5), true).len(), 1);
+        assert_eq!(checked(&burst(5, 3), &counters(5, 4), true).len(), 1);
+        assert_eq!(checked(&burst(0, 3), &counters(0, 0), true).len(), 1);
     }
 }

@@ -8,11 +8,12 @@
 //! `t_r`, the moment the last gateway runs the new policy, what is
 //! admitted keeps the new contract — the first access under the new policy
 //! clamps the bucket to the new burst, and no gateway spends a lease under
-//! an older policy. The "after" figures are counted from a snapshot of the
-//! mock's counters taken 100 ms after `t_r` (a request admitted before
-//! `t_r` has reached the upstream by then), their window from the snapshot
-//! to the last answer.
+//! an older policy. The "after" figures count the requests sent after
+//! `t_r` (the mock counts them under a label of their own: each was
+//! decided after `t_r`), their window from `t_r` to the last answer.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::super::client::{merged, waves};
@@ -20,7 +21,7 @@ use super::super::config::{Lease, Setup, Store, Tenant, STORE_TIMEOUT_MS};
 use super::super::procs::{Gateway, Mock, Redis};
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
-use super::{chats, contract, cross_check, statuses};
+use super::{chats, contract, cross_check, relabel, statuses};
 
 const OLD_RPM: u64 = 1200;
 const NEW_RPM: u64 = 120;
@@ -29,6 +30,8 @@ const NEW_TPM: u64 = 12_000;
 const MAX_TOKENS: u64 = 50;
 const WAVE: usize = 100;
 const TENANT: &str = "reload";
+/// The upstream's label of the requests sent after `t_r`.
+const AFTER: &str = "reload-after";
 
 fn limits(rpm: u64, tpm: u64) -> String {
     format!("{{ rpm = {rpm}, tpm = {tpm} }}")
@@ -66,11 +69,22 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     }
     let run = Duration::from_secs(if ctx.quick { 3 } else { 5 });
     let addrs = fleet.addrs();
+    // Bursts sent after t_r are counted upstream under AFTER: each of their
+    // admissions was decided under the new policy.
+    let reloaded = Arc::new(AtomicBool::new(false));
+    let flag = reloaded.clone();
     let load = tokio::spawn(async move {
         waves(
             run,
             Duration::from_millis(100),
-            |_| chats(&addrs, TENANT, WAVE, MAX_TOKENS, false),
+            |_| {
+                let reqs = chats(&addrs, TENANT, WAVE, MAX_TOKENS, false);
+                if flag.load(Ordering::SeqCst) {
+                    relabel(reqs, AFTER)
+                } else {
+                    reqs
+                }
+            },
             Duration::from_secs(60),
         )
         .await
@@ -92,37 +106,37 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let t_r = Instant::now();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let snap = mock.counters().await?.tenant(TENANT);
-    let snap_at = Instant::now();
+    reloaded.store(true, Ordering::SeqCst);
     let bursts = load.await.map_err(|e| e.to_string())?;
     let b = merged(&bursts);
-    let c = mock.counters().await?;
-    let t = c.tenant(TENANT);
-    let after = t.minus(&snap);
+    let mut c = mock.counters().await?;
+    let after = c.tenant(AFTER);
+    let t = c.tenant(TENANT).plus(&after);
+    c.tenants.remove(AFTER);
+    c.tenants.insert(TENANT.into(), t);
     let end = b
         .started
         .map(|s| s + Duration::from_secs_f64(b.window_ms / 1e3))
-        .unwrap_or(snap_at);
-    let after_ms = end.saturating_duration_since(snap_at).as_secs_f64() * 1e3;
+        .unwrap_or(t_r);
+    let after_ms = end.saturating_duration_since(t_r).as_secs_f64() * 1e3;
     let mut row = Row::new(
         "reload",
         "rpm 1200→120, tpm 120k→12k, 3 gateways, Redis, leases on".into(),
         Check::new(
-            "requests after t_r",
+            "requests sent after t_r",
             after.requests,
             contract(NEW_RPM, NEW_RPM, after_ms),
             "req",
         ),
         Check::new(
-            "spent after t_r",
+            "spent, sent after t_r",
             after.spent(),
             contract(NEW_TPM, NEW_TPM, after_ms),
             "tok",
         ),
     );
     row.extra.push(Check::new(
-        "reserved after t_r",
+        "reserved, sent after t_r",
         after.reserved(),
         contract(NEW_TPM, NEW_TPM, after_ms),
         "tok",
@@ -137,7 +151,7 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
         "after t_r: rpm {NEW_RPM} + 2/s × D', tpm {NEW_TPM} + 200/s × D' (D' = {after_ms:.0} ms, DESIGN §2 policy changes, §14 fencing); whole run: rpm {OLD_RPM} + 20/s × D (D = {:.0} ms)",
         b.window_ms
     );
-    row.health = fleet.health().await;
+    fleet.report(&mut row).await;
     row.set_burst(&b);
     row.notes.push(statuses(&b));
     cross_check(&mut row, &b, &c, TENANT, true);
