@@ -366,7 +366,8 @@ mod tests {
             .expect("POST")
             .text()
             .await
-            .expect("body")
+            // A dropped stream ends in an error: its body does not matter here.
+            .unwrap_or_default()
     }
 
     #[tokio::test]
