@@ -212,32 +212,18 @@ pub async fn count(State(c): State<Arc<Counters>>, req: Request, next: Next) -> 
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let (parts, body) = resp.into_parts();
-    if sse {
-        entry.stream = true;
-        let counted = Counted {
-            inner: body.into_data_stream(),
-            buf: Vec::new(),
-            entry,
-            default_cap,
-            counters: c,
-        };
-        return Response::from_parts(parts, Body::from_stream(counted));
-    }
-    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024 * 1024).await else {
-        c.add(&entry);
-        return Response::from_parts(parts, Body::empty());
+    entry.stream = sse;
+    // The body passes through as it is (a fault's cut body stays cut); it
+    // is read on the way, and the entry added when it ends or is dropped.
+    let counted = Counted {
+        inner: body.into_data_stream(),
+        buf: Vec::new(),
+        entry,
+        default_cap,
+        sse,
+        counters: c,
     };
-    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if let Some(u) = v.get("usage") {
-        read_usage(&mut entry, u);
-    }
-    if default_cap {
-        entry.cap = entry.reported_output.unwrap_or(0);
-    }
-    entry.delivered = entry.reported_output.unwrap_or(0);
-    entry.finished = true;
-    c.add(&entry);
-    Response::from_parts(parts, Body::from(bytes))
+    Response::from_parts(parts, Body::from_stream(counted))
 }
 
 /// Reads an OpenAI (`prompt_tokens`, `completion_tokens`) or Anthropic
@@ -259,6 +245,8 @@ struct Counted<S> {
     buf: Vec<u8>,
     entry: Entry,
     default_cap: bool,
+    /// An event stream (read frame by frame), else a whole JSON answer.
+    sse: bool,
     counters: Arc<Counters>,
 }
 
@@ -328,6 +316,16 @@ impl<S> Counted<S> {
 
 impl<S> Drop for Counted<S> {
     fn drop(&mut self) {
+        if !self.sse {
+            // A whole answer counts its usage; a cut one (no valid JSON) none.
+            if let Ok(v) = serde_json::from_slice::<Value>(&self.buf) {
+                if let Some(u) = v.get("usage") {
+                    read_usage(&mut self.entry, u);
+                }
+                self.entry.finished = true;
+                self.entry.delivered = self.entry.reported_output.unwrap_or(0);
+            }
+        }
         if self.default_cap {
             self.entry.cap = self.entry.delivered;
         }
@@ -345,7 +343,11 @@ where
         let next = Pin::new(&mut self.inner).poll_next(cx);
         if let Poll::Ready(Some(Ok(chunk))) = &next {
             let chunk = chunk.clone();
-            self.frames(&chunk);
+            if self.sse {
+                self.frames(&chunk);
+            } else {
+                self.buf.extend_from_slice(&chunk);
+            }
         }
         next
     }
