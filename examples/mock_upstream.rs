@@ -38,6 +38,8 @@
 //!   as one JSON line (method, path, query, every header): the request log.
 //! * Amazon Bedrock (its Messages endpoint, InvokeModel with event-stream
 //!   answers, SigV4 verified) and the AWS credential endpoints: [`bedrock`].
+//! * Per-tenant and per-deployment counts of requests and tokens
+//!   (`GET /_counters`, [`counters`]).
 //! * Faults ([`Fault`]) are chosen per request: the `x-mock-fault` header first,
 //!   then a `fault-<name>` substring in the request's `model`, then the state's
 //!   fault.
@@ -48,6 +50,9 @@ pub mod messages;
 
 #[path = "mock_upstream/bedrock.rs"]
 pub mod bedrock;
+
+#[path = "mock_upstream/counters.rs"]
+pub mod counters;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -475,6 +480,10 @@ pub async fn start_on(listener: tokio::net::TcpListener, config: MockConfig) -> 
 pub fn router(state: Arc<MockState>) -> Router {
     Router::new()
         .fallback(handle)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(counters::Counters::default()),
+            counters::count,
+        ))
         .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
         .with_state(state)
 }

@@ -5,7 +5,7 @@
 # and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
 # coding-agent CLIs (Codex CLI, Claude Code) under tests/agents/ (npm ci).
 # Then the distribution checks: the container image, the compose fleet, the
-# archive.
+# archive; and the enforcement-accuracy benchmark's quick run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +67,17 @@ if [ "$DIST" = 1 ]; then
             status=1
         fi
     done
+    # The enforcement-accuracy benchmark, one variant of each scenario
+    # (issue 41, docs/ACCURACY.md), on the same binaries: it prints its
+    # table and fails only when a scenario is invalid or a bound is broken.
+    t0=$SECONDS
+    echo "=== QUICK=1 scripts/accuracy.sh (PROFILE=$DIST_PROFILE)"
+    if QUICK=1 BUILD=0 PROFILE=$DIST_PROFILE scripts/accuracy.sh; then
+        summary+=("accuracy.sh ok ($((SECONDS - t0)) s)")
+    else
+        summary+=("accuracy.sh FAILED ($((SECONDS - t0)) s)")
+        status=1
+    fi
     echo "distribution checks: ${summary[*]}"
 fi
 exit "$status"
