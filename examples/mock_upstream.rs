@@ -44,6 +44,9 @@
 #[path = "mock_upstream/messages.rs"]
 pub mod messages;
 
+#[path = "mock_upstream/vertex.rs"]
+pub mod vertex;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

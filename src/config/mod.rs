@@ -24,6 +24,7 @@ pub mod telemetry;
 pub mod tls;
 mod unpriced;
 mod validate;
+pub mod vertex;
 
 pub use validate::forwarding;
 
@@ -136,6 +137,16 @@ pub enum UpstreamKind {
     SelfHosted,
     /// Anthropic's Messages API: `x-api-key` auth, `anthropic-version`.
     Anthropic,
+    /// Claude on Google Vertex AI (`[upstreams.vertex]`): the Messages
+    /// body on `rawPredict` / `streamRawPredict`, OAuth access tokens.
+    Vertex,
+}
+
+impl UpstreamKind {
+    /// Whether deployments of this kind serve Messages clients (and only them).
+    pub fn speaks_messages(self) -> bool {
+        matches!(self, UpstreamKind::Anthropic | UpstreamKind::Vertex)
+    }
 }
 
 /// `[[upstreams]]`: one deployment.
@@ -177,6 +188,8 @@ pub struct UpstreamPolicy {
     /// `price`: this deployment's prices, replacing those of every model
     /// it serves (docs/MONEY.md).
     pub price: Option<Arc<PriceTable>>,
+    /// `[upstreams.vertex]` (kind `vertex` only).
+    pub vertex: Option<Arc<vertex::VertexSettings>>,
 }
 
 /// `[[models]]`: a public model name, or a pattern of names

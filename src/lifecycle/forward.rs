@@ -20,7 +20,7 @@ use super::settle::{refund, void};
 use crate::admission::plan;
 use crate::admission::HeldReservation;
 use crate::budget::BudgetName;
-use crate::config::{forwarding, UpstreamPolicy};
+use crate::config::{forwarding, UpstreamKind, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
@@ -134,6 +134,7 @@ pub async fn forward(
             upstream,
             cx.dialect,
             request.upstream_model(model),
+            request.stream,
             out_body,
             request_id.clone(),
             &extra,
@@ -159,7 +160,7 @@ pub async fn forward(
             );
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, url, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
-            let never_sent = matches!(e, UpstreamError::Connect(_));
+            let never_sent = matches!(e, UpstreamError::Connect(_) | UpstreamError::Credentials(_));
             hold.settle_now(if never_sent { void() } else { refund(&budgets) })
                 .await;
             return Forwarded::Retry(ApiError::from(e));
@@ -179,6 +180,17 @@ pub async fn forward(
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
+        if upstream.kind == UpstreamKind::Vertex {
+            return super::vertex_errors::upstream_failure(
+                cx,
+                resp,
+                hold,
+                refund(&budgets),
+                upstream,
+                headers,
+            )
+            .await;
+        }
         return upstream_failure(cx, resp, hold, refund(&budgets), upstream, headers).await;
     }
     // The upstream names its request in its dialect's header (Anthropic: `request-id`).

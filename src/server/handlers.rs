@@ -161,7 +161,13 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
         Ok(Ok(_)) => {
-            Json(json!({"status": "ready", "policy_version": policy.version})).into_response()
+            let mut v = json!({"status": "ready", "policy_version": policy.version});
+            // Serving, without the deployments whose credentials failed to load.
+            let skipped = st.upstream.vertex_tokens().skipped();
+            if !skipped.is_empty() {
+                v["skipped_deployments"] = json!(skipped);
+            }
+            Json(v).into_response()
         }
         _ => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -26,6 +26,7 @@ pub fn provider_name(kind: UpstreamKind) -> &'static str {
         UpstreamKind::Azure => "azure.ai.openai",
         UpstreamKind::Anthropic => "anthropic",
         UpstreamKind::SelfHosted => "self_hosted",
+        UpstreamKind::Vertex => "gcp.vertex_ai",
     }
 }
 

@@ -6,10 +6,12 @@
 //! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
 //! - [`relay`]: metering, extension, cutoff and settlement of a stream.
 //! - [`redact`]: what logs say of other endpoints the gateway calls.
+//! - [`vertex`]: Claude on Vertex AI: its endpoint and access tokens.
 
 pub mod redact;
 pub mod relay;
 pub mod sse;
+pub mod vertex;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +34,9 @@ pub enum UpstreamError {
     /// Any other transport error.
     #[error("upstream {0} request failed")]
     Other(String),
+    /// The deployment's credentials gave no access token: nothing was sent.
+    #[error("no credentials for upstream {0}")]
+    Credentials(String),
 }
 
 // Built at compile time, not parsed per request.
@@ -56,6 +61,8 @@ pub struct UpstreamClient {
     /// by comparing the base URL: no URL text is formatted and hashed per
     /// request. A handful of entries (upstreams × dialects).
     by_base: Arc<Mutex<Vec<(String, Dialect, reqwest::Url)>>>,
+    /// Access tokens of `vertex` deployments.
+    vertex: Arc<vertex::credentials::VertexTokens>,
 }
 
 /// Most parsed URLs kept; the cache starts over when full.
@@ -73,7 +80,13 @@ impl UpstreamClient {
         Self {
             urls: Arc::new(Mutex::new(HashMap::new())),
             by_base: Arc::new(Mutex::new(Vec::new())),
+            vertex: Arc::default(),
         }
+    }
+
+    /// The token sources of `vertex` deployments.
+    pub fn vertex_tokens(&self) -> &vertex::credentials::VertexTokens {
+        &self.vertex
     }
 
     /// The pooled client with `connect_timeout`, built on first use. Each
@@ -138,15 +151,30 @@ impl UpstreamClient {
 
     /// Sends `body` (JSON bytes) to `dialect` of `upstream`, with the
     /// upstream's key injected and the request's id as `x-request-id`. Returns once response headers arrived.
+    /// `stream`: the body asks for a stream (Vertex names it in the URL).
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
         &self,
         upstream: &UpstreamPolicy,
         dialect: Dialect,
         upstream_model: &str,
+        stream: bool,
         body: Bytes,
         request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
+        if upstream.kind == UpstreamKind::Vertex {
+            return self
+                .send_vertex(
+                    upstream,
+                    upstream_model,
+                    stream,
+                    body,
+                    request_id,
+                    extra_headers,
+                )
+                .await;
+        }
         let url = self.url(upstream, dialect, upstream_model)?;
         let mut req = self
             .client(upstream.connect_timeout)
@@ -261,6 +289,7 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
         return responses_url(upstream, "");
     }
     match upstream.kind {
+        UpstreamKind::Vertex => vertex::model_url(upstream, upstream_model, None),
         UpstreamKind::Azure => format!(
             "{}/openai/deployments/{}/{}?api-version={}",
             upstream.base_url,

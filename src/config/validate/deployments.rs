@@ -44,19 +44,25 @@ pub(super) fn upstreams(
             "azure" => UpstreamKind::Azure,
             "self_hosted" => UpstreamKind::SelfHosted,
             "anthropic" => UpstreamKind::Anthropic,
+            "vertex" => UpstreamKind::Vertex,
             other => {
                 v.err(
                     format!("{path}.kind"),
-                    format!("must be \"openai\", \"azure\", \"self_hosted\" or \"anthropic\", not {other:?}"),
+                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\" or \"vertex\", not {other:?}"),
                 );
                 UpstreamKind::Openai
             }
         };
-        match reqwest::Url::parse(&u.base_url) {
+        let vertex = super::vertex::settings(v, &path, kind, u);
+        let base_url = match (&vertex, u.base_url.is_empty()) {
+            (Some(s), true) => crate::config::vertex::default_base_url(&s.region),
+            _ => u.base_url.clone(),
+        };
+        match reqwest::Url::parse(&base_url) {
             Ok(url) if url.scheme() == "http" || url.scheme() == "https" => {}
             _ => v.err(
                 format!("{path}.base_url"),
-                format!("not an http(s) URL: {:?}", u.base_url),
+                format!("not an http(s) URL: {base_url:?}"),
             ),
         }
         let api_key = match &u.api_key_env {
@@ -78,7 +84,7 @@ pub(super) fn upstreams(
                 "required for kind = \"azure\"",
             );
         }
-        let anthropic = kind == UpstreamKind::Anthropic;
+        let anthropic = kind.speaks_messages();
         if anthropic {
             // Anthropic has no api-version query, always takes `max_tokens` and has no `n`.
             for (field, set) in [
@@ -89,11 +95,15 @@ pub(super) fn upstreams(
                 if set {
                     v.err(
                         format!("{path}.{field}"),
-                        "not a setting of kind = \"anthropic\"",
+                        format!(
+                            "not a setting of kind = {:?}",
+                            u.kind.as_deref().unwrap_or_default()
+                        ),
                     );
                 }
             }
-        } else if u.anthropic_version.is_some() {
+        }
+        if kind != UpstreamKind::Anthropic && u.anthropic_version.is_some() {
             v.err(
                 format!("{path}.anthropic_version"),
                 "only for kind = \"anthropic\"",
@@ -130,7 +140,7 @@ pub(super) fn upstreams(
         upstreams.push(UpstreamPolicy {
             name: u.name.clone(),
             kind,
-            base_url: u.base_url.trim_end_matches('/').to_string(),
+            base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
             api_version: u.api_version.clone(),
             anthropic_version: u
@@ -144,7 +154,7 @@ pub(super) fn upstreams(
             // back, as on a self-hosted server.
             refund_unused: u.refund_unused.unwrap_or(matches!(
                 kind,
-                UpstreamKind::SelfHosted | UpstreamKind::Anthropic
+                UpstreamKind::SelfHosted | UpstreamKind::Anthropic | UpstreamKind::Vertex
             )),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
             supports_n: u.supports_n.unwrap_or(!anthropic),
@@ -162,6 +172,7 @@ pub(super) fn upstreams(
             learn_from_headers: u.learn_from_headers.unwrap_or(false),
             forward_client_headers,
             price,
+            vertex: vertex.map(Arc::new),
         });
     }
 
@@ -268,12 +279,12 @@ pub(super) fn models(
                 Routing::Priority
             }
         };
-        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind == UpstreamKind::Anthropic);
+        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind.speaks_messages());
         let messages = ups.first().and_then(speaks).unwrap_or(false);
         if ups.iter().any(|i| speaks(i) != Some(messages)) {
             v.err(
                 format!("{path}.upstreams"),
-                "all deployments of a model must speak one dialect (all \"anthropic\" or none)",
+                "all deployments of a model must speak one dialect (all \"anthropic\" or \"vertex\", or none)",
             );
         }
         let token_ratio = match m.token_ratio {
@@ -472,7 +483,7 @@ pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
         }
         UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
         // Anthropic models answer on /v1/messages only.
-        UpstreamKind::Anthropic => false,
+        UpstreamKind::Anthropic | UpstreamKind::Vertex => false,
     }
 }
 
@@ -491,6 +502,7 @@ fn responses_route(
             Some("azure") => UpstreamKind::Azure,
             Some("self_hosted") => UpstreamKind::SelfHosted,
             Some("anthropic") => UpstreamKind::Anthropic,
+            Some("vertex") => UpstreamKind::Vertex,
             _ => UpstreamKind::Openai,
         };
         !serves_responses(kind, u.api_version.as_deref())
