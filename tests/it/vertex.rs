@@ -286,7 +286,7 @@ async fn estimate_usage_and_cache_accounting_match_anthropic_deployments() {
                     .filter_map(|d| serde_json::from_str::<Value>(d).ok())
                     .filter(|e| e["type"] == "message_delta")
                     .map(|e| e["usage"].clone())
-                    .last()
+                    .next_back()
                     .unwrap_or_default()
             } else {
                 serde_json::from_str::<Value>(&text).unwrap()["usage"].clone()
