@@ -54,6 +54,9 @@ pub mod bedrock;
 #[path = "mock_upstream/counters.rs"]
 pub mod counters;
 
+#[path = "mock_upstream/vertex.rs"]
+pub mod vertex;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -344,6 +344,9 @@ pub async fn run(
         tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
         state.cool_down(&deployment, u64::MAX);
     }
+    // On this runtime, which outlives the serving threads: the token
+    // sources' refresh tasks run here.
+    state.upstream.vertex_tokens().load(&state.policy.load());
     let keeper = leases.as_ref().map(|l| l.spawn_keeper());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
@@ -448,6 +451,7 @@ pub async fn run(
                 if let reload::ReloadOutcome::Applied { .. } = control.reload_file(trigger) {
                     let policy = st.policy.load();
                     crate::metrics::register_policy_series(&policy);
+                    st.upstream.vertex_tokens().load(&policy);
                     if let Some(l) = st.store.leases() {
                         l.set_policy(&policy.store.lease);
                     }

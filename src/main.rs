@@ -421,6 +421,9 @@ fn check_config(config: &std::path::Path) -> ExitCode {
                     );
                 }
             }
+            for line in budgetgate::upstreams::vertex::source::describe_policy(&p) {
+                println!("{line}");
+            }
             println!(
                 "{}: ok (policy version {}, {} upstreams, {} models, {} tenants{})",
                 config.display(),

@@ -313,7 +313,11 @@ pub fn upstream_counting(
     model: &ModelPolicy,
 ) -> Vec<Counting> {
     let reads = match upstream.kind {
-        UpstreamKind::Anthropic | UpstreamKind::Bedrock if !model.anthropic_cache_reads_count => 0,
+        UpstreamKind::Anthropic | UpstreamKind::Bedrock | UpstreamKind::Vertex
+            if !model.anthropic_cache_reads_count =>
+        {
+            0
+        }
         _ => FULL_WEIGHT,
     };
     let counts_cap_at_start = upstream.kind != UpstreamKind::SelfHosted;

@@ -95,7 +95,8 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
             ));
         }
         let start = Instant::now();
-        let Ok(Ok(_turn)) = tokio::time::timeout(self.queue_wait, self.turns.acquire()).await else {
+        let Ok(Ok(_turn)) = tokio::time::timeout(self.queue_wait, self.turns.acquire()).await
+        else {
             metrics::store_call(op, start.elapsed().as_secs_f64(), false);
             return Err(StoreError::NotSent(
                 "no turn for the call within the queue wait".into(),

@@ -26,6 +26,7 @@ pub mod telemetry;
 pub mod tls;
 mod unpriced;
 mod validate;
+pub mod vertex;
 
 pub use validate::forwarding;
 
@@ -140,12 +141,18 @@ pub enum UpstreamKind {
     Anthropic,
     /// Claude on Amazon Bedrock ([`bedrock`]): Messages clients only.
     Bedrock,
+    /// Claude on Google Vertex AI (`[upstreams.vertex]`): the Messages
+    /// body on `rawPredict` / `streamRawPredict`, OAuth access tokens.
+    Vertex,
 }
 
 impl UpstreamKind {
     /// Serves Anthropic Messages (and only that).
     pub fn speaks_messages(self) -> bool {
-        matches!(self, UpstreamKind::Anthropic | UpstreamKind::Bedrock)
+        matches!(
+            self,
+            UpstreamKind::Anthropic | UpstreamKind::Bedrock | UpstreamKind::Vertex
+        )
     }
 }
 
@@ -200,6 +207,8 @@ pub struct UpstreamPolicy {
     pub bedrock: Option<bedrock::BedrockSettings>,
     /// `api_key_env` as written (named by `check-config`, never the key).
     pub api_key_env: Option<String>,
+    /// `[upstreams.vertex]` (kind `vertex` only).
+    pub vertex: Option<Arc<vertex::VertexSettings>>,
 }
 
 /// `[[models]]`: a public model name, or a pattern of names

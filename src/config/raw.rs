@@ -301,6 +301,8 @@ pub struct RawPriceTier {
 pub struct RawUpstream {
     pub name: String,
     pub kind: Option<String>,
+    /// Empty: the default of the kind (`vertex`: the region's host).
+    #[serde(default)]
     pub base_url: String,
     pub api_key_env: Option<String>,
     pub api_version: Option<String>,
@@ -331,6 +333,9 @@ pub struct RawUpstream {
     /// `[upstreams.bedrock]` of `kind = "bedrock"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bedrock: Option<super::bedrock::RawBedrock>,
+    /// `[upstreams.vertex]` of `kind = "vertex"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex: Option<super::vertex::RawVertex>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

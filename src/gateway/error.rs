@@ -169,6 +169,10 @@ impl From<UpstreamError> for ApiError {
     fn from(e: UpstreamError) -> Self {
         match e {
             UpstreamError::Timeout(_) => ApiError::GatewayTimeout,
+            // The deployment's name, never the credential's source or content.
+            UpstreamError::Credentials(name) => ApiError::BadGateway(format!(
+                "Upstream deployment {name} has no access token: its credentials failed (see the gateway's log)."
+            )),
             _ => ApiError::BadGateway("The upstream could not be reached.".into()),
         }
     }

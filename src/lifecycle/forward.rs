@@ -139,6 +139,7 @@ pub async fn forward(
             upstream,
             cx.dialect,
             &model_id,
+            request.stream,
             out_body,
             request_id.clone(),
             &extra,
@@ -160,7 +161,7 @@ pub async fn forward(
             let url = crate::upstreams::endpoint_url_for_log(upstream, cx.dialect, &model_id);
             tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, url, error = %e, "upstream request failed");
             // A refused connection never carried the request: nothing was done.
-            let never_sent = matches!(e, UpstreamError::Connect(_));
+            let never_sent = matches!(e, UpstreamError::Connect(_) | UpstreamError::Credentials(_));
             hold.settle_now(if never_sent { void() } else { refund(&budgets) })
                 .await;
             return Forwarded::Retry(ApiError::from(e));
@@ -180,15 +181,19 @@ pub async fn forward(
     put(&mut headers, X_RESERVATION_ID, hold.id());
     let status = resp.status();
     if !status.is_success() {
-        return upstream_failure(
-            cx,
-            resp,
-            hold,
-            refund(&budgets),
-            (upstream, &deployment.metrics),
-            headers,
-        )
-        .await;
+        let deployment_at = (upstream, &deployment.metrics);
+        if upstream.kind == UpstreamKind::Vertex {
+            return super::vertex_errors::upstream_failure(
+                cx,
+                resp,
+                hold,
+                refund(&budgets),
+                deployment_at,
+                headers,
+            )
+            .await;
+        }
+        return upstream_failure(cx, resp, hold, refund(&budgets), deployment_at, headers).await;
     }
     // The upstream names its request in its dialect's header (Anthropic: `request-id`).
     let upstream_id = if cx.dialect.is_anthropic() {

@@ -121,8 +121,17 @@ pub fn rewrite(
     // are copied byte for byte, never re-serialised (a 400 KB prompt costs
     // a scan, not a rebuild).
     let RawMembers(top) = serde_json::from_slice(raw)?;
-    let mut set: Vec<(&str, String)> = vec![("model", serde_json::to_string(upstream_model)?)];
     let mut removed: Vec<&str> = Vec::new();
+    let mut set: Vec<(&str, String)> = if upstream.kind == UpstreamKind::Vertex {
+        // Vertex names the model in the URL and the version in the body.
+        removed.push("model");
+        vec![(
+            "anthropic_version",
+            serde_json::to_string(crate::config::vertex::ANTHROPIC_VERSION)?,
+        )]
+    } else {
+        vec![("model", serde_json::to_string(upstream_model)?)]
+    };
     // Messages: the client's `max_tokens` (required) goes up unchanged,
     // unless it was clamped.
     let cap_field = dialect
@@ -210,7 +219,8 @@ pub fn enforced_cap(
         UpstreamKind::Openai
         | UpstreamKind::Azure
         | UpstreamKind::Anthropic
-        | UpstreamKind::Bedrock => None,
+        | UpstreamKind::Bedrock
+        | UpstreamKind::Vertex => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
             .map(|_| output_cap(p, model).max(dialect.min_cap())),

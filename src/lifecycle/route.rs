@@ -6,7 +6,7 @@
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use crate::budget::{BudgetName, BudgetSpec};
-use crate::config::{DeploymentId, Routing};
+use crate::config::{DeploymentId, Routing, UpstreamKind};
 use crate::gateway::error::{retry_after_secs, ApiError};
 use crate::gateway::PlannedDeployment;
 
@@ -50,11 +50,20 @@ pub async fn route<'p>(
     }
     let now = cx.st.clock.now_micros();
     let mut cooling_until: Option<u64> = None;
+    let mut skipped = false;
     let mut candidates: Vec<&PlannedDeployment> = request
         .candidates
         .iter()
         .map(|&i| &request.plan.upstreams[i])
         .filter(|d| !attempts.tried.contains(&d.upstream))
+        .filter(|d| {
+            // A Vertex deployment whose credentials could not be loaded.
+            let u = cx.policy.deployment(d.upstream);
+            let usable =
+                u.kind != UpstreamKind::Vertex || !cx.st.upstream.vertex_tokens().is_skipped(u);
+            skipped |= !usable;
+            usable
+        })
         .filter(|d| {
             match cx
                 .st
@@ -71,6 +80,11 @@ pub async fn route<'p>(
     if candidates.is_empty() {
         if let Some(e) = attempts.last_error.take() {
             return Err(e);
+        }
+        if skipped && cooling_until.is_none() {
+            return Err(ApiError::BadGateway(
+                "No deployment of this model has its credentials loaded (see /readyz).".into(),
+            ));
         }
         let wait = cooling_until.map_or(1_000_000, |u| u.saturating_sub(now));
         return Err(ApiError::UpstreamRateLimited {

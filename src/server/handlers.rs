@@ -162,13 +162,15 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
         Ok(Ok(_)) => {
-            let skipped = st.upstream.aws.skipped();
-            if skipped.is_empty() {
-                Json(json!({"status": "ready", "policy_version": policy.version})).into_response()
-            } else {
-                Json(json!({"status": "ready", "policy_version": policy.version, "skipped_deployments": skipped}))
-                    .into_response()
+            let mut v = json!({"status": "ready", "policy_version": policy.version});
+            // Serving, without the deployments whose credentials failed to load.
+            let mut skipped = st.upstream.aws.skipped();
+            skipped.extend(st.upstream.vertex_tokens().skipped());
+            if !skipped.is_empty() {
+                skipped.sort();
+                v["skipped_deployments"] = json!(skipped);
             }
+            Json(v).into_response()
         }
         _ => (
             StatusCode::SERVICE_UNAVAILABLE,

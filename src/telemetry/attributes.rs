@@ -27,6 +27,7 @@ pub fn provider_name(kind: UpstreamKind) -> &'static str {
         UpstreamKind::Anthropic => "anthropic",
         UpstreamKind::Bedrock => "aws.bedrock",
         UpstreamKind::SelfHosted => "self_hosted",
+        UpstreamKind::Vertex => "gcp.vertex_ai",
     }
 }
 

@@ -8,11 +8,13 @@
 //! - [`redact`]: what logs say of other endpoints the gateway calls.
 //! - [`bedrock`]: Claude on Amazon Bedrock: URLs, bodies, SigV4 and its
 //!   credentials, event-stream to SSE, error answers.
+//! - [`vertex`]: Claude on Vertex AI: its endpoint and access tokens.
 
 pub mod bedrock;
 pub mod redact;
 pub mod relay;
 pub mod sse;
+pub mod vertex;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,6 +37,9 @@ pub enum UpstreamError {
     /// Any other transport error.
     #[error("upstream {0} request failed")]
     Other(String),
+    /// The deployment's credentials gave no access token: nothing was sent.
+    #[error("no credentials for upstream {0}")]
+    Credentials(String),
 }
 
 // Built at compile time, not parsed per request.
@@ -61,6 +66,8 @@ pub struct UpstreamClient {
     by_base: Arc<Mutex<Vec<(String, Dialect, reqwest::Url)>>>,
     /// SigV4 credentials of Bedrock deployments.
     pub aws: Arc<bedrock::credentials::AwsCredentials>,
+    /// Access tokens of `vertex` deployments.
+    vertex: Arc<vertex::credentials::VertexTokens>,
 }
 
 /// Most parsed URLs kept; the cache starts over when full.
@@ -79,7 +86,13 @@ impl UpstreamClient {
             urls: Arc::new(Mutex::new(HashMap::new())),
             by_base: Arc::new(Mutex::new(Vec::new())),
             aws: Arc::default(),
+            vertex: Arc::default(),
         }
+    }
+
+    /// The token sources of `vertex` deployments.
+    pub fn vertex_tokens(&self) -> &vertex::credentials::VertexTokens {
+        &self.vertex
     }
 
     /// The pooled client with `connect_timeout`, built on first use. Each
@@ -144,11 +157,14 @@ impl UpstreamClient {
 
     /// Sends `body` (JSON bytes) to `dialect` of `upstream`, with the
     /// upstream's key injected and the request's id as `x-request-id`. Returns once response headers arrived.
+    /// `stream`: the body asks for a stream (Vertex names it in the URL).
+    #[allow(clippy::too_many_arguments)]
     pub async fn send(
         &self,
         upstream: &UpstreamPolicy,
         dialect: Dialect,
         upstream_model: &str,
+        stream: bool,
         body: Bytes,
         request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
@@ -159,6 +175,18 @@ impl UpstreamClient {
                     upstream,
                     settings,
                     upstream_model,
+                    body,
+                    request_id,
+                    extra_headers,
+                )
+                .await;
+        }
+        if upstream.kind == UpstreamKind::Vertex {
+            return self
+                .send_vertex(
+                    upstream,
+                    upstream_model,
+                    stream,
                     body,
                     request_id,
                     extra_headers,
@@ -282,6 +310,7 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
         return responses_url(upstream, "");
     }
     match upstream.kind {
+        UpstreamKind::Vertex => vertex::model_url(upstream, upstream_model, None),
         UpstreamKind::Azure => format!(
             "{}/openai/deployments/{}/{}?api-version={}",
             upstream.base_url,

@@ -986,3 +986,110 @@ async fn claude_cutoff_on_bedrock_ends_with_message_stop() {
         );
     }
 }
+
+/// Issue 42: `config/local-anthropic.toml` with its deployment a `vertex`
+/// one of the mock Vertex (service-account key file), the mock answering
+/// `output_tokens`; the tenant's limits changed by `limits`.
+async fn claude_on_vertex(
+    output_tokens: u64,
+    limits: impl FnOnce(Limits) -> Limits,
+) -> (
+    crate::support::mock_upstream::vertex::VertexMock,
+    Gateway,
+    Tap,
+    Setup,
+    tempfile::TempDir,
+) {
+    let m = crate::vertex::start_vertex().await;
+    m.state.messages.set_output_tokens(output_tokens);
+    let dir = tempfile::tempdir().expect("a directory for the key");
+    let key = crate::vertex::key_file(dir.path(), &m);
+    let mut c = TestConfig::read(&repo_path("config/local-anthropic.toml"));
+    c.server.listen = Some("127.0.0.1:0".into());
+    for u in &mut c.upstreams {
+        let limits = std::mem::take(&mut u.limits);
+        *u = budgetgate::config::raw::RawUpstream {
+            limits,
+            ..crate::vertex::deployment(&u.name, &m, crate::vertex::EAST, Some(&key))
+        };
+    }
+    with_limits(&mut c, "coder", limits);
+    let gw = c.start().await;
+    let tap = tap_of(&gw).await;
+    let s = Agent::Claude.setup(&tap);
+    (m, gw, tap, s, dir)
+}
+
+/// Issue 42's acceptance: `claude -p "say hi"` through a `vertex`
+/// deployment exits 0 with the mock's answer; its turn went to
+/// `streamRawPredict` of the region with the CLI's model in the path, and
+/// was metered and settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_print_says_hi_through_a_vertex_deployment() {
+    let (m, gw, tap, s, _dir) = claude_on_vertex(12, |l| l).await;
+    let r = Agent::Claude.say_hi(&s).await;
+    assert_eq!(
+        r.code,
+        Some(0),
+        "claude -p failed:\n{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    assert!(
+        r.stdout.contains(mock_upstream::generated_text(12).trim()),
+        "the mock's answer: {}",
+        r.stdout
+    );
+    let turns: Vec<Exchange> = tap
+        .exchanges()
+        .into_iter()
+        .filter(Exchange::is_turn)
+        .collect();
+    assert_eq!(turns.len(), 1, "one turn: {turns:#?}");
+    let sent = m.state.requests();
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    assert_eq!(sent[0].method, "streamRawPredict");
+    assert_eq!(
+        sent[0].model, "claude-opus-4-8",
+        "its default model, in the path"
+    );
+    assert_eq!(sent[0].region, crate::vertex::EAST);
+    assert!(sent[0].body.get("model").is_none());
+    assert_eq!(m.state.refused(), 0);
+    let betas = sent[0].header("anthropic-beta").unwrap_or_default();
+    assert!(betas.contains("claude-code-20250219"), "{betas}");
+    let max_tokens = sent[0].body["max_tokens"].as_u64().unwrap_or(0);
+    one_settled_request(&gw, "coder", max_tokens).await;
+    report("say-hi", "claude (vertex)", &r, &turns);
+}
+
+/// Issue 42's acceptance: a cutoff on a `vertex` deployment ends Claude
+/// Code's stream with Messages' terminal events (`message_delta` with
+/// `stop_reason: "max_tokens"`, then `message_stop`), as on `anthropic`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_cutoff_on_a_vertex_deployment_ends_with_message_stop() {
+    let (_m, gw, tap, mut s, _dir) =
+        claude_on_vertex(20_000, |l| l.output_tpm(600_000).output_tpm_burst(6_000)).await;
+    ticking(&gw);
+    s.env.push(("MAX_THINKING_TOKENS".into(), "0".into()));
+    let r = Agent::Claude.say_hi(&s).await;
+    let turns: Vec<Exchange> = tap
+        .exchanges()
+        .into_iter()
+        .filter(Exchange::is_turn)
+        .collect();
+    report("cutoff", "claude (vertex)", &r, &turns);
+    assert!(turns.iter().any(|t| t.status == 200), "{turns:#?}");
+    for t in &turns {
+        match t.status {
+            200 => assert!(
+                t.body.contains(r#""stop_reason":"max_tokens""#)
+                    && t.body.contains("event: message_stop"),
+                "a cutoff's terminal events: {}",
+                t.body
+            ),
+            429 => assert!(t.header("retry-after").is_some(), "{t:#?}"),
+            other => panic!("{other}: {t:#?}"),
+        }
+    }
+}

@@ -101,3 +101,4 @@ mod telemetry;
 mod tls;
 mod token_limits;
 mod usage_settlement;
+mod vertex;

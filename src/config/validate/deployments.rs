@@ -45,19 +45,25 @@ pub(super) fn upstreams(
             "self_hosted" => UpstreamKind::SelfHosted,
             "anthropic" => UpstreamKind::Anthropic,
             "bedrock" => UpstreamKind::Bedrock,
+            "vertex" => UpstreamKind::Vertex,
             other => {
                 v.err(
                     format!("{path}.kind"),
-                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\" or \"bedrock\", not {other:?}"),
+                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\", \"bedrock\" or \"vertex\", not {other:?}"),
                 );
                 UpstreamKind::Openai
             }
         };
-        match reqwest::Url::parse(&u.base_url) {
+        let vertex = super::vertex::settings(v, &path, kind, u);
+        let base_url = match (&vertex, u.base_url.is_empty()) {
+            (Some(s), true) => crate::config::vertex::default_base_url(&s.region),
+            _ => u.base_url.clone(),
+        };
+        match reqwest::Url::parse(&base_url) {
             Ok(url) if url.scheme() == "http" || url.scheme() == "https" => {}
             _ => v.err(
                 format!("{path}.base_url"),
-                format!("not an http(s) URL: {:?}", u.base_url),
+                format!("not an http(s) URL: {base_url:?}"),
             ),
         }
         let api_key = match &u.api_key_env {
@@ -80,7 +86,7 @@ pub(super) fn upstreams(
             );
         }
         // Claude on Bedrock speaks Messages like Anthropic's own API.
-        let anthropic = matches!(kind, UpstreamKind::Anthropic | UpstreamKind::Bedrock);
+        let anthropic = kind.speaks_messages();
         let bedrock = match kind {
             UpstreamKind::Bedrock => crate::config::bedrock::BedrockSettings::from_raw(
                 &format!("{path}.bedrock"),
@@ -127,11 +133,15 @@ pub(super) fn upstreams(
                 if set {
                     v.err(
                         format!("{path}.{field}"),
-                        "not a setting of kind = \"anthropic\"",
+                        format!(
+                            "not a setting of kind = {:?}",
+                            u.kind.as_deref().unwrap_or_default()
+                        ),
                     );
                 }
             }
-        } else if u.anthropic_version.is_some() {
+        }
+        if kind != UpstreamKind::Anthropic && u.anthropic_version.is_some() {
             v.err(
                 format!("{path}.anthropic_version"),
                 "only for kind = \"anthropic\"",
@@ -168,7 +178,7 @@ pub(super) fn upstreams(
         upstreams.push(UpstreamPolicy {
             name: u.name.clone(),
             kind,
-            base_url: u.base_url.trim_end_matches('/').to_string(),
+            base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
             api_version: u.api_version.clone(),
             anthropic_version: u
@@ -182,7 +192,10 @@ pub(super) fn upstreams(
             // back, as on a self-hosted server.
             refund_unused: u.refund_unused.unwrap_or(matches!(
                 kind,
-                UpstreamKind::SelfHosted | UpstreamKind::Anthropic | UpstreamKind::Bedrock
+                UpstreamKind::SelfHosted
+                    | UpstreamKind::Anthropic
+                    | UpstreamKind::Bedrock
+                    | UpstreamKind::Vertex
             )),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
             supports_n: u.supports_n.unwrap_or(!anthropic),
@@ -204,6 +217,7 @@ pub(super) fn upstreams(
             output_token_weight,
             bedrock,
             api_key_env: u.api_key_env.clone(),
+            vertex: vertex.map(Arc::new),
         });
     }
 
@@ -315,7 +329,7 @@ pub(super) fn models(
         if ups.iter().any(|i| speaks(i) != Some(messages)) {
             v.err(
                 format!("{path}.upstreams"),
-                "all deployments of a model must speak one dialect (all \"anthropic\" or \"bedrock\", or none)",
+                "all deployments of a model must speak one dialect (all \"anthropic\", \"bedrock\" or \"vertex\", or none)",
             );
         }
         let token_ratio = match m.token_ratio {
@@ -514,7 +528,7 @@ pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
         }
         UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
         // Anthropic models answer on /v1/messages only.
-        UpstreamKind::Anthropic | UpstreamKind::Bedrock => false,
+        UpstreamKind::Anthropic | UpstreamKind::Bedrock | UpstreamKind::Vertex => false,
     }
 }
 
@@ -534,6 +548,7 @@ fn responses_route(
             Some("self_hosted") => UpstreamKind::SelfHosted,
             Some("anthropic") => UpstreamKind::Anthropic,
             Some("bedrock") => UpstreamKind::Bedrock,
+            Some("vertex") => UpstreamKind::Vertex,
             _ => UpstreamKind::Openai,
         };
         !serves_responses(kind, u.api_version.as_deref())

@@ -12,6 +12,7 @@ mod quota_lease;
 mod telemetry;
 mod tenants;
 mod tree;
+mod vertex;
 
 use std::net::SocketAddr;
 use std::time::Duration;
