@@ -13,6 +13,8 @@
 #   CONCURRENCY="1 16 64"
 #   MODES="nonstream stream"
 #   REDIS=0           skip the Redis-store gateway
+#   BASELINE=path     also run this budgetgate binary (memory store) as
+#                     target gw-base: another version measured in the same run
 #   FLOOR=0           skip the forwarding floor: nginx (Debian's nginx-light,
 #                     installed with apt-get when missing) proxying to the same
 #                     mock with keepalive connections to it, no budgets, stream
@@ -210,11 +212,11 @@ declare -A ADDR GW_PID IDLE_RSS
 TARGETS=(direct)
 ADDR[direct]=$MOCK_ADDR
 
-start_gateway() { # $1 name, $2 config
-    local name=$1 cfg=$2 pid addr
+start_gateway() { # $1 name, $2 config, $3 binary (default: this build's)
+    local name=$1 cfg=$2 bin=${3:-$GATEWAY} pid addr
     # A state directory of its own: the default one may be held by a gateway the user runs.
     mkdir -p "$TMP/$name.state"
-    STATE_DIRECTORY="$TMP/$name.state" "${ON_GW[@]}" "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    STATE_DIRECTORY="$TMP/$name.state" "${ON_GW[@]}" "$bin" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
     pid=$!
     PIDS+=("$pid")
     if ! addr=$(wait_listening "$TMP/$name.out" "budgetgate listening on" "$pid"); then
@@ -291,6 +293,10 @@ fi
 
 write_config "$TMP/memory.toml" 'kind = "memory"'
 start_gateway gw-memory "$TMP/memory.toml" || die "the memory-store gateway must start"
+if [[ -n "${BASELINE:-}" ]]; then
+    write_config "$TMP/base.toml" 'kind = "memory"'
+    start_gateway gw-base "$TMP/base.toml" "$BASELINE" || die "the baseline gateway must start"
+fi
 
 if [[ "${REDIS:-1}" != 0 ]]; then
     if command -v redis-server >/dev/null; then
@@ -360,7 +366,7 @@ PHASES="$TMP/phases.txt"
 if [[ "$STREAMS" != 0 ]]; then
     SLOW_BODY='{"model":"gpt-4o-mini-slow","messages":[{"role":"user","content":"Count to sixty-four."}],"max_tokens":64,"stream":true}'
     for t in "${TARGETS[@]}"; do
-        [[ $t == direct || $t == floor ]] && continue
+        [[ $t == direct || $t == floor || $t == gw-base ]] && continue
         pid=${GW_PID[$t]}
         out="$TMP/streams-$t.json"
         say "$t: $STREAMS concurrent streams for 8 s"

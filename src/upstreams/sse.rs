@@ -82,10 +82,7 @@ impl FrameSplitter {
 /// decided until the next byte says whether it starts a `\r\n`.
 fn scan_frame(buf: &[u8], mut line_start: usize) -> Result<usize, usize> {
     loop {
-        let Some(off) = buf[line_start..]
-            .iter()
-            .position(|&b| b == b'\n' || b == b'\r')
-        else {
+        let Some(off) = memchr::memchr2(b'\n', b'\r', &buf[line_start..]) else {
             return Err(line_start);
         };
         let i = line_start + off;
@@ -154,10 +151,7 @@ fn parse_text(text: &str) -> Frame<'_> {
     let bytes = text.as_bytes();
     let mut start = 0;
     while start <= bytes.len() {
-        let end = bytes[start..]
-            .iter()
-            .position(|&b| b == b'\n' || b == b'\r')
-            .map_or(bytes.len(), |i| start + i);
+        let end = memchr::memchr2(b'\n', b'\r', &bytes[start..]).map_or(bytes.len(), |i| start + i);
         let line = &text[start..end];
         start = end + 1;
         if line.is_empty() || line.starts_with(':') {

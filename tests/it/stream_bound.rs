@@ -47,7 +47,9 @@ fn config(mock: &MockUpstream, s: &Scenario, counting: &str, store: Store) -> Te
     });
     c.models.push(config::RawModel {
         encoding: Some("o200k_base".into()),
-        default_max_output_tokens: Some(256),
+        // Reserved 16 at first (the client's cap is reserved
+        // incrementally), then extended 8 at a time until the quota ends.
+        default_max_output_tokens: Some(16),
         max_output_tokens: Some(64000),
         token_ratio: Some(s.ratio as i64),
         ..config::model("claude-test", &["claude"])

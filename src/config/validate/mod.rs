@@ -341,7 +341,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         Some(other) => {
             v.err(
                 "estimation.stream_counting",
-                format!("must be \"bound\" or \"exact\", not {other:?}"),
+                format!("must be bound or exact, not {other:?}"),
             );
             super::estimate::StreamCounting::Bound
         }
