@@ -68,10 +68,10 @@ impl<'a> BlockDelta<'a> {
     /// whose output is a string (or none).
     pub fn parse(data: &'a str) -> Option<BlockDelta<'a>> {
         let e: BlockDelta<'a> = crate::dialects::stream_fields::parse(data)?;
-        let known = match e.delta.0.kind.as_deref() {
-            Some("tool_use" | "server_tool_use") => false,
-            _ => true,
-        };
+        let known = !matches!(
+            e.delta.0.kind.as_deref(),
+            Some("tool_use" | "server_tool_use")
+        );
         (e.kind == "content_block_delta" && known).then_some(e)
     }
 

@@ -470,7 +470,7 @@ impl StreamProcessor {
             let safe = deltas.clone().all(|(idx, d, finishes)| {
                 let bytes = d.map_or(0, |d| d.output_strings().map(|s| s.len() as u64).sum());
                 finishes
-                    || usize::try_from(idx).map_or(true, |i| i >= self.per_choice.len())
+                    || !usize::try_from(idx).is_ok_and(|i| i < self.per_choice.len())
                     || self.within_cap(
                         self.per_choice[idx as usize],
                         self.pending.choice_bytes(idx),
