@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# End-to-end benchmark (issue 7): the simulated upstream driven directly and
-# through budgetgate (memory store; Redis store), in one run, on 127.0.0.1.
+# End-to-end benchmark (issue 7): the simulated upstream driven directly,
+# through a bare reverse proxy (the forwarding floor, issue 40) and through
+# budgetgate (memory store; Redis store), in one run, on 127.0.0.1.
 #
 #   scripts/bench.sh                 # ~5 minutes: 10 s per point after a 2 s warm-up
 #   QUICK=1 scripts/bench.sh         # ~1 minute: 2 s per point after a 0.5 s warm-up
@@ -12,6 +13,12 @@
 #   CONCURRENCY="1 16 64"
 #   MODES="nonstream stream"
 #   REDIS=0           skip the Redis-store gateway
+#   BASELINE=path     also run this budgetgate binary (memory store) as
+#                     target gw-base: another version measured in the same run
+#   FLOOR=0           skip the forwarding floor: nginx (Debian's nginx-light,
+#                     installed with apt-get when missing) proxying to the same
+#                     mock with keepalive connections to it, no budgets, stream
+#                     buffering off, as many workers as the gateway has threads
 #   LEASE=off         the Redis-store gateway without quota leases (one store
 #                     call per request; default: leases on, as the Redis store runs)
 #   LEDGER=on         keep the spend ledger on (default off here: each gateway
@@ -29,7 +36,9 @@
 #
 # Prints one table (target, mode, concurrency, RPS, p50, p99, added p50/p99
 # versus the direct upstream at the same point, gateway RPS / direct RPS,
-# non-2xx responses) and the gateways' idle and peak RSS; then two phases:
+# the same two figures as ratios to the floor's (RPS / floor RPS, added p50
+# / the floor's added p50), non-2xx responses) and the gateways' idle and
+# peak RSS; then two phases:
 # STREAMS concurrent streams held open by a slow upstream (peak RSS with
 # that many streams in flight), and small requests beside a stream of
 # never-seen 400 KB prompts (their p99 with and without). The three targets
@@ -203,11 +212,11 @@ declare -A ADDR GW_PID IDLE_RSS
 TARGETS=(direct)
 ADDR[direct]=$MOCK_ADDR
 
-start_gateway() { # $1 name, $2 config
-    local name=$1 cfg=$2 pid addr
+start_gateway() { # $1 name, $2 config, $3 binary (default: this build's)
+    local name=$1 cfg=$2 bin=${3:-$GATEWAY} pid addr
     # A state directory of its own: the default one may be held by a gateway the user runs.
     mkdir -p "$TMP/$name.state"
-    STATE_DIRECTORY="$TMP/$name.state" "${ON_GW[@]}" "$GATEWAY" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
+    STATE_DIRECTORY="$TMP/$name.state" "${ON_GW[@]}" "$bin" serve --config "$cfg" --listen 127.0.0.1:0 >"$TMP/$name.out" 2>"$TMP/$name.err" &
     pid=$!
     PIDS+=("$pid")
     if ! addr=$(wait_listening "$TMP/$name.out" "budgetgate listening on" "$pid"); then
@@ -224,8 +233,70 @@ start_gateway() { # $1 name, $2 config
     say "gateway $name on $addr (pid $pid)"
 }
 
+# --- the forwarding floor: a bare reverse proxy to the same mock -------------
+if [[ "${FLOOR:-1}" != 0 ]]; then
+    if ! command -v nginx >/dev/null && ! [[ -x /usr/sbin/nginx ]]; then
+        SUDO=""
+        [[ $(id -u) -ne 0 ]] && SUDO=sudo
+        say "nginx not found: installing Debian's nginx-light (apt-get)"
+        $SUDO apt-get update -qq >&2 || true
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx-light >&2 ||
+            die "could not install nginx-light (FLOOR=0 skips the floor)"
+    fi
+    NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+    NPORT=$(free_port) || die "no free port for nginx"
+    mkdir -p "$TMP/nginx"
+    cat >"$TMP/nginx/nginx.conf" <<EOF
+# Written by scripts/bench.sh: forwarding only, the floor under any gateway.
+daemon off;
+user $(id -un);
+worker_processes $(nproc);
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log warn;
+events { worker_connections 65536; }
+http {
+    access_log off;
+    client_body_temp_path $TMP/nginx/body;
+    proxy_temp_path $TMP/nginx/proxy;
+    fastcgi_temp_path $TMP/nginx/fastcgi;
+    uwsgi_temp_path $TMP/nginx/uwsgi;
+    scgi_temp_path $TMP/nginx/scgi;
+    upstream mock {
+        server $MOCK_ADDR;
+        keepalive 256;
+    }
+    server {
+        listen 127.0.0.1:$NPORT;
+        location / {
+            proxy_pass http://mock;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+    }
+}
+EOF
+    "${ON_GW[@]}" "$NGINX" -e "$TMP/nginx/error.log" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" >"$TMP/nginx.out" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 1 50); do
+        port_free "$NPORT" || break
+        sleep 0.1
+    done
+    if port_free "$NPORT"; then
+        say "nginx did not start; no floor. Its log:"; tail -5 "$TMP/nginx.out" "$TMP/nginx/error.log" >&2 || true
+    else
+        ADDR[floor]=127.0.0.1:$NPORT
+        TARGETS+=(floor)
+        say "forwarding floor: $("$NGINX" -v 2>&1) on 127.0.0.1:$NPORT, keepalive to the mock"
+    fi
+fi
+
 write_config "$TMP/memory.toml" 'kind = "memory"'
 start_gateway gw-memory "$TMP/memory.toml" || die "the memory-store gateway must start"
+if [[ -n "${BASELINE:-}" ]]; then
+    write_config "$TMP/base.toml" 'kind = "memory"'
+    start_gateway gw-base "$TMP/base.toml" "$BASELINE" || die "the baseline gateway must start"
+fi
 
 if [[ "${REDIS:-1}" != 0 ]]; then
     if command -v redis-server >/dev/null; then
@@ -295,7 +366,7 @@ PHASES="$TMP/phases.txt"
 if [[ "$STREAMS" != 0 ]]; then
     SLOW_BODY='{"model":"gpt-4o-mini-slow","messages":[{"role":"user","content":"Count to sixty-four."}],"max_tokens":64,"stream":true}'
     for t in "${TARGETS[@]}"; do
-        [[ $t == direct ]] && continue
+        [[ $t == direct || $t == floor || $t == gw-base ]] && continue
         pid=${GW_PID[$t]}
         out="$TMP/streams-$t.json"
         say "$t: $STREAMS concurrent streams for 8 s"
@@ -377,24 +448,28 @@ echo "oha -z $DURATION after $WARMUP warm-up; gateway RUST_LOG=$RUST_LOG; latenc
 echo
 awk -F'\t' '
     { key = $2 "/" $3; if ($1 == "direct") { drps[key] = $4; dp50[key] = $5; dp99[key] = $6 }
+      if ($1 == "floor") { frps[key] = $4; fp50[key] = $5 }
       row[NR] = $0 }
     END {
-        printf "%-10s %-9s %5s %10s %9s %9s %10s %10s %11s %8s  %s\n",
-            "target", "mode", "conc", "RPS", "p50", "p99", "added p50", "added p99", "RPS/direct", "non-2xx", "statuses"
+        printf "%-10s %-9s %5s %10s %9s %9s %10s %10s %11s %10s %12s %8s  %s\n",
+            "target", "mode", "conc", "RPS", "p50", "p99", "added p50", "added p99", "RPS/direct", "RPS/floor", "added/floor", "non-2xx", "statuses"
         for (i = 1; i <= NR; i++) {
             split(row[i], f, "\t"); key = f[2] "/" f[3]
-            if (f[1] == "direct") { a50 = "-"; a99 = "-"; ratio = "-" }
+            if (f[1] == "direct") { a50 = "-"; a99 = "-"; ratio = "-"; rfloor = "-"; afloor = "-" }
             else {
                 a50 = sprintf("%+.3f", f[5] - dp50[key]); a99 = sprintf("%+.3f", f[6] - dp99[key])
                 ratio = (drps[key] > 0) ? sprintf("%.2f", f[4] / drps[key]) : "-"
+                rfloor = (frps[key] > 0) ? sprintf("%.2f", f[4] / frps[key]) : "-"
+                fadd = fp50[key] - dp50[key]
+                afloor = (key in fp50 && fadd > 0) ? sprintf("%.1f", (f[5] - dp50[key]) / fadd) : "-"
             }
-            printf "%-10s %-9s %5s %10.0f %9.3f %9.3f %10s %10s %11s %8d  %s\n",
-                f[1], f[2], f[3], f[4], f[5], f[6], a50, a99, ratio, f[7], f[8]
+            printf "%-10s %-9s %5s %10.0f %9.3f %9.3f %10s %10s %11s %10s %12s %8d  %s\n",
+                f[1], f[2], f[3], f[4], f[5], f[6], a50, a99, ratio, rfloor, afloor, f[7], f[8]
         }
     }' "$RESULTS"
 echo
 for t in "${TARGETS[@]}"; do
-    [[ $t == direct ]] && continue
+    [[ $t == direct || $t == floor ]] && continue
     pid=${GW_PID[$t]}
     awk -v t="$t" -v idle="${IDLE_RSS[$t]:-0}" -v peak="$(rss_kb "$pid" VmHWM)" \
         'BEGIN { printf "%s: RSS idle %.1f MB, peak (VmHWM) %.1f MB\n", t, idle / 1024, peak / 1024 }'

@@ -26,6 +26,13 @@
 #   TELEMETRY=on scripts/instructions.sh # request spans exported over OTLP/HTTP
 #                                        # (to the mock upstream, which refuses
 #                                        # them: the export work is done all the same)
+#   MODE=stream scripts/instructions.sh  # streamed requests, one figure per
+#                                        # dialect (chat completions, Responses,
+#                                        # Messages): 64 one-token deltas each from
+#                                        # the mock; default 500 streams per dialect
+#   DIALECTS="chat" MODE=stream scripts/instructions.sh  # only these dialects
+#   CAP=256 MODE=stream scripts/instructions.sh  # max_tokens of the streams
+#                                        # (default 64: the stream ends at its cap)
 #
 # Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
@@ -34,7 +41,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
-REQUESTS=${REQUESTS:-2000}
+MODE=${MODE:-nonstream}
+if [[ $MODE == stream ]]; then REQUESTS=${REQUESTS:-500}; else REQUESTS=${REQUESTS:-2000}; fi
+DIALECTS=${DIALECTS:-chat responses messages}
+# The streams' max_tokens: 64, the mock's 64 tokens, makes every stream end
+# at its cap (the relay must count it out exactly); above 64 it ends
+# inside its reservation.
+CAP=${CAP:-64}
 STORE=${STORE:-memory}
 # Which process callgrind counts: the gateway, or (PROFILE=redis, which
 # implies STORE=redis) the redis-server its budgets live in.
@@ -59,8 +72,9 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-wait_line() { # $1 file, $2 prefix
-    for _ in $(seq 1 300); do
+wait_line() { # $1 file, $2 prefix (up to 5 minutes: start-up under
+              # valgrind on a busy machine takes a while)
+    for _ in $(seq 1 3000); do
         grep -q "^$2 http://" "$1" 2>/dev/null && { grep -m1 "^$2 http://" "$1" | sed "s|^$2 http://||"; return 0; }
         sleep 0.1
     done
@@ -113,6 +127,23 @@ name = "gpt-4o-mini"
 upstreams = ["mock"]
 encoding = "o200k_base"
 EOF
+if [[ $MODE == stream ]]; then
+    # Messages streams: the mock's /v1/messages as an Anthropic upstream.
+    export BUDGETGATE_INSTRUCTIONS_ANTHROPIC_KEY="mock-key"
+    cat >>"$TMP/gw.toml" <<EOF
+[[upstreams]]
+name = "claude"
+kind = "anthropic"
+base_url = "http://$MOCK_ADDR"
+api_key_env = "BUDGETGATE_INSTRUCTIONS_ANTHROPIC_KEY"
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+[[models]]
+name = "claude-test"
+upstreams = ["claude"]
+encoding = "o200k_base"
+token_ratio = 1000
+EOF
+fi
 BIG='rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000'
 if [[ $SHAPE == deep ]]; then
     # 40 budgets: six on each of four levels, three on the key, rpm and tpm
@@ -178,42 +209,79 @@ PIDS+=($GW_PID)
 if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
 ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
 BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
-load() { oha --no-tui -n "$1" -c "$CONC" -m POST -H "Authorization: Bearer $KEY" -H "x-budgetgate-end-user: user-1" \
-    -H 'content-type: application/json' -d "$BODY" "http://$ADDR/v1/chat/completions" >/dev/null; }
-load 300                       # warm-up: caches, pooled connections
-callgrind_control -z "$VG" >/dev/null
-load "$REQUESTS"
-sleep 1                        # let the last settles land
-callgrind_control -d "$VG" >/dev/null
-sleep 1
-if [[ $PROFILE == redis ]]; then
-    OUT=$(ls -t target/callgrind.out.* | head -1)
-    TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-    echo "redis-server instructions per request (reserve + settle, c=$CONC, shape $SHAPE): $((TOTAL / REQUESTS)) over $REQUESTS requests"
-    echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
-    exit 0
-fi
-# The dump's files, one per thread: callgrind.out.<pid>.1-<thread>.
-shopt -s nullglob
-OUTS=("target/callgrind.out.$VG".1-*)
-[[ ${#OUTS[@]} -gt 0 ]] || { echo "no callgrind dump of process $VG" >&2; exit 1; }
-SERVING=0 LEDGER_THREAD=0 OTHER=0
-for f in "${OUTS[@]}"; do
-    n=$(awk '/^(summary|totals):/ { print $2; exit }' "$f")
-    n=${n:-0}
-    if grep -q 'serve_connections' "$f"; then
-        SERVING=$((SERVING + n))           # a serving thread (thread 0 is main)
-    elif grep -q 'ledger::batcher::writer_thread' "$f"; then
-        LEDGER_THREAD=$((LEDGER_THREAD + n))
-    else
-        OTHER=$((OTHER + n))               # SQLite connections, snapshots, helpers
+URL_PATH=/v1/chat/completions
+HEADERS=(-H "Authorization: Bearer $KEY")
+dialect() { # $1 chat | responses | messages: the BODY, URL_PATH, HEADERS of its stream
+    HEADERS=(-H "Authorization: Bearer $KEY")
+    case $1 in
+        chat) URL_PATH=/v1/chat/completions
+              BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":'$CAP',"stream":true}' ;;
+        responses) URL_PATH=/v1/responses
+              BODY='{"model":"gpt-4o-mini","instructions":"You are a helpful assistant.","input":"Say hello in one short sentence.","max_output_tokens":'$CAP',"stream":true}' ;;
+        messages) URL_PATH=/v1/messages
+              HEADERS=(-H "x-api-key: $KEY" -H "anthropic-version: 2023-06-01")
+              BODY='{"model":"claude-test","system":"You are a helpful assistant.","messages":[{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":'$CAP',"stream":true}' ;;
+        *) echo "unknown dialect $1 (chat, responses, messages)" >&2; exit 1 ;;
+    esac
+}
+load() { oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
+    -H 'content-type: application/json' -d "$BODY" "http://$ADDR$URL_PATH" >/dev/null; }
+# A stream that does not come back whole (a wrong route or model) would
+# be measured as a cheap error: check one first.
+check_stream() {
+    local out
+    out=$(curl -sS -N -X POST "${HEADERS[@]}" -H 'content-type: application/json' -d "$BODY" "http://$ADDR$URL_PATH")
+    grep -Eq '\[DONE\]|response\.completed|message_stop' <<<"$out" ||
+        { echo "no complete stream from $URL_PATH: ${out:0:300}" >&2; exit 1; }
+}
+DUMP=0
+# Counts $REQUESTS requests: zero the counters, load, dump. Dump N's files
+# are target/callgrind.out.<pid>.N-<thread> (one per thread).
+measure() { # $1 what is measured, for the figure's line
+    load 300                   # warm-up: caches, pooled connections
+    callgrind_control -z "$VG" >/dev/null
+    load "$REQUESTS"
+    sleep 1                    # let the last settles land
+    callgrind_control -d "$VG" >/dev/null
+    DUMP=$((DUMP + 1))
+    sleep 1
+    if [[ $PROFILE == redis ]]; then
+        OUT=$(ls -t target/callgrind.out.* | head -1)
+        TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
+        echo "redis-server instructions per request (reserve + settle, c=$CONC, shape $SHAPE$1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+        echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
+        return 0
     fi
-done
-TOTAL=$((SERVING + LEDGER_THREAD + OTHER))
-# The serving figure is the hot path, the one compared across versions.
-# The ledger's writer thread and the background threads (SQLite's
-# connection threads, the ledger's and the control plane's; the memory
-# store's snapshots) work off the request path and are counted apart.
-echo "instructions per request ($STORE store, 1 serving thread, c=$CONC, shape $SHAPE): $((SERVING / REQUESTS)) over $REQUESTS requests"
-echo "  off the request path: ledger writer thread $((LEDGER_THREAD / REQUESTS)), background threads $((OTHER / REQUESTS)); whole process $((TOTAL / REQUESTS))"
-echo "profiles: ${OUTS[*]} (callgrind_annotate --inclusive=yes FILE | head -60)"
+    shopt -s nullglob
+    OUTS=("target/callgrind.out.$VG".$DUMP-*)
+    [[ ${#OUTS[@]} -gt 0 ]] || { echo "no callgrind dump of process $VG" >&2; exit 1; }
+    SERVING=0 LEDGER_THREAD=0 OTHER=0
+    for f in "${OUTS[@]}"; do
+        n=$(awk '/^(summary|totals):/ { print $2; exit }' "$f")
+        n=${n:-0}
+        if grep -q 'serve_connections' "$f"; then
+            SERVING=$((SERVING + n))           # a serving thread (thread 0 is main)
+        elif grep -q 'ledger::batcher::writer_thread' "$f"; then
+            LEDGER_THREAD=$((LEDGER_THREAD + n))
+        else
+            OTHER=$((OTHER + n))               # SQLite connections, snapshots, helpers
+        fi
+    done
+    TOTAL=$((SERVING + LEDGER_THREAD + OTHER))
+    # The serving figure is the hot path, the one compared across versions.
+    # The ledger's writer thread and the background threads (SQLite's
+    # connection threads, the ledger's and the control plane's; the memory
+    # store's snapshots) work off the request path and are counted apart.
+    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC, shape $SHAPE$1): $((SERVING / REQUESTS)) over $REQUESTS requests"
+    echo "  off the request path: ledger writer thread $((LEDGER_THREAD / REQUESTS)), background threads $((OTHER / REQUESTS)); whole process $((TOTAL / REQUESTS))"
+    echo "profiles: ${OUTS[*]} (callgrind_annotate --inclusive=yes FILE | head -60)"
+}
+if [[ $MODE == stream ]]; then
+    for d in $DIALECTS; do
+        dialect "$d"
+        check_stream
+        measure ", $d stream of 64 deltas, max_tokens $CAP"
+    done
+else
+    measure ""
+fi

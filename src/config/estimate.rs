@@ -75,6 +75,19 @@ impl Encoding {
     }
 }
 
+/// How the relay meters a stream's output (`estimation.stream_counting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StreamCounting {
+    /// Deltas are counted only when the most tokens they can be (one per
+    /// byte) could reach a limit, and for a settlement without the
+    /// upstream's usage (issue 40). The default.
+    #[default]
+    Bound,
+    /// Every delta is counted as it passes: the reference the bound-first
+    /// relay is tested against. Same cutoffs and settlements, more work.
+    Exact,
+}
+
 /// Tokens charged for one image part of one model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageCost {

@@ -440,6 +440,8 @@ pub struct Policy {
     pub min_output_tokens: u64,
     /// Streaming extension step, tokens.
     pub stream_extension_step: u64,
+    /// `estimation.stream_counting`: how streams are metered.
+    pub stream_counting: estimate::StreamCounting,
     /// Upstream deployments.
     pub upstreams: Vec<UpstreamPolicy>,
     /// Models in file order.

@@ -150,6 +150,8 @@ pub struct RawEstimation {
     pub structured_margin_percent: Option<i64>,
     pub structured_margin_tokens: Option<i64>,
     pub stream_extension_step: Option<i64>,
+    /// `"bound"` (default) or `"exact"`: how a stream's output is metered.
+    pub stream_counting: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -31,12 +31,14 @@
 
 pub mod anthropic;
 pub mod chat;
+pub mod chat_stream;
 pub mod completions;
 pub mod embeddings;
 pub mod error;
 pub mod openai;
 pub mod rate_limit_headers;
 pub mod responses;
+pub mod stream_fields;
 pub mod usage;
 
 use axum::http::HeaderName;

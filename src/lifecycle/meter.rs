@@ -21,6 +21,7 @@ use super::rewrite::{enforced_cap, output_cap};
 use super::settle::{refund, settle};
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::ExtendOutcome;
+use crate::config::estimate::StreamCounting;
 use crate::dialects::UsageBreakdown;
 use crate::gateway::error::ApiError;
 use crate::metrics;
@@ -146,6 +147,10 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     )
     .with_limits(estimate.input_tokens, cap)
     .with_token_ratio(model.token_ratio);
+    let proc = match cx.policy.stream_counting {
+        StreamCounting::Bound => proc,
+        StreamCounting::Exact => proc.with_exact_counting(),
+    };
     // The request's time limit counts from its arrival.
     let deadline = cx.finish.started + cx.policy.server.max_request;
     // Extended up to the cap sent: the client's (an incremental

@@ -8,6 +8,8 @@
 //! and frames split inside UTF-8 characters are fine because splitting
 //! works on bytes. [`parse_frame`] reads a frame's fields.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 
 /// Cuts a byte stream into SSE frames.
@@ -80,10 +82,7 @@ impl FrameSplitter {
 /// decided until the next byte says whether it starts a `\r\n`.
 fn scan_frame(buf: &[u8], mut line_start: usize) -> Result<usize, usize> {
     loop {
-        let Some(off) = buf[line_start..]
-            .iter()
-            .position(|&b| b == b'\n' || b == b'\r')
-        else {
+        let Some(off) = memchr::memchr2(b'\n', b'\r', &buf[line_start..]) else {
             return Err(line_start);
         };
         let i = line_start + off;
@@ -114,29 +113,48 @@ fn ends_with_line_end(b: &[u8]) -> Option<usize> {
     }
 }
 
-/// What a frame carries.
+/// What a frame carries, borrowed from the frame when it can be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
+pub struct Frame<'a> {
     /// `event:` value, if any.
-    pub event: Option<String>,
-    /// `data:` lines joined with `\n`; `None` when the frame has no data line.
-    pub data: Option<String>,
+    pub event: Option<Cow<'a, str>>,
+    /// `data:` lines joined with `\n`; `None` when the frame has no data
+    /// line. Borrowed when the frame has one data line and is valid UTF-8.
+    pub data: Option<Cow<'a, str>>,
     /// True when the frame has only comments (`: keep-alive`) or is empty.
     pub comment_only: bool,
 }
 
 /// Parses one frame's fields (`data`, `event`; `id` and `retry` are read
 /// and ignored, comments noted). Invalid UTF-8 is replaced, never panics.
-pub fn parse_frame(raw: &[u8]) -> Frame {
-    let text = String::from_utf8_lossy(raw);
-    let mut data: Option<String> = None;
+pub fn parse_frame(raw: &[u8]) -> Frame<'_> {
+    // Valid UTF-8 (every provider's stream) is read in place; the lines
+    // are found by byte, `\n` and `\r` being ASCII.
+    match std::str::from_utf8(raw) {
+        Ok(text) => parse_text(text),
+        Err(_) => {
+            let text = String::from_utf8_lossy(raw).into_owned();
+            let f = parse_text(&text);
+            Frame {
+                event: f.event.map(|e| Cow::Owned(e.into_owned())),
+                data: f.data.map(|d| Cow::Owned(d.into_owned())),
+                comment_only: f.comment_only,
+            }
+        }
+    }
+}
+
+fn parse_text(text: &str) -> Frame<'_> {
+    let mut data: Option<Cow<'_, str>> = None;
     let mut event = None;
     let mut only_comments = true;
-    for line in text.split(['\n', '\r']) {
-        if line.is_empty() {
-            continue;
-        }
-        if line.starts_with(':') {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    while start <= bytes.len() {
+        let end = memchr::memchr2(b'\n', b'\r', &bytes[start..]).map_or(bytes.len(), |i| start + i);
+        let line = &text[start..end];
+        start = end + 1;
+        if line.is_empty() || line.starts_with(':') {
             continue;
         }
         only_comments = false;
@@ -150,12 +168,13 @@ pub fn parse_frame(raw: &[u8]) -> Frame {
         match field {
             "data" => match &mut data {
                 Some(d) => {
+                    let d = d.to_mut();
                     d.push('\n');
                     d.push_str(value);
                 }
-                None => data = Some(value.to_string()),
+                None => data = Some(Cow::Borrowed(value)),
             },
-            "event" => event = Some(value.to_string()),
+            "event" => event = Some(Cow::Borrowed(value)),
             _ => {}
         }
     }

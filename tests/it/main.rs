@@ -95,6 +95,7 @@ mod shutdown;
 mod spend_cli;
 mod store_conformance;
 mod store_errors;
+mod stream_bound;
 mod streaming;
 mod suites_always_run;
 mod telemetry;

@@ -336,6 +336,17 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
             crate::money::PRICE_TOKENS,
         )
         .unwrap_or(256);
+    let stream_counting = match e.stream_counting.as_deref() {
+        None | Some("bound") => super::estimate::StreamCounting::Bound,
+        Some("exact") => super::estimate::StreamCounting::Exact,
+        Some(other) => {
+            v.err(
+                "estimation.stream_counting",
+                format!("must be bound or exact, not {other:?}"),
+            );
+            super::estimate::StreamCounting::Bound
+        }
+    };
 
     let (upstreams, upstream_index) = deployments::upstreams(&mut v, &raw, &server);
     let (models, model_index) =
@@ -382,6 +393,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         estimation,
         min_output_tokens,
         stream_extension_step,
+        stream_counting,
         upstreams,
         models,
         tenants,

@@ -19,6 +19,8 @@
 //! delivered, `message_stop`. The SDKs accumulate that into a final
 //! message without raising.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -35,6 +37,55 @@ pub enum Seen {
     Stop,
     /// An `error` event.
     Error,
+}
+
+/// What the relay reads of a `content_block_delta` event, borrowed from
+/// its JSON (issue 40): the delta's output string, as [`block_tokens`]
+/// picks it. Other events, and deltas of other shapes (a `tool_use`
+/// delta, a non-string `text`), do not parse and are read as trees.
+#[derive(Debug, serde::Deserialize)]
+pub struct BlockDelta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    delta: crate::dialects::stream_fields::Object<DeltaFields<'a>>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DeltaFields<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
+}
+
+impl<'a> BlockDelta<'a> {
+    /// Parses an event's data; `None` unless it is a `content_block_delta`
+    /// whose output is a string (or none).
+    pub fn parse(data: &'a str) -> Option<BlockDelta<'a>> {
+        let e: BlockDelta<'a> = crate::dialects::stream_fields::parse(data)?;
+        let known = !matches!(
+            e.delta.0.kind.as_deref(),
+            Some("tool_use" | "server_tool_use")
+        );
+        (e.kind == "content_block_delta" && known).then_some(e)
+    }
+
+    /// The delta's output string ("" when it carries none).
+    pub fn output(&self) -> &str {
+        let d = &self.delta.0;
+        let field = match d.kind.as_deref() {
+            Some("text" | "text_delta") => &d.text,
+            Some("thinking" | "thinking_delta") => &d.thinking,
+            Some("input_json_delta") => &d.partial_json,
+            _ => return "",
+        };
+        field.as_deref().unwrap_or("")
+    }
 }
 
 /// The metering state of one Messages stream.
@@ -67,6 +118,23 @@ impl MessagesStream {
     /// Output counted from deltas so far, in the model's tokens.
     pub fn counted(&self) -> u64 {
         scale(self.raw_counted, self.ratio)
+    }
+
+    /// Adds output counted elsewhere (raw tiktoken tokens, before the ratio).
+    pub fn add_raw(&mut self, tokens: u64) {
+        self.raw_counted += tokens;
+    }
+
+    /// The most [`counted`](Self::counted) can be once `raw_at_most` more
+    /// raw tokens are added: the ratio applied once to the sum.
+    pub fn counted_at_most(&self, raw_at_most: u64) -> u64 {
+        scale(self.raw_counted.saturating_add(raw_at_most), self.ratio)
+    }
+
+    /// True when [`used`](Self::used) or the cutoff reads the gateway's
+    /// count: the stream has no final usage with its output.
+    pub fn needs_count(&self) -> bool {
+        !self.stopped || self.usage.output().is_none()
     }
 
     /// True once the message has its stop reason (no more output can come).

@@ -14,6 +14,7 @@
 //!   response (same id, model, `created_at`, tools), its delivered output
 //!   and usage, and the next sequence number.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
@@ -62,6 +63,36 @@ pub struct EventOutcome {
     pub created_id: bool,
 }
 
+/// What the relay reads of an output delta event (one of
+/// [`OUTPUT_DELTAS`]), borrowed from its JSON (issue 40). An event with
+/// other types than these does not parse and is read as a tree.
+#[derive(Debug, serde::Deserialize)]
+pub struct DeltaEvent<'a> {
+    /// `type`.
+    #[serde(rename = "type", borrow)]
+    pub kind: Cow<'a, str>,
+    /// `delta`: the text whose tokens are output.
+    #[serde(borrow)]
+    pub delta: Cow<'a, str>,
+    /// `sequence_number`.
+    #[serde(default)]
+    pub sequence_number: Option<u64>,
+    /// `output_index`.
+    #[serde(default)]
+    pub output_index: Option<u64>,
+    /// `content_index`.
+    #[serde(default)]
+    pub content_index: Option<u64>,
+}
+
+impl DeltaEvent<'_> {
+    /// Parses an event's data; `None` unless it is an output delta of these shapes.
+    pub fn parse(data: &str) -> Option<DeltaEvent<'_>> {
+        let e: DeltaEvent<'_> = crate::dialects::stream_fields::parse(data)?;
+        OUTPUT_DELTAS.contains(&e.kind.as_ref()).then_some(e)
+    }
+}
+
 /// What the relay knows of one Responses stream.
 #[derive(Debug, Default)]
 pub struct StreamState {
@@ -106,9 +137,7 @@ impl StreamState {
             output_tokens,
             ..EventOutcome::default()
         };
-        if let Some(n) = v.get("sequence_number").and_then(Value::as_u64) {
-            self.last_sequence = Some(self.last_sequence.map_or(n, |l| l.max(n)));
-        }
+        self.sequence(v.get("sequence_number").and_then(Value::as_u64));
         let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
         let index = v.get("output_index").and_then(Value::as_u64);
         let delta = v.get("delta").and_then(Value::as_str);
@@ -159,13 +188,31 @@ impl StreamState {
             _ => {}
         }
         if let Some(d) = delta.filter(|_| OUTPUT_DELTAS.contains(&kind)) {
-            self.append_delta(kind, index, v.get("content_index"), d);
+            self.append_delta(
+                kind,
+                index,
+                v.get("content_index").and_then(Value::as_u64),
+                d,
+            );
         }
         out
     }
 
+    /// Reads an output delta event: what [`on_event`](Self::on_event)
+    /// does with one, without its tree.
+    pub fn on_delta(&mut self, e: &DeltaEvent<'_>) {
+        self.sequence(e.sequence_number);
+        self.append_delta(&e.kind, e.output_index, e.content_index, &e.delta);
+    }
+
+    fn sequence(&mut self, n: Option<u64>) {
+        if let Some(n) = n {
+            self.last_sequence = Some(self.last_sequence.map_or(n, |l| l.max(n)));
+        }
+    }
+
     /// Keeps the delivered text of items in progress (for the cutoff's output).
-    fn append_delta(&mut self, kind: &str, index: Option<u64>, part: Option<&Value>, d: &str) {
+    fn append_delta(&mut self, kind: &str, index: Option<u64>, part: Option<u64>, d: &str) {
         let Some(item) = index.and_then(|i| self.items.get_mut(&i)) else {
             return;
         };
@@ -181,7 +228,7 @@ impl StreamState {
                 } else {
                     "text"
                 };
-                let part = part.and_then(Value::as_u64).unwrap_or(0) as usize;
+                let part = part.unwrap_or(0) as usize;
                 append(
                     item.get_mut("content")
                         .and_then(|c| c.get_mut(part))

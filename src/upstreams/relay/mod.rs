@@ -43,6 +43,10 @@ pub enum Extension {
     Failed(String),
 }
 
+pub mod bound;
+mod delta_counts;
+#[cfg(test)]
+mod differential;
 mod processor;
 pub use processor::{FrameAction, StreamProcessor};
 
@@ -114,8 +118,10 @@ pub struct RelaySummary {
     pub ending: Ending,
     /// Tokens settled.
     pub settled_tokens: u64,
-    /// Output tokens counted from deltas.
-    pub counted_output: u64,
+    /// Output tokens counted from deltas, when the stream needed them
+    /// counted; `None` when it was settled (by the upstream's usage)
+    /// without counting its last deltas.
+    pub counted_output: Option<u64>,
 }
 
 /// Relays `upstream` to `tx`, metering and extending; settles `hold` before
@@ -223,7 +229,7 @@ pub async fn run<M: Meter>(
             // Once every choice has finished no more output can come: no extension.
             while extensions_work
                 && !proc.all_finished()
-                && proc.output_tokens() >= plan.reserved_output
+                && proc.output_reaches(plan.reserved_output)
                 && plan.reserved_output < plan.max_output
             {
                 let want = step.min(plan.max_output - plan.reserved_output);
@@ -245,8 +251,9 @@ pub async fn run<M: Meter>(
     };
     drop(body); // aborts the upstream request if it is still running
 
-    let counted_output = proc.output_tokens();
-    let settled_tokens = hold.settle(proc.used(plan.input_tokens), ending);
+    let used = proc.used(plan.input_tokens);
+    let counted_output = proc.counted_output();
+    let settled_tokens = hold.settle(used, ending);
     RelaySummary {
         ending,
         settled_tokens,

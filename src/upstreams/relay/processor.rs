@@ -2,6 +2,13 @@
 //! output, finish), when to ask for more output, and the frames of a clean
 //! ending. Free of I/O, so it can be tested and fuzzed on any split of a
 //! recorded stream; [`super::run`] drives it.
+//!
+//! By default the processor meters by a bound ([`super::bound`]): the
+//! common delta events are read for their output strings only (no JSON
+//! tree) and kept untokenised until a decision needs their exact count.
+//! [`StreamProcessor::with_exact_counting`] reads every event as a tree
+//! and counts every delta as it passes, as the relay did before; the
+//! differential tests hold the two to the same bytes, cutoffs and counts.
 
 use std::collections::BTreeSet;
 
@@ -9,10 +16,12 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::super::sse::parse_frame;
-use super::error_frame;
+use super::bound::{tokens_at_most, PendingOutput};
+use super::{delta_counts, error_frame};
 use crate::config::estimate::Encoding;
-use crate::dialects::anthropic::stream::{self as messages, MessagesStream, Seen};
-use crate::dialects::responses::stream::StreamState;
+use crate::dialects::anthropic::stream::{self as messages, BlockDelta, MessagesStream, Seen};
+use crate::dialects::chat_stream::Chunk;
+use crate::dialects::responses::stream::{DeltaEvent, StreamState};
 use crate::dialects::{Dialect, Part, UsageBreakdown};
 
 /// What the processor does with one frame.
@@ -55,6 +64,10 @@ pub struct StreamProcessor {
     over_cap: bool,
     /// Messages streams: events, not choices.
     messages: Option<MessagesStream>,
+    /// Every event read as a tree and every delta counted as it passes.
+    exact: bool,
+    /// Deltas delivered and not yet counted (never with `exact`).
+    pending: PendingOutput,
 }
 
 impl StreamProcessor {
@@ -86,7 +99,17 @@ impl StreamProcessor {
             over_cap: false,
             events: StreamState::default(),
             new_object: None,
+            exact: false,
+            pending: PendingOutput::new(choices.max(1) as usize),
         }
+    }
+
+    /// Reads every event as a JSON tree and counts every delta as it
+    /// passes: the relay before issue 40, kept as the reference the
+    /// bound-first processor is tested against.
+    pub fn with_exact_counting(mut self) -> Self {
+        self.exact = true;
+        self
     }
 
     /// The id of an object the stream created since the last call.
@@ -136,11 +159,64 @@ impl StreamProcessor {
         self
     }
 
-    /// Output tokens counted from deltas so far, summed over choices.
-    pub fn output_tokens(&self) -> u64 {
+    /// Output tokens counted from deltas so far, summed over choices
+    /// (the pending deltas are counted now).
+    pub fn output_tokens(&mut self) -> u64 {
+        self.count_pending();
         match &self.messages {
             Some(m) => m.counted(),
             None => self.output_tokens,
+        }
+    }
+
+    /// The most [`output_tokens`](Self::output_tokens) can be, without
+    /// counting the pending deltas.
+    pub fn output_at_most(&self) -> u64 {
+        let pending = tokens_at_most(self.encoding, self.pending.bytes());
+        match &self.messages {
+            Some(m) => m.counted_at_most(pending),
+            None => self.output_tokens.saturating_add(pending),
+        }
+    }
+
+    /// True when the output delivered so far is at least `tokens`: decided
+    /// by the bound while it is below, else by counting the pending deltas.
+    pub fn output_reaches(&mut self, tokens: u64) -> bool {
+        self.output_at_most() >= tokens && self.output_tokens() >= tokens
+    }
+
+    /// The output counted so far when nothing is pending; `None` when the
+    /// stream was settled without counting its deltas.
+    pub fn counted_output(&self) -> Option<u64> {
+        self.pending.is_empty().then(|| match &self.messages {
+            Some(m) => m.counted(),
+            None => self.output_tokens,
+        })
+    }
+
+    /// Counts the pending deltas exactly, each on its own, in the order
+    /// they were delivered, as if each had been counted as it passed.
+    fn count_pending(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.count(self.encoding, |choice, tokens| match &mut self.messages {
+            Some(m) => m.add_raw(tokens),
+            None => self.commit(choice, tokens),
+        });
+        self.pending = pending;
+    }
+
+    /// Adds one delta's exact count to its choice.
+    fn commit(&mut self, choice: u64, tokens: u64) {
+        self.output_tokens += tokens;
+        self.largest_delta = self.largest_delta.max(tokens);
+        if let Some(n) = usize::try_from(choice)
+            .ok()
+            .and_then(|i| self.per_choice.get_mut(i))
+        {
+            *n += tokens;
         }
     }
 
@@ -152,7 +228,14 @@ impl StreamProcessor {
     /// What the stream used: the upstream's usage (which comes after the
     /// last delta, so everything it counts was relayed), with what it did
     /// not report filled from the input estimate and the output counted.
-    pub fn used(&self, input_estimate: u64) -> UsageBreakdown {
+    pub fn used(&mut self, input_estimate: u64) -> UsageBreakdown {
+        let counts = match &self.messages {
+            Some(m) => m.needs_count(),
+            None => self.usage.and_then(|u| u.output).is_none(),
+        };
+        if counts {
+            self.count_pending();
+        }
         if let Some(m) = &self.messages {
             return m.used().filled(input_estimate, || m.counted());
         }
@@ -197,6 +280,12 @@ impl StreamProcessor {
         let trimmed = data.trim();
         if let Some(m) = &mut self.messages {
             // Every Messages event is relayed as it came (`event:` line included).
+            if !self.exact {
+                if let Some(d) = BlockDelta::parse(trimmed) {
+                    self.pending.push_delta(0, [d.output()]);
+                    return FrameAction::Forward(raw);
+                }
+            }
             match serde_json::from_str::<Value>(trimmed) {
                 Ok(v) => match m.on_event(&v, self.encoding) {
                     Seen::Stop => self.done = true,
@@ -213,6 +302,17 @@ impl StreamProcessor {
                 Some(usage) => [usage, raw].concat().into(),
                 None => raw,
             });
+        }
+        if !self.exact {
+            if self.dialect.named_events() {
+                if let Some(e) = DeltaEvent::parse(trimmed) {
+                    return self.on_output_delta(raw.clone(), &e);
+                }
+            } else if self.dialect == Dialect::ChatCompletions {
+                if let Some(chunk) = Chunk::parse(trimmed) {
+                    return self.on_chunk(raw.clone(), chunk);
+                }
+            }
         }
         let Ok(v) = serde_json::from_str::<Value>(trimmed) else {
             tracing::debug!("dropping an SSE frame whose data is not JSON");
@@ -251,6 +351,10 @@ impl StreamProcessor {
                 .is_none_or(|c| c.is_empty());
         }
         if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            if self.cap.is_some() {
+                // The cap is checked on exact counts.
+                self.count_pending();
+            }
             // Counted first, committed only if no choice passes the cap.
             let mut counted = Vec::with_capacity(choices.len());
             for c in choices {
@@ -259,19 +363,9 @@ impl StreamProcessor {
                 let finishes = c.get("finish_reason").is_some_and(|f| !f.is_null());
                 counted.push((idx, tokens, finishes));
             }
-            if let Some(cap) = self.cap {
-                let passes = counted.iter().any(|&(idx, tokens, finishes)| {
-                    let Some(&so_far) = self.per_choice.get(idx as usize) else {
-                        return false;
-                    };
-                    let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
-                    // A choice the upstream ends itself is not cut.
-                    !finishes && so_far.saturating_add(tokens) > cap.saturating_add(tolerance)
-                });
-                if passes {
-                    self.over_cap = true;
-                    return FrameAction::Drop;
-                }
+            if self.passes_cap(&counted) {
+                self.over_cap = true;
+                return FrameAction::Drop;
             }
             for (idx, tokens, finishes) in counted {
                 self.output_tokens += tokens;
@@ -296,6 +390,10 @@ impl StreamProcessor {
     /// as is, unless its output passes the enforced cap (then not relayed).
     fn on_event(&mut self, raw: Bytes, v: &Value) -> FrameAction {
         let tokens = self.events.output_of(v, self.encoding);
+        if self.cap.is_some() && tokens > 0 {
+            // The cap is checked on exact counts.
+            self.count_pending();
+        }
         if let Some(cap) = self.cap {
             let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
             if tokens > 0
@@ -327,6 +425,137 @@ impl StreamProcessor {
         FrameAction::Forward(raw)
     }
 
+    /// True when `bytes` more output on top of `so_far` (exact) and
+    /// `pending` bytes cannot pass the cap plus its smallest tolerance.
+    fn within_cap(&self, so_far: u64, pending: u64, bytes: u64) -> bool {
+        let Some(cap) = self.cap else { return true };
+        let at_most = tokens_at_most(self.encoding, pending.saturating_add(bytes));
+        so_far.saturating_add(at_most) <= cap.saturating_add(Self::cap_tolerance(cap, 0))
+    }
+
+    /// A chat chunk read without its tree ([`Chunk`]): what the tree path
+    /// of [`on_frame`](Self::on_frame) does with it, its deltas kept
+    /// pending unless the cap needs them counted.
+    fn on_chunk(&mut self, raw: Bytes, chunk: Chunk<'_>) -> FrameAction {
+        if chunk.error.is_some() {
+            self.errored = true;
+            return FrameAction::Forward(raw);
+        }
+        let text =
+            |s: Option<std::borrow::Cow<'_, str>>| s.filter(|s| !s.is_empty()).map(String::from);
+        if self.id.is_none() {
+            self.id = text(chunk.id);
+        }
+        if self.model.is_none() {
+            self.model = text(chunk.model);
+        }
+        if self.created.is_none() {
+            self.created = chunk.created.filter(|c| *c > 0);
+        }
+        let mut usage_only = false;
+        let usage = chunk
+            .usage
+            .and_then(|u| serde_json::from_str::<Value>(u.get()).ok())
+            .filter(Value::is_object);
+        if let Some(u) = usage {
+            self.usage = Some(crate::dialects::openai::usage_from_value(&u));
+            usage_only = chunk.choices.as_ref().is_none_or(|c| c.is_empty());
+        }
+        if let Some(choices) = &chunk.choices {
+            let deltas = choices.iter().map(|c| {
+                let c = &c.0;
+                let strings = c.delta.as_ref().map(|d| &d.0);
+                (c.index.unwrap_or(0), strings, c.finish_reason.is_some())
+            });
+            let safe = deltas.clone().all(|(idx, d, finishes)| {
+                let bytes = d.map_or(0, |d| d.output_strings().map(|s| s.len() as u64).sum());
+                finishes
+                    || !usize::try_from(idx).is_ok_and(|i| i < self.per_choice.len())
+                    || self.within_cap(
+                        self.per_choice[idx as usize],
+                        self.pending.choice_bytes(idx),
+                        bytes,
+                    )
+            });
+            if safe {
+                for (idx, d, finishes) in deltas {
+                    if let Some(d) = d {
+                        self.pending.push_delta(idx, d.output_strings());
+                    }
+                    if finishes && usize::try_from(idx).is_ok_and(|i| i < self.per_choice.len()) {
+                        self.finished.insert(idx);
+                    }
+                }
+            } else {
+                // Near the cap: counted exactly, as the tree path counts.
+                self.count_pending();
+                let counted: Vec<(u64, u64, bool)> = deltas
+                    .map(|(idx, d, finishes)| {
+                        let tokens = d.map_or(0, |d| {
+                            d.output_strings()
+                                .map(|s| delta_counts::count(self.encoding, s))
+                                .sum()
+                        });
+                        (idx, tokens, finishes)
+                    })
+                    .collect();
+                if self.passes_cap(&counted) {
+                    self.over_cap = true;
+                    return FrameAction::Drop;
+                }
+                for (idx, tokens, finishes) in counted {
+                    self.commit(idx, tokens);
+                    if finishes && usize::try_from(idx).is_ok_and(|i| i < self.per_choice.len()) {
+                        self.finished.insert(idx);
+                    }
+                }
+            }
+        }
+        if usage_only && !self.client_wants_usage {
+            return FrameAction::Drop;
+        }
+        FrameAction::Forward(raw)
+    }
+
+    /// True when a choice of a chunk (index, tokens, finishes) passes the
+    /// enforced cap plus its tolerance: the chunk is not relayed.
+    fn passes_cap(&self, counted: &[(u64, u64, bool)]) -> bool {
+        let Some(cap) = self.cap else { return false };
+        counted.iter().any(|&(idx, tokens, finishes)| {
+            let Some(&so_far) = self.per_choice.get(idx as usize) else {
+                return false;
+            };
+            let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
+            // A choice the upstream ends itself is not cut.
+            !finishes && so_far.saturating_add(tokens) > cap.saturating_add(tolerance)
+        })
+    }
+
+    /// A Responses output delta read without its tree ([`DeltaEvent`]):
+    /// what [`on_event`](Self::on_event) does with it, the delta kept
+    /// pending unless the cap needs it counted.
+    fn on_output_delta(&mut self, raw: Bytes, e: &DeltaEvent<'_>) -> FrameAction {
+        let bytes = e.delta.len() as u64;
+        if self.within_cap(self.output_tokens, self.pending.bytes(), bytes) {
+            self.pending.push_delta(0, [e.delta.as_ref()]);
+        } else {
+            self.count_pending();
+            let tokens = delta_counts::count(self.encoding, &e.delta);
+            if let Some(cap) = self.cap {
+                let tolerance = Self::cap_tolerance(cap, self.largest_delta.max(tokens));
+                if tokens > 0
+                    && self.output_tokens.saturating_add(tokens) > cap.saturating_add(tolerance)
+                {
+                    self.over_cap = true;
+                    return FrameAction::Drop;
+                }
+            }
+            self.commit(0, tokens);
+        }
+        self.events.on_delta(e);
+        FrameAction::Forward(raw)
+    }
+
     fn chunk_frame(v: &Value) -> Bytes {
         Bytes::from(format!("data: {v}\n\n"))
     }
@@ -352,14 +581,17 @@ impl StreamProcessor {
     /// The usage chunk a client that asked for usage gets before `[DONE]`
     /// when the upstream sent none (some self-hosted servers ignore
     /// `stream_options.include_usage`): the gateway's count.
-    pub fn gateway_usage_frame(&self) -> Option<Bytes> {
-        (self.client_wants_usage && self.usage.is_none())
-            .then(|| self.usage_chunk(self.prompt_tokens))
+    pub fn gateway_usage_frame(&mut self) -> Option<Bytes> {
+        if !(self.client_wants_usage && self.usage.is_none()) {
+            return None;
+        }
+        self.count_pending();
+        Some(self.usage_chunk(self.prompt_tokens))
     }
 
     /// The frames that end a stream every choice of which finished but
     /// whose upstream closed without `[DONE]` (Messages: `message_stop`).
-    pub fn closing_frames(&self) -> Bytes {
+    pub fn closing_frames(&mut self) -> Bytes {
         if self.messages.is_some() {
             return messages::completion_frame();
         }
@@ -373,7 +605,8 @@ impl StreamProcessor {
     /// Frames ending a stream that was cut off: a final chunk with
     /// `finish_reason: "length"` for every unfinished choice, the usage chunk
     /// when the client asked for usage (delivered counts), then `[DONE]`.
-    pub fn cutoff_frames(&self, prompt_tokens: u64) -> Vec<Bytes> {
+    pub fn cutoff_frames(&mut self, prompt_tokens: u64) -> Vec<Bytes> {
+        self.count_pending();
         if let Some(m) = &self.messages {
             return m.cutoff_frames();
         }
