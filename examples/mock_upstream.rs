@@ -402,7 +402,9 @@ impl MockState {
         lock(&self.requests).push(r);
     }
 
-    async fn wait_hold(&self) {
+    /// Waits while [`MockState::hold`] holds requests (the Vertex mock's
+    /// answers wait here too).
+    pub async fn wait_hold(&self) {
         let mut rx = self.hold.subscribe();
         if !*rx.borrow_and_update() {
             return;

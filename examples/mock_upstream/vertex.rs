@@ -551,7 +551,10 @@ async fn predict(st: &VertexState, path: &str, headers: &HeaderMap, body: &[u8])
             "Deadline exceeded.",
         ),
         Some(VertexFault::StreamError) if streamed => stream_error(&model),
-        _ => super::messages::messages(&st.messages, headers, model, body).await,
+        _ => {
+            st.messages.wait_hold().await;
+            super::messages::messages(&st.messages, headers, model, body).await
+        }
     }
 }
 

@@ -169,29 +169,30 @@ impl UpstreamClient {
         request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
     ) -> Result<reqwest::Response, UpstreamError> {
+        // Boxed: the clouds' futures (signing, credential refresh) would
+        // otherwise live inline in every request's future, which the
+        // serving stack moves by value (memcpy) on every kind's hot path.
         if let Some(settings) = &upstream.bedrock {
-            return self
-                .send_bedrock(
-                    upstream,
-                    settings,
-                    upstream_model,
-                    body,
-                    request_id,
-                    extra_headers,
-                )
-                .await;
+            return Box::pin(self.send_bedrock(
+                upstream,
+                settings,
+                upstream_model,
+                body,
+                request_id,
+                extra_headers,
+            ))
+            .await;
         }
         if upstream.kind == UpstreamKind::Vertex {
-            return self
-                .send_vertex(
-                    upstream,
-                    upstream_model,
-                    stream,
-                    body,
-                    request_id,
-                    extra_headers,
-                )
-                .await;
+            return Box::pin(self.send_vertex(
+                upstream,
+                upstream_model,
+                stream,
+                body,
+                request_id,
+                extra_headers,
+            ))
+            .await;
         }
         let url = self.url(upstream, dialect, upstream_model)?;
         let mut req = self

@@ -511,7 +511,15 @@ impl Agent {
     /// A second turn at once meets `rpm` with no burst left, waits out
     /// `retry-after` and is admitted.
     async fn retried_after_a_rate_refusal(self) {
-        let (mock, _gw, tap, s) = self.gateway(|l| l.rpm(60).rpm_burst(1), true).await;
+        // The second turn must meet an empty bucket: it comes one CLI
+        // start after the first. Claude Code (Node) takes over a second to
+        // start on a loaded machine, long enough for a one-second refill
+        // (seen: [200, 200], no refusal), so its bucket refills in five.
+        let rpm = match self {
+            Agent::Codex => 60,
+            Agent::Claude => 12,
+        };
+        let (mock, _gw, tap, s) = self.gateway(|l| l.rpm(rpm).rpm_burst(1), true).await;
         let first = self.say_hi(&s).await;
         assert_eq!(first.code, Some(0), "{}", first.stderr);
         let r = self.say_hi(&s).await;
@@ -842,8 +850,9 @@ async fn claude_cutoff_ends_with_message_stop() {
 }
 
 /// A rate refusal is one the CLI may retry: 429 with `retry-after` (and no
-/// `x-should-retry: false`); `rpm` refills one request a second, so the
-/// CLI's retry after it is admitted and the turn ends well.
+/// `x-should-retry: false`); `rpm` refills one request every one or five
+/// seconds (Codex, Claude Code), so the CLI's retry after it is admitted
+/// and the turn ends well.
 fn retried_after_a_rate_refusal(turns: &[Exchange], r: &Run) {
     let first_refusal = turns
         .iter()

@@ -164,15 +164,26 @@ async fn the_messages_endpoint_gets_the_bedrock_id_version_and_key() {
 }
 
 /// The Messages estimate, usage and cache accounting are the same on an
-/// `anthropic` deployment and on `bedrock` ones (each API): the same
-/// requests leave the same tenant and deployment budgets.
+/// `anthropic` deployment, on `bedrock` ones (each API) and on a `vertex`
+/// one: the same requests leave the same tenant and deployment budgets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
+async fn accounting_is_the_same_on_anthropic_bedrock_and_vertex_deployments() {
     let mut seen = Vec::new();
-    for kind in ["anthropic", "invoke", "messages"] {
+    for kind in ["anthropic", "invoke", "messages", "vertex"] {
         let mock = start_mock().await;
-        mock.state.set_output_tokens(21);
+        let vertex = crate::vertex::start_vertex().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The Messages answers come from the mock's state on every kind.
+        let state = match kind {
+            "vertex" => vertex.state.messages.clone(),
+            _ => mock.state.clone(),
+        };
+        state.set_output_tokens(21);
         let up = match kind {
+            "vertex" => {
+                let key = crate::vertex::key_file(dir.path(), &vertex);
+                crate::vertex::deployment("d", &vertex, crate::vertex::EAST, Some(&key))
+            }
             "anthropic" => config::RawUpstream {
                 api_key_env: Some("CARGO_PKG_NAME".into()),
                 forward_client_headers: vec!["x-mock-messages".into()],
@@ -189,7 +200,7 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
         };
         let gw = config_of(vec![up], limits().tpm(1_000_000)).start().await;
         // The estimate: what a request holds while it runs.
-        mock.state.hold();
+        state.hold();
         let held = {
             let gw_url = gw.base_url();
             let task = tokio::spawn(async move {
@@ -202,11 +213,11 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
                     .await
                     .map(|r| r.status().as_u16())
             });
-            while mock.state.held_count() == 0 {
+            while state.held_count() == 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             let reserved = gw.t1_used(BudgetName::Tpm).await;
-            mock.state.release();
+            state.release();
             assert_eq!(task.await.unwrap().unwrap(), 200);
             reserved
         };
@@ -242,6 +253,7 @@ async fn accounting_is_the_same_on_anthropic_and_bedrock_deployments() {
         seen[0].1, seen[2].1,
         "anthropic vs bedrock messages: {seen:?}"
     );
+    assert_eq!(seen[0].1, seen[3].1, "anthropic vs vertex: {seen:?}");
 }
 
 /// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output): the
@@ -356,6 +368,72 @@ async fn a_throttled_region_fails_over_within_the_request_and_each_counts_what_i
     assert_eq!(anth.state.requests().len(), 1);
     gw.all_settled().await;
     assert_eq!(gw.used(upstream("anthropic"), BudgetName::Tpm).await, 0);
+}
+
+/// A model over two Bedrock regions and one Vertex region (issue 42): a
+/// throttled region hands the request to the next within the same request,
+/// across clouds (the client sees 200 each time), and each region's
+/// budgets count what it served: a throttled attempt a request and no
+/// tokens, a served one its input and output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_over_bedrock_and_vertex_regions_fails_over_across_clouds() {
+    let east = start_mock().await;
+    let west = start_mock().await;
+    let vertex = crate::vertex::start_vertex().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = crate::vertex::key_file(dir.path(), &vertex);
+    for state in [&east.state, &west.state, &vertex.state.messages] {
+        state.set_output_tokens(12);
+    }
+    west.state.bedrock.set_region("us-west-2");
+    let mut w = bedrock_upstream("us-west-2", &west, "invoke");
+    if let Some(b) = w.bedrock.as_mut() {
+        b.region = Some("us-west-2".into());
+    }
+    let ups: Vec<config::RawUpstream> = vec![
+        bedrock_upstream("us-east-1", &east, "invoke"),
+        w,
+        crate::vertex::deployment("vertex-east5", &vertex, crate::vertex::EAST, Some(&key)),
+    ]
+    .into_iter()
+    .map(|u| config::RawUpstream {
+        limits: limits().rpm(100).tpm(100_000),
+        cooldown_secs: Some(30),
+        ..u
+    })
+    .collect();
+    let gw = config_of(ups, limits().tpm(100_000)).start().await;
+    // us-east-1 throttles: us-west-2 serves the same request.
+    east.state.bedrock.set_fault(BedrockFault::Throttling, 1);
+    let r = post(&gw, &body(100, true), "input=8").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap_or_default().contains("message_stop"));
+    // us-east-1 cools down and us-west-2 is out of quota: Vertex serves.
+    west.state.bedrock.set_fault(BedrockFault::QuotaExceeded, 1);
+    let r = post(&gw, &body(100, true), "input=8").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap_or_default().contains("message_stop"));
+    gw.all_settled().await;
+    assert_eq!(east.state.requests().len(), 1);
+    assert_eq!(west.state.requests().len(), 2);
+    assert_eq!(vertex.state.requests().len(), 1);
+    for (name, rpm, tpm) in [
+        ("us-east-1", 1, 0),
+        ("us-west-2", 2, 8 + 12),
+        ("vertex-east5", 1, 8 + 12),
+    ] {
+        assert_eq!(
+            gw.used(upstream(name), BudgetName::Rpm).await,
+            rpm,
+            "{name} rpm"
+        );
+        assert_eq!(
+            gw.used(upstream(name), BudgetName::Tpm).await,
+            tpm,
+            "{name} tpm"
+        );
+    }
+    assert_eq!(gw.t1_used(BudgetName::Tpm).await, 2 * (8 + 12));
 }
 
 /// The errors table (issue 42, point 4), one row each, on InvokeModel.
