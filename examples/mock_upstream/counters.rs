@@ -29,12 +29,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::body::HttpBody;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use futures_util::Stream;
 use serde_json::{json, Value};
 
 /// The routes whose requests are counted.
@@ -216,14 +216,16 @@ pub async fn count(State(c): State<Arc<Counters>>, req: Request, next: Next) -> 
     // The body passes through as it is (a fault's cut body stays cut); it
     // is read on the way, and the entry added when it ends or is dropped.
     let counted = Counted {
-        inner: body.into_data_stream(),
+        inner: body,
         buf: Vec::new(),
         entry,
         default_cap,
         sse,
         counters: c,
     };
-    Response::from_parts(parts, Body::from_stream(counted))
+    // Its size hint is the answer's: a whole answer keeps its
+    // content-length (the gateway reads it as it reads a provider's).
+    Response::from_parts(parts, Body::new(counted))
 }
 
 /// Reads an OpenAI (`prompt_tokens`, `completion_tokens`) or Anthropic
@@ -333,23 +335,34 @@ impl<S> Drop for Counted<S> {
     }
 }
 
-impl<S, E> Stream for Counted<S>
-where
-    S: Stream<Item = Result<Bytes, E>> + Unpin,
-{
-    type Item = Result<Bytes, E>;
+impl HttpBody for Counted<Body> {
+    type Data = Bytes;
+    type Error = axum::Error;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = Pin::new(&mut self.inner).poll_next(cx);
-        if let Poll::Ready(Some(Ok(chunk))) = &next {
-            let chunk = chunk.clone();
-            if self.sse {
-                self.frames(&chunk);
-            } else {
-                self.buf.extend_from_slice(&chunk);
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let next = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &next {
+            if let Some(chunk) = frame.data_ref() {
+                let chunk = chunk.clone();
+                if self.sse {
+                    self.frames(&chunk);
+                } else {
+                    self.buf.extend_from_slice(&chunk);
+                }
             }
         }
         next
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -110,8 +110,8 @@ impl HeldReservation {
 
     /// Resolves when the gateway's shutdown grace period ends: the holder
     /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
-    pub async fn shutdown_cutoff(&self) {
-        self.tracker.cutoff().await
+    pub fn shutdown_cutoff(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.tracker.cutoff()
     }
 
     /// Settles in the background (tracked); consumes the reservation.

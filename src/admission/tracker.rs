@@ -89,9 +89,11 @@ impl SettlementTracker {
 
     /// Resolves once [`SettlementTracker::begin_cutoff`] is called (at once
     /// if it was). Cancel-safe.
-    pub async fn cutoff(&self) {
+    pub fn cutoff(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.inner.cutoff.subscribe();
-        let _ = rx.wait_for(|cut| *cut).await;
+        async move {
+            let _ = rx.wait_for(|cut| *cut).await;
+        }
     }
 
     /// Waits until no settlement is pending.

@@ -21,6 +21,8 @@
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
 //! - [`rate_limit_headers`]: `x-ratelimit-*` and the IETF `RateLimit`
 //!   fields (Anthropic's family is [`anthropic::headers`]).
+//! - [`chat_stream`], [`stream_fields`], [`json_scan`]: the few fields
+//!   the relay reads of each stream event, without a tree.
 //!
 //! [`Dialect`] is an enum with one module per variant, not a trait object:
 //! the set of dialects is closed (every one is written here), the request
@@ -35,6 +37,7 @@ pub mod chat_stream;
 pub mod completions;
 pub mod embeddings;
 pub mod error;
+pub mod json_scan;
 pub mod openai;
 pub mod rate_limit_headers;
 pub mod responses;

@@ -26,6 +26,24 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
     }
 }
 
+/// A value's JSON text, unparsed: serde_json's `RawValue`, borrowed as
+/// the `str` it is (so a reader other than serde can make one too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(pub &'a str);
+
+impl<'a> Raw<'a> {
+    /// The value's text.
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de serde_json::value::RawValue>::deserialize(d).map(|r| Raw(r.get()))
+    }
+}
+
 /// Parses `data` as a `T` read from a JSON object; `None` otherwise.
 pub fn parse<'a, T: Deserialize<'a>>(data: &'a str) -> Option<T> {
     serde_json::from_str::<Object<T>>(data).ok().map(|o| o.0)

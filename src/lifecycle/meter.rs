@@ -271,8 +271,8 @@ impl Meter for StreamMeter {
         }
     }
 
-    async fn shutdown(&self) {
-        self.hold.shutdown_cutoff().await
+    fn shutdown(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.hold.shutdown_cutoff()
     }
 
     fn settle(self, used: UsageBreakdown, ending: Ending) -> u64 {

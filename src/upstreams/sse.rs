@@ -30,18 +30,26 @@ impl FrameSplitter {
     /// Adds bytes read from the upstream and returns every frame completed,
     /// each with its terminating blank line.
     pub fn push(&mut self, data: &[u8]) -> Vec<Bytes> {
+        self.feed(data);
+        std::iter::from_fn(|| self.next_frame()).collect()
+    }
+
+    /// Adds bytes read from the upstream; [`next_frame`](Self::next_frame)
+    /// then returns the frames they completed, one by one (no list per read).
+    pub fn feed(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
-        let mut frames = Vec::new();
-        loop {
-            match scan_frame(&self.buf, self.scan) {
-                Ok(end) => {
-                    frames.push(self.buf.split_to(end).freeze());
-                    self.scan = 0;
-                }
-                Err(resume) => {
-                    self.scan = resume;
-                    return frames;
-                }
+    }
+
+    /// The next complete frame, with its terminating blank line.
+    pub fn next_frame(&mut self) -> Option<Bytes> {
+        match scan_frame(&self.buf, self.scan) {
+            Ok(end) => {
+                self.scan = 0;
+                Some(self.buf.split_to(end).freeze())
+            }
+            Err(resume) => {
+                self.scan = resume;
+                None
             }
         }
     }

@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use super::{block_tokens, scale, UsageFields};
 use crate::config::estimate::Encoding;
+use crate::dialects::json_scan::{Fields, Scan};
 use crate::dialects::UsageBreakdown;
 
 /// What the relay learns from one event.
@@ -67,12 +68,55 @@ impl<'a> BlockDelta<'a> {
     /// Parses an event's data; `None` unless it is a `content_block_delta`
     /// whose output is a string (or none).
     pub fn parse(data: &'a str) -> Option<BlockDelta<'a>> {
-        let e: BlockDelta<'a> = crate::dialects::stream_fields::parse(data)?;
+        let mut s = Scan::new(data);
+        let e = Self::scan(&mut s)?;
+        s.end()?;
         let known = !matches!(
             e.delta.0.kind.as_deref(),
             Some("tool_use" | "server_tool_use")
         );
         (e.kind == "content_block_delta" && known).then_some(e)
+    }
+
+    /// The event read by [`Scan`], as serde's derive above reads it.
+    fn scan(s: &mut Scan<'a>) -> Option<Self> {
+        let (mut kind, mut delta) = (None, None);
+        let mut seen = Fields::default();
+        s.object(|s, key| {
+            match &*key {
+                "type" => kind = seen.once(0, s, |s| s.string())?,
+                "delta" => {
+                    delta = seen.once(1, s, |s| {
+                        let mut d = DeltaFields {
+                            kind: None,
+                            text: None,
+                            thinking: None,
+                            partial_json: None,
+                        };
+                        let mut seen = Fields::default();
+                        s.object(|s, key| {
+                            match &*key {
+                                "type" => d.kind = seen.once(0, s, |s| s.string())?,
+                                "text" => d.text = seen.once(1, s, |s| s.string())?,
+                                "thinking" => d.thinking = seen.once(2, s, |s| s.string())?,
+                                "partial_json" => {
+                                    d.partial_json = seen.once(3, s, |s| s.string())?
+                                }
+                                _ => s.skip()?,
+                            }
+                            Some(())
+                        })?;
+                        Some(crate::dialects::stream_fields::Object(d))
+                    })?
+                }
+                _ => s.skip()?,
+            }
+            Some(())
+        })?;
+        Some(BlockDelta {
+            kind: kind?,
+            delta: delta?,
+        })
     }
 
     /// The delta's output string ("" when it carries none).
@@ -343,5 +387,57 @@ mod tests {
             "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
         assert_eq!(s.used().output, Some(n));
+    }
+
+    mod generated {
+        use super::*;
+        use crate::dialects::json_scan::generate::{object, or_other, string, value};
+        use proptest::prelude::*;
+
+        fn event() -> BoxedStrategy<String> {
+            let delta_kind = prop_oneof![
+                proptest::sample::select(vec![
+                    "text_delta",
+                    "thinking_delta",
+                    "input_json_delta",
+                    "text",
+                    "tool_use",
+                    "signature_delta",
+                ])
+                .prop_map(|k| format!("\"{k}\"")),
+                string(),
+            ];
+            let delta = object(vec![
+                ("type", or_other(delta_kind.boxed())),
+                ("text", or_other(string().boxed())),
+                ("thinking", or_other(string().boxed())),
+                ("partial_json", or_other(string().boxed())),
+            ]);
+            let kind = prop_oneof![
+                3 => Just("\"content_block_delta\"".to_string()),
+                1 => string(),
+            ];
+            object(vec![
+                ("type", or_other(kind.boxed())),
+                ("index", value().boxed()),
+                ("delta", or_other(delta)),
+            ])
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+            /// The reader and serde's derive agree on every generated event.
+            #[test]
+            fn the_reader_reads_what_serde_reads(data in event()) {
+                let ours = BlockDelta::parse(&data).map(|e| format!("{e:?}"));
+                let theirs = crate::dialects::stream_fields::parse::<BlockDelta<'_>>(&data)
+                    .filter(|e| {
+                        e.kind == "content_block_delta"
+                            && !matches!(e.delta.0.kind.as_deref(), Some("tool_use" | "server_tool_use"))
+                    })
+                    .map(|e| format!("{e:?}"));
+                prop_assert_eq!(ours, theirs, "{}", data);
+            }
+        }
     }
 }

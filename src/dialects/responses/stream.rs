@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::usage_from_value;
 use crate::config::estimate::Encoding;
+use crate::dialects::json_scan::{Fields, Scan};
 use crate::dialects::UsageBreakdown;
 
 /// Delta events that carry model output (text the model generated).
@@ -85,11 +86,38 @@ pub struct DeltaEvent<'a> {
     pub content_index: Option<u64>,
 }
 
-impl DeltaEvent<'_> {
+impl<'a> DeltaEvent<'a> {
     /// Parses an event's data; `None` unless it is an output delta of these shapes.
-    pub fn parse(data: &str) -> Option<DeltaEvent<'_>> {
-        let e: DeltaEvent<'_> = crate::dialects::stream_fields::parse(data)?;
+    pub fn parse(data: &'a str) -> Option<DeltaEvent<'a>> {
+        let mut s = Scan::new(data);
+        let e = Self::scan(&mut s)?;
+        s.end()?;
         OUTPUT_DELTAS.contains(&e.kind.as_ref()).then_some(e)
+    }
+
+    /// The event read by [`Scan`], as serde's derive above reads it.
+    fn scan(s: &mut Scan<'a>) -> Option<Self> {
+        let (mut kind, mut delta) = (None, None);
+        let (mut sequence_number, mut output_index, mut content_index) = (None, None, None);
+        let mut seen = Fields::default();
+        s.object(|s, key| {
+            match &*key {
+                "type" => kind = seen.once(0, s, |s| s.string())?,
+                "delta" => delta = seen.once(1, s, |s| s.string())?,
+                "sequence_number" => sequence_number = seen.once(2, s, |s| s.u64())?,
+                "output_index" => output_index = seen.once(3, s, |s| s.u64())?,
+                "content_index" => content_index = seen.once(4, s, |s| s.u64())?,
+                _ => s.skip()?,
+            }
+            Some(())
+        })?;
+        Some(DeltaEvent {
+            kind: kind?,
+            delta: delta?,
+            sequence_number,
+            output_index,
+            content_index,
+        })
     }
 }
 
@@ -368,5 +396,40 @@ mod tests {
         );
         assert_eq!(n, 1);
         assert_eq!(usage.map(|u| u.total()), Some(8));
+    }
+
+    mod generated {
+        use super::*;
+        use crate::dialects::json_scan::generate::{object, or_other, string};
+        use proptest::prelude::*;
+
+        fn event() -> BoxedStrategy<String> {
+            let index = || or_other(any::<u32>().prop_map(|n| n.to_string()).boxed());
+            let kind = prop_oneof![
+                3 => proptest::sample::select(OUTPUT_DELTAS.to_vec()).prop_map(|k| format!("\"{k}\"")),
+                1 => string(),
+            ];
+            object(vec![
+                ("type", or_other(kind.boxed())),
+                ("delta", or_other(string().boxed())),
+                ("sequence_number", index()),
+                ("output_index", index()),
+                ("content_index", index()),
+                ("item_id", string().boxed()),
+            ])
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1000))]
+            /// The reader and serde's derive agree on every generated event.
+            #[test]
+            fn the_reader_reads_what_serde_reads(data in event()) {
+                let ours = DeltaEvent::parse(&data).map(|e| format!("{e:?}"));
+                let theirs = crate::dialects::stream_fields::parse::<DeltaEvent<'_>>(&data)
+                    .filter(|e| OUTPUT_DELTAS.contains(&e.kind.as_ref()))
+                    .map(|e| format!("{e:?}"));
+                prop_assert_eq!(ours, theirs, "{}", data);
+            }
+        }
     }
 }

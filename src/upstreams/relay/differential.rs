@@ -50,8 +50,8 @@ impl Meter for ScriptedMeter {
         Extension::Granted(granted)
     }
 
-    async fn shutdown(&self) {
-        std::future::pending().await
+    fn shutdown(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        std::future::pending()
     }
 
     fn settle(self, used: UsageBreakdown, ending: Ending) -> u64 {

@@ -22,8 +22,10 @@ pub trait Meter: Send + 'static {
     fn id(&self) -> &str;
     /// Asks for `tokens` more output.
     fn extend(&mut self, tokens: u64) -> impl Future<Output = Extension> + Send;
-    /// Resolves when the gateway's shutdown grace period ends. Cancel-safe.
-    fn shutdown(&self) -> impl Future<Output = ()> + Send;
+    /// Resolves when the gateway's shutdown grace period ends. Cancel-safe;
+    /// owns what it waits on, so one future serves a whole stream (not
+    /// one subscription per upstream read).
+    fn shutdown(&self) -> impl Future<Output = ()> + Send + 'static;
     /// Settles what the stream used, the stream having ended as `ending`;
     /// returns the tokens settled.
     fn settle(self, used: UsageBreakdown, ending: Ending) -> u64;
@@ -142,11 +144,14 @@ pub async fn run<M: Meter>(
             None => std::future::pending().await,
         }
     };
-    tokio::pin!(deadline);
+    // Made once per stream, not once per upstream read.
+    let client_gone = tx.closed();
+    let shutdown = hold.shutdown();
+    tokio::pin!(deadline, client_gone, shutdown);
     let ending = 'relay: loop {
         let next = tokio::select! {
             biased;
-            _ = tx.closed() => break 'relay Ending::ClientGone,
+            _ = &mut client_gone => break 'relay Ending::ClientGone,
             // Time is up: the same clean ending as when the budget runs out.
             _ = &mut deadline => {
                 tracing::info!(reservation_id = %hold.id(), "stream reached the request's time limit; cutting off");
@@ -154,7 +159,7 @@ pub async fn run<M: Meter>(
                 break 'relay Ending::TimeLimit;
             }
             // Shutdown grace period over: end cleanly, as when the budget runs out.
-            _ = hold.shutdown() => {
+            _ = &mut shutdown => {
                 tracing::info!(reservation_id = %hold.id(), "gateway shutting down; cutting the stream off");
                 send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
                 break 'relay Ending::CutOff;
@@ -208,7 +213,8 @@ pub async fn run<M: Meter>(
                 break Ending::UpstreamError;
             }
         };
-        for frame in splitter.push(&chunk) {
+        splitter.feed(&chunk);
+        while let Some(frame) = splitter.next_frame() {
             if let FrameAction::Forward(b) = proc.on_frame(frame) {
                 if tx.send(b).await.is_err() {
                     break 'relay Ending::ClientGone;
