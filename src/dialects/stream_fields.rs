@@ -1,8 +1,9 @@
-//! Reading a few fields of a stream event straight from its JSON
-//! (issue 40): serde structs of borrowed strings and raw values, never a
-//! tree. [`Object`] makes a struct read only from a JSON object, as a
-//! tree's `get` would: serde reads a struct from an array too, by
-//! position, which a tree never does.
+//! The serde side of the stream events' field structs (issue 40): the
+//! relay reads them with [`super::json_scan`], and their serde derives are
+//! the reference its tests compare with. [`Object`] makes a struct read
+//! only from a JSON object, as a tree's `get` would: serde reads a struct
+//! from an array too, by position, which a tree never does. [`Raw`] is a
+//! value's text, unparsed.
 
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 
