@@ -1,7 +1,7 @@
 //! The last phase: one log line and the request metrics, written exactly
 //! once for every outcome (pingora's "logging" phase). A [`Finish`] is
 //! created when the request arrives and travels with it (into the stream
-//! relay's task for streams); if it is dropped before it was written, the
+//! relay's response body for streams); if it is dropped before it was written, the
 //! request was abandoned (the client went away while it waited), and the
 //! drop writes the line.
 

@@ -6,10 +6,8 @@
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
-use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 use super::admit::HoldBudgets;
 use super::context::RequestContext;
@@ -125,8 +123,8 @@ fn count_over_cap(cx: &RequestContext, request: &Prepared, used: &UsageBreakdown
     }
 }
 
-/// Starts the relay of a streamed answer on its own task; the relay
-/// settles, and the task writes the final line when the stream ends.
+/// The response relaying a streamed answer: its body meters and settles
+/// the stream and writes the final line when the stream ends.
 fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Response {
     let Answer {
         hold,
@@ -166,33 +164,32 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         input_tokens: estimate.input_tokens,
         deadline: Some(tokio::time::Instant::from_std(deadline)),
     };
-    let (tx, rx) = mpsc::channel::<Bytes>(16);
     let finish = cx.finish.hand_off();
     let owner = OwnerWriter::new(cx, request, budgets.deployment());
     let full = full_charge(request);
     let input_tokens = estimate.input_tokens;
     let (model_name, input_estimate) = (model.name.clone(), estimate.input_tokens);
-    tokio::spawn(async move {
-        metrics::active_streams(1.0);
-        let meter = StreamMeter {
-            hold,
-            budgets,
-            owner,
-            response_id: None,
-            full,
-            input_tokens,
-            model: model_name,
-            input_estimate,
-        };
-        let summary = relay::run(upstream, proc, meter, plan, tx).await;
-        metrics::active_streams(-1.0);
-        finish.write(Outcome::Streamed(&summary));
-    });
-    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<Bytes, std::io::Error>(b), rx))
-    }));
+    let meter = StreamMeter {
+        hold,
+        budgets,
+        owner,
+        response_id: None,
+        full,
+        input_tokens,
+        model: model_name,
+        input_estimate,
+    };
+    metrics::active_streams(1.0);
+    let body = Body::new(relay::relay_body(
+        upstream,
+        proc,
+        meter,
+        plan,
+        move |summary| {
+            metrics::active_streams(-1.0);
+            finish.write(Outcome::Streamed(&summary));
+        },
+    ));
     let mut response = Response::new(body);
     *response.headers_mut() = headers;
     response.headers_mut().insert(

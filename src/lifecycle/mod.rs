@@ -138,7 +138,7 @@ fn finish_inner(cx: &mut RequestContext, metered: Result<Metered, ApiError>) -> 
             record.write(Outcome::Answered { settled });
             response
         }
-        // The relay's task holds the stream's record; this one is empty.
+        // The relay's body holds the stream's record; this one is empty.
         Ok(Metered::Streaming(response)) => response,
         Ok(Metered::PassedOn(response)) => {
             record.write(Outcome::UpstreamFailed {

@@ -15,9 +15,13 @@ use bytes::{Bytes, BytesMut};
 /// Cuts a byte stream into SSE frames.
 #[derive(Debug, Default)]
 pub struct FrameSplitter {
+    /// A read handed over whole ([`feed_bytes`](Self::feed_bytes)) while
+    /// nothing was buffered: its frames are cut out of it without a copy.
+    read: Bytes,
     buf: BytesMut,
-    /// Where the current frame starts in `buf` is always 0; `scan` is where
-    /// the next unexamined line starts.
+    /// Where the current frame starts (in `read` when it is not empty,
+    /// else in `buf`) is always 0; `scan` is where the next unexamined
+    /// line starts.
     scan: usize,
 }
 
@@ -37,11 +41,46 @@ impl FrameSplitter {
     /// Adds bytes read from the upstream; [`next_frame`](Self::next_frame)
     /// then returns the frames they completed, one by one (no list per read).
     pub fn feed(&mut self, data: &[u8]) {
+        self.keep_read();
         self.buf.extend_from_slice(data);
+    }
+
+    /// As [`feed`](Self::feed), for a read the splitter may keep: when
+    /// nothing is buffered, the frames it holds whole are handed out as
+    /// slices of it (one event per read is the common case: no copy).
+    pub fn feed_bytes(&mut self, data: Bytes) {
+        if self.read.is_empty() && self.buf.is_empty() {
+            self.read = data;
+        } else {
+            self.feed(&data);
+        }
+    }
+
+    /// Moves what is left of a kept read into the buffer (the scan
+    /// position stays valid: the buffer was empty).
+    fn keep_read(&mut self) {
+        if !self.read.is_empty() {
+            self.buf.extend_from_slice(&self.read);
+            self.read = Bytes::new();
+        }
     }
 
     /// The next complete frame, with its terminating blank line.
     pub fn next_frame(&mut self) -> Option<Bytes> {
+        if !self.read.is_empty() {
+            match scan_frame(&self.read, self.scan) {
+                Ok(end) => {
+                    self.scan = 0;
+                    return Some(self.read.split_to(end));
+                }
+                Err(resume) => {
+                    // A frame that goes on in the next read.
+                    self.keep_read();
+                    self.scan = resume;
+                    return None;
+                }
+            }
+        }
         match scan_frame(&self.buf, self.scan) {
             Ok(end) => {
                 self.scan = 0;
@@ -60,6 +99,7 @@ impl FrameSplitter {
     /// (`data: x\r\r`) comes back byte for byte; an unterminated one gets
     /// the fewest line ends that complete it.
     pub fn finish(&mut self) -> Option<Bytes> {
+        self.keep_read();
         self.scan = 0;
         let rest = self.buf.split();
         if rest.is_empty() {
@@ -195,7 +235,50 @@ fn parse_text(text: &str) -> Frame<'_> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    /// Every frame of `reads`, then the last one, by `feed_bytes` or `feed`.
+    fn frames(reads: &[Vec<u8>], whole: bool) -> Vec<Bytes> {
+        let mut s = FrameSplitter::new();
+        let mut out = Vec::new();
+        for r in reads {
+            if whole {
+                s.feed_bytes(Bytes::copy_from_slice(r));
+            } else {
+                s.feed(r);
+            }
+            out.extend(std::iter::from_fn(|| s.next_frame()));
+        }
+        out.extend(s.finish());
+        out
+    }
+
+    proptest! {
+        /// Reads kept whole are cut as copied ones are: any bytes of SSE
+        /// lines and line ends, cut anywhere.
+        #[test]
+        fn reads_kept_whole_split_as_copied_ones(
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "data: {\"a\":1}", "\n", "\r", "\r\n", ": ping", "event: x", "data: é", "id: 1",
+            ]), 0..40),
+            cuts in prop::collection::vec(1usize..24, 1..8),
+        ) {
+            let bytes = pieces.concat().into_bytes();
+            let mut reads = Vec::new();
+            let mut rest = &bytes[..];
+            for &n in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (a, b) = rest.split_at(n.min(rest.len()));
+                reads.push(a.to_vec());
+                rest = b;
+            }
+            prop_assert_eq!(frames(&reads, true), frames(&reads, false));
+        }
+    }
 
     #[test]
     fn splits_on_every_blank_line_style() {

@@ -1,7 +1,7 @@
 //! The bound-first relay against the exact one (issue 40): streams of
 //! random Unicode text (every script, emoji, text that falls back to byte
 //! tokens, JSON escapes), cut into random network chunks, in every
-//! streamed dialect, through [`super::run`] with a meter whose budget runs
+//! streamed dialect, through [`super::relay_body`] with a meter whose budget runs
 //! out at a random point. Both relays must deliver the same bytes, ask for
 //! the same extensions, end the same way and settle the same usage.
 
@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use proptest::prelude::*;
 use serde_json::json;
-use tokio::sync::mpsc;
 
-use super::{run, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
+use super::{relay_body, Ending, ExtendPlan, Extension, Meter, StreamProcessor};
 use crate::config::estimate::Encoding;
 use crate::dialects::{Dialect, UsageBreakdown};
 
@@ -232,18 +231,29 @@ async fn relay(c: &Case, exact: bool) -> (Vec<u8>, Ending, u64, Seen) {
         input_tokens: 5,
         deadline: None,
     };
-    let (tx, mut rx) = mpsc::channel::<Bytes>(4);
-    let client = tokio::spawn(async move {
-        let mut got = Vec::new();
-        while let Some(b) = rx.recv().await {
-            got.extend_from_slice(&b);
-        }
-        got
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let body = relay_body(upstream, proc, meter, plan, move |summary| {
+        let _ = done_tx.send(summary);
     });
-    let summary = run(upstream, proc, meter, plan, tx).await;
-    let got = client.await.expect("client task");
+    let got = collect(body).await;
+    let summary = done_rx.await.expect("the relay settled");
     let seen = seen.lock().unwrap().clone();
     (got, summary.ending, summary.settled_tokens, seen)
+}
+
+/// Everything a body delivers, read as hyper reads it.
+async fn collect(
+    body: impl http_body::Body<Data = Bytes, Error = std::convert::Infallible>,
+) -> Vec<u8> {
+    let mut body = std::pin::pin!(body);
+    let mut got = Vec::new();
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let Ok(frame) = frame;
+        if let Ok(data) = frame.into_data() {
+            got.extend_from_slice(&data);
+        }
+    }
+    got
 }
 
 /// Text that stresses the tokenizers: every script, emoji sequences,

@@ -1,19 +1,17 @@
 //! Relaying a streamed completion (DESIGN section 5): frames are forwarded
 //! byte for byte as they arrive, metered as they pass, the reservation is
 //! extended as output grows, and the stream is cut off cleanly when no
-//! budget is left. The relay task owns the reservation, through the
-//! narrow [`Meter`] interface defined here (the relay knows nothing of
-//! budgets), and settles it on every exit path: completion, cutoff,
-//! upstream error, client disconnect. What a frame means (usage, output,
+//! budget is left. The relay is the client's response body
+//! ([`RelayBody`]); it owns the reservation, through the narrow [`Meter`]
+//! interface defined here (the relay knows nothing of budgets), and
+//! settles it on every exit path: completion, cutoff, upstream error,
+//! client disconnect (the body dropped). What a frame means (usage, output,
 //! cutoff frames) is the dialect's.
 
 use std::future::Future;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use tokio::sync::mpsc;
 
-use super::sse::FrameSplitter;
 use crate::dialects::UsageBreakdown;
 
 /// What the relay needs of the reservation it meters.
@@ -45,11 +43,13 @@ pub enum Extension {
     Failed(String),
 }
 
+mod body;
 pub mod bound;
 mod delta_counts;
 #[cfg(test)]
 mod differential;
 mod processor;
+pub use body::{relay_body, RelayBody};
 pub use processor::{FrameAction, StreamProcessor};
 
 /// An SSE error event in OpenAI's error shape; the official SDKs raise on it.
@@ -124,154 +124,4 @@ pub struct RelaySummary {
     /// counted; `None` when it was settled (by the upstream's usage)
     /// without counting its last deltas.
     pub counted_output: Option<u64>,
-}
-
-/// Relays `upstream` to `tx`, metering and extending; settles `hold` before
-/// returning.
-pub async fn run<M: Meter>(
-    upstream: reqwest::Response,
-    mut proc: StreamProcessor,
-    mut hold: M,
-    mut plan: ExtendPlan,
-    tx: mpsc::Sender<Bytes>,
-) -> RelaySummary {
-    let mut splitter = FrameSplitter::new();
-    let mut body = upstream.bytes_stream();
-    let mut extensions_work = true;
-    let deadline = async {
-        match plan.deadline {
-            Some(at) => tokio::time::sleep_until(at).await,
-            None => std::future::pending().await,
-        }
-    };
-    // Made once per stream, not once per upstream read.
-    let client_gone = tx.closed();
-    let shutdown = hold.shutdown();
-    tokio::pin!(deadline, client_gone, shutdown);
-    let ending = 'relay: loop {
-        let next = tokio::select! {
-            biased;
-            _ = &mut client_gone => break 'relay Ending::ClientGone,
-            // Time is up: the same clean ending as when the budget runs out.
-            _ = &mut deadline => {
-                tracing::info!(reservation_id = %hold.id(), "stream reached the request's time limit; cutting off");
-                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
-                break 'relay Ending::TimeLimit;
-            }
-            // Shutdown grace period over: end cleanly, as when the budget runs out.
-            _ = &mut shutdown => {
-                tracing::info!(reservation_id = %hold.id(), "gateway shutting down; cutting the stream off");
-                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
-                break 'relay Ending::CutOff;
-            }
-            next = body.next() => next,
-        };
-        let chunk = match next {
-            Some(Ok(chunk)) => chunk,
-            // The upstream call's own timeout (at most the request's time
-            // limit) ended the body: a time limit, not an upstream fault.
-            Some(Err(e)) if e.is_timeout() => {
-                tracing::info!(reservation_id = %hold.id(), "upstream call reached its timeout; cutting off");
-                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
-                break Ending::TimeLimit;
-            }
-            Some(Err(e)) => {
-                tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream stream failed");
-                let _ = tx
-                    .send(proc.error_frame(
-                        "The upstream connection failed mid-stream.",
-                        "upstream_stream_error",
-                    ))
-                    .await;
-                break Ending::UpstreamError;
-            }
-            None => {
-                if let Some(last) = splitter.finish() {
-                    // The last frame (completed if its blank line is missing).
-                    if let FrameAction::Forward(b) = proc.on_frame(last) {
-                        if tx.send(b).await.is_err() {
-                            break Ending::ClientGone;
-                        }
-                    }
-                }
-                if proc.is_done() {
-                    break Ending::Completed;
-                }
-                if proc.is_errored() {
-                    break Ending::UpstreamError;
-                }
-                if proc.all_finished() {
-                    let _ = tx.send(proc.closing_frames()).await;
-                    break Ending::Completed;
-                }
-                let _ = tx
-                    .send(proc.error_frame(
-                        "The upstream closed the stream before it finished.",
-                        "upstream_stream_truncated",
-                    ))
-                    .await;
-                break Ending::UpstreamError;
-            }
-        };
-        splitter.feed(&chunk);
-        while let Some(frame) = splitter.next_frame() {
-            if let FrameAction::Forward(b) = proc.on_frame(frame) {
-                if tx.send(b).await.is_err() {
-                    break 'relay Ending::ClientGone;
-                }
-            }
-            if let Some(id) = proc.take_created() {
-                hold.created(&id);
-            }
-            if proc.is_done() {
-                break 'relay Ending::Completed;
-            }
-            if proc.is_over_cap() {
-                tracing::info!(reservation_id = %hold.id(), "output passed the cap sent upstream; cutting off");
-                send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
-                break 'relay Ending::OverCap;
-            }
-            let Some(step) = plan.step else { continue };
-            // Once every choice has finished no more output can come: no extension.
-            while extensions_work
-                && !proc.all_finished()
-                && proc.output_reaches(plan.reserved_output)
-                && plan.reserved_output < plan.max_output
-            {
-                let want = step.min(plan.max_output - plan.reserved_output);
-                match hold.extend(want).await {
-                    Extension::Granted(granted) => plan.reserved_output += granted,
-                    Extension::Exhausted(why) => {
-                        tracing::info!(reservation_id = %hold.id(), reason = %why, "budget exhausted mid-stream; cutting off");
-                        send_all(&tx, proc.cutoff_frames(plan.input_tokens)).await;
-                        break 'relay Ending::CutOff;
-                    }
-                    Extension::Failed(e) => {
-                        // The upstream cap still bounds the output; the limiter must not become the outage.
-                        tracing::warn!(reservation_id = %hold.id(), error = %e, "extension failed; continuing under the upstream cap");
-                        extensions_work = false;
-                    }
-                }
-            }
-        }
-    };
-    drop(body); // aborts the upstream request if it is still running
-
-    let used = proc.used(plan.input_tokens);
-    let counted_output = proc.counted_output();
-    let settled_tokens = hold.settle(used, ending);
-    RelaySummary {
-        ending,
-        settled_tokens,
-        counted_output,
-    }
-}
-
-/// Sends `frames` in order until the client is gone.
-async fn send_all(tx: &mpsc::Sender<Bytes>, frames: Vec<Bytes>) {
-    for f in frames {
-        if tx.send(f).await.is_err() {
-            return;
-        }
-    }
 }

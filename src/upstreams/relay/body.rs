@@ -1,0 +1,616 @@
+//! The relay as the client's response body: every frame is read from the
+//! upstream, metered and forwarded inside the body's own `poll_frame`, on
+//! the task of the client's connection. Each event is one hand-off (the
+//! upstream connection's to this body) instead of three (to a relay task,
+//! through a channel, to the connection), and the client's back-pressure
+//! reaches the upstream read directly.
+//!
+//! The extension and the settlement are the only steps that are not
+//! plain reads: an extension is a future owning the meter while it runs;
+//! the settlement is synchronous. A body dropped before its stream ended
+//! (the client went away) settles in its `Drop`, after any extension in
+//! flight has answered (on a task of its own), so no hold is left unsettled
+//! and no granted extension is lost.
+//!
+//! Frames are delivered in batches: what was read while more events kept
+//! arriving within a few turns of the scheduler leaves as one write (at
+//! most [`BATCH_BYTES`]). An event that arrives alone waits only those
+//! turns (microseconds); a burst costs one system call, not one per event.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use http_body::Frame;
+
+use super::super::sse::FrameSplitter;
+use super::{Ending, ExtendPlan, Extension, FrameAction, Meter, RelaySummary, StreamProcessor};
+
+type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type Pending<M> = Pin<Box<dyn Future<Output = (M, Extension)> + Send>>;
+
+/// The body of a relayed stream: the upstream's frames as metered, then
+/// the frames of its ending; `on_end` gets the summary once it settled.
+pub struct RelayBody<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> {
+    relay: Option<Relay<M>>,
+    /// Frames for the client, not yet handed to the connection.
+    out: Batch,
+    /// How many frames were held back when the body last yielded.
+    yielded_at: Option<usize>,
+    /// Turns yielded in a row that brought no frame.
+    idle_turns: u8,
+    on_end: Option<F>,
+}
+
+/// Frames read but not yet delivered: handed to the connection as one
+/// write.
+#[derive(Default)]
+struct Batch {
+    frames: Vec<Bytes>,
+    bytes: usize,
+}
+
+/// A batch this large is delivered without waiting for more.
+const BATCH_BYTES: usize = 16 * 1024;
+
+/// Reads of an upstream that is always ready between two checks of the
+/// deadline and the shutdown.
+const CHECK_EVERY_READS: u8 = 16;
+
+/// Turns of the scheduler a batch waits for another event before it is
+/// delivered: hyper's client connection hands a body on one chunk at a
+/// time, the next one two turns after the last was taken
+/// (docs/PERFORMANCE.md).
+const IDLE_TURNS: u8 = 2;
+
+impl Batch {
+    fn push(&mut self, frame: Bytes) {
+        self.bytes += frame.len();
+        self.frames.push(frame);
+    }
+
+    fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    fn is_full(&self) -> bool {
+        self.bytes >= BATCH_BYTES
+    }
+
+    /// The frames as one buffer (copied only when there are several).
+    fn take(&mut self) -> Option<Bytes> {
+        let bytes = std::mem::take(&mut self.bytes);
+        match self.frames.len() {
+            0 | 1 => self.frames.pop(),
+            _ => {
+                let mut joined = bytes::BytesMut::with_capacity(bytes);
+                for f in self.frames.drain(..) {
+                    joined.extend_from_slice(&f);
+                }
+                Some(joined.freeze())
+            }
+        }
+    }
+}
+
+impl Extend<Bytes> for Batch {
+    fn extend<I: IntoIterator<Item = Bytes>>(&mut self, frames: I) {
+        for f in frames {
+            self.push(f);
+        }
+    }
+}
+
+/// Relays `upstream`, metering and extending through `hold`; settles it
+/// when the stream ends (or the body is dropped) and then calls `on_end`.
+pub fn relay_body<M: Meter, F: FnOnce(RelaySummary) + Send + 'static>(
+    upstream: reqwest::Response,
+    proc: StreamProcessor,
+    hold: M,
+    plan: ExtendPlan,
+    on_end: F,
+) -> RelayBody<M, F> {
+    let shutdown = Box::pin(hold.shutdown());
+    RelayBody {
+        relay: Some(Relay {
+            upstream: Some(Box::pin(upstream.bytes_stream())),
+            splitter: FrameSplitter::new(),
+            proc,
+            deadline: plan
+                .deadline
+                .map(|at| Box::pin(tokio::time::sleep_until(at))),
+            plan,
+            hold: Some(hold),
+            extending: None,
+            extensions_work: true,
+            shutdown,
+            reads_unchecked: 0,
+        }),
+        out: Batch::default(),
+        yielded_at: None,
+        idle_turns: 0,
+        on_end: Some(on_end),
+    }
+}
+
+struct Relay<M: Meter> {
+    /// `None` once the stream ended (dropping it aborts the upstream call).
+    upstream: Option<Upstream>,
+    splitter: FrameSplitter,
+    proc: StreamProcessor,
+    plan: ExtendPlan,
+    /// `None` while an extension owns it.
+    hold: Option<M>,
+    extending: Option<Pending<M>>,
+    extensions_work: bool,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Upstream reads since the deadline and the shutdown were checked.
+    reads_unchecked: u8,
+}
+
+impl<M: Meter> Relay<M> {
+    /// Reads and meters until `out` is full (`Ready(None)`), the stream
+    /// ends (`Ready(Some)`, its last frames in `out`), or nothing can be
+    /// read now (`Pending`, with or without frames in `out`).
+    fn advance(&mut self, cx: &mut Context<'_>, out: &mut Batch) -> Poll<Option<Ending>> {
+        loop {
+            if let Some(extension) = &mut self.extending {
+                let (hold, answer) = ready!(extension.as_mut().poll(cx));
+                self.extending = None;
+                self.hold = Some(hold);
+                match answer {
+                    Extension::Granted(granted) => self.plan.reserved_output += granted,
+                    Extension::Exhausted(why) => {
+                        tracing::info!(reservation_id = %self.id(), reason = %why, "budget exhausted mid-stream; cutting off");
+                        return Poll::Ready(Some(self.cut_off(out, Ending::CutOff)));
+                    }
+                    Extension::Failed(e) => {
+                        // The upstream cap still bounds the output; the limiter must not become the outage.
+                        tracing::warn!(reservation_id = %self.id(), error = %e, "extension failed; continuing under the upstream cap");
+                        self.extensions_work = false;
+                    }
+                }
+                self.extend_if_due();
+                continue;
+            }
+            if out.is_full() {
+                return Poll::Ready(None);
+            }
+            if let Some(frame) = self.splitter.next_frame() {
+                if let Some(ending) = self.on_frame(frame, out) {
+                    return Poll::Ready(Some(ending));
+                }
+                continue;
+            }
+            let Some(upstream) = &mut self.upstream else {
+                return Poll::Ready(Some(Ending::UpstreamError));
+            };
+            let read = upstream.as_mut().poll_next(cx);
+            // Time is up, or the shutdown grace period is over: both end
+            // cleanly, as when the budget runs out. Checked whenever the
+            // relay would wait for the upstream (so their wake-ups are
+            // registered), and every few reads of an upstream that never
+            // makes it wait.
+            self.reads_unchecked += 1;
+            if read.is_pending() || self.reads_unchecked >= CHECK_EVERY_READS {
+                self.reads_unchecked = 0;
+                if let Some(ending) = self.time_is_up(cx) {
+                    return Poll::Ready(Some(self.cut_off(out, ending)));
+                }
+            }
+            match ready!(read) {
+                Some(Ok(chunk)) => self.splitter.feed_bytes(chunk),
+                // The upstream call's own timeout (at most the request's
+                // time limit) ended the body: a time limit, not an upstream fault.
+                Some(Err(e)) if e.is_timeout() => {
+                    tracing::info!(reservation_id = %self.id(), "upstream call reached its timeout; cutting off");
+                    return Poll::Ready(Some(self.cut_off(out, Ending::TimeLimit)));
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(reservation_id = %self.id(), error = %e, "upstream stream failed");
+                    out.push(self.proc.error_frame(
+                        "The upstream connection failed mid-stream.",
+                        "upstream_stream_error",
+                    ));
+                    return Poll::Ready(Some(Ending::UpstreamError));
+                }
+                None => return Poll::Ready(Some(self.upstream_closed(out))),
+            }
+        }
+    }
+
+    /// The ending a passed deadline or the shutdown's cutoff brings.
+    fn time_is_up(&mut self, cx: &mut Context<'_>) -> Option<Ending> {
+        if let Some(deadline) = &mut self.deadline {
+            if deadline.as_mut().poll(cx).is_ready() {
+                tracing::info!(reservation_id = %self.id(), "stream reached the request's time limit; cutting off");
+                return Some(Ending::TimeLimit);
+            }
+        }
+        if self.shutdown.as_mut().poll(cx).is_ready() {
+            tracing::info!(reservation_id = %self.id(), "gateway shutting down; cutting the stream off");
+            return Some(Ending::CutOff);
+        }
+        None
+    }
+
+    /// One complete frame: forwarded as the processor says; the ending it
+    /// brings, if any; an extension started when output reached the
+    /// reservation.
+    fn on_frame(&mut self, frame: Bytes, out: &mut Batch) -> Option<Ending> {
+        if let FrameAction::Forward(b) = self.proc.on_frame(frame) {
+            out.push(b);
+        }
+        if let Some(id) = self.proc.take_created() {
+            if let Some(hold) = &mut self.hold {
+                hold.created(&id);
+            }
+        }
+        if self.proc.is_done() {
+            return Some(Ending::Completed);
+        }
+        if self.proc.is_over_cap() {
+            tracing::info!(reservation_id = %self.id(), "output passed the cap sent upstream; cutting off");
+            return Some(self.cut_off(out, Ending::OverCap));
+        }
+        self.extend_if_due();
+        None
+    }
+
+    /// Starts an extension when the output delivered reached what is
+    /// reserved and more may come (no extension once every choice has
+    /// finished).
+    fn extend_if_due(&mut self) {
+        let Some(step) = self.plan.step else { return };
+        let plan = &self.plan;
+        if !(self.extensions_work
+            && !self.proc.all_finished()
+            && plan.reserved_output < plan.max_output
+            && self.proc.output_reaches(plan.reserved_output))
+        {
+            return;
+        }
+        let Some(mut hold) = self.hold.take() else {
+            return;
+        };
+        let want = step.min(plan.max_output - plan.reserved_output);
+        self.extending = Some(Box::pin(async move {
+            let answer = hold.extend(want).await;
+            (hold, answer)
+        }));
+    }
+
+    /// The upstream's body ended: the last frame (completed if its blank
+    /// line is missing), then how the stream stands.
+    fn upstream_closed(&mut self, out: &mut Batch) -> Ending {
+        if let Some(last) = self.splitter.finish() {
+            if let FrameAction::Forward(b) = self.proc.on_frame(last) {
+                out.push(b);
+            }
+        }
+        if self.proc.is_done() {
+            return Ending::Completed;
+        }
+        if self.proc.is_errored() {
+            return Ending::UpstreamError;
+        }
+        if self.proc.all_finished() {
+            out.push(self.proc.closing_frames());
+            return Ending::Completed;
+        }
+        out.push(self.proc.error_frame(
+            "The upstream closed the stream before it finished.",
+            "upstream_stream_truncated",
+        ));
+        Ending::UpstreamError
+    }
+
+    /// The frames of a clean ending, queued; returns `ending`.
+    fn cut_off(&mut self, out: &mut Batch, ending: Ending) -> Ending {
+        out.extend(self.proc.cutoff_frames(self.plan.input_tokens));
+        ending
+    }
+
+    fn id(&self) -> &str {
+        self.hold.as_ref().map_or("", |h| h.id())
+    }
+
+    /// Settles what was delivered, the stream having ended as `ending`.
+    fn settle(mut self, ending: Ending) -> RelaySummary {
+        self.upstream = None;
+        let used = self.proc.used(self.plan.input_tokens);
+        let counted_output = self.proc.counted_output();
+        let settled_tokens = self.hold.take().map_or(0, |h| h.settle(used, ending));
+        RelaySummary {
+            ending,
+            settled_tokens,
+            counted_output,
+        }
+    }
+}
+
+impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> RelayBody<M, F> {
+    fn end(&mut self, relay: Relay<M>, ending: Ending) {
+        let summary = relay.settle(ending);
+        if let Some(on_end) = self.on_end.take() {
+            on_end(summary);
+        }
+    }
+}
+
+impl<M: Meter + Unpin, F: FnOnce(RelaySummary) + Send + Unpin + 'static> http_body::Body
+    for RelayBody<M, F>
+{
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        let Some(relay) = &mut this.relay else {
+            return Poll::Ready(this.out.take().map(|b| Ok(Frame::data(b))));
+        };
+        match relay.advance(cx, &mut this.out) {
+            Poll::Ready(Some(ending)) => {
+                // Settled before its last frames reach the client.
+                if let Some(relay) = this.relay.take() {
+                    this.end(relay, ending);
+                }
+            }
+            Poll::Ready(None) => {}
+            Poll::Pending if this.out.is_empty() => return Poll::Pending,
+            // Waiting for an extension: what was read goes now.
+            Poll::Pending if relay.extending.is_some() => {}
+            Poll::Pending => {
+                // The upstream's connection hands its events on one by
+                // one, each after turns of the scheduler: while they
+                // bring more, the frames wait, so events that arrived
+                // together leave in one write, not one write each.
+                if this.yielded_at.is_some_and(|n| n == this.out.len()) {
+                    this.idle_turns += 1;
+                } else {
+                    this.idle_turns = 0;
+                }
+                if this.idle_turns < IDLE_TURNS {
+                    this.yielded_at = Some(this.out.len());
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+        }
+        this.yielded_at = None;
+        this.idle_turns = 0;
+        Poll::Ready(this.out.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.relay.is_none() && self.out.is_empty()
+    }
+}
+
+impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> Drop for RelayBody<M, F> {
+    /// The client went away before the stream ended.
+    fn drop(&mut self) {
+        let Some(mut relay) = self.relay.take() else {
+            return;
+        };
+        let Some(extension) = relay.extending.take() else {
+            self.end(relay, Ending::ClientGone);
+            return;
+        };
+        // The extension may have been granted: its answer goes into the
+        // meter before the settlement, which then refunds it.
+        let on_end = self.on_end.take();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let (hold, _) = extension.await;
+                    relay.hold = Some(hold);
+                    let summary = relay.settle(Ending::ClientGone);
+                    if let Some(on_end) = on_end {
+                        on_end(summary);
+                    }
+                });
+            }
+            // Only at process exit: the hold expires by its TTL.
+            Err(_) => tracing::debug!("stream body dropped outside the runtime"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::config::estimate::Encoding;
+    use crate::dialects::{Dialect, UsageBreakdown};
+
+    /// A meter whose first extension waits for the test's answer; what it
+    /// did, in order, is logged.
+    struct GatedMeter {
+        gate: Option<oneshot::Receiver<Extension>>,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Meter for GatedMeter {
+        fn id(&self) -> &str {
+            "gated"
+        }
+
+        async fn extend(&mut self, tokens: u64) -> Extension {
+            self.log.lock().unwrap().push(format!("extend {tokens}"));
+            let answer = match self.gate.take() {
+                Some(gate) => gate
+                    .await
+                    .unwrap_or(Extension::Failed("gate dropped".into())),
+                None => Extension::Exhausted("no second extension".into()),
+            };
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("answered {answer:?}"));
+            answer
+        }
+
+        fn shutdown(&self) -> impl Future<Output = ()> + Send + 'static {
+            std::future::pending()
+        }
+
+        fn settle(self, used: UsageBreakdown, ending: Ending) -> u64 {
+            let output = used.output.unwrap_or(0);
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("settled {output} {ending}"));
+            used.total()
+        }
+    }
+
+    /// Ten one-word chat deltas, then an upstream that never ends.
+    fn upstream() -> reqwest::Response {
+        let frames = (0..10).map(|_| {
+            Ok::<Bytes, std::io::Error>(Bytes::from_static(
+                b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word\"}}]}\n\n",
+            ))
+        });
+        let stream = futures_util::stream::iter(frames).chain(futures_util::stream::pending());
+        let body = reqwest::Body::wrap_stream(stream);
+        reqwest::Response::from(axum::http::Response::new(body))
+    }
+
+    /// A reservation of 3 output tokens, extended by `step` (`None`: the
+    /// client's own cap, never extended).
+    fn relayed(
+        gate: oneshot::Receiver<Extension>,
+        log: Arc<Mutex<Vec<String>>>,
+        step: Option<u64>,
+    ) -> (
+        RelayBody<GatedMeter, impl FnOnce(RelaySummary) + Send + Unpin + 'static>,
+        oneshot::Receiver<RelaySummary>,
+    ) {
+        let proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, false, 1);
+        let plan = ExtendPlan {
+            reserved_output: 3,
+            step,
+            max_output: 100,
+            input_tokens: 5,
+            deadline: None,
+        };
+        let meter = GatedMeter {
+            gate: Some(gate),
+            log,
+        };
+        let (ended, summary) = oneshot::channel();
+        let body = relay_body(upstream(), proc, meter, plan, move |s| {
+            let _ = ended.send(s);
+        });
+        (body, summary)
+    }
+
+    /// Reads until the body waits (on the extension or the upstream);
+    /// returns the events delivered.
+    async fn read_until_waiting(body: &mut (impl http_body::Body<Data = Bytes> + Unpin)) -> usize {
+        read_writes(body).await.1
+    }
+
+    /// Reads until the body waits: the frames (writes) and the events.
+    async fn read_writes(
+        body: &mut (impl http_body::Body<Data = Bytes> + Unpin),
+    ) -> (usize, usize) {
+        let (mut writes, mut events) = (0, 0);
+        while let Ok(Some(frame)) = tokio::time::timeout(
+            Duration::from_millis(100),
+            std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)),
+        )
+        .await
+        {
+            let Ok(data) = frame
+                .map_err(drop)
+                .and_then(|f| f.into_data().map_err(drop))
+            else {
+                continue;
+            };
+            writes += 1;
+            events += data.windows(6).filter(|w| w == b"data: ").count();
+        }
+        (writes, events)
+    }
+
+    // Time is paused: the timeouts below fire only when nothing else can
+    // run, so "the body waits" does not depend on the machine's speed.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_gone_during_an_extension_settles_after_its_answer() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (grant, gate) = oneshot::channel();
+        let (mut body, summary) = relayed(gate, log.clone(), Some(4));
+        // Three one-token deltas reach the reservation of 3; the body waits
+        // for the extension with the third delivered.
+        assert_eq!(read_until_waiting(&mut body).await, 3);
+        assert_eq!(*log.lock().unwrap(), ["extend 4"]);
+        drop(body);
+        assert_eq!(
+            log.lock().unwrap().len(),
+            1,
+            "not settled before the extension answered"
+        );
+        grant.send(Extension::Granted(4)).unwrap();
+        let summary = tokio::time::timeout(Duration::from_secs(5), summary)
+            .await
+            .expect("settled")
+            .expect("on_end called");
+        assert_eq!(summary.ending, Ending::ClientGone);
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["extend 4", "answered Granted(4)", "settled 3 client_gone"]
+        );
+    }
+
+    // Time is paused: the timeouts below fire only when nothing else can
+    // run, so "the body waits" does not depend on the machine's speed.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_gone_between_frames_settles_at_once() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (grant, gate) = oneshot::channel();
+        let (mut body, mut summary) = relayed(gate, log.clone(), Some(4));
+        assert_eq!(read_until_waiting(&mut body).await, 3);
+        grant.send(Extension::Granted(4)).unwrap();
+        // Four more deltas fit the 7 reserved; the fifth asks again and is
+        // refused: cut off with the finish chunk and [DONE].
+        let rest = read_until_waiting(&mut body).await;
+        assert_eq!(rest, 4 + 2);
+        let ended = summary
+            .try_recv()
+            .expect("settled when the cutoff was decided");
+        assert_eq!(ended.ending, Ending::CutOff);
+        drop(body);
+        assert_eq!(
+            log.lock().unwrap().last().map(String::as_str),
+            Some("settled 7 cut_off")
+        );
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (_grant, gate) = oneshot::channel();
+        let (mut body, mut summary) = relayed(gate, log.clone(), None);
+        // The ten events were read together: one write.
+        assert_eq!(read_writes(&mut body).await, (1, 10));
+        drop(body);
+        assert_eq!(
+            summary.try_recv().expect("settled in drop").ending,
+            Ending::ClientGone
+        );
+        assert_eq!(*log.lock().unwrap(), ["settled 10 client_gone"]);
+    }
+}
