@@ -158,8 +158,15 @@ struct Relay<M: Meter> {
 impl<M: Meter> Relay<M> {
     /// Reads and meters until `out` is full (`Ready(None)`), the stream
     /// ends (`Ready(Some)`, its last frames in `out`), or nothing can be
-    /// read now (`Pending`, with or without frames in `out`).
-    fn advance(&mut self, cx: &mut Context<'_>, out: &mut Batch) -> Poll<Option<Ending>> {
+    /// read now (`Pending`, with or without frames in `out`). `yielded`:
+    /// the body is back from a turn it gave up itself, the deadline's and
+    /// the shutdown's wake-ups were registered before it.
+    fn advance(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut Batch,
+        yielded: bool,
+    ) -> Poll<Option<Ending>> {
         loop {
             if let Some(extension) = &mut self.extending {
                 let (hold, answer) = ready!(extension.as_mut().poll(cx));
@@ -196,10 +203,11 @@ impl<M: Meter> Relay<M> {
             // Time is up, or the shutdown grace period is over: both end
             // cleanly, as when the budget runs out. Checked whenever the
             // relay would wait for the upstream (so their wake-ups are
-            // registered), and every few reads of an upstream that never
-            // makes it wait.
+            // registered; not again on the turns it gives up itself to
+            // batch frames), and every few reads of an upstream that
+            // never makes it wait.
             self.reads_unchecked += 1;
-            if read.is_pending() || self.reads_unchecked >= CHECK_EVERY_READS {
+            if (read.is_pending() && !yielded) || self.reads_unchecked >= CHECK_EVERY_READS {
                 self.reads_unchecked = 0;
                 if let Some(ending) = self.time_is_up(cx) {
                     return Poll::Ready(Some(self.cut_off(out, ending)));
@@ -359,7 +367,7 @@ impl<M: Meter + Unpin, F: FnOnce(RelaySummary) + Send + Unpin + 'static> http_bo
         let Some(relay) = &mut this.relay else {
             return Poll::Ready(this.out.take().map(|b| Ok(Frame::data(b))));
         };
-        match relay.advance(cx, &mut this.out) {
+        match relay.advance(cx, &mut this.out, this.yielded_at.is_some()) {
             Poll::Ready(Some(ending)) => {
                 // Settled before its last frames reach the client.
                 if let Some(relay) = this.relay.take() {
