@@ -38,7 +38,8 @@
 # versus the direct upstream at the same point, gateway RPS / direct RPS,
 # the same two figures as ratios to the floor's (RPS / floor RPS, added p50
 # / the floor's added p50), non-2xx responses) and the gateways' idle and
-# peak RSS; then two phases:
+# peak RSS, and each gateway's user and kernel CPU per request over each
+# measured run; then two phases:
 # STREAMS concurrent streams held open by a slow upstream (peak RSS with
 # that many streams in flight), and small requests beside a stream of
 # never-seen 400 KB prompts (their p99 with and without). The three targets
@@ -335,14 +336,24 @@ say "targets: ${TARGETS[*]}; $npoints points of $DURATION after $WARMUP warm-up 
 
 RESULTS="$TMP/results.tsv"
 : >"$RESULTS"
+CPU="$TMP/cpu.txt"
+: >"$CPU"
+# utime and stime of a process, in clock ticks ("" for no process).
+cpu_ticks() { [[ -n $1 ]] && awk '{ print $14, $15 }' "/proc/$1/stat" 2>/dev/null || true; }
 for mode in $MODES; do
     if [[ $mode == stream ]]; then body=$BODY_STREAM; else body=$BODY_NONSTREAM; fi
     for c in $CONCURRENCY; do
         for t in "${TARGETS[@]}"; do
             run_oha "${ADDR[$t]}" "$body" "$c" "$WARMUP" >/dev/null 2>&1 || true
             out="$TMP/oha-$t-$mode-$c.json"
+            ticks0=$(cpu_ticks "${GW_PID[$t]:-}")
             run_oha "${ADDR[$t]}" "$body" "$c" "$DURATION" >"$out" 2>"$out.err" ||
                 die "oha failed for $t $mode c=$c: $(tail -3 "$out.err")"
+            ticks1=$(cpu_ticks "${GW_PID[$t]:-}")
+            if [[ -n $ticks0 && -n $ticks1 ]]; then
+                # The gateway's user and kernel CPU over the measured run.
+                echo "$t $mode $c $ticks0 $ticks1 $(jq -r '.summary.requestsPerSec * .summary.total' "$out")" >>"$CPU"
+            fi
             jq -r --arg t "$t" --arg m "$mode" --arg c "$c" '
                 [$t, $m, $c,
                  .summary.requestsPerSec,
@@ -474,6 +485,14 @@ for t in "${TARGETS[@]}"; do
     awk -v t="$t" -v idle="${IDLE_RSS[$t]:-0}" -v peak="$(rss_kb "$pid" VmHWM)" \
         'BEGIN { printf "%s: RSS idle %.1f MB, peak (VmHWM) %.1f MB\n", t, idle / 1024, peak / 1024 }'
 done
+if [[ -s $CPU ]]; then
+    echo
+    echo "gateway CPU per request over each measured run (/proc/<pid>/stat; kernel: the gateway's system calls):"
+    awk -v hz="$(getconf CLK_TCK)" '{
+        n = $8
+        if (n > 0) printf "%-10s %-9s c=%-3s user %6.0f us  kernel %6.0f us\n", $1, $2, $3, ($6 - $4) / hz / n * 1e6, ($7 - $5) / hz / n * 1e6
+    }' "$CPU"
+fi
 if [[ -s $PHASES ]]; then
     echo
     cat "$PHASES"
