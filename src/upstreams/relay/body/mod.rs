@@ -330,25 +330,19 @@ impl<M: Meter> Relay<M> {
         self.hold.as_ref().map_or("", |h| h.id())
     }
 
-    /// Settles what was delivered, the stream having ended as `ending`.
-    fn settle(mut self, ending: Ending) -> RelaySummary {
+    /// Settles what was delivered, the stream having ended as `ending`,
+    /// and reports the summary to `on_end`.
+    fn settle<F: FnOnce(RelaySummary)>(mut self, ending: Ending, on_end: Option<F>) {
         self.upstream = None;
         let used = self.proc.used(self.plan.input_tokens);
         let counted_output = self.proc.counted_output();
         let settled_tokens = self.hold.take().map_or(0, |h| h.settle(used, ending));
-        RelaySummary {
-            ending,
-            settled_tokens,
-            counted_output,
-        }
-    }
-}
-
-impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> RelayBody<M, F> {
-    fn end(&mut self, relay: Relay<M>, ending: Ending) {
-        let summary = relay.settle(ending);
-        if let Some(on_end) = self.on_end.take() {
-            on_end(summary);
+        if let Some(on_end) = on_end {
+            on_end(RelaySummary {
+                ending,
+                settled_tokens,
+                counted_output,
+            });
         }
     }
 }
@@ -371,7 +365,7 @@ impl<M: Meter + Unpin, F: FnOnce(RelaySummary) + Send + Unpin + 'static> http_bo
             Poll::Ready(Some(ending)) => {
                 // Settled before its last frames reach the client.
                 if let Some(relay) = this.relay.take() {
-                    this.end(relay, ending);
+                    relay.settle(ending, this.on_end.take());
                 }
             }
             Poll::Ready(None) => {}
@@ -411,22 +405,19 @@ impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> Drop for RelayBody<M, F
         let Some(mut relay) = self.relay.take() else {
             return;
         };
+        let on_end = self.on_end.take();
         let Some(extension) = relay.extending.take() else {
-            self.end(relay, Ending::ClientGone);
+            relay.settle(Ending::ClientGone, on_end);
             return;
         };
         // The extension may have been granted: its answer goes into the
         // meter before the settlement, which then refunds it.
-        let on_end = self.on_end.take();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     let (hold, _) = extension.await;
                     relay.hold = Some(hold);
-                    let summary = relay.settle(Ending::ClientGone);
-                    if let Some(on_end) = on_end {
-                        on_end(summary);
-                    }
+                    relay.settle(Ending::ClientGone, on_end);
                 });
             }
             // Only at process exit: the hold expires by its TTL.
