@@ -543,7 +543,20 @@ async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_i
         Some(json!({"limits": {"tpm": 9_000}})),
     )
     .await;
-    assert_eq!(s, 200, "within the parent: {v}");
+    assert_eq!(
+        (s, &v["error"]["param"]),
+        (403, &json!("limits.tpm")),
+        "within the parent, but its own tenant's limit raised: {v}"
+    );
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/ml",
+        &scoped,
+        Some(json!({"limits": {"tpm": 4_000}})),
+    )
+    .await;
+    assert_eq!(s, 200, "lowered: {v}");
     let (s, v) = admin_call(
         &gw,
         Method::POST,
@@ -597,7 +610,7 @@ async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_i
         "{update}"
     );
     assert_eq!(update["before"]["limits"]["tpm"], 5_000);
-    assert_eq!(update["after"]["limits"]["tpm"], 9_000);
+    assert_eq!(update["after"]["limits"]["tpm"], 4_000);
     assert!(rows
         .iter()
         .any(|r| r["action"] == "admin_token.create" && r["actor"] == "root"));

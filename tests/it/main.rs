@@ -26,6 +26,7 @@ mod control;
 mod control_fleet;
 mod control_own_write;
 mod control_races;
+mod control_scope_bounds;
 mod deploy_kit;
 mod deployments;
 mod docs_links;

@@ -186,6 +186,23 @@ pub fn bad_request(param: Option<&str>, message: &str) -> Response {
     r
 }
 
+/// 403 `forbidden` naming the field (`param`) a tenant-scoped token may
+/// not set so.
+pub fn forbidden_at(l: &crate::control::writes::Loosened) -> Response {
+    let mut r = crate::gateway::error::body(
+        StatusCode::FORBIDDEN,
+        &l.message,
+        "invalid_request_error",
+        Some(&l.param),
+        Some("forbidden"),
+    );
+    r.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
 /// 409 `conflict`.
 pub fn conflict(message: &str) -> Response {
     error_response(StatusCode::CONFLICT, message, Some("conflict"))
@@ -207,6 +224,7 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
         WriteError::Exists => conflict(&format!("{what} already exists.")),
         WriteError::Conflict(why) => conflict(why),
         WriteError::Forbidden(why) => forbidden(why),
+        WriteError::Loosened(l) => forbidden_at(l),
         WriteError::Invalid { param, message } => bad_request(Some(param), message),
         WriteError::Db(err) => {
             tracing::warn!(error = %err, "control API: the database refused a change");

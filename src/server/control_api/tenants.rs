@@ -12,8 +12,8 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::{
-    bad_request, body_value, conflict, forbidden, not_found, paged, validate, within_parent,
-    write_failed, Caller, Page,
+    bad_request, body_value, conflict, forbidden, forbidden_at, not_found, paged, validate,
+    within_parent, write_failed, Caller, Page,
 };
 use crate::config::raw::RawTenant;
 use crate::config::Policy;
@@ -191,6 +191,23 @@ fn parent_bound(c: &Caller, candidate: &Policy, name: &str) -> Result<(), Respon
     within_parent(&t.limits, &p.limits, &p.name, "limits")
 }
 
+/// For a scoped token: the change to `name` (`after`, against the served
+/// `before`) loosens nothing that binds its own tenant.
+fn root_bound(
+    c: &Caller,
+    name: &str,
+    before: (&Snapshot, &Policy),
+    after: (&Snapshot, &Policy),
+) -> Result<(), Response> {
+    let Some(root) = c.who.scope() else {
+        return Ok(());
+    };
+    match writes::loosened(root, name, before, after) {
+        Some(l) => Err(forbidden_at(&l)),
+        None => Ok(()),
+    }
+}
+
 /// `POST /admin/v1/tenants`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
@@ -238,7 +255,14 @@ pub async fn create(
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+    if let Err(r) = parent_bound(&c, &candidate, &t.name).and_then(|()| {
+        root_bound(
+            &c,
+            &t.name,
+            (&c.plane.snapshot(), &policy),
+            (&snap, &candidate),
+        )
+    }) {
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
@@ -351,7 +375,14 @@ pub async fn update(
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+    if let Err(r) = parent_bound(&c, &candidate, &t.name).and_then(|()| {
+        root_bound(
+            &c,
+            &t.name,
+            (&c.plane.snapshot(), &policy),
+            (&snap, &candidate),
+        )
+    }) {
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
