@@ -332,49 +332,42 @@ impl RecentRefusals {
         }
     }
 
-    /// The request id of `tenant`'s refused reservation `reservation_id`,
-    /// when it is still kept.
-    pub fn request_of(&self, tenant: &str, reservation_id: &str) -> Option<String> {
-        let inner = self.lock();
-        inner.tenants.get(tenant).and_then(|t| {
-            t.ring
-                .iter()
-                .rev()
-                .find(|r| r.reservation_id.as_deref() == Some(reservation_id))
-                .map(|r| r.request_id.clone())
-        })
-    }
-
     /// Every kept record of `request_id` of the last [`KEPT_MICROS`] before
     /// `now`, as `(tenant, record)`, oldest first, among the tenants `sees`
-    /// admits; and whether a tenant it does not admit has one too.
+    /// admits (the others' are not told apart from none).
     pub fn find(
         &self,
         request_id: &str,
         now: u64,
         sees: impl Fn(&str) -> bool,
-    ) -> (Vec<(String, Refusal)>, bool) {
+    ) -> Vec<(String, Refusal)> {
         let cutoff = now.saturating_sub(KEPT_MICROS);
         let inner = self.lock();
         let mut found = Vec::new();
-        let mut hidden = false;
-        for (name, t) in &inner.tenants {
-            let mut of = t
+        for (name, t) in inner.tenants.iter().filter(|(name, _)| sees(name)) {
+            let of = t
                 .ring
                 .iter()
-                .filter(|r| r.at_micros >= cutoff && r.request_id == request_id)
-                .peekable();
-            if of.peek().is_none() {
-                continue;
-            }
-            if !sees(name) {
-                hidden = true;
-                continue;
-            }
+                .filter(|r| r.at_micros >= cutoff && r.request_id == request_id);
             found.extend(of.map(|r| (name.clone(), r.clone())));
         }
         found.sort_by_key(|(_, r)| r.at_micros);
-        (found, hidden)
+        found
+    }
+
+    /// The tenant and request id of the kept refusal of reservation
+    /// `reservation_id`, whichever tenant's it was (a deny-cache refusal
+    /// reuses the store's refusal of a budget, which another tenant's
+    /// request may have met).
+    pub fn origin_of(&self, reservation_id: &str) -> Option<(String, String)> {
+        let inner = self.lock();
+        inner.tenants.iter().find_map(|(name, t)| {
+            t.ring
+                .iter()
+                .rev()
+                .find(|r| r.reservation_id.as_deref() == Some(reservation_id))
+                .map(|r| (name.clone(), r.request_id.clone()))
+        })
     }
 
     /// The budget refusals of `tenant` in the last [`SHOWN_MICROS`] before
@@ -466,7 +459,7 @@ mod tests {
             Refusal::of(&ApiError::StoreUnavailable, "fc", "store", now).unwrap(),
         );
         assert_eq!(r.json_of("a", now)[0]["budget"], "tpm");
-        assert_eq!(r.find("fc", now, |_| true).0[0].1.decided_by, "fail_closed");
+        assert_eq!(r.find("fc", now, |_| true)[0].1.decided_by, "fail_closed");
     }
 
     #[test]
@@ -493,8 +486,8 @@ mod tests {
             r.keep("a", refusal(&format!("id{i}"), 100 + i));
         }
         assert_eq!(r.lock().tenants["a"].ring.len(), PER_TENANT);
-        assert!(r.find("id0", 200, |_| true).0.is_empty(), "the oldest went");
-        assert_eq!(r.find("id10", 200, |_| true).0.len(), 1);
+        assert!(r.find("id0", 200, |_| true).is_empty(), "the oldest went");
+        assert_eq!(r.find("id10", 200, |_| true).len(), 1);
         let tenants = MAX_RECORDS / PER_TENANT + 2;
         for t in 0..tenants {
             for i in 0..PER_TENANT as u64 {
@@ -507,21 +500,30 @@ mod tests {
     }
 
     #[test]
-    fn a_request_id_seen_twice_lists_both_and_hidden_tenants_are_told() {
+    fn a_request_id_seen_twice_lists_both_and_hidden_tenants_are_not_told() {
         let r = RecentRefusals::default();
         r.keep("a", refusal("same", 10));
         r.keep("a", refusal("same", 20));
         r.keep("b", refusal("same", 15));
-        let (mine, hidden) = r.find("same", 30, |t| t == "a");
+        let mine = r.find("same", 30, |t| t == "a");
         assert_eq!(
             mine.iter().map(|(_, r)| r.at_micros).collect::<Vec<_>>(),
             vec![10, 20]
         );
-        assert!(hidden);
-        let (all, hidden) = r.find("same", 30, |_| true);
-        assert_eq!(all.len(), 3);
-        assert!(!hidden);
-        assert!(r.find("same", 30 + KEPT_MICROS, |_| true).0.is_empty());
+        assert!(r.find("same", 30, |t| t == "c").is_empty());
+        assert_eq!(r.find("same", 30, |_| true).len(), 3);
+        assert!(r.find("same", 30 + KEPT_MICROS, |_| true).is_empty());
+    }
+
+    #[test]
+    fn a_reused_refusal_is_traced_to_its_tenant() {
+        let r = RecentRefusals::default();
+        let mut origin = refusal("first", 10);
+        origin.reservation_id = Some("res-1".into());
+        r.keep("b", origin);
+        r.keep("a", refusal("second", 20));
+        assert_eq!(r.origin_of("res-1"), Some(("b".into(), "first".into())));
+        assert_eq!(r.origin_of("res-2"), None);
     }
 
     #[test]
@@ -539,7 +541,7 @@ mod tests {
             note: None,
         };
         r.fill_in_flight("a", "q", 10, f.clone());
-        let (found, _) = r.find("q", 20, |_| true);
+        let found = r.find("q", 20, |_| true);
         assert_eq!(found[0].1.in_flight, Some(f));
         assert_eq!(
             found[0].1.json(20)["in_flight"]["said"],

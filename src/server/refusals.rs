@@ -3,7 +3,9 @@
 //! ([`crate::gateway::recent_refusals`]: the last ten minutes), each with
 //! the ledger's spend of the refusing budget over its window. A
 //! tenant-scoped admin token reads its subtree only: a request id refused
-//! only in other tenants is 403, one refused nowhere kept 404.
+//! only in other tenants is 404, as one refused nowhere (a 403 would tell
+//! it another tenant's request ids); the store refusal a deny-cache
+//! refusal reused is named only when its tenant is the caller's to see.
 
 use std::sync::Arc;
 
@@ -30,16 +32,9 @@ pub async fn explain(
     };
     let policy = st.policy.load_full();
     let now = st.clock.now_micros();
-    let (found, hidden) = st
-        .recent_refusals
-        .find(&request_id, now, |t| reader.sees(&policy, t));
+    let sees = |t: &str| reader.sees(&policy, t);
+    let found = st.recent_refusals.find(&request_id, now, sees);
     if found.is_empty() {
-        if hidden {
-            return admin::forbidden(&format!(
-                "This admin token cannot read the refusals of request {request_id:?}: it is limited to tenant {:?} and its subtree.",
-                reader.scope().unwrap_or("")
-            ));
-        }
         return error_response(
             StatusCode::NOT_FOUND,
             &format!(
@@ -53,12 +48,33 @@ pub async fn explain(
     for (tenant, r) in &found {
         let mut v = r.json(now);
         v["tenant"] = json!(tenant);
-        if let Some(by) = &r.reused {
-            v["reused"]["request_id"] =
-                json!(st.recent_refusals.request_of(tenant, &by.reservation_id));
-        }
+        // The origin's tenant, when it is still kept; the root sees every
+        // tenant, known or not.
+        let origin = r
+            .reused
+            .as_ref()
+            .map(|by| st.recent_refusals.origin_of(&by.reservation_id));
+        let shown = match &origin {
+            Some(Some((t, request))) if sees(t) => {
+                v["reused"]["tenant"] = json!(t);
+                v["reused"]["request_id"] = json!(request);
+                true
+            }
+            Some(None) if reader.scope().is_none() => {
+                v["reused"]["request_id"] = Value::Null;
+                true
+            }
+            Some(_) => {
+                v["reused"] = json!({
+                    "age_micros": r.reused.as_ref().map(|by| by.age_micros),
+                    "note": "the refusal it reused is of a tenant this admin token does not see",
+                });
+                false
+            }
+            None => false,
+        };
         v["ledger"] = ledger_of(&st, r, reader.scope().map(str::to_string)).await;
-        v["explanation"] = json!(sentence(r));
+        v["explanation"] = json!(sentence(r, shown));
         refusals.push(v);
     }
     json_response(
@@ -91,8 +107,9 @@ async fn ledger_of(st: &AppState, r: &Refusal, caller: Option<String>) -> Value 
     }
 }
 
-/// One sentence a person reads first.
-fn sentence(r: &Refusal) -> String {
+/// One sentence a person reads first (`origin_shown`: the reused store
+/// refusal may be named).
+fn sentence(r: &Refusal, origin_shown: bool) -> String {
     let Some(name) = r.budget else {
         return match r.decided_by {
             "queue" => "Refused by the wait queue: it was full.".into(),
@@ -108,12 +125,17 @@ fn sentence(r: &Refusal) -> String {
         r.requested,
         r.available.map_or("none".to_string(), |a| a.to_string()),
     );
-    if let Some(by) = &r.reused {
-        s.push_str(&format!(
+    match &r.reused {
+        Some(by) if origin_shown => s.push_str(&format!(
             " The deny cache reused the store's refusal of reservation {} from {} ms before.",
             by.reservation_id,
             by.age_micros / 1000
-        ));
+        )),
+        Some(by) => s.push_str(&format!(
+            " The deny cache reused the store's refusal of a request {} ms before.",
+            by.age_micros / 1000
+        )),
+        None => {}
     }
     if let Some(f) = &r.in_flight {
         if let Some(h) = &f.holds {
