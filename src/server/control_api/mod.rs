@@ -28,6 +28,7 @@ mod key_body;
 pub mod keys;
 pub mod own_budget;
 pub mod quarantine;
+mod query;
 pub mod tenants;
 pub mod tokens;
 
@@ -360,7 +361,7 @@ pub fn within_parent(
 }
 
 /// `?limit=` (1..=1000, default 100) and `?after=` of a list.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Page {
     /// Most items in one answer.
     pub limit: Option<usize>,
@@ -369,6 +370,14 @@ pub struct Page {
 }
 
 impl Page {
+    /// `?limit=` and `?after=` of `q` (400 naming a bad one).
+    pub(crate) fn of(q: &query::Params) -> Result<Page, Response> {
+        Ok(Page {
+            limit: q.number("limit", 1..=1000)?.map(|n| n as usize),
+            after: q.text("after"),
+        })
+    }
+
     /// At most this many.
     pub fn size(&self) -> usize {
         self.limit.unwrap_or(100).clamp(1, 1000)

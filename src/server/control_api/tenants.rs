@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, Query, State};
+use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::{
-    bad_request, body_value, conflict, forbidden, forbidden_at, not_found, paged, validate,
+    bad_request, body_value, conflict, forbidden, forbidden_at, not_found, paged, query, validate,
     within_parent, write_failed, Caller, Page,
 };
 use crate::config::raw::RawTenant;
@@ -22,15 +22,24 @@ use crate::control::writes;
 use crate::gateway::AppState;
 use crate::server::admin::json_response;
 
-/// `?parent=`, `?prefix=`, `?source=` of the tenant list.
-#[derive(Debug, serde::Deserialize)]
-pub struct Filter {
+/// `?parent=`, `?prefix=`, `?source=` (`file`, `api`) of the tenant list.
+struct Filter {
     parent: Option<String>,
     prefix: Option<String>,
     source: Option<String>,
-    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
-    limit: Option<usize>,
-    after: Option<String>,
+    page: Page,
+}
+
+impl Filter {
+    fn of(uri: &OriginalUri) -> Result<Filter, Response> {
+        let q = query::Params::of(uri, &["parent", "prefix", "source", "limit", "after"])?;
+        Ok(Filter {
+            parent: q.text("parent"),
+            prefix: q.text("prefix"),
+            source: q.one_of("source", &["file", "api"])?,
+            page: Page::of(&q)?,
+        })
+    }
 }
 
 /// A tenant as the API shows it: its fields as the config file writes
@@ -70,10 +79,13 @@ pub async fn list(
     State(st): State<Arc<AppState>>,
     uri: OriginalUri,
     headers: HeaderMap,
-    Query(f): Query<Filter>,
 ) -> Response {
     let c = match Caller::of(&st, &headers, &uri) {
         Ok(c) => c,
+        Err(r) => return r,
+    };
+    let f = match Filter::of(&uri) {
+        Ok(f) => f,
         Err(r) => return r,
     };
     let policy = st.policy.load_full();
@@ -92,16 +104,7 @@ pub async fn list(
         .filter_map(|t| Some((t.name.clone(), view(&policy, &snap, &file, &t.name)?)))
         .filter(|(_, v)| f.source.as_deref().is_none_or(|s| v["source"] == s))
         .collect();
-    json_response(
-        StatusCode::OK,
-        paged(
-            items,
-            &Page {
-                limit: f.limit,
-                after: f.after.clone(),
-            },
-        ),
-    )
+    json_response(StatusCode::OK, paged(items, &f.page))
 }
 
 /// `GET /admin/v1/tenants/{tenant}`.
