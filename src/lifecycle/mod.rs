@@ -68,7 +68,8 @@ pub async fn handle(
     body: Body,
     path_model: Option<String>,
 ) -> Response {
-    let mut cx = RequestContext::new(st, dialect, &headers);
+    let path = finish::route_of(dialect, path_model.is_some());
+    let mut cx = RequestContext::new(st, dialect, &headers).at("POST", path);
     let metered = async {
         let caller = authenticate::authenticate(&mut cx, &headers)?;
         let mut request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;

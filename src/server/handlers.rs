@@ -99,7 +99,8 @@ pub async fn stored_response(
 
 /// `GET /v1/models`: the configured public models, OpenAI list shape.
 pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let mut cx = RequestContext::new(st, Dialect::ChatCompletions, &headers);
+    let mut cx =
+        RequestContext::new(st, Dialect::ChatCompletions, &headers).at("GET", "/v1/models");
     let result = authenticate(&mut cx, &headers).map(|_| {
         let data: Vec<Value> = cx.policy.models.iter().map(model_object).collect();
         Json(json!({"object": "list", "data": data})).into_response()
@@ -113,7 +114,8 @@ pub async fn get_model(
     Path(model): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let mut cx = RequestContext::new(st, Dialect::ChatCompletions, &headers);
+    let mut cx =
+        RequestContext::new(st, Dialect::ChatCompletions, &headers).at("GET", "/v1/models/{model}");
     let result = authenticate(&mut cx, &headers).and_then(|caller| {
         let policy = &cx.policy;
         let key = policy.key(caller.tenant, caller.key);
@@ -188,22 +190,41 @@ pub async fn method_not_allowed(
     headers: HeaderMap,
 ) -> Response {
     let e = ApiError::MethodNotAllowed(method.to_string(), uri.path().to_string());
-    refuse_here(st, &headers, e)
+    refuse_here(st, &headers, e, (&method, uri.path()))
 }
 
 /// Any other path: 404 in OpenAI's shape, never proxied.
 pub async fn unknown_path(
     State(st): State<Arc<AppState>>,
+    method: axum::http::Method,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    refuse_here(st, &headers, ApiError::NotFound(uri.path().to_string()))
+    let e = ApiError::NotFound(uri.path().to_string());
+    refuse_here(st, &headers, e, (&method, uri.path()))
 }
 
 /// A refusal of a path the lifecycle does not serve, in OpenAI's shape:
-/// with a request id and a final line like any other.
-fn refuse_here(st: Arc<AppState>, headers: &HeaderMap, e: ApiError) -> Response {
-    let cx = RequestContext::new(st, Dialect::ChatCompletions, headers);
+/// with a request id and a final line like any other (naming the method
+/// and the path itself: no route matched).
+fn refuse_here(
+    st: Arc<AppState>,
+    headers: &HeaderMap,
+    e: ApiError,
+    (method, path): (&axum::http::Method, &str),
+) -> Response {
+    let method = match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
+    let cx =
+        RequestContext::new(st, Dialect::ChatCompletions, headers).at(method, path.to_string());
     lifecycle::conclude(cx, Err(e))
 }
 
