@@ -208,9 +208,14 @@ impl GatewayStore {
             }
             return Ok((o, AnsweredBy::Lease));
         }
+        let call = InFlight {
+            store: self,
+            r,
+            answered: false,
+        };
         let e = match self.inner.reserve_answered(r).await {
-            Ok(o) => return Ok(o),
-            Err(e) => e,
+            Ok(o) => return Ok(call.answered(o)),
+            Err(e) => call.answered(e),
         };
         if let Some(l) = &self.leases {
             l.store_failed(r);
@@ -444,6 +449,37 @@ impl GatewayStore {
     }
 }
 
+/// A reservation whose store call is under way. When the caller's future
+/// is dropped before the store answers (the client reset its connection),
+/// the call may still apply, with nobody left to settle it: on drop, the
+/// id is voided as a lost reply's is ([`super::compensate`]). The guard is
+/// a flag on the request's own future; a task is spawned only for a call
+/// that was cut off.
+struct InFlight<'a> {
+    store: &'a GatewayStore,
+    r: &'a ReserveRequest,
+    answered: bool,
+}
+
+impl InFlight<'_> {
+    fn answered<T>(mut self, answer: T) -> T {
+        self.answered = true;
+        answer
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Outside a runtime only at process exit: the hold then expires.
+        if self.answered || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        tracing::debug!(reservation_id = %self.r.id, tenant = %self.r.requester.tenant, "reservation cut off by its request's end; voiding it");
+        let ttl = Duration::from_micros(self.r.hold_ttl_micros);
+        self.store.compensate(&self.r.id, Compensation::Void, ttl);
+    }
+}
+
 /// The same reservation scaled to this gateway's share of every budget.
 fn scaled(req: &ReserveRequest, share: f64) -> ReserveRequest {
     let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
@@ -590,5 +626,80 @@ mod tests {
         assert_eq!(state("a"), 8);
         assert_eq!(state("c"), 9);
         assert_eq!(state("b"), 10, "starts full again");
+    }
+
+    /// A store that applies a reservation at once and never answers: the
+    /// reply a reset connection never waits for.
+    struct Unanswered(Arc<MemoryStore>);
+
+    #[async_trait]
+    impl BudgetStore for Unanswered {
+        async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+            self.0.reserve_sync(r);
+            std::future::pending().await
+        }
+        async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+            self.0.extend(id, step).await
+        }
+        async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+            self.0.renew(id).await
+        }
+        async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+            self.0.settle(id, s).await
+        }
+        async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+            self.0.void(id, ttl).await
+        }
+        async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+            self.0.inspect(specs).await
+        }
+        async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+            self.0.lower(spec, at_most).await
+        }
+    }
+
+    /// Fault: a request whose connection was reset while its reservation
+    /// was in the store kept what the store applied (its slot until the
+    /// lease ran out, its tokens for good).
+    #[tokio::test]
+    async fn a_reservation_cut_off_before_its_reply_is_voided() {
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(ManualClock::new(1_000_000));
+        let applied = Arc::new(MemoryStore::new(clock.clone()));
+        let store = GatewayStore::new(
+            DenyCachedStore::new(
+                Arc::new(Unanswered(applied.clone())),
+                Arc::new(crate::budget::deny_cache::DenyCache::new()),
+                clock.clone(),
+            ),
+            Arc::new(MemoryStore::new(clock)),
+            1.0,
+        );
+        let mut r = request("cut", "rpm");
+        r.common.push(BudgetSpec {
+            key: "slots".into(),
+            name: crate::budget::BudgetName::MaxConcurrent,
+            kind: BudgetKind::Concurrency { max: 1 },
+            ..r.common[0].clone()
+        });
+        let left = || -> Vec<i64> {
+            applied
+                .inspect_sync(&r.common)
+                .iter()
+                .map(|s| s.remaining)
+                .collect()
+        };
+        // The request's future ends while the store call is under way.
+        let cut = tokio::time::timeout(Duration::from_millis(20), store.reserve(&r)).await;
+        assert!(cut.is_err(), "no answer");
+        assert_eq!(left(), vec![9, 0], "applied in the store");
+        while store.compensator.pending() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(left(), vec![10, 1], "voided: every budget back");
+        assert_eq!(
+            applied.reserve_sync(&r),
+            ReserveOutcome::Voided,
+            "a late copy writes nothing"
+        );
     }
 }
