@@ -214,6 +214,7 @@ pub async fn admit<'p>(
     let hold = HeldReservation::new(
         id,
         (cx.st.store.clone(), answered_by),
+        reserve.common.iter().chain(deployment.budgets.iter()),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
         policy.server.slot_lease,
