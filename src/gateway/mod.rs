@@ -155,18 +155,19 @@ impl AppState {
             crate::admission::quota_lease::metrics::register();
             gateway = gateway.with_leases(l);
         }
-        let store = Arc::new(gateway);
+        let (queue, ledger, spans) = (Arc::default(), Arc::default(), Arc::default());
+        let observers = observers::observers(&queue, &ledger, &spans, &clock);
+        let settlements = SettlementTracker::new(observers);
+        let store = Arc::new(gateway.counting_live(&settlements));
         crate::metrics::policy_installed(None, &policy);
         crate::queue::metrics::register();
         let records = Arc::new(records_for(&policy.store));
-        let (queue, ledger, spans) = (Arc::default(), Arc::default(), Arc::default());
-        let observers = observers::observers(&queue, &ledger, &spans, &clock);
         Arc::new(Self {
             policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
             clock,
             upstream: UpstreamClient::new(),
-            settlements: SettlementTracker::new(observers),
+            settlements,
             cooldowns: Arc::new(Mutex::new(HashMap::new())),
             admin_token: Arc::new(Mutex::new(None)),
             plans: Arc::default(),

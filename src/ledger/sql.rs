@@ -21,7 +21,7 @@ use super::{SpendOutcome, SpendRow};
 use crate::db::DbKind;
 
 /// Columns of one inserted row.
-const COLUMNS: [&str; 24] = [
+const COLUMNS: [&str; 25] = [
     "reservation_id",
     "request_id",
     "attempt",
@@ -46,13 +46,14 @@ const COLUMNS: [&str; 24] = [
     "cost_micros",
     "outcome",
     "price_version",
+    "decided_by",
 ];
 
 /// Rows per INSERT statement, largest first: a batch is cut greedily into
 /// these sizes, so each connection prepares (parses) at most five
 /// statements once and then finds them in its statement cache. A statement
 /// per batch size would be parsed again for every batch: SQLite's parser
-/// then cost more than the requests the rows describe. 24 × 256 bound
+/// then cost more than the requests the rows describe. 25 × 256 bound
 /// values stays under SQLite's 32,766 and PostgreSQL's 65,535.
 const STATEMENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -174,6 +175,10 @@ impl SqlLedger {
             sql.push_str(&format!(" AND request_id = ${}", values.len() + 1));
             values.push(FilterValue::Text(id.clone()));
         }
+        if let Some(layer) = q.decided_by {
+            sql.push_str(&format!(" AND decided_by = ${}", values.len() + 1));
+            values.push(FilterValue::Text(layer.to_string()));
+        }
         for t in [&q.within, &q.scope].into_iter().flatten() {
             let n = values.len();
             sql.push_str(&format!(
@@ -247,7 +252,8 @@ impl LedgerSink for SqlLedger {
                     .bind(big(r.charged_tokens))
                     .bind(big(r.cost_micros))
                     .bind(r.outcome.as_str())
-                    .bind(&*r.price_version);
+                    .bind(&*r.price_version)
+                    .bind(r.decided_by);
             }
             new += query.execute(&mut *tx).await.map_err(db)?.rows_affected();
         }
@@ -395,6 +401,7 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
     let end_user = text("end_user")?;
     let dialect = text("dialect")?;
     let outcome = text("outcome")?;
+    let decided_by = text("decided_by")?;
     Ok(SpendRow {
         reservation_id: text("reservation_id")?,
         request_id: text("request_id")?,
@@ -421,6 +428,11 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
         outcome: SpendOutcome::parse(&outcome)
             .ok_or_else(|| LedgerError(format!("unknown outcome {outcome:?}")))?,
         price_version: text("price_version")?.into(),
+        decided_by: crate::admission::AnsweredBy::ADMITTING
+            .iter()
+            .map(|a| a.label())
+            .find(|l| *l == decided_by)
+            .unwrap_or(""),
     })
 }
 

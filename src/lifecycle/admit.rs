@@ -214,6 +214,7 @@ pub async fn admit<'p>(
     let hold = HeldReservation::new(
         id,
         (cx.st.store.clone(), answered_by),
+        reserve.common.iter().chain(deployment.budgets.iter()),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
         policy.server.slot_lease,
@@ -253,7 +254,8 @@ pub async fn admit<'p>(
             false => 0,
         })
         // `tried` above counted this attempt.
-        .of_request(cx.finish.request_id.header(), attempts.count() as u32);
+        .of_request(cx.finish.request_id.header(), attempts.count() as u32)
+        .decided_by(answered_by.label());
         Box::new(who)
     });
     let hold = hold.about(Subject {

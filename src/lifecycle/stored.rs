@@ -222,6 +222,7 @@ async fn charge_requests(
     let hold = HeldReservation::new(
         id,
         (cx.st.store.clone(), answered_by),
+        reserve.common.iter(),
         cx.st.settlements.clone(),
         0,
         policy.server.slot_lease,

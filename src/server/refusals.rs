@@ -1,7 +1,9 @@
 //! "Why was this refused?" (issue 41): `GET /admin/v1/refusals/{request_id}`
 //! answers every refusal this gateway kept of that request id
 //! ([`crate::gateway::recent_refusals`]: the last ten minutes), each with
-//! the ledger's spend of the refusing budget over its window. A
+//! the ledger's spend of the refusing budget over its window and what held
+//! that budget (holds in flight, units out on leases: read on the record's
+//! first ask, one read at a time per gateway, then kept with it). A
 //! tenant-scoped admin token reads its subtree only: a request id refused
 //! only in other tenants is 404, as one refused nowhere (a 403 would tell
 //! it another tenant's request ids); the store refusal a deny-cache
@@ -15,9 +17,10 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::admin::{self, error_response, json_response};
-use crate::gateway::recent_refusals::{Refusal, KEPT_MICROS};
+use crate::gateway::recent_refusals::{InFlight, Refusal, KEPT_MICROS};
 use crate::gateway::AppState;
 use crate::ledger::window;
+use crate::lifecycle::refusal::read_in_flight;
 
 /// `GET /admin/v1/refusals/{request_id}`.
 pub async fn explain(
@@ -33,7 +36,7 @@ pub async fn explain(
     let policy = st.policy.load_full();
     let now = st.clock.now_micros();
     let sees = |t: &str| reader.sees(&policy, t);
-    let found = st.recent_refusals.find(&request_id, now, sees);
+    let mut found = st.recent_refusals.find(&request_id, now, sees);
     if found.is_empty() {
         return error_response(
             StatusCode::NOT_FOUND,
@@ -43,6 +46,11 @@ pub async fn explain(
             ),
             Some("not_found"),
         );
+    }
+    for (tenant, r) in &mut found {
+        if r.in_flight.is_none() {
+            r.in_flight = in_flight(&st, tenant, r, policy.store.timeout).await;
+        }
     }
     let mut refusals = Vec::with_capacity(found.len());
     for (tenant, r) in &found {
@@ -81,6 +89,30 @@ pub async fn explain(
         StatusCode::OK,
         json!({"request_id": request_id, "refusals": refusals}),
     )
+}
+
+/// What holds the refusing budget of `tenant`'s refusal `r`, read on the
+/// first ask and kept with the record (the refusal itself read nothing).
+/// One read at a time per gateway: a burst of asks makes one walk of the
+/// store's holds after another, never many at once.
+async fn in_flight(
+    st: &AppState,
+    tenant: &str,
+    r: &Refusal,
+    timeout: std::time::Duration,
+) -> Option<InFlight> {
+    let spec = r.spec.as_ref()?;
+    let _turn = st.recent_refusals.reading().await;
+    let kept = st
+        .recent_refusals
+        .in_flight_of(tenant, &r.request_id, r.at_micros);
+    if kept.is_some() {
+        return kept;
+    }
+    let f = read_in_flight(st, spec, r.at_micros, timeout).await;
+    st.recent_refusals
+        .fill_in_flight(tenant, &r.request_id, r.at_micros, f.clone());
+    Some(f)
 }
 
 /// The ledger's spend of the refusing budget over its window at the refusal.

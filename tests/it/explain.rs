@@ -476,3 +476,104 @@ async fn a_deployment_tpm_refusal_names_the_leases_out_that_held_it() {
     // The cold gateway holds no lease of it: the units are the other's.
     assert!(f["leases"]["here"].is_null(), "{v}");
 }
+
+/// Calls of `command` Redis counted since its stats were reset.
+fn redis_calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+/// Refusals read nothing of the store beyond their decision: 40 refusals
+/// by a concurrency limit, in a database of 200,000 unrelated keys, make
+/// no `SCAN` (each used to start a walk of every key of the database);
+/// asking why one was refused reads what held the budget then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_make_no_scan_and_the_explain_route_still_names_the_hold() {
+    let redis = RedisServer::start();
+    let unrelated = redis.cli(&[
+        "eval",
+        "for i = 1, 200000 do redis.call('set', 'unrelated:' .. i, 'x') end return redis.call('dbsize')",
+        "0",
+    ]);
+    assert_eq!(unrelated.trim(), "200000");
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        16,
+        limits().max_concurrent(1).rpm(1_000_000),
+    )
+    .redis_fleet(&redis.url(), "bgexplainscan");
+    c.store.lease = Some(budgetgate::config::raw::RawLease {
+        mode: Some("off".into()),
+        ..Default::default()
+    });
+    c.server.admin_token_env = Some("EXPLAIN_ADMIN".into());
+    let gw = GatewayProcess::start(&c.write(dir.path()), &[("EXPLAIN_ADMIN", ROOT)]).await;
+    mock.state.hold();
+    let first = {
+        let base = gw.base_url();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&hi(10))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while mock.state.held_count() < 1 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        mock.state.held_count(),
+        1,
+        "the first request holds the slot"
+    );
+    redis.cli(&["config", "resetstat"]);
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let r = http
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .bearer_auth(KEY)
+            .json(&hi(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429);
+        ids.push(request_id(&r));
+    }
+    // A walk started by a refusal would run now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (scans, decisions) = (redis_calls(&redis, "scan"), redis_calls(&redis, "evalsha"));
+    println!("40 refusals: {scans} SCAN, {decisions} EVALSHA calls");
+    assert_eq!(scans, 0, "no refusal walks the store's keys");
+    let v = explained(&gw, &ids[39], ROOT).await;
+    mock.state.release();
+    assert_eq!(first.await.unwrap().unwrap(), 200);
+    println!("explained: {v}");
+    let r0 = &v["refusals"][0];
+    assert_eq!(r0["budget"], "max_concurrent", "{v}");
+    assert_eq!(r0["in_flight"]["holds"]["holds"], 1, "{v}");
+    assert!(
+        r0["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("1 holds in flight"),
+        "{v}"
+    );
+    assert!(redis_calls(&redis, "scan") > 0, "read when asked");
+    // Kept with the record: asking again reads nothing more.
+    let scans = redis_calls(&redis, "scan");
+    let again = explained(&gw, &ids[39], ROOT).await;
+    assert_eq!(again["refusals"][0]["in_flight"], r0["in_flight"]);
+    assert_eq!(redis_calls(&redis, "scan"), scans);
+}

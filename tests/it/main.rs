@@ -75,6 +75,7 @@ mod reconcile;
 mod redis_acl;
 mod redis_bench;
 mod redis_crash;
+mod redis_cut_off;
 mod redis_differential;
 mod redis_faults;
 mod redis_fleet;
