@@ -24,6 +24,7 @@
 
 pub mod admit;
 pub mod authenticate;
+pub mod body_object;
 pub mod clamp;
 pub mod context;
 pub mod count_tokens;
