@@ -101,6 +101,7 @@ pub async fn handle(
                 }
                 Forwarded::PassedOn(response) => return Ok(Metered::PassedOn(response)),
                 Forwarded::Retry(e) => attempts.failed(e),
+                Forwarded::Denied(e) => attempts.denied(e)?,
                 Forwarded::Failed(e) => return Err(e),
             }
         }

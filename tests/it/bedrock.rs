@@ -465,6 +465,30 @@ async fn bedrock_errors_answer_as_the_table_says() {
     let text = r.text().await.unwrap();
     assert!(text.contains("Deployment br rejected"), "{text}");
     assert!(!text.contains(env!("CARGO_PKG_NAME")), "{text}");
+    // It cools down, its reason in /readyz; with no other deployment the
+    // model answers 502 naming it meanwhile, never a rate limit.
+    let before = mock.state.requests().len();
+    let r = post(&gw, &body(100, false), "").await;
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().get("retry-after").is_none());
+    let text = r.text().await.unwrap();
+    assert!(text.contains("br"), "{text}");
+    assert_eq!(mock.state.requests().len(), before, "not sent while denied");
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        ready["cooling_deployments"][0],
+        json!({"deployment": "br", "reason": "access_denied", "seconds_left": 30}),
+        "{ready}"
+    );
+    drop(gw);
+    let gw = config_of(vec![up("br", &mock)], limits().tpm(100_000))
+        .start()
+        .await;
     // Model not ready: 503 and the deployment cools down.
     mock.state.bedrock.set_fault(BedrockFault::ModelNotReady, 1);
     let before = mock.state.requests().len();
@@ -581,4 +605,58 @@ async fn an_in_stream_exception_ends_in_an_error_event_settled_as_upstream_faile
         ],
     );
     assert_eq!(ended, 1.0);
+}
+
+/// Fault guarded against: a deployment's `AccessDeniedException` (an IAM
+/// policy, an expired role) failed the request although the model's next
+/// deployment could serve it. It is retried there, once per request; the
+/// denying deployment cools down (`/readyz`: `access_denied`) and is not
+/// sent the next request; a second denial within a request ends it with
+/// 502, never 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_denied_deployment_cools_down_and_the_next_one_serves() {
+    let (a, b, c) = (start_mock().await, start_mock().await, start_mock().await);
+    for m in [&a, &b, &c] {
+        m.state.set_output_tokens(5);
+    }
+    let up = |name: &str, m: &MockUpstream| config::RawUpstream {
+        cooldown_secs: Some(60),
+        ..bedrock_upstream(name, m, "invoke")
+    };
+    let gw = config_of(
+        vec![up("br-a", &a), up("br-b", &b), up("br-c", &c)],
+        limits().tpm(100_000),
+    )
+    .start()
+    .await;
+    a.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    for stream in [true, false] {
+        let r = post(&gw, &body(100, stream), "input=5").await;
+        assert_eq!(r.status(), 200, "stream {stream}");
+        r.text().await.unwrap();
+    }
+    assert_eq!(a.state.requests().len(), 1, "denied once, then cooling");
+    assert_eq!(b.state.requests().len(), 2);
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["cooling_deployments"][0]["deployment"], "br-a");
+    assert_eq!(ready["cooling_deployments"][0]["reason"], "access_denied");
+    // br-b and br-c both deny: the request ends at the second denial.
+    b.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    c.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    let r = post(&gw, &body(100, false), "input=5").await;
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("Deployment br-c rejected"), "{text}");
+    assert_eq!(c.state.requests().len(), 1);
+    assert_eq!(b.state.requests().len(), 3);
+    // Every deployment denied: 502 naming them, not 429.
+    let r = post(&gw, &body(100, false), "input=5").await;
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().get("retry-after").is_none());
+    gw.all_settled().await;
 }

@@ -138,11 +138,8 @@ impl UpstreamClient {
                     Ok(c) => c,
                     Err(why) => {
                         tracing::warn!(deployment = %upstream.name, error = %why, "AWS credentials could not be loaded");
-                        return Ok(local_error(
-                            403,
-                            "authentication_error",
-                            &format!("Deployment {} has no AWS credentials: {why}", upstream.name),
-                        ));
+                        // Nothing was sent: the next deployment may serve it.
+                        return Err(UpstreamError::Credentials(upstream.name.clone()));
                     }
                 };
                 let now = std::time::UNIX_EPOCH
