@@ -607,6 +607,38 @@ async fn an_in_stream_exception_ends_in_an_error_event_settled_as_upstream_faile
     assert_eq!(ended, 1.0);
 }
 
+/// Fault guarded against: an InvokeModel stream past the deployment's
+/// `timeout_secs` ended with an `error` event (`upstream_error`) where an
+/// Anthropic deployment's ends cleanly at `max_tokens` (`time_limit`):
+/// the event-stream reader turned the read timeout into another error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invoke_stream_past_its_timeout_ends_cleanly_at_the_time_limit() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(400);
+    mock.state
+        .set_token_delay(std::time::Duration::from_millis(10));
+    let up = config::RawUpstream {
+        timeout_secs: Some(1),
+        ..bedrock_upstream("br-slow", &mock, "invoke")
+    };
+    let gw = config_of(vec![up], limits().tpm(1_000_000)).start().await;
+    let started = std::time::Instant::now();
+    let r = post(&gw, &body(1000, true), "input=5").await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert!(text.contains(r#""stop_reason":"max_tokens""#), "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+    gw.all_settled().await;
+    let ended = sample_sum(
+        &scrape(&gw).await,
+        "budgetgate_streams_ended_total",
+        &[("deployment", "br-slow"), ("ending", "time_limit")],
+    );
+    assert_eq!(ended, 1.0);
+}
+
 /// Fault guarded against: a deployment's `AccessDeniedException` (an IAM
 /// policy, an expired role) failed the request although the model's next
 /// deployment could serve it. It is retried there, once per request; the
