@@ -256,9 +256,10 @@ async fn accounting_is_the_same_on_anthropic_bedrock_and_vertex_deployments() {
     assert_eq!(seen[0].1, seen[3].1, "anthropic vs vertex: {seen:?}");
 }
 
-/// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output): the
-/// deployment's `tpm` holds input + 5 × `max_tokens` while the request
-/// runs and keeps input + 5 × output after it; the tenant's counts 1 ×.
+/// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output),
+/// as AWS counts it ("How tokens are counted in Amazon Bedrock"): the
+/// deployment's `tpm` holds input + `max_tokens` while the request runs
+/// and keeps input + 5 × output after it; the tenant's counts 1 ×.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output_token() {
     let mock = start_mock().await;
@@ -291,8 +292,8 @@ async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output
     let input = tenant_held - 200;
     assert_eq!(
         gw.used(upstream("br"), BudgetName::Tpm).await,
-        input + 5 * 200,
-        "input + 5 × max_tokens reserved"
+        input + 200,
+        "input + max_tokens reserved"
     );
     mock.state.release();
     assert!(task.await.unwrap().contains("message_stop"));
@@ -302,6 +303,45 @@ async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output
         gw.used(upstream("br"), BudgetName::Tpm).await,
         40 + 5 * 30,
         "input + 5 × output settled"
+    );
+}
+
+/// Fault guarded against: a Bedrock deployment reserved input + 5 ×
+/// `max_tokens`, so Claude Code's 64,000 cap (128,000 in its newest
+/// release) on a 200,000 tpm quota was refused as "can never be
+/// admitted". Ten Claude Code-sized turns (a cached prefix read, some
+/// written, both caps, streamed and not) are all admitted, and the
+/// deployment's `tpm` ends at AWS's formula: Σ input + cache writes + 5 ×
+/// output; the tenant's at Σ every token once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_turns_on_bedrock_are_admitted_and_charged_as_aws_counts_them() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(300);
+    let up = config::RawUpstream {
+        output_token_weight: Some(5),
+        limits: limits().tpm(200_000),
+        ..bedrock_upstream("br-quota", &mock, "invoke")
+    };
+    let mut c = config_of(vec![up], limits().tpm(10_000_000));
+    c.models[0].max_output_tokens = Some(128_000);
+    let gw = c.start().await;
+    let (input, cache_read, cache_writes, output) = (2_000, 20_000, 1_000, 300);
+    let scenario = format!("input={input},cache_read={cache_read},cache_creation={cache_writes}");
+    for turn in 0..10u64 {
+        let max_tokens = if turn % 2 == 0 { 64_000 } else { 128_000 };
+        let r = post(&gw, &body(max_tokens, turn % 3 != 0), &scenario).await;
+        assert_eq!(r.status(), 200, "turn {turn}: {}", r.text().await.unwrap());
+        r.text().await.unwrap();
+        gw.all_settled().await;
+    }
+    assert_eq!(
+        gw.used(upstream("br-quota"), BudgetName::Tpm).await,
+        10 * (input + cache_writes + 5 * output),
+        "AWS's formula"
+    );
+    assert_eq!(
+        gw.t1_used(BudgetName::Tpm).await,
+        10 * (input + cache_read + cache_writes + output)
     );
 }
 
