@@ -210,6 +210,19 @@ pub fn run_blocking(launch: Launch) -> Result<(), String> {
     rt.block_on(run(launch, shutdown_signal(), |_| {}))
 }
 
+/// Loads the AWS credentials of the policy's SigV4 Bedrock deployments;
+/// those that cannot be loaded are skipped (logged, named by `/readyz`,
+/// never routed to) until a reload loads them.
+async fn load_aws_credentials(state: &AppState) {
+    for (deployment, why) in state.upstream.aws.load_all(&state.policy.load_full()).await {
+        tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
+    }
+}
+
+async fn load_aws_credentials_of(state: Arc<AppState>) {
+    load_aws_credentials(&state).await;
+}
+
 /// Checks that no other process listens on `addr`, and resolves port 0 to a
 /// free port. `SO_REUSEPORT` (see [`bind_shared`]) would otherwise let a
 /// second gateway bind a port a first one holds, and the kernel would
@@ -339,11 +352,8 @@ pub async fn run(
     };
     let state = AppState::with_leases(policy, store, clock.clone(), leases.clone());
     // A Bedrock deployment without credentials is skipped, not fatal:
-    // the gateway serves its other deployments (issue 42).
-    for (deployment, why) in state.upstream.aws.load_all(&state.policy.load_full()).await {
-        tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
-        state.cool_down(&deployment, u64::MAX);
-    }
+    // the gateway serves its other deployments.
+    load_aws_credentials(&state).await;
     // On this runtime, which outlives the serving threads: the token
     // sources' refresh tasks run here.
     state.upstream.vertex_tokens().load(&state.policy.load());
@@ -452,6 +462,9 @@ pub async fn run(
                     let policy = st.policy.load();
                     crate::metrics::register_policy_series(&policy);
                     st.upstream.vertex_tokens().load(&policy);
+                    // Checked as at start, on this runtime (the chains'
+                    // clients live here, not on a serving thread).
+                    tokio::spawn(load_aws_credentials_of(st.clone()));
                     if let Some(l) = st.store.leases() {
                         l.set_policy(&policy.store.lease);
                     }

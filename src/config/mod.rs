@@ -238,6 +238,9 @@ pub struct ModelPolicy {
     /// client's cap goes upstream as sent (the provider answers for its
     /// own model) and an uncapped stream is sent its reservation.
     pub max_output_tokens: Option<u64>,
+    /// `context_window`: the most tokens input and output may hold
+    /// together, when configured; bounds the usage an upstream may report.
+    pub context_window: Option<u64>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.

@@ -350,6 +350,7 @@ pub struct RawModel {
     pub encoding: Option<String>,
     pub default_max_output_tokens: Option<i64>,
     pub max_output_tokens: Option<i64>,
+    pub context_window: Option<i64>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
     pub responses: Option<bool>,

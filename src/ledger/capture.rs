@@ -135,6 +135,7 @@ pub(crate) mod tests {
             output: Some(30),
             reasoning: 12,
             hosted: Default::default(),
+            ..UsageBreakdown::default()
         };
         let made = Settling::of(
             settlement(177, false, Actual::PerSpec(vec![1])),

@@ -51,6 +51,11 @@ impl HoldBudgets {
         self.plan.upstreams[self.deployment].upstream
     }
 
+    /// The metric handles of the deployment the hold was admitted on.
+    pub fn deployment_metrics(&self) -> &crate::metrics::DeploymentMetrics {
+        &self.plan.upstreams[self.deployment].metrics
+    }
+
     /// Every budget of the hold, in order: the common ones, then the
     /// deployment's, each with how it counts.
     pub fn budgets(&self) -> impl Iterator<Item = Budgets<'_>> {

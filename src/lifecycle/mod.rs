@@ -24,6 +24,7 @@
 
 pub mod admit;
 pub mod authenticate;
+pub mod body_object;
 pub mod clamp;
 pub mod context;
 pub mod count_tokens;
@@ -101,6 +102,7 @@ pub async fn handle(
                 }
                 Forwarded::PassedOn(response) => return Ok(Metered::PassedOn(response)),
                 Forwarded::Retry(e) => attempts.failed(e),
+                Forwarded::Denied(e) => attempts.denied(e)?,
                 Forwarded::Failed(e) => return Err(e),
             }
         }

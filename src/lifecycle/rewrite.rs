@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
 use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
+use crate::dialects::usage::UsageBounds;
 use crate::dialects::Dialect;
 use crate::estimate::Estimate;
 
@@ -191,6 +192,21 @@ pub fn rewrite(
 /// configured limit has no larger cap the gateway knows to be accepted).
 pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
     cap_for(&p.estimate, p.stream, model)
+}
+
+/// The most usage an upstream can report for `p` (DESIGN "The upstream's
+/// usage is bounded"): the output bound is the cap [`rewrite`] sends.
+pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> UsageBounds {
+    let cap = dialect
+        .cap_field(false)
+        .map(|_| output_cap(p, model).max(dialect.min_cap()));
+    UsageBounds::new(
+        p.estimate.input_tokens,
+        cap,
+        p.estimate.choices,
+        model.max_output_tokens,
+        model.context_window,
+    )
 }
 
 /// [`output_cap`] of a request with `estimate`, streamed or not.

@@ -196,6 +196,20 @@ impl DeploymentMetrics {
             .increment(1);
     }
 
+    /// The upstream's usage had `field` rejected (no count, or out of the
+    /// request's bounds): settled at the gateway's own count, logged and
+    /// counted in `budgetgate_upstream_usage_rejected_total`.
+    pub fn usage_rejected(&self, reservation_id: &str, field: &'static str) {
+        tracing::warn!(
+            deployment = %self.deployment,
+            reservation_id,
+            field,
+            "the upstream's usage was rejected (not a count, or more than the request could use); settled at the gateway's own count"
+        );
+        counter!("budgetgate_upstream_usage_rejected_total", "deployment" => self.deployment.clone(), "field" => field)
+            .increment(1);
+    }
+
     /// What the provider says is left of its own limits (its
     /// `x-ratelimit-remaining-tokens` and `-requests` headers).
     pub fn provider_remaining(&self, tokens: Option<u64>, requests: Option<u64>) {

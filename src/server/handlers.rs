@@ -158,8 +158,9 @@ pub async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-/// `GET /readyz`: the budget store answers. Deployments skipped since
-/// start (credentials that could not be loaded) are named.
+/// `GET /readyz`: the budget store answers. Deployments skipped
+/// (credentials that could not be loaded) are named, and those cooling
+/// down with why (`rate_limited`, `access_denied`).
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
@@ -171,6 +172,21 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
             if !skipped.is_empty() {
                 skipped.sort();
                 v["skipped_deployments"] = json!(skipped);
+            }
+            let now = st.clock.now_micros();
+            let cooling: Vec<Value> = st
+                .cooling(now)
+                .into_iter()
+                .map(|(name, c)| {
+                    json!({
+                        "deployment": name,
+                        "reason": c.reason.name(),
+                        "seconds_left": (c.until - now).div_ceil(1_000_000),
+                    })
+                })
+                .collect();
+            if !cooling.is_empty() {
+                v["cooling_deployments"] = json!(cooling);
             }
             Json(v).into_response()
         }
