@@ -26,7 +26,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use http_body::Frame;
 
-use super::super::sse::FrameSplitter;
+use super::super::sse::{FrameSplitter, MAX_FRAME_BYTES};
 use super::{Ending, ExtendPlan, Extension, FrameAction, Meter, RelaySummary, StreamProcessor};
 use crate::admission::stream_cutoffs::{Cut, CutReason, CutoffHandle};
 
@@ -223,6 +223,15 @@ impl<M: Meter> Relay<M> {
             let Some(upstream) = &mut self.upstream else {
                 return Poll::Ready(Some(Ending::UpstreamError));
             };
+            if self.splitter.frame_too_large() {
+                tracing::warn!(reservation_id = %self.id(), max_bytes = MAX_FRAME_BYTES,
+                    "upstream event larger than the frame cap; ending the stream");
+                out.push(self.proc.error_frame(
+                    "The upstream sent an event larger than the gateway accepts; the stream was cut short.",
+                    "upstream_stream_truncated",
+                ));
+                return Poll::Ready(Some(Ending::UpstreamError));
+            }
             let read = upstream.as_mut().poll_next(cx);
             // Time is up, or the shutdown grace period is over: both end
             // cleanly, as when the budget runs out. Checked whenever the

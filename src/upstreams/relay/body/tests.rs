@@ -238,3 +238,58 @@ async fn a_body_not_polled_is_cut_off_and_settled_at_its_time_limit() {
     assert_eq!(log.lock().unwrap().len(), 1, "settled once");
     drop(shutdown);
 }
+
+// An upstream that sends one event without end: past the frame cap the
+// stream ends with the truncation error, not a buffer growing without bound.
+#[tokio::test(start_paused = true)]
+async fn an_event_past_the_frame_cap_ends_the_stream_with_the_truncation_error() {
+    let piece = Bytes::from(vec![b'x'; 16 * 1024]);
+    let reads = std::iter::once(Bytes::from_static(b"data: "))
+        .chain(std::iter::repeat_n(piece, 10_000_000 / (16 * 1024) + 1))
+        .map(Ok::<Bytes, std::io::Error>);
+    let stream = futures_util::stream::iter(reads).chain(futures_util::stream::pending());
+    let upstream = reqwest::Response::from(axum::http::Response::new(reqwest::Body::wrap_stream(
+        stream,
+    )));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let meter = GatedMeter {
+        gate: None,
+        log: log.clone(),
+        cutoffs: None,
+    };
+    let proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, false, 1);
+    let plan = ExtendPlan {
+        reserved_output: 100,
+        step: None,
+        max_output: 100,
+        input_tokens: 5,
+        deadline: None,
+    };
+    let (ended, mut summary) = oneshot::channel();
+    let mut body = relay_body(upstream, proc, meter, plan, move |s| {
+        let _ = ended.send(s);
+    });
+    let mut delivered = Vec::new();
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout(
+        Duration::from_millis(100),
+        std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx)),
+    )
+    .await
+    {
+        if let Ok(data) = frame.into_data() {
+            delivered.extend_from_slice(&data);
+        }
+    }
+    let text = String::from_utf8_lossy(&delivered);
+    assert!(text.contains("upstream_stream_truncated"), "{text}");
+    assert!(
+        delivered.len() < 1024,
+        "the oversized event is not forwarded"
+    );
+    assert_eq!(
+        summary.try_recv().expect("settled").ending,
+        Ending::UpstreamError
+    );
+    assert!(http_body::Body::is_end_stream(&body));
+    assert_eq!(*log.lock().unwrap(), ["settled 0 upstream_error"]);
+}
