@@ -37,8 +37,10 @@ HOME="$(mktemp -d)" tests/agents/node_modules/.bin/claude --version
 
 # --no-fail-fast: one failing test file must not hide the results of the others.
 # No feature flags: every suite is compiled into a plain `cargo test`.
+# Its output is kept too: the failed tests are named again at the very end.
 status=0
-cargo test --all-targets --no-fail-fast "$@" || status=$?
+cargo_log=$(mktemp -t budgetgate-test.XXXXXX)
+cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$cargo_log" || status=$?
 
 # The distribution checks (issue 38): the container image, the compose
 # fleet, the release archive. They run on a full run (no arguments; DIST=0
@@ -79,5 +81,23 @@ if [ "$DIST" = 1 ]; then
         status=1
     fi
     echo "distribution checks: ${summary[*]}"
+fi
+# Last, so that a long run's failures are not lost above the distribution
+# checks: every test that failed (from cargo's `test … FAILED` lines), the
+# suites that failed (`error: test failed, to rerun pass …`) and anything
+# that did not compile.
+failed_tests=$(grep -E '^test .+ \.\.\. FAILED$' "$cargo_log" | sed -E 's/^test (.+) \.\.\. FAILED$/  \1/' | sort -u || true)
+failed_suites=$(grep -E '^error: (test failed|could not compile)' "$cargo_log" | sort -u || true)
+if [ -n "$failed_tests" ] || [ -n "$failed_suites" ]; then
+    status=1
+    echo "=== cargo test: failures (whole output: $cargo_log)"
+    [ -n "$failed_suites" ] && echo "$failed_suites"
+    if [ -n "$failed_tests" ]; then
+        echo "failed tests ($(echo "$failed_tests" | wc -l)):"
+        echo "$failed_tests"
+    fi
+else
+    echo "=== cargo test: every test passed"
+    rm -f "$cargo_log"
 fi
 exit "$status"

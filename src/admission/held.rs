@@ -127,6 +127,12 @@ impl HeldReservation {
         self.tracker.cutoff()
     }
 
+    /// Where a stream of this reservation is cut off when its body is not
+    /// polled.
+    pub fn stream_cutoffs(&self) -> &crate::admission::stream_cutoffs::StreamCutoffs {
+        self.tracker.stream_cutoffs()
+    }
+
     /// Settles in the background (tracked); consumes the reservation.
     pub fn settle(mut self, s: Settling) {
         self.finish(s);

@@ -290,6 +290,10 @@ impl Meter for StreamMeter {
         settle(self.hold, &self.budgets, used, outcome)
     }
 
+    fn stream_cutoffs(&self) -> Option<&crate::admission::stream_cutoffs::StreamCutoffs> {
+        Some(self.hold.stream_cutoffs())
+    }
+
     fn created(&mut self, id: &str) {
         if let Some(owner) = &self.owner {
             owner.write(id, self.input_tokens);

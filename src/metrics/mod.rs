@@ -263,6 +263,27 @@ pub fn active_streams(delta: f64) {
     gauge!("budgetgate_active_streams").increment(delta);
 }
 
+/// Client connections open.
+pub fn connections_open(delta: f64) {
+    gauge!("budgetgate_connections_open").increment(delta);
+}
+
+/// The bound on client connections (`server.max_connections`).
+pub fn connections_max(max: usize) {
+    gauge!("budgetgate_connections_max").set(max as f64);
+}
+
+/// A client connection the gateway closed: `header_timeout`,
+/// `write_timeout`, or `evicted` (closed without a request, to make room).
+pub fn connection_closed(reason: &'static str) {
+    counter!("budgetgate_connections_closed_total", "reason" => reason).increment(1);
+}
+
+/// A failed accept other than a client's (out of file descriptors…).
+pub fn accept_error() {
+    counter!("budgetgate_accept_errors_total").increment(1);
+}
+
 /// What [`render`] writes beside the recorder's series: the one
 /// `budgetgate_policy_info` series, and the tenants whose series it leaves
 /// out. The recorder can neither relabel a series nor forget one, so both

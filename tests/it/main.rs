@@ -94,6 +94,7 @@ mod sdk_e2e;
 mod share_conformance;
 mod share_fleet;
 mod shutdown;
+mod slow_clients;
 mod spend_cli;
 mod store_conformance;
 mod store_errors;

@@ -159,7 +159,7 @@ impl UpstreamClient {
             }
         }
         let mut req = self
-            .client(upstream.connect_timeout)
+            .client(upstream)?
             .post(url.as_str())
             .timeout(upstream.timeout)
             .header("x-request-id", request_id)
