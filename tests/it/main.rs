@@ -52,6 +52,7 @@ mod lease_refusals;
 mod lease_streams;
 mod ledger;
 mod ledger_faults;
+mod ledger_shutdown;
 mod ledger_sink;
 mod lifecycle_log;
 mod listen;
