@@ -118,9 +118,9 @@ async fn with_postgres_stopped_before_the_gateway_sigterm_exits_within_6_s_count
     } = sigterm_with_postgres_stopped(&pg, dir.path()).await;
     let status = gw.wait_exit(Duration::from_secs(40)).await;
     let took = sigterm.elapsed();
+    println!("postgres stopped before the gateway: SIGTERM to exit in {took:?}");
     assert_eq!(status.code(), Some(0), "{}", gw.dump_logs());
     crate::shutdown::assert_shutdown_complete_last(&gw).await;
-    println!("postgres stopped before the gateway: SIGTERM to exit in {took:?}");
     assert!(
         took < Duration::from_secs(6),
         "SIGTERM to exit took {took:?}:\n{}",
@@ -156,9 +156,9 @@ async fn with_postgres_back_2_s_after_sigterm_no_ledger_row_is_lost() {
     pg.restart();
     let status = gw.wait_exit(Duration::from_secs(40)).await;
     let took = sigterm.elapsed();
+    println!("postgres back 2 s after SIGTERM: SIGTERM to exit in {took:?}");
     assert_eq!(status.code(), Some(0), "{}", gw.dump_logs());
     crate::shutdown::assert_shutdown_complete_last(&gw).await;
-    println!("postgres back 2 s after SIGTERM: SIGTERM to exit in {took:?}");
     assert!(
         gw.logs_with("ledger rows lost at shutdown: not written to the database")
             .is_empty(),
