@@ -85,6 +85,7 @@ mod redis_reconnect;
 mod redis_restricted;
 mod redis_retry;
 mod reload;
+mod reload_configmap;
 mod request_ids;
 mod responses;
 mod responses_estimate;
