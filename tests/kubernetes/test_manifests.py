@@ -15,6 +15,9 @@ renders deploy/kubernetes/ into $K8S_RENDERED first, then runs this with
   stores' Services; the Ingress example routes /v1/ alone.
 - The ServiceMonitor (a CRD: the validator has no schema for it) is checked
   for shape here; the dashboard ConfigMap is deploy/grafana/budgetgate.json.
+- The CI-only overlay tests/kubernetes/podman (what scripts/kube-play.sh
+  runs) differs from overlays/fleet plus the stores only where its
+  kustomization.yaml says.
 """
 
 import json
@@ -270,6 +273,60 @@ class PublicPath(unittest.TestCase):
         one(load("fleet"), target["kind"], target["name"])
         config = config_of(load("fleet"))
         self.assertLessEqual(config["store"]["lease"]["fleet_size"], hpa["spec"]["maxReplicas"])
+
+
+class PodmanOverlay(unittest.TestCase):
+    """tests/kubernetes/podman against overlays/fleet + stores: undo each
+    difference its kustomization.yaml names, and the rest is identical."""
+
+    def test_differs_from_fleet_only_where_it_says(self):
+        fleet = {(o["kind"], o["metadata"]["name"]): o for o in load("fleet") + load("stores")}
+        podman = {(o["kind"], o["metadata"]["name"]): o for o in load("podman")}
+        added = set(podman) - set(fleet)
+        self.assertEqual(added, {("Deployment", "budgetgate-b"), ("Deployment", "upstream")})
+        self.assertEqual(set(fleet) - set(podman), set())
+
+        def gateway_as_fleet(d, name):
+            d = json.loads(json.dumps(d))
+            d["metadata"]["name"] = name
+            d["spec"]["replicas"] = fleet[("Deployment", "budgetgate")]["spec"]["replicas"]
+            (c,) = d["spec"]["template"]["spec"]["containers"]
+            self.assertEqual(c["image"], "localhost/budgetgate:ci")
+            c["image"] = fleet[("Deployment", "budgetgate")]["spec"]["template"]["spec"]["containers"][0]["image"]
+            port = c["ports"][0]
+            self.assertEqual(port.pop("hostIP"), "127.0.0.1")
+            self.assertIsInstance(port.pop("hostPort"), int)
+            return d
+
+        for name in ("budgetgate", "budgetgate-b"):
+            self.assertEqual(podman[("Deployment", name)]["spec"]["replicas"], 1)
+            self.assertEqual(gateway_as_fleet(podman[("Deployment", name)], "budgetgate"),
+                             fleet[("Deployment", "budgetgate")], name)
+        for name in ("budgetgate-redis", "budgetgate-postgres"):
+            d = json.loads(json.dumps(podman[("Deployment", name)]))
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            want = fleet[("Deployment", name)]["spec"]["template"]["spec"]["containers"][0]
+            self.assertNotIn("ports", c)
+            c["ports"] = want["ports"]
+            if name == "budgetgate-postgres":
+                self.assertEqual(c.pop("args"), ["postgres", "-c", "unix_socket_directories=/tmp"])
+                self.assertEqual(c["env"].pop(), {"name": "PGHOST", "value": "/tmp"})
+            self.assertEqual(d, fleet[("Deployment", name)], name)
+
+        config = podman[("ConfigMap", "budgetgate-config")]
+        want = fleet[("ConfigMap", "budgetgate-config")]
+        changed = [(a, b) for a, b in zip(want["data"]["budgetgate.toml"].splitlines(),
+                                          config["data"]["budgetgate.toml"].splitlines()) if a != b]
+        self.assertEqual(changed, [('base_url = "https://api.openai.com/v1"', 'base_url = "http://upstream:9000/v1"')])
+        self.assertEqual(len(want["data"]["budgetgate.toml"].splitlines()),
+                         len(config["data"]["budgetgate.toml"].splitlines()))
+        config = json.loads(json.dumps(config))
+        config["data"] = want["data"]
+        self.assertEqual(config, want)
+
+        for key in set(fleet) - {("Deployment", n) for n in ("budgetgate", "budgetgate-redis", "budgetgate-postgres")} \
+                - {("ConfigMap", "budgetgate-config")}:
+            self.assertEqual(podman[key], fleet[key], key)
 
 
 if __name__ == "__main__":
