@@ -151,9 +151,10 @@ impl LedgerWriter {
     }
 
     /// Writes what is waiting (trying for up to `grace` while the sink
-    /// fails) and stops the writer. Waits at most `grace` plus
-    /// [`SHUTDOWN_SLACK`]: a write already in flight when the shutdown
-    /// began (a database that hangs) does not hold the process longer.
+    /// fails, at most [`REFUSED_FOR`] of it while the database refuses
+    /// connections) and stops the writer. Waits at most `grace` plus
+    /// [`SHUTDOWN_SLACK`]: a write that hangs does not hold the process
+    /// longer.
     pub async fn shutdown(mut self, grace: Duration) {
         self.stop.send_replace(Some(grace));
         let bound = grace + SHUTDOWN_SLACK;
