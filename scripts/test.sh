@@ -4,8 +4,10 @@
 # debootstrap (Debian packages), a Python virtualenv with the pinned openai
 # and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
 # coding-agent CLIs (Codex CLI, Claude Code) under tests/agents/ (npm ci).
-# Then the distribution checks: the container image, the compose fleet, the
-# archive; and the enforcement-accuracy benchmark's quick run.
+# Then the distribution checks: the Kubernetes manifests (offline, and the
+# fleet as pods with podman kube play), the container image, the compose
+# fleet, the release pipeline's dry run (archive, SBOM, image); and the
+# enforcement-accuracy benchmark's quick run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,10 +61,16 @@ if [ "$DIST" = 1 ]; then
         cargo build --bins --examples
     fi
     summary=()
-    for check in image.sh compose.sh package.sh archive-check.sh; do
+    # kubernetes-check.sh: the manifests of deploy/kubernetes/, rendered and
+    # validated offline; kube-play.sh: the fleet run as pods by `podman kube
+    # play` and checked. release-dry-run.sh: the release workflow's steps
+    # without publishing (actionlint; the archive, its checksum and
+    # scripts/archive-check.sh; the SBOM; the image from the archive's
+    # binary, IMAGE_TARGET=prebuilt: no toolchain image is reachable).
+    for check in kubernetes-check.sh image.sh compose.sh kube-play.sh release-dry-run.sh; do
         t0=$SECONDS
         echo "=== scripts/$check (PROFILE=$DIST_PROFILE)"
-        if PROFILE=$DIST_PROFILE "scripts/$check"; then
+        if PROFILE=$DIST_PROFILE IMAGE_TARGET=prebuilt "scripts/$check"; then
             summary+=("$check ok ($((SECONDS - t0)) s)")
         else
             summary+=("$check FAILED ($((SECONDS - t0)) s)")

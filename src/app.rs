@@ -166,7 +166,7 @@ async fn wait_for_settlements(state: &AppState) {
     tracing::info!(
         settled = state.settlements.settled(),
         failed = state.settlements.failed(),
-        "settlements drained; shutdown complete"
+        "settlements drained"
     );
 }
 
@@ -553,6 +553,8 @@ pub async fn run(
         a.abort();
     }
     tls_watch.iter().for_each(|t| t.abort());
+    // The last line: after the ledger's outcome, the spans, the snapshot.
+    tracing::info!("shutdown complete");
     result.map_err(|e| e.to_string())
 }
 

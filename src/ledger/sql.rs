@@ -80,6 +80,7 @@ pub struct SqlLedger {
     inserts: [Arc<str>; STATEMENT_ROWS.len()],
     /// The DELETE of one prune batch, in this database's dialect.
     prune: &'static str,
+    kind: DbKind,
 }
 
 /// One prune batch: the oldest rows past the retention, at most `$2`,
@@ -116,6 +117,7 @@ impl SqlLedger {
                 DbKind::Sqlite => PRUNE_SQLITE,
                 DbKind::Postgres => PRUNE_POSTGRES,
             },
+            kind,
         })
     }
 
@@ -269,6 +271,26 @@ impl LedgerSink for SqlLedger {
             .await
             .map_err(db)?;
         Ok(done.rows_affected())
+    }
+
+    async fn refuses_connections(&self, within: std::time::Duration) -> bool {
+        use sqlx::{ConnectOptions, Connection};
+        if self.kind != DbKind::Postgres {
+            return false;
+        }
+        // A connection of its own: the pool's attempts retry a refused
+        // connection until its acquire timeout, telling nothing.
+        match tokio::time::timeout(within, self.pool.connect_options().connect()).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                false
+            }
+            // Refused, unresolvable, unreachable: no server at the address.
+            Ok(Err(sqlx::Error::Io(_))) => true,
+            // It answered (an authentication or a server error), or it
+            // accepts but is slow: it may still take the rows.
+            Ok(Err(_)) | Err(_) => false,
+        }
     }
 }
 
