@@ -340,7 +340,9 @@ impl ControlPlane {
             }
             Err(e) => {
                 // The file itself does not validate (it did when it was
-                // read): nothing of the database is the cause.
+                // read), or the merge fails in a way traced to no entity
+                // (quarantining everything would lock out the unrelated):
+                // the running policy stays.
                 for error in &e.0 {
                     tracing::error!(%error, version = snap.version, "control database change not served");
                 }
@@ -375,9 +377,11 @@ impl ControlPlane {
     }
 
     /// The config file reload (SIGHUP, file change), merged with the
-    /// current snapshot. Rejected only for the file's own errors: a
-    /// runtime entity the new file leaves without its tenant or parent,
-    /// or whose name it now defines too, is quarantined.
+    /// current snapshot. Rejected for the file's own errors and for an
+    /// error of the merge traced to no runtime entity (the running policy
+    /// stays, logged at error): a runtime entity the new file leaves
+    /// without its tenant or parent, whose name or secret it now defines
+    /// too, is quarantined.
     pub fn reload_file(&self, trigger: Trigger) -> ReloadOutcome {
         let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.snapshot.load_full();
