@@ -110,13 +110,17 @@ fn db_kind_name(db: &Db) -> &'static str {
 
 impl Opened {
     /// The control plane over the gateway's policy `policy` (the one
-    /// requests load), running its database work on `runtime`.
+    /// requests load), running its database work on `runtime`;
+    /// `installed` runs after each policy it installs (what the gateway
+    /// keeps per tenant and forgets with it).
     pub fn into_plane(
         self,
         policy: Arc<ArcSwap<Policy>>,
         runtime: tokio::runtime::Handle,
+        installed: impl Fn(&Policy) + Send + Sync + 'static,
     ) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
+            installed: Box::new(installed),
             db: self.db,
             url: self.url,
             snapshot: ArcSwap::from_pointee(self.snapshot),
@@ -170,6 +174,8 @@ pub struct ControlPlane {
     confirmed_ms: AtomicU64,
     /// Tests only: see [`ControlPlane::pause_writes_before_commit`].
     test_pause: Mutex<Option<(String, Duration)>>,
+    /// Runs after each policy installed.
+    installed: Box<dyn Fn(&Policy) + Send + Sync>,
 }
 
 impl ControlPlane {
@@ -334,6 +340,7 @@ impl ControlPlane {
                     let policy = self.policy.load();
                     crate::metrics::policy_installed(Some(&previous), &policy);
                     crate::metrics::register_policy_series(&policy);
+                    (self.installed)(&policy);
                 }
                 self.note_quarantine(&policy_version, snap.version, list);
                 self.snapshot.store(Arc::new(snap));
@@ -400,7 +407,9 @@ impl ControlPlane {
             self.note_quarantine(&policy_version, snap.version, list);
         }
         if let ReloadOutcome::Applied { .. } = outcome {
-            crate::metrics::policy_installed(Some(&previous), &self.policy.load());
+            let policy = self.policy.load();
+            crate::metrics::policy_installed(Some(&previous), &policy);
+            (self.installed)(&policy);
         }
         outcome
     }
