@@ -121,6 +121,7 @@ impl Opened {
     ) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
             installed: Box::new(installed),
+            reload_rejected: AtomicBool::new(false),
             db: self.db,
             url: self.url,
             snapshot: ArcSwap::from_pointee(self.snapshot),
@@ -176,6 +177,10 @@ pub struct ControlPlane {
     test_pause: Mutex<Option<(String, Duration)>>,
     /// Runs after each policy installed.
     installed: Box<dyn Fn(&Policy) + Send + Sync>,
+    /// The last file reload was rejected: the next one that is not says
+    /// so (restoring the running file changes nothing else, and would log
+    /// nothing at info).
+    reload_rejected: AtomicBool,
 }
 
 impl ControlPlane {
@@ -410,6 +415,15 @@ impl ControlPlane {
             let policy = self.policy.load();
             crate::metrics::policy_installed(Some(&previous), &policy);
             (self.installed)(&policy);
+        }
+        let rejected = matches!(outcome, ReloadOutcome::Rejected { .. });
+        if self.reload_rejected.swap(rejected, Ordering::Relaxed) && !rejected {
+            tracing::info!(
+                config = %self.config_path.display(),
+                %trigger,
+                policy_version = %self.policy.load().version,
+                "config reload: the file is valid again after a rejected reload"
+            );
         }
         outcome
     }
