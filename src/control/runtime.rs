@@ -810,11 +810,20 @@ limits = { tpm = 1000 }
             .policy
             .tenants
             .iter()
-            .map(|t| (t.name.as_str(), t.keys.iter().map(|k| k.id.as_str()).collect()))
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.keys.iter().map(|k| k.id.as_str()).collect(),
+                )
+            })
             .collect();
         assert_eq!(
             served,
-            [("f", vec!["other"]), ("g", vec!["pinned"]), ("rt", vec!["k"])]
+            [
+                ("f", vec!["other"]),
+                ("g", vec!["pinned"]),
+                ("rt", vec!["k"])
+            ]
         );
     }
 

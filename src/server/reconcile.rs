@@ -224,7 +224,13 @@ pub async fn reconcile(
                 .is_some_and(|r| from < now.saturating_sub(r.as_micros() as u64)),
             crash: crash
                 .filter(|c| c.started_micros < to && c.found_micros > from)
-                .map(|c| crash_bound(c.buffer_rows, largest, largest_admissible(&p, tenant, spec.name))),
+                .map(|c| {
+                    crash_bound(
+                        c.buffer_rows,
+                        largest,
+                        largest_admissible(&p, tenant, spec.name),
+                    )
+                }),
             boundary: unit(&early),
             store_reset: store_used <= 0 && extent.rows > 0,
         };

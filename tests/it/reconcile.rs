@@ -283,7 +283,10 @@ async fn after_kill_9_that_lost_every_row_of_the_window_the_difference_is_named(
         ("STATE_DIRECTORY", state_dir.as_str()),
     ];
     let gw = GatewayProcess::start(&path, &env).await;
-    assert!(send(&gw, 10, Duration::ZERO).await.iter().all(|s| *s == 200));
+    assert!(send(&gw, 10, Duration::ZERO)
+        .await
+        .iter()
+        .all(|s| *s == 200));
     gw.kill().await;
 
     let gw = GatewayProcess::start(&path, &env).await;
