@@ -365,7 +365,11 @@ pub async fn run(
     let keeper = leases.as_ref().map(|l| l.spawn_keeper());
     let token = std::env::var(&token_env).ok().filter(|t| !t.is_empty());
     state.set_admin_token(token.as_deref());
-    let control = control.into_plane(state.policy.clone(), tokio::runtime::Handle::current());
+    let control = control.into_plane(
+        state.policy.clone(),
+        tokio::runtime::Handle::current(),
+        state.on_policy_installed(),
+    );
     let _ = state.control.set(control.clone());
     let control_tasks = crate::control::sync::spawn(control.clone());
     if let Some(s) = &spans {

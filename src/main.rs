@@ -52,7 +52,9 @@ enum Command {
         #[arg(long, env = "BUDGETGATE_THREADS", default_value_t = 0)]
         threads: usize,
     },
-    /// Validate a config file; print every error with its path.
+    /// Validate a config file; print every validation error with its path
+    /// (a TOML syntax error, an unknown field or a wrong type: the parser's
+    /// first, with its line and column).
     CheckConfig {
         /// Config file (TOML).
         #[arg(long, short, env = "BUDGETGATE_CONFIG")]

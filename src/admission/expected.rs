@@ -120,6 +120,29 @@ impl ExpectedBooks {
     }
 }
 
+impl ExpectedBooks {
+    /// Forgets the windows of every tenant and model `policy` no longer
+    /// has: a deleted tenant's outputs neither stay in memory nor size the
+    /// reservations of a tenant created later under its name (its
+    /// tenant-labelled series leave `/metrics` with the tenant,
+    /// [`crate::metrics::policy_installed`]). Run on every policy change.
+    pub fn prune(&self, policy: &crate::config::Policy) {
+        let tenants: std::collections::HashSet<&str> =
+            policy.tenants.iter().map(|t| t.name.as_str()).collect();
+        let models: std::collections::HashSet<&str> =
+            policy.models.iter().map(|m| m.name.as_str()).collect();
+        self.windows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(m, t), _| models.contains(&**m) && tenants.contains(&**t));
+    }
+
+    /// Windows kept (one per (model, tenant) planned in expected mode).
+    pub fn windows(&self) -> usize {
+        self.windows.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
 /// The series of a tenant's expected-mode requests.
 pub struct ExpectedMetrics {
     past: Counter,
@@ -345,5 +368,41 @@ mod tests {
         assert_eq!(again.expected_per_choice(64_000), 1500);
         let other = books.plan(ExpectedSettings::default(), "u", "m", 4096);
         assert_eq!(other.expected_per_choice(64_000), 4096);
+    }
+
+    #[test]
+    fn a_policy_without_a_tenant_forgets_its_windows() {
+        let books = ExpectedBooks::default();
+        for t in ["gone", "kept"] {
+            let plan = books.plan(ExpectedSettings::default(), t, "m", 4096);
+            for _ in 0..MIN_KNOWN {
+                plan.window.lock().unwrap().record(1500);
+            }
+        }
+        let raw = toml::from_str(
+            r#"
+[server]
+listen = "127.0.0.1:8080"
+[[upstreams]]
+name = "u"
+kind = "self_hosted"
+base_url = "http://127.0.0.1:9/v1"
+[[models]]
+name = "m"
+upstreams = ["u"]
+[[tenants]]
+name = "kept"
+"#,
+        )
+        .unwrap();
+        books.prune(&crate::config::Policy::from_raw(raw, "v".into()).unwrap());
+        assert_eq!(books.windows(), 1);
+        let plan = |t| books.plan(ExpectedSettings::default(), t, "m", 4096);
+        assert_eq!(plan("kept").expected_per_choice(64_000), 1500);
+        assert_eq!(
+            plan("gone").expected_per_choice(64_000),
+            4096,
+            "a tenant of the deleted one's name starts afresh"
+        );
     }
 }

@@ -110,13 +110,18 @@ fn db_kind_name(db: &Db) -> &'static str {
 
 impl Opened {
     /// The control plane over the gateway's policy `policy` (the one
-    /// requests load), running its database work on `runtime`.
+    /// requests load), running its database work on `runtime`;
+    /// `installed` runs after each policy it installs (what the gateway
+    /// keeps per tenant and forgets with it).
     pub fn into_plane(
         self,
         policy: Arc<ArcSwap<Policy>>,
         runtime: tokio::runtime::Handle,
+        installed: impl Fn(&Policy) + Send + Sync + 'static,
     ) -> Arc<ControlPlane> {
         Arc::new(ControlPlane {
+            installed: Box::new(installed),
+            reload_rejected: AtomicBool::new(false),
             db: self.db,
             url: self.url,
             snapshot: ArcSwap::from_pointee(self.snapshot),
@@ -170,6 +175,12 @@ pub struct ControlPlane {
     confirmed_ms: AtomicU64,
     /// Tests only: see [`ControlPlane::pause_writes_before_commit`].
     test_pause: Mutex<Option<(String, Duration)>>,
+    /// Runs after each policy installed.
+    installed: Box<dyn Fn(&Policy) + Send + Sync>,
+    /// The last file reload was rejected: the next one that is not says
+    /// so (restoring the running file changes nothing else, and would log
+    /// nothing at info).
+    reload_rejected: AtomicBool,
 }
 
 impl ControlPlane {
@@ -334,13 +345,16 @@ impl ControlPlane {
                     let policy = self.policy.load();
                     crate::metrics::policy_installed(Some(&previous), &policy);
                     crate::metrics::register_policy_series(&policy);
+                    (self.installed)(&policy);
                 }
                 self.note_quarantine(&policy_version, snap.version, list);
                 self.snapshot.store(Arc::new(snap));
             }
             Err(e) => {
                 // The file itself does not validate (it did when it was
-                // read): nothing of the database is the cause.
+                // read), or the merge fails in a way traced to no entity
+                // (quarantining everything would lock out the unrelated):
+                // the running policy stays.
                 for error in &e.0 {
                     tracing::error!(%error, version = snap.version, "control database change not served");
                 }
@@ -375,9 +389,11 @@ impl ControlPlane {
     }
 
     /// The config file reload (SIGHUP, file change), merged with the
-    /// current snapshot. Rejected only for the file's own errors: a
-    /// runtime entity the new file leaves without its tenant or parent,
-    /// or whose name it now defines too, is quarantined.
+    /// current snapshot. Rejected for the file's own errors and for an
+    /// error of the merge traced to no runtime entity (the running policy
+    /// stays, logged at error): a runtime entity the new file leaves
+    /// without its tenant or parent, whose name or secret it now defines
+    /// too, is quarantined.
     pub fn reload_file(&self, trigger: Trigger) -> ReloadOutcome {
         let _one = self.installing.lock().unwrap_or_else(|e| e.into_inner());
         let snap = self.snapshot.load_full();
@@ -396,7 +412,18 @@ impl ControlPlane {
             self.note_quarantine(&policy_version, snap.version, list);
         }
         if let ReloadOutcome::Applied { .. } = outcome {
-            crate::metrics::policy_installed(Some(&previous), &self.policy.load());
+            let policy = self.policy.load();
+            crate::metrics::policy_installed(Some(&previous), &policy);
+            (self.installed)(&policy);
+        }
+        let rejected = matches!(outcome, ReloadOutcome::Rejected { .. });
+        if self.reload_rejected.swap(rejected, Ordering::Relaxed) && !rejected {
+            tracing::info!(
+                config = %self.config_path.display(),
+                %trigger,
+                policy_version = %self.policy.load().version,
+                "config reload: the file is valid again after a rejected reload"
+            );
         }
         outcome
     }

@@ -491,118 +491,138 @@ pub fn list(q: &Quarantine) -> Vec<Quarantined> {
 /// snapshot's entities: what the gateway serves. One entity that does not
 /// merge never keeps the others out: it is quarantined (left out, with
 /// why), and so is what depends on it (a tenant's children and keys).
-/// The validator's errors are traced to the runtime entity their path
-/// names; an error of the file itself is the only failure (a file that
-/// does not validate alone).
+/// Each validator error is traced to a runtime entity a place it names is
+/// (its path, else another place its message names: a secret configured
+/// twice names both keys, and the file's key keeps it). An error that
+/// names no runtime entity fails the whole: the file's own, or one of
+/// the merge the validator does not trace, which keeps the running
+/// policy rather than quarantine what it may not concern.
 pub fn compose(
     file: &RawConfig,
     file_version: &str,
     snap: &Snapshot,
 ) -> Result<Composed, ConfigErrors> {
+    compose_with(file, file_version, snap, Policy::from_raw)
+}
+
+/// [`compose`] with the validator `validate` (a test can give one whose
+/// errors name nothing).
+fn compose_with(
+    file: &RawConfig,
+    file_version: &str,
+    snap: &Snapshot,
+    validate: impl Fn(RawConfig, String) -> Result<Policy, ConfigErrors>,
+) -> Result<Composed, ConfigErrors> {
     let version = format!("{file_version}.{}", snap.version);
     let mut quarantine = Quarantine::new();
     loop {
         let (raw, at) = merge_placing(file, snap, &mut quarantine);
-        let errors = match Policy::from_raw(raw, version.clone()) {
+        let errors = match validate(raw, version.clone()) {
             Ok(policy) => return Ok(Composed { policy, quarantine }),
             Err(e) => e.0,
         };
-        let file_tenants = file.tenants.len();
-        let tenant_at: HashMap<usize, &str> = at
-            .tenants
-            .iter()
-            .filter(|(_, &i)| i >= file_tenants)
-            .map(|(n, &i)| (i, n.as_str()))
-            .collect();
-        let key_at: HashMap<(usize, usize), &(String, String)> =
-            at.keys.iter().map(|(k, &ij)| (ij, k)).collect();
+        let places = Places::of(&at, file.tenants.len());
         let before = quarantine.len();
         let mut untraced = Vec::new();
         for error in errors {
-            let owner = owner_of(&error).and_then(|(i, j)| {
-                let prefix;
-                let entity = match j.and_then(|j| key_at.get(&(i, j))) {
-                    Some((tenant, id)) => {
-                        prefix = format!("tenants[{i}].keys[{}]", j.unwrap_or(0));
-                        Entity::Key {
-                            tenant: tenant.clone(),
-                            id: id.clone(),
-                        }
-                    }
-                    None => {
-                        prefix = format!("tenants[{i}]");
-                        Entity::Tenant {
-                            name: tenant_at.get(&i)?.to_string(),
-                        }
-                    }
-                };
-                Some((entity, prefix))
-            });
-            match owner {
-                Some((entity, prefix)) => {
-                    let (_, msg) = relative(std::slice::from_ref(&error), &prefix)
-                        .pop()
-                        .unwrap_or((None, error.clone()));
-                    quarantine.entry(entity).or_insert(msg);
+            match places.trace(&error) {
+                Some((entity, why)) => {
+                    quarantine.entry(entity).or_insert(why);
                 }
                 None => untraced.push(error),
             }
         }
+        // What is left out may have caused the rest: validate again.
         if quarantine.len() > before {
             continue;
         }
-        // Errors no runtime entity's path names: the file's own, or (the
-        // file alone validating) some combination of runtime entities
-        // the validator does not trace; then none of them is served.
+        // The file alone failing: its own errors, as a file without a
+        // database gets them.
         let none = Snapshot {
             version: snap.version,
             ..Snapshot::default()
         };
         let (alone, _) = merge_placing(file, &none, &mut Quarantine::new());
-        Policy::from_raw(alone, version.clone())?;
-        let why = format!(
-            "the policy does not validate with the control database's entities: {}",
-            untraced.join("; ")
-        );
-        let everything: Vec<Entity> = snap
-            .tenants
-            .iter()
-            .map(|t| Entity::Tenant {
-                name: t.spec.name.clone(),
-            })
-            .chain(
-                snap.keys
-                    .iter()
-                    .filter(|k| k.revoked_at.is_none())
-                    .map(|k| Entity::Key {
-                        tenant: k.tenant.clone(),
-                        id: k.id.clone(),
-                    }),
-            )
-            .collect();
-        let before = quarantine.len();
-        for e in everything {
-            quarantine.entry(e).or_insert_with(|| why.clone());
-        }
-        if quarantine.len() == before {
-            return Err(ConfigErrors(untraced));
-        }
+        validate(alone, version.clone())?;
+        return Err(ConfigErrors(
+            untraced
+                .into_iter()
+                .map(|e| {
+                    format!("{e} (the config file validates alone, not with the control database's tenants and keys)")
+                })
+                .collect(),
+        ));
     }
 }
 
-/// The `(i, j)` of the first `tenants[i]` (and `.keys[j]` right after it)
-/// an error names: its path, or (an error of another section about a
-/// tenant) its message.
-fn owner_of(error: &str) -> Option<(usize, Option<usize>)> {
-    let at = error.find("tenants[")?;
-    let rest = &error[at + "tenants[".len()..];
-    let close = rest.find(']')?;
-    let i = rest[..close].parse().ok()?;
-    let j = rest[close + 1..]
-        .strip_prefix(".keys[")
-        .and_then(|r| r.split_once(']'))
-        .and_then(|(j, _)| j.parse().ok());
-    Some((i, j))
+/// The runtime entities by their place in the merged file.
+struct Places<'a> {
+    tenants: HashMap<usize, &'a str>,
+    keys: HashMap<(usize, usize), &'a (String, String)>,
+}
+
+impl<'a> Places<'a> {
+    fn of(at: &'a Placement, file_tenants: usize) -> Self {
+        Places {
+            tenants: at
+                .tenants
+                .iter()
+                .filter(|(_, &i)| i >= file_tenants)
+                .map(|(n, &i)| (i, n.as_str()))
+                .collect(),
+            keys: at.keys.iter().map(|(k, &ij)| (ij, k)).collect(),
+        }
+    }
+
+    /// The runtime entity of the first place `error` names that is one,
+    /// and why it is quarantined: the message relative to it when it is
+    /// the error's own path, else the error with that place named.
+    fn trace(&self, error: &str) -> Option<(Entity, String)> {
+        places_named(error).find_map(|(at, i, j)| {
+            let (entity, prefix) = match j.and_then(|j| self.keys.get(&(i, j))) {
+                Some((tenant, id)) => (
+                    Entity::Key {
+                        tenant: tenant.clone(),
+                        id: id.clone(),
+                    },
+                    format!("tenants[{i}].keys[{}]", j.unwrap_or(0)),
+                ),
+                None => (
+                    Entity::Tenant {
+                        name: self.tenants.get(&i)?.to_string(),
+                    },
+                    format!("tenants[{i}]"),
+                ),
+            };
+            let why = if at == 0 {
+                let (_, msg) = relative(std::slice::from_ref(&error.to_string()), &prefix)
+                    .pop()
+                    .unwrap_or((None, error.to_string()));
+                msg
+            } else {
+                let end = at + prefix.len();
+                format!("{}{entity}{}", &error[..at], &error[end..])
+            };
+            Some((entity, why))
+        })
+    }
+}
+
+/// Every `tenants[i]` (with `.keys[j]` right after it) `error` names, as
+/// (offset, i, j), in order: its path, then places in its message (an
+/// error of another section about a tenant, the other place of a
+/// duplicate).
+fn places_named(error: &str) -> impl Iterator<Item = (usize, usize, Option<usize>)> + '_ {
+    error.match_indices("tenants[").filter_map(|(at, _)| {
+        let rest = &error[at + "tenants[".len()..];
+        let close = rest.find(']')?;
+        let i = rest[..close].parse().ok()?;
+        let j = rest[close + 1..]
+            .strip_prefix(".keys[")
+            .and_then(|r| r.split_once(']'))
+            .and_then(|(j, _)| j.parse().ok());
+        Some((at, i, j))
+    })
 }
 
 /// The errors of `errors` about the entity at `prefix` (`tenants[3]`,
@@ -751,6 +771,81 @@ limits = { tpm = 1000 }
         let why = &c.quarantine[&Entity::Tenant { name: "d".into() }];
         assert!(why.starts_with("parent: "), "{why}");
         assert_eq!(c.policy.tenants.len(), 4);
+    }
+
+    #[test]
+    fn a_secret_the_file_also_configures_quarantines_the_database_key_alone() {
+        // The file's later tenant `g` takes the secret of the database's
+        // key `moved` of the file's earlier tenant `f`: the validator
+        // reports it on the file's key; the database's is the one left out.
+        let mut file = file();
+        let mut g = RawTenant {
+            name: "g".into(),
+            ..RawTenant::default()
+        };
+        g.keys.push(RawKey {
+            id: "pinned".into(),
+            sha256: crate::config::hash_key("f/moved"),
+            ..RawKey::default()
+        });
+        file.tenants.push(g);
+        let snap = Snapshot {
+            version: 3,
+            tenants: vec![tenant("rt", Some("f"))],
+            keys: vec![key("f", "moved"), key("f", "other"), key("rt", "k")],
+            tokens: Vec::new(),
+        };
+        let c = compose(&file, "v", &snap).expect("composes");
+        assert_eq!(names(&c.quarantine), ["key \"moved\" of tenant \"f\""]);
+        let why = &c.quarantine[&Entity::Key {
+            tenant: "f".into(),
+            id: "moved".into(),
+        }];
+        assert!(
+            why.contains("tenants[1].keys[0].sha256")
+                && why.contains("also at key \"moved\" of tenant \"f\""),
+            "{why}"
+        );
+        let served: Vec<(&str, Vec<&str>)> = c
+            .policy
+            .tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.keys.iter().map(|k| k.id.as_str()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            served,
+            [
+                ("f", vec!["other"]),
+                ("g", vec!["pinned"]),
+                ("rt", vec!["k"])
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_traced_to_no_entity_fails_instead_of_quarantining_the_unrelated() {
+        let snap = Snapshot {
+            version: 1,
+            tenants: vec![tenant("a", Some("f"))],
+            keys: vec![key("f", "k"), key("a", "k")],
+            tokens: Vec::new(),
+        };
+        let files_tenants = file().tenants.len();
+        // A merge-wide error naming no place (the file alone validates).
+        let validate = |raw: RawConfig, version: String| {
+            if raw.tenants.len() > files_tenants || raw.tenants.iter().any(|t| !t.keys.is_empty()) {
+                return Err(ConfigErrors(vec!["store.domain: boom".into()]));
+            }
+            Policy::from_raw(raw, version)
+        };
+        let e = compose_with(&file(), "v", &snap, validate).expect_err("not served");
+        assert_eq!(e.0.len(), 1, "{e:?}");
+        assert!(e.0[0].starts_with("store.domain: boom"), "{e:?}");
     }
 
     #[test]

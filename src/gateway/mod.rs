@@ -214,6 +214,21 @@ impl AppState {
         })
     }
 
+    /// What the gateway does when a policy is installed: forgets the
+    /// budget plans (a version may come back, a file edit undone, and its
+    /// plans must not hold what the one between dropped) and the
+    /// expected-output windows of the tenants and models gone.
+    pub fn on_policy_installed(&self) -> impl Fn(&Policy) + Send + Sync + 'static {
+        let (plans, expected) = (self.plans.clone(), self.expected.clone());
+        move |policy| {
+            let mut cache = plans.lock().unwrap_or_else(|e| e.into_inner());
+            cache.version.clone_from(&policy.version);
+            cache.plans.clear();
+            drop(cache);
+            expected.prune(policy);
+        }
+    }
+
     /// The budget plan of `tenant`, `key` and `model` under `policy`; built
     /// on first use per policy version.
     pub fn budget_plan(

@@ -11,7 +11,9 @@
 //!   dropped), **retention** (rows deleted past `ledger.retention_days`,
 //!   when the window starts before the cutoff) and the rows **lost in a
 //!   crash** (at most the crashed run's buffer, [`super::crash`]; in units,
-//!   that many rows of the largest charge the window's rows hold);
+//!   that many rows of the largest charge the window's rows hold, or, none
+//!   surviving, of the largest request the tenant's budgets admit,
+//!   [`crash_bound`]);
 //! - the ledger counts more than the store by the **window boundary** (a
 //!   request admitted before midnight and settled after counts in the
 //!   store's window of its admission, the ledger's row in the day of its
@@ -80,6 +82,20 @@ pub struct Explained {
     pub causes: Vec<Cause>,
     /// What no known cause explains (same sign as the difference).
     pub unexplained: i64,
+}
+
+/// What a crash may have lost of a quota, in its unit: the crashed run's
+/// `buffer_rows`, each at most the window's largest surviving row or, when
+/// none survived (every row of the window was still buffered: a window
+/// that began shortly before the crash), the largest request the
+/// tenant's own budgets admit (`largest_admissible`: a larger one is
+/// refused before it reserves).
+pub fn crash_bound(buffer_rows: u64, largest_row: u64, largest_admissible: u64) -> u64 {
+    let per_row = match largest_row {
+        0 => largest_admissible,
+        row => row,
+    };
+    buffer_rows.saturating_mul(per_row)
 }
 
 /// Explains `i`'s difference by its causes (module docs).
@@ -188,6 +204,25 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(beyond.unexplained, 150);
+    }
+
+    #[test]
+    fn a_crash_that_lost_every_row_of_the_window_is_bounded_by_the_largest_request() {
+        // Rows survived: the largest of them.
+        assert_eq!(crash_bound(600, 250, 100_000), 150_000);
+        // None survived: the largest request the tenant's budgets admit,
+        // not 0 (which left the whole difference unexplained).
+        let bound = crash_bound(600, 0, 100_000);
+        assert_eq!(bound, 60_000_000);
+        let e = explain(&Inputs {
+            store: 4_000,
+            ledger: 0,
+            crash: Some(bound),
+            ..Default::default()
+        });
+        assert_eq!(names(&e), vec![("lost_in_a_crash", 4_000)]);
+        assert_eq!(e.unexplained, 0);
+        assert_eq!(crash_bound(u64::MAX, 0, 2), u64::MAX);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::control::writes::in_subtree;
 use crate::gateway::error::{ApiError, OwnStore};
 use crate::gateway::AppState;
 use crate::ledger::query::{day_of, SpendQuery};
-use crate::ledger::reconcile::{explain, Inputs};
+use crate::ledger::reconcile::{crash_bound, explain, Inputs};
 use crate::ledger::window;
 
 /// The query parameters.
@@ -50,6 +50,31 @@ fn reconciled(name: BudgetName) -> bool {
             | BudgetName::UsdPerDay
             | BudgetName::UsdPerMonth
     )
+}
+
+/// The largest request tenant `tenant`'s own budgets admit in `quota`'s
+/// unit (tokens or µ$): the smallest capacity among its tenant-scope
+/// budgets that count a request's whole charge in that unit (every
+/// request of its subtree reserves on them, and one above a capacity is
+/// refused before it reserves).
+fn largest_admissible(p: &crate::config::Policy, tenant: &str, quota: BudgetName) -> u64 {
+    let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
+        return 0;
+    };
+    let own = Scope::Tenant(t.name.as_str().into());
+    let whole = |n: BudgetName| match quota.counts_usd() {
+        true => n.counts_usd(),
+        false => matches!(
+            n,
+            BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth
+        ),
+    };
+    plan::tenant_specs(p, t)
+        .iter()
+        .filter(|s| s.scope == own && !s.shadow && whole(s.name))
+        .map(BudgetSpec::capacity)
+        .min()
+        .unwrap_or(0)
 }
 
 fn ledger_unavailable(message: String) -> Response {
@@ -208,7 +233,13 @@ pub async fn reconcile(
                 .is_some_and(|r| from < now.saturating_sub(r.as_micros() as u64)),
             crash: crash
                 .filter(|c| c.started_micros < to && c.found_micros > from)
-                .map(|c| c.buffer_rows.saturating_mul(largest)),
+                .map(|c| {
+                    crash_bound(
+                        c.buffer_rows,
+                        largest,
+                        largest_admissible(&p, tenant, spec.name),
+                    )
+                }),
             boundary: unit(&early),
             fail_open: unit(&fail_open),
             store_reset: store_used <= 0 && extent.rows > 0,

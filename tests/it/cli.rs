@@ -79,6 +79,51 @@ fn check_config_takes_the_file_as_argument_flag_or_environment() {
     assert!(text(&out.stderr).contains("--config FILE"));
 }
 
+/// What docs/API.md says `check-config` prints: every validation error
+/// with its path at once; a file that does not parse (here two values of
+/// the wrong type) gets the parser's first error alone, with its line and
+/// column.
+#[test]
+fn check_config_prints_every_validation_error_and_the_parsers_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path());
+    let base = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        base.contains("tpm = 1000") && base.contains("default_max_output_tokens = 50"),
+        "{base}"
+    );
+    std::fs::write(
+        &cfg,
+        base.replacen("tpm = 1000", "tpm = -1", 1).replacen(
+            "upstreams = [\"mock\"]",
+            "upstreams = [\"nope\"]",
+            1,
+        ),
+    )
+    .unwrap();
+    let out = budgetgate(&["check-config", &cfg], &[], None);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("tenants[0].limits.tpm") && err.contains("models[0].upstreams[0]"),
+        "both validation errors: {err}"
+    );
+    std::fs::write(
+        &cfg,
+        base.replacen("tpm = 1000", "tpm = \"x\"", 1).replacen(
+            "default_max_output_tokens = 50",
+            "default_max_output_tokens = \"y\"",
+            1,
+        ),
+    )
+    .unwrap();
+    let out = budgetgate(&["check-config", &cfg], &[], None);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("invalid type").count(), 1, "{err}");
+    assert!(err.contains("line "), "{err}");
+}
+
 /// Issue 39 point 5: `[server] lease_secs` is renamed `slot_lease_secs`
 /// (the slot lease, not a quota lease). The former key is accepted for one
 /// release with a warning naming the new one; both together are an error.

@@ -423,6 +423,46 @@ async fn a_name_the_file_also_defines_is_quarantined_at_reload_and_at_start_and_
 }
 
 #[tokio::test]
+async fn a_key_moved_into_the_file_under_a_later_tenant_leaves_every_other_runtime_key_serving() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&mock.base_url(), &dir.path().join("c.db"));
+    cfg.tenants
+        .push(config::tenant("t2", "k2", "sk-t2", limits()));
+    let gw = cfg.start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    let moved = new_key(&gw, "t1", "moved").await;
+    let other = new_key(&gw, "t1", "other").await;
+    let (s, v) = post(&gw, "/admin/v1/tenants", json!({"name": "rt"})).await;
+    assert_eq!(s, 201, "{v}");
+    let rt = new_key(&gw, "rt", "rk").await;
+
+    // The operator pins the API key `moved` of `t1` in the file, under
+    // the later tenant `t2`: the validator meets the database's key
+    // first and reports the secret on the file's key.
+    cfg.tenant("t2").keys.push(config::key("pinned", &moved));
+    cfg.write_to(&gw.config_path);
+    let control = gw.state.control.get().expect("control plane").clone();
+    let outcome = control.reload_file(Trigger::Signal);
+    assert!(
+        matches!(outcome, ReloadOutcome::Applied { .. }),
+        "{outcome:?}"
+    );
+    let q = control.quarantined();
+    assert_eq!(q.len(), 1, "only the database's side of it: {q:?}");
+    assert_eq!(q[0].entity.to_string(), "key \"moved\" of tenant \"t1\"");
+    assert!(q[0].reason.contains("configured twice"), "{q:?}");
+    for (what, key) in [
+        ("the pinned key, now the file's", &moved),
+        ("an unrelated API key of the same file tenant", &other),
+        ("an API key of an API tenant", &rt),
+        ("a file key", &"sk-t2".to_string()),
+    ] {
+        assert_eq!(post_hi(&gw, key).await, 200, "{what}");
+    }
+}
+
+#[tokio::test]
 async fn a_changed_limit_is_a_policy_change_for_the_stores() {
     let mock = start_mock().await;
     let dir = tempfile::tempdir().unwrap();

@@ -172,6 +172,38 @@ async fn expected_mode_reserves_the_default_then_near_the_p90_after_twenty_answe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_tenants_window_is_forgotten_and_a_tenant_of_its_name_starts_afresh() {
+    use budgetgate::config::reload::{ReloadOutcome, Trigger};
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut with_t1 = config(&mock, 10_000_000, Some("expected"));
+    with_t1.control.database_url = Some(format!("sqlite://{}", dir.path().join("c.db").display()));
+    let gw = with_t1.start().await;
+    answered(&gw, 20, 1500).await;
+    let held = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+    assert!((1500..1600).contains(&held), "learned: held {held}");
+
+    // A reload deletes `t1`, another brings a tenant of that name back.
+    let control = gw.state.control.get().expect("control plane").clone();
+    let mut without = with_t1.clone();
+    without.tenants.clear();
+    for cfg in [&without, &with_t1] {
+        cfg.write_to(&gw.config_path);
+        let outcome = control.reload_file(Trigger::Signal);
+        assert!(
+            matches!(outcome, ReloadOutcome::Applied { .. }),
+            "{outcome:?}"
+        );
+    }
+    let first = held_by_one_turn(&gw, &mock, t1(), BudgetName::TokensPerDay).await;
+    assert!(
+        (4096..4096 + 100).contains(&first),
+        "the new t1 knows no answer yet: the model's default output, held {first}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cap_mode_is_unchanged_and_the_deployment_reserves_the_whole_cap() {
     for mode in [None, Some("cap")] {
         let mock = start_mock().await;

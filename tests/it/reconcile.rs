@@ -9,7 +9,8 @@
 //! - PostgreSQL stopped (`ledger_faults`, which calls [`assert_reconciled`]
 //!   at its end): the dropped rows explain the difference;
 //! - kill -9 of a gateway on Redis: after the restart, the difference is
-//!   within the crash-loss bound and named `lost_in_a_crash`;
+//!   within the crash-loss bound and named `lost_in_a_crash`, also when
+//!   no row of the window survived;
 //! - rows deleted by hand: the command exits non-zero naming the quota.
 
 use std::time::{Duration, Instant};
@@ -248,6 +249,64 @@ async fn after_kill_9_the_difference_is_within_the_crash_bound_and_named() {
     );
     // Lost rows are rows the ledger never got: it counted fewer than answered.
     assert!(q["ledger_rows"].as_u64().unwrap() < answered, "{v}");
+}
+
+/// kill -9 before the ledger wrote any row of the window (a tenant whose
+/// day began shortly before the crash): every row of it was lost, and the
+/// difference is still named `lost_in_a_crash`, within a bound of the
+/// largest request the tenant's budgets admit (no row survived to size it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_that_lost_every_row_of_the_window_the_difference_is_named() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        8,
+        limits().tpm(100_000).tokens_per_day(1_000_000),
+    )
+    .redis(&redis.url());
+    c.store.key_prefix = Some("bgreconall".into());
+    c.store.lease = Some(no_leases());
+    // No batch is written before the kill.
+    c.ledger.batch_interval_ms = Some(60_000);
+    c.control.database_url = Some(format!(
+        "sqlite://{}",
+        dir.path().join("control.db").display()
+    ));
+    let path = c.write(dir.path());
+    let state_dir = state.path().to_str().unwrap().to_string();
+    let env = [
+        ("BUDGETGATE_ADMIN_TOKEN", TOKEN),
+        ("RUST_LOG", "warn"),
+        ("STATE_DIRECTORY", state_dir.as_str()),
+    ];
+    let gw = GatewayProcess::start(&path, &env).await;
+    assert!(send(&gw, 10, Duration::ZERO)
+        .await
+        .iter()
+        .all(|s| *s == 200));
+    gw.kill().await;
+
+    let gw = GatewayProcess::start(&path, &env).await;
+    let v = reconciled(&gw, TOKEN).await;
+    println!("after kill -9, no row written: {v}");
+    assert!(v["previous_crash"]["started_micros"].is_u64(), "{v}");
+    let q = quota(&v, "tokens_per_day");
+    assert_eq!(q["ledger_rows"], 0, "every row was lost: {v}");
+    let difference = q["difference"].as_i64().unwrap();
+    assert!(difference > 0, "{v}");
+    assert_eq!(q["unexplained"], 0, "{v}");
+    assert_eq!(explains(q, "lost_in_a_crash"), difference as u64, "{v}");
+    let bound = q["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["cause"] == "lost_in_a_crash")
+        .and_then(|c| c["bound"].as_u64());
+    // 100,000 rows of at most the tpm burst.
+    assert_eq!(bound, Some(100_000 * 100_000), "{v}");
 }
 
 /// Rows deleted from the ledger by hand: `budgetgate reconcile` exits

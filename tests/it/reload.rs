@@ -142,6 +142,38 @@ async fn a_broken_file_keeps_the_running_policy_and_logs_every_error() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn restoring_the_good_file_after_a_rejected_reload_is_logged() {
+    const VALID_AGAIN: &str = "config reload: the file is valid again after a rejected reload";
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let good = cfg(&mock.base_url(), 1000);
+    let path = good.write(dir.path());
+    let gw = GatewayProcess::start(&path, &[]).await;
+    let v0 = version(&gw.wait_log("budgetgate listening", 1).await[0]);
+    gw.wait_log("watching the config file for changes", 1).await;
+
+    let mut broken = good.clone();
+    broken.tenant("t1").limits.tpm = Some(-5);
+    broken.write_to(&path);
+    gw.wait_log("config reload rejected; the running policy stays", 1)
+        .await;
+    assert!(gw.logs_with(VALID_AGAIN).is_empty(), "{}", gw.dump_logs());
+
+    // The running policy's own bytes back: nothing to install, and the
+    // operator still learns the file is fine again.
+    good.write_to(&path);
+    let line = &gw.wait_log(VALID_AGAIN, 1).await[0];
+    assert_eq!(version(line), v0);
+    assert_eq!(line.pointer("/fields/trigger"), Some(&json!("file_change")));
+    assert!(gw.logs_with("policy reloaded").is_empty());
+
+    // Said once: a later valid reload is an ordinary one.
+    cfg(&mock.base_url(), 700).write_to(&path);
+    gw.wait_log("policy reloaded", 1).await;
+    assert_eq!(gw.logs_with(VALID_AGAIN).len(), 1, "{}", gw.dump_logs());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_stream_started_before_the_reload_completes() {
     let mock = start_mock().await;
     mock.state.set_token_delay(Duration::from_millis(50));

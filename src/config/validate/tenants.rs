@@ -49,11 +49,18 @@ pub(super) fn tenants(
                     format!("{kp}.sha256"),
                     "must be 64 hex digits (run `budgetgate hash-key`)",
                 );
-            } else if key_index
-                .insert(raw, key_ref(i, j, k.terms.expires_at, None))
-                .is_some()
+            } else if let Some(first) =
+                key_index.insert(raw, key_ref(i, j, k.terms.expires_at, None))
             {
-                v.err(format!("{kp}.sha256"), "the same key is configured twice");
+                // Both places named: when one is the control database's,
+                // the composition traces the collision to it.
+                v.err(
+                    format!("{kp}.sha256"),
+                    format!(
+                        "the same key is configured twice (also at tenants[{}].keys[{}])",
+                        first.tenant, first.key
+                    ),
+                );
             }
             // Runtime keys only (the control database checked them when
             // they were written): rotated secrets still in their overlap.
