@@ -238,6 +238,10 @@ pub struct ModelPolicy {
     /// client's cap goes upstream as sent (the provider answers for its
     /// own model) and an uncapped stream is sent its reservation.
     pub max_output_tokens: Option<u64>,
+    /// `context_window`: prompt plus output the model holds, tokens, when
+    /// configured; an uncapped request's output is at most what its input
+    /// estimate leaves of it.
+    pub context_window: Option<u64>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.

@@ -350,6 +350,9 @@ pub struct RawModel {
     pub encoding: Option<String>,
     pub default_max_output_tokens: Option<i64>,
     pub max_output_tokens: Option<i64>,
+    /// Prompt plus output the model holds, tokens (an uncapped request's
+    /// output is bounded by what the prompt leaves of it).
+    pub context_window: Option<i64>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
     pub responses: Option<bool>,

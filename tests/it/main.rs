@@ -101,5 +101,6 @@ mod suites_always_run;
 mod telemetry;
 mod tls;
 mod token_limits;
+mod uncapped;
 mod usage_settlement;
 mod vertex;

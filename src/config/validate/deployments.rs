@@ -307,6 +307,11 @@ pub(super) fn models(
             m.max_output_tokens,
             MAX_LIMIT,
         );
+        let context_window = v.positive(
+            &format!("{path}.context_window"),
+            m.context_window,
+            MAX_LIMIT,
+        );
         if let Some(max_out) = max_out.filter(|&max| default_out > max) {
             v.err(
                 format!("{path}.default_max_output_tokens"),
@@ -400,6 +405,7 @@ pub(super) fn models(
             encoding,
             default_max_output_tokens: default_out,
             max_output_tokens: max_out,
+            context_window,
             reasoning: m.reasoning.unwrap_or(false),
             routing,
             messages,
