@@ -555,6 +555,15 @@ impl ModelPolicy {
             None => self.price.clone(),
         }
     }
+
+    /// The largest client cap accepted: an exact entry's
+    /// `max_output_tokens` (the provider's documented maximum for that
+    /// model). A pattern entry stands for models not yet released, whose
+    /// maximum nobody documented: it refuses no cap, the provider refuses
+    /// what it must.
+    pub fn refused_above(&self) -> Option<u64> {
+        self.max_output_tokens.filter(|_| !self.pattern)
+    }
 }
 
 /// Lower-case hex SHA-256 of an API key, as written in `keys[].sha256`.

@@ -447,7 +447,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
-        max_output_tokens: model.max_output_tokens,
+        max_output_tokens: model.refused_above(),
         min_output_tokens: policy.min_output_tokens,
         token_ratio: model.token_ratio,
         image: model.image,
