@@ -242,6 +242,9 @@ pub struct ModelPolicy {
     /// configured; an uncapped request's output is at most what its input
     /// estimate leaves of it.
     pub context_window: Option<u64>,
+    /// A pattern entry's concrete names (`models`): what `GET /v1/models`
+    /// lists for it (never the pattern itself). Empty for exact entries.
+    pub listed: Vec<String>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.

@@ -353,6 +353,9 @@ pub struct RawModel {
     /// Prompt plus output the model holds, tokens (an uncapped request's
     /// output is bounded by what the prompt leaves of it).
     pub context_window: Option<i64>,
+    /// A pattern entry's concrete names, listed by `GET /v1/models`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
     pub responses: Option<bool>,

@@ -62,6 +62,7 @@ mod messages_server_tools;
 mod metric_series;
 mod mock_upstream_selftest;
 mod model_patterns;
+mod models_route;
 mod nested_tenants;
 mod operations;
 mod output_limits;
