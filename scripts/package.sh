@@ -6,7 +6,7 @@
 #     bin/budgetgate            the gateway (stripped)
 #     bin/mock_upstream         the simulated upstream the example configs use
 #     config/                   the example configs (config/*.toml)
-#     deploy/                   systemd unit, Grafana dashboard, Prometheus alerts and
+#     deploy/                   systemd unit, Kubernetes manifests, Grafana dashboard, Prometheus alerts and
 #                               recording rules, compose fleet (compose.yaml, fleet.toml)
 #     Containerfile             its `prebuilt` target makes the image from bin/budgetgate
 #     docs/, README.md, LICENSE
@@ -44,7 +44,7 @@ install -m 0755 "$BIN" "$root/bin/budgetgate"
 install -m 0755 "$MOCK" "$root/bin/mock_upstream"
 if command -v strip >/dev/null; then strip "$root/bin/budgetgate" "$root/bin/mock_upstream"; fi
 install -m 0644 config/*.toml "$root/config/"
-cp -R deploy/grafana deploy/prometheus deploy/systemd "$root/deploy/"
+cp -R deploy/grafana deploy/prometheus deploy/systemd deploy/kubernetes "$root/deploy/"
 install -m 0644 deploy/compose.yaml deploy/fleet.toml "$root/deploy/"
 install -m 0644 docs/*.md docs/*.json docs/*.png "$root/docs/"
 install -m 0644 README.md LICENSE Containerfile "$root/"

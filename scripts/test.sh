@@ -4,8 +4,10 @@
 # debootstrap (Debian packages), a Python virtualenv with the pinned openai
 # and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
 # coding-agent CLIs (Codex CLI, Claude Code) under tests/agents/ (npm ci).
-# Then the distribution checks: the container image, the compose fleet, the
-# archive; and the enforcement-accuracy benchmark's quick run.
+# Then the distribution checks: the Kubernetes manifests (offline, and the
+# fleet as pods with podman kube play), the container image, the compose
+# fleet, the release pipeline's dry run (archive, SBOM, image); and the
+# enforcement-accuracy benchmark's quick run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,8 +39,10 @@ HOME="$(mktemp -d)" tests/agents/node_modules/.bin/claude --version
 
 # --no-fail-fast: one failing test file must not hide the results of the others.
 # No feature flags: every suite is compiled into a plain `cargo test`.
+# Its output is kept too: the failed tests are named again at the very end.
 status=0
-cargo test --all-targets --no-fail-fast "$@" || status=$?
+cargo_log=$(mktemp -t budgetgate-test.XXXXXX)
+cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$cargo_log" || status=$?
 
 # The distribution checks (issue 38): the container image, the compose
 # fleet, the release archive. They run on a full run (no arguments; DIST=0
@@ -57,10 +61,16 @@ if [ "$DIST" = 1 ]; then
         cargo build --bins --examples
     fi
     summary=()
-    for check in image.sh compose.sh package.sh archive-check.sh; do
+    # kubernetes-check.sh: the manifests of deploy/kubernetes/, rendered and
+    # validated offline; kube-play.sh: the fleet run as pods by `podman kube
+    # play` and checked. release-dry-run.sh: the release workflow's steps
+    # without publishing (actionlint; the archive, its checksum and
+    # scripts/archive-check.sh; the SBOM; the image from the archive's
+    # binary, IMAGE_TARGET=prebuilt: no toolchain image is reachable).
+    for check in kubernetes-check.sh image.sh compose.sh kube-play.sh release-dry-run.sh; do
         t0=$SECONDS
         echo "=== scripts/$check (PROFILE=$DIST_PROFILE)"
-        if PROFILE=$DIST_PROFILE "scripts/$check"; then
+        if PROFILE=$DIST_PROFILE IMAGE_TARGET=prebuilt "scripts/$check"; then
             summary+=("$check ok ($((SECONDS - t0)) s)")
         else
             summary+=("$check FAILED ($((SECONDS - t0)) s)")
@@ -79,5 +89,23 @@ if [ "$DIST" = 1 ]; then
         status=1
     fi
     echo "distribution checks: ${summary[*]}"
+fi
+# Last, so that a long run's failures are not lost above the distribution
+# checks: every test that failed (from cargo's `test … FAILED` lines), the
+# suites that failed (`error: test failed, to rerun pass …`) and anything
+# that did not compile.
+failed_tests=$(grep -E '^test .+ \.\.\. FAILED$' "$cargo_log" | sed -E 's/^test (.+) \.\.\. FAILED$/  \1/' | sort -u || true)
+failed_suites=$(grep -E '^error: (test failed|could not compile)' "$cargo_log" | sort -u || true)
+if [ -n "$failed_tests" ] || [ -n "$failed_suites" ]; then
+    status=1
+    echo "=== cargo test: failures (whole output: $cargo_log)"
+    [ -n "$failed_suites" ] && echo "$failed_suites"
+    if [ -n "$failed_tests" ]; then
+        echo "failed tests ($(echo "$failed_tests" | wc -l)):"
+        echo "$failed_tests"
+    fi
+else
+    echo "=== cargo test: every test passed"
+    rm -f "$cargo_log"
 fi
 exit "$status"

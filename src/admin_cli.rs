@@ -1,10 +1,14 @@
 //! `budgetgate keys …`, `budgetgate tenants …`, `budgetgate admin-tokens …`,
 //! `budgetgate explain`: the admin API from the command line. Every command is one HTTP call
 //! to a running gateway (`--url`, `BUDGETGATE_URL`) with an admin token
-//! (`--token`, `BUDGETGATE_ADMIN_TOKEN`); the answer's JSON is printed as
-//! it came, and a refusal's message goes to stderr with a failing exit.
+//! (`--token`, `BUDGETGATE_ADMIN_TOKEN`); the answer's JSON is printed
+//! indented, and a refusal's message goes to stderr with a failing exit.
+//! The helpers every such command shares (the token, a path segment, a
+//! gateway that does not answer, the printing) are here too: `spend` and
+//! `reconcile` ([`crate::ledger::cli`]) use them.
 
 use clap::{Args, Subcommand};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Value};
 
 /// Where the gateway is and who asks.
@@ -15,7 +19,55 @@ pub struct Target {
     pub url: String,
     /// An admin token (the bootstrap token or one of `admin-tokens create`).
     #[arg(long, env = "BUDGETGATE_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub token: Option<String>,
+}
+
+/// The admin token given, or the message that says how to give one
+/// (clap's own would name only `--token`, not the variable).
+pub fn token(given: &Option<String>) -> Result<&str, String> {
+    given.as_deref().filter(|t| !t.is_empty()).ok_or_else(|| {
+        "no admin token: set BUDGETGATE_ADMIN_TOKEN (the gateway's bootstrap token, or one made by `budgetgate admin-tokens create`) or pass --token".to_string()
+    })
+}
+
+/// What a failed call to `url` (on the gateway at `base`) prints: a
+/// gateway that does not answer is named as such, with the variable that
+/// points the command elsewhere.
+pub fn unreachable(base: &str, url: &str, e: &reqwest::Error) -> String {
+    if e.is_connect() {
+        // The innermost cause ("Connection refused"), not reqwest's
+        // "error sending request for url (…)".
+        let mut cause: &dyn std::error::Error = e;
+        while let Some(next) = cause.source() {
+            cause = next;
+        }
+        return format!(
+            "no gateway answers at {} ({cause}); set BUDGETGATE_URL or pass --url",
+            base.trim_end_matches('/')
+        );
+    }
+    format!("{url}: {e}")
+}
+
+/// `body` as printed: JSON indented, anything else (CSV) as it came.
+pub fn printable(body: &str) -> String {
+    match serde_json::from_str::<Value>(body) {
+        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_else(|_| body.to_string()),
+        Err(_) => body.trim_end().to_string(),
+    }
+}
+
+/// Kept as written in a path segment or query value: RFC 3986's
+/// unreserved characters (a request id's `-` stays `-`).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `s` percent-encoded for a path segment or a query value.
+pub fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
 /// `budgetgate keys …`.
@@ -128,10 +180,6 @@ pub enum TokensCommand {
 
 /// One call: method, path (with its query), body.
 pub type Call = (reqwest::Method, String, Option<Value>);
-
-fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
 
 fn parse_json(what: &str, text: &str) -> Result<Value, String> {
     serde_json::from_str(text).map_err(|e| format!("{what} is not JSON: {e}"))
@@ -268,9 +316,31 @@ pub fn explain_call(request_id: &str) -> Call {
     )
 }
 
-/// Makes `call` against `target`; prints the answer. `Err` holds what to
-/// print on stderr.
-pub fn run(target: &Target, call: Result<Call, String>) -> Result<(), String> {
+/// What a successful `keys` command adds on stderr: a secret is in this
+/// answer only.
+pub fn keys_note(c: &KeysCommand) -> Option<&'static str> {
+    match c {
+        KeysCommand::Create { .. } | KeysCommand::Rotate { .. } => Some(
+            "the \"secret\" above is shown this once: store it now (the gateway keeps only its SHA-256 digest)",
+        ),
+        _ => None,
+    }
+}
+
+/// What a successful `admin-tokens` command adds on stderr.
+pub fn tokens_note(c: &TokensCommand) -> Option<&'static str> {
+    match c {
+        TokensCommand::Create { .. } => Some(
+            "the \"token\" above is shown this once: store it now (the gateway keeps only its SHA-256 digest)",
+        ),
+        _ => None,
+    }
+}
+
+/// Makes `call` against `target`; prints the answer (and `note`, on
+/// stderr, when it succeeded). `Err` holds what to print on stderr.
+pub fn run(target: &Target, call: Result<Call, String>, note: Option<&str>) -> Result<(), String> {
+    let token = token(&target.token)?;
     let (method, path, body) = call?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -279,7 +349,7 @@ pub fn run(target: &Target, call: Result<Call, String>) -> Result<(), String> {
     rt.block_on(async {
         let url = format!("{}{path}", target.url.trim_end_matches('/'));
         let client = reqwest::Client::new();
-        let mut req = client.request(method, &url).bearer_auth(&target.token);
+        let mut req = client.request(method, &url).bearer_auth(token);
         if let Some(b) = body {
             // `null` members of a create body are left out.
             let mut b = b;
@@ -288,12 +358,17 @@ pub fn run(target: &Target, call: Result<Call, String>) -> Result<(), String> {
             }
             req = req.json(&b);
         }
-        let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| unreachable(&target.url, &url, &e))?;
         let status = resp.status();
         let text = resp.text().await.map_err(|e| format!("{url}: {e}"))?;
         if status.is_success() {
-            let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            println!("{}", printable(&text));
+            if let Some(n) = note {
+                eprintln!("budgetgate: {n}");
+            }
             Ok(())
         } else {
             let msg = serde_json::from_str::<Value>(&text)

@@ -7,11 +7,9 @@
 //! for their upstream (503), wait for every settlement, and return.
 //! Hot reload (SIGHUP, file change) runs alongside ([`crate::config::reload`]).
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -24,6 +22,7 @@ use crate::config::reload;
 use crate::config::store::LeaseMode;
 use crate::config::{Policy, StoreKind};
 use crate::gateway::AppState;
+use crate::server::connections::{Accept, Connections, PlainListener};
 use crate::server::{budget_view, router};
 use crate::tls::Tls;
 use crate::upstreams::redact;
@@ -105,43 +104,48 @@ const BUDGET_GAUGES: Duration = Duration::from_secs(10);
 /// Serves one listener until `shutdown` resolves, then drains gracefully:
 /// returns once every connection is done (or abandoned after the cutoff),
 /// without waiting for settlements. With `tls`, connections are TLS
-/// ([`crate::tls`]).
+/// ([`crate::tls`]). `connections` bounds them across serving threads.
 async fn serve_connections(
     listener: TcpListener,
     state: Arc<AppState>,
     tls: Option<Arc<Tls>>,
+    connections: Arc<Connections>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     match tls {
-        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle's
-        // algorithm and delayed ACKs hold each frame for up to ~40 ms.
         None => {
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            serve_listener(listener, state, shutdown).await
+            let listener = PlainListener {
+                tcp: listener,
+                connections: connections.clone(),
+            };
+            serve_listener(listener, state, connections, shutdown).await
         }
-        Some(tls) => serve_listener(tls.listener(listener)?, state, shutdown).await,
+        Some(tls) => {
+            let listener = tls.listener(listener, connections.clone())?;
+            serve_listener(listener, state, connections, shutdown).await
+        }
     }
 }
 
-async fn serve_listener<L>(
+async fn serve_listener<L: Accept>(
     listener: L,
     state: Arc<AppState>,
+    connections: Arc<Connections>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
-{
+) -> std::io::Result<()> {
     let app = router(state.clone());
     let (began_tx, began_rx) = oneshot::channel::<()>();
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
+    let policy = state.policy.clone();
+    let server = crate::server::connections::serve(
+        listener,
+        app,
+        connections,
+        move || policy.load().server.connections,
+        async move {
             shutdown.await;
             let _ = began_tx.send(());
-        })
-        .into_future();
+        },
+    );
     tokio::pin!(server);
     tokio::select! {
         r = &mut server => r,
@@ -162,7 +166,7 @@ async fn wait_for_settlements(state: &AppState) {
     tracing::info!(
         settled = state.settlements.settled(),
         failed = state.settlements.failed(),
-        "settlements drained; shutdown complete"
+        "settlements drained"
     );
 }
 
@@ -208,6 +212,19 @@ pub fn run_blocking(launch: Launch) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(run(launch, shutdown_signal(), |_| {}))
+}
+
+/// Loads the AWS credentials of the policy's SigV4 Bedrock deployments;
+/// those that cannot be loaded are skipped (logged, named by `/readyz`,
+/// never routed to) until a reload loads them.
+async fn load_aws_credentials(state: &AppState) {
+    for (deployment, why) in state.upstream.aws.load_all(&state.policy.load_full()).await {
+        tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
+    }
+}
+
+async fn load_aws_credentials_of(state: Arc<AppState>) {
+    load_aws_credentials(&state).await;
 }
 
 /// Checks that no other process listens on `addr`, and resolves port 0 to a
@@ -330,6 +347,7 @@ pub async fn run(
     let (control, policy) = crate::control::open(&policy, &config_path).await?;
     let spans = crate::telemetry::Spans::start(&policy.telemetry)?.map(Arc::new);
     let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let connections = Connections::new(&policy.server.connections);
     let token_env = policy.server.admin_token_env.clone();
     let shared_store =
         (given_store || matches!(policy.store.kind, StoreKind::Memory)).then(|| store.clone());
@@ -339,11 +357,8 @@ pub async fn run(
     };
     let state = AppState::with_leases(policy, store, clock.clone(), leases.clone());
     // A Bedrock deployment without credentials is skipped, not fatal:
-    // the gateway serves its other deployments (issue 42).
-    for (deployment, why) in state.upstream.aws.load_all(&state.policy.load_full()).await {
-        tracing::warn!(%deployment, error = %why, "deployment skipped: its AWS credentials could not be loaded");
-        state.cool_down(&deployment, u64::MAX);
-    }
+    // the gateway serves its other deployments.
+    load_aws_credentials(&state).await;
     // On this runtime, which outlives the serving threads: the token
     // sources' refresh tasks run here.
     state.upstream.vertex_tokens().load(&state.policy.load());
@@ -380,6 +395,7 @@ pub async fn run(
         let clock = clock.clone();
         let mut stop = stop_rx.clone();
         let tls = tls.clone();
+        let connections = connections.clone();
         let worker = std::thread::Builder::new()
             .name(format!("budgetgate-{i}"))
             .spawn(move || {
@@ -414,8 +430,14 @@ pub async fn run(
                     let shutdown = async move {
                         let _ = stop.wait_for(|s| *s).await;
                     };
-                    if let Err(e) =
-                        serve_connections(listener, base.with_store(store), tls, shutdown).await
+                    if let Err(e) = serve_connections(
+                        listener,
+                        base.with_store(store),
+                        tls,
+                        connections,
+                        shutdown,
+                    )
+                    .await
                     {
                         tracing::error!(thread = i, error = %e, "serving thread failed");
                     }
@@ -452,6 +474,9 @@ pub async fn run(
                     let policy = st.policy.load();
                     crate::metrics::register_policy_series(&policy);
                     st.upstream.vertex_tokens().load(&policy);
+                    // Checked as at start, on this runtime (the chains'
+                    // clients live here, not on a serving thread).
+                    tokio::spawn(load_aws_credentials_of(st.clone()));
                     if let Some(l) = st.store.leases() {
                         l.set_policy(&policy.store.lease);
                     }
@@ -496,7 +521,7 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     };
-    let result = serve_connections(listener, state.clone(), tls, shutdown).await;
+    let result = serve_connections(listener, state.clone(), tls, connections, shutdown).await;
     join(workers).await;
     wait_for_settlements(&state).await;
     if let Some(l) = &leases {
@@ -528,6 +553,8 @@ pub async fn run(
         a.abort();
     }
     tls_watch.iter().for_each(|t| t.abort());
+    // The last line: after the ledger's outcome, the spans, the snapshot.
+    tracing::info!("shutdown complete");
     result.map_err(|e| e.to_string())
 }
 

@@ -250,10 +250,7 @@ fn main() -> ExitCode {
             };
             match rt.block_on(budgetgate::ledger::cli::run(&args)) {
                 Ok(body) => {
-                    print!("{body}");
-                    if !body.ends_with('\n') {
-                        println!();
-                    }
+                    println!("{}", admin_cli::printable(&body));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -264,7 +261,7 @@ fn main() -> ExitCode {
         }
         Command::Reconcile(args) => reconcile_cmd(&args),
         Command::Explain { target, request_id } => {
-            admin(&target, Ok(admin_cli::explain_call(&request_id)))
+            admin(&target, Ok(admin_cli::explain_call(&request_id)), None)
         }
         Command::HashKey => {
             let mut key = String::new();
@@ -281,9 +278,17 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EndUserHash { config, tenant, id } => end_user_hash(&config, &tenant, id),
-        Command::Keys { target, command } => admin(&target, admin_cli::keys_call(command)),
-        Command::Tenants { target, command } => admin(&target, admin_cli::tenants_call(command)),
-        Command::AdminTokens { target, command } => admin(&target, admin_cli::tokens_call(command)),
+        Command::Keys { target, command } => {
+            let note = admin_cli::keys_note(&command);
+            admin(&target, admin_cli::keys_call(command), note)
+        }
+        Command::Tenants { target, command } => {
+            admin(&target, admin_cli::tenants_call(command), None)
+        }
+        Command::AdminTokens { target, command } => {
+            let note = admin_cli::tokens_note(&command);
+            admin(&target, admin_cli::tokens_call(command), note)
+        }
     }
 }
 
@@ -300,7 +305,7 @@ fn reconcile_cmd(args: &budgetgate::ledger::cli::ReconcileArgs) -> ExitCode {
     };
     match rt.block_on(budgetgate::ledger::cli::reconcile(args)) {
         Ok(r) => {
-            println!("{}", r.body.trim_end());
+            println!("{}", admin_cli::printable(&r.body));
             for line in &r.unexplained {
                 eprintln!("budgetgate: unexplained: {line}");
             }
@@ -317,8 +322,12 @@ fn reconcile_cmd(args: &budgetgate::ledger::cli::ReconcileArgs) -> ExitCode {
     }
 }
 
-fn admin(target: &admin_cli::Target, call: Result<admin_cli::Call, String>) -> ExitCode {
-    match admin_cli::run(target, call) {
+fn admin(
+    target: &admin_cli::Target,
+    call: Result<admin_cli::Call, String>,
+    note: Option<&str>,
+) -> ExitCode {
+    match admin_cli::run(target, call, note) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("budgetgate: {e}");

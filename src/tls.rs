@@ -35,6 +35,7 @@ use tokio_rustls::server::TlsStream;
 
 use crate::config::reload::{self, Trigger};
 use crate::config::tls::TlsFiles;
+use crate::server::connections::{Accept, Accepted, Connections};
 
 /// Longest a client may take from connecting to a finished handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -182,35 +183,36 @@ impl Tls {
         ))]
     }
 
-    /// A listener whose connections are TLS streams, handshaken off the accept path.
-    pub fn listener(self: &Arc<Self>, tcp: TcpListener) -> std::io::Result<TlsListener> {
-        let local = tcp.local_addr()?;
+    /// A listener whose connections are TLS streams, handshaken off the
+    /// accept path; each holds a slot of `connections` from its accept on.
+    pub fn listener(
+        self: &Arc<Self>,
+        tcp: TcpListener,
+        connections: Arc<Connections>,
+    ) -> std::io::Result<TlsListener> {
         let (tx, rx) = mpsc::channel(64);
         let acceptor = tokio_rustls::TlsAcceptor::from(self.config.clone());
-        let accepting = tokio::spawn(accept_loop(tcp, acceptor, tx));
-        Ok(TlsListener {
-            rx,
-            local,
-            accepting,
-        })
+        let accepting = tokio::spawn(accept_loop(tcp, connections, acceptor, tx));
+        Ok(TlsListener { rx, accepting })
     }
 }
 
 async fn accept_loop(
-    mut tcp: TcpListener,
+    tcp: TcpListener,
+    connections: Arc<Connections>,
     acceptor: tokio_rustls::TlsAcceptor,
-    tx: mpsc::Sender<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+    tx: mpsc::Sender<Accepted<TlsStream<TcpStream>>>,
 ) {
     loop {
-        let (stream, peer) = axum::serve::Listener::accept(&mut tcp).await;
-        // Small SSE frames must leave at once (see `app::serve_connections`).
+        let (stream, peer, slot) = connections.accept(&tcp).await;
+        // Small SSE frames must leave at once (see `server::connections::PlainListener`).
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, &acceptor)).await {
-                Ok(Ok(tls)) => {
-                    let _ = tx.send((tls, peer)).await;
+                Ok(Ok(io)) => {
+                    let _ = tx.send(Accepted { io, peer, slot }).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "tls handshake failed"),
                 Err(_) => tracing::debug!(%peer, "tls handshake timed out"),
@@ -235,10 +237,9 @@ async fn handshake(
     acceptor.accept(stream).await
 }
 
-/// An [`axum::serve::Listener`] yielding handshaken TLS connections.
+/// A listener yielding handshaken TLS connections.
 pub struct TlsListener {
-    rx: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
-    local: std::net::SocketAddr,
+    rx: mpsc::Receiver<Accepted<TlsStream<TcpStream>>>,
     accepting: tokio::task::JoinHandle<()>,
 }
 
@@ -249,20 +250,15 @@ impl Drop for TlsListener {
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl Accept for TlsListener {
     type Io = TlsStream<TcpStream>;
-    type Addr = std::net::SocketAddr;
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    async fn accept(&mut self) -> Accepted<Self::Io> {
         match self.rx.recv().await {
             Some(conn) => conn,
             // The accept loop never ends on its own (it retries errors).
             None => std::future::pending().await,
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }
 

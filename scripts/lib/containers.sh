@@ -102,17 +102,22 @@ containers_base_image() {
         "$tarball" "$BASE_IMAGE" >/dev/null
 }
 
-# The redis and postgres images deploy/compose.yaml names, when missing.
+# The redis and postgres images deploy/compose.yaml names, when missing or
+# made from another version of their Containerfile (the label
+# org.budgetgate.source holds the SHA-256 of the files they are built from).
 containers_service_images() {
     containers_base_image
-    if ! podman image exists "$REDIS_IMAGE"; then
+    local sum
+    sum=$(cat "$REPO/tests/containers/redis.Containerfile" | sha256sum | cut -c1-16)
+    if [ "$(podman image inspect --format '{{index .Labels "org.budgetgate.source"}}' "$REDIS_IMAGE" 2>/dev/null)" != "$sum" ]; then
         containers_log "building the stand-in $REDIS_IMAGE from Debian's redis-server"
-        containers_build --format docker -t "$REDIS_IMAGE" \
+        containers_build --format docker -t "$REDIS_IMAGE" --label "org.budgetgate.source=$sum" \
             -f "$REPO/tests/containers/redis.Containerfile" "$REPO/tests/containers"
     fi
-    if ! podman image exists "$POSTGRES_IMAGE"; then
+    sum=$(cat "$REPO/tests/containers/postgres.Containerfile" "$REPO/tests/containers/postgres-entrypoint.sh" | sha256sum | cut -c1-16)
+    if [ "$(podman image inspect --format '{{index .Labels "org.budgetgate.source"}}' "$POSTGRES_IMAGE" 2>/dev/null)" != "$sum" ]; then
         containers_log "building the stand-in $POSTGRES_IMAGE from Debian's postgresql"
-        containers_build --format docker -t "$POSTGRES_IMAGE" \
+        containers_build --format docker -t "$POSTGRES_IMAGE" --label "org.budgetgate.source=$sum" \
             -f "$REPO/tests/containers/postgres.Containerfile" "$REPO/tests/containers"
     fi
 }

@@ -31,6 +31,13 @@ pub enum AnsweredBy {
 }
 
 impl AnsweredBy {
+    /// The layers that admit reservations (a deny cache only refuses).
+    pub const ADMITTING: [AnsweredBy; 3] = [
+        AnsweredBy::Store,
+        AnsweredBy::Lease,
+        AnsweredBy::LocalLimiter,
+    ];
+
     /// The label of the request log line's `decided_by`.
     pub fn label(self) -> &'static str {
         match self {

@@ -5,6 +5,13 @@
 //! held there are remembered by id, so their extensions, renewals and
 //! settlements go where they were reserved.
 //!
+//! The limiter counts the gateway's own requests in flight: a concurrency
+//! budget's slots this gateway's live reservations hold in the store
+//! ([`super::slot_renewal::SlotRenewer::slots_taken`]) are taken from the
+//! limiter's share of it, so a store that stalls under open streams admits
+//! no more than the limit on this gateway. Rate and quota budgets start at
+//! the share: they measure what was spent, which only the store knows.
+//!
 //! The limiter keeps state for at most `store.fail_open_entries` budgets
 //! (default [`DEFAULT_FAIL_OPEN_ENTRIES`]): end users make the number of budgets
 //! unbounded, and an outage is when they pile up. The least recently
@@ -24,10 +31,12 @@ use lru::LruCache;
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
 use super::quota_lease::{HeldSettle, OverflowEnd, QuotaLeases, StoreStep};
+use super::slot_renewal::SlotRenewer;
+use super::SettlementTracker;
 use crate::budget::memory::MemoryStore;
 use crate::budget::{
-    BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome, ReserveOutcome,
-    ReserveRequest, SettleOutcome, Settlement, Step, StoreError,
+    BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome,
+    ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
 };
 use crate::config::store::DEFAULT_FAIL_OPEN_ENTRIES;
 use crate::config::OnStoreError;
@@ -112,12 +121,22 @@ pub struct GatewayStore {
     /// Quota leases (Redis store with `lease = "auto"`): reservations they
     /// cover are decided there, before any other layer.
     leases: Option<Arc<QuotaLeases>>,
+    /// The gateway's live reservations: the slots its requests in flight
+    /// hold in the store, which the local limiter counts.
+    live: Option<SlotRenewer>,
 }
 
 impl GatewayStore {
     /// The same store deciding what `leases` cover from them.
     pub fn with_leases(mut self, leases: Arc<QuotaLeases>) -> Self {
         self.leases = Some(leases);
+        self
+    }
+
+    /// The same store with a local limiter that counts the slots the live
+    /// reservations of `tracker` hold in the store.
+    pub fn counting_live(mut self, tracker: &SettlementTracker) -> Self {
+        self.live = Some(tracker.slot_renewer().clone());
         self
     }
 
@@ -154,7 +173,48 @@ impl GatewayStore {
             compensator: Arc::default(),
             tracked: Arc::new(Tracked::new(entries)),
             leases: None,
+            live: None,
         }
+    }
+
+    /// `local` with each concurrency budget's slots lowered by those this
+    /// gateway's live reservations hold of it in the store; and by how much
+    /// each was lowered.
+    fn seeded(&self, mut local: ReserveRequest) -> (ReserveRequest, Vec<(Scope, BudgetName, u64)>) {
+        let Some(live) = &self.live else {
+            return (local, Vec::new());
+        };
+        let keys: Vec<Arc<str>> = local
+            .common
+            .iter()
+            .chain(local.candidates.iter().flatten())
+            .filter(|s| matches!(s.kind, BudgetKind::Concurrency { .. }))
+            .map(|s| s.key.clone())
+            .collect();
+        if keys.is_empty() {
+            return (local, Vec::new());
+        }
+        let taken = live.slots_taken(&keys.iter().map(|k| &**k).collect::<Vec<_>>());
+        let taken_of = |key: &str| {
+            keys.iter()
+                .position(|k| **k == *key)
+                .map_or(0, |i| taken[i])
+        };
+        let mut lowered = Vec::new();
+        let all = local
+            .common
+            .iter_mut()
+            .chain(local.candidates.iter_mut().flatten());
+        for spec in all {
+            if let BudgetKind::Concurrency { max } = &mut spec.kind {
+                let by = taken_of(&spec.key).min(*max);
+                if by > 0 {
+                    *max -= by;
+                    lowered.push((spec.scope.clone(), spec.name, by));
+                }
+            }
+        }
+        (local, lowered)
     }
 
     fn compensate(&self, id: &str, what: Compensation, hold_ttl: Duration) {
@@ -181,6 +241,7 @@ impl GatewayStore {
             compensator: self.compensator.clone(),
             tracked: self.tracked.clone(),
             leases: self.leases.clone(),
+            live: self.live.clone(),
         }
     }
 
@@ -208,9 +269,14 @@ impl GatewayStore {
             }
             return Ok((o, AnsweredBy::Lease));
         }
+        let call = InFlight {
+            store: self,
+            r,
+            answered: false,
+        };
         let e = match self.inner.reserve_answered(r).await {
-            Ok(o) => return Ok(o),
-            Err(e) => e,
+            Ok(o) => return Ok(call.answered(o)),
+            Err(e) => call.answered(e),
         };
         if let Some(l) = &self.leases {
             l.store_failed(r);
@@ -234,7 +300,18 @@ impl GatewayStore {
                 tracing::warn!(error = %e, tenant = %who.tenant, policy_version = %who.policy_version, "budget store failed; failing open to the local limiter");
                 metrics::degraded(&who.tenant, "fail_open");
                 self.tracked.touch(r, &self.fallback);
-                let outcome = self.fallback.reserve(&scaled(r, self.share)).await?;
+                let (local, lowered) = self.seeded(scaled(r, self.share));
+                let mut outcome = self.fallback.reserve(&local).await?;
+                if let ReserveOutcome::Denied(d) = &mut outcome {
+                    // The budget's own share is its limit, not what is left of it.
+                    if let Some((_, _, by)) = lowered
+                        .iter()
+                        .find(|(scope, name, _)| *scope == d.scope && *name == d.name)
+                    {
+                        d.limit += by;
+                        d.state.limit += by;
+                    }
+                }
                 match &outcome {
                     ReserveOutcome::Admitted(_) => {
                         self.local.insert(&r.id);
@@ -444,6 +521,37 @@ impl GatewayStore {
     }
 }
 
+/// A reservation whose store call is under way. When the caller's future
+/// is dropped before the store answers (the client reset its connection),
+/// the call may still apply, with nobody left to settle it: on drop, the
+/// id is voided as a lost reply's is ([`super::compensate`]). The guard is
+/// a flag on the request's own future; a task is spawned only for a call
+/// that was cut off.
+struct InFlight<'a> {
+    store: &'a GatewayStore,
+    r: &'a ReserveRequest,
+    answered: bool,
+}
+
+impl InFlight<'_> {
+    fn answered<T>(mut self, answer: T) -> T {
+        self.answered = true;
+        answer
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        // Outside a runtime only at process exit: the hold then expires.
+        if self.answered || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        tracing::debug!(reservation_id = %self.r.id, tenant = %self.r.requester.tenant, "reservation cut off by its request's end; voiding it");
+        let ttl = Duration::from_micros(self.r.hold_ttl_micros);
+        self.store.compensate(&self.r.id, Compensation::Void, ttl);
+    }
+}
+
 /// The same reservation scaled to this gateway's share of every budget.
 fn scaled(req: &ReserveRequest, share: f64) -> ReserveRequest {
     let scale = |v: u64| ((v as f64 * share).floor() as u64).max(1);
@@ -590,5 +698,162 @@ mod tests {
         assert_eq!(state("a"), 8);
         assert_eq!(state("c"), 9);
         assert_eq!(state("b"), 10, "starts full again");
+    }
+
+    /// A store that applies a reservation at once and never answers: the
+    /// reply a reset connection never waits for.
+    struct Unanswered(Arc<MemoryStore>);
+
+    #[async_trait]
+    impl BudgetStore for Unanswered {
+        async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+            self.0.reserve_sync(r);
+            std::future::pending().await
+        }
+        async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+            self.0.extend(id, step).await
+        }
+        async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+            self.0.renew(id).await
+        }
+        async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+            self.0.settle(id, s).await
+        }
+        async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+            self.0.void(id, ttl).await
+        }
+        async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+            self.0.inspect(specs).await
+        }
+        async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+            self.0.lower(spec, at_most).await
+        }
+    }
+
+    /// Fault: a request whose connection was reset while its reservation
+    /// was in the store kept what the store applied (its slot until the
+    /// lease ran out, its tokens for good).
+    #[tokio::test]
+    async fn a_reservation_cut_off_before_its_reply_is_voided() {
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(ManualClock::new(1_000_000));
+        let applied = Arc::new(MemoryStore::new(clock.clone()));
+        let store = GatewayStore::new(
+            DenyCachedStore::new(
+                Arc::new(Unanswered(applied.clone())),
+                Arc::new(crate::budget::deny_cache::DenyCache::new()),
+                clock.clone(),
+            ),
+            Arc::new(MemoryStore::new(clock)),
+            1.0,
+        );
+        let mut r = request("cut", "rpm");
+        r.common.push(BudgetSpec {
+            key: "slots".into(),
+            name: crate::budget::BudgetName::MaxConcurrent,
+            kind: BudgetKind::Concurrency { max: 1 },
+            ..r.common[0].clone()
+        });
+        let left = || -> Vec<i64> {
+            applied
+                .inspect_sync(&r.common)
+                .iter()
+                .map(|s| s.remaining)
+                .collect()
+        };
+        // The request's future ends while the store call is under way.
+        let cut = tokio::time::timeout(Duration::from_millis(20), store.reserve(&r)).await;
+        assert!(cut.is_err(), "no answer");
+        assert_eq!(left(), vec![9, 0], "applied in the store");
+        while store.compensator.pending() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(left(), vec![10, 1], "voided: every budget back");
+        assert_eq!(
+            applied.reserve_sync(&r),
+            ReserveOutcome::Voided,
+            "a late copy writes nothing"
+        );
+    }
+
+    /// A store that is down: every call fails before it is sent.
+    struct Down;
+
+    #[async_trait]
+    impl BudgetStore for Down {
+        async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn extend(&self, _: &str, _: &Step) -> Result<ExtendOutcome, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn renew(&self, _: &str) -> Result<RenewOutcome, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn inspect(&self, _: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+        async fn lower(&self, _: &BudgetSpec, _: u64) -> Result<i64, StoreError> {
+            Err(StoreError::NotSent("down".into()))
+        }
+    }
+
+    /// Fault: with two requests in flight through the store on a budget of
+    /// two slots, a store stall let the local limiter admit two more.
+    #[tokio::test]
+    async fn the_limiter_counts_the_slots_the_gateways_requests_hold_in_the_store() {
+        let clock: Arc<dyn crate::clock::Clock> = Arc::new(ManualClock::new(1_000_000));
+        let tracker = SettlementTracker::default();
+        let store = GatewayStore::new(
+            DenyCachedStore::new(
+                Arc::new(Down),
+                Arc::new(crate::budget::deny_cache::DenyCache::new()),
+                clock.clone(),
+            ),
+            Arc::new(MemoryStore::new(clock)),
+            1.0,
+        )
+        .counting_live(&tracker);
+        let slots = BudgetSpec {
+            key: "slots".into(),
+            scope: Scope::Tenant("t".into()),
+            name: BudgetName::MaxConcurrent,
+            kind: BudgetKind::Concurrency { max: 2 },
+            refund_unused: true,
+            shadow: false,
+        };
+        let asking = |id: &str| ReserveRequest {
+            common: vec![slots.clone()],
+            ..request(id, "rpm")
+        };
+        // One request in flight through the store, one of the limiter's own.
+        let renewer = tracker.slot_renewer();
+        let lease = Duration::from_secs(30);
+        let in_store = renewer.register("s1", Arc::new(Down), lease, vec![slots.key.clone()]);
+        let admitted = store.reserve(&asking("local-1")).await.expect("limiter");
+        assert!(
+            matches!(admitted, ReserveOutcome::Admitted(_)),
+            "{admitted:?}"
+        );
+        let ReserveOutcome::Denied(d) = store.reserve(&asking("local-2")).await.expect("limiter")
+        else {
+            panic!("a third request on two slots");
+        };
+        assert_eq!(
+            (d.name, d.limit, d.available),
+            (BudgetName::MaxConcurrent, 2, 0)
+        );
+        // The store's request ends: its slot is the limiter's again.
+        drop(in_store);
+        let admitted = store.reserve(&asking("local-3")).await.expect("limiter");
+        assert!(
+            matches!(admitted, ReserveOutcome::Admitted(_)),
+            "{admitted:?}"
+        );
     }
 }

@@ -11,7 +11,8 @@ use super::slot_renewal::RenewalHandle;
 use super::tracker::{bounded, SettleAnswer};
 use super::{AnsweredBy, GatewayStore, SettlementTracker};
 use crate::budget::{
-    Actual, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step, StoreError,
+    Actual, BudgetKind, BudgetSpec, BudgetStore, ExtendOutcome, SettleOutcome, Settlement, Step,
+    StoreError,
 };
 use crate::settlement::{Outcome, Settling, Subject};
 
@@ -38,19 +39,31 @@ pub struct HeldReservation {
 }
 
 impl HeldReservation {
-    /// Wraps a reservation of `reserved_tokens` admitted `at` a layer of
-    /// `store` and has its slot lease renewed every `slot_lease / 3` (by the
-    /// tracker's slot renewer).
-    pub fn new(
+    /// Wraps a reservation of `reserved_tokens` on `specs` admitted `at` a
+    /// layer of `store` and has its slot lease renewed every
+    /// `slot_lease / 3` (by the tracker's slot renewer, which also counts
+    /// its slots for the fail-open limiter).
+    pub fn new<'s>(
         id: String,
         (store, at): (Arc<GatewayStore>, AnsweredBy),
+        specs: impl Iterator<Item = &'s BudgetSpec>,
         tracker: SettlementTracker,
         reserved_tokens: u64,
         slot_lease: Duration,
         settle_retry: Duration,
     ) -> Self {
         let renew: Arc<dyn BudgetStore> = store.renewal_store(at);
-        let lease = tracker.slot_renewer().register(&id, renew, slot_lease);
+        // The fail-open limiter counts its own holds' slots.
+        let slots = match at {
+            AnsweredBy::LocalLimiter => Vec::new(),
+            _ => specs
+                .filter(|s| matches!(s.kind, BudgetKind::Concurrency { .. }))
+                .map(|s| s.key.clone())
+                .collect(),
+        };
+        let lease = tracker
+            .slot_renewer()
+            .register(&id, renew, slot_lease, slots);
         Self {
             id,
             store,
@@ -112,6 +125,12 @@ impl HeldReservation {
     /// must stop (a stream sends its cutoff frames) and settle. Cancel-safe.
     pub fn shutdown_cutoff(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.tracker.cutoff()
+    }
+
+    /// Where a stream of this reservation is cut off when its body is not
+    /// polled.
+    pub fn stream_cutoffs(&self) -> &crate::admission::stream_cutoffs::StreamCutoffs {
+        self.tracker.stream_cutoffs()
     }
 
     /// Settles in the background (tracked); consumes the reservation.

@@ -34,6 +34,7 @@ pub mod held;
 pub mod plan;
 pub mod quota_lease;
 pub mod slot_renewal;
+pub mod stream_cutoffs;
 pub mod tracker;
 
 pub use crate::settlement::DenyRelease;

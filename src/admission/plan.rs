@@ -165,6 +165,7 @@ pub fn tenant_plan(
                 cache_read_weight: weight.unwrap_or(FULL_WEIGHT),
                 whole_cap: false,
                 output_weight: 1,
+                burndown: false,
             };
             for s in &mut specs {
                 s.shadow |= level.shadow;
@@ -224,6 +225,7 @@ pub fn end_user_plan(
             cache_read_weight: l.cache_read_weight.unwrap_or(FULL_WEIGHT),
             whole_cap: false,
             output_weight: 1,
+            burndown: false,
         };
         counting.extend(specs.iter().map(|_| c));
         out.extend(specs);
@@ -307,6 +309,11 @@ pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetS
 ///   the client's whole cap even where the tenant's budgets reserve a
 ///   stream's cap incrementally; a `self_hosted` server counts what it
 ///   generates.
+/// - Bedrock ([`Counting::burndown`]): AWS reserves input, cache tokens
+///   and `max_tokens` at the start and charges input, cache writes and
+///   the burndown weight (`output_token_weight`) times the output at the
+///   end, so a `bedrock` deployment's `tpm` and `output_tpm` reserve the
+///   whole input and cap once and settle the weighted output.
 pub fn upstream_counting(
     specs: &[BudgetSpec],
     upstream: &UpstreamPolicy,
@@ -334,6 +341,8 @@ pub fn upstream_counting(
                 BudgetName::Tpm | BudgetName::OutputTpm => upstream.output_token_weight,
                 _ => 1,
             },
+            burndown: upstream.kind == UpstreamKind::Bedrock
+                && matches!(s.name, BudgetName::Tpm | BudgetName::OutputTpm),
         })
         .collect()
 }

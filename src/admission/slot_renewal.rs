@@ -9,6 +9,11 @@
 //! is due (at `slot_lease / 3` after admission or after its last renewal),
 //! renews what is due, and sleeps again. Registering and removing an entry
 //! is a mutex-protected map insert and remove.
+//!
+//! The map is also the gateway's list of its own requests in flight: each
+//! entry names the concurrency budgets its reservation takes a slot of in
+//! the store ([`SlotRenewer::slots_taken`]), which the fail-open limiter
+//! counts when the store stops answering ([`super::fail_open`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +59,9 @@ struct Entry {
     store: Arc<dyn BudgetStore>,
     every: Duration,
     due: Instant,
+    /// The concurrency budgets whose slot the reservation takes in the
+    /// store (none for one of the fail-open limiter, which counts its own).
+    slots: Vec<Arc<str>>,
 }
 
 /// A registration: renewals stop when it is dropped (with the reservation
@@ -84,13 +92,15 @@ impl Drop for Shared {
 
 impl SlotRenewer {
     /// Renews reservation `id` in `store` every `slot_lease / 3` (at least every
-    /// 10 ms) until the handle is dropped. Must be called inside a tokio
+    /// 10 ms) until the handle is dropped; `slots`: the concurrency budgets
+    /// whose slot it takes in the store. Must be called inside a tokio
     /// runtime (the keeper task starts on first use).
     pub fn register(
         &self,
         id: &str,
         store: Arc<dyn BudgetStore>,
         slot_lease: Duration,
+        slots: Vec<Arc<str>>,
     ) -> RenewalHandle {
         let every = (slot_lease / 3).max(MIN_PERIOD);
         let due = Instant::now() + every;
@@ -104,6 +114,7 @@ impl SlotRenewer {
                     store,
                     every,
                     due,
+                    slots,
                 },
             );
             if st.planned.is_none_or(|p| due < p) {
@@ -131,6 +142,21 @@ impl SlotRenewer {
     /// Reservations currently renewed.
     pub fn live(&self) -> usize {
         lock(&self.shared.state).entries.len()
+    }
+
+    /// How many live reservations take a slot of each of `keys` in the
+    /// store. One pass over the live reservations: asked only while the
+    /// store fails, never on an admission's path.
+    pub fn slots_taken(&self, keys: &[&str]) -> Vec<u64> {
+        let mut taken = vec![0; keys.len()];
+        for e in lock(&self.shared.state).entries.values() {
+            for slot in &e.slots {
+                if let Some(i) = keys.iter().position(|k| **k == **slot) {
+                    taken[i] += 1;
+                }
+            }
+        }
+        taken
     }
 }
 
@@ -238,7 +264,7 @@ mod tests {
     async fn renews_every_third_of_the_slot_lease_until_released() {
         let keeper = SlotRenewer::default();
         let store = counting();
-        let h = keeper.register("r1", store.clone(), Duration::from_secs(3));
+        let h = keeper.register("r1", store.clone(), Duration::from_secs(3), Vec::new());
         tokio::time::sleep(Duration::from_millis(999)).await;
         assert_eq!(store.renewals.load(Ordering::SeqCst), 0);
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -256,9 +282,9 @@ mod tests {
         let keeper = SlotRenewer::default();
         let slow = counting();
         let fast = counting();
-        let _a = keeper.register("slow", slow.clone(), Duration::from_secs(60));
+        let _a = keeper.register("slow", slow.clone(), Duration::from_secs(60), Vec::new());
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let _b = keeper.register("fast", fast.clone(), Duration::from_millis(300));
+        let _b = keeper.register("fast", fast.clone(), Duration::from_millis(300), Vec::new());
         tokio::time::sleep(Duration::from_millis(105)).await;
         assert_eq!(fast.renewals.load(Ordering::SeqCst), 1);
         assert_eq!(slow.renewals.load(Ordering::SeqCst), 0);
@@ -269,7 +295,7 @@ mod tests {
     async fn the_keeper_task_ends_with_its_keeper() {
         let keeper = SlotRenewer::default();
         let store = counting();
-        let h = keeper.register("r", store, Duration::from_secs(3));
+        let h = keeper.register("r", store, Duration::from_secs(3), Vec::new());
         tokio::task::yield_now().await;
         let wake = keeper.shared.wake.clone();
         assert_eq!(Arc::strong_count(&wake), 3, "keeper, task and this test");

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
 use super::slot_renewal::SlotRenewer;
+use super::stream_cutoffs::StreamCutoffs;
 use super::{AnsweredBy, GatewayStore};
 
 use crate::budget::{BudgetStore, SettleOutcome, Settlement};
@@ -37,18 +38,22 @@ struct TrackerInner {
     cutoff: watch::Sender<bool>,
     /// Renews the leases of live reservations.
     slot_renewer: SlotRenewer,
+    /// Cuts off streams whose body is not polled (a client that stopped reading).
+    stream_cutoffs: StreamCutoffs,
     /// Told of every settlement the store answered.
     observers: Observers,
 }
 
 impl Default for TrackerInner {
     fn default() -> Self {
+        let cutoff = watch::Sender::new(false);
         Self {
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
             settled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
-            cutoff: watch::Sender::new(false),
+            stream_cutoffs: StreamCutoffs::new(cutoff.subscribe()),
+            cutoff,
             slot_renewer: SlotRenewer::default(),
             observers: Observers::default(),
         }
@@ -105,6 +110,11 @@ impl SettlementTracker {
             }
             notified.await;
         }
+    }
+
+    /// Where streams are cut off when their body is not polled.
+    pub fn stream_cutoffs(&self) -> &StreamCutoffs {
+        &self.inner.stream_cutoffs
     }
 
     /// The slot renewer of the reservations this tracker settles.

@@ -76,6 +76,23 @@ pub struct ServerPolicy {
     /// Name of the environment variable holding the key of the end-user id
     /// hash (read at load; required when a tenant has end-user settings).
     pub end_user_key_env: String,
+    /// Timeouts and bound of client connections.
+    pub connections: ConnectionLimits,
+}
+
+/// `[server]` `header_read_timeout_secs`, `write_timeout_secs`,
+/// `max_connections` ([`crate::server::connections`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Longest a client may take to send a request's headers, counted from
+    /// the connection's start or from the end of its previous answer (so
+    /// also how long a kept-alive connection may sit idle).
+    pub header_read_timeout: Duration,
+    /// Longest a write to a client may make no progress.
+    pub write_timeout: Duration,
+    /// Most client connections open at once (bound at start); `None`: from
+    /// the process's file limit.
+    pub max_connections: Option<usize>,
 }
 
 /// Limits of one scope. Every field optional; absent means unlimited.
@@ -240,7 +257,7 @@ pub struct ModelPolicy {
     pub max_output_tokens: Option<u64>,
     /// `context_window`: prompt plus output the model holds, tokens, when
     /// configured; an uncapped request's output is at most what its input
-    /// estimate leaves of it.
+    /// estimate leaves of it, and it bounds the usage an upstream may report.
     pub context_window: Option<u64>,
     /// A pattern entry's concrete names (`models`): what `GET /v1/models`
     /// lists for it (never the pattern itself). Empty for exact entries.

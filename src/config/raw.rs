@@ -108,6 +108,9 @@ pub struct RawServer {
     pub shutdown_grace_secs: Option<i64>,
     pub tls: Option<super::tls::RawTls>,
     pub end_user_key_env: Option<String>,
+    pub header_read_timeout_secs: Option<i64>,
+    pub write_timeout_secs: Option<i64>,
+    pub max_connections: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

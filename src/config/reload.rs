@@ -104,6 +104,10 @@ pub fn keep_restart_only(running: &Policy, new: &mut Policy) -> Vec<&'static str
             new.end_user_key = running.end_user_key.clone();
         }
     }
+    if new.server.connections.max_connections != running.server.connections.max_connections {
+        changed.push("server.max_connections");
+        new.server.connections.max_connections = running.server.connections.max_connections;
+    }
     if new.server.tls != running.server.tls {
         changed.push("server.tls");
         new.server.tls = running.server.tls.clone();

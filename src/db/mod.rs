@@ -69,6 +69,11 @@ pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[
         "spend ledger request ids",
         include_str!("../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
     ),
+    (
+        102,
+        "spend ledger deciding layer",
+        include_str!("../../migrations/sqlite/0102_spend_ledger_decided_by.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, in version order (the same versions as SQLite's).
@@ -87,6 +92,11 @@ pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[
         101,
         "spend ledger request ids",
         include_str!("../../migrations/postgres/0101_spend_ledger_request_ids.sql"),
+    ),
+    (
+        102,
+        "spend ledger deciding layer",
+        include_str!("../../migrations/postgres/0102_spend_ledger_decided_by.sql"),
     ),
 ];
 
@@ -342,7 +352,7 @@ mod tests {
         let db = Db::open(&url).await.expect("first open migrates");
         assert_eq!(
             db.applied_version().await,
-            Some(101),
+            Some(102),
             "control and ledger migrations"
         );
         drop(db);
@@ -360,7 +370,7 @@ mod tests {
                 e,
                 DbError::Newer {
                     found: 999,
-                    known: 101
+                    known: 102
                 }
             ),
             "{e}"

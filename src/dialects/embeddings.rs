@@ -1,7 +1,7 @@
 //! OpenAI embeddings (OpenAI API reference, "Embeddings"): input only, no
 //! output and no streams; usage is `prompt_tokens` (or `total_tokens`).
 
-use super::usage::{clamp_count, UsageBreakdown};
+use super::usage::{read_count, UsageBreakdown};
 
 /// Path under an OpenAI-style base URL.
 pub const PATH: &str = "embeddings";
@@ -14,11 +14,16 @@ pub fn usage(raw: &str) -> Option<UsageBreakdown> {
         total_tokens: Option<serde_json::Value>,
     }
     let u: Usage = serde_json::from_str(raw).ok()?;
-    let input = clamp_count(u.prompt_tokens.as_ref(), "prompt_tokens")
-        .or_else(|| clamp_count(u.total_tokens.as_ref(), "total_tokens"));
-    Some(UsageBreakdown {
+    let mut rejected = None;
+    let input = read_count(u.prompt_tokens.as_ref(), "prompt_tokens", &mut rejected)
+        .or_else(|| read_count(u.total_tokens.as_ref(), "total_tokens", &mut rejected));
+    let used = UsageBreakdown {
         uncached_input: input,
         output: Some(0),
         ..UsageBreakdown::default()
+    };
+    Some(match rejected {
+        Some(field) => used.reject_input(field),
+        None => used,
     })
 }

@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderName};
 use serde_json::Value;
 
-use super::usage::{clamp_count, UsageBreakdown};
+use super::usage::{read_count, Rejected, UsageBreakdown};
 use super::KeyHeader;
 
 /// `Authorization: Bearer <key>`, and `api-key: <key>` as Azure clients send it.
@@ -165,10 +165,11 @@ fn breakdown(
     cached: Option<&Value>,
     reasoning: Option<&Value>,
 ) -> UsageBreakdown {
-    let prompt = clamp_count(prompt, "prompt_tokens");
-    let completion = clamp_count(completion, "completion_tokens");
-    let cached = clamp_count(cached, "cached_tokens").unwrap_or(0);
-    let reasoning = clamp_count(reasoning, "reasoning_tokens").unwrap_or(0);
+    let mut rejected = Rejected::default();
+    let prompt = read_count(prompt, "prompt_tokens", &mut rejected.input);
+    let cached = read_count(cached, "cached_tokens", &mut rejected.input).unwrap_or(0);
+    let completion = read_count(completion, "completion_tokens", &mut rejected.output);
+    let reasoning = read_count(reasoning, "reasoning_tokens", &mut rejected.output).unwrap_or(0);
     // A subset larger than its whole is the upstream's mistake: bounded by the whole.
     let cached_input = prompt.map_or(0, |p| cached.min(p));
     UsageBreakdown {
@@ -179,7 +180,10 @@ fn breakdown(
         output: completion,
         reasoning: completion.map_or(0, |c| reasoning.min(c)),
         hosted: Default::default(),
+        rejected_input: None,
+        rejected_output: None,
     }
+    .rejecting(rejected)
 }
 
 #[cfg(test)]

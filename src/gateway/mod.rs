@@ -54,8 +54,9 @@ pub struct AppState {
     pub upstream: UpstreamClient,
     /// Settlement tasks in flight.
     pub settlements: SettlementTracker,
-    /// Deployments that answered 429: no traffic until the given UTC µs (per gateway).
-    cooldowns: Arc<Mutex<HashMap<String, u64>>>,
+    /// Deployments that answered 429 (or were unwell, or refused the
+    /// gateway's credentials): no traffic until the given UTC µs (per gateway).
+    cooldowns: Arc<Mutex<HashMap<String, Cooling>>>,
     /// SHA-256 of the admin API bearer token; `None` disables the admin API.
     admin_token: Arc<Mutex<Option<[u8; 32]>>>,
     /// Budget lists per (tenant, key, model) of the active policy.
@@ -119,6 +120,36 @@ pub struct PlannedDeployment {
     pub metrics: DeploymentMetrics,
 }
 
+/// A deployment's cool-down: until when (UTC µs) and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cooling {
+    /// Its end.
+    pub until: u64,
+    /// Its reason.
+    pub reason: CoolingReason,
+}
+
+/// Why a deployment cools down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoolingReason {
+    /// It answered 429, or was unavailable: requests wait (429 with
+    /// `retry-after` when no deployment is left).
+    RateLimited,
+    /// It refused the gateway's credentials: no wait helps the client
+    /// (502 naming it when no deployment is left).
+    AccessDenied,
+}
+
+impl CoolingReason {
+    /// Its name in `/readyz`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CoolingReason::RateLimited => "rate_limited",
+            CoolingReason::AccessDenied => "access_denied",
+        }
+    }
+}
+
 #[derive(Default)]
 struct PlanCache {
     /// Version of the policy the plans belong to.
@@ -156,18 +187,19 @@ impl AppState {
             crate::admission::quota_lease::metrics::register();
             gateway = gateway.with_leases(l);
         }
-        let store = Arc::new(gateway);
+        let (queue, ledger, spans) = (Arc::default(), Arc::default(), Arc::default());
+        let observers = observers::observers(&queue, &ledger, &spans, &clock);
+        let settlements = SettlementTracker::new(observers);
+        let store = Arc::new(gateway.counting_live(&settlements));
         crate::metrics::policy_installed(None, &policy);
         crate::queue::metrics::register();
         let records = Arc::new(records_for(&policy.store));
-        let (queue, ledger, spans) = (Arc::default(), Arc::default(), Arc::default());
-        let observers = observers::observers(&queue, &ledger, &spans, &clock);
         Arc::new(Self {
             policy: Arc::new(ArcSwap::from_pointee(policy)),
             store,
             clock,
             upstream: UpstreamClient::new(),
-            settlements: SettlementTracker::new(observers),
+            settlements,
             cooldowns: Arc::new(Mutex::new(HashMap::new())),
             admin_token: Arc::new(Mutex::new(None)),
             plans: Arc::default(),
@@ -312,17 +344,43 @@ impl AppState {
         *self.admin_token.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps traffic away from `deployment` until `until_micros` (UTC µs).
+    /// Keeps traffic away from `deployment` until `until_micros` (UTC µs):
+    /// it is rate limited or unwell.
     pub fn cool_down(&self, deployment: &str, until_micros: u64) {
-        let mut c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = c.entry(deployment.to_string()).or_insert(0);
-        *entry = (*entry).max(until_micros);
+        self.cool_down_for(deployment, until_micros, CoolingReason::RateLimited);
     }
 
-    /// When `deployment` is cooling down at `now` (UTC µs), the end of its cool-down.
-    pub fn cooldown_until(&self, deployment: &str, now: u64) -> Option<u64> {
+    /// Keeps traffic away from `deployment` until `until_micros` (UTC µs)
+    /// for `reason`; the later end (and its reason) wins.
+    pub fn cool_down_for(&self, deployment: &str, until_micros: u64, reason: CoolingReason) {
+        let mut c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = c
+            .entry(deployment.to_string())
+            .or_insert(Cooling { until: 0, reason });
+        if until_micros > entry.until {
+            *entry = Cooling {
+                until: until_micros,
+                reason,
+            };
+        }
+    }
+
+    /// When `deployment` is cooling down at `now` (UTC µs), until when and why.
+    pub fn cooldown(&self, deployment: &str, now: u64) -> Option<Cooling> {
         let c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
-        c.get(deployment).copied().filter(|until| *until > now)
+        c.get(deployment).copied().filter(|c| c.until > now)
+    }
+
+    /// Every deployment cooling down at `now` (UTC µs), by name (`/readyz`).
+    pub fn cooling(&self, now: u64) -> Vec<(String, Cooling)> {
+        let c = self.cooldowns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(String, Cooling)> = c
+            .iter()
+            .filter(|(_, c)| c.until > now)
+            .map(|(n, c)| (n.clone(), *c))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Key space of the current policy.

@@ -10,10 +10,11 @@
 //!   decision already had — the refusing budget's state as the store, a
 //!   quota lease or the deny cache answered it, which layer decided, the
 //!   request's estimate and its parts, the retry time, the refusal a deny
-//!   cache reused — plus, filled in a moment later, the holds in flight
-//!   and the units out on leases of the refusing budget
-//!   ([`Refusal::in_flight`], read by one store walk, at most one per
-//!   tenant per [`IN_FLIGHT_EVERY_MICROS`]).
+//!   cache reused — plus the holds in flight and the units out on leases
+//!   of the refusing budget ([`Refusal::in_flight`]), read only when the
+//!   explain route asks for the record, one read at a time per gateway
+//!   ([`RecentRefusals::reading`]): a refusal itself makes no store call
+//!   beyond its decision, so refusals never load the store they wait for.
 //! - Keyed by tenant and request id: a request id seen twice (a client
 //!   that reuses its ids, a retried request) lists every record of it.
 //! - Bounded: at most [`PER_TENANT`] records per tenant (the oldest goes),
@@ -34,7 +35,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use crate::budget::{BudgetName, BudgetState, HeldOn, Scope};
+use crate::budget::{BudgetName, BudgetSpec, BudgetState, HeldOn, Scope};
 
 /// Refusals kept per tenant.
 pub const PER_TENANT: usize = 1_000;
@@ -48,8 +49,6 @@ pub const KEPT_MICROS: u64 = 10 * 60 * 1_000_000;
 pub const SHOWN_MICROS: u64 = KEPT_MICROS;
 /// Refusals of a tenant the budget page lists.
 pub const PAGE_SHOWN: usize = 16;
-/// At most one read of holds and leases per tenant this often.
-pub const IN_FLIGHT_EVERY_MICROS: u64 = 1_000_000;
 
 /// The request's estimate at its refusal, by part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -84,7 +83,7 @@ pub struct LeasesOut {
     pub here: Option<i64>,
 }
 
-/// What held the refusing budget, read right after the decision.
+/// What held the refusing budget, read when the record was first asked for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InFlight {
     /// How long after the decision it was read, µs.
@@ -134,7 +133,10 @@ pub struct Refusal {
     pub estimate: Option<EstimateParts>,
     /// A deny-cache refusal: the store refusal it reused.
     pub reused: Option<Reused>,
-    /// Holds and leases, filled in after the decision.
+    /// The refusing budget as the reservation named it: what
+    /// [`Refusal::in_flight`] is read of.
+    pub spec: Option<BudgetSpec>,
+    /// Holds and leases, read when the record is first asked for.
     pub in_flight: Option<InFlight>,
 }
 
@@ -162,6 +164,7 @@ impl Refusal {
             state: None,
             estimate: None,
             reused: None,
+            spec: None,
             in_flight: None,
         };
         match refusal {
@@ -221,7 +224,7 @@ impl Refusal {
             "in_flight": self.in_flight.as_ref().map(|f| {
                 let mut v = json!(f);
                 v["read_after_ms"] = json!(f.read_after_micros / 1000);
-                v["said"] = json!(format!("read {} ms after the decision", f.read_after_micros / 1000));
+                v["said"] = json!(format!("read {} ms after the decision, when first asked", f.read_after_micros / 1000));
                 v
             }),
         })
@@ -231,8 +234,6 @@ impl Refusal {
 #[derive(Debug, Default)]
 struct Tenant {
     ring: VecDeque<Refusal>,
-    /// The last read of holds and leases for this tenant, UTC µs.
-    last_in_flight: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -245,6 +246,9 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct RecentRefusals {
     inner: Mutex<Inner>,
+    /// Held while holds and leases are read for a record: one read at a
+    /// time per gateway, however many ask.
+    reads: tokio::sync::Mutex<()>,
 }
 
 impl RecentRefusals {
@@ -299,20 +303,24 @@ impl RecentRefusals {
         inner.records += added;
     }
 
-    /// True (and noted) when `tenant` may have holds and leases read for a
-    /// refusal at `now`: at most one read per [`IN_FLIGHT_EVERY_MICROS`].
-    pub fn may_read_in_flight(&self, tenant: &str, now: u64) -> bool {
-        let mut inner = self.lock();
-        let Some(t) = inner.tenants.get_mut(tenant) else {
-            return false;
-        };
-        if t.last_in_flight
-            .is_some_and(|last| now.saturating_sub(last) < IN_FLIGHT_EVERY_MICROS)
-        {
-            return false;
-        }
-        t.last_in_flight = Some(now);
-        true
+    /// The turn to read holds and leases for a record: one read at a time
+    /// per gateway (a reader that finds the record filled meanwhile uses
+    /// that read, see [`Self::in_flight_of`]).
+    pub async fn reading(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reads.lock().await
+    }
+
+    /// What held the budget of `tenant`'s refusal of `request_id` at
+    /// `at_micros`, when it has been read.
+    pub fn in_flight_of(&self, tenant: &str, request_id: &str, at_micros: u64) -> Option<InFlight> {
+        let inner = self.lock();
+        inner.tenants.get(tenant).and_then(|t| {
+            t.ring
+                .iter()
+                .rev()
+                .find(|r| r.at_micros == at_micros && r.request_id == request_id)
+                .and_then(|r| r.in_flight.clone())
+        })
     }
 
     /// Fills in what held the budget of `tenant`'s refusal of `request_id`
@@ -332,49 +340,42 @@ impl RecentRefusals {
         }
     }
 
-    /// The request id of `tenant`'s refused reservation `reservation_id`,
-    /// when it is still kept.
-    pub fn request_of(&self, tenant: &str, reservation_id: &str) -> Option<String> {
-        let inner = self.lock();
-        inner.tenants.get(tenant).and_then(|t| {
-            t.ring
-                .iter()
-                .rev()
-                .find(|r| r.reservation_id.as_deref() == Some(reservation_id))
-                .map(|r| r.request_id.clone())
-        })
-    }
-
     /// Every kept record of `request_id` of the last [`KEPT_MICROS`] before
     /// `now`, as `(tenant, record)`, oldest first, among the tenants `sees`
-    /// admits; and whether a tenant it does not admit has one too.
+    /// admits (the others' are not told apart from none).
     pub fn find(
         &self,
         request_id: &str,
         now: u64,
         sees: impl Fn(&str) -> bool,
-    ) -> (Vec<(String, Refusal)>, bool) {
+    ) -> Vec<(String, Refusal)> {
         let cutoff = now.saturating_sub(KEPT_MICROS);
         let inner = self.lock();
         let mut found = Vec::new();
-        let mut hidden = false;
-        for (name, t) in &inner.tenants {
-            let mut of = t
+        for (name, t) in inner.tenants.iter().filter(|(name, _)| sees(name)) {
+            let of = t
                 .ring
                 .iter()
-                .filter(|r| r.at_micros >= cutoff && r.request_id == request_id)
-                .peekable();
-            if of.peek().is_none() {
-                continue;
-            }
-            if !sees(name) {
-                hidden = true;
-                continue;
-            }
+                .filter(|r| r.at_micros >= cutoff && r.request_id == request_id);
             found.extend(of.map(|r| (name.clone(), r.clone())));
         }
         found.sort_by_key(|(_, r)| r.at_micros);
-        (found, hidden)
+        found
+    }
+
+    /// The tenant and request id of the kept refusal of reservation
+    /// `reservation_id`, whichever tenant's it was (a deny-cache refusal
+    /// reuses the store's refusal of a budget, which another tenant's
+    /// request may have met).
+    pub fn origin_of(&self, reservation_id: &str) -> Option<(String, String)> {
+        let inner = self.lock();
+        inner.tenants.iter().find_map(|(name, t)| {
+            t.ring
+                .iter()
+                .rev()
+                .find(|r| r.reservation_id.as_deref() == Some(reservation_id))
+                .map(|r| (name.clone(), r.request_id.clone()))
+        })
     }
 
     /// The budget refusals of `tenant` in the last [`SHOWN_MICROS`] before
@@ -466,7 +467,7 @@ mod tests {
             Refusal::of(&ApiError::StoreUnavailable, "fc", "store", now).unwrap(),
         );
         assert_eq!(r.json_of("a", now)[0]["budget"], "tpm");
-        assert_eq!(r.find("fc", now, |_| true).0[0].1.decided_by, "fail_closed");
+        assert_eq!(r.find("fc", now, |_| true)[0].1.decided_by, "fail_closed");
     }
 
     #[test]
@@ -493,8 +494,8 @@ mod tests {
             r.keep("a", refusal(&format!("id{i}"), 100 + i));
         }
         assert_eq!(r.lock().tenants["a"].ring.len(), PER_TENANT);
-        assert!(r.find("id0", 200, |_| true).0.is_empty(), "the oldest went");
-        assert_eq!(r.find("id10", 200, |_| true).0.len(), 1);
+        assert!(r.find("id0", 200, |_| true).is_empty(), "the oldest went");
+        assert_eq!(r.find("id10", 200, |_| true).len(), 1);
         let tenants = MAX_RECORDS / PER_TENANT + 2;
         for t in 0..tenants {
             for i in 0..PER_TENANT as u64 {
@@ -507,31 +508,37 @@ mod tests {
     }
 
     #[test]
-    fn a_request_id_seen_twice_lists_both_and_hidden_tenants_are_told() {
+    fn a_request_id_seen_twice_lists_both_and_hidden_tenants_are_not_told() {
         let r = RecentRefusals::default();
         r.keep("a", refusal("same", 10));
         r.keep("a", refusal("same", 20));
         r.keep("b", refusal("same", 15));
-        let (mine, hidden) = r.find("same", 30, |t| t == "a");
+        let mine = r.find("same", 30, |t| t == "a");
         assert_eq!(
             mine.iter().map(|(_, r)| r.at_micros).collect::<Vec<_>>(),
             vec![10, 20]
         );
-        assert!(hidden);
-        let (all, hidden) = r.find("same", 30, |_| true);
-        assert_eq!(all.len(), 3);
-        assert!(!hidden);
-        assert!(r.find("same", 30 + KEPT_MICROS, |_| true).0.is_empty());
+        assert!(r.find("same", 30, |t| t == "c").is_empty());
+        assert_eq!(r.find("same", 30, |_| true).len(), 3);
+        assert!(r.find("same", 30 + KEPT_MICROS, |_| true).is_empty());
     }
 
     #[test]
-    fn in_flight_reads_are_rate_limited_per_tenant_and_filled_in() {
+    fn a_reused_refusal_is_traced_to_its_tenant() {
+        let r = RecentRefusals::default();
+        let mut origin = refusal("first", 10);
+        origin.reservation_id = Some("res-1".into());
+        r.keep("b", origin);
+        r.keep("a", refusal("second", 20));
+        assert_eq!(r.origin_of("res-1"), Some(("b".into(), "first".into())));
+        assert_eq!(r.origin_of("res-2"), None);
+    }
+
+    #[test]
+    fn in_flight_reads_are_filled_in() {
         let r = RecentRefusals::default();
         r.keep("a", refusal("q", 10));
-        assert!(r.may_read_in_flight("a", 10));
-        assert!(!r.may_read_in_flight("a", 10 + IN_FLIGHT_EVERY_MICROS - 1));
-        assert!(r.may_read_in_flight("a", 10 + IN_FLIGHT_EVERY_MICROS));
-        assert!(!r.may_read_in_flight("nobody", 10));
+        assert_eq!(r.in_flight_of("a", "q", 10), None);
         let f = InFlight {
             read_after_micros: 2_000,
             holds: Some(HeldOn::default()),
@@ -539,11 +546,12 @@ mod tests {
             note: None,
         };
         r.fill_in_flight("a", "q", 10, f.clone());
-        let (found, _) = r.find("q", 20, |_| true);
+        assert_eq!(r.in_flight_of("a", "q", 10), Some(f.clone()));
+        let found = r.find("q", 20, |_| true);
         assert_eq!(found[0].1.in_flight, Some(f));
         assert_eq!(
             found[0].1.json(20)["in_flight"]["said"],
-            "read 2 ms after the decision"
+            "read 2 ms after the decision, when first asked"
         );
     }
 }

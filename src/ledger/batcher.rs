@@ -6,7 +6,11 @@
 //! batches of at most [`PRUNE_ROWS`], each under the write timeout, with
 //! the waiting rows written between batches: a prune of millions of rows
 //! never holds the writer (or SQLite's write lock) for long. At shutdown it
-//! writes what is waiting, for a bounded time.
+//! writes what is waiting, for a bounded time: the grace period while the
+//! database accepts connections, at most [`REFUSED_FOR`] of it while the
+//! database refuses them (stopped before the gateway, as a stack's `down`
+//! does): a database that comes back within that time still gets every
+//! row, one that does not costs the shutdown no more.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +38,25 @@ pub trait LedgerSink: Send + Sync + 'static {
     /// `before_micros`, oldest first; returns how many. Fewer than
     /// `at_most` means none is left.
     async fn prune(&self, before_micros: u64, at_most: u64) -> Result<u64, LedgerError>;
+    /// Whether the database refuses connections now (nothing listens at
+    /// its address, or the name does not resolve), asked for at most
+    /// `within`: a shutdown then stops waiting for it after
+    /// [`REFUSED_FOR`]. False when it cannot tell (an embedded database,
+    /// one that accepts but answers slowly).
+    async fn refuses_connections(&self, within: Duration) -> bool {
+        let _ = within;
+        false
+    }
 }
+
+/// The longest a shutdown keeps retrying a database that refuses
+/// connections (also bounded by the grace period): long enough for a
+/// restart to be seen, short enough that a gateway whose database is
+/// already gone exits promptly.
+pub const REFUSED_FOR: Duration = Duration::from_secs(5);
+
+/// The longest the check of [`LedgerSink::refuses_connections`] may take.
+const REFUSAL_CHECK: Duration = Duration::from_secs(1);
 
 /// How often rows past the retention are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(3_600);
@@ -129,9 +151,10 @@ impl LedgerWriter {
     }
 
     /// Writes what is waiting (trying for up to `grace` while the sink
-    /// fails) and stops the writer. Waits at most `grace` plus
-    /// [`SHUTDOWN_SLACK`]: a write already in flight when the shutdown
-    /// began (a database that hangs) does not hold the process longer.
+    /// fails, at most [`REFUSED_FOR`] of it while the database refuses
+    /// connections) and stops the writer. Waits at most `grace` plus
+    /// [`SHUTDOWN_SLACK`]: a write that hangs does not hold the process
+    /// longer.
     pub async fn shutdown(mut self, grace: Duration) {
         self.stop.send_replace(Some(grace));
         let bound = grace + SHUTDOWN_SLACK;
@@ -242,62 +265,143 @@ async fn run(
         };
         if orphaned {
             // The writer's handle was dropped without a shutdown.
-            write_waiting(&buffer, &*sink, settings.batch_rows, write_timeout).await;
+            write_waiting(
+                &buffer,
+                &*sink,
+                settings.batch_rows,
+                write_timeout,
+                std::future::pending(),
+            )
+            .await;
             return;
         }
         let grace = *stop.borrow();
-        match grace {
+        let grace = match grace {
+            Some(grace) => grace,
             None => {
-                write_waiting(&buffer, &*sink, settings.batch_rows, write_timeout).await;
-            }
-            Some(grace) => {
-                // Every attempt ends by the deadline: a database that is
-                // down or hung costs the shutdown at most its grace.
-                let deadline = tokio::time::Instant::now() + grace;
-                loop {
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    let limit = left.min(write_timeout);
-                    if !limit.is_zero()
-                        && write_waiting(&buffer, &*sink, settings.batch_rows, limit).await
-                    {
-                        break;
+                // A shutdown interrupts this write (the batch goes back to
+                // the buffer): its own attempts are bounded from its start.
+                let mut stopping = stop.clone();
+                let shutdown = async move {
+                    if stopping.wait_for(Option::is_some).await.is_err() {
+                        std::future::pending::<()>().await;
                     }
-                    if tokio::time::Instant::now() + settings.batch_interval > deadline {
-                        tracing::error!(
-                            rows = buffer.held(),
-                            "ledger rows not written at shutdown"
-                        );
-                        break;
-                    }
-                    tokio::time::sleep(settings.batch_interval).await;
-                }
-                return;
+                };
+                write_waiting(
+                    &buffer,
+                    &*sink,
+                    settings.batch_rows,
+                    write_timeout,
+                    shutdown,
+                )
+                .await;
+                let Some(grace) = *stop.borrow_and_update() else {
+                    continue;
+                };
+                grace
             }
-        }
+        };
+        flush_at_shutdown(&buffer, &*sink, &settings, grace).await;
+        return;
     }
 }
 
+/// Writes what is waiting at shutdown. Every attempt ends by the deadline
+/// (`grace` from now): a database that hangs costs the shutdown at most its
+/// grace. Until [`REFUSED_FOR`] (or the grace, if shorter) no attempt
+/// outlasts that mark; past it, a database that refuses connections is
+/// given up at once. Rows left are logged as lost.
+async fn flush_at_shutdown(
+    buffer: &LedgerBuffer,
+    sink: &dyn LedgerSink,
+    settings: &LedgerSettings,
+    grace: Duration,
+) {
+    let start = tokio::time::Instant::now();
+    let deadline = start + grace;
+    let refusal_mark = start + grace.min(REFUSED_FOR);
+    loop {
+        let now = tokio::time::Instant::now();
+        let end = if now < refusal_mark {
+            refusal_mark
+        } else {
+            deadline
+        };
+        let limit = end
+            .saturating_duration_since(now)
+            .min(settings.write_timeout);
+        if !limit.is_zero()
+            && write_waiting(
+                buffer,
+                sink,
+                settings.batch_rows,
+                limit,
+                std::future::pending(),
+            )
+            .await
+        {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= refusal_mark {
+            let within = deadline.saturating_duration_since(now).min(REFUSAL_CHECK);
+            if sink.refuses_connections(within).await {
+                lost_at_shutdown(buffer, "the database refuses connections", start);
+                return;
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now + settings.batch_interval > deadline {
+            lost_at_shutdown(buffer, "the grace period is over", start);
+            return;
+        }
+        let pause = if now < refusal_mark {
+            settings.batch_interval.min(refusal_mark - now)
+        } else {
+            settings.batch_interval
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Logs the rows a shutdown could not write, with their count (the
+/// process is about to exit: no metric would be scraped).
+fn lost_at_shutdown(buffer: &LedgerBuffer, why: &'static str, start: tokio::time::Instant) {
+    let rows = buffer.held();
+    tracing::error!(
+        rows,
+        reason = why,
+        tried_ms = start.elapsed().as_millis() as u64,
+        "ledger rows lost at shutdown: not written to the database"
+    );
+}
+
 /// Writes every row waiting now, batch by batch, each write given at most
-/// `limit`; false when the sink failed or timed out (the failed batch is
-/// back in the buffer).
+/// `limit`; false when the sink failed or timed out, or `interrupt`
+/// resolved first (the batch is back in the buffer).
 async fn write_waiting(
     buffer: &LedgerBuffer,
     sink: &dyn LedgerSink,
     batch_rows: usize,
     limit: Duration,
+    interrupt: impl std::future::Future<Output = ()>,
 ) -> bool {
+    tokio::pin!(interrupt);
     loop {
         let batch = buffer.take(batch_rows);
         if batch.is_empty() {
             crate::metrics::ledger_buffered(buffer.held());
             return true;
         }
-        let outcome = match tokio::time::timeout(limit, sink.write(&batch)).await {
-            Ok(r) => r,
-            Err(_) => Err(LedgerError(format!(
-                "the write did not finish within {} ms",
-                limit.as_millis()
-            ))),
+        let outcome = tokio::select! {
+            r = tokio::time::timeout(limit, sink.write(&batch)) => match r {
+                Ok(r) => r,
+                Err(_) => Err(LedgerError(format!(
+                    "the write did not finish within {} ms",
+                    limit.as_millis()
+                ))),
+            },
+            () = &mut interrupt => Err(LedgerError("interrupted by the shutdown".into())),
         };
         match outcome {
             Ok(new) => {

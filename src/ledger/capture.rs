@@ -42,6 +42,7 @@ pub fn row(e: &Settled<'_>, who: &Who, at_micros: u64) -> SpendRow {
         cost_micros: f.cost_micros,
         outcome: f.outcome,
         price_version: who.scope.price_version.clone(),
+        decided_by: who.decided_by,
     }
 }
 
@@ -134,6 +135,7 @@ pub(crate) mod tests {
             output: Some(30),
             reasoning: 12,
             hosted: Default::default(),
+            ..UsageBreakdown::default()
         };
         let made = Settling::of(
             settlement(177, false, Actual::PerSpec(vec![1])),

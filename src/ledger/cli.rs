@@ -1,9 +1,12 @@
 //! `budgetgate spend`: the spend ledger's queries from the command line,
 //! one HTTP call to a running gateway's `/admin/v1/spend` (or
-//! `/admin/v1/spend/rows` with `--rows`); the answer (JSON or CSV) is
-//! printed as it came, a refusal's message goes to stderr.
+//! `/admin/v1/spend/rows` with `--rows`); the answer is printed (JSON
+//! indented as every admin command prints it, CSV as it came), a
+//! refusal's message goes to stderr.
 
 use clap::Args;
+
+use crate::admin_cli;
 
 /// The arguments of `budgetgate spend`.
 #[derive(Debug, Args)]
@@ -13,7 +16,7 @@ pub struct SpendArgs {
     pub url: String,
     /// An admin token.
     #[arg(long, env = "BUDGETGATE_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub token: Option<String>,
     /// Group by these (comma-separated): tenant, key, model, end_user,
     /// deployment, dialect, outcome.
     #[arg(long)]
@@ -50,6 +53,7 @@ pub struct SpendArgs {
 
 /// The answer's body, or the message to print on failure.
 pub async fn run(a: &SpendArgs) -> Result<String, String> {
+    let token = admin_cli::token(&a.token)?;
     let path = if a.rows {
         "/admin/v1/spend/rows"
     } else {
@@ -70,10 +74,9 @@ pub async fn run(a: &SpendArgs) -> Result<String, String> {
     put("top", a.top.map(|n| n.to_string()));
     put("limit", a.limit.map(|n| n.to_string()));
     put("format", a.csv.then(|| "csv".to_string()));
-    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
     let query: Vec<String> = query
         .iter()
-        .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, NON_ALPHANUMERIC)))
+        .map(|(k, v)| format!("{k}={}", admin_cli::enc(v)))
         .collect();
     let mut url = format!("{}{path}", a.url.trim_end_matches('/'));
     if !query.is_empty() {
@@ -82,10 +85,10 @@ pub async fn run(a: &SpendArgs) -> Result<String, String> {
     }
     let r = reqwest::Client::new()
         .get(&url)
-        .bearer_auth(&a.token)
+        .bearer_auth(token)
         .send()
         .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| admin_cli::unreachable(&a.url, &url, &e))?;
     let status = r.status();
     let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
     if status.is_success() {
@@ -106,7 +109,7 @@ pub struct ReconcileArgs {
     pub url: String,
     /// An admin token.
     #[arg(long, env = "BUDGETGATE_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    pub token: Option<String>,
     /// Only this tenant and its descendants (default: every tenant the
     /// token sees).
     #[arg(long)]
@@ -128,24 +131,21 @@ pub struct Reconciled {
 
 /// Runs `budgetgate reconcile`: one call to `/admin/v1/reconcile`.
 pub async fn reconcile(a: &ReconcileArgs) -> Result<Reconciled, String> {
-    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    let token = admin_cli::token(&a.token)?;
     let mut url = format!(
         "{}/admin/v1/reconcile?threshold={}",
         a.url.trim_end_matches('/'),
         a.threshold
     );
     if let Some(t) = &a.tenant {
-        url.push_str(&format!(
-            "&tenant={}",
-            utf8_percent_encode(t, NON_ALPHANUMERIC)
-        ));
+        url.push_str(&format!("&tenant={}", admin_cli::enc(t)));
     }
     let r = reqwest::Client::new()
         .get(&url)
-        .bearer_auth(&a.token)
+        .bearer_auth(token)
         .send()
         .await
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(|e| admin_cli::unreachable(&a.url, &url, &e))?;
     let status = r.status();
     let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();

@@ -96,6 +96,11 @@ pub struct SpendRow {
     pub outcome: SpendOutcome,
     /// The version of the policy whose prices the cost was computed at.
     pub price_version: Arc<str>,
+    /// The layer that admitted the reservation: `store`, `lease` or
+    /// `local_limiter` (a `fail_open` tenant's request while the store
+    /// failed, whose spend never reached the store's counters); empty on
+    /// rows written before migration 0102.
+    pub decided_by: &'static str,
 }
 
 impl SpendRow {

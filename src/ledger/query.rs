@@ -140,6 +140,9 @@ pub struct SpendQuery {
     /// attempt of it; the same id sent by clients of other tenants too,
     /// unless `scope` keeps them out).
     pub request_id: Option<String>,
+    /// Only the rows of reservations this layer admitted
+    /// ([`super::SpendRow::decided_by`]).
+    pub decided_by: Option<&'static str>,
 }
 
 /// Sums over a set of rows.
@@ -364,6 +367,7 @@ mod tests {
             scope: None,
             top,
             request_id: None,
+            decided_by: None,
         }
     }
 

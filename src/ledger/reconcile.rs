@@ -16,7 +16,10 @@
 //!   request admitted before midnight and settled after counts in the
 //!   store's window of its admission, the ledger's row in the day of its
 //!   settlement: at most the rows settled within one request's lifetime
-//!   after the window's start) and a **store reset** (the store's counter
+//!   after the window's start), the rows **served by the fail-open
+//!   limiter** (a `fail_open` tenant's requests while the store failed:
+//!   their spend never reached the store's counters, at most what those
+//!   rows of the window charged) and a **store reset** (the store's counter
 //!   started after the window's first ledger row: a flushed Redis, a
 //!   memory store restarted without a snapshot).
 //!
@@ -48,6 +51,9 @@ pub struct Inputs {
     /// Units of ledger rows settled within one request's lifetime after
     /// the window's start (they may count in the previous window in the store).
     pub boundary: u64,
+    /// Units of the window's ledger rows whose reservation the fail-open
+    /// limiter admitted (the store never counted them).
+    pub fail_open: u64,
     /// The store's counter started after the window's first ledger row.
     pub store_reset: bool,
 }
@@ -56,7 +62,8 @@ pub struct Inputs {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Cause {
     /// Its name (`holds_in_flight`, `leases_out`, `buffered`, `dropped`,
-    /// `retention`, `lost_in_a_crash`, `window_boundary`, `store_reset`).
+    /// `retention`, `lost_in_a_crash`, `window_boundary`,
+    /// `served_by_fail_open_limiter`, `store_reset`).
     pub cause: &'static str,
     /// What it could explain at most (`None`: unbounded).
     pub bound: Option<u64>,
@@ -104,6 +111,7 @@ pub fn explain(i: &Inputs) -> Explained {
         }
     } else if difference < 0 {
         take("window_boundary", Some(i.boundary));
+        take("served_by_fail_open_limiter", Some(i.fail_open));
         if i.store_reset {
             take("store_reset", None);
         }
@@ -201,6 +209,34 @@ mod tests {
         });
         assert_eq!(names(&reset), vec![("store_reset", 180)]);
         assert_eq!(reset.unexplained, 0);
+    }
+
+    /// Fault: a `fail_open` tenant's spend while the store was down left
+    /// the store short of the ledger with `causes: []`.
+    #[test]
+    fn a_smaller_store_is_explained_by_what_the_fail_open_limiter_served() {
+        let e = explain(&Inputs {
+            store: 100,
+            ledger: 400,
+            boundary: 20,
+            fail_open: 250,
+            ..Default::default()
+        });
+        assert_eq!(
+            names(&e),
+            vec![
+                ("window_boundary", 20),
+                ("served_by_fail_open_limiter", 250)
+            ]
+        );
+        assert_eq!(e.unexplained, -30);
+        let larger = explain(&Inputs {
+            store: 500,
+            ledger: 400,
+            fail_open: 250,
+            ..Default::default()
+        });
+        assert!(larger.causes.is_empty(), "never a cause of a larger store");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::{SpendOutcome, SpendRow};
 use crate::db::DbKind;
 
 /// Columns of one inserted row.
-const COLUMNS: [&str; 24] = [
+const COLUMNS: [&str; 25] = [
     "reservation_id",
     "request_id",
     "attempt",
@@ -46,13 +46,14 @@ const COLUMNS: [&str; 24] = [
     "cost_micros",
     "outcome",
     "price_version",
+    "decided_by",
 ];
 
 /// Rows per INSERT statement, largest first: a batch is cut greedily into
 /// these sizes, so each connection prepares (parses) at most five
 /// statements once and then finds them in its statement cache. A statement
 /// per batch size would be parsed again for every batch: SQLite's parser
-/// then cost more than the requests the rows describe. 24 × 256 bound
+/// then cost more than the requests the rows describe. 25 × 256 bound
 /// values stays under SQLite's 32,766 and PostgreSQL's 65,535.
 const STATEMENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -79,6 +80,7 @@ pub struct SqlLedger {
     inserts: [Arc<str>; STATEMENT_ROWS.len()],
     /// The DELETE of one prune batch, in this database's dialect.
     prune: &'static str,
+    kind: DbKind,
 }
 
 /// One prune batch: the oldest rows past the retention, at most `$2`,
@@ -115,6 +117,7 @@ impl SqlLedger {
                 DbKind::Sqlite => PRUNE_SQLITE,
                 DbKind::Postgres => PRUNE_POSTGRES,
             },
+            kind,
         })
     }
 
@@ -173,6 +176,10 @@ impl SqlLedger {
         if let Some(id) = &q.request_id {
             sql.push_str(&format!(" AND request_id = ${}", values.len() + 1));
             values.push(FilterValue::Text(id.clone()));
+        }
+        if let Some(layer) = q.decided_by {
+            sql.push_str(&format!(" AND decided_by = ${}", values.len() + 1));
+            values.push(FilterValue::Text(layer.to_string()));
         }
         for t in [&q.within, &q.scope].into_iter().flatten() {
             let n = values.len();
@@ -247,7 +254,8 @@ impl LedgerSink for SqlLedger {
                     .bind(big(r.charged_tokens))
                     .bind(big(r.cost_micros))
                     .bind(r.outcome.as_str())
-                    .bind(&*r.price_version);
+                    .bind(&*r.price_version)
+                    .bind(r.decided_by);
             }
             new += query.execute(&mut *tx).await.map_err(db)?.rows_affected();
         }
@@ -263,6 +271,26 @@ impl LedgerSink for SqlLedger {
             .await
             .map_err(db)?;
         Ok(done.rows_affected())
+    }
+
+    async fn refuses_connections(&self, within: std::time::Duration) -> bool {
+        use sqlx::{ConnectOptions, Connection};
+        if self.kind != DbKind::Postgres {
+            return false;
+        }
+        // A connection of its own: the pool's attempts retry a refused
+        // connection until its acquire timeout, telling nothing.
+        match tokio::time::timeout(within, self.pool.connect_options().connect()).await {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                false
+            }
+            // Refused, unresolvable, unreachable: no server at the address.
+            Ok(Err(sqlx::Error::Io(_))) => true,
+            // It answered (an authentication or a server error), or it
+            // accepts but is slow: it may still take the rows.
+            Ok(Err(_)) | Err(_) => false,
+        }
     }
 }
 
@@ -395,6 +423,7 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
     let end_user = text("end_user")?;
     let dialect = text("dialect")?;
     let outcome = text("outcome")?;
+    let decided_by = text("decided_by")?;
     Ok(SpendRow {
         reservation_id: text("reservation_id")?,
         request_id: text("request_id")?,
@@ -421,6 +450,11 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
         outcome: SpendOutcome::parse(&outcome)
             .ok_or_else(|| LedgerError(format!("unknown outcome {outcome:?}")))?,
         price_version: text("price_version")?.into(),
+        decided_by: crate::admission::AnsweredBy::ADMITTING
+            .iter()
+            .map(|a| a.label())
+            .find(|l| *l == decided_by)
+            .unwrap_or(""),
     })
 }
 

@@ -50,8 +50,20 @@ pub fn in_unit(name: BudgetName, t: &SpendTotals) -> u64 {
 pub async fn spend_of(
     reader: &dyn SpendReader,
     scope: &Scope,
+    range: (u64, u64),
+    caller: Option<String>,
+) -> Result<SpendTotals, LedgerError> {
+    spend_decided_by(reader, scope, range, caller, None).await
+}
+
+/// [`spend_of`], of the rows whose reservation the layer labelled
+/// `decided_by` admitted (every row: `None`).
+pub async fn spend_decided_by(
+    reader: &dyn SpendReader,
+    scope: &Scope,
     (from, to): (u64, u64),
     caller: Option<String>,
+    decided_by: Option<&'static str>,
 ) -> Result<SpendTotals, LedgerError> {
     let (within, dim, value): (Option<&str>, Option<Dimension>, Option<&str>) = match scope {
         Scope::Tenant(t) => (Some(&**t), None, None),
@@ -69,6 +81,7 @@ pub async fn spend_of(
         scope: caller,
         top: None,
         request_id: None,
+        decided_by,
     };
     let mut out = SpendTotals::default();
     for d in reader.days(&q).await? {

@@ -51,6 +51,11 @@ impl HoldBudgets {
         self.plan.upstreams[self.deployment].upstream
     }
 
+    /// The metric handles of the deployment the hold was admitted on.
+    pub fn deployment_metrics(&self) -> &crate::metrics::DeploymentMetrics {
+        &self.plan.upstreams[self.deployment].metrics
+    }
+
     /// Every budget of the hold, in order: the common ones, then the
     /// deployment's, each with how it counts.
     pub fn budgets(&self) -> impl Iterator<Item = Budgets<'_>> {
@@ -261,6 +266,7 @@ pub async fn admit<'p>(
     let hold = HeldReservation::new(
         id,
         (cx.st.store.clone(), answered_by),
+        reserve.common.iter().chain(deployment.budgets.iter()),
         cx.st.settlements.clone(),
         reserve.costs.tokens,
         policy.server.slot_lease,
@@ -300,7 +306,8 @@ pub async fn admit<'p>(
             false => 0,
         })
         // `tried` above counted this attempt.
-        .of_request(cx.finish.request_id.header(), attempts.count() as u32);
+        .of_request(cx.finish.request_id.header(), attempts.count() as u32)
+        .decided_by(answered_by.label());
         Box::new(who)
     });
     let hold = hold.about(Subject {

@@ -3,7 +3,7 @@
 //! A request carrying two different keys is refused: which one would be
 //! charged is not the client's to leave open.
 
-use axum::http::{header, HeaderMap, HeaderName};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 
 use super::context::RequestContext;
 use crate::config::{KeyId, Policy, TenantId};
@@ -56,7 +56,12 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 /// case-insensitive and followed by spaces or tabs (RFC 9110 section 11.1
 /// and 11.6.2; RFC 6750 section 2.1).
 fn bearer<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
-    let v = headers.get(name)?.to_str().ok()?.trim();
+    bearer_credentials(headers.get(name)?)
+}
+
+/// The token of one `Bearer <token>` header value.
+fn bearer_credentials(v: &HeaderValue) -> Option<&str> {
+    let v = v.to_str().ok()?.trim();
     let (scheme, rest) = v.split_once([' ', '\t'])?;
     let token = rest.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
@@ -75,30 +80,34 @@ pub fn name(h: &KeyHeader) -> &HeaderName {
     }
 }
 
-/// The key `h` presents in `headers`, if any.
+/// The key `h` presents in `headers`, if any (its first value).
 pub fn presented<'h>(h: &KeyHeader, headers: &'h HeaderMap) -> Option<&'h str> {
+    headers.get(name(h)).and_then(|v| key_in(h, v))
+}
+
+/// The key one value of header `h` carries.
+fn key_in<'h>(h: &KeyHeader, v: &'h HeaderValue) -> Option<&'h str> {
     match h {
-        KeyHeader::Bearer(n) => bearer(headers, n),
-        KeyHeader::Plain(n) => headers
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|k| !k.is_empty()),
+        KeyHeader::Bearer(_) => bearer_credentials(v),
+        KeyHeader::Plain(_) => v.to_str().ok().map(str::trim).filter(|k| !k.is_empty()),
     }
 }
 
-/// The one key the request presents; two different keys are refused.
+/// The one key the request presents; two different keys are refused,
+/// whether in two headers or in two values of one header (the first
+/// value was admitted while a proxy or upstream may read the last).
 fn presented_key<'h>(
     key_headers: &[KeyHeader],
     headers: &'h HeaderMap,
 ) -> Result<Option<&'h str>, ApiError> {
     let mut found: Option<&str> = None;
     for h in key_headers {
-        let key = presented(h, headers);
-        match (found, key) {
-            (Some(a), Some(b)) if a != b => return Err(ApiError::InvalidKey),
-            (None, Some(k)) => found = Some(k),
-            _ => {}
+        for key in headers.get_all(name(h)).iter().filter_map(|v| key_in(h, v)) {
+            match found {
+                Some(a) if a != key => return Err(ApiError::InvalidKey),
+                Some(_) => {}
+                None => found = Some(key),
+            }
         }
     }
     Ok(found)

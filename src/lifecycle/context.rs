@@ -66,6 +66,17 @@ impl RequestContext {
 }
 
 impl RequestContext {
+    /// This request with its method and route (a refusal's line names
+    /// them).
+    pub fn at(
+        mut self,
+        method: &'static str,
+        route: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
+        self.finish.route = (method, route.into());
+        self
+    }
+
     /// How a refusal names the request's tenant when it has ancestors
     /// ([`Policy::requester_of`]); `None` before authentication.
     pub fn requester(&self) -> Option<String> {

@@ -25,7 +25,8 @@ use crate::gateway::AppState;
 
 /// Answers one count request.
 pub async fn count_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let mut cx = RequestContext::new(st, Dialect::Messages, &headers);
+    let mut cx = RequestContext::new(st, Dialect::Messages, &headers)
+        .at("POST", "/v1/messages/count_tokens");
     let answer = count(&mut cx, &headers, body).await;
     super::conclude(cx, answer)
 }

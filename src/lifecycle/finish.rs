@@ -5,6 +5,7 @@
 //! request was abandoned (the client went away while it waited), and the
 //! drop writes the line.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,6 +65,10 @@ pub struct Finish {
     /// The exporter of request spans, while telemetry is on (a refusal's
     /// span is written here; an admitted request's at its settlement).
     pub spans: Option<Arc<crate::telemetry::Spans>>,
+    /// The request's method and route (`/v1/responses/{id}`; the path
+    /// itself only where no route matched), named by a refusal's line:
+    /// an admitted request's model and deployment say what it was.
+    pub route: (&'static str, Cow<'static, str>),
     written: bool,
 }
 
@@ -84,6 +89,7 @@ impl Finish {
             queued_ms: None,
             dialect_name: "",
             spans: None,
+            route: ("", Cow::Borrowed("")),
             written: false,
         }
     }
@@ -111,6 +117,7 @@ impl Finish {
             queued_ms: self.queued_ms,
             dialect_name: self.dialect_name,
             spans: self.spans.clone(),
+            route: std::mem::take(&mut self.route),
             written: self.written,
         };
         self.written = true;
@@ -152,6 +159,8 @@ impl Finish {
                 }
                 tracing::info!(
                     request_id,
+                    method = self.route.0,
+                    path = &*self.route.1,
                     tenant,
                     end_user,
                     decided_by,
@@ -222,6 +231,22 @@ impl Finish {
                 )
             }
         }
+    }
+}
+
+/// The route of a proxied request of `dialect`, on the Azure path form
+/// (`/openai/deployments/{deployment}/…`) when `azure`.
+pub fn route_of(dialect: crate::dialects::Dialect, azure: bool) -> &'static str {
+    use crate::dialects::Dialect;
+    match (dialect, azure) {
+        (Dialect::ChatCompletions, false) => "/v1/chat/completions",
+        (Dialect::ChatCompletions, true) => "/openai/deployments/{deployment}/chat/completions",
+        (Dialect::Completions, false) => "/v1/completions",
+        (Dialect::Completions, true) => "/openai/deployments/{deployment}/completions",
+        (Dialect::Embeddings, false) => "/v1/embeddings",
+        (Dialect::Embeddings, true) => "/openai/deployments/{deployment}/embeddings",
+        (Dialect::Responses, _) => "/v1/responses",
+        (Dialect::Messages, _) => "/v1/messages",
     }
 }
 

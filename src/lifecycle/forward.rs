@@ -63,6 +63,9 @@ pub enum Forwarded {
     PassedOn(Response),
     /// The deployment failed; another may be tried.
     Retry(ApiError),
+    /// The deployment refused the gateway's credentials (and cools
+    /// down); another may be tried, once per request.
+    Denied(ApiError),
     /// The request failed for good.
     Failed(ApiError),
 }
@@ -302,10 +305,22 @@ async fn upstream_failure(
         // Named so an operator knows which deployment's credentials to
         // fix; the credential itself never appears.
         metrics.auth_failed();
-        return Forwarded::Failed(ApiError::BadGateway(format!(
+        let e = ApiError::BadGateway(format!(
             "Deployment {} rejected the gateway's credentials.",
             upstream.name
-        )));
+        ));
+        if upstream.kind == UpstreamKind::Bedrock {
+            // An IAM policy or an expired role denies this region, not
+            // the model: kept away (its reason in /readyz) while another
+            // deployment serves.
+            cx.st.cool_down_for(
+                &upstream.name,
+                cx.st.clock.now_micros() + upstream.cooldown.as_micros() as u64,
+                crate::gateway::CoolingReason::AccessDenied,
+            );
+            return Forwarded::Denied(e);
+        }
+        return Forwarded::Failed(e);
     }
     match classify(status, retry_after) {
         Failure::Retry(e) => Forwarded::Retry(e),

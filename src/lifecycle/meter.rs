@@ -15,7 +15,7 @@ use super::finish::Outcome;
 use super::forward::Answer;
 use super::owner::OwnerWriter;
 use super::prepare::Prepared;
-use super::rewrite::{enforced_cap, output_cap};
+use super::rewrite::{enforced_cap, output_cap, usage_bounds};
 use super::settle::{refund, settle};
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::ExtendOutcome;
@@ -79,6 +79,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     let used = usage
         .and_then(|u| cx.dialect.usage_from_answer(u.get()))
         .unwrap_or_default()
+        .bounded(&usage_bounds(request, model, cx.dialect))
         .filled(request.estimate.input_tokens, || {
             let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             cx.dialect.count_answer_output(&parsed, encoding, ratio)
@@ -144,7 +145,8 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         choices,
     )
     .with_limits(estimate.input_tokens, cap)
-    .with_token_ratio(model.token_ratio);
+    .with_token_ratio(model.token_ratio)
+    .with_usage_bounds(usage_bounds(request, model, cx.dialect));
     let proc = match cx.policy.stream_counting {
         StreamCounting::Bound => proc,
         StreamCounting::Exact => proc.with_exact_counting(),
@@ -286,6 +288,10 @@ impl Meter for StreamMeter {
         }
         metrics::input_calibration(&self.model, self.input_estimate, &used);
         settle(self.hold, &self.budgets, used, outcome)
+    }
+
+    fn stream_cutoffs(&self) -> Option<&crate::admission::stream_cutoffs::StreamCutoffs> {
+        Some(self.hold.stream_cutoffs())
     }
 
     fn created(&mut self, id: &str) {

@@ -24,6 +24,7 @@
 
 pub mod admit;
 pub mod authenticate;
+pub mod body_object;
 pub mod clamp;
 pub mod context;
 pub mod count_tokens;
@@ -68,7 +69,8 @@ pub async fn handle(
     body: Body,
     path_model: Option<String>,
 ) -> Response {
-    let mut cx = RequestContext::new(st, dialect, &headers);
+    let path = finish::route_of(dialect, path_model.is_some());
+    let mut cx = RequestContext::new(st, dialect, &headers).at("POST", path);
     let metered = async {
         let caller = authenticate::authenticate(&mut cx, &headers)?;
         let mut request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;
@@ -100,6 +102,7 @@ pub async fn handle(
                 }
                 Forwarded::PassedOn(response) => return Ok(Metered::PassedOn(response)),
                 Forwarded::Retry(e) => attempts.failed(e),
+                Forwarded::Denied(e) => attempts.denied(e)?,
                 Forwarded::Failed(e) => return Err(e),
             }
         }

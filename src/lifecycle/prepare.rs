@@ -12,6 +12,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::authenticate::Caller;
+use super::body_object::BodyObject;
 use super::context::RequestContext;
 use super::owner;
 use crate::admission::amounts::Counting;
@@ -302,14 +303,23 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         end_user_header,
         purpose,
     } = req;
-    let value: Value = serde_json::from_slice(&raw).map_err(|e| {
+    let value: BodyObject = serde_json::from_slice(&raw).map_err(|e| {
         invalid(
             None,
             format!("We could not parse the JSON body of your request ({e}). The OpenAI API expects a JSON payload."),
         )
     })?;
-    let Value::Object(mut body) = value else {
-        return Err(invalid(None, "The request body must be a JSON object."));
+    let mut body = match value {
+        BodyObject::Object(body) => body,
+        BodyObject::NotObject => {
+            return Err(invalid(None, "The request body must be a JSON object."))
+        }
+        BodyObject::Repeated(name) => {
+            return Err(invalid(
+                Some(name),
+                format!("`{name}` appears more than once in the request body; send it once."),
+            ))
+        }
     };
     if let Some(m) = path_model {
         // Azure path form: the deployment in the URL names the model.

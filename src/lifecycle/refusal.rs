@@ -15,8 +15,9 @@
 //! store down): the other budgets are read as for any other.
 //!
 //! And the refusal's record ([`note`], "why was this refused?",
-//! [`crate::gateway::recent_refusals`]): what the decision had, and what
-//! held the refusing budget, read a moment later off the request's path.
+//! [`crate::gateway::recent_refusals`]): what the decision had, and the
+//! refusing budget, whose holds and leases [`read_in_flight`] reads only
+//! when the record is asked for.
 
 use axum::http::HeaderMap;
 
@@ -69,10 +70,11 @@ impl Asked {
 }
 
 /// Keeps the record of `refusal` of a request of `tenant`
-/// ([`crate::gateway::recent_refusals`]) and, at most once a second per
-/// tenant, reads what held the refusing budget (holds in flight, units out
-/// on leases) into it a moment later, off the request's path. Called only
-/// on refusals, so admitted requests never pay for it.
+/// ([`crate::gateway::recent_refusals`]), with the refusing budget: what
+/// held it (holds in flight, units out on leases) is read when the explain
+/// route asks, never here (a walk of the store's holds per refusal loaded
+/// the store exactly while it refused). Called only on refusals, so
+/// admitted requests never pay for it.
 pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusal: &ApiError) {
     let Some(t) = tenant else { return };
     let now = cx.st.clock.now_micros();
@@ -103,23 +105,11 @@ pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusa
             });
         }
     }
-    let refusals = &cx.st.recent_refusals;
-    refusals.keep(&tenant, record);
-    let Some(spec) = spec else { return };
-    if !refusals.may_read_in_flight(&tenant, now) {
-        return;
-    }
-    let st = cx.st.clone();
-    let request_id = request_id.to_string();
-    let timeout = cx.policy.store.timeout;
-    tokio::spawn(async move {
-        let f = read_in_flight(&st, &spec, now, timeout).await;
-        st.recent_refusals
-            .fill_in_flight(&tenant, &request_id, now, f);
-    });
+    record.spec = spec;
+    cx.st.recent_refusals.keep(&tenant, record);
 }
 
-/// What held budget `spec` right after a decision at `decided` (UTC µs):
+/// What holds budget `spec` now, for a decision at `decided` (UTC µs):
 /// its holds in flight (one walk of the store's holds) and the units out
 /// on its quota leases.
 pub async fn read_in_flight(

@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
 use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
+use crate::dialects::usage::UsageBounds;
 use crate::dialects::Dialect;
 
 /// The body to send to `upstream`: model name, output cap (DESIGN
@@ -191,6 +192,26 @@ pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
         (Some(client), _) => client,
         (None, Some(bound)) => bound.per_choice,
         (None, None) => p.estimate.output_tokens_per_choice,
+    }
+}
+
+/// The most usage an upstream can report for `p` (DESIGN "The upstream's
+/// usage is bounded"): the output bound is the cap [`rewrite`] sends; an
+/// uncapped request sent without one is bounded by the model's
+/// `max_output_tokens`, else its context window.
+pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> UsageBounds {
+    let sent_uncapped = p.estimate.client_max_output.is_none()
+        && p.uncapped_bound(model).is_some_and(|b| !b.sent);
+    let cap = dialect
+        .cap_field(false)
+        .filter(|_| !sent_uncapped)
+        .map(|_| output_cap(p, model).max(dialect.min_cap()));
+    UsageBounds::new(
+        p.estimate.input_tokens,
+        cap,
+        p.estimate.choices,
+        model.max_output_tokens,
+        model.context_window,
     }
 }
 

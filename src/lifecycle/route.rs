@@ -1,14 +1,16 @@
 //! Phase 3, route (DESIGN section 1.3): the deployments this attempt may
 //! use, in preference order: the model's deployments that can serve the
-//! request, minus those already tried and those cooling down after an
-//! upstream 429, ordered by spare capacity when the model asks for it.
+//! request, minus those already tried, those without credentials and
+//! those cooling down (after an upstream 429, or a refusal of the
+//! gateway's credentials), ordered by spare capacity when the model asks
+//! for it.
 
 use super::context::RequestContext;
 use super::prepare::Prepared;
 use crate::budget::{BudgetName, BudgetSpec};
 use crate::config::{DeploymentId, Routing, UpstreamKind};
 use crate::gateway::error::{retry_after_secs, ApiError};
-use crate::gateway::PlannedDeployment;
+use crate::gateway::{CoolingReason, PlannedDeployment};
 
 /// Most deployments one request is tried on (first attempt included).
 const MAX_ATTEMPTS: usize = 3;
@@ -18,6 +20,8 @@ const MAX_ATTEMPTS: usize = 3;
 pub struct Attempts {
     tried: Vec<DeploymentId>,
     last_error: Option<ApiError>,
+    /// A deployment refused the gateway's credentials.
+    denied: bool,
 }
 
 impl Attempts {
@@ -35,6 +39,17 @@ impl Attempts {
     pub fn failed(&mut self, e: ApiError) {
         self.last_error = Some(e);
     }
+
+    /// Records that the last attempt's deployment refused the gateway's
+    /// credentials (`e`); false when one already did in this request: a
+    /// refusal is retried on the next deployment once per request.
+    pub fn denied(&mut self, e: ApiError) -> Result<(), ApiError> {
+        if std::mem::replace(&mut self.denied, true) {
+            return Err(e);
+        }
+        self.last_error = Some(e);
+        Ok(())
+    }
 }
 
 /// The deployments of this attempt, best first; an error when none is left.
@@ -50,27 +65,32 @@ pub async fn route<'p>(
     }
     let now = cx.st.clock.now_micros();
     let mut cooling_until: Option<u64> = None;
-    let mut skipped = false;
+    // Deployments without usable credentials: not loaded (skipped at
+    // start or reload) or refused by the provider (cooling down).
+    let mut unusable: Vec<&str> = Vec::new();
     let mut candidates: Vec<&PlannedDeployment> = request
         .candidates
         .iter()
         .map(|&i| &request.plan.upstreams[i])
         .filter(|d| !attempts.tried.contains(&d.upstream))
         .filter(|d| {
-            // A Vertex deployment whose credentials could not be loaded.
             let u = cx.policy.deployment(d.upstream);
-            let usable =
-                u.kind != UpstreamKind::Vertex || !cx.st.upstream.vertex_tokens().is_skipped(u);
-            skipped |= !usable;
-            usable
-        })
-        .filter(|d| {
-            match cx
-                .st
-                .cooldown_until(&cx.policy.deployment(d.upstream).name, now)
-            {
-                Some(until) => {
-                    cooling_until = Some(cooling_until.map_or(until, |c| c.min(until)));
+            let skipped = match u.kind {
+                UpstreamKind::Vertex => cx.st.upstream.vertex_tokens().is_skipped(u),
+                UpstreamKind::Bedrock => cx.st.upstream.aws.is_skipped(u),
+                _ => false,
+            };
+            if skipped {
+                unusable.push(&u.name);
+                return false;
+            }
+            match cx.st.cooldown(&u.name, now) {
+                Some(c) if c.reason == CoolingReason::AccessDenied => {
+                    unusable.push(&u.name);
+                    false
+                }
+                Some(c) => {
+                    cooling_until = Some(cooling_until.map_or(c.until, |m| m.min(c.until)));
                     false
                 }
                 None => true,
@@ -81,10 +101,12 @@ pub async fn route<'p>(
         if let Some(e) = attempts.last_error.take() {
             return Err(e);
         }
-        if skipped && cooling_until.is_none() {
-            return Err(ApiError::BadGateway(
-                "No deployment of this model has its credentials loaded (see /readyz).".into(),
-            ));
+        if !unusable.is_empty() && cooling_until.is_none() {
+            // Waiting would not help: never a rate limit.
+            return Err(ApiError::BadGateway(format!(
+                "No deployment of this model has usable credentials: {} (see /readyz).",
+                unusable.join(", ")
+            )));
         }
         let wait = cooling_until.map_or(1_000_000, |u| u.saturating_sub(now));
         return Err(ApiError::UpstreamRateLimited {

@@ -19,6 +19,14 @@ pub fn settle(
     used: UsageBreakdown,
     outcome: Outcome,
 ) -> u64 {
+    for field in [used.rejected_input, used.rejected_output]
+        .into_iter()
+        .flatten()
+    {
+        budgets
+            .deployment_metrics()
+            .usage_rejected(hold.id(), field);
+    }
     let actual = used.total();
     budgets.expected_settled(
         used.output.unwrap_or(0),

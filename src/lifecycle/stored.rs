@@ -46,6 +46,16 @@ pub enum StoredOp {
 }
 
 impl StoredOp {
+    /// The client's method and the route (a refusal's line names them).
+    fn route(self) -> (&'static str, &'static str) {
+        match self {
+            StoredOp::Get => ("GET", "/v1/responses/{id}"),
+            StoredOp::Delete => ("DELETE", "/v1/responses/{id}"),
+            StoredOp::Cancel => ("POST", "/v1/responses/{id}/cancel"),
+            StoredOp::InputItems => ("GET", "/v1/responses/{id}/input_items"),
+        }
+    }
+
     fn method(self) -> reqwest::Method {
         match self {
             StoredOp::Get | StoredOp::InputItems => reqwest::Method::GET,
@@ -71,7 +81,8 @@ pub async fn stored(
     op: StoredOp,
     query: Option<String>,
 ) -> Response {
-    let mut cx = RequestContext::new(st, Dialect::Responses, &headers);
+    let (method, route) = op.route();
+    let mut cx = RequestContext::new(st, Dialect::Responses, &headers).at(method, route);
     let result = stored_inner(&mut cx, &headers, &id, op, query).await;
     super::conclude(cx, result)
 }
@@ -152,7 +163,8 @@ async fn stored_inner(
 /// (its recorded context included), without an upstream call, charged to
 /// the request budgets only: answered past a token budget's capacity too.
 pub async fn input_tokens(st: Arc<AppState>, headers: HeaderMap, body: Body) -> Response {
-    let mut cx = RequestContext::new(st, Dialect::Responses, &headers);
+    let mut cx = RequestContext::new(st, Dialect::Responses, &headers)
+        .at("POST", "/v1/responses/input_tokens");
     let result = async {
         let caller: Caller = authenticate(&mut cx, &headers)?;
         // The count whatever the token budgets' capacity: a body larger
@@ -210,6 +222,7 @@ async fn charge_requests(
     let hold = HeldReservation::new(
         id,
         (cx.st.store.clone(), answered_by),
+        reserve.common.iter(),
         cx.st.settlements.clone(),
         0,
         policy.server.slot_lease,

@@ -196,6 +196,20 @@ impl DeploymentMetrics {
             .increment(1);
     }
 
+    /// The upstream's usage had `field` rejected (no count, or out of the
+    /// request's bounds): settled at the gateway's own count, logged and
+    /// counted in `budgetgate_upstream_usage_rejected_total`.
+    pub fn usage_rejected(&self, reservation_id: &str, field: &'static str) {
+        tracing::warn!(
+            deployment = %self.deployment,
+            reservation_id,
+            field,
+            "the upstream's usage was rejected (not a count, or more than the request could use); settled at the gateway's own count"
+        );
+        counter!("budgetgate_upstream_usage_rejected_total", "deployment" => self.deployment.clone(), "field" => field)
+            .increment(1);
+    }
+
     /// What the provider says is left of its own limits (its
     /// `x-ratelimit-remaining-tokens` and `-requests` headers).
     pub fn provider_remaining(&self, tokens: Option<u64>, requests: Option<u64>) {
@@ -247,6 +261,27 @@ pub fn output_over_cap(deployment: &str, response: &'static str) {
 /// Streams currently relayed.
 pub fn active_streams(delta: f64) {
     gauge!("budgetgate_active_streams").increment(delta);
+}
+
+/// Client connections open.
+pub fn connections_open(delta: f64) {
+    gauge!("budgetgate_connections_open").increment(delta);
+}
+
+/// The bound on client connections (`server.max_connections`).
+pub fn connections_max(max: usize) {
+    gauge!("budgetgate_connections_max").set(max as f64);
+}
+
+/// A client connection the gateway closed: `header_timeout`,
+/// `write_timeout`, or `evicted` (closed without a request, to make room).
+pub fn connection_closed(reason: &'static str) {
+    counter!("budgetgate_connections_closed_total", "reason" => reason).increment(1);
+}
+
+/// A failed accept other than a client's (out of file descriptors…).
+pub fn accept_error() {
+    counter!("budgetgate_accept_errors_total").increment(1);
 }
 
 /// What [`render`] writes beside the recorder's series: the one

@@ -112,8 +112,9 @@ pub async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
-/// `GET /readyz`: the budget store answers. Deployments skipped since
-/// start (credentials that could not be loaded) are named.
+/// `GET /readyz`: the budget store answers. Deployments skipped
+/// (credentials that could not be loaded) are named, and those cooling
+/// down with why (`rate_limited`, `access_denied`).
 pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let policy = st.policy.load_full();
     match tokio::time::timeout(policy.store.timeout * 4, st.store.inspect(&[])).await {
@@ -125,6 +126,21 @@ pub async fn readyz(State(st): State<Arc<AppState>>) -> Response {
             if !skipped.is_empty() {
                 skipped.sort();
                 v["skipped_deployments"] = json!(skipped);
+            }
+            let now = st.clock.now_micros();
+            let cooling: Vec<Value> = st
+                .cooling(now)
+                .into_iter()
+                .map(|(name, c)| {
+                    json!({
+                        "deployment": name,
+                        "reason": c.reason.name(),
+                        "seconds_left": (c.until - now).div_ceil(1_000_000),
+                    })
+                })
+                .collect();
+            if !cooling.is_empty() {
+                v["cooling_deployments"] = json!(cooling);
             }
             Json(v).into_response()
         }
@@ -144,22 +160,41 @@ pub async fn method_not_allowed(
     headers: HeaderMap,
 ) -> Response {
     let e = ApiError::MethodNotAllowed(method.to_string(), uri.path().to_string());
-    refuse_here(st, &headers, e)
+    refuse_here(st, &headers, e, (&method, uri.path()))
 }
 
 /// Any other path: 404 in OpenAI's shape, never proxied.
 pub async fn unknown_path(
     State(st): State<Arc<AppState>>,
+    method: axum::http::Method,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    refuse_here(st, &headers, ApiError::NotFound(uri.path().to_string()))
+    let e = ApiError::NotFound(uri.path().to_string());
+    refuse_here(st, &headers, e, (&method, uri.path()))
 }
 
 /// A refusal of a path the lifecycle does not serve, in OpenAI's shape:
-/// with a request id and a final line like any other.
-fn refuse_here(st: Arc<AppState>, headers: &HeaderMap, e: ApiError) -> Response {
-    let cx = RequestContext::new(st, Dialect::ChatCompletions, headers);
+/// with a request id and a final line like any other (naming the method
+/// and the path itself: no route matched).
+fn refuse_here(
+    st: Arc<AppState>,
+    headers: &HeaderMap,
+    e: ApiError,
+    (method, path): (&axum::http::Method, &str),
+) -> Response {
+    let method = match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "other",
+    };
+    let cx =
+        RequestContext::new(st, Dialect::ChatCompletions, headers).at(method, path.to_string());
     lifecycle::conclude(cx, Err(e))
 }
 

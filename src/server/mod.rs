@@ -16,10 +16,12 @@
 //! - [`reconcile`]: the ledger against the store's quota counters
 //!   (`/admin/v1/reconcile`).
 //! - [`admin_ui`]: the live budget page at `/admin/ui`.
+//! - [`connections`]: client connections, their bound and timeouts.
 
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
+pub mod connections;
 pub mod control_api;
 pub mod handlers;
 pub mod models;

@@ -93,7 +93,7 @@ pub async fn list(
     headers: HeaderMap,
 ) -> Response {
     let dialect = dialect_of(&headers);
-    let mut cx = RequestContext::new(st, dialect, &headers);
+    let mut cx = RequestContext::new(st, dialect, &headers).at("GET", "/v1/models");
     let result = authenticate(&mut cx, &headers).and_then(|c| {
         let policy = &cx.policy;
         let names = listed(policy, policy.key(c.tenant, c.key), dialect);
@@ -155,7 +155,7 @@ pub async fn get(
     headers: HeaderMap,
 ) -> Response {
     let dialect = dialect_of(&headers);
-    let mut cx = RequestContext::new(st, dialect, &headers);
+    let mut cx = RequestContext::new(st, dialect, &headers).at("GET", "/v1/models/{model}");
     let result = authenticate(&mut cx, &headers).and_then(|c| {
         let policy = &cx.policy;
         let key = policy.key(c.tenant, c.key);

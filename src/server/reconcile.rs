@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use super::admin::{self, json_response};
-use crate::admission::plan;
+use crate::admission::{plan, AnsweredBy};
 use crate::budget::{BudgetName, BudgetSpec, BudgetStore, Scope};
 use crate::control::writes::in_subtree;
 use crate::gateway::error::{ApiError, OwnStore};
@@ -144,12 +144,20 @@ pub async fn reconcile(
         let sum = |range: (u64, u64)| {
             window::spend_of(&**reader, &spec.scope, range, caller_scope.clone())
         };
-        let (in_window, early) = match (
+        let fail_open = window::spend_decided_by(
+            &**reader,
+            &spec.scope,
+            (from, to),
+            caller_scope.clone(),
+            Some(AnsweredBy::LocalLimiter.label()),
+        );
+        let (in_window, early, fail_open) = match (
             sum((from, to)).await,
             sum((from, (from + lifetime).min(to))).await,
+            fail_open.await,
         ) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
+            (Ok(a), Ok(b), Ok(c)) => (a, b, c),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
                 return ledger_unavailable(format!(
                     "The spend ledger's database did not answer: {e}"
                 ))
@@ -164,6 +172,7 @@ pub async fn reconcile(
             scope: caller_scope.clone(),
             top: None,
             request_id: None,
+            decided_by: None,
         };
         let extent = match reader.extent(&extent_q).await {
             Ok(x) => x,
@@ -201,6 +210,7 @@ pub async fn reconcile(
                 .filter(|c| c.started_micros < to && c.found_micros > from)
                 .map(|c| c.buffer_rows.saturating_mul(largest)),
             boundary: unit(&early),
+            fail_open: unit(&fail_open),
             store_reset: store_used <= 0 && extent.rows > 0,
         };
         let e = explain(&inputs);

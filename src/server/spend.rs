@@ -131,6 +131,7 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
         scope: None,
         top: params.top,
         request_id,
+        decided_by: None,
     })
 }
 
@@ -308,7 +309,7 @@ pub async fn rows(
 }
 
 /// The columns of a row, in the CSV export's order.
-pub const ROW_COLUMNS: [&str; 21] = [
+pub const ROW_COLUMNS: [&str; 22] = [
     "reservation_id",
     "request_id",
     "attempt",
@@ -329,10 +330,11 @@ pub const ROW_COLUMNS: [&str; 21] = [
     "cost_micros",
     "outcome",
     "price_version",
+    "decided_by",
     "at_micros",
 ];
 
-fn row_fields(r: &SpendRow) -> [String; 21] {
+fn row_fields(r: &SpendRow) -> [String; 22] {
     [
         r.reservation_id.clone(),
         r.request_id.clone(),
@@ -358,6 +360,7 @@ fn row_fields(r: &SpendRow) -> [String; 21] {
         r.cost_micros.to_string(),
         r.outcome.as_str().to_string(),
         r.price_version.to_string(),
+        r.decided_by.to_string(),
         r.at_micros.to_string(),
     ]
 }
@@ -397,6 +400,7 @@ fn row_json(r: &SpendRow) -> Value {
         "cost_micros": r.cost_micros,
         "outcome": r.outcome.as_str(),
         "price_version": &*r.price_version,
+        "decided_by": r.decided_by,
     })
 }
 

@@ -132,6 +132,8 @@ pub struct Who {
     /// Position among the hold's amounts of a dollar budget: what the drop
     /// backstop charged it is the cost then.
     pub usd_index: Option<usize>,
+    /// The layer that admitted it (`store`, `lease`, `local_limiter`).
+    pub decided_by: &'static str,
 }
 
 impl Who {
@@ -159,7 +161,15 @@ impl Who {
             dialect,
             end_user,
             usd_index,
+            decided_by: "store",
         }
+    }
+
+    /// The reservation was admitted by the layer labelled `decided_by`
+    /// ([`crate::admission::AnsweredBy::label`]).
+    pub fn decided_by(mut self, decided_by: &'static str) -> Self {
+        self.decided_by = decided_by;
+        self
     }
 
     /// The reservation was admitted at `micros` (UTC µs).

@@ -95,22 +95,29 @@ impl UpstreamClient {
         &self.vertex
     }
 
-    /// The pooled client with `connect_timeout`, built on first use. Each
-    /// thread has its own clients (and so its own connections): a request
-    /// served by a thread-per-core runtime then never hands its upstream
-    /// I/O to another thread's connection task.
-    fn client(&self, connect_timeout: Duration) -> reqwest::Client {
+    /// The pooled client with `upstream`'s connect timeout, built on first
+    /// use. Each thread has its own clients (and so its own connections): a
+    /// request served by a thread-per-core runtime then never hands its
+    /// upstream I/O to another thread's connection task. A client that
+    /// cannot be built (its CA certificates unreadable: out of file
+    /// descriptors) fails this request, nothing sent, and is tried again
+    /// on the next.
+    fn client(&self, upstream: &UpstreamPolicy) -> Result<reqwest::Client, UpstreamError> {
         thread_local! {
             static CLIENTS: std::cell::RefCell<Vec<(Duration, reqwest::Client)>> =
                 const { std::cell::RefCell::new(Vec::new()) };
         }
+        let connect_timeout = upstream.connect_timeout;
         CLIENTS.with_borrow_mut(|cs| {
             if let Some((_, c)) = cs.iter().find(|(t, _)| *t == connect_timeout) {
-                return c.clone();
+                return Ok(c.clone());
             }
-            let c = build_client(connect_timeout);
+            let c = build_client(connect_timeout).map_err(|e| {
+                tracing::error!(deployment = %upstream.name, error = %e, "cannot build the upstream HTTP client; request failed, nothing sent");
+                UpstreamError::Other(upstream.name.clone())
+            })?;
             cs.push((connect_timeout, c.clone()));
-            c
+            Ok(c)
         })
     }
 
@@ -196,7 +203,7 @@ impl UpstreamClient {
         }
         let url = self.url(upstream, dialect, upstream_model)?;
         let mut req = self
-            .client(upstream.connect_timeout)
+            .client(upstream)?
             .post(url)
             .timeout(upstream.timeout)
             .header(
@@ -247,7 +254,7 @@ impl UpstreamClient {
         let url = reqwest::Url::parse(&responses_url(upstream, rest))
             .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
         let mut req = self
-            .client(upstream.connect_timeout)
+            .client(upstream)?
             .request(method, url)
             .timeout(upstream.timeout)
             .header(X_REQUEST_ID, request_id);
@@ -274,7 +281,7 @@ fn classify_send_error(name: &str, e: &reqwest::Error) -> UpstreamError {
     }
 }
 
-fn build_client(connect_timeout: Duration) -> reqwest::Client {
+fn build_client(connect_timeout: Duration) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .connect_timeout(connect_timeout)
         .pool_idle_timeout(Duration::from_secs(90))
@@ -283,7 +290,6 @@ fn build_client(connect_timeout: Duration) -> reqwest::Client {
         // would resend the prompt (and key) elsewhere.
         .redirect(reqwest::redirect::Policy::none())
         .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 /// Characters of a path segment left as they are (letters, digits, `.`,

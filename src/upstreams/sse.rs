@@ -12,6 +12,12 @@ use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
 
+/// The largest frame the splitter buffers: far above any real event (the
+/// largest are a Responses `response.completed` repeating the whole
+/// output, a generated image included, a few MB). An upstream that sends
+/// more without a blank line is cut off ([`FrameSplitter::frame_too_large`]).
+pub const MAX_FRAME_BYTES: usize = 8 << 20;
+
 /// Cuts a byte stream into SSE frames.
 #[derive(Debug, Default)]
 pub struct FrameSplitter {
@@ -19,10 +25,15 @@ pub struct FrameSplitter {
     /// nothing was buffered: its frames are cut out of it without a copy.
     read: Bytes,
     buf: BytesMut,
-    /// Where the current frame starts (in `read` when it is not empty,
-    /// else in `buf`) is always 0; `scan` is where the next unexamined
-    /// line starts.
+    /// The current frame starts at 0 (in `read` when it is not empty, else
+    /// in `buf`); `line` is where its current line starts, `scan` the
+    /// first byte not examined yet (≥ `line`): a line that goes on over
+    /// many reads is examined once, not again from its start on each.
+    line: usize,
     scan: usize,
+    /// Bytes examined so far (each once).
+    #[cfg(test)]
+    scanned: usize,
 }
 
 impl FrameSplitter {
@@ -68,29 +79,48 @@ impl FrameSplitter {
     /// The next complete frame, with its terminating blank line.
     pub fn next_frame(&mut self) -> Option<Bytes> {
         if !self.read.is_empty() {
-            match scan_frame(&self.read, self.scan) {
-                Ok(end) => {
-                    self.scan = 0;
-                    return Some(self.read.split_to(end));
-                }
-                Err(resume) => {
-                    // A frame that goes on in the next read.
-                    self.keep_read();
-                    self.scan = resume;
-                    return None;
-                }
+            match self.scan_in(true) {
+                Some(end) => return Some(self.read.split_to(end)),
+                // A frame that goes on in the next read.
+                None => self.keep_read(),
             }
+            return None;
         }
-        match scan_frame(&self.buf, self.scan) {
+        self.scan_in(false)
+            .map(|end| self.buf.split_to(end).freeze())
+    }
+
+    /// Scans `read` (or `buf`) on from where the last scan stopped: the end
+    /// of the first frame, the positions reset for the next one; or `None`,
+    /// the positions kept for more bytes.
+    fn scan_in(&mut self, in_read: bool) -> Option<usize> {
+        let bytes: &[u8] = if in_read { &self.read } else { &self.buf };
+        let from = self.scan;
+        let found = scan_frame(bytes, self.line, from);
+        let stop = match found {
             Ok(end) => {
+                self.line = 0;
                 self.scan = 0;
-                Some(self.buf.split_to(end).freeze())
+                end
             }
-            Err(resume) => {
-                self.scan = resume;
-                None
+            Err((line, scan)) => {
+                self.line = line;
+                self.scan = scan;
+                scan
             }
+        };
+        #[cfg(test)]
+        {
+            self.scanned += stop - from;
         }
+        let _ = stop;
+        found.ok()
+    }
+
+    /// True when the frame being read has grown past [`MAX_FRAME_BYTES`]
+    /// without ending (asked when [`next_frame`](Self::next_frame) has none).
+    pub fn frame_too_large(&self) -> bool {
+        self.read.len() + self.buf.len() > MAX_FRAME_BYTES
     }
 
     /// At end of stream: the last frame, if bytes are left, terminated with
@@ -100,6 +130,7 @@ impl FrameSplitter {
     /// the fewest line ends that complete it.
     pub fn finish(&mut self) -> Option<Bytes> {
         self.keep_read();
+        self.line = 0;
         self.scan = 0;
         let rest = self.buf.split();
         if rest.is_empty() {
@@ -124,19 +155,20 @@ impl FrameSplitter {
     }
 }
 
-/// Scans `buf` line by line from `line_start` (the start of a line) for the
-/// blank line that ends the first frame: `Ok(frame end)`, or `Err(where to
-/// resume)` when more bytes are needed. A `\r` as the last byte is not
-/// decided until the next byte says whether it starts a `\r\n`.
-fn scan_frame(buf: &[u8], mut line_start: usize) -> Result<usize, usize> {
+/// Scans `buf` line by line from `from` (in the line that starts at
+/// `line_start`) for the blank line that ends the first frame: `Ok(frame
+/// end)`, or `Err((line start, where to resume))` when more bytes are
+/// needed. A `\r` as the last byte is not decided until the next byte says
+/// whether it starts a `\r\n`: the scan resumes at it.
+fn scan_frame(buf: &[u8], mut line_start: usize, mut from: usize) -> Result<usize, (usize, usize)> {
     loop {
-        let Some(off) = memchr::memchr2(b'\n', b'\r', &buf[line_start..]) else {
-            return Err(line_start);
+        let Some(off) = memchr::memchr2(b'\n', b'\r', &buf[from..]) else {
+            return Err((line_start, buf.len()));
         };
-        let i = line_start + off;
+        let i = from + off;
         let end = if buf[i] == b'\r' {
             match buf.get(i + 1) {
-                None => return Err(line_start),
+                None => return Err((line_start, i)),
                 Some(b'\n') => i + 2,
                 Some(_) => i + 1,
             }
@@ -147,6 +179,7 @@ fn scan_frame(buf: &[u8], mut line_start: usize) -> Result<usize, usize> {
             return Ok(end);
         }
         line_start = end;
+        from = end;
     }
 }
 
@@ -278,6 +311,36 @@ mod tests {
             }
             prop_assert_eq!(frames(&reads, true), frames(&reads, false));
         }
+    }
+
+    #[test]
+    fn a_line_read_in_many_pieces_is_scanned_once() {
+        let mut s = FrameSplitter::new();
+        let mut fed = 0;
+        // 10 MB of one line without a line end, 16 KiB a read.
+        let piece = vec![b'x'; 16 * 1024];
+        s.feed_bytes(Bytes::from_static(b"data: "));
+        fed += 6;
+        assert!(s.next_frame().is_none());
+        let mut too_large_at = None;
+        while fed < 10_000_000 {
+            s.feed_bytes(Bytes::copy_from_slice(&piece));
+            fed += piece.len();
+            assert!(s.next_frame().is_none());
+            if too_large_at.is_none() && s.frame_too_large() {
+                too_large_at = Some(fed);
+            }
+        }
+        assert_eq!(s.scanned, fed, "each byte examined once");
+        let at = too_large_at.expect("the frame passed the cap");
+        assert!(at > MAX_FRAME_BYTES && at <= MAX_FRAME_BYTES + piece.len());
+        // Its end still cuts it, scanned from where the scan stopped.
+        s.feed_bytes(Bytes::from_static(b"\r"));
+        assert!(s.next_frame().is_none());
+        s.feed_bytes(Bytes::from_static(b"\n\r\n"));
+        assert_eq!(s.next_frame().map(|f| f.len()), Some(fed + 4));
+        assert_eq!(s.scanned, fed + 4);
+        assert!(!s.frame_too_large());
     }
 
     #[test]

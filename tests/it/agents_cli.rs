@@ -79,8 +79,9 @@ struct Wire {
     down: Vec<u8>,
 }
 
-/// One request the CLI made and the gateway's answer to it.
-#[derive(Debug)]
+/// One request the CLI made and the gateway's answer to it; its `Debug`
+/// (in failure messages) shows the start of the body sent (a CLI's
+/// prompt runs to ~100 KB) and of the answer.
 struct Exchange {
     /// `POST /v1/messages?beta=true`, …
     request: String,
@@ -92,6 +93,68 @@ struct Exchange {
     sent: String,
     /// The answer's bytes after its head (chunk sizes included).
     body: String,
+}
+
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exchange")
+            .field("request", &self.request)
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("sent", &Capped::head(&self.sent))
+            .field("body", &Capped::head(&self.body))
+            .finish()
+    }
+}
+
+/// How much of a CLI's output or of a body a failure message shows.
+const SHOWN_BYTES: usize = 2000;
+
+/// At most [`SHOWN_BYTES`] of a text in a failure message: its start (a
+/// body) or its end (a CLI's output, whose error comes last), saying how
+/// much was left out.
+struct Capped<'a> {
+    text: &'a str,
+    tail: bool,
+}
+
+impl<'a> Capped<'a> {
+    fn head(text: &'a str) -> Self {
+        Capped { text, tail: false }
+    }
+
+    fn tail(text: &'a str) -> Self {
+        Capped { text, tail: true }
+    }
+}
+
+impl std::fmt::Display for Capped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.text;
+        if t.len() <= SHOWN_BYTES {
+            return f.write_str(t);
+        }
+        let left_out = t.len() - SHOWN_BYTES;
+        if self.tail {
+            let mut at = left_out;
+            while !t.is_char_boundary(at) {
+                at += 1;
+            }
+            write!(f, "[{at} bytes left out]…{}", &t[at..])
+        } else {
+            let mut at = SHOWN_BYTES;
+            while !t.is_char_boundary(at) {
+                at -= 1;
+            }
+            write!(f, "{}…[{} bytes left out]", &t[..at], t.len() - at)
+        }
+    }
+}
+
+impl std::fmt::Debug for Capped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\"{self}\"")
+    }
 }
 
 impl Exchange {
@@ -500,7 +563,7 @@ impl Agent {
 
         let (mock, gw, tap, s) = self.gateway(|l| l.tokens_per_day(day), false).await;
         let first = self.say_hi(&s).await;
-        assert_eq!(first.code, Some(0), "{}", first.stderr);
+        assert_eq!(first.code, Some(0), "{}", Capped::tail(&first.stderr));
         gw.all_settled().await;
         let r = self.say_hi(&s).await;
         let turns = tap.turns(&mock);
@@ -508,21 +571,23 @@ impl Agent {
         refused_once(&turns, 1, quota_error);
     }
 
-    /// A second turn at once meets `rpm` with no burst left, waits out
+    /// A second turn meets `rpm` with no burst left, waits out
     /// `retry-after` and is admitted.
     async fn retried_after_a_rate_refusal(self) {
-        // The second turn must meet an empty bucket: it comes one CLI
-        // start after the first. Claude Code (Node) takes over a second to
-        // start on a loaded machine, long enough for a one-second refill
-        // (seen: [200, 200], no refusal), so its bucket refills in five.
-        let rpm = match self {
-            Agent::Codex => 60,
-            Agent::Claude => 12,
-        };
-        let (mock, _gw, tap, s) = self.gateway(|l| l.rpm(rpm).rpm_burst(1), true).await;
+        // The gateway's clock stands still until the refusal: the second
+        // turn meets an empty bucket however long the CLI takes to start
+        // (Node takes seconds on a loaded machine; a clock moving with the
+        // wall clock refilled the bucket before it came). From the refusal
+        // on it moves with the wall clock, so the retry after
+        // `retry-after` finds the bucket refilled.
+        let (mock, gw, tap, s) = self.gateway(|l| l.rpm(60).rpm_burst(1), false).await;
+        let ticks = ticking_from_the_first_refusal(&gw, &tap);
         let first = self.say_hi(&s).await;
-        assert_eq!(first.code, Some(0), "{}", first.stderr);
+        assert_eq!(first.code, Some(0), "{}", Capped::tail(&first.stderr));
+        // A CLI slow to start: longer than the bucket takes to refill.
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let r = self.say_hi(&s).await;
+        ticks.abort();
         let turns = tap.turns(&mock);
         report("rate", self.name(), &r, &turns);
         retried_after_a_rate_refusal(&turns, &r);
@@ -606,13 +671,13 @@ async fn codex_exec_says_hi_through_the_shipped_config() {
         r.code,
         Some(0),
         "codex exec failed:\n{}\n{}",
-        r.stdout,
-        r.stderr
+        Capped::tail(&r.stdout),
+        Capped::tail(&r.stderr)
     );
     assert!(
         r.stdout.contains(mock_upstream::generated_text(12).trim()),
         "the mock's answer: {}",
-        r.stdout
+        Capped::tail(&r.stdout)
     );
     let turns = tap.turns(&mock);
     assert_eq!(turns.len(), 1, "one turn, one request: {turns:#?}");
@@ -644,13 +709,13 @@ async fn claude_print_says_hi_through_the_shipped_config() {
         r.code,
         Some(0),
         "claude -p failed:\n{}\n{}",
-        r.stdout,
-        r.stderr
+        Capped::tail(&r.stdout),
+        Capped::tail(&r.stderr)
     );
     assert!(
         r.stdout.contains(mock_upstream::generated_text(12).trim()),
         "the mock's answer: {}",
-        r.stdout
+        Capped::tail(&r.stdout)
     );
     let turns = tap.turns(&mock);
     assert_eq!(turns.len(), 1, "one turn, one request: {turns:#?}");
@@ -692,8 +757,8 @@ async fn claude_code_sessions_naming_alice_charge_one_end_user() {
             r.code,
             Some(0),
             "session {session}:\n{}\n{}",
-            r.stdout,
-            r.stderr
+            Capped::tail(&r.stdout),
+            Capped::tail(&r.stderr)
         );
     }
     let turns = tap.turns(&mock);
@@ -741,6 +806,28 @@ fn ticking(gw: &Gateway) {
             last = now;
         }
     });
+}
+
+/// [`ticking`] from the moment the gateway first answers 429 through `tap`.
+fn ticking_from_the_first_refusal(gw: &Gateway, tap: &Tap) -> tokio::task::JoinHandle<()> {
+    let clock = gw.clock.clone();
+    let wires = tap.wires.clone();
+    let tap = Tap {
+        url: tap.url.clone(),
+        wires,
+    };
+    tokio::spawn(async move {
+        while !tap.exchanges().iter().any(|e| e.status == 429) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut last = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Instant::now();
+            clock.advance((now - last).as_micros() as u64);
+            last = now;
+        }
+    })
 }
 
 /// `config`'s tenant `name` with its limits changed by `f`.
@@ -869,7 +956,7 @@ fn retried_after_a_rate_refusal(turns: &[Exchange], r: &Run) {
         turns[first_refusal..].iter().any(|t| t.status == 200),
         "the retry after retry-after is admitted: {turns:#?}"
     );
-    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert_eq!(r.code, Some(0), "{}", Capped::tail(&r.stderr));
 }
 
 /// Both CLIs on a rate refusal (issue 37 acceptance): a second turn right
@@ -931,13 +1018,13 @@ async fn claude_print_says_hi_through_bedrock_on_each_endpoint() {
             r.code,
             Some(0),
             "{api}: claude -p failed:\n{}\n{}",
-            r.stdout,
-            r.stderr
+            Capped::tail(&r.stdout),
+            Capped::tail(&r.stderr)
         );
         assert!(
             r.stdout.contains(mock_upstream::generated_text(12).trim()),
             "{api}: the mock's answer: {}",
-            r.stdout
+            Capped::tail(&r.stdout)
         );
         let turns = tap.turns(&mock);
         assert_eq!(turns.len(), 1, "{api}: one turn: {turns:#?}");
@@ -1041,13 +1128,13 @@ async fn claude_print_says_hi_through_a_vertex_deployment() {
         r.code,
         Some(0),
         "claude -p failed:\n{}\n{}",
-        r.stdout,
-        r.stderr
+        Capped::tail(&r.stdout),
+        Capped::tail(&r.stderr)
     );
     assert!(
         r.stdout.contains(mock_upstream::generated_text(12).trim()),
         "the mock's answer: {}",
-        r.stdout
+        Capped::tail(&r.stdout)
     );
     let turns: Vec<Exchange> = tap
         .exchanges()

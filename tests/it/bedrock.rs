@@ -256,9 +256,10 @@ async fn accounting_is_the_same_on_anthropic_bedrock_and_vertex_deployments() {
     assert_eq!(seen[0].1, seen[3].1, "anthropic vs vertex: {seen:?}");
 }
 
-/// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output): the
-/// deployment's `tpm` holds input + 5 × `max_tokens` while the request
-/// runs and keeps input + 5 × output after it; the tenant's counts 1 ×.
+/// `output_token_weight = 5` (Bedrock's burndown for Claude 4 output),
+/// as AWS counts it ("How tokens are counted in Amazon Bedrock"): the
+/// deployment's `tpm` holds input + `max_tokens` while the request runs
+/// and keeps input + 5 × output after it; the tenant's counts 1 ×.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output_token() {
     let mock = start_mock().await;
@@ -291,8 +292,8 @@ async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output
     let input = tenant_held - 200;
     assert_eq!(
         gw.used(upstream("br"), BudgetName::Tpm).await,
-        input + 5 * 200,
-        "input + 5 × max_tokens reserved"
+        input + 200,
+        "input + max_tokens reserved"
     );
     mock.state.release();
     assert!(task.await.unwrap().contains("message_stop"));
@@ -302,6 +303,45 @@ async fn an_output_weight_of_five_moves_the_deployment_tpm_five_times_per_output
         gw.used(upstream("br"), BudgetName::Tpm).await,
         40 + 5 * 30,
         "input + 5 × output settled"
+    );
+}
+
+/// Fault guarded against: a Bedrock deployment reserved input + 5 ×
+/// `max_tokens`, so Claude Code's 64,000 cap (128,000 in its newest
+/// release) on a 200,000 tpm quota was refused as "can never be
+/// admitted". Ten Claude Code-sized turns (a cached prefix read, some
+/// written, both caps, streamed and not) are all admitted, and the
+/// deployment's `tpm` ends at AWS's formula: Σ input + cache writes + 5 ×
+/// output; the tenant's at Σ every token once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_turns_on_bedrock_are_admitted_and_charged_as_aws_counts_them() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(300);
+    let up = config::RawUpstream {
+        output_token_weight: Some(5),
+        limits: limits().tpm(200_000),
+        ..bedrock_upstream("br-quota", &mock, "invoke")
+    };
+    let mut c = config_of(vec![up], limits().tpm(10_000_000));
+    c.models[0].max_output_tokens = Some(128_000);
+    let gw = c.start().await;
+    let (input, cache_read, cache_writes, output) = (2_000, 20_000, 1_000, 300);
+    let scenario = format!("input={input},cache_read={cache_read},cache_creation={cache_writes}");
+    for turn in 0..10u64 {
+        let max_tokens = if turn % 2 == 0 { 64_000 } else { 128_000 };
+        let r = post(&gw, &body(max_tokens, turn % 3 != 0), &scenario).await;
+        assert_eq!(r.status(), 200, "turn {turn}: {}", r.text().await.unwrap());
+        r.text().await.unwrap();
+        gw.all_settled().await;
+    }
+    assert_eq!(
+        gw.used(upstream("br-quota"), BudgetName::Tpm).await,
+        10 * (input + cache_writes + 5 * output),
+        "AWS's formula"
+    );
+    assert_eq!(
+        gw.t1_used(BudgetName::Tpm).await,
+        10 * (input + cache_read + cache_writes + output)
     );
 }
 
@@ -465,6 +505,30 @@ async fn bedrock_errors_answer_as_the_table_says() {
     let text = r.text().await.unwrap();
     assert!(text.contains("Deployment br rejected"), "{text}");
     assert!(!text.contains(env!("CARGO_PKG_NAME")), "{text}");
+    // It cools down, its reason in /readyz; with no other deployment the
+    // model answers 502 naming it meanwhile, never a rate limit.
+    let before = mock.state.requests().len();
+    let r = post(&gw, &body(100, false), "").await;
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().get("retry-after").is_none());
+    let text = r.text().await.unwrap();
+    assert!(text.contains("br"), "{text}");
+    assert_eq!(mock.state.requests().len(), before, "not sent while denied");
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        ready["cooling_deployments"][0],
+        json!({"deployment": "br", "reason": "access_denied", "seconds_left": 30}),
+        "{ready}"
+    );
+    drop(gw);
+    let gw = config_of(vec![up("br", &mock)], limits().tpm(100_000))
+        .start()
+        .await;
     // Model not ready: 503 and the deployment cools down.
     mock.state.bedrock.set_fault(BedrockFault::ModelNotReady, 1);
     let before = mock.state.requests().len();
@@ -581,4 +645,90 @@ async fn an_in_stream_exception_ends_in_an_error_event_settled_as_upstream_faile
         ],
     );
     assert_eq!(ended, 1.0);
+}
+
+/// Fault guarded against: an InvokeModel stream past the deployment's
+/// `timeout_secs` ended with an `error` event (`upstream_error`) where an
+/// Anthropic deployment's ends cleanly at `max_tokens` (`time_limit`):
+/// the event-stream reader turned the read timeout into another error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invoke_stream_past_its_timeout_ends_cleanly_at_the_time_limit() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(400);
+    mock.state
+        .set_token_delay(std::time::Duration::from_millis(10));
+    let up = config::RawUpstream {
+        timeout_secs: Some(1),
+        ..bedrock_upstream("br-slow", &mock, "invoke")
+    };
+    let gw = config_of(vec![up], limits().tpm(1_000_000)).start().await;
+    let started = std::time::Instant::now();
+    let r = post(&gw, &body(1000, true), "input=5").await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    assert!(!text.contains("event: error\n"), "{text}");
+    assert!(text.contains(r#""stop_reason":"max_tokens""#), "{text}");
+    assert!(text.contains("event: message_stop"), "{text}");
+    gw.all_settled().await;
+    let ended = sample_sum(
+        &scrape(&gw).await,
+        "budgetgate_streams_ended_total",
+        &[("deployment", "br-slow"), ("ending", "time_limit")],
+    );
+    assert_eq!(ended, 1.0);
+}
+
+/// Fault guarded against: a deployment's `AccessDeniedException` (an IAM
+/// policy, an expired role) failed the request although the model's next
+/// deployment could serve it. It is retried there, once per request; the
+/// denying deployment cools down (`/readyz`: `access_denied`) and is not
+/// sent the next request; a second denial within a request ends it with
+/// 502, never 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_access_denied_deployment_cools_down_and_the_next_one_serves() {
+    let (a, b, c) = (start_mock().await, start_mock().await, start_mock().await);
+    for m in [&a, &b, &c] {
+        m.state.set_output_tokens(5);
+    }
+    let up = |name: &str, m: &MockUpstream| config::RawUpstream {
+        cooldown_secs: Some(60),
+        ..bedrock_upstream(name, m, "invoke")
+    };
+    let gw = config_of(
+        vec![up("br-a", &a), up("br-b", &b), up("br-c", &c)],
+        limits().tpm(100_000),
+    )
+    .start()
+    .await;
+    a.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    for stream in [true, false] {
+        let r = post(&gw, &body(100, stream), "input=5").await;
+        assert_eq!(r.status(), 200, "stream {stream}");
+        r.text().await.unwrap();
+    }
+    assert_eq!(a.state.requests().len(), 1, "denied once, then cooling");
+    assert_eq!(b.state.requests().len(), 2);
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root_url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["cooling_deployments"][0]["deployment"], "br-a");
+    assert_eq!(ready["cooling_deployments"][0]["reason"], "access_denied");
+    // br-b and br-c both deny: the request ends at the second denial.
+    b.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    c.state.bedrock.set_fault(BedrockFault::AccessDenied, 1);
+    let r = post(&gw, &body(100, false), "input=5").await;
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("Deployment br-c rejected"), "{text}");
+    assert_eq!(c.state.requests().len(), 1);
+    assert_eq!(b.state.requests().len(), 3);
+    // Every deployment denied: 502 naming them, not 429.
+    let r = post(&gw, &body(100, false), "input=5").await;
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().get("retry-after").is_none());
+    gw.all_settled().await;
 }

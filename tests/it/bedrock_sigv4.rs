@@ -415,6 +415,114 @@ async fn a_deployment_without_credentials_is_skipped_at_start() {
     assert_eq!(mock.state.requests()[0].path, "/anthropic/v1/messages");
 }
 
+/// Fault guarded against: a skipped deployment was a cool-down that
+/// never ended, so a model with no other deployment answered 429 with
+/// `retry-after: 18444947451201`. It answers 502 naming the deployment,
+/// as Vertex's skipped deployments do, never a rate limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_only_deployment_was_skipped_answers_502_naming_it() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = config_of(vec![sigv4_upstream(
+        "no-creds-only",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
+    let gw = start(&c, dir.path(), &bare_env(dir.path())).await;
+    gw.wait_log(
+        "deployment skipped: its AWS credentials could not be loaded",
+        1,
+    )
+    .await;
+    for stream in [false, true] {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/messages", gw.root))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .json(
+                &json!({"model": "claude-a", "max_tokens": 64, "stream": stream,
+                "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 502);
+        assert!(r.headers().get("retry-after").is_none());
+        let text = r.text().await.unwrap();
+        assert!(text.contains("no-creds-only"), "{text}");
+        assert!(!text.contains("rate_limit"), "{text}");
+    }
+    assert!(mock.state.requests().is_empty());
+}
+
+/// Fault guarded against: a reload that added a SigV4 deployment never
+/// checked its credentials; its local failure was final, so the model's
+/// healthy second deployment was never tried (502s, the mock received
+/// nothing, `/readyz` silent). The reload checks them as the start does,
+/// `/readyz` names the deployment, and the model is served by the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_added_by_a_reload_without_credentials_is_skipped() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(6);
+    let dir = tempfile::tempdir().unwrap();
+    mock.state.bedrock.set_api_key(env!("CARGO_PKG_NAME"));
+    let with_key = config::RawUpstream {
+        api_key_env: Some("CARGO_PKG_NAME".into()),
+        models: Some(
+            [(
+                "claude-a".to_string(),
+                "us.anthropic.claude-a-v1:0".to_string(),
+            )]
+            .into(),
+        ),
+        bedrock: Some(RawBedrock {
+            region: Some("us-east-1".into()),
+            api: Some("messages".into()),
+            ..RawBedrock::default()
+        }),
+        ..config::upstream("with-key", Kind::Bedrock, &mock.root_url())
+    };
+    let mut c = config_of(vec![with_key.clone()]);
+    let mut env = bare_env(dir.path());
+    env.push(("CARGO_PKG_NAME".into(), env!("CARGO_PKG_NAME").into()));
+    let gw = start(&c, dir.path(), &env).await;
+    assert_eq!(ask(&gw, "claude-a", false).await.0, 200);
+    // The reload puts a SigV4 deployment without credentials first.
+    c.upstreams.insert(
+        0,
+        sigv4_upstream("added", &mock, "invoke", "us-east-1", None, "claude-a"),
+    );
+    c.models[0].upstreams.insert(0, "added".into());
+    c.write(dir.path());
+    gw.signal("HUP");
+    gw.wait_log("policy reloaded", 1).await;
+    gw.wait_log(
+        "deployment skipped: its AWS credentials could not be loaded",
+        1,
+    )
+    .await;
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["skipped_deployments"], json!(["added"]), "{ready}");
+    for stream in [false, true, false] {
+        let (status, text) = ask(&gw, "claude-a", stream).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(mock.state.requests().len(), 4, "every request served");
+    assert!(mock
+        .state
+        .requests()
+        .iter()
+        .all(|r| r.path == "/anthropic/v1/messages"));
+}
+
 /// `check-config` names the credential source each SigV4 deployment would
 /// use (the first the SDK's chain finds in this environment), and the
 /// deployments a model skips for want of an id.
@@ -650,4 +758,50 @@ async fn the_mock_refuses_an_expired_or_unknown_credential() {
         mock.state.bedrock.refused(),
         ["ExpiredTokenException", "UnrecognizedClientException"]
     );
+}
+
+/// A SigV4 deployment a reload adds, whose credentials load, serves the
+/// next request (its chain built by the reload's load, signing with the
+/// environment's key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_added_by_a_reload_with_credentials_serves() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config_of(vec![sigv4_upstream(
+        "first",
+        &mock,
+        "invoke",
+        "us-east-1",
+        None,
+        "claude-a",
+    )]);
+    let mut env = bare_env(dir.path());
+    env.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY_ID.into()));
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), SECRET_ACCESS_KEY.into()));
+    let gw = start(&c, dir.path(), &env).await;
+    assert_eq!(ask(&gw, "claude-a", false).await.0, 200);
+    let added = sigv4_upstream("added", &mock, "messages", "us-east-1", None, "claude-b");
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(256),
+        max_output_tokens: Some(64000),
+        ..config::model("claude-b", &["added"])
+    });
+    c.upstreams.push(added);
+    c.write(dir.path());
+    gw.signal("HUP");
+    gw.wait_log("policy reloaded", 1).await;
+    for stream in [false, true] {
+        let (status, text) = ask(&gw, "claude-b", stream).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    assert_eq!(mock.state.bedrock.signed_by(), [ACCESS_KEY_ID; 3]);
+    let ready: Value = reqwest::get(format!("{}/readyz", gw.root))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(ready.get("skipped_deployments").is_none(), "{ready}");
 }

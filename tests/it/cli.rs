@@ -624,3 +624,106 @@ fn check_config_and_estimate_show_how_a_name_resolves() {
         text(&out.stderr)
     );
 }
+
+/// `budgetgate ARGS…` with `envs` only among its own variables (the
+/// caller's `BUDGETGATE_URL` and `BUDGETGATE_ADMIN_TOKEN` removed).
+async fn admin_command(args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"));
+    cmd.args(args)
+        .env_remove("BUDGETGATE_URL")
+        .env_remove("BUDGETGATE_ADMIN_TOKEN")
+        .envs(envs.iter().copied());
+    cmd.output().await.expect("run budgetgate")
+}
+
+/// The admin commands as a newcomer meets them: without a token they name
+/// the variable that gives one (clap named only `--token`); a gateway that
+/// does not answer is named as such with the variable that points
+/// elsewhere (reqwest's "error sending request for url (…%2D…)" before).
+#[tokio::test]
+async fn admin_commands_name_the_token_variable_and_a_gateway_that_does_not_answer() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", l.local_addr().unwrap().port())
+    };
+    let commands: [&[&str]; 5] = [
+        &["explain", "req-1-2"],
+        &["keys", "list"],
+        &["admin-tokens", "list"],
+        &["spend"],
+        &["reconcile"],
+    ];
+    for args in commands {
+        let out = admin_command(args, &[("BUDGETGATE_URL", &closed)]).await;
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(err.contains("BUDGETGATE_ADMIN_TOKEN"), "{args:?}: {err}");
+
+        let out = admin_command(
+            args,
+            &[("BUDGETGATE_URL", &closed), ("BUDGETGATE_ADMIN_TOKEN", "t")],
+        )
+        .await;
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            err.contains(&format!("no gateway answers at {closed}"))
+                && err.contains("BUDGETGATE_URL")
+                && !err.contains("%2D")
+                && !err.contains("error sending request"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// Every admin command prints JSON indented (`spend` and `reconcile`
+/// printed one line); a created key's and admin token's secret is said to
+/// be shown once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands_print_indented_json_and_say_a_secret_is_shown_once() {
+    const TOKEN: &str = "cli-admin-token";
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(&mock.base_url(), 50, limits().tokens_per_day(100_000));
+    c.control.database_url = Some(format!(
+        "sqlite://{}",
+        dir.path().join("control.db").display()
+    ));
+    let gw = c.start().await;
+    gw.state.set_admin_token(Some(TOKEN));
+    let url = gw.root_url();
+    let envs = [
+        ("BUDGETGATE_URL", url.as_str()),
+        ("BUDGETGATE_ADMIN_TOKEN", TOKEN),
+    ];
+    let commands: [(&[&str], Option<&str>); 6] = [
+        (&["spend"], None),
+        (&["reconcile"], None),
+        (&["tenants", "list"], None),
+        (
+            &["keys", "create", "--tenant", "t1"],
+            Some("\"secret\" above is shown this once"),
+        ),
+        (
+            &["admin-tokens", "create", "--role", "read"],
+            Some("\"token\" above is shown this once"),
+        ),
+        (&["keys", "list"], None),
+    ];
+    for (args, note) in commands {
+        let out = admin_command(args, &envs).await;
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let v: Value = serde_json::from_str(&stdout).expect("JSON");
+        assert_eq!(
+            stdout.trim_end(),
+            serde_json::to_string_pretty(&v).unwrap(),
+            "{args:?}"
+        );
+        assert!(stdout.lines().count() > 1, "{args:?}: {stdout}");
+        match note {
+            Some(n) => assert!(stderr.contains(n), "{args:?}: {stderr}"),
+            None => assert!(!stderr.contains("shown this once"), "{args:?}: {stderr}"),
+        }
+    }
+}

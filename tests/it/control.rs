@@ -543,7 +543,20 @@ async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_i
         Some(json!({"limits": {"tpm": 9_000}})),
     )
     .await;
-    assert_eq!(s, 200, "within the parent: {v}");
+    assert_eq!(
+        (s, &v["error"]["param"]),
+        (403, &json!("limits.tpm")),
+        "within the parent, but its own tenant's limit raised: {v}"
+    );
+    let (s, v) = admin_call(
+        &gw,
+        Method::PATCH,
+        "/admin/v1/tenants/ml",
+        &scoped,
+        Some(json!({"limits": {"tpm": 4_000}})),
+    )
+    .await;
+    assert_eq!(s, 200, "lowered: {v}");
     let (s, v) = admin_call(
         &gw,
         Method::POST,
@@ -597,7 +610,7 @@ async fn a_tenant_scoped_token_cannot_read_or_change_another_tenant_nor_exceed_i
         "{update}"
     );
     assert_eq!(update["before"]["limits"]["tpm"], 5_000);
-    assert_eq!(update["after"]["limits"]["tpm"], 9_000);
+    assert_eq!(update["after"]["limits"]["tpm"], 4_000);
     assert!(rows
         .iter()
         .any(|r| r["action"] == "admin_token.create" && r["actor"] == "root"));
@@ -862,4 +875,91 @@ async fn tenants_are_listed_by_name_paged_and_filtered() {
     assert_eq!(s, 200);
     let (s, _) = admin_call(&gw, Method::GET, "/admin/v1/tenants/zeta", ROOT, None).await;
     assert_eq!(s, 404);
+}
+
+/// A bad query parameter of a control API route is a 400 in the error
+/// shape of every other refusal, naming it; before, axum's extractor
+/// answered plain text, and `?source=xyz` or the token list's `?limit=abc`
+/// were ignored.
+#[tokio::test]
+async fn bad_query_parameters_are_refused_400_naming_them() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gw = config(&mock.base_url(), &dir.path().join("c.db"))
+        .start()
+        .await;
+    gw.state.set_admin_token(Some(ROOT));
+    for (path, param) in [
+        ("/admin/v1/tenants?limit=abc", "limit"),
+        ("/admin/v1/tenants?source=xyz", "source"),
+        ("/admin/v1/tenants?limit=0", "limit"),
+        ("/admin/v1/keys?revoked=maybe", "revoked"),
+        ("/admin/v1/keys?limit=5&limit=6", "limit"),
+        ("/admin/v1/keys?limt=5", "limt"),
+        ("/admin/v1/tenants/t1/keys?limit=abc", "limit"),
+        ("/admin/v1/audit?before=x", "before"),
+        ("/admin/v1/audit?limit=abc", "limit"),
+        ("/admin/v1/admin_tokens?limit=abc", "limit"),
+    ] {
+        let r = reqwest::Client::new()
+            .get(format!("{}{path}", gw.root_url()))
+            .bearer_auth(ROOT)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        assert_eq!(
+            must_header(&r, "content-type"),
+            "application/json",
+            "{path}"
+        );
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{path}: {v}");
+        assert_eq!(v["error"]["param"], param, "{path}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("`{param}`")), "{path}: {msg}");
+    }
+    // Good values still answer, the token list now paged like the others.
+    for id in ["a", "b"] {
+        let (s, v) = post(
+            &gw,
+            "/admin/v1/admin_tokens",
+            json!({"id": id, "role": "read"}),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/admin_tokens?limit=1",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, &v["data"][0]["id"], &v["next"]),
+        (200, &json!("a"), &json!("a")),
+        "{v}"
+    );
+    let (s, v) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/tenants?source=file&limit=1000",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!((s, &v["data"][0]["name"]), (200, &json!("t1")), "{v}");
+    let (s, v) = admin_call(&gw, Method::GET, "/admin/v1/keys?revoked=false", ROOT, None).await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = admin_call(
+        &gw,
+        Method::GET,
+        "/admin/v1/audit?before=100&limit=5",
+        ROOT,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
 }

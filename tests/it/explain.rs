@@ -196,8 +196,9 @@ async fn a_child_rpm_refusal_is_named_and_a_deny_cache_refusal_names_the_one_it_
 }
 
 /// A token scoped to `acme` reads its child's refusal; one scoped to
-/// `other` gets 403 for it; an id refused nowhere is 404. The CLI prints
-/// the same answer.
+/// `other` gets 404 for it, the answer to an id refused nowhere (a 403
+/// would tell it another tenant's request ids). The CLI prints the same
+/// answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scoped_token_reads_its_subtree_only_and_the_cli_explains() {
     let mock = start_mock().await;
@@ -235,17 +236,24 @@ async fn a_scoped_token_reads_its_subtree_only_and_the_cli_explains() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["refusals"][0]["budget"], "rpm");
     let (s, v) = get(other.clone()).await;
-    assert_eq!(s, 403, "{v}");
+    assert_eq!(s, 404, "{v}");
     assert!(!v.to_string().contains("\"rpm\""), "nothing leaks: {v}");
-    let (s, _) = admin_call(
-        &gw,
-        reqwest::Method::GET,
-        "/admin/v1/refusals/never-refused",
-        ROOT,
-        None,
-    )
-    .await;
-    assert_eq!(s, 404);
+    for token in [ROOT.to_string(), other.clone()] {
+        let (s, unknown) = admin_call(
+            &gw,
+            reqwest::Method::GET,
+            "/admin/v1/refusals/never-refused",
+            &token,
+            None,
+        )
+        .await;
+        assert_eq!(s, 404);
+        assert_eq!(
+            unknown.to_string().replace("never-refused", &id),
+            v.to_string(),
+            "another tenant's id and an unknown one are answered alike"
+        );
+    }
 
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_budgetgate"))
         .args(["explain", "--url", &gw.root_url(), &id])
@@ -264,9 +272,89 @@ async fn a_scoped_token_reads_its_subtree_only_and_the_cli_explains() {
         .unwrap();
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("403"),
+        String::from_utf8_lossy(&out.stderr).contains("404"),
         "{out:?}"
     );
+}
+
+const WEB_KEY: &str = "sk-web-team";
+
+/// A deny-cache refusal of `ml` that reused the store's refusal of its
+/// sibling `web` (their parent's rpm) names that refusal to a token that
+/// sees `web` (the root's, one scoped to `acme`), and to one scoped to `ml`
+/// only its age: neither its reservation nor its request id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_refusal_of_another_tenant_is_named_only_to_a_token_that_sees_it() {
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = org(&mock.base_url(), "100", limits().rpm(100), dir.path());
+    c.tenant("acme").limits = limits().rpm(1);
+    let mut web = config::tenant("web", "k-w", WEB_KEY, limits().rpm(100));
+    web.parent = Some("acme".into());
+    c.tenants.push(web);
+    let gw = c.start().await;
+    gw.state.set_admin_token(Some(ROOT));
+    let mut tokens = Vec::new();
+    for tenant in ["acme", "ml"] {
+        let (s, v) = admin_call(
+            &gw,
+            reqwest::Method::POST,
+            "/admin/v1/admin_tokens",
+            ROOT,
+            Some(json!({"role": "read", "tenant": tenant})),
+        )
+        .await;
+        assert_eq!(s, 201, "{v}");
+        tokens.push(v["token"].as_str().unwrap().to_string());
+    }
+    let (acme, ml) = (tokens[0].clone(), tokens[1].clone());
+    assert_eq!(post_hi(&gw, WEB_KEY).await, 200);
+    let by_store = send_hi(&gw, WEB_KEY).await;
+    assert_eq!(by_store.status(), 429);
+    let store_id = request_id(&by_store);
+    let by_cache = send_hi(&gw, KEY).await;
+    assert_eq!(by_cache.status(), 429);
+    let cache_id = request_id(&by_cache);
+    let get = |id: String, token: String| {
+        let gw = &gw;
+        async move {
+            let path = format!("/admin/v1/refusals/{id}");
+            admin_call(gw, reqwest::Method::GET, &path, &token, None).await
+        }
+    };
+
+    let (s, v) = get(store_id.clone(), ROOT.into()).await;
+    assert_eq!(s, 200, "{v}");
+    let reservation = v["refusals"][0]["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for token in [ROOT.to_string(), acme] {
+        let (s, v) = get(cache_id.clone(), token).await;
+        assert_eq!(s, 200, "{v}");
+        let r = &v["refusals"][0];
+        assert_eq!(r["decided_by"], "deny_cache", "{v}");
+        assert_eq!(r["scope"], "tenant:acme", "{v}");
+        assert_eq!(r["reused"]["tenant"], "web", "{v}");
+        assert_eq!(r["reused"]["request_id"], store_id.as_str(), "{v}");
+        assert_eq!(r["reused"]["reservation_id"], reservation.as_str(), "{v}");
+        assert!(
+            r["explanation"].as_str().unwrap().contains(&reservation),
+            "{v}"
+        );
+    }
+    let (s, v) = get(cache_id.clone(), ml.clone()).await;
+    assert_eq!(s, 200, "its own refusal: {v}");
+    let r = &v["refusals"][0];
+    assert_eq!(r["decided_by"], "deny_cache", "{v}");
+    assert!(r["reused"]["age_micros"].is_u64(), "{v}");
+    let text = v.to_string();
+    assert!(
+        !text.contains(&reservation) && !text.contains(&store_id) && !text.contains("web"),
+        "the sibling's refusal is not named: {v}"
+    );
+    let (s, _) = get(store_id, ml).await;
+    assert_eq!(s, 404, "the sibling's refusal itself");
 }
 
 const LEASE_ADMIN: &str = "explain-lease-admin";
@@ -387,4 +475,105 @@ async fn a_deployment_tpm_refusal_names_the_leases_out_that_held_it() {
     assert!(f["said"].as_str().unwrap().starts_with("read "), "{v}");
     // The cold gateway holds no lease of it: the units are the other's.
     assert!(f["leases"]["here"].is_null(), "{v}");
+}
+
+/// Calls of `command` Redis counted since its stats were reset.
+fn redis_calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats = redis.cli(&["info", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+/// Refusals read nothing of the store beyond their decision: 40 refusals
+/// by a concurrency limit, in a database of 200,000 unrelated keys, make
+/// no `SCAN` (each used to start a walk of every key of the database);
+/// asking why one was refused reads what held the budget then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_make_no_scan_and_the_explain_route_still_names_the_hold() {
+    let redis = RedisServer::start();
+    let unrelated = redis.cli(&[
+        "eval",
+        "for i = 1, 200000 do redis.call('set', 'unrelated:' .. i, 'x') end return redis.call('dbsize')",
+        "0",
+    ]);
+    assert_eq!(unrelated.trim(), "200000");
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        16,
+        limits().max_concurrent(1).rpm(1_000_000),
+    )
+    .redis_fleet(&redis.url(), "bgexplainscan");
+    c.store.lease = Some(budgetgate::config::raw::RawLease {
+        mode: Some("off".into()),
+        ..Default::default()
+    });
+    c.server.admin_token_env = Some("EXPLAIN_ADMIN".into());
+    let gw = GatewayProcess::start(&c.write(dir.path()), &[("EXPLAIN_ADMIN", ROOT)]).await;
+    mock.state.hold();
+    let first = {
+        let base = gw.base_url();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{base}/chat/completions"))
+                .bearer_auth(KEY)
+                .json(&hi(10))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while mock.state.held_count() < 1 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        mock.state.held_count(),
+        1,
+        "the first request holds the slot"
+    );
+    redis.cli(&["config", "resetstat"]);
+    let http = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let r = http
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .bearer_auth(KEY)
+            .json(&hi(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429);
+        ids.push(request_id(&r));
+    }
+    // A walk started by a refusal would run now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (scans, decisions) = (redis_calls(&redis, "scan"), redis_calls(&redis, "evalsha"));
+    println!("40 refusals: {scans} SCAN, {decisions} EVALSHA calls");
+    assert_eq!(scans, 0, "no refusal walks the store's keys");
+    let v = explained(&gw, &ids[39], ROOT).await;
+    mock.state.release();
+    assert_eq!(first.await.unwrap().unwrap(), 200);
+    println!("explained: {v}");
+    let r0 = &v["refusals"][0];
+    assert_eq!(r0["budget"], "max_concurrent", "{v}");
+    assert_eq!(r0["in_flight"]["holds"]["holds"], 1, "{v}");
+    assert!(
+        r0["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("1 holds in flight"),
+        "{v}"
+    );
+    assert!(redis_calls(&redis, "scan") > 0, "read when asked");
+    // Kept with the record: asking again reads nothing more.
+    let scans = redis_calls(&redis, "scan");
+    let again = explained(&gw, &ids[39], ROOT).await;
+    assert_eq!(again["refusals"][0]["in_flight"], r0["in_flight"]);
+    assert_eq!(redis_calls(&redis, "scan"), scans);
 }

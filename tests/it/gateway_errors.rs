@@ -432,3 +432,125 @@ async fn a_request_carrying_two_different_keys_gets_401() {
         gw.settled().await;
     }
 }
+
+/// Fault guarded against: two `Authorization` headers with different keys
+/// were admitted as the first (while two keys across header names were
+/// refused). Both are a 401 alike, on both dialects' key headers; the
+/// same key twice is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_values_of_one_key_header_with_different_keys_get_401() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
+    let cases = [
+        (
+            "authorization",
+            format!("Bearer {KEY}"),
+            "Bearer sk-someone-else".to_string(),
+            401,
+        ),
+        (
+            "authorization",
+            "Bearer sk-someone-else".to_string(),
+            format!("Bearer {KEY}"),
+            401,
+        ),
+        (
+            "api-key",
+            KEY.to_string(),
+            "sk-someone-else".to_string(),
+            401,
+        ),
+        (
+            "authorization",
+            format!("Bearer {KEY}"),
+            format!("bearer  {KEY}"),
+            200,
+        ),
+    ];
+    for (header, first, second, status) in cases {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.append(header, first.parse().unwrap());
+        headers.append(header, second.parse().unwrap());
+        let r = reqwest::Client::new()
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .headers(headers)
+            .header("content-type", "application/json")
+            .body(chat(json!({"max_tokens": 5})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{header}: {first} / {second}");
+        if status == 401 {
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+            assert_eq!(mock.state.request_count(), 0, "never forwarded");
+        }
+        gw.settled().await;
+    }
+}
+
+/// Fault guarded against: a body with `max_tokens` (or `n`, `stream`,
+/// `model`) twice was forwarded byte for byte while the gateway reserved
+/// by the last one (an upstream reading the first produced more than was
+/// reserved). A member the gateway reads, twice, is a 400 naming it,
+/// never forwarded nor reserved; other members may repeat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_member_sent_twice_is_a_400_naming_it() {
+    let mock = start_mock().await;
+    let gw = TestConfig::standard(&mock.base_url(), 100, tenant_limits())
+        .start()
+        .await;
+    let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+    let cases = [
+        (
+            format!(r#"{{"model":"gpt-4o-mini",{msgs},"max_tokens":5000,"max_tokens":5}}"#),
+            Some("max_tokens"),
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o-mini",{msgs},"n":1,"max_tokens":5,"n":3}}"#),
+            Some("n"),
+        ),
+        (
+            format!(r#"{{"stream":true,"model":"gpt-4o-mini",{msgs},"stream":false}}"#),
+            Some("stream"),
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o",{msgs},"model":"gpt-4o-mini"}}"#),
+            Some("model"),
+        ),
+        (
+            format!(r#"{{"model":"gpt-4o-mini",{msgs},"max_tokens":5,"x-note":1,"x-note":2}}"#),
+            None,
+        ),
+    ];
+    for (body, repeated) in cases {
+        let before = mock.state.request_count();
+        let r = reqwest::Client::new()
+            .post(format!("{}/chat/completions", gw.base_url()))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        gw.settled().await;
+        match repeated {
+            Some(name) => {
+                assert_eq!(status, 400, "{body}: {v}");
+                assert_openai_error(&v);
+                assert_eq!(v["error"]["param"], name, "{v}");
+                assert!(
+                    v["error"]["message"].as_str().unwrap().contains(name),
+                    "{v}"
+                );
+                assert_eq!(mock.state.request_count(), before, "never forwarded");
+                assert_eq!(gw.t1_used(BudgetName::Tpm).await, 0, "nothing reserved");
+            }
+            None => assert_eq!(status, 200, "{body}: {v}"),
+        }
+    }
+}

@@ -49,6 +49,7 @@ fn row(i: u64) -> SpendRow {
             SpendOutcome::Answered
         },
         price_version: "v\"1\"".into(),
+        decided_by: ["store", "lease", "local_limiter"][(i % 3) as usize],
     }
 }
 
@@ -74,6 +75,7 @@ async fn written_twice_is_one_row(url: &str) {
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let back = ledger.rows(&q, 10_000).await.expect("read back");
     let want: Vec<SpendRow> = (0..400).map(row).collect();

@@ -182,3 +182,93 @@ async fn an_unreachable_upstream_is_logged_with_its_deployment_and_url() {
         "a secret of the base URL was logged"
     );
 }
+
+/// A refused request's final line names its method and route (the path
+/// itself where no route matched): before, it named neither, and a 401 on
+/// `/v1/messages` read like one on `/v1/chat/completions`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_requests_line_names_its_method_and_route() {
+    let mock = start_mock().await;
+    let mut config = TestConfig::standard(&mock.base_url(), 20, limits().tpm(1000000));
+    config
+        .tenants
+        .push(tenant("one", "k", ONE_KEY, limits().rpm(1)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = config.write(dir.path());
+    let gw = GatewayProcess::start(&path, &[]).await;
+    let client = reqwest::Client::new();
+    let plain = json!({"model": "gpt-4o-mini", "messages": messages()});
+    let send = |m: reqwest::Method, path: &str, key: &str, id: &str| {
+        client
+            .request(m, format!("{}{path}", gw.root))
+            .bearer_auth(key)
+            .header("x-request-id", id)
+            // Anthropic's name, on /v1/messages.
+            .header("request-id", id)
+            .json(&plain)
+    };
+    let cases = [
+        (
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            ONE_KEY,
+            "rr-1",
+            200,
+            None,
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            ONE_KEY,
+            "rr-rate",
+            429,
+            Some(("POST", "/v1/chat/completions")),
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/messages",
+            "sk-unknown",
+            "rr-key",
+            401,
+            Some(("POST", "/v1/messages")),
+        ),
+        (
+            reqwest::Method::POST,
+            "/openai/deployments/gpt-4o-mini/chat/completions",
+            "sk-unknown",
+            "rr-azure",
+            401,
+            Some(("POST", "/openai/deployments/{deployment}/chat/completions")),
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/models",
+            "sk-unknown",
+            "rr-models",
+            401,
+            Some(("GET", "/v1/models")),
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/no-such-thing",
+            KEY,
+            "rr-unknown",
+            404,
+            Some(("GET", "/v1/no-such-thing")),
+        ),
+    ];
+    for (m, path, key, id, status, named) in cases {
+        let r = send(m, path, key, id).send().await.unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        let Some((method, route)) = named else {
+            continue;
+        };
+        assert_one_final(&gw, id, "refused").await;
+        let line = &finals(&gw, id)[0];
+        assert_eq!(
+            (line.pointer("/fields/method"), line.pointer("/fields/path")),
+            (Some(&json!(method)), Some(&json!(route))),
+            "{id}: {line:#}"
+        );
+    }
+}

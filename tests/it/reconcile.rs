@@ -324,3 +324,114 @@ async fn rows_deleted_by_hand_are_unexplained_and_the_command_fails() {
     let out = run(deleted as u64).await;
     assert!(out.status.success(), "{out:?}");
 }
+
+/// A TCP proxy to `upstream` that can be unplugged: while it is, every
+/// connection through it is closed and new ones are closed at once (the
+/// store is unreachable; nothing sent reaches it).
+struct Plug {
+    port: u16,
+    on: tokio::sync::watch::Sender<bool>,
+}
+
+impl Plug {
+    async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (on, _) = tokio::sync::watch::channel(true);
+        let plugged = on.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let mut off = plugged.subscribe();
+                if !*off.borrow_and_update() {
+                    continue;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    continue;
+                };
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    tokio::select! {
+                        _ = tokio::io::copy(&mut cr, &mut sw) => {}
+                        _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                        _ = off.wait_for(|on| !*on) => {}
+                    }
+                });
+            }
+        });
+        Self { port, on }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn set(&self, on: bool) {
+        self.on.send_replace(on);
+    }
+}
+
+/// A `fail_open` tenant's requests while Redis is unreachable are served
+/// by the local limiter: their spend is in the ledger and never in the
+/// store. Reconciliation names it (`served_by_fail_open_limiter`), to the
+/// token; it used to report the whole difference with `causes: []`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_fail_open_limiter_served_is_named_with_its_amount() {
+    let redis = RedisServer::start();
+    let plug = Plug::start(redis.port()).await;
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        50,
+        limits().tpm(100_000).rpm(1_000).tokens_per_day(1_000_000),
+    )
+    .redis(&plug.url());
+    c.store.timeout_ms = Some(200);
+    c.store.key_prefix = Some("bgreconopen".into());
+    c.store.lease = Some(no_leases());
+    c.tenant("t1").on_store_error = Some("fail_open".into());
+    c.ledger.batch_interval_ms = Some(100);
+    let gw =
+        GatewayProcess::start(&c.write(dir.path()), &[("BUDGETGATE_ADMIN_TOKEN", TOKEN)]).await;
+    assert!(send(&gw, 5, Duration::ZERO).await.iter().all(|s| *s == 200));
+    flushed(&gw).await;
+    let before = assert_reconciled(&gw, TOKEN).await;
+    assert_eq!(before["difference"], 0, "{before}");
+
+    plug.set(false);
+    let served = send(&gw, 5, Duration::from_millis(50)).await;
+    assert!(served.iter().all(|s| *s == 200), "{served:?}");
+    plug.set(true);
+    flushed(&gw).await;
+    // The store answers again (the connection is replaced) and the
+    // compensations of the calls that failed have landed.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let v = loop {
+        let (s, v) = admin_call(
+            &gw,
+            reqwest::Method::GET,
+            "/admin/v1/reconcile",
+            TOKEN,
+            None,
+        )
+        .await;
+        if s == 200 && quota(&v, "tokens_per_day")["store"] == before["store"] {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the store never answered: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let q = quota(&v, "tokens_per_day");
+    println!("after 5 requests served by the fail-open limiter: {q}");
+    let limiter = q["ledger"].as_u64().unwrap() - before["ledger"].as_u64().unwrap();
+    assert!(limiter > 0, "{v}");
+    assert_eq!(
+        q["store"], before["store"],
+        "the store never counted them: {v}"
+    );
+    assert_eq!(q["difference"], -(limiter as i64), "{v}");
+    assert_eq!(explains(q, "served_by_fail_open_limiter"), limiter, "{v}");
+    assert_eq!(q["unexplained"], 0, "{v}");
+}

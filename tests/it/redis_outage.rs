@@ -78,3 +78,69 @@ async fn redis_killed_mid_load_fails_open_or_closed_per_tenant_and_recovers() {
     // Back on Redis: the open tenant's budget there is its full rpm again (minus the first request).
     assert_eq!(post_hi(&gw, KEY).await, 200);
 }
+
+/// With two streams of a `fail_open` tenant open through Redis on its two
+/// slots, Redis paused: the local limiter counts the two the gateway has in
+/// flight and admits none more (it used to start empty and admit two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_store_admits_no_more_than_max_concurrent_on_one_gateway() {
+    let redis = RedisServer::start();
+    let mock = start_mock().await;
+    let mut config =
+        TestConfig::standard(&mock.base_url(), 50, limits().max_concurrent(2)).redis(&redis.url());
+    config.tenant("t1").on_store_error = Some("fail_open".into());
+    config.store.timeout_ms = Some(100);
+    config.store.fallback_share = Some(1.0);
+    config.store.lease = Some(budgetgate::config::raw::RawLease {
+        mode: Some("off".into()),
+        ..Default::default()
+    });
+    let gw = config.start().await;
+    mock.state.hold();
+    let send = |stream: bool| {
+        let url = format!("{}/chat/completions", gw.base_url());
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(url)
+                .bearer_auth(KEY)
+                .json(
+                    &serde_json::json!({"model": "gpt-4o-mini", "stream": stream,
+                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}),
+                )
+                .timeout(Duration::from_secs(4))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let streams = [send(true), send(true)];
+    let until = Instant::now() + Duration::from_secs(5);
+    while mock.state.held_count() < 2 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(mock.state.held_count(), 2, "two streams in flight");
+    redis.cli(&["client", "pause", "3000", "all"]);
+    let paused = Instant::now();
+    let more: Vec<_> = (0..4).map(|i| send(i % 2 == 0)).collect();
+    let mut most = 0;
+    while paused.elapsed() < Duration::from_millis(1_500) {
+        most = most.max(mock.state.held_count());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let in_flight = mock.state.held_count();
+    mock.state.release();
+    let mut statuses = Vec::new();
+    for r in more {
+        statuses.push(r.await.expect("task").map_err(|e| e.to_string()));
+    }
+    for s in streams {
+        assert_eq!(s.await.expect("task").expect("stream"), 200);
+    }
+    println!("store paused: at most {most} requests in flight; the 4 more: {statuses:?}");
+    assert!(most <= 2 && in_flight <= 2, "{most} in flight on 2 slots");
+    assert_eq!(
+        statuses,
+        vec![Ok(429); 4],
+        "refused by the limiter's count of the two"
+    );
+}

@@ -30,7 +30,42 @@ impl GatewayProcess {
     /// with `RUST_LOG=info` and `envs` (which may override it, e.g.
     /// `RUST_LOG=warn` for a load test), and waits for its "listening" line.
     pub async fn start(config: &Path, envs: &[(&str, &str)]) -> GatewayProcess {
+        Self::start_limited(config, envs, None).await
+    }
+
+    /// [`GatewayProcess::start`] with the process's file limit
+    /// (`RLIMIT_NOFILE`, soft and hard) lowered to `files`.
+    pub async fn start_with_file_limit(
+        config: &Path,
+        envs: &[(&str, &str)],
+        files: u64,
+    ) -> GatewayProcess {
+        Self::start_limited(config, envs, Some(files)).await
+    }
+
+    async fn start_limited(
+        config: &Path,
+        envs: &[(&str, &str)],
+        files: Option<u64>,
+    ) -> GatewayProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_budgetgate"));
+        if let Some(files) = files {
+            let limit = libc::rlimit {
+                rlim_cur: files as libc::rlim_t,
+                rlim_max: files as libc::rlim_t,
+            };
+            // SAFETY: setrlimit is async-signal-safe; it runs in the child
+            // between fork and exec and touches nothing else.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         cmd.args(["--log-json", "serve", "--config"])
             .arg(config)
             .args(["--listen", "127.0.0.1:0"])

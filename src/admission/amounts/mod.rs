@@ -57,6 +57,12 @@ pub struct Counting {
     /// Times each output token counts (a deployment's
     /// `output_token_weight` on its `tpm` and `output_tpm`; 1 elsewhere).
     pub output_weight: u64,
+    /// Counts as AWS's Bedrock quotas do ("How tokens are counted in
+    /// Amazon Bedrock"): the reservation holds every input token (cache
+    /// reads included) and the output once, the weight applies only at
+    /// settlement (what passes the reservation is debt), and a stream is
+    /// never extended for it.
+    pub burndown: bool,
 }
 
 impl Default for Counting {
@@ -65,6 +71,19 @@ impl Default for Counting {
             cache_read_weight: FULL_WEIGHT,
             whole_cap: false,
             output_weight: 1,
+            burndown: false,
+        }
+    }
+}
+
+impl Counting {
+    /// Times each output token counts while the request runs (reserve,
+    /// extend): the burndown weight only settles.
+    fn running_output_weight(self) -> u64 {
+        if self.burndown {
+            1
+        } else {
+            self.output_weight
         }
     }
 }
@@ -149,7 +168,7 @@ impl Demand {
     }
 
     fn input_for(&self, c: Counting) -> u64 {
-        if c.cache_read_weight >= FULL_WEIGHT {
+        if c.cache_read_weight >= FULL_WEIGHT || c.burndown {
             return self.input;
         }
         let prefix = self.cacheable_prefix.min(self.input);
@@ -161,7 +180,7 @@ impl Demand {
             Some(cap) if c.whole_cap => cap.max(self.output),
             _ => self.output,
         };
-        output.saturating_mul(c.output_weight)
+        output.saturating_mul(c.running_output_weight())
     }
 }
 
@@ -248,7 +267,7 @@ pub fn extension_rates<'a>(
         if s.name.counts_usd() {
             output_price
         } else if counts_output(s.name) && !whole {
-            RATE_ONE.saturating_mul(c.output_weight)
+            RATE_ONE.saturating_mul(c.running_output_weight())
         } else {
             0
         }

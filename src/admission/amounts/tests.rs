@@ -20,6 +20,7 @@ const LEFT_OUT: Counting = Counting {
     cache_read_weight: 0,
     whole_cap: false,
     output_weight: 1,
+    burndown: false,
 };
 
 #[test]
@@ -134,6 +135,7 @@ fn cache_tokens_settle_as_each_budget_counts_them() {
         cache_read_weight: 250,
         whole_cap: false,
         output_weight: 1,
+        burndown: false,
     };
     assert_eq!(settled_amount(&anthropic, &specs[0], quarter), 4_557);
     // OpenAI: cached_tokens is inside prompt_tokens, never added again.
@@ -180,6 +182,7 @@ fn a_cacheable_prefix_is_reserved_at_the_budget_weight() {
         cache_read_weight: 100,
         whole_cap: false,
         output_weight: 1,
+        burndown: false,
     };
     assert_eq!(reserve_amount(&demand, &specs[1], tenth, None), 2_100);
 }
@@ -195,6 +198,7 @@ fn whole_cap_budgets_reserve_the_client_cap_and_are_not_extended() {
         cache_read_weight: FULL_WEIGHT,
         whole_cap: true,
         output_weight: 1,
+        burndown: false,
     };
     let counting = [whole, whole, Counting::default()];
     let upstream = Budgets {
@@ -345,6 +349,7 @@ fn an_output_weight_multiplies_the_output_a_budget_counts() {
         cache_read_weight: FULL_WEIGHT,
         whole_cap: true,
         output_weight: 5,
+        burndown: false,
     };
     let demand = Demand {
         input: 100,
@@ -380,4 +385,50 @@ fn an_output_weight_multiplies_the_output_a_budget_counts() {
         None,
     );
     assert_eq!(rates, vec![5 * RATE_ONE]);
+}
+
+/// A `bedrock` deployment's `tpm` counts as AWS's quota does: input with
+/// its cache tokens + `max_tokens` reserved (the weight left out, so
+/// Claude Code's 64,000 cap fits a 200,000 tpm quota), uncached input +
+/// cache writes + 5 × output settled (cache reads left out), never
+/// extended.
+#[test]
+fn a_burndown_budget_reserves_the_cap_once_and_settles_the_weighted_output() {
+    let bedrock = Counting {
+        cache_read_weight: 0,
+        whole_cap: true,
+        output_weight: 5,
+        burndown: true,
+    };
+    let demand = Demand {
+        input: 30_000,
+        cacheable_prefix: 25_000,
+        output: 4_096,
+        client_cap: Some(64_000),
+        cache_writes: CacheWrites::None,
+        hosted: HostedCalls::EMPTY,
+    };
+    let tpm = spec(BudgetName::Tpm);
+    assert_eq!(reserve_amount(&demand, &tpm, bedrock, None), 94_000);
+    assert_eq!(
+        reserve_amount(&demand, &spec(BudgetName::OutputTpm), bedrock, None),
+        64_000
+    );
+    let used = crate::dialects::anthropic::usage_from_value(&serde_json::json!({
+        "input_tokens": 5_000, "cache_read_input_tokens": 20_000,
+        "cache_creation_input_tokens": 3_000, "output_tokens": 900
+    }));
+    assert_eq!(
+        settled_amount(&used, &tpm, bedrock),
+        5_000 + 3_000 + 5 * 900
+    );
+    let rates = extension_rates(
+        &demand,
+        std::iter::once(Budgets {
+            specs: &[tpm],
+            counting: &[bedrock],
+        }),
+        None,
+    );
+    assert_eq!(rates, vec![0], "never extended");
 }

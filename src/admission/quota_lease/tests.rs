@@ -841,6 +841,7 @@ async fn a_hold_goes_where_it_was_admitted_and_takes_the_book_lock_only_if_lease
         HeldReservation::new(
             id.to_string(),
             (gw.clone(), at),
+            std::iter::empty(),
             tracker.clone(),
             100,
             Duration::from_secs(5),

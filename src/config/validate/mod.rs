@@ -188,6 +188,25 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
                 "BUDGETGATE_END_USER_KEY".into()
             }
         },
+        connections: super::ConnectionLimits {
+            header_read_timeout: v.secs(
+                "server.header_read_timeout_secs",
+                raw.server.header_read_timeout_secs,
+                30,
+            ),
+            write_timeout: v.secs(
+                "server.write_timeout_secs",
+                raw.server.write_timeout_secs,
+                30,
+            ),
+            max_connections: v
+                .positive(
+                    "server.max_connections",
+                    raw.server.max_connections,
+                    10_000_000,
+                )
+                .map(|n| n as usize),
+        },
     };
 
     let kind = match raw.store.kind.as_deref().unwrap_or("memory") {

@@ -16,9 +16,11 @@
 //! reading in [`tokens`].
 
 mod keys;
+mod root_bounds;
 mod tokens;
 
 pub use keys::*;
+pub use root_bounds::{loosened, Loosened};
 pub use tokens::*;
 
 use std::time::Duration;
@@ -68,6 +70,10 @@ pub enum WriteError {
     /// as the database is under the lock (moved out meanwhile).
     #[error("{0}")]
     Forbidden(String),
+    /// A tenant-scoped admin token's change loosens what binds its own
+    /// tenant, as the database is under the lock ([`loosened`]).
+    #[error("{}", .0.message)]
+    Loosened(Loosened),
     /// A field of the change is out of range as the database is under the
     /// lock (`param`: its path in the body).
     #[error("{message}")]
@@ -111,7 +117,9 @@ pub struct Scope {
     /// Tenants the change reads or writes (a key's tenant, a tenant, its
     /// new parent): each must lie in `root`'s subtree before the change.
     pub tenants: Vec<String>,
-    /// A tenant whose limits may not exceed its parent's after the change.
+    /// The tenant the change creates or updates: its limits may not
+    /// exceed its parent's after the change, nor may it loosen what binds
+    /// `root` ([`loosened`]).
     pub bounded: Option<String>,
 }
 
@@ -165,6 +173,8 @@ pub(super) struct Locked<'c> {
     /// change depends on nothing else (a revocation, a rotation), and is
     /// not re-checked.
     before: Option<runtime::Snapshot>,
+    /// What `before` composes to, for a tenant-scoped token's change.
+    scoped_before: Option<crate::config::Policy>,
     /// A tenant that must be served after the change (an admin token's
     /// scope).
     pub(super) needs_tenant: Option<String>,
@@ -192,16 +202,18 @@ pub(super) async fn lock<'c>(
         true => Some(runtime::load_in(&mut tx).await?),
         false => None,
     };
+    let mut scoped_before = None;
     if let (Some(scope), Some(before)) = (&check.scope, &before) {
         let policy = runtime::compose(&check.file, "recheck", before)
             .map_err(|e| WriteError::Conflict(e.0.join("; ")))?
             .policy;
+        let policy = scoped_before.insert(policy);
         // The handler's refusal, word for word: the same request sent
         // after this gateway catches up gets the same answer.
         if let Some(t) = scope
             .tenants
             .iter()
-            .find(|t| !in_subtree(&policy, t, &scope.root))
+            .find(|t| !in_subtree(policy, t, &scope.root))
         {
             return Err(WriteError::Forbidden(format!(
                 "This admin token cannot see or change tenant {t:?}: it is limited to tenant {:?} and its subtree.",
@@ -214,6 +226,7 @@ pub(super) async fn lock<'c>(
         _turn: turn,
         check,
         before,
+        scoped_before,
         needs_tenant: None,
     })
 }
@@ -243,6 +256,7 @@ pub(super) async fn finish(db: &Db, w: Locked<'_>, audit: Audit<'_>) -> Result<i
         _turn,
         check,
         before,
+        scoped_before,
         needs_tenant,
     } = w;
     if let Some(before) = before {
@@ -250,14 +264,14 @@ pub(super) async fn finish(db: &Db, w: Locked<'_>, audit: Audit<'_>) -> Result<i
         let after = runtime::compose(&check.file, "recheck", &snap)
             .map_err(|e| WriteError::Conflict(e.0.join("; ")))?;
         // Composed only when needed: most changes leave nothing out.
-        let before = match after.quarantine.is_empty() {
+        let was_out = match after.quarantine.is_empty() {
             true => Quarantine::new(),
             false => quarantine_of(&before, check)?,
         };
         let mut changed: Vec<String> = after
             .quarantine
             .iter()
-            .filter(|(e, _)| !before.contains_key(*e))
+            .filter(|(e, _)| !was_out.contains_key(*e))
             .map(|(e, why)| runtime::describe(e, why))
             .collect();
         if let Some(t) = needs_tenant {
@@ -276,6 +290,13 @@ pub(super) async fn finish(db: &Db, w: Locked<'_>, audit: Audit<'_>) -> Result<i
                     let message = above_parent_message(&param, (c, v), &parent.name);
                     return Err(WriteError::Invalid { param, message });
                 }
+            }
+        }
+        // The handler's 403 again, on the database as it is now: a change
+        // computed from a stale snapshot writes the whole tenant back.
+        if let (Some(scope), Some(name), Some(prior)) = (&check.scope, bounded, &scoped_before) {
+            if let Some(l) = loosened(&scope.root, name, (&before, prior), (&snap, p)) {
+                return Err(WriteError::Loosened(l));
             }
         }
         if !changed.is_empty() {

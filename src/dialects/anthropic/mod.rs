@@ -28,7 +28,7 @@ pub mod stream;
 use axum::http::{header, HeaderName};
 use serde_json::Value;
 
-use super::usage::{clamp_count, UsageBreakdown};
+use super::usage::{read_count, Rejected, UsageBreakdown};
 use super::KeyHeader;
 use crate::config::estimate::Encoding;
 pub use crate::estimate::messages::scale;
@@ -82,6 +82,9 @@ pub struct UsageFields {
     output: Option<u64>,
     /// `server_tool_use`: the calls of server tools priced per call.
     hosted: crate::money::HostedCalls,
+    /// A field any report sent that was no count (it stays rejected: an
+    /// upstream that sent one is not trusted for the rest of the answer).
+    rejected: Rejected,
 }
 
 /// The `usage.server_tool_use` counts of server tools billed per call
@@ -95,26 +98,38 @@ const SERVER_TOOL_USAGE: [(&str, crate::money::HostedKind); 2] = [
 impl UsageFields {
     /// Takes every field `u` reports (last value wins).
     pub fn merge(&mut self, u: &Value) {
-        let take = |slot: &mut Option<u64>, name: &'static str| {
-            if let Some(n) = clamp_count(u.get(name), name) {
+        let take = |slot: &mut Option<u64>, name: &'static str, rejected: &mut _| {
+            if let Some(n) = read_count(u.get(name), name, rejected) {
                 *slot = Some(n);
             }
         };
-        take(&mut self.input, "input_tokens");
-        take(&mut self.cache_read, "cache_read_input_tokens");
-        take(&mut self.cache_creation, "cache_creation_input_tokens");
-        take(&mut self.output, "output_tokens");
+        let r = &mut self.rejected;
+        take(&mut self.input, "input_tokens", &mut r.input);
+        take(
+            &mut self.cache_read,
+            "cache_read_input_tokens",
+            &mut r.input,
+        );
+        take(
+            &mut self.cache_creation,
+            "cache_creation_input_tokens",
+            &mut r.input,
+        );
+        take(&mut self.output, "output_tokens", &mut r.output);
         if let Some(split) = u.get("cache_creation") {
-            if let Some(n) = clamp_count(
+            if let Some(n) = read_count(
                 split.get("ephemeral_1h_input_tokens"),
                 "ephemeral_1h_input_tokens",
+                &mut r.input,
             ) {
                 self.cache_creation_1h = Some(n);
             }
         }
         if let Some(calls) = u.get("server_tool_use") {
             for (field, kind) in SERVER_TOOL_USAGE {
-                if let Some(n) = clamp_count(calls.get(field), field) {
+                // A call count that is no count is left out (the calls
+                // seen in the stream still count, see `stream`).
+                if let Some(n) = read_count(calls.get(field), field, &mut None) {
                     self.hosted.set(kind, u32::try_from(n).unwrap_or(u32::MAX));
                 }
             }
@@ -124,6 +139,11 @@ impl UsageFields {
     /// The output tokens last reported.
     pub fn output(&self) -> Option<u64> {
         self.output
+    }
+
+    /// Some report's output was no count: the gateway counts the output.
+    pub fn output_rejected(&self) -> bool {
+        self.rejected.output.is_some()
     }
 
     /// The usage breakdown of these fields.
@@ -136,7 +156,10 @@ impl UsageFields {
             output: self.output,
             reasoning: 0,
             hosted: self.hosted,
+            rejected_input: None,
+            rejected_output: None,
         }
+        .rejecting(self.rejected)
     }
 }
 

@@ -178,7 +178,7 @@ impl MessagesStream {
     /// True when [`used`](Self::used) or the cutoff reads the gateway's
     /// count: the stream has no final usage with its output.
     pub fn needs_count(&self) -> bool {
-        !self.stopped || self.usage.output().is_none()
+        !self.stopped || self.usage.output().is_none() || self.usage.output_rejected()
     }
 
     /// True once the message has its stop reason (no more output can come).

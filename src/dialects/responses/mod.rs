@@ -19,7 +19,7 @@ pub mod tools;
 
 use serde_json::Value;
 
-use super::usage::{clamp_count, UsageBreakdown};
+use super::usage::{read_count, Rejected, UsageBreakdown};
 use crate::config::estimate::Encoding;
 
 /// Path under an OpenAI-style base URL.
@@ -39,16 +39,23 @@ pub fn valid_id(id: &str) -> bool {
 
 /// The breakdown of a Responses `usage` object.
 pub fn usage_from_value(u: &Value) -> UsageBreakdown {
-    let input = clamp_count(u.get("input_tokens"), "input_tokens");
-    let output = clamp_count(u.get("output_tokens"), "output_tokens");
-    let cached = clamp_count(
+    let mut rejected = Rejected::default();
+    let input = read_count(u.get("input_tokens"), "input_tokens", &mut rejected.input);
+    let output = read_count(
+        u.get("output_tokens"),
+        "output_tokens",
+        &mut rejected.output,
+    );
+    let cached = read_count(
         u.pointer("/input_tokens_details/cached_tokens"),
         "cached_tokens",
+        &mut rejected.input,
     )
     .unwrap_or(0);
-    let reasoning = clamp_count(
+    let reasoning = read_count(
         u.pointer("/output_tokens_details/reasoning_tokens"),
         "reasoning_tokens",
+        &mut rejected.output,
     )
     .unwrap_or(0);
     let cached_input = input.map_or(0, |i| cached.min(i));
@@ -60,7 +67,10 @@ pub fn usage_from_value(u: &Value) -> UsageBreakdown {
         output,
         reasoning: output.map_or(0, |o| reasoning.min(o)),
         hosted: Default::default(),
+        rejected_input: None,
+        rejected_output: None,
     }
+    .rejecting(rejected)
 }
 
 /// Uses of priced hosted tools an answer's `output` items report: one per

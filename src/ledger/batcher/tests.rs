@@ -11,6 +11,9 @@ use std::sync::Mutex;
 struct MemorySink {
     rows: Mutex<BTreeMap<String, SpendRow>>,
     down: AtomicBool,
+    /// While down: whether it refuses connections (else it accepts them
+    /// and fails).
+    refuses: AtomicBool,
     writes: Mutex<Vec<usize>>,
     pruned_before: Mutex<Vec<u64>>,
     /// How long one prune statement takes (a large table's).
@@ -50,6 +53,9 @@ impl LedgerSink for MemorySink {
             t.remove(id);
         }
         Ok(old.len() as u64)
+    }
+    async fn refuses_connections(&self, _within: Duration) -> bool {
+        self.down.load(Ordering::SeqCst) && self.refuses.load(Ordering::SeqCst)
     }
 }
 
@@ -123,6 +129,58 @@ async fn shutdown_writes_what_is_waiting() {
     buffer.record(row("r1", 5));
     w.shutdown(Duration::from_secs(5)).await;
     assert_eq!(sink.rows.lock().unwrap().len(), 1);
+}
+
+/// A sink down at shutdown (refusing connections or not), back after
+/// `back_after` if any; returns how long the shutdown of a 30 s grace took
+/// and the rows written.
+async fn shutdown_while_down(refuses: bool, back_after: Option<Duration>) -> (Duration, usize) {
+    let sink = Arc::new(MemorySink::default());
+    sink.down.store(true, Ordering::SeqCst);
+    sink.refuses.store(refuses, Ordering::SeqCst);
+    let (buffer, w) = start(&sink, settings(100));
+    buffer.record(row("r1", 5));
+    buffer.record(row("r2", 5));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    if let Some(after) = back_after {
+        let sink = sink.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            sink.down.store(false, Ordering::SeqCst);
+        });
+    }
+    let started = tokio::time::Instant::now();
+    w.shutdown(Duration::from_secs(30)).await;
+    let written = sink.rows.lock().unwrap().len();
+    (started.elapsed(), written)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_database_refusing_connections_at_shutdown_is_given_up_after_refused_for() {
+    let (took, written) = shutdown_while_down(true, None).await;
+    assert_eq!(written, 0);
+    assert!(
+        took >= REFUSED_FOR && took < REFUSED_FOR + Duration::from_millis(100),
+        "shutdown took {took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_database_back_within_refused_for_gets_every_row_at_shutdown() {
+    let (took, written) = shutdown_while_down(true, Some(Duration::from_secs(2))).await;
+    assert_eq!(written, 2);
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_database_that_accepts_connections_keeps_the_whole_grace() {
+    // Back after 20 s: past REFUSED_FOR, within the grace.
+    let (took, written) = shutdown_while_down(false, Some(Duration::from_secs(20))).await;
+    assert_eq!(written, 2);
+    assert!(took >= Duration::from_secs(20), "shutdown took {took:?}");
+    let (took, written) = shutdown_while_down(false, None).await;
+    assert_eq!(written, 0);
+    assert!(took >= Duration::from_secs(29), "shutdown took {took:?}");
 }
 
 #[tokio::test]
@@ -270,6 +328,21 @@ async fn a_shutdown_waits_at_most_its_grace_for_a_database_that_hangs() {
         "shutdown took {took:?}"
     );
     assert!(sink.inner.rows.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_interrupts_a_write_in_flight_and_writes_its_batch_again() {
+    let sink = hanging(1);
+    let buffer = Arc::new(LedgerBuffer::new(100, 3));
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(10_000_000_000));
+    let w = LedgerWriter::spawn(buffer.clone(), sink.clone(), settings(100), clock);
+    buffer.record(row("r1", 5));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(buffer.held(), 1, "the first write hangs");
+    let started = tokio::time::Instant::now();
+    w.shutdown(Duration::from_secs(3)).await;
+    assert_eq!(sink.inner.rows.lock().unwrap().len(), 1);
+    assert!(started.elapsed() < Duration::from_millis(100));
 }
 
 #[tokio::test(start_paused = true)]

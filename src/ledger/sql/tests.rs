@@ -32,6 +32,7 @@ async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
     for migration in [
         include_str!("../../../migrations/sqlite/0100_spend_ledger.sql"),
         include_str!("../../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
+        include_str!("../../../migrations/sqlite/0102_spend_ledger_decided_by.sql"),
     ] {
         sqlx::raw_sql(migration).execute(&pool).await.unwrap();
     }
@@ -60,6 +61,7 @@ fn row(id: &str, tenant: &str, ancestors: &[&str], model: &str, at: u64, cost: u
         cost_micros: cost,
         outcome: SpendOutcome::Answered,
         price_version: "v1".into(),
+        decided_by: "store",
     }
 }
 
@@ -92,6 +94,7 @@ async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let back = l.rows(&q, 10).await.unwrap();
     assert_eq!(back, rows, "stored literally, in time order");
@@ -121,6 +124,7 @@ async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
     let got: Vec<(String, Vec<String>, u64, u64)> = groups
@@ -178,6 +182,7 @@ async fn a_scope_matches_the_subtree_the_rows_recorded() {
         scope: scope.map(String::from),
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let ids = |rows: Vec<SpendRow>| {
         rows.into_iter()
@@ -227,6 +232,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     assert_eq!(
         left(l.rows(&all, 10).await.unwrap()),
@@ -243,6 +249,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let ids: Vec<String> = l
         .rows(&q, 10)
@@ -282,6 +289,7 @@ async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
         scope: scope.map(String::from),
         top: None,
         request_id: Some(request.into()),
+        decided_by: None,
     };
     let got = |rows: Vec<SpendRow>| {
         rows.into_iter()
@@ -329,6 +337,7 @@ async fn the_extent_of_a_window_counts_its_rows_first_time_and_largest_charge() 
         scope: None,
         top: None,
         request_id: None,
+        decided_by: None,
     };
     let x = l.extent(&q("acme")).await.unwrap();
     assert_eq!(x.rows, 2);

@@ -7,14 +7,15 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, Query, State};
+use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::tenants::merge_patch;
 use super::{
-    bad_request, body_value, conflict, not_found, paged, validate, write_failed, Caller, Page,
+    bad_request, body_value, conflict, not_found, paged, query, validate, write_failed, Caller,
+    Page,
 };
 use crate::config::{hash_key, Policy};
 use crate::control::runtime::{Entity, RuntimeKey, Secret, Snapshot};
@@ -155,15 +156,25 @@ pub async fn read(
     }
 }
 
-/// `?tenant=`, `?alias=` of the key list.
-#[derive(Debug, serde::Deserialize)]
+/// `?tenant=` (`/admin/v1/keys` only), `?alias=`, `?revoked=` of the key
+/// list.
 pub struct KeyFilter {
     tenant: Option<String>,
     alias: Option<String>,
     revoked: Option<bool>,
-    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
-    limit: Option<usize>,
-    after: Option<String>,
+    page: Page,
+}
+
+impl KeyFilter {
+    fn of(uri: &OriginalUri, known: &[&str]) -> Result<KeyFilter, Response> {
+        let q = query::Params::of(uri, known)?;
+        Ok(KeyFilter {
+            tenant: q.text("tenant"),
+            alias: q.text("alias"),
+            revoked: q.boolean("revoked")?,
+            page: Page::of(&q)?,
+        })
+    }
 }
 
 fn list_keys(c: &Caller, policy: &Policy, f: &KeyFilter) -> Value {
@@ -182,13 +193,7 @@ fn list_keys(c: &Caller, policy: &Policy, f: &KeyFilter) -> Value {
         .filter(|k| f.revoked.is_none_or(|r| r == k.revoked_at.is_some()))
         .map(|k| (format!("{}/{}", k.tenant, k.id), view(k)))
         .collect();
-    paged(
-        items,
-        &Page {
-            limit: f.limit,
-            after: f.after.clone(),
-        },
-    )
+    paged(items, &f.page)
 }
 
 /// `GET /admin/v1/keys` (cursor: `tenant/id`).
@@ -196,10 +201,11 @@ pub async fn list(
     State(st): State<Arc<AppState>>,
     uri: OriginalUri,
     headers: HeaderMap,
-    Query(f): Query<KeyFilter>,
 ) -> Response {
-    match Caller::of(&st, &headers, &uri) {
-        Ok(c) => json_response(StatusCode::OK, list_keys(&c, &st.policy.load_full(), &f)),
+    let known = ["tenant", "alias", "revoked", "limit", "after"];
+    let c = Caller::of(&st, &headers, &uri);
+    match c.and_then(|c| Ok((c, KeyFilter::of(&uri, &known)?))) {
+        Ok((c, f)) => json_response(StatusCode::OK, list_keys(&c, &st.policy.load_full(), &f)),
         Err(r) => r,
     }
 }
@@ -210,10 +216,13 @@ pub async fn list_of_tenant(
     Path(tenant): Path<String>,
     uri: OriginalUri,
     headers: HeaderMap,
-    Query(mut f): Query<KeyFilter>,
 ) -> Response {
     let c = match Caller::of(&st, &headers, &uri) {
         Ok(c) => c,
+        Err(r) => return r,
+    };
+    let mut f = match KeyFilter::of(&uri, &["alias", "revoked", "limit", "after"]) {
+        Ok(f) => f,
         Err(r) => return r,
     };
     let policy = st.policy.load_full();

@@ -28,6 +28,7 @@ mod key_body;
 pub mod keys;
 pub mod own_budget;
 pub mod quarantine;
+mod query;
 pub mod tenants;
 pub mod tokens;
 
@@ -186,6 +187,23 @@ pub fn bad_request(param: Option<&str>, message: &str) -> Response {
     r
 }
 
+/// 403 `forbidden` naming the field (`param`) a tenant-scoped token may
+/// not set so.
+pub fn forbidden_at(l: &crate::control::writes::Loosened) -> Response {
+    let mut r = crate::gateway::error::body(
+        StatusCode::FORBIDDEN,
+        &l.message,
+        "invalid_request_error",
+        Some(&l.param),
+        Some("forbidden"),
+    );
+    r.headers_mut().insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
 /// 409 `conflict`.
 pub fn conflict(message: &str) -> Response {
     error_response(StatusCode::CONFLICT, message, Some("conflict"))
@@ -207,6 +225,7 @@ pub fn write_failed(e: &WriteError, what: &str) -> Response {
         WriteError::Exists => conflict(&format!("{what} already exists.")),
         WriteError::Conflict(why) => conflict(why),
         WriteError::Forbidden(why) => forbidden(why),
+        WriteError::Loosened(l) => forbidden_at(l),
         WriteError::Invalid { param, message } => bad_request(Some(param), message),
         WriteError::Db(err) => {
             tracing::warn!(error = %err, "control API: the database refused a change");
@@ -342,7 +361,7 @@ pub fn within_parent(
 }
 
 /// `?limit=` (1..=1000, default 100) and `?after=` of a list.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Page {
     /// Most items in one answer.
     pub limit: Option<usize>,
@@ -351,6 +370,14 @@ pub struct Page {
 }
 
 impl Page {
+    /// `?limit=` and `?after=` of `q` (400 naming a bad one).
+    pub(crate) fn of(q: &query::Params) -> Result<Page, Response> {
+        Ok(Page {
+            limit: q.number("limit", 1..=1000)?.map(|n| n as usize),
+            after: q.text("after"),
+        })
+    }
+
     /// At most this many.
     pub fn size(&self) -> usize {
         self.limit.unwrap_or(100).clamp(1, 1000)

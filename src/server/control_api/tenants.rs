@@ -6,14 +6,14 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, Query, State};
+use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::{
-    bad_request, body_value, conflict, forbidden, not_found, paged, validate, within_parent,
-    write_failed, Caller, Page,
+    bad_request, body_value, conflict, forbidden, forbidden_at, not_found, paged, query, validate,
+    within_parent, write_failed, Caller, Page,
 };
 use crate::config::raw::RawTenant;
 use crate::config::Policy;
@@ -22,15 +22,24 @@ use crate::control::writes;
 use crate::gateway::AppState;
 use crate::server::admin::json_response;
 
-/// `?parent=`, `?prefix=`, `?source=` of the tenant list.
-#[derive(Debug, serde::Deserialize)]
-pub struct Filter {
+/// `?parent=`, `?prefix=`, `?source=` (`file`, `api`) of the tenant list.
+struct Filter {
     parent: Option<String>,
     prefix: Option<String>,
     source: Option<String>,
-    // Not a flattened `Page`: serde's flatten reads query numbers as strings.
-    limit: Option<usize>,
-    after: Option<String>,
+    page: Page,
+}
+
+impl Filter {
+    fn of(uri: &OriginalUri) -> Result<Filter, Response> {
+        let q = query::Params::of(uri, &["parent", "prefix", "source", "limit", "after"])?;
+        Ok(Filter {
+            parent: q.text("parent"),
+            prefix: q.text("prefix"),
+            source: q.one_of("source", &["file", "api"])?,
+            page: Page::of(&q)?,
+        })
+    }
 }
 
 /// A tenant as the API shows it: its fields as the config file writes
@@ -70,10 +79,13 @@ pub async fn list(
     State(st): State<Arc<AppState>>,
     uri: OriginalUri,
     headers: HeaderMap,
-    Query(f): Query<Filter>,
 ) -> Response {
     let c = match Caller::of(&st, &headers, &uri) {
         Ok(c) => c,
+        Err(r) => return r,
+    };
+    let f = match Filter::of(&uri) {
+        Ok(f) => f,
         Err(r) => return r,
     };
     let policy = st.policy.load_full();
@@ -92,16 +104,7 @@ pub async fn list(
         .filter_map(|t| Some((t.name.clone(), view(&policy, &snap, &file, &t.name)?)))
         .filter(|(_, v)| f.source.as_deref().is_none_or(|s| v["source"] == s))
         .collect();
-    json_response(
-        StatusCode::OK,
-        paged(
-            items,
-            &Page {
-                limit: f.limit,
-                after: f.after.clone(),
-            },
-        ),
-    )
+    json_response(StatusCode::OK, paged(items, &f.page))
 }
 
 /// `GET /admin/v1/tenants/{tenant}`.
@@ -191,6 +194,23 @@ fn parent_bound(c: &Caller, candidate: &Policy, name: &str) -> Result<(), Respon
     within_parent(&t.limits, &p.limits, &p.name, "limits")
 }
 
+/// For a scoped token: the change to `name` (`after`, against the served
+/// `before`) loosens nothing that binds its own tenant.
+fn root_bound(
+    c: &Caller,
+    name: &str,
+    before: (&Snapshot, &Policy),
+    after: (&Snapshot, &Policy),
+) -> Result<(), Response> {
+    let Some(root) = c.who.scope() else {
+        return Ok(());
+    };
+    match writes::loosened(root, name, before, after) {
+        Some(l) => Err(forbidden_at(&l)),
+        None => Ok(()),
+    }
+}
+
 /// `POST /admin/v1/tenants`.
 pub async fn create(
     State(st): State<Arc<AppState>>,
@@ -238,7 +258,14 @@ pub async fn create(
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+    if let Err(r) = parent_bound(&c, &candidate, &t.name).and_then(|()| {
+        root_bound(
+            &c,
+            &t.name,
+            (&c.plane.snapshot(), &policy),
+            (&snap, &candidate),
+        )
+    }) {
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());
@@ -351,7 +378,14 @@ pub async fn update(
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Err(r) = parent_bound(&c, &candidate, &t.name) {
+    if let Err(r) = parent_bound(&c, &candidate, &t.name).and_then(|()| {
+        root_bound(
+            &c,
+            &t.name,
+            (&c.plane.snapshot(), &policy),
+            (&snap, &candidate),
+        )
+    }) {
         return r;
     }
     let (db, actor, spec) = (c.plane.db().clone(), c.who.actor(), t.clone());

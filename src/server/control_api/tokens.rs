@@ -5,12 +5,15 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{OriginalUri, Path, Query, State};
+use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::json;
 
-use super::{bad_request, forbidden, not_found, unavailable, write_failed, Caller, Principal};
+use super::{
+    bad_request, forbidden, not_found, paged, query, unavailable, write_failed, Caller, Page,
+    Principal,
+};
 use crate::config::hash_key;
 use crate::config::ids::is_valid_id;
 use crate::control::runtime::Role;
@@ -112,7 +115,8 @@ pub async fn create(
     )
 }
 
-/// `GET /admin/v1/admin_tokens`: ids, roles and scopes (never digests).
+/// `GET /admin/v1/admin_tokens`: ids, roles and scopes (never digests),
+/// by id, paged (`?limit=`, `?after=`).
 pub async fn list(
     State(st): State<Arc<AppState>>,
     uri: OriginalUri,
@@ -125,14 +129,21 @@ pub async fn list(
     if let Err(r) = c.unscoped() {
         return r;
     }
+    let page = match query::Params::of(&uri, &["limit", "after"]).and_then(|q| Page::of(&q)) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let data: Vec<_> = c
         .plane
         .snapshot()
         .tokens
         .iter()
-        .map(|t| json!({ "id": t.id, "role": t.role.name(), "tenant": t.tenant }))
+        .map(|t| {
+            let v = json!({ "id": t.id, "role": t.role.name(), "tenant": t.tenant });
+            (t.id.clone(), v)
+        })
         .collect();
-    json_response(StatusCode::OK, json!({ "data": data }))
+    json_response(StatusCode::OK, paged(data, &page))
 }
 
 /// `POST /admin/v1/admin_tokens/{id}/revoke`.
@@ -166,19 +177,11 @@ pub async fn revoke(
     }
 }
 
-/// `?limit=` (1..=1000, default 100), `?before=` (a `seq`).
-#[derive(Debug, serde::Deserialize)]
-pub struct AuditQuery {
-    limit: Option<i64>,
-    before: Option<i64>,
-}
-
 /// `GET /admin/v1/audit`: newest first; unscoped tokens only.
 pub async fn audit(
     State(st): State<Arc<AppState>>,
     uri: OriginalUri,
     headers: HeaderMap,
-    Query(q): Query<AuditQuery>,
 ) -> Response {
     let c = match Caller::of(&st, &headers, &uri) {
         Ok(c) => c,
@@ -187,11 +190,20 @@ pub async fn audit(
     if let Err(r) = c.unscoped() {
         return r;
     }
-    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    // `?limit=` (1..=1000, default 100), `?before=` (a `seq`).
+    let q = query::Params::of(&uri, &["limit", "before"]);
+    let (limit, before) = match q.and_then(|q| {
+        let limit = q.number("limit", 1..=1000)?.unwrap_or(100);
+        Ok((limit as i64, q.number("before", 0..=i64::MAX as u64)?))
+    }) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let before = before.map(|b| b as i64);
     let db = c.plane.db().clone();
     let rows = c
         .plane
-        .run(async move { Ok(writes::audit(&db, q.before, limit).await?) })
+        .run(async move { Ok(writes::audit(&db, before, limit).await?) })
         .await;
     match rows {
         Ok(rows) => {

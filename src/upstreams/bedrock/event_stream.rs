@@ -121,11 +121,13 @@ pub fn translate(m: &Message) -> Translated {
 
 /// The event-stream body `frames` as an SSE byte stream. A frame that
 /// does not decode ends the stream with an `error` event; a stream that
-/// ends inside a frame ends there (the relay settles what it saw).
+/// ends inside a frame ends there (the relay settles what it saw). A read
+/// error goes on as it came: a timeout stays a timeout, which the relay
+/// cuts off cleanly (`time_limit`) as it does an SSE upstream's.
 pub fn to_sse<S, E>(frames: S) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
-    E: std::fmt::Display + Send,
+    E: Into<std::io::Error> + Send,
 {
     struct State<S> {
         frames: S,
@@ -167,7 +169,7 @@ where
                 Some(Ok(b)) => st.buf.extend_from_slice(&b),
                 Some(Err(e)) => {
                     st.done = true;
-                    return Some((Err(std::io::Error::other(e.to_string())), st));
+                    return Some((Err(e.into()), st));
                 }
                 None => return None,
             }

@@ -24,6 +24,7 @@ pub mod sigv4;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt as _;
 use serde_json::{json, Map, Value};
 
 use super::{classify_send_error, path_segment, UpstreamClient, UpstreamError};
@@ -137,12 +138,9 @@ impl UpstreamClient {
                 let credentials = match self.aws.get(&upstream.name, settings).await {
                     Ok(c) => c,
                     Err(why) => {
+                        // Nothing was sent: the next deployment may serve it.
                         tracing::warn!(deployment = %upstream.name, error = %why, "AWS credentials could not be loaded");
-                        return Ok(local_error(
-                            403,
-                            "authentication_error",
-                            &format!("Deployment {} has no AWS credentials: {why}", upstream.name),
-                        ));
+                        return Err(UpstreamError::Credentials(upstream.name.clone()));
                     }
                 };
                 let now = std::time::UNIX_EPOCH
@@ -161,7 +159,7 @@ impl UpstreamClient {
             }
         }
         let mut req = self
-            .client(upstream.connect_timeout)
+            .client(upstream)?
             .post(url.as_str())
             .timeout(upstream.timeout)
             .header("x-request-id", request_id)
@@ -217,11 +215,23 @@ impl UpstreamClient {
                 out = out.header(name, v.clone());
             }
         }
-        let sse = event_stream::to_sse(Box::pin(resp.bytes_stream()));
+        let frames = resp.bytes_stream().map(|r| r.map_err(read_error));
+        let sse = event_stream::to_sse(Box::pin(frames));
         out.body(reqwest::Body::wrap_stream(sse))
             .map(reqwest::Response::from)
             .map_err(|_| UpstreamError::Other(upstream.name.clone()))
     }
+}
+
+/// A read error of an event-stream body, its kind kept: reqwest's
+/// `is_timeout` finds `TimedOut` in the chain of the relay's error.
+fn read_error(e: reqwest::Error) -> std::io::Error {
+    let kind = if e.is_timeout() {
+        std::io::ErrorKind::TimedOut
+    } else {
+        std::io::ErrorKind::Other
+    };
+    std::io::Error::new(kind, e)
 }
 
 fn with_header(

@@ -30,6 +30,11 @@ pub trait Meter: Send + 'static {
     /// The stream created a provider-side object with this id (a stored
     /// response, at `response.created`).
     fn created(&mut self, _id: &str) {}
+    /// Where the stream is cut off at its time limit and at the shutdown
+    /// cutoff when its body is not polled; `None`: only when it is.
+    fn stream_cutoffs(&self) -> Option<&crate::admission::stream_cutoffs::StreamCutoffs> {
+        None
+    }
 }
 
 /// The answer to [`Meter::extend`].

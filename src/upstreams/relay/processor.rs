@@ -22,6 +22,7 @@ use crate::config::estimate::Encoding;
 use crate::dialects::anthropic::stream::{self as messages, BlockDelta, MessagesStream, Seen};
 use crate::dialects::chat_stream::Chunk;
 use crate::dialects::responses::stream::{DeltaEvent, StreamState};
+use crate::dialects::usage::UsageBounds;
 use crate::dialects::{Dialect, Part, UsageBreakdown};
 
 /// What the processor does with one frame.
@@ -68,6 +69,8 @@ pub struct StreamProcessor {
     exact: bool,
     /// Deltas delivered and not yet counted (never with `exact`).
     pending: PendingOutput,
+    /// The most the upstream's usage may report.
+    bounds: UsageBounds,
 }
 
 impl StreamProcessor {
@@ -101,7 +104,15 @@ impl StreamProcessor {
             new_object: None,
             exact: false,
             pending: PendingOutput::new(choices.max(1) as usize),
+            bounds: UsageBounds::ANY,
         }
+    }
+
+    /// The most the upstream's usage may report: a side above them is
+    /// settled at the gateway's count.
+    pub fn with_usage_bounds(mut self, bounds: UsageBounds) -> Self {
+        self.bounds = bounds;
+        self
     }
 
     /// Reads every event as a JSON tree and counts every delta as it
@@ -226,22 +237,30 @@ impl StreamProcessor {
     }
 
     /// What the stream used: the upstream's usage (which comes after the
-    /// last delta, so everything it counts was relayed), with what it did
-    /// not report filled from the input estimate and the output counted.
+    /// last delta, so everything it counts was relayed) within its bounds,
+    /// with what it did not report (or reported out of bounds) filled from
+    /// the input estimate and the output counted.
     pub fn used(&mut self, input_estimate: u64) -> UsageBreakdown {
-        let counts = match &self.messages {
-            Some(m) => m.needs_count(),
-            None => self.usage.and_then(|u| u.output).is_none(),
-        };
-        if counts {
+        if self
+            .messages
+            .as_ref()
+            .is_some_and(MessagesStream::needs_count)
+        {
             self.count_pending();
         }
-        if let Some(m) = &self.messages {
-            return m.used().filled(input_estimate, || m.counted());
+        let reported = match &self.messages {
+            Some(m) => m.used(),
+            None => self.usage.unwrap_or_default(),
         }
-        self.usage
-            .unwrap_or_default()
-            .filled(input_estimate, || self.output_tokens)
+        .bounded(&self.bounds);
+        if reported.output.is_none() {
+            self.count_pending();
+        }
+        let counted = match &self.messages {
+            Some(m) => m.counted(),
+            None => self.output_tokens,
+        };
+        reported.filled(input_estimate, || counted)
     }
 
     /// True once `data: [DONE]` passed.
@@ -636,5 +655,86 @@ impl StreamProcessor {
         }
         out.push(Bytes::from_static(b"data: [DONE]\n\n"));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sse(event: &str, data: Value) -> Bytes {
+        Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
+    }
+
+    /// A Messages stream whose usage is no count (negative input, 2^64 −
+    /// 1 output) or beyond the request's bounds settles at the input
+    /// estimate and the output the gateway counted.
+    #[test]
+    fn a_messages_stream_with_bad_usage_settles_the_gateways_count() {
+        let bounds = UsageBounds::new(40, Some(100), 1, None, None);
+        for (input, output) in [
+            (json!(-5), json!(18446744073709551615u64)),
+            (json!(2.5), json!(-1)),
+            (json!(200_000), json!(500)),
+        ] {
+            let mut p = StreamProcessor::new(Dialect::Messages, Encoding::O200kBase, false, 1)
+                .with_usage_bounds(bounds);
+            let frames = [
+                sse(
+                    "message_start",
+                    json!({"type": "message_start", "message": {"usage": {"input_tokens": input, "output_tokens": 1}}}),
+                ),
+                sse(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                sse(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello there"}}),
+                ),
+                sse(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+                sse(
+                    "message_delta",
+                    json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": output}}),
+                ),
+                sse("message_stop", json!({"type": "message_stop"})),
+            ];
+            for f in frames {
+                p.on_frame(f);
+            }
+            let used = p.used(40);
+            assert_eq!(
+                (used.input(), used.output),
+                (Some(40), Some(2)),
+                "{input} {output}"
+            );
+            assert!(used.rejected_input.is_some() && used.rejected_output.is_some());
+        }
+    }
+
+    /// The same on a Responses stream's terminal usage.
+    #[test]
+    fn a_responses_stream_with_bad_usage_settles_the_gateways_count() {
+        let bounds = UsageBounds::new(40, Some(100), 1, None, None);
+        let mut p = StreamProcessor::new(Dialect::Responses, Encoding::O200kBase, false, 1)
+            .with_usage_bounds(bounds)
+            .with_exact_counting();
+        p.on_frame(sse(
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "delta": "Hello there"}),
+        ));
+        p.on_frame(sse(
+            "response.completed",
+            json!({"type": "response.completed", "response": {"usage": {"input_tokens": -3, "output_tokens": 1e30}}}),
+        ));
+        let used = p.used(40);
+        assert_eq!((used.input(), used.output), (Some(40), Some(2)));
+        assert_eq!(
+            (used.rejected_input, used.rejected_output),
+            (Some("input_tokens"), Some("output_tokens"))
+        );
     }
 }

@@ -75,7 +75,7 @@ impl UpstreamClient {
         };
         let url = self.vertex_url(upstream, upstream_model, stream)?;
         let mut req = self
-            .client(upstream.connect_timeout)
+            .client(upstream)?
             .post(url)
             .timeout(upstream.timeout)
             .header(

@@ -19,21 +19,35 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::Stream;
 use http_body::Frame;
 
-use super::super::sse::FrameSplitter;
+use super::super::sse::{FrameSplitter, MAX_FRAME_BYTES};
 use super::{Ending, ExtendPlan, Extension, FrameAction, Meter, RelaySummary, StreamProcessor};
+use crate::admission::stream_cutoffs::{Cut, CutReason, CutoffHandle};
 
 type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 type Pending<M> = Pin<Box<dyn Future<Output = (M, Extension)> + Send>>;
 
 /// The body of a relayed stream: the upstream's frames as metered, then
 /// the frames of its ending; `on_end` gets the summary once it settled.
+///
+/// Its state is shared with the keeper of stream cutoffs
+/// ([`crate::admission::stream_cutoffs`]), which ends it at its time limit
+/// or at the shutdown cutoff when the connection stopped polling it (a
+/// client that stopped reading); each poll takes the state's lock,
+/// uncontended but for that moment.
 pub struct RelayBody<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> {
+    stream: Arc<Mutex<Streaming<M, F>>>,
+    /// Removes the stream from the keeper when the body is dropped.
+    _watched: Option<CutoffHandle>,
+}
+
+struct Streaming<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> {
     relay: Option<Relay<M>>,
     /// Frames for the client, not yet handed to the connection.
     out: Batch,
@@ -117,7 +131,9 @@ pub fn relay_body<M: Meter, F: FnOnce(RelaySummary) + Send + 'static>(
     on_end: F,
 ) -> RelayBody<M, F> {
     let shutdown = Box::pin(hold.shutdown());
-    RelayBody {
+    let deadline = plan.deadline;
+    let cutoffs = hold.stream_cutoffs().cloned();
+    let stream = Arc::new(Mutex::new(Streaming {
         relay: Some(Relay {
             upstream: Some(Box::pin(upstream.bytes_stream())),
             splitter: FrameSplitter::new(),
@@ -136,6 +152,14 @@ pub fn relay_body<M: Meter, F: FnOnce(RelaySummary) + Send + 'static>(
         yielded_at: None,
         idle_turns: 0,
         on_end: Some(on_end),
+    }));
+    let watched = cutoffs.map(|c| {
+        let weak: Weak<dyn Cut> = Arc::downgrade(&stream) as Weak<dyn Cut>;
+        c.register(deadline, weak)
+    });
+    RelayBody {
+        stream,
+        _watched: watched,
     }
 }
 
@@ -199,6 +223,15 @@ impl<M: Meter> Relay<M> {
             let Some(upstream) = &mut self.upstream else {
                 return Poll::Ready(Some(Ending::UpstreamError));
             };
+            if self.splitter.frame_too_large() {
+                tracing::warn!(reservation_id = %self.id(), max_bytes = MAX_FRAME_BYTES,
+                    "upstream event larger than the frame cap; ending the stream");
+                out.push(self.proc.error_frame(
+                    "The upstream sent an event larger than the gateway accepts; the stream was cut short.",
+                    "upstream_stream_truncated",
+                ));
+                return Poll::Ready(Some(Ending::UpstreamError));
+            }
             let read = upstream.as_mut().poll_next(cx);
             // Time is up, or the shutdown grace period is over: both end
             // cleanly, as when the budget runs out. Checked whenever the
@@ -347,29 +380,25 @@ impl<M: Meter> Relay<M> {
     }
 }
 
-impl<M: Meter + Unpin, F: FnOnce(RelaySummary) + Send + Unpin + 'static> http_body::Body
-    for RelayBody<M, F>
-{
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic mid-poll leaves at worst a stream cut short; its hold expires.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        let Some(relay) = &mut this.relay else {
-            return Poll::Ready(this.out.take().map(|b| Ok(Frame::data(b))));
+impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> Streaming<M, F> {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let Some(relay) = &mut self.relay else {
+            return Poll::Ready(self.out.take());
         };
-        match relay.advance(cx, &mut this.out, this.yielded_at.is_some()) {
+        match relay.advance(cx, &mut self.out, self.yielded_at.is_some()) {
             Poll::Ready(Some(ending)) => {
                 // Settled before its last frames reach the client.
-                if let Some(relay) = this.relay.take() {
-                    relay.settle(ending, this.on_end.take());
+                if let Some(relay) = self.relay.take() {
+                    relay.settle(ending, self.on_end.take());
                 }
             }
             Poll::Ready(None) => {}
-            Poll::Pending if this.out.is_empty() => return Poll::Pending,
+            Poll::Pending if self.out.is_empty() => return Poll::Pending,
             // Waiting for an extension: what was read goes now.
             Poll::Pending if relay.extending.is_some() => {}
             Poll::Pending => {
@@ -377,52 +406,97 @@ impl<M: Meter + Unpin, F: FnOnce(RelaySummary) + Send + Unpin + 'static> http_bo
                 // one, each after turns of the scheduler: while they
                 // bring more, the frames wait, so events that arrived
                 // together leave in one write, not one write each.
-                if this.yielded_at.is_some_and(|n| n == this.out.len()) {
-                    this.idle_turns += 1;
+                if self.yielded_at.is_some_and(|n| n == self.out.len()) {
+                    self.idle_turns += 1;
                 } else {
-                    this.idle_turns = 0;
+                    self.idle_turns = 0;
                 }
-                if this.idle_turns < IDLE_TURNS {
-                    this.yielded_at = Some(this.out.len());
+                if self.idle_turns < IDLE_TURNS {
+                    self.yielded_at = Some(self.out.len());
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
             }
         }
-        this.yielded_at = None;
-        this.idle_turns = 0;
-        Poll::Ready(this.out.take().map(|b| Ok(Frame::data(b))))
+        self.yielded_at = None;
+        self.idle_turns = 0;
+        Poll::Ready(self.out.take())
+    }
+
+    /// Ends the stream before the upstream did: its closing frames queued
+    /// (unless the client is gone), what was delivered settled. An
+    /// extension in flight may have been granted: its answer goes into the
+    /// meter before the settlement, which then refunds it.
+    fn end_early(&mut self, ending: Ending) {
+        let Some(mut relay) = self.relay.take() else {
+            return;
+        };
+        if ending != Ending::ClientGone {
+            relay.cut_off(&mut self.out, ending);
+        }
+        let on_end = self.on_end.take();
+        let Some(extension) = relay.extending.take() else {
+            relay.settle(ending, on_end);
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let (hold, _) = extension.await;
+                    relay.hold = Some(hold);
+                    relay.settle(ending, on_end);
+                });
+            }
+            // Only at process exit: the hold expires by its TTL.
+            Err(_) => tracing::debug!("stream body ended outside the runtime"),
+        }
+    }
+}
+
+impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> Cut for Mutex<Streaming<M, F>> {
+    /// The connection has not polled the body since the time limit or the
+    /// shutdown cutoff passed: the client is not reading.
+    fn cut(&self, why: CutReason) {
+        let mut stream = lock(self);
+        let Some(relay) = &stream.relay else { return };
+        let id = relay.id().to_owned();
+        let ending = match why {
+            CutReason::Deadline => {
+                tracing::info!(reservation_id = %id, "stream reached the request's time limit while its client was not reading; cutting off");
+                Ending::TimeLimit
+            }
+            CutReason::Shutdown => {
+                tracing::info!(reservation_id = %id, "gateway shutting down while the stream's client was not reading; cutting off");
+                Ending::CutOff
+            }
+        };
+        stream.end_early(ending);
+    }
+}
+
+impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> http_body::Body for RelayBody<M, F> {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        lock(&self.stream)
+            .poll_frame(cx)
+            .map(|b| b.map(|b| Ok(Frame::data(b))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.relay.is_none() && self.out.is_empty()
+        let stream = lock(&self.stream);
+        stream.relay.is_none() && stream.out.is_empty()
     }
 }
 
 impl<M: Meter, F: FnOnce(RelaySummary) + Send + 'static> Drop for RelayBody<M, F> {
     /// The client went away before the stream ended.
     fn drop(&mut self) {
-        let Some(mut relay) = self.relay.take() else {
-            return;
-        };
-        let on_end = self.on_end.take();
-        let Some(extension) = relay.extending.take() else {
-            relay.settle(Ending::ClientGone, on_end);
-            return;
-        };
-        // The extension may have been granted: its answer goes into the
-        // meter before the settlement, which then refunds it.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let (hold, _) = extension.await;
-                    relay.hold = Some(hold);
-                    relay.settle(Ending::ClientGone, on_end);
-                });
-            }
-            // Only at process exit: the hold expires by its TTL.
-            Err(_) => tracing::debug!("stream body dropped outside the runtime"),
-        }
+        lock(&self.stream).end_early(Ending::ClientGone);
     }
 }
 

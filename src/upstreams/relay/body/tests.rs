@@ -7,6 +7,7 @@ use futures_util::StreamExt;
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::admission::stream_cutoffs::{StreamCutoffs, SLACK};
 use crate::config::estimate::Encoding;
 use crate::dialects::{Dialect, UsageBreakdown};
 
@@ -15,6 +16,7 @@ use crate::dialects::{Dialect, UsageBreakdown};
 struct GatedMeter {
     gate: Option<oneshot::Receiver<Extension>>,
     log: Arc<Mutex<Vec<String>>>,
+    cutoffs: Option<StreamCutoffs>,
 }
 
 impl Meter for GatedMeter {
@@ -39,6 +41,10 @@ impl Meter for GatedMeter {
 
     fn shutdown(&self) -> impl Future<Output = ()> + Send + 'static {
         std::future::pending()
+    }
+
+    fn stream_cutoffs(&self) -> Option<&StreamCutoffs> {
+        self.cutoffs.as_ref()
     }
 
     fn settle(self, used: UsageBreakdown, ending: Ending) -> u64 {
@@ -84,6 +90,7 @@ fn relayed(
     let meter = GatedMeter {
         gate: Some(gate),
         log,
+        cutoffs: None,
     };
     let (ended, summary) = oneshot::channel();
     let body = relay_body(upstream(), proc, meter, plan, move |s| {
@@ -181,4 +188,108 @@ async fn a_client_gone_between_frames_settles_at_once() {
         Ending::ClientGone
     );
     assert_eq!(*log.lock().unwrap(), ["settled 10 client_gone"]);
+}
+
+// A client that stops reading: the connection no longer polls the body,
+// and the keeper of stream cutoffs ends it at its time limit all the same.
+#[tokio::test(start_paused = true)]
+async fn a_body_not_polled_is_cut_off_and_settled_at_its_time_limit() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (shutdown, cut) = tokio::sync::watch::channel(false);
+    let cutoffs = StreamCutoffs::new(cut);
+    let proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, false, 1);
+    let start = tokio::time::Instant::now();
+    let plan = ExtendPlan {
+        reserved_output: 100,
+        step: None,
+        max_output: 100,
+        input_tokens: 5,
+        deadline: Some(start + Duration::from_secs(5)),
+    };
+    let meter = GatedMeter {
+        gate: None,
+        log: log.clone(),
+        cutoffs: Some(cutoffs.clone()),
+    };
+    let (ended, summary) = oneshot::channel();
+    let mut body = relay_body(upstream(), proc, meter, plan, move |s| {
+        let _ = ended.send(s);
+    });
+    assert_eq!(cutoffs.live(), 1);
+    assert_eq!(read_until_waiting(&mut body).await, 10);
+    // Not polled from here on.
+    let summary = tokio::time::timeout(Duration::from_secs(60), summary)
+        .await
+        .expect("cut off while not polled")
+        .expect("on_end called");
+    assert_eq!(summary.ending, Ending::TimeLimit);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(5) + SLACK,
+        "cut at the time limit"
+    );
+    assert_eq!(*log.lock().unwrap(), ["settled 10 time_limit"]);
+    // A client that reads again gets the clean ending.
+    let (_, events) = read_writes(&mut body).await;
+    assert_eq!(events, 2, "the finish chunk and [DONE]");
+    assert!(http_body::Body::is_end_stream(&body));
+    drop(body);
+    assert_eq!(cutoffs.live(), 0);
+    assert_eq!(log.lock().unwrap().len(), 1, "settled once");
+    drop(shutdown);
+}
+
+// An upstream that sends one event without end: past the frame cap the
+// stream ends with the truncation error, not a buffer growing without bound.
+#[tokio::test(start_paused = true)]
+async fn an_event_past_the_frame_cap_ends_the_stream_with_the_truncation_error() {
+    let piece = Bytes::from(vec![b'x'; 16 * 1024]);
+    let reads = std::iter::once(Bytes::from_static(b"data: "))
+        .chain(std::iter::repeat_n(piece, 10_000_000 / (16 * 1024) + 1))
+        .map(Ok::<Bytes, std::io::Error>);
+    let stream = futures_util::stream::iter(reads).chain(futures_util::stream::pending());
+    let upstream = reqwest::Response::from(axum::http::Response::new(reqwest::Body::wrap_stream(
+        stream,
+    )));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let meter = GatedMeter {
+        gate: None,
+        log: log.clone(),
+        cutoffs: None,
+    };
+    let proc = StreamProcessor::new(Dialect::ChatCompletions, Encoding::O200kBase, false, 1);
+    let plan = ExtendPlan {
+        reserved_output: 100,
+        step: None,
+        max_output: 100,
+        input_tokens: 5,
+        deadline: None,
+    };
+    let (ended, mut summary) = oneshot::channel();
+    let mut body = relay_body(upstream, proc, meter, plan, move |s| {
+        let _ = ended.send(s);
+    });
+    let mut delivered = Vec::new();
+    while let Ok(Some(Ok(frame))) = tokio::time::timeout(
+        Duration::from_millis(100),
+        std::future::poll_fn(|cx| http_body::Body::poll_frame(Pin::new(&mut body), cx)),
+    )
+    .await
+    {
+        if let Ok(data) = frame.into_data() {
+            delivered.extend_from_slice(&data);
+        }
+    }
+    let text = String::from_utf8_lossy(&delivered);
+    assert!(text.contains("upstream_stream_truncated"), "{text}");
+    assert!(
+        delivered.len() < 1024,
+        "the oversized event is not forwarded"
+    );
+    assert_eq!(
+        summary.try_recv().expect("settled").ending,
+        Ending::UpstreamError
+    );
+    assert!(http_body::Body::is_end_stream(&body));
+    assert_eq!(*log.lock().unwrap(), ["settled 0 upstream_error"]);
 }
