@@ -212,7 +212,7 @@ pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> Usag
         p.estimate.choices,
         model.max_output_tokens,
         model.context_window,
-    }
+    )
 }
 
 /// The cap the gateway enforces on a stream of `upstream` (DESIGN section
