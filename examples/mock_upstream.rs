@@ -283,6 +283,9 @@ pub struct MockState {
     /// Responses: `web_search_call` items an answer reports when its body
     /// offers a web search tool (at most its `max_tool_calls`).
     web_search_calls: AtomicU64,
+    /// Chat and completions: the context length of a vLLM-style server
+    /// (0: none), [`MockState::set_context_window`].
+    context_window: AtomicU64,
     /// Amazon Bedrock: region, known credentials, faults ([`bedrock`]).
     pub bedrock: bedrock::BedrockState,
 }
@@ -309,6 +312,7 @@ impl MockState {
             stored_inputs: Mutex::default(),
             responses_details: Mutex::default(),
             web_search_calls: AtomicU64::new(0),
+            context_window: AtomicU64::new(0),
             bedrock: bedrock::BedrockState::default(),
         }
     }
@@ -357,6 +361,14 @@ impl MockState {
     /// Number of requests currently waiting on the hold.
     pub fn held_count(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Chat and completions answer as a vLLM server with a context of `n`
+    /// tokens does (0: no context limit): 400 when the prompt plus the
+    /// request's cap exceed it; without a cap, the output is at most what
+    /// the prompt leaves of it.
+    pub fn set_context_window(&self, n: u64) {
+        self.context_window.store(n, Ordering::SeqCst);
     }
 
     /// Completion length when the request has no smaller cap.
@@ -1100,10 +1112,24 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
         Some(Fault::MaxTokensOnly) => None,
         _ => positive_param(&body, "max_completion_tokens")?,
     };
-    let cap = [completion_cap, positive_param(&body, "max_tokens")?]
+    let mut cap = [completion_cap, positive_param(&body, "max_tokens")?]
         .into_iter()
         .flatten()
         .min();
+    let context = st.context_window.load(Ordering::SeqCst);
+    if context > 0 {
+        let completion = cap.unwrap_or(1);
+        if prompt_tokens.saturating_add(completion) > context {
+            return Err(bad_param(
+                "max_tokens",
+                &format!(
+                    "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.",
+                    prompt_tokens.saturating_add(completion)
+                ),
+            ));
+        }
+        cap = cap.or(Some(context - prompt_tokens));
+    }
     let output_tokens = st.output_tokens();
     let k = cap.map_or(output_tokens, |c| c.min(output_tokens));
     let finish = if cap == Some(k) && k < output_tokens {

@@ -532,7 +532,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
     let me = ModelEstimation {
         encoding: m.encoding,
         default_max_output_tokens: m.default_max_output_tokens,
-        max_output_tokens: m.max_output_tokens,
+        max_output_tokens: m.refused_above(),
         min_output_tokens: policy.min_output_tokens,
         token_ratio: m.token_ratio,
         image: m.image,

@@ -20,7 +20,7 @@ use metrics::{counter, gauge, Counter, Gauge};
 use super::amounts::Budgets;
 use super::exposure::{ExposureBook, ExposureGuard};
 use crate::budget::{BudgetName, Costs};
-use crate::config::output_reservation::ExpectedSettings;
+use crate::config::output_reservation::{ExpectedSettings, OutputReservation};
 
 /// Answers a window keeps (the most recent).
 pub const WINDOW: usize = 200;
@@ -91,15 +91,19 @@ pub struct ExpectedBooks {
 }
 
 impl ExpectedBooks {
-    /// The expected-mode part of the budget plan of `tenant` and `model`
-    /// (built once per plan, so a request looks nothing up).
+    /// The output-reservation part of the budget plan of `tenant` and
+    /// `model` (built once per plan, so a request looks nothing up).
     pub fn plan(
         &self,
-        settings: ExpectedSettings,
+        reservation: OutputReservation,
         tenant: &str,
         model: &str,
         default_output: u64,
     ) -> ExpectedPlan {
+        let settings = reservation.expected().unwrap_or(ExpectedSettings {
+            max_exposure: reservation.max_exposure(),
+            ..ExpectedSettings::default()
+        });
         let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
         let window = windows
             .entry((Arc::from(model), Arc::from(tenant)))
@@ -108,6 +112,7 @@ impl ExpectedBooks {
         let t = || tenant.to_string();
         ExpectedPlan {
             settings,
+            quantile: reservation.expected().is_some(),
             default_output,
             window,
             book: self.exposure.clone(),
@@ -150,9 +155,12 @@ pub struct ExpectedMetrics {
     exposure: Gauge,
 }
 
-/// What a budget plan of a tenant (or key) in expected mode carries.
+/// What a budget plan carries of its tenant's (or key's) output reservation.
 pub struct ExpectedPlan {
     settings: ExpectedSettings,
+    /// `output_reservation = "expected"`: the window's quantile is
+    /// reserved (else the model's default output, for uncapped requests).
+    quantile: bool,
     /// The model's `default_max_output_tokens` (per choice).
     default_output: u64,
     window: Arc<Mutex<OutputWindow>>,
@@ -199,15 +207,24 @@ pub struct Output {
 }
 
 impl ExpectedPlan {
-    /// The expected output per choice: the window's quantile, else the
-    /// model's default output; never above `per_choice_cap`.
+    /// In expected mode (`output_reservation = "expected"`).
+    pub fn expected_mode(&self) -> bool {
+        self.quantile
+    }
+
+    /// The expected output per choice: in expected mode the window's
+    /// quantile, else (and until it is known) the model's default output;
+    /// never above `per_choice_cap`.
     pub fn expected_per_choice(&self, per_choice_cap: u64) -> u64 {
-        let q = self
-            .window
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .quantile(self.settings.quantile_permille);
-        q.unwrap_or(self.default_output).min(per_choice_cap)
+        let q = self.quantile.then(|| {
+            self.window
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .quantile(self.settings.quantile_permille)
+        });
+        q.flatten()
+            .unwrap_or(self.default_output)
+            .min(per_choice_cap)
     }
 
     /// Lowers the output `costs` reserve on the token budgets among
@@ -221,10 +238,22 @@ impl ExpectedPlan {
         common: Budgets<'_>,
         costs: &mut Costs,
     ) -> (ExposureGuard, ExpectedTicket) {
+        let per_choice = self.expected_per_choice(output.cap / output.choices.max(1));
+        self.lower_to(output, per_choice, common, costs)
+    }
+
+    /// [`Self::lower`] to `per_choice` reserved per choice (at most the
+    /// cap's share): an uncapped request's reservation, whose cap is what
+    /// the model can answer at most.
+    pub fn lower_to(
+        &self,
+        output: Output,
+        per_choice: u64,
+        common: Budgets<'_>,
+        costs: &mut Costs,
+    ) -> (ExposureGuard, ExpectedTicket) {
         let choices = output.choices.max(1);
-        let expected = self
-            .expected_per_choice(output.cap / choices)
-            .saturating_mul(choices);
+        let expected = per_choice.min(output.cap / choices).saturating_mul(choices);
         let saving = output.cap.saturating_sub(expected);
         // Token budgets that count the output and hold the reserved output
         // (not the whole cap): tenant, key, tenant × model, end users.
@@ -271,22 +300,27 @@ impl ExpectedPlan {
 }
 
 /// `check-config`'s statement of the bound (DESIGN section 5, "Expected
-/// output"): for every tenant and key in expected mode, each token budget
-/// it lowers and the most that budget may be over-admitted at any moment,
-/// `fleet_size × max_exposure` (the book is per gateway).
+/// output"): for every tenant and key, each token budget its unmetered
+/// requests may leave partly unreserved (uncapped ones in either mode,
+/// capped ones in expected mode) and the most that budget may be
+/// over-admitted at any moment, `fleet_size × max_exposure` (the book is
+/// per gateway).
 pub fn describe(policy: &crate::config::Policy) -> Vec<String> {
     use crate::budget::keys::KeySpace;
     use crate::budget::Scope;
-    use crate::config::output_reservation::OutputReservation;
     let n = policy.store.lease.fleet_size.max(1);
     let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
     let mut out = Vec::new();
-    let mut line = |scope: Scope, limits: &crate::config::Limits, s: ExpectedSettings| {
+    let mut line = |scope: Scope, limits: &crate::config::Limits, r: OutputReservation| {
+        let mode = match r {
+            OutputReservation::Cap(_) => "cap",
+            OutputReservation::Expected(_) => "expected",
+        };
         for b in super::plan::scope_budgets(&ks, scope, limits, true) {
             if b.name.counts_tokens() && b.name != BudgetName::InputTpm {
-                let one = s.max_exposure.of(b.capacity());
+                let one = r.max_exposure().of(b.capacity());
                 out.push(format!(
-                    "  {} {}: max_exposure {one} per gateway; over-admission at any moment at most {} across the fleet",
+                    "  {} {} ({mode}): max_exposure {one} per gateway; over-admission at any moment at most {} across the fleet",
                     b.scope,
                     b.name,
                     one.saturating_mul(n),
@@ -295,24 +329,24 @@ pub fn describe(policy: &crate::config::Policy) -> Vec<String> {
         }
     };
     for t in &policy.tenants {
-        if let OutputReservation::Expected(s) = t.output_reservation {
-            line(Scope::Tenant(t.name.as_str().into()), &t.limits, s);
-        }
+        line(
+            Scope::Tenant(t.name.as_str().into()),
+            &t.limits,
+            t.output_reservation,
+        );
         for k in &t.keys {
-            if let OutputReservation::Expected(s) = t.output_reservation(k) {
-                line(
-                    Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
-                    &k.limits,
-                    s,
-                );
-            }
+            line(
+                Scope::Key(t.name.as_str().into(), k.id.as_str().into()),
+                &k.limits,
+                t.output_reservation(k),
+            );
         }
     }
     if !out.is_empty() {
         out.insert(
             0,
             format!(
-                "output_reservation = \"expected\": turns not metered as they stream reserve the expected output on tenant-side token budgets (their ancestors' and end users' too, each bounded alike), deployment budgets the whole cap; fleet of {n} gateway(s):"
+                "output reservation: requests whose output is not metered as it streams reserve less than they may answer on tenant-side token budgets (uncapped ones: the default output, or the expected output in expected mode, of the model's maximum; capped ones in expected mode: the expected output of their cap); what is left unreserved is bounded per budget; fleet of {n} gateway(s):"
             ),
         );
     }
@@ -356,7 +390,12 @@ mod tests {
     #[test]
     fn expected_output_is_the_default_until_known_and_never_above_the_cap() {
         let books = ExpectedBooks::default();
-        let plan = books.plan(ExpectedSettings::default(), "t", "m", 4096);
+        let plan = books.plan(
+            OutputReservation::Expected(ExpectedSettings::default()),
+            "t",
+            "m",
+            4096,
+        );
         assert_eq!(plan.expected_per_choice(64_000), 4096);
         assert_eq!(plan.expected_per_choice(1000), 1000);
         for _ in 0..MIN_KNOWN {
@@ -364,9 +403,19 @@ mod tests {
         }
         assert_eq!(plan.expected_per_choice(64_000), 1500);
         // Same (model, tenant): the same window, across plans (reloads).
-        let again = books.plan(ExpectedSettings::default(), "t", "m", 4096);
+        let again = books.plan(
+            OutputReservation::Expected(ExpectedSettings::default()),
+            "t",
+            "m",
+            4096,
+        );
         assert_eq!(again.expected_per_choice(64_000), 1500);
-        let other = books.plan(ExpectedSettings::default(), "u", "m", 4096);
+        let other = books.plan(
+            OutputReservation::Expected(ExpectedSettings::default()),
+            "u",
+            "m",
+            4096,
+        );
         assert_eq!(other.expected_per_choice(64_000), 4096);
     }
 

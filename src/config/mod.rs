@@ -255,9 +255,13 @@ pub struct ModelPolicy {
     /// client's cap goes upstream as sent (the provider answers for its
     /// own model) and an uncapped stream is sent its reservation.
     pub max_output_tokens: Option<u64>,
-    /// `context_window`: the most tokens input and output may hold
-    /// together, when configured; bounds the usage an upstream may report.
+    /// `context_window`: prompt plus output the model holds, tokens, when
+    /// configured; an uncapped request's output is at most what its input
+    /// estimate leaves of it, and it bounds the usage an upstream may report.
     pub context_window: Option<u64>,
+    /// A pattern entry's concrete names (`models`): what `GET /v1/models`
+    /// lists for it (never the pattern itself). Empty for exact entries.
+    pub listed: Vec<String>,
     /// Spends tokens that produce no deltas: streams are never extended.
     pub reasoning: bool,
     /// Order in which deployments are tried.
@@ -570,6 +574,15 @@ impl ModelPolicy {
             Some(p) => Some(p.clone()),
             None => self.price.clone(),
         }
+    }
+
+    /// The largest client cap accepted: an exact entry's
+    /// `max_output_tokens` (the provider's documented maximum for that
+    /// model). A pattern entry stands for models not yet released, whose
+    /// maximum nobody documented: it refuses no cap, the provider refuses
+    /// what it must.
+    pub fn refused_above(&self) -> Option<u64> {
+        self.max_output_tokens.filter(|_| !self.pattern)
     }
 }
 

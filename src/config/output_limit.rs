@@ -1,8 +1,9 @@
 //! What `budgetgate check-config` notes about output limits: a model
 //! without `max_output_tokens` is not a load error (the gateway then
-//! invents no limit and the provider answers for its own model), but its
-//! uncapped streams are sent their reservation and never extended, which
-//! an operator may not expect.
+//! invents no limit and the provider answers for its own model), but
+//! without `context_window` either its uncapped requests have no known
+//! bound, so they are sent their reservation as the cap and cut short
+//! there, which an operator may not expect.
 
 use super::Policy;
 
@@ -14,10 +15,17 @@ impl Policy {
             .enumerate()
             .filter(|(_, m)| m.max_output_tokens.is_none())
             .map(|(i, m)| {
+                let uncapped = match m.context_window {
+                    Some(_) => "a request without a cap is bounded by context_window".to_string(),
+                    None => format!(
+                        "a request without a cap is sent default_max_output_tokens ({}) as its cap, \
+                         its answer cut short there",
+                        m.default_max_output_tokens
+                    ),
+                };
                 format!(
-                    "models[{i}] ({}) has no max_output_tokens: client caps go upstream unchecked, \
-                     and a stream without a cap is sent default_max_output_tokens ({}) and not extended",
-                    m.name, m.default_max_output_tokens
+                    "models[{i}] ({}) has no max_output_tokens: client caps go upstream unchecked, and {uncapped}",
+                    m.name
                 )
             })
             .collect()

@@ -1,6 +1,7 @@
-//! `output_reservation`, `expected_quantile`, `max_exposure` (issue 37
-//! point 5): how much of a request's output cap its tenant and key
-//! budgets reserve when the output is not metered as it streams. The
+//! `output_reservation`, `expected_quantile`, `max_exposure`: how much
+//! of a request's output cap its tenant and key budgets reserve when the
+//! output is not metered as it streams, and how much of an uncapped
+//! request's possible output may go unreserved (both modes). The
 //! settings only; the admission layer (`crate::admission::expected`,
 //! `crate::admission::exposure`) applies them.
 
@@ -14,21 +15,36 @@ pub const DEFAULT_QUANTILE_PERMILLE: u32 = 900;
 pub const DEFAULT_EXPOSURE_PERCENT: u64 = 10;
 
 /// What a tenant or key reserves of an output cap it does not meter as it streams.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputReservation {
-    /// The whole cap (the default; unchanged behaviour).
-    #[default]
-    Cap,
+    /// The whole cap of a request that gives one (the default); a request
+    /// without a cap reserves the model's default output, the rest of the
+    /// model's maximum within `max_exposure`.
+    Cap(MaxExposure),
     /// The expected output, within a per-budget exposure.
     Expected(ExpectedSettings),
+}
+
+impl Default for OutputReservation {
+    fn default() -> Self {
+        Self::Cap(ExpectedSettings::default().max_exposure)
+    }
 }
 
 impl OutputReservation {
     /// The expected-mode settings, when that mode is chosen.
     pub fn expected(&self) -> Option<ExpectedSettings> {
         match self {
-            Self::Cap => None,
+            Self::Cap(_) => None,
             Self::Expected(s) => Some(*s),
+        }
+    }
+
+    /// `max_exposure` (either mode: uncapped requests take exposure in both).
+    pub fn max_exposure(&self) -> MaxExposure {
+        match self {
+            Self::Cap(m) => *m,
+            Self::Expected(s) => s.max_exposure,
         }
     }
 }

@@ -353,7 +353,12 @@ pub struct RawModel {
     pub encoding: Option<String>,
     pub default_max_output_tokens: Option<i64>,
     pub max_output_tokens: Option<i64>,
+    /// Prompt plus output the model holds, tokens (an uncapped request's
+    /// output is bounded by what the prompt leaves of it).
     pub context_window: Option<i64>,
+    /// A pattern entry's concrete names, listed by `GET /v1/models`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<String>,
     pub reasoning: Option<bool>,
     pub routing: Option<String>,
     pub responses: Option<bool>,

@@ -98,9 +98,10 @@ pub struct BudgetPlan {
     pub requester: Arc<Requester>,
     /// What every ledger row of the plan's reservations shares.
     pub ledger: Arc<crate::ledger::LedgerScope>,
-    /// `output_reservation = "expected"` of the tenant or key; `None`:
-    /// the whole cap (nothing looked up per request).
-    pub expected: Option<crate::admission::expected::ExpectedPlan>,
+    /// `output_reservation` of the tenant or key: what requests not
+    /// metered as they stream reserve (looked at only by those that may
+    /// reserve less than they can answer).
+    pub expected: crate::admission::expected::ExpectedPlan,
 }
 
 /// One deployment a request of a [`BudgetPlan`] may be sent to.
@@ -294,14 +295,12 @@ impl AppState {
                             .collect(),
                         upstream_model: model.upstream_model.as_str().into(),
                     }),
-                    expected: tenant.output_reservation(key).expected().map(|s| {
-                        self.expected.plan(
-                            s,
-                            &tenant.name,
-                            &model.name,
-                            model.default_max_output_tokens,
-                        )
-                    }),
+                    expected: self.expected.plan(
+                        tenant.output_reservation(key),
+                        &tenant.name,
+                        &model.name,
+                        model.default_max_output_tokens,
+                    ),
                     tenant_metrics: Arc::new(TenantMetrics::new(&tenant.name)),
                     requester: Arc::new(Requester {
                         tenant: tenant.name.as_str().into(),

@@ -125,37 +125,84 @@ pub async fn admit<'p>(
         .map(|(s, c)| (s.clone(), *c))
         .unzip();
     let id = cx.finish.request_id.reservation_id(first);
-    let demand = Demand {
+    let model = policy.model_at(request.model);
+    let e = &plan.expected;
+    let choices = request.estimate.choices.max(1);
+    let mut demand = Demand {
         cache_writes: request.cache,
         hosted: request.hosted,
         ..Demand::of(&request.estimate)
     };
+    // Output not metered as it streams: an uncapped answer may run to its
+    // bound, which the tenant's budgets hold unless the exposure lowers it.
+    let unmetered = !request.stream || request.never_extend;
+    let uncapped = request.uncapped_bound(model).filter(|_| unmetered);
+    let bound = uncapped.map(|b| b.per_choice);
+    // What an uncapped request reserves, per choice: what
+    // `output_reservation` says (the default output, lowered to the room;
+    // or the expected output), never above the bound.
+    let reserved = bound.map(|b| {
+        let estimated = request.estimate.output_tokens_per_choice;
+        let r = match e.expected_mode() && !request.estimate.lowered_default {
+            true => e.expected_per_choice(b),
+            false => estimated,
+        };
+        r.min(b)
+    });
+    if let Some(b) = bound {
+        demand.output = b.saturating_mul(choices);
+    }
     let common_budgets = Budgets {
         specs: &common,
         counting: &common_counting,
     };
-    let mut costs = amounts::reserve_costs(
-        &demand,
-        common_budgets,
-        candidates.iter().map(|d| {
-            let budgets = Budgets {
-                specs: &d.budgets,
-                counting: &d.counting,
-            };
-            (budgets, d.price.as_deref())
-        }),
-    );
-    // Opt-in only: a plan in "cap" mode has no expected part.
-    let (exposure, expected) = match &plan.expected {
-        Some(e) if !request.stream || request.never_extend => {
-            let output = Output {
-                cap: demand.output,
-                choices: request.estimate.choices,
-            };
+    let cost_of = |demand: &Demand| {
+        amounts::reserve_costs(
+            demand,
+            common_budgets,
+            candidates.iter().map(|d| {
+                let budgets = Budgets {
+                    specs: &d.budgets,
+                    counting: &d.counting,
+                };
+                (budgets, d.price.as_deref())
+            }),
+        )
+    };
+    let mut costs = cost_of(&demand);
+    let output = Output {
+        cap: demand.output,
+        choices: request.estimate.choices,
+    };
+    let (exposure, expected) = match reserved {
+        Some(r) => {
+            // The tenant's rows at the bound, lowered to the reservation
+            // within `max_exposure`; the deployments' at the reservation
+            // when no cap is sent (what a provider counts at request start).
+            if uncapped.is_some_and(|b| !b.sent) {
+                let at_reservation = cost_of(&Demand {
+                    output: r.saturating_mul(choices),
+                    ..demand
+                });
+                for (row, low) in costs
+                    .per_candidate
+                    .iter_mut()
+                    .zip(&at_reservation.per_candidate)
+                {
+                    for (a, l) in row.iter_mut().zip(low).skip(common.len()) {
+                        *a = *l;
+                    }
+                }
+            }
+            let (guard, ticket) = e.lower_to(output, r, common_budgets, &mut costs);
+            (Some(guard), Some(ticket))
+        }
+        // Opt-in only: in "cap" mode a capped request looks nothing up.
+        None if unmetered && e.expected_mode() => {
             let (guard, ticket) = e.lower(output, common_budgets, &mut costs);
             (Some(guard), Some(ticket))
         }
-        _ => (None, None),
+        None => (None, None),
     };
     let reserve = ReserveRequest {
         share: cx.share.clone(),

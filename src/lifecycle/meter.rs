@@ -153,8 +153,8 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
     };
     // The request's time limit counts from its arrival.
     let deadline = cx.finish.started + cx.policy.server.max_request;
-    // Extended up to the cap sent: the client's (an incremental
-    // reservation of it, prepare), else the model's configured limit; an
+    // Extended up to the client's cap (an incremental reservation of it,
+    // prepare), else the bound of an uncapped answer (sent uncapped); an
     // uncapped stream of a model without one is sent its reservation.
     let max_output = output_cap(request, model).saturating_mul(choices);
     let step = (!request.never_extend && estimate.output_tokens < max_output)

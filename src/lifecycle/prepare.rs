@@ -78,9 +78,49 @@ pub struct Prepared {
     /// each tool's `max_uses` set to the model's maximum or the client's
     /// lower value ([`server_tool_max_uses`]).
     pub max_tool_calls: Option<u64>,
+    /// The tightest token capacities of the request's budgets (what an
+    /// uncapped default and an uncapped bound are lowered to fit).
+    pub room: estimate::TokenRoom,
+}
+
+/// The bound of an uncapped request's answer ([`Prepared::uncapped_bound`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UncappedBound {
+    /// Most output per choice the answer can have.
+    pub per_choice: u64,
+    /// Sent upstream as the cap (lower than the model's own bound).
+    pub sent: bool,
 }
 
 impl Prepared {
+    /// The bound of an uncapped request's answer, per choice, and whether
+    /// it goes upstream as the cap (DESIGN section 5, "Uncapped
+    /// requests"): the model's own bound ([`model_bound`]); for output not
+    /// metered as it streams, lowered to fit the budgets' capacities and
+    /// sent when so lowered (the budgets cannot hold the model's whole
+    /// answer). Otherwise the request goes upstream uncapped and runs to
+    /// its natural end (a metered stream extends up to the bound). `None`:
+    /// the client gave a cap (or the gateway clamped one), or no bound is
+    /// known and the reservation goes upstream as the cap. `model` is the
+    /// request's entry.
+    pub fn uncapped_bound(&self, model: &ModelPolicy) -> Option<UncappedBound> {
+        let e = &self.estimate;
+        let own = model_bound(e, model, self.references.background)?;
+        if self.stream && !self.never_extend {
+            return Some(UncappedBound {
+                per_choice: own,
+                sent: false,
+            });
+        }
+        // The reservation fits the room, so the bound lowered to it does too.
+        let fitted = estimate::fit_output(e.input_tokens, e.choices, own, 1, self.room)
+            .map_or(e.output_tokens_per_choice, |(per_choice, _)| per_choice);
+        Some(UncappedBound {
+            per_choice: fitted,
+            sent: fitted < own,
+        })
+    }
+
     /// The model name sent upstream: the client's, matched by a pattern
     /// entry without `upstream_model`; else the entry's `upstream_model`.
     pub fn upstream_model<'a>(&'a self, model: &'a ModelPolicy) -> &'a str {
@@ -417,7 +457,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     let me = ModelEstimation {
         encoding: model.encoding,
         default_max_output_tokens: model.default_max_output_tokens,
-        max_output_tokens: model.max_output_tokens,
+        max_output_tokens: model.refused_above(),
         min_output_tokens: policy.min_output_tokens,
         token_ratio: model.token_ratio,
         image: model.image,
@@ -481,7 +521,27 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         sent_model,
         hosted,
         max_tool_calls,
+        room,
     })
+}
+
+/// The most output per choice the model can answer a request without a
+/// cap: its `max_output_tokens`, at most what the input estimate leaves of
+/// its `context_window`. `None` when the client gave a cap, for a
+/// background response (charged its reservation whatever it answers, so
+/// the reservation stays its cap), for embeddings, and when the model
+/// states neither bound.
+fn model_bound(e: &Estimate, model: &ModelPolicy, background: bool) -> Option<u64> {
+    if e.client_max_output.is_some() || e.choices == 0 || background {
+        return None;
+    }
+    let room = model
+        .context_window
+        .map(|c| c.saturating_sub(e.input_tokens));
+    match (model.max_output_tokens, room) {
+        (Some(max), Some(room)) => Some(max.min(room)),
+        (max, room) => max.or(room),
+    }
 }
 
 /// The 404 of a model name `sent` that `key` cannot use on `dialect`'s

@@ -12,7 +12,6 @@ use super::prepare::Prepared;
 use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
 use crate::dialects::usage::UsageBounds;
 use crate::dialects::Dialect;
-use crate::estimate::Estimate;
 
 /// The body to send to `upstream`: model name, output cap (DESIGN
 /// section 1.6), and usage reporting for streams. Everything else passes
@@ -28,15 +27,7 @@ pub fn upstream_body(
     let id = upstream
         .model_id(model, name)
         .unwrap_or(Cow::Borrowed(name));
-    let mut out = rewrite(
-        &p.raw,
-        &p.estimate,
-        p.clamped,
-        p.stream,
-        (model, &*id),
-        dialect,
-        upstream,
-    )?;
+    let mut out = rewrite(p, (model, &*id), dialect, upstream)?;
     match (p.max_tool_calls, dialect) {
         (Some(_), Dialect::Messages) => {
             let tools = server_tool_max_uses(&out, model)?;
@@ -105,19 +96,22 @@ fn set_member(body: &[u8], key: &str, value: &str) -> Result<Vec<u8>, serde_json
     Ok(out)
 }
 
-/// [`upstream_body`] of a client body `raw` (a JSON object) with its
-/// `estimate`, streamed or not; `clamped`: the client's cap was lowered
-/// and the lowered one replaces it in every dialect. `model` is the entry
-/// and the name it goes upstream as.
+/// [`upstream_body`] without the hosted tools' limits: the client's body
+/// (a JSON object) with the model name, the output cap (a clamped cap
+/// replaces the client's in every dialect) and usage reporting. `model`
+/// is the entry and the name it goes upstream as.
 pub fn rewrite(
-    raw: &[u8],
-    estimate: &Estimate,
-    clamped: bool,
-    stream: bool,
+    p: &Prepared,
     (model, upstream_model): (&ModelPolicy, &str),
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
+    let (raw, estimate, clamped, stream) = (&p.raw[..], &p.estimate, p.clamped, p.stream);
+    // An uncapped request with a known bound goes upstream uncapped unless
+    // the budgets cannot hold it: every API served uncapped here lets a
+    // request go without a cap (a Messages body always carries its
+    // `max_tokens`).
+    let uncapped = p.uncapped_bound(model).is_some_and(|b| !b.sent);
     // Top-level fields as raw JSON slices, in the client's order: values
     // are copied byte for byte, never re-serialised (a 400 KB prompt costs
     // a scan, not a rebuild).
@@ -139,14 +133,16 @@ pub fn rewrite(
         .cap_field(upstream.max_tokens_only)
         .filter(|_| clamped || !dialect.is_anthropic());
     if let Some(cap_field) = cap_field {
-        let cap = cap_for(estimate, stream, model).max(dialect.min_cap());
+        let cap = output_cap(p, model).max(dialect.min_cap());
         if cap_field == "max_tokens" {
             removed.push("max_completion_tokens");
         } else if clamped {
             // Chat: the client's larger cap may be in either field.
             removed.push("max_tokens");
         }
-        if estimate.client_max_output.is_none() || cap_field == "max_tokens" || clamped {
+        if !uncapped
+            && (estimate.client_max_output.is_none() || cap_field == "max_tokens" || clamped)
+        {
             set.push((cap_field, cap.to_string()));
         }
         // Streams carry usage only when asked for (DESIGN section 5).
@@ -186,19 +182,29 @@ pub fn rewrite(
     Ok(out)
 }
 
-/// The output cap per choice sent upstream: the client's own cap, else
-/// the model's configured largest output for a stream (which extends its
-/// reservation as it grows), else the reserved output (a model without a
-/// configured limit has no larger cap the gateway knows to be accepted).
+/// The output cap per choice of a request: the client's own cap, else
+/// the bound of an uncapped answer ([`Prepared::uncapped_bound`]: sent
+/// only when the budgets lowered it, but what a stream is extended and
+/// enforced up to), else the reserved output (no bound known, or a
+/// background response), which is then sent upstream as the cap.
 pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
-    cap_for(&p.estimate, p.stream, model)
+    match (p.estimate.client_max_output, p.uncapped_bound(model)) {
+        (Some(client), _) => client,
+        (None, Some(bound)) => bound.per_choice,
+        (None, None) => p.estimate.output_tokens_per_choice,
+    }
 }
 
 /// The most usage an upstream can report for `p` (DESIGN "The upstream's
-/// usage is bounded"): the output bound is the cap [`rewrite`] sends.
+/// usage is bounded"): the output bound is the cap [`rewrite`] sends; an
+/// uncapped request sent without one is bounded by the model's
+/// `max_output_tokens`, else its context window.
 pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> UsageBounds {
+    let sent_uncapped = p.estimate.client_max_output.is_none()
+        && p.uncapped_bound(model).is_some_and(|b| !b.sent);
     let cap = dialect
         .cap_field(false)
+        .filter(|_| !sent_uncapped)
         .map(|_| output_cap(p, model).max(dialect.min_cap()));
     UsageBounds::new(
         p.estimate.input_tokens,
@@ -207,17 +213,6 @@ pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> Usag
         model.max_output_tokens,
         model.context_window,
     )
-}
-
-/// [`output_cap`] of a request with `estimate`, streamed or not.
-pub fn cap_for(estimate: &Estimate, stream: bool, model: &ModelPolicy) -> u64 {
-    match estimate.client_max_output {
-        Some(client) => client,
-        None => match model.max_output_tokens {
-            Some(max) if stream && !model.reasoning => max,
-            _ => estimate.output_tokens_per_choice,
-        },
-    }
 }
 
 /// The cap the gateway enforces on a stream of `upstream` (DESIGN section

@@ -1,6 +1,6 @@
 //! The routes' handlers: the proxied endpoints hand the request to the
-//! lifecycle ([`crate::lifecycle`]); models, health, metrics and unknown
-//! paths are answered here.
+//! lifecycle ([`crate::lifecycle`]); health, metrics and unknown paths
+//! are answered here (models: [`super::models`]).
 
 use std::sync::Arc;
 
@@ -9,14 +9,12 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::config::ModelPolicy;
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
 use crate::gateway::AppState;
 use crate::lifecycle;
-use crate::lifecycle::authenticate::authenticate;
 use crate::lifecycle::context::RequestContext;
 use crate::lifecycle::stored::{self, StoredOp};
 use crate::metrics;
@@ -95,50 +93,6 @@ pub async fn stored_response(
         StoredOp::Delete | StoredOp::Cancel => None,
     };
     stored::stored(st, headers, id, op, query).await
-}
-
-/// `GET /v1/models`: the configured public models, OpenAI list shape.
-pub async fn list_models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let mut cx =
-        RequestContext::new(st, Dialect::ChatCompletions, &headers).at("GET", "/v1/models");
-    let result = authenticate(&mut cx, &headers).map(|_| {
-        let data: Vec<Value> = cx.policy.models.iter().map(model_object).collect();
-        Json(json!({"object": "list", "data": data})).into_response()
-    });
-    lifecycle::conclude(cx, result)
-}
-
-/// `GET /v1/models/{model}`.
-pub async fn get_model(
-    State(st): State<Arc<AppState>>,
-    Path(model): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let mut cx =
-        RequestContext::new(st, Dialect::ChatCompletions, &headers).at("GET", "/v1/models/{model}");
-    let result = authenticate(&mut cx, &headers).and_then(|caller| {
-        let policy = &cx.policy;
-        let key = policy.key(caller.tenant, caller.key);
-        match policy.model(&model) {
-            // A name a pattern entry serves is listed under that name.
-            Some(m) if key.allows(&model) => Ok(Json(json!({
-                "id": if m.pattern { model.as_str() } else { m.name.as_str() },
-                "object": "model", "created": 0, "owned_by": "budgetgate"
-            }))
-            .into_response()),
-            _ => Err(lifecycle::prepare::not_found(
-                policy,
-                key,
-                Dialect::ChatCompletions,
-                &model,
-            )),
-        }
-    });
-    lifecycle::conclude(cx, result)
-}
-
-fn model_object(m: &ModelPolicy) -> Value {
-    json!({"id": m.name, "object": "model", "created": 0, "owned_by": "budgetgate"})
 }
 
 /// `GET /metrics`: Prometheus text exposition.

@@ -4,6 +4,7 @@
 //! below imports it.
 //!
 //! - [`handlers`]: the routes of the request lifecycle of DESIGN section 1.
+//! - [`models`]: `GET /v1/models` in OpenAI's or Anthropic's shape.
 //! - [`admin`]: the operator API under `/admin/v1/` and the one admin
 //!   authentication ([`admin::Principal`]).
 //! - [`control_api`]: tenants, keys, admin tokens and the audit trail
@@ -23,6 +24,7 @@ pub mod budget_view;
 pub mod connections;
 pub mod control_api;
 pub mod handlers;
+pub mod models;
 pub mod reconcile;
 pub mod refusals;
 pub mod spend;
@@ -62,8 +64,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}/input_items",
             get(|s, p, u, h| handlers::stored_response(StoredOp::InputItems, s, p, u, h)),
         )
-        .route("/v1/models", get(handlers::list_models))
-        .route("/v1/models/{model}", get(handlers::get_model))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{model}", get(models::get))
         .route(
             "/openai/deployments/{deployment}/chat/completions",
             post(handlers::azure_chat_completions),

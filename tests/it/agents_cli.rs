@@ -402,7 +402,7 @@ async fn run(program: &Path, args: &[&str], dir: &Path, env: &[(String, String)]
 /// `config/<file>` as shipped, its upstream pointed at `mock` (Anthropic
 /// upstreams take the base URL without `/v1`) and its listener at a free
 /// port.
-fn shipped(file: &str, mock: &mock_upstream::MockUpstream) -> TestConfig {
+pub(crate) fn shipped(file: &str, mock: &mock_upstream::MockUpstream) -> TestConfig {
     let mut c = TestConfig::read(&repo_path(&format!("config/{file}")));
     c.server.listen = Some("127.0.0.1:0".into());
     for u in &mut c.upstreams {

@@ -427,3 +427,32 @@ fn the_shipped_configs_start_the_built_binaries() {
         }
     }
 }
+
+/// Every shipped agent config (Codex on `local.toml`, Claude Code on
+/// `local-anthropic.toml` and `bedrock.toml`) reserves the expected output
+/// with a `max_exposure` it states: a thinking turn's whole cap would
+/// otherwise be reserved (~145k for Claude Code's 128000).
+#[test]
+fn every_shipped_agent_config_reserves_the_expected_output_with_a_stated_exposure() {
+    for file in ["local.toml", "local-anthropic.toml", "bedrock.toml"] {
+        let text = std::fs::read_to_string(repo_path(&format!("config/{file}"))).expect("config");
+        let raw: toml::Value = toml::from_str(&text).expect("TOML");
+        let tenants = raw["tenants"].as_array().expect("tenants");
+        let agents: Vec<&toml::Value> = tenants
+            .iter()
+            .filter(|t| matches!(t["name"].as_str(), Some("demo" | "coder")))
+            .collect();
+        assert_eq!(agents.len(), 1, "{file}: its agent tenant");
+        for t in agents {
+            assert_eq!(
+                t.get("output_reservation").and_then(toml::Value::as_str),
+                Some("expected"),
+                "{file}"
+            );
+            assert!(
+                t.get("max_exposure").is_some(),
+                "{file}: max_exposure stated"
+            );
+        }
+    }
+}

@@ -192,9 +192,9 @@ async fn self_hosted_stream_past_the_client_cap_is_cut_off_at_cap_plus_tolerance
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_cap_sent_upstream() {
+async fn self_hosted_uncapped_stream_is_cut_off_at_the_models_maximum() {
     let (r, gw) = over_cap_case("uncapped", Kind::SelfHosted, None, 200).await;
-    // The gateway sent max_completion_tokens = 200; tolerance 4.
+    // Sent uncapped, enforced at the model's 200; tolerance 4.
     assert_eq!(deltas(&r, "0"), 204, "{r}");
     assert_eq!(r["finish"]["0"], "length", "{r}");
     assert_eq!(

@@ -13,9 +13,11 @@ use serde_json::{json, Value};
 async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estimate() {
     let mock = start_mock().await;
     mock.state.hold();
-    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
-        .start()
-        .await;
+    let mut c = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000));
+    // No bound known: an uncapped request reserves (and is capped at) the
+    // default, so E is exact.
+    c.model("gpt-4o-mini").max_output_tokens = None;
+    let gw = c.start().await;
     let e = chat_input_tokens(
         &json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}),
     ) + 100;
@@ -72,9 +74,10 @@ async fn fifty_parallel_sdk_requests_admit_exactly_floor_of_capacity_over_estima
 async fn unused_output_is_refunded_and_shows_in_the_next_remaining_tokens() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(10);
-    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000))
-        .start()
-        .await;
+    let mut c = TestConfig::standard(&mock.base_url(), 100, limits().tpm(1000).rpm(1000));
+    // No bound known: an uncapped request reserves the default whole.
+    c.model("gpt-4o-mini").max_output_tokens = None;
+    let gw = c.start().await;
     let body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     let input = chat_input_tokens(&body);
     let e = input + 100;
@@ -132,23 +135,33 @@ async fn an_underestimate_becomes_debt_that_delays_the_next_admission_exactly() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_output_cap_always_goes_upstream() {
+async fn the_output_cap_goes_upstream_unless_an_uncapped_answer_has_a_bound() {
     let mock = start_mock().await;
-    let gw = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000))
-        .start()
-        .await;
+    let mut c = TestConfig::standard(&mock.base_url(), 100, limits().tpm(100000));
+    c.models.push(config::RawModel {
+        encoding: Some("o200k_base".into()),
+        default_max_output_tokens: Some(100),
+        ..config::model("gpt-4o", &["mock"])
+    });
+    let gw = c.start().await;
     let uncapped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(post_chat(&gw, KEY, &uncapped).await.status(), 200);
     let capped = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7});
     assert_eq!(post_chat(&gw, KEY, &capped).await.status(), 200);
+    let unbounded = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(post_chat(&gw, KEY, &unbounded).await.status(), 200);
     let reqs = mock.state.requests();
-    assert_eq!(
-        reqs[0].body["max_completion_tokens"], 100,
-        "uncapped: the reserved output is the cap"
+    assert!(
+        reqs[0].body.get("max_completion_tokens").is_none(),
+        "uncapped, on a model with a bound (max_output_tokens): no cap"
     );
     assert_eq!(
         reqs[1].body["max_completion_tokens"], 7,
         "capped: the client's cap"
+    );
+    assert_eq!(
+        reqs[2].body["max_completion_tokens"], 100,
+        "uncapped, no bound known: the reserved output is the cap"
     );
     assert!(
         reqs.iter().all(|r| r.header("authorization").is_none()),

@@ -162,3 +162,92 @@ async fn an_unknown_name_is_told_the_names_and_patterns() {
     }
     assert_eq!(mock.state.request_count(), 0);
 }
+
+/// Fault: a pattern entry's `max_output_tokens` refused the cap a client
+/// released after the config sends (Claude Code 2.1.332's 128000 against
+/// `claude-*`'s 64000): every turn a 400. An exact entry, which mirrors
+/// one model's documented maximum, still refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_entry_never_refuses_a_larger_client_cap_an_exact_entry_does() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(5);
+    let gw = config(&mock.base_url()).start().await;
+    let mut b = body("zz-new-model");
+    b["max_tokens"] = json!(128_000);
+    let r = post_chat(&gw, KEY, &b).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let sent = &mock.state.requests()[0].body;
+    assert_eq!(
+        sent["max_tokens"], 128_000,
+        "the client's cap goes upstream"
+    );
+    b["model"] = json!("zz-exact");
+    let r = post_chat(&gw, KEY, &b).await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "max_tokens");
+    let m = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(m.contains("at most 4096"), "{m}");
+    assert_eq!(
+        mock.state.request_count(),
+        1,
+        "the refused one never went up"
+    );
+    gw.all_settled().await;
+}
+
+/// The newest Claude Code's default turn (recorded shape: model
+/// `claude-opus-5-5`, `max_tokens: 128000`, adaptive thinking, effort)
+/// on `config/local-anthropic.toml` as shipped: admitted and answered, and
+/// in the shipped expected mode it reserves its input and the default
+/// output, not its 128,000 cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_claude_code_default_turn_runs_on_the_shipped_config() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(20);
+    let gw = crate::agents_cli::shipped("local-anthropic.toml", &mock)
+        .start()
+        .await;
+    let body = json!({
+        "model": "claude-opus-5-5", "max_tokens": 128_000, "stream": true,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "output_config": {"effort": "medium"},
+        "messages": [{"role": "user", "content": "say hi"}],
+    });
+    mock.state.hold();
+    let url = gw.base_url();
+    let turn = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}/messages"))
+            .header("x-api-key", "sk-local-claude")
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/messages");
+        (r.status().as_u16(), r.text().await.unwrap_or_default())
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while mock.state.held_count() < 1 {
+        if turn.is_finished() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached the upstream"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let held = gw
+        .used(Scope::Tenant("coder".into()), BudgetName::Tpm)
+        .await;
+    mock.state.release();
+    let (status, text) = turn.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        held < 128_000,
+        "expected mode: input plus the default output reserved, not the cap: {held}"
+    );
+    assert_eq!(mock.state.requests()[0].body["max_tokens"], 128_000);
+    gw.all_settled().await;
+}

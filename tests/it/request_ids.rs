@@ -323,13 +323,8 @@ async fn every_openai_dialect_answer_and_refusal_has_an_x_request_id_its_log_lin
             ),
             404,
         ),
-        // Routes the gateway answers itself.
-        (call(Method::GET, "/v1/models", NoKey, None), 401),
-        (call(Method::GET, "/v1/models", Bearer(KEY), None), 200),
-        (
-            call(Method::GET, "/v1/models/no-such-model", Bearer(KEY), None),
-            404,
-        ),
+        // Routes the gateway answers itself (`/v1/models` answers in
+        // Anthropic's shape here: every call carries anthropic-version).
         (
             call(Method::GET, "/v1/no-such-route", Bearer(KEY), None),
             404,
@@ -411,6 +406,14 @@ async fn every_anthropic_answer_and_refusal_has_a_request_id_its_log_line_repeat
         (
             raw("/v1/messages", XApiKey(KEY), too_large("claude-test")),
             413,
+        ),
+        // Model discovery, in Anthropic's shape (the call carries anthropic-version).
+        (call(Method::GET, "/v1/models", NoKey, None), 401),
+        (call(Method::GET, "/v1/models", XApiKey(KEY), None), 200),
+        (call(Method::GET, "/v1/models", Bearer(KEY), None), 200),
+        (
+            call(Method::GET, "/v1/models/no-such-model", XApiKey(KEY), None),
+            404,
         ),
         (
             call(

@@ -115,14 +115,14 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
         "settled the body's usage exactly"
     );
     let up = last_upstream_body(&mock);
-    assert_eq!(
-        up["max_output_tokens"], 100,
-        "the gateway's cap goes upstream"
+    assert!(
+        up.get("max_output_tokens").is_none(),
+        "uncapped, on a model with a bound: no cap goes upstream"
     );
     assert!(up.get("stream_options").is_none());
 
     // Streamed: the completed event's usage settles; the upstream body has
-    // a cap ≥ 16 and no include_usage (the API would refuse it).
+    // no cap (as the client's) and no include_usage (the API would refuse it).
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
     let evs = stream_events(&gw, &sbody).await;
@@ -133,7 +133,7 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
     gw.settled().await;
     assert_eq!(tokens_used(&gw).await, total + stotal);
     let up = last_upstream_body(&mock);
-    assert!(up["max_output_tokens"].as_u64().unwrap() >= 16);
+    assert!(up.get("max_output_tokens").is_none(), "{up}");
     assert!(
         up.pointer("/stream_options/include_usage").is_none(),
         "{up}"
@@ -154,7 +154,10 @@ async fn whole_and_streamed_responses_settle_the_terminal_usage_with_a_cap_and_n
 async fn a_client_cap_below_16_is_refused_and_a_small_default_goes_up_as_16() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(40);
-    let gw = cfg(&mock, 16, limits()).start().await;
+    let mut c = cfg(&mock, 16, limits());
+    // No bound known: an uncapped request is sent its reservation as the cap.
+    c.model("gpt-4o-mini").max_output_tokens = None;
+    let gw = c.start().await;
     let r = post(
         &gw,
         KEY,
@@ -753,9 +756,11 @@ async fn the_openai_sdk_creates_streams_calls_tools_and_follows_up_settled_exact
         );
     }
     assert_eq!(gw.memory().live_holds(), 0);
-    // Every upstream body carried a cap ≥ 16 and never include_usage.
+    // Every upstream body carried no cap (as its client's) or one ≥ 16,
+    // and never include_usage.
     for q in mock.state.requests() {
-        assert!(q.body["max_output_tokens"].as_u64().unwrap() >= 16);
+        let cap = q.body.get("max_output_tokens");
+        assert!(cap.is_none_or(|c| c.as_u64().unwrap() >= 16), "{}", q.body);
         assert!(q.body.pointer("/stream_options/include_usage").is_none());
     }
 }
@@ -814,6 +819,9 @@ async fn a_reasoning_model_is_never_extended_its_cap_goes_upstream() {
     mock.state.set_output_tokens(300);
     let mut c = cfg(&mock, 40, limits());
     c.model("gpt-4o-mini").reasoning = Some(true);
+    // No bound known: the reservation is the cap (with a bound the stream
+    // goes uncapped: `uncapped::`).
+    c.model("gpt-4o-mini").max_output_tokens = None;
     let gw = c.start().await;
     let evs = stream_events(
         &gw,

@@ -312,6 +312,17 @@ pub(super) fn models(
             m.context_window,
             MAX_LIMIT,
         );
+        for (j, name) in m.models.iter().enumerate() {
+            if !pattern.is_pattern() || !pattern.matches(name) {
+                v.err(
+                    format!("{path}.models[{j}]"),
+                    format!(
+                        "{name:?} is not a name the pattern {:?} serves (only a pattern entry lists the names it serves)",
+                        m.name
+                    ),
+                );
+            }
+        }
         if let Some(max_out) = max_out.filter(|&max| default_out > max) {
             v.err(
                 format!("{path}.default_max_output_tokens"),
@@ -406,6 +417,7 @@ pub(super) fn models(
             default_max_output_tokens: default_out,
             max_output_tokens: max_out,
             context_window,
+            listed: m.models.clone(),
             reasoning: m.reasoning.unwrap_or(false),
             routing,
             messages,

@@ -158,7 +158,7 @@ pub(super) fn tenants(
                 .unwrap_or_default(),
             weight: super::queue::weight(v, &format!("{path}.weight"), t.weight).unwrap_or(1),
             // Resolved below, from the tenant up.
-            output_reservation: OutputReservation::Cap,
+            output_reservation: OutputReservation::default(),
         });
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
@@ -225,10 +225,12 @@ fn output_reservation(v: &mut V, raw: &RawConfig, i: usize, t: &mut TenantPolicy
             ),
         }
     }
+    // Unset: cap mode, whose uncapped requests use `max_exposure` too.
+    t.output_reservation = OutputReservation::Cap(settings.max_exposure);
     let mode = |s: &str| {
         parse_mode(s).map(|expected| match expected {
             true => OutputReservation::Expected(settings),
-            false => OutputReservation::Cap,
+            false => OutputReservation::Cap(settings.max_exposure),
         })
     };
     if let Some((l, m)) = lineage
