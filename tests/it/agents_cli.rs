@@ -1268,16 +1268,23 @@ impl OpenCode {
     }
 
     /// A gateway on the shipped config, the tenant's limits changed by
-    /// `limits`, the mock answering `output_tokens`.
+    /// `limits`, the mock answering `output_tokens`. With `incremental`,
+    /// an OpenAI model's stream reserves its default output first and is
+    /// extended up to OpenCode's cap (by default it reserves the cap whole,
+    /// and is refused up front rather than cut off).
     async fn gateway(
         self,
         output_tokens: u64,
         limits: impl FnOnce(Limits) -> Limits,
+        incremental: bool,
     ) -> (mock_upstream::MockUpstream, Gateway, Tap, Setup) {
         let mock = start_mock().await;
         mock.state.set_output_tokens(output_tokens);
         let (mut c, tenant) = self.shipped(&mock);
         with_limits(&mut c, tenant, limits);
+        if incremental {
+            c.model("gpt-4o-mini").client_cap_reservation = Some("incremental".into());
+        }
         let gw = c.start().await;
         let tap = tap_of(&gw).await;
         let s = self.setup(&tap);
@@ -1288,7 +1295,7 @@ impl OpenCode {
     /// a cutoff mid-stream, on this provider kind.
     async fn cases(self) {
         let name = format!("opencode ({self:?})");
-        let (mock, gw, tap, s) = self.gateway(12, |l| l).await;
+        let (mock, gw, tap, s) = self.gateway(12, |l| l, false).await;
         let r = Self::say_hi(&s).await;
         let turns = tap.turns(&mock);
         report("say-hi", &name, &r, &turns);
@@ -1307,7 +1314,7 @@ impl OpenCode {
         // Every request (its title request too) larger than `tpm` can ever
         // hold. OpenCode retries a 429 despite `x-should-retry: false`
         // (docs/AGENTS.md): the number of attempts is printed, not asserted.
-        let (mock, _gw, tap, s) = self.gateway(12, |l| l.tpm(100)).await;
+        let (mock, _gw, tap, s) = self.gateway(12, |l| l.tpm(100), false).await;
         let r = Self::say_hi(&s).await;
         let turns = tap.turns(&mock);
         report("too-large", &name, &r, &turns);
@@ -1319,7 +1326,16 @@ impl OpenCode {
             assert!(t.body.contains("can never be admitted"), "{t:#?}");
         }
 
-        let (mock, _gw, tap, s) = self.gateway(20_000, |l| l.output_tpm(600)).await;
+        // The first reservation (the entry's default output) fits; the
+        // extensions outrun a refill of 1,000 tokens a second.
+        let (mock, gw, tap, s) = self
+            .gateway(
+                20_000,
+                |l| l.output_tpm(60_000).output_tpm_burst(6_000),
+                matches!(self, OpenCode::OpenAi),
+            )
+            .await;
+        ticking(&gw);
         let r = Self::say_hi(&s).await;
         let turns = tap.turns(&mock);
         report("cutoff", &name, &r, &turns);
