@@ -45,5 +45,7 @@ echo "installed:"
 "$prefix/venv/bin/pip" list --disable-pip-version-check 2>/dev/null |
     grep -iE '^(openai|anthropic|openai-agents|langchain-openai) '
 t0=$SECONDS
-CLIENTS_PREFIX="$prefix" "$prefix/venv/bin/python" scripts/clients_latest.py
+status=0
+CLIENTS_PREFIX="$prefix" "$prefix/venv/bin/python" scripts/clients_latest.py || status=$?
 echo "checks took $((SECONDS - t0)) s"
+exit "$status"

@@ -397,11 +397,10 @@ REQUESTED = re.compile(r"requested (\d+) tokens")
 
 def case_too_large(client):
     turns, code, out, took, _ = one(client, limits(tpm=1))
-    client.requested = None
+    m = REQUESTED.search(turns[0]["body"]) if turns else None
+    client.requested = int(m.group(1)) if m else None
     if len(turns) != 1 or turns[0]["status"] != 429 or turns[0]["headers"].get("x-should-retry") != "false":
         return failed(turns, code, out, f"not one refused attempt ({len(turns)} turns)")
-    m = REQUESTED.search(turns[0]["body"])
-    client.requested = int(m.group(1)) if m else None
     if code == 0:
         return failed(turns, code, out, "exit 0 on a refusal")
     return None
