@@ -3,7 +3,7 @@
 # redis-server, chromium + chromedriver, promtool, PostgreSQL, podman and
 # debootstrap (Debian packages), a Python virtualenv with the pinned openai
 # and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
-# coding-agent CLIs (Codex CLI, Claude Code) under tests/agents/ (npm ci).
+# coding-agent CLIs (Codex CLI, Claude Code, OpenCode) under tests/agents/ (npm ci).
 # Then the distribution checks: the Kubernetes manifests (offline, and the
 # fleet as pods with podman kube play), the container image, the compose
 # fleet, the release pipeline's dry run (archive, SBOM, image); and the
@@ -29,13 +29,15 @@ export BUDGETGATE_PYTHON="$PWD/.venv/bin/python"
 # binaries are optional dependencies: --include=optional. Reinstalled when
 # the lockfile changed.
 if ! cmp -s tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed 2>/dev/null \
-   || [ ! -x tests/agents/node_modules/.bin/codex ] || [ ! -x tests/agents/node_modules/.bin/claude ]; then
+   || [ ! -x tests/agents/node_modules/.bin/codex ] || [ ! -x tests/agents/node_modules/.bin/claude ] \
+   || [ ! -x tests/agents/node_modules/.bin/opencode ]; then
     echo "installing the pinned coding-agent CLIs (npm ci)..."
     (cd tests/agents && npm ci --include=optional --no-audit --no-fund)
     cp tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed
 fi
 tests/agents/node_modules/.bin/codex --version
 HOME="$(mktemp -d)" tests/agents/node_modules/.bin/claude --version
+HOME="$(mktemp -d)" tests/agents/node_modules/.bin/opencode --version
 
 # --no-fail-fast: one failing test file must not hide the results of the others.
 # No feature flags: every suite is compiled into a plain `cargo test`.
