@@ -411,9 +411,6 @@ async fn run(program: &Path, args: &[&str], dir: &Path, env: &[(String, String)]
 /// port.
 pub(crate) fn shipped(file: &str, mock: &mock_upstream::MockUpstream) -> TestConfig {
     let mut c = TestConfig::read(&repo_path(&format!("config/{file}")));
-    if file == "local-anthropic.toml" {
-        accept_claude_code_cap(&mut c);
-    }
     c.server.listen = Some("127.0.0.1:0".into());
     for u in &mut c.upstreams {
         u.base_url = if u.kind.as_deref() == Some("anthropic") {
@@ -423,22 +420,6 @@ pub(crate) fn shipped(file: &str, mock: &mock_upstream::MockUpstream) -> TestCon
         };
     }
     c
-}
-
-/// Claude Code's largest cap: 2.1.332's default turn asks `claude-opus-5-5`
-/// for `max_tokens: 128000`.
-const CLAUDE_CODE_CAP: i64 = 128_000;
-
-/// Raises the `claude-*` entry's `max_output_tokens` to
-/// [`CLAUDE_CODE_CAP`] where the shipped config has less: an entry's
-/// limit below the client's cap answers 400 and Claude Code exits 1
-/// (docs/AGENTS.md, "Newest clients"). A no-op once the shipped config
-/// admits the cap.
-fn accept_claude_code_cap(c: &mut TestConfig) {
-    let m = c.model("claude-*");
-    if m.max_output_tokens.is_some_and(|max| max < CLAUDE_CODE_CAP) {
-        m.max_output_tokens = Some(CLAUDE_CODE_CAP);
-    }
 }
 
 /// One metered, settled request for `tenant`: one request counted, every
@@ -1166,7 +1147,6 @@ async fn claude_on_vertex(
     let dir = tempfile::tempdir().expect("a directory for the key");
     let key = crate::vertex::key_file(dir.path(), &m);
     let mut c = TestConfig::read(&repo_path("config/local-anthropic.toml"));
-    accept_claude_code_cap(&mut c);
     c.server.listen = Some("127.0.0.1:0".into());
     for u in &mut c.upstreams {
         let limits = std::mem::take(&mut u.limits);
