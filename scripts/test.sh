@@ -3,7 +3,7 @@
 # redis-server, chromium + chromedriver, promtool, PostgreSQL, podman and
 # debootstrap (Debian packages), a Python virtualenv with the pinned openai
 # and anthropic SDKs (and podman-compose, scripts/compose.sh), the pinned
-# coding-agent CLIs (Codex CLI, Claude Code, OpenCode) under tests/agents/ (npm ci).
+# coding-agent CLIs (Codex CLI, Claude Code, OpenCode) under tests/agents/ (npm install from the lockfile).
 # Then the distribution checks: the Kubernetes manifests (offline, and the
 # fleet as pods with podman kube play), the container image, the compose
 # fleet, the release pipeline's dry run (archive, SBOM, image); and the
@@ -31,8 +31,12 @@ export BUDGETGATE_PYTHON="$PWD/.venv/bin/python"
 if ! cmp -s tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed 2>/dev/null \
    || [ ! -x tests/agents/node_modules/.bin/codex ] || [ ! -x tests/agents/node_modules/.bin/claude ] \
    || [ ! -x tests/agents/node_modules/.bin/opencode ]; then
-    echo "installing the pinned coding-agent CLIs (npm ci)..."
-    (cd tests/agents && npm ci --include=optional --no-audit --no-fund)
+    echo "installing the pinned coding-agent CLIs (npm install from the lockfile)..."
+    # Not `npm ci`: it refuses opencode-ai's lockfile, which npm writes
+    # without the other platforms' optional binaries and then asks for
+    # them. `npm install` installs the lockfile's versions and integrity
+    # hashes all the same (and leaves the lockfile as it is).
+    (cd tests/agents && npm install --include=optional --no-audit --no-fund)
     cp tests/agents/package-lock.json tests/agents/node_modules/.package-lock.json.installed
 fi
 tests/agents/node_modules/.bin/codex --version
