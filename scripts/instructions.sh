@@ -259,7 +259,7 @@ measure() { # $1 what is measured, for the figure's line
     for f in "${OUTS[@]}"; do
         n=$(awk '/^(summary|totals):/ { print $2; exit }' "$f")
         n=${n:-0}
-        if grep -q 'serve_connections' "$f"; then
+        if grep -Eq 'serve_connections|connections::spawn_connection' "$f"; then
             SERVING=$((SERVING + n))           # a serving thread (thread 0 is main)
         elif grep -q 'ledger::batcher::writer_thread' "$f"; then
             LEDGER_THREAD=$((LEDGER_THREAD + n))
