@@ -4,11 +4,11 @@
 //! (`--token`, `BUDGETGATE_ADMIN_TOKEN`); the answer's JSON is printed
 //! indented, and a refusal's message goes to stderr with a failing exit.
 //! The helpers every such command shares (the token, a path segment, a
-//! gateway that does not answer, the printing) are here too: `spend` and
-//! `reconcile` ([`crate::ledger::cli`]) use them.
+//! gateway that does not answer, the printing) are in
+//! [`crate::admin_call`], which `spend` and `reconcile`
+//! ([`crate::ledger::cli`]) use too.
 
 use clap::{Args, Subcommand};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Value};
 
 /// Where the gateway is and who asks.
@@ -22,53 +22,7 @@ pub struct Target {
     pub token: Option<String>,
 }
 
-/// The admin token given, or the message that says how to give one
-/// (clap's own would name only `--token`, not the variable).
-pub fn token(given: &Option<String>) -> Result<&str, String> {
-    given.as_deref().filter(|t| !t.is_empty()).ok_or_else(|| {
-        "no admin token: set BUDGETGATE_ADMIN_TOKEN (the gateway's bootstrap token, or one made by `budgetgate admin-tokens create`) or pass --token".to_string()
-    })
-}
-
-/// What a failed call to `url` (on the gateway at `base`) prints: a
-/// gateway that does not answer is named as such, with the variable that
-/// points the command elsewhere.
-pub fn unreachable(base: &str, url: &str, e: &reqwest::Error) -> String {
-    if e.is_connect() {
-        // The innermost cause ("Connection refused"), not reqwest's
-        // "error sending request for url (…)".
-        let mut cause: &dyn std::error::Error = e;
-        while let Some(next) = cause.source() {
-            cause = next;
-        }
-        return format!(
-            "no gateway answers at {} ({cause}); set BUDGETGATE_URL or pass --url",
-            base.trim_end_matches('/')
-        );
-    }
-    format!("{url}: {e}")
-}
-
-/// `body` as printed: JSON indented, anything else (CSV) as it came.
-pub fn printable(body: &str) -> String {
-    match serde_json::from_str::<Value>(body) {
-        Ok(v) => serde_json::to_string_pretty(&v).unwrap_or_else(|_| body.to_string()),
-        Err(_) => body.trim_end().to_string(),
-    }
-}
-
-/// Kept as written in a path segment or query value: RFC 3986's
-/// unreserved characters (a request id's `-` stays `-`).
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// `s` percent-encoded for a path segment or a query value.
-pub fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
-}
+pub use crate::admin_call::{enc, printable, token, unreachable};
 
 /// `budgetgate keys …`.
 #[derive(Debug, Subcommand)]

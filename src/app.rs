@@ -21,8 +21,8 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::reload;
 use crate::config::store::LeaseMode;
 use crate::config::{Policy, StoreKind};
+use crate::connections::{Accept, Connections, PlainListener};
 use crate::gateway::AppState;
-use crate::server::connections::{Accept, Connections, PlainListener};
 use crate::server::{budget_view, router};
 use crate::tls::Tls;
 use crate::upstreams::redact;
@@ -136,7 +136,7 @@ async fn serve_listener<L: Accept>(
     let app = router(state.clone());
     let (began_tx, began_rx) = oneshot::channel::<()>();
     let policy = state.policy.clone();
-    let server = crate::server::connections::serve(
+    let server = crate::connections::serve(
         listener,
         app,
         connections,

@@ -8,9 +8,9 @@
 //! # Layout
 //!
 //! The modules stand on floors (DESIGN §9, checked by
-//! `tests/it/house.rs`): from the bottom `clock`, `money`, `db`; `config`;
-//! `budget`, `estimate`; the layers (`dialects`, `settlement`, `metrics`,
-//! `tls`, `upstreams`, `queue`, `telemetry`, `control`, `ledger`,
+//! `tests/it/house.rs`): from the bottom `clock`, `money`, `db`,
+//! `admin_call`; `config`; `budget`, `estimate`; the layers (`dialects`,
+//! `settlement`, `metrics`, `connections`, `tls`, `upstreams`, `queue`, `telemetry`, `control`, `ledger`,
 //! `alerts`, `admission`); `gateway`; `lifecycle`; `server`, `admin_cli`;
 //! `app`. Imports point down.
 //!
@@ -68,9 +68,14 @@
 //!   tenant metrics, deny release).
 //! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
+//! - [`connections`]: client connections: accepted under
+//!   `max_connections`, served by hyper with a header read timeout and a
+//!   write timeout, drained gracefully at shutdown.
 //! - [`tls`]: HTTPS on the listener, certificate reload.
 //! - [`admin_cli`]: the `keys`, `tenants` and `admin-tokens` commands
 //!   (HTTP calls to the control API).
+//! - [`admin_call`]: what every command calling the admin API shares
+//!   (the token, percent-encoding, an unreachable gateway, printing).
 //! - [`alerts`]: soft thresholds of quota and dollar budgets fired as
 //!   signed webhooks, once per threshold per window.
 //! - [`app`]: wiring a policy, a store and a listener into a running gateway.
@@ -79,6 +84,7 @@
 //! (`examples/fleet_sim/`), not part of the library: it drives
 //! `admission::quota_lease::Book` through its public API.
 
+pub mod admin_call;
 pub mod admin_cli;
 pub mod admission;
 pub mod alerts;
@@ -86,6 +92,7 @@ pub mod app;
 pub mod budget;
 pub mod clock;
 pub mod config;
+pub mod connections;
 pub mod control;
 pub mod db;
 pub mod dialects;

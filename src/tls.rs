@@ -35,7 +35,7 @@ use tokio_rustls::server::TlsStream;
 
 use crate::config::reload::{self, Trigger};
 use crate::config::tls::TlsFiles;
-use crate::server::connections::{Accept, Accepted, Connections};
+use crate::connections::{Accept, Accepted, Connections};
 
 /// Longest a client may take from connecting to a finished handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -205,7 +205,7 @@ async fn accept_loop(
 ) {
     loop {
         let (stream, peer, slot) = connections.accept(&tcp).await;
-        // Small SSE frames must leave at once (see `server::connections::PlainListener`).
+        // Small SSE frames must leave at once (see `connections::PlainListener`).
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let tx = tx.clone();

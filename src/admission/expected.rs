@@ -423,7 +423,12 @@ mod tests {
     fn a_policy_without_a_tenant_forgets_its_windows() {
         let books = ExpectedBooks::default();
         for t in ["gone", "kept"] {
-            let plan = books.plan(OutputReservation::Expected(ExpectedSettings::default()), t, "m", 4096);
+            let plan = books.plan(
+                OutputReservation::Expected(ExpectedSettings::default()),
+                t,
+                "m",
+                4096,
+            );
             for _ in 0..MIN_KNOWN {
                 plan.window.lock().unwrap().record(1500);
             }
@@ -446,7 +451,14 @@ name = "kept"
         .unwrap();
         books.prune(&crate::config::Policy::from_raw(raw, "v".into()).unwrap());
         assert_eq!(books.windows(), 1);
-        let plan = |t| books.plan(OutputReservation::Expected(ExpectedSettings::default()), t, "m", 4096);
+        let plan = |t| {
+            books.plan(
+                OutputReservation::Expected(ExpectedSettings::default()),
+                t,
+                "m",
+                4096,
+            )
+        };
         assert_eq!(plan("kept").expected_per_choice(64_000), 1500);
         assert_eq!(
             plan("gone").expected_per_choice(64_000),

@@ -81,7 +81,7 @@ pub struct ServerPolicy {
 }
 
 /// `[server]` `header_read_timeout_secs`, `write_timeout_secs`,
-/// `max_connections` ([`crate::server::connections`]).
+/// `max_connections` ([`crate::connections`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// Longest a client may take to send a request's headers, counted from

@@ -6,7 +6,7 @@
 
 use clap::Args;
 
-use crate::admin_cli;
+use crate::admin_call;
 
 /// The arguments of `budgetgate spend`.
 #[derive(Debug, Args)]
@@ -53,7 +53,7 @@ pub struct SpendArgs {
 
 /// The answer's body, or the message to print on failure.
 pub async fn run(a: &SpendArgs) -> Result<String, String> {
-    let token = admin_cli::token(&a.token)?;
+    let token = admin_call::token(&a.token)?;
     let path = if a.rows {
         "/admin/v1/spend/rows"
     } else {
@@ -76,7 +76,7 @@ pub async fn run(a: &SpendArgs) -> Result<String, String> {
     put("format", a.csv.then(|| "csv".to_string()));
     let query: Vec<String> = query
         .iter()
-        .map(|(k, v)| format!("{k}={}", admin_cli::enc(v)))
+        .map(|(k, v)| format!("{k}={}", admin_call::enc(v)))
         .collect();
     let mut url = format!("{}{path}", a.url.trim_end_matches('/'));
     if !query.is_empty() {
@@ -88,7 +88,7 @@ pub async fn run(a: &SpendArgs) -> Result<String, String> {
         .bearer_auth(token)
         .send()
         .await
-        .map_err(|e| admin_cli::unreachable(&a.url, &url, &e))?;
+        .map_err(|e| admin_call::unreachable(&a.url, &url, &e))?;
     let status = r.status();
     let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
     if status.is_success() {
@@ -131,21 +131,21 @@ pub struct Reconciled {
 
 /// Runs `budgetgate reconcile`: one call to `/admin/v1/reconcile`.
 pub async fn reconcile(a: &ReconcileArgs) -> Result<Reconciled, String> {
-    let token = admin_cli::token(&a.token)?;
+    let token = admin_call::token(&a.token)?;
     let mut url = format!(
         "{}/admin/v1/reconcile?threshold={}",
         a.url.trim_end_matches('/'),
         a.threshold
     );
     if let Some(t) = &a.tenant {
-        url.push_str(&format!("&tenant={}", admin_cli::enc(t)));
+        url.push_str(&format!("&tenant={}", admin_call::enc(t)));
     }
     let r = reqwest::Client::new()
         .get(&url)
         .bearer_auth(token)
         .send()
         .await
-        .map_err(|e| admin_cli::unreachable(&a.url, &url, &e))?;
+        .map_err(|e| admin_call::unreachable(&a.url, &url, &e))?;
     let status = r.status();
     let body = r.text().await.map_err(|e| format!("{url}: {e}"))?;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();

@@ -200,8 +200,8 @@ pub fn output_cap(p: &Prepared, model: &ModelPolicy) -> u64 {
 /// uncapped request sent without one is bounded by the model's
 /// `max_output_tokens`, else its context window.
 pub fn usage_bounds(p: &Prepared, model: &ModelPolicy, dialect: Dialect) -> UsageBounds {
-    let sent_uncapped = p.estimate.client_max_output.is_none()
-        && p.uncapped_bound(model).is_some_and(|b| !b.sent);
+    let sent_uncapped =
+        p.estimate.client_max_output.is_none() && p.uncapped_bound(model).is_some_and(|b| !b.sent);
     let cap = dialect
         .cap_field(false)
         .filter(|_| !sent_uncapped)

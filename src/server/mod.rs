@@ -21,7 +21,6 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
-pub mod connections;
 pub mod control_api;
 pub mod handlers;
 pub mod models;

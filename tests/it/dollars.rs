@@ -61,16 +61,20 @@ async fn a_dollar_a_day_admits_and_refuses_exactly_by_the_price_arithmetic() {
         .await;
     let limit = 1_000_000u64;
 
-    // A request whose answer reports 1.6 million output tokens: settled at
-    // its price, far beyond its reservation.
-    mock.state.set_usage_override(None, Some(1_600_000));
-    let r = post_chat(&gw, KEY, &hi(10)).await;
-    assert_eq!(r.status(), 200);
-    let (prompt, completion) = usage(&r.json().await.unwrap());
-    assert_eq!(completion, 1_600_000);
+    // Eight answers at the model's largest cap, each reporting all of it
+    // (an upstream's usage above the cap sent is not trusted): settled at
+    // their price.
+    mock.state.set_usage_override(None, Some(200_000));
+    let mut spent = 0;
+    for _ in 0..8 {
+        let r = post_chat(&gw, KEY, &hi(200_000)).await;
+        assert_eq!(r.status(), 200);
+        let (prompt, completion) = usage(&r.json().await.unwrap());
+        assert_eq!(completion, 200_000);
+        spent += cost(prompt, completion);
+    }
     gw.settled().await;
     mock.state.set_usage_override(None, None);
-    let spent = cost(prompt, completion);
     assert_eq!(
         used(&gw, tenant).await,
         spent,

@@ -25,6 +25,8 @@ const FLOORS: &[(&str, u8, &[&str])] = &[
     ("clock", 0, &[]),
     ("money", 0, &[]),
     ("db", 0, &[]),
+    // What the admin commands share (token, encoding, errors): no import.
+    ("admin_call", 0, &[]),
     // Settings: config/ owns every settings type and imports no feature.
     ("config", 1, &[]),
     // The budget model and its stores; estimation.
@@ -35,12 +37,17 @@ const FLOORS: &[(&str, u8, &[&str])] = &[
     ("dialects", 3, &[]),
     ("settlement", 3, &["dialects"]),
     ("metrics", 3, &["dialects", "settlement"]),
-    ("tls", 3, &[]),
-    ("upstreams", 3, &["dialects", "metrics"]),
+    ("connections", 3, &["metrics"]),
+    ("tls", 3, &["connections"]),
+    ("upstreams", 3, &["dialects", "metrics", "admission"]),
     ("queue", 3, &["settlement", "metrics"]),
     ("telemetry", 3, &["settlement", "dialects", "upstreams"]),
     ("control", 3, &["metrics"]),
-    ("ledger", 3, &["settlement", "dialects", "metrics"]),
+    (
+        "ledger",
+        3,
+        &["settlement", "dialects", "metrics", "admission"],
+    ),
     (
         "alerts",
         3,
