@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The agent-turns benchmark (issue 37 point 5): 4 agents x 200 turns of
-# each pinned CLI's recorded default body (tests/fixtures/agent_turns/
-# claude_code.json and codex.json; re-record with AGENT_TURNS_RECORD=1
+# each recorded CLI version's default body (tests/fixtures/agent_turns/,
+# listed in recorded.json; record the pinned CLIs' with AGENT_TURNS_RECORD=1
 # cargo test --test it agents_cli::) with outputs in order from
 # tests/fixtures/agent_turns/output_sizes.txt (scripts/output_sizes.py), in
 # "expected" and "cap" mode, under a quota the exposure cap does not bind.
@@ -12,6 +12,7 @@
 #   scripts/agent_turns.sh            # 200 turns per agent, 50 minutes per tpm run
 #   AGENT_TURNS=50 AGENT_TURNS_TPM_ROUNDS=10 scripts/agent_turns.sh
 #   RELEASE=1 scripts/agent_turns.sh  # a release build (same figures, faster)
+#   AGENT_TURNS_ONLY=claude-code@2.1.332 scripts/agent_turns.sh  # one recording (its label contains this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test ${RELEASE:+--release} --test it expected_output::agent_turns_benchmark -- --ignored --nocapture 2>&1 |

@@ -10,6 +10,9 @@
 //! * `cache_read=N`, `cache_creation=N`: cache usage (the creation split
 //!   5m/1h in `cache_creation`, never added);
 //! * `thinking=N`: a thinking block of N tokens (and a signature) first;
+//!   with `"display": "omitted"` in the body's `thinking` (as newer models
+//!   answer it) the block carries the signature alone, no thinking text,
+//!   while `output_tokens` still counts the N;
 //! * `tool_use=1`: a `tool_use` block after the text, `stop_reason: tool_use`;
 //! * `cumulative=N`: N `message_delta` events with growing cumulative
 //!   `output_tokens` before the final one;
@@ -209,6 +212,7 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
     }
     let id = format!("msg_mock_{}", uuid::Uuid::new_v4().simple());
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let omitted = body["thinking"]["display"].as_str() == Some("omitted");
     let delay = *lock(&st.token_delay);
     if stream {
         return stream_response(Plan {
@@ -216,6 +220,7 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
             model,
             sc,
             thinking,
+            omitted,
             k,
             stop_reason,
             usage,
@@ -225,7 +230,12 @@ pub async fn messages(st: &MockState, headers: &HeaderMap, model: String, body: 
     tokio::time::sleep(delay * (k as u32)).await;
     let mut content = Vec::new();
     if thinking > 0 {
-        content.push(json!({"type": "thinking", "thinking": generated_text(thinking), "signature": "mock-signature"}));
+        let text = if omitted {
+            String::new()
+        } else {
+            generated_text(thinking)
+        };
+        content.push(json!({"type": "thinking", "thinking": text, "signature": "mock-signature"}));
     }
     content.push(json!({"type": "text", "text": generated_text(k)}));
     if sc.tool_use {
@@ -273,6 +283,8 @@ struct Plan {
     model: String,
     sc: Scenario,
     thinking: u64,
+    /// The thinking text left out of the stream (`display: "omitted"`).
+    omitted: bool,
     k: u64,
     stop_reason: &'static str,
     usage: Value,
@@ -328,7 +340,8 @@ async fn produce(p: Plan, tx: &Tx) -> Result<(), ()> {
             z,
         )
         .await?;
-        for i in 0..p.thinking {
+        let shown = if p.omitted { 0 } else { p.thinking };
+        for i in 0..shown {
             send(
                 tx,
                 event(

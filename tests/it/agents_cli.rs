@@ -30,8 +30,9 @@
 //!
 //! `AGENT_TURNS_RECORD=1` makes the say-hi tests write each CLI's request
 //! body, ids stripped and paths neutralised, to
-//! `tests/fixtures/agent_turns/` (the benchmark's bodies,
-//! `scripts/agent_turns.sh`).
+//! `tests/fixtures/agent_turns/<cli>-<version>.json`, with its entry in
+//! `recorded.json` there (the benchmark's bodies, `scripts/agent_turns.sh`,
+//! and `agent_bodies`' corpus).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -85,6 +86,8 @@ struct Wire {
 struct Exchange {
     /// `POST /v1/messages?beta=true`, …
     request: String,
+    /// The request's headers, names lower-cased.
+    sent_headers: Vec<(String, String)>,
     /// 0 when no answer came.
     status: u16,
     /// Lower-cased names.
@@ -163,6 +166,48 @@ impl Exchange {
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
+    }
+
+    fn sent_header(&self, name: &str) -> Option<&str> {
+        self.sent_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The answer's body without its chunked framing (the gateway relays
+    /// streams chunked; a chunk boundary may fall inside a number).
+    fn answer(&self) -> String {
+        if self.header("transfer-encoding") != Some("chunked") {
+            return self.body.clone();
+        }
+        let mut out = String::new();
+        let mut rest = self.body.as_str();
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+                break;
+            };
+            if n == 0 || after.len() < n || !after.is_char_boundary(n) {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+        }
+        out
+    }
+
+    /// The input tokens the upstream reported in the answer: its last
+    /// `"input_tokens"` (Messages: `message_start`'s usage; Responses: the
+    /// terminal event's).
+    fn reported_input(&self) -> Option<u64> {
+        let answer = self.answer();
+        let (_, after) = answer.rsplit_once("\"input_tokens\":")?;
+        let digits: String = after
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
     }
 
     /// A model request (not a model list or a token count).
@@ -251,6 +296,14 @@ fn heads(bytes: &[u8], starts: &[&str], line_end: impl Fn(&[u8]) -> bool) -> Vec
         .collect()
 }
 
+/// `name: value` lines as (lower-cased name, value).
+fn header_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<(String, String)> {
+    lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect()
+}
+
 impl Tap {
     /// Every request through the tap, in order of connection, each with
     /// the gateway's answer.
@@ -274,9 +327,11 @@ impl Tap {
                 let request = String::from_utf8_lossy(&w.up[at..line_end]).into_owned();
                 let next = requests.get(n + 1).copied().unwrap_or(w.up.len());
                 let whole = String::from_utf8_lossy(&w.up[at..next]).into_owned();
-                let sent = whole
+                let (sent_head, sent) = whole
                     .split_once("\r\n\r\n")
-                    .map_or(String::new(), |(_, b)| b.to_string());
+                    .map_or((whole.as_str(), ""), |(h, b)| (h, b));
+                let sent_headers = header_lines(sent_head.split("\r\n").skip(1));
+                let sent = sent.to_string();
                 let (status, headers, body) = match answers.get(n) {
                     None => (0, Vec::new(), String::new()),
                     Some(&a) => {
@@ -289,15 +344,12 @@ impl Tap {
                             .and_then(|l| l.split(' ').nth(1))
                             .and_then(|c| c.parse().ok())
                             .unwrap_or(0);
-                        let headers = lines
-                            .filter_map(|l| l.split_once(':'))
-                            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-                            .collect();
-                        (status, headers, body.to_string())
+                        (status, header_lines(lines), body.to_string())
                     }
                 };
                 out.push(Exchange {
                     request,
+                    sent_headers,
                     sent,
                     status,
                     headers,
@@ -673,11 +725,29 @@ const RUN_IDS: &[&str] = &[
     "installation_id",
 ];
 
-/// With `AGENT_TURNS_RECORD` set, writes the body the CLI sent in `turn`
-/// to `tests/fixtures/agent_turns/<name>.json`: run ids removed, the
-/// temporary home replaced by `/home/user` (also in Claude Code's
-/// project-directory form, `/` and `.` as `-`).
-fn record(name: &str, turn: &Exchange, home: &Path) {
+/// The version of the pinned npm package `package` (`tests/agents`).
+fn pinned_version(package: &str) -> String {
+    let path = repo_path(&format!("tests/agents/node_modules/{package}/package.json"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}; install with {INSTALL}", path.display()));
+    let v: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    v["version"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no version", path.display()))
+        .to_string()
+}
+
+/// One manifest entry is written at a time (the say-hi tests run side by side).
+static MANIFEST: Mutex<()> = Mutex::new(());
+
+/// With `AGENT_TURNS_RECORD` set, writes the body the CLI (npm `package`)
+/// sent in `turn` to `tests/fixtures/agent_turns/<name>-<version>.json`:
+/// run ids removed, the temporary home replaced by `/home/user` (also in
+/// Claude Code's project-directory form, `/` and `.` as `-`); and its entry
+/// in `recorded.json` beside it: the CLI and version, the day, the shipped
+/// config it ran on and the input tokens the upstream reported with it.
+fn record(name: &str, package: &str, config: &str, turn: &Exchange, home: &Path) {
     if std::env::var_os("AGENT_TURNS_RECORD").is_none() {
         return;
     }
@@ -709,10 +779,38 @@ fn record(name: &str, turn: &Exchange, home: &Path) {
     let mut v: Value = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("{name}: the body sent is not plain JSON ({e})"));
     strip(&mut v);
-    let path = repo_path(&format!("tests/fixtures/agent_turns/{name}.json"));
+    let version = pinned_version(package);
+    let file = format!("{name}-{version}.json");
+    let dir = repo_path("tests/fixtures/agent_turns");
     let pretty = serde_json::to_string_pretty(&v).expect("JSON");
-    std::fs::write(&path, pretty + "\n").expect("write the recorded body");
-    eprintln!("recorded {}", path.display());
+    std::fs::write(dir.join(&file), pretty + "\n").expect("write the recorded body");
+    let reported = turn
+        .reported_input()
+        .unwrap_or_else(|| panic!("{name}: no input_tokens in the answer: {turn:#?}"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let day = budgetgate::dialects::anthropic::headers::rfc3339(now)[..10].to_string();
+    let _one = MANIFEST.lock().unwrap_or_else(|e| e.into_inner());
+    let manifest = dir.join("recorded.json");
+    let mut entries: serde_json::Map<String, Value> = std::fs::read_to_string(&manifest)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    entries.insert(
+        file.clone(),
+        serde_json::json!({
+            "cli": package,
+            "version": version,
+            "recorded": day,
+            "config": format!("config/{config}"),
+            "request": turn.request.trim_end_matches(" HTTP/1.1"),
+            "input_tokens_reported": reported,
+        }),
+    );
+    let pretty = serde_json::to_string_pretty(&entries).expect("JSON");
+    std::fs::write(&manifest, pretty + "\n").expect("write recorded.json");
+    eprintln!("recorded {file} (input reported: {reported})");
 }
 
 /// Fault: Codex CLI 0.171.0 failed every turn through the gateway as
@@ -754,7 +852,13 @@ async fn codex_exec_says_hi_through_the_shipped_config() {
         "an uncapped turn is forwarded uncapped"
     );
     one_settled_request(&gw, "demo", 16000).await;
-    record("codex", &turns[0], s.home.path());
+    record(
+        "codex",
+        "@openai/codex",
+        "local.toml",
+        &turns[0],
+        s.home.path(),
+    );
     report("say-hi", "codex", &r, &turns);
 }
 
@@ -794,8 +898,94 @@ async fn claude_print_says_hi_through_the_shipped_config() {
     assert!(betas.contains("claude-code-20250219"), "{betas}");
     let max_tokens = sent[0].body["max_tokens"].as_u64().unwrap_or(0);
     one_settled_request(&gw, "coder", max_tokens).await;
-    record("claude_code", &turns[0], s.home.path());
+    record(
+        "claude_code",
+        "@anthropic-ai/claude-code",
+        "local-anthropic.toml",
+        &turns[0],
+        s.home.path(),
+    );
     report("say-hi", "claude", &r, &turns);
+}
+
+/// Claude Code's gateway model discovery (docs/AGENTS.md, "Model
+/// discovery"), on the shipped config: without
+/// `CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY` it never lists models; with
+/// it set to 1 it sends `GET /v1/models?limit=1000` with its key as
+/// `x-api-key` and `anthropic-version`, which the gateway answers in
+/// Anthropic's shape with the concrete names of the `claude-*` entry, and
+/// Claude Code keeps them (its `cache/gateway-models.json`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_model_discovery_is_answered_in_anthropics_shape() {
+    for enabled in [false, true] {
+        let mock = start_mock().await;
+        mock.state.set_output_tokens(12);
+        let gw = shipped("local-anthropic.toml", &mock).start().await;
+        let tap = tap_of(&gw).await;
+        let mut s = claude_setup(&tap);
+        if enabled {
+            s.env.push((
+                "CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY".into(),
+                "1".into(),
+            ));
+        }
+        let r = claude_say_hi(&s).await;
+        assert_eq!(
+            r.code,
+            Some(0),
+            "discovery {enabled}: {}",
+            Capped::tail(&r.stderr)
+        );
+        let all = tap.exchanges();
+        let lists: Vec<&Exchange> = all
+            .iter()
+            .filter(|e| e.request.starts_with("GET /v1/models"))
+            .collect();
+        let requests: Vec<&str> = all.iter().map(|e| e.request.as_str()).collect();
+        eprintln!("agents_cli discovery {enabled}: {requests:?}");
+        if !enabled {
+            assert!(lists.is_empty(), "no discovery unless asked: {lists:#?}");
+            continue;
+        }
+        assert_eq!(lists.len(), 1, "{requests:?}");
+        let list = lists[0];
+        eprintln!(
+            "agents_cli discovery request: {} {:?}",
+            list.request, list.sent_headers
+        );
+        assert_eq!(list.request, "GET /v1/models?limit=1000 HTTP/1.1");
+        assert_eq!(list.sent_header("x-api-key"), Some("sk-local-claude"));
+        assert_eq!(list.sent_header("anthropic-version"), Some("2023-06-01"));
+        assert_eq!(list.status, 200, "{list:#?}");
+        let v: Value = serde_json::from_str(&list.answer()).expect("a JSON list");
+        let ids: Vec<&str> = v["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|m| {
+                assert_eq!(m["type"], "model", "{m}");
+                m["id"].as_str().expect("id")
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                "claude-sonnet-4-5",
+                "claude-opus-5-5",
+                "claude-opus-4-8",
+                "claude-haiku-4-5"
+            ],
+            "the shipped entries' concrete names, no pattern: {v}"
+        );
+        assert_eq!(v["has_more"], false);
+        let cached = s
+            .home
+            .path()
+            .join("claude-config/cache/gateway-models.json");
+        let cached = std::fs::read_to_string(&cached)
+            .unwrap_or_else(|e| panic!("{}: {e}", cached.display()));
+        assert!(cached.contains("claude-opus-5-5"), "{cached}");
+    }
 }
 
 /// Issue 37's acceptance: Claude Code naming the person with

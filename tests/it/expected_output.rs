@@ -357,11 +357,12 @@ async fn fifty_concurrent_thinking_turns_never_spend_past_the_quota_plus_max_exp
     }
 }
 
-/// The two agents the benchmark replays.
+/// The two agent shapes the benchmark replays.
 #[derive(Clone, Copy, PartialEq)]
 enum Cli {
-    /// Claude Code: Messages, thinking, `max_tokens = 64000`, ~26.7k input.
-    ClaudeCode,
+    /// Claude Code: Messages, thinking, the body's `max_tokens` (64,000
+    /// from 2.1.197, 128,000 from 2.1.332).
+    ClaudeCode { cap: u64 },
     /// Codex: Responses, a `reasoning = true` model, no cap sent (the
     /// entry's 16,000), ~13k input.
     Codex,
@@ -370,7 +371,7 @@ enum Cli {
 impl Cli {
     fn name(self) -> &'static str {
         match self {
-            Cli::ClaudeCode => "claude-code",
+            Cli::ClaudeCode { .. } => "claude-code",
             Cli::Codex => "codex",
         }
     }
@@ -378,7 +379,7 @@ impl Cli {
     /// The output cap a turn runs under.
     fn cap(self) -> u64 {
         match self {
-            Cli::ClaudeCode => CAP,
+            Cli::ClaudeCode { cap } => cap,
             Cli::Codex => CODEX_CAP,
         }
     }
@@ -386,7 +387,7 @@ impl Cli {
     /// The output an expected-mode turn reserves until 20 are known.
     fn default_output(self) -> u64 {
         match self {
-            Cli::ClaudeCode => 4096,
+            Cli::ClaudeCode { .. } => 4096,
             Cli::Codex => CODEX_CAP,
         }
     }
@@ -396,9 +397,11 @@ impl Cli {
 const CODEX_CAP: u64 = 16_000;
 
 /// `config` plus `gpt-test`, a Responses model like the one serving
-/// Codex's default turn (`reasoning = true`, cap 16,000).
-fn bench_config(mock: &MockUpstream, mode: &str) -> TestConfig {
+/// Codex's default turn (`reasoning = true`, cap 16,000), and `claude-test`
+/// allowing `cli`'s cap.
+fn bench_config(mock: &MockUpstream, mode: &str, cli: Cli) -> TestConfig {
     let mut c = config(mock, 1_000_000_000_000, Some(mode));
+    c.model("claude-test").max_output_tokens = Some(cli.cap().max(CAP) as i64);
     c.upstreams.push(config::RawUpstream {
         api_key_env: Some("CARGO_PKG_NAME".into()),
         forward_client_headers: vec!["x-mock-responses".into()],
@@ -413,23 +416,46 @@ fn bench_config(mock: &MockUpstream, mode: &str) -> TestConfig {
     c
 }
 
-/// The body `cli` sent for its default turn, recorded from the pinned
-/// CLI against the mock (`AGENT_TURNS_RECORD=1 cargo test --test it
-/// agents_cli::`: ids stripped, paths neutralised), on the benchmark's model.
-fn bench_body(cli: Cli) -> serde_json::Value {
-    let (file, model) = match cli {
-        Cli::ClaudeCode => ("claude_code", "claude-test"),
-        Cli::Codex => ("codex", "gpt-test"),
+/// The recorded default turns (`tests/fixtures/agent_turns/recorded.json`:
+/// each pinned CLI's body as recorded against the mock, `AGENT_TURNS_RECORD=1
+/// cargo test --test it agents_cli::`, ids stripped, paths neutralised), on
+/// the benchmark's models: (label, shape, body), one per CLI version,
+/// those `AGENT_TURNS_ONLY` names (labels containing it) when set.
+fn bench_bodies() -> Vec<(String, Cli, serde_json::Value)> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/agent_turns");
+    let read = |file: &str| -> serde_json::Value {
+        let path = format!("{dir}/{file}");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
     };
-    let path = format!(
-        "{}/tests/fixtures/agent_turns/{file}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let mut body: serde_json::Value =
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    body["model"] = json!(model);
-    body
+    let only = std::env::var("AGENT_TURNS_ONLY").ok();
+    let manifest = read("recorded.json");
+    let mut out = Vec::new();
+    for (file, entry) in manifest.as_object().expect("recorded.json") {
+        let label = format!(
+            "{}@{}",
+            entry["cli"].as_str().unwrap_or(file),
+            entry["version"].as_str().unwrap_or("?")
+        );
+        if only.as_deref().is_some_and(|o| !label.contains(o)) {
+            continue;
+        }
+        let mut body = read(file);
+        let cli = if entry["request"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("POST /v1/messages"))
+        {
+            body["model"] = json!("claude-test");
+            Cli::ClaudeCode {
+                cap: body["max_tokens"].as_u64().expect("max_tokens"),
+            }
+        } else {
+            body["model"] = json!("gpt-test");
+            Cli::Codex
+        };
+        out.push((label, cli, body));
+    }
+    out
 }
 
 /// One turn of `cli` with `body`; the mock reports `input` and answers
@@ -443,7 +469,7 @@ async fn bench_turn(
 ) -> u16 {
     let output = output.clamp(1, cli.cap());
     let (path, header, scenario) = match cli {
-        Cli::ClaudeCode => (
+        Cli::ClaudeCode { .. } => (
             "messages",
             "x-mock-messages",
             format!("input={input},thinking={}", output - 1),
@@ -470,11 +496,11 @@ async fn bench_turn(
 }
 
 /// The agent-turns benchmark (`scripts/agent_turns.sh`; printed, never
-/// asserted): per agent shape, 4 agents × 200 turns, outputs in order from
+/// asserted): per recorded CLI version, 4 agents × 200 turns, outputs in order from
 /// the committed list, the mock reporting the gateway's input estimate,
 /// under a quota the exposure cap does not bind, in "expected" and in
 /// "cap" mode. The bodies are each CLI's recorded default turn
-/// ([`bench_body`]). Then, per mode, the smallest tenant `tpm` without a
+/// ([`bench_bodies`]). Then, per mode, the smallest tenant `tpm` without a
 /// 429, by bisection over runs ([`smallest_tpm`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark: scripts/agent_turns.sh"]
@@ -485,13 +511,12 @@ async fn agent_turns_benchmark() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(200);
     let sizes = output_sizes();
-    for cli in [Cli::ClaudeCode, Cli::Codex] {
-        let body = bench_body(cli);
+    for (label, cli, body) in bench_bodies() {
         for mode in ["expected", "cap"] {
             let tenant = format!("bench-{}-{mode}", cli.name());
             let mock = start_mock().await;
             mock.state.set_output_tokens(1);
-            let mut c = bench_config(&mock, mode);
+            let mut c = bench_config(&mock, mode, cli);
             c.tenant("t1").name = tenant.clone();
             c.tenant(&tenant).max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
             let gw = c.start().await;
@@ -561,10 +586,10 @@ async fn agent_turns_benchmark() {
             let past = sum(&after, "budgetgate_output_past_reservation_total") as u64;
             let (largest_debt, peak_turn) = replay(cli, mode, &sizes, AGENTS * turns, input);
             println!(
-                "agent_turns {} {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, {refused} refused; \
+                "agent_turns {label} {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, cap {}, {refused} refused; \
                  reserved/settled {:.3} ({reserved} / {settled}); turns past their reservation {past}, debt {debt} tokens \
                  (largest one turn's {largest_debt}); peak exposure {peak_exposure}; largest reservation of one turn {peak_turn}; {:.1} s",
-                cli.name(),
+                cli.cap(),
                 reserved / settled,
                 started.elapsed().as_secs_f64(),
             );
@@ -572,9 +597,8 @@ async fn agent_turns_benchmark() {
             let started = std::time::Instant::now();
             let (tpm, runs, rounds) = smallest_tpm(cli, mode, &body, input, &sizes).await;
             println!(
-                "agent_turns {} {mode}: smallest tenant tpm without a 429: {tpm} ({AGENTS} agents, one turn each a minute, \
+                "agent_turns {label} {mode}: smallest tenant tpm without a 429: {tpm} ({AGENTS} agents, one turn each a minute, \
                  in flight at once, {rounds} minutes; bisection to 1,000 tokens, {runs} runs); {:.1} s",
-                cli.name(),
                 started.elapsed().as_secs_f64(),
             );
         }
@@ -603,7 +627,7 @@ async fn smallest_tpm(
     let refusals = |tpm: u64| async move {
         let mock = start_mock().await;
         mock.state.set_output_tokens(1);
-        let mut c = bench_config(&mock, mode);
+        let mut c = bench_config(&mock, mode, cli);
         c.tenant("t1").max_exposure = Some(RawMaxExposure::Tokens(1_000_000_000_000));
         let l = std::mem::take(&mut c.tenant("t1").limits);
         c.tenant("t1").limits = l.tpm(tpm);

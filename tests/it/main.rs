@@ -11,6 +11,7 @@
 mod support;
 
 mod admin;
+mod agent_bodies;
 mod agents_cli;
 mod alerts;
 mod anthropic_betas;
