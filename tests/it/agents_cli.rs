@@ -6,7 +6,7 @@
 //! one metered and settled request to the gateway.
 //!
 //! The CLIs are pinned in `tests/agents/package-lock.json` (integrity
-//! hashes) and installed by `scripts/test.sh` (`npm ci
+//! hashes) and installed by `scripts/test.sh` (`npm install
 //! --include=optional`: their native binaries are optional
 //! dependencies). A missing CLI fails the test with the install command;
 //! the test is never skipped.
@@ -47,7 +47,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use crate::support::*;
 
 /// How `scripts/test.sh` installs the CLIs.
-const INSTALL: &str = "(cd tests/agents && npm ci --include=optional)";
+const INSTALL: &str = "(cd tests/agents && npm install --include=optional)";
 
 /// The longest one CLI run may take.
 const RUN_LIMIT: Duration = Duration::from_secs(180);

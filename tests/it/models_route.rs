@@ -238,3 +238,49 @@ print(json.dumps({"anthropic": names, "openai": [m.id for m in o.models.list()]}
         .iter()
         .all(|n| !n.as_str().unwrap().contains('*')));
 }
+
+/// The discovery request Claude Code 2.1.332 sends with
+/// `CLAUDE_CODE_ENABLE_GATEWAY_MODEL_DISCOVERY=1`, as recorded (path,
+/// query and headers; docs/AGENTS.md, "Model discovery"), to the gateway
+/// on `config/local-anthropic.toml`: Anthropic's shape, the shipped
+/// concrete names, one page; with a Bearer token instead of the key, the
+/// same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_codes_recorded_discovery_request_gets_anthropics_shape_on_the_shipped_config() {
+    let mock = start_mock().await;
+    let gw = crate::agents_cli::shipped("local-anthropic.toml", &mock)
+        .start()
+        .await;
+    let common = [
+        ("user-agent", "claude-code/2.1.332"),
+        ("anthropic-version", "2023-06-01"),
+        ("accept", "*/*"),
+        ("accept-encoding", "gzip, deflate, br, zstd"),
+    ];
+    let bearer = format!("Bearer {}", "sk-local-claude");
+    for key in [
+        ("x-api-key", "sk-local-claude"),
+        ("authorization", bearer.as_str()),
+    ] {
+        let mut headers = common.to_vec();
+        headers.push(key);
+        let (status, v) = get(&gw, "/models?limit=1000", &headers).await;
+        assert_eq!(status, 200, "{key:?}: {v}");
+        assert_eq!(
+            ids(&v),
+            [
+                "claude-sonnet-4-5",
+                "claude-opus-5-5",
+                "claude-opus-4-8",
+                "claude-haiku-4-5"
+            ],
+            "{key:?}: {v}"
+        );
+        assert!(v["data"].as_array().unwrap().iter().all(|m| m["type"] == "model"
+            && m["display_name"].is_string()
+            && m["created_at"].is_string()));
+        assert_eq!(v["has_more"], false);
+        assert_eq!(v["first_id"], "claude-sonnet-4-5");
+        assert_eq!(v["last_id"], "claude-haiku-4-5");
+    }
+}
