@@ -541,9 +541,13 @@ async fn agent_turns_benchmark() {
             let sum =
                 |s: &prometheus_parse::Scrape, m: &str| sample_sum(s, m, &[("tenant", &tenant)]);
             let before = scrape(&gw).await;
-            let (r0, s0) = (
+            // The counters are the process's: a tenant name seen in an
+            // earlier run (another version of the same CLI) starts above 0.
+            let (r0, s0, d0, p0) = (
                 sum(&before, "budgetgate_reserved_tokens_total"),
                 sum(&before, "budgetgate_settled_tokens_total"),
+                sum(&before, "budgetgate_output_debt_tokens_total"),
+                sum(&before, "budgetgate_output_past_reservation_total"),
             );
             let key = gw.budgets(scope.clone())[0].key.clone();
             let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -582,8 +586,8 @@ async fn agent_turns_benchmark() {
             let after = scrape(&gw).await;
             let reserved = sum(&after, "budgetgate_reserved_tokens_total") - r0;
             let settled = sum(&after, "budgetgate_settled_tokens_total") - s0;
-            let debt = sum(&after, "budgetgate_output_debt_tokens_total") as u64;
-            let past = sum(&after, "budgetgate_output_past_reservation_total") as u64;
+            let debt = (sum(&after, "budgetgate_output_debt_tokens_total") - d0) as u64;
+            let past = (sum(&after, "budgetgate_output_past_reservation_total") - p0) as u64;
             let (largest_debt, peak_turn) = replay(cli, mode, &sizes, AGENTS * turns, input);
             println!(
                 "agent_turns {label} {mode}: {AGENTS} agents x {turns} turns, input {input}/turn, cap {}, {refused} refused; \

@@ -276,9 +276,13 @@ async fn claude_codes_recorded_discovery_request_gets_anthropics_shape_on_the_sh
             ],
             "{key:?}: {v}"
         );
-        assert!(v["data"].as_array().unwrap().iter().all(|m| m["type"] == "model"
-            && m["display_name"].is_string()
-            && m["created_at"].is_string()));
+        assert!(v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["type"] == "model"
+                && m["display_name"].is_string()
+                && m["created_at"].is_string()));
         assert_eq!(v["has_more"], false);
         assert_eq!(v["first_id"], "claude-sonnet-4-5");
         assert_eq!(v["last_id"], "claude-haiku-4-5");
