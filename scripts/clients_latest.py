@@ -226,7 +226,10 @@ class Claude(Cli):
         return run([NPM / ".bin/claude", "-p", "say hi"], env, home + "/work")
 
     def cutoff(self, cfg, tenant):
-        tenant["limits"].update(output_tpm=600_000, output_tpm_burst=6_000)
+        # 1,000 tokens a second, as tests/it/agents_cli.rs: 10,000 a second
+        # outran the simulated stream on a loaded machine (20,000 tokens
+        # relayed whole, never cut off); each resume then waits ~4 s.
+        tenant["limits"].update(output_tpm=60_000, output_tpm_burst=6_000)
 
 
 class OpenCode(Cli):
