@@ -43,7 +43,6 @@ pub mod rewrite;
 pub mod route;
 pub mod settle;
 pub mod stored;
-pub mod vertex_errors;
 pub mod wait;
 
 use std::sync::Arc;

@@ -9,8 +9,10 @@
 //! - [`bedrock`]: Claude on Amazon Bedrock: URLs, bodies, SigV4 and its
 //!   credentials, event-stream to SSE, error answers.
 //! - [`vertex`]: Claude on Vertex AI: its endpoint and access tokens.
+//! - [`failure`]: what an upstream's error answer means, one table per kind.
 
 pub mod bedrock;
+pub mod failure;
 pub mod redact;
 pub mod relay;
 pub mod sse;
