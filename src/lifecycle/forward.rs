@@ -185,6 +185,17 @@ pub async fn forward(
     let status = resp.status();
     if !status.is_success() {
         let deployment_at = (upstream, &deployment.metrics);
+        if cx.dialect.is_gemini() {
+            return super::gemini_errors::upstream_failure(
+                cx,
+                resp,
+                hold,
+                refund(&budgets),
+                deployment_at,
+                headers,
+            )
+            .await;
+        }
         if upstream.kind == UpstreamKind::Vertex {
             return super::vertex_errors::upstream_failure(
                 cx,

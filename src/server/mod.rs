@@ -21,6 +21,7 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
+pub mod gemini;
 pub mod control_api;
 pub mod handlers;
 pub mod models;
@@ -63,6 +64,8 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}/input_items",
             get(|s, p, u, h| handlers::stored_response(StoredOp::InputItems, s, p, u, h)),
         )
+        .route("/v1beta/models", get(gemini::list))
+        .route("/v1beta/models/{*call}", post(gemini::model_call))
         .route("/v1/models", get(models::list))
         .route("/v1/models/{model}", get(models::get))
         .route(

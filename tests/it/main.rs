@@ -41,6 +41,8 @@ mod explain;
 mod first_use;
 mod gateway_budgets;
 mod gateway_errors;
+mod gemini;
+mod gemini_mock;
 mod house;
 mod key_headers;
 mod lease_burst;
