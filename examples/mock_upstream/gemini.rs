@@ -18,7 +18,9 @@
 //! the `o200k_base` tokens of every text part (system instruction,
 //! contents, function calls and responses as their JSON), 258 per image
 //! part, and the JSON of the tool declarations; each candidate is
-//! `K = min(output_tokens, maxOutputTokens - thoughts)` one-token words.
+//! `K = min(output_tokens, maxOutputTokens - thoughts)` one-token words,
+//! or, when `toolConfig.functionCallingConfig.mode` is `ANY`, a call to
+//! the first function declared.
 //! Thoughts are [`GeminiState::set_thoughts`] tokens, at most a positive
 //! `thinkingBudget` (none with `thinkingBudget: 0`), counted once per
 //! answer inside `maxOutputTokens` as Gemini 2.5 counts them.
@@ -473,9 +475,15 @@ impl Plan {
         } else {
             "STOP"
         };
-        // A request offering functions gets a call to the first one.
+        // A request that makes the model call a function (`toolConfig`
+        // mode `ANY`) gets a call to the first one offered.
+        let must_call = body
+            .pointer("/toolConfig/functionCallingConfig/mode")
+            .and_then(Value::as_str)
+            == Some("ANY");
         let function_call = body
             .get("tools")
+            .filter(|_| must_call)
             .and_then(Value::as_array)
             .and_then(|ts| {
                 ts.iter().find_map(|t| {

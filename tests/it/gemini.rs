@@ -286,7 +286,7 @@ async fn refusals_are_in_googles_shape_with_retry_info_and_the_window_of_the_bud
     assert_eq!(mock.state.request_count(), 1);
 
     // The day's tokens alone: a quota (Gemini CLI stops on `PerDay`).
-    gw.clock.advance(std::time::Duration::from_secs(61));
+    gw.clock.advance(61_000_000);
     let r = generate(&gw.root_url(), &body(Some(150))).await;
     assert_eq!(r.status(), 429);
     let v: Value = r.json().await.unwrap();

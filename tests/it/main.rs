@@ -12,6 +12,7 @@ mod support;
 
 mod admin;
 mod agents_cli;
+mod agents_gemini;
 mod alerts;
 mod anthropic_betas;
 mod bedrock;

@@ -42,6 +42,8 @@ if mode == "basic":
         model=model, contents="What is the weather in Boston?",
         config=types.GenerateContentConfig(
             tools=[types.Tool(function_declarations=[weather])],
+            tool_config=types.ToolConfig(
+                function_calling_config=types.FunctionCallingConfig(mode="ANY")),
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True)))
     call = r.function_calls[0]
     out["function_call"] = {"name": call.name, "args": dict(call.args)}
