@@ -20,7 +20,9 @@
 //! part, and the JSON of the tool declarations; each candidate is
 //! `K = min(output_tokens, maxOutputTokens - thoughts)` one-token words,
 //! or, when `toolConfig.functionCallingConfig.mode` is `ANY`, a call to
-//! the first function declared.
+//! the first function declared, or, for `responseMimeType:
+//! "application/json"`, a value of the response schema (an enum's first
+//! value, every property).
 //! Thoughts are [`GeminiState::set_thoughts`] tokens, at most a positive
 //! `thinkingBudget` (none with `thinkingBudget: 0`), counted once per
 //! answer inside `maxOutputTokens` as Gemini 2.5 counts them.
@@ -439,7 +441,36 @@ struct Plan {
     finish: &'static str,
     fault: Option<GeminiFault>,
     function_call: Option<String>,
+    /// The answer to a request for JSON (`responseMimeType`), made from
+    /// its schema: the whole text, in one chunk.
+    json: Option<String>,
     token_delay: std::time::Duration,
+}
+
+/// A value of `schema` (JSON Schema or Google's OpenAPI subset): an
+/// enum's first value, every property of an object, one item of an array.
+fn example(schema: &Value) -> Value {
+    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+        return first.clone();
+    }
+    let ty = schema
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("string")
+        .to_ascii_lowercase();
+    match ty.as_str() {
+        "object" => Value::Object(
+            schema
+                .get("properties")
+                .and_then(Value::as_object)
+                .map(|ps| ps.iter().map(|(k, s)| (k.clone(), example(s))).collect())
+                .unwrap_or_default(),
+        ),
+        "array" => json!([example(schema.get("items").unwrap_or(&Value::Null))]),
+        "integer" | "number" => json!(1),
+        "boolean" => json!(true),
+        _ => json!("the"),
+    }
 }
 
 impl Plan {
@@ -465,7 +496,19 @@ impl Plan {
         if let Some(cap) = cap {
             thoughts = thoughts.min(cap);
         }
-        let wanted = st.output_tokens();
+        let json = gc
+            .filter(|g| g.get("responseMimeType").and_then(Value::as_str) == Some("application/json"))
+            .map(|g| {
+                let schema = g
+                    .get("responseJsonSchema")
+                    .or_else(|| g.get("responseSchema"))
+                    .unwrap_or(&Value::Null);
+                example(schema).to_string()
+            });
+        let wanted = match &json {
+            Some(text) => count_tokens(tiktoken_rs::o200k_base_singleton(), text),
+            None => st.output_tokens(),
+        };
         let k = match cap {
             Some(cap) => wanted.min(cap - thoughts),
             None => wanted,
@@ -511,6 +554,7 @@ impl Plan {
             finish,
             fault,
             function_call,
+            json,
             token_delay: *lock(&st.token_delay),
         }
     }
@@ -545,9 +589,10 @@ impl Plan {
                 if self.include_thoughts && self.thoughts > 0 {
                     parts.push(json!({"text": "Thinking it over.", "thought": true}));
                 }
-                match &self.function_call {
-                    Some(name) => parts.push(json!({"functionCall": {"name": name, "args": {"location": "Boston"}}})),
-                    None => parts.push(json!({"text": super::generated_text(self.k)})),
+                match (&self.function_call, &self.json) {
+                    (Some(name), _) => parts.push(json!({"functionCall": {"name": name, "args": {"location": "Boston"}}})),
+                    (None, Some(text)) => parts.push(json!({"text": text})),
+                    (None, None) => parts.push(json!({"text": super::generated_text(self.k)})),
                 }
                 json!({"content": {"role": "model", "parts": parts}, "finishReason": self.finish, "index": i})
             })
@@ -594,6 +639,13 @@ impl Plan {
         if let Some(name) = &self.function_call {
             let parts = (0..self.candidates)
                 .map(|i| (i, json!({"functionCall": {"name": name, "args": {"location": "Boston"}}})))
+                .collect();
+            out.push(self.chunk(parts, Some(self.finish), true));
+            return out;
+        }
+        if let Some(text) = &self.json {
+            let parts = (0..self.candidates)
+                .map(|i| (i, json!({"text": text})))
                 .collect();
             out.push(self.chunk(parts, Some(self.finish), true));
             return out;

@@ -1,4 +1,5 @@
-//! The Gemini API's routes: `POST /v1beta/models/{model}:generateContent`,
+//! The Gemini API's routes (under `/v1beta` and, for the model calls,
+//! `/v1`, as Google serves both): `POST /v1beta/models/{model}:generateContent`,
 //! `:streamGenerateContent` (`alt=sse`, or one JSON array without it),
 //! `:countTokens`, and `GET /v1beta/models`. The model and the method are
 //! read from the raw path (a model name that could reach another resource
@@ -39,7 +40,11 @@ pub async fn model_call(
     body: Body,
 ) -> Response {
     let headers = with_query_key(headers, &uri);
-    let raw = uri.path().strip_prefix("/v1beta/models/").unwrap_or("");
+    let raw = uri
+        .path()
+        .strip_prefix("/v1beta/models/")
+        .or_else(|| uri.path().strip_prefix("/v1/models/"))
+        .unwrap_or("");
     let Some((model, method)) = model_and_method(raw) else {
         // The path, never the query (it may hold the key).
         let cx = RequestContext::new(st, Dialect::Gemini, &headers)

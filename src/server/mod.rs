@@ -67,7 +67,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1beta/models", get(gemini::list))
         .route("/v1beta/models/{*call}", post(gemini::model_call))
         .route("/v1/models", get(models::list))
-        .route("/v1/models/{model}", get(models::get))
+        // POST: Gemini's `v1` surface (`models/{model}:generateContent`),
+        // where the google-genai SDK goes when given a base URL.
+        .route(
+            "/v1/models/{model}",
+            get(models::get).post(gemini::model_call),
+        )
         .route(
             "/openai/deployments/{deployment}/chat/completions",
             post(handlers::azure_chat_completions),

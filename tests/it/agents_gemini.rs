@@ -165,3 +165,44 @@ async fn gemini_cli_stops_on_a_spent_daily_quota() {
     assert_ne!(r.code, Some(0), "the CLI reports the refusal");
     assert_eq!(mock.state.gemini.requests().len(), 0, "nothing reached the upstream");
 }
+
+/// The gateway's clock follows the wall clock (a refusal's `retry-after`
+/// elapses while the CLI waits).
+fn ticking(gw: &Gateway) {
+    let clock = gw.clock.clone();
+    tokio::spawn(async move {
+        let mut last = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = Instant::now();
+            clock.advance((now - last).as_micros() as u64);
+            last = now;
+        }
+    });
+}
+
+/// One request a second (`rpm = 60`, `rpm_burst = 1`): the CLI's calls
+/// of one turn come faster, are refused with `retry-after` and a
+/// `RetryInfo` of 1 s, and the CLI retries them until they are admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gemini_cli_retries_a_rate_refusal_and_is_admitted() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(12);
+    let mut c = shipped(&mock);
+    c.tenants[0].limits.rpm = Some(60);
+    c.tenants[0].limits.rpm_burst = Some(1);
+    let gw = c.start().await;
+    ticking(&gw);
+    let home = tempfile::tempdir().unwrap();
+    let r = gemini_say(&gw, home.path(), "say hi").await;
+    report("rate refusals", &r, &mock);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    gw.all_settled().await;
+    let refused = gw
+        .state
+        .recent_refusals
+        .json_of("coder", budgetgate::clock::Clock::now_micros(&gw.clock))
+        .len();
+    println!("gemini-cli rate refusals answered 429: {refused}");
+    assert!(refused > 0, "the turn's calls came faster than one a second");
+}

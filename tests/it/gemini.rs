@@ -507,3 +507,46 @@ fn gemini_estimate_bounds_the_reported_counts() {
         entries.len()
     );
 }
+
+/// The google-genai SDK (pinned in `tests/python/requirements.txt`):
+/// generate, stream, count tokens and a function call through the
+/// gateway; then a refusal it raises as `ClientError` 429 with Google's
+/// details.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_google_genai_sdk_generates_streams_counts_calls_a_function_and_reads_a_429() {
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(6);
+    let gw = config(
+        vec![studio("studio", &mock.root_url())],
+        limits().rpm(5).tpm(100_000),
+    )
+    .start()
+    .await;
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["basic"]).await.json();
+    let six = mock_upstream::generated_text(6);
+    assert_eq!(v["text"], six, "{v}");
+    assert_eq!(v["finish"], "STOP");
+    assert_eq!(v["usage"]["candidates_token_count"], 6, "{v}");
+    assert_eq!(v["stream_text"], six);
+    assert_eq!(v["stream_finish"], "STOP");
+    assert_eq!(v["stream_usage"]["candidates_token_count"], 6, "{v}");
+    assert!(v["count"].as_u64().is_some_and(|n| n > 0), "{v}");
+    assert_eq!(v["function_call"]["name"], "get_weather", "{v}");
+    assert_eq!(v["function_call"]["args"]["location"], "Boston");
+    // Four model calls (countTokens is the gateway's own): the fifth of
+    // the minute is refused.
+    assert_eq!(mock.state.gemini.requests().len(), 3);
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"]).await.json();
+    assert_eq!(v["error"], Value::Null, "the fifth request of the minute is admitted");
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"]).await.json();
+    let e = &v["error"];
+    assert_eq!(e["code"], 429, "{v}");
+    assert_eq!(e["status"], "RESOURCE_EXHAUSTED");
+    let details = e["details"]["error"]["details"].as_array().cloned().unwrap_or_default();
+    assert!(
+        details
+            .iter()
+            .any(|d| d["@type"] == "type.googleapis.com/google.rpc.RetryInfo"),
+        "{v}"
+    );
+}
