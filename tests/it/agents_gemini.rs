@@ -118,6 +118,12 @@ fn report(case: &str, r: &Run, mock: &mock_upstream::MockUpstream) {
         .iter()
         .map(|q| format!("{}:{}", q.model, q.method))
         .collect();
+    for q in mock.state.gemini.requests() {
+        println!(
+            "gemini-cli {case}: {}:{} generationConfig {}",
+            q.model, q.method, q.body["generationConfig"]
+        );
+    }
     println!(
         "gemini-cli {case}: exit {:?} after {:.1}s; upstream calls {calls:?}\nstdout: {}\nstderr (last 5 lines): {}",
         r.code,
