@@ -217,12 +217,6 @@ impl Dialect {
         matches!(self, Dialect::ChatCompletions | Dialect::Completions)
     }
 
-    /// Whether streams are named events ending in a terminal event
-    /// (Responses) rather than chunks of choices ending in `[DONE]`.
-    pub fn named_events(self) -> bool {
-        matches!(self, Dialect::Responses)
-    }
-
     /// Usage of a whole answer, from its raw `usage` member.
     pub fn usage_from_answer(self, raw_usage: &str) -> Option<UsageBreakdown> {
         match self {
@@ -235,14 +229,6 @@ impl Dialect {
             Dialect::Gemini => gemini::usage_from_raw(raw_usage),
             _ => openai::usage_from_raw(raw_usage),
         }
-    }
-
-    /// Usage carried by a stream event (cumulative: the last one wins).
-    pub fn usage_from_event(self, event: &Value) -> Option<UsageBreakdown> {
-        event
-            .get("usage")
-            .filter(|u| u.is_object())
-            .map(openai::usage_from_value)
     }
 
     /// Output tokens of one choice of an answer or of a stream event.

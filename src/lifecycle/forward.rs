@@ -1,8 +1,9 @@
 //! Phase 5, forward (DESIGN section 1.6): send the rewritten body to the
 //! chosen deployment and classify what came back. An upstream that fails
 //! before any output has its reservation refunded at once (the request
-//! count stays spent), and [`classify`] says whether another deployment
-//! may be tried.
+//! count stays spent), and its kind's failure table
+//! ([`crate::upstreams::failure`]) says whether another deployment may be
+//! tried.
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -20,13 +21,14 @@ use super::settle::{refund, void};
 use crate::admission::plan;
 use crate::admission::HeldReservation;
 use crate::budget::BudgetName;
-use crate::config::{forwarding, UpstreamKind, UpstreamPolicy};
+use crate::config::{forwarding, UpstreamPolicy};
 use crate::dialects::anthropic;
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
 use crate::gateway::AppState;
 use crate::metrics::DeploymentMetrics;
 use crate::settlement::Settling;
+use crate::upstreams::failure::{self, Failure, PassOn, Refusal};
 use crate::upstreams::UpstreamError;
 
 // Header names built at compile time: naming a header by a string at run
@@ -68,41 +70,6 @@ pub enum Forwarded {
     Denied(ApiError),
     /// The request failed for good.
     Failed(ApiError),
-}
-
-/// What an upstream error status before any output means for the attempt loop.
-#[derive(Debug)]
-pub enum Failure {
-    /// Try another deployment; this error if none is left.
-    Retry(ApiError),
-    /// Pass the upstream's answer to the client (its own mistake, e.g. 400).
-    PassOn,
-    /// Answer with this error, no retry.
-    Fail(ApiError),
-}
-
-/// Classifies an upstream error status (with its `retry-after` seconds):
-/// 429 and 5xx (Anthropic's 529 `overloaded_error` included) may be
-/// retried on another deployment; other 4xx answers go
-/// to the client, 401/403 as 502 (that is the gateway's key, not the
-/// client's fault). The reservation is refunded in every case.
-pub fn classify(status: u16, retry_after_secs: Option<u64>) -> Failure {
-    match status {
-        429 => Failure::Retry(ApiError::UpstreamRateLimited { retry_after_secs }),
-        401 | 403 => Failure::Fail(ApiError::BadGateway(
-            "The upstream rejected the gateway's credentials.".into(),
-        )),
-        400..=499 => Failure::PassOn,
-        503 => Failure::Retry(ApiError::Unavailable(
-            "The upstream is unavailable; please retry.".into(),
-        )),
-        // Anthropic's `overloaded_error`: like 503, another deployment may serve it.
-        529 => Failure::Retry(ApiError::Overloaded),
-        504 => Failure::Retry(ApiError::GatewayTimeout),
-        _ => Failure::Retry(ApiError::BadGateway(format!(
-            "The upstream failed with status {status}."
-        ))),
-    }
 }
 
 /// Sends one attempt and classifies the answer.
@@ -185,28 +152,6 @@ pub async fn forward(
     let status = resp.status();
     if !status.is_success() {
         let deployment_at = (upstream, &deployment.metrics);
-        if cx.dialect.is_gemini() {
-            return super::gemini_errors::upstream_failure(
-                cx,
-                resp,
-                hold,
-                refund(&budgets),
-                deployment_at,
-                headers,
-            )
-            .await;
-        }
-        if upstream.kind == UpstreamKind::Vertex {
-            return super::vertex_errors::upstream_failure(
-                cx,
-                resp,
-                hold,
-                refund(&budgets),
-                deployment_at,
-                headers,
-            )
-            .await;
-        }
         return upstream_failure(cx, resp, hold, refund(&budgets), deployment_at, headers).await;
     }
     // The upstream names its request in its dialect's header (Anthropic: `request-id`).
@@ -284,8 +229,13 @@ fn forwarded_client_headers(
     out
 }
 
+/// Most bytes of an error answer read (a client's mistake passed on is
+/// small; a longer body is cut).
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
 /// An upstream answered with an error status before any output: refund,
-/// cool the deployment down after a 429, and act on [`classify`].
+/// and act on what its kind's table ([`failure::classify`]) says: cool
+/// the deployment down, try another, fail, or pass the answer on.
 async fn upstream_failure(
     cx: &RequestContext,
     resp: reqwest::Response,
@@ -295,51 +245,57 @@ async fn upstream_failure(
     headers: HeaderMap,
 ) -> Forwarded {
     let status = resp.status().as_u16();
-    tracing::warn!(reservation_id = %hold.id(), deployment = %upstream.name, status, "upstream answered with an error");
+    let reservation_id = hold.id().to_string();
     hold.settle_now(refund).await;
     let retry_after = resp
         .headers()
         .get(header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    // A cloud model that is not ready or timed out is as unusable for a
-    // while as a throttled one (issue 42).
-    let cloud_unwell = upstream.kind == UpstreamKind::Bedrock && matches!(status, 503 | 504);
-    if status == 429 || cloud_unwell {
-        let cool = retry_after.map_or(upstream.cooldown, std::time::Duration::from_secs);
-        cx.st.cool_down(
-            &upstream.name,
-            cx.st.clock.now_micros() + cool.as_micros() as u64,
-        );
-    }
-    if matches!(status, 401 | 403) {
-        // Named so an operator knows which deployment's credentials to
-        // fix; the credential itself never appears.
-        metrics.auth_failed();
-        let e = ApiError::BadGateway(format!(
-            "Deployment {} rejected the gateway's credentials.",
-            upstream.name
-        ));
-        if upstream.kind == UpstreamKind::Bedrock {
-            // An IAM policy or an expired role denies this region, not
-            // the model: kept away (its reason in /readyz) while another
-            // deployment serves.
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = read_bounded(resp).await;
+    let cloud = failure::CloudError::parse(&body);
+    tracing::warn!(reservation_id, deployment = %upstream.name, status, cloud_status = %cloud.status, message = %cloud.message, "upstream answered with an error");
+    let answer = failure::ErrorAnswer {
+        deployment: &upstream.name,
+        cooldown: upstream.cooldown,
+        retry_after_secs: retry_after,
+        body: &body,
+    };
+    let now = cx.st.clock.now_micros();
+    // Gemini deployments answer in Google's shape, which the Gemini
+    // route passes on as it came (a Vertex deployment's Claude answers
+    // are Anthropic's).
+    let classified = if cx.dialect.is_gemini() {
+        failure::gemini::classify(status, &answer)
+    } else {
+        failure::classify(upstream.kind, status, &answer)
+    };
+    match classified {
+        Failure::Retry { refusal, cool } => {
+            if let Some(d) = cool {
+                cx.st.cool_down(&upstream.name, now + d.as_micros() as u64);
+            }
+            Forwarded::Retry(api_error(refusal, metrics))
+        }
+        Failure::Denied { refusal, cool } => {
             cx.st.cool_down_for(
                 &upstream.name,
-                cx.st.clock.now_micros() + upstream.cooldown.as_micros() as u64,
+                now + cool.as_micros() as u64,
                 crate::gateway::CoolingReason::AccessDenied,
             );
-            return Forwarded::Denied(e);
+            Forwarded::Denied(api_error(refusal, metrics))
         }
-        return Forwarded::Failed(e);
-    }
-    match classify(status, retry_after) {
-        Failure::Retry(e) => Forwarded::Retry(e),
-        Failure::Fail(e) => Forwarded::Failed(e),
-        Failure::PassOn => {
-            let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-            let body = resp.bytes().await.unwrap_or_default();
-            let mut r = Response::new(Body::from(body));
+        Failure::Fail(refusal) => Forwarded::Failed(api_error(refusal, metrics)),
+        Failure::PassOn(pass) => {
+            let (body, content_type) = match pass {
+                PassOn::AsIs => (Body::from(body), content_type),
+                PassOn::Anthropic { kind, message } => (
+                    Body::from(anthropic::error::error_body(kind, &message)),
+                    None,
+                ),
+            };
+            let mut r = Response::new(body);
             *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
             *r.headers_mut() = headers;
             r.headers_mut().insert(
@@ -349,6 +305,35 @@ async fn upstream_failure(
             Forwarded::PassedOn(r)
         }
     }
+}
+
+/// The gateway's answer for a refusal (a refusal of the gateway's
+/// credentials counted for the deployment).
+fn api_error(refusal: Refusal, metrics: &DeploymentMetrics) -> ApiError {
+    match refusal {
+        Refusal::RateLimited { retry_after_secs } => {
+            ApiError::UpstreamRateLimited { retry_after_secs }
+        }
+        Refusal::Credentials(message) => {
+            metrics.auth_failed();
+            ApiError::BadGateway(message)
+        }
+        Refusal::Unavailable(message) => ApiError::Unavailable(message),
+        Refusal::Overloaded => ApiError::Overloaded,
+        Refusal::GatewayTimeout => ApiError::GatewayTimeout,
+        Refusal::Failed(message) => ApiError::BadGateway(message),
+    }
+}
+
+async fn read_bounded(mut resp: reqwest::Response) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        out.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - out.len())]);
+        if out.len() >= MAX_ERROR_BODY {
+            break;
+        }
+    }
+    out
 }
 
 /// Records what the provider says is left of its own limits (DESIGN: learn

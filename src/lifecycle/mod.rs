@@ -33,7 +33,6 @@ pub mod end_user;
 pub mod finish;
 pub mod forward;
 pub mod gemini;
-pub mod gemini_errors;
 pub mod hosted_tools;
 pub mod meter;
 pub mod owner;
@@ -45,7 +44,6 @@ pub mod rewrite;
 pub mod route;
 pub mod settle;
 pub mod stored;
-pub mod vertex_errors;
 pub mod wait;
 
 use std::sync::Arc;

@@ -10,8 +10,10 @@
 //!   credentials, event-stream to SSE, error answers.
 //! - [`vertex`]: Claude on Vertex AI: its endpoint and access tokens.
 //! - [`gemini`]: Gemini models on the Gemini API and on Vertex AI.
+//! - [`failure`]: what an upstream's error answer means, one table per kind.
 
 pub mod bedrock;
+pub mod failure;
 pub mod gemini;
 pub mod redact;
 pub mod relay;

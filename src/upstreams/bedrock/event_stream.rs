@@ -50,25 +50,8 @@ fn sse(name: &str, data: &str) -> Bytes {
 
 /// The Anthropic `error` event of a Bedrock exception named `exception`.
 pub fn error_event(exception: &str, message: &str) -> Bytes {
-    let data = json!({"type": "error", "error": {"type": anthropic_error_type(exception), "message": message}});
+    let data = json!({"type": "error", "error": {"type": crate::upstreams::failure::bedrock::anthropic_error_type(exception), "message": message}});
     sse("error", &data.to_string())
-}
-
-/// The Anthropic error type closest to a Bedrock exception (either
-/// spelling: `throttlingException`, `ThrottlingException`).
-pub fn anthropic_error_type(exception: &str) -> &'static str {
-    let e = exception.to_ascii_lowercase();
-    if e.starts_with("throttling") || e.starts_with("servicequotaexceeded") {
-        "rate_limit_error"
-    } else if e.starts_with("validation") {
-        "invalid_request_error"
-    } else if e.starts_with("serviceunavailable") || e.starts_with("modelnotready") {
-        "overloaded_error"
-    } else if e.starts_with("accessdenied") {
-        "permission_error"
-    } else {
-        "api_error"
-    }
 }
 
 /// One decoded frame as SSE.

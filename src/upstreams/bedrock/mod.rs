@@ -14,7 +14,7 @@
 //! Requests are signed with SigV4 ([`sigv4`], credentials from
 //! [`credentials`]) or carry a Bedrock API key. Error answers are
 //! rewritten into Anthropic's error shape with the status the gateway
-//! acts on ([`normalized_error`]): throttling 429, validation 400, bad
+//! acts on ([`super::failure::bedrock::normalized_error`]): throttling 429, validation 400, bad
 //! credentials 403, model not ready 503, model timeout 504.
 
 pub mod credentials;
@@ -27,6 +27,7 @@ use bytes::Bytes;
 use futures_util::StreamExt as _;
 use serde_json::{json, Map, Value};
 
+use super::failure::bedrock::normalized_error;
 use super::{classify_send_error, path_segment, UpstreamClient, UpstreamError};
 use crate::clock::Clock as _;
 use crate::config::bedrock::{BedrockApi, BedrockAuth, BedrockSettings, INVOKE_ANTHROPIC_VERSION};
@@ -256,67 +257,6 @@ fn local_error(status: u16, kind: &str, message: &str) -> reqwest::Response {
     reqwest::Response::from(r)
 }
 
-/// A Bedrock error answer (`status`, its headers and body) as the status
-/// the gateway acts on, Anthropic's error type and the cloud's message.
-/// The exception is named by `x-amzn-ErrorType` or the body's `__type`.
-pub fn normalized_error(
-    status: u16,
-    headers: &reqwest::header::HeaderMap,
-    body: &[u8],
-) -> (u16, &'static str, String) {
-    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let name = headers
-        .get("x-amzn-errortype")
-        .and_then(|h| h.to_str().ok())
-        .map(|h| h.split(':').next().unwrap_or(h).to_string())
-        .or_else(|| {
-            v.get("__type")
-                .and_then(Value::as_str)
-                .map(|t| t.rsplit('#').next().unwrap_or(t).to_string())
-        })
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let message = v
-        .get("message")
-        .or_else(|| v.get("Message"))
-        .or_else(|| v.pointer("/error/message"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("Bedrock answered with status {status}."));
-    let is = |p: &str| name.starts_with(p);
-    let auth = [
-        "accessdenied",
-        "unrecognizedclient",
-        "expiredtoken",
-        "invalidsignature",
-        "incompletesignature",
-        "missingauthenticationtoken",
-        "invalidclienttokenid",
-    ];
-    if is("throttling") || is("servicequotaexceeded") || is("toomanyrequests") {
-        (429, "rate_limit_error", message)
-    } else if is("validation") {
-        (400, "invalid_request_error", message)
-    } else if auth.iter().any(|a| is(a)) {
-        (403, "permission_error", message)
-    } else if is("modelnotready") || is("serviceunavailable") {
-        (503, "overloaded_error", message)
-    } else if is("modeltimeout") {
-        (504, "timeout_error", message)
-    } else if is("resourcenotfound") {
-        (404, "not_found_error", message)
-    } else {
-        match status {
-            429 => (429, "rate_limit_error", message),
-            401 | 403 => (403, "permission_error", message),
-            408 => (504, "timeout_error", message),
-            400 => (400, "invalid_request_error", message),
-            503 => (503, "overloaded_error", message),
-            s => (s, "api_error", message),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,37 +275,6 @@ mod tests {
         assert_eq!(v["anthropic_version"], "bedrock-2023-05-31");
         assert_eq!(v["anthropic_beta"], json!(["a-2025", "b-2026"]));
         assert_eq!(v["max_tokens"], 5);
-    }
-
-    #[test]
-    fn exceptions_map_to_the_status_the_gateway_acts_on() {
-        let mut h = reqwest::header::HeaderMap::new();
-        let body = br#"{"message":"Too many requests"}"#;
-        h.insert(
-            "x-amzn-errortype",
-            "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/"
-                .parse()
-                .unwrap(),
-        );
-        assert_eq!(normalized_error(429, &h, body).0, 429);
-        let h = reqwest::header::HeaderMap::new();
-        for (ty, status, want) in [
-            ("ValidationException", 400, 400),
-            ("ServiceQuotaExceededException", 400, 429),
-            ("AccessDeniedException", 403, 403),
-            ("UnrecognizedClientException", 403, 403),
-            ("ExpiredTokenException", 403, 403),
-            ("ModelNotReadyException", 429, 503),
-            ("ModelTimeoutException", 408, 504),
-        ] {
-            let body = format!(r#"{{"__type":"com.amazon#{ty}","message":"m of {ty}"}}"#);
-            let (s, _, m) = normalized_error(status, &h, body.as_bytes());
-            assert_eq!(
-                (s, m.as_str()),
-                (want, format!("m of {ty}").as_str()),
-                "{ty}"
-            );
-        }
     }
 
     #[test]

@@ -51,6 +51,7 @@ pub enum Extension {
 mod body;
 pub mod bound;
 mod delta_counts;
+mod dialect;
 #[cfg(test)]
 mod differential;
 mod processor;
