@@ -550,3 +550,68 @@ async fn the_google_genai_sdk_generates_streams_counts_calls_a_function_and_read
         "{v}"
     );
 }
+
+/// Streams in both framings: SSE (`alt=sse`) and one JSON array. Each
+/// ends cleanly; cut off at the budget, each ends as Gemini ends a stream
+/// at its output limit: a last chunk with `finishReason: "MAX_TOKENS"`
+/// and the usage, the array closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_end_cleanly_in_both_forms_and_a_cutoff_ends_with_max_tokens() {
+    let mock = start_mock().await;
+    let b = body(None);
+    let prompt_estimate = 5 + budgetgate::config::estimate::Encoding::O200kBase
+        .count("Say hello to the budget gate");
+    for sse in [true, false] {
+        for cut in [false, true] {
+            mock.state.set_output_tokens(if cut { 600 } else { 20 });
+            let mut c = config(
+                vec![studio("studio", &mock.root_url())],
+                // The first reservation (256) and one extension (64) fit.
+                limits().tpm(prompt_estimate + 256 + 64 + 10),
+            );
+            c.models[0].max_output_tokens = Some(1000);
+            let gw = c.start().await;
+            let query = if sse { "?alt=sse" } else { "" };
+            let r = reqwest::Client::new()
+                .post(format!(
+                    "{}{query}",
+                    url(&gw.root_url(), MODEL, "streamGenerateContent")
+                ))
+                .header("x-goog-api-key", KEY)
+                .json(&b)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let ct = header(&r, "content-type").unwrap_or_default();
+            let text = r.text().await.unwrap();
+            let chunks: Vec<Value> = if sse {
+                assert!(ct.starts_with("text/event-stream"), "{ct}");
+                text.split("\r\n\r\n")
+                    .filter_map(|e| e.trim().strip_prefix("data: "))
+                    .map(|d| serde_json::from_str(d).unwrap_or(Value::Null))
+                    .collect()
+            } else {
+                assert!(ct.starts_with("application/json"), "{ct}");
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+            };
+            let last = chunks.last().cloned().unwrap_or(Value::Null);
+            let finish = last["candidates"][0]["finishReason"].clone();
+            assert_eq!(
+                finish,
+                if cut { "MAX_TOKENS" } else { "STOP" },
+                "sse {sse}, cut {cut}: {last}"
+            );
+            assert!(last["usageMetadata"]["candidatesTokenCount"].as_u64().is_some(), "{last}");
+            assert!(chunks.iter().all(|c| c.get("error").is_none()), "{text}");
+            gw.all_settled().await;
+            let used = gw.t1_used(BudgetName::Tpm).await;
+            if cut {
+                assert!(chunks.len() < 600, "cut off before the upstream's end");
+                assert!(used <= prompt_estimate + 256 + 64 + 10, "within the budget: {used}");
+            } else {
+                assert_eq!(used, prompt_tokens(&b) + 20);
+            }
+        }
+    }
+}
