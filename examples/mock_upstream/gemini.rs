@@ -301,16 +301,14 @@ async fn answer(
                 .insert("retry-after", HeaderValue::from_static("2"));
             return r;
         }
-        Some(GeminiFault::QuotaDay) => {
-            return google_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "RESOURCE_EXHAUSTED",
-                "You exceeded your current quota, please check your plan and billing details. (mock)",
-                json!([
-                    {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests", "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier", "quotaDimensions": {"model": model, "location": "global"}, "quotaValue": "250"}]}
-                ]),
-            )
-        }
+        Some(GeminiFault::QuotaDay) => return google_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RESOURCE_EXHAUSTED",
+            "You exceeded your current quota, please check your plan and billing details. (mock)",
+            json!([
+                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests", "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier", "quotaDimensions": {"model": model, "location": "global"}, "quotaValue": "250"}]}
+            ]),
+        ),
         Some(GeminiFault::Invalid) => {
             return google_error(
                 StatusCode::BAD_REQUEST,
@@ -450,7 +448,11 @@ struct Plan {
 /// A value of `schema` (JSON Schema or Google's OpenAPI subset): an
 /// enum's first value, every property of an object, one item of an array.
 fn example(schema: &Value) -> Value {
-    if let Some(first) = schema.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+    if let Some(first) = schema
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
         return first.clone();
     }
     let ty = schema
@@ -474,7 +476,13 @@ fn example(schema: &Value) -> Value {
 }
 
 impl Plan {
-    fn new(st: &MockState, model: &str, body: &Value, prompt: u64, fault: Option<GeminiFault>) -> Plan {
+    fn new(
+        st: &MockState,
+        model: &str,
+        body: &Value,
+        prompt: u64,
+        fault: Option<GeminiFault>,
+    ) -> Plan {
         let gc = body.get("generationConfig");
         let cap = gc
             .and_then(|g| g.get("maxOutputTokens"))
@@ -486,7 +494,9 @@ impl Plan {
             .unwrap_or(1)
             .max(1);
         let tc = gc.and_then(|g| g.get("thinkingConfig"));
-        let budget = tc.and_then(|t| t.get("thinkingBudget")).and_then(Value::as_i64);
+        let budget = tc
+            .and_then(|t| t.get("thinkingBudget"))
+            .and_then(Value::as_i64);
         let mut thoughts = st.gemini.thoughts.load(Ordering::SeqCst);
         match budget {
             Some(0) => thoughts = 0,
@@ -497,7 +507,9 @@ impl Plan {
             thoughts = thoughts.min(cap);
         }
         let json = gc
-            .filter(|g| g.get("responseMimeType").and_then(Value::as_str) == Some("application/json"))
+            .filter(|g| {
+                g.get("responseMimeType").and_then(Value::as_str) == Some("application/json")
+            })
             .map(|g| {
                 let schema = g
                     .get("responseJsonSchema")
@@ -597,7 +609,8 @@ impl Plan {
                 json!({"content": {"role": "model", "parts": parts}, "finishReason": self.finish, "index": i})
             })
             .collect();
-        let mut v = json!({"candidates": candidates, "modelVersion": self.model, "responseId": self.id});
+        let mut v =
+            json!({"candidates": candidates, "modelVersion": self.model, "responseId": self.id});
         if let Some(u) = self.usage() {
             v["usageMetadata"] = u;
         }
@@ -615,7 +628,8 @@ impl Plan {
                 c
             })
             .collect();
-        let mut v = json!({"candidates": candidates, "modelVersion": self.model, "responseId": self.id});
+        let mut v =
+            json!({"candidates": candidates, "modelVersion": self.model, "responseId": self.id});
         if last {
             if let Some(u) = self.usage() {
                 v["usageMetadata"] = u;
@@ -638,7 +652,12 @@ impl Plan {
         }
         if let Some(name) = &self.function_call {
             let parts = (0..self.candidates)
-                .map(|i| (i, json!({"functionCall": {"name": name, "args": {"location": "Boston"}}})))
+                .map(|i| {
+                    (
+                        i,
+                        json!({"functionCall": {"name": name, "args": {"location": "Boston"}}}),
+                    )
+                })
                 .collect();
             out.push(self.chunk(parts, Some(self.finish), true));
             return out;

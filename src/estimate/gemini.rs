@@ -90,8 +90,7 @@ pub fn input_tokens(
     match body.get("contents") {
         Some(Value::Array(cs)) if !cs.is_empty() => {
             for (i, c) in cs.iter().enumerate() {
-                content(c, enc, &mut count)
-                    .map_err(|m| invalid(&format!("contents[{i}]"), m))?;
+                content(c, enc, &mut count).map_err(|m| invalid(&format!("contents[{i}]"), m))?;
             }
         }
         Some(Value::Array(_)) | None | Some(Value::Null) => {
@@ -263,7 +262,9 @@ pub fn estimate(
         if cap > max {
             return Err(invalid(
                 "generationConfig.maxOutputTokens",
-                format!("maxOutputTokens is {cap}, but this model supports at most {max} output tokens"),
+                format!(
+                    "maxOutputTokens is {cap}, but this model supports at most {max} output tokens"
+                ),
             ));
         }
     }

@@ -143,9 +143,9 @@ async fn count(
     };
     let input = crate::estimate::gemini::input_tokens(request, model.encoding, model.token_ratio)
         .map_err(|e| {
-            let tenant = policy.tenant(caller.tenant).name.as_str();
-            ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
-        })?;
+        let tenant = policy.tenant(caller.tenant).name.as_str();
+        ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
+    })?;
     let plan = cx
         .st
         .budget_plan(&policy, caller.tenant, caller.key, model_id);
@@ -389,7 +389,10 @@ mod tests {
     async fn an_empty_stream_is_an_empty_array_and_comments_are_dropped() {
         assert_eq!(array_of(&[]).await, "[]");
         let got = array_of(&[": keep-alive\n\n", "data: {\"a\":1}\n\n"]).await;
-        assert_eq!(serde_json::from_str::<Value>(&got).ok(), Some(json!([{"a": 1}])));
+        assert_eq!(
+            serde_json::from_str::<Value>(&got).ok(),
+            Some(json!([{"a": 1}]))
+        );
     }
 
     #[tokio::test]

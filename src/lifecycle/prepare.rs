@@ -368,9 +368,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         (Some(s), _) => s,
         (None, None | Some(Value::Null)) => false,
         (None, Some(Value::Bool(b))) => *b,
-        (None, Some(_)) => {
-            return Err(invalid(Some("stream"), "`stream` must be a boolean."))
-        }
+        (None, Some(_)) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
     };
     if stream && !dialect.streams() {
         return Err(invalid(Some("stream"), "Embeddings cannot be streamed."));

@@ -47,8 +47,8 @@ pub async fn model_call(
         .unwrap_or("");
     let Some((model, method)) = model_and_method(raw) else {
         // The path, never the query (it may hold the key).
-        let cx = RequestContext::new(st, Dialect::Gemini, &headers)
-            .at("POST", "/v1beta/models/{model}");
+        let cx =
+            RequestContext::new(st, Dialect::Gemini, &headers).at("POST", "/v1beta/models/{model}");
         return lifecycle::conclude(cx, Err(ApiError::NotFound(uri.path().to_string())));
     };
     let model = model.to_string();

@@ -21,8 +21,8 @@
 pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
-pub mod gemini;
 pub mod control_api;
+pub mod gemini;
 pub mod handlers;
 pub mod models;
 pub mod reconcile;

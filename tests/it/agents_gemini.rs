@@ -154,7 +154,9 @@ async fn gemini_cli_says_hi_through_the_shipped_config() {
         r.stdout
     );
     gw.all_settled().await;
-    let used = gw.used(Scope::Tenant("coder".into()), BudgetName::Tpm).await;
+    let used = gw
+        .used(Scope::Tenant("coder".into()), BudgetName::Tpm)
+        .await;
     assert!(used > 0, "metered and settled");
     assert_no_header_holds(&mock.state.requests(), GEMINI_KEY);
 }
@@ -169,7 +171,11 @@ async fn gemini_cli_stops_on_a_spent_daily_quota() {
     let r = gemini_say(&gw, home.path(), "say hi").await;
     report("daily quota spent", &r, &mock);
     assert_ne!(r.code, Some(0), "the CLI reports the refusal");
-    assert_eq!(mock.state.gemini.requests().len(), 0, "nothing reached the upstream");
+    assert_eq!(
+        mock.state.gemini.requests().len(),
+        0,
+        "nothing reached the upstream"
+    );
 }
 
 /// The gateway's clock follows the wall clock (a refusal's `retry-after`
@@ -210,5 +216,8 @@ async fn gemini_cli_retries_a_rate_refusal_and_is_admitted() {
         .json_of("coder", budgetgate::clock::Clock::now_micros(&gw.clock))
         .len();
     println!("gemini-cli rate refusals answered 429: {refused}");
-    assert!(refused > 0, "the turn's calls came faster than one a second");
+    assert!(
+        refused > 0,
+        "the turn's calls came faster than one a second"
+    );
 }

@@ -181,7 +181,10 @@ async fn a_key_in_the_query_is_accepted_and_never_forwarded_or_logged() {
     let mock = start_mock().await;
     mock.state.set_output_tokens(5);
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config(vec![studio("studio", &mock.root_url())], limits().tpm(10_000));
+    let mut c = config(
+        vec![studio("studio", &mock.root_url())],
+        limits().tpm(10_000),
+    );
     c.upstreams[0].base_url = format!("{}/v1beta", mock.root_url());
     let gw = GatewayProcess::start(&c.write(dir.path()), &[]).await;
     let r = reqwest::Client::new()
@@ -215,15 +218,21 @@ async fn a_key_in_the_query_is_accepted_and_never_forwarded_or_logged() {
     gw.wait_log("request refused", 1).await;
     let logs = gw.dump_logs();
     assert!(!logs.contains(KEY), "the key reached the log");
-    assert!(!logs.contains("sk-not-a-key"), "the wrong key reached the log");
+    assert!(
+        !logs.contains("sk-not-a-key"),
+        "the wrong key reached the log"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_name_that_could_reach_another_resource_is_a_404_that_reaches_no_upstream() {
     let mock = start_mock().await;
-    let gw = config(vec![studio("studio", &mock.root_url())], limits().tpm(10_000))
-        .start()
-        .await;
+    let gw = config(
+        vec![studio("studio", &mock.root_url())],
+        limits().tpm(10_000),
+    )
+    .start()
+    .await;
     for model in [
         "gemini-test%2F..%2Fother",
         "gemini-test%2f",
@@ -243,7 +252,11 @@ async fn a_model_name_that_could_reach_another_resource_is_a_404_that_reaches_no
         let v: Value = r.json().await.unwrap_or(Value::Null);
         assert_eq!(v["error"]["code"], 404, "{model}: {v}");
     }
-    assert_eq!(mock.state.request_count(), 0, "nothing reached the upstream");
+    assert_eq!(
+        mock.state.request_count(),
+        0,
+        "nothing reached the upstream"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,7 +269,10 @@ async fn refusals_are_in_googles_shape_with_retry_info_and_the_window_of_the_bud
     )
     .start()
     .await;
-    assert_eq!(generate(&gw.root_url(), &body(Some(150))).await.status(), 200);
+    assert_eq!(
+        generate(&gw.root_url(), &body(Some(150))).await.status(),
+        200
+    );
     let r = generate(&gw.root_url(), &body(Some(150))).await;
     assert_eq!(r.status(), 429);
     let retry_after = must_header(&r, "retry-after");
@@ -290,7 +306,10 @@ async fn refusals_are_in_googles_shape_with_retry_info_and_the_window_of_the_bud
     let r = generate(&gw.root_url(), &body(Some(150))).await;
     assert_eq!(r.status(), 429);
     let v: Value = r.json().await.unwrap();
-    let details = v["error"]["details"].as_array().cloned().unwrap_or_default();
+    let details = v["error"]["details"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let quota = details
         .iter()
         .find(|d| d["@type"] == "type.googleapis.com/google.rpc.QuotaFailure")
@@ -308,9 +327,12 @@ async fn refusals_are_in_googles_shape_with_retry_info_and_the_window_of_the_bud
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_tokens_is_answered_by_the_gateway_and_the_model_list_names_gemini_models() {
     let mock = start_mock().await;
-    let gw = config(vec![studio("studio", &mock.root_url())], limits().tpm(10_000))
-        .start()
-        .await;
+    let gw = config(
+        vec![studio("studio", &mock.root_url())],
+        limits().tpm(10_000),
+    )
+    .start()
+    .await;
     let client = reqwest::Client::new();
     let r = client
         .post(url(&gw.root_url(), MODEL, "countTokens"))
@@ -359,19 +381,31 @@ async fn a_throttled_vertex_region_cools_down_and_another_serves_the_request() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["usageMetadata"]["candidatesTokenCount"], 20);
     }
-    let regions: Vec<String> = m.state.requests().iter().map(|r| r.region.clone()).collect();
+    let regions: Vec<String> = m
+        .state
+        .requests()
+        .iter()
+        .map(|r| r.region.clone())
+        .collect();
     assert_eq!(
         regions,
         [crate::vertex::EAST, "europe-west4", "europe-west4"],
         "east once, then cooling down"
     );
     let sent = m.state.messages.gemini.requests();
-    assert!(sent.iter().all(|r| r.surface == "vertex" && r.model == MODEL));
+    assert!(sent
+        .iter()
+        .all(|r| r.surface == "vertex" && r.model == MODEL));
     gw.all_settled().await;
     let prompt = prompt_tokens(&b);
-    assert_eq!(gw.used(Scope::Upstream("east".into()), BudgetName::Tpm).await, 0);
     assert_eq!(
-        gw.used(Scope::Upstream("west".into()), BudgetName::Tpm).await,
+        gw.used(Scope::Upstream("east".into()), BudgetName::Tpm)
+            .await,
+        0
+    );
+    assert_eq!(
+        gw.used(Scope::Upstream("west".into()), BudgetName::Tpm)
+            .await,
         2 * (prompt + 20)
     );
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 2 * (prompt + 20));
@@ -457,13 +491,17 @@ async fn two_deployments_of_one_project_share_its_budgets() {
         u.limits = limits().rpm(1);
     }
     let gw = config(vec![a, b], limits().rpm(100)).start().await;
-    assert_eq!(generate(&gw.root_url(), &body(Some(10))).await.status(), 200);
+    assert_eq!(
+        generate(&gw.root_url(), &body(Some(10))).await.status(),
+        200
+    );
     let r = generate(&gw.root_url(), &body(Some(10))).await;
     assert_eq!(r.status(), 429, "the project's minute is spent");
     assert_eq!(mock.state.request_count(), 1);
     gw.all_settled().await;
     assert_eq!(
-        gw.used(Scope::Upstream("project-1".into()), BudgetName::Rpm).await,
+        gw.used(Scope::Upstream("project-1".into()), BudgetName::Rpm)
+            .await,
         1
     );
 }
@@ -497,7 +535,11 @@ fn gemini_estimate_bounds_the_reported_counts() {
             got,
             got as f64 / want as f64
         );
-        assert!(got >= want, "{}: estimated {got} < reported {want}", e["name"]);
+        assert!(
+            got >= want,
+            "{}: estimated {got} < reported {want}",
+            e["name"]
+        );
         estimated += got;
         reported += want;
     }
@@ -522,7 +564,9 @@ async fn the_google_genai_sdk_generates_streams_counts_calls_a_function_and_read
     )
     .start()
     .await;
-    let v = run_python("gemini_sdk.py", &gw.root_url(), &["basic"]).await.json();
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["basic"])
+        .await
+        .json();
     let six = mock_upstream::generated_text(6);
     assert_eq!(v["text"], six, "{v}");
     assert_eq!(v["finish"], "STOP");
@@ -536,13 +580,24 @@ async fn the_google_genai_sdk_generates_streams_counts_calls_a_function_and_read
     // Four model calls (countTokens is the gateway's own): the fifth of
     // the minute is refused.
     assert_eq!(mock.state.gemini.requests().len(), 3);
-    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"]).await.json();
-    assert_eq!(v["error"], Value::Null, "the fifth request of the minute is admitted");
-    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"]).await.json();
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"])
+        .await
+        .json();
+    assert_eq!(
+        v["error"],
+        Value::Null,
+        "the fifth request of the minute is admitted"
+    );
+    let v = run_python("gemini_sdk.py", &gw.root_url(), &["rate_limited"])
+        .await
+        .json();
     let e = &v["error"];
     assert_eq!(e["code"], 429, "{v}");
     assert_eq!(e["status"], "RESOURCE_EXHAUSTED");
-    let details = e["details"]["error"]["details"].as_array().cloned().unwrap_or_default();
+    let details = e["details"]["error"]["details"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(
         details
             .iter()
@@ -559,8 +614,8 @@ async fn the_google_genai_sdk_generates_streams_counts_calls_a_function_and_read
 async fn streams_end_cleanly_in_both_forms_and_a_cutoff_ends_with_max_tokens() {
     let mock = start_mock().await;
     let b = body(None);
-    let prompt_estimate = 5 + budgetgate::config::estimate::Encoding::O200kBase
-        .count("Say hello to the budget gate");
+    let prompt_estimate =
+        5 + budgetgate::config::estimate::Encoding::O200kBase.count("Say hello to the budget gate");
     for sse in [true, false] {
         for cut in [false, true] {
             mock.state.set_output_tokens(if cut { 600 } else { 20 });
@@ -602,13 +657,21 @@ async fn streams_end_cleanly_in_both_forms_and_a_cutoff_ends_with_max_tokens() {
                 if cut { "MAX_TOKENS" } else { "STOP" },
                 "sse {sse}, cut {cut}: {last}"
             );
-            assert!(last["usageMetadata"]["candidatesTokenCount"].as_u64().is_some(), "{last}");
+            assert!(
+                last["usageMetadata"]["candidatesTokenCount"]
+                    .as_u64()
+                    .is_some(),
+                "{last}"
+            );
             assert!(chunks.iter().all(|c| c.get("error").is_none()), "{text}");
             gw.all_settled().await;
             let used = gw.t1_used(BudgetName::Tpm).await;
             if cut {
                 assert!(chunks.len() < 600, "cut off before the upstream's end");
-                assert!(used <= prompt_estimate + 256 + 64 + 10, "within the budget: {used}");
+                assert!(
+                    used <= prompt_estimate + 256 + 64 + 10,
+                    "within the budget: {used}"
+                );
             } else {
                 assert_eq!(used, prompt_tokens(&b) + 20);
             }

@@ -61,7 +61,10 @@ async fn streams_are_sse_with_alt_sse_and_a_json_array_without() {
         &b,
     )
     .await;
-    assert_eq!(header(&r, "content-type").as_deref(), Some("text/event-stream"));
+    assert_eq!(
+        header(&r, "content-type").as_deref(),
+        Some("text/event-stream")
+    );
     let text = r.text().await.unwrap();
     let events: Vec<Value> = text
         .split("\r\n\r\n")
@@ -84,7 +87,10 @@ async fn streams_are_sse_with_alt_sse_and_a_json_array_without() {
     let text = r.text().await.unwrap();
     let array: Vec<Value> = serde_json::from_str(&text).unwrap();
     assert_eq!(array.len(), 3);
-    assert_eq!(array[2]["usageMetadata"]["totalTokenCount"], prompt_tokens(&b) + 3);
+    assert_eq!(
+        array[2]["usageMetadata"]["totalTokenCount"],
+        prompt_tokens(&b) + 3
+    );
 }
 
 #[tokio::test]

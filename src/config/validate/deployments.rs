@@ -248,7 +248,10 @@ fn shared_projects(v: &mut V, upstreams: &[UpstreamPolicy]) {
         let Some(p) = &u.project else { continue };
         let path = format!("upstreams[{i}].project");
         if !is_valid_id(p) {
-            v.err(path, format!("{p:?}: letters, digits, '-', '_' and '.' only"));
+            v.err(
+                path,
+                format!("{p:?}: letters, digits, '-', '_' and '.' only"),
+            );
             continue;
         }
         if let Some(other) = upstreams

@@ -74,7 +74,10 @@ pub fn error_info(reason: &str) -> Value {
 /// An SSE event carrying Google's error body: the google-genai SDKs raise
 /// an `APIError` on a chunk holding `error`.
 pub fn error_event(status: StatusCode, message: &str) -> bytes::Bytes {
-    bytes::Bytes::from(format!("data: {}\r\n\r\n", error_body(status, message, &[])))
+    bytes::Bytes::from(format!(
+        "data: {}\r\n\r\n",
+        error_body(status, message, &[])
+    ))
 }
 
 /// The `quotaId` of a budget: its kind and window in Google's words, so
@@ -104,11 +107,8 @@ pub struct Pending(pub String);
 /// A response in Google's shape for `status` and `message`; its body is
 /// written again by [`with_details`] when the refusal has details.
 pub fn shaped(status: StatusCode, message: &str) -> axum::response::Response {
-    let mut r = axum::response::Response::new(axum::body::Body::from(error_body(
-        status,
-        message,
-        &[],
-    )));
+    let mut r =
+        axum::response::Response::new(axum::body::Body::from(error_body(status, message, &[])));
     *r.status_mut() = status;
     r.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
@@ -159,8 +159,14 @@ mod tests {
         assert_eq!(v["error"]["code"], 429);
         assert_eq!(v["error"]["status"], "RESOURCE_EXHAUSTED");
         assert_eq!(v["error"]["message"], "slow down");
-        assert_eq!(v["error"]["details"][0]["violations"][0]["quotaId"], "TokensPerMinute");
-        assert_eq!(v["error"]["details"][1]["@type"], "type.googleapis.com/google.rpc.RetryInfo");
+        assert_eq!(
+            v["error"]["details"][0]["violations"][0]["quotaId"],
+            "TokensPerMinute"
+        );
+        assert_eq!(
+            v["error"]["details"][1]["@type"],
+            "type.googleapis.com/google.rpc.RetryInfo"
+        );
         assert_eq!(v["error"]["details"][1]["retryDelay"], "7s");
     }
 }

@@ -101,7 +101,11 @@ pub fn usage_from_value(u: &Value) -> UsageBreakdown {
     let mut rejected = Rejected::default();
     let mut input_rejected = None;
     let mut output_rejected = None;
-    let prompt = read_count(u.get("promptTokenCount"), "promptTokenCount", &mut input_rejected);
+    let prompt = read_count(
+        u.get("promptTokenCount"),
+        "promptTokenCount",
+        &mut input_rejected,
+    );
     let tool_use = read_count(
         u.get("toolUsePromptTokenCount"),
         "toolUsePromptTokenCount",
@@ -240,7 +244,10 @@ mod tests {
         assert!(!thinks(&b(json!({"thinkingBudget": 0}))));
         assert!(thinks(&b(json!({"thinkingBudget": -1}))));
         assert!(thinks(&b(json!({"thinkingLevel": "low"}))));
-        assert_eq!(thinking_budget(&b(json!({"thinkingBudget": 512}))), Some(512));
+        assert_eq!(
+            thinking_budget(&b(json!({"thinkingBudget": 512}))),
+            Some(512)
+        );
         assert_eq!(thinking_budget(&b(json!({"thinkingBudget": -1}))), None);
     }
 }

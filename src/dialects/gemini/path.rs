@@ -63,9 +63,7 @@ pub fn wants_sse(query: Option<&str>) -> bool {
 /// the API key there). Percent escapes are decoded: a key is compared
 /// by its digest, byte for byte.
 pub fn query_key(query: Option<&str>) -> Option<String> {
-    let v = query?
-        .split('&')
-        .find_map(|p| p.strip_prefix("key="))?;
+    let v = query?.split('&').find_map(|p| p.strip_prefix("key="))?;
     let decoded = percent_encoding::percent_decode_str(v).decode_utf8().ok()?;
     let k = decoded.trim();
     (!k.is_empty()).then(|| k.to_string())

@@ -70,10 +70,16 @@ impl StreamDialect for GeminiStream {
             return Verdict::Forward;
         }
         if self.model_version.is_none() {
-            self.model_version = v.get("modelVersion").and_then(Value::as_str).map(String::from);
+            self.model_version = v
+                .get("modelVersion")
+                .and_then(Value::as_str)
+                .map(String::from);
         }
         if self.response_id.is_none() {
-            self.response_id = v.get("responseId").and_then(Value::as_str).map(String::from);
+            self.response_id = v
+                .get("responseId")
+                .and_then(Value::as_str)
+                .map(String::from);
         }
         if let Some(u) = v.get("usageMetadata").filter(|u| u.is_object()) {
             let read = gemini::usage_from_value(u);
@@ -97,7 +103,11 @@ impl StreamDialect for GeminiStream {
                         .map(|s| delta_counts::count(t.encoding, s))
                         .sum();
                     let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                    (idx, tokens, c.get("finishReason").is_some_and(|f| !f.is_null()))
+                    (
+                        idx,
+                        tokens,
+                        c.get("finishReason").is_some_and(|f| !f.is_null()),
+                    )
                 })
                 .collect();
             if t.passes_cap(&counted) {
@@ -115,7 +125,8 @@ impl StreamDialect for GeminiStream {
         for c in candidates {
             let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
             let strings = outputs(c);
-            t.pending.push_delta(idx, strings.iter().map(|s| s.as_ref()));
+            t.pending
+                .push_delta(idx, strings.iter().map(|s| s.as_ref()));
             if c.get("finishReason").is_some_and(|f| !f.is_null()) && t.requested(idx) {
                 t.finished.insert(idx);
             }
@@ -200,7 +211,9 @@ mod tests {
         if let Some(f) = finish {
             c["finishReason"] = json!(f);
         }
-        event(json!({"candidates": [c], "usageMetadata": usage, "modelVersion": "gemini-x", "responseId": "r1"}))
+        event(
+            json!({"candidates": [c], "usageMetadata": usage, "modelVersion": "gemini-x", "responseId": "r1"}),
+        )
     }
 
     #[test]
@@ -211,8 +224,16 @@ mod tests {
                 p = p.with_exact_counting();
             }
             let frames = [
-                chunk(" the", None, json!({"promptTokenCount": 9, "totalTokenCount": 9})),
-                chunk(" of", None, json!({"promptTokenCount": 9, "totalTokenCount": 9})),
+                chunk(
+                    " the",
+                    None,
+                    json!({"promptTokenCount": 9, "totalTokenCount": 9}),
+                ),
+                chunk(
+                    " of",
+                    None,
+                    json!({"promptTokenCount": 9, "totalTokenCount": 9}),
+                ),
                 chunk(
                     " and",
                     Some("STOP"),
@@ -222,21 +243,34 @@ mod tests {
             for f in frames {
                 assert!(matches!(p.on_frame(f), FrameAction::Forward(_)));
             }
-            assert!(p.all_finished(), "no terminal event: the candidate finished");
+            assert!(
+                p.all_finished(),
+                "no terminal event: the candidate finished"
+            );
             assert_eq!(p.output_tokens(), 3);
             let used = p.used(20);
-            assert_eq!((used.input(), used.output, used.reasoning), (Some(9), Some(7), 4));
+            assert_eq!(
+                (used.input(), used.output, used.reasoning),
+                (Some(9), Some(7), 4)
+            );
         }
     }
 
     #[test]
     fn a_cutoff_ends_like_geminis_own_limit_with_the_usage() {
         let mut p = StreamProcessor::new(Dialect::Gemini, Encoding::O200kBase, false, 1);
-        p.on_frame(chunk(" the of", None, json!({"promptTokenCount": 9, "totalTokenCount": 9})));
+        p.on_frame(chunk(
+            " the of",
+            None,
+            json!({"promptTokenCount": 9, "totalTokenCount": 9}),
+        ));
         let frames = p.cutoff_frames(12);
         assert_eq!(frames.len(), 1);
         let text = String::from_utf8_lossy(&frames[0]).into_owned();
-        assert!(text.starts_with("data: ") && text.ends_with("\r\n\r\n"), "{text}");
+        assert!(
+            text.starts_with("data: ") && text.ends_with("\r\n\r\n"),
+            "{text}"
+        );
         let v: Value = serde_json::from_str(text["data: ".len()..].trim()).unwrap_or(Value::Null);
         assert_eq!(v["candidates"][0]["finishReason"], "MAX_TOKENS");
         assert_eq!(v["usageMetadata"]["promptTokenCount"], 9);
@@ -249,7 +283,9 @@ mod tests {
     #[test]
     fn an_error_chunk_is_relayed_and_marks_the_stream() {
         let mut p = StreamProcessor::new(Dialect::Gemini, Encoding::O200kBase, false, 1);
-        let f = event(json!({"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}));
+        let f = event(
+            json!({"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}),
+        );
         assert!(matches!(p.on_frame(f), FrameAction::Forward(_)));
         assert!(p.is_errored());
         let e = String::from_utf8_lossy(&p.error_frame("cut", "x")).into_owned();
