@@ -90,13 +90,13 @@ pub fn billed_tool(body: &Value) -> Option<&'static str> {
         .find_map(|t| BILLED.into_iter().find(|b| t.get(*b).is_some()))
 }
 
-/// The breakdown of a `usageMetadata` object: input is `promptTokenCount`
-/// + `toolUsePromptTokenCount` (of which `cachedContentTokenCount` was
-/// read from a cache), output is `candidatesTokenCount` +
-/// `thoughtsTokenCount` (the thoughts its reasoning part). Google's
-/// `totalTokenCount` is the sum of the four; when it reports more, the
-/// excess is output the other fields did not name, charged as output
-/// (never less than what the fields add up to).
+/// The breakdown of a `usageMetadata` object: input is the sum of
+/// `promptTokenCount` and `toolUsePromptTokenCount` (of which
+/// `cachedContentTokenCount` was read from a cache), output the sum of
+/// `candidatesTokenCount` and `thoughtsTokenCount` (the thoughts its
+/// reasoning part). Google's `totalTokenCount` is the sum of the four;
+/// when it reports more, the excess is output the other fields did not
+/// name, charged as output (never less than what the fields add up to).
 pub fn usage_from_value(u: &Value) -> UsageBreakdown {
     let mut rejected = Rejected::default();
     let mut input_rejected = None;
