@@ -36,6 +36,9 @@
 //! * Every request is recorded in [`MockState`] before any hold or fault logic;
 //!   with `--log-requests` (or [`MockConfig::log_requests`]) it is also printed
 //!   as one JSON line (method, path, query, every header): the request log.
+//! * The Gemini API (`/v1beta/models/{model}:generateContent`, streamed
+//!   as SSE or a JSON array, `:countTokens`, the model list) and Vertex
+//!   Gemini: [`gemini`].
 //! * Amazon Bedrock (its Messages endpoint, InvokeModel with event-stream
 //!   answers, SigV4 verified) and the AWS credential endpoints: [`bedrock`].
 //! * Per-tenant and per-deployment counts of requests and tokens
@@ -56,6 +59,9 @@ pub mod counters;
 
 #[path = "mock_upstream/vertex.rs"]
 pub mod vertex;
+
+#[path = "mock_upstream/gemini.rs"]
+pub mod gemini;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -288,6 +294,8 @@ pub struct MockState {
     context_window: AtomicU64,
     /// Amazon Bedrock: region, known credentials, faults ([`bedrock`]).
     pub bedrock: bedrock::BedrockState,
+    /// The Gemini API and Vertex Gemini: key, counts, faults ([`gemini`]).
+    pub gemini: gemini::GeminiState,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -314,6 +322,7 @@ impl MockState {
             web_search_calls: AtomicU64::new(0),
             context_window: AtomicU64::new(0),
             bedrock: bedrock::BedrockState::default(),
+            gemini: gemini::GeminiState::default(),
         }
     }
 
@@ -719,6 +728,11 @@ async fn handle(
 
     if let Some(r) = bedrock::handle(&st, &method, &uri, &headers, &body, parsed.clone()).await {
         return r;
+    }
+
+    if gemini::is_gemini_path(uri.path()) {
+        return gemini::handle_ai_studio(&st, &method, uri.path(), uri.query(), &headers, &body)
+            .await;
     }
 
     if responses::is_responses_path(uri.path()) {

@@ -476,9 +476,10 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
         "embeddings" => Dialect::Embeddings,
         "messages" => Dialect::Messages,
         "responses" => Dialect::Responses,
+        "gemini" => Dialect::Gemini,
         other => {
             eprintln!(
-                "unknown endpoint {other:?} (chat, completions, embeddings, responses, messages)"
+                "unknown endpoint {other:?} (chat, completions, embeddings, responses, messages, gemini)"
             );
             return ExitCode::FAILURE;
         }

@@ -9,6 +9,10 @@
 //!   `anthropic_version: "vertex-2023-10-16"` and no `model`, and `stream`
 //!   as the method says. Then the Messages answer of [`super::messages`]
 //!   for the path's model, SSE or whole.
+//! * `POST /v1/projects/{project}/locations/{region}/publishers/google/models/{model}:generateContent`
+//!   (and `:streamGenerateContent`, `alt=sse` or the JSON array, and
+//!   `:countTokens`): the same token check, then the Gemini answer of
+//!   [`super::gemini`]; a throttled region answers 429 `RESOURCE_EXHAUSTED`.
 //! * `POST /token`: an OAuth token endpoint (the `token_uri` of an
 //!   `authorized_user` file): a known refresh token gets a fresh access
 //!   token living [`VertexState::set_token_ttl`].
@@ -267,7 +271,7 @@ async fn handle(
         return metadata(&st, path, &headers);
     }
     if method == Method::POST && path.starts_with("/v1/projects/") {
-        return predict(&st, path, &headers, &body).await;
+        return predict(&st, path, uri.query(), &headers, &body).await;
     }
     google_error(
         StatusCode::NOT_FOUND,
@@ -427,7 +431,13 @@ fn b64url(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-async fn predict(st: &VertexState, path: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+async fn predict(
+    st: &VertexState,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -446,8 +456,10 @@ async fn predict(st: &VertexState, path: &str, headers: &HeaderMap, body: &[u8])
     // projects/{p}/locations/{r}/publishers/anthropic/models/{m}:{method}
     let rest = path.trim_start_matches("/v1/projects/");
     let parts: Vec<&str> = rest.split('/').collect();
-    let (project, region, model_method) = match parts.as_slice() {
-        [p, "locations", r, "publishers", "anthropic", "models", m] => (*p, *r, *m),
+    let (project, region, publisher, model_method) = match parts.as_slice() {
+        [p, "locations", r, "publishers", publisher @ ("anthropic" | "google"), "models", m] => {
+            (*p, *r, *publisher, *m)
+        }
         _ => return google_error(StatusCode::NOT_FOUND, "NOT_FOUND", "unknown resource"),
     };
     let Some((model, method)) = model_method.rsplit_once(':') else {
@@ -461,8 +473,11 @@ async fn predict(st: &VertexState, path: &str, headers: &HeaderMap, body: &[u8])
         return google_error(
             StatusCode::FORBIDDEN,
             "PERMISSION_DENIED",
-            &format!("Permission 'aiplatform.endpoints.predict' denied on resource '//aiplatform.googleapis.com/projects/{project}/locations/{region}/publishers/anthropic/models/{model}' (or it may not exist)."),
+            &format!("Permission 'aiplatform.endpoints.predict' denied on resource '//aiplatform.googleapis.com/projects/{project}/locations/{region}/publishers/{publisher}/models/{model}' (or it may not exist)."),
         );
+    }
+    if publisher == "google" {
+        return gemini(st, (project, region), &model, method, query, headers, body).await;
     }
     let streamed = match method {
         "streamRawPredict" => true,
@@ -554,6 +569,64 @@ async fn predict(st: &VertexState, path: &str, headers: &HeaderMap, body: &[u8])
         _ => {
             st.messages.wait_hold().await;
             super::messages::messages(&st.messages, headers, model, body).await
+        }
+    }
+}
+
+/// A Gemini model on Vertex (`publishers/google`): the region's throttle
+/// and the state's faults as for Claude, then the Gemini simulation
+/// ([`super::gemini`]) for the path's model and method.
+async fn gemini(
+    st: &VertexState,
+    (project, region): (&str, &str),
+    model: &str,
+    method: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    lock(&st.requests).push(VertexRequest {
+        project: project.into(),
+        region: region.into(),
+        model: model.into(),
+        method: method.into(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: serde_json::from_slice(body).unwrap_or(Value::Null),
+    });
+    let throttled = lock(&st.throttled).iter().any(|r| r == region);
+    let fault = headers
+        .get("x-mock-vertex")
+        .and_then(|v| v.to_str().ok())
+        .and_then(VertexFault::parse)
+        .or(*lock(&st.fault))
+        .or(throttled.then_some(VertexFault::Throttle));
+    match fault {
+        Some(VertexFault::Throttle) => google_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RESOURCE_EXHAUSTED",
+            "Resource exhausted. Please try again later. Please refer to https://cloud.google.com/vertex-ai/generative-ai/docs/error-code-429 for more details.",
+        ),
+        Some(VertexFault::Denied) => google_error(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            "Permission 'aiplatform.endpoints.predict' denied (mock)",
+        ),
+        Some(VertexFault::Unavailable) => google_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UNAVAILABLE",
+            "The service is currently unavailable.",
+        ),
+        _ => {
+            st.messages.wait_hold().await;
+            super::gemini::handle_vertex(&st.messages, model, method, query, headers, body).await
         }
     }
 }

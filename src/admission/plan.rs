@@ -287,7 +287,7 @@ pub fn ancestor_specs<'p>(policy: &'p Policy, t: &TenantPolicy) -> Vec<(&'p str,
 pub fn upstream_budgets(ks: &KeySpace, upstream: &UpstreamPolicy) -> Vec<BudgetSpec> {
     scope_budgets(
         ks,
-        Scope::Upstream(upstream.name.as_str().into()),
+        Scope::Upstream(upstream.budget_scope().into()),
         &upstream.limits,
         upstream.refund_unused,
     )

@@ -13,6 +13,7 @@ pub mod bounds;
 pub mod deployment_models;
 pub mod end_user;
 pub mod estimate;
+pub mod gemini;
 pub mod ids;
 pub mod ledger;
 pub mod model_names;
@@ -158,9 +159,26 @@ pub enum UpstreamKind {
     Anthropic,
     /// Claude on Amazon Bedrock ([`bedrock`]): Messages clients only.
     Bedrock,
-    /// Claude on Google Vertex AI (`[upstreams.vertex]`): the Messages
-    /// body on `rawPredict` / `streamRawPredict`, OAuth access tokens.
+    /// Google Vertex AI (`[upstreams.vertex]`), OAuth access tokens:
+    /// Claude (the Messages body on `rawPredict` / `streamRawPredict`), or
+    /// Gemini with `publisher = "google"` (`generateContent`).
     Vertex,
+    /// Google's Gemini API (AI Studio): `x-goog-api-key`, Gemini's own
+    /// `generateContent`; chat completions on its OpenAI-compatible
+    /// endpoint under the same base URL.
+    Gemini,
+}
+
+/// The wire format a deployment's models speak: every deployment of a
+/// model speaks one (checked at load).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// OpenAI's routes (chat, completions, embeddings, Responses).
+    OpenAi,
+    /// Anthropic Messages.
+    Messages,
+    /// Gemini's `generateContent`.
+    Gemini,
 }
 
 impl UpstreamKind {
@@ -170,6 +188,31 @@ impl UpstreamKind {
             self,
             UpstreamKind::Anthropic | UpstreamKind::Bedrock | UpstreamKind::Vertex
         )
+    }
+}
+
+impl UpstreamPolicy {
+    /// The name of the scope holding this deployment's budgets: its
+    /// `project` when it names one, else its own name.
+    pub fn budget_scope(&self) -> &str {
+        self.project.as_deref().unwrap_or(&self.name)
+    }
+
+    /// The wire format of this deployment's models: a Vertex deployment
+    /// speaks Gemini when its publisher is Google.
+    pub fn family(&self) -> Family {
+        if self.kind == UpstreamKind::Gemini
+            || self
+                .vertex
+                .as_deref()
+                .is_some_and(|v| v.publisher == vertex::Publisher::Google)
+        {
+            Family::Gemini
+        } else if self.kind.speaks_messages() {
+            Family::Messages
+        } else {
+            Family::OpenAi
+        }
     }
 }
 
@@ -226,6 +269,11 @@ pub struct UpstreamPolicy {
     pub api_key_env: Option<String>,
     /// `[upstreams.vertex]` (kind `vertex` only).
     pub vertex: Option<Arc<vertex::VertexSettings>>,
+    /// `project`: the provider project whose quota this deployment's
+    /// budgets are (scope `upstream:<project>`, shared by every deployment
+    /// naming it: two API keys of one Gemini API project have one quota);
+    /// `None`: the deployment's own (`upstream:<name>`).
+    pub project: Option<String>,
 }
 
 /// `[[models]]`: a public model name, or a pattern of names
@@ -284,6 +332,11 @@ pub struct ModelPolicy {
     /// Its deployments speak Anthropic Messages (all of them or none:
     /// checked at load); it answers on `/v1/messages` only.
     pub messages: bool,
+    /// Its deployments speak Gemini (`kind = "gemini"`, or Vertex with
+    /// `publisher = "google"`; all or none): it answers on
+    /// `/v1beta/models/{model}:generateContent` (and on chat completions
+    /// where every deployment is `kind = "gemini"`).
+    pub gemini: bool,
     /// Messages only: the model's tokens per 1000 tiktoken tokens of text.
     pub token_ratio: u64,
     /// How a stream with the client's own output cap is reserved.

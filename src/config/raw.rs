@@ -341,6 +341,10 @@ pub struct RawUpstream {
     /// `[upstreams.vertex]` of `kind = "vertex"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vertex: Option<super::vertex::RawVertex>,
+    /// The provider project whose quota the deployment's budgets are:
+    /// deployments naming one project share one set of budgets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

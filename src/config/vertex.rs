@@ -21,6 +21,29 @@ pub struct RawVertex {
     /// Application Default Credentials reads); unset: Application Default
     /// Credentials.
     pub credentials_file: Option<String>,
+    /// Whose models the deployment serves: `"anthropic"` (Claude, the
+    /// default) or `"google"` (Gemini).
+    pub publisher: Option<String>,
+}
+
+/// The publisher in a Vertex model's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Publisher {
+    /// `publishers/anthropic`: Claude, Anthropic's Messages body.
+    #[default]
+    Anthropic,
+    /// `publishers/google`: Gemini, `generateContent`.
+    Google,
+}
+
+impl Publisher {
+    /// The word in the path.
+    pub fn word(self) -> &'static str {
+        match self {
+            Publisher::Anthropic => "anthropic",
+            Publisher::Google => "google",
+        }
+    }
 }
 
 /// Where a Vertex deployment's access tokens come from.
@@ -43,6 +66,8 @@ pub struct VertexSettings {
     pub region: String,
     /// Where access tokens come from.
     pub credentials: VertexCredentials,
+    /// Whose models it serves.
+    pub publisher: Publisher,
 }
 
 /// The endpoint of `region` when `base_url` is not set: the regional host,
@@ -108,10 +133,22 @@ impl VertexSettings {
                 return None;
             }
         };
+        let publisher = match raw.publisher.as_deref() {
+            None | Some("anthropic") => Publisher::Anthropic,
+            Some("google") => Publisher::Google,
+            Some(other) => {
+                err(
+                    &format!("{path}.vertex.publisher"),
+                    format!("must be \"anthropic\" or \"google\", not {other:?}"),
+                );
+                return None;
+            }
+        };
         Some(VertexSettings {
             project: project?,
             region: region?,
             credentials,
+            publisher,
         })
     }
 }
@@ -127,6 +164,7 @@ mod tests {
             project: Some("Acme Prod".into()),
             region: None,
             credentials_file: None,
+            publisher: None,
         };
         let got = VertexSettings::validate("upstreams[0]", Some(&raw), |p, m| {
             errors.push(format!("{p}: {m}"))
@@ -143,6 +181,7 @@ mod tests {
             project: Some("acme-prod".into()),
             region: Some("us-east5".into()),
             credentials_file: Some("/etc/sa.json".into()),
+            publisher: None,
         };
         let got = VertexSettings::validate("u", Some(&raw), |_, _| panic!());
         assert_eq!(
@@ -150,6 +189,7 @@ mod tests {
             Some(VertexSettings {
                 project: "acme-prod".into(),
                 region: "us-east5".into(),
+                publisher: Publisher::Anthropic,
                 credentials: VertexCredentials::File("/etc/sa.json".into()),
             })
         );

@@ -15,7 +15,8 @@
 //! events ([`responses::stream`]).)
 //!
 //! - [`chat`], [`completions`], [`embeddings`], [`responses`],
-//!   [`anthropic`] (Messages): one module per dialect.
+//!   [`anthropic`] (Messages), [`gemini`] (Gemini's `generateContent`):
+//!   one module per dialect.
 //! - [`openai`]: what the OpenAI dialects share (usage object, chunks).
 //! - [`usage`]: the usage breakdown and its clamping of bad fields.
 //! - [`error`]: the error body, for HTTP, admin and SSE errors.
@@ -37,6 +38,7 @@ pub mod chat_stream;
 pub mod completions;
 pub mod embeddings;
 pub mod error;
+pub mod gemini;
 pub mod json_scan;
 pub mod openai;
 pub mod rate_limit_headers;
@@ -65,6 +67,9 @@ pub enum Dialect {
     Responses,
     /// Anthropic Messages: `POST /v1/messages`.
     Messages,
+    /// Gemini: `POST /v1beta/models/{model}:generateContent` (and
+    /// `:streamGenerateContent`).
+    Gemini,
 }
 
 impl From<Dialect> for estimate::BodyShape {
@@ -75,6 +80,7 @@ impl From<Dialect> for estimate::BodyShape {
             Dialect::Embeddings => Self::Embeddings,
             Dialect::Responses => Self::Responses,
             Dialect::Messages => Self::Messages,
+            Dialect::Gemini => Self::Gemini,
         }
     }
 }
@@ -106,6 +112,7 @@ impl Dialect {
             Dialect::Embeddings => embeddings::PATH,
             Dialect::Responses => responses::PATH,
             Dialect::Messages => anthropic::PATH,
+            Dialect::Gemini => gemini::PATH,
         }
     }
 
@@ -113,6 +120,7 @@ impl Dialect {
     pub fn key_headers(self) -> &'static [KeyHeader] {
         match self {
             Dialect::Messages => &anthropic::KEY_HEADERS,
+            Dialect::Gemini => &gemini::KEY_HEADERS,
             _ => &openai::KEY_HEADERS,
         }
     }
@@ -131,6 +139,13 @@ impl Dialect {
         matches!(self, Dialect::Messages)
     }
 
+    /// True for Gemini's `generateContent` (models whose deployments speak
+    /// Gemini answer there, and on chat completions where the upstream
+    /// has an OpenAI-compatible endpoint).
+    pub fn is_gemini(self) -> bool {
+        matches!(self, Dialect::Gemini)
+    }
+
     /// The body fields that name the request's end user, in the order they
     /// are read (each a path of object members): OpenAI's
     /// `safety_identifier`, then its older `user`; Anthropic's
@@ -138,6 +153,8 @@ impl Dialect {
     pub fn end_user_fields(self) -> &'static [&'static [&'static str]] {
         match self {
             Dialect::Messages => &[&["metadata", "user_id"]],
+            // Gemini's body names no end user; the end-user header does.
+            Dialect::Gemini => &[],
             _ => &[&["safety_identifier"], &["user"]],
         }
     }
@@ -180,6 +197,7 @@ impl Dialect {
             Dialect::Completions => Some(completions::CAP_FIELD),
             Dialect::Responses => Some(responses::CAP_FIELD),
             Dialect::Messages => Some(anthropic::CAP_FIELD),
+            Dialect::Gemini => Some(gemini::CAP_FIELD),
             Dialect::Embeddings => None,
         }
     }
@@ -208,6 +226,7 @@ impl Dialect {
                 .ok()
                 .filter(Value::is_object)
                 .map(|u| anthropic::usage_from_value(&u)),
+            Dialect::Gemini => gemini::usage_from_raw(raw_usage),
             _ => openai::usage_from_raw(raw_usage),
         }
     }
@@ -218,6 +237,7 @@ impl Dialect {
             Dialect::ChatCompletions => chat::count_output(choice, part, enc),
             Dialect::Completions => completions::count_output(choice, enc),
             Dialect::Messages => anthropic::block_tokens(choice, enc),
+            Dialect::Gemini => gemini::candidate_tokens(choice, enc),
             Dialect::Embeddings | Dialect::Responses => 0,
         }
     }
@@ -230,6 +250,9 @@ impl Dialect {
         }
         if self == Dialect::Responses {
             return responses::count_answer_output(answer, enc);
+        }
+        if self == Dialect::Gemini {
+            return gemini::count_answer_output(answer, enc, token_ratio);
         }
         answer
             .get("choices")

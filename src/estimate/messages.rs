@@ -296,7 +296,7 @@ pub fn image_tokens(b: &Value) -> u64 {
 }
 
 /// Width and height from a PNG IHDR or a GIF logical screen descriptor.
-fn image_size(head: &[u8]) -> Option<(u64, u64)> {
+pub(super) fn image_size(head: &[u8]) -> Option<(u64, u64)> {
     if head.len() >= 24 && head.starts_with(b"\x89PNG\r\n\x1a\n") && &head[12..16] == b"IHDR" {
         let be = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         return Some((be(16) as u64, be(20) as u64));
@@ -310,7 +310,7 @@ fn image_size(head: &[u8]) -> Option<(u64, u64)> {
 
 /// Pages of a base64 PDF: `/Type /Page` objects (not `/Pages`); `None`
 /// when none is found (compressed object streams hide them).
-fn pdf_pages(data: &str) -> Option<u64> {
+pub(super) fn pdf_pages(data: &str) -> Option<u64> {
     let bytes = decode_base64(data);
     let mut pages = 0u64;
     let mut i = 0;
@@ -333,7 +333,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Standard base64 (padding and whitespace ignored; decoding stops at the
 /// first byte outside the alphabet).
-fn decode_base64(s: &str) -> Vec<u8> {
+pub(super) fn decode_base64(s: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
     let (mut acc, mut bits) = (0u32, 0u32);
     for c in s.bytes() {

@@ -60,6 +60,7 @@
 
 mod agent;
 pub mod cache;
+pub mod gemini;
 mod image;
 mod input;
 pub mod messages;
@@ -255,6 +256,8 @@ pub enum BodyShape {
     Responses,
     /// Anthropic's `system` and `messages`, `max_tokens` required.
     Messages,
+    /// Gemini `generateContent` ([`gemini`]).
+    Gemini,
 }
 
 /// Estimates the token cost of one request body.
@@ -290,6 +293,9 @@ pub fn estimate(
         ));
     };
     let endpoint: BodyShape = endpoint.into();
+    if endpoint == BodyShape::Gemini {
+        return gemini::estimate(body, model, room);
+    }
     let enc = model.encoding;
     let mut cacheable_prefix = 0;
     let (input_tokens, prompts) = match endpoint {
@@ -307,6 +313,7 @@ pub fn estimate(
             cacheable_prefix = counted.cacheable_prefix;
             (counted.tokens, 1)
         }
+        BodyShape::Gemini => (gemini::input_tokens(body, enc, model.token_ratio)?, 1),
         BodyShape::Embeddings => {
             let tokens = input::embeddings_input(body, enc)?;
             return Ok(Estimate {

@@ -324,6 +324,9 @@ fn shaped(
     param: Option<&str>,
     code: Option<&str>,
 ) -> Response {
+    if dialect.is_gemini() {
+        return crate::dialects::gemini::error::shaped(status, message);
+    }
     if !dialect.is_anthropic() {
         return body(status, message, kind, param, code);
     }
@@ -347,6 +350,55 @@ impl ApiError {
     /// (`requester`, e.g. `tenant ml, child of acme`) after the refusing
     /// scope, which may be an ancestor's.
     pub fn respond_for(self, dialect: Dialect, requester: Option<&str>) -> Response {
+        if !dialect.is_gemini() {
+            return self.respond_shaped(dialect, requester);
+        }
+        let details = self.google_details();
+        crate::dialects::gemini::error::with_details(
+            self.respond_shaped(dialect, requester),
+            details,
+        )
+    }
+
+    /// What a Google client reads of a refusal beside its message: which
+    /// budget refused as a `QuotaFailure` (its `quotaId` names the window:
+    /// Gemini CLI retries a per-minute limit and stops on a per-day one)
+    /// and why as an `ErrorInfo`; `RetryInfo` is added from `retry-after`.
+    fn google_details(&self) -> Vec<serde_json::Value> {
+        use crate::dialects::gemini::error::{error_info, quota_failure, quota_id};
+        match self {
+            ApiError::RateLimited { denial, .. } => vec![
+                quota_failure(
+                    quota_id(denial.name),
+                    &denial.scope.to_string(),
+                    &format!("{} of {}", denial.name.as_str(), denial.scope),
+                ),
+                error_info(if is_quota(denial.name) {
+                    "QUOTA_EXHAUSTED"
+                } else {
+                    "RATE_LIMIT_EXCEEDED"
+                }),
+            ],
+            ApiError::Impossible(i) => vec![
+                quota_failure(
+                    quota_id(i.name),
+                    &i.scope.to_string(),
+                    &format!(
+                        "the request needs more than the {} of {} holds",
+                        i.name.as_str(),
+                        i.scope
+                    ),
+                ),
+                error_info("REQUEST_EXCEEDS_BUDGET"),
+            ],
+            ApiError::QueueFull { .. } | ApiError::UpstreamRateLimited { .. } => {
+                vec![error_info("RATE_LIMIT_EXCEEDED")]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn respond_shaped(self, dialect: Dialect, requester: Option<&str>) -> Response {
         let of = requester.map(|r| format!(" for {r}")).unwrap_or_default();
         let status = self.status();
         match self {

@@ -38,6 +38,9 @@ pub struct RequestContext {
     /// What the last refused reservation asked, set only when one is
     /// refused (the refusal's record: "why was this refused?").
     pub refused: Option<Box<super::refusal::Asked>>,
+    /// The method and framing the path named (Gemini), `None` where the
+    /// body says whether to stream.
+    pub call: Option<crate::dialects::gemini::Call>,
 }
 
 impl RequestContext {
@@ -61,6 +64,7 @@ impl RequestContext {
             answered_by: None,
             share: None,
             refused: None,
+            call: None,
         }
     }
 }

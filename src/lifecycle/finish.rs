@@ -247,6 +247,7 @@ pub fn route_of(dialect: crate::dialects::Dialect, azure: bool) -> &'static str 
         (Dialect::Embeddings, true) => "/openai/deployments/{deployment}/embeddings",
         (Dialect::Responses, _) => "/v1/responses",
         (Dialect::Messages, _) => "/v1/messages",
+        (Dialect::Gemini, _) => crate::dialects::gemini::PATH,
     }
 }
 

@@ -263,7 +263,15 @@ async fn upstream_failure(
         body: &body,
     };
     let now = cx.st.clock.now_micros();
-    match failure::classify(upstream.kind, status, &answer) {
+    // Gemini deployments answer in Google's shape, which the Gemini
+    // route passes on as it came (a Vertex deployment's Claude answers
+    // are Anthropic's).
+    let classified = if cx.dialect.is_gemini() {
+        failure::gemini::classify(status, &answer)
+    } else {
+        failure::classify(upstream.kind, status, &answer)
+    };
+    match classified {
         Failure::Retry { refusal, cool } => {
             if let Some(d) = cool {
                 cx.st.cool_down(&upstream.name, now + d.as_micros() as u64);

@@ -42,7 +42,8 @@ pub enum Metered {
 /// them), whole answers are read and settled here.
 pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Metered {
     if request.stream {
-        return Metered::Streaming(stream(cx, request, answer));
+        let response = stream(cx, request, answer);
+        return Metered::Streaming(super::gemini::framed(cx.call, response));
     }
     let Answer {
         hold,
@@ -66,7 +67,14 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     // JSON and passed on untouched (the whole tree is built only when the
     // upstream sent no usage and the output must be counted here).
     let (usage, id, output) = match serde_json::from_slice::<Whole>(&body) {
-        Ok(a) if body.trim_ascii_start().starts_with(b"{") => (a.usage, a.id, a.output),
+        Ok(a) if body.trim_ascii_start().starts_with(b"{") => {
+            let usage = if cx.dialect.is_gemini() {
+                a.usage_metadata
+            } else {
+                a.usage
+            };
+            (usage, a.id, a.output)
+        }
         _ => {
             hold.settle(refund(&budgets));
             return Metered::Failed(ApiError::BadGateway(
@@ -210,6 +218,9 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
 struct Whole<'a> {
     #[serde(borrow, default)]
     usage: Option<&'a RawValue>,
+    /// Gemini's usage (`usageMetadata`).
+    #[serde(borrow, default, rename = "usageMetadata")]
+    usage_metadata: Option<&'a RawValue>,
     /// The id of a stored response (Responses), for its owner record.
     #[serde(borrow, default)]
     id: Option<std::borrow::Cow<'a, str>>,

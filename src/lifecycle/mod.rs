@@ -32,6 +32,7 @@ pub mod decode;
 pub mod end_user;
 pub mod finish;
 pub mod forward;
+pub mod gemini;
 pub mod hosted_tools;
 pub mod meter;
 pub mod owner;
@@ -68,8 +69,22 @@ pub async fn handle(
     body: Body,
     path_model: Option<String>,
 ) -> Response {
+    handle_call(st, dialect, headers, body, path_model, None).await
+}
+
+/// [`handle`] for a dialect whose path names the method: `call` says
+/// whether the answer streams and how it is framed (Gemini).
+pub async fn handle_call(
+    st: Arc<AppState>,
+    dialect: Dialect,
+    headers: HeaderMap,
+    body: Body,
+    path_model: Option<String>,
+    call: Option<crate::dialects::gemini::Call>,
+) -> Response {
     let path = finish::route_of(dialect, path_model.is_some());
     let mut cx = RequestContext::new(st, dialect, &headers).at("POST", path);
+    cx.call = call;
     let metered = async {
         let caller = authenticate::authenticate(&mut cx, &headers)?;
         let mut request = prepare::prepare(&mut cx, caller, &headers, body, path_model).await?;

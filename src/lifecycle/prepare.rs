@@ -168,6 +168,7 @@ pub async fn prepare_as(
         Vec::new()
     };
     let (unparsed, azure_model) = (bytes.clone(), path_model.clone());
+    let path_stream = cx.call.map(|c| c.stream);
     let prepared = if bytes.len() <= estimate::OFF_IO_THREAD_BYTES {
         let req = Request {
             dialect,
@@ -177,6 +178,7 @@ pub async fn prepare_as(
             betas: &betas,
             end_user_header,
             purpose,
+            path_stream,
         };
         parse(&cx.st, &cx.policy, req)
     } else {
@@ -191,6 +193,7 @@ pub async fn prepare_as(
                 betas: &betas,
                 end_user_header,
                 purpose,
+                path_stream,
             };
             parse(&st, &policy, req)
         };
@@ -291,6 +294,8 @@ struct Request<'b> {
     betas: &'b [String],
     end_user_header: Option<HeaderValue>,
     purpose: Purpose,
+    /// Whether the path's method streams (Gemini): the body says nothing.
+    path_stream: Option<bool>,
 }
 
 fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, ApiError> {
@@ -302,6 +307,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         betas,
         end_user_header,
         purpose,
+        path_stream,
     } = req;
     let value: BodyObject = serde_json::from_slice(&raw).map_err(|e| {
         invalid(
@@ -350,15 +356,19 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
             messages: model.messages,
         });
     }
+    if model.gemini || dialect.is_gemini() {
+        super::gemini::check_route(policy, model, dialect)?;
+    }
     check_betas(model, betas)?;
     let references = match dialect {
         Dialect::Responses => owner::check_body(policy, caller, model, &body)?,
         _ => References::default(),
     };
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
+    let stream = match (path_stream, body.get("stream")) {
+        (Some(s), _) => s,
+        (None, None | Some(Value::Null)) => false,
+        (None, Some(Value::Bool(b))) => *b,
+        (None, Some(_)) => return Err(invalid(Some("stream"), "`stream` must be a boolean.")),
     };
     if stream && !dialect.streams() {
         return Err(invalid(Some("stream"), "Embeddings cannot be streamed."));
@@ -462,7 +472,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         token_ratio: model.token_ratio,
         image: model.image,
     };
-    let never_extend = model.reasoning || (dialect.is_anthropic() && anthropic::thinks(&body));
+    let never_extend = model.reasoning
+        || (dialect.is_anthropic() && anthropic::thinks(&body))
+        || (dialect.is_gemini() && crate::dialects::gemini::thinks(&body));
     let mut estimate =
         estimate::estimate(dialect, &body, &me, &policy.estimation, room).map_err(|e| {
             ApiError::from_estimate(e, |capacity| {
@@ -566,6 +578,7 @@ pub fn not_found(
             .models
             .iter()
             .filter(|m| m.messages == dialect.is_anthropic())
+            .filter(|m| m.gemini || !dialect.is_gemini())
             .map(|m| m.name.clone())
             .collect(),
     };

@@ -114,6 +114,12 @@ pub fn unpriced_feature(
                 )
             }),
         Dialect::Responses => hosted_tool(body, hosted),
+        Dialect::Gemini => crate::dialects::gemini::billed_tool(body).map(|t| {
+            (
+                "tools".to_string(),
+                format!("`{t}` is billed per use beside the tokens"),
+            )
+        }),
         Dialect::ChatCompletions | Dialect::Completions | Dialect::Embeddings => chat_extras(body),
     }
 }

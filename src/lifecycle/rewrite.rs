@@ -22,6 +22,9 @@ pub fn upstream_body(
     dialect: Dialect,
     upstream: &UpstreamPolicy,
 ) -> Result<Vec<u8>, serde_json::Error> {
+    if dialect == Dialect::Gemini {
+        return super::gemini::upstream_body(p, model);
+    }
     let name = p.upstream_model(model);
     // Prepare kept only deployments with an id for the model.
     let id = upstream
@@ -231,7 +234,8 @@ pub fn enforced_cap(
         | UpstreamKind::Azure
         | UpstreamKind::Anthropic
         | UpstreamKind::Bedrock
-        | UpstreamKind::Vertex => None,
+        | UpstreamKind::Vertex
+        | UpstreamKind::Gemini => None,
         UpstreamKind::SelfHosted => dialect
             .cap_field(upstream.max_tokens_only)
             .map(|_| output_cap(p, model).max(dialect.min_cap())),

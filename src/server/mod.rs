@@ -22,6 +22,7 @@ pub mod admin;
 pub mod admin_ui;
 pub mod budget_view;
 pub mod control_api;
+pub mod gemini;
 pub mod handlers;
 pub mod models;
 pub mod reconcile;
@@ -63,8 +64,15 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}/input_items",
             get(|s, p, u, h| handlers::stored_response(StoredOp::InputItems, s, p, u, h)),
         )
+        .route("/v1beta/models", get(gemini::list))
+        .route("/v1beta/models/{*call}", post(gemini::model_call))
         .route("/v1/models", get(models::list))
-        .route("/v1/models/{model}", get(models::get))
+        // POST: Gemini's `v1` surface (`models/{model}:generateContent`),
+        // where the google-genai SDK goes when given a base URL.
+        .route(
+            "/v1/models/{model}",
+            get(models::get).post(gemini::model_call),
+        )
         .route(
             "/openai/deployments/{deployment}/chat/completions",
             post(handlers::azure_chat_completions),

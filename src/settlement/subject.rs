@@ -188,7 +188,14 @@ impl Who {
 }
 
 /// Every dialect's ledger column value.
-pub const DIALECTS: [&str; 5] = ["chat", "completions", "embeddings", "responses", "messages"];
+pub const DIALECTS: [&str; 6] = [
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "messages",
+    "gemini",
+];
 
 /// The ledger column value (and span attribute) of a dialect.
 pub const fn dialect_name(d: Dialect) -> &'static str {
@@ -198,5 +205,6 @@ pub const fn dialect_name(d: Dialect) -> &'static str {
         Dialect::Embeddings => "embeddings",
         Dialect::Responses => "responses",
         Dialect::Messages => "messages",
+        Dialect::Gemini => "gemini",
     }
 }

@@ -28,6 +28,7 @@ pub fn provider_name(kind: UpstreamKind) -> &'static str {
         UpstreamKind::Bedrock => "aws.bedrock",
         UpstreamKind::SelfHosted => "self_hosted",
         UpstreamKind::Vertex => "gcp.vertex_ai",
+        UpstreamKind::Gemini => "gcp.gemini",
     }
 }
 

@@ -9,10 +9,12 @@
 //! - [`bedrock`]: Claude on Amazon Bedrock: URLs, bodies, SigV4 and its
 //!   credentials, event-stream to SSE, error answers.
 //! - [`vertex`]: Claude on Vertex AI: its endpoint and access tokens.
+//! - [`gemini`]: Gemini models on the Gemini API and on Vertex AI.
 //! - [`failure`]: what an upstream's error answer means, one table per kind.
 
 pub mod bedrock;
 pub mod failure;
+pub mod gemini;
 pub mod redact;
 pub mod relay;
 pub mod sse;
@@ -192,6 +194,17 @@ impl UpstreamClient {
             ))
             .await;
         }
+        if dialect == Dialect::Gemini {
+            return Box::pin(self.send_gemini(
+                upstream,
+                upstream_model,
+                stream,
+                body,
+                request_id,
+                extra_headers,
+            ))
+            .await;
+        }
         if upstream.kind == UpstreamKind::Vertex {
             return Box::pin(self.send_vertex(
                 upstream,
@@ -318,8 +331,14 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
     if dialect == Dialect::Responses {
         return responses_url(upstream, "");
     }
+    if dialect == Dialect::Gemini {
+        return gemini::model_url(upstream, upstream_model, None);
+    }
     match upstream.kind {
         UpstreamKind::Vertex => vertex::model_url(upstream, upstream_model, None),
+        // Gemini's OpenAI-compatible endpoint ("OpenAI compatibility":
+        // `{base}/openai/chat/completions`, the key as a bearer token).
+        UpstreamKind::Gemini => format!("{}/openai/{}", upstream.base_url, path),
         UpstreamKind::Azure => format!(
             "{}/openai/deployments/{}/{}?api-version={}",
             upstream.base_url,

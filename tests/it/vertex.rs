@@ -108,6 +108,7 @@ pub(crate) fn deployment(
             project: Some(PROJECT.into()),
             region: Some(region.into()),
             credentials_file: credentials.map(|p| p.display().to_string()),
+            publisher: None,
         }),
         ..RawUpstream::default()
     }

@@ -186,7 +186,7 @@ impl Gateway {
             Scope::Upstream(u) => policy
                 .upstreams
                 .iter()
-                .find(|x| x.name == **u)
+                .find(|x| x.budget_scope() == &**u)
                 .unwrap_or_else(|| panic!("no upstream {u}"))
                 .limits
                 .clone(),

@@ -46,10 +46,11 @@ pub(super) fn upstreams(
             "anthropic" => UpstreamKind::Anthropic,
             "bedrock" => UpstreamKind::Bedrock,
             "vertex" => UpstreamKind::Vertex,
+            "gemini" => UpstreamKind::Gemini,
             other => {
                 v.err(
                     format!("{path}.kind"),
-                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\", \"bedrock\" or \"vertex\", not {other:?}"),
+                    format!("must be \"openai\", \"azure\", \"self_hosted\", \"anthropic\", \"bedrock\", \"vertex\" or \"gemini\", not {other:?}"),
                 );
                 UpstreamKind::Openai
             }
@@ -57,8 +58,17 @@ pub(super) fn upstreams(
         let vertex = super::vertex::settings(v, &path, kind, u);
         let base_url = match (&vertex, u.base_url.is_empty()) {
             (Some(s), true) => crate::config::vertex::default_base_url(&s.region),
-            _ => u.base_url.clone(),
+            (None, true) if kind == UpstreamKind::Gemini => {
+                crate::config::gemini::DEFAULT_BASE_URL.to_string()
+            }
+            _ => u.base_url.trim_end_matches('/').to_string(),
         };
+        if kind == UpstreamKind::Gemini && u.api_key_env.is_none() {
+            v.err(
+                format!("{path}.api_key_env"),
+                "required for kind = \"gemini\" (the Gemini API key of the deployment's project)",
+            );
+        }
         match reqwest::Url::parse(&base_url) {
             Ok(url) if url.scheme() == "http" || url.scheme() == "https" => {}
             _ => v.err(
@@ -85,8 +95,12 @@ pub(super) fn upstreams(
                 "required for kind = \"azure\"",
             );
         }
-        // Claude on Bedrock speaks Messages like Anthropic's own API.
-        let anthropic = kind.speaks_messages();
+        // Claude on Bedrock speaks Messages like Anthropic's own API;
+        // Vertex does unless its publisher is Google.
+        let anthropic = kind.speaks_messages()
+            && vertex
+                .as_ref()
+                .is_none_or(|s| s.publisher != crate::config::vertex::Publisher::Google);
         let bedrock = match kind {
             UpstreamKind::Bedrock => crate::config::bedrock::BedrockSettings::from_raw(
                 &format!("{path}.bedrock"),
@@ -196,6 +210,7 @@ pub(super) fn upstreams(
                     | UpstreamKind::Anthropic
                     | UpstreamKind::Bedrock
                     | UpstreamKind::Vertex
+                    | UpstreamKind::Gemini
             )),
             max_tokens_only: u.max_tokens_only.unwrap_or(false),
             supports_n: u.supports_n.unwrap_or(!anthropic),
@@ -218,10 +233,49 @@ pub(super) fn upstreams(
             bedrock,
             api_key_env: u.api_key_env.clone(),
             vertex: vertex.map(Arc::new),
+            project: u.project.clone(),
         });
     }
-
+    shared_projects(v, &upstreams);
     (upstreams, upstream_index)
+}
+
+/// Deployments naming one `project` share its budgets: they must state
+/// the same limits (one quota), and the project's name must not be
+/// another deployment's (their scopes would be one by accident).
+fn shared_projects(v: &mut V, upstreams: &[UpstreamPolicy]) {
+    for (i, u) in upstreams.iter().enumerate() {
+        let Some(p) = &u.project else { continue };
+        let path = format!("upstreams[{i}].project");
+        if !is_valid_id(p) {
+            v.err(
+                path,
+                format!("{p:?}: letters, digits, '-', '_' and '.' only"),
+            );
+            continue;
+        }
+        if let Some(other) = upstreams
+            .iter()
+            .find(|o| o.name == *p && o.project.as_deref() != Some(p.as_str()))
+        {
+            v.err(
+                path,
+                format!("{p:?} is the name of deployment {:?}, which is not in this project: name the project otherwise", other.name),
+            );
+            continue;
+        }
+        if let Some(first) = upstreams[..i]
+            .iter()
+            .find(|o| o.project.as_deref() == Some(p.as_str()))
+        {
+            if first.limits != u.limits || first.refund_unused != u.refund_unused {
+                v.err(
+                    format!("upstreams[{i}].limits"),
+                    format!("deployments of project {p:?} share its budgets: state the same limits and refund_unused as {:?}", first.name),
+                );
+            }
+        }
+    }
 }
 
 /// Validates `[[models]]` against the upstreams; returns them and their index by name.
@@ -340,17 +394,20 @@ pub(super) fn models(
                 Routing::Priority
             }
         };
-        let speaks = |&i: &usize| upstreams.get(i).map(|u| u.kind.speaks_messages());
-        let messages = ups.first().and_then(speaks).unwrap_or(false);
-        if ups.iter().any(|i| speaks(i) != Some(messages)) {
+        let speaks = |&i: &usize| upstreams.get(i).map(UpstreamPolicy::family);
+        let family = ups.first().and_then(speaks).unwrap_or(Family::OpenAi);
+        if ups.iter().any(|i| speaks(i) != Some(family)) {
             v.err(
                 format!("{path}.upstreams"),
-                "all deployments of a model must speak one dialect (all \"anthropic\", \"bedrock\" or \"vertex\", or none)",
+                "all deployments of a model must speak one dialect (all \"anthropic\", \"bedrock\" or \"vertex\"; all \"gemini\" or Vertex with publisher \"google\"; or none of these)",
             );
         }
+        let messages = family == Family::Messages;
+        let gemini = family == Family::Gemini;
         let token_ratio = match m.token_ratio {
+            None if gemini => crate::config::gemini::DEFAULT_TOKEN_RATIO,
             None => DEFAULT_TOKEN_RATIO,
-            Some(_) if !messages => {
+            Some(_) if !messages && !gemini => {
                 v.err(
                     format!("{path}.token_ratio"),
                     "only for models served by kind = \"anthropic\"",
@@ -421,7 +478,12 @@ pub(super) fn models(
             reasoning: m.reasoning.unwrap_or(false),
             routing,
             messages,
-            token_ratio: if messages { token_ratio } else { 1000 },
+            gemini,
+            token_ratio: if messages || gemini {
+                token_ratio
+            } else {
+                1000
+            },
             client_cap_reservation,
             anthropic_betas: betas(v, &path, m),
             allow_server_tools: m.allow_server_tools.unwrap_or(false),
@@ -545,8 +607,12 @@ pub fn serves_responses(kind: UpstreamKind, api_version: Option<&str>) -> bool {
             api_version.is_some_and(|v| v.get(..10).is_some_and(|d| d >= "2025-03-01"))
         }
         UpstreamKind::Openai | UpstreamKind::SelfHosted => true,
-        // Anthropic models answer on /v1/messages only.
-        UpstreamKind::Anthropic | UpstreamKind::Bedrock | UpstreamKind::Vertex => false,
+        // Anthropic models answer on /v1/messages only; Gemini's
+        // OpenAI-compatible endpoint serves chat completions, not Responses.
+        UpstreamKind::Anthropic
+        | UpstreamKind::Bedrock
+        | UpstreamKind::Vertex
+        | UpstreamKind::Gemini => false,
     }
 }
 
@@ -567,6 +633,7 @@ fn responses_route(
             Some("anthropic") => UpstreamKind::Anthropic,
             Some("bedrock") => UpstreamKind::Bedrock,
             Some("vertex") => UpstreamKind::Vertex,
+            Some("gemini") => UpstreamKind::Gemini,
             _ => UpstreamKind::Openai,
         };
         !serves_responses(kind, u.api_version.as_deref())

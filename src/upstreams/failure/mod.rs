@@ -7,6 +7,8 @@
 //! - [`direct`]: OpenAI, Azure OpenAI, self-hosted servers, Anthropic.
 //! - [`bedrock`]: Amazon Bedrock's exceptions, and its statuses.
 //! - [`vertex`]: Vertex AI, whose own errors are in Google's shape.
+//! - [`gemini`]: the Gemini API and Gemini on Vertex AI (Google's shape,
+//!   passed on as it came).
 //!
 //! A kind is added as a file here and an arm in [`classify`].
 
@@ -16,6 +18,7 @@ use crate::config::UpstreamKind;
 
 pub mod bedrock;
 mod direct;
+pub mod gemini;
 mod vertex;
 
 /// What the table reads of one error answer besides its status.
@@ -87,6 +90,7 @@ pub fn classify(kind: UpstreamKind, status: u16, answer: &ErrorAnswer<'_>) -> Fa
         | UpstreamKind::Anthropic => direct::classify(status, answer),
         UpstreamKind::Bedrock => bedrock::classify(status, answer),
         UpstreamKind::Vertex => vertex::classify(status, answer),
+        UpstreamKind::Gemini => gemini::classify(status, answer),
     }
 }
 

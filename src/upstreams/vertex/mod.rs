@@ -141,6 +141,7 @@ upstreams = ["east"]
                 project: "acme-prod".into(),
                 region: "us-east5".into(),
                 credentials: VertexCredentials::Adc,
+                publisher: crate::config::vertex::Publisher::Anthropic,
             })
         );
         assert_eq!(

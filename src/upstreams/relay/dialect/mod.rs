@@ -16,6 +16,7 @@ use super::processor::Tally;
 use crate::dialects::{Dialect, UsageBreakdown};
 
 mod chat;
+mod gemini;
 mod messages;
 mod responses;
 
@@ -94,6 +95,7 @@ pub enum DialectStream {
     Chat(chat::ChatStream),
     Responses(responses::ResponsesStream),
     Messages(messages::MessagesEvents),
+    Gemini(gemini::GeminiStream),
 }
 
 impl DialectStream {
@@ -102,6 +104,7 @@ impl DialectStream {
         match dialect {
             Dialect::Responses => Self::Responses(responses::ResponsesStream::default()),
             Dialect::Messages => Self::Messages(messages::MessagesEvents::default()),
+            Dialect::Gemini => Self::Gemini(gemini::GeminiStream::default()),
             // Chat and legacy completions: chunks of choices (embeddings
             // never stream).
             Dialect::ChatCompletions | Dialect::Completions | Dialect::Embeddings => {
@@ -118,6 +121,7 @@ macro_rules! each {
             DialectStream::Chat($s) => $call,
             DialectStream::Responses($s) => $call,
             DialectStream::Messages($s) => $call,
+            DialectStream::Gemini($s) => $call,
         }
     };
 }
