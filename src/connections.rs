@@ -27,17 +27,18 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use futures_util::task::AtomicWaker;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
@@ -72,8 +73,8 @@ pub struct Connections {
     slots: Arc<Semaphore>,
     max: usize,
     /// Connections that have not sent a complete request yet, oldest first.
-    /// Each with when it was accepted and the signal that closes it.
-    unproven: Mutex<BTreeMap<u64, (Instant, Arc<Notify>)>>,
+    /// Each with when it was accepted and its [`Signal`].
+    unproven: Mutex<BTreeMap<u64, (Instant, Arc<Signal>)>>,
     next_id: AtomicU64,
     /// When an accept error was last logged, and how many since went unlogged.
     error_log: Mutex<(Option<Instant>, u64)>,
@@ -205,10 +206,10 @@ impl Connections {
         if evictable_at > Instant::now() {
             return Closing::TooYoung(evictable_at);
         }
-        let (_, close) = entry.remove();
+        let (_, signal) = entry.remove();
         drop(unproven);
         crate::metrics::connection_closed("evicted");
-        close.notify_one();
+        signal.raise(CLOSE);
         Closing::Closed
     }
 
@@ -227,20 +228,16 @@ impl Connections {
             "accept error; retrying (logged at most once a second)");
     }
 
-    /// Registers a new connection as not having sent a request; the
-    /// returned signal closes it.
-    fn register(self: &Arc<Self>) -> (Proof, Arc<Notify>) {
+    /// Registers a new connection, with its `signal`, as not having sent
+    /// a request.
+    fn register(self: &Arc<Self>, signal: &Arc<Signal>) -> Proof {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let close = Arc::new(Notify::new());
-        lock(&self.unproven).insert(id, (Instant::now(), close.clone()));
-        (
-            Proof {
-                connections: self.clone(),
-                id,
-                proven: AtomicBool::new(false),
-            },
-            close,
-        )
+        lock(&self.unproven).insert(id, (Instant::now(), signal.clone()));
+        Proof {
+            connections: self.clone(),
+            id,
+            proven: AtomicBool::new(false),
+        }
     }
 }
 
@@ -338,7 +335,7 @@ pub async fn serve<A: Accept>(
     limits: impl Fn() -> ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let (graceful_tx, graceful_rx) = watch::channel(());
+    let open = Arc::new(Open::default());
     let (open_tx, open_rx) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
@@ -351,15 +348,61 @@ pub async fn serve<A: Accept>(
             app.clone(),
             &connections,
             limits(),
-            graceful_rx.clone(),
+            &open,
             open_rx.clone(),
         );
     }
     drop(listener);
-    drop(graceful_tx);
+    // Every connection of this listener is in `open` (each is entered
+    // before its task is spawned, and none is spawned from here on).
+    for signal in lock(&open.signals).values() {
+        signal.raise(DRAIN);
+    }
     drop(open_rx);
     open_tx.closed().await;
     Ok(())
+}
+
+/// [`Signal::raise`]: finish the request in flight, then close (the
+/// gateway shuts down).
+const DRAIN: u8 = 1;
+/// [`Signal::raise`]: close now (evicted to make room).
+const CLOSE: u8 = 2;
+
+/// What a connection's task is told from outside: [`DRAIN`], [`CLOSE`].
+/// Its task reads one atomic on each wake; a `watch` and a `Notify` in a
+/// `select!` took a lock of their waiter lists each, on every wake.
+#[derive(Default)]
+struct Signal {
+    raised: AtomicU8,
+    waker: AtomicWaker,
+}
+
+impl Signal {
+    fn raise(&self, what: u8) {
+        self.raised.fetch_or(what, Ordering::Release);
+        self.waker.wake();
+    }
+}
+
+/// The connections of one listener, to be drained at shutdown.
+#[derive(Default)]
+struct Open {
+    signals: Mutex<BTreeMap<u64, Arc<Signal>>>,
+}
+
+/// Takes a connection out of [`Open`] when its task ends.
+struct Entered {
+    open: Arc<Open>,
+    id: u64,
+    /// Held until the connection is closed: `serve` waits for the last.
+    _open_rx: watch::Receiver<()>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        lock(&self.open.signals).remove(&self.id);
+    }
 }
 
 fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -367,10 +410,17 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     app: Router,
     connections: &Arc<Connections>,
     limits: ConnectionLimits,
-    mut graceful: watch::Receiver<()>,
-    open: watch::Receiver<()>,
+    open: &Arc<Open>,
+    open_rx: watch::Receiver<()>,
 ) {
-    let (proof, close) = connections.register();
+    let signal = Arc::new(Signal::default());
+    let proof = connections.register(&signal);
+    lock(&open.signals).insert(proof.id, signal.clone());
+    let entered = Entered {
+        open: open.clone(),
+        id: proof.id,
+        _open_rx: open_rx,
+    };
     let Accepted { io, peer, slot } = accepted;
     let io = TokioIo::new(WriteTimeout::new(io, limits.write_timeout));
     let proof = Arc::new(proof);
@@ -383,35 +433,99 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     };
     tokio::spawn(async move {
         let _slot = slot;
-        let _open = open;
+        let _entered = entered;
         let mut builder = Builder::new(TokioExecutor::new());
         builder
             .http1()
-            .timer(TokioTimer::new())
+            .timer(HeadTimer::default())
             .header_read_timeout(limits.header_read_timeout);
         builder.http2().timer(TokioTimer::new());
         let conn = builder.serve_connection(io, service);
         tokio::pin!(conn);
         let mut draining = false;
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        closed_by_error(&*e, peer);
-                    }
-                    break;
-                }
-                _ = graceful.changed(), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+        let served = std::future::poll_fn(|cx| {
+            // Registered before the signal is read: a signal raised after
+            // the read wakes this poll's waker.
+            signal.waker.register(cx.waker());
+            let raised = signal.raised.load(Ordering::Acquire);
+            if raised & CLOSE != 0 {
                 // Closed to make room (counted where it was chosen).
-                _ = close.notified() => break,
+                return Poll::Ready(None);
             }
+            if raised & DRAIN != 0 && !draining {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            conn.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(Err(e)) = served {
+            closed_by_error(&*e, peer);
         }
         drop(proof);
     });
 }
+
+/// hyper's timer for the header read timeout of one HTTP/1 connection.
+/// hyper asks for a new sleep for each request head; a tokio timer each
+/// was a timer-wheel insert and removal per request. The sleeps of one
+/// connection share one tokio timer instead: a head read in time leaves
+/// it where it is, and it is moved only when it fires before the deadline
+/// of the head being read (at most once per timeout). A timer left behind
+/// by a head read in time wakes the connection's task once for nothing.
+#[derive(Clone, Default)]
+struct HeadTimer {
+    shared: Arc<Mutex<Option<Pin<Box<Sleep>>>>>,
+}
+
+/// A head's deadline on its connection's [`HeadTimer`].
+struct HeadDeadline {
+    shared: Arc<Mutex<Option<Pin<Box<Sleep>>>>>,
+    deadline: Instant,
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until((Instant::now() + duration).into_std())
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HeadDeadline {
+            shared: self.shared.clone(),
+            deadline: deadline.into(),
+        })
+    }
+
+    // The tokio clock (paused in tests), as hyper-util's `TokioTimer`.
+    fn now(&self) -> std::time::Instant {
+        Instant::now().into_std()
+    }
+}
+
+impl Future for HeadDeadline {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.deadline;
+        let mut shared = lock(&self.shared);
+        let sleep = shared.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() > deadline {
+            sleep.as_mut().reset(deadline);
+        }
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if sleep.deadline() >= deadline {
+                return Poll::Ready(());
+            }
+            // Left at an earlier head's deadline.
+            sleep.as_mut().reset(deadline);
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadDeadline {}
 
 /// Counts a connection ended by a timeout; logs the others at debug.
 fn closed_by_error(e: &(dyn std::error::Error + 'static), peer: SocketAddr) {
