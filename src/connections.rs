@@ -379,9 +379,12 @@ struct Signal {
 }
 
 impl Signal {
+    /// Raises `what`; the task is woken when that changes what is raised
+    /// (each wake takes the registered waker: see `spawn_connection`).
     fn raise(&self, what: u8) {
-        self.raised.fetch_or(what, Ordering::Release);
-        self.waker.wake();
+        if self.raised.fetch_or(what, Ordering::Release) & what == 0 {
+            self.waker.wake();
+        }
     }
 }
 
@@ -443,11 +446,23 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         let conn = builder.serve_connection(io, service);
         tokio::pin!(conn);
         let mut draining = false;
+        // The waker registered with the signal, and what was raised when it
+        // was: a raise takes the registered waker, so a change seen means
+        // registering again. Otherwise the task's waker, the same on every
+        // wake, is registered once (registering costs two atomic swaps).
+        let mut registered: Option<(std::task::Waker, u8)> = None;
         let served = std::future::poll_fn(|cx| {
-            // Registered before the signal is read: a signal raised after
-            // the read wakes this poll's waker.
-            signal.waker.register(cx.waker());
-            let raised = signal.raised.load(Ordering::Acquire);
+            // Read again after registering: a signal raised in between may
+            // have found no waker.
+            let mut raised = signal.raised.load(Ordering::Acquire);
+            while !registered
+                .as_ref()
+                .is_some_and(|(w, seen)| *seen == raised && w.will_wake(cx.waker()))
+            {
+                signal.waker.register(cx.waker());
+                registered = Some((cx.waker().clone(), raised));
+                raised = signal.raised.load(Ordering::Acquire);
+            }
             if raised & CLOSE != 0 {
                 // Closed to make room (counted where it was chosen).
                 return Poll::Ready(None);
@@ -475,12 +490,19 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 /// by a head read in time wakes the connection's task once for nothing.
 #[derive(Clone, Default)]
 struct HeadTimer {
-    shared: Arc<Mutex<Option<Pin<Box<Sleep>>>>>,
+    shared: Arc<Mutex<SharedSleep>>,
+}
+
+#[derive(Default)]
+struct SharedSleep {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// The waker the pending timer wakes (`None`: not pending).
+    waker: Option<std::task::Waker>,
 }
 
 /// A head's deadline on its connection's [`HeadTimer`].
 struct HeadDeadline {
-    shared: Arc<Mutex<Option<Pin<Box<Sleep>>>>>,
+    shared: Arc<Mutex<SharedSleep>>,
     deadline: Instant,
 }
 
@@ -508,15 +530,27 @@ impl Future for HeadDeadline {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let deadline = self.deadline;
         let mut shared = lock(&self.shared);
-        let sleep = shared.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        let SharedSleep { sleep, waker } = &mut *shared;
+        // Pending for this task, due no later than this deadline: it wakes
+        // the task then, polled again or not.
+        if let (Some(sleep), Some(w)) = (&*sleep, &*waker) {
+            if sleep.deadline() <= deadline && w.will_wake(cx.waker()) && !sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+        }
+        let sleep = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         if sleep.deadline() > deadline {
             sleep.as_mut().reset(deadline);
         }
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *waker = Some(cx.waker().clone());
+                }
                 return Poll::Pending;
             }
             if sleep.deadline() >= deadline {
+                *waker = None;
                 return Poll::Ready(());
             }
             // Left at an earlier head's deadline.
@@ -685,5 +719,122 @@ mod tests {
         });
         io.write_all(&[0u8; 160]).await.unwrap();
         reader.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_deadline_holds_on_a_timer_left_at_an_earlier_heads() {
+        use hyper::rt::Timer;
+        let timer = HeadTimer::default();
+        let start = Instant::now();
+        // The first head comes in time: its sleep is polled once, then dropped.
+        let mut first = timer.sleep_until((start + Duration::from_secs(3)).into_std());
+        let pending = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending()));
+        assert!(pending.await);
+        drop(first);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The next head's deadline is a second after the first's.
+        timer
+            .sleep_until((Instant::now() + Duration::from_secs(3)).into_std())
+            .await;
+        assert_eq!(start.elapsed(), Duration::from_secs(4));
+        // A head that never comes times out at its own deadline.
+        let again = Instant::now();
+        timer
+            .sleep_until((again + Duration::from_secs(3)).into_std())
+            .await;
+        assert_eq!(again.elapsed(), Duration::from_secs(3));
+    }
+
+    /// A gateway-less `serve` on a loopback port: `GET /` answers "ok".
+    /// Its shutdown is the sender's drop or send.
+    async fn serving(
+        header_read_timeout: Duration,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ) {
+        let limits = ConnectionLimits {
+            header_read_timeout,
+            write_timeout: Duration::from_secs(30),
+            max_connections: Some(16),
+        };
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let connections = Connections::new(&limits);
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = PlainListener {
+            tcp,
+            connections: connections.clone(),
+        };
+        let served = tokio::spawn(serve(listener, app, connections, move || limits, async {
+            let _ = stop_rx.await;
+        }));
+        (addr, stop_tx, served)
+    }
+
+    /// Sends `GET /` on `conn` and reads its whole answer.
+    async fn get(conn: &mut TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.ends_with(b"\r\n\r\nok") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before its answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Reads `conn` to its end (at most `within`).
+    async fn closed(conn: &mut TcpStream, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, conn.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_connection_idle_for_the_header_read_timeout_is_closed() {
+        let timeout = Duration::from_millis(800);
+        let (addr, _stop, _served) = serving(timeout).await;
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        get(&mut conn).await;
+        // The second head comes before the first idle deadline: the
+        // connection's timer fires then and moves to the second answer's.
+        tokio::time::sleep(timeout / 2).await;
+        get(&mut conn).await;
+        let answered = std::time::Instant::now();
+        assert!(closed(&mut conn, Duration::from_secs(5)).await);
+        let idle = answered.elapsed();
+        assert!(
+            idle >= timeout - Duration::from_millis(50) && idle < Duration::from_secs(3),
+            "closed after {idle:?} idle (header read timeout {timeout:?})"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_connections_and_serve_returns() {
+        let (addr, stop, served) = serving(Duration::from_secs(60)).await;
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            let mut conn = TcpStream::connect(addr).await.unwrap();
+            get(&mut conn).await;
+            conns.push(conn);
+        }
+        stop.send(()).unwrap();
+        let returned = tokio::time::timeout(Duration::from_secs(5), served).await;
+        assert!(
+            matches!(returned, Ok(Ok(Ok(())))),
+            "serve did not return: {returned:?}"
+        );
+        for conn in &mut conns {
+            assert!(closed(conn, Duration::from_secs(1)).await);
+        }
     }
 }
