@@ -27,17 +27,18 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
+use futures_util::task::AtomicWaker;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
@@ -72,8 +73,8 @@ pub struct Connections {
     slots: Arc<Semaphore>,
     max: usize,
     /// Connections that have not sent a complete request yet, oldest first.
-    /// Each with when it was accepted and the signal that closes it.
-    unproven: Mutex<BTreeMap<u64, (Instant, Arc<Notify>)>>,
+    /// Each with when it was accepted and its [`Signal`].
+    unproven: Mutex<BTreeMap<u64, (Instant, Arc<Signal>)>>,
     next_id: AtomicU64,
     /// When an accept error was last logged, and how many since went unlogged.
     error_log: Mutex<(Option<Instant>, u64)>,
@@ -205,10 +206,10 @@ impl Connections {
         if evictable_at > Instant::now() {
             return Closing::TooYoung(evictable_at);
         }
-        let (_, close) = entry.remove();
+        let (_, signal) = entry.remove();
         drop(unproven);
         crate::metrics::connection_closed("evicted");
-        close.notify_one();
+        signal.raise(CLOSE);
         Closing::Closed
     }
 
@@ -227,20 +228,16 @@ impl Connections {
             "accept error; retrying (logged at most once a second)");
     }
 
-    /// Registers a new connection as not having sent a request; the
-    /// returned signal closes it.
-    fn register(self: &Arc<Self>) -> (Proof, Arc<Notify>) {
+    /// Registers a new connection, with its `signal`, as not having sent
+    /// a request.
+    fn register(self: &Arc<Self>, signal: &Arc<Signal>) -> Proof {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let close = Arc::new(Notify::new());
-        lock(&self.unproven).insert(id, (Instant::now(), close.clone()));
-        (
-            Proof {
-                connections: self.clone(),
-                id,
-                proven: AtomicBool::new(false),
-            },
-            close,
-        )
+        lock(&self.unproven).insert(id, (Instant::now(), signal.clone()));
+        Proof {
+            connections: self.clone(),
+            id,
+            proven: AtomicBool::new(false),
+        }
     }
 }
 
@@ -338,7 +335,7 @@ pub async fn serve<A: Accept>(
     limits: impl Fn() -> ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let (graceful_tx, graceful_rx) = watch::channel(());
+    let open = Arc::new(Open::default());
     let (open_tx, open_rx) = watch::channel(());
     tokio::pin!(shutdown);
     loop {
@@ -351,15 +348,64 @@ pub async fn serve<A: Accept>(
             app.clone(),
             &connections,
             limits(),
-            graceful_rx.clone(),
+            &open,
             open_rx.clone(),
         );
     }
     drop(listener);
-    drop(graceful_tx);
+    // Every connection of this listener is in `open` (each is entered
+    // before its task is spawned, and none is spawned from here on).
+    for signal in lock(&open.signals).values() {
+        signal.raise(DRAIN);
+    }
     drop(open_rx);
     open_tx.closed().await;
     Ok(())
+}
+
+/// [`Signal::raise`]: finish the request in flight, then close (the
+/// gateway shuts down).
+const DRAIN: u8 = 1;
+/// [`Signal::raise`]: close now (evicted to make room).
+const CLOSE: u8 = 2;
+
+/// What a connection's task is told from outside: [`DRAIN`], [`CLOSE`].
+/// Its task reads one atomic on each wake; a `watch` and a `Notify` in a
+/// `select!` took a lock of their waiter lists each, on every wake.
+#[derive(Default)]
+struct Signal {
+    raised: AtomicU8,
+    waker: AtomicWaker,
+}
+
+impl Signal {
+    /// Raises `what`; the task is woken when that changes what is raised
+    /// (each wake takes the registered waker: see `spawn_connection`).
+    fn raise(&self, what: u8) {
+        if self.raised.fetch_or(what, Ordering::Release) & what == 0 {
+            self.waker.wake();
+        }
+    }
+}
+
+/// The connections of one listener, to be drained at shutdown.
+#[derive(Default)]
+struct Open {
+    signals: Mutex<BTreeMap<u64, Arc<Signal>>>,
+}
+
+/// Takes a connection out of [`Open`] when its task ends.
+struct Entered {
+    open: Arc<Open>,
+    id: u64,
+    /// Held until the connection is closed: `serve` waits for the last.
+    _open_rx: watch::Receiver<()>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        lock(&self.open.signals).remove(&self.id);
+    }
 }
 
 fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -367,10 +413,17 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     app: Router,
     connections: &Arc<Connections>,
     limits: ConnectionLimits,
-    mut graceful: watch::Receiver<()>,
-    open: watch::Receiver<()>,
+    open: &Arc<Open>,
+    open_rx: watch::Receiver<()>,
 ) {
-    let (proof, close) = connections.register();
+    let signal = Arc::new(Signal::default());
+    let proof = connections.register(&signal);
+    lock(&open.signals).insert(proof.id, signal.clone());
+    let entered = Entered {
+        open: open.clone(),
+        id: proof.id,
+        _open_rx: open_rx,
+    };
     let Accepted { io, peer, slot } = accepted;
     let io = TokioIo::new(WriteTimeout::new(io, limits.write_timeout));
     let proof = Arc::new(proof);
@@ -383,35 +436,130 @@ fn spawn_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     };
     tokio::spawn(async move {
         let _slot = slot;
-        let _open = open;
+        let _entered = entered;
         let mut builder = Builder::new(TokioExecutor::new());
         builder
             .http1()
-            .timer(TokioTimer::new())
+            .timer(HeadTimer::default())
             .header_read_timeout(limits.header_read_timeout);
         builder.http2().timer(TokioTimer::new());
         let conn = builder.serve_connection(io, service);
         tokio::pin!(conn);
         let mut draining = false;
-        loop {
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        closed_by_error(&*e, peer);
-                    }
-                    break;
-                }
-                _ = graceful.changed(), if !draining => {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-                // Closed to make room (counted where it was chosen).
-                _ = close.notified() => break,
+        // The waker registered with the signal, and what was raised when it
+        // was: a raise takes the registered waker, so a change seen means
+        // registering again. Otherwise the task's waker, the same on every
+        // wake, is registered once (registering costs two atomic swaps).
+        let mut registered: Option<(std::task::Waker, u8)> = None;
+        let served = std::future::poll_fn(|cx| {
+            // Read again after registering: a signal raised in between may
+            // have found no waker.
+            let mut raised = signal.raised.load(Ordering::Acquire);
+            while !registered
+                .as_ref()
+                .is_some_and(|(w, seen)| *seen == raised && w.will_wake(cx.waker()))
+            {
+                signal.waker.register(cx.waker());
+                registered = Some((cx.waker().clone(), raised));
+                raised = signal.raised.load(Ordering::Acquire);
             }
+            if raised & CLOSE != 0 {
+                // Closed to make room (counted where it was chosen).
+                return Poll::Ready(None);
+            }
+            if raised & DRAIN != 0 && !draining {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            conn.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(Err(e)) = served {
+            closed_by_error(&*e, peer);
         }
         drop(proof);
     });
 }
+
+/// hyper's timer for the header read timeout of one HTTP/1 connection.
+/// hyper asks for a new sleep for each request head; a tokio timer each
+/// was a timer-wheel insert and removal per request. The sleeps of one
+/// connection share one tokio timer instead: a head read in time leaves
+/// it where it is, and it is moved only when it fires before the deadline
+/// of the head being read (at most once per timeout). A timer left behind
+/// by a head read in time wakes the connection's task once for nothing.
+#[derive(Clone, Default)]
+struct HeadTimer {
+    shared: Arc<Mutex<SharedSleep>>,
+}
+
+#[derive(Default)]
+struct SharedSleep {
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// The waker the pending timer wakes (`None`: not pending).
+    waker: Option<std::task::Waker>,
+}
+
+/// A head's deadline on its connection's [`HeadTimer`].
+struct HeadDeadline {
+    shared: Arc<Mutex<SharedSleep>>,
+    deadline: Instant,
+}
+
+impl hyper::rt::Timer for HeadTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until((Instant::now() + duration).into_std())
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(HeadDeadline {
+            shared: self.shared.clone(),
+            deadline: deadline.into(),
+        })
+    }
+
+    // The tokio clock (paused in tests), as hyper-util's `TokioTimer`.
+    fn now(&self) -> std::time::Instant {
+        Instant::now().into_std()
+    }
+}
+
+impl Future for HeadDeadline {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.deadline;
+        let mut shared = lock(&self.shared);
+        let SharedSleep { sleep, waker } = &mut *shared;
+        // Pending for this task, due no later than this deadline: it wakes
+        // the task then, polled again or not.
+        if let (Some(sleep), Some(w)) = (&*sleep, &*waker) {
+            if sleep.deadline() <= deadline && w.will_wake(cx.waker()) && !sleep.is_elapsed() {
+                return Poll::Pending;
+            }
+        }
+        let sleep = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.deadline() > deadline {
+            sleep.as_mut().reset(deadline);
+        }
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    *waker = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            if sleep.deadline() >= deadline {
+                *waker = None;
+                return Poll::Ready(());
+            }
+            // Left at an earlier head's deadline.
+            sleep.as_mut().reset(deadline);
+        }
+    }
+}
+
+impl hyper::rt::Sleep for HeadDeadline {}
 
 /// Counts a connection ended by a timeout; logs the others at debug.
 fn closed_by_error(e: &(dyn std::error::Error + 'static), peer: SocketAddr) {
@@ -571,5 +719,122 @@ mod tests {
         });
         io.write_all(&[0u8; 160]).await.unwrap();
         reader.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_deadline_holds_on_a_timer_left_at_an_earlier_heads() {
+        use hyper::rt::Timer;
+        let timer = HeadTimer::default();
+        let start = Instant::now();
+        // The first head comes in time: its sleep is polled once, then dropped.
+        let mut first = timer.sleep_until((start + Duration::from_secs(3)).into_std());
+        let pending = std::future::poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx).is_pending()));
+        assert!(pending.await);
+        drop(first);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // The next head's deadline is a second after the first's.
+        timer
+            .sleep_until((Instant::now() + Duration::from_secs(3)).into_std())
+            .await;
+        assert_eq!(start.elapsed(), Duration::from_secs(4));
+        // A head that never comes times out at its own deadline.
+        let again = Instant::now();
+        timer
+            .sleep_until((again + Duration::from_secs(3)).into_std())
+            .await;
+        assert_eq!(again.elapsed(), Duration::from_secs(3));
+    }
+
+    /// A gateway-less `serve` on a loopback port: `GET /` answers "ok".
+    /// Its shutdown is the sender's drop or send.
+    async fn serving(
+        header_read_timeout: Duration,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ) {
+        let limits = ConnectionLimits {
+            header_read_timeout,
+            write_timeout: Duration::from_secs(30),
+            max_connections: Some(16),
+        };
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let connections = Connections::new(&limits);
+        let app = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = PlainListener {
+            tcp,
+            connections: connections.clone(),
+        };
+        let served = tokio::spawn(serve(listener, app, connections, move || limits, async {
+            let _ = stop_rx.await;
+        }));
+        (addr, stop_tx, served)
+    }
+
+    /// Sends `GET /` on `conn` and reads its whole answer.
+    async fn get(conn: &mut TcpStream) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        conn.write_all(b"GET / HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.ends_with(b"\r\n\r\nok") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before its answer");
+            answer.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Reads `conn` to its end (at most `within`).
+    async fn closed(conn: &mut TcpStream, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, conn.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_connection_idle_for_the_header_read_timeout_is_closed() {
+        let timeout = Duration::from_millis(800);
+        let (addr, _stop, _served) = serving(timeout).await;
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        get(&mut conn).await;
+        // The second head comes before the first idle deadline: the
+        // connection's timer fires then and moves to the second answer's.
+        tokio::time::sleep(timeout / 2).await;
+        get(&mut conn).await;
+        let answered = std::time::Instant::now();
+        assert!(closed(&mut conn, Duration::from_secs(5)).await);
+        let idle = answered.elapsed();
+        assert!(
+            idle >= timeout - Duration::from_millis(50) && idle < Duration::from_secs(3),
+            "closed after {idle:?} idle (header read timeout {timeout:?})"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_connections_and_serve_returns() {
+        let (addr, stop, served) = serving(Duration::from_secs(60)).await;
+        let mut conns = Vec::new();
+        for _ in 0..3 {
+            let mut conn = TcpStream::connect(addr).await.unwrap();
+            get(&mut conn).await;
+            conns.push(conn);
+        }
+        stop.send(()).unwrap();
+        let returned = tokio::time::timeout(Duration::from_secs(5), served).await;
+        assert!(
+            matches!(returned, Ok(Ok(Ok(())))),
+            "serve did not return: {returned:?}"
+        );
+        for conn in &mut conns {
+            assert!(closed(conn, Duration::from_secs(1)).await);
+        }
     }
 }
