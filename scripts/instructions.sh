@@ -31,6 +31,7 @@
 #                                        # Messages): 64 one-token deltas each from
 #                                        # the mock; default 500 streams per dialect
 #   DIALECTS="chat" MODE=stream scripts/instructions.sh  # only these dialects
+#   DIALECTS=gemini MODE=stream scripts/instructions.sh  # Gemini's own streams
 #   CAP=256 MODE=stream scripts/instructions.sh  # max_tokens of the streams
 #                                        # (default 64: the stream ends at its cap)
 #
@@ -142,6 +143,17 @@ name = "claude-test"
 upstreams = ["claude"]
 encoding = "o200k_base"
 token_ratio = 1000
+[[upstreams]]
+name = "gemini"
+kind = "gemini"
+base_url = "http://$MOCK_ADDR/v1beta"
+api_key_env = "BUDGETGATE_INSTRUCTIONS_ANTHROPIC_KEY"
+limits = { rpm = 50000000, tpm = 50000000, max_concurrent = 100000 }
+[[models]]
+name = "gemini-test"
+upstreams = ["gemini"]
+encoding = "o200k_base"
+token_ratio = 1000
 EOF
 fi
 BIG='rpm = 50000000, tpm = 50000000, max_concurrent = 100000, tokens_per_day = 50000000000'
@@ -221,7 +233,10 @@ dialect() { # $1 chat | responses | messages: the BODY, URL_PATH, HEADERS of its
         messages) URL_PATH=/v1/messages
               HEADERS=(-H "x-api-key: $KEY" -H "anthropic-version: 2023-06-01")
               BODY='{"model":"claude-test","system":"You are a helpful assistant.","messages":[{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":'$CAP',"stream":true}' ;;
-        *) echo "unknown dialect $1 (chat, responses, messages)" >&2; exit 1 ;;
+        gemini) URL_PATH='/v1beta/models/gemini-test:streamGenerateContent?alt=sse'
+              HEADERS=(-H "x-goog-api-key: $KEY")
+              BODY='{"systemInstruction":{"parts":[{"text":"You are a helpful assistant."}]},"contents":[{"role":"user","parts":[{"text":"Say hello in one short sentence."}]}],"generationConfig":{"maxOutputTokens":'$CAP'}}' ;;
+        *) echo "unknown dialect $1 (chat, responses, messages, gemini)" >&2; exit 1 ;;
     esac
 }
 load() { oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
@@ -231,7 +246,7 @@ load() { oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgat
 check_stream() {
     local out
     out=$(curl -sS -N -X POST "${HEADERS[@]}" -H 'content-type: application/json' -d "$BODY" "http://$ADDR$URL_PATH")
-    grep -Eq '\[DONE\]|response\.completed|message_stop' <<<"$out" ||
+    grep -Eq '\[DONE\]|response\.completed|message_stop|"finishReason"' <<<"$out" ||
         { echo "no complete stream from $URL_PATH: ${out:0:300}" >&2; exit 1; }
 }
 DUMP=0
