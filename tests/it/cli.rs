@@ -467,6 +467,7 @@ fn every_shipped_config_passes_check_config_and_each_feature_has_an_example() {
     let env = [
         ("OPENAI_API_KEY", "sk-check"),
         ("ANTHROPIC_API_KEY", "sk-check"),
+        ("GEMINI_UPSTREAM_KEY", "sk-check"),
         ("BUDGETGATE_END_USER_KEY", "a-secret-of-at-least-16-bytes"),
     ];
     let mut texts = Vec::new();
