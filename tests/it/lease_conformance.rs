@@ -93,6 +93,7 @@ async fn grant_and_top_up_take_at_most_half_of_what_is_free(h: H) {
             now_micros: NOON,
             free: 700,
             window: None,
+            recall: false,
         }
     );
     assert_eq!(h.remaining(&tpm).await, 700, "debited as a reservation");
