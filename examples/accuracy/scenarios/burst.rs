@@ -36,8 +36,20 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     let variants: &[(&str, bool, usize, Lease, bool)] = &[
         ("3 gateways, Redis, leases on", true, 3, Lease::On, false),
         ("3 gateways, Redis, leases off", true, 3, Lease::Off, false),
-        ("3 gateways, Redis, leases on, warm", true, 3, Lease::On, true),
-        ("3 gateways, Redis, leases off, warm", true, 3, Lease::Off, true),
+        (
+            "3 gateways, Redis, leases on, warm",
+            true,
+            3,
+            Lease::On,
+            true,
+        ),
+        (
+            "3 gateways, Redis, leases off, warm",
+            true,
+            3,
+            Lease::Off,
+            true,
+        ),
         ("1 gateway, Redis, leases on", true, 1, Lease::On, false),
         ("1 gateway, Redis, leases off", true, 1, Lease::Off, false),
         ("1 gateway, memory", false, 1, Lease::Off, false),
