@@ -11,7 +11,9 @@
 //! (no lease out; a warm variant's `D` starts at its first wave), so no
 //! lease term: a lease is debited before it is spent.
 //! Spent ≤ reserved: every answer is within its cap and the prompt's
-//! estimate is ≥ its count (section 4), so the debt terms are zero.
+//! estimate is ≥ its count (section 4), so the debt terms are zero. And a
+//! floor: reserved ≥ 90 % of the tpm (what leases off admit is all of it;
+//! section 14, "Leases that do not strand the limit").
 
 use std::time::Duration;
 
@@ -27,6 +29,9 @@ const TPM: u64 = 30_000;
 const MAX_TOKENS: u64 = 100;
 const REQUESTS: usize = 900;
 const TENANT: &str = "burst";
+/// At least this share of the tpm is admitted: the units leases hold are
+/// not refused (leases off admit the whole tpm; the acceptance: 90 %).
+const ADMITTED_AT_LEAST: f64 = 0.9;
 /// The warm variants' waves: how many, of how many requests, how far apart.
 const WARM_WAVES: usize = 3;
 const WARM_WAVE: usize = 30;
@@ -117,6 +122,15 @@ async fn variant(
     );
     row.extra
         .push(Check::new("requests", t.requests, req_bound, "req"));
+    // Not stranded: a limit the burst saturates is used, leases on or off
+    // (DESIGN section 14, "Leases that do not strand the limit": at least
+    // 90 % of what leases off admit, which is the whole tpm).
+    row.extra.push(Check::at_least(
+        "reserved, not stranded",
+        t.reserved(),
+        TPM as f64 * ADMITTED_AT_LEAST,
+        "tok",
+    ));
     row.bound = format!(
         "tpm {TPM} + {}/s × D, rpm {RPM} + {}/s × D (DESIGN §2); cold start{}, no lease term (§14); debt terms 0 (caps honoured, estimate ≥ count, §4); D = {:.0} ms",
         TPM / 60,
