@@ -104,8 +104,9 @@
 //!   that does not end its lease answers whether the recall is on
 //!   ([`LeaseState::recall`]; a replayed line answers false). A recall
 //!   changes no count: the holders give back, with ordinary lines, what
-//!   they do not spend (the lease layer's rule), and the store grants it
-//!   to the next top-up. It lives in the epoch record.
+//!   they do not spend (the lease layer's rule: an idle holder, all it
+//!   holds), and the store grants it to the next top-up. It lives in the
+//!   epoch record.
 //! - **Expiry.** Every live line that does not end the lease moves its
 //!   expiry to now + `ttl_micros` (store time), for a calendar quota never
 //!   past the end of the lease's window: a quota lease never outlives the

@@ -130,8 +130,8 @@ pub(super) struct Lease {
     /// The store's last reply said the budget's recall is on: another
     /// gateway is short while this lease holds units.
     pub(super) recall: bool,
-    /// `spent` when the last line was sent: what was spent since is what
-    /// this gateway spends between two calls (kept under a recall).
+    /// `spent` when the last line was sent: a lease spent since is in
+    /// use, and a recall leaves it alone.
     pub(super) spent_at_call: u64,
 }
 

@@ -32,8 +32,8 @@
 //! its reply, and the requests queued for the store behind it would
 //! otherwise be refused with its units here); and a top-up the store
 //! grants short while another lease holds units starts a recall, on
-//! which every holder gives back what it did not spend since its
-//! previous call (`plan`), taken off its lease when the line is sent.
+//! which every holder that spent nothing since its previous call gives
+//! back all it holds (`plan`), taken off its lease when the line is sent.
 //!
 //! *Proof that the bound is unchanged.* An admission is one of: (a) an
 //! exact store reservation, which the store's bucket, quota and slot

@@ -201,13 +201,17 @@ impl Book {
                 if line.want == 0 && since < settings.report / 2 {
                     continue;
                 }
-            } else if l.recall && !slots && avail > recent && since >= settings.report / 8 {
-                // Another gateway is short (the store's recall): keep what
-                // this one spent since its last call, give back the rest,
-                // at the shortest spacing, not a report interval later.
+            } else if l.recall && !slots && recent == 0 && avail > 0 && since >= settings.report / 8
+            {
+                // Another gateway is short (the store's recall) and this
+                // one spent nothing since its last call: everything goes
+                // back, at the shortest spacing, not a report interval
+                // later. (A lease its gateway spends is left alone: at
+                // saturation every lease runs short, and trimming the
+                // busy ones would only move their units to and fro.)
                 // Not spent here from now on (the reply's count replaces
                 // this one): a give back in flight never turns into debt.
-                line.give_back = avail as u64 - recent as u64;
+                line.give_back = avail as u64;
                 l.given_back += line.give_back;
                 l.recall = false;
             } else if avail > 2 * target as i64 + 1 && since >= spacing && !slots {
