@@ -117,6 +117,9 @@ pub(super) struct Lease {
     pub(super) window: Option<u64>,
     /// The store's free units after the last reply.
     pub(super) free: i64,
+    /// The last line that asked for units (grant or top-up) was granted
+    /// all it asked: the store was not saturated then.
+    pub(super) full: bool,
     /// No new spending; ended once its reservations have settled.
     pub(super) closing: bool,
     /// The line on the wire, resent as it is after a failed call.
@@ -393,7 +396,11 @@ impl Book {
                         // must not refuse what the budget can give. Only a
                         // store short of this request at its last reply
                         // (saturated) lets the lease refuse without a call.
-                        if l.free >= need {
+                        // A saturated store still has free units (a grant
+                        // takes at most half of them), so `free` alone sends
+                        // nearly every short request there; a top-up granted
+                        // short is the sign of saturation.
+                        if l.full && l.free >= need {
                             roomy = true;
                         }
                         if short.is_none_or(|(_, a)| avail - need < a) {

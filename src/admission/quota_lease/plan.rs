@@ -107,6 +107,7 @@ impl Book {
                         deadline: 0,
                         window: None,
                         free: 0,
+                        full: false,
                         closing: false,
                         in_call: Some(line.clone()),
                         on_wire: true,
@@ -264,6 +265,9 @@ impl Book {
                     l.given_back = st.given_back;
                     l.window = st.window;
                     l.free = st.free;
+                    if line.want > 0 {
+                        l.full = st.granted_now >= line.want;
+                    }
                     l.recall = st.recall;
                     let life = st.expires_at_micros.saturating_sub(st.now_micros);
                     l.deadline = call.sent_at.saturating_add(life).saturating_sub(margin);
