@@ -25,8 +25,10 @@
 //! Stranding (DESIGN "Leases that do not strand the limit"). Three rules
 //! keep units on leases from being refused while the budget allows them:
 //! a lease short of a request refuses it only when the store's last reply
-//! had less free than the request needs (else an exact store reservation
-//! decides, against what is not leased out); a request the store refuses
+//! had less free than the request needs or its last grant or top-up was
+//! granted short (a saturated store: a grant takes at most half of what
+//! is free, so some is always left), else an exact store reservation
+//! decides, against what is not leased out; a request the store refuses
 //! is decided again from this gateway's leases ([`QuotaLeases::reserve_refused`],
 //! after a grant or top-up on the wire or due: a grant is debited before
 //! its reply, and the requests queued for the store behind it would
