@@ -24,7 +24,9 @@
 --                'Q <limit> D|M' | 'C <max> 0' (compared with the stored one)
 --
 -- Reply (flat array of strings), per line one of
---   'L' epoch granted given_back granted_now expires now free window|'-'
+--   'L' epoch granted given_back granted_now expires now free window|'-' recall
+--                             (recall: '1' while the budget's recall is on,
+--                             '0' otherwise and for a replayed line)
 --   'E' given_back now        ended (given_back: what reached the budget)
 --   'F' epoch now             fenced (epoch: the budget's current one)
 --   'U' now                   no record
@@ -40,7 +42,9 @@
 --                  expires µs, kept-until µs, window id (-1 none), free of
 --                  the last live reply, the epoch that fenced it
 --   epoch record   text "<epoch> <kept-until µs> <policy>\n" then one entry
---                  "<lease id> <expires µs> <unspent units>;" per live lease
+--                  "<lease id> <expires µs> <unspent units>;" per live lease,
+--                  and "! <recall until µs> 0;" while a recall is on (no
+--                  lease id is '!': ids are percent-encoded)
 --   budget         bucket / quota state as lib.lua describes; a concurrency
 --                  lease's slots are members "<lease id>#<n>" of the slot
 --                  set, n in (given_back, granted], scored with its expiry
@@ -69,10 +73,14 @@ local function book_at(key, now)
   if not epoch then
     error('budgetgate: bad epoch record at ' .. key)
   end
-  e = { epoch = tonumber(epoch), untl = tonumber(untl), policy = policy, ids = {}, exp = {}, units = {} }
+  e = { epoch = tonumber(epoch), untl = tonumber(untl), policy = policy, ids = {}, exp = {}, units = {}, recall = 0 }
   for id, x, u in string.gmatch(rest, '([^ ;]*) (%d+) (%d+);') do
-    e.ids[#e.ids + 1] = id
-    e.exp[id], e.units[id] = tonumber(x), tonumber(u)
+    if id == '!' then
+      e.recall = tonumber(x)
+    else
+      e.ids[#e.ids + 1] = id
+      e.exp[id], e.units[id] = tonumber(x), tonumber(u)
+    end
   end
   books[key] = e
   if e.untl > now then
@@ -94,6 +102,9 @@ local function book_text(e, now)
       seen[id] = true
       parts[#parts + 1] = id .. ' ' .. s(x) .. ' ' .. s(e.units[id]) .. ';'
     end
+  end
+  if e.recall > now then
+    parts[#parts + 1] = '! ' .. s(e.recall) .. ' 0;'
   end
   return table.concat(parts)
 end
@@ -222,7 +233,7 @@ local function give(kind, a, b, bkey, legacy, id, r, units, now)
   return units
 end
 
-local function reply_of(r, snow, granted_now, out)
+local function reply_of(r, snow, granted_now, recall, out)
   local st = r[1]
   if st == LIVE then
     local w = '-'
@@ -238,6 +249,7 @@ local function reply_of(r, snow, granted_now, out)
     out[#out + 1] = snow
     out[#out + 1] = s(r[11])
     out[#out + 1] = w
+    out[#out + 1] = recall and '1' or '0'
   elseif st == ENDED then
     out[#out + 1] = 'E'
     out[#out + 1] = s(r[5])
@@ -272,7 +284,7 @@ local function lease_line(i, nums, now, snow, out)
     end
   end
   if prior ~= nil and (seq <= prior[7] or prior[1] ~= LIVE) then
-    reply_of(prior, snow, 0, out)
+    reply_of(prior, snow, 0, false, out)
     return
   end
   if prior == nil and seq ~= 1 then
@@ -286,7 +298,7 @@ local function lease_line(i, nums, now, snow, out)
   -- stored one.
   local e = book_at(ekey, now)
   if e == nil then
-    e = { epoch = 1, untl = now, policy = policy, ids = {}, exp = {}, units = {} }
+    e = { epoch = 1, untl = now, policy = policy, ids = {}, exp = {}, units = {}, recall = 0 }
     books[ekey] = e
   elseif want > 0 and e.policy ~= policy then
     e.epoch = e.epoch + 1
@@ -327,6 +339,7 @@ local function lease_line(i, nums, now, snow, out)
   end
 
   local granted_now = 0
+  local recall = false
   if r[2] ~= e.epoch then
     r[1], r[12] = FENCED, e.epoch
   elseif prior ~= nil and r[8] <= now then
@@ -366,6 +379,23 @@ local function lease_line(i, nums, now, snow, out)
         members_put(bkey, id, first_kept + 1, r[3], s(expires), ttl_ms(expires - now))
       end
       r[11] = available(kind, a, b, bkey, legacy, now, snow)
+      -- Recall: a want granted short while other live leases hold units
+      -- starts one for a lease's ttl; a want granted in full ends it.
+      if want > 0 and granted_now < want then
+        local held = false
+        for _, other in ipairs(e.ids) do
+          local x = e.exp[other]
+          if other ~= id and x ~= nil and x > now and e.units[other] > 0 then
+            held = true
+          end
+        end
+        if held and now + ttl > e.recall then
+          e.recall = now + ttl
+        end
+      elseif want > 0 then
+        e.recall = 0
+      end
+      recall = e.recall > now
     end
   end
 
@@ -386,7 +416,7 @@ local function lease_line(i, nums, now, snow, out)
     books_dirty[ekey] = true
     books_order[#books_order + 1] = ekey
   end
-  reply_of(r, snow, granted_now, out)
+  reply_of(r, snow, granted_now, recall, out)
 end
 
 local now = clock(ARGV[1])

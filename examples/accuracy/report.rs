@@ -12,6 +12,8 @@ pub struct Check {
     pub value: u64,
     pub bound: f64,
     pub unit: &'static str,
+    /// A floor, not a ceiling: the value must be at least the bound.
+    pub at_least: bool,
 }
 
 impl Check {
@@ -21,19 +23,37 @@ impl Check {
             value,
             bound,
             unit,
+            at_least: false,
+        }
+    }
+
+    /// `value` must be at least `floor`.
+    pub fn at_least(what: &str, value: u64, floor: f64, unit: &'static str) -> Check {
+        Check {
+            at_least: true,
+            ..Check::new(what, value, floor, unit)
         }
     }
 
     pub fn held(&self) -> bool {
-        self.value as f64 <= self.bound
+        if self.at_least {
+            self.value as f64 >= self.bound
+        } else {
+            self.value as f64 <= self.bound
+        }
     }
 
     fn cell(&self) -> String {
         format!(
-            "{} {} ≤ {} {}",
+            "{} {} {} {} {}",
             self.value,
             self.unit,
-            self.bound.floor() as u64,
+            if self.at_least { "≥" } else { "≤" },
+            if self.at_least {
+                self.bound.ceil() as u64
+            } else {
+                self.bound.floor() as u64
+            },
             if self.held() { "✓" } else { "✗" }
         )
     }

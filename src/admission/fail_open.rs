@@ -275,6 +275,18 @@ impl GatewayStore {
             answered: false,
         };
         let e = match self.inner.reserve_answered(r).await {
+            Ok((ReserveOutcome::Denied(d), by)) if !d.held_for_share => {
+                let refused = call.answered((ReserveOutcome::Denied(d), by));
+                // Units this gateway holds on leases are not the store's
+                // to count: its own leases may still cover the request (a
+                // share's turn, the store's to give, is left to it).
+                if let Some(l) = &self.leases {
+                    if let Some(o) = l.reserve_refused(r).await {
+                        return Ok((o, AnsweredBy::Lease));
+                    }
+                }
+                return Ok(refused);
+            }
             Ok(o) => return Ok(call.answered(o)),
             Err(e) => call.answered(e),
         };

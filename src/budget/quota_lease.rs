@@ -95,6 +95,18 @@
 //! - **End** (`end`): gives back everything unspent as above (a concurrency
 //!   lease's slots in use stay until its expiry) and closes the record
 //!   (kept until `record_ttl_micros` to answer retries).
+//! - **Recall.** A live line that asks for units (`want > 0`) and is
+//!   granted fewer than it asked, while another live lease of the budget
+//!   holds unspent units (as its last line reported them), starts the
+//!   budget's recall: it is on until now + the line's `ttl_micros` (one
+//!   lease lifetime, so every live lease makes at least one line under
+//!   it), or until a line's `want` is granted in full. Every live line
+//!   that does not end its lease answers whether the recall is on
+//!   ([`LeaseState::recall`]; a replayed line answers false). A recall
+//!   changes no count: the holders give back, with ordinary lines, what
+//!   they do not spend (the lease layer's rule: an idle holder, all it
+//!   holds), and the store grants it to the next top-up. It lives in the
+//!   epoch record.
 //! - **Expiry.** Every live line that does not end the lease moves its
 //!   expiry to now + `ttl_micros` (store time), for a calendar quota never
 //!   past the end of the lease's window: a quota lease never outlives the
@@ -255,6 +267,11 @@ pub struct LeaseState {
     /// The calendar window the lease was taken from (quotas only):
     /// [`super::Window::id`].
     pub window: Option<u64>,
+    /// The budget's recall is on (module docs, "Recall"): another gateway
+    /// asked for units the store could not grant while this lease held
+    /// some; the holder gives back what it does not spend. False for a
+    /// replayed line.
+    pub recall: bool,
 }
 
 /// What is out on leases for one budget (admin API).

@@ -75,6 +75,7 @@ conformance!(
     quota_give_back_goes_only_to_the_window_it_was_taken_from,
     concurrency_lease_slots_are_counted_by_exact_reservations,
     an_expired_lease_gives_nothing_back,
+    a_top_up_granted_short_recalls_what_other_leases_hold,
 );
 
 /// Fault: a gateway that asks for a whole budget would strand it; a grant
@@ -93,6 +94,7 @@ async fn grant_and_top_up_take_at_most_half_of_what_is_free(h: H) {
             now_micros: NOON,
             free: 700,
             window: None,
+            recall: false,
         }
     );
     assert_eq!(h.remaining(&tpm).await, 700, "debited as a reservation");
@@ -352,5 +354,70 @@ async fn an_expired_lease_gives_nothing_back(h: H) {
     }
     assert_eq!(h.remaining(&slow).await, 560, "refill only");
     assert_eq!(h.remaining(&day).await, 500, "still debited");
+    h.check_keys().await;
+}
+
+/// Fault guarded against: a gateway short of units while another
+/// gateway's lease holds some it does not spend (the stranded limit). A
+/// top-up granted short starts the budget's recall while another live
+/// lease holds units; every live line hears it, a replay does not, and a
+/// top-up granted in full ends it. It changes no count, and a lease
+/// holding nothing starts none.
+async fn a_top_up_granted_short_recalls_what_other_leases_hold(h: H) {
+    let tpm = h.tpm(tenant(), 1000, 1000);
+    // Gateway a holds 500, gateway b 250; the store keeps 250.
+    let a = live(one(&h, want(&tpm, "a", 1, 500)).await);
+    let b = live(one(&h, want(&tpm, "b", 1, 500)).await);
+    assert_eq!((a.granted_now, b.granted_now, b.free), (500, 250, 250));
+    assert!(!a.recall, "a grant in full starts nothing");
+    assert!(b.recall, "b was granted short while a holds 500");
+    let before = h.state(&tpm).await;
+    // a's renewal hears it; a replay of it does not.
+    let renew = line(&tpm, "a", 2);
+    let heard = live(one(&h, renew.clone()).await);
+    assert!(heard.recall);
+    assert!(!live(one(&h, renew).await).recall, "a replay");
+    assert_eq!(h.state(&tpm).await, before, "a recall changes no count");
+    // a gives back what it does not spend; b's next top-up gets half of it.
+    let back = live(
+        one(
+            &h,
+            LeaseLine {
+                give_back: 400,
+                spent: 100,
+                ..line(&tpm, "a", 3)
+            },
+        )
+        .await,
+    );
+    assert_eq!((back.given_back, back.free), (400, 650));
+    let topped = live(one(&h, want(&tpm, "b", 2, 300)).await);
+    assert_eq!(topped.granted_now, 300);
+    assert!(!topped.recall, "a top-up granted in full ends the recall");
+    assert!(!live(one(&h, line(&tpm, "a", 4)).await).recall);
+    // Short again, but the other lease holds nothing: no recall.
+    let a_spent = live(
+        one(
+            &h,
+            LeaseLine {
+                spent: 100,
+                ..line(&tpm, "a", 5)
+            },
+        )
+        .await,
+    );
+    assert_eq!(
+        a_spent.granted - a_spent.given_back,
+        100,
+        "a holds nothing unspent"
+    );
+    let short = live(one(&h, want(&tpm, "b", 3, 5000)).await);
+    assert!(short.granted_now < 5000);
+    assert!(!short.recall, "nobody else holds units");
+    assert_eq!(
+        out(&h, &tpm).await,
+        leased(1, 2, short.granted - short.given_back),
+        "the recall is no lease"
+    );
     h.check_keys().await;
 }

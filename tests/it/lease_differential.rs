@@ -161,9 +161,11 @@ pub(crate) fn other_policy(spec: &BudgetSpec) -> BudgetSpec {
     }
 }
 
-/// A reply's variant for the outcome counts (`Lease/Live+` when it granted).
+/// A reply's variant for the outcome counts (`Lease/Live+` when it
+/// granted, `Lease/Live(recall)` when the budget's recall was on).
 pub(crate) fn label(r: &LeaseReply) -> &'static str {
     match r {
+        LeaseReply::Live(s) if s.recall => "Lease/Live(recall)",
         LeaseReply::Live(s) if s.granted_now > 0 => "Lease/Live+",
         LeaseReply::Live(s) if s.given_back > 0 => "Lease/Live(gave back)",
         LeaseReply::Live(_) => "Lease/Live",

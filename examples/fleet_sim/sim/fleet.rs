@@ -11,7 +11,7 @@ use rand_distr::{Distribution, Exp, Geometric, Zipf};
 
 use super::report::{BudgetCount, RunStats};
 use super::SimConfig;
-use budgetgate::admission::quota_lease::{self, Book, Call, Decision, LeaseOff};
+use budgetgate::admission::quota_lease::{self, Book, Call, Decision, LeaseOff, Refused};
 use budgetgate::budget::keys::hash_tag;
 use budgetgate::budget::memory::MemoryStore;
 use budgetgate::budget::quota_lease::{LeaseLine, LeaseReply};
@@ -36,6 +36,8 @@ enum Event {
         actual: u64,
     },
     StoreReserve {
+        gw: usize,
+        gen: u64,
         req: ReserveRequest,
         req_no: u64,
         actual: u64,
@@ -316,9 +318,12 @@ impl<'c> Fleet<'c> {
             return;
         }
         let _ = primary;
+        let gen = self.generation[gw];
         self.push(
             now + self.cfg.latency_micros,
             Event::StoreReserve {
+                gw,
+                gen,
                 req,
                 req_no,
                 actual,
@@ -361,6 +366,8 @@ impl<'c> Fleet<'c> {
                 }
             }
             Event::StoreReserve {
+                gw,
+                gen,
                 req,
                 req_no,
                 actual,
@@ -380,6 +387,26 @@ impl<'c> Fleet<'c> {
                                 actual,
                             },
                         );
+                    }
+                    // As the gateway: a store refusal is decided again
+                    // from its leases (without the wait for a call on the
+                    // wire the gateway allows).
+                    _ if self.leased && self.generation[gw] == gen => {
+                        match self.books[gw].reserve_refused(&req, now) {
+                            Refused::Admitted(ReserveOutcome::Admitted(_)) => {
+                                self.admitted(tenant, req_no, actual, true);
+                                self.push(
+                                    now + duration,
+                                    Event::SettleLocal {
+                                        gw,
+                                        gen,
+                                        id: req.id,
+                                        actual,
+                                    },
+                                );
+                            }
+                            _ => self.refused(req_no, false),
+                        }
                     }
                     _ => self.refused(req_no, false),
                 }

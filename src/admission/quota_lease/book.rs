@@ -117,6 +117,9 @@ pub(super) struct Lease {
     pub(super) window: Option<u64>,
     /// The store's free units after the last reply.
     pub(super) free: i64,
+    /// The last line that asked for units (grant or top-up) was granted
+    /// all it asked: the store was not saturated then.
+    pub(super) full: bool,
     /// No new spending; ended once its reservations have settled.
     pub(super) closing: bool,
     /// The line on the wire, resent as it is after a failed call.
@@ -127,6 +130,12 @@ pub(super) struct Lease {
     pub(super) last_call: u64,
     /// Monotonic µs the grant's reply came.
     pub(super) granted_at: u64,
+    /// The store's last reply said the budget's recall is on: another
+    /// gateway is short while this lease holds units.
+    pub(super) recall: bool,
+    /// `spent` when the last line was sent: a lease spent since is in
+    /// use, and a recall leaves it alone.
+    pub(super) spent_at_call: u64,
 }
 
 impl Lease {
@@ -214,6 +223,18 @@ pub struct Book {
     pub nudge: bool,
     /// Monotonic µs of the last [`Book::sweep`].
     swept_at: u64,
+}
+
+/// What [`Book::reserve_refused`] decided of a reservation the store refused.
+pub enum Refused {
+    /// Admitted from this gateway's leases.
+    Admitted(ReserveOutcome),
+    /// A lease it needs is short (its top-up is on the wire or due within
+    /// its spacing, at most half a report interval) or its grant is on
+    /// the wire: ask again once a lease call's replies are applied.
+    Pending,
+    /// The store's refusal stands.
+    Stands,
 }
 
 /// What [`Book::reserve`] decided.
@@ -335,7 +356,6 @@ impl Book {
         // A deployment's lease is short: a share claim then goes to the
         // store, which weighs it against the fleet's (`budget::share`).
         let mut upstream_short = false;
-        let fraction = self.settings.max_fraction_ppm;
         // The budget that falls shortest (for the refusal).
         let mut short: Option<(usize, i64)> = None;
         let min_rate = self.settings.min_rate;
@@ -370,13 +390,17 @@ impl Book {
                         upstream_short |= spec.scope.is_upstream();
                         e.urgent = true;
                         self.nudge = true;
-                        // The store had room at the last reply (a whole
-                        // lease's worth, so not a saturated budget): the
-                        // store decides; a lease drained between two
-                        // top-ups must not refuse what the budget can give.
-                        let lease_cap =
-                            (u128::from(spec.capacity()) * u128::from(fraction) / 1_000_000) as i64;
-                        if l.free >= need.max(lease_cap) {
+                        // The store had room for it at the last reply:
+                        // the store decides, exactly, against what is not
+                        // leased out; a lease drained between two top-ups
+                        // must not refuse what the budget can give. Only a
+                        // store short of this request at its last reply
+                        // (saturated) lets the lease refuse without a call.
+                        // A saturated store still has free units (a grant
+                        // takes at most half of them), so `free` alone sends
+                        // nearly every short request there; a top-up granted
+                        // short is the sign of saturation.
+                        if l.full && l.free >= need {
                             roomy = true;
                         }
                         if short.is_none_or(|(_, a)| avail - need < a) {
@@ -406,6 +430,54 @@ impl Book {
             };
         }
         Decision::Local(self.admit(r, cand, now, utc))
+    }
+
+    /// `r` was refused by the store (or its deny cache) after
+    /// [`Self::reserve`] sent it there: decides it from this gateway's
+    /// leases when they now cover every budget of its first candidate (a
+    /// grant or top-up may have landed while it waited; its units are
+    /// debited in the store already, so the store's refusal did not count
+    /// them). Its demand was counted by `reserve`; nothing is refused here.
+    pub fn reserve_refused(&mut self, r: &ReserveRequest, now: u64) -> Refused {
+        let utc = self.utc(now);
+        let Some(cand) = r.candidates.first() else {
+            return Refused::Stands;
+        };
+        let mut pending = false;
+        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
+            if spec.shadow {
+                return Refused::Stands;
+            }
+            let Some(e) = self.entries.get(&*spec.key) else {
+                return Refused::Stands;
+            };
+            match &e.lease {
+                Some(l) if l.spendable(spec, now, utc) => {
+                    let need = if matches!(spec.kind, BudgetKind::Concurrency { .. }) {
+                        1
+                    } else {
+                        r.costs.of(0, pos, spec) as i64
+                    };
+                    if l.available(e.in_flight) < need {
+                        // Its top-up (on the wire, or sent at its spacing:
+                        // within half a report interval) may cover it.
+                        pending = true;
+                        if let Some(e) = self.entries.get_mut(&*spec.key) {
+                            e.urgent = true;
+                        }
+                        self.nudge = true;
+                    }
+                }
+                // A grant on the wire.
+                Some(l) if l.seq == 0 && l.on_wire => pending = true,
+                _ => return Refused::Stands,
+            }
+        }
+        if pending {
+            Refused::Pending
+        } else {
+            Refused::Admitted(self.admit(r, cand, now, utc))
+        }
     }
 
     fn admit(

@@ -20,10 +20,43 @@
 //!
 //! Without faults a lease is pre-debited: the store's budget plus what is
 //! out on leases never exceeds what the budget admits, so admission is
-//! never above the limit. What a gateway holds and does not spend is
-//! stranded (refused elsewhere) for at most one report interval: at most
-//! `max_fraction` of a budget's capacity per gateway, in practice one
-//! report interval of its demand. Faults (DESIGN "Leased quota, faults"):
+//! never above the limit.
+//!
+//! Stranding (DESIGN "Leases that do not strand the limit"). Three rules
+//! keep units on leases from being refused while the budget allows them:
+//! a lease short of a request refuses it only when the store's last reply
+//! had less free than the request needs or its last grant or top-up was
+//! granted short (a saturated store: a grant takes at most half of what
+//! is free, so some is always left), else an exact store reservation
+//! decides, against what is not leased out; a request the store refuses
+//! is decided again from this gateway's leases ([`QuotaLeases::reserve_refused`],
+//! after a grant or top-up on the wire or due: a grant is debited before
+//! its reply, and the requests queued for the store behind it would
+//! otherwise be refused with its units here); and a top-up the store
+//! grants short while another lease holds units starts a recall, on
+//! which every holder that spent nothing since its previous call gives
+//! back all it holds (`plan`), taken off its lease when the line is sent.
+//!
+//! *Proof that the bound is unchanged.* An admission is one of: (a) an
+//! exact store reservation, which the store's bucket, quota and slot
+//! arithmetic decides as without leases; (b) a spend of `c` units of a
+//! lease of this gateway, allowed only while `granted − given_back −
+//! spent ≥ c` for every budget of it, all checked before any is debited;
+//! those units were debited in the store at grant. Rule two only turns
+//! a store refusal (which debited nothing) into case (b); rule one only
+//! chooses between (a), (b) and a refusal. A recall writes no count in
+//! the store; its give back credits the store with units the lease
+//! stops spending before the line leaves (its `given_back` is raised at
+//! once, and the store's reply replaces it), so no unit is both given
+//! back and spent, and no debt comes of it. Hence what the store has
+//! debited plus what leases hold unspent never exceeds what the budget
+//! admitted over any interval from a cold start (burst + rate × length
+//! for a bucket), and an interval starting with leases out admits at
+//! most their unspent units more, as before; a recall only lowers those.
+//! What a gateway holds and does not spend is stranded (refused
+//! elsewhere) until a recall's give back lands, about 5/8 of a report
+//! interval: at most `max_fraction` of a budget's capacity per gateway,
+//! in practice one report interval of its demand. Faults (DESIGN "Leased quota, faults"):
 //! a gateway that dies loses what its leases held (the store counts it as
 //! spent; a bucket refills it, a quota keeps it, slots expire with the
 //! lease); a failover that loses a grant lets the gateway spend what the
@@ -46,6 +79,8 @@ mod local_hold;
 pub mod metrics;
 pub mod plan;
 #[cfg(test)]
+mod stranding_tests;
+#[cfg(test)]
 mod tests;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,7 +90,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-pub use book::{Book, BookSettings, Decision, LeaseOff};
+pub use book::{Book, BookSettings, Decision, LeaseOff, Refused};
 pub use local_hold::{exhausted, Extension, OverflowEnd, StoreStep};
 pub use plan::{Applied, Call};
 
@@ -77,6 +112,13 @@ pub struct QuotaLeases {
     timeout: Duration,
     base: Instant,
     wake: Notify,
+    /// Notified after every lease call's replies are applied: a
+    /// reservation the store refused waits here for a grant or top-up on
+    /// the wire ([`Self::reserve_refused`]).
+    applied: Notify,
+    /// The longest a refused reservation waits for that reply: the store
+    /// timeout, at most half a report interval.
+    refused_wait: Mutex<Duration>,
     tick: Duration,
     /// Book lock acquisitions on behalf of a hold (its settle, extend,
     /// renew and their bookkeeping): read by tests that check a hold goes
@@ -109,6 +151,8 @@ impl QuotaLeases {
             timeout,
             base: Instant::now(),
             wake: Notify::new(),
+            applied: Notify::new(),
+            refused_wait: Mutex::new(refused_wait(policy, timeout)),
             tick: (policy.report_interval / 40).clamp(TICK_MIN, TICK_MAX),
             hold_locks: AtomicU64::new(0),
         }
@@ -154,6 +198,45 @@ impl QuotaLeases {
             Decision::Store => {
                 metrics::decision(false);
                 None
+            }
+        }
+    }
+
+    /// The store (or its deny cache) refused `r`, which [`Self::reserve`]
+    /// sent there: decided from this gateway's leases when they cover it
+    /// now, or after the reply of a grant or top-up of its budgets (on the
+    /// wire, or sent at its spacing: it waits for the lease calls' replies
+    /// at most the store timeout and half a report interval); `None` when
+    /// the refusal stands. The units this
+    /// gateway holds are debited in the store already: the store's refusal
+    /// could not count them, and its own requests must not leave them
+    /// stranded. Only the refusal path runs this.
+    pub async fn reserve_refused(&self, r: &ReserveRequest) -> Option<ReserveOutcome> {
+        let wait = *self.refused_wait.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = Instant::now() + wait;
+        loop {
+            let applied = self.applied.notified();
+            tokio::pin!(applied);
+            applied.as_mut().enable();
+            let (refused, nudge) = {
+                let mut book = self.lock();
+                let d = book.reserve_refused(r, self.now());
+                (d, std::mem::take(&mut book.nudge))
+            };
+            if nudge {
+                self.wake.notify_one();
+            }
+            match refused {
+                Refused::Admitted(o) => {
+                    metrics::decision(true);
+                    return Some(o);
+                }
+                Refused::Stands => return None,
+                Refused::Pending => {
+                    if tokio::time::timeout_at(deadline, applied).await.is_err() {
+                        return None;
+                    }
+                }
             }
         }
     }
@@ -233,6 +316,8 @@ impl QuotaLeases {
 
     /// Applies a reloaded `[store.lease]`.
     pub fn set_policy(&self, policy: &LeasePolicy) {
+        *self.refused_wait.lock().unwrap_or_else(|e| e.into_inner()) =
+            refused_wait(policy, self.timeout);
         self.lock()
             .set_policy(settings(policy, self.timeout), LeaseOff::of(policy));
     }
@@ -293,6 +378,7 @@ impl QuotaLeases {
                     }
                 };
             let applied = self.lock().apply(&call, replies.as_deref(), self.now());
+            self.applied.notify_waiters();
             metrics::applied(&applied);
         }
         metrics::held(self.leases());
@@ -322,6 +408,11 @@ impl QuotaLeases {
         let calls = self.lock().end_all(self.now());
         self.send(calls).await;
     }
+}
+
+/// How long a refused reservation waits for a lease call's reply.
+fn refused_wait(policy: &LeasePolicy, timeout: Duration) -> Duration {
+    timeout.min(policy.report_interval / 2)
 }
 
 /// The book's settings from `[store.lease]`.

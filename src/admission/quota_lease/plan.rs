@@ -107,11 +107,14 @@ impl Book {
                         deadline: 0,
                         window: None,
                         free: 0,
+                        full: false,
                         closing: false,
                         in_call: Some(line.clone()),
                         on_wire: true,
                         last_call: now,
                         granted_at: now,
+                        recall: false,
+                        spent_at_call: 0,
                     }));
                     lines.push(line);
                 } else {
@@ -175,6 +178,7 @@ impl Book {
                 record_ttl_micros: settings.record_ttl,
             };
             let avail = l.available(e.in_flight);
+            let recent = l.spent.saturating_sub(l.spent_at_call) as i64;
             if l.closing {
                 if e.in_flight == 0 {
                     line.end = true;
@@ -198,6 +202,19 @@ impl Book {
                 if line.want == 0 && since < settings.report / 2 {
                     continue;
                 }
+            } else if l.recall && !slots && recent == 0 && avail > 0 && since >= settings.report / 8
+            {
+                // Another gateway is short (the store's recall) and this
+                // one spent nothing since its last call: everything goes
+                // back, at the shortest spacing, not a report interval
+                // later. (A lease its gateway spends is left alone: at
+                // saturation every lease runs short, and trimming the
+                // busy ones would only move their units to and fro.)
+                // Not spent here from now on (the reply's count replaces
+                // this one): a give back in flight never turns into debt.
+                line.give_back = avail as u64;
+                l.given_back += line.give_back;
+                l.recall = false;
             } else if avail > 2 * target as i64 + 1 && since >= spacing && !slots {
                 line.give_back = avail as u64 - target;
             } else if since < settings.report / 2 {
@@ -207,6 +224,7 @@ impl Book {
             }
             l.on_wire = true;
             l.last_call = now;
+            l.spent_at_call = l.spent;
             l.in_call = Some(line.clone());
             lines.push(line);
         }
@@ -247,6 +265,10 @@ impl Book {
                     l.given_back = st.given_back;
                     l.window = st.window;
                     l.free = st.free;
+                    if line.want > 0 {
+                        l.full = st.granted_now >= line.want;
+                    }
+                    l.recall = st.recall;
                     let life = st.expires_at_micros.saturating_sub(st.now_micros);
                     l.deadline = call.sent_at.saturating_add(life).saturating_sub(margin);
                     // The store's clock read somewhere between send and

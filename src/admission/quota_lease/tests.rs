@@ -67,6 +67,7 @@ fn grant_all(call: &Call, now_utc: u64) -> Vec<LeaseReply> {
                 now_micros: now_utc,
                 free: 1_000,
                 window: None,
+                recall: false,
             })
         })
         .collect()
@@ -392,6 +393,7 @@ fn keep_all(b: &Book, call: &Call, now_utc: u64) -> Vec<LeaseReply> {
                 now_micros: now_utc,
                 free: 1_000,
                 window: None,
+                recall: false,
             })
         })
         .collect()

@@ -31,6 +31,9 @@ pub(super) struct BudgetLeases {
     kind: BudgetKind,
     /// Kept until then (the latest `until` of its records), UTC µs.
     until: u64,
+    /// A recall is on until then, UTC µs (0: none; `budget::quota_lease`,
+    /// "Recall").
+    recall_until: u64,
     records: HashMap<Arc<str>, Record>,
 }
 
@@ -62,8 +65,9 @@ struct Record {
 }
 
 impl Record {
-    /// What the line that made the record what it is answered, now.
-    fn reply(&self, now: u64, granted_now: u64) -> LeaseReply {
+    /// What the line that made the record what it is answered, now
+    /// (`recall`: whether this line found a recall on; a replay did not).
+    fn reply(&self, now: u64, granted_now: u64, recall: bool) -> LeaseReply {
         match self.status {
             Status::Live => LeaseReply::Live(LeaseState {
                 epoch: self.epoch,
@@ -74,6 +78,7 @@ impl Record {
                 now_micros: now,
                 free: self.free,
                 window: self.window,
+                recall,
             }),
             Status::Ended => LeaseReply::Ended {
                 given_back: self.returned,
@@ -162,7 +167,7 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
         .filter(|r| r.until > now)
         .copied();
     match prior {
-        Some(r) if l.seq <= r.seq || r.status != Status::Live => return r.reply(now, 0),
+        Some(r) if l.seq <= r.seq || r.status != Status::Live => return r.reply(now, 0, false),
         None if l.seq != 1 => return LeaseReply::Unknown { now_micros: now },
         _ => {}
     }
@@ -188,6 +193,7 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
     r.seq = l.seq;
     report(inner, spec, &mut r, l.spent, now);
     let mut granted_now = 0;
+    let mut recall = false;
     if r.epoch != epoch {
         r.status = Status::Fenced;
         r.fenced_by = epoch;
@@ -195,6 +201,9 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
         r.status = Status::Ended;
     } else {
         granted_now = live_line(inner, spec, &line.lease, &mut r, &l, now);
+        if r.status == Status::Live {
+            recall = recall_after(inner, spec, &line.lease, &l, granted_now, now);
+        }
     }
     // Bounded: at least the lease's ttl, so a live record outlives its lease.
     r.until = now + l.record_ttl_micros;
@@ -207,7 +216,38 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
             }
         }
     }
-    r.reply(now, granted_now)
+    r.reply(now, granted_now, recall)
+}
+
+/// Starts or ends the budget's recall after a live line that asked for
+/// units (`budget::quota_lease`, "Recall"); answers whether one is on.
+fn recall_after(
+    inner: &mut Inner,
+    spec: &BudgetSpec,
+    lease: &str,
+    l: &BoundedLine,
+    granted: u64,
+    now: u64,
+) -> bool {
+    let Some(book) = inner.leases.get_mut(&*spec.key) else {
+        return false;
+    };
+    if l.want > 0 && granted < l.want {
+        // Other live leases hold units, as their last lines reported them.
+        let held = book.records.iter().any(|(id, r)| {
+            id.as_ref() != lease
+                && r.status == Status::Live
+                && r.expires_at > now
+                && r.until > now
+                && r.unspent() > 0
+        });
+        if held {
+            book.recall_until = book.recall_until.max(now + l.ttl_micros);
+        }
+    } else if l.want > 0 {
+        book.recall_until = 0;
+    }
+    book.recall_until > now
 }
 
 /// The budget's epoch now: a new epoch record (epoch 1) when it has none,
@@ -220,6 +260,7 @@ fn current_epoch(inner: &mut Inner, spec: &BudgetSpec, asks: bool, now: u64) -> 
             epoch: 1,
             kind: spec.kind,
             until: now,
+            recall_until: 0,
             records: HashMap::default(),
         };
         store_at(&mut inner.leases, &spec.key, book);

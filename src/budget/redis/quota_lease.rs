@@ -116,6 +116,7 @@ fn reply(r: &mut Reply<'_>) -> Result<LeaseReply, StoreError> {
                         .map_err(|_| protocol(format!("bad lease window {w:?}")))?,
                 ),
             },
+            recall: r.str()? == "1",
         }),
         "E" => LeaseReply::Ended {
             given_back: r.u64()?,
