@@ -13,11 +13,12 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::authenticate;
+use super::authenticate::{self, Caller};
 use super::context::RequestContext;
 use super::decode::read_body;
 use super::prepare::invalid;
 use crate::budget::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
+use crate::config::ModelId;
 use crate::dialects::Dialect;
 use crate::estimate::messages;
 use crate::gateway::error::ApiError;
@@ -65,7 +66,28 @@ async fn count(
         let tenant = policy.tenant(caller.tenant).name.as_str();
         ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
     })?;
-    // The request counts once, on the tenant's request budgets.
+    charge_request_once(
+        cx,
+        &caller,
+        model_id,
+        json!({ "input_tokens": input }),
+        "application/json",
+    )
+    .await
+}
+
+/// Charges a count request once to the caller's request budgets (RPM,
+/// requests per day; no token is spent) and answers `answer` with the
+/// dialect's rate-limit headers. Shared by every dialect's count route.
+pub(super) async fn charge_request_once(
+    cx: &mut RequestContext,
+    caller: &Caller,
+    model_id: ModelId,
+    answer: Value,
+    content_type: &'static str,
+) -> Result<Response, ApiError> {
+    let policy = cx.policy.clone();
+    let dialect = cx.dialect;
     let plan = cx
         .st
         .budget_plan(&policy, caller.tenant, caller.key, model_id);
@@ -79,15 +101,14 @@ async fn count(
         ReserveOutcome::Admitted(a) => a,
         ReserveOutcome::Denied(denial) => {
             return Err(ApiError::RateLimited {
-                headers: Dialect::Messages
-                    .rate_limit_headers(std::slice::from_ref(&denial.state), now),
+                headers: dialect.rate_limit_headers(std::slice::from_ref(&denial.state), now),
                 denial: Box::new(denial),
                 concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
             })
         }
         ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
         ReserveOutcome::Voided => {
-            tracing::warn!(reservation_id = %id, "count_tokens reservation not admitted: its id was voided");
+            tracing::warn!(reservation_id = %id, "count reservation not admitted: its id was voided");
             return Err(ApiError::StoreUnavailable);
         }
     };
@@ -97,11 +118,9 @@ async fn count(
         actual: Actual::PerSpec(vec![1; reserve.common.len()]),
     };
     cx.st.store.settle(&id, &done).await?;
-    let mut r = Response::new(Body::from(json!({ "input_tokens": input }).to_string()));
-    *r.headers_mut() = Dialect::Messages.rate_limit_headers(&admission.budgets, now);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    let mut r = Response::new(Body::from(answer.to_string()));
+    *r.headers_mut() = dialect.rate_limit_headers(&admission.budgets, now);
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     Ok(r)
 }

@@ -18,7 +18,7 @@ use super::authenticate;
 use super::context::RequestContext;
 use super::decode::read_body;
 use super::prepare::invalid;
-use crate::budget::{Actual, BudgetName, ReserveOutcome, Scope, Settlement};
+use crate::budget::{BudgetName, Scope};
 use crate::config::{ModelPolicy, Policy, UpstreamKind};
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
@@ -146,44 +146,14 @@ async fn count(
         let tenant = policy.tenant(caller.tenant).name.as_str();
         ApiError::from_estimate(e, |_| (Scope::Tenant(tenant.into()), BudgetName::Tpm))
     })?;
-    let plan = cx
-        .st
-        .budget_plan(&policy, caller.tenant, caller.key, model_id);
-    let reserve = super::admit::request_count_reservation(cx, &plan, |s| {
-        matches!(s.name, BudgetName::Rpm | BudgetName::RequestsPerDay)
-    });
-    let id = reserve.id.clone();
-    cx.finish.reservation_id = Some(id.clone());
-    let now = cx.st.clock.now_micros();
-    let admission = match cx.st.store.reserve(&reserve).await? {
-        ReserveOutcome::Admitted(a) => a,
-        ReserveOutcome::Denied(denial) => {
-            return Err(ApiError::RateLimited {
-                headers: Dialect::Gemini
-                    .rate_limit_headers(std::slice::from_ref(&denial.state), now),
-                denial: Box::new(denial),
-                concurrency_hint_micros: policy.server.concurrency_retry.as_micros() as u64,
-            })
-        }
-        ReserveOutcome::Impossible(i) => return Err(ApiError::Impossible(Box::new(i))),
-        ReserveOutcome::Voided => {
-            tracing::warn!(reservation_id = %id, "countTokens reservation not admitted: its id was voided");
-            return Err(ApiError::StoreUnavailable);
-        }
-    };
-    let done = Settlement {
-        actual_tokens: 0,
-        upstream_failed: false,
-        actual: Actual::PerSpec(vec![1; reserve.common.len()]),
-    };
-    cx.st.store.settle(&id, &done).await?;
-    let mut r = Response::new(Body::from(json!({ "totalTokens": input }).to_string()));
-    *r.headers_mut() = Dialect::Gemini.rate_limit_headers(&admission.budgets, now);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json; charset=UTF-8"),
-    );
-    Ok(r)
+    super::count_tokens::charge_request_once(
+        cx,
+        &caller,
+        model_id,
+        json!({ "totalTokens": input }),
+        "application/json; charset=UTF-8",
+    )
+    .await
 }
 
 /// `GET /v1beta/models`: the Gemini models the key may use, in Google's
