@@ -313,7 +313,7 @@ pub struct Started {
 /// own store connection (the memory store, or a store given in
 /// [`Launch::store`], is one, shared). A request is served start to end on
 /// the thread that accepted its connection, so it never waits for another
-/// thread to be woken (issue 7: a multi-threaded runtime spent a quarter of
+/// thread to be woken (a profile showed a multi-threaded runtime spent a quarter of
 /// its CPU time handing work between threads). Policy, settlements, leases,
 /// deny cache and the fallback limiter are shared by all threads.
 pub async fn run(

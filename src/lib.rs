@@ -42,7 +42,7 @@
 //! - [`metrics`]: Prometheus metrics with bounded labels.
 //! - [`money`]: prices and dollar amounts in exact integers (µ$): decimal
 //!   parsing, price tables with long-context tiers, the one cost function.
-//! - [`queue`]: wait queues (issue 28): one line of
+//! - [`queue`]: wait queues: one line of
 //!   waiters per waited-for budget (strict priority, starvation guard,
 //!   weighted fair sharing by cost), the waiter's ticket; above the store
 //!   (holds no reservation), joined to the request path by

@@ -1,4 +1,4 @@
-//! TLS on the gateway's listener (`[server.tls]`, issue 22).
+//! TLS on the gateway's listener (`[server.tls]`).
 //!
 //! - rustls with the aws-lc-rs crypto provider, the one reqwest already
 //!   builds for the upstream client (no second crypto library). TLS 1.2

@@ -1,4 +1,4 @@
-//! Expected-output reservation (issue 37 point 5, DESIGN section 5,
+//! Expected-output reservation (DESIGN section 5,
 //! "Expected output"): a request whose output is not metered as it
 //! streams (non-streamed, Messages thinking, `reasoning = true` models)
 //! of a tenant or key with `output_reservation = "expected"` reserves, on

@@ -1,4 +1,4 @@
-//! The exposure book (issue 37 point 5): per budget, the sum over
+//! The exposure book (expected-output reservation): per budget, the sum over
 //! expected-mode requests in flight on this gateway of what they did not
 //! reserve (cap − reserved output). A request takes its share on a budget
 //! only while the sum stays within that budget's `max_exposure`, else it

@@ -4,7 +4,7 @@
 //! expire unless renewed, so a crashed gateway frees them. Renewing from a
 //! task per request cost a task spawn, a timer and a cross-thread wake-up
 //! on every request, although most requests end long before their first
-//! renewal is due (issue 7 profile). Instead each live reservation is an
+//! renewal is due (callgrind profile). Instead each live reservation is an
 //! entry in one map; a single keeper task sleeps until the earliest entry
 //! is due (at `slot_lease / 3` after admission or after its last renewal),
 //! renews what is due, and sleeps again. Registering and removing an entry

@@ -1,4 +1,4 @@
-//! Budget alerts (issue 29, point 5): soft thresholds (default 50 %, 80 %,
+//! Budget alerts (docs/LEDGER.md "Alerts"): soft thresholds (default 50 %, 80 %,
 //! 100 %) of every quota and dollar budget fire a webhook once per
 //! threshold per window.
 //!

@@ -29,7 +29,7 @@ use super::{
 /// First back-off after a failure.
 const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest back-off: once the store is back, calls reach it again within
-/// this time (the acceptance of issue 16 asks for one second after a Redis
+/// this time (the store contract asks for one second after a Redis
 /// restart; the connection itself is replaced before the first call).
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Most calls outstanding at once per wrapper (one per serving thread).

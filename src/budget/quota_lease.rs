@@ -1,4 +1,4 @@
-//! Quota leases at the store (issue 30, DESIGN "Leased quota"): the calls
+//! Quota leases at the store (DESIGN "Leased quota"): the calls
 //! with which a gateway takes a batch of a budget's capacity to spend
 //! in-process, tops it up, reports what it spent and gives back the rest.
 //!
@@ -85,7 +85,7 @@
 //!   bucket's level at the rate and burst it is stored with (the lease's
 //!   policy may be older: a reload since), never writing the lease's back;
 //!   only a grant or top-up brings a bucket under the line's policy, as a
-//!   reservation does (issue 36).
+//!   reservation does.
 //! - **Give back** (`give_back`): returns that many unspent units (at most
 //!   granted − given back − spent) to the budget: a bucket only up to its
 //!   capacity (what does not fit is dropped), a quota only to the window it

@@ -1,5 +1,5 @@
-//! Fleet-wide weighted shares of a contended deployment (issue 28, point 4;
-//! DESIGN "Fleet-wide shares").
+//! Fleet-wide weighted shares of a contended deployment
+//! (DESIGN "Fleet-wide shares").
 //!
 //! Each gateway's wait queue orders its own waiters; with several gateways
 //! on one store, their heads race at every refill, and a tenant's share

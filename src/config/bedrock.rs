@@ -1,4 +1,4 @@
-//! `kind = "bedrock"` (issue 42): Claude on Amazon Bedrock. The
+//! `kind = "bedrock"` (docs/BEDROCK.md): Claude on Amazon Bedrock. The
 //! `[upstreams.bedrock]` table says which API a deployment calls, in which
 //! region it signs, and where its SigV4 credentials come from:
 //!

@@ -1,4 +1,4 @@
-//! Per-deployment model ids (issue 42): `[[upstreams]] models = {
+//! Per-deployment model ids: `[[upstreams]] models = {
 //! "claude-opus-4-8" = "us.anthropic.claude-opus-4-8-v1:0" }`. Each
 //! region or cloud names the same public model by its own id. A key is a
 //! public name (an exact `[[models]]` entry, or a name a pattern entry

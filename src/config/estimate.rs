@@ -80,7 +80,7 @@ impl Encoding {
 pub enum StreamCounting {
     /// Deltas are counted only when the most tokens they can be (one per
     /// byte) could reach a limit, and for a settlement without the
-    /// upstream's usage (issue 40). The default.
+    /// upstream's usage (DESIGN section 19). The default.
     #[default]
     Bound,
     /// Every delta is counted as it passes: the reference the bound-first

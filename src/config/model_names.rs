@@ -1,4 +1,4 @@
-//! Model name patterns (issue 37): a `[[models]]` name, or an entry of a
+//! Model name patterns: a `[[models]]` name, or an entry of a
 //! key's `allowed_models`, is an exact name (`gpt-4o-mini`), a prefix
 //! ending in one `*` (`claude-*`, `gpt-5*`), or `*` alone (every name).
 //! A name a client sends resolves to the entry named exactly so, else to

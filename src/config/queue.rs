@@ -1,5 +1,5 @@
 //! Priority classes, the kinds of budget a waiter may wait for, and the
-//! validated `[queue]` settings (issue 28).
+//! validated `[queue]` settings (DESIGN "Wait queues").
 
 use std::time::Duration;
 
@@ -111,7 +111,7 @@ pub struct QueuePolicy {
     pub wait_on: [[bool; 3]; 3],
 }
 
-/// Defaults of `[queue]` (docs/DESIGN.md, issue 28).
+/// Defaults of `[queue]` (docs/DESIGN.md, "Wait queues").
 pub const DEFAULT_MAX_WAIT: [Duration; 3] = [
     Duration::from_secs(5),
     Duration::from_secs(10),

@@ -45,7 +45,7 @@ pub struct RawTelemetry {
     pub export_interval_ms: Option<i64>,
 }
 
-/// `[queue]` (issue 28).
+/// `[queue]`: the wait queues' settings.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawQueue {
@@ -100,7 +100,7 @@ pub struct RawServer {
     pub max_body_bytes: Option<i64>,
     pub max_request_secs: Option<i64>,
     pub slot_lease_secs: Option<i64>,
-    /// Former name of `slot_lease_secs` (issue 39), accepted for one release.
+    /// Former name of `slot_lease_secs` (renamed 2026-12-04), accepted for one release.
     pub lease_secs: Option<i64>,
     pub settle_retry_secs: Option<i64>,
     pub concurrency_retry_secs: Option<i64>,
@@ -413,7 +413,7 @@ pub struct RawTenant {
     pub lease: Option<String>,
     pub priority: Option<String>,
     pub weight: Option<i64>,
-    /// `"cap"` (the default) or `"expected"` (issue 37 point 5).
+    /// `"cap"` (the default) or `"expected"` (expected-output reservation).
     pub output_reservation: Option<String>,
     pub expected_quantile: Option<f64>,
     pub max_exposure: Option<super::output_reservation::RawMaxExposure>,

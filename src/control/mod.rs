@@ -1,4 +1,4 @@
-//! The control plane (issue 29): tenants, keys and admin tokens created at
+//! The control plane (docs/CONTROL.md): tenants, keys and admin tokens created at
 //! runtime through the admin API, kept in a database, merged into the
 //! policy every gateway of a fleet serves.
 //!

@@ -262,7 +262,8 @@ mod tests {
         assert_eq!(go_duration(360_000_000), "6m0s");
         assert_eq!(go_duration(8_640_000), "8.64s");
         assert_eq!(go_duration(3_723_000_000), "1h2m3s");
-        // Below a millisecond: `1ms`, ASCII, never `0s` (issue 36).
+        // Below a millisecond: `1ms`, ASCII, never `0s` for a non-zero wait
+        // (Go's `µs` is not ASCII, so not a header value).
         for us in [1, 17, 999] {
             assert_eq!(go_duration(us), "1ms");
         }

@@ -1,4 +1,4 @@
-//! The serde side of the stream events' field structs (issue 40): the
+//! The serde side of the stream events' field structs (bound-first metering): the
 //! relay reads them with [`super::json_scan`], and their serde derives are
 //! the reference its tests compare with. [`Object`] makes a struct read
 //! only from a JSON object, as a tree's `get` would: serde reads a struct

@@ -1,4 +1,4 @@
-//! A bounded cache of token counts keyed by content hash (issue 7).
+//! A bounded cache of token counts keyed by content hash.
 //!
 //! Clients resend the same large strings on every request: system prompts,
 //! tool / function schemas, long few-shot examples. Tokenising them costs
@@ -24,7 +24,7 @@
 //!   ones (chat turns, which clients resend with the whole history on every
 //!   turn). Counting a 30-byte string still runs the tokenizer's regex
 //!   machinery, about 17,000 instructions against about 1,000 for a hash
-//!   and look-up (callgrind, issue 7), so short strings are cached too; in
+//!   and look-up (callgrind), so short strings are cached too; in
 //!   their own partition, so a stream of unique short user messages cannot
 //!   evict a long system prompt.
 

@@ -3,8 +3,8 @@
 //! Counting a never-seen 400 KB prompt takes ~20 ms of CPU. On tokio's
 //! blocking pool it no longer stalled the serving thread, but it still
 //! competed for the same cores at the same priority: small requests served
-//! beside a stream of such prompts saw their p99 grow sevenfold (issue 7
-//! benchmark). These threads run at nice 10 (Linux: per thread), so the
+//! beside a stream of such prompts saw their p99 grow sevenfold (in the
+//! benchmark's cold-prompt phase). These threads run at nice 10 (Linux: per thread), so the
 //! scheduler gives serving threads about ten times their share of a busy
 //! core (CFS weights 1024 vs 110); large prompts wait instead of small
 //! requests.

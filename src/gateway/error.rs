@@ -619,7 +619,7 @@ mod tests {
 
     /// Fault guarded against: the estimation threads' and end users'
     /// 503s said `upstream_error`, blaming the provider for the gateway's
-    /// own failure (issue 36).
+    /// own failure.
     #[tokio::test]
     async fn the_gateways_own_stores_answer_503_server_error_naming_the_store() {
         for (store, code) in [

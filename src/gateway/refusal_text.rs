@@ -138,7 +138,7 @@ mod tests {
 
     /// Fault guarded against: an `insufficient_quota` refusal read "Rate
     /// limit reached", so a client matching the words retried a quota that
-    /// resets hours later (issue 36).
+    /// resets hours later.
     #[test]
     fn quota_refusals_start_quota_exceeded_and_rate_refusals_rate_limit_reached() {
         for name in [

@@ -1,4 +1,4 @@
-//! The spend ledger (issue 29, point 4): one row per settlement and per
+//! The spend ledger (docs/LEDGER.md): one row per settlement and per
 //! void of a held reservation, for finance queries the Prometheus counters
 //! cannot answer (per user, per model, last month).
 //!

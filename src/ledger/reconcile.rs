@@ -1,4 +1,4 @@
-//! The ledger reconciled against the budgets (issue 41, docs/LEDGER.md
+//! The ledger reconciled against the budgets (docs/LEDGER.md
 //! "Reconciliation"): for a calendar quota (tokens or µ$, per day or month)
 //! the store's counter and the ledger's sum over the same window differ by
 //! known causes, each bounded by what the gateway can read:

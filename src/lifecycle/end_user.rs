@@ -6,7 +6,7 @@
 //! `safety_identifier`, then `user`; Anthropic's `metadata.user_id`). Every
 //! source present must name the same id: two that disagree are refused
 //! (which one to charge is not the gateway's to guess), except that the
-//! header wins over `metadata.user_id` (issue 37): the header is the
+//! header wins over `metadata.user_id`: the header is the
 //! gateway's own field, set by whoever deploys the client, while
 //! `metadata.user_id` is a provider field each client fills its own way
 //! (Claude Code puts a new session id in it every session), so a person

@@ -2,7 +2,7 @@
 //! size cap and time, parse and validate it, find the model and the
 //! budget plan, and estimate the cost. Large bodies are parsed and counted
 //! on the low-priority estimation threads, so that the serving thread's
-//! other connections go on meanwhile (issue 7); small ones right here.
+//! other connections go on meanwhile; small ones right here.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Part of admit (issue 28): a reservation refused "not now" waits in the
+//! Part of admit: a reservation refused "not now" waits in the
 //! gateway's queue ([`crate::queue`]) instead of answering 429, when the
 //! request may wait — the refusing budget's kind may wait for its class
 //! and its `max_wait` is longer than the store's retry time. Never-fits

@@ -81,7 +81,7 @@ pub fn scope_kind(scope: &Scope) -> &'static str {
 /// `deny_cache`, `fail_open`, `fail_closed`; `budget` names the refusing
 /// budget (or `none`). No policy-version label: every admin write is a
 /// policy version, and a label per version grew `/metrics` by a dozen
-/// series per key created (issue 36).
+/// series per key created.
 pub fn decision(tenant: &str, scope: &str, budget: &str, outcome: &'static str) {
     decision_counter(tenant, scope, budget, outcome).increment(1);
 }

@@ -1,4 +1,4 @@
-//! Hosted tools priced per use (issue 37, point 2; docs/MONEY.md): a tool
+//! Hosted tools priced per use (docs/MONEY.md, "Hosted tools"): a tool
 //! the provider runs bills per unit beside the tokens (a web search per
 //! call, a code-interpreter container per session, a generated image per
 //! image). A model that prices a tool (`hosted_tools = { web_search = {

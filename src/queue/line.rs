@@ -1,6 +1,6 @@
 //! One budget's line of waiters: who gets the next turn at the store.
 //!
-//! Order (issue 28, point 3): strict priority between classes, except that
+//! Order: strict priority between classes, except that
 //! a `batch` waiter older than `max_starve` gets one turn per `max_starve`
 //! ahead of the others (the starvation guard); within a class, weighted
 //! fair sharing between tenants by estimated cost with *virtual finish

@@ -1,4 +1,4 @@
-//! The queue's metrics (issue 28, point 6), labelled by class only (three
+//! The queue's metrics, labelled by class only (three
 //! values: bounded cardinality).
 
 use metrics::{counter, gauge, histogram};

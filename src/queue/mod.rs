@@ -1,4 +1,4 @@
-//! Wait queues (issue 28): when a reservation is refused "not now" and the
+//! Wait queues: when a reservation is refused "not now" and the
 //! request may wait, it waits in this gateway's queue instead of getting a
 //! 429, and is admitted the moment a retry of its reservation succeeds.
 //!

@@ -1,4 +1,4 @@
-//! The operator API under `/admin/v1/` (issue 6, item 6): the active
+//! The operator API under `/admin/v1/`: the active
 //! policy version and, for a tenant or an upstream deployment, the current
 //! limit, capacity, remaining and reset of every budget (a nested tenant's
 //! with its ancestors', which its requests reserve on too).

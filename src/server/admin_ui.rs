@@ -1,4 +1,4 @@
-//! The live budget page at `/admin/ui` (issue 22): plain HTML, CSS and
+//! The live budget page at `/admin/ui`: plain HTML, CSS and
 //! JavaScript compiled into the binary (`assets/admin_ui/`), no build step,
 //! nothing loaded from elsewhere. It reads `/admin/v1/budgets` every few
 //! seconds with the admin token the user types once (kept in the tab's

@@ -1,4 +1,4 @@
-//! Every tenant's budgets at once (issue 22): the admin list endpoint
+//! Every tenant's budgets at once: the admin list endpoint
 //! `GET /admin/v1/budgets` that the budget page reads, and the
 //! remaining-share gauges of `/metrics`.
 //!

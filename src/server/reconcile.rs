@@ -1,5 +1,5 @@
-//! `GET /admin/v1/reconcile?tenant=NAME&threshold=N` (issue 41,
-//! docs/LEDGER.md "Reconciliation"): for each calendar quota (tokens and
+//! `GET /admin/v1/reconcile?tenant=NAME&threshold=N`
+//! (docs/LEDGER.md, "Reconciliation"): for each calendar quota (tokens and
 //! µ$, per day and month) of a tenant's own scope — the tenant named and
 //! its subtree, or every tenant the caller sees — the store's counter
 //! against the ledger's sum over the window, the difference explained by

@@ -1,4 +1,4 @@
-//! "Why was this refused?" (issue 41): `GET /admin/v1/refusals/{request_id}`
+//! "Why was this refused?": `GET /admin/v1/refusals/{request_id}`
 //! answers every refusal this gateway kept of that request id
 //! ([`crate::gateway::recent_refusals`]: the last ten minutes), each with
 //! the ledger's spend of the refusing budget over its window and what held

@@ -1,4 +1,4 @@
-//! Request spans over OTLP (issue 29, point 7; docs/OPERATIONS.md): each
+//! Request spans over OTLP (docs/OPERATIONS.md): each
 //! settled or voided reservation becomes one span, exported over
 //! OTLP/HTTP (protobuf) to `[telemetry] otlp_endpoint`, so that a platform
 //! team sees the gateway in the traces it already has. Off by default.

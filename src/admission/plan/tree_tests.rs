@@ -1,4 +1,4 @@
-//! Budgets of a nested tenant and of its end users (issue 21).
+//! Budgets of a nested tenant and of its end users.
 
 use super::*;
 use crate::budget::keys::hash_tag;

@@ -268,8 +268,8 @@ impl Book {
         self.entries.len()
     }
 
-    /// Forgets the budgets nobody needs (issue 36: an entry per end user
-    /// ever seen, never freed): no lease, none wanted, nothing held by a
+    /// Forgets the budgets nobody needs (else an entry per end user
+    /// ever seen is never freed): no lease, none wanted, nothing held by a
     /// local reservation, no request for [`IDLE_SECS`]. At most once per
     /// [`SWEEP_EVERY`], from the keeper's planning (off the request path);
     /// a budget asked again starts a new entry, as a new budget would.

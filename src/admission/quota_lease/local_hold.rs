@@ -4,7 +4,7 @@
 //! unused amounts of refundable budgets, request counts only on a void,
 //! quotas only within the lease's window).
 //!
-//! A stream outlives the lease state it started under (issue 36): demand
+//! A stream outlives the lease state it started under: demand
 //! falls and its leases close, a reload changes a limit, a lease stops
 //! suiting its budget. A lease that is closing, or was granted under
 //! another policy, still pays the extensions of the holds it paid for while

@@ -21,7 +21,7 @@
 //! while they move (OPERATIONS.md, "Renamed in 0.x").
 //!
 //! Store calls per admitted request of a budget domain are
-//! (store reservations + lease calls) / admissions: the test of issue 30
+//! (store reservations + lease calls) / admissions: the lease fleet test
 //! reads them from these counters and `budgetgate_decisions_total`.
 
 use std::sync::OnceLock;

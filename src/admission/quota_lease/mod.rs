@@ -1,4 +1,4 @@
-//! Quota leases (issue 30; DESIGN "Leased quota"): hot budgets spent
+//! Quota leases (DESIGN "Leased quota"): hot budgets spent
 //! in-process from batches the shared store grants.
 //!
 //! A layer of the gateway's store ([`super::GatewayStore`]), like the deny

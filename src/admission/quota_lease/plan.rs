@@ -78,7 +78,7 @@ impl Book {
                 // nothing. Slots in use by local reservations whose lease
                 // was fenced or expired are leased again whatever the
                 // demand: the new lease's members count them in the store
-                // (issue 36; the bound until then: DESIGN section 14).
+                // (the bound until then: DESIGN section 14).
                 if e.leasable
                     && (e.wanted && e.demand.quick_requests_per_sec(now) >= settings.min_rate
                         || orphans)

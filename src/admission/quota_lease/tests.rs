@@ -410,7 +410,7 @@ fn end_user_request(id: &str, user: u64) -> ReserveRequest {
     }
 }
 
-/// Fault (issue 36, point 2): the book kept an entry for every budget key
+/// Fault: the book kept an entry for every budget key
 /// it ever saw, so 100,000 end users cost ≈188 MB, never freed. An idle
 /// sweep interval later only what has a lease, a hold or recent demand is
 /// kept; then nothing.
@@ -508,7 +508,7 @@ fn stream(b: &mut Book, now: u64) {
     ));
 }
 
-/// Fault (issue 36, point 3): a 300-token leased stream was cut off at 208
+/// Fault: a 300-token leased stream was cut off at 208
 /// tokens when the tenant's other traffic stopped: demand fell, the lease
 /// closed, and a closing lease paid no extension though it held the units.
 /// Once it has given them back, the step is reserved exactly in the store.
@@ -544,7 +544,7 @@ fn a_closing_lease_pays_its_streams_then_the_store_does() {
     }
 }
 
-/// Fault (issue 36, point 3): a reload lowering the limit a stream's lease
+/// Fault: a reload lowering the limit a stream's lease
 /// was granted under (tpm 1,000,000 → 900,000) cut it off at 112 tokens:
 /// the lease, no longer under the budget's policy, paid nothing.
 #[test]
@@ -619,7 +619,7 @@ fn an_outgrown_lease_pays_its_streams() {
     );
 }
 
-/// Fault (issue 36, point 3): once a leased stream's closing lease had
+/// Fault: once a leased stream's closing lease had
 /// given its units back, the stream was cut off with budget left. Its step
 /// is now an exact store reservation, and the settlement charges that
 /// reservation what the stream used beyond the lease (refunding the rest
@@ -704,7 +704,7 @@ async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
     assert_eq!(mem.live_holds(), 0, "the store's reservation settled");
 }
 
-/// Fault (issue 36, point 3): a fenced concurrency lease forgot its slot
+/// Fault: a fenced concurrency lease forgot its slot
 /// members while its requests ran on (90 upstream requests in flight under
 /// `max_concurrent = 88`). The gateway leases the slots again for them, so
 /// the store counts them once the old members expire.
@@ -801,7 +801,7 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
     );
 }
 
-/// Issue 39, point 4: a hold is extended, renewed and settled where it
+/// A hold is extended, renewed and settled where it
 /// was admitted. Over 1,000 store-admitted requests with leases on, no
 /// hold takes the book's lock (deciding a reservation still does: the book
 /// counts the demand); a leased hold takes it exactly once per settle,

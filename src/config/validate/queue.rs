@@ -1,5 +1,5 @@
 //! Validation of `[queue]` and of the `priority` / `weight` of tenants
-//! and keys (issue 28).
+//! and keys.
 
 use std::time::Duration;
 

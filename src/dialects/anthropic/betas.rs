@@ -1,4 +1,4 @@
-//! The `anthropic-beta` header's refusal (issue 37, point 3): which betas
+//! The `anthropic-beta` header's refusal: which betas
 //! pass is the model's [`BetaPolicy`](crate::config::betas::BetaPolicy),
 //! a setting; this is what the client is told when one does not.
 

@@ -41,7 +41,7 @@ pub enum Seen {
 }
 
 /// What the relay reads of a `content_block_delta` event, borrowed from
-/// its JSON (issue 40): the delta's output string, as [`block_tokens`]
+/// its JSON by the forward-only reader: the delta's output string, as [`block_tokens`]
 /// picks it. Other events, and deltas of other shapes (a `tool_use`
 /// delta, a non-string `text`), do not parse and are read as trees.
 #[derive(Debug, serde::Deserialize)]

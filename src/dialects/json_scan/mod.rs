@@ -1,5 +1,5 @@
 //! A forward-only reader of one JSON document for the few fields a
-//! stream event's metering needs (issue 40): a chat chunk's ~200 bytes
+//! stream event's metering needs (the bound-first relay): a chat chunk's ~200 bytes
 //! read field by field, the rest skipped, with no serde machinery (field
 //! matching through visitors, `MapAccess` per member) between the bytes
 //! and the strings.

@@ -65,7 +65,7 @@ pub struct EventOutcome {
 }
 
 /// What the relay reads of an output delta event (one of
-/// [`OUTPUT_DELTAS`]), borrowed from its JSON (issue 40). An event with
+/// [`OUTPUT_DELTAS`]), borrowed from its JSON (forward-only reader). An event with
 /// other types than these does not parse and is read as a tree.
 #[derive(Debug, serde::Deserialize)]
 pub struct DeltaEvent<'a> {

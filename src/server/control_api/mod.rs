@@ -1,4 +1,4 @@
-//! The control API under `/admin/v1/` (issue 29): tenants, keys, admin
+//! The control API under `/admin/v1/` (the control plane): tenants, keys, admin
 //! tokens and the audit trail, documented in `docs/openapi.json` (served
 //! at `/admin/v1/openapi.json`) and docs/CONTROL.md.
 //!

@@ -1,4 +1,4 @@
-//! `kind = "bedrock"`: Claude on Amazon Bedrock (issue 42), for Messages
+//! `kind = "bedrock"`: Claude on Amazon Bedrock (docs/BEDROCK.md), for Messages
 //! clients. Two APIs, chosen per deployment ([`crate::config::bedrock`]):
 //!
 //! - the Anthropic Messages endpoint (`{base}/anthropic/v1/messages` on

@@ -1,4 +1,4 @@
-//! Metering a stream by a bound (issue 40): output the relay has not yet
+//! Metering a stream by a bound (DESIGN section 19): output the relay has not yet
 //! tokenised, and the most tokens it can be.
 //!
 //! # The bound

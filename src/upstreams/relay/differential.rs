@@ -1,4 +1,4 @@
-//! The bound-first relay against the exact one (issue 40): streams of
+//! The bound-first relay against the exact one (DESIGN section 19): streams of
 //! random Unicode text (every script, emoji, text that falls back to byte
 //! tokens, JSON escapes), cut into random network chunks, in every
 //! streamed dialect, through [`super::relay_body`] with a meter whose budget runs
