@@ -1,4 +1,4 @@
-//! Estimation micro-benchmarks (issue 7): chat bodies of 1 KB, 32 KB and
+//! Estimation micro-benchmarks: chat bodies of 1 KB, 32 KB and
 //! 400 KB, cold (every string new) and warm (the large system prompt seen
 //! before, a new user message), next to raw `encode_ordinary` of the same
 //! text measured in the same run.

@@ -1,4 +1,4 @@
-//! Memory-store micro-benchmark (issue 7): one reserve + settle pair across
+//! Memory-store micro-benchmark: one reserve + settle pair across
 //! the budgets a typical request touches (tenant RPM, TPM, concurrency and
 //! daily quota; upstream RPM, TPM and concurrency), in ns per pair.
 //! Limits are high enough that nothing is ever refused (each settle refunds

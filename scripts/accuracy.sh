@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The enforcement-accuracy benchmark (issue 41; docs/ACCURACY.md): real
+# The enforcement-accuracy benchmark (docs/ACCURACY.md): real
 # gateway processes, redis-servers and the mock upstream on loopback ports,
 # driven through bursts and faults (examples/accuracy/). Each scenario's
 # figures are read from the mock upstream's own counters, never from the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The agent-turns benchmark (issue 37 point 5): 4 agents x 200 turns of
+# The agent-turns benchmark (expected-output reservation): 4 agents x 200 turns of
 # each recorded CLI version's default body (tests/fixtures/agent_turns/,
 # listed in recorded.json; record the pinned CLIs' with AGENT_TURNS_RECORD=1
 # cargo test --test it agents_cli::) with outputs in order from

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release archive as a user meets it (issue 38): copies
+# The release archive as a user meets it: copies
 # target/dist/budgetgate-<version>-<target>.tar.gz and its .sha256 into an
 # empty directory and runs the README's commands of "Install from a release
 # archive" there, as written: the blocks marked <!-- archive-check: NAME -->

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end benchmark (issue 7): the simulated upstream driven directly,
-# through a bare reverse proxy (the forwarding floor, issue 40) and through
+# End-to-end benchmark (docs/PERFORMANCE.md): the simulated upstream driven directly,
+# through a bare reverse proxy (the forwarding floor) and through
 # budgetgate (memory store; Redis store), in one run, on 127.0.0.1.
 #
 #   scripts/bench.sh                 # ~5 minutes: 10 s per point after a 2 s warm-up

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CI check of deploy/compose.yaml (issue 38): brings the fleet up with
+# The CI check of deploy/compose.yaml: brings the fleet up with
 # podman-compose (two gateways, Redis, PostgreSQL, plus the simulated
 # upstream of tests/containers/compose.ci.yaml), then checks:
 #

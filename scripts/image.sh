@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds budgetgate's container image from the shipped Containerfile with no
 # container registry, runs it with podman against the simulated upstream,
-# and checks it (issue 38):
+# and checks it:
 #
 #   - /readyz answers 200 and the image's HEALTHCHECK passes;
 #   - a chat request is admitted (200), metered (settled tokens in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per request of the gateway (user space), counted by
 # valgrind's callgrind: a figure that does not depend on what else the
-# machine is doing, for comparing two versions of the hot path (issue 7).
+# machine is doing, for comparing two versions of the hot path
+# (docs/PERFORMANCE.md, "How to measure").
 #
 #   scripts/instructions.sh            # memory store, 2,000 requests at c=1
 #   STORE=redis scripts/instructions.sh  # Redis store (a private redis-server;

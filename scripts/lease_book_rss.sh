@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gateway's RSS for many distinct end users, quota leases on and off
-# (issue 36 point 2: the lease book kept an entry per end user ever seen).
+# (the lease book once kept an entry per end user ever seen).
 # For each mode: a gateway on a Redis of its own and the simulated
 # upstream, USERS requests each naming a new end user (a tenant with
 # end_user_limits), then IDLE seconds without traffic (the book sweeps

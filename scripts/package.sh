@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes the release archive budgetgate-<version>-<target>.tar.gz and its
-# SHA-256 (issue 38), in target/dist/:
+# SHA-256, in target/dist/:
 #
 #   budgetgate-<version>-<target>/
 #     bin/budgetgate            the gateway (stripped)

@@ -50,7 +50,7 @@ status=0
 cargo_log=$(mktemp -t budgetgate-test.XXXXXX)
 cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$cargo_log" || status=$?
 
-# The distribution checks (issue 38): the container image, the compose
+# The distribution checks: the container image, the compose
 # fleet, the release archive. They run on a full run (no arguments; DIST=0
 # skips them, DIST=1 forces them) and on the test build's binaries: what
 # they check — the Containerfile, the image's user, volume, health check and
@@ -84,7 +84,7 @@ if [ "$DIST" = 1 ]; then
         fi
     done
     # The enforcement-accuracy benchmark, one variant of each scenario
-    # (issue 41, docs/ACCURACY.md), on the same binaries: it prints its
+    # (docs/ACCURACY.md), on the same binaries: it prints its
     # table and fails only when a scenario is invalid or a bound is broken.
     t0=$SECONDS
     echo "=== QUICK=1 scripts/accuracy.sh (PROFILE=$DIST_PROFILE)"

@@ -3,7 +3,7 @@
 //! one self-hosted deployment `mock` on the mock upstream that forwards the
 //! `x-mock-tenant` header and presents the key `mock`; every tenant
 //! `fail_closed` unless a scenario says otherwise; a Redis store's timeout
-//! [`STORE_TIMEOUT_MS`] (issue 41: with 50 ms a burst on 2 cores falls back
+//! [`STORE_TIMEOUT_MS`] (with 50 ms a burst on 2 cores falls back
 //! to the local limiter).
 
 use std::fmt::Write as _;
@@ -43,8 +43,8 @@ impl Lease {
     }
 }
 
-/// The Redis store's timeout in every scenario but `fail_open`: issue 41
-/// asks at least 2 s; a debug gateway on 2 busy cores answering a
+/// The Redis store's timeout in every scenario but `fail_open`: the
+/// benchmark's rules ask at least 2 s; a debug gateway on 2 busy cores answering a
 /// 900-request burst alone passed 2 s (its store calls queue behind the
 /// burst), so 5 s.
 pub const STORE_TIMEOUT_MS: u64 = 5000;

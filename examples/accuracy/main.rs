@@ -1,4 +1,4 @@
-//! The enforcement-accuracy benchmark (issue 41 point 1): real gateway
+//! The enforcement-accuracy benchmark (docs/ACCURACY.md): real gateway
 //! processes, redis-servers and the mock upstream, driven through bursts and
 //! faults; what the upstream counted (never the gateway) against the bounds
 //! of DESIGN sections 2, 5 and 14 and `max_exposure`.

@@ -1,4 +1,4 @@
-//! The fleet simulation of quota leases (issue 30) from the command line.
+//! The fleet simulation of quota leases from the command line.
 //!
 //! `cargo run --release --example fleet_sim -- --big` runs the issue's
 //! fleet (50 gateways, 40 primaries, 10^6 requests per second for 60 s);

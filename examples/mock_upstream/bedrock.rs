@@ -1,4 +1,4 @@
-//! The simulated Amazon Bedrock runtime (issue 42) and the AWS credential
+//! The simulated Amazon Bedrock runtime and the AWS credential
 //! endpoints its SDK providers call:
 //!
 //! * `POST /anthropic/v1/messages`: the Anthropic Messages endpoint of

@@ -1,5 +1,5 @@
 //! A deterministic, seeded simulation of a gateway fleet spending quota
-//! leases (issue 30): the lease book every gateway runs
+//! leases (DESIGN "Leased quota"): the lease book every gateway runs
 //! ([`budgetgate::admission::quota_lease::Book`]), memory stores as the store
 //! primaries (their reservation and lease code is the Redis scripts'
 //! reference, checked against them by the differential test), one
