@@ -1,4 +1,4 @@
-//! Every tenant's budgets at once (issue 22, item 4): `GET /admin/v1/budgets`
+//! Every tenant's budgets at once: `GET /admin/v1/budgets`
 //! pages tenants by name, reads a page's budgets in one store call, gives
 //! every budget a `unit`, and shows a request's debit; the budget page and
 //! its assets are served with their Content-Security-Policy only while the

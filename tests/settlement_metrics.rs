@@ -1,4 +1,4 @@
-//! The settlement series the alerts read (issue 22, item 5): every retry of
+//! The settlement series the alerts read: every retry of
 //! a settlement the store failed counts in
 //! `budgetgate_settlement_retries_total`, and a settlement given up after
 //! the retry window in `budgetgate_settlements_failed_total`. Paused time:

@@ -1,4 +1,4 @@
-//! The admin API (issue 6, acceptance "Admin API"): 401 without the token,
+//! The admin API: 401 without the token,
 //! 404 while disabled, nothing that reveals keys, and budget numbers that
 //! match the `x-ratelimit-*` headers of the request made just before, once
 //! it settled (frozen clock: no refill in between).

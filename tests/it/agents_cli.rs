@@ -1,5 +1,5 @@
-//! The real coding agents against the shipped configs (issue 37, point 7;
-//! docs/AGENTS.md): Codex CLI on `config/local.toml` and Claude Code on
+//! The real coding agents against the shipped configs
+//! (docs/AGENTS.md): Codex CLI on `config/local.toml` and Claude Code on
 //! `config/local-anthropic.toml`, only the simulated upstream's address
 //! changed, each CLI with its defaults (model, betas, tools, caps) and a
 //! one-line prompt. Each must exit 0 with the mock's answer, after exactly
@@ -22,7 +22,7 @@
 //! Codex's other calls (GitHub and chatgpt.com: plugins, catalogues,
 //! experiments) fail without harm and are listed in docs/AGENTS.md.
 //!
-//! Refusals and cutoffs (issue 37's acceptance): each CLI against a 429
+//! Refusals and cutoffs: each CLI against a 429
 //! that can never be admitted, a spent quota and a cutoff mid-stream; the
 //! gateway's side is asserted (status, `x-should-retry`, attempts, the
 //! stream's terminal events), the CLI's exit time, status and text are
@@ -988,7 +988,7 @@ async fn claude_code_model_discovery_is_answered_in_anthropics_shape() {
     }
 }
 
-/// Issue 37's acceptance: Claude Code naming the person with
+/// Claude Code naming the person with
 /// `ANTHROPIC_CUSTOM_HEADERS`, two sessions (each with its own
 /// `metadata.user_id`), under `end_user_limits`: one end user, `alice`,
 /// charged with both; the sessions' ids with nothing.
@@ -1201,7 +1201,7 @@ fn retried_after_a_rate_refusal(turns: &[Exchange], r: &Run) {
     assert_eq!(r.code, Some(0), "{}", Capped::tail(&r.stderr));
 }
 
-/// Both CLIs on a rate refusal (issue 37 acceptance): a turn meets `rpm`
+/// Both CLIs on a rate refusal: a turn meets `rpm`
 /// with no burst left, waits out `retry-after` and is admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_refusals_are_retried_after_retry_after_and_admitted() {
@@ -1210,7 +1210,7 @@ async fn rate_refusals_are_retried_after_retry_after_and_admitted() {
 }
 
 /// The shipped Claude Code config with its deployment moved to Claude on
-/// Bedrock (issue 42), on the mock's Bedrock `api` (`invoke`: InvokeModel
+/// Bedrock, on the mock's Bedrock `api` (`invoke`: InvokeModel
 /// with event-stream answers; `messages`: the Anthropic Messages endpoint
 /// of bedrock-mantle / bedrock-runtime), keyed by a Bedrock API key; every
 /// Claude name maps to `us.anthropic.<name>-v1:0`.
@@ -1324,7 +1324,7 @@ async fn claude_cutoff_on_bedrock_ends_with_message_stop() {
     }
 }
 
-/// Issue 42: `config/local-anthropic.toml` with its deployment a `vertex`
+/// `config/local-anthropic.toml` with its deployment a `vertex`
 /// one of the mock Vertex (service-account key file), the mock answering
 /// `output_tokens`; the tenant's limits changed by `limits`.
 async fn claude_on_vertex(
@@ -1357,7 +1357,7 @@ async fn claude_on_vertex(
     (m, gw, tap, s, dir)
 }
 
-/// Issue 42's acceptance: `claude -p "say hi"` through a `vertex`
+/// `claude -p "say hi"` through a `vertex`
 /// deployment exits 0 with the mock's answer; its turn went to
 /// `streamRawPredict` of the region with the CLI's model in the path, and
 /// was metered and settled.
@@ -1400,7 +1400,7 @@ async fn claude_print_says_hi_through_a_vertex_deployment() {
     report("say-hi", "claude (vertex)", &r, &turns);
 }
 
-/// Issue 42's acceptance: a cutoff on a `vertex` deployment ends Claude
+/// A cutoff on a `vertex` deployment ends Claude
 /// Code's stream with Messages' terminal events (`message_delta` with
 /// `stop_reason: "max_tokens"`, then `message_stop`), as on `anthropic`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

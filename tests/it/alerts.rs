@@ -1,4 +1,4 @@
-//! Budget alerts (issue 29, point 5; docs/LEDGER.md "Alerts") with a real
+//! Budget alerts (docs/LEDGER.md "Alerts") with a real
 //! HTTP receiver in the test: the 80 % webhook of a daily token quota
 //! fires once, signed with HMAC-SHA-256 over its body under the secret
 //! from the environment; a firing made while the receiver is down is

@@ -1,4 +1,4 @@
-//! `anthropic-beta` through the gateway (issue 37, point 3): forwarded by
+//! `anthropic-beta` through the gateway: forwarded by
 //! default on `/v1/messages` and `/v1/messages/count_tokens`, except the
 //! families that reach provider objects or bill beside the tokens (and an
 //! operator's additions); a model's allow list keeps its meaning; no beta

@@ -1,4 +1,4 @@
-//! `kind = "bedrock"` (issue 42) through the gateway to the simulated
+//! `kind = "bedrock"` through the gateway to the simulated
 //! Bedrock (`examples/mock_upstream/bedrock.rs`), in this process, with a
 //! Bedrock API key (SigV4 and the credential providers run the binary with
 //! its own environment: `bedrock_sigv4`). Each test names the endpoint it
@@ -410,7 +410,7 @@ async fn a_throttled_region_fails_over_within_the_request_and_each_counts_what_i
     assert_eq!(gw.used(upstream("anthropic"), BudgetName::Tpm).await, 0);
 }
 
-/// A model over two Bedrock regions and one Vertex region (issue 42): a
+/// A model over two Bedrock regions and one Vertex region: a
 /// throttled region hands the request to the next within the same request,
 /// across clouds (the client sees 200 each time), and each region's
 /// budgets count what it served: a throttled attempt a request and no
@@ -476,7 +476,7 @@ async fn a_model_over_bedrock_and_vertex_regions_fails_over_across_clouds() {
     assert_eq!(gw.t1_used(BudgetName::Tpm).await, 2 * (8 + 12));
 }
 
-/// The errors table (issue 42, point 4), one row each, on InvokeModel.
+/// The errors table, one row each, on InvokeModel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bedrock_errors_answer_as_the_table_says() {
     let mock = start_mock().await;

@@ -1,4 +1,4 @@
-//! SigV4 on `kind = "bedrock"` (issue 42): the real binary, each process
+//! SigV4 on `kind = "bedrock"`: the real binary, each process
 //! with its own environment, so the AWS SDK's credential providers read
 //! what each test gives them: static keys, the container endpoint, a web
 //! identity token file exchanged with STS, IMDSv2 (all served by the

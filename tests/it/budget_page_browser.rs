@@ -1,7 +1,7 @@
-//! The budget page in a real headless browser (issue 22, acceptance "The
-//! budget page"): Debian's Chromium (`/usr/bin/chromium`, installed with
-//! apt-get by `scripts/install-test-deps.sh` when missing; no browser is
-//! ever downloaded), driven over WebDriver by Debian's `chromedriver`.
+//! The budget page in a real headless browser: Debian's Chromium
+//! (`/usr/bin/chromium`, installed with apt-get by
+//! `scripts/install-test-deps.sh` when missing; no browser is ever
+//! downloaded), driven over WebDriver by Debian's `chromedriver`.
 //!
 //! Without the token the page shows the prompt and no data; with it, the
 //! demo tenant's bars; a bar moves after traffic; a model name written as
@@ -482,7 +482,7 @@ async fn the_budget_page_shows_the_tenant_tree_end_user_limits_and_refusals() {
     browser.quit().await;
 }
 
-/// The wait queue's depth by class on the page (issue 28): a request
+/// The wait queue's depth by class on the page: a request
 /// waiting for the deployment's tokens shows as one `standard` waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_budget_page_shows_the_wait_queue_depth() {

@@ -1,4 +1,4 @@
-//! The budget page as a console (issue 29, point 8), in headless Chromium:
+//! The budget page as a console, in headless Chromium:
 //! with the admin token a tenant's keys are created (the secret shown
 //! once), rotated (the old secret keeps working through the overlap) and
 //! revoked (refused at once) from the page; the panel survives the page's

@@ -1,4 +1,4 @@
-//! Affordable caps instead of refusals (issue 27, point 9): a tenant with
+//! Affordable caps instead of refusals: a tenant with
 //! `on_short_output = "clamp"` gets a cap that does not fit its budgets
 //! lowered to what fits, sent upstream in the dialect's cap field and
 //! reported in `x-budgetgate-output-clamped`; without it the request is

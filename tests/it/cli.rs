@@ -1,4 +1,4 @@
-//! The command line as a newcomer meets it (issue 22, item 2): every
+//! The command line as a newcomer meets it: every
 //! subcommand that reads a config takes `--config` and `BUDGETGATE_CONFIG`
 //! (`check-config FILE` keeps working), an estimate of a body written for
 //! another endpoint suggests the right `--endpoint`, logs carry no colour
@@ -124,7 +124,7 @@ fn check_config_prints_every_validation_error_and_the_parsers_first() {
     assert!(err.contains("line "), "{err}");
 }
 
-/// Issue 39 point 5: `[server] lease_secs` is renamed `slot_lease_secs`
+/// `[server] lease_secs` is renamed `slot_lease_secs`
 /// (the slot lease, not a quota lease). The former key is accepted for one
 /// release with a warning naming the new one; both together are an error.
 #[test]
@@ -621,7 +621,7 @@ fn the_fleet_configs_commented_settings_are_valid_when_uncommented() {
 
 /// Fault: a pattern entry's reach was invisible: the operator could not
 /// see which entry a name resolves to, what goes upstream, nor that one
-/// price covers every name a pattern matches (issue 37, point 4).
+/// price covers every name a pattern matches.
 #[test]
 fn check_config_and_estimate_show_how_a_name_resolves() {
     let dir = tempfile::tempdir().unwrap();

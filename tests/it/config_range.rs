@@ -1,4 +1,4 @@
-//! The exact range at config load (issue 16, finding 5): limits, bursts and
+//! The exact range at config load: limits, bursts and
 //! single costs up to 10^10 tokens (providers' top tiers publish 1.5·10^8
 //! TPM; organisation-wide budgets need more), quotas up to 10^12 whole
 //! tokens; one more is refused with the field named.

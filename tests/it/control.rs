@@ -1,4 +1,4 @@
-//! The control plane on its SQLite default (issue 29): tenants and keys
+//! The control plane on its SQLite default: tenants and keys
 //! through the admin API, one validator with the config file, names kept
 //! literal, a name in both places quarantined, keys surviving a restart,
 //! roles and tenant scopes, the audit trail, the OpenAPI document, and a

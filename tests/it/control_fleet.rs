@@ -1,4 +1,4 @@
-//! The control plane of a fleet (issue 29): three gateways on one real
+//! The control plane of a fleet: three gateways on one real
 //! PostgreSQL see a key created through one of them within a second, and
 //! refuse it within a second once revoked through another; with
 //! PostgreSQL stopped under load, requests keep being served with the

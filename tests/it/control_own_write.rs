@@ -1,4 +1,4 @@
-//! A client reads its own write on the gateway that made it (issue 29):
+//! A client reads its own write on the gateway that made it:
 //! a key created through the admin API answers 200 at once on that
 //! gateway, every time. Refreshes run concurrently (the counter poll, the
 //! notifications of PostgreSQL, other admin calls' own refreshes): one

@@ -1,4 +1,4 @@
-//! Concurrent admin writes against the control tree (issue 36, point 1):
+//! Concurrent admin writes against the control tree:
 //! deleting a tenant while a key, a child and a move land under it, on
 //! two gateways sharing PostgreSQL and on one gateway with SQLite, with
 //! and without a pause between one side's re-check and its commit. No

@@ -1,4 +1,4 @@
-//! The observability kit under `deploy/` (issue 22, acceptance "The kit"):
+//! The observability kit under `deploy/`:
 //! every Grafana dashboard expression is also a recording rule in a file
 //! generated from the dashboard; the alert rules and that file pass
 //! `promtool check rules` (Debian's `prometheus` package, installed when

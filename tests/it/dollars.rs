@@ -1,4 +1,4 @@
-//! Dollar budgets (issue 21, docs/MONEY.md) through the gateway to the
+//! Dollar budgets (docs/MONEY.md) through the gateway to the
 //! simulated upstream, on the memory store: admissions and refusals by
 //! the price arithmetic to the micro-dollar, the refusal's shape and
 //! headers, the admin API's dollar strings and the spend counter. Every

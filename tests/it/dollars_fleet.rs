@@ -1,4 +1,4 @@
-//! Fleet exactness in dollars (issue 21 acceptance): three `budgetgate
+//! Fleet exactness in dollars: three `budgetgate
 //! serve` processes on one Redis, 200 concurrent clients, one dollar budget
 //! B, every request costing exactly C µ$ (its usage equals its
 //! reservation): exactly floor(B / C) requests are admitted fleet-wide, and

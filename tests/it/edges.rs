@@ -1,4 +1,4 @@
-//! The edges of issue 18: streams at the request's time limit and at the
+//! The edges: streams at the request's time limit and at the
 //! cap the gateway sent end with the dialect's clean cutoff (parsed by the
 //! official Python SDK without an exception) and settle what was
 //! delivered; a client that asked for usage gets the gateway's count when

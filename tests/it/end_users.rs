@@ -1,4 +1,4 @@
-//! Per-end-user budgets (issue 21, item 4) through the gateway: each end
+//! Per-end-user budgets through the gateway: each end
 //! user of a tenant has budgets of its own; ids come from the
 //! `x-budgetgate-end-user` header, then `safety_identifier`, then `user`
 //! (OpenAI bodies) or `metadata.user_id` (Anthropic bodies); disagreeing,
@@ -294,7 +294,7 @@ async fn ten_thousand_end_users_leave_the_metrics_unchanged_in_size() {
     assert_eq!(after.len(), before.len());
 }
 
-/// Dollar budgets on the new scope kinds (issue 21 items 2 to 4 together):
+/// Dollar budgets on the new scope kinds, all together:
 /// each end user of `ml` may spend $0.002 a day, their organisation
 /// `acme` $0.004. Every figure comes from the price arithmetic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,7 +370,7 @@ async fn as_user_key(gw: &Gateway, key: &str, user: &str, body: &Value) -> (u16,
 /// Fault: Claude Code puts a new session id in `metadata.user_id` every
 /// session, so under `end_user_limits` each session was a new end user,
 /// and naming the person with `x-budgetgate-end-user` (through
-/// `ANTHROPIC_CUSTOM_HEADERS`) was refused as a disagreement (issue 37).
+/// `ANTHROPIC_CUSTOM_HEADERS`) was refused as a disagreement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_header_names_the_person_across_claude_code_sessions() {
     end_user_key();

@@ -1,4 +1,4 @@
-//! `output_reservation = "expected"` (issue 37 point 5): thinking turns
+//! `output_reservation = "expected"`: thinking turns
 //! reserve, on the tenant's budgets, the p90 of the (model, tenant)'s
 //! settled outputs once 20 are known, within a per-budget exposure past
 //! which a turn reserves its whole cap; deployment budgets reserve the

@@ -1,4 +1,4 @@
-//! "Why was this refused?" (issue 41, point 2): `GET
+//! "Why was this refused?": `GET
 //! /admin/v1/refusals/{request_id}` and `budgetgate explain` name the
 //! budget that refused a request, the layer that decided, the request's
 //! estimate, and what held the budget (holds in flight, units out on

@@ -1,4 +1,4 @@
-//! What a new user tripped on (issue 36, point 9). Faults guarded against:
+//! What a new user tripped on. Faults guarded against:
 //! a tenant's `created_at` / `updated_at` came in Unix microseconds where
 //! a key's (and CONTROL.md's) are seconds; docs/openapi.json said the unit
 //! of no timestamp the API answers with.

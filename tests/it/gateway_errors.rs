@@ -156,7 +156,7 @@ async fn rejected_input_gets_its_status_and_charges_nothing() {
             400,
             Some("messages"),
         ),
-        // Bodies over 32 KB are parsed on the estimation threads (issue 7):
+        // Bodies over 32 KB are parsed on the estimation threads:
         // the same errors, the same nothing charged.
         (
             "malformed JSON over 32 KB",

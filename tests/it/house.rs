@@ -1,4 +1,4 @@
-//! The house (issue 39, DESIGN §9): the top-level modules of `src/` stand
+//! The house (DESIGN §9): the top-level modules of `src/` stand
 //! on floors, and an import may point only down a floor, or sideways to a
 //! neighbour the floor table names. The check reads every `crate::` path
 //! between top-level modules (comments, `#[cfg(test)]` modules and test
@@ -65,7 +65,7 @@ const FLOORS: &[(&str, u8, &[&str])] = &[
     ("app", 7, &[]),
 ];
 
-/// Former names of modules (issue 39 renamed them), so that an older tree
+/// Former names of modules (renamed 2026-12-04), so that an older tree
 /// read with `HOUSE_SRC` is judged on the same floors.
 const FORMER: &[(&str, &str)] = &[("reserve", "budget"), ("reservation", "admission")];
 

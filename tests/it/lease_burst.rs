@@ -1,5 +1,5 @@
-//! A fleet burst on a budget every gateway already holds a lease of
-//! (issue 30): three `budgetgate serve` processes on one real Redis, the hot
+//! A fleet burst on a budget every gateway already holds a lease of:
+//! three `budgetgate serve` processes on one real Redis, the hot
 //! tenant first driven below its limits until all three gateways lease its
 //! `rpm` budget, then 64 clients send as fast as they are answered.
 //!

@@ -1,4 +1,4 @@
-//! The store side of quota leases (issue 30, `budget::quota_lease`): each test
+//! The store side of quota leases (`budget::quota_lease`): each test
 //! runs unchanged against the memory store, the Redis store on one node and
 //! on a 3-node Redis Cluster, through `store_conformance`'s harness (one
 //! [`ManualClock`] per test, so every expected value is exact). What each

@@ -1,4 +1,4 @@
-//! Quota leases under change and faults (issue 30): a reload that halves
+//! Quota leases under change and faults: a reload that halves
 //! the hot tenant's rpm, a gateway killed under load, Redis unavailable
 //! for 5 s. Three `budgetgate serve` processes on one real Redis.
 //!

@@ -1,4 +1,4 @@
-//! Quota leases across a fleet (issue 30): three `budgetgate serve`
+//! Quota leases across a fleet: three `budgetgate serve`
 //! processes on one real Redis, a hot tenant driven at twice its limits
 //! from 64 clients spread over the gateways, a cold tenant beside it.
 //!
@@ -19,7 +19,7 @@ pub(crate) const HOT_KEY: &str = "sk-hot-0123456789";
 pub(crate) const COLD_KEY: &str = "sk-cold-0123456789";
 const PREFIX: &str = "bglease";
 const ADMIN: &str = "lease-admin-token";
-/// The hot tenant's limits (the issue's) and bursts small enough that a
+/// The hot tenant's limits (the design's example) and bursts small enough that a
 /// run of seconds is contended (a full minute's burst would not be).
 pub(crate) const RPM: u64 = 6_000;
 pub(crate) const TPM: u64 = 600_000;
@@ -361,7 +361,7 @@ fn check_config_prints_the_lease_bounds_for_the_fleet() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("fleet of 3 gateway(s)"), "{text}");
     assert!(text.contains("without faults: over-admission 0"), "{text}");
-    // Issue 36: the slots of a fenced or expired concurrency lease.
+    // The slots of a fenced or expired concurrency lease.
     assert!(
         text.contains("slots: requests still running on a concurrency lease that is fenced"),
         "{text}"

@@ -2,7 +2,7 @@
 //! families, as every other refusal the store decides (docs/API.md: only
 //! deny-cache and local-limiter refusals describe the refusing budget
 //! alone). Fault guarded against: a lease's 429 carried only the
-//! `-requests` family (30 of 30 seen, issue 36). A real `budgetgate serve`
+//! `-requests` family (30 of 30 seen). A real `budgetgate serve`
 //! on a real Redis: leases live in `serve` only.
 
 use std::collections::HashMap;

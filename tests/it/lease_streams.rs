@@ -1,5 +1,5 @@
-//! A leased stream outlives the lease state it started under (issue 36,
-//! point 3; DESIGN section 14, "Leases under change"): a real `budgetgate
+//! A leased stream outlives the lease state it started under
+//! (DESIGN section 14, "Leases under change"): a real `budgetgate
 //! serve` on a real Redis with leases on, a 300-token stream admitted from
 //! the tenant's lease and extended 10 tokens at a time. Fault guarded
 //! against: the stream was cut off at 208 tokens when the tenant's
@@ -168,7 +168,7 @@ async fn a_leased_stream_completes_after_the_background_traffic_stops() {
     let (delivered, finish, completion) = stream.await.expect("the stream's task");
     let over = overflows(&gw).await;
     println!("demand fell: {delivered} tokens delivered, finish {finish}, {over} overflow steps");
-    // Issue 39 point 5: the quota lease metrics keep their former names for
+    // The quota lease metrics keep their former names for
     // one release, with the same values (read once the traffic is over:
     // the two names of a counter are incremented one after the other).
     for (new, old, labels) in [

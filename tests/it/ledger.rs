@@ -1,4 +1,4 @@
-//! The spend ledger (issue 29, point 4; docs/LEDGER.md) on the default
+//! The spend ledger (docs/LEDGER.md) on the default
 //! control database (SQLite on disk): after 1,000 requests of every
 //! dialect, streams included, with cut-offs, upstream failures (before
 //! and during a stream) and settlements retried after a lost reply, the
@@ -464,7 +464,7 @@ impl BudgetStore for SlowSettles {
     }
 }
 
-/// Issue 36, point 4: the refund of an upstream 500 was awaited in the
+/// Fault guarded against: the refund of an upstream 500 was awaited in the
 /// request's own future, so a client that left during a slow settle
 /// cancelled it: tokens stayed charged, the concurrency slot taken until
 /// its lease expired, no ledger row, no failure counted.
@@ -529,7 +529,7 @@ async fn a_client_leaving_a_slow_settle_after_an_upstream_500_still_gets_the_ref
     assert_eq!(rows[0]["attempt"], 1, "{}", rows[0]);
 }
 
-/// Issue 36, point 8: a settlement whose every reply was lost (the first
+/// Fault guarded against: a settlement whose every reply was lost (the first
 /// one applied) left no ledger row; it is written with outcome `unknown`
 /// and the figures the settlement charges, and counted as failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,7 +568,7 @@ async fn a_settlement_the_store_never_confirmed_is_a_row_with_outcome_unknown() 
     );
 }
 
-/// Issue 36, point 7: each row names the request id the client saw and
+/// Each row names the request id the client saw and
 /// its attempt; `GET /admin/v1/spend/rows?request_id=` finds every
 /// attempt of a request, and a tenant-scoped token only its subtree's rows
 /// (a client id is not unique across tenants).

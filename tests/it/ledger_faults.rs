@@ -1,4 +1,4 @@
-//! The spend ledger under faults (issue 29; docs/LEDGER.md), on a real
+//! The spend ledger under faults (docs/LEDGER.md), on a real
 //! PostgreSQL and real `budgetgate serve` processes:
 //!
 //! - kill -9 under load: after a restart the ledger has lost only rows
@@ -322,7 +322,7 @@ async fn postgres_stopped_under_load_the_ledger_buffers_to_its_bound_drops_with_
     for id in &ids {
         assert!(answered.contains(id), "row {id} is no answered request");
     }
-    // Reconciled (issue 41): the store counted every answer, the ledger
+    // Reconciled: the store counted every answer, the ledger
     // all but the dropped rows, and the dropped rows explain the rest.
     let q = crate::reconcile::assert_reconciled(&gw, TOKEN).await;
     let difference = q["difference"].as_i64().unwrap();

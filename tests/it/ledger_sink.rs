@@ -1,9 +1,9 @@
-//! The ledger's sink on both databases it runs on (issue 29, point 4): a
+//! The ledger's sink on both databases it runs on: a
 //! batch cut into every statement size, written again after a lost reply
 //! (as the writer retries), lands as one row per reservation, with every
 //! column read back as written, the same on SQLite and PostgreSQL; a
-//! request id finds every attempt of its request (issue 36, point 7).
-//! The retention prune of a large ledger (issue 36, point 8): with a
+//! request id finds every attempt of its request.
+//! The retention prune of a large ledger: with a
 //! million rows past the retention, rows settled during the prune are
 //! written within the write timeout (one unbounded DELETE held every
 //! write for its whole run).

@@ -1,4 +1,4 @@
-//! Secrets never reach the log (issue 36, point 6). Faults guarded
+//! Secrets never reach the log. Faults guarded
 //! against: a webhook delivery error logged reqwest's error text, which
 //! holds the URL (a Slack-style hook's path is its secret); the OTLP
 //! endpoint was logged with its password. Both are now logged as upstream

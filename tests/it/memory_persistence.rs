@@ -1,4 +1,4 @@
-//! The embedded store survives restarts (issue 16, finding 7): its state is
+//! The embedded store survives restarts: its state is
 //! snapshotted every second and at shutdown, so a tenant's day quota is
 //! where it was after SIGTERM and a restart, and after SIGKILL it lost at
 //! most the usage of the last snapshot interval.

@@ -1,5 +1,5 @@
-//! Anthropic Messages server tools priced per model (issue 37, point 2;
-//! docs/MONEY.md): a server tool (`web_search_20250305`…) is refused
+//! Anthropic Messages server tools priced per model
+//! (docs/MONEY.md): a server tool (`web_search_20250305`…) is refused
 //! unless the model allows it in `hosted_tools`, the refusal quoting the
 //! line that would; priced, a request reserves the price of the most
 //! calls it may make (each tool's `max_uses`, set upstream from the

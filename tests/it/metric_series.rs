@@ -1,4 +1,4 @@
-//! Metric series per admin write (issue 36, point 5). Every control write
+//! Metric series per admin write. Every control write
 //! is a policy version; faults guarded against:
 //! - `budgetgate_decisions_total` carried the version as a label, and
 //!   `budgetgate_policy_info` kept one series per version ever served:

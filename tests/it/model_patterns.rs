@@ -1,4 +1,4 @@
-//! Model name patterns (issue 37, point 4) through the gateway: a
+//! Model name patterns through the gateway: a
 //! `[[models]]` entry named `zz-*` serves every name starting `zz-` with
 //! one set of budgets and metric labels (the entry's), the name the
 //! client sent goes upstream, an exact entry wins over a pattern, the

@@ -1,4 +1,4 @@
-//! Nested tenants (issue 21, item 3) through the gateway: a request
+//! Nested tenants through the gateway: a request
 //! reserves on its key, its tenant and every ancestor in one call, a
 //! refusal names the refusing level and the request's tenant in each
 //! dialect's error shape, settlement refunds every level it reserved on

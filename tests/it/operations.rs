@@ -85,7 +85,7 @@ async fn flaky_gateway(
     (mock, clock, store, gw)
 }
 
-/// Issue 7: a non-streaming request costs exactly two store calls (one
+/// A non-streaming request costs exactly two store calls (one
 /// reserve, one settle), and its settlement is off the response's critical
 /// path: the client has the whole answer while the settle is still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,7 +377,7 @@ async fn metric_values_count_every_request_across_policy_versions_in_one_series(
         used += body["usage"]["total_tokens"].as_f64().unwrap();
     }
     // A reload: admissions go on in the same series (no label per policy
-    // version: every admin write is one, issue 36).
+    // version: every admin write is one).
     let reloaded = {
         config.tenant("metered").limits = limits().rpm(999);
         config.policy()

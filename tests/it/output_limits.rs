@@ -1,4 +1,4 @@
-//! How the gateway counts and bounds output (issue 27): a Messages
+//! How the gateway counts and bounds output: a Messages
 //! model's `token_ratio` applied once to the output delivered, not per
 //! delta; and a model without a configured `max_output_tokens` forwarding
 //! the client's cap instead of refusing it at an invented limit.

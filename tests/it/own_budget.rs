@@ -1,7 +1,7 @@
 //! `GET /v1/budget` (a key holder's own budgets) is an unmetered store
 //! read: each key's answer is kept for at most a second and says its age.
 //! Fault guarded against: a client polling it in a loop cost one store
-//! read per call, with no budget of its own to stop it (issue 36).
+//! read per call, with no budget of its own to stop it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Wait queues (issue 28) on one gateway, on a frozen store clock: the
+//! Wait queues on one gateway, on a frozen store clock: the
 //! deployment's bucket never refills, so a waiter waits until its
 //! `max_wait` and what it gets then can be compared with what a gateway
 //! without a queue answers in the same state. Faults guarded against: a

@@ -1,6 +1,6 @@
-//! Wait queues under contention (issue 28's acceptance on one gateway),
+//! Wait queues under contention on one gateway,
 //! on a store reading the system clock: who gets a contended deployment's
-//! tokens. The issue's windows are 60 s; the window here is a parameter,
+//! tokens. The design's windows are 60 s; the window here is a parameter,
 //! `BUDGETGATE_QUEUE_WINDOW_SECS` (default 15 s, after a 3 s warm-up that
 //! is not counted), short enough for CI while the ratios hold within the
 //! tolerances. Figures are printed. Faults guarded against: an interactive

@@ -1,4 +1,4 @@
-//! Wait queues (issue 28), the paths around the wait: a waiter admitted
+//! Wait queues, the paths around the wait: a waiter admitted
 //! when the bucket refills (streams answered only then) or when a
 //! settlement refunds, the queue's visibility (budget list, final log
 //! line, metrics), its bounds, and what stays as it was without

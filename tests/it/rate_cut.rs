@@ -1,5 +1,5 @@
-//! A limit lowered while holds and leases taken under the old one are out
-//! (issue 36, point 3): their settlement, extensions and lease lines apply
+//! A limit lowered while holds and leases taken under the old one are out:
+//! their settlement, extensions and lease lines apply
 //! their counts at the rate and burst the bucket is stored with, never
 //! writing the old policy back, so the next exact reservation refills at
 //! the new rate. Each test runs on the memory store, Redis and Redis

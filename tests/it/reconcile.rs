@@ -1,4 +1,4 @@
-//! The ledger reconciled against the budgets (issue 41, point 3):
+//! The ledger reconciled against the budgets:
 //! `GET /admin/v1/reconcile` and `budgetgate reconcile` compare each
 //! calendar quota's store counter with the ledger's sum over its window and
 //! explain the difference by its known causes. On real `budgetgate serve`

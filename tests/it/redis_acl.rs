@@ -1,5 +1,5 @@
 //! The Redis permissions documented in docs/OPERATIONS.md are enough
-//! (issue 22, README/docs split: "Redis permissions"): the gateway runs
+//! ("Redis permissions"): the gateway runs
 //! against a Redis user created with exactly the documented `ACL SETUSER`
 //! line — reservations, settlements, a stream with its extensions, the
 //! admin list, readiness — and Redis logs no permission denial.

@@ -8,7 +8,7 @@
 //! 21): `redis_bench::cost_of_depth` compares that request with one of a
 //! tenant four levels deep with an end user (40 budgets).
 //! `redis_bench::lease_call_cost` prints the Redis time of a quota-lease
-//! call (issue 30) carrying one line per budget of that request.
+//! call carrying one line per budget of that request.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -422,7 +422,7 @@ async fn redis_store_throughput_and_memory() {
     );
 }
 
-/// The cost of depth (issue 21): the typical request above (8 budgets)
+/// The cost of depth: the typical request above (8 budgets)
 /// against one four tenants deep with an end user (40), on one server:
 /// pairs per second at 1 and 16 callers, Redis time per reservation and
 /// per settlement, commands per pair.
@@ -456,7 +456,7 @@ async fn cost_of_depth() {
     }
 }
 
-/// Redis time of quota-lease calls (issue 30): one call with a line per
+/// Redis time of quota-lease calls: one call with a line per
 /// budget of the typical request (8 budgets, one budget domain), as a
 /// gateway's background top-up sends it; the steady state is reports
 /// with small top-ups (slots: reports only). Prints µs of Redis time per

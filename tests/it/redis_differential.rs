@@ -6,12 +6,12 @@
 //! store sends them in batches (`budget::redis::batch`); the memory store applies them
 //! one by one in the order they were issued, and every outcome must match.
 //!
-//! Quota leases (issue 30) join in: calls of lease lines on every budget
+//! Quota leases join in: calls of lease lines on every budget
 //! (`lease_differential`) and policy changes of single budgets (a reload:
 //! both the leases and the reservations then carry the new policy), with
 //! the replies and `leased_out` of every budget compared too.
 //!
-//! Share claims (issue 28 point 4) ride on most reservations: the share
+//! Share claims ride on most reservations: the share
 //! states they make, the claims they defer and their expiry must agree
 //! too (`outcomes seen` counts `Denied/held for share`).
 //!
@@ -148,7 +148,7 @@ fn share_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Half the calls carry amounts per spec (issue 16: specs with different
+/// Half the calls carry amounts per spec (specs with different
 /// amounts), half the common token amount.
 fn shape() -> impl Strategy<Value = u8> {
     prop_oneof![Just(0u8), 1u8..=255]
@@ -270,7 +270,7 @@ fn universe(ks: &KeySpace) -> Universe {
                     BudgetKind::Concurrency { max: 2 },
                     false,
                 ),
-                // Input and output limits apart (issue 20), each with its
+                // Input and output limits apart, each with its
                 // own amount under a per-spec shape.
                 spec(a(), BudgetName::InputTpm, bucket(500, 700), false),
                 spec(a(), BudgetName::OutputTpm, bucket(300, 300), false),
@@ -352,7 +352,7 @@ fn request(
             })
             .collect();
     }
-    // A share claim on most reservations (issue 28 point 4): three
+    // A share claim on most reservations: three
     // tenants, every class, weights 1 to 4, so share states form, hold
     // claims back and expire as the clock moves; most with a place in
     // their tenant's order (five waiters met again and again, of every
@@ -676,7 +676,7 @@ fn redis_store_matches_the_memory_store() {
     );
 }
 
-/// Share claims (issue 28 point 4) where they bite: the deployments'
+/// Share claims where they bite: the deployments'
 /// budgets decide, the same claims made in the same order must be held
 /// back, admitted and expire alike in both stores.
 #[test]
@@ -711,7 +711,7 @@ fn share_claims_agree_between_the_stores() {
     );
 }
 
-/// The extremes of the exact range (issue 16, finding 5): `tpm = tpm_burst
+/// The extremes of the exact range: `tpm = tpm_burst
 /// = 10^10`, a single request of 10^10 tokens, debt down to the floor, a
 /// bucket idle for a year, `tokens_per_month = 10^12` with debt, and a
 /// bucket touched every 200 µs for one second of store time. Both stores

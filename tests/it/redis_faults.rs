@@ -1,4 +1,4 @@
-//! The fault test (issue 16, item 11): three gateways on one Redis under a
+//! The fault test: three gateways on one Redis under a
 //! bounded loopback load; Redis paused past the store timeout, Redis
 //! restarted (AOF on, so it keeps its data), one gateway SIGKILLed
 //! mid-stream. Afterwards:

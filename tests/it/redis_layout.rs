@@ -1,4 +1,4 @@
-//! The key-layout bump to v3 (issue 16, item 7) keeps every quota: a quota
+//! The key-layout bump to v3 keeps every quota: a quota
 //! counter written by a v2 gateway is honoured by v3 until v3 has its own
 //! (its first write carries the v2 count forward). Bucket state may start
 //! full under the new layout.

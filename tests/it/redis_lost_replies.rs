@@ -1,4 +1,4 @@
-//! Lost replies (issue 16, finding 1; DESIGN section 13): Redis answers a
+//! Lost replies (DESIGN section 13): Redis answers a
 //! reservation later than `store.timeout_ms`, so the gateway gives up, but
 //! the script runs anyway. A delaying TCP proxy in front of Redis makes
 //! the replies late. The reservation is settled under its own id when the

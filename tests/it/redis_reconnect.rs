@@ -1,4 +1,4 @@
-//! A Redis restart (issue 16, finding 2): each serving thread's dead
+//! A Redis restart: each serving thread's dead
 //! connection is replaced before its next call, and store calls are not
 //! paused for long after the outage, so once Redis answers again a
 //! fail-closed tenant is served at once.

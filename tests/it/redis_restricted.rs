@@ -1,4 +1,4 @@
-//! Restricted Redis users (issue 16, finding 6). Managed services and
+//! Restricted Redis users. Managed services and
 //! proxies restrict commands: a user denied `SCRIPT` (no `SCRIPT LOAD`) but
 //! allowed `EVAL` must work; a user denied every scripting command must
 //! make the gateway refuse to start, naming the permission; and readiness

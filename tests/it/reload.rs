@@ -1,4 +1,4 @@
-//! Hot reload on the real binary (issue 6, acceptance "Reload"): a lowered
+//! Hot reload on the real binary: a lowered
 //! TPM in the file applies to the next request without a restart (in-place
 //! writes, rename-on-save and SIGHUP); a broken file keeps the running
 //! policy and logs every error with its path; a stream started before the
@@ -271,8 +271,8 @@ async fn sighup_reloads_a_file_the_watcher_cannot_see() {
     assert_eq!(header_u64(&r, "x-ratelimit-limit-tokens"), 200);
 }
 
-/// An rpm raise by reload reaches a tenant that is being refused (issue 16,
-/// finding 3): the first refusal under the new policy brings the bucket
+/// An rpm raise by reload reaches a tenant that is being refused:
+/// the first refusal under the new policy brings the bucket
 /// under the new rate, its retry hint is what the store does next, and the
 /// next request after it is admitted (the tenant used to stay refused for
 /// ~30 s: the bucket kept refilling at 2/min until a request was admitted).
@@ -310,7 +310,7 @@ async fn an_rpm_raise_by_reload_admits_a_refused_tenant() {
     );
 }
 
-/// Issue 27, point 2: the watcher reacts only to the config file. With a
+/// The watcher reacts only to the config file. With a
 /// log file written every 300 ms (slower than the debounce, so that each
 /// write would end one) and the memory store's snapshot (written
 /// every second) in the config's directory, 5 s of idle re-read nothing —

@@ -16,7 +16,7 @@
 //!   provider can charge;
 //! * tools and schemas: the tokens of their JSON (no published rule).
 //!
-//! Targets (issue 27, point 6): every body within its true count + 2 % + 8
+//! Targets: every body within its true count + 2 % + 8
 //! on the counted part, + 10 % + 32 on the structured part (tools,
 //! `tool_choice`, schemas), and never below the true count.
 

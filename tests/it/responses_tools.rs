@@ -1,4 +1,4 @@
-//! Responses tools wherever a coding agent puts them (issue 37, point 1):
+//! Responses tools wherever a coding agent puts them:
 //! `namespace` groups of function tools (Codex CLI's shape, top-level or
 //! in an `additional_tools` input item) are admitted, estimated with their
 //! members and metered as function calls; a hosted tool nested in a group

@@ -1,4 +1,4 @@
-//! Fleet-wide shares in the store (issue 28 point 4, `budget::share`):
+//! Fleet-wide shares in the store (`budget::share`):
 //! these tests run in `store_conformance`'s suite, unchanged against the
 //! memory store, the Redis store on one node and on a 3-node Redis Cluster,
 //! on one manual clock each, so every value is exact. Faults guarded

@@ -1,10 +1,10 @@
-//! Fleet-wide weighted shares (issue 28 point 4's acceptance): three
+//! Fleet-wide weighted shares: three
 //! gateways on one Redis (started here on a free port), one contended
 //! deployment, two `standard` tenants of weights 3 and 1 both saturating
 //! it. Their settled tokens over the window must be 3 : 1 within ±10 %,
 //! whichever gateways each tenant's traffic reaches. The window is
 //! `BUDGETGATE_QUEUE_WINDOW_SECS` (default 15 s, after a 3 s warm-up that
-//! is not counted; the issue's is 60 s), as in `queue_fairness`. Ratios are
+//! is not counted; the design's is 60 s), as in `queue_fairness`. Ratios are
 //! printed. Faults guarded against: each gateway's queue racing the others
 //! at every refill, so that a tenant's share follows how many gateways
 //! its traffic reaches instead of its weight; a tenant deferred for share
@@ -13,7 +13,7 @@
 //! In-process gateways (whose stores never lease) and `budgetgate serve`
 //! processes (quota leases on, as by default).
 //!
-//! Order within a tenant (issue 36): with 10 clients a tenant, the light
+//! Order within a tenant: with 10 clients a tenant, the light
 //! tenant's requests must be served about in the order they came,
 //! whichever gateway each waits at, and none may wait its whole
 //! `max_wait`. Faults guarded against: each gateway serving its own
@@ -228,7 +228,7 @@ fn order_of(all: &[Sent], light: bool) -> (usize, Duration, Vec<Sent>) {
     (overtaken, longest, refused)
 }
 
-/// The issue's fleet (three gateways, 60,000 tpm, weights 3 : 1, 10
+/// The fleet the design names (three gateways, 60,000 tpm, weights 3 : 1, 10
 /// clients each) with `max_wait` scaled down from its 10 s to 4 s: a light
 /// request's turn comes about every 2 s (10 clients, about 5 of its
 /// requests a second), so served in order none waits near 4 s (longest

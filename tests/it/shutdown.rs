@@ -1,5 +1,5 @@
-//! Graceful shutdown on the real binary (issue 6, acceptance "SIGTERM
-//! during a stream"): the listener closes at once; a stream that ends
+//! Graceful shutdown on the real binary (a SIGTERM
+//! during a stream): the listener closes at once; a stream that ends
 //! within `server.shutdown_grace_secs` completes; one that does not is cut
 //! off cleanly at the deadline; either way it is settled and the process
 //! exits 0.

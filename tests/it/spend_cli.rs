@@ -1,4 +1,4 @@
-//! `budgetgate spend` (issue 29, point 4: the spend queries and CSV export
+//! `budgetgate spend` (the spend queries and CSV export
 //! through the CLI): the binary against a running gateway prints the
 //! ledger's totals and rows as the admin API gives them, CSV included; a
 //! refused query prints the API's message on stderr and fails.

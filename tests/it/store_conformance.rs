@@ -552,7 +552,7 @@ async fn refill_over_time_is_exact(h: H) {
 
 /// An underestimate settles as debt; the scope admits again only once
 /// refill has repaid it. Indebted levels round toward −∞; debt is kept in
-/// full (issue 16: it used to stop at −capacity, forgiving the rest).
+/// full (it used to stop at −capacity, forgiving the rest).
 async fn debt_is_repaid_before_admitting_again(h: H) {
     let tpm = h.tpm(tenant(), 1000, 1000);
     h.admit("a", 100, std::slice::from_ref(&tpm)).await;
@@ -1135,7 +1135,7 @@ async fn a_raised_limit_applies_to_a_refused_tenant_at_once(h: H) {
     h.check_keys().await;
 }
 
-/// Issue 16, finding 4: a 6,022-token overrun on tpm 1,000 keeps the tenant
+/// Fault guarded against: a 6,022-token overrun on tpm 1,000 keeps the tenant
 /// out for the 6 minutes its debt takes to refill (it was enforced as 995
 /// tokens, two minutes, while the debt metric said 5,995).
 async fn an_overrun_is_enforced_in_full(h: H) {
@@ -1188,7 +1188,7 @@ async fn remaining_all(h: &H, specs: &[BudgetSpec]) -> Vec<i64> {
         .collect()
 }
 
-/// Issue 16, item 2: a void that overtakes its reservation (the reply was
+/// A void that overtakes its reservation (the reply was
 /// lost and compensated) leaves a void tombstone; the late reserve writes
 /// nothing and answers `Voided`, never a replayed admission.
 async fn void_before_reserve_leaves_every_budget_unchanged(h: H) {
@@ -1240,7 +1240,7 @@ async fn void_after_reserve_refunds_every_budget(h: H) {
     h.check_keys().await;
 }
 
-/// Issue 16, item 1: amounts per budget. A token bucket, an input-only
+/// Amounts per budget. A token bucket, an input-only
 /// bucket, a quota in µ$ and a request bucket are each debited their own
 /// cost at reserve, their own rate at extend and their own actual at settle.
 async fn each_budget_is_charged_its_own_amount(h: H) {

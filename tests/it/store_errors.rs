@@ -4,7 +4,7 @@
 //! against: the budget page's store failure and the ledger's answered
 //! `upstream_error` (blaming the provider), the control database's
 //! `invalid_request_error` (blaming the caller); clients retry neither
-//! the same way as a gateway fault (issue 36).
+//! the same way as a gateway fault.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! The bound-first relay against the exact one through the whole gateway
-//! (issue 40): the same streams (chat completions, Responses, Messages at
+//! The bound-first relay against the exact one through the whole gateway:
+//! the same streams (chat completions, Responses, Messages at
 //! `token_ratio` 1000 and 1500), cut off by the tenant's daily quota or
 //! completed, with and without the upstream's usage, on the memory store
 //! and on Redis, through a gateway with `estimation.stream_counting =

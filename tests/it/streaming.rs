@@ -1,4 +1,4 @@
-//! Streaming acceptance (issue 4, DESIGN section 5): relay by frames, meter
+//! Streaming acceptance (DESIGN section 5): relay by frames, meter
 //! every chunk, extend the reservation, cut off cleanly, settle what was
 //! delivered on every exit path. Each test is named after the fault it
 //! guards against.
@@ -202,7 +202,7 @@ fn dropped_frames_only_id_retry_and_unrequested_usage_chunk_client_bytes_are_ups
         for (wants_usage, expected) in [(false, &without_usage), (true, &with_usage)] {
             let mut r = relay_pieces([upstream.as_slice()], wants_usage, f.choices);
             if wants_usage && f.usage.is_none() {
-                // Issue 18: the client asked for usage and the upstream sent
+                // The client asked for usage and the upstream sent
                 // none: the gateway's usage chunk comes right before `[DONE]`;
                 // every upstream frame is still relayed byte for byte.
                 r.client = without_gateway_usage(&r.client, expected, f.tokens);
@@ -758,7 +758,7 @@ async fn recorded_streams_through_the_real_relay_reach_the_client_byte_for_byte(
     }
 }
 
-/// Issue 7: frames are relayed as they arrive. The upstream sends two
+/// Frames are relayed as they arrive. The upstream sends two
 /// frames and then waits until the client has them; a relay that buffered
 /// anything past a complete frame would never deliver them and time out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -933,7 +933,7 @@ async fn n3_streams_count_output_across_choices_and_charge_the_prompt_once() {
         }
         gw.all_settled().await;
         let prompt = if missing_usage {
-            // Issue 18: the client asked for usage, the upstream sent none:
+            // The client asked for usage, the upstream sent none:
             // the gateway sends its own count.
             assert_eq!(r["usage_chunks"], 1, "{r}");
             assert_eq!(r["usage"]["completion_tokens"], 75, "{r}");

@@ -1,4 +1,4 @@
-//! Request spans over OTLP/HTTP (issue 29, point 7; docs/OPERATIONS.md):
+//! Request spans over OTLP/HTTP (docs/OPERATIONS.md):
 //! an OTLP receiver in the test (axum on a free loopback port) decodes the
 //! protobuf the gateway posts to `/v1/traces` and finds one span per
 //! request, with the GenAI semantic-convention attributes and the

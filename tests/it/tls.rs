@@ -1,4 +1,4 @@
-//! TLS on the listener (issue 22, item 3), on the real binary: the official
+//! TLS on the listener, on the real binary: the official
 //! Python SDK reaches the gateway over HTTPS with a CA made here; HTTP/2 is
 //! offered by ALPN; plain HTTP sent to the TLS port is closed without a
 //! response and the next HTTPS request still succeeds; a renewed

@@ -1,4 +1,4 @@
-//! `kind = "vertex"` (issue 42): Claude on Vertex AI through the gateway
+//! `kind = "vertex"`: Claude on Vertex AI through the gateway
 //! to the mock Vertex (`examples/mock_upstream/vertex.rs`), which checks
 //! every bearer token (tokens it issued, unexpired; service-account JWTs
 //! signed by the test key) and the project and region of every path.
