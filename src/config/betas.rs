@@ -1,5 +1,5 @@
-//! Which `anthropic-beta` values a Messages model passes upstream (issue
-//! 37, point 3). Claude Code sends five to eight dated betas with every
+//! Which `anthropic-beta` values a Messages model passes upstream.
+//! Claude Code sends five to eight dated betas with every
 //! request, and new ones with each release; refusing every beta not
 //! listed made the agent fail as shipped. So by default a beta goes
 //! upstream, except the ones that reach provider objects or bill outside

@@ -4,8 +4,8 @@
 //! concurrency on the same server, and Redis memory per idle tenant.
 //!
 //! Run: `cargo test --release --test it redis_bench:: -- --ignored --nocapture`
-//! (needs `redis-server` and `redis-benchmark`). The cost of depth (issue
-//! 21): `redis_bench::cost_of_depth` compares that request with one of a
+//! (needs `redis-server` and `redis-benchmark`). The cost of depth:
+//! `redis_bench::cost_of_depth` compares that request with one of a
 //! tenant four levels deep with an end user (40 budgets).
 //! `redis_bench::lease_call_cost` prints the Redis time of a quota-lease
 //! call carrying one line per budget of that request.
