@@ -251,7 +251,7 @@ mod tests {
     fn a_larger_total_is_charged_as_reasoning_output() {
         let read = |raw: &str| usage_from_raw(raw).expect("an object");
         let u = read(r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":88}"#);
-        assert_eq!((u.output, u.reasoning), (Some(86), 77));
+        assert_eq!((u.output, u.reasoning), (Some(77), 68));
         assert_eq!(u.input(), Some(11));
         let u = read(
             r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":97,"completion_tokens_details":{"reasoning_tokens":77}}"#,
