@@ -730,6 +730,9 @@ async fn handle(
         return r;
     }
 
+    if uri.path() == gemini::OPENAI_CHAT_PATH {
+        return gemini::handle_openai(&st, "ai_studio_openai", &method, &headers, parsed).await;
+    }
     if gemini::is_gemini_path(uri.path()) {
         return gemini::handle_ai_studio(&st, &method, uri.path(), uri.query(), &headers, &body)
             .await;
@@ -855,7 +858,12 @@ async fn handle(
             )
         }
     };
-    let req = Req { model, body, fault };
+    let req = Req {
+        model,
+        body,
+        fault,
+        thoughts: 0,
+    };
     let result = match op {
         Op::Messages => Ok(messages::messages(&st, &headers, req.model, req.body).await),
         Op::Chat | Op::Completions => generate(&st, op, req).await,
@@ -868,6 +876,25 @@ struct Req {
     model: String,
     body: Value,
     fault: Option<Fault>,
+    /// Thinking tokens the answer spends (Gemini's OpenAI-compatible
+    /// endpoints; 0 elsewhere), reported as Google reports them: outside
+    /// `completion_tokens`, inside `total_tokens` and as
+    /// `completion_tokens_details.reasoning_tokens`.
+    thoughts: u64,
+}
+
+/// A chat completion (streamed or whole) as Gemini's OpenAI-compatible
+/// endpoints answer it ([`gemini::handle_openai`]): the model spends
+/// `thoughts` thinking tokens inside the request's cap, which the usage
+/// reports as Google does ([`Req::thoughts`]).
+pub async fn gemini_chat(st: &MockState, model: String, body: Value, thoughts: u64) -> Response {
+    let req = Req {
+        model,
+        body,
+        fault: None,
+        thoughts,
+    };
+    generate(st, Op::Chat, req).await.unwrap_or_else(|e| e)
 }
 
 async fn fault_response(st: &MockState, fault: Option<Fault>) -> Option<Response> {
@@ -1088,7 +1115,12 @@ impl From<ParamError> for Response {
 
 /// Chat completions and legacy completions, streaming or not.
 async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response> {
-    let Req { model, body, fault } = req;
+    let Req {
+        model,
+        body,
+        fault,
+        thoughts,
+    } = req;
     let bpe = bpe_for(&model);
 
     // Prompt.
@@ -1144,6 +1176,9 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
         }
         cap = cap.or(Some(context - prompt_tokens));
     }
+    // Thoughts come first, inside the cap; the answer has what is left.
+    let thoughts = thoughts.min(cap.unwrap_or(u64::MAX));
+    let cap = cap.map(|c| c - thoughts);
     let output_tokens = st.output_tokens();
     let k = cap.map_or(output_tokens, |c| c.min(output_tokens));
     let finish = if cap == Some(k) && k < output_tokens {
@@ -1153,7 +1188,15 @@ async fn generate(st: &MockState, op: Op, req: Req) -> Result<Response, Response
     };
     let choices = n.saturating_mul(prompts);
     let (p_usage, c_usage) = st.usage(prompt_tokens, choices.saturating_mul(k));
-    let usage = (fault != Some(Fault::MissingUsage)).then(|| usage_json(p_usage, Some(c_usage)));
+    let usage = (fault != Some(Fault::MissingUsage)).then(|| {
+        let mut u = usage_json(p_usage, Some(c_usage));
+        if thoughts > 0 {
+            let spent = choices.saturating_mul(thoughts);
+            u["total_tokens"] = json!(p_usage.saturating_add(c_usage).saturating_add(spent));
+            u["completion_tokens_details"]["reasoning_tokens"] = json!(spent);
+        }
+        u
+    });
     let token_delay = *lock(&st.token_delay);
     let created = now_secs();
     let id = match op {
@@ -1394,7 +1437,9 @@ fn stream_response(plan: StreamPlan) -> Response {
 
 /// Embeddings: one deterministic vector per input.
 async fn embeddings(st: &MockState, req: Req) -> Result<Response, Response> {
-    let Req { model, body, fault } = req;
+    let Req {
+        model, body, fault, ..
+    } = req;
     let bpe = bpe_for(&model);
     let Some(input) = body.get("input") else {
         return Err(bad_param("input", "Missing required parameter: 'input'."));

@@ -9,6 +9,16 @@
 //!   they are produced (`[{..}\n,\r\n{..}\n]`).
 //! * `POST /v1beta/models/{model}:countTokens`: `{"totalTokens": N}`.
 //! * `GET /v1beta/models`: the models listed by [`MODELS`].
+//! * `POST /v1beta/openai/chat/completions` ([`OPENAI_CHAT_PATH`]): the
+//!   OpenAI-compatible endpoint, the key as `Authorization: Bearer`; and
+//!   Vertex's `.../endpoints/openapi/chat/completions` (from
+//!   [`super::vertex`], the model named `google/{model}`). Both answer as
+//!   the mock's chat completions do, with [`GeminiState::set_thoughts`]
+//!   thinking tokens spent inside the cap and reported as Google reports
+//!   them: outside `completion_tokens`, inside `total_tokens` and as
+//!   `completion_tokens_details.reasoning_tokens`.
+//!
+//! Every request is recorded with all its headers ([`GeminiRequest`]).
 //!
 //! The key comes in `x-goog-api-key` or `?key=`; when
 //! [`GeminiState::set_api_key`] set one, any other is refused as Google
@@ -88,13 +98,17 @@ impl GeminiFault {
     }
 }
 
+/// The Gemini API's OpenAI-compatible chat completions route.
+pub const OPENAI_CHAT_PATH: &str = "/v1beta/openai/chat/completions";
+
 /// One Gemini model request as the mock understood it.
 #[derive(Clone, Debug)]
 pub struct GeminiRequest {
-    /// `ai_studio` or `vertex`.
+    /// `ai_studio`, `vertex`, `ai_studio_openai` or `vertex_openai`.
     pub surface: &'static str,
     pub model: String,
-    /// `generateContent`, `streamGenerateContent` or `countTokens`.
+    /// `generateContent`, `streamGenerateContent`, `countTokens` or
+    /// `chat/completions`.
     pub method: String,
     /// `alt=sse` was asked.
     pub sse: bool,
@@ -102,7 +116,31 @@ pub struct GeminiRequest {
     pub key: Option<String>,
     /// The raw query.
     pub query: Option<String>,
+    /// Every header, names in lower case.
+    pub headers: Vec<(String, String)>,
     pub body: Value,
+}
+
+impl GeminiRequest {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn header_list(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
 }
 
 /// What the mock Gemini does and saw.
@@ -213,6 +251,7 @@ pub async fn handle_ai_studio(
         sse: query_value(query, "alt").as_deref() == Some("sse"),
         key: key.clone(),
         query: query.map(str::to_string),
+        headers: header_list(headers),
         body: parsed.clone(),
     });
     let expected = lock(&st.gemini.api_key).clone();
@@ -253,6 +292,7 @@ pub async fn handle_vertex(
         sse,
         key: None,
         query: query.map(str::to_string),
+        headers: header_list(headers),
         body: parsed.clone(),
     });
     let fault = headers
@@ -261,6 +301,70 @@ pub async fn handle_vertex(
         .and_then(GeminiFault::parse)
         .or_else(|| fault_in_model(model));
     answer(st, model, op, sse, fault, parsed).await
+}
+
+/// A chat completion on an OpenAI-compatible endpoint (`surface`
+/// `ai_studio_openai`: the key as a bearer token, checked as on the
+/// native routes; `vertex_openai`: the token already checked, the model
+/// named `google/{model}`). Recorded, then answered by
+/// [`super::gemini_chat`].
+pub async fn handle_openai(
+    st: &MockState,
+    surface: &'static str,
+    method: &Method,
+    headers: &HeaderMap,
+    body: Option<Value>,
+) -> Response {
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let body = body.unwrap_or(Value::Null);
+    let model = body["model"].as_str().unwrap_or_default().to_string();
+    lock(&st.gemini.requests).push(GeminiRequest {
+        surface,
+        model: model.clone(),
+        method: "chat/completions".into(),
+        sse: body["stream"].as_bool().unwrap_or(false),
+        key: key.clone(),
+        query: None,
+        headers: header_list(headers),
+        body: body.clone(),
+    });
+    if method != Method::POST {
+        return google_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "INVALID_ARGUMENT",
+            "method not allowed",
+            json!([]),
+        );
+    }
+    let expected = lock(&st.gemini.api_key).clone();
+    if let (Some(expected), "ai_studio_openai") = (expected, surface) {
+        if key.as_deref() != Some(expected.as_str()) {
+            return google_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                "API key not valid. Please pass a valid API key.",
+                json!([{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]),
+            );
+        }
+    }
+    let named = match surface {
+        "vertex_openai" => model.strip_prefix("google/"),
+        _ => Some(model.strip_prefix("models/").unwrap_or(&model)),
+    };
+    let Some(named) = named.filter(|m| !m.is_empty()) else {
+        return google_error(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            &format!("Invalid model {model:?}: name a Gemini model (on Vertex: google/{{model}})"),
+            json!([]),
+        );
+    };
+    let thoughts = st.gemini.thoughts.load(Ordering::SeqCst);
+    super::gemini_chat(st, named.to_string(), body, thoughts).await
 }
 
 fn fault_in_model(model: &str) -> Option<GeminiFault> {

@@ -13,6 +13,10 @@
 //!   (and `:streamGenerateContent`, `alt=sse` or the JSON array, and
 //!   `:countTokens`): the same token check, then the Gemini answer of
 //!   [`super::gemini`]; a throttled region answers 429 `RESOURCE_EXHAUSTED`.
+//! * `POST /v1/projects/{project}/locations/{region}/endpoints/openapi/chat/completions`:
+//!   Vertex's OpenAI-compatible endpoint for Gemini, the same token and
+//!   region checks, then [`super::gemini::handle_openai`] (the body's
+//!   model must read `google/{model}`).
 //! * `POST /token`: an OAuth token endpoint (the `token_uri` of an
 //!   `authorized_user` file): a known refresh token gets a fresh access
 //!   token living [`VertexState::set_token_ttl`].
@@ -456,6 +460,9 @@ async fn predict(
     // projects/{p}/locations/{r}/publishers/anthropic/models/{m}:{method}
     let rest = path.trim_start_matches("/v1/projects/");
     let parts: Vec<&str> = rest.split('/').collect();
+    if let [p, "locations", r, "endpoints", "openapi", "chat", "completions"] = parts.as_slice() {
+        return openai_chat(st, (p, r), headers, body).await;
+    }
     let (project, region, publisher, model_method) = match parts.as_slice() {
         [p, "locations", r, "publishers", publisher @ ("anthropic" | "google"), "models", m] => {
             (*p, *r, *publisher, *m)
@@ -629,6 +636,64 @@ async fn gemini(
             super::gemini::handle_vertex(&st.messages, model, method, query, headers, body).await
         }
     }
+}
+
+/// Gemini on Vertex's OpenAI-compatible endpoint: the project and region
+/// served, the region's throttle as for the model routes, then the
+/// chat completion of [`super::gemini::handle_openai`].
+async fn openai_chat(
+    st: &VertexState,
+    (project, region): (&str, &str),
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    if !lock(&st.served)
+        .iter()
+        .any(|(p, r)| p == project && r == region)
+    {
+        return google_error(
+            StatusCode::FORBIDDEN,
+            "PERMISSION_DENIED",
+            &format!("Permission 'aiplatform.endpoints.predict' denied on resource '//aiplatform.googleapis.com/projects/{project}/locations/{region}/endpoints/openapi' (or it may not exist)."),
+        );
+    }
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    lock(&st.requests).push(VertexRequest {
+        project: project.into(),
+        region: region.into(),
+        model: parsed
+            .as_ref()
+            .and_then(|b| b["model"].as_str())
+            .unwrap_or_default()
+            .into(),
+        method: "chat/completions".into(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: parsed.clone().unwrap_or(Value::Null),
+    });
+    if lock(&st.throttled).iter().any(|r| r == region) {
+        return google_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "RESOURCE_EXHAUSTED",
+            "Resource exhausted. Please try again later.",
+        );
+    }
+    st.messages.wait_hold().await;
+    super::gemini::handle_openai(
+        &st.messages,
+        "vertex_openai",
+        &Method::POST,
+        headers,
+        parsed,
+    )
+    .await
 }
 
 /// A stream that fails after one delta, as Vertex relays the model's

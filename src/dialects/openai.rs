@@ -1,6 +1,13 @@
 //! What the OpenAI dialects share: the `usage` object (OpenAI API
 //! reference: `prompt_tokens` includes `prompt_tokens_details.cached_tokens`;
 //! `completion_tokens` includes `completion_tokens_details.reasoning_tokens`).
+//!
+//! `total_tokens` checks the sum. OpenAI's is always `prompt_tokens +
+//! completion_tokens`; Gemini's OpenAI-compatible endpoint has been seen
+//! reporting `completion_tokens` without the model's thoughts while its
+//! `total_tokens` holds them (docs/GEMINI.md). When the total reports more
+//! than the two, the excess is output the fields did not name, charged as
+//! output and counted as reasoning (never less than what the fields say).
 
 use axum::http::{header, HeaderName};
 use serde_json::Value;
@@ -32,6 +39,7 @@ pub fn usage_from_raw(raw: &str) -> Option<UsageBreakdown> {
         u.completion_tokens.as_ref(),
         u.prompt_tokens_details.count.as_ref(),
         u.completion_tokens_details.count.as_ref(),
+        u.total_tokens.as_ref(),
     ))
 }
 
@@ -42,6 +50,8 @@ struct RawUsage {
     prompt_tokens: Option<Value>,
     #[serde(default)]
     completion_tokens: Option<Value>,
+    #[serde(default)]
+    total_tokens: Option<Value>,
     #[serde(default)]
     prompt_tokens_details: Details<Cached>,
     #[serde(default)]
@@ -156,6 +166,7 @@ pub fn usage_from_value(u: &Value) -> UsageBreakdown {
             .and_then(|d| d.get("cached_tokens")),
         u.get("completion_tokens_details")
             .and_then(|d| d.get("reasoning_tokens")),
+        u.get("total_tokens"),
     )
 }
 
@@ -164,12 +175,25 @@ fn breakdown(
     completion: Option<&Value>,
     cached: Option<&Value>,
     reasoning: Option<&Value>,
+    total: Option<&Value>,
 ) -> UsageBreakdown {
     let mut rejected = Rejected::default();
     let prompt = read_count(prompt, "prompt_tokens", &mut rejected.input);
     let cached = read_count(cached, "cached_tokens", &mut rejected.input).unwrap_or(0);
     let completion = read_count(completion, "completion_tokens", &mut rejected.output);
-    let reasoning = read_count(reasoning, "reasoning_tokens", &mut rejected.output).unwrap_or(0);
+    let mut reasoning =
+        read_count(reasoning, "reasoning_tokens", &mut rejected.output).unwrap_or(0);
+    // A total that is no count checks nothing (it rejects no side).
+    let total = read_count(total, "total_tokens", &mut None);
+    let completion = match (prompt, completion, total) {
+        (Some(p), Some(c), Some(t)) if t > p.saturating_add(c) => {
+            // Thoughts left out of `completion_tokens` (see the module doc).
+            let unnamed = t - p - c;
+            reasoning = reasoning.max(unnamed);
+            Some(c + unnamed)
+        }
+        (_, c, _) => c,
+    };
     // A subset larger than its whole is the upstream's mistake: bounded by the whole.
     let cached_input = prompt.map_or(0, |p| cached.min(p));
     UsageBreakdown {
@@ -206,6 +230,9 @@ mod tests {
             r#"{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":2,"nested":{"a":[1,{"b":2}]}}}"#,
             r#"{"prompt_tokens":18446744073709551615,"completion_tokens":1e300}"#,
             r#"{"extra":{"prompt_tokens":1},"prompt_tokens":3}"#,
+            r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":88}"#,
+            r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":"88"}"#,
+            r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":3}"#,
             r#"{}"#,
         ];
         for raw in cases {
@@ -214,5 +241,29 @@ mod tests {
         }
         assert_eq!(usage_from_raw("[1]"), None);
         assert_eq!(usage_from_raw("{\"prompt_tokens\":"), None);
+    }
+
+    /// A total above prompt + completion is output the completion left
+    /// out (Gemini's thoughts on its OpenAI-compatible endpoint): charged
+    /// as output and as reasoning. A total that agrees, is smaller or is
+    /// no count changes nothing.
+    #[test]
+    fn a_larger_total_is_charged_as_reasoning_output() {
+        let read = |raw: &str| usage_from_raw(raw).expect("an object");
+        let u = read(r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":88}"#);
+        assert_eq!((u.output, u.reasoning), (Some(77), 68));
+        assert_eq!(u.input(), Some(11));
+        let u = read(
+            r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":97,"completion_tokens_details":{"reasoning_tokens":77}}"#,
+        );
+        assert_eq!((u.output, u.reasoning), (Some(86), 77));
+        let u = read(
+            r#"{"prompt_tokens":10,"completion_tokens":30,"total_tokens":40,"completion_tokens_details":{"reasoning_tokens":20}}"#,
+        );
+        assert_eq!((u.output, u.reasoning), (Some(30), 20));
+        let u = read(r#"{"prompt_tokens":10,"completion_tokens":30,"total_tokens":5}"#);
+        assert_eq!((u.output, u.reasoning), (Some(30), 0));
+        let u = read(r#"{"prompt_tokens":10,"completion_tokens":30,"total_tokens":-1}"#);
+        assert_eq!((u.output, u.rejected_output), (Some(30), None));
     }
 }

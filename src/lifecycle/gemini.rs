@@ -19,16 +19,16 @@ use super::context::RequestContext;
 use super::decode::read_body;
 use super::prepare::invalid;
 use crate::budget::{BudgetName, Scope};
-use crate::config::{ModelPolicy, Policy, UpstreamKind};
+use crate::config::{ModelPolicy, Policy};
 use crate::dialects::Dialect;
 use crate::gateway::error::ApiError;
 use crate::gateway::AppState;
 
 /// Refuses a Gemini model on a route its deployments do not serve, and a
 /// model of another family on the Gemini route: Gemini models answer on
-/// `generateContent`, and on chat completions only where every
-/// deployment is the Gemini API (its OpenAI-compatible endpoint; Vertex's
-/// has other paths and model names).
+/// `generateContent` and on chat completions (each deployment's
+/// OpenAI-compatible endpoint, the Gemini API's or Vertex's), never on
+/// the Responses API (neither surface serves it).
 pub fn check_route(policy: &Policy, model: &ModelPolicy, dialect: Dialect) -> Result<(), ApiError> {
     if dialect.is_gemini() && !model.gemini {
         return Err(ApiError::ModelNotFound {
@@ -39,25 +39,14 @@ pub fn check_route(policy: &Policy, model: &ModelPolicy, dialect: Dialect) -> Re
     if dialect.is_gemini() {
         return Ok(());
     }
-    let compatible = dialect == Dialect::ChatCompletions
-        && model
-            .upstreams
-            .iter()
-            .all(|&i| policy.upstreams[i].kind == UpstreamKind::Gemini);
-    if compatible {
+    if dialect == Dialect::ChatCompletions {
         return Ok(());
     }
     Err(invalid(
         Some("model"),
         format!(
-            "The model `{}` is served on POST /v1beta/models/{}:generateContent (the Gemini API){}.",
-            model.name,
-            model.name,
-            if dialect == Dialect::ChatCompletions {
-                ""
-            } else {
-                " and, where its deployments are the Gemini API, on /v1/chat/completions"
-            }
+            "The model `{}` is served on POST /v1beta/models/{}:generateContent (the Gemini API) and on POST /v1/chat/completions.",
+            model.name, model.name,
         ),
     ))
 }

@@ -120,7 +120,12 @@ pub fn rewrite(
     // a scan, not a rebuild).
     let RawMembers(top) = serde_json::from_slice(raw)?;
     let mut removed: Vec<&str> = Vec::new();
-    let mut set: Vec<(&str, String)> = if upstream.kind == UpstreamKind::Vertex {
+    let mut set: Vec<(&str, String)> = if crate::upstreams::gemini::vertex_openai(upstream) {
+        // Gemini on Vertex's OpenAI-compatible endpoint: the model in the
+        // body, its publisher first.
+        let named = crate::upstreams::gemini::vertex_openai_model(upstream_model);
+        vec![("model", serde_json::to_string(&named)?)]
+    } else if upstream.kind == UpstreamKind::Vertex {
         // Vertex names the model in the URL and the version in the body.
         removed.push("model");
         vec![(

@@ -6,11 +6,20 @@
 //! (`alt=sse`), which the relay meters (the JSON-array framing a client
 //! may want is made on the way out). The client's query (its `?key=`)
 //! never reaches here: the URL is built from the deployment alone.
+//!
+//! Chat completions for a Gemini model go to each surface's
+//! OpenAI-compatible endpoint: the Gemini API's `{base}/openai/chat/completions`
+//! (the key as a bearer token, sent by the OpenAI-compatible path of
+//! [`super::UpstreamClient::send`]) and Vertex's
+//! `{base}/v1/projects/{p}/locations/{r}/endpoints/openapi/chat/completions`
+//! (the access token, sent from here; the model in the body as
+//! `google/{model}`, the lifecycle's rewrite).
 
 use bytes::Bytes;
 
 use super::{classify_send_error, UpstreamClient, UpstreamError, URL_CACHE_MAX, X_REQUEST_ID};
-use crate::config::{UpstreamKind, UpstreamPolicy};
+use crate::config::{Family, UpstreamKind, UpstreamPolicy};
+use crate::dialects::Dialect;
 
 /// The Gemini API's key header.
 const X_GOOG_API_KEY: reqwest::header::HeaderName =
@@ -44,13 +53,47 @@ pub fn model_url(upstream: &UpstreamPolicy, upstream_model: &str, stream: Option
     }
 }
 
+/// Whether a request of an OpenAI dialect to `upstream` goes to Vertex's
+/// OpenAI-compatible endpoint (a Vertex deployment of Gemini models).
+pub fn vertex_openai(upstream: &UpstreamPolicy) -> bool {
+    upstream.kind == UpstreamKind::Vertex && upstream.family() == Family::Gemini
+}
+
+/// Vertex's OpenAI-compatible chat completions endpoint of the
+/// deployment's project and region ("Using OpenAI libraries with Vertex
+/// AI": the `openapi` endpoint; the model is named in the body).
+pub fn vertex_openai_url(upstream: &UpstreamPolicy) -> String {
+    let (project, region) = upstream
+        .vertex
+        .as_deref()
+        .map_or(("", ""), |v| (v.project.as_str(), v.region.as_str()));
+    format!(
+        "{}/v1/projects/{project}/locations/{region}/endpoints/openapi/chat/completions",
+        upstream.base_url
+    )
+}
+
+/// The model as Vertex's OpenAI-compatible endpoint names it: its
+/// publisher first (`google/gemini-2.5-flash`), unless the id has one.
+pub fn vertex_openai_model(upstream_model: &str) -> std::borrow::Cow<'_, str> {
+    if upstream_model.contains('/') {
+        std::borrow::Cow::Borrowed(upstream_model)
+    } else {
+        std::borrow::Cow::Owned(format!("google/{upstream_model}"))
+    }
+}
+
 impl UpstreamClient {
-    /// [`UpstreamClient::send`] of a `generateContent` body to a Gemini
-    /// deployment: the key (Gemini API) or an access token (Vertex; none,
-    /// no request: [`UpstreamError::Credentials`]), then the body.
+    /// [`UpstreamClient::send`] of a body to a Gemini deployment: a
+    /// `generateContent` body (`dialect` Gemini) to the model's URL, or a
+    /// chat completions body to Vertex's OpenAI-compatible endpoint; with
+    /// the key (Gemini API) or an access token (Vertex; none, no request:
+    /// [`UpstreamError::Credentials`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn send_gemini(
         &self,
         upstream: &UpstreamPolicy,
+        dialect: Dialect,
         upstream_model: &str,
         stream: bool,
         body: Bytes,
@@ -65,7 +108,11 @@ impl UpstreamClient {
         } else {
             None
         };
-        let url = self.gemini_url(upstream, upstream_model, stream)?;
+        let url = if dialect == Dialect::Gemini {
+            self.gemini_url(upstream, model_url(upstream, upstream_model, Some(stream)))?
+        } else {
+            self.gemini_url(upstream, vertex_openai_url(upstream))?
+        };
         let mut req = self
             .client(upstream)?
             .post(url)
@@ -89,13 +136,12 @@ impl UpstreamClient {
             .map_err(|e| classify_send_error(&upstream.name, &e))
     }
 
+    /// The parsed URL `text` (cached by its text).
     fn gemini_url(
         &self,
         upstream: &UpstreamPolicy,
-        upstream_model: &str,
-        stream: bool,
+        text: String,
     ) -> Result<reqwest::Url, UpstreamError> {
-        let text = model_url(upstream, upstream_model, Some(stream));
         let mut urls = self.urls.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = urls.get(&text) {
             return Ok(u.clone());
@@ -142,5 +188,27 @@ upstreams = ["studio", "east"]
             "https://us-east5-aiplatform.googleapis.com/v1/projects/acme-prod/locations/us-east5/publishers/google/models/gemini-2.5-flash:generateContent"
         );
         assert!(p.models[0].gemini);
+        assert!(!vertex_openai(&p.upstreams[0]));
+        assert!(vertex_openai(&p.upstreams[1]));
+        assert_eq!(
+            vertex_openai_url(&p.upstreams[1]),
+            "https://us-east5-aiplatform.googleapis.com/v1/projects/acme-prod/locations/us-east5/endpoints/openapi/chat/completions"
+        );
+        assert_eq!(
+            crate::upstreams::endpoint_url(
+                &p.upstreams[0],
+                Dialect::ChatCompletions,
+                "gemini-2.5-flash"
+            ),
+            "https://generativelanguage.googleapis.com/v1beta/openai/chat/completions"
+        );
+        assert_eq!(
+            vertex_openai_model("gemini-2.5-flash"),
+            "google/gemini-2.5-flash"
+        );
+        assert_eq!(
+            vertex_openai_model("google/gemini-2.5-flash"),
+            "google/gemini-2.5-flash"
+        );
     }
 }

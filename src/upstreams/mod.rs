@@ -194,9 +194,10 @@ impl UpstreamClient {
             ))
             .await;
         }
-        if dialect == Dialect::Gemini {
+        if dialect == Dialect::Gemini || gemini::vertex_openai(upstream) {
             return Box::pin(self.send_gemini(
                 upstream,
+                dialect,
                 upstream_model,
                 stream,
                 body,
@@ -335,6 +336,10 @@ pub fn endpoint_url(upstream: &UpstreamPolicy, dialect: Dialect, upstream_model:
         return gemini::model_url(upstream, upstream_model, None);
     }
     match upstream.kind {
+        // Gemini on Vertex: its OpenAI-compatible endpoint.
+        UpstreamKind::Vertex if gemini::vertex_openai(upstream) => {
+            gemini::vertex_openai_url(upstream)
+        }
         UpstreamKind::Vertex => vertex::model_url(upstream, upstream_model, None),
         // Gemini's OpenAI-compatible endpoint ("OpenAI compatibility":
         // `{base}/openai/chat/completions`, the key as a bearer token).

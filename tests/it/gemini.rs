@@ -18,19 +18,19 @@ use crate::support::*;
 
 /// The deployment's key: the value of `CARGO_PKG_NAME`, which every
 /// test process has (no environment is changed).
-const UPSTREAM_KEY: &str = "budgetgate";
-const MODEL: &str = "gemini-test";
+pub(crate) const UPSTREAM_KEY: &str = "budgetgate";
+pub(crate) const MODEL: &str = "gemini-test";
 
 /// The mock Vertex serving the project in `us-east5` (its Gemini
 /// simulation in `state.messages.gemini`).
-async fn start_vertex() -> VertexMock {
+pub(crate) async fn start_vertex() -> VertexMock {
     crate::support::mock_upstream::vertex::start("acme-prod", crate::vertex::EAST)
         .await
         .expect("mock vertex")
 }
 
 /// A `kind = "gemini"` deployment of the mock at `root`.
-fn studio(name: &str, root: &str) -> RawUpstream {
+pub(crate) fn studio(name: &str, root: &str) -> RawUpstream {
     RawUpstream {
         name: name.into(),
         kind: Some("gemini".into()),
@@ -42,7 +42,12 @@ fn studio(name: &str, root: &str) -> RawUpstream {
 
 /// A Vertex Gemini deployment of `m` in `region` with an
 /// `authorized_user` credentials file whose refresh token the mock knows.
-fn vertex_gemini(name: &str, m: &VertexMock, region: &str, dir: &std::path::Path) -> RawUpstream {
+pub(crate) fn vertex_gemini(
+    name: &str,
+    m: &VertexMock,
+    region: &str,
+    dir: &std::path::Path,
+) -> RawUpstream {
     m.state.add_refresh_token("1//gemini-refresh");
     let file = dir.join(format!("{name}-adc.json"));
     std::fs::write(
@@ -68,7 +73,7 @@ fn vertex_gemini(name: &str, m: &VertexMock, region: &str, dir: &std::path::Path
 }
 
 /// `gemini-test` served by `upstreams` in order, tenant `t1`.
-fn config(upstreams: Vec<RawUpstream>, tenant_limits: Limits) -> TestConfig {
+pub(crate) fn config(upstreams: Vec<RawUpstream>, tenant_limits: Limits) -> TestConfig {
     let mut c = TestConfig::new();
     c.estimation.stream_extension_step = Some(64);
     let names: Vec<String> = upstreams.iter().map(|u| u.name.clone()).collect();

@@ -45,6 +45,7 @@ mod gateway_budgets;
 mod gateway_errors;
 mod gemini;
 mod gemini_mock;
+mod gemini_openai;
 mod house;
 mod key_headers;
 mod lease_burst;

@@ -101,6 +101,15 @@ pub(super) fn upstreams(
             && vertex
                 .as_ref()
                 .is_none_or(|s| s.publisher != crate::config::vertex::Publisher::Google);
+        // Gemini models, on the Gemini API or on Vertex: their
+        // OpenAI-compatible endpoints document `max_tokens` (Vertex reads
+        // `max_completion_tokens` as its alias; the Gemini API's page
+        // names only `max_tokens`), and they take Google's attribution
+        // headers.
+        let gemini = kind == UpstreamKind::Gemini
+            || vertex
+                .as_ref()
+                .is_some_and(|s| s.publisher == crate::config::vertex::Publisher::Google);
         let bedrock = match kind {
             UpstreamKind::Bedrock => crate::config::bedrock::BedrockSettings::from_raw(
                 &format!("{path}.bedrock"),
@@ -161,12 +170,15 @@ pub(super) fn upstreams(
                 "only for kind = \"anthropic\"",
             );
         }
-        let forward_client_headers = super::forwarding::forwarded_headers(
+        let mut forward_client_headers = super::forwarding::forwarded_headers(
             v,
             &path,
             &u.forward_client_headers,
             &u.forward_credential_headers,
         );
+        if gemini {
+            super::forwarding::add_attribution(&mut forward_client_headers);
+        }
         let limits = v.limits(&format!("{path}.limits"), &u.limits);
         for (field, set) in [
             ("tokens_per_day", limits.tokens_per_day),
@@ -212,7 +224,7 @@ pub(super) fn upstreams(
                     | UpstreamKind::Vertex
                     | UpstreamKind::Gemini
             )),
-            max_tokens_only: u.max_tokens_only.unwrap_or(false),
+            max_tokens_only: u.max_tokens_only.unwrap_or(gemini),
             supports_n: u.supports_n.unwrap_or(!anthropic),
             // A request runs at most `max_request` (its hold lives that
             // long plus `settle_retry`): an upstream may not take longer.

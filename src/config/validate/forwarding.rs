@@ -62,6 +62,22 @@ pub fn is_never_forwarded(name: &str) -> bool {
     NEVER_FORWARDED.contains(&name) || name.starts_with("x-budgetgate-")
 }
 
+/// The headers by which Google attributes a request to the client that
+/// made it: `User-Agent` and `X-Goog-Api-Client` (what the google-genai
+/// SDKs, Gemini CLI and Antigravity's enterprise-gateway mode send).
+/// Deployments of Gemini models forward them whatever
+/// `forward_client_headers` says; they carry no credential.
+pub const GOOGLE_ATTRIBUTION: &[&str] = &["user-agent", "x-goog-api-client"];
+
+/// Adds [`GOOGLE_ATTRIBUTION`] to the names a deployment forwards.
+pub(super) fn add_attribution(names: &mut Vec<String>) {
+    for h in GOOGLE_ATTRIBUTION {
+        if !names.iter().any(|n| n == h) {
+            names.push((*h).to_string());
+        }
+    }
+}
+
 /// Validates `forward_client_headers` against `forward_credential_headers`
 /// (both of the deployment at `path`); returns the lower-case names to forward.
 pub(super) fn forwarded_headers(
