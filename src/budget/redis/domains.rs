@@ -373,17 +373,23 @@ mod tests {
     }
 
     #[test]
-    fn a_common_cost_priced_per_candidate_is_reserved_at_its_largest() {
+    fn common_costs_priced_per_candidate_narrow_the_deployments_offered() {
         let ks = KeySpace::new("bg", "d");
         let t = spec(&ks, Scope::Tenant("t".into()));
         let a = spec(&ks, Scope::Upstream("a".into()));
-        let mut r = request(vec![t], vec![vec![a.clone()], vec![a]]);
-        r.costs.per_candidate = vec![vec![5, 7], vec![9, 8]];
-        assert_eq!(tenant_request(&r).costs.per_candidate, vec![vec![9]]);
-        assert_eq!(
-            deployment_request(&r).costs.per_candidate,
-            vec![vec![7], vec![8]]
-        );
+        let mut r = request(vec![t], vec![vec![a.clone()], vec![a.clone()], vec![a]]);
+        r.costs.per_candidate = vec![vec![5, 7], vec![9, 8], vec![4, 6]];
+        let tr = tenant_request(&r);
+        assert_eq!(tr.costs.per_candidate, vec![vec![5], vec![9], vec![4]]);
+        assert_eq!(tr.candidates.len(), 3);
+        // Admitted at candidate 0's cost (5): candidates 0 and 2 are covered.
+        let (d, map) = deployment_request(&r, 0);
+        assert_eq!(map, vec![0, 2]);
+        assert_eq!(d.costs.per_candidate, vec![vec![7], vec![6]]);
+        // Alike costs: one empty candidate, every deployment offered.
+        r.costs.per_candidate = vec![vec![5, 7], vec![5, 8], vec![5, 6]];
+        assert_eq!(tenant_request(&r).candidates.len(), 1);
+        assert_eq!(deployment_request(&r, 0).1, vec![0, 1, 2]);
     }
 
     #[test]
