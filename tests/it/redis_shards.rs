@@ -229,9 +229,9 @@ async fn a_request_the_tenant_domain_refuses_never_touches_the_deployment_domain
     let h = H::new(Backend::ClusterTenant).await;
     let t = h.tpm(Scope::Tenant("acme".into()), 100, 100);
     let up = h.tpm(Scope::Upstream("up1".into()), 10_000, 10_000);
-    admitted(h.reserve_c("r0", 80, &[t.clone()], &[]).await);
+    admitted(h.reserve_c("r0", 80, std::slice::from_ref(&t), &[]).await);
     let d = denied(
-        h.reserve_c("r1", 50, &[t.clone()], &[vec![up.clone()]])
+        h.reserve_c("r1", 50, std::slice::from_ref(&t), &[vec![up.clone()]])
             .await,
     );
     assert_eq!(d.scope, Scope::Tenant("acme".into()));
@@ -247,7 +247,7 @@ async fn a_request_the_tenant_domain_refuses_never_touches_the_deployment_domain
     assert_eq!(h.remaining(&t).await, 100);
     // Admitted on both, then settled on both (one placement, two holds).
     let a = admitted(
-        h.reserve_c("r2", 50, &[t.clone()], &[vec![up.clone()]])
+        h.reserve_c("r2", 50, std::slice::from_ref(&t), &[vec![up.clone()]])
             .await,
     );
     assert_eq!(a.budgets.len(), 2);
@@ -282,11 +282,11 @@ async fn a_deployment_refusal_voids_the_tenant_hold() {
     let t = h.tpm(Scope::Tenant("acme".into()), 1000, 1000);
     let up = h.tpm(Scope::Upstream("up1".into()), 100, 100);
     admitted(
-        h.reserve_c("r0", 80, &[t.clone()], &[vec![up.clone()]])
+        h.reserve_c("r0", 80, std::slice::from_ref(&t), &[vec![up.clone()]])
             .await,
     );
     let d = denied(
-        h.reserve_c("r", 50, &[t.clone()], &[vec![up.clone()]])
+        h.reserve_c("r", 50, std::slice::from_ref(&t), &[vec![up.clone()]])
             .await,
     );
     assert_eq!(d.scope, Scope::Upstream("up1".into()));
@@ -301,7 +301,7 @@ async fn a_deployment_refusal_voids_the_tenant_hold() {
     ));
     assert_eq!((h.remaining(&t).await, h.remaining(&up).await), (1000, 100));
     let a = admitted(
-        h.reserve_c("r", 50, &[t.clone()], &[vec![up.clone()]])
+        h.reserve_c("r", 50, std::slice::from_ref(&t), &[vec![up.clone()]])
             .await,
     );
     assert!(!a.replayed);

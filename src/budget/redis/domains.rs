@@ -54,10 +54,13 @@ impl Part {
     }
 }
 
+/// Reservation id → its holds and until when they are remembered.
+type PlacementMap = HashMap<String, (Arc<[Part]>, Instant)>;
+
 /// Reservation id → the holds it made outside the store's own domain.
 #[derive(Default)]
 pub(super) struct Placements {
-    map: Mutex<HashMap<String, (Arc<[Part]>, Instant)>>,
+    map: Mutex<PlacementMap>,
 }
 
 impl Placements {
@@ -86,7 +89,7 @@ impl Placements {
         self.lock().remove(id);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Arc<[Part]>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PlacementMap> {
         // A cache of where holds went: a panic mid-insert loses one entry at most.
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }

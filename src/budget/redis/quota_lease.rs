@@ -13,10 +13,14 @@ use crate::budget::{BudgetKind, BudgetSpec, StoreError, Window};
 use super::batch::ScriptArgs;
 use super::wire::{packed, protocol, window_letter, Reply};
 use super::RedisStore;
+use crate::budget::placement::Layout;
 
 #[async_trait]
 impl LeaseStore for RedisStore {
     async fn lease(&self, lines: &[LeaseLine]) -> Result<Vec<LeaseReply>, StoreError> {
+        if self.layout == Layout::Single {
+            return self.lease_one(lines).await;
+        }
         let groups = super::domains::by_domain(lines.iter().map(|l| &*l.spec.key));
         if groups.len() <= 1 {
             return self.lease_one(lines).await;
@@ -35,6 +39,9 @@ impl LeaseStore for RedisStore {
     }
 
     async fn leased_out(&self, specs: &[BudgetSpec]) -> Result<Vec<LeasedOut>, StoreError> {
+        if self.layout == Layout::Single {
+            return self.leased_out_one(specs).await;
+        }
         let groups = super::domains::by_domain(specs.iter().map(|s| &*s.key));
         if groups.len() <= 1 {
             return self.leased_out_one(specs).await;

@@ -131,6 +131,15 @@ impl RedisStore {
         }
     }
 
+    /// Where the holds of `id` are, when this store placed them outside its
+    /// own domain (never in the `single` layout: no lookup there).
+    fn placement(&self, id: &str) -> Option<std::sync::Arc<[Part]>> {
+        if self.layout == Layout::Single {
+            return None;
+        }
+        self.placed.get(id)
+    }
+
     /// One reserve call in the domain tagged `tag` (`None`: the store's own).
     async fn reserve_in(
         &self,
@@ -304,7 +313,7 @@ impl BudgetStore for RedisStore {
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        let Some(parts) = self.placed.get(id) else {
+        let Some(parts) = self.placement(id) else {
             return self.extend_in(None, id, step).await;
         };
         // Each hold in turn, the next asked only what the one before
@@ -327,7 +336,7 @@ impl BudgetStore for RedisStore {
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        let Some(parts) = self.placed.get(id) else {
+        let Some(parts) = self.placement(id) else {
             return self.renew_in(None, id).await;
         };
         let mut outcomes = Vec::with_capacity(parts.len());
@@ -342,7 +351,7 @@ impl BudgetStore for RedisStore {
             // Mode void of a hold; no tombstone for an id without one.
             return self.void(id, 0).await;
         }
-        let Some(parts) = self.placed.get(id) else {
+        let Some(parts) = self.placement(id) else {
             return self.settle_in(None, id, s).await;
         };
         let mut outcomes = Vec::with_capacity(parts.len());
@@ -363,7 +372,7 @@ impl BudgetStore for RedisStore {
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
-        let Some(parts) = self.placed.get(id) else {
+        let Some(parts) = self.placement(id) else {
             return self.void_in(None, id, hold_ttl_micros).await;
         };
         let mut outcomes = Vec::with_capacity(parts.len());
@@ -395,6 +404,9 @@ impl BudgetStore for RedisStore {
             // The health check: a read-only script round trip.
             self.probe().await?;
             return Ok(Vec::new());
+        }
+        if self.layout == Layout::Single {
+            return self.inspect_one(specs).await;
         }
         let groups = domains::by_domain(specs.iter().map(|s| &*s.key));
         if groups.len() <= 1 {
