@@ -10,7 +10,6 @@ use clap::{Parser, Subcommand};
 
 use budgetgate::admin_cli;
 use budgetgate::admission::plan;
-use budgetgate::budget::keys::KeySpace;
 use budgetgate::config::{hash_key, Policy};
 use budgetgate::dialects::Dialect;
 use budgetgate::estimate::{self, ModelEstimation};
@@ -527,7 +526,7 @@ fn estimate_cmd(config: PathBuf, model: Option<String>, endpoint: &str, file: &s
     let resolution = policy
         .describe_resolution(&model_name)
         .unwrap_or_else(|| m.name.clone());
-    let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let ks = plan::key_space(&policy);
     let candidates = plan::candidate_budgets(&ks, &policy, m);
     let room = plan::token_room(&[], &candidates);
     let me = ModelEstimation {

@@ -306,10 +306,9 @@ impl ExpectedPlan {
 /// over-admitted at any moment, `fleet_size × max_exposure` (the book is
 /// per gateway).
 pub fn describe(policy: &crate::config::Policy) -> Vec<String> {
-    use crate::budget::keys::KeySpace;
     use crate::budget::Scope;
     let n = policy.store.lease.fleet_size.max(1);
-    let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let ks = crate::admission::plan::key_space(policy);
     let mut out = Vec::new();
     let mut line = |scope: Scope, limits: &crate::config::Limits, r: OutputReservation| {
         let mode = match r {

@@ -12,9 +12,10 @@ use crate::config::{
 };
 use crate::estimate::TokenRoom;
 
-/// The key space of `policy`'s budgets (prefix and domain).
+/// The key space of `policy`'s budgets (prefix, domain and layout).
 pub fn key_space(policy: &Policy) -> KeySpace {
     KeySpace::new(&policy.store.key_prefix, &policy.store.domain)
+        .with_layout(policy.store.layout, policy.placement.clone())
 }
 
 /// Budgets of one scope under `limits`.

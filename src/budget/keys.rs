@@ -11,6 +11,9 @@
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
+use std::sync::Arc;
+
+use super::placement::{self, DomainMap, Layout};
 use super::{BudgetName, Scope};
 
 /// Version of the stored layout and script semantics.
@@ -41,10 +44,15 @@ pub fn response_record(prefix: &str, id: &str) -> String {
     format!("{prefix}:{{{id}}}:v{LAYOUT_VERSION}:resp")
 }
 
-/// Names keys within one budget domain.
+/// Names keys: within one budget domain (the `single` layout), or each
+/// scope in the domain the placement rule gives it (the `tenant` layout,
+/// [`placement`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySpace {
     base: String,
+    prefix: String,
+    /// The `tenant` layout's tenant tree and deployment groups; `None`: one domain.
+    placement: Option<Arc<DomainMap>>,
 }
 
 impl KeySpace {
@@ -54,6 +62,31 @@ impl KeySpace {
     pub fn new(prefix: &str, domain: &str) -> Self {
         Self {
             base: format!("{prefix}:{{{domain}}}:v{LAYOUT_VERSION}"),
+            prefix: prefix.to_string(),
+            placement: None,
+        }
+    }
+
+    /// This key space under `layout`: budgets of the `tenant` layout are
+    /// named in the domain `placement` gives their scope; holds and
+    /// everything else stay as [`Self::new`] names them.
+    pub fn with_layout(mut self, layout: Layout, placement: Option<Arc<DomainMap>>) -> Self {
+        self.placement = placement.filter(|_| layout == Layout::Tenant);
+        self
+    }
+
+    /// The key space of the domain tagged `tag` (same prefix, no placement):
+    /// where the holds of budgets in that domain are named.
+    pub fn in_domain(&self, tag: &str) -> KeySpace {
+        KeySpace::new(&self.prefix, tag)
+    }
+
+    /// The layout this key space names budgets in.
+    pub fn layout(&self) -> Layout {
+        if self.placement.is_some() {
+            Layout::Tenant
+        } else {
+            Layout::Single
         }
     }
 
@@ -73,7 +106,15 @@ impl KeySpace {
 
     /// Key of one budget of one scope.
     pub fn budget(&self, scope: &Scope, name: BudgetName) -> String {
-        let b = &self.base;
+        let placed;
+        let b = match &self.placement {
+            None => &self.base,
+            Some(map) => {
+                let tag = placement::hash_tag(Layout::Tenant, map.domain(), Some(map), scope);
+                placed = format!("{}:{{{tag}}}:v{LAYOUT_VERSION}", self.prefix);
+                &placed
+            }
+        };
         let n = name.as_str();
         match scope {
             Scope::Tenant(t) => format!("{b}:tenant:{t}:{n}"),

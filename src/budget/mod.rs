@@ -7,6 +7,7 @@
 //! - [`bucket`]: token-bucket arithmetic in exact integer units.
 //! - [`calendar`]: UTC day/month quota windows.
 //! - [`keys`]: the one pure function that names stored keys.
+//! - [`placement`]: which domain (hash tag) a scope's keys live in.
 //! - [`quota_lease`]: the store calls of quota leases ([`quota_lease::LeaseStore`]).
 //! - [`memory`]: the in-process store.
 //! - [`guarded`]: timeout, metrics and circuit breaker around a store.
@@ -25,6 +26,7 @@ pub mod guarded;
 pub mod keys;
 pub mod memory;
 pub mod metrics;
+pub mod placement;
 pub mod quota_lease;
 pub mod records;
 pub mod redis;

@@ -19,6 +19,7 @@ pub mod ledger;
 pub mod model_names;
 mod output_limit;
 pub mod output_reservation;
+pub mod placement;
 pub mod queue;
 pub mod raw;
 pub mod reload;
@@ -511,6 +512,10 @@ pub struct Policy {
     pub server: ServerPolicy,
     /// `[store]`.
     pub store: StorePolicy,
+    /// The `tenant` layout's tenant trees and deployment groups
+    /// (`budget::placement`), from this policy's tenants and models; `None`
+    /// in the `single` layout.
+    pub placement: Option<std::sync::Arc<placement::DomainMap>>,
     /// Estimation knobs.
     pub estimation: EstimateSettings,
     /// Smallest output reservation per choice when the default is lowered to fit, tokens.

@@ -121,6 +121,7 @@ pub struct RawStore {
     pub timeout_ms: Option<i64>,
     pub key_prefix: Option<String>,
     pub domain: Option<String>,
+    pub layout: Option<String>,
     pub fallback_share: Option<f64>,
     pub snapshot_path: Option<String>,
     pub response_record_ttl_secs: Option<i64>,

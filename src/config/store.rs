@@ -25,8 +25,13 @@ pub struct StorePolicy {
     pub timeout: Duration,
     /// Prefix of every stored key (no `{`/`}`).
     pub key_prefix: String,
-    /// Budget domain: the hash tag shared by every key (DESIGN section 3).
+    /// Budget domain: the hash tag shared by every key in the `single`
+    /// layout, the first word of every tag in the `tenant` layout (DESIGN
+    /// sections 3 and 22).
     pub domain: String,
+    /// `store.layout`: one domain (`single`, the default) or one per tenant
+    /// tree and deployment group (`tenant`).
+    pub layout: super::placement::Layout,
     /// Share of every budget (0 < share ≤ 1) one gateway may use on its own
     /// while the store is down, for `fail_open` tenants (e.g. 1/N for N gateways).
     pub fallback_share: f64,

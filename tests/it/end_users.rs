@@ -76,6 +76,50 @@ async fn end_user_budgets_work_on_a_redis_cluster() {
     independent_budgets(&gw).await;
 }
 
+/// The same in the `tenant` layout: the tenant's tree (tenant, key, end
+/// users) in its own domain and the deployment in its group's, each
+/// request reserving in both (tenant first), refusals coming back from
+/// the tenant domain's script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_user_budgets_work_in_the_tenant_layout_on_a_redis_cluster() {
+    let mock = start_mock().await;
+    let cluster = redis_server::shared_cluster();
+    let mut c = config(&mock.base_url(), limits().rpm(2)).redis(&cluster.url());
+    c.store.domain = Some(format!("endusert{}", std::process::id()));
+    c.store.layout = Some("tenant".into());
+    c.store.timeout_ms = Some(2000);
+    // A deployment budget, so each request reserves in both domains.
+    c.upstream("mock").limits = limits().rpm(1000);
+    let gw = c.start().await;
+    independent_budgets(&gw).await;
+    // Every key of the fleet is in a tenant tree's or a deployment group's domain.
+    let domain = format!("endusert{}", std::process::id());
+    let mut tags = BTreeSet::new();
+    for url in cluster.node_urls() {
+        let mut conn = redis::Client::open(url)
+            .expect("node url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("node");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*{{{domain}.*"))
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS");
+        for k in keys {
+            let tag = budgetgate::budget::keys::hash_tag(&k)
+                .unwrap_or("")
+                .to_string();
+            tags.insert(tag);
+        }
+    }
+    assert!(tags.contains(&format!("{domain}.t.t1")), "{tags:?}");
+    assert!(
+        tags.iter().any(|t| t.starts_with(&format!("{domain}.d."))),
+        "{tags:?}"
+    );
+}
+
 async fn independent_budgets(gw: &Gateway) {
     // alice by header, by `user`, by `safety_identifier`: one end user.
     assert_eq!(as_user(gw, Some("alice"), &hi(5)).await.0, 200);

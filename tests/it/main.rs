@@ -92,6 +92,7 @@ mod redis_outage;
 mod redis_reconnect;
 mod redis_restricted;
 mod redis_retry;
+mod redis_shards;
 mod reload;
 mod reload_configmap;
 mod request_ids;

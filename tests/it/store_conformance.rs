@@ -19,6 +19,7 @@ use crate::support::redis_server;
 use crate::support::NOON;
 use budgetgate::budget::keys::KeySpace;
 use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::placement::{DomainMap, Layout};
 use budgetgate::budget::quota_lease::LeaseStore;
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::{
@@ -39,6 +40,38 @@ pub(crate) enum Backend {
     Memory,
     Redis,
     Cluster,
+    /// The cluster in the `tenant` layout: tenant and deployment budgets
+    /// in their own domains (slots), reservations over both.
+    ClusterTenant,
+}
+
+/// Every deployment the conformance suites name, in one group (as if one
+/// model were served by them all), so that candidates share a domain.
+const TEST_DEPLOYMENTS: &[&str] = &[
+    "a",
+    "b",
+    "azure/east",
+    "east",
+    "in",
+    "m",
+    "openai",
+    "u",
+    "u/1",
+    "up1",
+    "up2",
+    "up3",
+    "up4",
+    "usd",
+];
+
+/// The key space of a test in the `tenant` layout.
+pub(crate) fn tenant_layout(prefix: &str, domain: &str) -> KeySpace {
+    let map = DomainMap::new(
+        domain,
+        std::iter::empty(),
+        std::iter::once(TEST_DEPLOYMENTS.to_vec()),
+    );
+    KeySpace::new(prefix, domain).with_layout(Layout::Tenant, Some(Arc::new(map)))
 }
 
 /// Raw access to the Redis behind a store, for checks the trait cannot make.
@@ -96,7 +129,10 @@ impl H {
         // domain (so, on the cluster, its own hash tag and slot).
         let prefix = format!("bgt{}x{n}", std::process::id());
         let domain = format!("d{n}");
-        let ks = KeySpace::new(&prefix, &domain);
+        let ks = match backend {
+            Backend::ClusterTenant => tenant_layout(&prefix, &domain),
+            _ => KeySpace::new(&prefix, &domain),
+        };
         let clock = ManualClock::new(NOON);
         let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
         fn both<S: BudgetStore + LeaseStore>(
@@ -117,12 +153,17 @@ impl H {
                     Some(Raw::Single(node_conn(&server.url()).await)),
                 )
             }
-            Backend::Cluster => {
+            Backend::Cluster | Backend::ClusterTenant => {
                 let cluster = redis_server::shared_cluster();
+                let layout = match backend {
+                    Backend::ClusterTenant => Layout::Tenant,
+                    _ => Layout::Single,
+                };
                 let store = RedisStore::connect(&cluster.url(), Duration::from_secs(5), ks.clone())
                     .await
                     .expect("connect RedisStore to the cluster")
-                    .with_test_clock(dyn_clock);
+                    .with_test_clock(dyn_clock)
+                    .with_layout(layout);
                 let client = redis::cluster::ClusterClient::new(cluster.node_urls())
                     .expect("cluster client");
                 let conn = client
@@ -219,7 +260,7 @@ impl H {
         self.reserve_c(id, tokens, common, &[]).await
     }
 
-    async fn reserve_c(
+    pub(crate) async fn reserve_c(
         &self,
         id: &str,
         tokens: u64,
@@ -364,6 +405,21 @@ impl H {
                 self.backend
             );
         }
+        if self.backend == Backend::ClusterTenant {
+            // Each key in a tenant tree's domain or a deployment group's.
+            let domain = self.ks.base().split(['{', '}']).nth(1).unwrap_or("");
+            for k in &keys {
+                let tag = budgetgate::budget::keys::hash_tag(k).unwrap_or("");
+                // The store's own domain holds the holds of budget-less reservations.
+                assert!(
+                    tag == domain
+                        || tag.starts_with(&format!("{domain}.t."))
+                        || tag.starts_with(&format!("{domain}.d.")),
+                    "key {k} outside the tenant layout's domains"
+                );
+            }
+            return keys.len();
+        }
         if let Raw::Cluster { nodes, .. } = raw {
             let mut slots = std::collections::BTreeSet::new();
             for k in keys.iter().chain(std::iter::once(&self.ks.hold("probe"))) {
@@ -430,6 +486,12 @@ macro_rules! conformance {
             $(#[tokio::test]
             async fn $name() {
                 super::$name(super::H::new(super::Backend::Cluster).await).await;
+            })*
+        }
+        mod redis_cluster_tenant_layout {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::H::new(super::Backend::ClusterTenant).await).await;
             })*
         }
     };
@@ -967,7 +1029,10 @@ async fn upstream_refusal_leaves_tenant_budgets_untouched(h: H) {
     let states = h.store.inspect(&common).await.expect("inspect");
     let remaining: Vec<i64> = states.iter().map(|s| s.remaining).collect();
     assert_eq!(remaining, vec![10_000, 100, 5, 100_000, 10_000, 100]);
-    if h.raw.is_some() {
+    // The tenant layout reserves the tenant domain first and voids it when
+    // the deployment domain refuses: its keys exist, every budget restored
+    // (checked above); the rest of this check is of one domain's storage.
+    if h.raw.is_some() && h.backend != Backend::ClusterTenant {
         for spec in &common {
             assert_eq!(h.raw_get(&spec.key).await, None, "{} was written", spec.key);
         }
@@ -996,7 +1061,9 @@ async fn every_key_has_a_ttl_after_each_operation(h: H) {
     ]];
     admitted(h.reserve_c("a", 200, &common, &cand).await);
     let n = h.check_keys().await;
-    if h.raw.is_some() {
+    if h.backend == Backend::ClusterTenant {
+        assert_eq!(n, 9, "7 budgets + a hold in each of the two domains");
+    } else if h.raw.is_some() {
         assert_eq!(n, 8, "7 budgets + 1 hold");
     }
     h.clock.advance(SEC);
@@ -1194,6 +1261,22 @@ async fn remaining_all(h: &H, specs: &[BudgetSpec]) -> Vec<i64> {
 async fn void_before_reserve_leaves_every_budget_unchanged(h: H) {
     let specs = all_kinds(&h);
     let before = remaining_all(&h, &specs).await;
+    if h.backend == Backend::ClusterTenant {
+        // The tenant layout finds a reservation's domains by what this
+        // store placed (a compensation always follows its reserve): a void
+        // of an id it never placed lands in its own domain, where no
+        // reservation of budgets goes, so the late reserve is admitted.
+        let v = h.store.void("late", HOLD_TTL).await.expect("void");
+        assert_eq!(v, SettleOutcome::Voided);
+        h.admit("late", 100, &specs).await;
+        // Placed, a void reaches the hold: the id then stays voided.
+        let v = h.store.void("late", HOLD_TTL).await.expect("void");
+        assert!(matches!(v, SettleOutcome::Settled { .. }), "{v:?}");
+        assert_eq!(remaining_all(&h, &specs).await, before, "all given back");
+        assert_eq!(h.reserve("late", 100, &specs).await, ReserveOutcome::Voided);
+        h.check_keys().await;
+        return;
+    }
     let v = h.store.void("late", HOLD_TTL).await.expect("void");
     assert_eq!(v, SettleOutcome::Voided);
     assert_eq!(h.reserve("late", 100, &specs).await, ReserveOutcome::Voided);
@@ -1250,6 +1333,27 @@ async fn each_budget_is_charged_its_own_amount(h: H) {
     let usd = h.per_day(upstream("usd"), BIG);
     let rpm = h.rpm(tenant(), 60, 60);
     let specs = [tpm.clone(), input.clone(), usd.clone(), rpm.clone()];
+    if h.backend == Backend::ClusterTenant {
+        // Common budgets of a tenant and of deployments: the placement
+        // rule never builds this; the tenant layout refuses it whole.
+        let req = ReserveRequest {
+            share: None,
+            id: "a".into(),
+            costs: budgetgate::budget::Costs::tokens(100),
+            common: specs.to_vec(),
+            candidates: vec![Vec::new()],
+            slot_lease_micros: LEASE,
+            hold_ttl_micros: HOLD_TTL,
+            requester: Default::default(),
+        };
+        let e = h.store.reserve(&req).await;
+        assert!(
+            matches!(e, Err(budgetgate::budget::StoreError::Protocol(_))),
+            "{e:?}"
+        );
+        assert_eq!(h.check_keys().await, 0, "nothing written");
+        return;
+    }
     let a = admitted(
         h.reserve_amounts("a", vec![vec![100, 60, 5_000_000, 1]], &specs, &[])
             .await,

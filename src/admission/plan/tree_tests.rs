@@ -98,3 +98,34 @@ fn a_leaf_reserves_on_every_level_in_one_domain() {
         Some("tenant app, child of team, child of dept, child of org")
     );
 }
+
+/// The `tenant` layout: every budget of a tree (each level, its keys, its
+/// end users) under the top-level tenant's tag, the deployment under its
+/// group's; a bad layout name is refused at load.
+#[test]
+fn the_tenant_layout_puts_a_tree_in_its_top_level_tenants_domain() {
+    let toml = TREE.replace("domain = \"d1\"", "domain = \"d1\"\nlayout = \"tenant\"");
+    // SAFETY (set_var): the one value every test of this binary sets.
+    unsafe { std::env::set_var("BUDGETGATE_END_USER_KEY", "unit-test-end-user-key") };
+    let p = Policy::from_toml(&toml).unwrap();
+    let ks = key_space(&p);
+    let app = &p.tenants[3];
+    let m = p.model("m").unwrap();
+    let hash: std::sync::Arc<str> = p.end_user_key.as_ref().unwrap().hash(b"someone").into();
+    let tree: Vec<BudgetSpec> = tenant_budgets(&ks, &p, app, &app.keys[0], m)
+        .into_iter()
+        .chain(end_user_plan(&ks, &p, app, &hash).0)
+        .collect();
+    assert!(tree.len() > 7);
+    for s in &tree {
+        assert_eq!(hash_tag(&s.key), Some("d1.t.org"), "{}", s.key);
+    }
+    for c in candidate_budgets(&ks, &p, m) {
+        for s in c {
+            assert_eq!(hash_tag(&s.key), Some("d1.d.u"), "{}", s.key);
+        }
+    }
+    let bad = TREE.replace("domain = \"d1\"", "domain = \"d1\"\nlayout = \"shards\"");
+    let err = Policy::from_toml(&bad).unwrap_err().to_string();
+    assert!(err.contains("store.layout"), "{err}");
+}

@@ -3,7 +3,6 @@
 
 use super::book::LeaseOff;
 use crate::admission::plan::{scope_budgets, upstream_budgets};
-use crate::budget::keys::KeySpace;
 use crate::budget::{BudgetKind, BudgetSpec, Scope};
 use crate::config::store::{LeaseMode, StoreKind};
 use crate::config::Policy;
@@ -29,7 +28,7 @@ pub fn describe(policy: &Policy) -> Vec<String> {
         "  slots: requests still running on a concurrency lease that is fenced (its limit changed) or expires are leased again by their gateway at its next round, at most half the free slots per call; until then, and while the store is unreachable, over-admission at most the slots in use on that lease".into(),
         "  a gateway killed: what its leases held is lost until they expire (counted as spent); a failover that loses a grant: over-admission at most one lease; a partition: spending stops at the lease's expiry".into(),
     ];
-    let ks = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let ks = crate::admission::plan::key_space(policy);
     let off = LeaseOff::of(l);
     let mut specs: Vec<BudgetSpec> = Vec::new();
     for t in &policy.tenants {

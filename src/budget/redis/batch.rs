@@ -196,6 +196,7 @@ struct Queue {
 }
 
 /// The scripts a [`Batcher`] calls.
+#[derive(Clone)]
 pub struct BatchScripts {
     /// `lua/batch.lua` with its library and both item functions.
     pub batch: LuaScript,
@@ -245,6 +246,11 @@ impl Batcher {
             BatchOp::Reserve => &self.scripts.reserve,
             BatchOp::Settle => &self.scripts.settle,
         }
+    }
+
+    /// The scripts this batcher calls (shared by every domain's batcher).
+    pub fn scripts(&self) -> &BatchScripts {
+        &self.scripts
     }
 
     /// Batches sent so far and the items in them.

@@ -19,15 +19,17 @@ const STEP: usize = 500;
 
 impl RedisStore {
     /// See [`crate::budget::BudgetStore::holds_on`].
+    /// Walks the holds of the domain tagged `tag` (`None`: the store's own).
     pub(super) async fn holds_on_walk(
         &self,
+        tag: Option<&str>,
         specs: &[BudgetSpec],
     ) -> Result<Vec<HeldOn>, StoreError> {
         let mut out = vec![HeldOn::default(); specs.len()];
         if specs.is_empty() {
             return Ok(out);
         }
-        let prefix = self.keys.hold("");
+        let prefix = self.hold_key(tag, "");
         let pattern = format!("{}*", glob_escape(&prefix));
         let mut cursor: u64 = 0;
         let mut seen = 0usize;

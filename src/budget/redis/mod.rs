@@ -10,7 +10,9 @@
 //! Modules, one seam each: `scripts` (assembly of the Lua sources), `conn`
 //! (the connection and its errors), `wire` (argument encodings and reply
 //! reading), `hold` (the stored hold record), `batch` (group commit of
-//! reserve and settle calls), `store` (the [`super::BudgetStore`]
+//! reserve and settle calls, one batcher per domain), `domains` (a
+//! reservation over a tenant domain and a deployment domain, the `tenant`
+//! layout), `store` (the [`super::BudgetStore`]
 //! operations) and `quota_lease` ([`super::quota_lease::LeaseStore`]); this file holds the store's state and the calls they share.
 //!
 //! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
@@ -22,7 +24,8 @@
 //!   go together in the next. Each script is called with EVALSHA and
 //!   reloaded on NOSCRIPT (on every primary of a cluster).
 //! - Keys: every key a call touches is passed in `KEYS` and carries the
-//!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot.
+//!   budget domain's hash tag ([`KeySpace`]), so each call runs on one slot
+//!   (in the `tenant` layout, each call runs in one domain: `domains`).
 //! - Time: Redis `TIME`, one clock for the fleet. Tests inject a [`Clock`]
 //!   instead through a hidden constructor ([`RedisStore::with_test_clock`],
 //!   called from code only: no config setting reaches it), so the
@@ -43,6 +46,7 @@
 
 mod batch;
 mod conn;
+mod domains;
 mod held_on;
 mod hold;
 mod quota_lease;
@@ -59,6 +63,7 @@ use crate::clock::Clock;
 use crate::config::store::{StoreKind, StorePolicy};
 
 use super::keys::KeySpace;
+use super::placement::Layout;
 use super::{BudgetSpec, StoreError};
 use batch::{run_script, BatchOp, BatchScripts, Batcher, ScriptArgs};
 use conn::{map_err, Conn};
@@ -80,17 +85,27 @@ pub struct RedisStore {
     keys: KeySpace,
     timeout: Duration,
     scripts: Scripts,
-    /// Reserve and settle calls, sent in batches.
+    /// Reserve and settle calls of the store's own domain, sent in batches.
     batcher: Arc<Batcher>,
-    /// Reservation id → the hold's budget specs in line order, for the holds
+    /// The batchers of the other domains (`tenant` layout): a batch runs on
+    /// one slot, so each domain batches its own calls.
+    domain_batchers: Mutex<HashMap<Arc<str>, Arc<Batcher>>>,
+    /// Hold key → the hold's budget specs in line order, for the holds
     /// this process created (saves a read at extend/renew/settle).
     holds: Mutex<HashMap<String, Arc<Vec<BudgetSpec>>>>,
+    /// Reservation id → the domains its holds are in, for reservations
+    /// made outside the store's own domain (`tenant` layout; `domains`).
+    placed: domains::Placements,
+    /// `store.layout`, bound at start: in the `tenant` layout a reservation
+    /// goes to the domains its budgets' keys name.
+    layout: Layout,
     /// Tests only ([`RedisStore::with_test_clock`]): the time passed to
     /// every script instead of Redis `TIME`.
     clock: Option<Arc<dyn Clock>>,
 }
 
 /// Where a hold call goes: its own script, or a batch item.
+#[derive(Clone, Copy)]
 enum Route<'a> {
     Direct(&'a LuaScript),
     Batched(BatchOp),
@@ -116,7 +131,10 @@ impl RedisStore {
             keys,
             timeout,
             scripts: Scripts::new(),
+            domain_batchers: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
+            placed: domains::Placements::default(),
+            layout: Layout::Single,
             clock: None,
         };
         // A user that may not run scripts can enforce no budget: refuse to
@@ -162,12 +180,19 @@ impl RedisStore {
                 "store.kind is not \"redis\"".into(),
             ));
         };
-        Self::connect(
+        Ok(Self::connect(
             url,
             policy.timeout,
             KeySpace::new(&policy.key_prefix, &policy.domain),
         )
-        .await
+        .await?
+        .with_layout(policy.layout))
+    }
+
+    /// This store under `layout` (`connect` makes a `single` one).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// For tests: pass `clock`'s time to every script instead of Redis
@@ -183,7 +208,46 @@ impl RedisStore {
     /// calls they carried (calls that arrive while earlier ones are on the
     /// wire go together: see `batch`).
     pub fn batch_counts(&self) -> BatchCounts {
-        self.batcher.counts()
+        let mut c = self.batcher.counts();
+        for b in self.lock_batchers().values() {
+            let o = b.counts();
+            c.batches += o.batches;
+            c.items += o.items;
+        }
+        c
+    }
+
+    /// The batcher of the domain tagged `tag` (`None`: the store's own).
+    fn batcher_of(&self, tag: Option<&str>) -> Arc<Batcher> {
+        let Some(tag) = tag else {
+            return self.batcher.clone();
+        };
+        let mut all = self.lock_batchers();
+        if let Some(b) = all.get(tag) {
+            return b.clone();
+        }
+        let b = Batcher::new(
+            self.conn.clone(),
+            self.batcher.scripts().clone(),
+            self.timeout,
+        );
+        all.insert(Arc::from(tag), b.clone());
+        b
+    }
+
+    fn lock_batchers(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Batcher>>> {
+        // A cache of stateless senders: a panic mid-insert cannot make it wrong.
+        self.domain_batchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Key of the hold of `id` in the domain tagged `tag` (`None`: the store's own).
+    fn hold_key(&self, tag: Option<&str>, id: &str) -> String {
+        match tag {
+            None => self.keys.hold(id),
+            Some(t) => self.keys.in_domain(t).hold(id),
+        }
     }
 
     /// The key space this store names holds in.
@@ -194,13 +258,23 @@ impl RedisStore {
     /// Reads the hold of `id` as stored (for tests and the admin API);
     /// `None` when Redis has no such key.
     pub async fn read_hold(&self, id: &str) -> Result<Option<HoldRecord>, StoreError> {
+        self.read_hold_at(&self.keys.hold(id)).await
+    }
+
+    /// Reads the hold of `id` in the domain tagged `tag` (the `tenant`
+    /// layout's holds live beside their budgets), for tests.
+    pub async fn read_hold_in(
+        &self,
+        tag: &str,
+        id: &str,
+    ) -> Result<Option<HoldRecord>, StoreError> {
+        self.read_hold_at(&self.keys.in_domain(tag).hold(id)).await
+    }
+
+    async fn read_hold_at(&self, key: &str) -> Result<Option<HoldRecord>, StoreError> {
         let mut conn = self.conn.clone();
         let raw: Option<String> = self
-            .bounded(
-                redis::cmd("GET")
-                    .arg(self.keys.hold(id))
-                    .query_async(&mut conn),
-            )
+            .bounded(redis::cmd("GET").arg(key).query_async(&mut conn))
             .await?;
         raw.map(|r| HoldRecord::parse(&r)).transpose()
     }
@@ -246,20 +320,20 @@ impl RedisStore {
             .await
     }
 
-    fn cached_hold(&self, id: &str) -> Option<Arc<Vec<BudgetSpec>>> {
-        self.lock_holds().get(id).cloned()
+    fn cached_hold(&self, hold_key: &str) -> Option<Arc<Vec<BudgetSpec>>> {
+        self.lock_holds().get(hold_key).cloned()
     }
 
-    fn remember_hold(&self, id: &str, specs: Vec<BudgetSpec>) {
+    fn remember_hold(&self, hold_key: String, specs: Vec<BudgetSpec>) {
         let mut holds = self.lock_holds();
         if holds.len() >= HOLD_CACHE_MAX {
             holds.clear();
         }
-        holds.insert(id.to_string(), Arc::new(specs));
+        holds.insert(hold_key, Arc::new(specs));
     }
 
-    fn forget_hold(&self, id: &str) {
-        self.lock_holds().remove(id);
+    fn forget_hold(&self, hold_key: &str) {
+        self.lock_holds().remove(hold_key);
     }
 
     fn lock_holds(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Vec<BudgetSpec>>>> {
@@ -269,8 +343,8 @@ impl RedisStore {
 
     /// The hold's specs as stored, or empty when there is no hold (the
     /// script then answers "unknown").
-    async fn fetch_hold_specs(&self, id: &str) -> Result<Arc<Vec<BudgetSpec>>, StoreError> {
-        Ok(Arc::new(match self.read_hold(id).await? {
+    async fn fetch_hold_specs(&self, hold_key: &str) -> Result<Arc<Vec<BudgetSpec>>, StoreError> {
+        Ok(Arc::new(match self.read_hold_at(hold_key).await? {
             // A settled hold keeps no budget keys; the script answers from the hold alone.
             Some(h) if h.settlement.is_none() => h.lines.into_iter().map(|l| l.spec).collect(),
             _ => Vec::new(),
@@ -282,12 +356,18 @@ impl RedisStore {
     async fn hold_call(
         &self,
         route: Route<'_>,
+        hold_key: &str,
+        tag: Option<&str>,
         id: &str,
         args: &[Vec<u8>],
     ) -> Result<(Vec<String>, Arc<Vec<BudgetSpec>>), StoreError> {
-        let mut specs = match self.cached_hold(id) {
+        let mut specs = match self.cached_hold(hold_key) {
             Some(s) => s,
-            None => self.fetch_hold_specs(id).await?,
+            None => self.fetch_hold_specs(hold_key).await?,
+        };
+        let batcher = match route {
+            Route::Direct(_) => None,
+            Route::Batched(_) => Some(self.batcher_of(tag)),
         };
         for attempt in 0..2 {
             let script = match route {
@@ -295,7 +375,7 @@ impl RedisStore {
                 Route::Batched(op) => self.batcher.script_for(op),
             };
             let mut inv = ScriptArgs::new(script, 1 + specs.len());
-            inv.key(self.keys.hold(id));
+            inv.key(hold_key);
             for s in specs.iter() {
                 inv.key(&*s.key);
             }
@@ -303,15 +383,16 @@ impl RedisStore {
             for a in args {
                 inv.arg(a);
             }
-            let reply = match route {
-                Route::Direct(script) => self.invoke(script, &inv).await?,
-                Route::Batched(op) => self.batcher.call(op, inv).await?,
+            let reply = match (route, &batcher) {
+                (Route::Batched(op), Some(b)) => b.call(op, inv).await?,
+                (Route::Batched(op), None) => self.batcher.call(op, inv).await?,
+                (Route::Direct(script), _) => self.invoke(script, &inv).await?,
             };
             if reply.first().map(String::as_str) != Some("K") {
                 return Ok((reply, specs));
             }
             if attempt == 0 {
-                specs = self.fetch_hold_specs(id).await?;
+                specs = self.fetch_hold_specs(hold_key).await?;
             }
         }
         Err(protocol(format!("hold {id}: budget keys keep changing")))

@@ -13,10 +13,55 @@ use crate::budget::{BudgetKind, BudgetSpec, StoreError, Window};
 use super::batch::ScriptArgs;
 use super::wire::{packed, protocol, window_letter, Reply};
 use super::RedisStore;
+use crate::budget::placement::Layout;
 
 #[async_trait]
 impl LeaseStore for RedisStore {
     async fn lease(&self, lines: &[LeaseLine]) -> Result<Vec<LeaseReply>, StoreError> {
+        if self.layout == Layout::Single {
+            return self.lease_one(lines).await;
+        }
+        let groups = super::domains::by_domain(lines.iter().map(|l| &*l.spec.key));
+        if groups.len() <= 1 {
+            return self.lease_one(lines).await;
+        }
+        // One call per domain (`tenant` layout): a script runs on one slot.
+        let mut out: Vec<Option<LeaseReply>> = vec![None; lines.len()];
+        for (_, idx) in &groups {
+            let part: Vec<LeaseLine> = idx.iter().map(|&i| lines[i].clone()).collect();
+            for (&i, r) in idx.iter().zip(self.lease_one(&part).await?) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| protocol("lease left a line out")))
+            .collect()
+    }
+
+    async fn leased_out(&self, specs: &[BudgetSpec]) -> Result<Vec<LeasedOut>, StoreError> {
+        if self.layout == Layout::Single {
+            return self.leased_out_one(specs).await;
+        }
+        let groups = super::domains::by_domain(specs.iter().map(|s| &*s.key));
+        if groups.len() <= 1 {
+            return self.leased_out_one(specs).await;
+        }
+        let mut out: Vec<Option<LeasedOut>> = vec![None; specs.len()];
+        for (_, idx) in &groups {
+            let part: Vec<BudgetSpec> = idx.iter().map(|&i| specs[i].clone()).collect();
+            for (&i, r) in idx.iter().zip(self.leased_out_one(&part).await?) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| protocol("leased out left a budget out")))
+            .collect()
+    }
+}
+
+impl RedisStore {
+    /// One lease call over lines of one domain.
+    async fn lease_one(&self, lines: &[LeaseLine]) -> Result<Vec<LeaseReply>, StoreError> {
         if lines.is_empty() {
             return Ok(Vec::new());
         }
@@ -70,7 +115,8 @@ impl LeaseStore for RedisStore {
         Ok(out)
     }
 
-    async fn leased_out(&self, specs: &[BudgetSpec]) -> Result<Vec<LeasedOut>, StoreError> {
+    /// One leased-out read over budgets of one domain.
+    async fn leased_out_one(&self, specs: &[BudgetSpec]) -> Result<Vec<LeasedOut>, StoreError> {
         if specs.is_empty() {
             return Ok(Vec::new());
         }

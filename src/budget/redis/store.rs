@@ -9,18 +9,145 @@ use crate::budget::{
     StoreError, WouldDeny, MAX_RATE,
 };
 
+use std::time::Duration;
+
 use super::batch::{BatchOp, ScriptArgs};
+use super::domains::{self, Part, Split};
 use super::hold::HoldRecord;
 use super::wire::{
     adm_fields, denial, live_line, packed, protocol, push_kind, spec_numbers, state, window_of,
     Reply,
 };
 use super::{RedisStore, Route};
+use crate::budget::placement::Layout;
 use crate::budget::share;
 
-#[async_trait]
-impl BudgetStore for RedisStore {
-    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+impl RedisStore {
+    /// A reservation in the domains its budgets lie in: the store's own
+    /// (`single` layout), one other, or a tenant and a deployment domain
+    /// (`domains`).
+    async fn reserve_placed(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        if self.layout == Layout::Single {
+            return self.reserve_in(None, req).await;
+        }
+        let ttl = Duration::from_micros(req.hold_ttl_micros);
+        match domains::split(req) {
+            Split::One(None) => self.reserve_in(None, req).await,
+            Split::One(Some(tag)) => {
+                // A placement known from before (a retry, a voided id)
+                // stays: its holds are where it says.
+                let prior = self.placed.get(&req.id);
+                if prior.is_none() {
+                    self.placed.put(&req.id, vec![part(tag, 0, None)], ttl);
+                }
+                let out = self.reserve_in(Some(tag), req).await;
+                if prior.is_none()
+                    && matches!(&out, Ok(o) if !matches!(o, ReserveOutcome::Admitted(_)))
+                {
+                    self.placed.forget(&req.id);
+                }
+                out
+            }
+            Split::Two(tenant, deployment) => self.reserve_across(req, tenant, deployment).await,
+            Split::Many => Err(protocol(format!(
+                "reservation {} spans more than a tenant and a deployment domain",
+                req.id
+            ))),
+        }
+    }
+
+    /// A reservation over a tenant domain and a deployment domain (DESIGN
+    /// section 22): the tenant's first; the deployment's only once the
+    /// tenant's admitted; the tenant hold voided when the deployment's
+    /// refuses.
+    async fn reserve_across(
+        &self,
+        req: &ReserveRequest,
+        tenant: &str,
+        deployment: &str,
+    ) -> Result<ReserveOutcome, StoreError> {
+        let ttl = Duration::from_micros(req.hold_ttl_micros);
+        let n = req.common.len();
+        let prior = self.placed.get(&req.id);
+        // Remembered before each call: a lost reply is compensated by a
+        // void of the id, which must reach every hold that may exist.
+        if prior.is_none() {
+            self.placed
+                .put(&req.id, vec![part(tenant, 0, Some(n))], ttl);
+        }
+        let first = match self
+            .reserve_in(Some(tenant), &domains::tenant_request(req))
+            .await?
+        {
+            ReserveOutcome::Admitted(a) => a,
+            refused => {
+                if prior.is_none() {
+                    self.placed.forget(&req.id);
+                }
+                return Ok(refused);
+            }
+        };
+        // A replay of a reservation that held the tenant domain alone
+        // stays one: the deployment domain has nothing of it to replay.
+        if first.replayed && prior.as_ref().is_some_and(|p| p.len() == 1) {
+            return Ok(ReserveOutcome::Admitted(first));
+        }
+        let both = vec![part(tenant, 0, Some(n)), part(deployment, n, None)];
+        self.placed.put(&req.id, both, ttl);
+        let (offered, index) = domains::deployment_request(req, first.candidate);
+        let second = match self.reserve_in(Some(deployment), &offered).await {
+            Ok(o) => o,
+            // The tenant hold stands whatever happened to this call: the
+            // caller's lost-reply compensation voids the id in both domains.
+            Err(StoreError::NotSent(why)) => {
+                return Err(StoreError::Unavailable(format!(
+                    "deployment domain, after the tenant domain admitted: {why}"
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        match second {
+            ReserveOutcome::Admitted(a) => {
+                let candidate = index.get(a.candidate).copied().unwrap_or(a.candidate);
+                Ok(ReserveOutcome::Admitted(domains::joined(
+                    first, a, candidate,
+                )))
+            }
+            refused => {
+                // Refunded in full at once, and the tombstone removed: the
+                // id was refused, as one domain would have left it (a retry
+                // of it is a new reservation). If a call fails, the error
+                // reaches the caller, whose compensation voids the id.
+                self.placed
+                    .put(&req.id, vec![part(tenant, 0, Some(n))], ttl);
+                self.void_in(Some(tenant), &req.id, 0).await?;
+                let key = self.hold_key(Some(tenant), &req.id);
+                let mut conn = self.conn.clone();
+                self.bounded(redis::cmd("DEL").arg(&key).query_async::<i64>(&mut conn))
+                    .await?;
+                self.placed.forget(&req.id);
+                Ok(refused)
+            }
+        }
+    }
+
+    /// Where the holds of `id` are, when this store placed them outside its
+    /// own domain (never in the `single` layout: no lookup there).
+    fn placement(&self, id: &str) -> Option<std::sync::Arc<[Part]>> {
+        if self.layout == Layout::Single {
+            return None;
+        }
+        self.placed.get(id)
+    }
+
+    /// One reserve call in the domain tagged `tag` (`None`: the store's own).
+    async fn reserve_in(
+        &self,
+        tag: Option<&str>,
+        req: &ReserveRequest,
+    ) -> Result<ReserveOutcome, StoreError> {
+        let hold_key = self.hold_key(tag, &req.id);
+        let batcher = self.batcher_of(tag);
         let all: Vec<&BudgetSpec> = req
             .common
             .iter()
@@ -29,10 +156,10 @@ impl BudgetStore for RedisStore {
         let legacy = self.previous_quota_keys(all.iter().copied());
         let (share_arg, share_keys) = share_args(req);
         let mut inv = ScriptArgs::new(
-            self.batcher.script_for(BatchOp::Reserve),
+            batcher.script_for(BatchOp::Reserve),
             1 + all.len() + legacy.len() + share_keys.len(),
         );
-        inv.key(self.keys.hold(&req.id));
+        inv.key(&hold_key);
         for s in &all {
             inv.key(&*s.key);
         }
@@ -59,7 +186,7 @@ impl BudgetStore for RedisStore {
         }
         inv.arg(common_costs(req).as_slice());
         inv.arg(share_arg.as_str());
-        let items = self.batcher.call(BatchOp::Reserve, inv).await?;
+        let items = batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
         let now = r.u64()?;
@@ -69,7 +196,7 @@ impl BudgetStore for RedisStore {
                 let replayed = r.str()? == "1";
                 if replayed {
                     // The first admission, described by the hold itself.
-                    self.forget_hold(&req.id);
+                    self.forget_hold(&hold_key);
                     let hold = HoldRecord::parse(r.str()?)?;
                     let budgets = hold
                         .lines
@@ -141,7 +268,7 @@ impl BudgetStore for RedisStore {
                         let reset = r.u64()?;
                         budgets.push(state(spec, remaining, reset));
                     }
-                    self.remember_hold(&req.id, chosen);
+                    self.remember_hold(hold_key, chosen);
                     budgets
                 };
                 Ok(ReserveOutcome::Admitted(Admission {
@@ -177,72 +304,46 @@ impl BudgetStore for RedisStore {
             other => Err(protocol(format!("reserve replied {other:?}"))),
         }
     }
+}
+
+#[async_trait]
+impl BudgetStore for RedisStore {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        self.reserve_placed(req).await
+    }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        let rates: Vec<u8> = if step.rates.is_empty() {
-            Vec::new()
-        } else {
-            packed(step.rates.iter().map(|r| (*r).min(MAX_RATE)))
+        let Some(parts) = self.placement(id) else {
+            return self.extend_in(None, id, step).await;
         };
-        let (items, specs) = self
-            .hold_call(
-                Route::Direct(&self.scripts.extend),
-                id,
-                &[step.tokens.to_string().into_bytes(), rates],
-            )
-            .await?;
-        let mut r = Reply::new(&items);
-        let tag = r.str()?;
-        let now = r.u64()?;
-        match tag {
-            "E" => Ok(ExtendOutcome::Extended {
-                granted: r.u64()?,
-                now_micros: now,
-            }),
-            "X" => {
-                let spec = specs
-                    .get(r.usize()?)
-                    .ok_or_else(|| protocol("exhaustion names no budget"))?;
-                Ok(ExtendOutcome::Exhausted(denial(
-                    &mut r,
-                    spec,
-                    step.tokens,
-                    now,
-                )?))
+        // Each hold in turn, the next asked only what the one before
+        // granted: a smaller grant there leaves the earlier hold's surplus
+        // reserved until settlement refunds it (never over-admitting).
+        let mut out = ExtendOutcome::Unknown;
+        let mut want = step.tokens;
+        for p in parts.iter() {
+            let part_step = Step {
+                tokens: want,
+                rates: p.slice(&step.rates).to_vec(),
+            };
+            out = self.extend_in(Some(&p.tag), id, &part_step).await?;
+            match domains::granted(&out) {
+                Some(g) => want = g,
+                None => return Ok(out),
             }
-            "U" => {
-                self.forget_hold(id);
-                Ok(ExtendOutcome::Unknown)
-            }
-            "S" => {
-                self.forget_hold(id);
-                Ok(ExtendOutcome::AlreadySettled)
-            }
-            other => Err(protocol(format!("extend replied {other:?}"))),
         }
+        Ok(out)
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        let (items, _) = self
-            .hold_call(Route::Direct(&self.scripts.renew), id, &[])
-            .await?;
-        let mut r = Reply::new(&items);
-        let tag = r.str()?;
-        let _now = r.u64()?;
-        match tag {
-            "R" => Ok(RenewOutcome::Renewed {
-                slot_lease_until_micros: r.u64()?,
-            }),
-            "U" => {
-                self.forget_hold(id);
-                Ok(RenewOutcome::Unknown)
-            }
-            "S" => {
-                self.forget_hold(id);
-                Ok(RenewOutcome::AlreadySettled)
-            }
-            other => Err(protocol(format!("renew replied {other:?}"))),
+        let Some(parts) = self.placement(id) else {
+            return self.renew_in(None, id).await;
+        };
+        let mut outcomes = Vec::with_capacity(parts.len());
+        for p in parts.iter() {
+            outcomes.push(self.renew_in(Some(&p.tag), id).await?);
         }
+        Ok(domains::renewed(&outcomes))
     }
 
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
@@ -250,26 +351,35 @@ impl BudgetStore for RedisStore {
             // Mode void of a hold; no tombstone for an id without one.
             return self.void(id, 0).await;
         }
-        let actuals = match &s.actual {
-            Actual::PerSpec(amounts) => packed(amounts.iter().copied()),
-            _ => Vec::new(),
+        let Some(parts) = self.placement(id) else {
+            return self.settle_in(None, id, s).await;
         };
-        let args = [
-            s.actual_tokens.to_string().into_bytes(),
-            if s.upstream_failed { "1" } else { "0" }.into(),
-            actuals,
-        ];
-        self.finish(id, &args).await
+        let mut outcomes = Vec::with_capacity(parts.len());
+        for p in parts.iter() {
+            let part = Settlement {
+                actual_tokens: s.actual_tokens,
+                upstream_failed: s.upstream_failed,
+                actual: match &s.actual {
+                    Actual::PerSpec(a) => Actual::PerSpec(p.slice(a).to_vec()),
+                    other => other.clone(),
+                },
+            };
+            outcomes.push(self.settle_in(Some(&p.tag), id, &part).await?);
+        }
+        // The placement stays until the hold would have expired: a retried
+        // reserve of the id replays from both domains.
+        Ok(domains::settled(&outcomes, false))
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
-        let args = [
-            b"0".to_vec(),
-            b"1".to_vec(),
-            b"V".to_vec(),
-            hold_ttl_micros.to_string().into_bytes(),
-        ];
-        self.finish(id, &args).await
+        let Some(parts) = self.placement(id) else {
+            return self.void_in(None, id, hold_ttl_micros).await;
+        };
+        let mut outcomes = Vec::with_capacity(parts.len());
+        for p in parts.iter() {
+            outcomes.push(self.void_in(Some(&p.tag), id, hold_ttl_micros).await?);
+        }
+        Ok(domains::settled(&outcomes, true))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
@@ -289,19 +399,53 @@ impl BudgetStore for RedisStore {
         r.i64()
     }
 
-    async fn holds_on(
-        &self,
-        specs: &[BudgetSpec],
-    ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
-        self.holds_on_walk(specs).await
-    }
-
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         if specs.is_empty() {
             // The health check: a read-only script round trip.
             self.probe().await?;
             return Ok(Vec::new());
         }
+        if self.layout == Layout::Single {
+            return self.inspect_one(specs).await;
+        }
+        let groups = domains::by_domain(specs.iter().map(|s| &*s.key));
+        if groups.len() <= 1 {
+            return self.inspect_one(specs).await;
+        }
+        // One call per domain (a script runs on one slot), answered in order.
+        let mut out: Vec<Option<BudgetState>> = vec![None; specs.len()];
+        for (_, idx) in &groups {
+            let part: Vec<BudgetSpec> = idx.iter().map(|&i| specs[i].clone()).collect();
+            for (&i, st) in idx.iter().zip(self.inspect_one(&part).await?) {
+                out[i] = Some(st);
+            }
+        }
+        out.into_iter()
+            .map(|s| s.ok_or_else(|| protocol("inspect left a budget out")))
+            .collect()
+    }
+
+    async fn holds_on(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
+        if self.layout == Layout::Single {
+            return self.holds_on_walk(None, specs).await;
+        }
+        let mut out = vec![crate::budget::HeldOn::default(); specs.len()];
+        for (tag, idx) in domains::by_domain(specs.iter().map(|s| &*s.key)) {
+            let part: Vec<BudgetSpec> = idx.iter().map(|&i| specs[i].clone()).collect();
+            for (&i, h) in idx.iter().zip(self.holds_on_walk(Some(tag), &part).await?) {
+                out[i] = h;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl RedisStore {
+    /// One inspect call over budgets of one domain.
+    async fn inspect_one(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         let legacy = self.previous_quota_keys(specs.iter());
         let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len() + legacy.len());
         for s in specs {
@@ -328,18 +472,133 @@ impl BudgetStore for RedisStore {
         }
         Ok(out)
     }
-
-    /// Every round trip is bounded by this store's timeout (`bounded`).
-    fn times_out_calls(&self) -> bool {
-        true
-    }
 }
 
 impl RedisStore {
-    /// A settle call (`lua/settle.lua`, batched) with `args` after the id.
-    async fn finish(&self, id: &str, args: &[Vec<u8>]) -> Result<SettleOutcome, StoreError> {
+    /// An extension of the hold of `id` in the domain tagged `tag`.
+    async fn extend_in(
+        &self,
+        tag: Option<&str>,
+        id: &str,
+        step: &Step,
+    ) -> Result<ExtendOutcome, StoreError> {
+        let hold_key = self.hold_key(tag, id);
+        let rates: Vec<u8> = if step.rates.is_empty() {
+            Vec::new()
+        } else {
+            packed(step.rates.iter().map(|r| (*r).min(MAX_RATE)))
+        };
+        let (items, specs) = self
+            .hold_call(
+                Route::Direct(&self.scripts.extend),
+                &hold_key,
+                tag,
+                id,
+                &[step.tokens.to_string().into_bytes(), rates],
+            )
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let now = r.u64()?;
+        match tag {
+            "E" => Ok(ExtendOutcome::Extended {
+                granted: r.u64()?,
+                now_micros: now,
+            }),
+            "X" => {
+                let spec = specs
+                    .get(r.usize()?)
+                    .ok_or_else(|| protocol("exhaustion names no budget"))?;
+                Ok(ExtendOutcome::Exhausted(denial(
+                    &mut r,
+                    spec,
+                    step.tokens,
+                    now,
+                )?))
+            }
+            "U" => {
+                self.forget_hold(&hold_key);
+                Ok(ExtendOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(&hold_key);
+                Ok(ExtendOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("extend replied {other:?}"))),
+        }
+    }
+
+    /// A renewal of the hold of `id` in the domain tagged `tag`.
+    async fn renew_in(&self, tag: Option<&str>, id: &str) -> Result<RenewOutcome, StoreError> {
+        let hold_key = self.hold_key(tag, id);
         let (items, _) = self
-            .hold_call(Route::Batched(BatchOp::Settle), id, args)
+            .hold_call(Route::Direct(&self.scripts.renew), &hold_key, tag, id, &[])
+            .await?;
+        let mut r = Reply::new(&items);
+        let tag = r.str()?;
+        let _now = r.u64()?;
+        match tag {
+            "R" => Ok(RenewOutcome::Renewed {
+                slot_lease_until_micros: r.u64()?,
+            }),
+            "U" => {
+                self.forget_hold(&hold_key);
+                Ok(RenewOutcome::Unknown)
+            }
+            "S" => {
+                self.forget_hold(&hold_key);
+                Ok(RenewOutcome::AlreadySettled)
+            }
+            other => Err(protocol(format!("renew replied {other:?}"))),
+        }
+    }
+
+    /// A settlement of the hold of `id` in the domain tagged `tag`.
+    async fn settle_in(
+        &self,
+        tag: Option<&str>,
+        id: &str,
+        s: &Settlement,
+    ) -> Result<SettleOutcome, StoreError> {
+        let actuals = match &s.actual {
+            Actual::PerSpec(amounts) => packed(amounts.iter().copied()),
+            _ => Vec::new(),
+        };
+        let args = [
+            s.actual_tokens.to_string().into_bytes(),
+            if s.upstream_failed { "1" } else { "0" }.into(),
+            actuals,
+        ];
+        self.finish(tag, id, &args).await
+    }
+
+    /// A void of `id` in the domain tagged `tag`.
+    async fn void_in(
+        &self,
+        tag: Option<&str>,
+        id: &str,
+        hold_ttl_micros: u64,
+    ) -> Result<SettleOutcome, StoreError> {
+        let args = [
+            b"0".to_vec(),
+            b"1".to_vec(),
+            b"V".to_vec(),
+            hold_ttl_micros.to_string().into_bytes(),
+        ];
+        self.finish(tag, id, &args).await
+    }
+
+    /// A settle call (`lua/settle.lua`, batched) with `args` after the id,
+    /// on the hold of `id` in the domain tagged `tag`.
+    async fn finish(
+        &self,
+        tag: Option<&str>,
+        id: &str,
+        args: &[Vec<u8>],
+    ) -> Result<SettleOutcome, StoreError> {
+        let hold_key = self.hold_key(tag, id);
+        let (items, _) = self
+            .hold_call(Route::Batched(BatchOp::Settle), &hold_key, tag, id, args)
             .await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
@@ -360,8 +619,17 @@ impl RedisStore {
             "V" => SettleOutcome::Voided,
             other => return Err(protocol(format!("settle replied {other:?}"))),
         };
-        self.forget_hold(id);
+        self.forget_hold(&hold_key);
         Ok(outcome)
+    }
+}
+
+/// A hold in the domain tagged `tag` of the specs `from..to`.
+fn part(tag: &str, from: usize, to: Option<usize>) -> Part {
+    Part {
+        tag: tag.into(),
+        from,
+        to,
     }
 }
 

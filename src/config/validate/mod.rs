@@ -20,6 +20,7 @@ use std::time::Duration;
 use super::bounds::{MAX_LIMIT, MAX_QUOTA};
 use super::estimate::{EstimateSettings, ImageCost};
 use super::ids::{is_valid_id, is_valid_prefix};
+use super::placement::{DomainMap, Layout};
 use super::raw::{RawConfig, RawLimits};
 use super::*;
 
@@ -241,8 +242,20 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     if !is_valid_id(&domain) {
         v.err("store.domain", "must match [A-Za-z0-9._-]{1,64}");
     }
+    let layout = match raw.store.layout.as_deref() {
+        None | Some("single") => Layout::Single,
+        Some("tenant") => Layout::Tenant,
+        Some(other) => {
+            v.err(
+                "store.layout",
+                format!("must be \"single\" or \"tenant\", not {other:?}"),
+            );
+            Layout::Single
+        }
+    };
     let lease = quota_lease::lease(&mut v, &raw, &kind);
     let store = StorePolicy {
+        layout,
         lease,
         kind,
         timeout: Duration::from_millis(
@@ -371,6 +384,10 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
     let (models, model_index) =
         deployments::models(&mut v, &raw, &upstream_index, &upstreams, &estimation);
     let (tenants, key_index) = tenants::tenants(&mut v, &raw, &model_index);
+    // Recomputed with every policy (a reload may add tenants and models),
+    // outside `[store]`, which is bound at start.
+    let placement = (store.layout == Layout::Tenant)
+        .then(|| std::sync::Arc::new(domain_map(&store.domain, &tenants, &upstreams, &models)));
     let end_user_key = end_user_key(&mut v, &server, &tenants);
     let queue = queue::queue(&mut v, raw.queue.as_ref(), &server);
     let ledger = ledger::ledger(&mut v, &raw.ledger);
@@ -405,6 +422,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         return Err(ConfigErrors(v.errors));
     }
     Ok(Policy {
+        placement,
         control,
         version,
         server,
@@ -425,6 +443,33 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
         model_index,
         key_index,
     })
+}
+
+/// The `tenant` layout's placement input: each tenant's top-level tenant
+/// (its farthest ancestor), each model's deployment budget scopes.
+fn domain_map(
+    domain: &str,
+    tenants: &[super::TenantPolicy],
+    upstreams: &[super::UpstreamPolicy],
+    models: &[super::ModelPolicy],
+) -> DomainMap {
+    DomainMap::new(
+        domain,
+        tenants.iter().map(|t| {
+            let root = t
+                .ancestors
+                .last()
+                .and_then(|&i| tenants.get(i))
+                .unwrap_or(t);
+            (t.name.as_str(), root.name.as_str())
+        }),
+        models.iter().map(|m| {
+            m.upstreams
+                .iter()
+                .filter_map(|&i| upstreams.get(i).map(|u| u.budget_scope()))
+                .collect()
+        }),
+    )
 }
 
 /// A setting that has a new name and a former one (accepted for one
