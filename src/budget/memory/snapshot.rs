@@ -52,8 +52,11 @@ struct Snapshot {
     /// `(key, window, [(sub-bucket id, amount)])` of rolling quotas
     /// (absent from files written before they existed).
     #[serde(default)]
-    rolling: Vec<(String, crate::budget::Window, Vec<(u64, u64)>)>,
+    rolling: Vec<RollingEntry>,
 }
+
+/// `(key, window, [(sub-bucket id, amount)])` of one rolling quota.
+type RollingEntry = (String, crate::budget::Window, Vec<(u64, u64)>);
 
 impl Snapshot {
     fn of(inner: &Inner, now: u64) -> Self {
