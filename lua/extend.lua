@@ -62,6 +62,8 @@ for i, p, kind, ref, a, b, d in live_lines(h.live) do
         local level, last
         level, last, ln.sa, ln.sb = bucket_stored(raw[ln.key], ln.a, tonumber(b), now)
         avail = fdiv(level, UNITS)
+      elseif ROLL[b] ~= nil then
+        avail = ln.a - roll_at(raw[ln.key], b, now)
       else
         avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
       end
@@ -84,6 +86,10 @@ if grant == 0 and want > 0 then
     local level, last = bucket_stored(raw[ln.key], ln.a, ln.sb, now)
     retry = refill_wait(need * UNITS - level, ln.sa, now, last)
     reset = refill_wait(ln.sb * UNITS - level, ln.sa, now, last)
+  elseif ROLL[ln.b] ~= nil then
+    local _, e = roll_at(raw[ln.key], ln.b, now)
+    retry = roll_wait(e, ln.b, now, need - tight_avail)
+    reset = retry
   else
     local _, wend = window(ln.b, now)
     retry, reset = wend - now, wend - now
@@ -107,9 +113,17 @@ for _, ln in ipairs(lines) do
     raw[key] = v
     d = s(tonumber(d) + amount)
   elseif amount > 0 and ln.kind == 'Q' then
-    local w, wend = window(ln.b, now)
-    local v = pack('<dd', w, quota_used(raw[key], w) + amount)
-    call('SET', key, v, 'PX', ttl_ms(wend - now))
+    local w, v, ttl
+    if ROLL[ln.b] ~= nil then
+      local total, e = roll_at(raw[key], ln.b, now)
+      total, e, w = roll_debit(total, e, ln.b, now, amount)
+      v, ttl = pack('<d', total) .. e, ttl_ms(roll_until_empty(e, ln.b, now))
+    else
+      local wend
+      w, wend = window(ln.b, now)
+      v, ttl = pack('<dd', w, quota_used(raw[key], w) + amount), ttl_ms(wend - now)
+    end
+    call('SET', key, v, 'PX', ttl)
     raw[key] = v
     if d ~= '' then
       d = d .. ','

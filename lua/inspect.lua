@@ -5,7 +5,7 @@
 -- KEYS[N+1..]    the previous key layout's counter of each quota, in order
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- then 3 fields per key: kind, a, b (as in reserve.lua: 'B' per_minute
--- burst | 'Q' limit 'D'/'M' | 'C' max unused)
+-- burst | 'Q' limit 'D'/'M'/'F'/'H'/'W' | 'C' max unused)
 --
 -- Reply (strings): {now, remaining_1, reset_1 µs, ..., remaining_N, reset_N}
 -- (remaining whole tokens/requests/slots, floor; reset µs until a bucket is
@@ -26,6 +26,10 @@ for i = 1, n do
     local burst = num(b, 'burst')
     local level, last = bucket_at(raw[key], burst, now)
     rem, reset = fdiv(level, UNITS), refill_wait(burst * UNITS - level, a, now, last)
+  elseif kind == 'Q' and ROLL[b] ~= nil then
+    q = q + 1
+    local total, e = roll_at(raw[key], b, now)
+    rem, reset = a - total, roll_until_empty(e, b, now)
   elseif kind == 'Q' then
     local w, wend = window(b, now)
     q = q + 1

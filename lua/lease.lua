@@ -116,8 +116,10 @@ local function available(kind, a, b, bkey, legacy, now, snow)
   if kind == 1 then
     local level = bucket_at(raw[bkey], b, now)
     return fdiv(level, UNITS)
+  elseif kind == 2 and ROLL[WL[b]] ~= nil then
+    return a - roll_at(raw[bkey], WL[b], now)
   elseif kind == 2 then
-    local w = window(b == 0 and 'D' or 'M', now)
+    local w = window(WL[b], now)
     return a - quota_used_at(raw[bkey], legacy and raw[legacy], w)
   end
   return a - call('ZCOUNT', bkey, '(' .. snow, '+inf')
@@ -149,8 +151,17 @@ local function take(kind, a, b, bkey, legacy, units, debt, now)
     level, passed = bucket_debit(level, units * UNITS)
     forgiven = forgiven + passed
     put_bucket(bkey, level, last, a, b, now)
+  elseif kind == 2 and ROLL[WL[b]] ~= nil then
+    -- A grant or debt goes to the sub-bucket of now (Rolling::debit).
+    local wl = WL[b]
+    if debt and units > MAX_AMOUNT then
+      units = MAX_AMOUNT
+    end
+    local total, e = roll_at(raw[bkey], wl, now)
+    total, e = roll_debit(total, e, wl, now, units)
+    roll_put(bkey, total, e, wl, now)
   elseif kind == 2 then
-    local w, wend = window(b == 0 and 'D' or 'M', now)
+    local w, wend = window(WL[b], now)
     local used = quota_used_at(raw[bkey], legacy and raw[legacy], w)
     if debt then
       if units > MAX_AMOUNT then
@@ -219,8 +230,21 @@ local function give(kind, a, b, bkey, legacy, id, r, units, now)
     level = math.min(level + u * UNITS, cap)
     put_bucket(bkey, level, last, a, b, now)
     return math.min(units, math.max(room, 0))
+  elseif kind == 2 and ROLL[WL[b]] ~= nil then
+    -- A lease lives within the sub-bucket it was granted in (its expiry is
+    -- capped at the sub-bucket's end): its units go back there only.
+    local wl = WL[b]
+    local w = window(wl, now)
+    if r[10] ~= w then
+      return 0
+    end
+    local total, e = roll_at(raw[bkey], wl, now)
+    local back
+    total, e, back = roll_credit(total, e, w, units)
+    roll_put(bkey, total, e, wl, now)
+    return back
   elseif kind == 2 then
-    local w, wend = window(b == 0 and 'D' or 'M', now)
+    local w, wend = window(WL[b], now)
     if r[10] ~= w then
       return 0
     end
@@ -316,7 +340,7 @@ local function lease_line(i, nums, now, snow, out)
 
   local w, wend = -1, nil
   if kind == 2 then
-    w, wend = window(b == 0 and 'D' or 'M', now)
+    w, wend = window(WL[b], now)
   end
   local r = prior
   if r == nil then

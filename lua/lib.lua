@@ -28,6 +28,10 @@
 --           (refilled up to; advances by whole ms), per_minute, burst):
 --           32 bytes, four little-endian IEEE doubles, each an exact integer
 --   quota   struct.pack('<dd', window id, used): 16 bytes
+--   rolling (a quota of a rolling window, src/budget/rolling.rs)
+--           struct.pack('<d', total) then one struct.pack('<dd', sub-bucket
+--           id, amount) per non-empty sub-bucket still counted, oldest
+--           first: 8 + 16 × (at most n + 1) bytes
 --   slots   sorted set: member = reservation id, score = lease end (UTC µs)
 --   hold    text, 6 sections separated by "\n" (layout v2):
 --     1 header  "<st> <exp> <res> <lease> <now> <cand> <snow> <refunded> <debt>"
@@ -61,6 +65,7 @@
 --   and replays (without budgets) until it expires.
 
 -- Constants shared with Rust (UNITS units per token, DAY µs per UTC day,
+-- ROLL the sub-bucket length µs and count of each rolling window by letter,
 -- MARGIN_MS added to every TTL, LAYOUT the key-layout version, DEBT_FLOOR
 -- the lowest bucket level, MAX_WAIT_MS the longest wait computed, MAX_COST
 -- the largest single amount) are defined
@@ -280,10 +285,15 @@ local function days_from_civil(y, m, d)
   return era * 146097 + doe - 719468
 end
 
+-- Window letters by the number reserve.lua's spec numbers carry
+-- (wire::spec_numbers): day, month, then the rolling 5 h, 24 h and week.
+local WL = { [0] = 'D', [1] = 'M', [2] = 'F', [3] = 'H', [4] = 'W' }
+
 -- Window::id and Window::end of the window 'D' | 'M' containing now
 -- (computed once per `now`: a call, or a batch without a test clock, has
 -- one): days since the epoch or year × 12 + month − 1, and the exclusive
--- end, UTC µs.
+-- end, UTC µs; of a rolling window 'F' | 'H' | 'W', the sub-bucket of now
+-- and its end.
 local windows, windows_now = {}, nil
 local function window(w, now)
   if windows_now ~= now then
@@ -292,7 +302,11 @@ local function window(w, now)
   local c = windows[w]
   if c == nil then
     local day = fdiv(now, DAY)
-    if w == 'D' then
+    local r = ROLL[w]
+    if r ~= nil then
+      local sb = fdiv(now, r[1])
+      c = { sb, (sb + 1) * r[1] }
+    elseif w == 'D' then
       c = { day, (day + 1) * DAY }
     else
       local y, m = civil_from_days(day)
@@ -331,6 +345,126 @@ local function quota_used_at(v, legacy, w)
     return quota_used(legacy, w)
   end
   return quota_used(v, w)
+end
+
+---------------------------------------------------------------- rolling
+
+-- Mirrors src/budget/rolling.rs (module docs: the shape, the proof). A
+-- state is `total` and `e`, the packed '<dd' (sub-bucket, amount) pairs,
+-- oldest first; stored as pack('<d', total) .. e.
+
+-- The stored value `v` (false: none) of rolling window `w` ('F' | 'H' |
+-- 'W') at `now`, with the sub-buckets that have left dropped
+-- (Rolling::advance): total, entries.
+local function roll_at(v, w, now)
+  if not v then
+    return 0, ''
+  end
+  local r = ROLL[w]
+  local c = fdiv(now, r[1])
+  local n = r[2]
+  local total = unpack_('<d', v)
+  local pos, len = 9, #v
+  while pos < len do
+    local b, a = unpack_('<dd', v, pos)
+    if b + n >= c then
+      break
+    end
+    total = total - a
+    pos = pos + 16
+  end
+  return total, sub(v, pos)
+end
+
+-- Rolling::debit: `amount` to the sub-bucket of now, the total capped at
+-- MAX_COUNT; returns total, entries, the sub-bucket id.
+local function roll_debit(total, e, w, now, amount)
+  local c = fdiv(now, ROLL[w][1])
+  if amount > MAX_COUNT - total then
+    amount = math.max(MAX_COUNT - total, 0)
+  end
+  total = total + amount
+  local len = #e
+  if len >= 16 then
+    local b, a = unpack_('<dd', e, len - 15)
+    if b == c then
+      return total, sub(e, 1, len - 16) .. pack('<dd', b, a + amount), c
+    end
+  end
+  return total, e .. pack('<dd', c, amount), c
+end
+
+-- Rolling::credit: up to `amount` back to sub-bucket `sb` (nothing when it
+-- has left; never more than it holds); returns total, entries, what went
+-- back.
+local function roll_credit(total, e, sb, amount)
+  local pos = #e - 15
+  while pos >= 1 do
+    local b, a = unpack_('<dd', e, pos)
+    if b == sb then
+      local r = math.min(amount, a)
+      return total - r, sub(e, 1, pos - 1) .. pack('<dd', b, a - r) .. sub(e, pos + 16), r
+    end
+    if b < sb then
+      break
+    end
+    pos = pos - 16
+  end
+  return total, e, 0
+end
+
+-- Rolling::refund: `amount` of a hold back to the sub-buckets of its
+-- debits "w:amount,..." (in order), newest first, each at most its own
+-- amount, none to a sub-bucket that has left.
+local function roll_refund(total, e, w, now, d, amount)
+  local r = ROLL[w]
+  local c, n = fdiv(now, r[1]), r[2]
+  local D = {}
+  for dw, da in string.gmatch(d, '(%d+):(%d+)') do
+    D[#D + 1] = { tonumber(dw), tonumber(da) }
+  end
+  local left = amount
+  for j = #D, 1, -1 do
+    if left == 0 then
+      break
+    end
+    local b, a = D[j][1], D[j][2]
+    if b + n >= c then
+      local x = math.min(left, a)
+      total, e = roll_credit(total, e, b, x)
+      left = left - x
+    end
+  end
+  return total, e
+end
+
+-- µs from now until every unit has left (Rolling::until_empty; 0 when empty).
+local function roll_until_empty(e, w, now)
+  local len = #e
+  if len < 16 then
+    return 0
+  end
+  local r = ROLL[w]
+  local b = unpack_('<d', e, len - 15)
+  return math.max((b + r[2] + 1) * r[1] - now, 0)
+end
+
+-- µs from now until `need` units have left (Rolling::wait_for).
+local function roll_wait(e, w, now, need)
+  if need <= 0 then
+    return 0
+  end
+  local r = ROLL[w]
+  local gone, pos, len = 0, 1, #e
+  while pos < len do
+    local b, a = unpack_('<dd', e, pos)
+    gone = gone + a
+    if gone >= need then
+      return math.max((b + r[2] + 1) * r[1] - now, 0)
+    end
+    pos = pos + 16
+  end
+  return roll_until_empty(e, w, now)
 end
 
 ---------------------------------------------------------------- holds
@@ -377,6 +511,12 @@ local function put(key, v, ttl)
   end
   dirty[key] = ttl
   raw[key] = v
+end
+
+-- The stored value of a rolling state, and its TTL (ms): until every
+-- unit has left, plus the margin.
+local function roll_put(key, total, e, w, now)
+  put(key, pack('<d', total) .. e, ttl_ms(roll_until_empty(e, w, now)))
 end
 
 -- Slot sets are written at once (ZADD, ZREM: later checks count their

@@ -23,7 +23,8 @@
 --                8 bytes): one string read with one struct.unpack, instead of
 --                5 decimal strings each converted with tonumber
 --   kind   1 bucket (a = per_minute tokens/min, b = burst tokens),
---          2 quota (a = limit per window, b = 0 day | 1 month),
+--          2 quota (a = limit per window, b = 0 day | 1 month | 2 rolling
+--            5 h | 3 rolling 24 h | 4 rolling week: lib.lua's WL),
 --          3 concurrency (a = max slots, b = 0)
 --   a, b   as above
 --   cost   this request's debit in the budget's unit (tokens, requests,
@@ -119,7 +120,19 @@ local function reserve_check(V, i, cost, key, now, snow, id, LEGACY)
     if cost > a then
       return { 'I', i }
     end
-    local w, wend = window(b == 0 and 'D' or 'M', now)
+    local wl = WL[b]
+    if ROLL[wl] ~= nil then
+      local total, e = roll_at(raw[key], wl, now)
+      local avail = a - total
+      if avail >= cost then
+        return nil
+      end
+      -- Refused: the reset is when enough will have slid out for it
+      -- (Inner::refused_state), as the retry.
+      local wait = roll_wait(e, wl, now, cost - avail)
+      return { 'D', i, avail, wait, wait }
+    end
+    local w, wend = window(wl, now)
     local avail = a - quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w)
     if avail >= cost then
       return nil
@@ -330,8 +343,15 @@ local function reserve(KEYS, ARGV)
             put(key, pack('<dddd', level, last, a, b), ttl_ms(until_full))
             rem, reset = s(fdiv(level, UNITS)), s(until_full)
             lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. debit .. ';'
+          elseif kind == 2 and ROLL[WL[b]] ~= nil then
+            local wl = WL[b]
+            local total, e, sb = roll_at(raw[key], wl, now)
+            total, e, sb = roll_debit(total, e, wl, now, cost)
+            roll_put(key, total, e, wl, now)
+            rem, reset = s(a - total), s(roll_until_empty(e, wl, now))
+            lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. s(sb) .. ':' .. debit .. ';'
           elseif kind == 2 then
-            local w, wend = window(b == 0 and 'D' or 'M', now)
+            local w, wend = window(WL[b], now)
             local used = quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w) + cost
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)

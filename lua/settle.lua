@@ -126,6 +126,19 @@ local function settle(KEYS, ARGV)
       end
       put(key, pack('<dddd', level, last, per_minute, burst),
         ttl_ms(refill_wait(cap - level, per_minute, now, last)))
+    elseif ROLL[b] ~= nil then
+      -- A rolling window (Inner::settle_line): a refund goes back to the
+      -- sub-buckets the hold debited, debt to the sub-bucket of now.
+      local total, e = roll_at(raw[key], b, now)
+      local held = debited(d, nil)
+      local used = line_used(kind == 'Q', held, p, MAX_AMOUNT)
+      if used < held and (ref == '1' or failed) then
+        total, e = roll_refund(total, e, b, now, d, held - used)
+        refunded_any = true
+      elseif used > held then
+        total, e = roll_debit(total, e, b, now, used - held)
+      end
+      roll_put(key, total, e, b, now)
     else
       local w, wend = window(b, now)
       local count = quota_used(raw[key], w)

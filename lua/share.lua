@@ -214,8 +214,12 @@ local function share_refusal(V, i, cost, v, key, legacy, now, snow)
       end
       retry = ms * 1000
     end
+  elseif kind == 2 and ROLL[WL[b]] ~= nil then
+    local total, e = roll_at(v, WL[b], now)
+    avail = a - total
+    reset = roll_until_empty(e, WL[b], now)
   elseif kind == 2 then
-    local w, wend = window(b == 0 and 'D' or 'M', now)
+    local w, wend = window(WL[b], now)
     avail = a - quota_used_at(v, legacy, w)
     reset = wend - now
   else

@@ -107,10 +107,29 @@ pub fn scope_budgets(
             },
         );
     }
-    // Dollar budgets: calendar quotas whose unit is the micro-dollar.
+    // Dollar budgets: quotas whose unit is the micro-dollar; then the
+    // rolling windows (`budget::rolling`), tokens and dollars.
     for (name, limit, window) in [
         (BudgetName::UsdPerDay, limits.usd_per_day, Window::Day),
         (BudgetName::UsdPerMonth, limits.usd_per_month, Window::Month),
+        (
+            BudgetName::TokensPer5h,
+            limits.tokens_per_5h,
+            Window::Hours5,
+        ),
+        (
+            BudgetName::TokensPer24h,
+            limits.tokens_per_24h,
+            Window::Hours24,
+        ),
+        (
+            BudgetName::TokensPerWeek,
+            limits.tokens_per_week,
+            Window::Week,
+        ),
+        (BudgetName::UsdPer5h, limits.usd_per_5h, Window::Hours5),
+        (BudgetName::UsdPer24h, limits.usd_per_24h, Window::Hours24),
+        (BudgetName::UsdPerWeek, limits.usd_per_week, Window::Week),
     ] {
         if let Some(limit) = limit {
             push(name, BudgetKind::Quota { limit, window });

@@ -83,15 +83,7 @@ fn tenant_of(scope: &Scope) -> Option<String> {
 }
 
 fn window_start(w: Window, now: u64) -> u64 {
-    use crate::budget::calendar::{civil_from_days, days_from_civil, MICROS_PER_DAY};
-    let day = now / MICROS_PER_DAY;
-    match w {
-        Window::Day => day * MICROS_PER_DAY,
-        Window::Month => {
-            let (y, m, _) = civil_from_days(day as i64);
-            days_from_civil(y, m, 1) as u64 * MICROS_PER_DAY
-        }
-    }
+    w.start(now)
 }
 
 /// 32 hex digits of SHA-256 over the firing's identity.

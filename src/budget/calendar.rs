@@ -1,37 +1,72 @@
-//! UTC calendar windows for daily and monthly quotas, in pure integer math
-//! (mirrored by the Lua scripts). Days and months are counted from the Unix
-//! epoch; month boundaries use the proleptic Gregorian calendar
-//! (days-from-civil conversion after H. Hinnant, "chrono-Compatible
-//! Low-Level Date Algorithms").
+//! Quota windows in pure integer math (mirrored by the Lua scripts): UTC
+//! calendar days and months, and the rolling windows of
+//! [`super::rolling`] (whose "window id" is the sub-bucket a debit goes
+//! to). Days and months are counted from the Unix epoch; month boundaries
+//! use the proleptic Gregorian calendar (days-from-civil conversion after
+//! H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
 
 /// Microseconds per UTC day.
 pub const MICROS_PER_DAY: u64 = 86_400_000_000;
 
 /// A quota window length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Window {
     /// A UTC calendar day.
     Day,
     /// A UTC calendar month.
     Month,
+    /// The last 5 hours, rolling: 60 sub-buckets of 5 minutes.
+    #[serde(rename = "5h")]
+    Hours5,
+    /// The last 24 hours, rolling: 96 sub-buckets of 15 minutes.
+    #[serde(rename = "24h")]
+    Hours24,
+    /// The last 7 days, rolling: 168 sub-buckets of 1 hour.
+    Week,
 }
 
+/// Microseconds per minute.
+const MINUTE: u64 = 60_000_000;
+
 impl Window {
+    /// `(sub-bucket length µs, sub-buckets per window)` of a rolling
+    /// window; `None` for the calendar ones.
+    pub const fn rolling(self) -> Option<(u64, u64)> {
+        match self {
+            Window::Day | Window::Month => None,
+            Window::Hours5 => Some((5 * MINUTE, 60)),
+            Window::Hours24 => Some((15 * MINUTE, 96)),
+            Window::Week => Some((60 * MINUTE, 168)),
+        }
+    }
+
+    /// True for the rolling windows.
+    pub const fn is_rolling(self) -> bool {
+        self.rolling().is_some()
+    }
+
     /// Identifier of the window containing `now` (UTC µs): days since the
-    /// epoch for [`Window::Day`], `year × 12 + month − 1` for [`Window::Month`].
+    /// epoch for [`Window::Day`], `year × 12 + month − 1` for
+    /// [`Window::Month`]; for a rolling window the sub-bucket `now` lies in
+    /// (`now / sub-bucket length`), which is what a hold records of a debit
+    /// and what a quota lease is valid in.
     pub fn id(self, now: u64) -> u64 {
+        if let Some((sub, _)) = self.rolling() {
+            return now / sub;
+        }
         let day = now / MICROS_PER_DAY;
         match self {
             Window::Day => day,
-            Window::Month => {
+            _ => {
                 let (y, m, _) = civil_from_days(day as i64);
                 (y as u64) * 12 + (m as u64 - 1)
             }
         }
     }
 
-    /// Start of the window containing `now`, UTC µs.
+    /// Start of the window containing `now`, UTC µs (of a rolling window:
+    /// `now` less the window's length, the start of the interval counted).
     pub fn start(self, now: u64) -> u64 {
         let day = now / MICROS_PER_DAY;
         match self {
@@ -40,15 +75,23 @@ impl Window {
                 let (y, m, _) = civil_from_days(day as i64);
                 days_from_civil(y, m, 1) as u64 * MICROS_PER_DAY
             }
+            Window::Hours5 | Window::Hours24 | Window::Week => {
+                now.saturating_sub(self.seconds() * 1_000_000)
+            }
         }
     }
 
-    /// End of the window containing `now` (exclusive), UTC µs.
+    /// End of the window containing `now` (exclusive), UTC µs; of a
+    /// rolling window, the end of the sub-bucket `now` lies in (where
+    /// [`Window::id`] changes).
     pub fn end(self, now: u64) -> u64 {
+        if let Some((sub, _)) = self.rolling() {
+            return (now / sub + 1) * sub;
+        }
         let day = now / MICROS_PER_DAY;
         match self {
             Window::Day => (day + 1) * MICROS_PER_DAY,
-            Window::Month => {
+            _ => {
                 let (y, m, _) = civil_from_days(day as i64);
                 let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
                 days_from_civil(ny, nm, 1) as u64 * MICROS_PER_DAY
@@ -62,6 +105,9 @@ impl Window {
         match self {
             Window::Day => 86_400,
             Window::Month => 30 * 86_400,
+            Window::Hours5 => 5 * 3_600,
+            Window::Hours24 => 86_400,
+            Window::Week => 7 * 86_400,
         }
     }
 }

@@ -118,6 +118,13 @@ impl DenyCache {
                 let until = last0 + wait_micros(missing, rate);
                 (bound, per_minute, last0, until)
             }
+            // A rolling window's count changes only when a sub-bucket
+            // leaves, at a sub-bucket's end (`budget::rolling`): a smaller
+            // request may fit from there on, before this one's hint.
+            BudgetKind::Quota { window, .. } if window.is_rolling() => {
+                let until = (now + denial.retry_after_micros).min(window.end(now));
+                (denial.available, 0, now, until)
+            }
             BudgetKind::Quota { .. } => (denial.available, 0, now, now + denial.retry_after_micros),
             BudgetKind::Concurrency { .. } => return,
         };

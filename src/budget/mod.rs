@@ -6,6 +6,7 @@
 //!
 //! - [`bucket`]: token-bucket arithmetic in exact integer units.
 //! - [`calendar`]: UTC day/month quota windows.
+//! - [`rolling`]: rolling 5-hour, 24-hour and weekly quota windows.
 //! - [`keys`]: the one pure function that names stored keys.
 //! - [`placement`]: which domain (hash tag) a scope's keys live in.
 //! - [`quota_lease`]: the store calls of quota leases ([`quota_lease::LeaseStore`]).
@@ -30,6 +31,7 @@ pub mod placement;
 pub mod quota_lease;
 pub mod records;
 pub mod redis;
+pub mod rolling;
 pub mod share;
 
 pub use amounts::{Actual, Costs, Requester, Step, MAX_AMOUNT, MAX_COUNT, MAX_RATE, RATE_ONE};
@@ -105,6 +107,22 @@ pub enum BudgetName {
     UsdPerDay,
     /// Micro-dollars per UTC month (calendar quota in µ$).
     UsdPerMonth,
+    /// Tokens in the last 5 hours (rolling quota, [`rolling`]).
+    #[serde(rename = "tokens_per_5h")]
+    TokensPer5h,
+    /// Tokens in the last 24 hours (rolling quota).
+    #[serde(rename = "tokens_per_24h")]
+    TokensPer24h,
+    /// Tokens in the last 7 days (rolling quota).
+    TokensPerWeek,
+    /// Micro-dollars in the last 5 hours (rolling quota in µ$).
+    #[serde(rename = "usd_per_5h")]
+    UsdPer5h,
+    /// Micro-dollars in the last 24 hours (rolling quota in µ$).
+    #[serde(rename = "usd_per_24h")]
+    UsdPer24h,
+    /// Micro-dollars in the last 7 days (rolling quota in µ$).
+    UsdPerWeek,
 }
 
 impl BudgetName {
@@ -121,13 +139,26 @@ impl BudgetName {
             BudgetName::RequestsPerDay => "requests_per_day",
             BudgetName::UsdPerDay => "usd_per_day",
             BudgetName::UsdPerMonth => "usd_per_month",
+            BudgetName::TokensPer5h => "tokens_per_5h",
+            BudgetName::TokensPer24h => "tokens_per_24h",
+            BudgetName::TokensPerWeek => "tokens_per_week",
+            BudgetName::UsdPer5h => "usd_per_5h",
+            BudgetName::UsdPer24h => "usd_per_24h",
+            BudgetName::UsdPerWeek => "usd_per_week",
         }
     }
 
     /// True when the budget counts micro-dollars (a price times the
     /// tokens; always refunded to the actual cost at settle).
     pub fn counts_usd(self) -> bool {
-        matches!(self, BudgetName::UsdPerDay | BudgetName::UsdPerMonth)
+        matches!(
+            self,
+            BudgetName::UsdPerDay
+                | BudgetName::UsdPerMonth
+                | BudgetName::UsdPer5h
+                | BudgetName::UsdPer24h
+                | BudgetName::UsdPerWeek
+        )
     }
 
     /// Parses [`BudgetName::as_str`]'s spelling.
@@ -157,6 +188,22 @@ impl BudgetName {
                 | BudgetName::OutputTpm
                 | BudgetName::TokensPerDay
                 | BudgetName::TokensPerMonth
+                | BudgetName::TokensPer5h
+                | BudgetName::TokensPer24h
+                | BudgetName::TokensPerWeek
+        )
+    }
+
+    /// True for the rolling quotas (`tokens_per_5h` … `usd_per_week`).
+    pub fn is_rolling(self) -> bool {
+        matches!(
+            self,
+            BudgetName::TokensPer5h
+                | BudgetName::TokensPer24h
+                | BudgetName::TokensPerWeek
+                | BudgetName::UsdPer5h
+                | BudgetName::UsdPer24h
+                | BudgetName::UsdPerWeek
         )
     }
 
@@ -186,7 +233,9 @@ pub enum BudgetKind {
         /// Capacity, tokens (or requests).
         burst: u64,
     },
-    /// Calendar-window counter, reset at the UTC boundary.
+    /// Calendar-window counter, reset at the UTC boundary; or, for a
+    /// rolling window ([`Window::is_rolling`]), a counter over sub-buckets
+    /// ([`rolling`]).
     Quota {
         /// Tokens (or requests) per window.
         limit: u64,
@@ -283,7 +332,9 @@ pub struct BudgetState {
     pub limit: u64,
     /// Whole units available now (floor; negative while in debt).
     pub remaining: i64,
-    /// Microseconds until full (buckets) or until the window resets (quotas); 0 for concurrency.
+    /// Microseconds until full (buckets), until the window resets (calendar
+    /// quotas) or until every unit has slid out (rolling quotas); 0 for
+    /// concurrency.
     pub reset_micros: u64,
     /// Window, for quotas.
     pub window: Option<Window>,
@@ -362,7 +413,8 @@ pub struct Denial {
     /// What it had (floor; negative in debt).
     pub available: i64,
     /// Microseconds until the request would fit (buckets: exact ceiling;
-    /// quotas: until the window resets; concurrency: 0 — the caller applies its hint).
+    /// calendar quotas: until the window resets; rolling quotas: until
+    /// enough has slid out; concurrency: 0 — the caller applies its hint).
     pub retry_after_micros: u64,
     /// Store time, UTC µs.
     pub now_micros: u64,

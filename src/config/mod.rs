@@ -132,6 +132,18 @@ pub struct Limits {
     pub usd_per_day: Option<u64>,
     /// Micro-dollars per UTC month (`usd_per_month`).
     pub usd_per_month: Option<u64>,
+    /// Tokens in the last 5 hours, rolling (`budget::rolling`).
+    pub tokens_per_5h: Option<u64>,
+    /// Tokens in the last 24 hours, rolling.
+    pub tokens_per_24h: Option<u64>,
+    /// Tokens in the last 7 days, rolling.
+    pub tokens_per_week: Option<u64>,
+    /// Micro-dollars in the last 5 hours, rolling (`usd_per_5h`).
+    pub usd_per_5h: Option<u64>,
+    /// Micro-dollars in the last 24 hours, rolling.
+    pub usd_per_24h: Option<u64>,
+    /// Micro-dollars in the last 7 days, rolling.
+    pub usd_per_week: Option<u64>,
 }
 
 impl Limits {
@@ -142,7 +154,11 @@ impl Limits {
 
     /// True when a dollar budget is set.
     pub fn has_usd(&self) -> bool {
-        self.usd_per_day.is_some() || self.usd_per_month.is_some()
+        self.usd_per_day.is_some()
+            || self.usd_per_month.is_some()
+            || self.usd_per_5h.is_some()
+            || self.usd_per_24h.is_some()
+            || self.usd_per_week.is_some()
     }
 }
 

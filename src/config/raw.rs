@@ -196,6 +196,15 @@ pub struct RawLimits {
     pub cache_read_weight: Option<i64>,
     pub usd_per_day: Option<RawDecimal>,
     pub usd_per_month: Option<RawDecimal>,
+    #[serde(default, deserialize_with = "wide_int")]
+    pub tokens_per_5h: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
+    pub tokens_per_24h: Option<i64>,
+    #[serde(default, deserialize_with = "wide_int")]
+    pub tokens_per_week: Option<i64>,
+    pub usd_per_5h: Option<RawDecimal>,
+    pub usd_per_24h: Option<RawDecimal>,
+    pub usd_per_week: Option<RawDecimal>,
 }
 
 /// A limit as written, brought to the nearest `i64` when it is beyond 64

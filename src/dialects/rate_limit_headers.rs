@@ -67,8 +67,8 @@ fn fraction(out: &mut String, frac: u64) {
     }
 }
 
-// Bits of `ietf_headers`' member set: 12 budget names per scope kind.
-const _: () = assert!((BudgetName::UsdPerMonth as u32) < 12);
+// Bits of `ietf_headers`' member set: 16 budget names per scope kind.
+const _: () = assert!((BudgetName::UsdPerWeek as u32) < 16);
 
 /// The scope kind's place among [`scope_label`]'s (0..5).
 fn scope_index(scope: &Scope) -> u32 {
@@ -119,6 +119,12 @@ fn key_name(name: BudgetName) -> &'static str {
         BudgetName::RequestsPerDay => "requests-per-day",
         BudgetName::UsdPerDay => "usd-per-day",
         BudgetName::UsdPerMonth => "usd-per-month",
+        BudgetName::TokensPer5h => "tokens-per-5h",
+        BudgetName::TokensPer24h => "tokens-per-24h",
+        BudgetName::TokensPerWeek => "tokens-per-week",
+        BudgetName::UsdPer5h => "usd-per-5h",
+        BudgetName::UsdPer24h => "usd-per-24h",
+        BudgetName::UsdPerWeek => "usd-per-week",
     }
 }
 
@@ -219,7 +225,7 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
     let mut policies = String::with_capacity(128);
     let mut values = String::with_capacity(128);
     // Which (scope kind, budget) members are written: one bit each.
-    let mut named: u64 = 0;
+    let mut named: u128 = 0;
     for s in states.iter().filter(|s| !s.scope.is_upstream()) {
         let w = match (s.name, s.window) {
             (name, _) if name == BudgetName::Rpm || name.is_token_rate() => 60,
@@ -227,7 +233,7 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
             _ => continue,
         };
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
-        let bit = 1u64 << (scope_index(&s.scope) * 12 + s.name as u32);
+        let bit = 1u128 << (scope_index(&s.scope) * 16 + s.name as u32);
         if named & bit != 0 {
             continue;
         }

@@ -305,7 +305,7 @@ pub(super) fn is_quota(name: BudgetName) -> bool {
             | BudgetName::RequestsPerDay
             | BudgetName::UsdPerDay
             | BudgetName::UsdPerMonth
-    )
+    ) || name.is_rolling()
 }
 
 impl IntoResponse for ApiError {

@@ -25,7 +25,7 @@ fn unit(name: BudgetName) -> &'static str {
     match name {
         BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
         BudgetName::MaxConcurrent => "requests in flight",
-        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "micro-dollars",
+        name if name.counts_usd() => "micro-dollars",
         _ => "tokens",
     }
 }
@@ -60,13 +60,18 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
     if d.name.counts_usd() {
         // The spend may pass the limit (the debt of settled requests).
         return format!(
-            "Quota exceeded for {} budget {} ({}){of}: dollar budget exhausted, limit {}, spent {}, this request needs {}. The budget resets in {}.",
+            "Quota exceeded for {} budget {} ({}){of}: dollar budget exhausted, limit {}, spent {}, this request needs {}. {} in {}.",
             scope_kind(&d.scope),
             d.scope,
             d.name,
             amount(d.name, d.limit as i64),
             amount(d.name, d.limit as i64 - d.available),
             amount(d.name, d.requested as i64),
+            if d.name.is_rolling() {
+                "Enough slides out of the rolling window"
+            } else {
+                "The budget resets"
+            },
             human(wait)
         );
     }
@@ -84,7 +89,12 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
         (d.limit as i64 - d.available).max(0),
         d.requested,
         unit(d.name),
-        if is_quota(d.name) {
+        if d.name.is_rolling() {
+            format!(
+                "Enough slides out of the rolling window in {}.",
+                human(wait)
+            )
+        } else if is_quota(d.name) {
             format!("The quota resets in {}.", human(wait))
         } else {
             format!("Please try again in {}.", human(wait))

@@ -27,6 +27,9 @@ pub fn window_of(name: BudgetName, now: u64) -> Option<(u64, u64)> {
         BudgetName::Rpm | BudgetName::Tpm | BudgetName::InputTpm | BudgetName::OutputTpm => {
             Some((now.saturating_sub(MINUTE_MICROS), to))
         }
+        BudgetName::TokensPer5h | BudgetName::UsdPer5h => Some((Window::Hours5.start(now), to)),
+        BudgetName::TokensPer24h | BudgetName::UsdPer24h => Some((Window::Hours24.start(now), to)),
+        BudgetName::TokensPerWeek | BudgetName::UsdPerWeek => Some((Window::Week.start(now), to)),
         BudgetName::MaxConcurrent => None,
     }
 }
@@ -39,8 +42,17 @@ pub fn in_unit(name: BudgetName, t: &SpendTotals) -> u64 {
         BudgetName::Rpm | BudgetName::RequestsPerDay => t.requests,
         BudgetName::InputTpm => t.input_tokens + t.cached_read_tokens + t.cache_write_tokens,
         BudgetName::OutputTpm => t.output_tokens,
-        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => t.cost_micros,
-        BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth => t.charged_tokens,
+        BudgetName::UsdPerDay
+        | BudgetName::UsdPerMonth
+        | BudgetName::UsdPer5h
+        | BudgetName::UsdPer24h
+        | BudgetName::UsdPerWeek => t.cost_micros,
+        BudgetName::Tpm
+        | BudgetName::TokensPerDay
+        | BudgetName::TokensPerMonth
+        | BudgetName::TokensPer5h
+        | BudgetName::TokensPer24h
+        | BudgetName::TokensPerWeek => t.charged_tokens,
         BudgetName::MaxConcurrent => 0,
     }
 }

@@ -49,9 +49,16 @@ pub fn unit(name: BudgetName) -> &'static str {
         | BudgetName::InputTpm
         | BudgetName::OutputTpm
         | BudgetName::TokensPerDay
-        | BudgetName::TokensPerMonth => "tokens",
+        | BudgetName::TokensPerMonth
+        | BudgetName::TokensPer5h
+        | BudgetName::TokensPer24h
+        | BudgetName::TokensPerWeek => "tokens",
         BudgetName::MaxConcurrent => "slots",
-        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => "usd_micros",
+        BudgetName::UsdPerDay
+        | BudgetName::UsdPerMonth
+        | BudgetName::UsdPer5h
+        | BudgetName::UsdPer24h
+        | BudgetName::UsdPerWeek => "usd_micros",
     }
 }
 

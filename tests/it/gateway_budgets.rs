@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use budgetgate::budget::BudgetName;
+use budgetgate::clock::Clock;
 use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -301,4 +302,69 @@ async fn untouched_fields_are_forwarded_in_the_clients_order_byte_for_byte() {
         std::str::from_utf8(&forwarded).unwrap(),
         r#"{"temperature":0.250,"messages":[{"role":"user","content":"hi"}],"metadata":{"b":"1",  "a":"2"},"userA":"x","max_tokens":5,"model":"gpt-4o-mini"}"#
     );
+}
+
+/// A rolling 5-hour quota through the gateway on a frozen clock: refused
+/// at the limit with `retry-after` (and the `RateLimit` field's `t`) at the
+/// instant the oldest sub-bucket has slid out, within one 5-minute
+/// sub-bucket of when an exact log would admit; admitted again from then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5h_window_refuses_at_its_limit_and_admits_when_the_oldest_sub_bucket_slides_out() {
+    const G: u64 = 300_000_000;
+    const W: u64 = 5 * 3_600_000_000;
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 20,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let reserve = chat_input_tokens(&body) + 20;
+    // Room for two reservations, not three.
+    let c = TestConfig::standard(
+        &mock.base_url(),
+        100,
+        limits().tokens_per_5h(reserve * 5 / 2),
+    );
+    let gw = c.start().await;
+    // 40 s into a sub-bucket: the first request.
+    let t0 = gw.clock.now_micros() - gw.clock.now_micros() % G + 40_000_000;
+    gw.clock.set(t0);
+    let (s, _, _) = post_chat_json(&gw, KEY, &body).await;
+    assert_eq!(s, 200);
+    gw.settled().await;
+    // An hour later, the rest.
+    gw.clock.set(t0 + 3_600_000_000);
+    let mut admitted = 1;
+    let (status, v, h) = loop {
+        let (s, v, h) = post_chat_json(&gw, KEY, &body).await;
+        gw.settled().await;
+        if s != 200 {
+            break (s, v, h);
+        }
+        admitted += 1;
+        assert!(admitted < 10, "never refused");
+    };
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("tokens_per_5h") && msg.contains("rolling window"),
+        "{msg}"
+    );
+    let now = gw.clock.now_micros();
+    // The first request's sub-bucket lies wholly beyond the window from
+    // t0 − 40 s + 61 sub-buckets; an exact log would admit at t0 + W.
+    let slides_out = t0 - 40_000_000 + 61 * G;
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(retry, (slides_out - now).div_ceil(1_000_000));
+    let exact = (t0 + W - now) / 1_000_000;
+    assert!(
+        retry >= exact && retry - exact <= G / 1_000_000,
+        "{retry} vs {exact}"
+    );
+    let field = h["ratelimit"].to_str().unwrap();
+    assert!(field.contains(&format!(";t={retry}")), "{field}");
+
+    gw.clock.set(slides_out - 1);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 429);
+    gw.clock.set(slides_out);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
 }

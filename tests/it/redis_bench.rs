@@ -529,3 +529,108 @@ async fn lease_calls(server: &RedisServer, store: &RedisStore, ks: &KeySpace, sl
         usec / specs.len() as f64
     );
 }
+
+/// A request with a quota on its tenant, key and end user (each with rpm,
+/// tpm and slots too) and the deployment's three budgets: the quotas
+/// `window` long (`TokensPerDay` or `TokensPerWeek` by the window).
+fn quota_budgets(
+    ks: &KeySpace,
+    tenant: &str,
+    window: Window,
+) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
+    let quota = if window.is_rolling() {
+        BudgetName::TokensPerWeek
+    } else {
+        BudgetName::TokensPerDay
+    };
+    let spec = |scope: Scope, name: BudgetName| {
+        let kind = match name {
+            BudgetName::MaxConcurrent => BudgetKind::Concurrency { max: 1_000_000 },
+            BudgetName::TokensPerDay | BudgetName::TokensPerWeek => BudgetKind::Quota {
+                limit: 500_000_000_000,
+                window,
+            },
+            _ => BudgetKind::Bucket {
+                per_minute: 50_000_000,
+                burst: 50_000_000,
+            },
+        };
+        BudgetSpec {
+            key: ks.budget(&scope, name).into(),
+            scope,
+            name,
+            kind,
+            refund_unused: true,
+            shadow: false,
+        }
+    };
+    use BudgetName::*;
+    let scopes = [
+        Scope::Tenant(tenant.into()),
+        Scope::Key(tenant.into(), "k".into()),
+        Scope::EndUser(tenant.into(), "5f0c7a3e9b2d4c1a8e6f0b3d2c1a9e8f".into()),
+    ];
+    let common = scopes
+        .iter()
+        .flat_map(|s| [Rpm, Tpm, MaxConcurrent, quota].map(|n| spec(s.clone(), n)))
+        .collect();
+    let up = || Scope::Upstream("openai-east".into());
+    let upstream = [Rpm, Tpm, MaxConcurrent].map(|n| spec(up(), n)).to_vec();
+    (common, upstream)
+}
+
+fn calendar_shape(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
+    quota_budgets(ks, tenant, Window::Day)
+}
+
+fn weekly_shape(ks: &KeySpace, tenant: &str) -> (Vec<BudgetSpec>, Vec<BudgetSpec>) {
+    quota_budgets(ks, tenant, Window::Week)
+}
+
+/// Redis time of a request whose tenant, key and end user have a rolling
+/// weekly quota, against the same request with calendar day quotas (15
+/// budgets each): µs of Redis time per reservation and per settlement, on
+/// a fresh window (one sub-bucket) and on a full one (a request in each of
+/// the week's 168 hourly sub-buckets before, the largest value the
+/// scripts read and rewrite: 8 + 16 × 169 bytes per budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints figures; run with --ignored --nocapture, preferably --release"]
+async fn weekly_window_cost() {
+    use budgetgate::clock::{Clock, ManualClock};
+    let server = RedisServer::start();
+    let clock = ManualClock::new(crate::support::NOON);
+    let shapes: [(&str, Shape, u64); 3] = [
+        ("calendar day quotas", calendar_shape, 0),
+        ("weekly rolling quotas, fresh window", weekly_shape, 0),
+        ("weekly rolling quotas, 168 sub-buckets", weekly_shape, 168),
+    ];
+    for (i, (name, shape, fill)) in shapes.into_iter().enumerate() {
+        let ks = KeySpace::new(&format!("bgweek{i}"), "default");
+        let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let store = Arc::new(
+            RedisStore::connect(&server.url(), Duration::from_secs(5), ks.clone())
+                .await
+                .expect("connect")
+                .with_test_clock(dyn_clock),
+        );
+        clock.set(crate::support::NOON + i as u64 * 30 * 86_400_000_000);
+        for h in 0..fill {
+            for t in 0..8 {
+                let (common, upstream) = shape(&ks, &format!("tenant{t}"));
+                let r = bench_request(format!("fill-{h}-{t}"), &common, &upstream);
+                assert!(matches!(
+                    store.reserve(&r).await,
+                    Ok(ReserveOutcome::Admitted(_))
+                ));
+            }
+            clock.advance(3_600_000_000);
+        }
+        let (callers, reserve_us, settle_us, commands, per_batch) =
+            script_cost(&store, &server, &ks, shape).await;
+        println!(
+            "{name}: Redis time ({callers} callers, {per_batch:.1} calls per batch): \
+             {reserve_us:.1} µs per reservation, {settle_us:.1} µs per settlement; \
+             {commands:.1} commands per pair"
+        );
+    }
+}

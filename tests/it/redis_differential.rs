@@ -47,7 +47,7 @@ enum Op {
     Reserve {
         id: u8,
         tokens: u64,
-        common: u8,
+        common: u16,
         candidates: u8,
         /// 0: every spec costs the common token amount; else the seed of
         /// per-spec costs (common ones differing per candidate).
@@ -77,7 +77,7 @@ enum Op {
         micros: u64,
     },
     /// Reserves issued at once: `(id, tokens, common, candidates, shape)` each.
-    ReserveWave(Vec<(u8, u64, u8, u8, u8)>),
+    ReserveWave(Vec<(u8, u64, u16, u8, u8)>),
     /// Settles issued at once: `(id, actual, failed)` each.
     SettleWave(Vec<(u8, u64, bool)>),
     /// One lease call (its lines), after the clock moved on by `micros`
@@ -95,7 +95,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6, shape()).prop_map(
+        4 => (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u16>(), 0u8..6, shape()).prop_map(
             |(id, tokens, common, candidates, shape)| Op::Reserve { id, tokens, common, candidates, shape }
         ),
         2 => (0u8..6, 0u64..700, shape()).prop_map(|(id, tokens, shape)| Op::Extend { id, tokens, shape }),
@@ -107,11 +107,13 @@ fn op() -> impl Strategy<Value = Op> {
             0u64..100_000,
             0u64..7_000_000,
             0u64..90_000_000,
+            // Rolling windows' sub-buckets slide out (5 min to 1 h each).
+            0u64..(6 * 3_600_000_000),
             0u64..(2 * 86_400_000_000),
         ]
         .prop_map(|micros| Op::Advance { micros }),
         2 => prop::collection::vec(
-            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u8>(), 0u8..6, shape()),
+            (0u8..6, prop_oneof![0u64..50, 0u64..1600], any::<u16>(), 0u8..6, shape()),
             2..12
         )
         .prop_map(Op::ReserveWave),
@@ -131,7 +133,7 @@ fn share_op() -> impl Strategy<Value = Op> {
         (
             0u8..200,
             prop_oneof![0u64..50, 0u64..700],
-            Just(0u8),
+            Just(0u16),
             1u8..5,
             shape(),
         )
@@ -173,14 +175,14 @@ fn amount(seed: u8, i: usize, c: usize, tokens: u64, spec: &BudgetSpec) -> u64 {
 /// per token, and prices (µ$ per million tokens) that make partial grants.
 fn rates(seed: u8) -> Vec<u64> {
     const CHOICES: [u64; 7] = [0, 1_000_000, 500_000, 1_500_000, 150_000, 1, 999_999_999];
-    (0..12)
+    (0..16)
         .map(|i| CHOICES[(seed as usize + 2 * i) % CHOICES.len()])
         .collect()
 }
 
 /// Actuals per position under `seed`, around `actual`.
 fn actuals(seed: u8, actual: u64) -> Vec<u64> {
-    (0..12)
+    (0..16)
         .map(|i| match (seed as usize + i) % 4 {
             0 => actual,
             1 => actual / 3,
@@ -260,6 +262,26 @@ fn universe(ks: &KeySpace) -> Universe {
             spec(m(), BudgetName::RequestsPerDay, day(12), true),
             // A quota counting large amounts (as µ$ would).
             spec(m(), BudgetName::TokensPerDay, day(400_000_000), true),
+            // Rolling windows (`budget::rolling`): tokens over 5 hours on
+            // the tenant, large amounts over a week on the tenant×model.
+            spec(
+                t(),
+                BudgetName::TokensPer5h,
+                BudgetKind::Quota {
+                    limit: 3_000,
+                    window: Window::Hours5,
+                },
+                true,
+            ),
+            spec(
+                m(),
+                BudgetName::UsdPerWeek,
+                BudgetKind::Quota {
+                    limit: 500_000_000,
+                    window: Window::Week,
+                },
+                true,
+            ),
         ],
         upstreams: vec![
             vec![
@@ -279,6 +301,16 @@ fn universe(ks: &KeySpace) -> Universe {
                 spec(b(), BudgetName::Tpm, bucket(3000, 2000), true),
                 spec(b(), BudgetName::RequestsPerDay, day(8), true),
                 spec(b(), BudgetName::OutputTpm, bucket(900, 1100), true),
+                // A rolling window on a deployment that keeps unused output.
+                spec(
+                    b(),
+                    BudgetName::TokensPer24h,
+                    BudgetKind::Quota {
+                        limit: 5_000,
+                        window: Window::Hours24,
+                    },
+                    false,
+                ),
             ],
         ],
     }
@@ -320,7 +352,7 @@ impl Universe {
 fn request(
     u: &Universe,
     case: u64,
-    (id, tokens, common, cands, shape): (u8, u64, u8, u8, u8),
+    (id, tokens, common, cands, shape): (u8, u64, u16, u8, u8),
 ) -> ReserveRequest {
     let common: Vec<BudgetSpec> = u
         .tenant
@@ -412,6 +444,9 @@ fn label(debug: &str) -> String {
         "TokensPerDay",
         "TokensPerMonth",
         "RequestsPerDay",
+        "TokensPer5h",
+        "TokensPer24h",
+        "UsdPerWeek",
     ]
     .iter()
     .find(|n| debug.contains(&format!("name: {n}")));

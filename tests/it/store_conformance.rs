@@ -531,7 +531,72 @@ conformance!(
     a_waiting_higher_class_goes_first_fleet_wide,
     a_tenants_oldest_waiter_goes_first_fleet_wide,
     holds_on_names_the_live_holds_of_each_budget,
+    a_5h_window_admits_again_when_its_oldest_sub_bucket_slides_out,
 );
+
+/// A rolling 5-hour window (60 sub-buckets of 5 minutes, `budget::rolling`)
+/// on an injected clock: refused at the limit, admitted again the instant
+/// the oldest sub-bucket has slid out wholly, the retry hint exactly that
+/// instant (within one sub-bucket of when an exact log would admit), and a
+/// refund goes back to the sub-bucket of its reservation.
+async fn a_5h_window_admits_again_when_its_oldest_sub_bucket_slides_out(h: H) {
+    const G: u64 = 300 * SEC;
+    const W: u64 = 5 * 3_600 * SEC;
+    let spec = h.spec(
+        tenant(),
+        BudgetName::TokensPer5h,
+        BudgetKind::Quota {
+            limit: 1000,
+            window: Window::Hours5,
+        },
+    );
+    let one = std::slice::from_ref(&spec);
+    // 7 s into a sub-bucket.
+    let start = NOON - NOON % G + 7 * SEC;
+    h.clock.set(start);
+    let a = h.admit("a", 600, one).await;
+    assert_eq!(a.budgets[0].window, Some(Window::Hours5));
+    assert_eq!(a.budgets[0].reset_micros, 61 * G - 7 * SEC);
+    h.clock.advance(3_600 * SEC);
+    let b = h.admit("b", 400, one).await;
+    assert_eq!(b.budgets[0].remaining, 0);
+    // Empty once b's sub-bucket has slid out.
+    assert_eq!(b.budgets[0].reset_micros, 61 * G - 7 * SEC);
+
+    let now = h.clock.now_micros();
+    let d = denied(h.reserve("c", 100, one).await);
+    assert_eq!(d.name, BudgetName::TokensPer5h);
+    assert_eq!((d.available, d.requested), (0, 100));
+    // a's sub-bucket lies wholly beyond the window from start − 7 s + 61·g.
+    let slides_out = start - 7 * SEC + 61 * G;
+    assert_eq!(d.retry_after_micros, slides_out - now);
+    assert_eq!(d.state.reset_micros, d.retry_after_micros);
+    // An exact log admits once a's instant has left (start + W): the hint
+    // is at most one sub-bucket later, never earlier.
+    let exact = start + W - now;
+    assert!(d.retry_after_micros >= exact && d.retry_after_micros - exact <= G);
+
+    h.clock.set(slides_out - 1);
+    denied(h.reserve("c", 100, one).await);
+    h.clock.set(slides_out);
+    assert_eq!(h.remaining(&spec).await, 600);
+    // Late in that sub-bucket, c is admitted; settled in the next one, its
+    // refund goes back to its own sub-bucket (the hold recorded it).
+    h.clock.set(slides_out + G - 30 * SEC);
+    let c = h.admit("c", 100, one).await;
+    assert_eq!(c.budgets[0].remaining, 500);
+    h.clock.advance(60 * SEC);
+    h.settle("c", 40).await;
+    assert_eq!(h.remaining(&spec).await, 560);
+    // b's sub-bucket slides out next; then c's, which holds 40.
+    h.clock.set(slides_out + 12 * G);
+    assert_eq!(h.remaining(&spec).await, 960);
+    h.clock.set(slides_out + 61 * G - 1);
+    assert_eq!(h.state(&spec).await, (960, 1));
+    h.clock.set(slides_out + 61 * G);
+    assert_eq!(h.state(&spec).await, (1000, 0));
+    h.check_keys().await;
+}
 
 /// "Why was this refused?" reads the holds in flight on a budget: the live
 /// ones only, by reservation id, largest first; a settled hold is gone.

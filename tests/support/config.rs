@@ -58,6 +58,8 @@ pub trait LimitsExt {
     fn cache_read_weight(self, per_mille: u64) -> Self;
     fn max_concurrent(self, n: u64) -> Self;
     fn tokens_per_day(self, n: u64) -> Self;
+    /// A rolling quota: tokens in the last 5 hours.
+    fn tokens_per_5h(self, n: u64) -> Self;
     fn tokens_per_month(self, n: u64) -> Self;
     fn requests_per_day(self, n: u64) -> Self;
     /// A dollar budget per UTC day, decimal USD (`"1.00"`).
@@ -105,6 +107,10 @@ impl LimitsExt for Limits {
     }
     fn max_concurrent(mut self, n: u64) -> Self {
         self.max_concurrent = Some(n as i64);
+        self
+    }
+    fn tokens_per_5h(mut self, n: u64) -> Self {
+        self.tokens_per_5h = Some(n as i64);
         self
     }
     fn tokens_per_day(mut self, n: u64) -> Self {

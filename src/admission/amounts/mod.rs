@@ -4,7 +4,8 @@
 //! specs, how each counts ([`Counting`]) and the counts.
 //!
 //! What each budget counts, by name:
-//! - `tpm`, `tokens_per_day`, `tokens_per_month`: input + output;
+//! - `tpm`, `tokens_per_day`, `tokens_per_month` and the rolling
+//!   `tokens_per_5h`, `tokens_per_24h`, `tokens_per_week`: input + output;
 //! - `input_tpm`: input only (an extension of the output never touches it);
 //! - `output_tpm`: output only, reasoning included;
 //! - `rpm`, `requests_per_day`, `max_concurrent`: the request (1).
@@ -19,7 +20,8 @@
 //! output, or the client's whole cap on budgets that reserve it whole
 //! ([`Counting::whole_cap`]); those are never extended.
 //!
-//! Dollar budgets (`usd_per_day`, `usd_per_month`) count µ$ at the prices
+//! Dollar budgets (`usd_per_day`, `usd_per_month`, the rolling
+//! `usd_per_5h`, `usd_per_24h`, `usd_per_week`) count µ$ at the prices
 //! of the deployment the hold is on (`crate::money`): the estimate at
 //! reserve (input at the cache-write price when the body asks for
 //! caching), the output price per extended token, the usage breakdown's
@@ -193,14 +195,21 @@ fn weighted(tokens: u64, weight: u64) -> u64 {
 /// What one budget counts of `input` and `output` tokens.
 fn by_name(name: BudgetName, input: u64, output: u64) -> u64 {
     match name {
-        BudgetName::Tpm | BudgetName::TokensPerDay | BudgetName::TokensPerMonth => {
-            input.saturating_add(output)
-        }
+        BudgetName::Tpm
+        | BudgetName::TokensPerDay
+        | BudgetName::TokensPerMonth
+        | BudgetName::TokensPer5h
+        | BudgetName::TokensPer24h
+        | BudgetName::TokensPerWeek => input.saturating_add(output),
         BudgetName::InputTpm => input,
         BudgetName::OutputTpm => output,
         BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent => 1,
         // Priced, not counted: see `reserve_amount`, `settled_amounts`.
-        BudgetName::UsdPerDay | BudgetName::UsdPerMonth => 0,
+        BudgetName::UsdPerDay
+        | BudgetName::UsdPerMonth
+        | BudgetName::UsdPer5h
+        | BudgetName::UsdPer24h
+        | BudgetName::UsdPerWeek => 0,
     }
 }
 

@@ -82,7 +82,7 @@ impl MemoryStore {
     /// come and go. Holds and settled holds are per request, not counted.
     pub fn budget_entries(&self) -> usize {
         let inner = self.lock();
-        inner.buckets.len() + inner.quotas.len() + inner.slots.len()
+        inner.buckets.len() + inner.quotas.len() + inner.rolling.len() + inner.slots.len()
     }
 
     /// Drops the bucket and quota state of budget `key` (it reads as full
@@ -92,6 +92,7 @@ impl MemoryStore {
         let mut inner = self.lock();
         inner.buckets.remove(key);
         inner.quotas.remove(key);
+        inner.rolling.remove(key);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -252,8 +253,8 @@ impl MemoryStore {
         }
         if grant == 0 && want > 0 {
             let (_, avail, spec, rate) = tightest.expect("a zero grant needs a limiting budget");
-            let mut state = inner.state_of(spec, now);
             let retry = inner.wait_for(spec, Step::debit(1, rate), now);
+            let mut state = inner.refused_state(spec, retry, now);
             // The limit the hold was taken under, as the Redis store answers.
             let limit = hold
                 .lines

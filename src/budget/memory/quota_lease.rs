@@ -307,6 +307,12 @@ fn report(inner: &mut Inner, spec: &BudgetSpec, r: &mut Record, spent: u64, now:
             crate::budget::metrics::debt_forgiven(b.debit(debt));
             store_at(&mut inner.buckets, &spec.key, b);
         }
+        BudgetKind::Quota { window, .. } if window.is_rolling() => {
+            // Debt goes to the sub-bucket of now (capped as a debit is).
+            inner
+                .rolling_mut(&spec.key, window, now)
+                .debit(window, now, debt.min(MAX_AMOUNT));
+        }
         BudgetKind::Quota { window, .. } => {
             let w = window.id(now);
             let used = inner.quota(&spec.key, w).used;
@@ -395,6 +401,15 @@ fn give_back(
             b.credit(units);
             store_at(&mut inner.buckets, &spec.key, b);
             units.min(room.max(0) as u64)
+        }
+        BudgetKind::Quota { window, .. } if window.is_rolling() => {
+            // A lease lives within the sub-bucket it was granted in
+            // (`Window::end`): its units go back there, and only there.
+            let w = window.id(now);
+            if r.window != Some(w) {
+                return 0;
+            }
+            inner.rolling_mut(&spec.key, window, now).credit(w, units)
         }
         BudgetKind::Quota { window, .. } => {
             let w = window.id(now);

@@ -49,7 +49,14 @@ struct Snapshot {
     quotas: Vec<(String, u64, u64)>,
     /// `(key, [(reservation id, lease end µs)])`.
     slots: Vec<(String, Vec<(String, u64)>)>,
+    /// `(key, window, [(sub-bucket id, amount)])` of rolling quotas
+    /// (absent from files written before they existed).
+    #[serde(default)]
+    rolling: Vec<RollingEntry>,
 }
+
+/// `(key, window, [(sub-bucket id, amount)])` of one rolling quota.
+type RollingEntry = (String, crate::budget::Window, Vec<(u64, u64)>);
 
 impl Snapshot {
     fn of(inner: &Inner, now: u64) -> Self {
@@ -79,6 +86,11 @@ impl Snapshot {
                 })
                 .filter(|(_, live): &(String, Vec<(String, u64)>)| !live.is_empty())
                 .collect(),
+            rolling: inner
+                .rolling
+                .iter()
+                .map(|(k, (w, r))| (k.clone(), *w, r.parts()))
+                .collect(),
         }
     }
 
@@ -98,6 +110,10 @@ impl Snapshot {
         let end = crate::budget::Window::Month.end(self.taken_micros);
         for (key, window, used) in self.quotas {
             inner.quotas.insert(key, QuotaState { window, used, end });
+        }
+        for (key, window, subs) in self.rolling {
+            let r = crate::budget::rolling::Rolling::from_parts(subs);
+            inner.rolling.insert(key, (window, r));
         }
         for (key, leases) in self.slots {
             inner.slots.insert(key, leases.into_iter().collect());

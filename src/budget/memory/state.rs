@@ -7,10 +7,11 @@ use foldhash::HashMap;
 
 use super::tombstones::Tombstones;
 use crate::budget::bucket::BucketState;
+use crate::budget::rolling::Rolling;
 use crate::budget::share::ShareState;
 use crate::budget::{
     Admission, BudgetKind, BudgetSpec, BudgetState, Denial, Impossibility, ReserveOutcome,
-    ReserveRequest, WouldDeny,
+    ReserveRequest, Window, WouldDeny,
 };
 use crate::budget::{MAX_AMOUNT, MAX_COUNT};
 use crate::config::bounds::MAX_LIMIT;
@@ -27,6 +28,8 @@ const SWEEP_PERIOD: u64 = 60_000_000;
 pub(super) struct Inner {
     pub(super) buckets: HashMap<String, BucketState>,
     pub(super) quotas: HashMap<String, QuotaState>,
+    /// Rolling quotas (`budget::rolling`) and their windows, by budget key.
+    pub(super) rolling: HashMap<String, (Window, Rolling)>,
     pub(super) slots: HashMap<String, HashMap<String, u64>>,
     /// Live (unsettled) holds: as many as requests in flight.
     pub(super) holds: HashMap<String, Hold>,
@@ -84,6 +87,8 @@ impl Inner {
         {
             self.swept_at = now;
             self.quotas.retain(|_, q| q.end > now);
+            // A rolling window whose last sub-bucket has left is empty.
+            self.rolling.retain(|_, (w, r)| r.until_empty(*w, now) > 0);
             self.holds.retain(|_, h| h.expires_at > now);
             super::quota_lease::sweep(&mut self.leases, now);
             self.shares.retain(|_, st| {
@@ -184,6 +189,24 @@ impl Inner {
         }
     }
 
+    /// The rolling window at `key` (empty when absent), not yet advanced.
+    pub(super) fn rolling(&self, key: &str) -> Option<&Rolling> {
+        self.rolling.get(key).map(|(_, r)| r)
+    }
+
+    /// The rolling window at `key`, advanced to `now`, for a write.
+    pub(super) fn rolling_mut(&mut self, key: &str, window: Window, now: u64) -> &mut Rolling {
+        if !self.rolling.contains_key(key) {
+            self.rolling
+                .insert(key.to_owned(), (window, Rolling::default()));
+        }
+        // Present: inserted above if it was not.
+        let (w, r) = self.rolling.get_mut(key).expect("inserted above");
+        *w = window;
+        r.advance(window, now);
+        r
+    }
+
     pub(super) fn live_slots(&self, key: &str, now: u64) -> u64 {
         self.slots
             .get(key)
@@ -195,6 +218,12 @@ impl Inner {
         match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => {
                 self.bucket(&spec.key, per_minute, burst, now).available()
+            }
+            BudgetKind::Quota { limit, window } if window.is_rolling() => {
+                limit as i64
+                    - self
+                        .rolling(&spec.key)
+                        .map_or(0, |r| r.used_at(window, now)) as i64
             }
             BudgetKind::Quota { limit, window } => {
                 limit as i64 - self.quota(&spec.key, window.id(now)).used as i64
@@ -208,6 +237,12 @@ impl Inner {
             BudgetKind::Bucket { per_minute, burst } => self
                 .bucket(&spec.key, per_minute, burst, now)
                 .wait_for(cost, now),
+            BudgetKind::Quota { limit, window } if window.is_rolling() => {
+                self.rolling(&spec.key).map_or(0, |r| {
+                    let need = r.used_at(window, now) as i64 + cost as i64 - limit as i64;
+                    r.wait_for(window, now, need)
+                })
+            }
             BudgetKind::Quota { window, .. } => window.end(now) - now,
             BudgetKind::Concurrency { .. } => 0,
         }
@@ -218,6 +253,14 @@ impl Inner {
             BudgetKind::Bucket { per_minute, burst } => {
                 let b = self.bucket(&spec.key, per_minute, burst, now);
                 (b.available(), b.until_full(now), None)
+            }
+            BudgetKind::Quota { limit, window } if window.is_rolling() => {
+                let r = self.rolling(&spec.key);
+                (
+                    limit as i64 - r.map_or(0, |r| r.used_at(window, now)) as i64,
+                    r.map_or(0, |r| r.until_empty(window, now)),
+                    Some(window),
+                )
             }
             BudgetKind::Quota { limit, window } => {
                 let q = self.quota(&spec.key, window.id(now));
@@ -239,6 +282,17 @@ impl Inner {
             reset_micros: reset,
             window,
         }
+    }
+
+    /// The state of `spec` refusing a request that fits in `retry` µs: a
+    /// rolling window's reset is then that instant (when enough will have
+    /// slid out for it, what `x-ratelimit-reset-*` say), not when it empties.
+    pub(super) fn refused_state(&self, spec: &BudgetSpec, retry: u64, now: u64) -> BudgetState {
+        let mut state = self.state_of(spec, now);
+        if matches!(spec.kind, BudgetKind::Quota { window, .. } if window.is_rolling()) {
+            state.reset_micros = retry;
+        }
+        state
     }
 
     pub(super) fn check(&self, spec: &BudgetSpec, cost: u64, id: &str, now: u64) -> Check {
@@ -268,6 +322,7 @@ impl Inner {
         if fits {
             Check::Ok
         } else {
+            let retry = self.wait_for(spec, cost, now);
             Check::Denied(Denial {
                 held_for_share: false,
                 scope: spec.scope.clone(),
@@ -275,9 +330,9 @@ impl Inner {
                 limit: spec.limit(),
                 requested: cost,
                 available,
-                retry_after_micros: self.wait_for(spec, cost, now),
+                retry_after_micros: retry,
                 now_micros: now,
-                state: self.state_of(spec, now),
+                state: self.refused_state(spec, retry, now),
             })
         }
     }
@@ -336,6 +391,10 @@ impl Inner {
                 store_at(&mut self.buckets, &spec.key, b);
                 None
             }
+            BudgetKind::Quota { window, .. } if window.is_rolling() => Some(
+                self.rolling_mut(&spec.key, window, now)
+                    .debit(window, now, amount),
+            ),
             BudgetKind::Quota { window, .. } => {
                 let w = window.id(now);
                 let mut q = self.quota(&spec.key, w);
@@ -454,6 +513,18 @@ impl Inner {
                     crate::budget::metrics::debt_forgiven(b.debit(used - line.held));
                 }
                 store_at(&mut self.buckets, &spec.key, b);
+                refunded
+            }
+            BudgetKind::Quota { window, .. } if window.is_rolling() => {
+                let used = used.map_or(0, |u| u.min(MAX_AMOUNT));
+                let refunded = used < line.held && refundable;
+                let r = self.rolling_mut(&spec.key, window, now);
+                if refunded {
+                    // Back to the sub-buckets the hold debited, newest first.
+                    r.refund(window, now, &line.debits, line.held - used);
+                } else if used > line.held {
+                    r.debit(window, now, used - line.held);
+                }
                 refunded
             }
             BudgetKind::Quota { window, .. } => {

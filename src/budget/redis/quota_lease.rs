@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::budget::keys::encode_name;
 use crate::budget::quota_lease::{LeaseLine, LeaseReply, LeaseState, LeaseStore, LeasedOut};
-use crate::budget::{BudgetKind, BudgetSpec, StoreError, Window};
+use crate::budget::{BudgetKind, BudgetSpec, StoreError};
 
 use super::batch::ScriptArgs;
 use super::wire::{packed, protocol, window_letter, Reply};
@@ -183,7 +183,7 @@ fn reply(r: &mut Reply<'_>) -> Result<LeaseReply, StoreError> {
 fn kind_numbers(kind: &BudgetKind) -> (u64, u64, u64) {
     match *kind {
         BudgetKind::Bucket { per_minute, burst } => (1, per_minute, burst),
-        BudgetKind::Quota { limit, window } => (2, limit, u64::from(window == Window::Month)),
+        BudgetKind::Quota { limit, window } => (2, limit, super::wire::window_number(window)),
         BudgetKind::Concurrency { max } => (3, max, 0),
     }
 }

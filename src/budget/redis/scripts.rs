@@ -13,7 +13,7 @@ use std::sync::Arc;
 use redis::Script;
 
 use crate::budget::bucket::{DEBT_FLOOR, MAX_WAIT_MS, UNITS_PER_TOKEN};
-use crate::budget::calendar::MICROS_PER_DAY;
+use crate::budget::calendar::{Window, MICROS_PER_DAY};
 use crate::budget::keys::LAYOUT_VERSION;
 use crate::budget::share::{ACTIVE_MICROS, GAP_STEPS, SHARE_RETRY_MICROS};
 use crate::budget::{MAX_AMOUNT, MAX_COUNT, RATE_ONE};
@@ -51,8 +51,28 @@ pub fn prelude() -> String {
          local MAX_COUNT = {MAX_COUNT}\n\
          local SHARE_ACTIVE = {ACTIVE_MICROS}\n\
          local SHARE_GAP = {GAP_STEPS}\n\
-         local SHARE_RETRY = {SHARE_RETRY_MICROS}\n"
+         local SHARE_RETRY = {SHARE_RETRY_MICROS}\n\
+         local ROLL = {{ F = {{ {f_g}, {f_n} }}, H = {{ {h_g}, {h_n} }}, W = {{ {w_g}, {w_n} }} }}\n",
+        f_g = ROLL_5H.0,
+        f_n = ROLL_5H.1,
+        h_g = ROLL_24H.0,
+        h_n = ROLL_24H.1,
+        w_g = ROLL_WEEK.0,
+        w_n = ROLL_WEEK.1,
     )
+}
+
+// Sub-bucket length (µs) and count of each rolling window, by the letter
+// the scripts name it with (`wire::window_letter`): F 5 h, H 24 h, W week.
+const ROLL_5H: (u64, u64) = rolling_shape(Window::Hours5);
+const ROLL_24H: (u64, u64) = rolling_shape(Window::Hours24);
+const ROLL_WEEK: (u64, u64) = rolling_shape(Window::Week);
+
+const fn rolling_shape(w: Window) -> (u64, u64) {
+    match w.rolling() {
+        Some(shape) => shape,
+        None => (1, 1),
+    }
 }
 
 /// One script: its source and SHA1 (for EVALSHA).

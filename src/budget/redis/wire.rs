@@ -25,14 +25,7 @@ pub(super) fn spec_numbers(specs: &[&BudgetSpec], costs: &[u64]) -> Vec<u8> {
     for (spec, cost) in specs.iter().zip(costs) {
         let (kind, a, b) = match spec.kind {
             BudgetKind::Bucket { per_minute, burst } => (1, per_minute, burst),
-            BudgetKind::Quota { limit, window } => (
-                2,
-                limit,
-                match window {
-                    Window::Day => 0,
-                    Window::Month => 1,
-                },
-            ),
+            BudgetKind::Quota { limit, window } => (2, limit, window_number(window)),
             BudgetKind::Concurrency { max } => (3, max, 0),
         };
         for x in [kind, a, b, *cost, u64::from(spec.shadow)] {
@@ -138,10 +131,26 @@ pub(super) fn adm_fields(spec: &BudgetSpec, cost: u64) -> Vec<u8> {
     out
 }
 
+/// How the scripts' spec numbers name a quota window (`lua/lib.lua`'s `WL`).
+pub(super) fn window_number(window: Window) -> u64 {
+    match window {
+        Window::Day => 0,
+        Window::Month => 1,
+        Window::Hours5 => 2,
+        Window::Hours24 => 3,
+        Window::Week => 4,
+    }
+}
+
+/// How the scripts' text (holds, inspect arguments) names a quota window:
+/// the `ROLL` letters of the prelude for the rolling ones.
 pub(super) fn window_letter(window: Window) -> &'static str {
     match window {
         Window::Day => "D",
         Window::Month => "M",
+        Window::Hours5 => "F",
+        Window::Hours24 => "H",
+        Window::Week => "W",
     }
 }
 
@@ -286,6 +295,9 @@ pub(super) fn parse_kind(kind: &str, a: u64, b: &str) -> Result<BudgetKind, Stor
             window: match b {
                 "D" => Window::Day,
                 "M" => Window::Month,
+                "F" => Window::Hours5,
+                "H" => Window::Hours24,
+                "W" => Window::Week,
                 w => return Err(protocol(format!("bad window {w:?}"))),
             },
         },

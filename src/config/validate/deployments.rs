@@ -186,6 +186,9 @@ pub(super) fn upstreams(
             ("requests_per_day", limits.requests_per_day),
             ("usd_per_day", limits.usd_per_day),
             ("usd_per_month", limits.usd_per_month),
+            ("usd_per_5h", limits.usd_per_5h),
+            ("usd_per_24h", limits.usd_per_24h),
+            ("usd_per_week", limits.usd_per_week),
         ] {
             if set.is_some() {
                 v.err(

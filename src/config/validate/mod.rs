@@ -87,6 +87,12 @@ impl V {
             },
             usd_per_day: self.usd_budget(&p("usd_per_day"), l.usd_per_day.as_ref()),
             usd_per_month: self.usd_budget(&p("usd_per_month"), l.usd_per_month.as_ref()),
+            tokens_per_5h: self.positive(&p("tokens_per_5h"), l.tokens_per_5h, MAX_QUOTA),
+            tokens_per_24h: self.positive(&p("tokens_per_24h"), l.tokens_per_24h, MAX_QUOTA),
+            tokens_per_week: self.positive(&p("tokens_per_week"), l.tokens_per_week, MAX_QUOTA),
+            usd_per_5h: self.usd_budget(&p("usd_per_5h"), l.usd_per_5h.as_ref()),
+            usd_per_24h: self.usd_budget(&p("usd_per_24h"), l.usd_per_24h.as_ref()),
+            usd_per_week: self.usd_budget(&p("usd_per_week"), l.usd_per_week.as_ref()),
         };
         for (burst, set, limit, limit_set) in [
             ("rpm_burst", out.rpm_burst, "rpm", l.rpm),

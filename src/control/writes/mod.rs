@@ -140,6 +140,12 @@ pub fn above_parent(
         ("requests_per_day", c.requests_per_day, p.requests_per_day),
         ("usd_per_day", c.usd_per_day, p.usd_per_day),
         ("usd_per_month", c.usd_per_month, p.usd_per_month),
+        ("tokens_per_5h", c.tokens_per_5h, p.tokens_per_5h),
+        ("tokens_per_24h", c.tokens_per_24h, p.tokens_per_24h),
+        ("tokens_per_week", c.tokens_per_week, p.tokens_per_week),
+        ("usd_per_5h", c.usd_per_5h, p.usd_per_5h),
+        ("usd_per_24h", c.usd_per_24h, p.usd_per_24h),
+        ("usd_per_week", c.usd_per_week, p.usd_per_week),
     ]
     .into_iter()
     .find_map(|(field, c, p)| match (c, p) {

@@ -155,6 +155,12 @@ fn raised(before: &Limits, after: &Limits) -> Option<&'static str> {
             ("requests_per_day", l.requests_per_day),
             ("usd_per_day", l.usd_per_day),
             ("usd_per_month", l.usd_per_month),
+            ("tokens_per_5h", l.tokens_per_5h),
+            ("tokens_per_24h", l.tokens_per_24h),
+            ("tokens_per_week", l.tokens_per_week),
+            ("usd_per_5h", l.usd_per_5h),
+            ("usd_per_24h", l.usd_per_24h),
+            ("usd_per_week", l.usd_per_week),
         ]
     };
     let found =

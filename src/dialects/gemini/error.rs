@@ -96,6 +96,12 @@ pub fn quota_id(name: crate::budget::BudgetName) -> &'static str {
         BudgetName::RequestsPerDay => "RequestsPerDay",
         BudgetName::UsdPerDay => "DollarsPerDay",
         BudgetName::UsdPerMonth => "DollarsPerMonth",
+        BudgetName::TokensPer5h => "TokensPerRolling5Hours",
+        BudgetName::TokensPer24h => "TokensPerRolling24Hours",
+        BudgetName::TokensPerWeek => "TokensPerRollingWeek",
+        BudgetName::UsdPer5h => "DollarsPerRolling5Hours",
+        BudgetName::UsdPer24h => "DollarsPerRolling24Hours",
+        BudgetName::UsdPerWeek => "DollarsPerRollingWeek",
     }
 }
 
