@@ -35,8 +35,12 @@
 #   DIALECTS=gemini MODE=stream scripts/instructions.sh  # Gemini's own streams
 #   CAP=256 MODE=stream scripts/instructions.sh  # max_tokens of the streams
 #                                        # (default 64: the stream ends at its cap)
+#   MODE=agent scripts/instructions.sh   # agent turns of ~15k, 30k and 60k input
+#                                        # tokens (examples/agent_replay), streamed:
+#                                        # token-count cache cold and warm (WARM=20
+#                                        # turns), the tokenizer's share, per KB
 #
-# Needs valgrind, oha (scripts/bench.sh installs it) and release binaries
+# Needs valgrind, oha (scripts/bench.sh installs it; else curl, c=1) and release binaries
 # (`cargo build --release --bins --examples`). Writes the callgrind profile
 # to target/callgrind.out.<pid>.1-<thread> (one file per thread) for
 # `callgrind_annotate --inclusive=yes`.
@@ -64,7 +68,11 @@ BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
 [[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
 command -v valgrind >/dev/null || { echo "valgrind is required (apt-get install -y valgrind)" >&2; exit 1; }
-command -v oha >/dev/null || { echo "oha is required (cargo install oha --locked)" >&2; exit 1; }
+# The load: oha, or without it curl (c=1 only: one kept-alive connection
+# for all the requests of one load; a few more request headers than oha's,
+# so compare figures taken with the same client).
+if command -v oha >/dev/null; then LOADER=oha; else LOADER=curl; fi
+[[ $LOADER == oha || $CONC == 1 ]] || { echo "CONC=$CONC needs oha (cargo install oha --locked)" >&2; exit 1; }
 GATEWAY=target/$BUILD/budgetgate
 MOCK=target/$BUILD/examples/mock_upstream
 [[ -x $GATEWAY && -x $MOCK ]] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
@@ -129,7 +137,7 @@ name = "gpt-4o-mini"
 upstreams = ["mock"]
 encoding = "o200k_base"
 EOF
-if [[ $MODE == stream ]]; then
+if [[ $MODE == stream || $MODE == agent ]]; then
     # Messages streams: the mock's /v1/messages as an Anthropic upstream.
     export BUDGETGATE_INSTRUCTIONS_ANTHROPIC_KEY="mock-key"
     cat >>"$TMP/gw.toml" <<EOF
@@ -214,13 +222,23 @@ if [[ $PROFILE == gateway ]]; then
 fi
 # Its own state directory (snapshot, control database, ledger): the default
 # one may be held by a gateway running on this machine ("in use by another
-# budgetgate process").
-mkdir -p "$TMP/state"
-STATE_DIRECTORY="$TMP/state" RUST_LOG=warn "${GW_CMD[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
-GW_PID=$!
-PIDS+=($GW_PID)
-if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
-ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
+# budgetgate process"); a new one for each gateway of MODE=agent.
+GATEWAYS=0
+start_gateway() {
+    GATEWAYS=$((GATEWAYS + 1))
+    DUMP=0
+    mkdir -p "$TMP/state.$GATEWAYS"
+    STATE_DIRECTORY="$TMP/state.$GATEWAYS" RUST_LOG=warn "${GW_CMD[@]}" >"$TMP/gw.out" 2>"$TMP/gw.err" &
+    GW_PID=$!
+    PIDS+=($GW_PID)
+    if [[ $PROFILE == redis ]]; then VG=$REDIS_PID; else VG=$GW_PID; fi
+    ADDR=$(wait_line "$TMP/gw.out" "budgetgate listening on") || { tail -5 "$TMP/gw.err" >&2; exit 1; }
+}
+stop_gateway() {
+    kill "$GW_PID" 2>/dev/null || true
+    wait "$GW_PID" 2>/dev/null || true
+}
+[[ $MODE == agent ]] || start_gateway   # agent turns: one gateway per turn
 BODY='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
 URL_PATH=/v1/chat/completions
 HEADERS=(-H "Authorization: Bearer $KEY")
@@ -240,13 +258,27 @@ dialect() { # $1 chat | responses | messages: the BODY, URL_PATH, HEADERS of its
         *) echo "unknown dialect $1 (chat, responses, messages, gemini)" >&2; exit 1 ;;
     esac
 }
-load() { oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
-    -H 'content-type: application/json' -d "$BODY" "http://$ADDR$URL_PATH" >/dev/null; }
+load() {
+    if [[ $LOADER == curl ]]; then
+        local urls=() data=(--data-binary "$BODY") i
+        [[ ${BODY_ARG[0]} == -D ]] && data=(--data-binary "@${BODY_ARG[1]}")
+        for ((i = 0; i < $1; i++)); do urls+=("http://$ADDR$URL_PATH"); done
+        curl -sS -X POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
+            -H 'content-type: application/json' "${data[@]}" "${urls[@]}" >/dev/null
+        return
+    fi
+    oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
+    -H 'content-type: application/json' "${BODY_ARG[@]}" "http://$ADDR$URL_PATH" >/dev/null; }
+# The body as oha takes it: inline, or (BODY_FILE, for agent turns larger
+# than one argument may be) from its file.
+body_arg() { if [[ -n ${BODY_FILE:-} ]]; then BODY_ARG=(-D "$BODY_FILE"); else BODY_ARG=(-d "$BODY"); fi; }
 # A stream that does not come back whole (a wrong route or model) would
 # be measured as a cheap error: check one first.
 check_stream() {
     local out
-    out=$(curl -sS -N -X POST "${HEADERS[@]}" -H 'content-type: application/json' -d "$BODY" "http://$ADDR$URL_PATH")
+    local data=("-d" "$BODY")
+    [[ -n ${BODY_FILE:-} ]] && data=(--data-binary "@$BODY_FILE")
+    out=$(curl -sS -N -X POST "${HEADERS[@]}" -H 'content-type: application/json' "${data[@]}" "http://$ADDR$URL_PATH")
     grep -Eq '\[DONE\]|response\.completed|message_stop|"finishReason"' <<<"$out" ||
         { echo "no complete stream from $URL_PATH: ${out:0:300}" >&2; exit 1; }
 }
@@ -254,6 +286,7 @@ DUMP=0
 # Counts $REQUESTS requests: zero the counters, load, dump. Dump N's files
 # are target/callgrind.out.<pid>.N-<thread> (one per thread).
 measure() { # $1 what is measured, for the figure's line
+    body_arg
     load 300                   # warm-up: caches, pooled connections
     callgrind_control -z "$VG" >/dev/null
     load "$REQUESTS"
@@ -292,7 +325,90 @@ measure() { # $1 what is measured, for the figure's line
     echo "  off the request path: ledger writer thread $((LEDGER_THREAD / REQUESTS)), background threads $((OTHER / REQUESTS)); whole process $((TOTAL / REQUESTS))"
     echo "profiles: ${OUTS[*]} (callgrind_annotate --inclusive=yes FILE | head -60)"
 }
-if [[ $MODE == stream ]]; then
+# Sums dump $DUMP of the gateway: SERVING (the serving thread), ESTIMATING
+# (the estimation threads, where bodies above 32 KB are counted) and
+# TOKENIZER (callgrind's inclusive cost of the tokenizer's entry point,
+# tiktoken's encode, on either).
+count_dump() {
+    shopt -s nullglob
+    OUTS=("target/callgrind.out.$VG".$DUMP-*)
+    [[ ${#OUTS[@]} -gt 0 ]] || { echo "no callgrind dump of process $VG" >&2; exit 1; }
+    SERVING=0 ESTIMATING=0 TOKENIZER=0
+    for f in "${OUTS[@]}"; do
+        n=$(awk '/^(summary|totals):/ { print $2; exit }' "$f")
+        n=${n:-0}
+        if grep -Eq 'serve_connections|connections::spawn_connection' "$f"; then
+            SERVING=$((SERVING + n))
+        elif grep -q 'estimate::pool' "$f"; then
+            ESTIMATING=$((ESTIMATING + n))
+        else
+            continue
+        fi
+        # The outermost tokenizer function on this thread: the largest
+        # inclusive cost among tiktoken's (its callees are inside it).
+        t=$(callgrind_annotate --inclusive=yes --threshold=100 "$f" 2>/dev/null |
+            awk '/tiktoken_rs::/ { gsub(",", "", $1); if ($1 + 0 > m) m = $1 + 0 } END { print m + 0 }')
+        TOKENIZER=$((TOKENIZER + t))
+    done
+}
+# One agent turn's figure: $1 requests sent after zeroing the counters.
+agent_figure() {
+    callgrind_control -z "$VG" >/dev/null
+    load "$1"
+    sleep 1
+    callgrind_control -d "$VG" >/dev/null
+    DUMP=$((DUMP + 1))
+    sleep 1
+    count_dump
+    FIGURE=$(((SERVING + ESTIMATING) / $1))
+}
+if [[ $MODE == agent ]]; then
+    # Agent turns (examples/agent_replay): each recorded first turn of
+    # tests/fixtures/agent_turns grown to about 15k, 30k and 60k input
+    # tokens, sent streamed as the CLI sent it. Each turn gets a gateway
+    # of its own: its first request finds the token-count cache cold (the
+    # tokenizer counts every string), the next $WARM find it warm (a hash
+    # and a look-up per string). The figure is the serving thread's plus
+    # the estimation threads'.
+    REPLAY=target/$BUILD/examples/agent_replay
+    [[ -x $REPLAY ]] || { echo "build first: cargo build --release --bins --examples" >&2; exit 1; }
+    WARM=${WARM:-20}
+    "$REPLAY" "$TMP/turns" >"$TMP/turns.tsv"
+    small() { # $1 API path: the small streamed request of that API
+        BODY_FILE=
+        case $1 in
+            /v1/messages*) dialect messages ;;
+            *) dialect responses ;;
+        esac
+        URL_PATH=$1
+    }
+    declare -A SMALL SMALL_BYTES
+    while IFS=$'\t' read -r name path target tokens bytes steps; do
+        start_gateway
+        small "$path"
+        body_arg
+        check_stream
+        load 50                            # connections, first-use state
+        if [[ -z ${SMALL[$path]:-} ]]; then
+            agent_figure 100
+            SMALL[$path]=$FIGURE
+            SMALL_BYTES[$path]=${#BODY}
+            echo "small streamed request on $path (${#BODY} bytes): $FIGURE instructions"
+        fi
+        BODY_FILE="$TMP/turns/$name"
+        body_arg
+        agent_figure 1
+        COLD=$FIGURE COLD_TOKENIZER=$TOKENIZER
+        check_stream                       # the turn came back whole
+        agent_figure "$WARM"
+        WARM_FIGURE=$FIGURE
+        PER_KB=$(( (WARM_FIGURE - SMALL[$path]) * 1024 / (bytes - SMALL_BYTES[$path]) ))
+        echo "agent turn $name: $tokens input tokens, $bytes bytes, $steps steps on the recording"
+        echo "  cold cache: $COLD instructions (tokenizer $COLD_TOKENIZER, $((COLD_TOKENIZER * 100 / COLD)) %)"
+        echo "  warm cache: $WARM_FIGURE instructions per turn over $WARM turns (tokenizer $((TOKENIZER / WARM))); $PER_KB per KB above the small request"
+        stop_gateway
+    done <"$TMP/turns.tsv"
+elif [[ $MODE == stream ]]; then
     for d in $DIALECTS; do
         dialect "$d"
         check_stream

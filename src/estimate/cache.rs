@@ -29,6 +29,7 @@
 //!   evict a long system prompt.
 
 use foldhash::HashMap;
+use std::cell::Cell;
 use std::sync::{LazyLock, Mutex};
 
 use crate::config::estimate::Encoding;
@@ -42,6 +43,32 @@ pub const MIN_CACHED_BYTES: usize = 128;
 /// The process-wide cache used by [`Encoding::count_cached`].
 pub(crate) static GLOBAL: LazyLock<TokenCache> =
     LazyLock::new(|| TokenCache::new(DEFAULT_CAPACITY));
+
+thread_local! {
+    /// Set by [`uncached`]: this thread's counts skip the cache.
+    static BYPASS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every [`Encoding::count_cached`] on this thread counted
+/// by the tokenizer, the cache neither read nor filled: the reference an
+/// estimate through the cache is checked against (the cache must never
+/// change a figure), and a cold count without emptying a cache other
+/// threads share.
+pub fn uncached<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            BYPASS.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(BYPASS.with(|b| b.replace(true)));
+    f()
+}
+
+/// Whether this thread is inside [`uncached`].
+pub(crate) fn bypassed() -> bool {
+    BYPASS.with(Cell::get)
+}
 
 /// What identifies a string's token count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -249,6 +276,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_uncached_count_neither_reads_nor_fills_the_process_wide_cache() {
+        let text = format!(
+            "a string no other test counts: {:?}",
+            std::thread::current().id()
+        )
+        .repeat(8);
+        let key = Key {
+            digest: digest(&text),
+            len: text.len() as u64,
+            encoding: Encoding::O200kBase,
+        };
+        let counted = uncached(|| Encoding::O200kBase.count_cached(&text));
+        assert_eq!(counted, Encoding::O200kBase.count(&text));
+        assert!(GLOBAL.get(&key).is_none(), "the bypass filled the cache");
+        assert!(!bypassed(), "the bypass ends with its closure");
+        assert_eq!(Encoding::O200kBase.count_cached(&text), counted);
+        assert_eq!(GLOBAL.get(&key), Some(counted));
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod support;
 
 mod admin;
 mod agent_bodies;
+mod agent_replay;
 mod agents_cli;
 mod agents_gemini;
 mod alerts;
