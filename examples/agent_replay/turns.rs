@@ -392,21 +392,21 @@ impl Rng {
         format!("src/{}/{}.rs", self.word(), self.ident())
     }
 
-    fn from_alphabet(&mut self, alphabet: &[u8], n: u64) -> String {
+    fn pick(&mut self, alphabet: &[u8], n: u64) -> String {
         (0..n)
             .map(|_| alphabet[self.below(alphabet.len() as u64) as usize] as char)
             .collect()
     }
 
     fn alnum(&mut self, n: u64) -> String {
-        self.from_alphabet(
+        self.pick(
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789",
             n,
         )
     }
 
     fn base64(&mut self, n: u64) -> String {
-        self.from_alphabet(
+        self.pick(
             b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
             n,
         )

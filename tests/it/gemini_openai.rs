@@ -53,10 +53,10 @@ async fn usage_of(r: reqwest::Response, stream: bool) -> Value {
     let text = r.text().await.expect("the stream");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     text.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v.get("usage").filter(|u| u.is_object()).cloned())
-        .last()
+        .find_map(|v| v.get("usage").filter(|u| u.is_object()).cloned())
         .expect("a usage chunk")
 }
 
