@@ -20,6 +20,14 @@
 #   LEASE=on STORE=redis scripts/instructions.sh  # quota leases from the first
 #                                        # requests (min_rate 1): the leased path;
 #                                        # default LEASE=off, one store call each
+#   LAYOUT=tenant STORE=redis scripts/instructions.sh  # the tenant key layout
+#                                        # (store.layout): the tenant's budgets and the
+#                                        # deployment's in two domains, so an exact
+#                                        # deployment budget is a second call (with
+#                                        # LEASE=on the deployment is leased: one call)
+#   WINDOW=week SHAPE=deep PROFILE=redis scripts/instructions.sh  # every
+#                                        # tokens_per_day quota a rolling weekly
+#                                        # window instead (tokens_per_week)
 #   LEDGER=off scripts/instructions.sh   # without the spend ledger (default: on,
 #                                        # as `serve` runs it: SQLite in the temp dir)
 #   QUEUE=on scripts/instructions.sh     # with a [queue] configured (uncontended:
@@ -64,6 +72,10 @@ LEASE=${LEASE:-off}
 LEDGER=${LEDGER:-on}
 QUEUE=${QUEUE:-off}
 TELEMETRY=${TELEMETRY:-off}
+LAYOUT=${LAYOUT:-single}
+WINDOW=${WINDOW:-day}
+[[ $LAYOUT == single || $LAYOUT == tenant ]] || { echo "LAYOUT is single or tenant" >&2; exit 1; }
+[[ $WINDOW == day || $WINDOW == week ]] || { echo "WINDOW is day or week" >&2; exit 1; }
 BUILD=${BUILD:-release}
 [[ $PROFILE == redis ]] && STORE=redis
 [[ $BUILD == release || $PROFILE == redis ]] || { echo "BUILD=debug counts a debug gateway: use it with PROFILE=redis only" >&2; exit 1; }
@@ -109,7 +121,8 @@ if [[ $STORE == redis ]]; then
     # Under valgrind a script runs ~50 times slower: give calls time.
     STORE_TOML="kind = \"redis\"
 url = \"redis://127.0.0.1:$RPORT/\"
-timeout_ms = 5000"
+timeout_ms = 5000
+layout = \"$LAYOUT\""
     if [[ $LEASE == on ]]; then
         STORE_TOML="$STORE_TOML
 [store.lease]
@@ -200,6 +213,10 @@ name = "bench"
 keys = [{ id = "bench", sha256 = "$SHA" }]
 limits = { $BIG }
 EOF
+fi
+if [[ $WINDOW == week ]]; then
+    # The same limits, each daily token quota a rolling week's.
+    sed -i 's/tokens_per_day = /tokens_per_week = /g' "$TMP/gw.toml"
 fi
 cat >>"$TMP/gw.toml" <<EOF
 [control]
