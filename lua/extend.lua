@@ -65,7 +65,7 @@ for i, p, kind, ref, a, b, d in live_lines(h.live) do
       elseif ROLL[b] ~= nil then
         avail = ln.a - roll_at(raw[ln.key], b, now)
       else
-        avail = ln.a - quota_used(raw[ln.key], (window(b, now)))
+        avail = ln.a - quota_used(raw[ln.key], (window(b, now, raw[ln.key])))
       end
       local cap = rate_grant(avail, rate, want)
       if tight == nil or cap < tight_cap or (cap == tight_cap and avail < tight_avail) then
@@ -91,7 +91,7 @@ if grant == 0 and want > 0 then
     retry = roll_wait(e, ln.b, now, need - tight_avail)
     reset = retry
   else
-    local _, wend = window(ln.b, now)
+    local _, wend = window(ln.b, now, raw[ln.key])
     retry, reset = wend - now, wend - now
   end
   return { 'X', s(now), s(ln.i - 1), s(tight_avail), s(retry), s(reset) }
@@ -120,7 +120,7 @@ for _, ln in ipairs(lines) do
       v, ttl = pack('<d', total) .. e, ttl_ms(roll_until_empty(e, ln.b, now))
     else
       local wend
-      w, wend = window(ln.b, now)
+      w, wend = window(ln.b, now, raw[key])
       v, ttl = pack('<dd', w, quota_used(raw[key], w) + amount), ttl_ms(wend - now)
     end
     call('SET', key, v, 'PX', ttl)

@@ -31,9 +31,10 @@ for i = 1, n do
     local total, e = roll_at(raw[key], b, now)
     rem, reset = a - total, roll_until_empty(e, b, now)
   elseif kind == 'Q' then
-    local w, wend = window(b, now)
     q = q + 1
-    rem, reset = a - quota_used_at(raw[key], KEYS[q] and raw[KEYS[q]], w), wend - now
+    local lv = KEYS[q] and raw[KEYS[q]]
+    local w, wend = window(b, now, raw[key] or lv)
+    rem, reset = a - quota_used_at(raw[key], lv, w), wend - now
   else
     rem, reset = a - call('ZCOUNT', key, '(' .. s(now), '+inf'), 0
   end

@@ -119,8 +119,9 @@ local function available(kind, a, b, bkey, legacy, now, snow)
   elseif kind == 2 and ROLL[WL[b]] ~= nil then
     return a - roll_at(raw[bkey], WL[b], now)
   elseif kind == 2 then
-    local w = window(WL[b], now)
-    return a - quota_used_at(raw[bkey], legacy and raw[legacy], w)
+    local lv = legacy and raw[legacy]
+    local w = window(WL[b], now, raw[bkey] or lv)
+    return a - quota_used_at(raw[bkey], lv, w)
   end
   return a - call('ZCOUNT', bkey, '(' .. snow, '+inf')
 end
@@ -161,8 +162,9 @@ local function take(kind, a, b, bkey, legacy, units, debt, now)
     total, e = roll_debit(total, e, wl, now, units)
     roll_put(bkey, total, e, wl, now)
   elseif kind == 2 then
-    local w, wend = window(WL[b], now)
-    local used = quota_used_at(raw[bkey], legacy and raw[legacy], w)
+    local lv = legacy and raw[legacy]
+    local w, wend = window(WL[b], now, raw[bkey] or lv)
+    local used = quota_used_at(raw[bkey], lv, w)
     if debt then
       if units > MAX_AMOUNT then
         units = MAX_AMOUNT
@@ -244,11 +246,12 @@ local function give(kind, a, b, bkey, legacy, id, r, units, now)
     roll_put(bkey, total, e, wl, now)
     return back
   elseif kind == 2 then
-    local w, wend = window(WL[b], now)
+    local lv = legacy and raw[legacy]
+    local w, wend = window(WL[b], now, raw[bkey] or lv)
     if r[10] ~= w then
       return 0
     end
-    local used = quota_used_at(raw[bkey], legacy and raw[legacy], w)
+    local used = quota_used_at(raw[bkey], lv, w)
     local back = math.min(units, used)
     put_quota(bkey, w, used - back, wend, now)
     return back
@@ -340,7 +343,7 @@ local function lease_line(i, nums, now, snow, out)
 
   local w, wend = -1, nil
   if kind == 2 then
-    w, wend = window(WL[b], now)
+    w, wend = window(WL[b], now, raw[bkey] or (legacy and raw[legacy]))
   end
   local r = prior
   if r == nil then

@@ -27,7 +27,8 @@
 --   bucket  struct.pack('<dddd', level units (1/60,000 token), last µs
 --           (refilled up to; advances by whole ms), per_minute, burst):
 --           32 bytes, four little-endian IEEE doubles, each an exact integer
---   quota   struct.pack('<dd', window id, used): 16 bytes
+--   quota   struct.pack('<dd', window id, used): 16 bytes (of a window
+--           from first use, the id is the µs it started at)
 --   rolling (a quota of a rolling window, src/budget/rolling.rs)
 --           struct.pack('<d', total) then one struct.pack('<dd', sub-bucket
 --           id, amount) per non-empty sub-bucket still counted, oldest
@@ -66,6 +67,7 @@
 
 -- Constants shared with Rust (UNITS units per token, DAY µs per UTC day,
 -- ROLL the sub-bucket length µs and count of each rolling window by letter,
+-- FIRST the length µs of each window from first use by letter,
 -- MARGIN_MS added to every TTL, LAYOUT the key-layout version, DEBT_FLOOR
 -- the lowest bucket level, MAX_WAIT_MS the longest wait computed, MAX_COST
 -- the largest single amount) are defined
@@ -286,16 +288,29 @@ local function days_from_civil(y, m, d)
 end
 
 -- Window letters by the number reserve.lua's spec numbers carry
--- (wire::spec_numbers): day, month, then the rolling 5 h, 24 h and week.
-local WL = { [0] = 'D', [1] = 'M', [2] = 'F', [3] = 'H', [4] = 'W' }
+-- (wire::spec_numbers): day, month, the rolling 5 h, 24 h and week, then
+-- the same lengths from first use.
+local WL = { [0] = 'D', [1] = 'M', [2] = 'F', [3] = 'H', [4] = 'W', [5] = 'f', [6] = 'h', [7] = 'w' }
 
 -- Window::id and Window::end of the window 'D' | 'M' containing now
 -- (computed once per `now`: a call, or a batch without a test clock, has
 -- one): days since the epoch or year × 12 + month − 1, and the exclusive
 -- end, UTC µs; of a rolling window 'F' | 'H' | 'W', the sub-bucket of now
--- and its end.
+-- and its end. Of a window from first use 'f' | 'h' | 'w'
+-- (Window::current), the one the stored value `v` (false or nil: none)
+-- started, until it ends; else one starting now.
 local windows, windows_now = {}, nil
-local function window(w, now)
+local function window(w, now, v)
+  local len = FIRST[w]
+  if len ~= nil then
+    if v then
+      local start = unpack_('<d', v)
+      if now < start + len then
+        return start, start + len
+      end
+    end
+    return now, now + len
+  end
   if windows_now ~= now then
     windows, windows_now = {}, now
   end

@@ -132,8 +132,9 @@ local function reserve_check(V, i, cost, key, now, snow, id, LEGACY)
       local wait = roll_wait(e, wl, now, cost - avail)
       return { 'D', i, avail, wait, wait }
     end
-    local w, wend = window(wl, now)
-    local avail = a - quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w)
+    local lv = LEGACY[i] and raw[LEGACY[i]]
+    local w, wend = window(wl, now, raw[key] or lv)
+    local avail = a - quota_used_at(raw[key], lv, w)
     if avail >= cost then
       return nil
     end
@@ -351,8 +352,9 @@ local function reserve(KEYS, ARGV)
             rem, reset = s(a - total), s(roll_until_empty(e, wl, now))
             lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. s(sb) .. ':' .. debit .. ';'
           elseif kind == 2 then
-            local w, wend = window(WL[b], now)
-            local used = quota_used_at(raw[key], LEGACY[i] and raw[LEGACY[i]], w) + cost
+            local lv = LEGACY[i] and raw[LEGACY[i]]
+            local w, wend = window(WL[b], now, raw[key] or lv)
+            local used = quota_used_at(raw[key], lv, w) + cost
             put(key, pack('<dd', w, used), ttl_ms(wend - now))
             rem, reset = s(a - used), s(wend - now)
             lines[#lines + 1] = (LINE_INDEX[n] or s(n)) .. pos .. line .. s(w) .. ':' .. debit .. ';'

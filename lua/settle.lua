@@ -140,7 +140,7 @@ local function settle(KEYS, ARGV)
       end
       roll_put(key, total, e, b, now)
     else
-      local w, wend = window(b, now)
+      local w, wend = window(b, now, raw[key])
       local count = quota_used(raw[key], w)
       local held = debited(d, nil)
       local used = line_used(kind == 'Q', held, p, MAX_AMOUNT)
@@ -151,7 +151,11 @@ local function settle(KEYS, ARGV)
       elseif used > held then
         count = math.min(count + used - held, MAX_COUNT)
       end
-      put(key, pack('<dd', w, count), ttl_ms(wend - now))
+      -- A settlement that charges nothing after a window from first use
+      -- ended must not start the next one (Inner::settle_line).
+      if count > 0 or FIRST[b] == nil or (raw[key] and unpack_('<d', raw[key]) == w) then
+        put(key, pack('<dd', w, count), ttl_ms(wend - now))
+      end
     end
   end
   local refunded, debt = 0, math.max(actual - reserved, 0)

@@ -219,7 +219,7 @@ local function share_refusal(V, i, cost, v, key, legacy, now, snow)
     avail = a - total
     reset = roll_until_empty(e, WL[b], now)
   elseif kind == 2 then
-    local w, wend = window(WL[b], now)
+    local w, wend = window(WL[b], now, v or legacy)
     avail = a - quota_used_at(v, legacy, w)
     reset = wend - now
   else

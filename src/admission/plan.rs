@@ -109,27 +109,25 @@ pub fn scope_budgets(
     }
     // Dollar budgets: quotas whose unit is the micro-dollar; then the
     // rolling windows (`budget::rolling`), tokens and dollars.
+    // A window from first use replaces the rolling one of the same length.
+    let (h5, h24, week) = if limits.from_first_use {
+        (
+            Window::FirstUse5h,
+            Window::FirstUse24h,
+            Window::FirstUseWeek,
+        )
+    } else {
+        (Window::Hours5, Window::Hours24, Window::Week)
+    };
     for (name, limit, window) in [
         (BudgetName::UsdPerDay, limits.usd_per_day, Window::Day),
         (BudgetName::UsdPerMonth, limits.usd_per_month, Window::Month),
-        (
-            BudgetName::TokensPer5h,
-            limits.tokens_per_5h,
-            Window::Hours5,
-        ),
-        (
-            BudgetName::TokensPer24h,
-            limits.tokens_per_24h,
-            Window::Hours24,
-        ),
-        (
-            BudgetName::TokensPerWeek,
-            limits.tokens_per_week,
-            Window::Week,
-        ),
-        (BudgetName::UsdPer5h, limits.usd_per_5h, Window::Hours5),
-        (BudgetName::UsdPer24h, limits.usd_per_24h, Window::Hours24),
-        (BudgetName::UsdPerWeek, limits.usd_per_week, Window::Week),
+        (BudgetName::TokensPer5h, limits.tokens_per_5h, h5),
+        (BudgetName::TokensPer24h, limits.tokens_per_24h, h24),
+        (BudgetName::TokensPerWeek, limits.tokens_per_week, week),
+        (BudgetName::UsdPer5h, limits.usd_per_5h, h5),
+        (BudgetName::UsdPer24h, limits.usd_per_24h, h24),
+        (BudgetName::UsdPerWeek, limits.usd_per_week, week),
     ] {
         if let Some(limit) = limit {
             push(name, BudgetKind::Quota { limit, window });

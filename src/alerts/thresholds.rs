@@ -51,15 +51,23 @@ pub fn crossed(
     } else {
         state.limit.saturating_sub(state.remaining as u64)
     };
-    let end = window.end(now);
-    let start = window_start(window, now);
+    let (id, start, end) = match window.from_first_use() {
+        // Its window is the store's (it started at the first use): the
+        // state's reset is its end, its id the instant it started.
+        Some(len) => {
+            let end = now.saturating_add(state.reset_micros);
+            let start = end.saturating_sub(len);
+            (start, start, end)
+        }
+        None => (window.id(now), window_start(window, now), window.end(now)),
+    };
     let scope = spec.scope.to_string();
     thresholds_percent
         .iter()
         // used / limit ≥ t / 100, in integers (u128: no overflow).
         .filter(|&&t| used as u128 * 100 >= t as u128 * state.limit as u128)
         .map(|&t| Firing {
-            id: firing_id(domain, &scope, spec.name.as_str(), window.id(now), t),
+            id: firing_id(domain, &scope, spec.name.as_str(), id, t),
             scope: scope.clone(),
             tenant: tenant_of(&spec.scope),
             budget: spec.name.as_str(),

@@ -1,7 +1,9 @@
 //! Quota windows in pure integer math (mirrored by the Lua scripts): UTC
 //! calendar days and months, and the rolling windows of
 //! [`super::rolling`] (whose "window id" is the sub-bucket a debit goes
-//! to). Days and months are counted from the Unix epoch; month boundaries
+//! to), and the windows that start at a budget's first use (whose id is
+//! the instant they started, read from the stored state:
+//! [`Window::current`]). Days and months are counted from the Unix epoch; month boundaries
 //! use the proleptic Gregorian calendar (days-from-civil conversion after
 //! H. Hinnant, "chrono-Compatible Low-Level Date Algorithms").
 
@@ -24,6 +26,16 @@ pub enum Window {
     Hours24,
     /// The last 7 days, rolling: 168 sub-buckets of 1 hour.
     Week,
+    /// 5 hours from the first use after the previous such window ended:
+    /// one counter and the instant it started (a subscription's session).
+    #[serde(rename = "5h_from_first_use")]
+    FirstUse5h,
+    /// 24 hours from the first use, as [`Window::FirstUse5h`].
+    #[serde(rename = "24h_from_first_use")]
+    FirstUse24h,
+    /// 7 days from the first use, as [`Window::FirstUse5h`].
+    #[serde(rename = "week_from_first_use")]
+    FirstUseWeek,
 }
 
 /// Microseconds per minute.
@@ -34,7 +46,11 @@ impl Window {
     /// window; `None` for the calendar ones.
     pub const fn rolling(self) -> Option<(u64, u64)> {
         match self {
-            Window::Day | Window::Month => None,
+            Window::Day
+            | Window::Month
+            | Window::FirstUse5h
+            | Window::FirstUse24h
+            | Window::FirstUseWeek => None,
             Window::Hours5 => Some((5 * MINUTE, 60)),
             Window::Hours24 => Some((15 * MINUTE, 96)),
             Window::Week => Some((60 * MINUTE, 168)),
@@ -46,14 +62,44 @@ impl Window {
         self.rolling().is_some()
     }
 
+    /// Length (µs) of a window that starts at its first use; `None` for
+    /// the others.
+    pub const fn from_first_use(self) -> Option<u64> {
+        match self {
+            Window::FirstUse5h => Some(5 * 60 * MINUTE),
+            Window::FirstUse24h => Some(24 * 60 * MINUTE),
+            Window::FirstUseWeek => Some(7 * 24 * 60 * MINUTE),
+            _ => None,
+        }
+    }
+
+    /// The window in force at `now` as `(id, end)`, given the stored
+    /// counter's window id if any. A calendar or rolling window's is
+    /// [`Window::id`] and [`Window::end`] of `now`; a window from first
+    /// use (id = the instant it started, µs) keeps the stored one until it
+    /// ends, after which a use at `now` starts a new one: so a debit, a
+    /// refund and a lease name the window they belong to exactly as a
+    /// calendar one's do.
+    pub fn current(self, stored: Option<u64>, now: u64) -> (u64, u64) {
+        match (self.from_first_use(), stored) {
+            (Some(len), Some(id)) if now < id.saturating_add(len) => (id, id + len),
+            (Some(len), _) => (now, now.saturating_add(len)),
+            (None, _) => (self.id(now), self.end(now)),
+        }
+    }
     /// Identifier of the window containing `now` (UTC µs): days since the
     /// epoch for [`Window::Day`], `year × 12 + month − 1` for
     /// [`Window::Month`]; for a rolling window the sub-bucket `now` lies in
     /// (`now / sub-bucket length`), which is what a hold records of a debit
-    /// and what a quota lease is valid in.
+    /// and what a quota lease is valid in. For a window from first use, the
+    /// id a window started at `now` would have (`now`): the one in force
+    /// depends on the stored state ([`Window::current`]).
     pub fn id(self, now: u64) -> u64 {
         if let Some((sub, _)) = self.rolling() {
             return now / sub;
+        }
+        if self.from_first_use().is_some() {
+            return now;
         }
         let day = now / MICROS_PER_DAY;
         match self {
@@ -75,18 +121,25 @@ impl Window {
                 let (y, m, _) = civil_from_days(day as i64);
                 days_from_civil(y, m, 1) as u64 * MICROS_PER_DAY
             }
-            Window::Hours5 | Window::Hours24 | Window::Week => {
-                now.saturating_sub(self.seconds() * 1_000_000)
-            }
+            Window::Hours5
+            | Window::Hours24
+            | Window::Week
+            | Window::FirstUse5h
+            | Window::FirstUse24h
+            | Window::FirstUseWeek => now.saturating_sub(self.seconds() * 1_000_000),
         }
     }
 
     /// End of the window containing `now` (exclusive), UTC µs; of a
     /// rolling window, the end of the sub-bucket `now` lies in (where
-    /// [`Window::id`] changes).
+    /// [`Window::id`] changes); of a window from first use, the end of one
+    /// started at `now`.
     pub fn end(self, now: u64) -> u64 {
         if let Some((sub, _)) = self.rolling() {
             return (now / sub + 1) * sub;
+        }
+        if let Some(len) = self.from_first_use() {
+            return now.saturating_add(len);
         }
         let day = now / MICROS_PER_DAY;
         match self {
@@ -105,9 +158,9 @@ impl Window {
         match self {
             Window::Day => 86_400,
             Window::Month => 30 * 86_400,
-            Window::Hours5 => 5 * 3_600,
-            Window::Hours24 => 86_400,
-            Window::Week => 7 * 86_400,
+            Window::Hours5 | Window::FirstUse5h => 5 * 3_600,
+            Window::Hours24 | Window::FirstUse24h => 86_400,
+            Window::Week | Window::FirstUseWeek => 7 * 86_400,
         }
     }
 }
@@ -167,6 +220,18 @@ mod tests {
             assert_eq!(days_from_civil(y, m, d), z);
         }
         assert_eq!(civil_from_days(0), (1970, 1, 1));
+    }
+
+    #[test]
+    fn a_window_from_first_use_holds_until_its_end_then_restarts_at_the_next_use() {
+        let h = 3_600_000_000u64;
+        let w = Window::FirstUse5h;
+        assert_eq!(w.current(None, 7), (7, 7 + 5 * h));
+        assert_eq!(w.current(Some(7), 7 + 5 * h - 1), (7, 7 + 5 * h));
+        let later = 7 + 5 * h;
+        assert_eq!(w.current(Some(7), later), (later, later + 5 * h));
+        // Calendar and rolling windows ignore the stored state.
+        assert_eq!(Window::Day.current(Some(1), 5), (0, MICROS_PER_DAY));
     }
 
     #[test]

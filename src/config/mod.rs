@@ -144,6 +144,10 @@ pub struct Limits {
     pub usd_per_24h: Option<u64>,
     /// Micro-dollars in the last 7 days, rolling.
     pub usd_per_week: Option<u64>,
+    /// `window = "from_first_use"`: the 5 h, 24 h and week quotas above
+    /// count from their first use until that window's end, then start
+    /// again at the next use (`Window::FirstUse5h` …), instead of rolling.
+    pub from_first_use: bool,
 }
 
 impl Limits {

@@ -205,6 +205,9 @@ pub struct RawLimits {
     pub usd_per_5h: Option<RawDecimal>,
     pub usd_per_24h: Option<RawDecimal>,
     pub usd_per_week: Option<RawDecimal>,
+    /// `"rolling"` (default) or `"from_first_use"`: how the 5 h, 24 h and
+    /// week quotas of these limits count.
+    pub window: Option<String>,
 }
 
 /// A limit as written, brought to the nearest `i64` when it is beyond 64

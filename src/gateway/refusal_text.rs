@@ -67,7 +67,7 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
             amount(d.name, d.limit as i64),
             amount(d.name, d.limit as i64 - d.available),
             amount(d.name, d.requested as i64),
-            if d.name.is_rolling() {
+            if rolls(d) {
                 "Enough slides out of the rolling window"
             } else {
                 "The budget resets"
@@ -89,7 +89,7 @@ pub fn rate_limited(d: &Denial, wait: u64, of: &str) -> String {
         (d.limit as i64 - d.available).max(0),
         d.requested,
         unit(d.name),
-        if d.name.is_rolling() {
+        if rolls(d) {
             format!(
                 "Enough slides out of the rolling window in {}.",
                 human(wait)
@@ -117,6 +117,12 @@ pub fn impossible(i: &Impossibility, of: &str) -> String {
         amount(i.name, i.capacity as i64),
         amount(i.name, i.requested as i64)
     )
+}
+
+/// True when the refusing budget is a rolling window (a window from first
+/// use resets at its end, as a calendar one does).
+fn rolls(d: &Denial) -> bool {
+    d.state.window.is_some_and(|w| w.is_rolling())
 }
 
 #[cfg(test)]

@@ -163,9 +163,18 @@ pub async fn reconcile(
     let mut over = false;
     let mut unexplained_total: u64 = 0;
     for (i, (tenant, spec)) in specs.iter().enumerate() {
-        let Some((from, to)) = window::window_of(spec.name, now) else {
+        let Some((mut from, to)) = window::window_of(spec.name, now) else {
             continue;
         };
+        if let crate::budget::BudgetKind::Quota { window, .. } = spec.kind {
+            if let Some(len) = window.from_first_use() {
+                // The store's window began at its first use: its end (the
+                // state's reset) less its length, not the last `len`.
+                from = now
+                    .saturating_add(states[i].reset_micros)
+                    .saturating_sub(len);
+            }
+        }
         let sum = |range: (u64, u64)| {
             window::spend_of(&**reader, &spec.scope, range, caller_scope.clone())
         };

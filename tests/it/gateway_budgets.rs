@@ -368,3 +368,59 @@ async fn a_5h_window_refuses_at_its_limit_and_admits_when_the_oldest_sub_bucket_
     gw.clock.set(slides_out);
     assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
 }
+
+/// `window = "from_first_use"`: the 5-hour quota starts at the first
+/// request and resets whole at that window's end: refused at the limit
+/// with `retry-after` exactly the end (a reset, not a slide), admitted
+/// again from the end with the whole limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5h_window_from_first_use_resets_whole_at_its_end() {
+    const W: u64 = 5 * 3_600_000_000;
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 20,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let reserve = chat_input_tokens(&body) + 20;
+    let mut l = limits().tokens_per_5h(reserve * 5 / 2);
+    l.window = Some("from_first_use".into());
+    let c = TestConfig::standard(&mock.base_url(), 100, l);
+    let gw = c.start().await;
+    let t0 = gw.clock.now_micros() + 123_456_789;
+    gw.clock.set(t0);
+    let (s, _, h) = post_chat_json(&gw, KEY, &body).await;
+    assert_eq!(s, 200);
+    gw.settled().await;
+    let policy = h["ratelimit-policy"]
+        .to_str()
+        .unwrap_or_default()
+        .to_owned();
+    gw.clock.set(t0 + 3_600_000_000);
+    let (status, v, h) = loop {
+        let (s, v, h) = post_chat_json(&gw, KEY, &body).await;
+        gw.settled().await;
+        if s != 200 {
+            break (s, v, h);
+        }
+    };
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("tokens_per_5h") && msg.contains("resets") && !msg.contains("rolling"),
+        "{msg}"
+    );
+    let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        retry,
+        (t0 + W - gw.clock.now_micros()).div_ceil(1_000_000),
+        "{policy}"
+    );
+    gw.clock.set(t0 + W - 1);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 429);
+    gw.clock.set(t0 + W);
+    // A new window: two reservations fit again.
+    for _ in 0..2 {
+        assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
+        gw.settled().await;
+    }
+}

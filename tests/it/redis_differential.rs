@@ -282,6 +282,16 @@ fn universe(ks: &KeySpace) -> Universe {
                 },
                 true,
             ),
+            // A window from first use (`window = "from_first_use"`).
+            spec(
+                m(),
+                BudgetName::TokensPer5h,
+                BudgetKind::Quota {
+                    limit: 2_000,
+                    window: Window::FirstUse5h,
+                },
+                true,
+            ),
         ],
         upstreams: vec![
             vec![

@@ -532,7 +532,64 @@ conformance!(
     a_tenants_oldest_waiter_goes_first_fleet_wide,
     holds_on_names_the_live_holds_of_each_budget,
     a_5h_window_admits_again_when_its_oldest_sub_bucket_slides_out,
+    a_window_from_first_use_starts_at_the_first_use_and_resets_at_its_end,
 );
+
+/// A 5-hour window from first use (`window = "from_first_use"`): it starts
+/// at the first admission and counts until its end, refusing at the limit
+/// with the retry hint exactly that end; a refund settled after the end
+/// goes nowhere, a settlement that charges nothing starts no window, and
+/// the next use starts the next window, whose refunds apply.
+async fn a_window_from_first_use_starts_at_the_first_use_and_resets_at_its_end(h: H) {
+    const W: u64 = 5 * 3_600 * SEC;
+    let spec = h.spec(
+        tenant(),
+        BudgetName::TokensPer5h,
+        BudgetKind::Quota {
+            limit: 1000,
+            window: Window::FirstUse5h,
+        },
+    );
+    let one = std::slice::from_ref(&spec);
+    let start = NOON + 17 * SEC;
+    h.clock.set(start);
+    let a = h.admit("a", 600, one).await;
+    assert_eq!(a.budgets[0].window, Some(Window::FirstUse5h));
+    assert_eq!(
+        (a.budgets[0].remaining, a.budgets[0].reset_micros),
+        (400, W)
+    );
+    h.clock.set(start + W - 30 * SEC);
+    let b = h.admit("b", 400, one).await;
+    assert_eq!(
+        (b.budgets[0].remaining, b.budgets[0].reset_micros),
+        (0, 30 * SEC)
+    );
+    let d = denied(h.reserve("c", 100, one).await);
+    assert_eq!(d.name, BudgetName::TokensPer5h);
+    assert_eq!(d.retry_after_micros, 30 * SEC);
+    assert_eq!(d.state.reset_micros, 30 * SEC);
+    h.clock.set(start + W - 1);
+    denied(h.reserve("c", 100, one).await);
+    // b settles after the window ended: nothing comes back, nothing starts.
+    h.clock.set(start + W + 10 * SEC);
+    assert!(matches!(
+        h.settle("b", 0).await,
+        SettleOutcome::Settled { .. }
+    ));
+    assert_eq!(h.state(&spec).await, (1000, W));
+    h.clock.advance(3_600 * SEC);
+    assert_eq!(h.state(&spec).await, (1000, W), "no window started");
+    let c = h.admit("c", 100, one).await;
+    assert_eq!(
+        (c.budgets[0].remaining, c.budgets[0].reset_micros),
+        (900, W)
+    );
+    h.clock.advance(60 * SEC);
+    h.settle("c", 40).await;
+    assert_eq!(h.state(&spec).await, (960, W - 60 * SEC));
+    h.check_keys().await;
+}
 
 /// A rolling 5-hour window (60 sub-buckets of 5 minutes, `budget::rolling`)
 /// on an injected clock: refused at the limit, admitted again the instant

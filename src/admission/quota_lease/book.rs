@@ -610,6 +610,13 @@ fn state(spec: &BudgetSpec, l: &Lease, in_flight: u64, utc: u64) -> BudgetState 
     }
 }
 
+/// A quota whose window starts at its first use is never leased: which
+/// window is in force is known only to the store (`Window::current`), so a
+/// gateway could not tell when a lease's window ended.
+fn from_first_use(spec: &BudgetSpec) -> bool {
+    matches!(spec.kind, BudgetKind::Quota { window, .. } if window.from_first_use().is_some())
+}
+
 fn entry<'a>(
     entries: &'a mut HashMap<Arc<str>, Entry>,
     off: &LeaseOff,
@@ -617,7 +624,7 @@ fn entry<'a>(
 ) -> &'a mut Entry {
     let e = entries.entry(spec.key.clone()).or_insert_with(|| Entry {
         spec: spec.clone(),
-        leasable: off.allows(&spec.scope),
+        leasable: off.allows(&spec.scope) && !from_first_use(spec),
         demand: Demand::default(),
         admitted: Demand::default(),
         lease: None,
@@ -627,6 +634,7 @@ fn entry<'a>(
     });
     if e.spec.kind != spec.kind {
         e.spec = spec.clone();
+        e.leasable = off.allows(&spec.scope) && !from_first_use(spec);
     }
     e
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use foldhash::HashMap;
 
-use super::state::{store_at, Inner, QuotaState};
+use super::state::{store_at, Inner};
 use super::MemoryStore;
 use crate::budget::bucket::capacity_units;
 use crate::budget::bucket::UNITS_PER_TOKEN;
@@ -173,7 +173,8 @@ fn apply(inner: &mut Inner, line: &LeaseLine, now: u64) -> LeaseReply {
     }
     let epoch = current_epoch(inner, spec, l.want > 0, now);
     let window = match spec.kind {
-        BudgetKind::Quota { window, .. } => Some(window.id(now)),
+        BudgetKind::Quota { window, .. } if window.is_rolling() => Some(window.id(now)),
+        BudgetKind::Quota { window, .. } => Some(inner.quota_at(&spec.key, window, now).window),
         _ => None,
     };
     let mut r = prior.unwrap_or(Record {
@@ -314,13 +315,8 @@ fn report(inner: &mut Inner, spec: &BudgetSpec, r: &mut Record, spent: u64, now:
                 .debit(window, now, debt.min(MAX_AMOUNT));
         }
         BudgetKind::Quota { window, .. } => {
-            let w = window.id(now);
-            let used = inner.quota(&spec.key, w).used;
-            let q = QuotaState {
-                window: w,
-                used: (used + debt.min(MAX_AMOUNT)).min(MAX_COUNT),
-                end: window.end(now),
-            };
+            let mut q = inner.quota_at(&spec.key, window, now);
+            q.used = (q.used + debt.min(MAX_AMOUNT)).min(MAX_COUNT);
             store_at(&mut inner.quotas, &spec.key, q);
         }
         BudgetKind::Concurrency { .. } => {}
@@ -412,14 +408,12 @@ fn give_back(
             inner.rolling_mut(&spec.key, window, now).credit(w, units)
         }
         BudgetKind::Quota { window, .. } => {
-            let w = window.id(now);
-            if r.window != Some(w) {
+            let mut q = inner.quota_at(&spec.key, window, now);
+            if r.window != Some(q.window) {
                 return 0;
             }
-            let mut q = inner.quota(&spec.key, w);
             let back = units.min(q.used);
             q.used -= back;
-            q.end = window.end(now);
             store_at(&mut inner.quotas, &spec.key, q);
             back
         }

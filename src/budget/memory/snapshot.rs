@@ -104,10 +104,13 @@ impl Snapshot {
             };
             inner.buckets.insert(key, b);
         }
-        // The file does not say whether a counter is daily or monthly: it
-        // is kept at least to the end of the snapshot's month (never swept
-        // while its window may still be current).
-        let end = crate::budget::Window::Month.end(self.taken_micros);
+        // The file does not say whether a counter is daily, monthly or
+        // counts from a first use (at most a week): it is kept at least to
+        // the end of the snapshot's month and a week past the snapshot
+        // (never swept while its window may still be current).
+        let end = crate::budget::Window::Month
+            .end(self.taken_micros)
+            .max(self.taken_micros + crate::budget::Window::Week.seconds() * 1_000_000);
         for (key, window, used) in self.quotas {
             inner.quotas.insert(key, QuotaState { window, used, end });
         }

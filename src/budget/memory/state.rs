@@ -177,14 +177,18 @@ impl Inner {
         s
     }
 
-    pub(super) fn quota(&self, key: &str, window: u64) -> QuotaState {
-        match self.quotas.get(key) {
-            Some(q) if q.window == window => *q,
-            // Its end is set by the caller that stores it.
+    /// The counter of calendar or first-use quota `window` at `key` in
+    /// force at `now` ([`Window::current`]): the stored one when it is of
+    /// that window, else an empty one, its end set.
+    pub(super) fn quota_at(&self, key: &str, window: Window, now: u64) -> QuotaState {
+        let stored = self.quotas.get(key);
+        let (id, end) = window.current(stored.map(|q| q.window), now);
+        match stored {
+            Some(q) if q.window == id => QuotaState { end, ..*q },
             _ => QuotaState {
-                window,
+                window: id,
                 used: 0,
-                end: 0,
+                end,
             },
         }
     }
@@ -226,7 +230,7 @@ impl Inner {
                         .map_or(0, |r| r.used_at(window, now)) as i64
             }
             BudgetKind::Quota { limit, window } => {
-                limit as i64 - self.quota(&spec.key, window.id(now)).used as i64
+                limit as i64 - self.quota_at(&spec.key, window, now).used as i64
             }
             BudgetKind::Concurrency { max } => max as i64 - self.live_slots(&spec.key, now) as i64,
         }
@@ -243,7 +247,7 @@ impl Inner {
                     r.wait_for(window, now, need)
                 })
             }
-            BudgetKind::Quota { window, .. } => window.end(now) - now,
+            BudgetKind::Quota { window, .. } => self.quota_at(&spec.key, window, now).end - now,
             BudgetKind::Concurrency { .. } => 0,
         }
     }
@@ -263,12 +267,8 @@ impl Inner {
                 )
             }
             BudgetKind::Quota { limit, window } => {
-                let q = self.quota(&spec.key, window.id(now));
-                (
-                    limit as i64 - q.used as i64,
-                    window.end(now) - now,
-                    Some(window),
-                )
+                let q = self.quota_at(&spec.key, window, now);
+                (limit as i64 - q.used as i64, q.end - now, Some(window))
             }
             BudgetKind::Concurrency { max } => {
                 (max as i64 - self.live_slots(&spec.key, now) as i64, 0, None)
@@ -396,12 +396,10 @@ impl Inner {
                     .debit(window, now, amount),
             ),
             BudgetKind::Quota { window, .. } => {
-                let w = window.id(now);
-                let mut q = self.quota(&spec.key, w);
+                let mut q = self.quota_at(&spec.key, window, now);
                 q.used += amount;
-                q.end = window.end(now);
                 store_at(&mut self.quotas, &spec.key, q);
-                Some(w)
+                Some(q.window)
             }
             BudgetKind::Concurrency { .. } => {
                 // The lease end is written by the caller, which knows the lease length.
@@ -529,8 +527,9 @@ impl Inner {
             }
             BudgetKind::Quota { window, .. } => {
                 let used = used.map_or(0, |u| u.min(MAX_AMOUNT));
-                let w = window.id(now);
-                let mut count = self.quota(&spec.key, w).used;
+                let q = self.quota_at(&spec.key, window, now);
+                let (w, end) = (q.window, q.end);
+                let mut count = q.used;
                 let refunded = used < line.held && refundable;
                 if refunded {
                     let here: u64 = line
@@ -543,15 +542,21 @@ impl Inner {
                 } else if used > line.held {
                     count = (count + (used - line.held)).min(MAX_COUNT);
                 }
-                store_at(
-                    &mut self.quotas,
-                    &spec.key,
-                    QuotaState {
-                        window: w,
-                        used: count,
-                        end: window.end(now),
-                    },
-                );
+                // A settlement that charges nothing after a window from
+                // first use ended must not start the next one.
+                let starts_window = window.from_first_use().is_some()
+                    && self.quotas.get(&*spec.key).is_none_or(|s| s.window != w);
+                if count > 0 || !starts_window {
+                    store_at(
+                        &mut self.quotas,
+                        &spec.key,
+                        QuotaState {
+                            window: w,
+                            used: count,
+                            end,
+                        },
+                    );
+                }
                 refunded
             }
         }

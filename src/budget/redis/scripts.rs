@@ -52,13 +52,17 @@ pub fn prelude() -> String {
          local SHARE_ACTIVE = {ACTIVE_MICROS}\n\
          local SHARE_GAP = {GAP_STEPS}\n\
          local SHARE_RETRY = {SHARE_RETRY_MICROS}\n\
-         local ROLL = {{ F = {{ {f_g}, {f_n} }}, H = {{ {h_g}, {h_n} }}, W = {{ {w_g}, {w_n} }} }}\n",
+         local ROLL = {{ F = {{ {f_g}, {f_n} }}, H = {{ {h_g}, {h_n} }}, W = {{ {w_g}, {w_n} }} }}\n\
+         local FIRST = {{ f = {first_5h}, h = {first_24h}, w = {first_week} }}\n",
         f_g = ROLL_5H.0,
         f_n = ROLL_5H.1,
         h_g = ROLL_24H.0,
         h_n = ROLL_24H.1,
         w_g = ROLL_WEEK.0,
         w_n = ROLL_WEEK.1,
+        first_5h = first_use_length(Window::FirstUse5h),
+        first_24h = first_use_length(Window::FirstUse24h),
+        first_week = first_use_length(Window::FirstUseWeek),
     )
 }
 
@@ -67,6 +71,15 @@ pub fn prelude() -> String {
 const ROLL_5H: (u64, u64) = rolling_shape(Window::Hours5);
 const ROLL_24H: (u64, u64) = rolling_shape(Window::Hours24);
 const ROLL_WEEK: (u64, u64) = rolling_shape(Window::Week);
+
+// Length (µs) of each window from first use, by its letter: f 5 h, h 24 h,
+// w week.
+const fn first_use_length(w: Window) -> u64 {
+    match w.from_first_use() {
+        Some(len) => len,
+        None => 0,
+    }
+}
 
 const fn rolling_shape(w: Window) -> (u64, u64) {
     match w.rolling() {

@@ -139,11 +139,15 @@ pub(super) fn window_number(window: Window) -> u64 {
         Window::Hours5 => 2,
         Window::Hours24 => 3,
         Window::Week => 4,
+        Window::FirstUse5h => 5,
+        Window::FirstUse24h => 6,
+        Window::FirstUseWeek => 7,
     }
 }
 
 /// How the scripts' text (holds, inspect arguments) names a quota window:
-/// the `ROLL` letters of the prelude for the rolling ones.
+/// the `ROLL` letters of the prelude for the rolling ones, the `FIRST`
+/// letters (lower case) for the windows from first use.
 pub(super) fn window_letter(window: Window) -> &'static str {
     match window {
         Window::Day => "D",
@@ -151,6 +155,9 @@ pub(super) fn window_letter(window: Window) -> &'static str {
         Window::Hours5 => "F",
         Window::Hours24 => "H",
         Window::Week => "W",
+        Window::FirstUse5h => "f",
+        Window::FirstUse24h => "h",
+        Window::FirstUseWeek => "w",
     }
 }
 
@@ -298,6 +305,9 @@ pub(super) fn parse_kind(kind: &str, a: u64, b: &str) -> Result<BudgetKind, Stor
                 "F" => Window::Hours5,
                 "H" => Window::Hours24,
                 "W" => Window::Week,
+                "f" => Window::FirstUse5h,
+                "h" => Window::FirstUse24h,
+                "w" => Window::FirstUseWeek,
                 w => return Err(protocol(format!("bad window {w:?}"))),
             },
         },

@@ -93,7 +93,35 @@ impl V {
             usd_per_5h: self.usd_budget(&p("usd_per_5h"), l.usd_per_5h.as_ref()),
             usd_per_24h: self.usd_budget(&p("usd_per_24h"), l.usd_per_24h.as_ref()),
             usd_per_week: self.usd_budget(&p("usd_per_week"), l.usd_per_week.as_ref()),
+            from_first_use: match l.window.as_deref() {
+                None | Some("rolling") => false,
+                Some("from_first_use") => true,
+                Some(other) => {
+                    self.err(
+                        p("window"),
+                        format!("{other:?}: must be \"rolling\" or \"from_first_use\""),
+                    );
+                    false
+                }
+            },
         };
+        if out.from_first_use
+            && [
+                out.tokens_per_5h,
+                out.tokens_per_24h,
+                out.tokens_per_week,
+                out.usd_per_5h,
+                out.usd_per_24h,
+                out.usd_per_week,
+            ]
+            .iter()
+            .all(Option::is_none)
+        {
+            self.err(
+                p("window"),
+                "\"from_first_use\" applies to tokens_per_5h, _24h, _week and usd_per_5h, _24h, _week: set one",
+            );
+        }
         for (burst, set, limit, limit_set) in [
             ("rpm_burst", out.rpm_burst, "rpm", l.rpm),
             ("tpm_burst", out.tpm_burst, "tpm", l.tpm),
