@@ -7,15 +7,18 @@
 -- then 3 fields per key: kind, a, b (as in reserve.lua: 'B' per_minute
 -- burst | 'Q' limit 'D'/'M'/'F'/'H'/'W' | 'C' max unused)
 --
--- Reply (strings): {now, remaining_1, reset_1 µs, ..., remaining_N, reset_N}
+-- Reply (strings): {now, remaining_1, reset_1 µs, ..., remaining_N, reset_N,
+-- then for each rolling window, in order: slide µs, slide units}
 -- (remaining whole tokens/requests/slots, floor; reset µs until a bucket is
--- full again, until a quota window ends, 0 for concurrency)
+-- full again, until a quota window ends, 0 for concurrency; slide: when the
+-- oldest units still counted slide out and how many, 0 0 when empty)
 -- Reads every string key with one MGET, each slot set with ZCOUNT.
 -- Writes nothing.
 
 local now = clock(ARGV[1])
 local raw = load_all()
 local out = { s(now) }
+local slides = {}
 local n = (#ARGV - 1) / 3
 local q = n
 for i = 1, n do
@@ -30,6 +33,18 @@ for i = 1, n do
     q = q + 1
     local total, e = roll_at(raw[key], b, now)
     rem, reset = a - total, roll_until_empty(e, b, now)
+    -- The oldest non-empty sub-bucket still counted (Rolling::next_slide).
+    local sin, sunits, pos, r = 0, 0, 1, ROLL[b]
+    while pos < #e do
+      local sb, amount = unpack_('<dd', e, pos)
+      if amount > 0 then
+        sin, sunits = math.max((sb + r[2] + 1) * r[1] - now, 0), amount
+        break
+      end
+      pos = pos + 16
+    end
+    slides[#slides + 1] = s(sin)
+    slides[#slides + 1] = s(sunits)
   elseif kind == 'Q' then
     q = q + 1
     local lv = KEYS[q] and raw[KEYS[q]]
@@ -40,5 +55,8 @@ for i = 1, n do
   end
   out[#out + 1] = s(rem)
   out[#out + 1] = s(reset)
+end
+for _, v in ipairs(slides) do
+  out[#out + 1] = v
 end
 return out

@@ -135,6 +135,12 @@ function human(micros) {
 
 function resetText(b) {
   if (b.kind === 'bucket') return b.reset_micros > 0 ? 'full in ' + human(b.reset_micros) : 'full';
+  // A rolling window never resets whole: say when its oldest units slide out.
+  if (b.kind === 'quota' && b.next_slide) {
+    const n = b.next_slide.units;
+    const amount = b.unit === 'usd_micros' ? '$' + (n / 1e6).toFixed(2) : n + ' ' + b.unit;
+    return amount + ' slide out in ' + human(b.next_slide.in_micros) + ' (' + b.window + ', empty in ' + human(b.reset_micros) + ')';
+  }
   if (b.kind === 'quota') return 'resets in ' + human(b.reset_micros) + (b.window ? ' (' + b.window + ')' : '');
   return '';
 }

@@ -186,6 +186,12 @@ impl BudgetStore for DenyCachedStore {
     ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
         self.inner.holds_on(specs).await
     }
+    async fn slides(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<Option<crate::budget::Slide>>, StoreError> {
+        self.inner.slides(specs).await
+    }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.inner.lower(spec, at_most).await
     }

@@ -167,6 +167,11 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.inner.holds_on(specs).await
     }
 
+    async fn slides(&self, specs: &[BudgetSpec]) -> Result<Vec<Option<super::Slide>>, StoreError> {
+        // An admin read, like holds_on: outside the admissions' queue.
+        self.inner.slides(specs).await
+    }
+
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
         self.call("void", self.inner.void(id, hold_ttl_micros))
             .await

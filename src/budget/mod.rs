@@ -340,6 +340,16 @@ pub struct BudgetState {
     pub window: Option<Window>,
 }
 
+/// The oldest units of a rolling window still counted: they slide out
+/// together, at the end of their sub-bucket's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Slide {
+    /// Microseconds from the read until they slide out.
+    pub in_micros: u64,
+    /// How many (in the budget's unit).
+    pub units: u64,
+}
+
 /// The holds in flight on one budget (the "why was this refused?"
 /// record, `crate::gateway::recent_refusals`): read only after a refusal,
 /// never on the admission path.
@@ -582,6 +592,13 @@ pub trait BudgetStore: Send + Sync + 'static {
         Err(StoreError::Unavailable(
             "this store does not list its holds".into(),
         ))
+    }
+    /// The next units to slide out of each rolling window of `specs`
+    /// (`None` for the other budgets and for an empty window), read without
+    /// changing anything: the admin API's budget list. The default answers
+    /// `None` for every budget (a store without rolling windows).
+    async fn slides(&self, specs: &[BudgetSpec]) -> Result<Vec<Option<Slide>>, StoreError> {
+        Ok(vec![None; specs.len()])
     }
     /// Lowers a token bucket (never raises it) so that at most `at_most`
     /// whole units remain now: the gateway follows a provider's own

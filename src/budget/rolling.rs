@@ -234,6 +234,16 @@ impl Rolling {
         self.until_empty(window, now)
     }
 
+    /// The oldest units still counted at `now`: µs until their sub-bucket
+    /// slides out and how many they are (`None` when empty).
+    pub fn next_slide(&self, window: Window, now: u64) -> Option<(u64, u64)> {
+        let (g, n, c) = shape(window, now);
+        self.subs
+            .iter()
+            .find(|&&(b, a)| b + n >= c && a > 0)
+            .map(|&(b, a)| (((b + n + 1) * g).saturating_sub(now), a))
+    }
+
     /// µs from `now` until every unit has left the count (0 when empty):
     /// what a quota's reset means here.
     pub fn until_empty(&self, window: Window, now: u64) -> u64 {
@@ -345,6 +355,21 @@ mod tests {
                 prop_assert!(exact(&log, l.at) <= limit);
             }
         }
+    }
+
+    #[test]
+    fn the_next_slide_is_the_oldest_sub_bucket_still_counted() {
+        let w = Window::Hours5;
+        let mut r = Rolling::default();
+        assert_eq!(r.next_slide(w, START), None);
+        r.debit(w, START, 7);
+        r.debit(w, START + 3 * G, 5);
+        // START's sub-bucket slides out 61 sub-buckets after its start.
+        let out = (START / G + 61) * G;
+        assert_eq!(r.next_slide(w, START + G), Some((out - START - G, 7)));
+        // Once it has, the next one.
+        assert_eq!(r.next_slide(w, out), Some((out + 3 * G - out, 5)));
+        assert_eq!(r.next_slide(w, out + 3 * G), None);
     }
 
     #[test]

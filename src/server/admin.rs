@@ -333,9 +333,16 @@ pub(crate) async fn budgets_body(
             return Err(ApiError::StoreUnavailable.into_response());
         }
     };
+    let slides = super::budget_view::slides_of(st, &specs).await;
     let render = |r: std::ops::Range<usize>| -> Vec<Value> {
-        r.map(|i| super::budget_view::budget_json(&specs[i], &states[i]))
-            .collect()
+        r.map(|i| {
+            let mut b = super::budget_view::budget_json(&specs[i], &states[i]);
+            if let Some(s) = &slides[i] {
+                b["next_slide"] = super::budget_view::slide_json(s);
+            }
+            b
+        })
+        .collect()
     };
     let mut body = json!({
         "policy_version": policy.version,

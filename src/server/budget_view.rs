@@ -17,6 +17,8 @@
 //!   configured limits of each of its end users (`end_user_limits`: no
 //!   state, end users are too many to list) and its budget refusals of the
 //!   last minutes (`recent_refusals`, [`crate::gateway::recent_refusals`]).
+//! - A rolling window that counts anything comes with its `next_slide`:
+//!   when its oldest units slide out and how many ([`slides_of`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,7 +30,9 @@ use serde_json::{json, Value};
 
 use super::admin;
 use crate::admission::plan;
-use crate::budget::{BudgetKind, BudgetName, BudgetSpec, BudgetState, Scope, StoreError};
+use crate::budget::{
+    BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Scope, Slide, StoreError,
+};
 use crate::config::{Policy, TenantPolicy};
 use crate::dialects::rate_limit_headers::go_duration;
 use crate::gateway::error::ApiError;
@@ -109,6 +113,44 @@ pub fn budget_json(spec: &BudgetSpec, s: &BudgetState) -> Value {
         "reset": go_duration(s.reset_micros),
         "window": s.window,
         "usd": usd,
+    })
+}
+
+/// The next units to slide out of each rolling window among `specs`
+/// (`None` elsewhere): one more store read per [`INSPECT_CHUNK`] rolling
+/// windows, none when there are none. A failed read leaves them out (the
+/// list itself was read).
+pub(crate) async fn slides_of(st: &AppState, specs: &[BudgetSpec]) -> Vec<Option<Slide>> {
+    let mut out = vec![None; specs.len()];
+    let idx: Vec<usize> = (0..specs.len())
+        .filter(
+            |&i| matches!(specs[i].kind, BudgetKind::Quota { window, .. } if window.is_rolling()),
+        )
+        .collect();
+    for chunk in idx.chunks(INSPECT_CHUNK) {
+        let part: Vec<BudgetSpec> = chunk.iter().map(|&i| specs[i].clone()).collect();
+        match st.store.slides(&part).await {
+            Ok(s) => {
+                for (&i, s) in chunk.iter().zip(s) {
+                    out[i] = s;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "admin: rolling windows' slides not read");
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A rolling window's next slide as the admin API reports it: when (µs
+/// from the read, and as a duration) and how many units.
+pub(crate) fn slide_json(s: &Slide) -> Value {
+    json!({
+        "in_micros": s.in_micros,
+        "in": go_duration(s.in_micros),
+        "units": s.units,
     })
 }
 
@@ -196,6 +238,7 @@ pub async fn list(
             return ApiError::StoreUnavailable.into_response();
         }
     };
+    let slides = slides_of(&st, &specs).await;
     // What is out on quota leases, fleet-wide and here (leases on only).
     let leased = match st.store.leases() {
         Some(l) => match l.leased_out(&specs).await {
@@ -211,6 +254,9 @@ pub async fn list(
         r.clone()
             .map(|i| {
                 let mut b = budget_json(&specs[i], &states[i]);
+                if let Some(s) = &slides[i] {
+                    b["next_slide"] = slide_json(s);
+                }
                 if let Some((l, out)) = &leased {
                     if let Some(o) = out.get(i) {
                         b["leased"] = json!({

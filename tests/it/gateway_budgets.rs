@@ -369,6 +369,63 @@ async fn a_5h_window_refuses_at_its_limit_and_admits_when_the_oldest_sub_bucket_
     assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
 }
 
+/// The admin API's budget list and a tenant's budgets name when a rolling
+/// window's oldest units slide out, and how many: the first request's
+/// charge, at the end of its sub-bucket plus the window; a window from
+/// first use has no slide (it resets whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_names_when_a_rolling_windows_next_units_slide_out() {
+    const G: u64 = 300_000_000;
+    let mock = start_mock().await;
+    mock.state.set_output_tokens(10);
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 20,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let mut c = TestConfig::standard(
+        &mock.base_url(),
+        100,
+        limits().rpm(1000).tokens_per_5h(100_000),
+    );
+    c.tenants[0].keys[0].limits.tokens_per_week = Some(100_000);
+    let gw = c.start().await;
+    gw.state.set_admin_token(Some("admin-slides"));
+    let t0 = gw.clock.now_micros() - gw.clock.now_micros() % G + 40_000_000;
+    gw.clock.set(t0);
+    assert_eq!(post_chat_json(&gw, KEY, &body).await.0, 200);
+    gw.settled().await;
+    let charged = chat_input_tokens(&body) + 10;
+    gw.clock.set(t0 + 3_600_000_000);
+    let r = admin_get(&gw, "/admin/v1/budgets", Some("admin-slides")).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    let budgets = v["tenants"][0]["budgets"].as_array().unwrap();
+    let find = |name: &str| {
+        budgets
+            .iter()
+            .find(|b| b["budget"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {v}"))
+    };
+    let five = find("tokens_per_5h");
+    // t0's sub-bucket slides out 61 sub-buckets after its start.
+    let out = t0 - 40_000_000 + 61 * G;
+    assert_eq!(
+        five["next_slide"],
+        json!({"in_micros": out - (t0 + 3_600_000_000), "in": five["next_slide"]["in"], "units": charged}),
+        "{five}"
+    );
+    let week = find("tokens_per_week");
+    // A week's sub-buckets are hours.
+    let h = 3_600_000_000u64;
+    let week_out = t0 - t0 % h + 169 * h;
+    assert_eq!(
+        week["next_slide"]["in_micros"],
+        json!(week_out - (t0 + h)),
+        "{week}"
+    );
+    assert_eq!(week["next_slide"]["units"], json!(charged));
+    // Budgets that do not roll have none.
+    assert!(find("rpm")["next_slide"].is_null());
+}
+
 /// `window = "from_first_use"`: the 5-hour quota starts at the first
 /// request and resets whole at that window's end: refused at the limit
 /// with `retry-after` exactly the end (a reset, not a slide), admitted

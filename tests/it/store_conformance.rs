@@ -25,7 +25,7 @@ use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::{
     Admission, BudgetKind, BudgetName, BudgetSpec, BudgetStore, Denial, ExtendOutcome,
     Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement,
-    Window,
+    Slide, Window,
 };
 use budgetgate::clock::{Clock, ManualClock};
 
@@ -533,7 +533,60 @@ conformance!(
     holds_on_names_the_live_holds_of_each_budget,
     a_5h_window_admits_again_when_its_oldest_sub_bucket_slides_out,
     a_window_from_first_use_starts_at_the_first_use_and_resets_at_its_end,
+    a_rolling_windows_next_slide_is_its_oldest_sub_bucket_still_counted,
 );
+
+/// `slides` (the admin API's `next_slide`): a rolling window's oldest
+/// units still counted, when they slide out and how many; none for other
+/// budgets or an empty window. Read in both domains at once.
+async fn a_rolling_windows_next_slide_is_its_oldest_sub_bucket_still_counted(h: H) {
+    const G: u64 = 300 * SEC;
+    let five = h.spec(
+        tenant(),
+        BudgetName::TokensPer5h,
+        BudgetKind::Quota {
+            limit: 1000,
+            window: Window::Hours5,
+        },
+    );
+    let day = h.per_day(tenant(), 10_000);
+    let up = h.tpm(upstream("east"), 1000, 1000);
+    let start = NOON - NOON % G + 7 * SEC;
+    h.clock.set(start);
+    let all = [five.clone(), day.clone(), up.clone()];
+    let none = h.store.slides(&all).await.expect("slides");
+    assert_eq!(none, vec![None, None, None]);
+    h.admit("a", 300, &[five.clone(), day.clone()]).await;
+    h.clock.advance(3 * G);
+    h.admit("b", 200, std::slice::from_ref(&five)).await;
+    let out = start - 7 * SEC + 61 * G;
+    let now = h.clock.now_micros();
+    let slides = h.store.slides(&all).await.expect("slides");
+    assert_eq!(
+        slides,
+        vec![
+            Some(Slide {
+                in_micros: out - now,
+                units: 300
+            }),
+            None,
+            None
+        ]
+    );
+    h.clock.set(out);
+    let slides = h
+        .store
+        .slides(std::slice::from_ref(&five))
+        .await
+        .expect("slides");
+    assert_eq!(
+        slides,
+        vec![Some(Slide {
+            in_micros: 3 * G,
+            units: 200
+        })]
+    );
+}
 
 /// A 5-hour window from first use (`window = "from_first_use"`): it starts
 /// at the first admission and counts until its end, refusing at the limit

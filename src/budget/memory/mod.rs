@@ -454,6 +454,22 @@ impl MemoryStore {
         out
     }
 
+    /// Synchronous core of [`BudgetStore::slides`].
+    pub fn slides_sync(&self, specs: &[BudgetSpec]) -> Vec<Option<crate::budget::Slide>> {
+        let now = self.clock.now_micros();
+        let inner = self.lock();
+        specs
+            .iter()
+            .map(|s| match s.kind {
+                BudgetKind::Quota { window, .. } if window.is_rolling() => inner
+                    .rolling(&s.key)
+                    .and_then(|r| r.next_slide(window, now))
+                    .map(|(in_micros, units)| crate::budget::Slide { in_micros, units }),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Synchronous core of [`BudgetStore::inspect`].
     pub fn inspect_sync(&self, specs: &[BudgetSpec]) -> Vec<BudgetState> {
         let now = self.clock.now_micros();
@@ -486,6 +502,13 @@ impl BudgetStore for MemoryStore {
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
         Ok(self.inspect_sync(specs))
+    }
+
+    async fn slides(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<Option<crate::budget::Slide>>, StoreError> {
+        Ok(self.slides_sync(specs))
     }
 
     async fn holds_on(&self, specs: &[BudgetSpec]) -> Result<Vec<super::HeldOn>, StoreError> {

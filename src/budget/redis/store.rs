@@ -5,8 +5,8 @@ use async_trait::async_trait;
 
 use crate::budget::{
     Actual, Admission, BudgetKind, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome,
-    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Step,
-    StoreError, WouldDeny, MAX_RATE,
+    Impossibility, RenewOutcome, ReserveOutcome, ReserveRequest, SettleOutcome, Settlement, Slide,
+    Step, StoreError, WouldDeny, MAX_RATE,
 };
 
 use std::time::Duration;
@@ -405,24 +405,14 @@ impl BudgetStore for RedisStore {
             self.probe().await?;
             return Ok(Vec::new());
         }
-        if self.layout == Layout::Single {
-            return self.inspect_one(specs).await;
+        Ok(self.inspect_all(specs).await?.0)
+    }
+
+    async fn slides(&self, specs: &[BudgetSpec]) -> Result<Vec<Option<Slide>>, StoreError> {
+        if specs.is_empty() {
+            return Ok(Vec::new());
         }
-        let groups = domains::by_domain(specs.iter().map(|s| &*s.key));
-        if groups.len() <= 1 {
-            return self.inspect_one(specs).await;
-        }
-        // One call per domain (a script runs on one slot), answered in order.
-        let mut out: Vec<Option<BudgetState>> = vec![None; specs.len()];
-        for (_, idx) in &groups {
-            let part: Vec<BudgetSpec> = idx.iter().map(|&i| specs[i].clone()).collect();
-            for (&i, st) in idx.iter().zip(self.inspect_one(&part).await?) {
-                out[i] = Some(st);
-            }
-        }
-        out.into_iter()
-            .map(|s| s.ok_or_else(|| protocol("inspect left a budget out")))
-            .collect()
+        Ok(self.inspect_all(specs).await?.1)
     }
 
     async fn holds_on(
@@ -444,8 +434,42 @@ impl BudgetStore for RedisStore {
 }
 
 impl RedisStore {
+    /// The states and rolling windows' slides of `specs` (not empty): one
+    /// inspect call per domain (a script runs on one slot), in order.
+    async fn inspect_all(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<(Vec<BudgetState>, Vec<Option<Slide>>), StoreError> {
+        let groups = if self.layout == Layout::Single {
+            Vec::new()
+        } else {
+            domains::by_domain(specs.iter().map(|s| &*s.key))
+        };
+        if groups.len() <= 1 {
+            return self.inspect_one(specs).await;
+        }
+        let mut states: Vec<Option<BudgetState>> = vec![None; specs.len()];
+        let mut slides = vec![None; specs.len()];
+        for (_, idx) in &groups {
+            let part: Vec<BudgetSpec> = idx.iter().map(|&i| specs[i].clone()).collect();
+            let (st, sl) = self.inspect_one(&part).await?;
+            for ((&i, st), sl) in idx.iter().zip(st).zip(sl) {
+                states[i] = Some(st);
+                slides[i] = sl;
+            }
+        }
+        let states = states
+            .into_iter()
+            .map(|s| s.ok_or_else(|| protocol("inspect left a budget out")))
+            .collect::<Result<_, _>>()?;
+        Ok((states, slides))
+    }
+
     /// One inspect call over budgets of one domain.
-    async fn inspect_one(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+    async fn inspect_one(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<(Vec<BudgetState>, Vec<Option<Slide>>), StoreError> {
         let legacy = self.previous_quota_keys(specs.iter());
         let mut inv = ScriptArgs::new(&self.scripts.inspect, specs.len() + legacy.len());
         for s in specs {
@@ -461,7 +485,9 @@ impl RedisStore {
         let items = self.invoke(&self.scripts.inspect, &inv).await?;
         let mut r = Reply::new(&items);
         let _now = r.u64()?;
-        if r.rest() != 2 * specs.len() {
+        let rolling = |s: &BudgetSpec| matches!(s.kind, BudgetKind::Quota { window, .. } if window.is_rolling());
+        let windows = specs.iter().filter(|s| rolling(s)).count();
+        if r.rest() != 2 * specs.len() + 2 * windows {
             return Err(protocol(format!("inspect replied {items:?}")));
         }
         let mut out = Vec::with_capacity(specs.len());
@@ -470,7 +496,16 @@ impl RedisStore {
             let reset = r.u64()?;
             out.push(state(spec, remaining, reset));
         }
-        Ok(out)
+        let mut slides = Vec::with_capacity(specs.len());
+        for spec in specs {
+            slides.push(if rolling(spec) {
+                let (in_micros, units) = (r.u64()?, r.u64()?);
+                (units > 0).then_some(Slide { in_micros, units })
+            } else {
+                None
+            });
+        }
+        Ok((out, slides))
     }
 }
 
