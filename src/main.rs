@@ -1,5 +1,6 @@
 //! The `budgetgate` command: `serve`, `check-config`, `estimate`, `hash-key`,
-//! `end-user-hash`, and the control API's `keys`, `tenants`, `admin-tokens`.
+//! `end-user-hash`, `store migrate`, and the control API's `keys`, `tenants`,
+//! `admin-tokens`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -109,6 +110,11 @@ enum Command {
         /// (keeps it out of the shell's history).
         id: Option<String>,
     },
+    /// The Redis store's key layouts (docs/OPERATIONS.md, "Key layout").
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// Keys through the admin API of a running gateway.
     Keys {
         #[command(flatten)]
@@ -189,6 +195,20 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
 pub static malloc_conf: &[u8] = b"tcache_gc_incr_bytes:4194304\0";
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Copy each budget's counters from the `single` layout's keys to the
+    /// `tenant` layout's, where the `tenant` layout has none yet: run it
+    /// before the first gateway of the `tenant` layout starts (running it
+    /// again changes nothing).
+    Migrate {
+        /// Config file (TOML): the store, and the tenants and models that
+        /// place budgets in the `tenant` layout.
+        #[arg(long, short, env = "BUDGETGATE_CONFIG")]
+        config: PathBuf,
+    },
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -279,6 +299,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::EndUserHash { config, tenant, id } => end_user_hash(&config, &tenant, id),
+        Command::Store {
+            command: StoreCommand::Migrate { config },
+        } => store_migrate(&config),
         Command::Keys { target, command } => {
             let note = admin_cli::keys_note(&command);
             admin(&target, admin_cli::keys_call(command), note)
@@ -289,6 +312,57 @@ fn main() -> ExitCode {
         Command::AdminTokens { target, command } => {
             let note = admin_cli::tokens_note(&command);
             admin(&target, admin_cli::tokens_call(command), note)
+        }
+    }
+}
+
+fn store_migrate(config: &std::path::Path) -> ExitCode {
+    use budgetgate::budget::keys::KeySpace;
+    use budgetgate::budget::placement::Layout;
+    use budgetgate::config::store::StoreKind;
+    let policy = match Policy::load(config) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{}: {e}", config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let StoreKind::Redis { url } = &policy.store.kind else {
+        eprintln!(
+            "{}: store.kind is not \"redis\": the memory store has no key layouts to migrate",
+            config.display()
+        );
+        return ExitCode::FAILURE;
+    };
+    let single = KeySpace::new(&policy.store.key_prefix, &policy.store.domain);
+    let tenant = single
+        .clone()
+        .with_layout(Layout::Tenant, Some(policy.tenant_placement()));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // A one-off scan: each call may take longer than a request's store call.
+    let timeout = policy.store.timeout.max(std::time::Duration::from_secs(5));
+    match rt.block_on(budgetgate::budget::redis::migrate::migrate(
+        url, timeout, &single, &tenant,
+    )) {
+        Ok(m) => {
+            println!("store migrate: {m}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "store migrate: {e} (store.url {})",
+                budgetgate::upstreams::redact::endpoint(url)
+            );
+            ExitCode::FAILURE
         }
     }
 }

@@ -49,6 +49,37 @@ pub fn deployment_tag(domain: &str, group: &str) -> String {
     format!("{domain}.d.{}", encode_name(group))
 }
 
+/// Index of the version digit in a hyphenated UUID
+/// (`xxxxxxxx-xxxx-Vxxx-…`).
+const VERSION_DIGIT: usize = 14;
+
+/// The layout a reservation id was made in. Gateway-made ids are UUIDs:
+/// the `single` layout's are version 7 (as every release before the
+/// `tenant` layout made them), the `tenant` layout's carry version 8 (the
+/// same time-ordered bits, version digit `8`), so any gateway, restarted or
+/// not, of either layout, reads from the id alone where its holds were
+/// made. Any other id (a tool's, a test's) reads as `single`: the layout of
+/// every id made before the mark existed.
+pub fn layout_of_reservation(id: &str) -> Layout {
+    let b = id.as_bytes();
+    let marked =
+        b.len() == 36 && b[VERSION_DIGIT] == b'8' && [8, 13, 18, 23].iter().all(|&i| b[i] == b'-');
+    if marked {
+        Layout::Tenant
+    } else {
+        Layout::Single
+    }
+}
+
+/// `id` (a UUID's 16 bytes) marked as made in `layout`: version 8 for the
+/// `tenant` layout, unchanged for `single`.
+pub fn mark_reservation(mut id: [u8; 16], layout: Layout) -> [u8; 16] {
+    if layout == Layout::Tenant {
+        id[6] = (id[6] & 0x0F) | 0x80;
+    }
+    id
+}
+
 /// How `names` (top-level tenants) spread over a cluster of `primaries`
 /// primaries holding equal slot ranges (as `redis-cli --cluster create`
 /// assigns them): distinct slots, and tenants per primary.
@@ -182,6 +213,32 @@ mod tests {
             if n >= 10_000 {
                 assert!(worst < 5.0, "10,000 names spread unevenly: {per:?}");
             }
+        }
+    }
+
+    #[test]
+    fn a_reservation_id_says_its_layout() {
+        let v7 = uuid::Uuid::now_v7();
+        let single = uuid::Uuid::from_bytes(mark_reservation(*v7.as_bytes(), Layout::Single));
+        let tenant = uuid::Uuid::from_bytes(mark_reservation(*v7.as_bytes(), Layout::Tenant));
+        assert_eq!(single, v7);
+        assert_eq!(tenant.get_version_num(), 8);
+        // The rest of the id is kept: still time-ordered, still unique.
+        assert_eq!(tenant.as_bytes()[..6], v7.as_bytes()[..6]);
+        assert_eq!(tenant.as_bytes()[7..], v7.as_bytes()[7..]);
+        assert_eq!(
+            layout_of_reservation(&tenant.hyphenated().to_string()),
+            Layout::Tenant
+        );
+        for other in [
+            v7.hyphenated().to_string(),
+            uuid::Uuid::new_v4().hyphenated().to_string(),
+            "r1".into(),
+            "0192aaaa-bbbb-8ccc".into(),
+            // Version digit 8 without a UUID's shape: a tool's id.
+            "0192aaaabbbbb8cccdddd1eeeeeeeeeeeeee".into(),
+        ] {
+            assert_eq!(layout_of_reservation(&other), Layout::Single, "{other}");
         }
     }
 

@@ -574,6 +574,19 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The `tenant` layout's placement of this policy's budgets, whichever
+    /// layout the policy runs in: where `store migrate` copies counters to.
+    pub fn tenant_placement(&self) -> std::sync::Arc<placement::DomainMap> {
+        self.placement.clone().unwrap_or_else(|| {
+            std::sync::Arc::new(validate::domain_map(
+                &self.store.domain,
+                &self.tenants,
+                &self.upstreams,
+                &self.models,
+            ))
+        })
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Policy, ConfigErrors> {
         let text = std::fs::read_to_string(path)

@@ -49,7 +49,12 @@ impl RequestContext {
         let policy = st.policy.load_full();
         let mut finish = Finish::new(
             policy.clone(),
-            RequestId::arrived(headers, dialect.request_id_header(), dialect.key_headers()),
+            RequestId::arrived_in(
+                headers,
+                dialect.request_id_header(),
+                dialect.key_headers(),
+                policy.store.layout,
+            ),
         );
         if let Some(spans) = st.spans.get() {
             finish.spans = Some(spans.clone());

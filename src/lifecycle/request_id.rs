@@ -8,10 +8,16 @@
 //! client-chosen id never names a reservation: it could replay another
 //! admission. Kept as a header value: the response, the upstream request
 //! and the log all read the one copy.
+//!
+//! A generated id says the key layout its reservations are made in
+//! ([`placement::layout_of_reservation`]): a UUIDv7 in the `single`
+//! layout, the same bits as version 8 in the `tenant` layout, so a hold
+//! settles in the layout it was made in whichever gateway handles it.
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::authenticate;
+use crate::budget::placement::{self, Layout};
 use crate::dialects::KeyHeader;
 
 /// The id of one request.
@@ -20,6 +26,9 @@ pub struct RequestId {
     value: HeaderValue,
     /// Generated here (not the client's): a reservation may take it.
     generated: bool,
+    /// The key layout this gateway reserves in (`store.layout`), which
+    /// every id it generates says.
+    layout: Layout,
 }
 
 tokio::task_local! {
@@ -57,16 +66,32 @@ impl RequestId {
     /// `name` if it is short printable ASCII and holds no key presented in
     /// `key_headers`, else a new one.
     pub fn arrived(headers: &HeaderMap, name: HeaderName, key_headers: &[KeyHeader]) -> Self {
-        let id = Self::of_arrival(headers, &name, key_headers);
+        Self::arrived_in(headers, name, key_headers, Layout::Single)
+    }
+
+    /// [`Self::arrived`] at a gateway reserving in `layout`: the ids it
+    /// generates say that layout.
+    pub fn arrived_in(
+        headers: &HeaderMap,
+        name: HeaderName,
+        key_headers: &[KeyHeader],
+        layout: Layout,
+    ) -> Self {
+        let id = Self::of_arrival(headers, &name, key_headers, layout);
         // Outside a `scope` (tests calling the lifecycle directly) there is
         // nowhere to publish, and nothing answers outside the handler.
         let _ = ARRIVED.try_with(|c| c.set(Some((name, id.value.clone()))));
         id
     }
 
-    fn of_arrival(headers: &HeaderMap, name: &HeaderName, key_headers: &[KeyHeader]) -> Self {
+    fn of_arrival(
+        headers: &HeaderMap,
+        name: &HeaderName,
+        key_headers: &[KeyHeader],
+        layout: Layout,
+    ) -> Self {
         let Some(value) = headers.get(name).and_then(client_id) else {
-            return Self::generated();
+            return Self::generated_in(layout);
         };
         // A client that sent its key as its request id: the id goes
         // upstream, back to the client and into the log; the key never does.
@@ -75,21 +100,28 @@ impl RequestId {
         });
         if holds {
             tracing::warn!("a client request id holding a gateway key was replaced");
-            return Self::generated();
+            return Self::generated_in(layout);
         }
         Self {
             value,
             generated: false,
+            layout,
         }
     }
 
-    /// A new gateway-generated id.
+    /// A new gateway-generated id (`single` layout).
     pub fn generated() -> Self {
+        Self::generated_in(Layout::Single)
+    }
+
+    /// A new gateway-generated id of a gateway reserving in `layout`.
+    pub fn generated_in(layout: Layout) -> Self {
         let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-        let text = encode_new_id(&mut buf);
+        let text = encode_new_id(&mut buf, layout);
         Self {
             value: HeaderValue::from_str(text).unwrap_or(HeaderValue::from_static("")),
             generated: true,
+            layout,
         }
     }
 
@@ -110,7 +142,7 @@ impl RequestId {
         if first && self.generated {
             self.as_str().to_owned()
         } else {
-            new_id()
+            new_id(self.layout)
         }
     }
 }
@@ -138,15 +170,17 @@ fn client_id(v: &HeaderValue) -> Option<HeaderValue> {
     }
 }
 
-/// A new UUIDv7.
-fn new_id() -> String {
+/// A new id of `layout` (a UUIDv7, or its version-8 form).
+fn new_id(layout: Layout) -> String {
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    encode_new_id(&mut buf).to_owned()
+    encode_new_id(&mut buf, layout).to_owned()
 }
 
-/// A new UUIDv7, hyphenated into `buf` (no formatting machinery, no allocation).
-fn encode_new_id(buf: &mut [u8; uuid::fmt::Hyphenated::LENGTH]) -> &str {
-    uuid::Uuid::now_v7().hyphenated().encode_lower(buf)
+/// A new id of `layout`, hyphenated into `buf` (no formatting machinery,
+/// no allocation; the mark is one byte changed).
+fn encode_new_id(buf: &mut [u8; uuid::fmt::Hyphenated::LENGTH], layout: Layout) -> &str {
+    let bytes = placement::mark_reservation(*uuid::Uuid::now_v7().as_bytes(), layout);
+    uuid::Uuid::from_bytes(bytes).hyphenated().encode_lower(buf)
 }
 
 #[cfg(test)]
@@ -187,6 +221,23 @@ mod tests {
             assert_eq!(id.as_str().len(), 36, "{:?}", id.as_str());
             assert_eq!(id.reservation_id(true), id.as_str());
             assert_ne!(id.reservation_id(false), id.as_str(), "a retry has its own");
+        }
+    }
+
+    #[test]
+    fn generated_ids_say_the_layout_they_reserve_in() {
+        let d = Dialect::ChatCompletions;
+        for layout in [Layout::Single, Layout::Tenant] {
+            for h in [HeaderMap::new(), with("x-request-id", "trace-3")] {
+                let id = RequestId::arrived_in(&h, d.request_id_header(), d.key_headers(), layout);
+                for first in [true, false] {
+                    let r = id.reservation_id(first);
+                    assert_eq!(placement::layout_of_reservation(&r), layout, "{r}");
+                    let v = uuid::Uuid::parse_str(&r).expect("a UUID");
+                    let want = if layout == Layout::Tenant { 8 } else { 7 };
+                    assert_eq!(v.get_version_num(), want, "{r}");
+                }
+            }
         }
     }
 

@@ -89,6 +89,7 @@ mod redis_faults;
 mod redis_fleet;
 mod redis_layout;
 mod redis_lost_replies;
+mod redis_migrate;
 mod redis_outage;
 mod redis_reconnect;
 mod redis_restricted;

@@ -12,7 +12,8 @@
 //! reading), `hold` (the stored hold record), `batch` (group commit of
 //! reserve and settle calls, one batcher per domain), `domains` (a
 //! reservation over a tenant domain and a deployment domain, the `tenant`
-//! layout), `store` (the [`super::BudgetStore`]
+//! layout), `migrate` (`budgetgate store migrate`: counters copied from the
+//! `single` layout to the `tenant` layout), `store` (the [`super::BudgetStore`]
 //! operations) and `quota_lease` ([`super::quota_lease::LeaseStore`]); this file holds the store's state and the calls they share.
 //!
 //! - Scripts: `lua/lib.lua` (shared math and storage helpers) is prepended to
@@ -49,6 +50,7 @@ mod conn;
 mod domains;
 mod held_on;
 mod hold;
+pub mod migrate;
 mod quota_lease;
 pub mod records;
 mod scripts;
@@ -62,7 +64,7 @@ use std::time::Duration;
 use crate::clock::Clock;
 use crate::config::store::{StoreKind, StorePolicy};
 
-use super::keys::KeySpace;
+use super::keys::{self, KeySpace};
 use super::placement::Layout;
 use super::{BudgetSpec, StoreError};
 use batch::{run_script, BatchOp, BatchScripts, Batcher, ScriptArgs};
@@ -219,7 +221,7 @@ impl RedisStore {
 
     /// The batcher of the domain tagged `tag` (`None`: the store's own).
     fn batcher_of(&self, tag: Option<&str>) -> Arc<Batcher> {
-        let Some(tag) = tag else {
+        let Some(tag) = tag.filter(|t| Some(*t) != keys::hash_tag(self.keys.base())) else {
             return self.batcher.clone();
         };
         let mut all = self.lock_batchers();

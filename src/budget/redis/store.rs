@@ -19,8 +19,19 @@ use super::wire::{
     Reply,
 };
 use super::{RedisStore, Route};
-use crate::budget::placement::Layout;
+use crate::budget::keys::hash_tag;
+use crate::budget::placement::{self, Layout};
 use crate::budget::share;
+
+/// Where the holds of a reservation are ([`RedisStore::holds_of`]).
+enum Holds {
+    /// One hold in the store's own domain (the `single` layout's).
+    Own,
+    /// The holds this store placed (`tenant` layout).
+    Placed(std::sync::Arc<[Part]>),
+    /// A `tenant` id this store did not place: its domains are unknown.
+    Elsewhere,
+}
 
 impl RedisStore {
     /// A reservation in the domains its budgets lie in: the store's own
@@ -31,7 +42,13 @@ impl RedisStore {
             return self.reserve_in(None, req).await;
         }
         let ttl = Duration::from_micros(req.hold_ttl_micros);
-        match domains::split(req) {
+        let split = match domains::split(req) {
+            // No budget: the hold goes to the store's own domain, placed
+            // like any other so that a `tenant` id finds it.
+            Split::One(None) => Split::One(hash_tag(self.keys.base())),
+            other => other,
+        };
+        match split {
             Split::One(None) => self.reserve_in(None, req).await,
             Split::One(Some(tag)) => {
                 // A placement known from before (a retry, a voided id)
@@ -131,13 +148,29 @@ impl RedisStore {
         }
     }
 
-    /// Where the holds of `id` are, when this store placed them outside its
-    /// own domain (never in the `single` layout: no lookup there).
-    fn placement(&self, id: &str) -> Option<std::sync::Arc<[Part]>> {
+    /// Where the holds of `id` are. The id says its layout
+    /// ([`placement::layout_of_reservation`]): a `single` id's hold is in
+    /// the store's own domain, whichever layout this store reserves in (a
+    /// hold made before a switch settles where it was made); a `tenant`
+    /// id's holds are where this store placed them. A `single` store looks
+    /// nothing up.
+    fn holds_of(&self, id: &str) -> Holds {
         if self.layout == Layout::Single {
-            return None;
+            return Holds::Own;
         }
-        self.placed.get(id)
+        // Placed here first: ids not made by a gateway (tools, tests) read
+        // as `single` but are placed by their budgets' keys.
+        if let Some(parts) = self.placed.get(id) {
+            return Holds::Placed(parts);
+        }
+        match placement::layout_of_reservation(id) {
+            Layout::Single => Holds::Own,
+            // Placed by another gateway, or by this one before it
+            // restarted: its domains are not known here. Nothing is
+            // written anywhere (not even a void's tombstone in the wrong
+            // layout); the holds end by their TTL.
+            Layout::Tenant => Holds::Elsewhere,
+        }
     }
 
     /// One reserve call in the domain tagged `tag` (`None`: the store's own).
@@ -313,8 +346,10 @@ impl BudgetStore for RedisStore {
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        let Some(parts) = self.placement(id) else {
-            return self.extend_in(None, id, step).await;
+        let parts = match self.holds_of(id) {
+            Holds::Own => return self.extend_in(None, id, step).await,
+            Holds::Elsewhere => return Ok(ExtendOutcome::Unknown),
+            Holds::Placed(parts) => parts,
         };
         // Each hold in turn, the next asked only what the one before
         // granted: a smaller grant there leaves the earlier hold's surplus
@@ -336,8 +371,10 @@ impl BudgetStore for RedisStore {
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        let Some(parts) = self.placement(id) else {
-            return self.renew_in(None, id).await;
+        let parts = match self.holds_of(id) {
+            Holds::Own => return self.renew_in(None, id).await,
+            Holds::Elsewhere => return Ok(RenewOutcome::Unknown),
+            Holds::Placed(parts) => parts,
         };
         let mut outcomes = Vec::with_capacity(parts.len());
         for p in parts.iter() {
@@ -351,8 +388,10 @@ impl BudgetStore for RedisStore {
             // Mode void of a hold; no tombstone for an id without one.
             return self.void(id, 0).await;
         }
-        let Some(parts) = self.placement(id) else {
-            return self.settle_in(None, id, s).await;
+        let parts = match self.holds_of(id) {
+            Holds::Own => return self.settle_in(None, id, s).await,
+            Holds::Elsewhere => return Ok(SettleOutcome::Unknown),
+            Holds::Placed(parts) => parts,
         };
         let mut outcomes = Vec::with_capacity(parts.len());
         for p in parts.iter() {
@@ -372,8 +411,10 @@ impl BudgetStore for RedisStore {
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
-        let Some(parts) = self.placement(id) else {
-            return self.void_in(None, id, hold_ttl_micros).await;
+        let parts = match self.holds_of(id) {
+            Holds::Own => return self.void_in(None, id, hold_ttl_micros).await,
+            Holds::Elsewhere => return Ok(SettleOutcome::Unknown),
+            Holds::Placed(parts) => parts,
         };
         let mut outcomes = Vec::with_capacity(parts.len());
         for p in parts.iter() {

@@ -481,7 +481,7 @@ pub(super) fn validate(raw: RawConfig, version: String) -> Result<Policy, Config
 
 /// The `tenant` layout's placement input: each tenant's top-level tenant
 /// (its farthest ancestor), each model's deployment budget scopes.
-fn domain_map(
+pub(super) fn domain_map(
     domain: &str,
     tenants: &[super::TenantPolicy],
     upstreams: &[super::UpstreamPolicy],
