@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use budgetgate::budget::placement::{deployment_tag, tenant_tag};
 
 use super::super::client::{burst, one, Outcome, Timed};
-use super::super::config::{Lease, Setup, Store, Tenant, STORE_TIMEOUT_MS};
+use super::super::config::{Lease, Setup, Store, Tenant, LEASE_MAX_FRACTION, STORE_TIMEOUT_MS};
 use super::super::procs::{connect, info_field, metric_sum, redis_cmd, Cluster, Mock, Shard};
 use super::super::report::{Check, Row};
 use super::super::{Ctx, Fleet};
@@ -85,6 +85,10 @@ const AFTER_PROMOTION: Duration = Duration::from_secs(3);
 /// How long the cluster is given to promote the replica by itself.
 const AUTOMATIC_WITHIN: Duration = Duration::from_secs(15);
 const ANSWER_LIMIT: Duration = Duration::from_secs(60);
+/// The full run's second failover: a store timeout shorter than the
+/// failover, so that the tenants on the killed primary are refused (503,
+/// `fail_closed`) instead of waiting it out.
+const SHORT_TIMEOUT_MS: u64 = 1000;
 
 /// Which tenant lives on which shard.
 struct Placement {
@@ -173,11 +177,7 @@ async fn place(cluster: &Cluster) -> Result<Placement, String> {
 }
 
 pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
-    let cluster = Cluster::start(NODE_TIMEOUT_MS).await?;
-    let placement = place(&cluster).await?;
-    for l in &placement.lines {
-        println!("shards: {l}");
-    }
+    let (cluster, placement) = start_cluster().await?;
     let mut rows = Vec::new();
     let r1: &[Lease] = if ctx.quick {
         &[Lease::On]
@@ -187,18 +187,37 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     for &lease in r1 {
         rows.push(round1(ctx, &cluster, &placement, lease).await?);
     }
-    // The failover kills a primary: last on this cluster.
-    rows.push(round2(ctx, cluster, &placement).await?);
+    // The failover kills a primary: last on this cluster, and each
+    // further failover on a cluster of its own.
+    rows.push(round2(ctx, cluster, &placement, Lease::Off, STORE_TIMEOUT_MS).await?);
+    if !ctx.quick {
+        for (lease, timeout_ms) in [
+            (Lease::Off, SHORT_TIMEOUT_MS),
+            (Lease::On, STORE_TIMEOUT_MS),
+        ] {
+            let (cluster, placement) = start_cluster().await?;
+            rows.push(round2(ctx, cluster, &placement, lease, timeout_ms).await?);
+        }
+    }
     Ok(rows)
 }
 
-fn store(cluster: &Cluster, prefix: &str, lease: Lease) -> Store {
+async fn start_cluster() -> Result<(Cluster, Placement), String> {
+    let cluster = Cluster::start(NODE_TIMEOUT_MS).await?;
+    let placement = place(&cluster).await?;
+    for l in &placement.lines {
+        println!("shards: {l}");
+    }
+    Ok((cluster, placement))
+}
+
+fn store(cluster: &Cluster, prefix: &str, lease: Lease, timeout_ms: u64) -> Store {
     Store::Redis {
         url: cluster.url(),
         prefix: prefix.into(),
         lease,
         fleet: GATEWAYS,
-        timeout_ms: STORE_TIMEOUT_MS,
+        timeout_ms,
     }
 }
 
@@ -207,11 +226,11 @@ fn tenant_setup(
     mock: &Mock,
     placement: &Placement,
     prefix: &str,
-    lease: Lease,
+    (lease, timeout_ms): (Lease, u64),
     tenant_limits: &str,
     deployment_limits: &str,
 ) -> Setup {
-    let mut setup = Setup::new(store(cluster, prefix, lease), &mock.base_url());
+    let mut setup = Setup::new(store(cluster, prefix, lease, timeout_ms), &mock.base_url());
     setup.store_lines.push("layout = \"tenant\"".into());
     setup.upstream_limits = Some(deployment_limits.into());
     for (t, _) in &placement.tenants {
@@ -234,7 +253,7 @@ async fn round1(
         &mock,
         placement,
         &prefix,
-        lease,
+        (lease, STORE_TIMEOUT_MS),
         &format!("{{ rpm = {R1_RPM}, tpm = {R1_TPM} }}"),
         &format!("{{ rpm = {R1_DEP_RPM}, tpm = {R1_DEP_TPM} }}"),
     );
@@ -394,7 +413,13 @@ fn admitted(o: Outcome) -> bool {
 }
 
 /// A primary killed mid-load, its replica promoted by the cluster.
-async fn round2(ctx: &Ctx, mut cluster: Cluster, placement: &Placement) -> Result<Row, String> {
+async fn round2(
+    ctx: &Ctx,
+    mut cluster: Cluster,
+    placement: &Placement,
+    lease: Lease,
+    timeout_ms: u64,
+) -> Result<Row, String> {
     let mock = Mock::start(&ctx.bins, &["--output-tokens", &MAX_TOKENS.to_string()]).await?;
     // The victim: a shard holding tenant domains but not the deployment
     // group's (whose failover every tenant of the model would see).
@@ -417,7 +442,7 @@ async fn round2(ctx: &Ctx, mut cluster: Cluster, placement: &Placement) -> Resul
         &mock,
         placement,
         "acc2",
-        Lease::Off,
+        (lease, timeout_ms),
         &format!("{{ rpm = {R2_RPM}, rpm_burst = {R2_RPM_BURST}, tpm = {R2_TPM}, tpm_burst = {R2_TPM_BURST} }}"),
         &format!("{{ rpm = {R2_DEP_RPM}, rpm_burst = {R2_DEP_RPM_BURST}, tpm = {R2_DEP_TPM}, tpm_burst = {R2_DEP_TPM_BURST} }}"),
     );
@@ -497,16 +522,27 @@ async fn round2(ctx: &Ctx, mut cluster: Cluster, placement: &Placement) -> Resul
     let lag_req = R2_RPM as f64 * lag_ms / 60_000.0;
     let lag_tok = R2_TPM as f64 * lag_ms / 60_000.0;
     let exact_req = contract(R2_RPM_BURST, R2_RPM, d);
+    // A grant written in the lag and lost: one lease per gateway undebited
+    // (DESIGN section 14); the run starts cold, so elsewhere no lease term.
+    let (lease_req, lease_tok) = if lease == Lease::On {
+        let f = GATEWAYS as f64 * LEASE_MAX_FRACTION;
+        (f * R2_RPM_BURST as f64, f * R2_TPM_BURST as f64)
+    } else {
+        (0.0, 0.0)
+    };
     let exact_tok = contract(R2_TPM_BURST, R2_TPM, d);
     let hit_b = busiest(&c, hit.iter().map(String::as_str));
     let spared_b = busiest(&c, spared.iter().map(String::as_str));
     let mut row = Row::new(
         "shards",
-        "failover of 1 of 3 primaries mid-load, 3 gateways, leases off".into(),
+        format!(
+            "failover of 1 of 3 primaries mid-load, 3 gateways, {}, store timeout {timeout_ms} ms",
+            lease.name()
+        ),
         Check::new(
             "requests, busiest tenant on the killed primary",
             hit_b.requests,
-            exact_req + lag_req,
+            exact_req + lag_req + lease_req,
             "req",
         ),
         Check::new(
@@ -519,7 +555,7 @@ async fn round2(ctx: &Ctx, mut cluster: Cluster, placement: &Placement) -> Resul
     row.extra.push(Check::new(
         "reserved, busiest tenant on the killed primary",
         hit_b.reserved,
-        exact_tok + lag_tok,
+        exact_tok + lag_tok + lease_tok,
         "tok",
     ));
     row.extra.push(Check::new(
@@ -582,9 +618,14 @@ async fn round2(ctx: &Ctx, mut cluster: Cluster, placement: &Placement) -> Resul
         "",
     ));
     row.bound = format!(
-        "tenants elsewhere exact: rpm {R2_RPM_BURST} + {}/s × D, tpm {R2_TPM_BURST} + {}/s × D (§2), no error; tenants on the killed primary: + rate × lag ({lag_ms:.3} ms: {lag_req:.3} req, {lag_tok:.1} tok; §22 Fences per domain: the writes not yet replicated); the deployment (another primary) exact; D = {d:.0} ms",
+        "tenants elsewhere exact: rpm {R2_RPM_BURST} + {}/s × D, tpm {R2_TPM_BURST} + {}/s × D (§2), no error; tenants on the killed primary: + rate × lag ({lag_ms:.3} ms: {lag_req:.3} req, {lag_tok:.1} tok; §22 Fences per domain: the writes not yet replicated){}; the deployment (another primary) exact; D = {d:.0} ms",
         R2_RPM / 60,
-        R2_TPM / 60
+        R2_TPM / 60,
+        if lease == Lease::On {
+            format!(" + {GATEWAYS} leases × {LEASE_MAX_FRACTION} × the burst ({lease_req:.0} req, {lease_tok:.0} tok; §14, a lost grant)")
+        } else {
+            String::new()
+        }
     );
     row.degraded_intended = true;
     fleet.report(&mut row).await;
