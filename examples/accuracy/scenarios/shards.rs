@@ -725,6 +725,14 @@ async fn round2(
         "tenants elsewhere (after the kill): {}",
         spared_notes.join("; ")
     ));
+    if spared_errors > 0 || spared_degraded > 0 {
+        // Why: the gateways' last warnings.
+        for (i, g) in fleet.gws.iter().enumerate() {
+            for l in g.log_tail(3) {
+                row.notes.push(format!("gateway {i} log: {l}"));
+            }
+        }
+    }
     row.notes.push(format!(
         "kill to the first admission again, slowest tenant of the killed primary: {outage_max:.0} ms (node timeout {NODE_TIMEOUT_MS} ms + the failover election + the client's topology refresh)"
     ));
