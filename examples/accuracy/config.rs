@@ -201,3 +201,36 @@ impl Setup {
         Ok(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use budgetgate::budget::placement::Layout;
+    use budgetgate::config::Policy;
+
+    #[test]
+    fn store_lines_and_deployment_limits_render_where_the_gateway_reads_them() {
+        std::env::set_var(DEPLOYMENT_KEY_ENV, "mock");
+        let mut setup = Setup::new(
+            Store::Redis {
+                url: "redis+cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
+                prefix: "acc".into(),
+                lease: Lease::Off,
+                fleet: 3,
+                timeout_ms: STORE_TIMEOUT_MS,
+            },
+            "http://127.0.0.1:9/v1",
+        );
+        setup.store_lines.push("layout = \"tenant\"".into());
+        setup.upstream_limits = Some("{ rpm = 150, tpm = 12000 }".into());
+        setup.tenants.push(Tenant::new("t00", "{ rpm = 30 }"));
+        let policy = match Policy::from_toml(&setup.render()) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}\n{}", setup.render()),
+        };
+        assert_eq!(policy.store.layout, Layout::Tenant);
+        assert!(policy.placement.is_some());
+        let mock = &policy.upstreams[0];
+        assert_eq!((mock.limits.rpm, mock.limits.tpm), (Some(150), Some(12000)));
+    }
+}

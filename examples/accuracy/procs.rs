@@ -488,12 +488,15 @@ fn int(v: &redis::Value) -> Option<i64> {
 /// `CLUSTER SHARDS` of the node on `port`: every shard's slots, its live
 /// primary and its live replicas.
 pub async fn cluster_shards(port: u16) -> Res<Vec<Shard>> {
-    let v = redis_value(port, &["CLUSTER", "SHARDS"]).await?;
+    parse_shards(&redis_value(port, &["CLUSTER", "SHARDS"]).await?)
+}
+
+fn parse_shards(v: &redis::Value) -> Res<Vec<Shard>> {
     let redis::Value::Array(shards) = v else {
         return Err(format!("CLUSTER SHARDS: {v:?}"));
     };
     let mut out = Vec::new();
-    for s in &shards {
+    for s in shards {
         let mut shard = Shard::default();
         if let Some(redis::Value::Array(slots)) = field(s, "slots") {
             let ends: Vec<u16> = slots
@@ -666,5 +669,70 @@ impl Cluster {
 
     pub fn node_mut(&mut self, port: u16) -> Option<&mut Redis> {
         self.nodes.iter_mut().find(|n| n.port == port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn node(port: i64, role: &str, health: &str) -> Value {
+        Value::Array(vec![
+            text("id"),
+            text("abc"),
+            text("port"),
+            Value::Int(port),
+            text("role"),
+            text(role),
+            text("health"),
+            text(health),
+        ])
+    }
+
+    #[test]
+    fn cluster_shards_give_each_shard_its_slots_live_primary_and_replicas() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                text("slots"),
+                Value::Array(vec![Value::Int(0), Value::Int(5460)]),
+                text("nodes"),
+                Value::Array(vec![
+                    node(7000, "master", "online"),
+                    node(7003, "replica", "online"),
+                ]),
+            ]),
+            // A failed-over shard: the dead primary listed as failed.
+            Value::Array(vec![
+                text("slots"),
+                Value::Array(vec![
+                    Value::Int(5461),
+                    Value::Int(6000),
+                    Value::Int(7000),
+                    Value::Int(10922),
+                ]),
+                text("nodes"),
+                Value::Array(vec![
+                    node(7001, "master", "failed"),
+                    node(7004, "master", "online"),
+                ]),
+            ]),
+        ]);
+        let shards = parse_shards(&reply).expect("parsed");
+        assert_eq!(shards.len(), 2);
+        assert_eq!(shards[0].slots, vec![(0, 5460)]);
+        assert_eq!(
+            (shards[0].primary, shards[0].replicas.clone()),
+            (Some(7000), vec![7003])
+        );
+        assert_eq!(shards[1].primary, Some(7004));
+        assert!(shards[1].replicas.is_empty());
+        assert!(shards[1].holds(5461) && shards[1].holds(10922) && !shards[1].holds(6500));
+        assert!(!shards[0].holds(5461));
+        assert!(parse_shards(&Value::Nil).is_err());
     }
 }
