@@ -12,8 +12,12 @@
 //!   reserved tokens ≤ tpm + tpm/60 × D; the fleet (the deployment) the
 //!   same with the deployment's limits. Cold start, so no lease term
 //!   (section 14: a lease is debited before it is spent).
-//! - **Round 2**, leases off: open-loop load (each request a task of its
-//!   own, so that one waiting on the dead primary delays no other), every
+//! - **Round 2**, leases off with the 5 s store timeout (the full run also
+//!   with a 1 s timeout, shorter than the failover, and with leases on,
+//!   each on a cluster of its own; leases on add one lease per gateway to
+//!   the killed primary's tenants' bound, section 14's lost grant): open-loop
+//!   load (each request a task of its own, so that one waiting on the dead
+//!   primary delays no other), every
 //!   tenant saturated; then the primary of three tenant domains (not the
 //!   deployment group's) is killed with SIGKILL and its replica promoted
 //!   by the cluster itself (automatic failover after the node timeout;
