@@ -12,9 +12,9 @@
 //!   reserved tokens ≤ tpm + tpm/60 × D; the fleet (the deployment) the
 //!   same with the deployment's limits. Cold start, so no lease term
 //!   (section 14: a lease is debited before it is spent).
-//! - **Round 2**, leases off with the 5 s store timeout (the full run also
-//!   with a 1 s timeout, shorter than the failover, and with leases on,
-//!   each on a cluster of its own; leases on add one lease per gateway to
+//! - **Round 2**, leases off with a 1 s store timeout, shorter than the
+//!   failover (the full run also with the 5 s timeout, leases off and
+//!   on, each on a cluster of its own; leases on add one lease per gateway to
 //!   the killed primary's tenants' bound, section 14's lost grant): open-loop
 //!   load (each request a task of its own, so that one waiting on the dead
 //!   primary delays no other), every
@@ -89,9 +89,8 @@ const AFTER_PROMOTION: Duration = Duration::from_secs(3);
 /// How long the cluster is given to promote the replica by itself.
 const AUTOMATIC_WITHIN: Duration = Duration::from_secs(15);
 const ANSWER_LIMIT: Duration = Duration::from_secs(60);
-/// The full run's second failover: a store timeout shorter than the
-/// failover, so that the tenants on the killed primary are refused (503,
-/// `fail_closed`) instead of waiting it out.
+/// A store timeout shorter than the failover: the tenants on the killed
+/// primary are refused (503, `fail_closed`) instead of waiting it out.
 const SHORT_TIMEOUT_MS: u64 = 1000;
 
 /// Which tenant lives on which shard.
@@ -193,10 +192,14 @@ pub async fn run(ctx: &Ctx) -> Result<Vec<Row>, String> {
     }
     // The failover kills a primary: last on this cluster, and each
     // further failover on a cluster of its own.
-    rows.push(round2(ctx, cluster, &placement, Lease::Off, STORE_TIMEOUT_MS).await?);
+    // The quick run's failover: a timeout shorter than the failover, the
+    // one that keeps the other tenants serving (ACCURACY.md, "Shards": with
+    // 5 s the calls waiting on the dead shard hold the gateway's store
+    // turns, and the other tenants were refused in 2 runs of 14).
+    rows.push(round2(ctx, cluster, &placement, Lease::Off, SHORT_TIMEOUT_MS).await?);
     if !ctx.quick {
         for (lease, timeout_ms) in [
-            (Lease::Off, SHORT_TIMEOUT_MS),
+            (Lease::Off, STORE_TIMEOUT_MS),
             (Lease::On, STORE_TIMEOUT_MS),
         ] {
             let (cluster, placement) = start_cluster().await?;
