@@ -137,6 +137,38 @@ pub async fn burst(reqs: &[Req], limit: Duration) -> Burst {
     }
 }
 
+/// One request on a connection of its own, and when it was written and
+/// answered: an open-loop load sends each request as its own task, so a
+/// request that waits on a failing store delays no other.
+#[derive(Clone, Copy, Debug)]
+pub struct Timed {
+    pub outcome: Outcome,
+    pub sent: Instant,
+    pub answered: Instant,
+}
+
+pub async fn one(req: &Req, limit: Duration) -> Timed {
+    let sent = Instant::now();
+    let failed = |answered| Timed {
+        outcome: Outcome::Failed,
+        sent,
+        answered,
+    };
+    let Ok(mut s) = TcpStream::connect(&req.addr).await else {
+        return failed(Instant::now());
+    };
+    if s.write_all(&req.bytes()).await.is_err() {
+        return failed(Instant::now());
+    }
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(limit, s.read_to_end(&mut buf)).await;
+    Timed {
+        outcome: parse(&buf, read.is_ok_and(|r| r.is_ok())),
+        sent,
+        answered: Instant::now(),
+    }
+}
+
 fn parse(buf: &[u8], complete: bool) -> Outcome {
     let head = String::from_utf8_lossy(&buf[..buf.len().min(32)]);
     let Some(code) = head

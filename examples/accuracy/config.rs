@@ -99,6 +99,10 @@ pub struct Setup {
     pub extra_tables: Vec<String>,
     /// The chat model's extra lines (price, `client_cap_reservation`).
     pub chat_model: Vec<String>,
+    /// Extra `[store]` lines (`layout = "tenant"`).
+    pub store_lines: Vec<String>,
+    /// The `mock` deployment's `limits` (an inline TOML table).
+    pub upstream_limits: Option<String>,
     pub tenants: Vec<Tenant>,
 }
 
@@ -111,6 +115,8 @@ impl Setup {
             fallback_share: None,
             extra_tables: Vec::new(),
             chat_model: Vec::new(),
+            store_lines: Vec::new(),
+            upstream_limits: None,
             tenants: Vec::new(),
         }
     }
@@ -133,6 +139,9 @@ impl Setup {
                 if let Some(f) = self.fallback_share {
                     let _ = writeln!(s, "fallback_share = {f}");
                 }
+                for l in &self.store_lines {
+                    let _ = writeln!(s, "{l}");
+                }
                 let _ = writeln!(s, "\n[store.lease]\nfleet_size = {fleet}");
                 match lease {
                     Lease::Off => s.push_str("mode = \"off\"\n"),
@@ -148,9 +157,13 @@ impl Setup {
         let _ = writeln!(s, "\n[estimation]\nstream_extension_step = {}\n", self.step);
         let _ = writeln!(
             s,
-            "[[upstreams]]\nname = \"mock\"\nkind = \"self_hosted\"\nbase_url = \"{}\"\napi_key_env = \"{DEPLOYMENT_KEY_ENV}\"\nforward_client_headers = [\"x-mock-tenant\"]\n",
+            "[[upstreams]]\nname = \"mock\"\nkind = \"self_hosted\"\nbase_url = \"{}\"\napi_key_env = \"{DEPLOYMENT_KEY_ENV}\"\nforward_client_headers = [\"x-mock-tenant\"]",
             self.mock_url
         );
+        if let Some(l) = &self.upstream_limits {
+            let _ = writeln!(s, "limits = {l}");
+        }
+        s.push('\n');
         let _ = writeln!(
             s,
             "[[models]]\nname = \"gpt-4o-mini\"\nupstreams = [\"mock\"]\nencoding = \"o200k_base\"\ndefault_max_output_tokens = 64\nmax_output_tokens = 4096"
@@ -186,5 +199,38 @@ impl Setup {
         std::fs::write(&tmp, self.render()).map_err(|e| e.to_string())?;
         std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
         Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use budgetgate::budget::placement::Layout;
+    use budgetgate::config::Policy;
+
+    #[test]
+    fn store_lines_and_deployment_limits_render_where_the_gateway_reads_them() {
+        std::env::set_var(DEPLOYMENT_KEY_ENV, "mock");
+        let mut setup = Setup::new(
+            Store::Redis {
+                url: "redis+cluster://127.0.0.1:7000,127.0.0.1:7001".into(),
+                prefix: "acc".into(),
+                lease: Lease::Off,
+                fleet: 3,
+                timeout_ms: STORE_TIMEOUT_MS,
+            },
+            "http://127.0.0.1:9/v1",
+        );
+        setup.store_lines.push("layout = \"tenant\"".into());
+        setup.upstream_limits = Some("{ rpm = 150, tpm = 12000 }".into());
+        setup.tenants.push(Tenant::new("t00", "{ rpm = 30 }"));
+        let policy = match Policy::from_toml(&setup.render()) {
+            Ok(p) => p,
+            Err(e) => panic!("{e}\n{}", setup.render()),
+        };
+        assert_eq!(policy.store.layout, Layout::Tenant);
+        assert!(policy.placement.is_some());
+        let mock = &policy.upstreams[0];
+        assert_eq!((mock.limits.rpm, mock.limits.tpm), (Some(150), Some(12000)));
     }
 }

@@ -393,28 +393,18 @@ impl Redis {
             let _ = c.wait().await;
         }
     }
+
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
+    }
 }
 
 /// One command to the redis-server on `port`, its reply as text.
 pub async fn redis_cmd(port: u16, args: &[&str]) -> Res<String> {
-    let client =
-        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
-    let mut con = tokio::time::timeout(
-        Duration::from_secs(2),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    .map_err(|_| "redis connect timeout".to_string())?
-    .map_err(|e| e.to_string())?;
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    let v: redis::Value = c.query_async(&mut con).await.map_err(|e| e.to_string())?;
-    Ok(value_text(&v))
+    Ok(value_text(&redis_value(port, args).await?))
 }
 
-fn value_text(v: &redis::Value) -> String {
+pub fn value_text(v: &redis::Value) -> String {
     match v {
         redis::Value::SimpleString(s) => s.clone(),
         redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
@@ -432,4 +422,317 @@ pub fn info_field(info: &str, field: &str) -> Option<String> {
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .map(|v| v.trim().to_string())
+}
+
+/// One command to the redis-server on `port`, its reply as a value.
+pub async fn redis_value(port: u16, args: &[&str]) -> Res<redis::Value> {
+    let mut con = connect(port).await?;
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query_async(&mut con).await.map_err(|e| e.to_string())
+}
+
+/// A connection to one redis-server (a cluster node answers for its own
+/// slots only).
+pub async fn connect(port: u16) -> Res<redis::aio::MultiplexedConnection> {
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}/")).map_err(|e| e.to_string())?;
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| "redis connect timeout".to_string())?
+    .map_err(|e| e.to_string())
+}
+
+/// One shard of a Redis Cluster as `CLUSTER SHARDS` gives it.
+#[derive(Clone, Debug, Default)]
+pub struct Shard {
+    /// Slot ranges, both ends included.
+    pub slots: Vec<(u16, u16)>,
+    /// The port of its primary (none while it has no live one).
+    pub primary: Option<u16>,
+    /// The ports of its replicas.
+    pub replicas: Vec<u16>,
+}
+
+impl Shard {
+    pub fn holds(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
+    }
+}
+
+/// A field of a `CLUSTER SHARDS` entry: a flat `[key, value, …]` array
+/// (RESP2) or a map (RESP3).
+fn field<'a>(v: &'a redis::Value, key: &str) -> Option<&'a redis::Value> {
+    match v {
+        redis::Value::Array(a) => a
+            .chunks(2)
+            .find(|kv| value_text(&kv[0]) == key)
+            .and_then(|kv| kv.get(1)),
+        redis::Value::Map(m) => m.iter().find(|(k, _)| value_text(k) == key).map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn int(v: &redis::Value) -> Option<i64> {
+    match v {
+        redis::Value::Int(i) => Some(*i),
+        other => value_text(other).parse().ok(),
+    }
+}
+
+/// `CLUSTER SHARDS` of the node on `port`: every shard's slots, its live
+/// primary and its live replicas.
+pub async fn cluster_shards(port: u16) -> Res<Vec<Shard>> {
+    parse_shards(&redis_value(port, &["CLUSTER", "SHARDS"]).await?)
+}
+
+fn parse_shards(v: &redis::Value) -> Res<Vec<Shard>> {
+    let redis::Value::Array(shards) = v else {
+        return Err(format!("CLUSTER SHARDS: {v:?}"));
+    };
+    let mut out = Vec::new();
+    for s in shards {
+        let mut shard = Shard::default();
+        if let Some(redis::Value::Array(slots)) = field(s, "slots") {
+            let ends: Vec<u16> = slots
+                .iter()
+                .filter_map(int)
+                .filter_map(|i| u16::try_from(i).ok())
+                .collect();
+            shard.slots = ends
+                .chunks(2)
+                .filter(|c| c.len() == 2)
+                .map(|c| (c[0], c[1]))
+                .collect();
+        }
+        if let Some(redis::Value::Array(nodes)) = field(s, "nodes") {
+            for n in nodes {
+                let port = field(n, "port")
+                    .and_then(int)
+                    .and_then(|p| u16::try_from(p).ok());
+                let role = field(n, "role").map(value_text).unwrap_or_default();
+                let health = field(n, "health").map(value_text).unwrap_or_default();
+                let Some(port) = port.filter(|_| health == "online") else {
+                    continue;
+                };
+                if role == "master" {
+                    shard.primary = Some(port);
+                } else {
+                    shard.replicas.push(port);
+                }
+            }
+        }
+        out.push(shard);
+    }
+    Ok(out)
+}
+
+/// A Redis Cluster of three primaries with one replica each on free
+/// loopback ports (`redis-cli --cluster create … --cluster-replicas 1`).
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    pub async fn start(node_timeout_ms: u64) -> Res<Cluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..6 {
+            // The cluster bus port must be free too: picked, not port + 10000.
+            let bus = free_port()?.to_string();
+            let timeout = node_timeout_ms.to_string();
+            nodes.push(
+                Redis::start(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    &timeout,
+                    "--cluster-port",
+                    &bus,
+                    // One shard without a live primary leaves the others
+                    // serving (the default, yes, stops every slot then).
+                    "--cluster-require-full-coverage",
+                    "no",
+                    // A replica's first sync at once, not after 5 s.
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ])
+                .await?,
+            );
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create: {}",
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+        let cluster = Cluster { nodes };
+        // Ready: every node sees the cluster ok, three shards each with a
+        // primary and a replica whose link to it is up (synced).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if cluster.ready().await {
+                return Ok(cluster);
+            }
+            if Instant::now() > deadline {
+                return Err(
+                    "the cluster was not ready (state ok, replicas synced) within 30 s".into(),
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        for n in &self.nodes {
+            let ok = n
+                .cmd(&["CLUSTER", "INFO"])
+                .await
+                .is_ok_and(|i| info_field(&i, "cluster_state").as_deref() == Some("ok"));
+            if !ok {
+                return false;
+            }
+        }
+        let Ok(shards) = cluster_shards(self.nodes[0].port).await else {
+            return false;
+        };
+        if shards.len() != 3
+            || shards
+                .iter()
+                .any(|s| s.primary.is_none() || s.replicas.len() != 1)
+        {
+            return false;
+        }
+        for s in &shards {
+            let up = redis_cmd(s.replicas[0], &["INFO", "replication"])
+                .await
+                .is_ok_and(|i| info_field(&i, "master_link_status").as_deref() == Some("up"));
+            if !up {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// `redis+cluster://` over every node.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The shards as a live node sees them.
+    pub async fn shards(&self) -> Res<Vec<Shard>> {
+        let mut last = String::from("no live node");
+        for n in self.nodes.iter().filter(|n| n.alive()) {
+            match cluster_shards(n.port).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`, asked of a live node).
+    pub async fn keyslot(&self, key: &str) -> Res<u16> {
+        let n = self
+            .nodes
+            .iter()
+            .find(|n| n.alive())
+            .ok_or("no live node")?;
+        n.cmd(&["CLUSTER", "KEYSLOT", key])
+            .await?
+            .parse()
+            .map_err(|e| format!("CLUSTER KEYSLOT {key}: {e}"))
+    }
+
+    pub fn node_mut(&mut self, port: u16) -> Option<&mut Redis> {
+        self.nodes.iter_mut().find(|n| n.port == port)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn node(port: i64, role: &str, health: &str) -> Value {
+        Value::Array(vec![
+            text("id"),
+            text("abc"),
+            text("port"),
+            Value::Int(port),
+            text("role"),
+            text(role),
+            text("health"),
+            text(health),
+        ])
+    }
+
+    #[test]
+    fn cluster_shards_give_each_shard_its_slots_live_primary_and_replicas() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                text("slots"),
+                Value::Array(vec![Value::Int(0), Value::Int(5460)]),
+                text("nodes"),
+                Value::Array(vec![
+                    node(7000, "master", "online"),
+                    node(7003, "replica", "online"),
+                ]),
+            ]),
+            // A failed-over shard: the dead primary listed as failed.
+            Value::Array(vec![
+                text("slots"),
+                Value::Array(vec![
+                    Value::Int(5461),
+                    Value::Int(6000),
+                    Value::Int(7000),
+                    Value::Int(10922),
+                ]),
+                text("nodes"),
+                Value::Array(vec![
+                    node(7001, "master", "failed"),
+                    node(7004, "master", "online"),
+                ]),
+            ]),
+        ]);
+        let shards = parse_shards(&reply).expect("parsed");
+        assert_eq!(shards.len(), 2);
+        assert_eq!(shards[0].slots, vec![(0, 5460)]);
+        assert_eq!(
+            (shards[0].primary, shards[0].replicas.clone()),
+            (Some(7000), vec![7003])
+        );
+        assert_eq!(shards[1].primary, Some(7004));
+        assert!(shards[1].replicas.is_empty());
+        assert!(shards[1].holds(5461) && shards[1].holds(10922) && !shards[1].holds(6500));
+        assert!(!shards[0].holds(5461));
+        assert!(parse_shards(&Value::Nil).is_err());
+    }
 }

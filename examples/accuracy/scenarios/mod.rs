@@ -8,6 +8,7 @@ pub mod fail_open;
 pub mod failover;
 pub mod kill;
 pub mod reload;
+pub mod shards;
 pub mod streams;
 
 use super::client::Req;
@@ -24,6 +25,10 @@ pub const ALL: &[(&str, &str)] = &[
     ),
     ("dollars", "a dollar budget, 200 clients, three gateways"),
     ("failover", "a Redis failover mid-burst"),
+    (
+        "shards",
+        "tenant domains on a 3-primary Redis Cluster, one primary failed over mid-load",
+    ),
     ("kill", "a gateway killed with SIGKILL mid-burst"),
     ("reload", "a limit lowered by reload mid-burst"),
     (
@@ -39,6 +44,7 @@ pub async fn run(name: &str, ctx: &Ctx) -> Vec<Row> {
         "streams" => streams::run(ctx).await,
         "dollars" => dollars::run(ctx).await,
         "failover" => failover::run(ctx).await,
+        "shards" => shards::run(ctx).await,
         "kill" => kill::run(ctx).await,
         "reload" => reload::run(ctx).await,
         "agents" => agents::run(ctx).await,
