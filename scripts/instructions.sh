@@ -28,6 +28,9 @@
 #   WINDOW=week SHAPE=deep PROFILE=redis scripts/instructions.sh  # every
 #                                        # tokens_per_day quota a rolling weekly
 #                                        # window instead (tokens_per_week)
+#   RUN=on scripts/instructions.sh       # every request names a run
+#                                        # (x-budgetgate-run, with run limits of its own:
+#                                        # three more budgets in the reservation)
 #   LEDGER=off scripts/instructions.sh   # without the spend ledger (default: on,
 #                                        # as `serve` runs it: SQLite in the temp dir)
 #   QUEUE=on scripts/instructions.sh     # with a [queue] configured (uncontended:
@@ -74,6 +77,11 @@ QUEUE=${QUEUE:-off}
 TELEMETRY=${TELEMETRY:-off}
 LAYOUT=${LAYOUT:-single}
 WINDOW=${WINDOW:-day}
+RUN=${RUN:-off}
+RUN_HEADERS=()
+if [[ $RUN == on ]]; then
+    RUN_HEADERS=(-H "x-budgetgate-run: instructions-run" -H "x-budgetgate-run-limits: tokens=1000000000000, requests=1000000000000, window=24h")
+fi
 [[ $LAYOUT == single || $LAYOUT == tenant ]] || { echo "LAYOUT is single or tenant" >&2; exit 1; }
 [[ $WINDOW == day || $WINDOW == week ]] || { echo "WINDOW is day or week" >&2; exit 1; }
 BUILD=${BUILD:-release}
@@ -280,11 +288,11 @@ load() {
         local urls=() data=(--data-binary "$BODY") i
         [[ ${BODY_ARG[0]} == -D ]] && data=(--data-binary "@${BODY_ARG[1]}")
         for ((i = 0; i < $1; i++)); do urls+=("http://$ADDR$URL_PATH"); done
-        curl -sS -X POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
+        curl -sS -X POST "${HEADERS[@]}" "${RUN_HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
             -H 'content-type: application/json' "${data[@]}" "${urls[@]}" >/dev/null
         return
     fi
-    oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
+    oha --no-tui -n "$1" -c "$CONC" -m POST "${HEADERS[@]}" "${RUN_HEADERS[@]}" -H "x-budgetgate-end-user: user-1" \
     -H 'content-type: application/json' "${BODY_ARG[@]}" "http://$ADDR$URL_PATH" >/dev/null; }
 # The body as oha takes it: inline, or (BODY_FILE, for agent turns larger
 # than one argument may be) from its file.
@@ -314,7 +322,7 @@ measure() { # $1 what is measured, for the figure's line
     if [[ $PROFILE == redis ]]; then
         OUT=$(ls -t target/callgrind.out.* | head -1)
         TOTAL=$(callgrind_annotate "$OUT" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1 }')
-        echo "redis-server instructions per request (reserve + settle, c=$CONC, shape $SHAPE$1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
+        echo "redis-server instructions per request (reserve + settle, c=$CONC, shape $SHAPE, layout $LAYOUT, quotas per $WINDOW, run $RUN$1): $((TOTAL / REQUESTS)) over $REQUESTS requests"
         echo "profile: $OUT (callgrind_annotate --inclusive=yes $OUT | head -60)"
         return 0
     fi
@@ -338,7 +346,7 @@ measure() { # $1 what is measured, for the figure's line
     # The ledger's writer thread and the background threads (SQLite's
     # connection threads, the ledger's and the control plane's; the memory
     # store's snapshots) work off the request path and are counted apart.
-    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC, shape $SHAPE$1): $((SERVING / REQUESTS)) over $REQUESTS requests"
+    echo "instructions per request ($STORE store, 1 serving thread, c=$CONC, shape $SHAPE, layout $LAYOUT, quotas per $WINDOW, run $RUN$1): $((SERVING / REQUESTS)) over $REQUESTS requests"
     echo "  off the request path: ledger writer thread $((LEDGER_THREAD / REQUESTS)), background threads $((OTHER / REQUESTS)); whole process $((TOTAL / REQUESTS))"
     echo "profiles: ${OUTS[*]} (callgrind_annotate --inclusive=yes FILE | head -60)"
 }
