@@ -30,6 +30,7 @@ pub mod context;
 pub mod count_tokens;
 pub mod decode;
 pub mod end_user;
+pub mod run;
 pub mod finish;
 pub mod forward;
 pub mod gemini;

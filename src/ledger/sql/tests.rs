@@ -62,6 +62,7 @@ fn row(id: &str, tenant: &str, ancestors: &[&str], model: &str, at: u64, cost: u
         outcome: SpendOutcome::Answered,
         price_version: "v1".into(),
         decided_by: "store",
+        run_id: None,
     }
 }
 
@@ -94,6 +95,7 @@ async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let back = l.rows(&q, 10).await.unwrap();
@@ -124,6 +126,7 @@ async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
@@ -182,6 +185,7 @@ async fn a_scope_matches_the_subtree_the_rows_recorded() {
         scope: scope.map(String::from),
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let ids = |rows: Vec<SpendRow>| {
@@ -232,6 +236,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     assert_eq!(
@@ -249,6 +254,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let ids: Vec<String> = l
@@ -289,6 +295,7 @@ async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
         scope: scope.map(String::from),
         top: None,
         request_id: Some(request.into()),
+        run_id: None,
         decided_by: None,
     };
     let got = |rows: Vec<SpendRow>| {
@@ -337,6 +344,7 @@ async fn the_extent_of_a_window_counts_its_rows_first_time_and_largest_charge() 
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let x = l.extent(&q("acme")).await.unwrap();
