@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 
 use crate::support::postgres::PgServer;
 use crate::support::redis_server::{self, RedisServer};
+use crate::support::config::RawTenant;
 use crate::support::*;
 
 const RUN: &str = "x-budgetgate-run";

@@ -33,6 +33,8 @@ async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
         include_str!("../../../migrations/sqlite/0100_spend_ledger.sql"),
         include_str!("../../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
         include_str!("../../../migrations/sqlite/0102_spend_ledger_decided_by.sql"),
+        include_str!("../../../migrations/sqlite/0103_spend_ledger_run_id.sql"),
+        include_str!("../../../migrations/sqlite/0104_spend_ledger_run_index.sql"),
     ] {
         sqlx::raw_sql(migration).execute(&pool).await.unwrap();
     }
