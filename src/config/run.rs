@@ -172,7 +172,10 @@ pub fn parse(text: &str) -> Result<RunLimits, String> {
                 "field {field:?} is not `name=value` (tokens, usd, requests, window)"
             ));
         };
-        let (name, value) = (name.trim_matches([' ', '\t']), value.trim_matches([' ', '\t']));
+        let (name, value) = (
+            name.trim_matches([' ', '\t']),
+            value.trim_matches([' ', '\t']),
+        );
         let i = match name {
             "tokens" => 0,
             "usd" => 1,
@@ -192,9 +195,14 @@ pub fn parse(text: &str) -> Result<RunLimits, String> {
             0 => out.tokens = Some(count(name, value)?),
             1 => {
                 let micros = parse_usd(value, MAX_SPEND).map_err(|e| match e {
-                    UsdError::Syntax => format!("`usd` must be decimal dollars (e.g. 2.50), not {value:?}"),
+                    UsdError::Syntax => {
+                        format!("`usd` must be decimal dollars (e.g. 2.50), not {value:?}")
+                    }
                     UsdError::Decimals(_) => "`usd` has more than six decimals".to_string(),
-                    UsdError::Above => format!("`usd` must be at most {}", crate::money::format_usd(MAX_SPEND as i64)),
+                    UsdError::Above => format!(
+                        "`usd` must be at most {}",
+                        crate::money::format_usd(MAX_SPEND as i64)
+                    ),
                 })?;
                 if micros == 0 {
                     return Err("`usd` must be > 0".into());
@@ -252,7 +260,11 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
         'm' => 60,
         'h' => 3_600,
         'd' => 86_400,
-        _ => return Err(format!("must be a number of s, m, h or d (\"24h\"), not {text:?}")),
+        _ => {
+            return Err(format!(
+                "must be a number of s, m, h or d (\"24h\"), not {text:?}"
+            ))
+        }
     };
     let n: u64 = n
         .parse()
@@ -336,10 +348,17 @@ mod tests {
         let default = parse("tokens=100, window=5h").unwrap();
         let got = RunLimits::resolve(None, &default, &max).unwrap();
         assert_eq!(got.tokens, Some(100));
-        assert_eq!(got.usd_micros, Some(5_000_000), "an absent field takes the ceiling");
+        assert_eq!(
+            got.usd_micros,
+            Some(5_000_000),
+            "an absent field takes the ceiling"
+        );
         assert_eq!(got.window(), Window::Hours5);
         let asked = parse("tokens=1001").unwrap();
-        assert_eq!(RunLimits::resolve(Some(&asked), &default, &max), Err("tokens"));
+        assert_eq!(
+            RunLimits::resolve(Some(&asked), &default, &max),
+            Err("tokens")
+        );
         let asked = parse("requests=7, window=7d").unwrap();
         let got = RunLimits::resolve(Some(&asked), &default, &max).unwrap();
         assert_eq!((got.tokens, got.requests), (Some(100), Some(7)));

@@ -21,9 +21,7 @@ pub fn window_of(name: BudgetName, now: u64) -> Option<(u64, u64)> {
         BudgetName::TokensPerDay
         | BudgetName::UsdPerDay
         | BudgetName::RequestsPerDay
-        | BudgetName::RunsPerDay => {
-            Some((Window::Day.start(now), to))
-        }
+        | BudgetName::RunsPerDay => Some((Window::Day.start(now), to)),
         BudgetName::TokensPerMonth | BudgetName::UsdPerMonth => {
             Some((Window::Month.start(now), to))
         }

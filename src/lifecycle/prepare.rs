@@ -490,8 +490,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     // The end user's budgets are common ones too (every candidate's).
     let none: [&[BudgetSpec]; 0] = [];
     let room = match purpose {
-        Purpose::Send => plan::token_room(common, &cand_specs)
-            .tighter(plan::token_room(&request_budgets, &none)),
+        Purpose::Send => {
+            plan::token_room(common, &cand_specs).tighter(plan::token_room(&request_budgets, &none))
+        }
         Purpose::Count => estimate::TokenRoom::default(),
     };
     let me = ModelEstimation {

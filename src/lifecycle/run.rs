@@ -95,7 +95,10 @@ pub fn headers(
             let text = v.to_str().map_err(|_| {
                 invalid(
                     None,
-                    format!("The {} header is not readable text.", LIMITS_HEADER.as_str()),
+                    format!(
+                        "The {} header is not readable text.",
+                        LIMITS_HEADER.as_str()
+                    ),
                 )
             })?;
             Some(settings::parse(text).map_err(|e| {
@@ -117,7 +120,10 @@ pub fn headers(
 
 /// The one non-empty value of `name` (an empty one counts as absent);
 /// refuses it sent twice.
-fn once<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<Option<&'h HeaderValue>, ApiError> {
+fn once<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h HeaderValue>, ApiError> {
     let mut values = headers.get_all(name).iter();
     let first = values.next();
     if values.next().is_some() {
@@ -251,21 +257,34 @@ run_ttl = "2h"
             let e = headers(t, k, &hm(&[("x-budgetgate-run", bad)])).unwrap_err();
             assert!(says(e).contains("x-budgetgate-run header must be"), "{bad}");
         }
-        let e = headers(t, k, &hm(&[("x-budgetgate-run", "a"), ("x-budgetgate-run", "b")]))
-            .unwrap_err();
+        let e = headers(
+            t,
+            k,
+            &hm(&[("x-budgetgate-run", "a"), ("x-budgetgate-run", "b")]),
+        )
+        .unwrap_err();
         assert!(says(e).contains("once"));
         let e = headers(
             t,
             k,
-            &hm(&[("x-budgetgate-run", "r1"), ("x-budgetgate-run-limits", "tokens=1, bogus=2")]),
+            &hm(&[
+                ("x-budgetgate-run", "r1"),
+                ("x-budgetgate-run-limits", "tokens=1, bogus=2"),
+            ]),
         )
         .unwrap_err();
         let m = says(e);
-        assert!(m.contains("x-budgetgate-run-limits header: unknown field `bogus`"), "{m}");
+        assert!(
+            m.contains("x-budgetgate-run-limits header: unknown field `bogus`"),
+            "{m}"
+        );
         let ok = headers(
             t,
             k,
-            &hm(&[("x-budgetgate-run", "job:1"), ("x-budgetgate-run-limits", "tokens=500")]),
+            &hm(&[
+                ("x-budgetgate-run", "job:1"),
+                ("x-budgetgate-run-limits", "tokens=500"),
+            ]),
         )
         .unwrap()
         .unwrap();
@@ -283,10 +302,14 @@ run_ttl = "2h"
             limits: limits.map(|l| settings::parse(l).unwrap()),
         };
         let run = plan(&ks, t, &t.keys[0], asked(None), None).unwrap();
-        let got: Vec<(BudgetName, u64)> = run.budgets.iter().map(|s| (s.name, s.capacity())).collect();
+        let got: Vec<(BudgetName, u64)> =
+            run.budgets.iter().map(|s| (s.name, s.capacity())).collect();
         assert_eq!(
             got,
-            vec![(BudgetName::TokensPer5h, 100), (BudgetName::UsdPer5h, 5_000_000)]
+            vec![
+                (BudgetName::TokensPer5h, 100),
+                (BudgetName::UsdPer5h, 5_000_000)
+            ]
         );
         assert_eq!(run.record.scope.to_string(), "run:t/r1");
         assert_eq!(&*run.record.limits, "t=100,u=5000000,r=-,w=5h,e=-");

@@ -25,9 +25,9 @@ use futures_util::future::join_all;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
+use crate::support::config::RawTenant;
 use crate::support::postgres::PgServer;
 use crate::support::redis_server::{self, RedisServer};
-use crate::support::config::RawTenant;
 use crate::support::*;
 
 const RUN: &str = "x-budgetgate-run";
@@ -99,13 +99,25 @@ async fn malformed_run_headers_are_refused_naming_the_header_and_nothing_is_char
         (Some("has space"), None, "x-budgetgate-run header must be"),
         (Some("{tag}"), None, "x-budgetgate-run header must be"),
         (Some(long.as_str()), None, "x-budgetgate-run header must be"),
-        (Some("r1"), Some("tokens=abc"), "x-budgetgate-run-limits header"),
-        (Some("r1"), Some("tokens=5, colour=red"), "unknown field `colour`"),
+        (
+            Some("r1"),
+            Some("tokens=abc"),
+            "x-budgetgate-run-limits header",
+        ),
+        (
+            Some("r1"),
+            Some("tokens=5, colour=red"),
+            "unknown field `colour`",
+        ),
         (Some("r1"), Some("tokens=5, tokens=6"), "given twice"),
         (Some("r1"), Some("window=1h"), "5h, 24h or 7d"),
         (Some("r1"), Some("tokens=5001"), "run_limits_max"),
         (Some("r1"), Some("usd=1.01"), "run_limits_max"),
-        (None, Some("tokens=5"), "x-budgetgate-run header naming the run"),
+        (
+            None,
+            Some("tokens=5"),
+            "x-budgetgate-run header naming the run",
+        ),
     ] {
         let (status, v, _) = send(&gw, run, limits, 5).await;
         assert_eq!(status, 400, "{run:?} {limits:?}: {v}");
@@ -198,11 +210,18 @@ async fn a_run_stops_at_its_tokens_another_run_goes_on_and_the_state_is_gone_aft
     }
     let v = refused.expect("the run was never refused");
     let m = message(&v);
-    assert!(m.contains("run:t1/r1") && m.contains("tokens_per_5h"), "{m}");
+    assert!(
+        m.contains("run:t1/r1") && m.contains("tokens_per_5h"),
+        "{m}"
+    );
     assert!(used <= N, "{used} tokens used by a run of {N}");
     let spec = run_specs(&gw, "r1", &limits);
     let left = gw.store.inspect(&spec).await.unwrap()[0].remaining;
-    assert_eq!(left, (N - used) as i64, "the run's budget counts what it used");
+    assert_eq!(
+        left,
+        (N - used) as i64,
+        "the run's budget counts what it used"
+    );
     // Another run of the tenant is not touched.
     assert_eq!(send(&gw, Some("r2"), Some(&limits), 20).await.0, 200);
     gw.all_settled().await;
@@ -244,9 +263,16 @@ async fn a_run_keeps_the_limits_it_started_with() {
     assert_eq!(gw.memory().live_holds(), 0, "nothing held");
     assert_eq!(mock.state.request_count(), upstream);
     // The limits it started with, stated or not, are its own.
-    assert_eq!(send(&gw, Some("job-1"), Some("tokens=1000"), 5).await.0, 200);
+    assert_eq!(
+        send(&gw, Some("job-1"), Some("tokens=1000"), 5).await.0,
+        200
+    );
     for r in mock.state.requests() {
-        assert!(r.header(RUN).is_none() && r.header(LIMITS).is_none(), "{:?}", r.headers);
+        assert!(
+            r.header(RUN).is_none() && r.header(LIMITS).is_none(),
+            "{:?}",
+            r.headers
+        );
     }
     assert_eq!(send(&gw, Some("job-1"), None, 5).await.0, 200);
     // `GET /v1/budget` with the run header shows the run's budget.
@@ -292,7 +318,8 @@ async fn a_run_keeps_the_limits_it_started_with() {
 async fn two_first_requests_of_a_run_on_two_gateways_never_both_start_it() {
     let mock = start_mock().await;
     let redis = redis_server::shared();
-    let mut c = config(&mock.base_url(), |_| {}).redis_fleet(&redis.url(), &format!("bgruns{}", std::process::id()));
+    let mut c = config(&mock.base_url(), |_| {})
+        .redis_fleet(&redis.url(), &format!("bgruns{}", std::process::id()));
     c.store.lease = Some(budgetgate::config::raw::RawLease {
         mode: Some("off".into()),
         ..Default::default()
@@ -459,12 +486,21 @@ async fn ledger_runs(gw: &Gateway) {
         "{all:?}"
     );
     let (s, csv) = {
-        let r = admin_get(gw, "/admin/v1/spend/rows?run_id=run-a&format=csv", Some(TOKEN)).await;
+        let r = admin_get(
+            gw,
+            "/admin/v1/spend/rows?run_id=run-a&format=csv",
+            Some(TOKEN),
+        )
+        .await;
         (r.status().as_u16(), r.text().await.unwrap())
     };
     assert_eq!(s, 200);
     assert!(csv.lines().next().unwrap().ends_with(",run_id"), "{csv}");
-    assert_eq!(csv.lines().filter(|l| l.ends_with(",run-a")).count(), 2, "{csv}");
+    assert_eq!(
+        csv.lines().filter(|l| l.ends_with(",run-a")).count(),
+        2,
+        "{csv}"
+    );
 }
 
 // ---------------------------------------------------------------- stores
@@ -472,7 +508,15 @@ async fn ledger_runs(gw: &Gateway) {
 /// A run reservation for the differential test: run `run` (of 3) started
 /// with limits `word` (of 3), each limits word with its own token limit,
 /// and the key's runs per day counted when `starts` is set.
-fn run_request(ks: &KeySpace, case: u64, id: u8, run: u8, word: u8, starts: bool, tokens: u64) -> ReserveRequest {
+fn run_request(
+    ks: &KeySpace,
+    case: u64,
+    id: u8,
+    run: u8,
+    word: u8,
+    starts: bool,
+    tokens: u64,
+) -> ReserveRequest {
     let scope = Scope::Run("t".into(), format!("c{case}-run{run}").into());
     let limit = 100 * (u64::from(word) + 1);
     let spec = BudgetSpec {
@@ -533,11 +577,24 @@ fn run_request(ks: &KeySpace, case: u64, id: u8, run: u8, word: u8, starts: bool
 
 #[derive(Debug, Clone)]
 enum RunOp {
-    Reserve { id: u8, run: u8, word: u8, starts: bool, tokens: u64 },
+    Reserve {
+        id: u8,
+        run: u8,
+        word: u8,
+        starts: bool,
+        tokens: u64,
+    },
     Wave(Vec<(u8, u8, u8, bool, u64)>),
-    Settle { id: u8, actual: u64 },
-    Void { id: u8 },
-    Advance { micros: u64 },
+    Settle {
+        id: u8,
+        actual: u64,
+    },
+    Void {
+        id: u8,
+    },
+    Advance {
+        micros: u64,
+    },
 }
 
 fn run_op() -> impl Strategy<Value = RunOp> {
@@ -610,7 +667,13 @@ fn both_stores_set_and_compare_run_records_alike() {
             for (step, op) in ops.iter().enumerate() {
                 let ctx = format!("step {step}: {op:?}");
                 match op {
-                    RunOp::Reserve { id, run, word, starts, tokens } => {
+                    RunOp::Reserve {
+                        id,
+                        run,
+                        word,
+                        starts,
+                        tokens,
+                    } => {
                         let req = run_request(&ks, case, *id, *run, *word, *starts, *tokens);
                         let m = memory.reserve(&req).await.expect("memory");
                         let r = redis.reserve(&req).await.expect("redis");
@@ -627,7 +690,11 @@ fn both_stores_set_and_compare_run_records_alike() {
                         let rs = join_all(reqs.iter().map(|q| redis.reserve(q))).await;
                         for (j, (q, r)) in reqs.iter().zip(rs).enumerate() {
                             let m = memory.reserve(q).await.expect("memory");
-                            *seen.lock().unwrap().entry(format!("wave {}", outcome(&m))).or_default() += 1;
+                            *seen
+                                .lock()
+                                .unwrap()
+                                .entry(format!("wave {}", outcome(&m)))
+                                .or_default() += 1;
                             prop_assert_eq!(m, r.expect("redis"), "{} item {}", ctx, j);
                         }
                     }
@@ -663,7 +730,12 @@ fn both_stores_set_and_compare_run_records_alike() {
         panic!("{e}");
     }
     if cases >= 64 {
-        for needed in ["Admitted", "RunConflict", "Denied/RunsPerDay", "Denied/TokensPer5h"] {
+        for needed in [
+            "Admitted",
+            "RunConflict",
+            "Denied/RunsPerDay",
+            "Denied/TokensPer5h",
+        ] {
             assert!(seen.contains_key(needed), "never saw {needed}: {seen:?}");
         }
     }
@@ -731,9 +803,10 @@ async fn many_runs(base: &str, runs: usize, limits: &'static str) {
 }
 
 /// 100,000 distinct runs through the real binary on Redis: the gateway's
-/// RSS and Redis `used_memory` before, after, and past `run_ttl` (2 s;
-/// the runs' token counters live until their 5-hour window has slid past,
-/// so past the TTL only the records are gone). Printed, not asserted
+/// RSS and Redis `used_memory` before, after, and past `run_ttl` (2 s,
+/// plus the scripts' 60 s TTL margin; the runs' token counters live until
+/// their 5-hour window has slid past, so past the TTL only the records
+/// are gone). Printed, not asserted
 /// (`RUNS=N` for another count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hundred_thousand_runs_memory() {
@@ -758,8 +831,9 @@ async fn a_hundred_thousand_runs_memory() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (rss1, mem1) = (rss_kib(gw.pid()), used_memory(&redis));
     let keys1 = redis.cli(&["DBSIZE"]);
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    // Expired keys are reclaimed by Redis's active expiry cycle.
+    // Every TTL carries the scripts' 60 s margin; expired keys are
+    // reclaimed by Redis's active expiry cycle.
+    tokio::time::sleep(Duration::from_secs(2 + 60 + 5)).await;
     let (rss2, mem2) = (rss_kib(gw.pid()), used_memory(&redis));
     let keys2 = redis.cli(&["DBSIZE"]);
     println!(
@@ -782,8 +856,10 @@ async fn a_hundred_thousand_runs_memory_store() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
     let mock = start_mock().await;
+    // No tenant budget: the frozen clock would refill none.
     let gw = config(&mock.base_url(), |t| {
         t.run_ttl = Some("1h".into());
+        t.limits = limits();
     })
     .start()
     .await;

@@ -209,10 +209,14 @@ fn run_settings(
     ancestors: &[usize],
 ) -> crate::config::run::RunSettings {
     use crate::config::run::{parse, parse_ttl, RunLimits, RunSettings};
-    let lineage: Vec<usize> = std::iter::once(i).chain(ancestors.iter().copied()).collect();
+    let lineage: Vec<usize> = std::iter::once(i)
+        .chain(ancestors.iter().copied())
+        .collect();
     let own = i;
     let mut limits = |field: &str, pick: fn(&crate::config::raw::RawTenant) -> Option<&String>| {
-        let l = lineage.iter().find_map(|&l| pick(&raw.tenants[l]).map(|t| (l, t)))?;
+        let l = lineage
+            .iter()
+            .find_map(|&l| pick(&raw.tenants[l]).map(|t| (l, t)))?;
         match parse(l.1) {
             Ok(x) => Some(x),
             Err(e) => {
@@ -224,8 +228,8 @@ fn run_settings(
         }
     };
     let max = limits("run_limits_max", |t| t.run_limits_max.as_ref()).unwrap_or_default();
-    let default = limits("run_limits_default", |t| t.run_limits_default.as_ref())
-        .unwrap_or_default();
+    let default =
+        limits("run_limits_default", |t| t.run_limits_default.as_ref()).unwrap_or_default();
     let path = |f: &str| format!("tenants[{own}].{f}");
     if max.window.is_some() && raw.tenants[own].run_limits_max.is_some() {
         v.err(
@@ -245,14 +249,21 @@ fn run_settings(
         .iter()
         .any(|&l| raw.tenants[l].run_required == Some(true));
     let runs_per_day = match raw.tenants[own].runs_per_day {
-        Some(n) => v.positive(&path("runs_per_day"), Some(n), crate::config::bounds::MAX_QUOTA),
+        Some(n) => v.positive(
+            &path("runs_per_day"),
+            Some(n),
+            crate::config::bounds::MAX_QUOTA,
+        ),
         None => lineage
             .iter()
             .find_map(|&l| raw.tenants[l].runs_per_day)
             .filter(|&n| n > 0)
             .map(|n| n as u64),
     };
-    let ttl = match lineage.iter().find_map(|&l| raw.tenants[l].run_ttl.as_ref().map(|t| (l, t))) {
+    let ttl = match lineage
+        .iter()
+        .find_map(|&l| raw.tenants[l].run_ttl.as_ref().map(|t| (l, t)))
+    {
         None => crate::config::run::DEFAULT_TTL,
         Some((l, t)) => match parse_ttl(t) {
             Ok(d) => d,
