@@ -10,6 +10,8 @@
 --                spec order (read when the current counter is absent)
 -- then           the share key (share.lua) of each candidate the share
 --                claim lists, in its order (none without a claim)
+-- then           with a run (ARGV[11+C+2N]): the run's record, then its
+--                key's runs-per-day counter when that is bounded
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens reserved (input + output estimate), tokens
@@ -48,6 +50,13 @@
 --                rank, step (lead units, src/budget/share.rs), its order
 --                (waiter id, 0: none; waited µs; left µs), then the
 --                1-based numbers of the candidates whose share key follows
+-- ARGV[11+C+2N]  '' without a run, else '<ttl µs> <runs per day, 0: not
+--                bounded> <limits>': the run's record ('<expiry µs>
+--                <limits>') is set to <limits> when absent or expired (a
+--                start, counted on the runs-per-day counter,
+--                a calendar-day quota) and compared otherwise, before any
+--                budget is checked; only an admission writes it (src/budget
+--                RunRecord)
 --
 -- Reply (every element a string; sent as one string of space-separated
 -- words, lib.lua's words, except the replay, whose hold has spaces):
@@ -72,6 +81,10 @@
 --       reserved: nothing written, never admitted.
 --   {'I', now, spec index (0-based)}
 --       impossible (cost above capacity); nothing was debited (as above).
+--   {'R', now}
+--       the run's record holds other limits: nothing was checked or written.
+--   {'N', now, available, retry_after µs, reset µs}
+--       the run would start beyond its key's runs per day: nothing written.
 --
 -- Building the hold costs the script string concatenations only: every
 -- static part comes rendered in ARGV. (Measured with callgrind on
@@ -266,7 +279,48 @@ local function reserve(KEYS, ARGV)
   -- one (before any write): an uncontended call reads its keys and no more.
   local share_arg = ARGV[T + 2 * nspec + 2]
   local SH, claim_t, claim_r, claim_step, claim_o = nil, nil, nil, nil, nil
-  for j = q + 1, #KEYS do
+
+  -- The run: its record compared, or (absent) its start counted.
+  local run_key, run_limits, run_ttl, starts_key, starts_cap = nil, nil, nil, nil, nil
+  local nshare_end = #KEYS
+  local run_arg = ARGV[T + 2 * nspec + 3]
+  if run_arg ~= nil and run_arg ~= '' then
+    local ttl, cap, limits = match(run_arg, '^(%d+) (%d+) (%S+)$')
+    if limits == nil then
+      error('bad run argument')
+    end
+    run_ttl, starts_cap, run_limits = tonumber(ttl), tonumber(cap), limits
+    if starts_cap > 0 then
+      run_key, starts_key = KEYS[#KEYS - 1], KEYS[#KEYS]
+      nshare_end = #KEYS - 2
+    else
+      run_key = KEYS[#KEYS]
+      nshare_end = #KEYS - 1
+    end
+    -- The record is '<expiry µs> <limits>': its expiry is read against
+    -- `now`, never left to the key's TTL alone (as holds keep theirs).
+    local live = false
+    local held = raw[run_key]
+    if held then
+      local exp, limits = match(held, '^(%d+) (%S+)$')
+      if exp ~= nil and tonumber(exp) > now then
+        if limits ~= run_limits then
+          return { 'R', s(now) }
+        end
+        live = true
+        starts_key = nil
+      end
+    end
+    if not live and starts_key ~= nil then
+      local w, wend = window('D', now)
+      local avail = starts_cap - quota_used_at(raw[starts_key], nil, w)
+      if avail < 1 then
+        return { 'N', s(now), s(avail), s(wend - now), s(wend - now) }
+      end
+    end
+  end
+
+  for j = q + 1, nshare_end do
     if raw[KEYS[j]] then
       SH, claim_t, claim_r, claim_step, claim_o = share_claim(share_arg, KEYS, q)
       break
@@ -388,6 +442,13 @@ local function reserve(KEYS, ARGV)
     put(KEYS[1], '0 ' .. s(now + hold_ttl) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
       .. ' ' .. snow .. ' ' .. scand .. ' 0 0 0\n' .. table.concat(keys, ' ') .. '\n'
       .. table.concat(lines) .. '\n\n' .. admsec .. '\n' .. id, ttl_ms(hold_ttl))
+    if run_key ~= nil then
+      put(run_key, s(now + run_ttl) .. ' ' .. run_limits, ttl_ms(run_ttl))
+      if starts_key ~= nil then
+        local w, wend = window('D', now)
+        put(starts_key, pack('<dd', w, quota_used_at(raw[starts_key], nil, w) + 1), ttl_ms(wend - now))
+      end
+    end
     if #wd > 0 then
       -- Insert the would-deny indexes before the (remaining, reset) pairs.
       local pairs_ = {}

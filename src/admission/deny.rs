@@ -129,7 +129,7 @@ impl DenyCachedStore {
                 }
             }
             ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
-            ReserveOutcome::Voided => {}
+            ReserveOutcome::Voided | ReserveOutcome::RunConflict(_) => {}
         }
         Ok((outcome, AnsweredBy::Store))
     }

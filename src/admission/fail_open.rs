@@ -336,7 +336,7 @@ impl GatewayStore {
                     ReserveOutcome::Impossible(i) => {
                         count_refusal(r, &i.scope, i.name, "impossible")
                     }
-                    ReserveOutcome::Voided => {}
+                    ReserveOutcome::Voided | ReserveOutcome::RunConflict(_) => {}
                 }
                 if unknown && !matches!(outcome, ReserveOutcome::Admitted(_)) {
                     self.compensate(&r.id, Compensation::Void, hold_ttl);
@@ -692,6 +692,7 @@ mod tests {
                 tenant: "t".into(),
                 policy_version: "v".into(),
                 on_store_error: OnStoreError::FailOpen,
+                run: None,
             }),
         }
     }

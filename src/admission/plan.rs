@@ -251,6 +251,38 @@ pub fn end_user_plan(
     (out, counting)
 }
 
+/// Budgets of run `scope` (`Scope::Run`) of `tenant` under its effective
+/// `limits` (`config::run`): one rolling quota per field set, in the
+/// run's window; and how each counts (in full, as a tenant's). A tenant in
+/// shadow has its runs' budgets in shadow.
+pub fn run_plan(
+    ks: &KeySpace,
+    tenant: &TenantPolicy,
+    scope: &Scope,
+    limits: &crate::config::run::RunLimits,
+) -> (Vec<BudgetSpec>, Vec<Counting>) {
+    let window = limits.window();
+    let specs: Vec<BudgetSpec> = limits
+        .budgets()
+        .map(|(name, limit)| BudgetSpec {
+            key: ks.budget(scope, name).into(),
+            scope: scope.clone(),
+            name,
+            kind: BudgetKind::Quota { limit, window },
+            refund_unused: true,
+            shadow: tenant.shadow,
+        })
+        .collect();
+    let c = Counting {
+        cache_read_weight: FULL_WEIGHT,
+        whole_cap: false,
+        output_weight: 1,
+        burndown: false,
+    };
+    let counting = specs.iter().map(|_| c).collect();
+    (specs, counting)
+}
+
 /// Every budget of tenant `t`'s own scopes, as the budget pages list them
 /// and the alert watch reads them: the tenant scope, each key scope and
 /// each tenant×model scope, in that order.

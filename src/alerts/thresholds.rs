@@ -83,9 +83,11 @@ pub fn crossed(
 
 fn tenant_of(scope: &Scope) -> Option<String> {
     match scope {
-        Scope::Tenant(t) | Scope::Key(t, _) | Scope::TenantModel(t, _) | Scope::EndUser(t, _) => {
-            Some(t.to_string())
-        }
+        Scope::Tenant(t)
+        | Scope::Key(t, _)
+        | Scope::TenantModel(t, _)
+        | Scope::EndUser(t, _)
+        | Scope::Run(t, _) => Some(t.to_string()),
         Scope::Upstream(_) => None,
     }
 }

@@ -171,4 +171,7 @@ pub struct Requester {
     pub policy_version: Arc<str>,
     /// What a store failure does to the request.
     pub on_store_error: OnStoreError,
+    /// The run the request belongs to, whose record the stores set or
+    /// compare in the reservation (`None`: no run; the plan's requester).
+    pub run: Option<super::RunRecord>,
 }

@@ -106,6 +106,17 @@ impl KeySpace {
 
     /// Key of one budget of one scope.
     pub fn budget(&self, scope: &Scope, name: BudgetName) -> String {
+        self.of_scope(scope, name.as_str())
+    }
+
+    /// Key of the record of run `scope` ([`crate::budget::RunRecord`]):
+    /// beside the run's budgets, in its tenant tree's domain.
+    pub fn run_record(&self, scope: &Scope) -> String {
+        self.of_scope(scope, "limits")
+    }
+
+    /// `<base of the scope's domain>:<scope>:<n>`.
+    fn of_scope(&self, scope: &Scope, n: &str) -> String {
         let placed;
         let b = match &self.placement {
             None => &self.base,
@@ -115,7 +126,6 @@ impl KeySpace {
                 &placed
             }
         };
-        let n = name.as_str();
         match scope {
             Scope::Tenant(t) => format!("{b}:tenant:{t}:{n}"),
             Scope::Key(t, k) => format!("{b}:key:{t}:{k}:{n}"),
@@ -124,6 +134,8 @@ impl KeySpace {
             // The hash is hex already; encoded anyway, so that no caller
             // can put a brace or a separator in a key through it.
             Scope::EndUser(t, h) => format!("{b}:end_user:{t}:{}:{n}", encode_name(h)),
+            // Run ids are `[A-Za-z0-9._:-]`: the `:` is encoded.
+            Scope::Run(t, r) => format!("{b}:run:{t}:{}:{n}", encode_name(r)),
         }
     }
 
@@ -223,6 +235,16 @@ mod tests {
         let k = ks.budget(&end_user, BudgetName::Tpm);
         assert_eq!(k, "bg:{d}:v3:end_user:acme:0f%7B%7D%3A%0A:tpm");
         assert_eq!(hash_tag(&k), Some("d"));
+    }
+
+    #[test]
+    fn run_keys_carry_their_tenants_tag_and_an_encoded_id() {
+        let ks = KeySpace::new("bg", "d");
+        let run = Scope::Run("acme".into(), "job:7".into());
+        let k = ks.budget(&run, BudgetName::TokensPer24h);
+        assert_eq!(k, "bg:{d}:v3:run:acme:job%3A7:tokens_per_24h");
+        assert_eq!(ks.run_record(&run), "bg:{d}:v3:run:acme:job%3A7:limits");
+        assert_eq!(hash_tag(&ks.run_record(&run)), Some("d"));
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub enum Scope {
     /// One end user of a tenant, by the keyed hash of its id (32 hex
     /// digits, `config::end_user`): `end_user:<t>/<hash>`.
     EndUser(Arc<str>, Arc<str>),
+    /// One run of a tenant, named by the caller (`x-budgetgate-run`,
+    /// `[A-Za-z0-9._:-]`, at most 128 bytes): `run:<t>/<run id>`.
+    Run(Arc<str>, Arc<str>),
 }
 
 impl std::fmt::Display for Scope {
@@ -69,6 +72,7 @@ impl std::fmt::Display for Scope {
             Scope::TenantModel(t, m) => write!(f, "tenant_model:{t}/{m}"),
             Scope::Upstream(u) => write!(f, "upstream:{u}"),
             Scope::EndUser(t, h) => write!(f, "end_user:{t}/{h}"),
+            Scope::Run(t, r) => write!(f, "run:{t}/{r}"),
         }
     }
 }
@@ -123,6 +127,17 @@ pub enum BudgetName {
     UsdPer24h,
     /// Micro-dollars in the last 7 days (rolling quota in µ$).
     UsdPerWeek,
+    /// Requests in the last 5 hours (rolling quota; run budgets).
+    #[serde(rename = "requests_per_5h")]
+    RequestsPer5h,
+    /// Requests in the last 24 hours (rolling quota; run budgets).
+    #[serde(rename = "requests_per_24h")]
+    RequestsPer24h,
+    /// Requests in the last 7 days (rolling quota; run budgets).
+    RequestsPerWeek,
+    /// Runs a key starts per UTC day (calendar quota, counted by the run
+    /// record of a reservation, never held: `runs_per_day`).
+    RunsPerDay,
 }
 
 impl BudgetName {
@@ -145,6 +160,10 @@ impl BudgetName {
             BudgetName::UsdPer5h => "usd_per_5h",
             BudgetName::UsdPer24h => "usd_per_24h",
             BudgetName::UsdPerWeek => "usd_per_week",
+            BudgetName::RequestsPer5h => "requests_per_5h",
+            BudgetName::RequestsPer24h => "requests_per_24h",
+            BudgetName::RequestsPerWeek => "requests_per_week",
+            BudgetName::RunsPerDay => "runs_per_day",
         }
     }
 
@@ -175,7 +194,13 @@ impl BudgetName {
     pub fn counts_requests(self) -> bool {
         matches!(
             self,
-            BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent
+            BudgetName::Rpm
+                | BudgetName::RequestsPerDay
+                | BudgetName::MaxConcurrent
+                | BudgetName::RequestsPer5h
+                | BudgetName::RequestsPer24h
+                | BudgetName::RequestsPerWeek
+                | BudgetName::RunsPerDay
         )
     }
 
@@ -204,6 +229,9 @@ impl BudgetName {
                 | BudgetName::UsdPer5h
                 | BudgetName::UsdPer24h
                 | BudgetName::UsdPerWeek
+                | BudgetName::RequestsPer5h
+                | BudgetName::RequestsPer24h
+                | BudgetName::RequestsPerWeek
         )
     }
 
@@ -271,9 +299,9 @@ pub struct BudgetSpec {
 impl BudgetSpec {
     /// Amount one request of `tokens` debits from this budget at reserve.
     pub fn cost(&self, tokens: u64) -> u64 {
-        match self.name {
-            BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent => 1,
-            _ => tokens,
+        match self.name.counts_requests() {
+            true => 1,
+            false => tokens,
         }
     }
 
@@ -294,6 +322,28 @@ impl BudgetSpec {
             BudgetKind::Concurrency { max } => max,
         }
     }
+}
+
+/// What a reservation of a run ([`Scope::Run`]) asks of the run's record,
+/// in the same atomic call as its budgets: the record is set to `limits`
+/// when absent (the run starts: counted on `starts` when set, refused
+/// beyond it) and compared otherwise (another value: nothing is written,
+/// [`ReserveOutcome::RunConflict`]). Only an admission writes it, and
+/// every admission keeps it another `ttl_micros`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    /// The run.
+    pub scope: Scope,
+    /// Where its record is stored ([`keys::KeySpace::run_record`]).
+    pub key: Arc<str>,
+    /// What the run started with, as one word without spaces: its limits
+    /// and its end user (`lifecycle::run`).
+    pub limits: Arc<str>,
+    /// How long the record lives after the run's last admission, µs.
+    pub ttl_micros: u64,
+    /// The key's `runs_per_day` (a calendar-day quota of requests, scope
+    /// `key:`), counted when the run starts; `None`: not bounded.
+    pub starts: Option<BudgetSpec>,
 }
 
 /// One reservation attempt.
@@ -461,6 +511,9 @@ pub enum ReserveOutcome {
     /// reserved: nothing was written, and the id is never admitted (a
     /// reservation whose reply was lost and compensated, arriving late).
     Voided,
+    /// The run ([`Requester::run`]) was started with other limits (or by
+    /// another end user): nothing was written; the scope names the run.
+    RunConflict(Scope),
 }
 
 /// Result of [`BudgetStore::extend`].

@@ -30,9 +30,11 @@ pub fn hash_tag(layout: Layout, domain: &str, map: Option<&DomainMap>, scope: &S
         return domain.to_string();
     };
     match scope {
-        Scope::Tenant(t) | Scope::Key(t, _) | Scope::TenantModel(t, _) | Scope::EndUser(t, _) => {
-            tenant_tag(domain, map.root_of(t))
-        }
+        Scope::Tenant(t)
+        | Scope::Key(t, _)
+        | Scope::TenantModel(t, _)
+        | Scope::EndUser(t, _)
+        | Scope::Run(t, _) => tenant_tag(domain, map.root_of(t)),
         Scope::Upstream(u) => deployment_tag(domain, map.group_of(u)),
     }
 }
@@ -148,6 +150,7 @@ mod tests {
         assert_eq!(tag(Scope::Key("team".into(), "k".into())), want);
         assert_eq!(tag(Scope::TenantModel("team".into(), "m/x".into())), want);
         assert_eq!(tag(Scope::EndUser("team".into(), "ab".into())), want);
+        assert_eq!(tag(Scope::Run("team".into(), "r:1".into())), want);
         assert_eq!(tag(Scope::Tenant("solo".into())), "fleet.t.solo");
         // A tenant the map does not know (added since) is its own root.
         assert_eq!(tag(Scope::Tenant("new".into())), "fleet.t.new");

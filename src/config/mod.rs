@@ -23,6 +23,7 @@ pub mod placement;
 pub mod queue;
 pub mod raw;
 pub mod reload;
+pub mod run;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
@@ -422,6 +423,10 @@ pub struct KeyPolicy {
     pub allowed_models: Option<Vec<model_names::NamePattern>>,
     /// `output_reservation` of requests with this key (`None`: the tenant's).
     pub output_reservation: Option<output_reservation::OutputReservation>,
+    /// `run_required` of this key (`None`: the tenant's).
+    pub run_required: Option<bool>,
+    /// `runs_per_day` of this key (`None`: the tenant's).
+    pub runs_per_day: Option<u64>,
 }
 
 impl KeyPolicy {
@@ -514,9 +519,25 @@ pub struct TenantPolicy {
     /// `output_reservation` (with `expected_quantile`, `max_exposure`):
     /// its own, its nearest ancestor's, else the whole cap.
     pub output_reservation: output_reservation::OutputReservation,
+    /// Runs (`run_limits_max`, `run_limits_default`, `run_required`,
+    /// `runs_per_day`, `run_ttl`): each its own, else its nearest
+    /// ancestor's; `run_required` on any level applies to its subtree.
+    pub runs: run::RunSettings,
 }
 
 impl TenantPolicy {
+    /// Whether a request with `key` must name a run: the key's
+    /// `run_required`, else the tenant's.
+    pub fn run_required(&self, key: &KeyPolicy) -> bool {
+        key.run_required.unwrap_or(self.runs.required)
+    }
+
+    /// The runs `key` may start per UTC day: the key's `runs_per_day`,
+    /// else the tenant's.
+    pub fn runs_per_day(&self, key: &KeyPolicy) -> Option<u64> {
+        key.runs_per_day.or(self.runs.runs_per_day)
+    }
+
     /// The output reservation of a request with `key`: the key's, else the tenant's.
     pub fn output_reservation(&self, key: &KeyPolicy) -> output_reservation::OutputReservation {
         key.output_reservation.unwrap_or(self.output_reservation)

@@ -422,6 +422,14 @@ pub struct RawTenant {
     #[serde(default)]
     pub end_user_limits: RawLimits,
     pub end_user_required: Option<bool>,
+    /// The ceiling of a run's limits (the `x-budgetgate-run-limits` grammar).
+    pub run_limits_max: Option<String>,
+    /// The limits of a run that states none (the same grammar).
+    pub run_limits_default: Option<String>,
+    pub run_required: Option<bool>,
+    pub runs_per_day: Option<i64>,
+    /// How long a run's record lives after its last request (`"24h"`).
+    pub run_ttl: Option<String>,
     /// `"off"`: this tenant's budgets are never leased (`"auto"` the default).
     pub lease: Option<String>,
     pub priority: Option<String>,
@@ -442,6 +450,12 @@ pub struct RawKey {
     pub lease: Option<String>,
     pub priority: Option<String>,
     pub weight: Option<i64>,
+    /// Overrides the tenant's `run_required` for this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_required: Option<bool>,
+    /// Overrides the tenant's `runs_per_day` for this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_per_day: Option<i64>,
     /// `"cap"` or `"expected"`; unset: the tenant's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_reservation: Option<String>,

@@ -74,6 +74,16 @@ pub const MIGRATIONS_SQLITE: &[MigrationFile] = &[
         "spend ledger deciding layer",
         include_str!("../../migrations/sqlite/0102_spend_ledger_decided_by.sql"),
     ),
+    (
+        103,
+        "spend ledger run ids",
+        include_str!("../../migrations/sqlite/0103_spend_ledger_run_id.sql"),
+    ),
+    (
+        104,
+        "spend ledger run index",
+        include_str!("../../migrations/sqlite/0104_spend_ledger_run_index.sql"),
+    ),
 ];
 
 /// PostgreSQL migrations, in version order (the same versions as SQLite's).
@@ -97,6 +107,16 @@ pub const MIGRATIONS_POSTGRES: &[MigrationFile] = &[
         102,
         "spend ledger deciding layer",
         include_str!("../../migrations/postgres/0102_spend_ledger_decided_by.sql"),
+    ),
+    (
+        103,
+        "spend ledger run ids",
+        include_str!("../../migrations/postgres/0103_spend_ledger_run_id.sql"),
+    ),
+    (
+        104,
+        "spend ledger run index",
+        include_str!("../../migrations/postgres/0104_spend_ledger_run_index.sql"),
     ),
 ];
 
@@ -272,7 +292,7 @@ impl Db {
                     Cow::Borrowed(description),
                     MigrationType::Simple,
                     sql.into_sql_str(),
-                    false,
+                    no_transaction(sql),
                 )
             })
             .collect();
@@ -290,6 +310,13 @@ impl Db {
         .ok()
         .flatten()
     }
+}
+
+/// True for a migration that must run outside a transaction (PostgreSQL's
+/// `CREATE INDEX CONCURRENTLY`): its first line is `-- no-transaction`,
+/// the marker sqlx's file source reads.
+fn no_transaction(sql: &str) -> bool {
+    sql.starts_with("-- no-transaction")
 }
 
 /// `sqlite:PATH` or `sqlite://PATH` with `mode=rwc` (create when missing)
@@ -345,6 +372,28 @@ mod tests {
         );
     }
 
+    /// Fault: the run index, built with `CREATE INDEX CONCURRENTLY`, ran
+    /// in the migration's transaction, which PostgreSQL refuses.
+    #[test]
+    fn only_the_concurrent_index_runs_outside_a_transaction() {
+        let outside: Vec<i64> = MIGRATIONS_POSTGRES
+            .iter()
+            .filter(|m| no_transaction(m.2))
+            .map(|m| m.0)
+            .collect();
+        assert_eq!(outside, vec![104]);
+        let index = MIGRATIONS_POSTGRES[MIGRATIONS_POSTGRES.len() - 1].2;
+        let statements: Vec<&str> = index
+            .lines()
+            .filter(|l| !l.starts_with("--") && !l.trim().is_empty())
+            .collect();
+        assert_eq!(statements.len(), 1, "one statement: {statements:?}");
+        assert!(statements[0].starts_with("CREATE INDEX CONCURRENTLY"));
+        assert!(MIGRATIONS_SQLITE.iter().all(|m| !no_transaction(m.2)));
+        let versions = |m: &[MigrationFile]| m.iter().map(|m| m.0).collect::<Vec<_>>();
+        assert_eq!(versions(MIGRATIONS_SQLITE), versions(MIGRATIONS_POSTGRES));
+    }
+
     #[tokio::test]
     async fn a_database_newer_than_the_binary_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -352,7 +401,7 @@ mod tests {
         let db = Db::open(&url).await.expect("first open migrates");
         assert_eq!(
             db.applied_version().await,
-            Some(102),
+            Some(104),
             "control and ledger migrations"
         );
         drop(db);
@@ -370,7 +419,7 @@ mod tests {
                 e,
                 DbError::Newer {
                     found: 999,
-                    known: 102
+                    known: 104
                 }
             ),
             "{e}"

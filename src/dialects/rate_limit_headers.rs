@@ -67,8 +67,10 @@ fn fraction(out: &mut String, frac: u64) {
     }
 }
 
-// Bits of `ietf_headers`' member set: 16 budget names per scope kind.
-const _: () = assert!((BudgetName::UsdPerWeek as u32) < 16);
+// Bits of `ietf_headers`' member set: 20 budget names per scope kind, 6 kinds.
+const _: () = assert!((BudgetName::RunsPerDay as u32) < NAMES_PER_SCOPE);
+const _: () = assert!(6 * NAMES_PER_SCOPE <= 128);
+const NAMES_PER_SCOPE: u32 = 20;
 
 /// The scope kind's place among [`scope_label`]'s (0..5).
 fn scope_index(scope: &Scope) -> u32 {
@@ -78,6 +80,7 @@ fn scope_index(scope: &Scope) -> u32 {
         Scope::TenantModel(..) => 2,
         Scope::Upstream(_) => 3,
         Scope::EndUser(..) => 4,
+        Scope::Run(..) => 5,
     }
 }
 
@@ -88,6 +91,7 @@ fn scope_label(scope: &Scope) -> &'static str {
         Scope::TenantModel(..) => "model",
         Scope::Upstream(_) => "upstream",
         Scope::EndUser(..) => "end_user",
+        Scope::Run(..) => "run",
     }
 }
 
@@ -125,6 +129,10 @@ fn key_name(name: BudgetName) -> &'static str {
         BudgetName::UsdPer5h => "usd-per-5h",
         BudgetName::UsdPer24h => "usd-per-24h",
         BudgetName::UsdPerWeek => "usd-per-week",
+        BudgetName::RequestsPer5h => "requests-per-5h",
+        BudgetName::RequestsPer24h => "requests-per-24h",
+        BudgetName::RequestsPerWeek => "requests-per-week",
+        BudgetName::RunsPerDay => "runs-per-day",
     }
 }
 
@@ -233,7 +241,7 @@ pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
             _ => continue,
         };
         let (scope, name) = (scope_label(&s.scope), key_name(s.name));
-        let bit = 1u128 << (scope_index(&s.scope) * 16 + s.name as u32);
+        let bit = 1u128 << (scope_index(&s.scope) * NAMES_PER_SCOPE + s.name as u32);
         if named & bit != 0 {
             continue;
         }

@@ -114,6 +114,12 @@ pub enum ApiError {
     /// A `Content-Encoding` the gateway does not decode, or stacked
     /// encodings: 415 (the text names it).
     UnsupportedEncoding(String),
+    /// The run was started with other limits, or by another end user
+    /// (409 `run_conflict`, naming the run): nothing was charged or held.
+    RunConflict {
+        /// The run's scope (`run:<tenant>/<id>`).
+        run: Scope,
+    },
 }
 
 /// The gateway's own stores besides the budget store, as the `code` of
@@ -236,6 +242,7 @@ impl ApiError {
             | ApiError::ModelElsewhere { .. }
             | ApiError::ResponseNotFound(..) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(..) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::RunConflict { .. } => StatusCode::CONFLICT,
             ApiError::RateLimited { .. }
             | ApiError::Impossible(_)
             | ApiError::QueueFull { .. }
@@ -293,6 +300,7 @@ impl ApiError {
             ApiError::GatewayTimeout => "gateway_timeout",
             ApiError::RequestTimeout => "request_timeout",
             ApiError::UnsupportedEncoding(_) => "unsupported_encoding",
+            ApiError::RunConflict { .. } => "run_conflict",
         }
     }
 }
@@ -305,6 +313,7 @@ pub(super) fn is_quota(name: BudgetName) -> bool {
             | BudgetName::RequestsPerDay
             | BudgetName::UsdPerDay
             | BudgetName::UsdPerMonth
+            | BudgetName::RunsPerDay
     ) || name.is_rolling()
 }
 
@@ -484,6 +493,14 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 Some("unknown_url"),
+            ),
+            ApiError::RunConflict { run } => shaped(
+                dialect,
+                status,
+                &format!("The run {run} was started with other limits (x-budgetgate-run-limits) or by another end user; a run keeps the limits it started with for its life. Send the same limits, or start a new run."),
+                "invalid_request_error",
+                None,
+                Some("run_conflict"),
             ),
             ApiError::MethodNotAllowed(method, path) => body(
                 status,

@@ -306,6 +306,7 @@ impl AppState {
                         tenant: tenant.name.as_str().into(),
                         policy_version: policy.version.as_str().into(),
                         on_store_error: tenant.on_store_error,
+                        run: None,
                     }),
                 })
             })

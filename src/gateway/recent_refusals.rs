@@ -138,6 +138,8 @@ pub struct Refusal {
     pub spec: Option<BudgetSpec>,
     /// Holds and leases, read when the record is first asked for.
     pub in_flight: Option<InFlight>,
+    /// The run the request named (`x-budgetgate-run`), if any.
+    pub run: Option<std::sync::Arc<str>>,
 }
 
 impl Refusal {
@@ -166,6 +168,7 @@ impl Refusal {
             reused: None,
             spec: None,
             in_flight: None,
+            run: None,
         };
         match refusal {
             ApiError::RateLimited { denial, .. } => {
@@ -188,6 +191,7 @@ impl Refusal {
                 r.retry_after_micros = *retry_after_micros;
             }
             ApiError::StoreUnavailable => r.decided_by = "fail_closed",
+            ApiError::RunConflict { run } => r.scope = Some(run.clone()),
             _ => return None,
         }
         Some(r)
@@ -205,6 +209,7 @@ impl Refusal {
             "age_micros": now.saturating_sub(self.at_micros),
             "request_id": self.request_id,
             "reservation_id": self.reservation_id,
+            "run": self.run,
             "scope": self.scope.as_ref().map(|s| s.to_string()),
             "budget": self.budget,
             "reason": self.reason,

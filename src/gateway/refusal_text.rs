@@ -18,12 +18,14 @@ fn scope_kind(scope: &Scope) -> &'static str {
         Scope::TenantModel(..) => "tenant×model",
         Scope::Upstream(_) => "upstream",
         Scope::EndUser(..) => "end user",
+        Scope::Run(..) => "run",
     }
 }
 
 fn unit(name: BudgetName) -> &'static str {
     match name {
-        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
+        BudgetName::RunsPerDay => "runs",
+        name if name.counts_requests() && name != BudgetName::MaxConcurrent => "requests",
         BudgetName::MaxConcurrent => "requests in flight",
         name if name.counts_usd() => "micro-dollars",
         _ => "tokens",

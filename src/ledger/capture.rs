@@ -43,6 +43,7 @@ pub fn row(e: &Settled<'_>, who: &Who, at_micros: u64) -> SpendRow {
         outcome: f.outcome,
         price_version: who.scope.price_version.clone(),
         decided_by: who.decided_by,
+        run_id: who.run.clone(),
     }
 }
 

@@ -101,6 +101,9 @@ pub struct SpendRow {
     /// failed, whose spend never reached the store's counters); empty on
     /// rows written before migration 0102.
     pub decided_by: &'static str,
+    /// The run the request belonged to (`x-budgetgate-run`), when it named
+    /// one (`None` too on rows written before migration 0103).
+    pub run_id: Option<Arc<str>>,
 }
 
 impl SpendRow {

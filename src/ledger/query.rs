@@ -140,6 +140,8 @@ pub struct SpendQuery {
     /// attempt of it; the same id sent by clients of other tenants too,
     /// unless `scope` keeps them out).
     pub request_id: Option<String>,
+    /// Only the rows of this run (`x-budgetgate-run`).
+    pub run_id: Option<String>,
     /// Only the rows of reservations this layer admitted
     /// ([`super::SpendRow::decided_by`]).
     pub decided_by: Option<&'static str>,
@@ -367,6 +369,7 @@ mod tests {
             scope: None,
             top,
             request_id: None,
+            run_id: None,
             decided_by: None,
         }
     }

@@ -21,7 +21,7 @@ use super::{SpendOutcome, SpendRow};
 use crate::db::DbKind;
 
 /// Columns of one inserted row.
-const COLUMNS: [&str; 25] = [
+const COLUMNS: [&str; 26] = [
     "reservation_id",
     "request_id",
     "attempt",
@@ -47,13 +47,14 @@ const COLUMNS: [&str; 25] = [
     "outcome",
     "price_version",
     "decided_by",
+    "run_id",
 ];
 
 /// Rows per INSERT statement, largest first: a batch is cut greedily into
 /// these sizes, so each connection prepares (parses) at most five
 /// statements once and then finds them in its statement cache. A statement
 /// per batch size would be parsed again for every batch: SQLite's parser
-/// then cost more than the requests the rows describe. 25 × 256 bound
+/// then cost more than the requests the rows describe. 26 × 256 bound
 /// values stays under SQLite's 32,766 and PostgreSQL's 65,535.
 const STATEMENT_ROWS: [usize; 5] = [256, 64, 16, 4, 1];
 
@@ -177,6 +178,10 @@ impl SqlLedger {
             sql.push_str(&format!(" AND request_id = ${}", values.len() + 1));
             values.push(FilterValue::Text(id.clone()));
         }
+        if let Some(run) = &q.run_id {
+            sql.push_str(&format!(" AND run_id = ${}", values.len() + 1));
+            values.push(FilterValue::Text(run.clone()));
+        }
         if let Some(layer) = q.decided_by {
             sql.push_str(&format!(" AND decided_by = ${}", values.len() + 1));
             values.push(FilterValue::Text(layer.to_string()));
@@ -255,7 +260,8 @@ impl LedgerSink for SqlLedger {
                     .bind(big(r.cost_micros))
                     .bind(r.outcome.as_str())
                     .bind(&*r.price_version)
-                    .bind(r.decided_by);
+                    .bind(r.decided_by)
+                    .bind(r.run_id.as_deref().unwrap_or(""));
             }
             new += query.execute(&mut *tx).await.map_err(db)?.rows_affected();
         }
@@ -424,6 +430,7 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
     let dialect = text("dialect")?;
     let outcome = text("outcome")?;
     let decided_by = text("decided_by")?;
+    let run_id = text("run_id")?;
     Ok(SpendRow {
         reservation_id: text("reservation_id")?,
         request_id: text("request_id")?,
@@ -455,6 +462,7 @@ fn row_of(row: &AnyRow) -> Result<SpendRow, LedgerError> {
             .map(|a| a.label())
             .find(|l| *l == decided_by)
             .unwrap_or(""),
+        run_id: (!run_id.is_empty()).then(|| run_id.into()),
     })
 }
 

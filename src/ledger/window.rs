@@ -18,18 +18,25 @@ const MINUTE_MICROS: u64 = 60_000_000;
 pub fn window_of(name: BudgetName, now: u64) -> Option<(u64, u64)> {
     let to = now.saturating_add(1);
     match name {
-        BudgetName::TokensPerDay | BudgetName::UsdPerDay | BudgetName::RequestsPerDay => {
-            Some((Window::Day.start(now), to))
-        }
+        BudgetName::TokensPerDay
+        | BudgetName::UsdPerDay
+        | BudgetName::RequestsPerDay
+        | BudgetName::RunsPerDay => Some((Window::Day.start(now), to)),
         BudgetName::TokensPerMonth | BudgetName::UsdPerMonth => {
             Some((Window::Month.start(now), to))
         }
         BudgetName::Rpm | BudgetName::Tpm | BudgetName::InputTpm | BudgetName::OutputTpm => {
             Some((now.saturating_sub(MINUTE_MICROS), to))
         }
-        BudgetName::TokensPer5h | BudgetName::UsdPer5h => Some((Window::Hours5.start(now), to)),
-        BudgetName::TokensPer24h | BudgetName::UsdPer24h => Some((Window::Hours24.start(now), to)),
-        BudgetName::TokensPerWeek | BudgetName::UsdPerWeek => Some((Window::Week.start(now), to)),
+        BudgetName::TokensPer5h | BudgetName::UsdPer5h | BudgetName::RequestsPer5h => {
+            Some((Window::Hours5.start(now), to))
+        }
+        BudgetName::TokensPer24h | BudgetName::UsdPer24h | BudgetName::RequestsPer24h => {
+            Some((Window::Hours24.start(now), to))
+        }
+        BudgetName::TokensPerWeek | BudgetName::UsdPerWeek | BudgetName::RequestsPerWeek => {
+            Some((Window::Week.start(now), to))
+        }
         BudgetName::MaxConcurrent => None,
     }
 }
@@ -39,7 +46,12 @@ pub fn window_of(name: BudgetName, now: u64) -> Option<(u64, u64)> {
 /// `output_tpm`), µ$ for dollar budgets.
 pub fn in_unit(name: BudgetName, t: &SpendTotals) -> u64 {
     match name {
-        BudgetName::Rpm | BudgetName::RequestsPerDay => t.requests,
+        BudgetName::Rpm
+        | BudgetName::RequestsPerDay
+        | BudgetName::RequestsPer5h
+        | BudgetName::RequestsPer24h
+        | BudgetName::RequestsPerWeek
+        | BudgetName::RunsPerDay => t.requests,
         BudgetName::InputTpm => t.input_tokens + t.cached_read_tokens + t.cache_write_tokens,
         BudgetName::OutputTpm => t.output_tokens,
         BudgetName::UsdPerDay
@@ -83,6 +95,8 @@ pub async fn spend_decided_by(
         Scope::TenantModel(t, m) => (Some(&**t), Some(Dimension::Model), Some(&**m)),
         Scope::EndUser(t, h) => (Some(&**t), Some(Dimension::EndUser), Some(&**h)),
         Scope::Upstream(d) => (None, Some(Dimension::Deployment), Some(&**d)),
+        // A run's rows: its tenant's, filtered on the run id below.
+        Scope::Run(t, _) => (Some(&**t), None, None),
     };
     let q = SpendQuery {
         group_by: dim.into_iter().collect(),
@@ -93,6 +107,10 @@ pub async fn spend_decided_by(
         scope: caller,
         top: None,
         request_id: None,
+        run_id: match scope {
+            Scope::Run(_, r) => Some(r.to_string()),
+            _ => None,
+        },
         decided_by,
     };
     let mut out = SpendTotals::default();

@@ -112,9 +112,9 @@ pub async fn admit<'p>(
         .zip(plan.common_counting.iter())
         .chain(
             request
-                .end_user_budgets
+                .request_budgets
                 .iter()
-                .zip(request.end_user_counting.iter()),
+                .zip(request.request_counting.iter()),
         )
         .filter(|(s, _)| {
             first
@@ -204,6 +204,15 @@ pub async fn admit<'p>(
         }
         None => (None, None),
     };
+    // A run's record travels with the request's requester: allocated only
+    // for requests of a run.
+    let requester = match &request.run {
+        None => plan.requester.clone(),
+        Some((_, record)) => Arc::new(crate::budget::Requester {
+            run: Some(record.clone()),
+            ..(*plan.requester).clone()
+        }),
+    };
     let reserve = ReserveRequest {
         share: cx.share.clone(),
         id: id.clone(),
@@ -213,7 +222,7 @@ pub async fn admit<'p>(
         slot_lease_micros: policy.server.slot_lease.as_micros() as u64,
         hold_ttl_micros: (policy.server.max_request + policy.server.settle_retry).as_micros()
             as u64,
-        requester: plan.requester.clone(),
+        requester,
     };
     let (outcome, answered_by) = cx.st.store.reserve_answered(&reserve).await?;
     cx.answered_by = Some(answered_by);
@@ -251,6 +260,10 @@ pub async fn admit<'p>(
         // A fresh id is never voided; answered as the store failure it stands for.
         ReserveOutcome::Voided => {
             return Err(crate::budget::StoreError::Unavailable("reservation voided".into()).into())
+        }
+        ReserveOutcome::RunConflict(run) => {
+            tracing::info!(tenant = %plan.requester.tenant, scope = %run, policy_version = %policy.version, "run conflict");
+            return Err(ApiError::RunConflict { run });
         }
     };
     let deployment = candidates[admission.candidate];
@@ -307,15 +320,16 @@ pub async fn admit<'p>(
         })
         // `tried` above counted this attempt.
         .of_request(cx.finish.request_id.header(), attempts.count() as u32)
+        .of_run(request.run.as_ref().map(|(id, _)| id.clone()))
         .decided_by(answered_by.label());
         Box::new(who)
     });
     let hold = hold.about(Subject {
         tenant: Some(plan.tenant_metrics.clone()),
-        release: Some(if request.end_user_budgets.is_empty() {
+        release: Some(if request.request_budgets.is_empty() {
             plan.deny_release.clone()
         } else {
-            Arc::new(plan.deny_release.with(&request.end_user_budgets))
+            Arc::new(plan.deny_release.with(&request.request_budgets))
         }),
         returned: policy
             .queue

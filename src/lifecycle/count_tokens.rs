@@ -111,6 +111,8 @@ pub(super) async fn charge_request_once(
             tracing::warn!(reservation_id = %id, "count reservation not admitted: its id was voided");
             return Err(ApiError::StoreUnavailable);
         }
+        // These reservations name no run.
+        ReserveOutcome::RunConflict(run) => return Err(ApiError::RunConflict { run }),
     };
     let done = Settlement {
         actual_tokens: 0,

@@ -55,6 +55,8 @@ pub struct Finish {
     pub estimated: u64,
     /// The end user, as the keyed hash of its id (never the id).
     pub end_user: Option<Arc<str>>,
+    /// The run (`x-budgetgate-run`), if the request named one.
+    pub run: Option<Arc<str>>,
     /// Which layer decided the reservation: `store`, `lease` (this
     /// gateway's quota leases), `deny_cache`, `local_limiter`; "" before.
     pub decided_by: &'static str,
@@ -85,6 +87,7 @@ impl Finish {
             reservation_id: None,
             estimated: 0,
             end_user: None,
+            run: None,
             decided_by: "",
             queued_ms: None,
             dialect_name: "",
@@ -113,6 +116,7 @@ impl Finish {
             reservation_id: self.reservation_id.take(),
             estimated: self.estimated,
             end_user: self.end_user.take(),
+            run: self.run.clone(),
             decided_by: self.decided_by,
             queued_ms: self.queued_ms,
             dialect_name: self.dialect_name,
@@ -142,6 +146,7 @@ impl Finish {
         let reservation_id = self.reservation_id.as_deref().unwrap_or("");
         let estimated = self.estimated;
         let end_user = self.end_user.as_deref().unwrap_or("");
+        let run = self.run.as_deref().unwrap_or("");
         let decided_by = self.decided_by;
         let queued_ms = self.queued_ms.unwrap_or(0);
         match outcome {
@@ -163,6 +168,7 @@ impl Finish {
                     path = &*self.route.1,
                     tenant,
                     end_user,
+                    run,
                     decided_by,
                     outcome = "refused",
                     decision = "refused",
@@ -178,6 +184,7 @@ impl Finish {
                 reservation_id,
                 tenant,
                 end_user,
+                run,
                 decided_by,
                 model,
                 deployment,
@@ -194,6 +201,7 @@ impl Finish {
                 reservation_id,
                 tenant,
                 end_user,
+                run,
                 decided_by,
                 model,
                 deployment,
@@ -217,6 +225,7 @@ impl Finish {
                     reservation_id,
                     tenant,
                     end_user,
+                    run,
                     decided_by,
                     model,
                     deployment,

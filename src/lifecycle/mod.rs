@@ -42,6 +42,7 @@ pub mod refusal;
 pub mod request_id;
 pub mod rewrite;
 pub mod route;
+pub mod run;
 pub mod settle;
 pub mod stored;
 pub mod wait;

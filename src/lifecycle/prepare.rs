@@ -55,11 +55,16 @@ pub struct Prepared {
     /// The end user, as the keyed hash of its id (`None`: no end user
     /// named, or the tenant's tree has no end-user settings).
     pub end_user: Option<Arc<str>>,
-    /// The end user's budgets (every level of the tree that limits end
-    /// users), reserved after the plan's common budgets.
-    pub end_user_budgets: Vec<BudgetSpec>,
-    /// How each of `end_user_budgets` counts.
-    pub end_user_counting: Vec<Counting>,
+    /// The request's own budgets, reserved after the plan's common ones
+    /// (never cached in the plan: they are per end user and per run): the
+    /// end user's (every level of the tree that limits end users), then
+    /// the run's.
+    pub request_budgets: Vec<BudgetSpec>,
+    /// How each of `request_budgets` counts.
+    pub request_counting: Vec<Counting>,
+    /// The run the request belongs to: its id and the record its
+    /// reservation sets or compares (`None`: no run header).
+    pub run: Option<(Arc<str>, crate::budget::RunRecord)>,
     /// The output cap was lowered to fit the budgets ([`super::clamp`]):
     /// `estimate.client_max_output` is the lowered cap, sent upstream.
     pub clamped: bool,
@@ -162,6 +167,11 @@ pub async fn prepare_as(
     let bytes = super::decode::read_body(body, cx.policy.server.max_body_bytes, headers).await?;
     let dialect = cx.dialect;
     let end_user_header = super::end_user::header(cx.policy.tenant(caller.tenant), headers)?;
+    let run_headers = super::run::headers(
+        cx.policy.tenant(caller.tenant),
+        cx.policy.key(caller.tenant, caller.key),
+        headers,
+    )?;
     let betas = if dialect.is_anthropic() {
         anthropic_betas(headers)?
     } else {
@@ -177,6 +187,7 @@ pub async fn prepare_as(
             path_model,
             betas: &betas,
             end_user_header,
+            run_headers,
             purpose,
             path_stream,
         };
@@ -192,6 +203,7 @@ pub async fn prepare_as(
                 path_model,
                 betas: &betas,
                 end_user_header,
+                run_headers,
                 purpose,
                 path_stream,
             };
@@ -222,6 +234,7 @@ pub async fn prepare_as(
     cx.finish.model = Some(prepared.model);
     cx.finish.estimated = prepared.estimate.total_tokens;
     cx.finish.end_user = prepared.end_user.clone();
+    cx.finish.run = prepared.run.as_ref().map(|(id, _)| id.clone());
     Ok(prepared)
 }
 
@@ -293,6 +306,7 @@ struct Request<'b> {
     path_model: Option<String>,
     betas: &'b [String],
     end_user_header: Option<HeaderValue>,
+    run_headers: Option<super::run::RunHeaders>,
     purpose: Purpose,
     /// Whether the path's method streams (Gemini): the body says nothing.
     path_stream: Option<bool>,
@@ -306,6 +320,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         path_model,
         betas,
         end_user_header,
+        run_headers,
         purpose,
         path_stream,
     } = req;
@@ -419,9 +434,24 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     let tenant = policy.tenant(caller.tenant);
     let end_user =
         super::end_user::end_user(policy, tenant, dialect, end_user_header.as_ref(), &body)?;
-    let (end_user_budgets, end_user_counting) = match &end_user {
+    let (mut request_budgets, mut request_counting) = match &end_user {
         Some(hash) => plan::end_user_plan(&AppState::key_space(policy), policy, tenant, hash),
         None => (Vec::new(), Vec::new()),
+    };
+    let run = match run_headers {
+        None => None,
+        Some(asked) => {
+            let run = super::run::plan(
+                &AppState::key_space(policy),
+                tenant,
+                key,
+                asked,
+                end_user.as_deref(),
+            )?;
+            request_budgets.extend(run.budgets);
+            request_counting.extend(run.counting);
+            Some((run.id, run.record))
+        }
     };
     let body = Value::Object(body);
     if dialect.is_anthropic() {
@@ -449,7 +479,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         &body,
         model,
         &plan,
-        &end_user_budgets,
+        &request_budgets,
         &mut candidates,
     )?;
     let common = &plan.common;
@@ -460,8 +490,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
     // The end user's budgets are common ones too (every candidate's).
     let none: [&[BudgetSpec]; 0] = [];
     let room = match purpose {
-        Purpose::Send => plan::token_room(common, &cand_specs)
-            .tighter(plan::token_room(&end_user_budgets, &none)),
+        Purpose::Send => {
+            plan::token_room(common, &cand_specs).tighter(plan::token_room(&request_budgets, &none))
+        }
         Purpose::Count => estimate::TokenRoom::default(),
     };
     let me = ModelEstimation {
@@ -481,7 +512,7 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
                 // The tightest token budget is the one the request can never fit.
                 common
                     .iter()
-                    .chain(&end_user_budgets)
+                    .chain(&request_budgets)
                     .chain(cand_specs.iter().copied().flatten())
                     .filter(|s| s.name.counts_tokens() && s.capacity() == capacity)
                     .min_by_key(|s| s.capacity())
@@ -526,8 +557,9 @@ fn parse(st: &AppState, policy: &Policy, req: Request<'_>) -> Result<Prepared, A
         references,
         cache,
         end_user,
-        end_user_budgets,
-        end_user_counting,
+        request_budgets,
+        request_counting,
+        run,
         clamped,
         clamp_retried: false,
         sent_model,

@@ -106,6 +106,7 @@ pub fn note(cx: &RequestContext, tenant: Option<crate::config::TenantId>, refusa
         }
     }
     record.spec = spec;
+    record.run = cx.finish.run.clone();
     cx.st.recent_refusals.keep(&tenant, record);
 }
 

@@ -217,6 +217,8 @@ async fn charge_requests(
         ReserveOutcome::Voided => {
             return Err(crate::budget::StoreError::Unavailable("reservation voided".into()).into())
         }
+        // These reservations name no run.
+        ReserveOutcome::RunConflict(run) => return Err(ApiError::RunConflict { run }),
     };
     cx.finish.reservation_id = Some(id.clone());
     let hold = HeldReservation::new(

@@ -111,7 +111,7 @@ fn budgets<'a>(
         .plan
         .common
         .iter()
-        .chain(request.end_user_budgets.iter())
+        .chain(request.request_budgets.iter())
         .chain(candidates.iter().flat_map(|d| d.budgets.iter()))
 }
 

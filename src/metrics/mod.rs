@@ -74,6 +74,7 @@ pub fn scope_kind(scope: &Scope) -> &'static str {
         Scope::TenantModel(..) => "tenant_model",
         Scope::Upstream(_) => "upstream",
         Scope::EndUser(..) => "end_user",
+        Scope::Run(..) => "run",
     }
 }
 

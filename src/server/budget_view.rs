@@ -48,7 +48,12 @@ pub const INSPECT_CHUNK: usize = 512;
 /// The unit a budget counts in.
 pub fn unit(name: BudgetName) -> &'static str {
     match name {
-        BudgetName::Rpm | BudgetName::RequestsPerDay => "requests",
+        BudgetName::Rpm
+        | BudgetName::RequestsPerDay
+        | BudgetName::RequestsPer5h
+        | BudgetName::RequestsPer24h
+        | BudgetName::RequestsPerWeek => "requests",
+        BudgetName::RunsPerDay => "runs",
         BudgetName::Tpm
         | BudgetName::InputTpm
         | BudgetName::OutputTpm
@@ -75,6 +80,7 @@ fn scope_name(scope: &Scope) -> String {
         Scope::TenantModel(_, m) => m.to_string(),
         Scope::Upstream(u) => u.to_string(),
         Scope::EndUser(_, h) => h.to_string(),
+        Scope::Run(_, r) => r.to_string(),
     }
 }
 
@@ -358,8 +364,8 @@ pub async fn refresh_gauges(st: &AppState) -> Result<(), StoreError> {
         let v = share(spec, s);
         match &spec.scope {
             Scope::Upstream(u) => crate::metrics::upstream_budget_remaining_share(u, spec.name, v),
-            // Never per end user (and none is in the policy's lists).
-            Scope::EndUser(..) => {}
+            // Never per end user or run (and none is in the policy's lists).
+            Scope::EndUser(..) | Scope::Run(..) => {}
             Scope::Tenant(t) | Scope::Key(t, _) | Scope::TenantModel(t, _) => {
                 let e = tenant_min
                     .entry((

@@ -206,6 +206,7 @@ pub async fn reconcile(
             scope: caller_scope.clone(),
             top: None,
             request_id: None,
+            run_id: None,
             decided_by: None,
         };
         let extent = match reader.extent(&extent_q).await {

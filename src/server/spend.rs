@@ -4,10 +4,11 @@
 //! - `GET /admin/v1/spend?group_by=tenant,model&period=day|month&from=YYYY-MM-DD&to=YYYY-MM-DD&tenant=NAME&top=N&format=json|csv`:
 //!   totals per group and period; `to` is exclusive; by default the last
 //!   30 days; `tenant` keeps the rows of that tenant and its descendants.
-//! - `GET /admin/v1/spend/rows?from=&to=&tenant=&request_id=&limit=N&format=json|csv`:
+//! - `GET /admin/v1/spend/rows?from=&to=&tenant=&request_id=&run_id=&limit=N&format=json|csv`:
 //!   the rows themselves, oldest first (the CSV export for finance);
 //!   `request_id` keeps the rows of the request a client knows by that id
-//!   (every attempt), over all time unless `from` or `to` is given.
+//!   (every attempt), `run_id` those of a run (`x-budgetgate-run`), each
+//!   over all time unless `from` or `to` is given.
 //!
 //! 503 while the ledger has no database (or it does not answer).
 
@@ -45,6 +46,7 @@ pub struct SpendParams {
     to: Option<String>,
     tenant: Option<String>,
     request_id: Option<String>,
+    run_id: Option<String>,
     top: Option<usize>,
     limit: Option<usize>,
     format: Option<String>,
@@ -105,7 +107,8 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
     let (to, from) = (date("to", &params.to)?, date("from", &params.from)?);
     // A request looked up by its id: whenever it was, unless the caller
     // bounds it.
-    let all_time = request_id.is_some() && to.is_none() && from.is_none();
+    let run_given = params.run_id.as_deref().is_some_and(|r| !r.is_empty());
+    let all_time = (request_id.is_some() || run_given) && to.is_none() && from.is_none();
     let to = match to {
         Some(to) => to,
         None if all_time => ALL_TIME_END,
@@ -131,6 +134,7 @@ pub fn parse(params: &SpendParams, now: u64) -> Result<SpendQuery, BadParam> {
         scope: None,
         top: params.top,
         request_id,
+        run_id: params.run_id.clone().filter(|t| !t.is_empty()),
         decided_by: None,
     })
 }
@@ -309,7 +313,7 @@ pub async fn rows(
 }
 
 /// The columns of a row, in the CSV export's order.
-pub const ROW_COLUMNS: [&str; 22] = [
+pub const ROW_COLUMNS: [&str; 23] = [
     "reservation_id",
     "request_id",
     "attempt",
@@ -332,9 +336,10 @@ pub const ROW_COLUMNS: [&str; 22] = [
     "price_version",
     "decided_by",
     "at_micros",
+    "run_id",
 ];
 
-fn row_fields(r: &SpendRow) -> [String; 22] {
+fn row_fields(r: &SpendRow) -> [String; 23] {
     [
         r.reservation_id.clone(),
         r.request_id.clone(),
@@ -362,6 +367,7 @@ fn row_fields(r: &SpendRow) -> [String; 22] {
         r.price_version.to_string(),
         r.decided_by.to_string(),
         r.at_micros.to_string(),
+        r.run_id.as_deref().unwrap_or("").to_string(),
     ]
 }
 
@@ -388,6 +394,7 @@ fn row_json(r: &SpendRow) -> Value {
         "ancestors": r.ancestors.iter().map(|a| &**a).collect::<Vec<_>>(),
         "key": &*r.key_id,
         "end_user": r.end_user.as_deref(),
+        "run_id": r.run_id.as_deref(),
         "model": &*r.model,
         "deployment": &*r.deployment,
         "dialect": r.dialect,

@@ -134,6 +134,8 @@ pub struct Who {
     pub usd_index: Option<usize>,
     /// The layer that admitted it (`store`, `lease`, `local_limiter`).
     pub decided_by: &'static str,
+    /// The run the request belongs to (`x-budgetgate-run`), if any.
+    pub run: Option<Arc<str>>,
 }
 
 impl Who {
@@ -162,7 +164,14 @@ impl Who {
             end_user,
             usd_index,
             decided_by: "store",
+            run: None,
         }
+    }
+
+    /// The reservation belongs to run `run`.
+    pub fn of_run(mut self, run: Option<Arc<str>>) -> Self {
+        self.run = run;
+        self
     }
 
     /// The reservation was admitted by the layer labelled `decided_by`

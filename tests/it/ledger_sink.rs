@@ -50,6 +50,7 @@ fn row(i: u64) -> SpendRow {
         },
         price_version: "v\"1\"".into(),
         decided_by: ["store", "lease", "local_limiter"][(i % 3) as usize],
+        run_id: None,
     }
 }
 
@@ -75,6 +76,7 @@ async fn written_twice_is_one_row(url: &str) {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let back = ledger.rows(&q, 10_000).await.expect("read back");

@@ -101,6 +101,7 @@ mod request_ids;
 mod responses;
 mod responses_estimate;
 mod responses_tools;
+mod runs;
 mod sdk_e2e;
 mod share_conformance;
 mod share_fleet;

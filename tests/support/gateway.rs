@@ -191,6 +191,9 @@ impl Gateway {
                 .limits
                 .clone(),
             Scope::EndUser(t, _) => tenant(t).end_user_limits.clone(),
+            Scope::Run(..) => panic!(
+                "a run's limits are the run's own: build its specs with admission::plan::run_plan"
+            ),
         };
         plan::scope_budgets(&ks, scope, &limits, true)
     }

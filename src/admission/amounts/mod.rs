@@ -203,7 +203,13 @@ fn by_name(name: BudgetName, input: u64, output: u64) -> u64 {
         | BudgetName::TokensPerWeek => input.saturating_add(output),
         BudgetName::InputTpm => input,
         BudgetName::OutputTpm => output,
-        BudgetName::Rpm | BudgetName::RequestsPerDay | BudgetName::MaxConcurrent => 1,
+        BudgetName::Rpm
+        | BudgetName::RequestsPerDay
+        | BudgetName::MaxConcurrent
+        | BudgetName::RequestsPer5h
+        | BudgetName::RequestsPer24h
+        | BudgetName::RequestsPerWeek
+        | BudgetName::RunsPerDay => 1,
         // Priced, not counted: see `reserve_amount`, `settled_amounts`.
         BudgetName::UsdPerDay
         | BudgetName::UsdPerMonth

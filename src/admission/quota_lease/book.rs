@@ -52,7 +52,10 @@ impl LeaseOff {
     pub fn allows(&self, scope: &Scope) -> bool {
         let tenant_off = |t: &Arc<str>| self.tenants.iter().any(|x| x == t);
         match scope {
-            Scope::Tenant(t) | Scope::TenantModel(t, _) | Scope::EndUser(t, _) => !tenant_off(t),
+            Scope::Tenant(t)
+            | Scope::TenantModel(t, _)
+            | Scope::EndUser(t, _)
+            | Scope::Run(t, _) => !tenant_off(t),
             Scope::Key(t, k) => {
                 !tenant_off(t) && !self.keys.iter().any(|(xt, xk)| xt == t && xk == k)
             }
@@ -346,6 +349,11 @@ impl Book {
     /// Counts the request's demand on each of its budgets and decides it
     /// here when every budget of the first candidate is leased.
     pub fn reserve(&mut self, r: &ReserveRequest, now: u64) -> Decision {
+        // A run's record is set or compared by the store alone: no lease
+        // can decide whether the run started with these limits.
+        if r.requester.run.is_some() {
+            return Decision::Store;
+        }
         let utc = self.utc(now);
         let Some(cand) = r.candidates.first() else {
             return Decision::Store;
@@ -439,6 +447,9 @@ impl Book {
     /// debited in the store already, so the store's refusal did not count
     /// them). Its demand was counted by `reserve`; nothing is refused here.
     pub fn reserve_refused(&mut self, r: &ReserveRequest, now: u64) -> Refused {
+        if r.requester.run.is_some() {
+            return Refused::Stands;
+        }
         let utc = self.utc(now);
         let Some(cand) = r.candidates.first() else {
             return Refused::Stands;

@@ -78,11 +78,26 @@ impl MemoryStore {
     }
 
     /// Number of budget entries held (bucket states, quota counters, slot
-    /// sets): per scope, so bounded by the sweeps however many end users
-    /// come and go. Holds and settled holds are per request, not counted.
+    /// sets, run records): per scope, so bounded by the sweeps however many
+    /// end users and runs come and go. Holds and settled holds are per
+    /// request, not counted.
     pub fn budget_entries(&self) -> usize {
         let inner = self.lock();
-        inner.buckets.len() + inner.quotas.len() + inner.rolling.len() + inner.slots.len()
+        inner.buckets.len()
+            + inner.quotas.len()
+            + inner.rolling.len()
+            + inner.slots.len()
+            + inner.runs.len()
+    }
+
+    /// The limits run record `key` holds now, if any (tests).
+    pub fn run_record(&self, key: &str) -> Option<String> {
+        let now = self.clock.now_micros();
+        self.lock()
+            .runs
+            .get(key)
+            .filter(|r| r.expires_at > now)
+            .map(|r| r.limits.to_string())
     }
 
     /// Drops the bucket and quota state of budget `key` (it reads as full
@@ -127,75 +142,39 @@ impl MemoryStore {
                 would_deny: Vec::new(),
             });
         }
-        // Common costs alike for every candidate (the usual case): the
-        // common specs are checked once, and their refusal is the answer.
-        // Else, candidate by candidate, the first whose budgets admit
-        // together with the common ones (costed for it) is chosen
-        // (lua/reserve.lua).
-        let n = req.common.len();
-        let per_candidate_common = common_costs_differ(req);
-        if !per_candidate_common {
-            match inner.check_all(&req.common, req, (0, 0), None, now) {
-                Check::Ok => {}
-                Check::Denied(d) => {
-                    inner.adopt_policies(req, now);
-                    return ReserveOutcome::Denied(d);
+        // The run's record, compared or (absent) its start counted,
+        // before any budget is checked (lua/reserve.lua).
+        let run = req.requester.run.as_ref();
+        let mut starts = None;
+        if let Some(r) = run {
+            match inner.runs.get(&*r.key).filter(|held| held.expires_at > now) {
+                Some(held) if held.limits != r.limits => {
+                    return ReserveOutcome::RunConflict(r.scope.clone())
                 }
-                Check::Impossible(i) => {
-                    inner.adopt_policies(req, now);
-                    return ReserveOutcome::Impossible(i);
-                }
-            }
-        }
-        if req.candidates.is_empty() {
-            // No candidates at all: admit on the common budgets alone.
-            return inner.admit(req, &[], 0, now);
-        }
-        let mut chosen = None;
-        let mut best_denial: Option<Denial> = None;
-        let mut first_impossible: Option<Impossibility> = None;
-        // The candidates whose own budgets (or share) refused this claim.
-        let mut contended: Vec<usize> = Vec::new();
-        for idx in 0..req.candidates.len() {
-            let before = if per_candidate_common {
-                inner.check_all(&req.common, req, (idx, 0), None, now)
-            } else {
-                Check::Ok
-            };
-            let result = inner.check_candidate(req, (idx, n), before, &mut contended, now);
-            match result {
-                Check::Ok => {
-                    chosen = Some(idx);
-                    break;
-                }
-                Check::Denied(d) => {
-                    if best_denial
-                        .as_ref()
-                        .is_none_or(|b| d.retry_after_micros < b.retry_after_micros)
-                    {
-                        best_denial = Some(d);
+                Some(_) => {}
+                None => {
+                    if let Some(spec) = &r.starts {
+                        match inner.check(spec, 1, &req.id, now) {
+                            Check::Ok => starts = Some(spec),
+                            Check::Denied(d) => return ReserveOutcome::Denied(d),
+                            Check::Impossible(i) => return ReserveOutcome::Impossible(i),
+                        }
                     }
                 }
-                Check::Impossible(i) => {
-                    first_impossible.get_or_insert(i);
-                }
             }
         }
-        let Some(candidate) = chosen else {
-            inner.adopt_policies(req, now);
-            return match (best_denial, first_impossible) {
-                (Some(d), _) => {
-                    inner.share_refused(req, &contended, now);
-                    ReserveOutcome::Denied(d)
-                }
-                (None, Some(i)) => ReserveOutcome::Impossible(i),
-                // Every candidate refused, so one of the two is set.
-                (None, None) => inner.admit(req, &[], 0, now),
+        let out = decide(&mut inner, req, now);
+        if let (Some(r), ReserveOutcome::Admitted(_)) = (run, &out) {
+            let held = state::RunState {
+                limits: r.limits.clone(),
+                expires_at: now.saturating_add(r.ttl_micros),
             };
-        };
-        inner.share_admitted(req, candidate, now);
-        let cand = req.candidates[candidate].clone();
-        inner.admit(req, &cand, candidate, now)
+            inner.runs.insert(r.key.to_string(), held);
+            if let Some(spec) = starts {
+                inner.debit(spec, 1, now, &req.id);
+            }
+        }
+        out
     }
 
     /// Synchronous core of [`BudgetStore::extend`]: grants the largest
@@ -528,4 +507,79 @@ impl BudgetStore for MemoryStore {
 fn common_costs_differ(req: &ReserveRequest) -> bool {
     let cost = |c: usize, i: usize| req.costs.of(c, i, &req.common[i]);
     (1..req.candidates.len()).any(|c| (0..req.common.len()).any(|i| cost(c, i) != cost(0, i)))
+}
+
+/// The reservation's budgets decided (after its replay and its run's
+/// record): common ones once when their costs are alike, else candidate
+/// by candidate.
+fn decide(inner: &mut Inner, req: &ReserveRequest, now: u64) -> ReserveOutcome {
+    // Common costs alike for every candidate (the usual case): the
+    // common specs are checked once, and their refusal is the answer.
+    // Else, candidate by candidate, the first whose budgets admit
+    // together with the common ones (costed for it) is chosen
+    // (lua/reserve.lua).
+    let n = req.common.len();
+    let per_candidate_common = common_costs_differ(req);
+    if !per_candidate_common {
+        match inner.check_all(&req.common, req, (0, 0), None, now) {
+            Check::Ok => {}
+            Check::Denied(d) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Denied(d);
+            }
+            Check::Impossible(i) => {
+                inner.adopt_policies(req, now);
+                return ReserveOutcome::Impossible(i);
+            }
+        }
+    }
+    if req.candidates.is_empty() {
+        // No candidates at all: admit on the common budgets alone.
+        return inner.admit(req, &[], 0, now);
+    }
+    let mut chosen = None;
+    let mut best_denial: Option<Denial> = None;
+    let mut first_impossible: Option<Impossibility> = None;
+    // The candidates whose own budgets (or share) refused this claim.
+    let mut contended: Vec<usize> = Vec::new();
+    for idx in 0..req.candidates.len() {
+        let before = if per_candidate_common {
+            inner.check_all(&req.common, req, (idx, 0), None, now)
+        } else {
+            Check::Ok
+        };
+        let result = inner.check_candidate(req, (idx, n), before, &mut contended, now);
+        match result {
+            Check::Ok => {
+                chosen = Some(idx);
+                break;
+            }
+            Check::Denied(d) => {
+                if best_denial
+                    .as_ref()
+                    .is_none_or(|b| d.retry_after_micros < b.retry_after_micros)
+                {
+                    best_denial = Some(d);
+                }
+            }
+            Check::Impossible(i) => {
+                first_impossible.get_or_insert(i);
+            }
+        }
+    }
+    let Some(candidate) = chosen else {
+        inner.adopt_policies(req, now);
+        return match (best_denial, first_impossible) {
+            (Some(d), _) => {
+                inner.share_refused(req, &contended, now);
+                ReserveOutcome::Denied(d)
+            }
+            (None, Some(i)) => ReserveOutcome::Impossible(i),
+            // Every candidate refused, so one of the two is set.
+            (None, None) => inner.admit(req, &[], 0, now),
+        };
+    };
+    inner.share_admitted(req, candidate, now);
+    let cand = req.candidates[candidate].clone();
+    inner.admit(req, &cand, candidate, now)
 }

@@ -39,9 +39,17 @@ pub(super) struct Inner {
     pub(super) leases: HashMap<String, super::quota_lease::BudgetLeases>,
     /// Share states of contended deployments, by share key (`budget::share`).
     pub(super) shares: HashMap<String, ShareState>,
+    /// Run records by key (`budget::RunRecord`).
+    pub(super) runs: HashMap<String, RunState>,
     pub(super) ops: u64,
     /// Time of the last sweep, UTC µs.
     pub(super) swept_at: u64,
+}
+
+/// What a run started with, and until when its record lives.
+pub(super) struct RunState {
+    pub(super) limits: std::sync::Arc<str>,
+    pub(super) expires_at: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -90,6 +98,7 @@ impl Inner {
             // A rolling window whose last sub-bucket has left is empty.
             self.rolling.retain(|_, (w, r)| r.until_empty(*w, now) > 0);
             self.holds.retain(|_, h| h.expires_at > now);
+            self.runs.retain(|_, r| r.expires_at > now);
             super::quota_lease::sweep(&mut self.leases, now);
             self.shares.retain(|_, st| {
                 st.live(now);

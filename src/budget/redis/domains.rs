@@ -137,11 +137,18 @@ fn one_tag<'a>(specs: impl Iterator<Item = &'a BudgetSpec>) -> Result<Option<&'a
 
 /// Where `req`'s budgets lie.
 pub(super) fn split(req: &ReserveRequest) -> Split<'_> {
+    // A run's record (and its key's start counter) lie with the tenant's
+    // budgets: the tenant domain's script sets or compares it.
+    let run = req.requester.run.as_ref();
     let (Ok(c), Ok(d)) = (
-        one_tag(req.common.iter()),
+        one_tag(req.common.iter().chain(run.and_then(|r| r.starts.as_ref()))),
         one_tag(req.candidates.iter().flatten()),
     ) else {
         return Split::Many;
+    };
+    let c = match (c, run) {
+        (None, Some(r)) => Some(hash_tag(&r.key).unwrap_or("")),
+        (c, _) => c,
     };
     match (c, d) {
         (Some(t), Some(u)) if t != u => Split::Two(t, u),
@@ -245,7 +252,14 @@ pub(super) fn deployment_request(
         candidates: chosen.iter().map(|&c| req.candidates[c].clone()).collect(),
         slot_lease_micros: req.slot_lease_micros,
         hold_ttl_micros: req.hold_ttl_micros,
-        requester: req.requester.clone(),
+        // The run's record was set or compared in the tenant domain.
+        requester: match &req.requester.run {
+            None => req.requester.clone(),
+            Some(_) => std::sync::Arc::new(crate::budget::Requester {
+                run: None,
+                ..(*req.requester).clone()
+            }),
+        },
         share: req.share.clone(),
     };
     (r, chosen)

@@ -188,9 +188,11 @@ impl RedisStore {
             .collect();
         let legacy = self.previous_quota_keys(all.iter().copied());
         let (share_arg, share_keys) = share_args(req);
+        let run = req.requester.run.as_ref();
+        let run_keys = run.map_or(0, |r| 1 + usize::from(r.starts.is_some()));
         let mut inv = ScriptArgs::new(
             batcher.script_for(BatchOp::Reserve),
-            1 + all.len() + legacy.len() + share_keys.len(),
+            1 + all.len() + legacy.len() + share_keys.len() + run_keys,
         );
         inv.key(&hold_key);
         for s in &all {
@@ -201,6 +203,12 @@ impl RedisStore {
         }
         for k in &share_keys {
             inv.key(k);
+        }
+        if let Some(r) = run {
+            inv.key(&*r.key);
+            if let Some(starts) = &r.starts {
+                inv.key(&*starts.key);
+            }
         }
         inv.arg(self.now_arg())
             .arg(&req.id)
@@ -219,6 +227,15 @@ impl RedisStore {
         }
         inv.arg(common_costs(req).as_slice());
         inv.arg(share_arg.as_str());
+        match run {
+            None => inv.arg(""),
+            Some(r) => inv.arg(format!(
+                "{} {} {}",
+                r.ttl_micros,
+                r.starts.as_ref().map_or(0, BudgetSpec::limit),
+                r.limits
+            )),
+        };
         let items = batcher.call(BatchOp::Reserve, inv).await?;
         let mut r = Reply::new(&items);
         let tag = r.str()?;
@@ -322,6 +339,14 @@ impl RedisStore {
                 Ok(ReserveOutcome::Denied(d))
             }
             "V" => Ok(ReserveOutcome::Voided),
+            "R" => match run {
+                Some(r) => Ok(ReserveOutcome::RunConflict(r.scope.clone())),
+                None => Err(protocol("a run conflict of a reservation without a run")),
+            },
+            "N" => match run.and_then(|r| r.starts.as_ref()) {
+                Some(starts) => Ok(ReserveOutcome::Denied(denial(&mut r, starts, 1, now)?)),
+                None => Err(protocol("a run start refused without a runs-per-day")),
+            },
             "I" => {
                 let idx = r.usize()?;
                 let spec = all

@@ -193,6 +193,7 @@ fn write_meta(out: &mut Vec<u8>, spec: &BudgetSpec) {
         Scope::TenantModel(t, m) => ("tenant_model", t, Some(m)),
         Scope::Upstream(u) => ("upstream", u, None),
         Scope::EndUser(t, h) => ("end_user", t, Some(h)),
+        Scope::Run(t, r) => ("run", t, Some(r)),
     };
     out.push(b'[');
     for (i, part) in [Some(kind), Some(a), b, Some(spec.name.as_str())]
@@ -222,6 +223,7 @@ pub(super) fn parse_meta(meta: &str) -> Result<(Scope, BudgetName), StoreError> 
         }
         [k, u] if k == "upstream" => Scope::Upstream(u.as_str().into()),
         [k, t, h] if k == "end_user" => Scope::EndUser(t.as_str().into(), h.as_str().into()),
+        [k, t, r] if k == "run" => Scope::Run(t.as_str().into(), r.as_str().into()),
         _ => return Err(bad()),
     };
     let name = BudgetName::parse(name).ok_or_else(bad)?;
@@ -352,6 +354,7 @@ mod tests {
             Scope::Key("acme".into(), "batch".into()),
             Scope::TenantModel("acme".into(), "meta/llama:3".into()),
             Scope::Upstream("azure \"east\"".into()),
+            Scope::Run("acme".into(), "job:7".into()),
         ] {
             let spec = BudgetSpec {
                 key: ks.budget(&scope, BudgetName::TokensPerDay).into(),
@@ -378,6 +381,7 @@ mod tests {
                 }
                 Scope::Upstream(u) => vec!["upstream".into(), u.to_string()],
                 Scope::EndUser(t, h) => vec!["end_user".into(), t.to_string(), h.to_string()],
+                Scope::Run(t, r) => vec!["run".into(), t.to_string(), r.to_string()],
             };
             let mut parts = parts;
             parts.push("tokens_per_day".into());

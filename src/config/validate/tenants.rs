@@ -94,6 +94,12 @@ pub(super) fn tenants(
                 }),
                 // Resolved below, with the tenant's settings.
                 output_reservation: None,
+                run_required: k.run_required,
+                runs_per_day: v.positive(
+                    &format!("{kp}.runs_per_day"),
+                    k.runs_per_day,
+                    crate::config::bounds::MAX_QUOTA,
+                ),
             });
         }
         let mut model_limits = BTreeMap::new();
@@ -159,6 +165,8 @@ pub(super) fn tenants(
             weight: super::queue::weight(v, &format!("{path}.weight"), t.weight).unwrap_or(1),
             // Resolved below, from the tenant up.
             output_reservation: OutputReservation::default(),
+            // Resolved below, from the tenant up.
+            runs: crate::config::run::RunSettings::default(),
         });
     }
     super::tree::resolve(v, raw, &mut tenants, &tenant_names);
@@ -185,9 +193,98 @@ pub(super) fn tenants(
             t.weight = w as u64;
         }
         output_reservation(v, raw, i, t);
+        t.runs = run_settings(v, raw, i, &t.ancestors);
     }
 
     (tenants, key_index)
+}
+
+/// The run settings of tenant `i`: each its own, else its nearest
+/// ancestor's (`run_required`: any level's). Errors are reported at the
+/// level that wrote the setting, once.
+fn run_settings(
+    v: &mut V,
+    raw: &RawConfig,
+    i: usize,
+    ancestors: &[usize],
+) -> crate::config::run::RunSettings {
+    use crate::config::run::{parse, parse_ttl, RunLimits, RunSettings};
+    let lineage: Vec<usize> = std::iter::once(i)
+        .chain(ancestors.iter().copied())
+        .collect();
+    let own = i;
+    let mut limits = |field: &str, pick: fn(&crate::config::raw::RawTenant) -> Option<&String>| {
+        let l = lineage
+            .iter()
+            .find_map(|&l| pick(&raw.tenants[l]).map(|t| (l, t)))?;
+        match parse(l.1) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                if l.0 == own {
+                    v.err(
+                        format!("tenants[{own}].{field}"),
+                        format!("cannot be read: {e}"),
+                    );
+                }
+                None
+            }
+        }
+    };
+    let max = limits("run_limits_max", |t| t.run_limits_max.as_ref()).unwrap_or_default();
+    let default =
+        limits("run_limits_default", |t| t.run_limits_default.as_ref()).unwrap_or_default();
+    let path = |f: &str| format!("tenants[{own}].{f}");
+    if max.window.is_some() && raw.tenants[own].run_limits_max.is_some() {
+        v.err(
+            path("run_limits_max"),
+            "a ceiling bounds amounts (tokens, usd, requests), not a window: set the window in run_limits_default",
+        );
+    }
+    if raw.tenants[own].run_limits_default.is_some() || raw.tenants[own].run_limits_max.is_some() {
+        if let Err(field) = RunLimits::resolve(None, &default, &max) {
+            v.err(
+                path("run_limits_default"),
+                format!("`{field}` is above run_limits_max"),
+            );
+        }
+    }
+    let required = lineage
+        .iter()
+        .any(|&l| raw.tenants[l].run_required == Some(true));
+    let runs_per_day = match raw.tenants[own].runs_per_day {
+        Some(n) => v.positive(
+            &path("runs_per_day"),
+            Some(n),
+            crate::config::bounds::MAX_QUOTA,
+        ),
+        None => lineage
+            .iter()
+            .find_map(|&l| raw.tenants[l].runs_per_day)
+            .filter(|&n| n > 0)
+            .map(|n| n as u64),
+    };
+    let ttl = match lineage
+        .iter()
+        .find_map(|&l| raw.tenants[l].run_ttl.as_ref().map(|t| (l, t)))
+    {
+        None => crate::config::run::DEFAULT_TTL,
+        Some((l, t)) => match parse_ttl(t) {
+            Ok(d) => d,
+            Err(e) => {
+                if l == own {
+                    v.err(path("run_ttl"), format!("cannot be read: {e}"));
+                }
+                crate::config::run::DEFAULT_TTL
+            }
+        },
+    };
+    RunSettings {
+        max,
+        default,
+        required,
+        runs_per_day,
+        ttl,
+    }
 }
 
 /// Resolves `output_reservation`, `expected_quantile` and `max_exposure`

@@ -102,6 +102,10 @@ pub fn quota_id(name: crate::budget::BudgetName) -> &'static str {
         BudgetName::UsdPer5h => "DollarsPerRolling5Hours",
         BudgetName::UsdPer24h => "DollarsPerRolling24Hours",
         BudgetName::UsdPerWeek => "DollarsPerRollingWeek",
+        BudgetName::RequestsPer5h => "RequestsPerRolling5Hours",
+        BudgetName::RequestsPer24h => "RequestsPerRolling24Hours",
+        BudgetName::RequestsPerWeek => "RequestsPerRollingWeek",
+        BudgetName::RunsPerDay => "RunsPerDay",
     }
 }
 

@@ -33,6 +33,8 @@ async fn ledger() -> (Arc<SqlLedger>, tempfile::TempDir) {
         include_str!("../../../migrations/sqlite/0100_spend_ledger.sql"),
         include_str!("../../../migrations/sqlite/0101_spend_ledger_request_ids.sql"),
         include_str!("../../../migrations/sqlite/0102_spend_ledger_decided_by.sql"),
+        include_str!("../../../migrations/sqlite/0103_spend_ledger_run_id.sql"),
+        include_str!("../../../migrations/sqlite/0104_spend_ledger_run_index.sql"),
     ] {
         sqlx::raw_sql(migration).execute(&pool).await.unwrap();
     }
@@ -62,6 +64,7 @@ fn row(id: &str, tenant: &str, ancestors: &[&str], model: &str, at: u64, cost: u
         outcome: SpendOutcome::Answered,
         price_version: "v1".into(),
         decided_by: "store",
+        run_id: None,
     }
 }
 
@@ -94,6 +97,7 @@ async fn a_row_written_again_is_ignored_and_rows_come_back_as_written() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let back = l.rows(&q, 10).await.unwrap();
@@ -124,6 +128,7 @@ async fn spend_is_summed_per_group_and_day_within_a_subtree_and_range() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let groups = crate::ledger::query::spend(&*l, &q).await.unwrap();
@@ -182,6 +187,7 @@ async fn a_scope_matches_the_subtree_the_rows_recorded() {
         scope: scope.map(String::from),
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let ids = |rows: Vec<SpendRow>| {
@@ -232,6 +238,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     assert_eq!(
@@ -249,6 +256,7 @@ async fn rows_past_the_retention_are_deleted() {
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let ids: Vec<String> = l
@@ -289,6 +297,7 @@ async fn a_request_id_finds_every_attempt_of_it_within_the_callers_subtree() {
         scope: scope.map(String::from),
         top: None,
         request_id: Some(request.into()),
+        run_id: None,
         decided_by: None,
     };
     let got = |rows: Vec<SpendRow>| {
@@ -337,6 +346,7 @@ async fn the_extent_of_a_window_counts_its_rows_first_time_and_largest_charge() 
         scope: None,
         top: None,
         request_id: None,
+        run_id: None,
         decided_by: None,
     };
     let x = l.extent(&q("acme")).await.unwrap();

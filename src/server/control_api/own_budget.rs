@@ -2,7 +2,9 @@
 //! no admin token: the budgets its requests reserve on (its key, its
 //! tenant, the tenant × model limits, every ancestor's), each with what is
 //! left and when it resets, in tokens and dollars. Other keys of the
-//! tenant are not shown.
+//! tenant are not shown. With `x-budgetgate-run` (and optionally
+//! `x-budgetgate-run-limits`), the run's budgets too, under the limits the
+//! request states (that answer is never kept: it is per run).
 //!
 //! The read costs a store call and is not metered: each key's answer is
 //! kept for at most a second
@@ -43,11 +45,29 @@ pub async fn read(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respon
         };
     let tenant = policy.tenant(caller.tenant);
     let key = policy.key(caller.tenant, caller.key);
-    let cache_key = (tenant.name.clone(), key.id.clone());
-    if let Some((body, age)) = st.own_budgets.fresh(&cache_key, &policy.version, now) {
-        return with_age(body, age);
-    }
     let ks = AppState::key_space(&policy);
+    // A run's budgets, under the limits the request states (the limits
+    // header, else the tenant's default): per run, so never kept.
+    let run = match headers.contains_key(crate::lifecycle::run::HEADER) {
+        false => None,
+        true => {
+            let planned = crate::lifecycle::run::headers(tenant, key, &headers).and_then(|asked| {
+                asked
+                    .map(|a| crate::lifecycle::run::plan(&ks, tenant, key, a, None))
+                    .transpose()
+            });
+            match planned {
+                Ok(r) => r,
+                Err(e) => return e.respond(dialect),
+            }
+        }
+    };
+    let cache_key = (tenant.name.clone(), key.id.clone());
+    if run.is_none() {
+        if let Some((body, age)) = st.own_budgets.fresh(&cache_key, &policy.version, now) {
+            return with_age(body, age);
+        }
+    }
     let name = tenant.name.as_str();
     let mut specs = scope_budgets(
         &ks,
@@ -69,11 +89,18 @@ pub async fn read(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respon
             true,
         ));
     }
+    let is_run = run.is_some();
+    if let Some(run) = run {
+        specs.extend(run.budgets);
+    }
     let ancestors = ancestor_specs(&policy, tenant);
     let body = match budgets_body(&st, &policy, ("tenant", name), specs, ancestors).await {
         Ok(b) => b,
         Err(refused) => return refused,
     };
+    if is_run {
+        return with_age(body, 0);
+    }
     let keys_in_policy = policy.tenants.iter().map(|t| t.keys.len()).sum();
     st.own_budgets.keep(
         cache_key,

@@ -1,0 +1,12 @@
+-- no-transaction
+-- The rows of one run (`GET /admin/v1/spend/rows?run_id=`), built
+-- CONCURRENTLY so that a populated ledger keeps taking rows from every
+-- gateway while it is built (a plain CREATE INDEX holds a lock that blocks
+-- writes until it ends). CONCURRENTLY cannot run inside a transaction
+-- block, so this migration runs outside one (the first line above, read by
+-- `db::migrate` as sqlx's file source reads it) and holds this one
+-- statement only: several statements sent together would form an
+-- implicit transaction. A build that fails midway leaves an invalid index
+-- named spend_ledger_run; drop it (DROP INDEX CONCURRENTLY
+-- spend_ledger_run) before the next start (docs/OPERATIONS.md).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS spend_ledger_run ON spend_ledger (run_id, at_micros);
