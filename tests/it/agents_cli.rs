@@ -28,6 +28,11 @@
 //! stream's terminal events), the CLI's exit time, status and text are
 //! printed (`--nocapture`) and recorded in docs/AGENTS.md.
 //!
+//! Run budgets (docs/AGENTS.md, "Per-run budgets"): each CLI sending a
+//! run of one request (`ANTHROPIC_CUSTOM_HEADERS`; Codex's `http_headers`
+//! and `env_http_headers`), the run's next invocation refused once, and
+//! the docs' wrapper, a fresh run id per invocation, admitted.
+//!
 //! `AGENT_TURNS_RECORD=1` makes the say-hi tests write each CLI's request
 //! body, ids stripped and paths neutralised, to
 //! `tests/fixtures/agent_turns/<cli>-<version>.json`, with its entry in
@@ -1710,7 +1715,11 @@ impl Agent {
                 .expect("the wrapper made executable");
         }
         let bin = cli(self.name());
-        let dir = bin.parent().expect("the CLIs' directory").display().to_string();
+        let dir = bin
+            .parent()
+            .expect("the CLIs' directory")
+            .display()
+            .to_string();
         let path_var = s
             .env
             .iter()
@@ -1750,7 +1759,11 @@ impl Agent {
             Some(RUN_LIMITS)
         );
         gw.all_settled().await;
-        assert_eq!(run_requests(&gw, tenant, "job-1").await, 1, "the run's one request");
+        assert_eq!(
+            run_requests(&gw, tenant, "job-1").await,
+            1,
+            "the run's one request"
+        );
         report("run-first", self.name(), &first, &turns);
 
         let spent = self.say_hi(&s).await;
@@ -1772,7 +1785,11 @@ impl Agent {
             Capped::tail(&spent.stderr)
         );
         gw.all_settled().await;
-        assert_eq!(run_requests(&gw, tenant, "job-1").await, 1, "the refusal charged nothing");
+        assert_eq!(
+            run_requests(&gw, tenant, "job-1").await,
+            1,
+            "the refusal charged nothing"
+        );
 
         // A wrapper exporting a fresh run id per invocation: each
         // invocation a run of its own, admitted while job-1 stays spent.
@@ -1805,7 +1822,11 @@ impl Agent {
                 "a fresh UUID per invocation: {id}"
             );
             gw.all_settled().await;
-            assert_eq!(run_requests(&gw, tenant, &id).await, 1, "run {id}: its one request");
+            assert_eq!(
+                run_requests(&gw, tenant, &id).await,
+                1,
+                "run {id}: its one request"
+            );
             ids.push(id);
         }
         assert_ne!(ids[0], ids[1], "each invocation its own run");
