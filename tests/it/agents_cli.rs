@@ -28,6 +28,11 @@
 //! stream's terminal events), the CLI's exit time, status and text are
 //! printed (`--nocapture`) and recorded in docs/AGENTS.md.
 //!
+//! Run budgets (docs/AGENTS.md, "Per-run budgets"): each CLI sending a
+//! run of one request (`ANTHROPIC_CUSTOM_HEADERS`; Codex's `http_headers`
+//! and `env_http_headers`), the run's next invocation refused once, and
+//! the docs' wrapper, a fresh run id per invocation, admitted.
+//!
 //! `AGENT_TURNS_RECORD=1` makes the say-hi tests write each CLI's request
 //! body, ids stripped and paths neutralised, to
 //! `tests/fixtures/agent_turns/<cli>-<version>.json`, with its entry in
@@ -1600,4 +1605,257 @@ async fn opencode_openai_compatible_provider_through_the_shipped_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_anthropic_provider_through_the_shipped_config() {
     OpenCode::Anthropic.cases().await;
+}
+
+/// The run limits the per-run tests give each run: one request, so the
+/// first invocation of a run spends it.
+const RUN_LIMITS: &str = "requests=1, window=24h";
+
+/// docs/AGENTS.md's wrappers ("Per-run budgets"): each invocation a fresh
+/// run id, `/proc/sys/kernel/random/uuid` (`uuidgen` where installed).
+const CLAUDE_RUN_WRAPPER: &str = r#"#!/usr/bin/env bash
+# claude-run: each invocation of Claude Code is one run of its own
+run=$(cat /proc/sys/kernel/random/uuid)
+export ANTHROPIC_CUSTOM_HEADERS="x-budgetgate-run: $run
+x-budgetgate-run-limits: ${BUDGETGATE_RUN_LIMITS:-tokens=400000, window=24h}"
+exec claude "$@"
+"#;
+
+const CODEX_RUN_WRAPPER: &str = r#"#!/usr/bin/env bash
+# codex-run: each invocation of Codex is one run of its own
+BUDGETGATE_RUN=$(cat /proc/sys/kernel/random/uuid)
+export BUDGETGATE_RUN
+exec codex "$@"
+"#;
+
+/// `name=value` in the CLI's environment, replacing an earlier value.
+fn set_env(s: &mut Setup, name: &str, value: &str) {
+    s.env.retain(|(k, _)| k != name);
+    s.env.push((name.into(), value.into()));
+}
+
+/// The requests run `id` of `tenant` (its limits [`RUN_LIMITS`]) holds
+/// in its window, read from the store.
+async fn run_requests(gw: &Gateway, tenant: &str, id: &str) -> u64 {
+    let policy = gw.state.policy.load_full();
+    let ks = budgetgate::gateway::AppState::key_space(&policy);
+    let t = policy
+        .tenants
+        .iter()
+        .find(|t| t.name == tenant)
+        .unwrap_or_else(|| panic!("no tenant {tenant}"));
+    let asked = budgetgate::config::run::parse(RUN_LIMITS).expect("the run's limits");
+    let limits =
+        budgetgate::config::run::RunLimits::resolve(Some(&asked), &t.runs.default, &t.runs.max)
+            .expect("within the ceiling");
+    let scope = Scope::Run(tenant.into(), id.into());
+    let specs: Vec<_> = budgetgate::admission::plan::run_plan(&ks, t, &scope, &limits)
+        .0
+        .into_iter()
+        .filter(|s| s.name == BudgetName::RequestsPer24h)
+        .collect();
+    assert_eq!(specs.len(), 1, "{scope} has one requests_per_24h budget");
+    let state = gw
+        .store
+        .inspect(&specs)
+        .await
+        .expect("inspect")
+        .pop()
+        .expect("one state");
+    (state.limit as i64 - state.remaining) as u64
+}
+
+impl Agent {
+    fn tenant(self) -> &'static str {
+        match self {
+            Agent::Codex => "demo",
+            Agent::Claude => "coder",
+        }
+    }
+
+    /// The CLI set up to send every turn with run `id` and [`RUN_LIMITS`]:
+    /// Claude Code's `ANTHROPIC_CUSTOM_HEADERS` (one `Name: value` a line);
+    /// Codex's provider block, the limits a static `http_headers` value and
+    /// the id read from `BUDGETGATE_RUN` (`env_http_headers`).
+    fn set_run(self, s: &mut Setup, id: &str) {
+        match self {
+            Agent::Claude => set_env(
+                s,
+                "ANTHROPIC_CUSTOM_HEADERS",
+                &format!("x-budgetgate-run: {id}\nx-budgetgate-run-limits: {RUN_LIMITS}"),
+            ),
+            Agent::Codex => {
+                let config = s.home.path().join("codex-home/config.toml");
+                let text = std::fs::read_to_string(&config).expect("config.toml");
+                if !text.contains("env_http_headers") {
+                    // The provider block is the file's last table: these
+                    // lines belong to it.
+                    let block = format!(
+                        "http_headers = {{ \"x-budgetgate-run-limits\" = \"{RUN_LIMITS}\" }}\nenv_http_headers = {{ \"x-budgetgate-run\" = \"BUDGETGATE_RUN\" }}\n"
+                    );
+                    std::fs::write(&config, text + &block).expect("config.toml");
+                }
+                set_env(s, "BUDGETGATE_RUN", id);
+            }
+        }
+    }
+
+    /// The wrapper of docs/AGENTS.md, written beside the CLI's home, and
+    /// the environment it runs in (the pinned CLI first on `PATH`).
+    fn wrapper(self, s: &mut Setup) -> PathBuf {
+        let (name, text) = match self {
+            Agent::Claude => ("claude-run", CLAUDE_RUN_WRAPPER),
+            Agent::Codex => ("codex-run", CODEX_RUN_WRAPPER),
+        };
+        let path = s.home.path().join(name);
+        std::fs::write(&path, text).expect("the wrapper");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .expect("the wrapper made executable");
+        }
+        let bin = cli(self.name());
+        let dir = bin
+            .parent()
+            .expect("the CLIs' directory")
+            .display()
+            .to_string();
+        let path_var = s
+            .env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map_or(String::new(), |(_, v)| v.clone());
+        set_env(s, "PATH", &format!("{dir}:{path_var}"));
+        if matches!(self, Agent::Claude) {
+            set_env(s, "BUDGETGATE_RUN_LIMITS", RUN_LIMITS);
+        }
+        path
+    }
+
+    /// A run of one request: its first invocation is admitted, the next
+    /// invocation of the same run is refused once (429 of the dialect's
+    /// quota `error_type`, `x-should-retry: false`, naming the run; no
+    /// upstream request) and the CLI exits with `shown` in what it prints;
+    /// an invocation through the wrapper, a fresh run id, is admitted.
+    async fn run_budget_spent(self, error_type: &str, shown: &str) {
+        let tenant = self.tenant();
+        let (mock, gw, tap, mut s) = self.gateway(|l| l, false).await;
+
+        self.set_run(&mut s, "job-1");
+        let first = self.say_hi(&s).await;
+        assert_eq!(
+            first.code,
+            Some(0),
+            "the run's first invocation:\n{}\n{}",
+            Capped::tail(&first.stdout),
+            Capped::tail(&first.stderr)
+        );
+        let turns = tap.turns(&mock);
+        assert_eq!(turns.len(), 1, "one turn: {turns:#?}");
+        assert_eq!(turns[0].status, 200, "{:#?}", turns[0]);
+        assert_eq!(turns[0].sent_header("x-budgetgate-run"), Some("job-1"));
+        assert_eq!(
+            turns[0].sent_header("x-budgetgate-run-limits"),
+            Some(RUN_LIMITS)
+        );
+        gw.all_settled().await;
+        assert_eq!(
+            run_requests(&gw, tenant, "job-1").await,
+            1,
+            "the run's one request"
+        );
+        report("run-first", self.name(), &first, &turns);
+
+        let spent = self.say_hi(&s).await;
+        let turns = tap.turns(&mock);
+        report("run-spent", self.name(), &spent, &turns);
+        refused_once(&turns, 1, &format!("run:{tenant}/job-1"));
+        let refused = &turns[1];
+        assert!(
+            refused.body.contains(error_type) && refused.body.contains("requests_per_24h"),
+            "{refused:#?}"
+        );
+        assert_eq!(mock.state.requests().len(), 1, "nothing went upstream");
+        assert_ne!(spent.code, Some(0), "the CLI fails the invocation");
+        let printed = format!("{}\n{}", spent.stdout, spent.stderr);
+        assert!(
+            printed.contains(shown),
+            "the CLI shows {shown:?}:\n{}\n{}",
+            Capped::tail(&spent.stdout),
+            Capped::tail(&spent.stderr)
+        );
+        gw.all_settled().await;
+        assert_eq!(
+            run_requests(&gw, tenant, "job-1").await,
+            1,
+            "the refusal charged nothing"
+        );
+
+        // A wrapper exporting a fresh run id per invocation: each
+        // invocation a run of its own, admitted while job-1 stays spent.
+        let wrapper = self.wrapper(&mut s);
+        let args: &[&str] = match self {
+            Agent::Codex => &["exec", "--skip-git-repo-check", "say hi"],
+            Agent::Claude => &["-p", "say hi"],
+        };
+        let mut ids = Vec::new();
+        for n in 1..=2 {
+            let r = run(&wrapper, args, &s.work, &s.env).await;
+            assert_eq!(
+                r.code,
+                Some(0),
+                "invocation {n} through the wrapper:\n{}\n{}",
+                Capped::tail(&r.stdout),
+                Capped::tail(&r.stderr)
+            );
+            let turns = tap.turns(&mock);
+            report("run-fresh", self.name(), &r, &turns);
+            assert_eq!(turns.len(), 2 + n, "one turn more: {turns:#?}");
+            let last = &turns[1 + n];
+            assert_eq!(last.status, 200, "{last:#?}");
+            let id = last
+                .sent_header("x-budgetgate-run")
+                .unwrap_or_else(|| panic!("the wrapper's run id: {last:#?}"))
+                .to_string();
+            assert!(
+                uuid::Uuid::parse_str(&id).is_ok(),
+                "a fresh UUID per invocation: {id}"
+            );
+            gw.all_settled().await;
+            assert_eq!(
+                run_requests(&gw, tenant, &id).await,
+                1,
+                "run {id}: its one request"
+            );
+            ids.push(id);
+        }
+        assert_ne!(ids[0], ids[1], "each invocation its own run");
+        assert_eq!(mock.state.requests().len(), 3);
+        assert_eq!(run_requests(&gw, tenant, "job-1").await, 1);
+    }
+}
+
+/// Claude Code with a run of one request in `ANTHROPIC_CUSTOM_HEADERS`:
+/// the run's second invocation is refused once, naming the run, and
+/// Claude Code prints the gateway's message and exits 1; a fresh run id
+/// per invocation (the wrapper) is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_run_budget_spent_is_refused_once() {
+    Agent::Claude
+        .run_budget_spent(
+            "rate_limit_error",
+            "Quota exceeded for run budget run:coder/job-1",
+        )
+        .await;
+}
+
+/// Codex with a run of one request in its provider block
+/// (`http_headers`, `env_http_headers`): the run's second invocation is
+/// refused once and Codex exits 1; a fresh run id per invocation (the
+/// wrapper) is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_run_budget_spent_is_refused_once() {
+    Agent::Codex
+        .run_budget_spent("insufficient_quota", "Quota exceeded")
+        .await;
 }
