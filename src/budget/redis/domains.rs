@@ -271,14 +271,17 @@ pub(super) fn joined(tenant: Admission, deployment: Admission, candidate: usize)
 /// One settle (or void) outcome of several holds. A hold missing in some
 /// domain is reported (`Unknown` wins for a settle: the lost-reply
 /// compensation then voids, writing the tombstone there); otherwise the
-/// first settlement's figures (the tenant hold's).
+/// figures of the settlement that reserved least: the hold every
+/// extension's grant reached (an extension the deployment granted short
+/// leaves the tenant hold with more reserved), i.e. what one domain would
+/// have reserved, refunded and charged as debt.
 pub(super) fn settled(outcomes: &[SettleOutcome], void: bool) -> SettleOutcome {
     let rank = |o: &SettleOutcome| match (o, void) {
-        (SettleOutcome::Unknown, false) => 0,
-        (SettleOutcome::Settled { .. }, _) => 1,
-        (SettleOutcome::Voided, _) => 2,
-        (SettleOutcome::AlreadySettled, _) => 3,
-        (SettleOutcome::Unknown, true) => 4,
+        (SettleOutcome::Unknown, false) => (0, 0),
+        (SettleOutcome::Settled { reserved, .. }, _) => (1, *reserved),
+        (SettleOutcome::Voided, _) => (2, 0),
+        (SettleOutcome::AlreadySettled, _) => (3, 0),
+        (SettleOutcome::Unknown, true) => (4, 0),
     };
     outcomes
         .iter()
@@ -408,6 +411,22 @@ mod tests {
             SettleOutcome::Unknown
         );
         assert_eq!(settled(&[SettleOutcome::AlreadySettled, s], false), s);
+        // The tenant hold kept what an extension's deployment did not
+        // grant: the deployment hold's figures are one domain's.
+        let tenant = SettleOutcome::Settled {
+            reserved: 600,
+            refunded: 350,
+            debt: 0,
+            now_micros: 1,
+        };
+        let deployment = SettleOutcome::Settled {
+            reserved: 300,
+            refunded: 50,
+            debt: 0,
+            now_micros: 1,
+        };
+        assert_eq!(settled(&[tenant, deployment], false), deployment);
+        assert_eq!(settled(&[tenant, deployment], true), deployment);
         assert_eq!(
             settled(&[SettleOutcome::Unknown, SettleOutcome::Voided], true),
             SettleOutcome::Voided
