@@ -307,7 +307,11 @@ pub struct DomainLoads {
 }
 
 /// The sampled requests' load on every domain, per second.
-pub fn domain_loads(cfg: &ShardConfig, protocol: Protocol, deployments: Deployments) -> DomainLoads {
+pub fn domain_loads(
+    cfg: &ShardConfig,
+    protocol: Protocol,
+    deployments: Deployments,
+) -> DomainLoads {
     let dep_leased = deployments == Deployments::Leased;
     let mut tenant_sum = vec![(0u64, 0u64); cfg.tenants];
     let mut group_sum = vec![(0u64, 0u64); cfg.groups];
@@ -357,7 +361,9 @@ pub fn domain_loads(cfg: &ShardConfig, protocol: Protocol, deployments: Deployme
     for (g, &sum) in group_sum.iter().enumerate() {
         let mut load = per_second(sum, cfg.deployment_budgets);
         if dep_leased {
-            load.add(lease(cfg.deployments(g) * u64::from(cfg.deployment_budgets)));
+            load.add(lease(
+                cfg.deployments(g) * u64::from(cfg.deployment_budgets),
+            ));
         }
         let slot = slot_of_tag(&deployment_tag("default", &format!("m{g}")));
         domains.push((slot, load, "deployment"));
@@ -401,10 +407,10 @@ pub fn row(d: &DomainLoads, shards: usize) -> ShardRow {
     let loads = shard_loads(d, shards);
     let n = loads.len() as f64;
     let total_calls: f64 = loads.iter().map(|l| l.calls).sum();
-    let max = loads
-        .iter()
-        .copied()
-        .fold(Load::default(), |m, l| if l.calls > m.calls { l } else { m });
+    let max = loads.iter().copied().fold(
+        Load::default(),
+        |m, l| if l.calls > m.calls { l } else { m },
+    );
     let max_load = loads.iter().map(|l| l.pairs).fold(0.0, f64::max);
     ShardRow {
         shards: loads.len(),
@@ -573,7 +579,11 @@ impl fmt::Display for ShardReport {
                 )
             };
             match need.shards {
-                Some(n) => writeln!(f, "  shards needed (every shard at most {:.0} % of a primary): {n}{alone}", 100.0 * HEADROOM)?,
+                Some(n) => writeln!(
+                    f,
+                    "  shards needed (every shard at most {:.0} % of a primary): {n}{alone}",
+                    100.0 * HEADROOM
+                )?,
                 None => writeln!(f, "  shards needed: more than 4096{alone}")?,
             }
         }

@@ -90,7 +90,10 @@ mod shards {
         assert_eq!(calls_of(d, false, true, Admitted), (c(1, 1), none));
         assert_eq!(calls_of(d, false, true, RefusedByDeployment), (none, none));
         assert_eq!(calls_of(d, true, false, Admitted), (none, c(1, 1)));
-        assert_eq!(calls_of(d, true, false, RefusedByDeployment), (none, c(1, 0)));
+        assert_eq!(
+            calls_of(d, true, false, RefusedByDeployment),
+            (none, c(1, 0))
+        );
         // Today: a request not wholly leased goes to the store whole.
         let t = Protocol::Today;
         assert_eq!(calls_of(t, false, true, Admitted), (c(1, 1), c(1, 1)));
@@ -122,12 +125,21 @@ mod shards {
         assert_eq!(last_slots(3), vec![5460, 10922, 16383]);
         assert_eq!(last_slots(1), vec![16383]);
         let three = last_slots(3);
-        for (slot, shard) in [(0, 0), (5460, 0), (5461, 1), (10922, 1), (10923, 2), (16383, 2)] {
+        for (slot, shard) in [
+            (0, 0),
+            (5460, 0),
+            (5461, 1),
+            (10922, 1),
+            (10923, 2),
+            (16383, 2),
+        ] {
             assert_eq!(shard_in(&three, slot), shard, "slot {slot}");
         }
         let thirty = last_slots(30);
         assert_eq!(thirty.len(), 30);
-        assert!(thirty.windows(2).all(|w| (546..=547).contains(&(w[1] - w[0]))));
+        assert!(thirty
+            .windows(2)
+            .all(|w| (546..=547).contains(&(w[1] - w[0]))));
         // The same split as the library's spread of tenant names.
         let names: Vec<String> = (0..1000).map(|i| format!("t{i}")).collect();
         let (_, per) = placement::spread("default", names.iter().map(String::as_str), 3);

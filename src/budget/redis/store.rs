@@ -368,7 +368,7 @@ impl BudgetStore for RedisStore {
         }
         // The placement stays until the hold would have expired: a retried
         // reserve of the id replays from both domains.
-        Ok(domains::settled(&outcomes, false))
+        Ok(domains::settled(&outcomes, Some(s.actual_tokens)))
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
@@ -379,7 +379,7 @@ impl BudgetStore for RedisStore {
         for p in parts.iter() {
             outcomes.push(self.void_in(Some(&p.tag), id, hold_ttl_micros).await?);
         }
-        Ok(domains::settled(&outcomes, true))
+        Ok(domains::settled(&outcomes, None))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
