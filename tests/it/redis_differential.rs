@@ -20,8 +20,9 @@
 //! where the budgets lie in three tenant domains (one tree with a nested
 //! tenant, two more) and one deployment domain, and a reservation over
 //! a tenant and the deployments is two script calls. There a request id
-//! keeps one tenant tree and one domain shape (both domains, the tenant's
-//! alone, the deployments' alone), as a gateway's requests do; waves are
+//! keeps one tenant tree, one domain shape (both domains, the tenant's
+//! alone, the deployments' alone) and its deployments, as a gateway's
+//! requests do; waves are
 //! issued a domain at a time (items of one domain at once, an item over
 //! two domains alone), since calls on different primaries have no order;
 //! and three things DESIGN section 22 states as differences from one
@@ -413,8 +414,8 @@ impl Universe {
 enum Shapes {
     /// As drawn (one tenant tree).
     Free,
-    /// The `tenant` layout: an id keeps its tree and its domains, and the
-    /// candidates cost the common budgets alike.
+    /// The `tenant` layout: an id keeps its tree, its domains and its
+    /// candidates, and the candidates cost the common budgets alike.
     PerId,
 }
 
@@ -447,10 +448,13 @@ fn request(
                 .filter(|(_, s)| s.name.is_rolling())
                 .map(|(i, _)| 1u16 << i)
                 .sum();
+            // The candidates are the id's own too (a retry names the same
+            // deployments): a replay offered other deployments than its
+            // hold's is no gateway's.
             match domains {
-                0 => (tree, some(common & !rolling), 1 + cands % 4),
-                1 => (tree, some(common), if cands % 2 == 0 { 0 } else { 5 }),
-                _ => (tree, 0, 1 + cands % 4),
+                0 => (tree, some(common & !rolling), 1 + id % 4),
+                1 => (tree, some(common), if id % 2 == 0 { 0 } else { 5 }),
+                _ => (tree, 0, 1 + id % 4),
             }
         }
     };

@@ -92,8 +92,12 @@ impl RedisStore {
         if first.replayed && prior.as_ref().is_some_and(|p| p.len() == 1) {
             return Ok(ReserveOutcome::Admitted(first));
         }
-        let both = vec![part(tenant, 0, Some(n)), part(deployment, n, None)];
-        self.placed.put(&req.id, both, ttl);
+        // A replay keeps the placement of the reservation it replays (its
+        // specs, hence where its amounts per spec split, are the hold's).
+        if !(first.replayed && prior.is_some()) {
+            let both = vec![part(tenant, 0, Some(n)), part(deployment, n, None)];
+            self.placed.put(&req.id, both, ttl);
+        }
         let (offered, index) = domains::deployment_request(req, first.candidate);
         let second = match self.reserve_in(Some(deployment), &offered).await {
             Ok(o) => o,
