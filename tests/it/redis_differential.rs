@@ -15,8 +15,30 @@
 //! states they make, the claims they defer and their expiry must agree
 //! too (`outcomes seen` counts `Denied/held for share`).
 //!
+//! Each runs twice: on one Redis in the `single` layout, and on a
+//! 3-primary Redis Cluster in the `tenant` layout (DESIGN section 22),
+//! where the budgets lie in three tenant domains (one tree with a nested
+//! tenant, two more) and one deployment domain, and a reservation over
+//! a tenant and the deployments is two script calls. There a request id
+//! keeps one tenant tree, one domain shape (both domains, the tenant's
+//! alone, the deployments' alone) and its deployments, as a gateway's
+//! requests do; waves are
+//! issued a domain at a time (items of one domain at once, an item over
+//! two domains alone), since calls on different primaries have no order;
+//! and three things DESIGN section 22 states as differences from one
+//! domain are left out of the comparison: common costs that differ per
+//! candidate, an extension of a hold in two domains (checked on its own
+//! below: the tenant keeps what the deployments did not grant until
+//! settlement), and a void of an id the store never placed. A fourth the
+//! cluster run found: a request the deployments refuse leaves an empty
+//! sub-bucket in each rolling window of its tenant hold (the void takes
+//! the debit back, the entry stays), so that window's reset reads later
+//! than one domain's, whose single call wrote nothing (remaining and every
+//! admission agree); rolling windows are therefore only in requests of
+//! the tenant domain alone there.
+//!
 //! Runs in every `cargo test` (`PROPTEST_CASES=N` for more or fewer cases;
-//! needs `redis-server`).
+//! needs `redis-server` and `redis-cli`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,8 +47,9 @@ use std::time::Duration;
 use super::lease_differential::{self, LeaseOp, Leases};
 use crate::support::redis_server;
 use crate::support::NOON;
-use budgetgate::budget::keys::KeySpace;
+use budgetgate::budget::keys::{hash_tag, KeySpace};
 use budgetgate::budget::memory::MemoryStore;
+use budgetgate::budget::placement::{DomainMap, Layout};
 use budgetgate::budget::quota_lease::LeaseStore;
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::share::{ClaimOrder, ShareClaim};
@@ -216,11 +239,43 @@ fn settlement(actual: u64, failed: bool, shape: u8) -> Settlement {
 /// The budgets one case plays with, under a per-case key prefix.
 #[derive(Clone)]
 struct Universe {
-    tenant: Vec<BudgetSpec>,
+    /// Each top-level tenant's tree of budgets (one tenant domain each in
+    /// the `tenant` layout).
+    trees: Vec<Vec<BudgetSpec>>,
     upstreams: Vec<Vec<BudgetSpec>>,
 }
 
-fn universe(ks: &KeySpace) -> Universe {
+/// The key space of case `prefix` in `layout`: in the `tenant` layout,
+/// tenant `team` under `acme`, deployments `a` and `b` in one group.
+fn key_space(prefix: &str, layout: Layout) -> KeySpace {
+    let ks = KeySpace::new(prefix, "d");
+    match layout {
+        Layout::Single => ks,
+        Layout::Tenant => {
+            let map = DomainMap::new("d", [("team", "acme")], [vec!["a", "b"]]);
+            ks.with_layout(Layout::Tenant, Some(Arc::new(map)))
+        }
+    }
+}
+
+/// The universe: one tenant tree (`acme`) in the `single` layout; three
+/// in the `tenant` layout (`acme` with its tenant × model budgets on
+/// `team`, a tenant of its tree, then `beta` and `gamma`).
+fn universe(ks: &KeySpace, layout: Layout) -> Universe {
+    let trees: &[(&str, &str)] = match layout {
+        Layout::Single => &[("acme", "acme")],
+        Layout::Tenant => &[("acme", "team"), ("beta", "beta"), ("gamma", "gamma")],
+    };
+    let mut u = tree_universe(ks, trees[0]);
+    for &names in &trees[1..] {
+        u.trees.extend(tree_universe(ks, names).trees);
+    }
+    u
+}
+
+/// The budgets of tenant `tenant` (its tenant × model budgets on
+/// `model_tenant`) and of the deployments `a` and `b`.
+fn tree_universe(ks: &KeySpace, (tenant, model_tenant): (&str, &str)) -> Universe {
     let spec = |scope: Scope, name: BudgetName, kind: BudgetKind, refund_unused: bool| BudgetSpec {
         key: ks.budget(&scope, name).into(),
         scope,
@@ -229,8 +284,8 @@ fn universe(ks: &KeySpace) -> Universe {
         refund_unused,
         shadow: false,
     };
-    let t = || Scope::Tenant("acme".into());
-    let m = || Scope::TenantModel("acme".into(), "gpt/4o".into());
+    let t = || Scope::Tenant(tenant.into());
+    let m = || Scope::TenantModel(model_tenant.into(), "gpt/4o".into());
     let a = || Scope::Upstream("a".into());
     let b = || Scope::Upstream("b".into());
     let bucket = |per_minute, burst| BudgetKind::Bucket { per_minute, burst };
@@ -239,7 +294,7 @@ fn universe(ks: &KeySpace) -> Universe {
         window: Window::Day,
     };
     Universe {
-        tenant: vec![
+        trees: vec![vec![
             spec(t(), BudgetName::Tpm, bucket(1000, 1200), true),
             spec(t(), BudgetName::Rpm, bucket(20, 5), true),
             spec(
@@ -292,7 +347,7 @@ fn universe(ks: &KeySpace) -> Universe {
                 },
                 true,
             ),
-        ],
+        ]],
         upstreams: vec![
             vec![
                 spec(a(), BudgetName::Tpm, bucket(600, 600), false),
@@ -327,10 +382,11 @@ fn universe(ks: &KeySpace) -> Universe {
 }
 
 impl Universe {
-    /// Every budget, tenant's first.
+    /// Every budget, the tenants' first.
     fn all(&self) -> Vec<BudgetSpec> {
-        self.tenant
+        self.trees
             .iter()
+            .flatten()
             .chain(self.upstreams.iter().flatten())
             .cloned()
             .collect()
@@ -349,23 +405,70 @@ impl Universe {
                 s.clone()
             }
         };
-        let tenant = self.tenant.iter().map(&mut pick).collect();
+        let trees = self
+            .trees
+            .iter()
+            .map(|t| t.iter().map(&mut pick).collect())
+            .collect();
         let upstreams = self
             .upstreams
             .iter()
             .map(|c| c.iter().map(&mut pick).collect())
             .collect();
-        Universe { tenant, upstreams }
+        Universe { trees, upstreams }
     }
+}
+
+/// How a case draws its requests.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Shapes {
+    /// As drawn (one tenant tree).
+    Free,
+    /// The `tenant` layout: an id keeps its tree, its domains and its
+    /// candidates, and the candidates cost the common budgets alike.
+    PerId,
+}
+
+/// The tree and the domains of id `id` under [`Shapes::PerId`]: 0 both
+/// domains, 1 the tenant's alone, 2 the deployments' alone.
+fn shape_of(id: u8, trees: usize) -> (usize, u8) {
+    ((usize::from(id) / 2) % trees.max(1), id % 3)
 }
 
 fn request(
     u: &Universe,
     case: u64,
     (id, tokens, common, cands, shape): (u8, u64, u16, u8, u8),
+    shapes: Shapes,
 ) -> ReserveRequest {
-    let common: Vec<BudgetSpec> = u
-        .tenant
+    let (tree, common, cands) = match shapes {
+        Shapes::Free => (0, common, cands),
+        Shapes::PerId => {
+            let (tree, domains) = shape_of(id, u.trees.len());
+            let full = (1u16 << u.trees[tree].len()) - 1;
+            let some = |m: u16| if m & full == 0 { 1 } else { m };
+            // A request the deployments refuse leaves, in the tenant domain,
+            // the empty sub-bucket of the debit its void took back: a
+            // rolling window's reset then reads later than one domain's
+            // (which wrote nothing). Rolling windows go with the tenant
+            // domain alone here.
+            let rolling: u16 = u.trees[tree]
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.name.is_rolling())
+                .map(|(i, _)| 1u16 << i)
+                .sum();
+            // The candidates are the id's own too (a retry names the same
+            // deployments): a replay offered other deployments than its
+            // hold's is no gateway's.
+            match domains {
+                0 => (tree, some(common & !rolling), 1 + id % 4),
+                1 => (tree, some(common), if id % 2 == 0 { 0 } else { 5 }),
+                _ => (tree, 0, 1 + id % 4),
+            }
+        }
+    };
+    let common: Vec<BudgetSpec> = u.trees[tree]
         .iter()
         .enumerate()
         .filter(|(i, _)| common & (1 << i) != 0)
@@ -382,6 +485,7 @@ fn request(
     };
     let mut costs = budgetgate::budget::Costs::tokens(tokens);
     if shape != 0 {
+        let n = common.len();
         costs.per_candidate = (0..candidates.len().max(1))
             .map(|c| {
                 let own = candidates.get(c).map_or(&[][..], Vec::as_slice);
@@ -389,7 +493,15 @@ fn request(
                     .iter()
                     .chain(own)
                     .enumerate()
-                    .map(|(i, s)| amount(shape, i, c, tokens, s))
+                    .map(|(i, s)| {
+                        // Alike over candidates for the common budgets.
+                        let c = if shapes == Shapes::PerId && i < n {
+                            0
+                        } else {
+                            c
+                        };
+                        amount(shape, i, c, tokens, s)
+                    })
                     .collect()
             })
             .collect();
@@ -472,66 +584,134 @@ struct Fixture {
     rt: tokio::runtime::Runtime,
     clock: ManualClock,
     redis: Arc<RedisStore>,
-    raw: redis::aio::MultiplexedConnection,
+    /// The store's layout: `single` on one Redis, `tenant` on the cluster.
+    layout: Layout,
+    /// One connection per primary (every key is on one of them).
+    nodes: Vec<redis::aio::MultiplexedConnection>,
 }
 
-fn fixture() -> Fixture {
+/// The memory store's partner: one Redis in the `single` layout, or the
+/// shared 3-primary cluster in the `tenant` layout.
+fn fixture(layout: Layout) -> Fixture {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     // Near both a day and a month boundary, so big steps cross them.
     let clock = ManualClock::new(Window::Month.end(NOON) - 1_800_000_000);
-    let server = redis_server::shared();
+    let (url, node_urls) = match layout {
+        Layout::Single => {
+            let server = redis_server::shared();
+            (server.url(), vec![server.url()])
+        }
+        Layout::Tenant => {
+            let cluster = redis_server::shared_cluster();
+            (cluster.url(), cluster.node_urls())
+        }
+    };
     let dyn_clock: Arc<dyn Clock> = Arc::new(clock.clone());
     let ks = KeySpace::new(&format!("bgdiff{}", std::process::id()), "d");
-    let (redis, raw) = rt.block_on(async {
-        let store = RedisStore::connect(&server.url(), Duration::from_secs(5), ks)
+    let (redis, nodes) = rt.block_on(async {
+        let store = RedisStore::connect(&url, Duration::from_secs(5), ks)
             .await
             .expect("connect")
-            .with_test_clock(dyn_clock);
-        let raw = redis::Client::open(server.url())
-            .expect("client")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw connection");
-        (store, raw)
+            .with_test_clock(dyn_clock)
+            .with_layout(layout);
+        let mut nodes = Vec::new();
+        for u in &node_urls {
+            let conn = redis::Client::open(u.as_str())
+                .expect("client")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("raw connection");
+            nodes.push(conn);
+        }
+        (store, nodes)
     });
     Fixture {
         rt,
         clock,
         redis: Arc::new(redis),
-        raw,
+        layout,
+        nodes,
     }
 }
 
 /// Fails unless every key of case `case` has a TTL (batches defer the
 /// writes and the slot-set TTLs to their end: none may be lost).
 async fn every_key_expires(f: &Fixture, case: u64) -> Result<(), TestCaseError> {
-    let mut raw = f.raw.clone();
     let pattern = format!("bgdiff{}c{case}:*", std::process::id());
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(&pattern)
-        .query_async(&mut raw)
-        .await
-        .expect("KEYS");
-    for k in keys {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&k)
+    for node in &f.nodes {
+        let mut raw = node.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(&pattern)
             .query_async(&mut raw)
             .await
-            .expect("PTTL");
-        prop_assert!(ttl > 0, "{} has no TTL ({})", k, ttl);
+            .expect("KEYS");
+        for k in keys {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&k)
+                .query_async(&mut raw)
+                .await
+                .expect("PTTL");
+            prop_assert!(ttl > 0, "{} has no TTL ({})", k, ttl);
+        }
     }
     Ok(())
 }
 
-fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
+/// The domains (hash tags) a reservation's budgets lie in: the common
+/// budgets' and the candidates'.
+fn domains_of(req: &ReserveRequest) -> Vec<String> {
+    let mut tags: Vec<String> = Vec::new();
+    for s in req.common.iter().chain(req.candidates.iter().flatten()) {
+        let t = hash_tag(&s.key).unwrap_or("").to_string();
+        if !tags.contains(&t) {
+            tags.push(t);
+        }
+    }
+    tags
+}
+
+/// The order a wave is issued in, as groups issued one after the other
+/// (each group's items at once): in the `single` layout the whole wave;
+/// in the `tenant` layout the items of one domain together (in order,
+/// batched per domain) and each item over two domains alone, since calls
+/// on different primaries have no order and the memory store applies the
+/// wave in one. There an id is at most once in a group: the store's
+/// record of where an id's holds are is not safe for two reservations of
+/// one id at once (a refused one forgets the domain of an admitted one).
+fn wave_groups(ids: &[u8], domains: &[Vec<String>], layout: Layout) -> Vec<Vec<usize>> {
+    if layout == Layout::Single {
+        return vec![(0..domains.len()).collect()];
+    }
+    let mut groups: Vec<(Option<&[String]>, Vec<usize>)> = Vec::new();
+    for (i, d) in domains.iter().enumerate() {
+        if d.len() > 1 {
+            groups.push((None, vec![i]));
+            continue;
+        }
+        // The last group of this domain, unless it has the id already.
+        let open = groups
+            .iter_mut()
+            .rev()
+            .find(|(k, _)| k.is_some_and(|k| k == d.as_slice()))
+            .filter(|(_, g)| g.iter().all(|&j| ids[j] != ids[i]));
+        match open {
+            Some((_, g)) => g.push(i),
+            None => groups.push((Some(d.as_slice()), vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+fn run_case(f: &Fixture, ops: &[Op], shapes: Shapes) -> Result<(), TestCaseError> {
     let case = CASE.fetch_add(1, Ordering::SeqCst);
     f.clock.set(Window::Month.end(NOON) - 1_800_000_000);
     let memory = MemoryStore::new(Arc::new(f.clock.clone()));
-    let ks = KeySpace::new(&format!("bgdiff{}c{case}", std::process::id()), "d");
-    let base = universe(&ks);
+    let ks = key_space(&format!("bgdiff{}c{case}", std::process::id()), f.layout);
+    let base = universe(&ks, f.layout);
+    let tenant_layout = f.layout == Layout::Tenant;
     let mut flipped = vec![false; base.all().len()];
     let mut u = base.clone();
     let mut all = u.all();
@@ -540,58 +720,83 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
     // replayed, not touched since): their settles are queued in the order
     // issued, with no read first, so a settle wave of them is in order.
     let mut cached: std::collections::BTreeSet<u8> = Default::default();
+    // `tenant` layout: ids whose last reservation was admitted, so the
+    // store knows the domains of their holds (a void of an id it never
+    // placed lands in its own domain: DESIGN section 22).
+    let mut placed: std::collections::BTreeSet<u8> = Default::default();
+    // The domains of id `id`'s holds (its shape is its own under `PerId`).
+    let domains_of_id =
+        |u: &Universe, id: u8| domains_of(&request(u, case, (id, 1, u16::MAX, 1, 0), shapes));
     f.rt.block_on(async {
         for (step, op) in ops.iter().enumerate() {
             let ctx = format!("step {step}: {op:?}");
             match op {
                 Op::ReserveWave(wave) => {
                     let reqs: Vec<ReserveRequest> =
-                        wave.iter().map(|&w| request(&u, case, w)).collect();
-                    let before = f.redis.batch_counts();
-                    let redis = join_all(reqs.iter().map(|r| f.redis.reserve(r))).await;
-                    let after = f.redis.batch_counts();
-                    // The first two go at once; the rest wait and go together.
-                    prop_assert!(
-                        after.batches - before.batches <= 3,
-                        "{} reserves in {} batches",
-                        reqs.len(),
-                        after.batches - before.batches
-                    );
-                    for (j, (req, r)) in reqs.iter().zip(redis).enumerate() {
-                        let id = wave[j].0;
-                        let m = memory.reserve(req).await.expect("memory");
-                        let r = r.expect("redis reserve");
-                        seen(format!("wave {}", label(&format!("{m:?}"))));
-                        let once = wave.iter().filter(|w| w.0 == id).count() == 1;
-                        match &m {
-                            budgetgate::budget::ReserveOutcome::Admitted(a)
-                                if once && !a.replayed =>
-                            {
-                                cached.insert(id);
+                        wave.iter().map(|&w| request(&u, case, w, shapes)).collect();
+                    let domains: Vec<Vec<String>> = reqs.iter().map(domains_of).collect();
+                    let ids: Vec<u8> = wave.iter().map(|w| w.0).collect();
+                    for group in wave_groups(&ids, &domains, f.layout) {
+                        let before = f.redis.batch_counts();
+                        let redis =
+                            join_all(group.iter().map(|&j| f.redis.reserve(&reqs[j]))).await;
+                        let after = f.redis.batch_counts();
+                        // The first two go at once; the rest wait and go together.
+                        prop_assert!(
+                            after.batches - before.batches <= 3,
+                            "{} reserves in {} batches",
+                            group.len(),
+                            after.batches - before.batches
+                        );
+                        for (&j, r) in group.iter().zip(redis) {
+                            let req = &reqs[j];
+                            let id = wave[j].0;
+                            let m = memory.reserve(req).await.expect("memory");
+                            let r = r.expect("redis reserve");
+                            seen(format!("wave {}", label(&format!("{m:?}"))));
+                            let once = wave.iter().filter(|w| w.0 == id).count() == 1;
+                            match &m {
+                                budgetgate::budget::ReserveOutcome::Admitted(a)
+                                    if once && !a.replayed =>
+                                {
+                                    cached.insert(id);
+                                }
+                                _ => {
+                                    cached.remove(&id);
+                                }
                             }
-                            _ => {
-                                cached.remove(&id);
+                            if matches!(m, budgetgate::budget::ReserveOutcome::Admitted(_)) {
+                                placed.insert(id);
+                            } else {
+                                placed.remove(&id);
                             }
+                            prop_assert_eq!(m, r, "{} item {}", ctx, j);
                         }
-                        prop_assert_eq!(m, r, "{} item {}", ctx, j);
                     }
                     every_key_expires(f, case).await?;
                 }
                 Op::SettleWave(wave) => {
                     let mut ids = Vec::new();
                     let mut items = Vec::new();
+                    let mut domains = Vec::new();
+                    let mut nums = Vec::new();
                     for &(id, actual, failed) in wave {
                         if cached.remove(&id) {
                             ids.push(format!("c{case}-r{id}"));
                             items.push(settlement(actual, failed, id % 2));
+                            domains.push(domains_of_id(&u, id));
+                            nums.push(id);
                         }
                     }
-                    let redis =
-                        join_all(ids.iter().zip(&items).map(|(id, s)| f.redis.settle(id, s))).await;
-                    for (j, ((id, s), r)) in ids.iter().zip(&items).zip(redis).enumerate() {
-                        let m = memory.settle(id, s).await.expect("memory");
-                        seen(format!("wave {}", label(&format!("{m:?}"))));
-                        prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
+                    for group in wave_groups(&nums, &domains, f.layout) {
+                        let redis =
+                            join_all(group.iter().map(|&j| f.redis.settle(&ids[j], &items[j])))
+                                .await;
+                        for (&j, r) in group.iter().zip(redis) {
+                            let m = memory.settle(&ids[j], &items[j]).await.expect("memory");
+                            seen(format!("wave {}", label(&format!("{m:?}"))));
+                            prop_assert_eq!(m, r.expect("redis settle"), "{} item {}", ctx, j);
+                        }
                     }
                     every_key_expires(f, case).await?;
                 }
@@ -602,10 +807,20 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                     candidates,
                     shape,
                 } => {
-                    let req = request(&u, case, (*id, *tokens, *common, *candidates, *shape));
+                    let req = request(
+                        &u,
+                        case,
+                        (*id, *tokens, *common, *candidates, *shape),
+                        shapes,
+                    );
                     let m = memory.reserve(&req).await.expect("memory");
                     let r = f.redis.reserve(&req).await.expect("redis reserve");
                     seen(label(&format!("{m:?}")));
+                    if matches!(m, budgetgate::budget::ReserveOutcome::Admitted(_)) {
+                        placed.insert(*id);
+                    } else {
+                        placed.remove(id);
+                    }
                     match &m {
                         budgetgate::budget::ReserveOutcome::Admitted(a) if !a.replayed => {
                             cached.insert(*id);
@@ -618,6 +833,11 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                 }
                 Op::Extend { id, tokens, shape } => {
                     cached.remove(id);
+                    if tenant_layout && domains_of_id(&u, *id).len() > 1 {
+                        // DESIGN section 22: the tenant keeps what the
+                        // deployments did not grant (checked on its own).
+                        continue;
+                    }
                     let id = format!("c{case}-r{id}");
                     let step = step_of(*tokens, *shape);
                     let m = memory.extend(&id, &step).await.expect("memory");
@@ -635,6 +855,10 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
                 }
                 Op::Void { id } => {
                     cached.remove(id);
+                    if tenant_layout && !placed.contains(id) {
+                        // Never placed by this store: DESIGN section 22.
+                        continue;
+                    }
                     let id = format!("c{case}-r{id}");
                     let m = memory.void(&id, HOLD_TTL).await.expect("memory");
                     let r = f.redis.void(&id, HOLD_TTL).await.expect("redis void");
@@ -687,21 +911,32 @@ fn run_case(f: &Fixture, ops: &[Op]) -> Result<(), TestCaseError> {
 
 #[test]
 fn redis_store_matches_the_memory_store() {
-    let f = fixture();
+    matches_the_memory_store(Layout::Single, Shapes::Free, 256);
+}
+
+/// The same on the cluster in the `tenant` layout: three tenant domains
+/// and a deployment domain, reservations over one or two of them.
+#[test]
+fn redis_cluster_in_the_tenant_layout_matches_the_memory_store() {
+    matches_the_memory_store(Layout::Tenant, Shapes::PerId, 128);
+}
+
+fn matches_the_memory_store(layout: Layout, shapes: Shapes, default_cases: u32) {
+    let f = fixture(layout);
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
+        .unwrap_or(default_cases);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     });
     let result = runner.run(&prop::collection::vec(op(), 1..60), |ops| {
-        run_case(&f, &ops)
+        run_case(&f, &ops, shapes)
     });
     eprintln!(
-        "outcomes seen: {:?}",
+        "{layout:?} layout: outcomes seen: {:?}",
         SEEN.lock().unwrap_or_else(|e| e.into_inner())
     );
     if let Err(e) = result {
@@ -726,18 +961,28 @@ fn redis_store_matches_the_memory_store() {
 /// back, admitted and expire alike in both stores.
 #[test]
 fn share_claims_agree_between_the_stores() {
-    let f = fixture();
+    share_claims_agree(Layout::Single, 128);
+}
+
+/// The same with the deployments' domain on the cluster.
+#[test]
+fn share_claims_agree_between_the_stores_on_the_cluster() {
+    share_claims_agree(Layout::Tenant, 64);
+}
+
+fn share_claims_agree(layout: Layout, default_cases: u32) {
+    let f = fixture(layout);
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(128);
+        .unwrap_or(default_cases);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases,
         failure_persistence: None,
         ..ProptestConfig::default()
     });
     let result = runner.run(&prop::collection::vec(share_op(), 1..80), |ops| {
-        run_case(&f, &ops)
+        run_case(&f, &ops, Shapes::Free)
     });
     if let Err(e) = result {
         panic!("{e}");
@@ -768,7 +1013,7 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
     const MAX: u64 = 10_000_000_000;
     const QUOTA: u64 = 1_000_000_000_000;
     const YEAR: u64 = 365 * 86_400_000_000;
-    let f = fixture();
+    let f = fixture(Layout::Single);
     let start = Window::Month.end(NOON) - 20 * 86_400_000_000;
     f.clock.set(start);
     let memory = MemoryStore::new(Arc::new(f.clock.clone()));
@@ -908,5 +1153,106 @@ fn both_stores_agree_exactly_at_the_extremes_of_the_range() {
             states(std::slice::from_ref(&small)).await[0].0,
             (l / 60) as i64
         );
+    });
+}
+
+/// DESIGN section 22's rule for an extension over two domains, on the
+/// cluster against the memory store: the grant is the same; when the
+/// deployment grants less than the tenant did, the tenant keeps the
+/// difference reserved (it holds more, never less) until settlement,
+/// after which every budget agrees again, and the settlement reports what
+/// one domain would have reserved.
+#[test]
+fn an_extension_the_deployment_grants_short_holds_the_tenant_until_settlement() {
+    use budgetgate::budget::{ExtendOutcome, ReserveOutcome, SettleOutcome, Step};
+    let f = fixture(Layout::Tenant);
+    f.clock.set(NOON);
+    let memory = MemoryStore::new(Arc::new(f.clock.clone()));
+    let ks = key_space(&format!("bgdiffext{}", std::process::id()), Layout::Tenant);
+    let spec = |scope: Scope, per_minute: u64| BudgetSpec {
+        key: ks.budget(&scope, BudgetName::Tpm).into(),
+        scope,
+        name: BudgetName::Tpm,
+        kind: BudgetKind::Bucket {
+            per_minute,
+            burst: per_minute,
+        },
+        refund_unused: true,
+        shadow: false,
+    };
+    let tenant = spec(Scope::Tenant("acme".into()), 1000);
+    let deployment = spec(Scope::Upstream("a".into()), 300);
+    let both = vec![tenant.clone(), deployment.clone()];
+    let req = ReserveRequest {
+        share: None,
+        id: "x".into(),
+        costs: budgetgate::budget::Costs::tokens(100),
+        common: vec![tenant.clone()],
+        candidates: vec![vec![deployment.clone()]],
+        slot_lease_micros: LEASE,
+        hold_ttl_micros: HOLD_TTL,
+        requester: Default::default(),
+    };
+    f.rt.block_on(async {
+        let remaining = |specs: Vec<BudgetSpec>| {
+            let memory = &memory;
+            let redis = f.redis.clone();
+            async move {
+                let m: Vec<i64> = memory
+                    .inspect(&specs)
+                    .await
+                    .expect("memory")
+                    .iter()
+                    .map(|s| s.remaining)
+                    .collect();
+                let r: Vec<i64> = redis
+                    .inspect(&specs)
+                    .await
+                    .expect("redis")
+                    .iter()
+                    .map(|s| s.remaining)
+                    .collect();
+                (m, r)
+            }
+        };
+        let m = memory.reserve(&req).await.expect("memory");
+        let r = f.redis.reserve(&req).await.expect("redis");
+        assert!(matches!(m, ReserveOutcome::Admitted(_)), "{m:?}");
+        assert_eq!(m, r);
+        // The tenant has room for 500 more, the deployment for 200.
+        let step = Step::tokens(500);
+        let m = memory.extend("x", &step).await.expect("memory");
+        let r = f.redis.extend("x", &step).await.expect("redis");
+        assert!(
+            matches!(m, ExtendOutcome::Extended { granted: 200, .. }),
+            "{m:?}"
+        );
+        assert_eq!(m, r);
+        let (m, r) = remaining(both.clone()).await;
+        assert_eq!(m, vec![700, 0]);
+        assert_eq!(r, vec![400, 0], "the tenant keeps the 300 not granted");
+        let used = Settlement {
+            actual_tokens: 250,
+            upstream_failed: false,
+            actual: Default::default(),
+        };
+        let m = memory.settle("x", &used).await.expect("memory");
+        let r = f.redis.settle("x", &used).await.expect("redis");
+        assert!(
+            matches!(
+                m,
+                SettleOutcome::Settled {
+                    reserved: 300,
+                    refunded: 50,
+                    debt: 0,
+                    ..
+                }
+            ),
+            "{m:?}"
+        );
+        assert_eq!(m, r, "the settlement of what one domain reserved");
+        let (m, r) = remaining(both).await;
+        assert_eq!(m, vec![750, 50]);
+        assert_eq!(m, r, "settled, every budget agrees again");
     });
 }

@@ -16,9 +16,13 @@
 //! - [`run`]: one configuration, both runs, a [`Report`].
 //! - `fleet`: the event loop of one run.
 //! - `report`: what is measured and how it prints.
+//! - [`shards`]: script calls per Redis Cluster shard in the `tenant`
+//!   layout, tenant and deployment domains, at a fleet's request rate (a
+//!   model of the calls, not an event loop).
 
 mod fleet;
 mod report;
+pub mod shards;
 #[cfg(test)]
 mod tests;
 

@@ -109,8 +109,12 @@ impl RedisStore {
         if first.replayed && prior.as_ref().is_some_and(|p| p.len() == 1) {
             return Ok(ReserveOutcome::Admitted(first));
         }
-        let both = vec![part(tenant, 0, Some(n)), part(deployment, n, None)];
-        self.placed.put(&req.id, both, ttl);
+        // A replay keeps the placement of the reservation it replays (its
+        // specs, hence where its amounts per spec split, are the hold's).
+        if !(first.replayed && prior.is_some()) {
+            let both = vec![part(tenant, 0, Some(n)), part(deployment, n, None)];
+            self.placed.put(&req.id, both, ttl);
+        }
         let (offered, index) = domains::deployment_request(req, first.candidate);
         let second = match self.reserve_in(Some(deployment), &offered).await {
             Ok(o) => o,
@@ -432,7 +436,7 @@ impl BudgetStore for RedisStore {
         }
         // The placement stays until the hold would have expired: a retried
         // reserve of the id replays from both domains.
-        Ok(domains::settled(&outcomes, false))
+        Ok(domains::settled(&outcomes, Some(s.actual_tokens)))
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
@@ -445,7 +449,7 @@ impl BudgetStore for RedisStore {
         for p in parts.iter() {
             outcomes.push(self.void_in(Some(&p.tag), id, hold_ttl_micros).await?);
         }
-        Ok(domains::settled(&outcomes, true))
+        Ok(domains::settled(&outcomes, None))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
