@@ -186,6 +186,14 @@ impl BudgetStore for DenyCachedStore {
     ) -> Result<Vec<crate::budget::HeldOn>, StoreError> {
         self.inner.holds_on(specs).await
     }
+    async fn runs_of(
+        &self,
+        ks: &crate::budget::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<crate::budget::ListedRun>, StoreError> {
+        self.inner.runs_of(ks, tenant, n).await
+    }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.inner.lower(spec, at_most).await
     }
