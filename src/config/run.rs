@@ -340,7 +340,7 @@ mod tests {
         for text in [
             "tokens=200000, usd=2.00, requests=500, window=7d",
             "usd=0.5, window=5h",
-            "",
+            "requests=3",
         ] {
             let l = RunLimits::resolve(
                 Some(&parse(text).unwrap()),
