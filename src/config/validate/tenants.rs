@@ -221,7 +221,10 @@ fn run_settings(
             Ok(x) => Some(x),
             Err(e) => {
                 if l.0 == own {
-                    v.err(format!("tenants[{own}].{field}"), e);
+                    v.err(
+                        format!("tenants[{own}].{field}"),
+                        format!("cannot be read: {e}"),
+                    );
                 }
                 None
             }
@@ -269,7 +272,7 @@ fn run_settings(
             Ok(d) => d,
             Err(e) => {
                 if l == own {
-                    v.err(path("run_ttl"), e);
+                    v.err(path("run_ttl"), format!("cannot be read: {e}"));
                 }
                 crate::config::run::DEFAULT_TTL
             }
