@@ -10,8 +10,10 @@
 --                spec order (read when the current counter is absent)
 -- then           the share key (share.lua) of each candidate the share
 --                claim lists, in its order (none without a claim)
--- then           with a run (ARGV[11+C+2N]): the run's record, then its
---                key's runs-per-day counter when that is bounded
+-- then           with a run (ARGV[11+C+2N]): the run's record, its tenant's
+--                run index (sorted set: run id → tokens reserved) and
+--                that index's expiries (run id → record expiry µs), then
+--                its key's runs-per-day counter when that is bounded
 -- ARGV[1]        now, UTC µs; '' = Redis TIME (only test builds pass a value)
 -- ARGV[2]        reservation id
 -- ARGV[3]        tokens reserved (input + output estimate), tokens
@@ -51,12 +53,12 @@
 --                (waiter id, 0: none; waited µs; left µs), then the
 --                1-based numbers of the candidates whose share key follows
 -- ARGV[11+C+2N]  '' without a run, else '<ttl µs> <runs per day, 0: not
---                bounded> <limits>': the run's record ('<expiry µs>
+--                bounded> <limits> <run id>': the run's record ('<expiry µs>
 --                <limits>') is set to <limits> when absent or expired (a
 --                start, counted on the runs-per-day counter,
 --                a calendar-day quota) and compared otherwise, before any
 --                budget is checked; only an admission writes it (src/budget
---                RunRecord)
+--                RunRecord) and adds ARGV[3] to the run in the index
 --
 -- Reply (every element a string; sent as one string of space-separated
 -- words, lib.lua's words, except the replay, whose hold has spaces):
@@ -222,6 +224,28 @@ local function adopt_policies(V, KEYS, nspec, now)
   end
 end
 
+-- An admission of run `id` of `tokens` in its tenant's index (`by_spend`,
+-- `by_expiry`; src/budget/memory index_run): runs whose record has expired
+-- leave (a run started again counts from 0), the run gains `tokens` and its
+-- record's expiry `exp`, and beyond RUN_INDEX_MAX runs the least leave.
+-- Only run admissions pay these calls.
+local function run_indexed(by_spend, by_expiry, id, tokens, exp, ttl, snow)
+  local gone = call('ZRANGEBYSCORE', by_expiry, '-inf', snow)
+  if #gone > 0 then
+    call('ZREM', by_spend, unpack(gone))
+    call('ZREM', by_expiry, unpack(gone))
+  end
+  call('ZINCRBY', by_spend, tokens, id)
+  call('ZADD', by_expiry, s(exp), id)
+  local over = call('ZRANGE', by_spend, 0, -(RUN_INDEX_MAX + 1))
+  if #over > 0 then
+    call('ZREM', by_spend, unpack(over))
+    call('ZREM', by_expiry, unpack(over))
+  end
+  call('PEXPIRE', by_spend, s(ttl))
+  call('PEXPIRE', by_expiry, s(ttl))
+end
+
 local function reserve(KEYS, ARGV)
   local now = clock(ARGV[1])
   local id = ARGV[2]
@@ -282,21 +306,22 @@ local function reserve(KEYS, ARGV)
 
   -- The run: its record compared, or (absent) its start counted.
   local run_key, run_limits, run_ttl, starts_key, starts_cap = nil, nil, nil, nil, nil
+  local run_id, run_index, run_expiry = nil, nil, nil
   local nshare_end = #KEYS
   local run_arg = ARGV[T + 2 * nspec + 3]
   if run_arg ~= nil and run_arg ~= '' then
-    local ttl, cap, limits = match(run_arg, '^(%d+) (%d+) (%S+)$')
-    if limits == nil then
+    local ttl, cap, limits, rid = match(run_arg, '^(%d+) (%d+) (%S+) (%S+)$')
+    if rid == nil then
       error('bad run argument')
     end
-    run_ttl, starts_cap, run_limits = tonumber(ttl), tonumber(cap), limits
+    run_ttl, starts_cap, run_limits, run_id = tonumber(ttl), tonumber(cap), limits, rid
+    local first = #KEYS - 2
     if starts_cap > 0 then
-      run_key, starts_key = KEYS[#KEYS - 1], KEYS[#KEYS]
-      nshare_end = #KEYS - 2
-    else
-      run_key = KEYS[#KEYS]
-      nshare_end = #KEYS - 1
+      first = #KEYS - 3
+      starts_key = KEYS[#KEYS]
     end
+    run_key, run_index, run_expiry = KEYS[first], KEYS[first + 1], KEYS[first + 2]
+    nshare_end = first - 1
     -- The record is '<expiry µs> <limits>': its expiry is read against
     -- `now`, never left to the key's TTL alone (as holds keep theirs).
     local live = false
@@ -448,6 +473,7 @@ local function reserve(KEYS, ARGV)
         local w, wend = window('D', now)
         put(starts_key, pack('<dd', w, quota_used_at(raw[starts_key], nil, w) + 1), ttl_ms(wend - now))
       end
+      run_indexed(run_index, run_expiry, run_id, ARGV[3], now + run_ttl, ttl_ms(run_ttl), snow)
     end
     if #wd > 0 then
       -- Insert the would-deny indexes before the (remaining, reset) pairs.

@@ -30,11 +30,14 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
+// Each tenant's active runs shown: those with the most tokens reserved.
+const RUNS = 5;
+
 async function fetchAll(tok) {
   const out = { version: '', tenants: [], upstreams: [], queue: null };
   let after = null;
   for (let i = 0; i < MAX_PAGES; i++) {
-    let url = '/admin/v1/budgets?limit=' + PAGE;
+    let url = '/admin/v1/budgets?limit=' + PAGE + '&runs=' + RUNS;
     if (after !== null) url += '&after=' + encodeURIComponent(after);
     const r = await fetch(url, { headers: { Authorization: 'Bearer ' + tok }, cache: 'no-store' });
     if (r.status === 401) throw new AuthError('The admin token was refused.');
@@ -260,6 +263,32 @@ function refusals(list) {
   return s;
 }
 
+// A tenant's active runs, most tokens reserved first: id, tokens reserved,
+// and each limit's remaining (the run's budgets, from its record's limits).
+function runs(list) {
+  const s = el('div', 'runs');
+  s.appendChild(el('h4', null, 'active runs (most tokens first)'));
+  for (const r of list) {
+    const row = el('div', 'run');
+    row.dataset.run = r.id;
+    row.dataset.spent = String(r.spent);
+    row.appendChild(el('span', 'name', r.id));
+    row.appendChild(el('span', 'spent', fmt.format(r.spent) + ' tokens reserved'));
+    if (r.budgets.length === 0) row.appendChild(el('span', 'limit', 'no limits'));
+    for (const b of r.budgets) {
+      const l = el('span', 'limit');
+      l.dataset.budget = b.budget;
+      l.dataset.remaining = String(b.remaining);
+      l.textContent = b.budget + ': ' + (b.usd
+        ? '$' + b.usd.remaining + ' / $' + b.usd.limit
+        : fmt.format(b.remaining) + ' / ' + fmt.format(b.capacity) + ' ' + b.unit) + ' left';
+      row.appendChild(l);
+    }
+    s.appendChild(row);
+  }
+  return s;
+}
+
 function tenantCard(t, children, spend) {
   const eu = t.end_user_limits || [];
   const refused = t.recent_refusals || [];
@@ -271,6 +300,7 @@ function tenantCard(t, children, spend) {
     const days = lastDays();
     c.appendChild(spendChart(subtreeSpend(t, children, spend, days), days));
   }
+  if (t.runs && t.runs.length) c.appendChild(runs(t.runs));
   if (refused.length) c.appendChild(refusals(refused));
   c.appendChild(keysConsole(t.name));
   const kids = children.get(t.name) || [];

@@ -192,6 +192,14 @@ impl BudgetStore for DenyCachedStore {
     ) -> Result<Vec<Option<crate::budget::Slide>>, StoreError> {
         self.inner.slides(specs).await
     }
+    async fn runs_of(
+        &self,
+        ks: &crate::budget::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<crate::budget::ListedRun>, StoreError> {
+        self.inner.runs_of(ks, tenant, n).await
+    }
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         self.inner.lower(spec, at_most).await
     }

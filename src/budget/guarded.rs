@@ -160,6 +160,15 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
         self.call("inspect", self.inner.inspect(specs)).await
     }
 
+    async fn runs_of(
+        &self,
+        ks: &crate::budget::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<crate::budget::ListedRun>, StoreError> {
+        self.inner.runs_of(ks, tenant, n).await
+    }
+
     async fn holds_on(&self, specs: &[BudgetSpec]) -> Result<Vec<super::HeldOn>, StoreError> {
         // A read for a refusal's record or a reconciliation: never a turn
         // of the admissions' queue nor a failure that pauses them (the

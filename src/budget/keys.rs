@@ -115,6 +115,13 @@ impl KeySpace {
         self.of_scope(scope, "limits")
     }
 
+    /// Key of tenant `tenant`'s index of active runs by tokens reserved (a
+    /// sorted set; its companion `<key>:expiry` holds each run's record
+    /// expiry): in the tenant tree's domain, as its runs' records.
+    pub fn run_index(&self, tenant: &str) -> String {
+        self.of_scope(&Scope::Tenant(tenant.into()), "runs")
+    }
+
     /// `<base of the scope's domain>:<scope>:<n>`.
     fn of_scope(&self, scope: &Scope, n: &str) -> String {
         let placed;
@@ -245,6 +252,7 @@ mod tests {
         assert_eq!(k, "bg:{d}:v3:run:acme:job%3A7:tokens_per_24h");
         assert_eq!(ks.run_record(&run), "bg:{d}:v3:run:acme:job%3A7:limits");
         assert_eq!(hash_tag(&ks.run_record(&run)), Some("d"));
+        assert_eq!(ks.run_index("acme"), "bg:{d}:v3:tenant:acme:runs");
     }
 
     #[test]

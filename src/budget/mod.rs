@@ -336,6 +336,9 @@ pub struct RunRecord {
     pub scope: Scope,
     /// Where its record is stored ([`keys::KeySpace::run_record`]).
     pub key: Arc<str>,
+    /// Its tenant's index of active runs by spend
+    /// ([`keys::KeySpace::run_index`]): every admission adds its tokens.
+    pub index: Arc<str>,
     /// What the run started with, as one word without spaces: its limits
     /// and its end user (`lifecycle::run`).
     pub limits: Arc<str>,
@@ -344,6 +347,23 @@ pub struct RunRecord {
     /// The key's `runs_per_day` (a calendar-day quota of requests, scope
     /// `key:`), counted when the run starts; `None`: not bounded.
     pub starts: Option<BudgetSpec>,
+}
+
+/// Runs a tenant's index of active runs keeps ([`BudgetStore::runs_of`]):
+/// the ones with the most tokens reserved; an admission that would make
+/// more drops the least.
+pub const RUN_INDEX_MAX: usize = 100;
+
+/// One active run of a tenant as its index lists it ([`BudgetStore::runs_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedRun {
+    /// The run id.
+    pub id: Arc<str>,
+    /// Tokens reserved by the run's admitted requests since it started
+    /// (the admissions' estimates: settlement's refunds are not taken off).
+    pub spent: u64,
+    /// Its record's limits word ([`RunRecord::limits`]).
+    pub limits: Arc<str>,
 }
 
 /// One reservation attempt.
@@ -652,6 +672,22 @@ pub trait BudgetStore: Send + Sync + 'static {
     /// `None` for every budget (a store without rolling windows).
     async fn slides(&self, specs: &[BudgetSpec]) -> Result<Vec<Option<Slide>>, StoreError> {
         Ok(vec![None; specs.len()])
+    }
+    /// The live runs of `tenant` with the most tokens reserved, at most
+    /// `n`, most first (ties: the greater id first), read from the
+    /// tenant's run index (at most [`RUN_INDEX_MAX`] runs) and their
+    /// records without changing anything. A run whose record has expired
+    /// is not listed. The default answers that the store cannot.
+    async fn runs_of(
+        &self,
+        ks: &keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<ListedRun>, StoreError> {
+        let _ = (ks, tenant, n);
+        Err(StoreError::Unavailable(
+            "this store does not list its runs".into(),
+        ))
     }
     /// Lowers a token bucket (never raises it) so that at most `at_most`
     /// whole units remain now: the gateway follows a provider's own

@@ -114,6 +114,34 @@ impl RunLimits {
         )
     }
 
+    /// The limits a run's record holds (its [`RunLimits::word`], then the
+    /// end user's field, which is skipped); `None` when it is not such a word.
+    pub fn from_word(word: &str) -> Option<RunLimits> {
+        let mut out = RunLimits::default();
+        let n = |v: &str| match v {
+            "-" => Some(None),
+            v => v.parse::<u64>().ok().map(Some),
+        };
+        for field in word.split(',') {
+            let (name, v) = field.split_once('=')?;
+            match name {
+                "t" => out.tokens = n(v)?,
+                "u" => out.usd_micros = n(v)?,
+                "r" => out.requests = n(v)?,
+                "w" => {
+                    out.window = Some(match v {
+                        "5h" => Window::Hours5,
+                        "24h" => Window::Hours24,
+                        "7d" => Window::Week,
+                        _ => return None,
+                    })
+                }
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+
     /// The effective limits of a run whose request states `asked` (`None`:
     /// no limits header): each field the request's, else `default`'s;
     /// every field `max` sets is at most its value (an absent one takes
@@ -306,6 +334,26 @@ impl Default for RunSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_records_word_reads_back_as_its_limits() {
+        for text in [
+            "tokens=200000, usd=2.00, requests=500, window=7d",
+            "usd=0.5, window=5h",
+            "requests=3",
+        ] {
+            let l = RunLimits::resolve(
+                Some(&parse(text).unwrap()),
+                &RunLimits::default(),
+                &RunLimits::default(),
+            )
+            .unwrap();
+            let word = format!("{},e=ab12", l.word());
+            assert_eq!(RunLimits::from_word(&word), Some(l), "{word}");
+        }
+        assert_eq!(RunLimits::from_word("t=x,w=24h"), None);
+        assert_eq!(RunLimits::from_word("t=1,w=1h"), None);
+    }
 
     #[test]
     fn the_grammar_reads_every_field_and_names_what_is_wrong() {

@@ -188,6 +188,7 @@ pub fn plan(
     });
     let record = RunRecord {
         key: ks.run_record(&scope).into(),
+        index: ks.run_index(&tenant.name).into(),
         scope,
         limits: format!("{},e={}", limits.word(), end_user.unwrap_or("-")).into(),
         // `run_ttl` after the run's last admission. Its counters expire on

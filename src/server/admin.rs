@@ -22,12 +22,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::budget_view;
 use crate::admission::plan;
 use crate::budget::BudgetSpec;
 use crate::config::Policy;
@@ -358,16 +359,41 @@ pub(crate) async fn budgets_body(
     Ok(body)
 }
 
-/// `GET /admin/v1/tenants/{tenant}/budgets`.
+/// `?runs=N` of a tenant's budgets, `?limit=N` of its runs.
+#[derive(Debug, serde::Deserialize)]
+pub struct RunsQuery {
+    runs: Option<usize>,
+    limit: Option<usize>,
+}
+
+/// The runs count `v` asks (`None`: [`budget_view::DEFAULT_RUNS`]), or
+/// the 400 naming `param`.
+fn runs_count(v: Option<usize>, param: &str) -> Result<usize, Response> {
+    match v.unwrap_or(budget_view::DEFAULT_RUNS) {
+        n @ 1..=budget_view::MAX_RUNS => Ok(n),
+        _ => Err(budget_view::runs_param_error(param)),
+    }
+}
+
+/// `GET /admin/v1/tenants/{tenant}/budgets?runs=N`: with the tenant's
+/// `runs` (at most N, default 10, most tokens reserved first).
 pub async fn tenant_budgets(
     State(st): State<Arc<AppState>>,
     Path(tenant): Path<String>,
+    query: Result<Query<RunsQuery>, axum::extract::rejection::QueryRejection>,
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
     let reader = match Principal::of(&st, &headers, &uri) {
         Ok(r) => r,
         Err(r) => return r,
+    };
+    let n = match query {
+        Ok(Query(q)) => match runs_count(q.runs, "runs") {
+            Ok(n) => n,
+            Err(r) => return r,
+        },
+        Err(_) => return budget_view::runs_param_error("runs"),
     };
     let p = st.policy.load_full();
     if let Err(r) = reader.check_sees(&p, &tenant) {
@@ -378,7 +404,58 @@ pub async fn tenant_budgets(
     };
     let specs = plan::tenant_specs(&p, t);
     let ancestors = plan::ancestor_specs(&p, t);
-    budgets_with_ancestors(&st, &p, ("tenant", &t.name), specs, ancestors).await
+    let mut body = match budgets_body(&st, &p, ("tenant", &t.name), specs, ancestors).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    body["runs"] = match budget_view::runs_json(&st, &p, &[t], n).await {
+        Ok(mut r) => Value::Array(r.pop().unwrap_or_default()),
+        Err(e) => {
+            // The budgets stand without their runs (a store that cannot list them).
+            tracing::debug!(error = %e, "admin: runs not listed");
+            Value::Null
+        }
+    };
+    json_response(StatusCode::OK, body)
+}
+
+/// `GET /admin/v1/tenants/{tenant}/runs?limit=N`: the tenant's active runs
+/// (at most N, default 10), most tokens reserved first.
+pub async fn tenant_runs(
+    State(st): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+    query: Result<Query<RunsQuery>, axum::extract::rejection::QueryRejection>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    let reader = match Principal::of(&st, &headers, &uri) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let n = match query {
+        Ok(Query(q)) => match runs_count(q.limit, "limit") {
+            Ok(n) => n,
+            Err(r) => return r,
+        },
+        Err(_) => return budget_view::runs_param_error("limit"),
+    };
+    let p = st.policy.load_full();
+    if let Err(r) = reader.check_sees(&p, &tenant) {
+        return r;
+    }
+    let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
+        return not_found("tenant");
+    };
+    match budget_view::runs_json(&st, &p, &[t], n).await {
+        Ok(mut r) => json_response(
+            StatusCode::OK,
+            json!({"tenant": t.name, "runs": r.pop().unwrap_or_default()}),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "admin: runs not listed");
+            ApiError::StoreUnavailable.into_response()
+        }
+    }
 }
 
 /// `GET /admin/v1/upstreams/{upstream}/budgets` (percent-encode a `/` in the name).

@@ -19,6 +19,9 @@
 //!   last minutes (`recent_refusals`, [`crate::gateway::recent_refusals`]).
 //! - A rolling window that counts anything comes with its `next_slide`:
 //!   when its oldest units slide out and how many ([`slides_of`]).
+//! - With `runs=N` (the page asks for a few), each tenant's active runs
+//!   with the most tokens reserved ([`runs_json`]): one more store read per
+//!   tenant, and the runs' budgets in the page's inspect calls' manner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +36,7 @@ use crate::admission::plan;
 use crate::budget::{
     BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Scope, Slide, StoreError,
 };
+use crate::config::run::{window_name, RunLimits};
 use crate::config::{Policy, TenantPolicy};
 use crate::dialects::rate_limit_headers::go_duration;
 use crate::gateway::error::ApiError;
@@ -169,11 +173,80 @@ async fn inspect_all(st: &AppState, specs: &[BudgetSpec]) -> Result<Vec<BudgetSt
     Ok(out)
 }
 
-/// `?limit=&after=`.
+/// `?limit=&after=&runs=`.
 #[derive(Debug, serde::Deserialize)]
 pub struct ListQuery {
     limit: Option<usize>,
     after: Option<String>,
+    runs: Option<usize>,
+}
+
+/// Runs listed per tenant when a runs listing gives no number.
+pub const DEFAULT_RUNS: usize = 10;
+/// Most runs listed per tenant (all its run index keeps).
+pub const MAX_RUNS: usize = crate::budget::RUN_INDEX_MAX;
+
+/// The 400 of a runs count outside `1..=MAX_RUNS` (`0` too for `param`
+/// `runs` of the list, where 0 means none).
+pub fn runs_param_error(param: &str) -> Response {
+    ApiError::InvalidRequest {
+        message: format!("`{param}` must be a whole number within 1..={MAX_RUNS}."),
+        param: Some(param.into()),
+    }
+    .into_response()
+}
+
+/// The active runs of each of `tenants` with the most tokens reserved, at
+/// most `n` each, most first: `{id, spent, limits, budgets}` with the
+/// limits its record holds (`spent`: tokens reserved by its admitted
+/// requests, [`crate::budget::ListedRun`]) and its budgets as
+/// [`budget_json`] renders them. One index read per tenant, then the
+/// runs' budgets in calls of [`INSPECT_CHUNK`].
+pub async fn runs_json(
+    st: &AppState,
+    policy: &Policy,
+    tenants: &[&TenantPolicy],
+    n: usize,
+) -> Result<Vec<Vec<Value>>, StoreError> {
+    let ks = AppState::key_space(policy);
+    let mut listed = Vec::with_capacity(tenants.len());
+    let mut specs = Vec::new();
+    for t in tenants {
+        let runs = st.store.runs_of(&ks, &t.name, n).await?;
+        let mut of_tenant = Vec::with_capacity(runs.len());
+        for r in runs {
+            // A word this build cannot read lists the run without limits.
+            let limits = RunLimits::from_word(&r.limits).unwrap_or_default();
+            let scope = Scope::Run(t.name.as_str().into(), r.id.clone());
+            let from = specs.len();
+            specs.extend(plan::run_plan(&ks, t, &scope, &limits).0);
+            of_tenant.push((r, limits, from..specs.len()));
+        }
+        listed.push(of_tenant);
+    }
+    let states = inspect_all(st, &specs).await?;
+    Ok(listed
+        .into_iter()
+        .map(|runs| {
+            runs.into_iter()
+                .map(|(r, l, range)| {
+                    json!({
+                        "id": r.id,
+                        "spent": r.spent,
+                        "limits": {
+                            "tokens": l.tokens,
+                            "usd": l.usd_micros.map(|u| crate::money::format_usd(u as i64)),
+                            "requests": l.requests,
+                            "window": window_name(l.window()),
+                        },
+                        "budgets": range
+                            .map(|i| budget_json(&specs[i], &states[i]))
+                            .collect::<Vec<_>>(),
+                    })
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// Tenants of `policy` that `keep` admits, sorted by name, the page after `after`.
@@ -217,6 +290,10 @@ pub async fn list(
             param: Some("limit".into()),
         }
         .into_response();
+    }
+    let runs = q.runs.unwrap_or(0);
+    if runs > MAX_RUNS {
+        return runs_param_error("runs");
     }
     let p = st.policy.load_full();
     let ks = AppState::key_space(&p);
@@ -277,12 +354,23 @@ pub async fn list(
             })
             .collect()
     };
+    // Runs are listed on request only: they cost a read per tenant.
+    let mut runs_of = match runs {
+        0 => None,
+        n => match runs_json(&st, &p, &tenants, n).await {
+            Ok(r) => Some(r.into_iter()),
+            Err(e) => {
+                tracing::debug!(error = %e, "admin: runs not listed");
+                None
+            }
+        },
+    };
     let now = st.clock.now_micros();
     let tenants_json: Vec<Value> = tenants
         .iter()
         .zip(&tenant_ranges)
         .map(|(t, r)| {
-            json!({
+            let mut v = json!({
                 "name": t.name,
                 "parent": t.parent.map(|i| p.tenants[i].name.as_str()),
                 "keys": t.keys.iter().map(|k| k.id.as_str()).collect::<Vec<_>>(),
@@ -290,7 +378,14 @@ pub async fn list(
                 "budgets": render(r),
                 "end_user_limits": end_user_limits_json(&ks, t),
                 "recent_refusals": st.recent_refusals.json_of(&t.name, now),
-            })
+            });
+            if runs > 0 {
+                v["runs"] = match runs_of.as_mut().and_then(Iterator::next) {
+                    Some(r) => Value::Array(r),
+                    None => Value::Null,
+                };
+            }
+            v
         })
         .collect();
     let mut body = json!({

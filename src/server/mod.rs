@@ -98,6 +98,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/admin/v1/tenants/{tenant}/budgets",
             get(admin::tenant_budgets),
         )
+        .route("/admin/v1/tenants/{tenant}/runs", get(admin::tenant_runs))
         .route(
             "/admin/v1/upstreams/{upstream}/budgets",
             get(admin::upstream_budgets),

@@ -482,6 +482,59 @@ async fn the_budget_page_shows_the_tenant_tree_end_user_limits_and_refusals() {
     browser.quit().await;
 }
 
+/// A tenant's active runs on the page: one row per run, most tokens
+/// first, with the remaining of each of its limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_budget_page_shows_a_tenants_runs() {
+    ensure_browser();
+    let mock = start_mock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = local_config(&mock.base_url()).write(dir.path());
+    let gw = GatewayProcess::start(&cfg, &[("BUDGETGATE_ADMIN_TOKEN", TOKEN)]).await;
+    let client = reqwest::Client::new();
+    for (run, limits, max_tokens) in [
+        ("job-small", "tokens=900", 5),
+        ("job-large", "tokens=5000", 50),
+    ] {
+        let r = client
+            .post(format!("{}/v1/chat/completions", gw.root))
+            .bearer_auth("sk-local-demo")
+            .header("x-budgetgate-run", run)
+            .header("x-budgetgate-run-limits", limits)
+            .json(&json!({"model": "gpt-4o-mini", "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "Hello!"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{run}");
+    }
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/admin/ui", gw.root)).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click("#token-submit").await;
+    let rows = browser
+        .wait_for(
+            "the demo tenant's runs",
+            r#"return (() => {
+                const rows = Array.from(document.querySelectorAll('.tenant[data-name="demo"] > .runs .run'));
+                if (rows.length < 2) return null;
+                return rows.map(r => [r.dataset.run, Array.from(r.querySelectorAll('.limit')).map(l => [l.dataset.budget, Number(l.dataset.remaining), l.textContent])]);
+            })()"#,
+        )
+        .await;
+    assert_eq!(rows[0][0], "job-large", "{rows}");
+    assert_eq!(rows[1][0], "job-small", "{rows}");
+    let large = &rows[0][1][0];
+    assert_eq!(large[0], "tokens_per_24h", "{rows}");
+    let left = large[1].as_i64().unwrap();
+    assert!(left > 0 && left < 5000, "{rows}");
+    assert!(
+        large[2].as_str().unwrap().ends_with("/ 5,000 tokens left"),
+        "{rows}"
+    );
+    browser.quit().await;
+}
+
 /// The wait queue's depth by class on the page: a request
 /// waiting for the deployment's tokens shows as one `standard` waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

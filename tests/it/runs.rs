@@ -503,6 +503,175 @@ async fn ledger_runs(gw: &Gateway) {
     );
 }
 
+// ---------------------------------------------------------------- the admin list
+
+/// Every settlement done (the harness's memory store has no live hold).
+async fn settle(gw: &Gateway, memory: bool) {
+    match memory {
+        true => gw.all_settled().await,
+        false => gw.settled().await,
+    }
+}
+
+/// Three runs of `t1` with different spend, a request without a run, and
+/// the runs past their `run_ttl` (`pass` moves past it): what
+/// `GET /admin/v1/tenants/t1/runs` and `…/budgets` list.
+async fn runs_are_listed(gw: &Gateway, memory: bool, pass: impl std::future::Future<Output = ()>) {
+    gw.state.set_admin_token(Some(TOKEN));
+    let list = |q: &'static str| async move {
+        let (s, v) = admin_call(gw, reqwest::Method::GET, q, TOKEN, None).await;
+        assert_eq!(s, 200, "{q}: {v}");
+        v
+    };
+    assert_eq!(list("/admin/v1/tenants/t1/runs").await["runs"], json!([]));
+    // (run, limits header, max_tokens per request, requests): the run
+    // reserving the most is the one with the largest max_tokens.
+    let runs = [
+        ("small", None, 10u64, 1usize),
+        ("big", Some("tokens=5000"), 60, 2),
+        ("mid", Some("tokens=3000, requests=10, window=5h"), 30, 2),
+    ];
+    let mut used = std::collections::HashMap::new();
+    for (id, limits, max_tokens, n) in runs {
+        for _ in 0..n {
+            let (status, v, _) = send(gw, Some(id), limits, max_tokens).await;
+            assert_eq!(status, 200, "{id}: {v}");
+            *used.entry(id).or_insert(0u64) += v["usage"]["total_tokens"].as_u64().unwrap();
+        }
+    }
+    settle(gw, memory).await;
+    let before = list("/admin/v1/tenants/t1/runs").await;
+    // A request without a run adds nothing to the index.
+    for _ in 0..3 {
+        assert_eq!(send(gw, None, None, 200).await.0, 200);
+    }
+    settle(gw, memory).await;
+    let listed = list("/admin/v1/tenants/t1/runs").await;
+    let spends = |v: &Value| -> Vec<(String, u64)> {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_str().unwrap().to_string(),
+                    r["spent"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        spends(&listed),
+        spends(&before),
+        "a request without a run changed the index"
+    );
+    let rows = listed["runs"].as_array().unwrap();
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["big", "mid", "small"], "{listed}");
+    let spent: Vec<u64> = rows.iter().map(|r| r["spent"].as_u64().unwrap()).collect();
+    assert!(spent[0] > spent[1] && spent[1] > spent[2], "{spent:?}");
+    for r in rows {
+        let id = r["id"].as_str().unwrap();
+        assert!(
+            r["spent"].as_u64().unwrap() >= used[id],
+            "{id} reserved less than it used: {r}"
+        );
+    }
+    // Limits from each run's record, remaining after what it used.
+    assert_eq!(
+        rows[0]["limits"],
+        json!({"tokens": 5000, "usd": null, "requests": null, "window": "24h"})
+    );
+    assert_eq!(rows[1]["limits"]["window"], "5h");
+    assert_eq!(
+        rows[2]["budgets"],
+        json!([]),
+        "a run without limits has no budgets"
+    );
+    let remaining = |r: &Value, b: &str| {
+        r["budgets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["budget"] == b)
+            .map(|x| {
+                (
+                    x["limit"].as_i64().unwrap(),
+                    x["remaining"].as_i64().unwrap(),
+                )
+            })
+    };
+    assert_eq!(
+        remaining(&rows[0], "tokens_per_24h"),
+        Some((5000, 5000 - used["big"] as i64))
+    );
+    assert_eq!(
+        remaining(&rows[1], "tokens_per_5h"),
+        Some((3000, 3000 - used["mid"] as i64))
+    );
+    assert_eq!(remaining(&rows[1], "requests_per_5h"), Some((10, 8)));
+    assert_eq!(rows[0]["budgets"][0]["scope"], "run:t1/big");
+    // The tenant's budgets carry its top runs, `runs` of them.
+    let b = list("/admin/v1/tenants/t1/budgets?runs=2").await;
+    let top: Vec<&Value> = b["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["id"])
+        .collect();
+    assert_eq!(top, [&json!("big"), &json!("mid")], "{b}");
+    let p = list("/admin/v1/budgets?runs=1").await;
+    let t1 = p["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "t1")
+        .unwrap();
+    assert_eq!(t1["runs"][0]["id"], "big", "{t1}");
+    for bad in [
+        "/admin/v1/tenants/t1/runs?limit=0",
+        "/admin/v1/tenants/t1/runs?limit=101",
+    ] {
+        let (s, _) = admin_call(gw, reqwest::Method::GET, bad, TOKEN, None).await;
+        assert_eq!(s, 400, "{bad}");
+    }
+    // Past run_ttl the runs are gone; a run started then is listed alone
+    // and counts from nothing.
+    pass.await;
+    assert_eq!(list("/admin/v1/tenants/t1/runs").await["runs"], json!([]));
+    assert_eq!(send(gw, Some("big"), None, 10).await.0, 200);
+    settle(gw, memory).await;
+    let again = list("/admin/v1/tenants/t1/runs").await;
+    let again = again["runs"].as_array().unwrap();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert!(again[0]["spent"].as_u64().unwrap() < spent[0], "{again:?}");
+}
+
+/// Fault: the admin API did not list a tenant's runs by spend with their
+/// limits and remaining, kept a run past its TTL, or indexed a request
+/// without a run (memory store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_by_spend_with_their_limits_and_leave_after_their_ttl_memory() {
+    let mock = start_mock().await;
+    let gw = config(&mock.base_url(), |t| t.run_ttl = Some("4s".into()))
+        .start()
+        .await;
+    let clock = gw.clock.clone();
+    runs_are_listed(&gw, true, async move { clock.advance(4_000_001) }).await;
+}
+
+/// As above, on Redis (the reservation script's index; Redis' own time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_by_spend_with_their_limits_and_leave_after_their_ttl_redis() {
+    let mock = start_mock().await;
+    let redis = redis_server::shared();
+    let gw = config(&mock.base_url(), |t| t.run_ttl = Some("4s".into()))
+        .redis_fleet(&redis.url(), &format!("bgrunlist{}", std::process::id()))
+        .start()
+        .await;
+    runs_are_listed(&gw, false, tokio::time::sleep(Duration::from_millis(4_200))).await;
+}
+
 // ---------------------------------------------------------------- stores
 
 /// A run reservation for the differential test: run `run` (of 3) started
@@ -564,6 +733,7 @@ fn run_request(
         requester: Arc::new(Requester {
             run: Some(RunRecord {
                 key: ks.run_record(&scope).into(),
+                index: ks.run_index("t").into(),
                 scope,
                 limits: format!("t={limit}").into(),
                 ttl_micros: 3_600_000_000,
@@ -720,6 +890,10 @@ fn both_stores_set_and_compare_run_records_alike() {
                 let m = memory.inspect(&all).await.expect("memory inspect");
                 let r = redis.inspect(&all).await.expect("redis inspect");
                 prop_assert_eq!(m, r, "inspect after {}", ctx);
+                // The tenant's run index: the same runs, spend and limits.
+                let m = memory.runs_of(&ks, "t", 100).await.expect("memory runs");
+                let r = redis.runs_of(&ks, "t", 100).await.expect("redis runs");
+                prop_assert_eq!(m, r, "runs after {}", ctx);
             }
             Ok(())
         })

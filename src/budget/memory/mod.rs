@@ -88,6 +88,7 @@ impl MemoryStore {
             + inner.rolling.len()
             + inner.slots.len()
             + inner.runs.len()
+            + inner.run_index.len()
     }
 
     /// The limits run record `key` holds now, if any (tests).
@@ -173,6 +174,7 @@ impl MemoryStore {
             if let Some(spec) = starts {
                 inner.debit(spec, 1, now, &req.id);
             }
+            index_run(&mut inner, r, req.costs.tokens, now);
         }
         out
     }
@@ -411,6 +413,47 @@ impl MemoryStore {
         b.available()
     }
 
+    /// Synchronous core of [`BudgetStore::runs_of`].
+    pub fn runs_of_sync(
+        &self,
+        ks: &super::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Vec<super::ListedRun> {
+        let now = self.clock.now_micros();
+        let inner = self.lock();
+        let Some(index) = inner
+            .run_index
+            .get(&ks.run_index(tenant))
+            .filter(|x| x.expires_at > now)
+        else {
+            return Vec::new();
+        };
+        let mut listed: Vec<(&Arc<str>, u64)> = index
+            .runs
+            .iter()
+            .map(|(id, &(spent, _))| (id, spent))
+            .collect();
+        // Most first, the greater id first among equals (Redis ZREVRANGE).
+        listed.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(a.0)));
+        listed
+            .into_iter()
+            .filter_map(|(id, spent)| {
+                let scope = super::Scope::Run(tenant.into(), id.clone());
+                let record = inner
+                    .runs
+                    .get(&ks.run_record(&scope))
+                    .filter(|r| r.expires_at > now)?;
+                Some(super::ListedRun {
+                    id: id.clone(),
+                    spent,
+                    limits: record.limits.clone(),
+                })
+            })
+            .take(n)
+            .collect()
+    }
+
     /// Synchronous core of [`BudgetStore::holds_on`].
     pub fn holds_on_sync(&self, specs: &[BudgetSpec]) -> Vec<super::HeldOn> {
         let now = self.clock.now_micros();
@@ -498,6 +541,15 @@ impl BudgetStore for MemoryStore {
         Ok(self.void_sync(id, hold_ttl_micros))
     }
 
+    async fn runs_of(
+        &self,
+        ks: &super::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<super::ListedRun>, StoreError> {
+        Ok(self.runs_of_sync(ks, tenant, n))
+    }
+
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
         Ok(self.lower_sync(spec, at_most))
     }
@@ -507,6 +559,35 @@ impl BudgetStore for MemoryStore {
 fn common_costs_differ(req: &ReserveRequest) -> bool {
     let cost = |c: usize, i: usize| req.costs.of(c, i, &req.common[i]);
     (1..req.candidates.len()).any(|c| (0..req.common.len()).any(|i| cost(c, i) != cost(0, i)))
+}
+
+/// An admission of run `r` of `tokens` in its tenant's index (as
+/// lua/reserve.lua): runs whose record has expired leave it (a run started
+/// again counts from 0), the run gains `tokens` and its record's expiry,
+/// and beyond [`super::RUN_INDEX_MAX`] runs the least (the smaller id
+/// first among equals: Redis' rank order) leave.
+fn index_run(inner: &mut Inner, r: &super::RunRecord, tokens: u64, now: u64) {
+    let super::Scope::Run(_, id) = &r.scope else {
+        return;
+    };
+    let expires = now.saturating_add(r.ttl_micros);
+    let index = inner.run_index.entry(r.index.to_string()).or_default();
+    index.runs.retain(|_, &mut (_, e)| e > now);
+    let entry = index.runs.entry(id.clone()).or_insert((0, 0));
+    entry.0 = entry.0.saturating_add(tokens);
+    entry.1 = expires;
+    index.expires_at = expires;
+    while index.runs.len() > super::RUN_INDEX_MAX {
+        let least = index
+            .runs
+            .iter()
+            .min_by(|a, b| a.1 .0.cmp(&b.1 .0).then_with(|| a.0.cmp(b.0)))
+            .map(|(id, _)| id.clone());
+        match least {
+            Some(least) => index.runs.remove(&least),
+            None => break,
+        };
+    }
 }
 
 /// The reservation's budgets decided (after its replay and its run's

@@ -41,6 +41,8 @@ pub(super) struct Inner {
     pub(super) shares: HashMap<String, ShareState>,
     /// Run records by key (`budget::RunRecord`).
     pub(super) runs: HashMap<String, RunState>,
+    /// Each tenant's index of active runs, by index key (`KeySpace::run_index`).
+    pub(super) run_index: HashMap<String, RunIndex>,
     pub(super) ops: u64,
     /// Time of the last sweep, UTC µs.
     pub(super) swept_at: u64,
@@ -49,6 +51,15 @@ pub(super) struct Inner {
 /// What a run started with, and until when its record lives.
 pub(super) struct RunState {
     pub(super) limits: std::sync::Arc<str>,
+    pub(super) expires_at: u64,
+}
+
+/// A tenant's active runs (lua/reserve.lua's two sorted sets): tokens
+/// reserved and record expiry by run id, at most `RUN_INDEX_MAX`.
+#[derive(Default)]
+pub(super) struct RunIndex {
+    pub(super) runs: HashMap<std::sync::Arc<str>, (u64, u64)>,
+    /// The latest record expiry of its runs (the Redis keys' TTL).
     pub(super) expires_at: u64,
 }
 
@@ -99,6 +110,7 @@ impl Inner {
             self.rolling.retain(|_, (w, r)| r.until_empty(*w, now) > 0);
             self.holds.retain(|_, h| h.expires_at > now);
             self.runs.retain(|_, r| r.expires_at > now);
+            self.run_index.retain(|_, x| x.expires_at > now);
             super::quota_lease::sweep(&mut self.leases, now);
             self.shares.retain(|_, st| {
                 st.live(now);

@@ -12,7 +12,8 @@ use redis::Value;
 use super::conn::{map_err, Conn};
 use super::hold::HoldRecord;
 use super::RedisStore;
-use crate::budget::{BudgetSpec, HeldOn, StoreError, HELD_ON_SCAN_MAX};
+use crate::budget::{BudgetSpec, HeldOn, ListedRun, Scope, StoreError, HELD_ON_SCAN_MAX};
+use crate::clock::{Clock, SystemClock};
 
 /// Keys asked per `SCAN` step and per `MGET`.
 const STEP: usize = 500;
@@ -105,6 +106,52 @@ impl RedisStore {
             Ok(r) => r.map_err(map_err),
             Err(_) => Err(StoreError::Timeout),
         }
+    }
+}
+
+impl RedisStore {
+    /// See [`crate::budget::BudgetStore::runs_of`]: the tenant's run index
+    /// (at most `RUN_INDEX_MAX` runs, most first) and its runs' records,
+    /// two commands on the tenant's domain.
+    pub(super) async fn runs_of_read(
+        &self,
+        ks: &crate::budget::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<ListedRun>, StoreError> {
+        let index = ks.run_index(tenant);
+        let mut range = redis::cmd("ZREVRANGE");
+        range.arg(&index).arg(0).arg(-1).arg("WITHSCORES");
+        let listed: Vec<(String, f64)> = self.query_at(&index, range).await?;
+        if listed.is_empty() || n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut mget = redis::cmd("MGET");
+        for (id, _) in &listed {
+            mget.arg(ks.run_record(&Scope::Run(tenant.into(), id.as_str().into())));
+        }
+        let records: Vec<Option<String>> = self.query_at(&index, mget).await?;
+        // The script reads each record's expiry against its `now`: so does
+        // this read (the test clock when set).
+        let now = match &self.clock {
+            Some(c) => c.now_micros(),
+            None => SystemClock.now_micros(),
+        };
+        Ok(listed
+            .into_iter()
+            .zip(records)
+            .filter_map(|((id, spent), record)| {
+                let (exp, limits) = record?
+                    .split_once(' ')
+                    .map(|(e, l)| (e.to_string(), l.to_string()))?;
+                (exp.parse::<u64>().ok()? > now).then(|| ListedRun {
+                    id: id.into(),
+                    spent: spent.max(0.0) as u64,
+                    limits: limits.into(),
+                })
+            })
+            .take(n)
+            .collect())
     }
 }
 

@@ -16,7 +16,7 @@ use crate::budget::bucket::{DEBT_FLOOR, MAX_WAIT_MS, UNITS_PER_TOKEN};
 use crate::budget::calendar::{Window, MICROS_PER_DAY};
 use crate::budget::keys::LAYOUT_VERSION;
 use crate::budget::share::{ACTIVE_MICROS, GAP_STEPS, SHARE_RETRY_MICROS};
-use crate::budget::{MAX_AMOUNT, MAX_COUNT, RATE_ONE};
+use crate::budget::{MAX_AMOUNT, MAX_COUNT, RATE_ONE, RUN_INDEX_MAX};
 use crate::config::bounds::MAX_LIMIT;
 
 /// Every key's TTL gets this margin past the moment it stops mattering, so
@@ -52,6 +52,7 @@ pub fn prelude() -> String {
          local SHARE_ACTIVE = {ACTIVE_MICROS}\n\
          local SHARE_GAP = {GAP_STEPS}\n\
          local SHARE_RETRY = {SHARE_RETRY_MICROS}\n\
+         local RUN_INDEX_MAX = {RUN_INDEX_MAX}\n\
          local ROLL = {{ F = {{ {f_g}, {f_n} }}, H = {{ {h_g}, {h_n} }}, W = {{ {w_g}, {w_n} }} }}\n\
          local FIRST = {{ f = {first_5h}, h = {first_24h}, w = {first_week} }}\n",
         f_g = ROLL_5H.0,
@@ -217,6 +218,7 @@ mod tests {
                 "SHARE_ACTIVE",
                 "SHARE_GAP",
                 "SHARE_RETRY",
+                "RUN_INDEX_MAX",
             ] {
                 assert!(
                     !file.contains(&format!("local {name} =")),

@@ -193,7 +193,8 @@ impl RedisStore {
         let legacy = self.previous_quota_keys(all.iter().copied());
         let (share_arg, share_keys) = share_args(req);
         let run = req.requester.run.as_ref();
-        let run_keys = run.map_or(0, |r| 1 + usize::from(r.starts.is_some()));
+        let run_keys = run.map_or(0, |r| 3 + usize::from(r.starts.is_some()));
+        let run_expiry = run.map(|r| run_index_expiry(&r.index));
         let mut inv = ScriptArgs::new(
             batcher.script_for(BatchOp::Reserve),
             1 + all.len() + legacy.len() + share_keys.len() + run_keys,
@@ -208,8 +209,10 @@ impl RedisStore {
         for k in &share_keys {
             inv.key(k);
         }
-        if let Some(r) = run {
+        if let (Some(r), Some(expiry)) = (run, &run_expiry) {
             inv.key(&*r.key);
+            inv.key(&*r.index);
+            inv.key(expiry);
             if let Some(starts) = &r.starts {
                 inv.key(&*starts.key);
             }
@@ -234,10 +237,11 @@ impl RedisStore {
         match run {
             None => inv.arg(""),
             Some(r) => inv.arg(format!(
-                "{} {} {}",
+                "{} {} {} {}",
                 r.ttl_micros,
                 r.starts.as_ref().map_or(0, BudgetSpec::limit),
-                r.limits
+                r.limits,
+                run_id(&r.scope)
             )),
         };
         let items = batcher.call(BatchOp::Reserve, inv).await?;
@@ -483,6 +487,15 @@ impl BudgetStore for RedisStore {
             return Ok(Vec::new());
         }
         Ok(self.inspect_all(specs).await?.1)
+    }
+
+    async fn runs_of(
+        &self,
+        ks: &crate::budget::keys::KeySpace,
+        tenant: &str,
+        n: usize,
+    ) -> Result<Vec<crate::budget::ListedRun>, StoreError> {
+        self.runs_of_read(ks, tenant, n).await
     }
 
     async fn holds_on(
@@ -807,4 +820,19 @@ fn share_args(req: &ReserveRequest) -> (String, Vec<String>) {
 
 fn cost_at(costs: &[u64], idx: usize) -> u64 {
     costs.get(idx).copied().unwrap_or(0)
+}
+
+/// The companion of run index `index` holding each run's record expiry
+/// (lua/reserve.lua), in the index's domain.
+pub(super) fn run_index_expiry(index: &str) -> String {
+    format!("{index}:expiry")
+}
+
+/// The id of run scope `scope` (the script's index member).
+fn run_id(scope: &crate::budget::Scope) -> &str {
+    match scope {
+        crate::budget::Scope::Run(_, id) => id,
+        // A record is only ever built for a run scope.
+        _ => "",
+    }
 }
