@@ -408,7 +408,12 @@ impl QuotaLeases {
                     _ = tokio::time::sleep(me.tick) => {}
                     _ = me.wake.notified() => {}
                 }
-                me.round().await;
+                // Each round on its own: a round waits for its slowest
+                // call (a domain failing over: up to the timeout), and the
+                // next rounds must meanwhile serve the other domains. A
+                // line on the wire is not planned again until its reply.
+                let round = me.clone();
+                tokio::spawn(async move { round.round().await });
             }
         })
     }

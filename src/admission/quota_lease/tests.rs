@@ -1014,3 +1014,67 @@ async fn a_lease_round_fails_apart_by_domain() {
     round.await.expect("round");
     assert_eq!(leases.leases(), 4, "the dead domain's lines failed alone");
 }
+
+/// The keeper goes on planning while a dead domain's lease call waits
+/// out its timeout: a tenant of another domain that becomes hot meanwhile
+/// gets its lease within a few ticks, not after the timeout.
+#[tokio::test(start_paused = true)]
+async fn the_keeper_serves_other_domains_while_a_call_waits_on_a_dead_one() {
+    use crate::admission::deny::DenyCachedStore;
+    use crate::admission::GatewayStore;
+    use crate::budget::deny_cache::DenyCache;
+    use crate::budget::memory::MemoryStore;
+    use crate::budget::BudgetStore;
+    use crate::clock::ManualClock;
+
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let store = Arc::new(OneDomainDown {
+        mem: mem.clone(),
+        started: std::sync::Mutex::new(Vec::new()),
+    });
+    let leases = Arc::new(super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        store.clone(),
+        Duration::from_secs(5),
+        "g1",
+    ));
+    let inner: Arc<dyn BudgetStore> = mem.clone();
+    let gw = GatewayStore::new(
+        DenyCachedStore::new(
+            inner,
+            Arc::new(DenyCache::with_capacity(16)),
+            Arc::new(clock.clone()),
+        ),
+        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        1.0,
+    )
+    .with_leases(leases.clone());
+    let used = Settlement {
+        actual_tokens: 100,
+        upstream_failed: false,
+        actual: Actual::Tokens,
+    };
+    let keeper = leases.spawn_keeper();
+    for i in 0..60 {
+        let r = request_in(&format!("a{i}"), "a", "dead");
+        gw.reserve(&r).await.expect("reserve");
+        gw.settle(&r.id, &used).await.expect("settle");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.started.lock().unwrap().len(), 1, "the dead call sent");
+    for i in 0..60 {
+        let r = request_in(&format!("b{i}"), "b", "live1");
+        gw.reserve(&r).await.expect("reserve");
+        gw.settle(&r.id, &used).await.expect("settle");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        leases
+            .leased_units("bg:{live1}:v3:tenant:b:tpm")
+            .is_some_and(|u| u > 0),
+        "leased while the dead domain's call waits"
+    );
+    keeper.abort();
+}
