@@ -5,7 +5,7 @@
 //! call after the back-off probes the store again.
 //!
 //! A busy store is not a failed one. At most [`MAX_IN_FLIGHT`] calls are
-//! outstanding per wrapper; the others wait their turn here (up to
+//! outstanding per wrapper and budget domain; the others wait their turn here (up to
 //! [`QUEUE_WAIT`]), so a burst of a thousand requests is served at the
 //! store's pace instead of timing out together in its queue (measured: 1,000
 //! streams opened at once against one Redis timed out two thirds of their
@@ -33,7 +33,8 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 /// this time (the store contract asks for one second after a Redis
 /// restart; the connection itself is replaced before the first call).
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
-/// Most calls outstanding at once per wrapper (one per serving thread).
+/// Most calls outstanding at once per wrapper (one per serving thread)
+/// and budget domain.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Shortest a call waits for its turn before failing as a timeout (without
 /// opening the breaker: the wait measures this gateway's load, not the
@@ -207,12 +208,17 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
             "reserve",
             self.inner.domain_of_reservation(req),
             self.inner.reserve(req),
-        ).await
+        )
+        .await
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        self.call("extend", self.inner.domain_of_hold(id), self.inner.extend(id, step))
-            .await
+        self.call(
+            "extend",
+            self.inner.domain_of_hold(id),
+            self.inner.extend(id, step),
+        )
+        .await
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
@@ -255,7 +261,7 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
             self.inner.domain_of_hold(id),
             self.inner.void(id, hold_ttl_micros),
         )
-            .await
+        .await
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
