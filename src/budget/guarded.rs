@@ -5,7 +5,7 @@
 //! call after the back-off probes the store again.
 //!
 //! A busy store is not a failed one. At most [`MAX_IN_FLIGHT`] calls are
-//! outstanding per wrapper; the others wait their turn here (up to
+//! outstanding per wrapper and budget domain; the others wait their turn here (up to
 //! [`QUEUE_WAIT`]), so a burst of a thousand requests is served at the
 //! store's pace instead of timing out together in its queue (measured: 1,000
 //! streams opened at once against one Redis timed out two thirds of their
@@ -14,7 +14,8 @@
 //! succeeded for [`ALIVE_WITHIN`]: while some calls still succeed, the store
 //! is overloaded, not down, and each request keeps its own chance.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,7 +33,8 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 /// this time (the store contract asks for one second after a Redis
 /// restart; the connection itself is replaced before the first call).
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
-/// Most calls outstanding at once per wrapper (one per serving thread).
+/// Most calls outstanding at once per wrapper (one per serving thread)
+/// and budget domain.
 pub const MAX_IN_FLIGHT: usize = 64;
 /// Shortest a call waits for its turn before failing as a timeout (without
 /// opening the breaker: the wait measures this gateway's load, not the
@@ -50,52 +52,113 @@ struct Breaker {
     last_success: Option<Instant>,
 }
 
-/// Timeout + metrics + circuit breaker around another store.
-pub struct GuardedStore<S: ?Sized> {
-    inner: std::sync::Arc<S>,
-    timeout: Duration,
-    /// The longer of [`QUEUE_WAIT`] and `timeout`.
-    queue_wait: Duration,
+/// One domain's turns and breaker.
+struct Lane {
     breaker: Mutex<Breaker>,
     turns: tokio::sync::Semaphore,
-    call_metrics: metrics::StoreCallMetrics,
 }
 
-impl<S: BudgetStore + ?Sized> GuardedStore<S> {
-    /// Wraps `inner`; each call fails with [`StoreError::Timeout`] after `timeout`.
-    pub fn new(inner: std::sync::Arc<S>, timeout: Duration) -> Self {
+impl Lane {
+    fn new() -> Self {
         Self {
-            inner,
-            timeout,
-            queue_wait: timeout.max(QUEUE_WAIT),
             breaker: Mutex::new(Breaker {
                 open_until: None,
                 backoff: BACKOFF_START,
                 last_success: None,
             }),
             turns: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        let b = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
+        b.open_until.is_some_and(|t| Instant::now() < t)
+    }
+}
+
+/// Domains given lanes of their own at most; the calls of any further
+/// domain share the store's own lane (a fleet has a domain per top-level
+/// tenant and deployment group: thousands at most).
+const MAX_LANES: usize = 4096;
+
+/// Timeout + metrics + circuit breaker around another store.
+///
+/// Turns and breaker are per budget domain
+/// ([`BudgetStore::domain_of_reservation`]): in the `tenant` layout a
+/// primary that fails over takes only its own domains' calls out, and its
+/// calls, waiting up to the timeout, hold only their own domain's turns
+/// (DESIGN section 22). A store of one domain (the `single` layout, the
+/// memory store) has the one lane it always had.
+pub struct GuardedStore<S: ?Sized> {
+    inner: std::sync::Arc<S>,
+    timeout: Duration,
+    /// The longer of [`QUEUE_WAIT`] and `timeout`.
+    queue_wait: Duration,
+    /// The store's own domain (domain 0).
+    own: Lane,
+    /// The other domains', made at their first call.
+    lanes: Mutex<HashMap<u64, Arc<Lane>>>,
+    call_metrics: metrics::StoreCallMetrics,
+}
+
+impl<S: BudgetStore + ?Sized> GuardedStore<S> {
+    /// Wraps `inner`; each call fails with [`StoreError::Timeout`] after `timeout`.
+    pub fn new(inner: Arc<S>, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            queue_wait: timeout.max(QUEUE_WAIT),
+            own: Lane::new(),
+            lanes: Mutex::new(HashMap::new()),
             call_metrics: metrics::StoreCallMetrics::new(),
         }
     }
 
-    /// True while the breaker keeps calls away from the store.
+    /// True while the breaker keeps calls of the store's own domain (every
+    /// call of a store of one domain) away from the store.
     pub fn is_open(&self) -> bool {
-        let b = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
-        b.open_until.is_some_and(|t| Instant::now() < t)
+        self.own.is_open()
     }
 
-    async fn call<T, F>(&self, op: &'static str, fut: F) -> Result<T, StoreError>
+    /// True while the breaker of `domain` keeps its calls away from the store.
+    pub fn is_open_in(&self, domain: u64) -> bool {
+        if domain == 0 {
+            return self.own.is_open();
+        }
+        let lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        lanes.get(&domain).is_some_and(|l| l.is_open())
+    }
+
+    /// The lane of `domain` other than the store's own (`None`: past
+    /// [`MAX_LANES`], the own lane).
+    fn lane(&self, domain: u64) -> Option<Arc<Lane>> {
+        // Lanes are never removed: a panic mid-insert loses nothing held.
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = lanes.get(&domain) {
+            return Some(l.clone());
+        }
+        if lanes.len() >= MAX_LANES {
+            return None;
+        }
+        let l = Arc::new(Lane::new());
+        lanes.insert(domain, l.clone());
+        Some(l)
+    }
+
+    async fn call<T, F>(&self, op: &'static str, domain: u64, fut: F) -> Result<T, StoreError>
     where
         F: std::future::Future<Output = Result<T, StoreError>>,
     {
-        if self.is_open() {
+        let other = if domain == 0 { None } else { self.lane(domain) };
+        let lane = other.as_deref().unwrap_or(&self.own);
+        if lane.is_open() {
             metrics::store_call(op, 0.0, false);
             return Err(StoreError::NotSent(
                 "store calls paused after recent failures".into(),
             ));
         }
         let start = Instant::now();
-        let Ok(Ok(_turn)) = tokio::time::timeout(self.queue_wait, self.turns.acquire()).await
+        let Ok(Ok(_turn)) = tokio::time::timeout(self.queue_wait, lane.turns.acquire()).await
         else {
             metrics::store_call(op, start.elapsed().as_secs_f64(), false);
             return Err(StoreError::NotSent(
@@ -118,7 +181,7 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
         let now = Instant::now();
         self.call_metrics
             .record(op, (now - start).as_secs_f64(), result.is_ok());
-        let mut b = self.breaker.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = lane.breaker.lock().unwrap_or_else(|e| e.into_inner());
         match &result {
             Ok(_) => {
                 b.open_until = None;
@@ -126,10 +189,10 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
                 b.last_success = Some(now);
             }
             Err(e) if b.last_success.is_some_and(|t| now - t < ALIVE_WITHIN) => {
-                tracing::debug!(op, error = %e, "budget store call failed; the store answered other calls within the last second, so calls go on");
+                tracing::debug!(op, domain, error = %e, "budget store call failed; the domain answered other calls within the last second, so calls go on");
             }
             Err(e) => {
-                tracing::warn!(op, error = %e, backoff_ms = b.backoff.as_millis() as u64, "budget store call failed; pausing store calls");
+                tracing::warn!(op, domain, error = %e, backoff_ms = b.backoff.as_millis() as u64, "budget store call failed; pausing the domain's store calls");
                 b.open_until = Some(now + b.backoff);
                 b.backoff = (b.backoff * 2).min(BACKOFF_MAX);
             }
@@ -141,23 +204,43 @@ impl<S: BudgetStore + ?Sized> GuardedStore<S> {
 #[async_trait]
 impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
     async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
-        self.call("reserve", self.inner.reserve(req)).await
+        self.call(
+            "reserve",
+            self.inner.domain_of_reservation(req),
+            self.inner.reserve(req),
+        )
+        .await
     }
 
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
-        self.call("extend", self.inner.extend(id, step)).await
+        self.call(
+            "extend",
+            self.inner.domain_of_hold(id),
+            self.inner.extend(id, step),
+        )
+        .await
     }
 
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        self.call("renew", self.inner.renew(id)).await
+        self.call("renew", self.inner.domain_of_hold(id), self.inner.renew(id))
+            .await
     }
 
     async fn settle(&self, id: &str, settlement: &Settlement) -> Result<SettleOutcome, StoreError> {
-        self.call("settle", self.inner.settle(id, settlement)).await
+        self.call(
+            "settle",
+            self.inner.domain_of_hold(id),
+            self.inner.settle(id, settlement),
+        )
+        .await
     }
 
     async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
-        self.call("inspect", self.inner.inspect(specs)).await
+        // A read of several domains waits in its first one's lane (an
+        // admin read; the health check reads none: the store's own).
+        let domain = specs.first().map_or(0, |s| self.inner.domain_of_budget(s));
+        self.call("inspect", domain, self.inner.inspect(specs))
+            .await
     }
 
     async fn runs_of(
@@ -182,16 +265,37 @@ impl<S: BudgetStore + ?Sized> BudgetStore for GuardedStore<S> {
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
-        self.call("void", self.inner.void(id, hold_ttl_micros))
-            .await
+        self.call(
+            "void",
+            self.inner.domain_of_hold(id),
+            self.inner.void(id, hold_ttl_micros),
+        )
+        .await
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
-        self.call("lower", self.inner.lower(spec, at_most)).await
+        self.call(
+            "lower",
+            self.inner.domain_of_budget(spec),
+            self.inner.lower(spec, at_most),
+        )
+        .await
     }
 
     fn times_out_calls(&self) -> bool {
         true
+    }
+
+    fn domain_of_reservation(&self, req: &ReserveRequest) -> u64 {
+        self.inner.domain_of_reservation(req)
+    }
+
+    fn domain_of_hold(&self, id: &str) -> u64 {
+        self.inner.domain_of_hold(id)
+    }
+
+    fn domain_of_budget(&self, spec: &BudgetSpec) -> u64 {
+        self.inner.domain_of_budget(spec)
     }
 }
 
@@ -357,5 +461,89 @@ mod tests {
             }
         }
         assert_eq!(refused, 0, "no call refused for want of a turn");
+    }
+
+    /// A store of two domains (in the `tenant` layout, two primaries): the
+    /// renewals of ids starting `dead` go to a primary that never answers,
+    /// the others are answered in 1 ms.
+    struct TwoDomains {
+        answered: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl BudgetStore for TwoDomains {
+        async fn reserve(&self, _: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn extend(&self, _: &str, _: &Step) -> Result<ExtendOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+            if id.starts_with("dead") {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.answered.fetch_add(1, Ordering::SeqCst);
+            Ok(RenewOutcome::Unknown)
+        }
+        async fn settle(&self, _: &str, _: &Settlement) -> Result<SettleOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn void(&self, _: &str, _: u64) -> Result<SettleOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn inspect(&self, _: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+            unimplemented!()
+        }
+        async fn lower(&self, _: &BudgetSpec, _: u64) -> Result<i64, StoreError> {
+            unimplemented!()
+        }
+        fn domain_of_hold(&self, id: &str) -> u64 {
+            if id.starts_with("dead") {
+                7
+            } else {
+                9
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_waiting_on_a_dead_domain_take_no_turn_of_another() {
+        let store = Arc::new(TwoDomains {
+            answered: AtomicUsize::new(0),
+        });
+        let guarded = Arc::new(GuardedStore::new(store.clone(), Duration::from_secs(5)));
+        // Three times the turns of a lane, all waiting on the dead domain.
+        let dead: Vec<_> = (0..3 * MAX_IN_FLIGHT)
+            .map(|i| {
+                let g = guarded.clone();
+                tokio::spawn(async move { g.renew(&format!("dead{i}")).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let start = Instant::now();
+        let live: Vec<_> = (0..2 * MAX_IN_FLIGHT)
+            .map(|i| {
+                let g = guarded.clone();
+                tokio::spawn(async move { g.renew(&format!("live{i}")).await })
+            })
+            .collect();
+        for c in live {
+            assert!(c.await.unwrap().is_ok(), "the live domain's call answered");
+        }
+        assert!(
+            start.elapsed() < Duration::from_millis(100),
+            "promptly, not after the dead domain's timeout: {:?}",
+            start.elapsed()
+        );
+        assert_eq!(store.answered.load(Ordering::SeqCst), 2 * MAX_IN_FLIGHT);
+        for c in dead {
+            assert!(c.await.unwrap().is_err());
+        }
+        assert!(guarded.is_open_in(7), "the dead domain is paused");
+        assert!(!guarded.is_open_in(9), "the live one is not");
+        assert!(guarded.renew("live-after").await.is_ok());
+        assert!(guarded.renew("dead-after").await.is_err());
+        assert!(!guarded.is_open(), "nor is the store's own domain");
     }
 }

@@ -700,4 +700,25 @@ pub trait BudgetStore: Send + Sync + 'static {
     fn times_out_calls(&self) -> bool {
         false
     }
+    /// The budget domain a reservation's first call goes to, as a number:
+    /// `0` for the store's own domain, and for every call of a store whose
+    /// domains cannot fail apart (the default: one Redis, the memory
+    /// store). A wrapper keys its turns and breaker by it
+    /// ([`guarded::GuardedStore`]), so calls waiting on a primary that
+    /// fails over hold only their own domains' turns.
+    fn domain_of_reservation(&self, req: &ReserveRequest) -> u64 {
+        let _ = req;
+        0
+    }
+    /// [`Self::domain_of_reservation`] for the extension, renewal,
+    /// settlement and void of reservation `id`: its first hold's domain.
+    fn domain_of_hold(&self, id: &str) -> u64 {
+        let _ = id;
+        0
+    }
+    /// [`Self::domain_of_reservation`] for a call on one budget.
+    fn domain_of_budget(&self, spec: &BudgetSpec) -> u64 {
+        let _ = spec;
+        0
+    }
 }

@@ -323,3 +323,41 @@ fn the_test_key_space_places_tenants_and_deployments_apart() {
     assert_eq!(t, "bg:{d.t.acme}:v3:tenant:acme:tpm");
     assert_eq!(u, "bg:{d.d.a}:v3:upstream:up1:tpm");
 }
+
+/// The domain of each call, by which the gateway's store guard keys its
+/// turns and breaker (`budget::guarded`): a reservation's is its tenant
+/// domain's (asked first), its hold calls wait where it did, and the
+/// `single` layout has one domain.
+#[tokio::test]
+async fn calls_wait_in_the_domain_they_go_to_first() {
+    let h = H::new(Backend::ClusterTenant).await;
+    let a = h.tpm(Scope::Tenant("acme".into()), 1000, 1000);
+    let b = h.tpm(Scope::Tenant("beta".into()), 1000, 1000);
+    let up = h.tpm(Scope::Upstream("up1".into()), 10_000, 10_000);
+    let ra = request("ra", 10, vec![a.clone()], vec![vec![up.clone()]]);
+    let rb = request("rb", 10, vec![b.clone()], vec![vec![up.clone()]]);
+    let (da, db) = (
+        h.store.domain_of_reservation(&ra),
+        h.store.domain_of_reservation(&rb),
+    );
+    assert!(da != 0 && db != 0 && da != db, "{da} {db}");
+    assert_eq!(h.store.domain_of_budget(&a), da);
+    assert_ne!(h.store.domain_of_budget(&up), da);
+    let deployment_only = request("ru", 10, Vec::new(), vec![vec![up.clone()]]);
+    assert_eq!(
+        h.store.domain_of_reservation(&deployment_only),
+        h.store.domain_of_budget(&up)
+    );
+    admitted(h.store.reserve(&ra).await.expect("reserve"));
+    assert_eq!(h.store.domain_of_hold("ra"), da);
+    assert_eq!(h.store.domain_of_hold("unplaced"), 0, "a `single` id");
+
+    let s = H::new(Backend::Cluster).await;
+    let a = s.tpm(Scope::Tenant("acme".into()), 1000, 1000);
+    let up = s.tpm(Scope::Upstream("up1".into()), 10_000, 10_000);
+    let ra = request("ra", 10, vec![a.clone()], vec![vec![up.clone()]]);
+    assert_eq!(s.store.domain_of_reservation(&ra), 0);
+    assert_eq!(s.store.domain_of_budget(&up), 0);
+    admitted(s.store.reserve(&ra).await.expect("reserve"));
+    assert_eq!(s.store.domain_of_hold("ra"), 0);
+}

@@ -354,29 +354,39 @@ impl QuotaLeases {
         self.send(calls).await;
     }
 
+    /// Sends `calls` (one per budget domain) all at once and applies each
+    /// call's replies as they come: a domain whose primary is failing over
+    /// fails (or times out) its own lines alone, and delays no other
+    /// domain's grants and reports.
     async fn send(&self, calls: Vec<Call>) {
-        for call in calls {
-            metrics::call();
-            let replies =
-                match tokio::time::timeout(self.timeout, self.store.lease(&call.lines)).await {
-                    Ok(Ok(r)) if r.len() == call.lines.len() => Some(r),
-                    Ok(Ok(r)) => {
-                        tracing::warn!(
-                            lines = call.lines.len(),
-                            replies = r.len(),
-                            "lease call: reply count differs; resending"
-                        );
-                        None
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "lease call failed; resending");
-                        None
-                    }
-                    Err(_) => {
-                        tracing::warn!("lease call timed out; resending");
-                        None
-                    }
-                };
+        let mut pending: futures_util::stream::FuturesUnordered<_> = calls
+            .into_iter()
+            .map(|call| async move {
+                metrics::call();
+                let sent = tokio::time::timeout(self.timeout, self.store.lease(&call.lines)).await;
+                (call, sent)
+            })
+            .collect();
+        while let Some((call, sent)) = futures_util::StreamExt::next(&mut pending).await {
+            let replies = match sent {
+                Ok(Ok(r)) if r.len() == call.lines.len() => Some(r),
+                Ok(Ok(r)) => {
+                    tracing::warn!(
+                        lines = call.lines.len(),
+                        replies = r.len(),
+                        "lease call: reply count differs; resending"
+                    );
+                    None
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(domain = %call.domain, error = %e, "lease call failed; resending");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(domain = %call.domain, "lease call timed out; resending");
+                    None
+                }
+            };
             let applied = self.lock().apply(&call, replies.as_deref(), self.now());
             self.applied.notify_waiters();
             metrics::applied(&applied);
@@ -398,7 +408,12 @@ impl QuotaLeases {
                     _ = tokio::time::sleep(me.tick) => {}
                     _ = me.wake.notified() => {}
                 }
-                me.round().await;
+                // Each round on its own: a round waits for its slowest
+                // call (a domain failing over: up to the timeout), and the
+                // next rounds must meanwhile serve the other domains. A
+                // line on the wire is not planned again until its reply.
+                let round = me.clone();
+                tokio::spawn(async move { round.round().await });
             }
         })
     }

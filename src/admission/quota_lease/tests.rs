@@ -899,3 +899,182 @@ async fn a_hold_goes_where_it_was_admitted_and_takes_the_book_lock_only_if_lease
     assert_eq!(leases.hold_locks() - before, 1, "one lock per settle");
     assert_eq!(tracker.settled(), 1_001);
 }
+
+/// A lease store whose calls take 10 ms, except those of domain `{dead}`
+/// (a primary failing over), which never answer; it notes when each call
+/// started.
+struct OneDomainDown {
+    mem: Arc<crate::budget::memory::MemoryStore>,
+    started: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+#[async_trait::async_trait]
+impl crate::budget::quota_lease::LeaseStore for OneDomainDown {
+    async fn lease(
+        &self,
+        lines: &[crate::budget::quota_lease::LeaseLine],
+    ) -> Result<Vec<LeaseReply>, crate::budget::StoreError> {
+        self.started
+            .lock()
+            .unwrap()
+            .push(tokio::time::Instant::now());
+        if lines.iter().any(|l| l.spec.key.contains("{dead}")) {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        self.mem.lease(lines).await
+    }
+    async fn leased_out(
+        &self,
+        specs: &[BudgetSpec],
+    ) -> Result<Vec<crate::budget::quota_lease::LeasedOut>, crate::budget::StoreError> {
+        self.mem.leased_out(specs).await
+    }
+}
+
+/// `request` of tenant `tenant` whose budgets lie in domain `tag`.
+fn request_in(id: &str, tenant: &str, tag: &str) -> ReserveRequest {
+    let mut r = request(id, 100);
+    for s in &mut r.common {
+        s.scope = Scope::Tenant(tenant.into());
+        s.key = format!("bg:{{{tag}}}:v3:tenant:{tenant}:{}", s.name.as_str()).into();
+    }
+    r
+}
+
+/// A lease round over three domains, one of whose primary never answers:
+/// every domain's call goes out at once, and the others' grants are
+/// applied while the dead domain's call still waits out its timeout.
+#[tokio::test(start_paused = true)]
+async fn a_lease_round_fails_apart_by_domain() {
+    use crate::admission::deny::DenyCachedStore;
+    use crate::admission::GatewayStore;
+    use crate::budget::deny_cache::DenyCache;
+    use crate::budget::memory::MemoryStore;
+    use crate::budget::BudgetStore;
+    use crate::clock::ManualClock;
+
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let store = Arc::new(OneDomainDown {
+        mem: mem.clone(),
+        started: std::sync::Mutex::new(Vec::new()),
+    });
+    let leases = Arc::new(super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        store.clone(),
+        Duration::from_secs(5),
+        "g1",
+    ));
+    let inner: Arc<dyn BudgetStore> = mem.clone();
+    let gw = GatewayStore::new(
+        DenyCachedStore::new(
+            inner,
+            Arc::new(DenyCache::with_capacity(16)),
+            Arc::new(clock.clone()),
+        ),
+        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        1.0,
+    )
+    .with_leases(leases.clone());
+    let used = Settlement {
+        actual_tokens: 100,
+        upstream_failed: false,
+        actual: Actual::Tokens,
+    };
+    for (tenant, tag) in [("a", "dead"), ("b", "live1"), ("c", "live2")] {
+        for i in 0..60 {
+            let r = request_in(&format!("{tenant}{i}"), tenant, tag);
+            gw.reserve(&r).await.expect("reserve");
+            gw.settle(&r.id, &used).await.expect("settle");
+        }
+    }
+    let round = tokio::spawn({
+        let leases = leases.clone();
+        async move { leases.round().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!round.is_finished(), "the dead domain's call still waits");
+    let started = store.started.lock().unwrap().clone();
+    assert_eq!(started.len(), 3, "one call per domain");
+    assert!(
+        started.iter().all(|&t| t == started[0]),
+        "every domain's call went out at once: {started:?}"
+    );
+    for tenant_tag in ["b:{live1}", "c:{live2}"] {
+        let (tenant, tag) = tenant_tag.split_once(':').unwrap();
+        let key = format!("bg:{tag}:v3:tenant:{tenant}:tpm");
+        assert!(
+            leases.leased_units(&key).is_some_and(|u| u > 0),
+            "{key} leased while {{dead}} waits"
+        );
+    }
+    assert_eq!(leases.leases(), 4, "rpm and tpm of the two live tenants");
+    round.await.expect("round");
+    assert_eq!(leases.leases(), 4, "the dead domain's lines failed alone");
+}
+
+/// The keeper goes on planning while a dead domain's lease call waits
+/// out its timeout: a tenant of another domain that becomes hot meanwhile
+/// gets its lease within a few ticks, not after the timeout.
+#[tokio::test(start_paused = true)]
+async fn the_keeper_serves_other_domains_while_a_call_waits_on_a_dead_one() {
+    use crate::admission::deny::DenyCachedStore;
+    use crate::admission::GatewayStore;
+    use crate::budget::deny_cache::DenyCache;
+    use crate::budget::memory::MemoryStore;
+    use crate::budget::BudgetStore;
+    use crate::clock::ManualClock;
+
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+    let store = Arc::new(OneDomainDown {
+        mem: mem.clone(),
+        started: std::sync::Mutex::new(Vec::new()),
+    });
+    let leases = Arc::new(super::QuotaLeases::new(
+        &LeasePolicy::default(),
+        LeaseOff::default(),
+        store.clone(),
+        Duration::from_secs(5),
+        "g1",
+    ));
+    let inner: Arc<dyn BudgetStore> = mem.clone();
+    let gw = GatewayStore::new(
+        DenyCachedStore::new(
+            inner,
+            Arc::new(DenyCache::with_capacity(16)),
+            Arc::new(clock.clone()),
+        ),
+        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        1.0,
+    )
+    .with_leases(leases.clone());
+    let used = Settlement {
+        actual_tokens: 100,
+        upstream_failed: false,
+        actual: Actual::Tokens,
+    };
+    let keeper = leases.spawn_keeper();
+    for i in 0..60 {
+        let r = request_in(&format!("a{i}"), "a", "dead");
+        gw.reserve(&r).await.expect("reserve");
+        gw.settle(&r.id, &used).await.expect("settle");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.started.lock().unwrap().len(), 1, "the dead call sent");
+    for i in 0..60 {
+        let r = request_in(&format!("b{i}"), "b", "live1");
+        gw.reserve(&r).await.expect("reserve");
+        gw.settle(&r.id, &used).await.expect("settle");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        leases
+            .leased_units("bg:{live1}:v3:tenant:b:tpm")
+            .is_some_and(|u| u > 0),
+        "leased while the dead domain's call waits"
+    );
+    keeper.abort();
+}

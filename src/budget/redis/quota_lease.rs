@@ -26,10 +26,19 @@ impl LeaseStore for RedisStore {
             return self.lease_one(lines).await;
         }
         // One call per domain (`tenant` layout): a script runs on one slot.
+        // All at once, so a domain failing over delays no other; each
+        // domain's lines are applied in its own primary whatever the others
+        // answer, and a caller that must see them apart (the lease book)
+        // sends one domain per call.
+        let parts: Vec<Vec<LeaseLine>> = groups
+            .iter()
+            .map(|(_, idx)| idx.iter().map(|&i| lines[i].clone()).collect())
+            .collect();
+        let replies =
+            futures_util::future::join_all(parts.iter().map(|part| self.lease_one(part))).await;
         let mut out: Vec<Option<LeaseReply>> = vec![None; lines.len()];
-        for (_, idx) in &groups {
-            let part: Vec<LeaseLine> = idx.iter().map(|&i| lines[i].clone()).collect();
-            for (&i, r) in idx.iter().zip(self.lease_one(&part).await?) {
+        for ((_, idx), replies) in groups.iter().zip(replies) {
+            for (&i, r) in idx.iter().zip(replies?) {
                 out[i] = Some(r);
             }
         }

@@ -177,6 +177,20 @@ impl RedisStore {
         }
     }
 
+    /// The number of domain `tag` ([`BudgetStore::domain_of_reservation`]):
+    /// `0` for the store's own, else a hash of the tag (FNV-1a: the same in
+    /// every process, no allocation), never `0`.
+    fn domain_number(&self, tag: &str) -> u64 {
+        if hash_tag(self.keys.base()) == Some(tag) {
+            return 0;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in tag.as_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        h.max(1)
+    }
+
     /// One reserve call in the domain tagged `tag` (`None`: the store's own).
     async fn reserve_in(
         &self,
@@ -454,6 +468,33 @@ impl BudgetStore for RedisStore {
             outcomes.push(self.void_in(Some(&p.tag), id, hold_ttl_micros).await?);
         }
         Ok(domains::settled(&outcomes, None))
+    }
+
+    fn domain_of_reservation(&self, req: &ReserveRequest) -> u64 {
+        if self.layout == Layout::Single {
+            return 0;
+        }
+        // The tenant domain is asked first: a call held up there holds
+        // only that domain's turn.
+        match domains::split(req) {
+            Split::One(Some(tag)) | Split::Two(tag, _) => self.domain_number(tag),
+            Split::One(None) | Split::Many => 0,
+        }
+    }
+
+    fn domain_of_hold(&self, id: &str) -> u64 {
+        match self.holds_of(id) {
+            Holds::Placed(parts) => parts.first().map_or(0, |p| self.domain_number(&p.tag)),
+            // The own domain's hold; or no call at all.
+            Holds::Own | Holds::Elsewhere => 0,
+        }
+    }
+
+    fn domain_of_budget(&self, spec: &BudgetSpec) -> u64 {
+        if self.layout == Layout::Single {
+            return 0;
+        }
+        hash_tag(&spec.key).map_or(0, |tag| self.domain_number(tag))
     }
 
     async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
