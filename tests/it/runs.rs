@@ -981,13 +981,14 @@ async fn many_runs(base: &str, runs: usize, limits: &'static str) {
 /// plus the scripts' 60 s TTL margin; the runs' token counters live until
 /// their 5-hour window has slid past, so past the TTL only the records
 /// are gone). Printed, not asserted
-/// (`RUNS=N` for another count).
+/// (`RUNS=N` for another count: 2,000 by default, to keep the suite's
+/// time; the figures in DESIGN are `RUNS=100000`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hundred_thousand_runs_memory() {
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(2_000);
     let mock = start_mock().await;
     let redis = RedisServer::start();
     let c = config(&mock.base_url(), |t| {
@@ -1028,7 +1029,7 @@ async fn a_hundred_thousand_runs_memory_store() {
     let runs: usize = std::env::var("RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(2_000);
     let mock = start_mock().await;
     // No tenant budget: the frozen clock would refill none.
     let gw = config(&mock.base_url(), |t| {
@@ -1050,5 +1051,8 @@ async fn a_hundred_thousand_runs_memory_store() {
     let (rss2, e2) = (rss_kib(me), gw.memory().budget_entries());
     println!(
         "{runs} runs, memory store: entries {e0} → {e1} → {e2} past window and TTL; test process RSS {rss0} KiB → {rss1} KiB → {rss2} KiB"
-    );
+    );    // Every run's record and counter are dropped once its window and TTL
+    // have passed: run state is bounded as end users' is.
+    assert!(e1 >= e0 + 2 * runs, "each run stored its record and counter: {e0} → {e1}");
+    assert!(e2 <= e0, "run state left after its window and TTL: {e0} → {e2}");
 }
