@@ -7,6 +7,7 @@
 use super::amounts::{Counting, FULL_WEIGHT};
 use crate::budget::keys::KeySpace;
 use crate::budget::{BudgetKind, BudgetName, BudgetSpec, Scope, Window};
+use crate::config::run::{RunLimits, RunWindow};
 use crate::config::{
     KeyPolicy, Limits, ModelPolicy, Policy, TenantPolicy, UpstreamKind, UpstreamPolicy,
 };
@@ -259,11 +260,10 @@ pub fn run_plan(
     ks: &KeySpace,
     tenant: &TenantPolicy,
     scope: &Scope,
-    limits: &crate::config::run::RunLimits,
+    limits: &RunLimits,
 ) -> (Vec<BudgetSpec>, Vec<Counting>) {
-    let window = limits.window();
-    let specs: Vec<BudgetSpec> = limits
-        .budgets()
+    let window = run_window(limits.window());
+    let specs: Vec<BudgetSpec> = run_budgets(limits)
         .map(|(name, limit)| BudgetSpec {
             key: ks.budget(scope, name).into(),
             scope: scope.clone(),
@@ -281,6 +281,44 @@ pub fn run_plan(
     };
     let counting = specs.iter().map(|_| c).collect();
     (specs, counting)
+}
+
+/// The quota window a run's window counts in.
+pub fn run_window(w: RunWindow) -> Window {
+    match w {
+        RunWindow::Hours5 => Window::Hours5,
+        RunWindow::Hours24 => Window::Hours24,
+        RunWindow::Week => Window::Week,
+    }
+}
+
+/// The budgets run limits make: `(name, limit)` of each field set, the
+/// name the rolling quota of the run's window (`tokens_per_24h`, …).
+pub fn run_budgets(limits: &RunLimits) -> impl Iterator<Item = (BudgetName, u64)> {
+    let (t, u, r) = match limits.window() {
+        RunWindow::Hours5 => (
+            BudgetName::TokensPer5h,
+            BudgetName::UsdPer5h,
+            BudgetName::RequestsPer5h,
+        ),
+        RunWindow::Week => (
+            BudgetName::TokensPerWeek,
+            BudgetName::UsdPerWeek,
+            BudgetName::RequestsPerWeek,
+        ),
+        RunWindow::Hours24 => (
+            BudgetName::TokensPer24h,
+            BudgetName::UsdPer24h,
+            BudgetName::RequestsPer24h,
+        ),
+    };
+    [
+        (t, limits.tokens),
+        (u, limits.usd_micros),
+        (r, limits.requests),
+    ]
+    .into_iter()
+    .filter_map(|(n, l)| Some((n, l?)))
 }
 
 /// Every budget of tenant `t`'s own scopes, as the budget pages list them

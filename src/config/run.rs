@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use crate::budget::{BudgetName, Window};
 use crate::config::bounds::MAX_QUOTA;
 use crate::money::{parse_usd, UsdError, MAX_SPEND};
 
@@ -24,8 +23,20 @@ pub const MAX_LIMITS_BYTES: usize = 256;
 /// Longest run id accepted, bytes.
 pub const MAX_RUN_ID_BYTES: usize = 128;
 
+/// The rolling window a run's limits hold over (admission maps it onto
+/// the quota windows of `budget::rolling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunWindow {
+    /// The last 5 hours.
+    Hours5,
+    /// The last 24 hours.
+    Hours24,
+    /// The last 7 days.
+    Week,
+}
+
 /// The window of a run whose limits name none.
-pub const DEFAULT_WINDOW: Window = Window::Hours24;
+pub const DEFAULT_WINDOW: RunWindow = RunWindow::Hours24;
 
 /// How long a run's record lives after its last request when `run_ttl`
 /// is not set.
@@ -44,7 +55,7 @@ pub struct RunLimits {
     /// Requests per window.
     pub requests: Option<u64>,
     /// The window; `None`: [`DEFAULT_WINDOW`] (or the default's).
-    pub window: Option<Window>,
+    pub window: Option<RunWindow>,
 }
 
 impl RunLimits {
@@ -54,33 +65,8 @@ impl RunLimits {
     }
 
     /// The window the limits hold over.
-    pub fn window(&self) -> Window {
+    pub fn window(&self) -> RunWindow {
         self.window.unwrap_or(DEFAULT_WINDOW)
-    }
-
-    /// The budgets these limits make: `(name, limit)` of each field set,
-    /// the name the rolling quota of the window (`tokens_per_24h`, …).
-    pub fn budgets(&self) -> impl Iterator<Item = (BudgetName, u64)> {
-        let (t, u, r) = match self.window() {
-            Window::Hours5 => (
-                BudgetName::TokensPer5h,
-                BudgetName::UsdPer5h,
-                BudgetName::RequestsPer5h,
-            ),
-            Window::Week => (
-                BudgetName::TokensPerWeek,
-                BudgetName::UsdPerWeek,
-                BudgetName::RequestsPerWeek,
-            ),
-            _ => (
-                BudgetName::TokensPer24h,
-                BudgetName::UsdPer24h,
-                BudgetName::RequestsPer24h,
-            ),
-        };
-        [(t, self.tokens), (u, self.usd_micros), (r, self.requests)]
-            .into_iter()
-            .filter_map(|(n, l)| Some((n, l?)))
     }
 
     /// The limits in the grammar they are written in (`tokens=1000, usd=5.00`).
@@ -130,9 +116,9 @@ impl RunLimits {
                 "r" => out.requests = n(v)?,
                 "w" => {
                     out.window = Some(match v {
-                        "5h" => Window::Hours5,
-                        "24h" => Window::Hours24,
-                        "7d" => Window::Week,
+                        "5h" => RunWindow::Hours5,
+                        "24h" => RunWindow::Hours24,
+                        "7d" => RunWindow::Week,
                         _ => return None,
                     })
                 }
@@ -174,10 +160,10 @@ impl RunLimits {
 }
 
 /// How the grammar writes a window.
-pub fn window_name(w: Window) -> &'static str {
+pub fn window_name(w: RunWindow) -> &'static str {
     match w {
-        Window::Hours5 => "5h",
-        Window::Week => "7d",
+        RunWindow::Hours5 => "5h",
+        RunWindow::Week => "7d",
         _ => "24h",
     }
 }
@@ -240,9 +226,9 @@ pub fn parse(text: &str) -> Result<RunLimits, String> {
             2 => out.requests = Some(count(name, value)?),
             _ => {
                 out.window = Some(match value {
-                    "5h" => Window::Hours5,
-                    "24h" | "1d" => Window::Hours24,
-                    "7d" | "week" => Window::Week,
+                    "5h" => RunWindow::Hours5,
+                    "24h" | "1d" => RunWindow::Hours24,
+                    "7d" | "week" => RunWindow::Week,
                     other => {
                         return Err(format!(
                             "`window` must be 5h, 24h or 7d, not {:?}",
@@ -364,12 +350,15 @@ mod tests {
                 tokens: Some(200_000),
                 usd_micros: Some(2_000_000),
                 requests: Some(500),
-                window: Some(Window::Hours24),
+                window: Some(RunWindow::Hours24),
             }
         );
-        assert_eq!(parse(" window = 7d ").unwrap().window, Some(Window::Week));
-        assert_eq!(parse("window=week").unwrap().window(), Window::Week);
-        assert_eq!(parse("tokens=5").unwrap().window(), Window::Hours24);
+        assert_eq!(
+            parse(" window = 7d ").unwrap().window,
+            Some(RunWindow::Week)
+        );
+        assert_eq!(parse("window=week").unwrap().window(), RunWindow::Week);
+        assert_eq!(parse("tokens=5").unwrap().window(), RunWindow::Hours24);
         for (bad, says) in [
             ("tokens=1,tokens=2", "twice"),
             ("tokenz=1", "unknown field `tokenz`"),
@@ -401,7 +390,7 @@ mod tests {
             Some(5_000_000),
             "an absent field takes the ceiling"
         );
-        assert_eq!(got.window(), Window::Hours5);
+        assert_eq!(got.window(), RunWindow::Hours5);
         let asked = parse("tokens=1001").unwrap();
         assert_eq!(
             RunLimits::resolve(Some(&asked), &default, &max),
@@ -410,14 +399,6 @@ mod tests {
         let asked = parse("requests=7, window=7d").unwrap();
         let got = RunLimits::resolve(Some(&asked), &default, &max).unwrap();
         assert_eq!((got.tokens, got.requests), (Some(100), Some(7)));
-        assert_eq!(
-            got.budgets().collect::<Vec<_>>(),
-            vec![
-                (BudgetName::TokensPerWeek, 100),
-                (BudgetName::UsdPerWeek, 5_000_000),
-                (BudgetName::RequestsPerWeek, 7)
-            ]
-        );
         assert_eq!(got.word(), "t=100,u=5000000,r=7,w=7d");
     }
 
