@@ -107,7 +107,7 @@ end
 -- A reserve or settle reply as one string of space-separated words. The
 -- gateway splits it itself: redis-rs parsed each element of an array reply
 -- with its general RESP parser, ~1k instructions apiece, ~20 per request
--- (callgrind, issue 7). Numbers are written as the integers Redis would
+-- (measured with callgrind). Numbers are written as the integers Redis would
 -- have converted them to. A reply marked `array` (one whose strings hold
 -- spaces) is returned as it is.
 local function words(r)
