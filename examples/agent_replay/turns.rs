@@ -152,14 +152,10 @@ fn claude_code_step(body: &mut Value, step: usize, rng: &mut Rng) {
             },
         )
     } else {
-        (
-            "Read",
-            json!({"file_path": format!("/home/user/work/{path}")}),
-            {
-                let lines = 60 + rng.below(140);
-                numbered(&source(rng, lines))
-            },
-        )
+        ("Read", json!({"file_path": path}), {
+            let lines = 60 + rng.below(140);
+            numbered(&source(rng, lines))
+        })
     };
     messages.push(json!({
         "role": "assistant",
