@@ -375,6 +375,30 @@ fn runs_count(v: Option<usize>, param: &str) -> Result<usize, Response> {
     }
 }
 
+/// What both tenant routes with a run count check first: the caller sees
+/// `tenant`, the count (`param`: `runs` or `limit`) is valid, the tenant
+/// exists. Gives the policy, the tenant's index and the count.
+fn tenant_runs_request(
+    st: &AppState,
+    tenant: &str,
+    query: Result<Query<RunsQuery>, axum::extract::rejection::QueryRejection>,
+    uri: &OriginalUri,
+    headers: &HeaderMap,
+    param: &'static str,
+) -> Result<(Arc<Policy>, usize, usize), Response> {
+    let reader = Principal::of(st, headers, uri)?;
+    let n = match query {
+        Ok(Query(q)) => runs_count(if param == "runs" { q.runs } else { q.limit }, param)?,
+        Err(_) => return Err(budget_view::runs_param_error(param)),
+    };
+    let p = st.policy.load_full();
+    reader.check_sees(&p, tenant)?;
+    let Some(i) = p.tenants.iter().position(|t| t.name == tenant) else {
+        return Err(not_found("tenant"));
+    };
+    Ok((p, i, n))
+}
+
 /// `GET /admin/v1/tenants/{tenant}/budgets?runs=N`: with the tenant's
 /// `runs` (at most N, default 10, most tokens reserved first).
 pub async fn tenant_budgets(
@@ -384,24 +408,11 @@ pub async fn tenant_budgets(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match Principal::of(&st, &headers, &uri) {
-        Ok(r) => r,
+    let (p, i, n) = match tenant_runs_request(&st, &tenant, query, &uri, &headers, "runs") {
+        Ok(x) => x,
         Err(r) => return r,
     };
-    let n = match query {
-        Ok(Query(q)) => match runs_count(q.runs, "runs") {
-            Ok(n) => n,
-            Err(r) => return r,
-        },
-        Err(_) => return budget_view::runs_param_error("runs"),
-    };
-    let p = st.policy.load_full();
-    if let Err(r) = reader.check_sees(&p, &tenant) {
-        return r;
-    }
-    let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
-        return not_found("tenant");
-    };
+    let t = &p.tenants[i];
     let specs = plan::tenant_specs(&p, t);
     let ancestors = plan::ancestor_specs(&p, t);
     let mut body = match budgets_body(&st, &p, ("tenant", &t.name), specs, ancestors).await {
@@ -428,24 +439,11 @@ pub async fn tenant_runs(
     uri: OriginalUri,
     headers: HeaderMap,
 ) -> Response {
-    let reader = match Principal::of(&st, &headers, &uri) {
-        Ok(r) => r,
+    let (p, i, n) = match tenant_runs_request(&st, &tenant, query, &uri, &headers, "limit") {
+        Ok(x) => x,
         Err(r) => return r,
     };
-    let n = match query {
-        Ok(Query(q)) => match runs_count(q.limit, "limit") {
-            Ok(n) => n,
-            Err(r) => return r,
-        },
-        Err(_) => return budget_view::runs_param_error("limit"),
-    };
-    let p = st.policy.load_full();
-    if let Err(r) = reader.check_sees(&p, &tenant) {
-        return r;
-    }
-    let Some(t) = p.tenants.iter().find(|t| t.name == tenant) else {
-        return not_found("tenant");
-    };
+    let t = &p.tenants[i];
     match budget_view::runs_json(&st, &p, &[t], n).await {
         Ok(mut r) => json_response(
             StatusCode::OK,
