@@ -61,13 +61,17 @@ async fn build_leases(policy: &Policy) -> Result<Option<Arc<QuotaLeases>>, Strin
         .map_err(|e| format!("store.url {}: {e}", redact::endpoint(url)))?;
     // Unique per process and start: lease ids never repeat across restarts.
     let gateway = uuid::Uuid::new_v4().simple().to_string();
-    Ok(Some(Arc::new(QuotaLeases::new(
+    let leases = QuotaLeases::new(
         lease,
         LeaseOff::of(lease),
         Arc::new(store),
         policy.store.timeout,
         &gateway[..12],
-    ))))
+    );
+    // Two domains make an exact deployment budget a second call: a
+    // leased one beside exact tenant budgets saves it.
+    leases.set_split(policy.store.layout == crate::budget::placement::Layout::Tenant);
+    Ok(Some(Arc::new(leases)))
 }
 
 /// The store `serve` runs on: as [`build_store`], except that the memory

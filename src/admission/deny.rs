@@ -28,13 +28,17 @@ pub enum AnsweredBy {
     LocalLimiter,
     /// This gateway's quota leases, without a store call.
     Lease,
+    /// Split: the deployment's budgets from this gateway's quota leases,
+    /// the rest by the store (one call where two domains would take two).
+    Split,
 }
 
 impl AnsweredBy {
     /// The layers that admit reservations (a deny cache only refuses).
-    pub const ADMITTING: [AnsweredBy; 3] = [
+    pub const ADMITTING: [AnsweredBy; 4] = [
         AnsweredBy::Store,
         AnsweredBy::Lease,
+        AnsweredBy::Split,
         AnsweredBy::LocalLimiter,
     ];
 
@@ -45,6 +49,7 @@ impl AnsweredBy {
             AnsweredBy::DenyCache => "deny_cache",
             AnsweredBy::LocalLimiter => "local_limiter",
             AnsweredBy::Lease => "lease",
+            AnsweredBy::Split => "split",
         }
     }
 }

@@ -30,13 +30,15 @@ use lru::LruCache;
 
 use super::compensate::{outcome_unknown, Compensation, Compensator};
 use super::deny::{count_refusal, AnsweredBy, DenyCachedStore};
-use super::quota_lease::{HeldSettle, OverflowEnd, QuotaLeases, StoreStep};
+use super::quota_lease::{Decision, HeldSettle, OverflowEnd, QuotaLeases, StoreStep};
 use super::slot_renewal::SlotRenewer;
 use super::SettlementTracker;
 use crate::budget::memory::MemoryStore;
+use crate::budget::parts;
 use crate::budget::{
-    BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome, RenewOutcome,
-    ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement, Step, StoreError,
+    Actual, Admission, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, ExtendOutcome,
+    RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement, Step,
+    StoreError,
 };
 use crate::config::store::DEFAULT_FAIL_OPEN_ENTRIES;
 use crate::config::OnStoreError;
@@ -261,34 +263,52 @@ impl GatewayStore {
         &self,
         r: &ReserveRequest,
     ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
-        if let Some(o) = self.leases.as_ref().and_then(|l| l.reserve(r)) {
-            match &o {
-                ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
-                ReserveOutcome::Impossible(i) => count_refusal(r, &i.scope, i.name, "impossible"),
-                _ => {}
-            }
-            return Ok((o, AnsweredBy::Lease));
-        }
-        let call = InFlight {
-            store: self,
-            r,
-            answered: false,
-        };
-        let e = match self.inner.reserve_answered(r).await {
-            Ok((ReserveOutcome::Denied(d), by)) if !d.held_for_share => {
-                let refused = call.answered((ReserveOutcome::Denied(d), by));
-                // Units this gateway holds on leases are not the store's
-                // to count: its own leases may still cover the request (a
-                // share's turn, the store's to give, is left to it).
-                if let Some(l) = &self.leases {
-                    if let Some(o) = l.reserve_refused(r).await {
-                        return Ok((o, AnsweredBy::Lease));
+        let mut split = None;
+        if let Some(l) = &self.leases {
+            match l.reserve(r) {
+                Decision::Local(o) => {
+                    match &o {
+                        ReserveOutcome::Denied(d) => count_refusal(r, &d.scope, d.name, "denied"),
+                        ReserveOutcome::Impossible(i) => {
+                            count_refusal(r, &i.scope, i.name, "impossible")
+                        }
+                        _ => {}
                     }
+                    return Ok((o, AnsweredBy::Lease));
                 }
-                return Ok(refused);
+                Decision::Split { local, store } => split = Some((l, local, store)),
+                Decision::Store => {}
             }
-            Ok(o) => return Ok(call.answered(o)),
-            Err(e) => call.answered(e),
+        }
+        let e = match split {
+            Some((l, local, part)) => match self.reserve_split(l, r, local, &part).await {
+                Ok(answer) => return Ok(answer),
+                Err(e) => e,
+            },
+            None => {
+                let call = InFlight {
+                    store: self,
+                    r,
+                    answered: false,
+                };
+                match self.inner.reserve_answered(r).await {
+                    Ok((ReserveOutcome::Denied(d), by)) if !d.held_for_share => {
+                        let refused = call.answered((ReserveOutcome::Denied(d), by));
+                        // Units this gateway holds on leases are not the
+                        // store's to count: its own leases may still cover
+                        // the request (a share's turn, the store's to give,
+                        // is left to it).
+                        if let Some(l) = &self.leases {
+                            if let Some(o) = l.reserve_refused(r).await {
+                                return Ok((o, AnsweredBy::Lease));
+                            }
+                        }
+                        return Ok(refused);
+                    }
+                    Ok(o) => return Ok(call.answered(o)),
+                    Err(e) => call.answered(e),
+                }
+            }
         };
         if let Some(l) = &self.leases {
             l.store_failed(r);
@@ -346,9 +366,102 @@ impl GatewayStore {
         }
     }
 
+    /// A split reservation (DESIGN "Leased deployments beside exact
+    /// tenants"): `local`, the deployment's budgets, already held from
+    /// this gateway's leases; `part`, the common budgets, reserved in the
+    /// store. The store's refusal (or a cut-off call) voids the local hold,
+    /// and the request gets the store's answer; a store failure voids it
+    /// too and returns the error, for the failure policy over the whole
+    /// reservation.
+    async fn reserve_split(
+        &self,
+        l: &QuotaLeases,
+        r: &ReserveRequest,
+        local: Admission,
+        part: &ReserveRequest,
+    ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
+        let held = LocalPart {
+            leases: l,
+            id: &r.id,
+            kept: false,
+        };
+        let call = InFlight {
+            store: self,
+            r: part,
+            answered: false,
+        };
+        let answer = call.answered(self.inner.reserve_answered(part).await);
+        match answer {
+            Ok((ReserveOutcome::Admitted(a), _)) => {
+                held.keep();
+                Ok((
+                    ReserveOutcome::Admitted(parts::joined(a, local, 0)),
+                    AnsweredBy::Split,
+                ))
+            }
+            // `held` voids the local hold on its way out.
+            other => other,
+        }
+    }
+
+    /// Settles split reservation `id`: the store's hold of its first `n`
+    /// specs first (a failure leaves both holds to the retry; a retried
+    /// store settlement answers `AlreadySettled`), then the local hold.
+    async fn settle_split(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        s: &Settlement,
+        n: usize,
+    ) -> Result<SettleOutcome, StoreError> {
+        let void = matches!(s.actual, Actual::Void);
+        let store = self.inner.settle(id, &first_specs(s, n)).await?;
+        let local = match l.settle_held(id, s) {
+            HeldSettle::Done(o) => o,
+            HeldSettle::Overflows(ends) => {
+                self.end_overflows(ends).await?;
+                l.settle(id, s)
+            }
+        };
+        Ok(match local {
+            Some(o) => parts::settled(&[store, o], (!void).then_some(s.actual_tokens)),
+            None => store,
+        })
+    }
+
+    /// Extends split reservation `id`: its local hold first (from the
+    /// leases, or its overflow in the store), then the store's hold of
+    /// its first `n` specs by what the local hold was granted. A smaller
+    /// store grant leaves the local hold's surplus on this gateway's
+    /// leases until settlement refunds it.
+    async fn extend_split(
+        &self,
+        l: &QuotaLeases,
+        id: &str,
+        step: &Step,
+        n: usize,
+    ) -> Result<ExtendOutcome, StoreError> {
+        let local = match l.extend(id, step).await {
+            Some(Ok(o)) => o,
+            Some(Err(call)) => self.overflow(l, id, call).await?,
+            None => return self.inner.extend(id, &first_steps(step, n)).await,
+        };
+        let Some(granted) = parts::granted(&local) else {
+            return Ok(local);
+        };
+        let part = Step {
+            tokens: granted,
+            rates: first_steps(step, n).rates,
+        };
+        self.inner.extend(id, &part).await
+    }
+
     /// Extends where the reservation is held.
     pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
+            if let Some(n) = l.split_at(id) {
+                return self.extend_split(l, id, step, n).await;
+            }
             match l.extend(id, step).await {
                 Some(Ok(o)) => return Ok(o),
                 Some(Err(call)) => return self.overflow(l, id, call).await,
@@ -435,6 +548,9 @@ impl GatewayStore {
     /// the local limiter, the store, in order).
     pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
+            if let Some(n) = l.split_at(id) {
+                return self.settle_split(l, id, s, n).await;
+            }
             self.settle_overflows(l, id, s).await?;
             if let Some(o) = l.settle(id, s) {
                 return Ok(o);
@@ -470,6 +586,11 @@ impl GatewayStore {
                 }
                 self.inner.settle(id, s).await
             }
+            (AnsweredBy::Split, Some(l)) => match l.split_at(id) {
+                Some(n) => self.settle_split(l, id, s, n).await,
+                // Its local hold is settled: the store's is what is left.
+                None => self.inner.settle(id, s).await,
+            },
             (AnsweredBy::LocalLimiter, _) if self.local.contains(id) => {
                 self.settle_local(id, s).await
             }
@@ -504,6 +625,10 @@ impl GatewayStore {
                 Some(Err(call)) => self.overflow(l, id, call).await,
                 None => self.inner.extend(id, step).await,
             },
+            (AnsweredBy::Split, Some(l)) => match l.split_at(id) {
+                Some(n) => self.extend_split(l, id, step, n).await,
+                None => Ok(ExtendOutcome::AlreadySettled),
+            },
             (AnsweredBy::LocalLimiter, _) if self.local.contains(id) => {
                 self.fallback.extend(id, step).await
             }
@@ -517,6 +642,9 @@ impl GatewayStore {
     pub fn renewal_store(self: &Arc<Self>, at: AnsweredBy) -> Arc<dyn BudgetStore> {
         match at {
             AnsweredBy::Lease if self.leases.is_some() => self.clone(),
+            // Leases hold no slots past their own life: the store's hold
+            // has the slots to renew.
+            AnsweredBy::Split => self.inner.store().clone(),
             AnsweredBy::LocalLimiter => self.fallback.clone(),
             _ => self.inner.store().clone(),
         }
@@ -561,6 +689,49 @@ impl Drop for InFlight<'_> {
         tracing::debug!(reservation_id = %self.r.id, tenant = %self.r.requester.tenant, "reservation cut off by its request's end; voiding it");
         let ttl = Duration::from_micros(self.r.hold_ttl_micros);
         self.store.compensate(&self.r.id, Compensation::Void, ttl);
+    }
+}
+
+/// The local hold of a split reservation while its store part is
+/// decided: voided on drop unless kept (the store did not admit, or the
+/// request's future was dropped mid-call).
+struct LocalPart<'a> {
+    leases: &'a QuotaLeases,
+    id: &'a str,
+    kept: bool,
+}
+
+impl LocalPart<'_> {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for LocalPart<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.leases.void_local(self.id);
+        }
+    }
+}
+
+/// `s` for the first `n` specs of a hold (a split reservation's store part).
+fn first_specs(s: &Settlement, n: usize) -> Settlement {
+    Settlement {
+        actual_tokens: s.actual_tokens,
+        upstream_failed: s.upstream_failed,
+        actual: match &s.actual {
+            Actual::PerSpec(a) => Actual::PerSpec(a[..n.min(a.len())].to_vec()),
+            other => other.clone(),
+        },
+    }
+}
+
+/// `step` for the first `n` specs of a hold.
+fn first_steps(step: &Step, n: usize) -> Step {
+    Step {
+        tokens: step.tokens,
+        rates: step.rates[..n.min(step.rates.len())].to_vec(),
     }
 }
 
@@ -622,6 +793,14 @@ impl BudgetStore for GatewayStore {
             actual: crate::budget::Actual::Void,
         };
         if let Some(l) = self.leased(id) {
+            if l.split_at(id).is_some() {
+                let o = self.inner.void(id, hold_ttl_micros).await?;
+                self.settle_overflows(l, id, &void).await?;
+                return Ok(match l.settle(id, &void) {
+                    Some(local) => parts::settled(&[o, local], None),
+                    None => o,
+                });
+            }
             self.settle_overflows(l, id, &void).await?;
             if let Some(o) = l.settle(id, &void) {
                 return Ok(o);

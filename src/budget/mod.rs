@@ -27,6 +27,7 @@ pub mod guarded;
 pub mod keys;
 pub mod memory;
 pub mod metrics;
+pub mod parts;
 pub mod placement;
 pub mod quota_lease;
 pub mod records;

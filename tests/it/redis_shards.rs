@@ -24,8 +24,9 @@ use budgetgate::budget::keys::KeySpace;
 use budgetgate::budget::placement::{self, DomainMap, Layout};
 use budgetgate::budget::redis::RedisStore;
 use budgetgate::budget::{
-    BudgetKind, BudgetName, BudgetSpec, BudgetStore, Costs, ReserveOutcome, ReserveRequest, Scope,
-    SettleOutcome, Settlement,
+    BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Costs, ExtendOutcome,
+    RenewOutcome, ReserveOutcome, ReserveRequest, Scope, SettleOutcome, Settlement, Step,
+    StoreError,
 };
 
 const SEC: u64 = 1_000_000;
@@ -360,4 +361,157 @@ async fn calls_wait_in_the_domain_they_go_to_first() {
     assert_eq!(s.store.domain_of_budget(&up), 0);
     admitted(s.store.reserve(&ra).await.expect("reserve"));
     assert_eq!(s.store.domain_of_hold("ra"), 0);
+}
+
+/// The store beneath the gateway's layers, counting the reservations that
+/// reach it and those that name a deployment's budgets (a second call in
+/// the `tenant` layout).
+struct Counting {
+    inner: Arc<dyn BudgetStore>,
+    reserves: std::sync::atomic::AtomicU64,
+    with_deployment: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl BudgetStore for Counting {
+    async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.reserves.fetch_add(1, Relaxed);
+        if req.candidates.iter().any(|c| !c.is_empty()) {
+            self.with_deployment.fetch_add(1, Relaxed);
+        }
+        self.inner.reserve(req).await
+    }
+    async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
+        self.inner.extend(id, step).await
+    }
+    async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(id).await
+    }
+    async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
+        self.inner.settle(id, s).await
+    }
+    async fn void(&self, id: &str, ttl: u64) -> Result<SettleOutcome, StoreError> {
+        self.inner.void(id, ttl).await
+    }
+    async fn inspect(&self, specs: &[BudgetSpec]) -> Result<Vec<BudgetState>, StoreError> {
+        self.inner.inspect(specs).await
+    }
+    async fn lower(&self, spec: &BudgetSpec, at_most: u64) -> Result<i64, StoreError> {
+        self.inner.lower(spec, at_most).await
+    }
+}
+
+/// A leased deployment beside a tenant whose budgets stay exact (`lease =
+/// "off"`, or too cold to lease) takes the deployment domain's call away:
+/// once the deployment is leased, every reservation reaches the store with
+/// the tenant's budgets alone (one call, in the tenant domain); the
+/// deployment's units come from the lease, and every budget stays exact
+/// (what the store counts plus what the lease holds is what was used).
+#[tokio::test]
+async fn a_leased_deployment_takes_the_second_call_away() {
+    use budgetgate::admission::deny::DenyCachedStore;
+    use budgetgate::admission::quota_lease::{LeaseOff, QuotaLeases};
+    use budgetgate::admission::{AnsweredBy, GatewayStore};
+    use budgetgate::budget::deny_cache::DenyCache;
+    use budgetgate::budget::memory::MemoryStore;
+    use budgetgate::budget::Actual;
+    use budgetgate::config::store::LeasePolicy;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let h = H::new(Backend::ClusterTenant).await;
+    let t = h.tpm(Scope::Tenant("acme".into()), 1_000_000, 1_000_000);
+    let up = h.tpm(Scope::Upstream("up1".into()), 1_000_000, 1_000_000);
+    let counting = Arc::new(Counting {
+        inner: h.store.clone(),
+        reserves: Default::default(),
+        with_deployment: Default::default(),
+    });
+    let policy = LeasePolicy {
+        min_rate: 1,
+        ..LeasePolicy::default()
+    };
+    let leases = Arc::new(QuotaLeases::new(
+        &policy,
+        LeaseOff {
+            tenants: vec!["acme".into()],
+            ..LeaseOff::default()
+        },
+        h.leases.clone(),
+        Duration::from_secs(5),
+        "split",
+    ));
+    leases.set_split(true);
+    let clock = Arc::new(h.clock.clone());
+    let inner: Arc<dyn BudgetStore> = counting.clone();
+    let gw = GatewayStore::new(
+        DenyCachedStore::new(inner, Arc::new(DenyCache::with_capacity(16)), clock.clone()),
+        Arc::new(MemoryStore::new(clock)),
+        1.0,
+    )
+    .with_leases(leases.clone());
+    let used = |tokens: u64| Settlement {
+        actual_tokens: tokens,
+        upstream_failed: false,
+        actual: Actual::PerSpec(vec![tokens, tokens]),
+    };
+    let mut spent = 0;
+    for i in 0..10 {
+        let r = request(
+            &format!("w{i}"),
+            100,
+            vec![t.clone()],
+            vec![vec![up.clone()]],
+        );
+        admitted(gw.reserve(&r).await.expect("reserve"));
+        gw.settle(&r.id, &used(60)).await.expect("settle");
+        spent += 60;
+    }
+    assert_eq!(counting.with_deployment.load(Relaxed), 10, "two calls each");
+    leases.round().await;
+    assert_eq!(leases.leases(), 1, "the deployment alone is leased");
+    let key = up.key.to_string();
+    let (reserves, deployment) = (
+        counting.reserves.load(Relaxed),
+        counting.with_deployment.load(Relaxed),
+    );
+    for i in 0..20 {
+        let r = request(
+            &format!("s{i}"),
+            100,
+            vec![t.clone()],
+            vec![vec![up.clone()]],
+        );
+        let (o, by) = gw.reserve_answered(&r).await.expect("reserve");
+        admitted(o);
+        assert_eq!(by, AnsweredBy::Split);
+        gw.settle_at(by, &r.id, &used(40)).await.expect("settle");
+        spent += 40;
+    }
+    assert_eq!(
+        counting.with_deployment.load(Relaxed) - deployment,
+        0,
+        "no reservation reached the deployment domain"
+    );
+    assert_eq!(
+        counting.reserves.load(Relaxed) - reserves,
+        20,
+        "one store call each"
+    );
+    let lease_holds = leases.leased_units(&key).expect("a lease");
+    assert_eq!(h.remaining(&t).await, 1_000_000 - spent);
+    assert_eq!(
+        h.remaining(&up).await + lease_holds,
+        1_000_000 - spent,
+        "the deployment: the store's count plus the lease's unspent units"
+    );
+    let keys = h.keys().await;
+    let deployment_holds: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains(".d.") && k.contains(":hold:s"))
+        .collect();
+    assert!(
+        deployment_holds.is_empty(),
+        "split reservations hold nothing in the deployment domain: {deployment_holds:?}"
+    );
 }

@@ -309,7 +309,9 @@ impl<'c> Fleet<'c> {
                     self.refused(req_no, true);
                     return;
                 }
-                Decision::Store => {}
+                // The simulated books keep tenant and deployment budgets
+                // together (`set_split` is never on): no split comes.
+                Decision::Store | Decision::Split { .. } => {}
             }
         }
         if self.partitioned_until[gw] > now {

@@ -13,9 +13,11 @@
 //!   budgets are all leased gets no call (leased deployment budgets take
 //!   the deployment-domain call away);
 //! - [`Protocol::Today`], as the gateway decides today
-//!   (`admission::quota_lease::Book::reserve`): a request is decided from
-//!   leases only when every budget it names is leased; otherwise it goes
-//!   to the store whole, one call per domain.
+//!   (`admission::quota_lease::Book::reserve`): a request whose every
+//!   budget is leased is decided from leases; a leased deployment beside
+//!   exact tenant budgets is split (the deployment from its lease, the
+//!   tenant domain's call alone) unless its lease is short of the request;
+//!   anything else goes to the store whole, one call per domain.
 //!
 //! Each script call is weighed in Redis work from the measured figures
 //! ([`pair_cost`]) against the capacity of one primary ([`PAIRS_PER_PRIMARY`]).
@@ -103,7 +105,8 @@ pub enum Deployments {
 pub enum Protocol {
     /// DESIGN section 22: a domain whose budgets are all leased gets no call.
     Design,
-    /// Today's gateway: all of a request's budgets, unless all are leased.
+    /// Today's gateway: no call when all are leased, the tenant domain's
+    /// alone when the deployment's lease covers the request, else both.
     Today,
 }
 
@@ -139,6 +142,11 @@ pub fn calls_of(
     let (tenant_exact, deployment_exact) = match protocol {
         Protocol::Design => (!tenant_leased, !deployments_leased),
         Protocol::Today if tenant_leased && deployments_leased => (false, false),
+        // A split: a lease short of the request (the deployment refuses)
+        // sends it to the store whole.
+        Protocol::Today if deployments_leased && outcome != Outcome::RefusedByDeployment => {
+            (true, false)
+        }
         Protocol::Today => (true, true),
     };
     let mut t = Calls::default();
@@ -540,7 +548,7 @@ impl fmt::Display for ShardReport {
         for d in &self.loads {
             let proto = match d.protocol {
                 Protocol::Design => "as DESIGN section 22 (a domain whose budgets are all leased gets no call)",
-                Protocol::Today => "as the gateway decides today (a request not wholly leased goes to the store whole)",
+                Protocol::Today => "as the gateway decides today (a leased deployment beside exact tenant budgets split off; a request refused by its deployment's lease goes to the store whole)",
             };
             let mode = match d.deployments {
                 Deployments::Leased => "leased",

@@ -94,9 +94,12 @@ mod shards {
             calls_of(d, true, false, RefusedByDeployment),
             (none, c(1, 0))
         );
-        // Today: a request not wholly leased goes to the store whole.
+        // Today: a leased deployment beside an exact tenant is split off;
+        // a leased tenant beside an exact deployment goes to the store whole,
+        // and so does a request its deployment's lease is short of.
         let t = Protocol::Today;
-        assert_eq!(calls_of(t, false, true, Admitted), (c(1, 1), c(1, 1)));
+        assert_eq!(calls_of(t, false, true, Admitted), (c(1, 1), none));
+        assert_eq!(calls_of(t, false, true, RefusedByTenant), (c(1, 0), none));
         assert_eq!(calls_of(t, true, false, Admitted), (c(1, 1), c(1, 1)));
         assert_eq!(
             sum(calls_of(t, false, true, RefusedByDeployment).0)
@@ -198,7 +201,8 @@ mod shards {
         // spread over the shards; the deployment domains carry lease lines.
         let l = domain_loads(&cfg, Protocol::Design, Deployments::Leased);
         assert!(row(&l, 30).max_load < row(&d, 30).max_load);
-        // Today's gateway sends the cold tenants' requests to both domains.
+        // Today's gateway calls the deployment domain only for the cold
+        // tenants' requests its deployment's lease refuses.
         let t = domain_loads(&cfg, Protocol::Today, Deployments::Leased);
         let calls = |d: &DomainLoads, kind: &str| -> f64 {
             d.domains
@@ -207,7 +211,9 @@ mod shards {
                 .map(|x| x.1.calls)
                 .sum()
         };
-        assert!(calls(&t, "deployment") > 10.0 * calls(&l, "deployment"));
+        let exact = domain_loads(&cfg, Protocol::Today, Deployments::Exact);
+        assert!(calls(&t, "deployment") > calls(&l, "deployment"));
+        assert!(2.0 * calls(&t, "deployment") < calls(&exact, "deployment"));
     }
 
     #[test]

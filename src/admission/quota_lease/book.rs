@@ -185,6 +185,9 @@ pub(super) struct LocalHold {
     pub(super) hold_ttl: u64,
     /// Store reservations of extensions the leases could not pay.
     pub(super) overflow: Option<Box<super::local_hold::Overflow>>,
+    /// A split reservation's ([`Decision::Split`]): its first `n` specs
+    /// are held by the store under the same id.
+    pub(super) store_specs: Option<usize>,
 }
 
 pub(super) struct LocalLine {
@@ -226,6 +229,11 @@ pub struct Book {
     pub nudge: bool,
     /// Monotonic µs of the last [`Book::sweep`].
     swept_at: u64,
+    /// A reservation whose deployment is leased and whose common budgets
+    /// are not is split ([`Decision::Split`]): set when the store keeps
+    /// them in two domains (the `tenant` layout), where the split saves
+    /// the deployment domain's call.
+    split: bool,
 }
 
 /// What [`Book::reserve_refused`] decided of a reservation the store refused.
@@ -246,6 +254,18 @@ pub enum Decision {
     Local(ReserveOutcome),
     /// The store decides (some budget is not leased, or cannot be decided here).
     Store,
+    /// Split across the store and the leases ([`Book::set_split`]): the
+    /// chosen deployment's budgets were admitted here from its leases (a
+    /// local hold under the reservation's id, its lines at their positions
+    /// in the whole request); the store decides the rest, this request of
+    /// the common budgets alone. When the store does not admit it, the
+    /// caller voids the local hold ([`Book::settle`] with a void).
+    Split {
+        /// The deployment's admission from its leases.
+        local: Admission,
+        /// What the store decides.
+        store: ReserveRequest,
+    },
 }
 
 impl Book {
@@ -263,7 +283,14 @@ impl Book {
             next_id: 0,
             nudge: false,
             swept_at: 0,
+            split: false,
         }
+    }
+
+    /// Splits reservations whose deployment alone is leased
+    /// ([`Decision::Split`]).
+    pub fn set_split(&mut self, on: bool) {
+        self.split = on;
     }
 
     /// Budgets the book keeps an entry for.
@@ -366,6 +393,9 @@ impl Book {
         let mut upstream_short = false;
         // The budget that falls shortest (for the refusal).
         let mut short: Option<(usize, i64)> = None;
+        // Every budget of the candidate is leased with room for the request.
+        let mut deployment_covered = true;
+        let n_common = r.common.len();
         let min_rate = self.settings.min_rate;
         for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
             let cost = r.costs.of(0, pos, spec);
@@ -383,6 +413,7 @@ impl Book {
             }
             if spec.shadow {
                 leased = false;
+                deployment_covered &= pos < n_common;
                 continue;
             }
             match &e.lease {
@@ -395,6 +426,7 @@ impl Book {
                     };
                     if avail < need {
                         covered = false;
+                        deployment_covered &= pos < n_common;
                         upstream_short |= spec.scope.is_upstream();
                         e.urgent = true;
                         self.nudge = true;
@@ -419,11 +451,15 @@ impl Book {
                 _ => {
                     leased = false;
                     covered = false;
+                    deployment_covered &= pos < n_common;
                 }
             }
         }
         let share = upstream_short && r.share.is_some();
         if !leased || (!covered && (roomy || share || r.candidates.len() > 1)) {
+            if self.split && deployment_covered && r.candidates.len() == 1 && !cand.is_empty() {
+                return self.split_off(r, cand, now, utc);
+            }
             return Decision::Store;
         }
         if !covered {
@@ -437,7 +473,60 @@ impl Book {
                 None => Decision::Store,
             };
         }
-        Decision::Local(self.admit(r, cand, now, utc))
+        Decision::Local(self.admit(r, cand, 0, now, utc))
+    }
+
+    /// [`Decision::Split`] of `r`, whose candidate `cand` its leases cover:
+    /// the candidate's budgets admitted here, the common ones left to the
+    /// store. The local hold comes first: it costs no round trip, and a
+    /// store refusal gives its units straight back to this gateway's
+    /// leases (a refused request holds them for one store call).
+    fn split_off(
+        &mut self,
+        r: &ReserveRequest,
+        cand: &[BudgetSpec],
+        now: u64,
+        utc: u64,
+    ) -> Decision {
+        let n = r.common.len();
+        let ReserveOutcome::Admitted(local) = self.admit(r, cand, n, now, utc) else {
+            return Decision::Store;
+        };
+        let costs = match r.costs.per_candidate.first() {
+            None => crate::budget::Costs::tokens(r.costs.tokens),
+            Some(row) => crate::budget::Costs {
+                tokens: r.costs.tokens,
+                per_candidate: vec![(0..n)
+                    .map(|i| {
+                        row.get(i)
+                            .copied()
+                            .unwrap_or_else(|| r.common[i].cost(r.costs.tokens))
+                    })
+                    .collect()],
+            },
+        };
+        Decision::Split {
+            local,
+            store: ReserveRequest {
+                id: r.id.clone(),
+                costs,
+                common: r.common.clone(),
+                candidates: vec![Vec::new()],
+                slot_lease_micros: r.slot_lease_micros,
+                hold_ttl_micros: r.hold_ttl_micros,
+                requester: r.requester.clone(),
+                // A share claim weighs a contended deployment's budgets:
+                // the leases decided those.
+                share: None,
+            },
+        }
+    }
+
+    /// The budgets the local hold of a split reservation `id` leaves to
+    /// the store: the first `n` of the request's specs, or `None` when `id`
+    /// is not held here or holds every budget.
+    pub fn split_at(&self, id: &str) -> Option<usize> {
+        self.holds.get(id).and_then(|h| h.store_specs)
     }
 
     /// `r` was refused by the store (or its deny cache) after
@@ -487,20 +576,24 @@ impl Book {
         if pending {
             Refused::Pending
         } else {
-            Refused::Admitted(self.admit(r, cand, now, utc))
+            Refused::Admitted(self.admit(r, cand, 0, now, utc))
         }
     }
 
+    /// Admits the specs of `r` (common, then `cand`) from position `from`
+    /// on from their leases (checked by the caller under the same lock);
+    /// the ones before it are the store's (`from` > 0: a split).
     fn admit(
         &mut self,
         r: &ReserveRequest,
         cand: &[BudgetSpec],
+        from: usize,
         now: u64,
         utc: u64,
     ) -> ReserveOutcome {
-        let mut lines = Vec::with_capacity(r.common.len() + cand.len());
+        let mut lines = Vec::with_capacity(r.common.len() + cand.len() - from.min(r.common.len()));
         let mut budgets = Vec::with_capacity(lines.capacity());
-        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate() {
+        for (pos, spec) in r.common.iter().chain(cand.iter()).enumerate().skip(from) {
             let cost = r.costs.of(0, pos, spec);
             // Made and checked by `reserve` under the same lock.
             let Some(e) = self.entries.get_mut(&*spec.key) else {
@@ -538,6 +631,7 @@ impl Book {
                 reserved_tokens: r.costs.tokens,
                 hold_ttl: r.hold_ttl_micros,
                 overflow: None,
+                store_specs: (from > 0).then_some(from),
             },
         );
         ReserveOutcome::Admitted(Admission {

@@ -1,8 +1,10 @@
 //! The quota lease layer's metrics. Handles are registered once and kept:
 //! the decision counter is touched by every reservation.
 //!
-//! - `budgetgate_quota_lease_decisions_total{decided_by="lease"|"store"}`:
-//!   reservations decided from quota leases here, or sent to the store.
+//! - `budgetgate_quota_lease_decisions_total{decided_by="lease"|"store"|"split"}`:
+//!   reservations decided from quota leases here, sent to the store, or
+//!   split (the deployment's budgets from its leases, the rest in one
+//!   store call; the `tenant` layout).
 //! - `budgetgate_quota_lease_calls_total`: lease calls sent to the store
 //!   (grant, top-up, report, give-back and end lines of one domain: one call).
 //! - `budgetgate_quota_leases_total{event}`: granted, topped_up, returned,
@@ -78,6 +80,7 @@ fn both_gauges(name: &'static str) -> (Gauge, Gauge) {
 struct Handles {
     lease: Both,
     store: Both,
+    split: Both,
     calls: Both,
 }
 
@@ -86,6 +89,7 @@ fn handles() -> &'static Handles {
     H.get_or_init(|| Handles {
         lease: Both::of(DECISIONS, &[("decided_by", "lease")]),
         store: Both::of(DECISIONS, &[("decided_by", "store")]),
+        split: Both::of(DECISIONS, &[("decided_by", "split")]),
         calls: Both::of(CALLS, &[]),
     })
 }
@@ -97,6 +101,7 @@ pub fn register() {
     let h = handles();
     h.lease.increment(0);
     h.store.increment(0);
+    h.split.increment(0);
     h.calls.increment(0);
     for event in EVENTS {
         Both::of(LEASES, &[("event", event)]).increment(0);
@@ -114,6 +119,11 @@ pub fn decision(local: bool) {
     } else {
         h.store.increment(1);
     }
+}
+
+/// A reservation split between the leases and the store.
+pub fn split() {
+    handles().split.increment(1);
 }
 
 /// One lease call sent.

@@ -79,6 +79,8 @@ mod local_hold;
 pub mod metrics;
 pub mod plan;
 #[cfg(test)]
+mod split_tests;
+#[cfg(test)]
 mod stranding_tests;
 #[cfg(test)]
 mod tests;
@@ -179,8 +181,10 @@ impl QuotaLeases {
         self.hold_locks.load(Ordering::Relaxed)
     }
 
-    /// Decides `r` from leases, or `None` when the store must.
-    pub fn reserve(&self, r: &ReserveRequest) -> Option<ReserveOutcome> {
+    /// Decides `r` from leases ([`Decision::Local`]), splits it between
+    /// the leases and the store ([`Decision::Split`]), or leaves it to the
+    /// store.
+    pub fn reserve(&self, r: &ReserveRequest) -> Decision {
         let now = self.now();
         let (decision, nudge) = {
             let mut book = self.lock();
@@ -190,16 +194,39 @@ impl QuotaLeases {
         if nudge {
             self.wake.notify_one();
         }
-        match decision {
-            Decision::Local(o) => {
-                metrics::decision(true);
-                Some(o)
-            }
-            Decision::Store => {
-                metrics::decision(false);
-                None
-            }
+        match &decision {
+            Decision::Local(_) => metrics::decision(true),
+            Decision::Store => metrics::decision(false),
+            Decision::Split { .. } => metrics::split(),
         }
+        decision
+    }
+
+    /// Splits reservations whose deployment alone is leased, as a store
+    /// that keeps tenants and deployments in two domains wants.
+    pub fn set_split(&self, on: bool) {
+        self.lock().set_split(on);
+    }
+
+    /// The specs of split reservation `id` the store holds (its first
+    /// `n`), or `None` when `id` is not split.
+    pub fn split_at(&self, id: &str) -> Option<usize> {
+        self.lock_for_hold().split_at(id)
+    }
+
+    /// Voids the local hold of `id` (a split reservation the store did not
+    /// admit): its units go back to the leases.
+    pub fn void_local(&self, id: &str) {
+        let now = self.now();
+        self.lock_for_hold().settle(
+            id,
+            &Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+                actual: crate::budget::Actual::Void,
+            },
+            now,
+        );
     }
 
     /// The store (or its deny cache) refused `r`, which [`Self::reserve`]

@@ -143,6 +143,7 @@ fn cold_burst(fixed: bool) -> u64 {
         match f.books[g].reserve(&r, f.now) {
             Decision::Store => queued.push((g, r)),
             Decision::Local(o) => panic!("no lease yet: {o:?}"),
+            Decision::Split { .. } => panic!("the books do not split"),
         }
     }
     for g in 0..3 {
@@ -204,6 +205,7 @@ fn units_another_gateway_does_not_spend_are_recalled_for_a_short_one() {
             Decision::Local(ReserveOutcome::Admitted(_)) => admitted += 1,
             Decision::Local(_) => refused_at_1 += 1,
             Decision::Store => admitted += u64::from(f.store_decides(1, &r, true)),
+            Decision::Split { .. } => panic!("the books do not split"),
         }
         f.round(1);
     }
@@ -226,6 +228,7 @@ fn units_another_gateway_does_not_spend_are_recalled_for_a_short_one() {
             Decision::Local(ReserveOutcome::Admitted(_)) => late += 1,
             Decision::Local(_) => {}
             Decision::Store => late += u64::from(f.store_decides(1, &r, true)),
+            Decision::Split { .. } => panic!("the books do not split"),
         }
         f.round(1);
     }

@@ -489,9 +489,10 @@ async fn the_book_entries_gauge_follows_the_sweep() {
         "g1",
     );
     for user in 0..200_000 {
-        assert!(leases
-            .reserve(&end_user_request(&format!("u{user}"), user))
-            .is_none());
+        assert!(matches!(
+            leases.reserve(&end_user_request(&format!("u{user}"), user)),
+            Decision::Store
+        ));
     }
     leases.round().await;
     assert_eq!(gauge(), 200_000.0);

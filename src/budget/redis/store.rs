@@ -20,6 +20,7 @@ use super::wire::{
 };
 use super::{RedisStore, Route};
 use crate::budget::keys::hash_tag;
+use crate::budget::parts;
 use crate::budget::placement::{self, Layout};
 use crate::budget::share;
 
@@ -130,9 +131,7 @@ impl RedisStore {
         match second {
             ReserveOutcome::Admitted(a) => {
                 let candidate = index.get(a.candidate).copied().unwrap_or(a.candidate);
-                Ok(ReserveOutcome::Admitted(domains::joined(
-                    first, a, candidate,
-                )))
+                Ok(ReserveOutcome::Admitted(parts::joined(first, a, candidate)))
             }
             refused => {
                 // Refunded in full at once, and the tombstone removed: the
@@ -409,7 +408,7 @@ impl BudgetStore for RedisStore {
                 rates: p.slice(&step.rates).to_vec(),
             };
             out = self.extend_in(Some(&p.tag), id, &part_step).await?;
-            match domains::granted(&out) {
+            match parts::granted(&out) {
                 Some(g) => want = g,
                 None => return Ok(out),
             }
@@ -427,7 +426,7 @@ impl BudgetStore for RedisStore {
         for p in parts.iter() {
             outcomes.push(self.renew_in(Some(&p.tag), id).await?);
         }
-        Ok(domains::renewed(&outcomes))
+        Ok(parts::renewed(&outcomes))
     }
 
     async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
@@ -454,7 +453,7 @@ impl BudgetStore for RedisStore {
         }
         // The placement stays until the hold would have expired: a retried
         // reserve of the id replays from both domains.
-        Ok(domains::settled(&outcomes, Some(s.actual_tokens)))
+        Ok(parts::settled(&outcomes, Some(s.actual_tokens)))
     }
 
     async fn void(&self, id: &str, hold_ttl_micros: u64) -> Result<SettleOutcome, StoreError> {
@@ -467,7 +466,7 @@ impl BudgetStore for RedisStore {
         for p in parts.iter() {
             outcomes.push(self.void_in(Some(&p.tag), id, hold_ttl_micros).await?);
         }
-        Ok(domains::settled(&outcomes, None))
+        Ok(parts::settled(&outcomes, None))
     }
 
     fn domain_of_reservation(&self, req: &ReserveRequest) -> u64 {
