@@ -20,6 +20,9 @@
 #   LEASE=on STORE=redis scripts/instructions.sh  # quota leases from the first
 #                                        # requests (min_rate 1): the leased path;
 #                                        # default LEASE=off, one store call each
+#   LEASE=deployment LAYOUT=tenant STORE=redis scripts/instructions.sh  # the
+#                                        # deployment leased, the tenant exact
+#                                        # (`lease = "off"`): a split, one call
 #   LAYOUT=tenant STORE=redis scripts/instructions.sh  # the tenant key layout
 #                                        # (store.layout): the tenant's budgets and the
 #                                        # deployment's in two domains, so an exact
@@ -131,7 +134,7 @@ if [[ $STORE == redis ]]; then
 url = \"redis://127.0.0.1:$RPORT/\"
 timeout_ms = 5000
 layout = \"$LAYOUT\""
-    if [[ $LEASE == on ]]; then
+    if [[ $LEASE == on || $LEASE == deployment ]]; then
         STORE_TOML="$STORE_TOML
 [store.lease]
 min_rate = 1"
@@ -221,6 +224,10 @@ name = "bench"
 keys = [{ id = "bench", sha256 = "$SHA" }]
 limits = { $BIG }
 EOF
+fi
+if [[ $LEASE == deployment ]]; then
+    # Every tenant's budgets exact; the deployment's leased.
+    sed -i 's/^\[\[tenants\]\]$/[[tenants]]\nlease = "off"/' "$TMP/gw.toml"
 fi
 if [[ $WINDOW == week ]]; then
     # The same limits, each daily token quota a rolling week's.
