@@ -117,5 +117,6 @@ mod telemetry;
 mod tls;
 mod token_limits;
 mod uncapped;
+mod upstream_transport;
 mod usage_settlement;
 mod vertex;

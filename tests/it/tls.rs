@@ -13,13 +13,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::*;
 
-/// A certificate authority made for one test.
-struct Ca {
+/// A certificate authority made for one test (`upstream_transport`'s
+/// TLS upstreams too).
+pub(crate) struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 impl Ca {
-    fn new(name: &str) -> Ca {
+    pub(crate) fn new(name: &str) -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.distinguished_name.push(DnType::CommonName, name);
@@ -27,12 +28,12 @@ impl Ca {
         Ca { issuer }
     }
 
-    fn pem(&self) -> String {
+    pub(crate) fn pem(&self) -> String {
         self.issuer.pem()
     }
 
     /// A server certificate for 127.0.0.1 and localhost: (chain PEM, key PEM).
-    fn leaf(&self) -> (String, String) {
+    pub(crate) fn leaf(&self) -> (String, String) {
         let key = KeyPair::generate().unwrap();
         let mut params =
             CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
