@@ -255,7 +255,7 @@ async fn upstream_failure(
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let body = read_bounded(resp).await;
     let cloud = failure::CloudError::parse(&body);
-    tracing::warn!(reservation_id, deployment = %upstream.name, status, cloud_status = %cloud.status, message = %cloud.message, "upstream answered with an error");
+    tracing::warn!(reservation_id, deployment = %upstream.name, status, cloud_status = %cloud.status, upstream_message = %cloud.message, "upstream answered with an error");
     let answer = failure::ErrorAnswer {
         deployment: &upstream.name,
         cooldown: upstream.cooldown,
