@@ -404,9 +404,13 @@ impl GatewayStore {
         }
     }
 
-    /// Settles split reservation `id`: the store's hold of its first `n`
-    /// specs first (a failure leaves both holds to the retry; a retried
-    /// store settlement answers `AlreadySettled`), then the local hold.
+    /// Settles split reservation `id`: the local hold first, then the
+    /// store's hold of its first `n` specs. The local hold needs no store
+    /// call (but its overflows'): settled first, a store that fails past
+    /// the settlement's retries leaves only its own hold, which expires
+    /// there charged whole as any other, not this gateway's leased units
+    /// and slots held for good. A retry finds the local hold settled
+    /// ([`Self::settle_at`] settles the store's alone).
     async fn settle_split(
         &self,
         l: &QuotaLeases,
@@ -415,7 +419,6 @@ impl GatewayStore {
         n: usize,
     ) -> Result<SettleOutcome, StoreError> {
         let void = matches!(s.actual, Actual::Void);
-        let store = self.inner.settle(id, &first_specs(s, n)).await?;
         let local = match l.settle_held(id, s) {
             HeldSettle::Done(o) => o,
             HeldSettle::Overflows(ends) => {
@@ -423,6 +426,7 @@ impl GatewayStore {
                 l.settle(id, s)
             }
         };
+        let store = self.inner.settle(id, &first_specs(s, n)).await?;
         Ok(match local {
             Some(o) => parts::settled(&[store, o], (!void).then_some(s.actual_tokens)),
             None => store,
@@ -794,9 +798,11 @@ impl BudgetStore for GatewayStore {
         };
         if let Some(l) = self.leased(id) {
             if l.split_at(id).is_some() {
-                let o = self.inner.void(id, hold_ttl_micros).await?;
+                // The local hold first, as a settlement (`settle_split`).
                 self.settle_overflows(l, id, &void).await?;
-                return Ok(match l.settle(id, &void) {
+                let local = l.settle(id, &void);
+                let o = self.inner.void(id, hold_ttl_micros).await?;
+                return Ok(match local {
                     Some(local) => parts::settled(&[o, local], None),
                     None => o,
                 });
