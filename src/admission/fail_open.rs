@@ -370,7 +370,9 @@ impl GatewayStore {
     /// tenants"): `local`, the deployment's budgets, already held from
     /// this gateway's leases; `part`, the common budgets, reserved in the
     /// store. The store's refusal (or a cut-off call) voids the local hold,
-    /// and the request gets the store's answer; a store failure voids it
+    /// and the request gets the store's answer unless this gateway's
+    /// leases now cover it whole (stranding rule two, as for a whole
+    /// reservation the store refused); a store failure voids it
     /// too and returns the error, for the failure policy over the whole
     /// reservation.
     async fn reserve_split(
@@ -398,6 +400,16 @@ impl GatewayStore {
                     ReserveOutcome::Admitted(parts::joined(a, local, 0)),
                     AnsweredBy::Split,
                 ))
+            }
+            Ok((ReserveOutcome::Denied(d), by)) if !d.held_for_share => {
+                drop(held);
+                // As a whole reservation the store refused: this
+                // gateway's leases may come to cover it (a leased common
+                // budget short of it, whose top-up is on the wire).
+                if let Some(o) = l.reserve_refused(r).await {
+                    return Ok((o, AnsweredBy::Lease));
+                }
+                Ok((ReserveOutcome::Denied(d), by))
             }
             // `held` voids the local hold on its way out.
             other => other,

@@ -139,12 +139,22 @@ impl Fixture {
 
     /// [`Self::new`] with requests shaped by `shape` (the warm-up's too).
     async fn shaped(split: bool, shape: fn(ReserveRequest) -> ReserveRequest) -> Self {
-        let clock = ManualClock::new(1_800_000_000_000_000);
-        let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
         let off = LeaseOff {
             tenants: vec!["acme".into()],
             ..LeaseOff::default()
         };
+        Self::of(split, shape, off).await
+    }
+
+    /// The tenant leased too.
+    async fn leasing_the_tenant() -> Self {
+        Self::of(true, |r| r, LeaseOff::default()).await
+    }
+
+    async fn of(split: bool, shape: fn(ReserveRequest) -> ReserveRequest, off: LeaseOff) -> Self {
+        let clock = ManualClock::new(1_800_000_000_000_000);
+        let mem = Arc::new(MemoryStore::new(Arc::new(clock.clone())));
+        let tenant_leased = off.tenants.is_empty();
         let leases = Arc::new(QuotaLeases::new(
             &LeasePolicy::default(),
             off,
@@ -188,8 +198,8 @@ impl Fixture {
         f.leases.round().await;
         assert_eq!(
             f.leases.leases(),
-            shape(request("x", 1, 1)).candidates[0].len(),
-            "the deployment alone is leased"
+            shape(request("x", 1, 1)).candidates[0].len() + usize::from(tenant_leased),
+            "the deployment is leased (and the tenant when it may be)"
         );
         f
     }
@@ -527,4 +537,44 @@ async fn a_split_holds_the_deployments_slot_on_its_lease() {
     assert_eq!(slots(), free);
     assert_eq!(f.mem.live_holds(), 0);
     assert!(!f.leases.holds("a") && !f.leases.holds("b"));
+}
+
+/// Fault: a split the store refused kept the refusal although this
+/// gateway's leases came to cover the whole request (a leased tenant
+/// budget short of it while the store had room sends it to the store; the
+/// units of a top-up on the wire are debited there first): stranding rule
+/// two (DESIGN "Leases that do not strand the limit") decides a refused
+/// request again from the leases, and the split skipped it.
+#[tokio::test(start_paused = true)]
+async fn a_split_the_store_refuses_is_decided_again_from_the_leases() {
+    let f = Fixture::leasing_the_tenant().await;
+    let t = tenant(6_000_000);
+    let short = f.leases.leased_units(TENANT_TPM).expect("a tenant lease") as u64 + 1;
+    // A top-up is due by the time the store refuses.
+    tokio::time::advance(Duration::from_millis(600)).await;
+    f.clock.advance(600_000);
+    // The store's room is held elsewhere (by a top-up on the wire, here
+    // by another reservation) while this request is decided.
+    let elsewhere = ReserveRequest {
+        costs: Costs::tokens(f.remaining(&t) as u64),
+        candidates: Vec::new(),
+        ..request("elsewhere", 0, 6_000_000)
+    };
+    assert!(matches!(
+        f.mem.reserve_sync(&elsewhere),
+        ReserveOutcome::Admitted(_)
+    ));
+    let (mem, leases) = (f.mem.clone(), f.leases.clone());
+    let landed = tokio::spawn(async move {
+        mem.void("elsewhere", 60 * S).await.expect("void");
+        leases.round().await;
+    });
+    let mut r = request("r", short, 6_000_000);
+    r.costs.per_candidate = vec![vec![short, 1]];
+    let (o, by) = f.gw.reserve_answered(&r).await.expect("reserve");
+    assert!(matches!(o, ReserveOutcome::Admitted(_)), "{o:?}");
+    assert_eq!(by, AnsweredBy::Lease, "decided again from the leases");
+    landed.await.expect("round");
+    assert!(f.leases.holds("r"));
+    assert_eq!(f.leases.split_at("r"), None, "held whole here");
 }
