@@ -89,11 +89,14 @@ fn used(per_spec: Vec<u64>, tokens: u64) -> Settlement {
 struct Flaky {
     mem: Arc<MemoryStore>,
     down: AtomicUsize,
+    /// Held by a test: reservations wait for it (a call on the wire).
+    gate: tokio::sync::Mutex<()>,
 }
 
 #[async_trait]
 impl BudgetStore for Flaky {
     async fn reserve(&self, r: &ReserveRequest) -> Result<ReserveOutcome, StoreError> {
+        let _wire = self.gate.lock().await;
         self.mem.reserve(r).await
     }
     async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
@@ -166,6 +169,7 @@ impl Fixture {
         let flaky = Arc::new(Flaky {
             mem: mem.clone(),
             down: AtomicUsize::new(0),
+            gate: tokio::sync::Mutex::new(()),
         });
         let inner: Arc<dyn BudgetStore> = flaky.clone();
         let gw = Arc::new(
@@ -577,4 +581,76 @@ async fn a_split_the_store_refuses_is_decided_again_from_the_leases() {
     landed.await.expect("round");
     assert!(f.leases.holds("r"));
     assert_eq!(f.leases.split_at("r"), None, "held whole here");
+}
+
+/// A split voided while its store part is on the wire: the local hold is
+/// given back at once, the store's tombstone keeps the late call from
+/// applying, and the reservation answers voided with nothing held.
+#[tokio::test(start_paused = true)]
+async fn a_split_voided_while_its_store_call_is_on_the_wire_holds_nothing() {
+    let f = Fixture::new(true).await;
+    let t = tenant(6_000_000);
+    let (tenant_before, lease_before) = (f.remaining(&t), f.leased());
+    let wire = f.flaky.gate.lock().await;
+    let gw = f.gw.clone();
+    let call =
+        tokio::spawn(async move { gw.reserve_answered(&request("v", 300, 6_000_000)).await });
+    while !f.leases.holds("v") {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(f.leased(), lease_before - 300, "the local hold first");
+    let o = BudgetStore::void(&*f.gw, "v", 60 * S).await.expect("void");
+    assert!(matches!(o, SettleOutcome::Settled { .. }), "{o:?}");
+    assert_eq!(f.leased(), lease_before);
+    drop(wire);
+    let (o, by) = call.await.expect("task").expect("reserve");
+    assert_eq!(o, ReserveOutcome::Voided);
+    assert_ne!(by, AnsweredBy::Split);
+    assert_eq!(f.leased(), lease_before);
+    assert_eq!(f.remaining(&t), tenant_before);
+    assert_eq!(f.mem.live_holds(), 0);
+    assert!(!f.leases.holds("v"));
+}
+
+/// A request count of the deployment's on its lease: a settlement keeps
+/// it, a void gives it back.
+#[tokio::test(start_paused = true)]
+async fn a_splits_request_count_comes_back_only_with_a_void() {
+    fn with_rpm(mut r: ReserveRequest) -> ReserveRequest {
+        r.candidates[0].push(BudgetSpec {
+            name: BudgetName::Rpm,
+            kind: BudgetKind::Bucket {
+                per_minute: 60_000,
+                burst: 60_000,
+            },
+            key: UPSTREAM_RPM.into(),
+            ..upstream()
+        });
+        r
+    }
+    const UPSTREAM_RPM: &str = "bg:{d.d.up}:v3:upstream:up:rpm";
+    let f = Fixture::shaped(true, with_rpm).await;
+    let rpm = || f.leases.leased_units(UPSTREAM_RPM).expect("an rpm lease");
+    let before = rpm();
+    for (id, s, left) in [
+        ("kept", used(vec![100, 100, 0], 100), before - 1),
+        (
+            "voided",
+            Settlement {
+                actual_tokens: 0,
+                upstream_failed: true,
+                actual: Actual::Void,
+            },
+            before - 1,
+        ),
+    ] {
+        let (_, by) =
+            f.gw.reserve_answered(&with_rpm(request(id, 100, 6_000_000)))
+                .await
+                .expect("reserve");
+        assert_eq!(by, AnsweredBy::Split);
+        f.gw.settle_at(by, id, &s).await.expect("settle");
+        assert_eq!(rpm(), left, "{id}");
+    }
+    assert_eq!(f.mem.live_holds(), 0);
 }
