@@ -654,3 +654,23 @@ async fn a_splits_request_count_comes_back_only_with_a_void() {
     }
     assert_eq!(f.mem.live_holds(), 0);
 }
+
+/// A shadow common budget goes to the store with the tenant's part: its
+/// would-be refusal comes back with the joined admission.
+#[tokio::test(start_paused = true)]
+async fn a_splits_shadow_tenant_budget_reports_its_would_be_refusal() {
+    let f = Fixture::new(true).await;
+    let shadow = |id: &str| {
+        let mut r = request(id, 300, 500);
+        r.common[0].shadow = true;
+        r
+    };
+    for (id, would_deny) in [("first", 0), ("second", 1)] {
+        let (o, by) = f.gw.reserve_answered(&shadow(id)).await.expect("reserve");
+        assert_eq!(by, AnsweredBy::Split);
+        let ReserveOutcome::Admitted(a) = o else {
+            panic!("{o:?}")
+        };
+        assert_eq!(a.would_deny.len(), would_deny, "{id}");
+    }
+}
