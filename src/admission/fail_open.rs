@@ -370,7 +370,9 @@ impl GatewayStore {
     /// tenants"): `local`, the deployment's budgets, already held from
     /// this gateway's leases; `part`, the common budgets, reserved in the
     /// store. The store's refusal (or a cut-off call) voids the local hold,
-    /// and the request gets the store's answer; a store failure voids it
+    /// and the request gets the store's answer unless this gateway's
+    /// leases now cover it whole (stranding rule two, as for a whole
+    /// reservation the store refused); a store failure voids it
     /// too and returns the error, for the failure policy over the whole
     /// reservation.
     async fn reserve_split(
@@ -399,14 +401,28 @@ impl GatewayStore {
                     AnsweredBy::Split,
                 ))
             }
+            Ok((ReserveOutcome::Denied(d), by)) if !d.held_for_share => {
+                drop(held);
+                // As a whole reservation the store refused: this
+                // gateway's leases may come to cover it (a leased common
+                // budget short of it, whose top-up is on the wire).
+                if let Some(o) = l.reserve_refused(r).await {
+                    return Ok((o, AnsweredBy::Lease));
+                }
+                Ok((ReserveOutcome::Denied(d), by))
+            }
             // `held` voids the local hold on its way out.
             other => other,
         }
     }
 
-    /// Settles split reservation `id`: the store's hold of its first `n`
-    /// specs first (a failure leaves both holds to the retry; a retried
-    /// store settlement answers `AlreadySettled`), then the local hold.
+    /// Settles split reservation `id`: the local hold first, then the
+    /// store's hold of its first `n` specs. The local hold needs no store
+    /// call (but its overflows'): settled first, a store that fails past
+    /// the settlement's retries leaves only its own hold, which expires
+    /// there charged whole as any other, not this gateway's leased units
+    /// and slots held for good. A retry finds the local hold settled
+    /// ([`Self::settle_at`] settles the store's alone).
     async fn settle_split(
         &self,
         l: &QuotaLeases,
@@ -415,7 +431,6 @@ impl GatewayStore {
         n: usize,
     ) -> Result<SettleOutcome, StoreError> {
         let void = matches!(s.actual, Actual::Void);
-        let store = self.inner.settle(id, &first_specs(s, n)).await?;
         let local = match l.settle_held(id, s) {
             HeldSettle::Done(o) => o,
             HeldSettle::Overflows(ends) => {
@@ -423,6 +438,7 @@ impl GatewayStore {
                 l.settle(id, s)
             }
         };
+        let store = self.inner.settle(id, &first_specs(s, n)).await?;
         Ok(match local {
             Some(o) => parts::settled(&[store, o], (!void).then_some(s.actual_tokens)),
             None => store,
@@ -794,9 +810,11 @@ impl BudgetStore for GatewayStore {
         };
         if let Some(l) = self.leased(id) {
             if l.split_at(id).is_some() {
-                let o = self.inner.void(id, hold_ttl_micros).await?;
+                // The local hold first, as a settlement (`settle_split`).
                 self.settle_overflows(l, id, &void).await?;
-                return Ok(match l.settle(id, &void) {
+                let local = l.settle(id, &void);
+                let o = self.inner.void(id, hold_ttl_micros).await?;
+                return Ok(match local {
                     Some(local) => parts::settled(&[o, local], None),
                     None => o,
                 });
