@@ -445,11 +445,13 @@ impl GatewayStore {
         })
     }
 
-    /// Extends split reservation `id`: its local hold first (from the
-    /// leases, or its overflow in the store), then the store's hold of
-    /// its first `n` specs by what the local hold was granted. A smaller
-    /// store grant leaves the local hold's surplus on this gateway's
-    /// leases until settlement refunds it.
+    /// Extends split reservation `id`: the store's hold of its first `n`
+    /// specs first (the tenant's, as the two-domain store asks its tenant
+    /// domain first), then the local hold (from the leases, or its
+    /// overflow in the store) by what the store granted. A smaller local
+    /// grant leaves the tenant hold's surplus reserved until settlement
+    /// refunds it; the deployment, whose budgets often refund nothing
+    /// unused, never holds more than it was granted.
     async fn extend_split(
         &self,
         l: &QuotaLeases,
@@ -457,19 +459,20 @@ impl GatewayStore {
         step: &Step,
         n: usize,
     ) -> Result<ExtendOutcome, StoreError> {
-        let local = match l.extend(id, step).await {
-            Some(Ok(o)) => o,
-            Some(Err(call)) => self.overflow(l, id, call).await?,
-            None => return self.inner.extend(id, &first_steps(step, n)).await,
-        };
-        let Some(granted) = parts::granted(&local) else {
-            return Ok(local);
+        let store = self.inner.extend(id, &first_steps(step, n)).await?;
+        let Some(granted) = parts::granted(&store) else {
+            return Ok(store);
         };
         let part = Step {
             tokens: granted,
-            rates: first_steps(step, n).rates,
+            rates: step.rates.clone(),
         };
-        self.inner.extend(id, &part).await
+        match l.extend(id, &part).await {
+            Some(Ok(o)) => Ok(o),
+            Some(Err(call)) => self.overflow(l, id, call).await,
+            // Its local hold is settled (a settlement raced the step).
+            None => Ok(ExtendOutcome::AlreadySettled),
+        }
     }
 
     /// Extends where the reservation is held.
@@ -790,7 +793,8 @@ impl BudgetStore for GatewayStore {
         GatewayStore::extend(self, id, step).await
     }
     async fn renew(&self, id: &str) -> Result<RenewOutcome, StoreError> {
-        // One lock of the book: its renewal looks the hold up itself.
+        // One lock of the book: its renewal looks the hold up itself (a
+        // split's answers `None`: its slots are its store hold's).
         if let Some(o) = self.leases.as_ref().and_then(|l| l.renew(id)) {
             return Ok(o);
         }

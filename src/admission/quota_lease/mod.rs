@@ -332,11 +332,13 @@ impl QuotaLeases {
         }
     }
 
-    /// A local hold's slots live as long as its leases: nothing to renew.
+    /// A local hold's slots live as long as its leases: nothing to renew
+    /// (`None` when the book does not hold `id`, or holds it split: the
+    /// store's hold has the slots).
     pub fn renew(&self, id: &str) -> Option<RenewOutcome> {
         let book = self.lock_for_hold();
         let ttl = book.settings.ttl;
-        book.holds(id).then(|| RenewOutcome::Renewed {
+        (book.holds(id) && book.split_at(id).is_none()).then(|| RenewOutcome::Renewed {
             slot_lease_until_micros: book.utc(self.now()).saturating_add(ttl),
         })
     }

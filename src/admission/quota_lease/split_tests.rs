@@ -674,3 +674,32 @@ async fn a_splits_shadow_tenant_budget_reports_its_would_be_refusal() {
         assert_eq!(a.would_deny.len(), would_deny, "{id}");
     }
 }
+
+/// The tenant is asked first: when it grants less than the step, the
+/// deployment's lease pays only what the tenant granted (a deployment
+/// budget that refunds nothing unused is never charged a surplus).
+#[tokio::test(start_paused = true)]
+async fn a_split_extension_the_tenant_grants_short_extends_the_deployment_as_much() {
+    let f = Fixture::new(true).await;
+    let (_, by) = f
+        .gw
+        .reserve_answered(&request("short", 300, 320))
+        .await
+        .expect("reserve");
+    assert_eq!(by, AnsweredBy::Split);
+    let lease_before = f.leased();
+    match f
+        .gw
+        .extend_at(AnsweredBy::Split, "short", &Step::tokens(50))
+        .await
+        .expect("extend")
+    {
+        ExtendOutcome::Extended { granted, .. } => assert_eq!(granted, 20),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(
+        f.leased(),
+        lease_before - 20,
+        "the lease paid what the tenant granted"
+    );
+}
