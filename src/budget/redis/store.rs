@@ -470,17 +470,6 @@ impl BudgetStore for RedisStore {
         Ok(domains::settled(&outcomes, None))
     }
 
-    /// In the `single` layout every call is one round trip (and a hold's
-    /// key refresh), each bounded by this store's timeout (`bounded`, the
-    /// batch deadline), so the guard adds no timer of its own: a second
-    /// timer per call costs about 950 instructions and, on a
-    /// current-thread runtime, a write to the runtime's eventfd. A `tenant`
-    /// call may make one such round trip per domain, whose sum the guard's
-    /// timeout bounds.
-    fn times_out_calls(&self) -> bool {
-        self.layout == Layout::Single
-    }
-
     fn domain_of_reservation(&self, req: &ReserveRequest) -> u64 {
         if self.layout == Layout::Single {
             return 0;
