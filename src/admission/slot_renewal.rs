@@ -15,7 +15,7 @@
 //! the store ([`SlotRenewer::slots_taken`]), which the fail-open limiter
 //! counts when the store stops answering ([`super::fail_open`]).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -49,6 +49,8 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
+    /// By handle number (foldhash: a SipHash of the number on every
+    /// register and drop cost more than the map itself).
     entries: HashMap<u64, Entry>,
     /// When the keeper task will next look (None: it waits for a wake-up).
     planned: Option<Instant>,

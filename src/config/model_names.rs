@@ -8,7 +8,7 @@
 //! limits, prices and metric labels (the entry's), so a client cannot
 //! mint new budgets by inventing names.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 /// One parsed name: what it matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,7 @@ impl NamePattern {
 /// entry), then prefixes, longest first.
 #[derive(Debug, Clone, Default)]
 pub struct ModelIndex {
+    /// foldhash: the request's model is looked up on every request.
     exact: HashMap<String, usize>,
     /// `(prefix, model)`, longest prefix first: the first that matches wins.
     prefixes: Vec<(String, usize)>,

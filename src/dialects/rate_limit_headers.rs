@@ -230,8 +230,11 @@ pub fn tightest_for_client(states: &[BudgetState], name: BudgetName) -> Option<&
 /// after an admission (states in plan order), the refusing budget after a
 /// refusal (it comes first).
 pub fn ietf_headers(states: &[BudgetState], h: &mut HeaderMap) {
-    let mut policies = String::with_capacity(128);
-    let mut values = String::with_capacity(128);
+    // Sized for the usual few members: a tenant's rpm, tpm and daily
+    // tokens already pass 128 bytes of policies, and growing the string
+    // on every response cost about 500 instructions.
+    let mut policies = String::with_capacity(256);
+    let mut values = String::with_capacity(256);
     // Which (scope kind, budget) members are written: one bit each.
     let mut named: u128 = 0;
     for s in states.iter().filter(|s| !s.scope.is_upstream()) {

@@ -661,6 +661,5 @@ fn decide(inner: &mut Inner, req: &ReserveRequest, now: u64) -> ReserveOutcome {
         };
     };
     inner.share_admitted(req, candidate, now);
-    let cand = req.candidates[candidate].clone();
-    inner.admit(req, &cand, candidate, now)
+    inner.admit(req, &req.candidates[candidate], candidate, now)
 }

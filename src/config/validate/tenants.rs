@@ -10,7 +10,7 @@ use crate::config::raw::RawConfig;
 use crate::config::*;
 
 /// The digest-to-(tenant, key) index of every configured key.
-pub(super) type KeyIndex = HashMap<[u8; 32], KeyRef>;
+pub(super) type KeyIndex = foldhash::HashMap<[u8; 32], KeyRef>;
 
 /// Validates `[[tenants]]` and their keys; returns them and the key index.
 pub(super) fn tenants(
@@ -20,7 +20,7 @@ pub(super) fn tenants(
 ) -> (Vec<TenantPolicy>, KeyIndex) {
     let mut tenants = Vec::new();
     let mut tenant_names = HashMap::new();
-    let mut key_index = HashMap::new();
+    let mut key_index = KeyIndex::default();
     for (i, t) in raw.tenants.iter().enumerate() {
         let path = format!("tenants[{i}]");
         if !is_valid_id(&t.name) {
