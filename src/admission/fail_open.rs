@@ -281,7 +281,7 @@ impl GatewayStore {
             }
         }
         let e = match split {
-            Some((l, local, part)) => match self.reserve_split(l, r, local, &part).await {
+            Some((l, local, part)) => match Box::pin(self.reserve_split(l, r, local, part)).await {
                 Ok(answer) => return Ok(answer),
                 Err(e) => e,
             },
@@ -380,7 +380,7 @@ impl GatewayStore {
         l: &QuotaLeases,
         r: &ReserveRequest,
         local: Admission,
-        part: &ReserveRequest,
+        part: ReserveRequest,
     ) -> Result<(ReserveOutcome, AnsweredBy), StoreError> {
         let held = LocalPart {
             leases: l,
@@ -389,10 +389,10 @@ impl GatewayStore {
         };
         let call = InFlight {
             store: self,
-            r: part,
+            r: &part,
             answered: false,
         };
-        let answer = call.answered(self.inner.reserve_answered(part).await);
+        let answer = call.answered(self.inner.reserve_answered(&part).await);
         match answer {
             Ok((ReserveOutcome::Admitted(a), _)) => {
                 held.keep();
@@ -479,7 +479,7 @@ impl GatewayStore {
     pub async fn extend(&self, id: &str, step: &Step) -> Result<ExtendOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
             if let Some(n) = l.split_at(id) {
-                return self.extend_split(l, id, step, n).await;
+                return Box::pin(self.extend_split(l, id, step, n)).await;
             }
             match l.extend(id, step).await {
                 Some(Ok(o)) => return Ok(o),
@@ -568,7 +568,7 @@ impl GatewayStore {
     pub async fn settle(&self, id: &str, s: &Settlement) -> Result<SettleOutcome, StoreError> {
         if let Some(l) = self.leased(id) {
             if let Some(n) = l.split_at(id) {
-                return self.settle_split(l, id, s, n).await;
+                return Box::pin(self.settle_split(l, id, s, n)).await;
             }
             self.settle_overflows(l, id, s).await?;
             if let Some(o) = l.settle(id, s) {
@@ -606,7 +606,7 @@ impl GatewayStore {
                 self.inner.settle(id, s).await
             }
             (AnsweredBy::Split, Some(l)) => match l.split_at(id) {
-                Some(n) => self.settle_split(l, id, s, n).await,
+                Some(n) => Box::pin(self.settle_split(l, id, s, n)).await,
                 // Its local hold is settled: the store's is what is left.
                 None => self.inner.settle(id, s).await,
             },
@@ -645,7 +645,7 @@ impl GatewayStore {
                 None => self.inner.extend(id, step).await,
             },
             (AnsweredBy::Split, Some(l)) => match l.split_at(id) {
-                Some(n) => self.extend_split(l, id, step, n).await,
+                Some(n) => Box::pin(self.extend_split(l, id, step, n)).await,
                 None => Ok(ExtendOutcome::AlreadySettled),
             },
             (AnsweredBy::LocalLimiter, _) if self.local.contains(id) => {

@@ -681,11 +681,10 @@ async fn a_splits_shadow_tenant_budget_reports_its_would_be_refusal() {
 #[tokio::test(start_paused = true)]
 async fn a_split_extension_the_tenant_grants_short_extends_the_deployment_as_much() {
     let f = Fixture::new(true).await;
-    let (_, by) = f
-        .gw
-        .reserve_answered(&request("short", 300, 320))
-        .await
-        .expect("reserve");
+    let (_, by) =
+        f.gw.reserve_answered(&request("short", 300, 320))
+            .await
+            .expect("reserve");
     assert_eq!(by, AnsweredBy::Split);
     let lease_before = f.leased();
     match f
