@@ -10,10 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::book::LeaseOff;
+use super::tests::gateway_store;
 use super::QuotaLeases;
-use crate::admission::deny::{AnsweredBy, DenyCachedStore};
+use crate::admission::deny::AnsweredBy;
 use crate::admission::{GatewayStore, HeldReservation, SettlementTracker};
-use crate::budget::deny_cache::DenyCache;
 use crate::budget::memory::MemoryStore;
 use crate::budget::{
     Actual, BudgetKind, BudgetName, BudgetSpec, BudgetState, BudgetStore, Costs, ExtendOutcome,
@@ -172,18 +172,7 @@ impl Fixture {
             gate: tokio::sync::Mutex::new(()),
         });
         let inner: Arc<dyn BudgetStore> = flaky.clone();
-        let gw = Arc::new(
-            GatewayStore::new(
-                DenyCachedStore::new(
-                    inner,
-                    Arc::new(DenyCache::with_capacity(16)),
-                    Arc::new(clock.clone()),
-                ),
-                Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-                1.0,
-            )
-            .with_leases(leases.clone()),
-        );
+        let gw = Arc::new(gateway_store(inner, &clock, &leases));
         let f = Fixture {
             mem,
             leases,

@@ -627,9 +627,8 @@ fn an_outgrown_lease_pays_its_streams() {
 /// in the store).
 #[tokio::test(start_paused = true)]
 async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
-    use crate::admission::deny::{AnsweredBy, DenyCachedStore};
-    use crate::admission::GatewayStore;
-    use crate::budget::deny_cache::DenyCache;
+    use crate::admission::deny::AnsweredBy;
+
     use crate::budget::memory::MemoryStore;
     use crate::budget::BudgetStore;
     use crate::clock::ManualClock;
@@ -644,16 +643,7 @@ async fn a_step_no_lease_pays_is_reserved_and_settled_in_the_store() {
         "g1",
     ));
     let inner: Arc<dyn BudgetStore> = mem.clone();
-    let gw = GatewayStore::new(
-        DenyCachedStore::new(
-            inner,
-            Arc::new(DenyCache::with_capacity(16)),
-            Arc::new(clock.clone()),
-        ),
-        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-        1.0,
-    )
-    .with_leases(leases.clone());
+    let gw = gateway_store(inner, &clock, &leases);
     let used = |tokens| Settlement {
         actual_tokens: tokens,
         upstream_failed: false,
@@ -809,9 +799,9 @@ fn slots_of_a_fenced_concurrency_lease_are_leased_again_for_its_requests() {
 /// extend and renew.
 #[tokio::test(start_paused = true)]
 async fn a_hold_goes_where_it_was_admitted_and_takes_the_book_lock_only_if_leased() {
-    use crate::admission::deny::{AnsweredBy, DenyCachedStore};
-    use crate::admission::{GatewayStore, HeldReservation, SettlementTracker};
-    use crate::budget::deny_cache::DenyCache;
+    use crate::admission::deny::AnsweredBy;
+    use crate::admission::{HeldReservation, SettlementTracker};
+
     use crate::budget::memory::MemoryStore;
     use crate::budget::BudgetStore;
     use crate::clock::ManualClock;
@@ -827,18 +817,7 @@ async fn a_hold_goes_where_it_was_admitted_and_takes_the_book_lock_only_if_lease
         "g1",
     ));
     let inner: Arc<dyn BudgetStore> = mem.clone();
-    let gw = Arc::new(
-        GatewayStore::new(
-            DenyCachedStore::new(
-                inner,
-                Arc::new(DenyCache::with_capacity(16)),
-                Arc::new(clock.clone()),
-            ),
-            Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-            1.0,
-        )
-        .with_leases(leases.clone()),
-    );
+    let gw = Arc::new(gateway_store(inner, &clock, &leases));
     let tracker = SettlementTracker::default();
     let hold = |id: &str, at| {
         HeldReservation::new(
@@ -948,9 +927,6 @@ fn request_in(id: &str, tenant: &str, tag: &str) -> ReserveRequest {
 /// applied while the dead domain's call still waits out its timeout.
 #[tokio::test(start_paused = true)]
 async fn a_lease_round_fails_apart_by_domain() {
-    use crate::admission::deny::DenyCachedStore;
-    use crate::admission::GatewayStore;
-    use crate::budget::deny_cache::DenyCache;
     use crate::budget::memory::MemoryStore;
     use crate::budget::BudgetStore;
     use crate::clock::ManualClock;
@@ -969,16 +945,7 @@ async fn a_lease_round_fails_apart_by_domain() {
         "g1",
     ));
     let inner: Arc<dyn BudgetStore> = mem.clone();
-    let gw = GatewayStore::new(
-        DenyCachedStore::new(
-            inner,
-            Arc::new(DenyCache::with_capacity(16)),
-            Arc::new(clock.clone()),
-        ),
-        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-        1.0,
-    )
-    .with_leases(leases.clone());
+    let gw = gateway_store(inner, &clock, &leases);
     let used = Settlement {
         actual_tokens: 100,
         upstream_failed: false,
@@ -1021,9 +988,6 @@ async fn a_lease_round_fails_apart_by_domain() {
 /// gets its lease within a few ticks, not after the timeout.
 #[tokio::test(start_paused = true)]
 async fn the_keeper_serves_other_domains_while_a_call_waits_on_a_dead_one() {
-    use crate::admission::deny::DenyCachedStore;
-    use crate::admission::GatewayStore;
-    use crate::budget::deny_cache::DenyCache;
     use crate::budget::memory::MemoryStore;
     use crate::budget::BudgetStore;
     use crate::clock::ManualClock;
@@ -1042,16 +1006,7 @@ async fn the_keeper_serves_other_domains_while_a_call_waits_on_a_dead_one() {
         "g1",
     ));
     let inner: Arc<dyn BudgetStore> = mem.clone();
-    let gw = GatewayStore::new(
-        DenyCachedStore::new(
-            inner,
-            Arc::new(DenyCache::with_capacity(16)),
-            Arc::new(clock.clone()),
-        ),
-        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
-        1.0,
-    )
-    .with_leases(leases.clone());
+    let gw = gateway_store(inner, &clock, &leases);
     let used = Settlement {
         actual_tokens: 100,
         upstream_failed: false,
@@ -1078,4 +1033,26 @@ async fn the_keeper_serves_other_domains_while_a_call_waits_on_a_dead_one() {
         "leased while the dead domain's call waits"
     );
     keeper.abort();
+}
+
+/// The gateway's store over `inner` with `leases`: a deny cache, and a
+/// local limiter of its own for a failing store, both on `clock`.
+pub(super) fn gateway_store(
+    inner: Arc<dyn crate::budget::BudgetStore>,
+    clock: &crate::clock::ManualClock,
+    leases: &Arc<super::QuotaLeases>,
+) -> crate::admission::GatewayStore {
+    use crate::admission::deny::DenyCachedStore;
+    use crate::budget::deny_cache::DenyCache;
+    use crate::budget::memory::MemoryStore;
+    crate::admission::GatewayStore::new(
+        DenyCachedStore::new(
+            inner,
+            Arc::new(DenyCache::with_capacity(16)),
+            Arc::new(clock.clone()),
+        ),
+        Arc::new(MemoryStore::new(Arc::new(clock.clone()))),
+        1.0,
+    )
+    .with_leases(leases.clone())
 }
