@@ -492,18 +492,18 @@ impl Book {
         let ReserveOutcome::Admitted(local) = self.admit(r, cand, n, now, utc) else {
             return Decision::Store;
         };
-        let costs = match r.costs.per_candidate.first() {
-            None => crate::budget::Costs::tokens(r.costs.tokens),
-            Some(row) => crate::budget::Costs {
+        let costs = if r.costs.per_candidate.is_empty() {
+            crate::budget::Costs::tokens(r.costs.tokens)
+        } else {
+            crate::budget::Costs {
                 tokens: r.costs.tokens,
-                per_candidate: vec![(0..n)
-                    .map(|i| {
-                        row.get(i)
-                            .copied()
-                            .unwrap_or_else(|| r.common[i].cost(r.costs.tokens))
-                    })
+                per_candidate: vec![r
+                    .common
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| r.costs.of(0, i, spec))
                     .collect()],
-            },
+            }
         };
         Decision::Split {
             local,
