@@ -66,7 +66,8 @@
 //!   store has answered a settlement, one event (its outcome named where
 //!   it was made) goes to every observer (spans, ledger, queue capacity,
 //!   tenant metrics, deny release).
-//! - [`upstreams`]: upstream client, SSE framing and the stream relay; no
+//! - [`upstreams`]: upstream client (the direct providers' connections on
+//!   hyper's client), SSE framing and the stream relay; no
 //!   budgets (the relay meters through its own `Meter` trait).
 //! - [`connections`]: client connections: accepted under
 //!   `max_connections`, served by hyper with a header read timeout and a

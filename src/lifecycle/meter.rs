@@ -6,7 +6,6 @@
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
-use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::admit::HoldBudgets;
@@ -17,6 +16,7 @@ use super::owner::OwnerWriter;
 use super::prepare::Prepared;
 use super::rewrite::{enforced_cap, output_cap, usage_bounds};
 use super::settle::{refund, settle};
+use super::whole_answer::Whole;
 use crate::admission::{amounts, HeldReservation};
 use crate::budget::ExtendOutcome;
 use crate::config::estimate::StreamCounting;
@@ -66,26 +66,22 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     // Only `usage` is read out of the answer; the rest is checked to be
     // JSON and passed on untouched (the whole tree is built only when the
     // upstream sent no usage and the output must be counted here).
-    let (usage, id, output) = match serde_json::from_slice::<Whole>(&body) {
-        Ok(a) if body.trim_ascii_start().starts_with(b"{") => {
-            let usage = if cx.dialect.is_gemini() {
-                a.usage_metadata
-            } else {
-                a.usage
-            };
-            (usage, a.id, a.output)
-        }
-        _ => {
-            hold.settle(refund(&budgets));
-            return Metered::Failed(ApiError::BadGateway(
-                "The upstream returned a response that is not JSON.".into(),
-            ));
-        }
+    let Some(whole) = Whole::read(&body) else {
+        hold.settle(refund(&budgets));
+        return Metered::Failed(ApiError::BadGateway(
+            "The upstream returned a response that is not JSON.".into(),
+        ));
     };
+    let usage = if cx.dialect.is_gemini() {
+        whole.usage_metadata
+    } else {
+        whole.usage
+    };
+    let (id, output) = (whole.id, whole.output);
     let model = cx.policy.model_at(request.model);
     let (encoding, ratio) = (model.encoding, model.token_ratio);
     let used = usage
-        .and_then(|u| cx.dialect.usage_from_answer(u.get()))
+        .and_then(|u| cx.dialect.usage_from_answer(u))
         .unwrap_or_default()
         .bounded(&usage_bounds(request, model, cx.dialect))
         .filled(request.estimate.input_tokens, || {
@@ -94,7 +90,7 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
         });
     let mut used = full_charge(request).unwrap_or(used);
     if !request.hosted.is_empty() {
-        if let Some(Ok(Value::Array(items))) = output.map(|o| serde_json::from_str(o.get())) {
+        if let Some(Ok(Value::Array(items))) = output.map(serde_json::from_str) {
             used.hosted = crate::dialects::responses::hosted_uses(&items);
         }
     }
@@ -210,24 +206,6 @@ fn stream(cx: &mut RequestContext, request: &Prepared, answer: Answer) -> Respon
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     response
-}
-
-/// The part of a non-streamed answer the gateway reads (OpenAI API
-/// reference: `usage` of chat completions, completions and embeddings).
-#[derive(serde::Deserialize)]
-struct Whole<'a> {
-    #[serde(borrow, default)]
-    usage: Option<&'a RawValue>,
-    /// Gemini's usage (`usageMetadata`).
-    #[serde(borrow, default, rename = "usageMetadata")]
-    usage_metadata: Option<&'a RawValue>,
-    /// The id of a stored response (Responses), for its owner record.
-    #[serde(borrow, default)]
-    id: Option<std::borrow::Cow<'a, str>>,
-    /// The output items (Responses): read for the uses of priced hosted
-    /// tools, only when the request may use one.
-    #[serde(borrow, default)]
-    output: Option<&'a RawValue>,
 }
 
 /// A background response goes on after the HTTP response ends, beyond the

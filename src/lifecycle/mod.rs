@@ -7,7 +7,8 @@
 //! 4. [`admit`]: one atomic reservation → a held reservation.
 //! 5. [`forward`]: the rewritten body ([`rewrite`]) upstream; failures
 //!    classified (retry on another deployment, pass on, fail).
-//! 6. [`meter`]: usage of a whole answer; streams go to the relay.
+//! 6. [`meter`]: usage of a whole answer (what [`whole_answer`] reads of
+//!    it); streams go to the relay.
 //! 7. [`settle`]: the reservation settled with what was used.
 //! 8. [`finish`]: the final log line and request metrics, exactly once on
 //!    every path, client disconnect included.
@@ -46,6 +47,7 @@ pub mod run;
 pub mod settle;
 pub mod stored;
 pub mod wait;
+pub mod whole_answer;
 
 use std::sync::Arc;
 

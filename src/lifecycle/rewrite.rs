@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use super::prepare::Prepared;
 use crate::config::{ModelPolicy, UpstreamKind, UpstreamPolicy};
+use crate::dialects::json_scan::Scan;
 use crate::dialects::usage::UsageBounds;
 use crate::dialects::Dialect;
 
@@ -83,13 +84,13 @@ fn server_tool_max_uses(body: &[u8], model: &ModelPolicy) -> Result<String, serd
 /// every other member copied byte for byte in order. Only requests that
 /// use a priced hosted tool pay this second pass.
 fn set_member(body: &[u8], key: &str, value: &str) -> Result<Vec<u8>, serde_json::Error> {
-    let RawMembers(top) = serde_json::from_slice(body)?;
+    let top = raw_members(body)?;
     let mut out = Vec::with_capacity(body.len() + key.len() + value.len() + 4);
     out.push(b'{');
     for (k, v) in top.iter().filter(|(k, _)| k != key) {
         serde_json::to_writer(&mut out, k.as_ref())?;
         out.push(b':');
-        out.extend_from_slice(v.get().as_bytes());
+        out.extend_from_slice(v.as_bytes());
         out.push(b',');
     }
     serde_json::to_writer(&mut out, key)?;
@@ -118,7 +119,7 @@ pub fn rewrite(
     // Top-level fields as raw JSON slices, in the client's order: values
     // are copied byte for byte, never re-serialised (a 400 KB prompt costs
     // a scan, not a rebuild).
-    let RawMembers(top) = serde_json::from_slice(raw)?;
+    let top = raw_members(raw)?;
     let mut removed: Vec<&str> = Vec::new();
     let mut set: Vec<(&str, String)> = if crate::upstreams::gemini::vertex_openai(upstream) {
         // Gemini on Vertex's OpenAI-compatible endpoint: the model in the
@@ -158,7 +159,7 @@ pub fn rewrite(
             let mut opts: Map<String, Value> = top
                 .iter()
                 .rfind(|(k, _)| k == "stream_options")
-                .and_then(|(_, r)| serde_json::from_str(r.get()).ok())
+                .and_then(|(_, r)| serde_json::from_str(r).ok())
                 .unwrap_or_default();
             opts.insert("include_usage".into(), Value::Bool(true));
             set.push(("stream_options", serde_json::to_string(&opts)?));
@@ -181,7 +182,7 @@ pub fn rewrite(
         if removed.contains(&k.as_ref()) || set.iter().any(|(s, _)| s == k) {
             continue;
         }
-        field(&mut out, k, v.get())?;
+        field(&mut out, k, v)?;
     }
     for (k, v) in &set {
         field(&mut out, k, v)?;
@@ -253,6 +254,29 @@ pub fn enforced_cap(
 /// member and sorted the forwarded fields.)
 struct RawMembers<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
+/// The top-level members of the JSON object `raw` as raw spans, in the
+/// client's order. The forward-only reader reads them (serde's visitor
+/// per member cost more than the copy); where it declines (see
+/// [`json_scan`](crate::dialects::json_scan)), serde_json reads them.
+fn raw_members(raw: &[u8]) -> Result<Vec<(Cow<'_, str>, &str)>, serde_json::Error> {
+    if let Some(members) = std::str::from_utf8(raw).ok().and_then(scanned_members) {
+        return Ok(members);
+    }
+    let RawMembers(top) = serde_json::from_slice(raw)?;
+    Ok(top.into_iter().map(|(k, v)| (k, v.get())).collect())
+}
+
+fn scanned_members(src: &str) -> Option<Vec<(Cow<'_, str>, &str)>> {
+    let mut s = Scan::new(src);
+    let mut members = Vec::with_capacity(16);
+    s.object(|s, k| {
+        members.push((k, s.raw()?));
+        Some(())
+    })?;
+    s.end()?;
+    Some(members)
+}
+
 /// An object member's name, borrowed from the input when it can be
 /// (serde's `borrow` on a `Cow<str>` copies only a name with escapes).
 #[derive(serde::Deserialize)]
@@ -278,5 +302,58 @@ impl<'de> serde::Deserialize<'de> for RawMembers<'de> {
             }
         }
         d.deserialize_map(Visitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dialects::json_scan::generate::{object, string, value};
+    use proptest::prelude::*;
+
+    fn by_serde(raw: &str) -> Option<Vec<(Cow<'_, str>, &str)>> {
+        let RawMembers(top) = serde_json::from_str(raw).ok()?;
+        Some(top.into_iter().map(|(k, v)| (k, v.get())).collect())
+    }
+
+    fn body() -> BoxedStrategy<String> {
+        let body = object(vec![
+            ("model", string().boxed()),
+            ("messages", value().boxed()),
+            (
+                "max_tokens",
+                any::<u32>().prop_map(|n| n.to_string()).boxed(),
+            ),
+            ("stream", Just("true".to_string()).boxed()),
+            ("n", Just("1e0".to_string()).boxed()),
+        ]);
+        prop_oneof![8 => body, 1 => value(), 1 => (value(), "[ }a,]{0,2}").prop_map(|(a, t)| a + &t)]
+            .boxed()
+    }
+
+    #[test]
+    fn members_keep_their_order_and_bytes() {
+        let raw =
+            r#" {"model" : "m","messages":[{"role":"user","content":"a\"b"}], "m\u006fdel":2 } "#;
+        let top = raw_members(raw.as_bytes()).expect("an object");
+        let want: Vec<(Cow<str>, &str)> = vec![
+            ("model".into(), r#""m""#),
+            ("messages".into(), r#"[{"role":"user","content":"a\"b"}]"#),
+            ("model".into(), "2"),
+        ];
+        assert_eq!(top, want);
+        assert!(scanned_members(raw).is_some(), "read by the reader");
+        assert!(raw_members(b"[1]").is_err());
+        assert!(raw_members(b"{} {}").is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// The members read are serde_json's: both refuse, or both give
+        /// the same names and spans in the same order.
+        #[test]
+        fn members_read_as_serde_reads_them(raw in body()) {
+            prop_assert_eq!(raw_members(raw.as_bytes()).ok(), by_serde(&raw), "{}", raw);
+        }
     }
 }

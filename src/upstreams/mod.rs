@@ -3,6 +3,8 @@
 //! knows nothing of budgets: the relay meters through its own
 //! [`relay::Meter`] interface, which the lifecycle implements.
 //!
+//! - [`transport`]: the connections to direct providers: pooled, TLS,
+//!   proxies, one deadline per call.
 //! - [`sse`]: splitting a byte stream into SSE frames, byte for byte.
 //! - [`relay`]: metering, extension, cutoff and settlement of a stream.
 //! - [`redact`]: what logs say of other endpoints the gateway calls.
@@ -18,6 +20,7 @@ pub mod gemini;
 pub mod redact;
 pub mod relay;
 pub mod sse;
+pub mod transport;
 pub mod vertex;
 
 use std::collections::HashMap;
@@ -53,6 +56,7 @@ const X_API_KEY: reqwest::header::HeaderName =
     reqwest::header::HeaderName::from_static("x-api-key");
 const ANTHROPIC_VERSION: reqwest::header::HeaderName =
     reqwest::header::HeaderName::from_static("anthropic-version");
+const API_KEY: reqwest::header::HeaderName = reqwest::header::HeaderName::from_static("api-key");
 
 /// Pooled HTTP clients: per thread, one per distinct connect timeout
 /// (usually one for every upstream), each keeping keep-alive connections
@@ -63,11 +67,13 @@ pub struct UpstreamClient {
     /// showed in the per-request profile; the set is small (upstreams ×
     /// endpoints × models), bounded by [`URL_CACHE_MAX`] anyway.
     urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
+    /// The same for Azure's URIs (its URLs carry the deployment).
+    azure_urls: Arc<Mutex<HashMap<String, http::Uri>>>,
     /// Parsed URLs of endpoints that depend only on the base URL and the
     /// dialect (every upstream kind but Azure), found
     /// by comparing the base URL: no URL text is formatted and hashed per
     /// request. A handful of entries (upstreams × dialects).
-    by_base: Arc<Mutex<Vec<(String, Dialect, reqwest::Url)>>>,
+    by_base: Arc<Mutex<Vec<(String, Dialect, http::Uri)>>>,
     /// SigV4 credentials of Bedrock deployments.
     pub aws: Arc<bedrock::credentials::AwsCredentials>,
     /// Access tokens of `vertex` deployments.
@@ -88,6 +94,7 @@ impl UpstreamClient {
     pub fn new() -> Self {
         Self {
             urls: Arc::new(Mutex::new(HashMap::new())),
+            azure_urls: Arc::new(Mutex::new(HashMap::new())),
             by_base: Arc::new(Mutex::new(Vec::new())),
             aws: Arc::default(),
             vertex: Arc::default(),
@@ -125,13 +132,34 @@ impl UpstreamClient {
         })
     }
 
-    /// The parsed URL of `dialect`'s endpoint on `upstream` (see [`endpoint_url`]).
+    /// The pooled [`transport::Transport`] with `upstream`'s connect
+    /// timeout, per thread as [`Self::client`]'s.
+    fn transport(&self, upstream: &UpstreamPolicy) -> Result<transport::Transport, UpstreamError> {
+        thread_local! {
+            static TRANSPORTS: std::cell::RefCell<Vec<(Duration, transport::Transport)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let connect_timeout = upstream.connect_timeout;
+        TRANSPORTS.with_borrow_mut(|ts| {
+            if let Some((_, t)) = ts.iter().find(|(d, _)| *d == connect_timeout) {
+                return Ok(t.clone());
+            }
+            let t = transport::Transport::new(connect_timeout).map_err(|e| {
+                tracing::error!(deployment = %upstream.name, error = %e, "cannot build the upstream HTTP client; request failed, nothing sent");
+                UpstreamError::Other(upstream.name.clone())
+            })?;
+            ts.push((connect_timeout, t.clone()));
+            Ok(t)
+        })
+    }
+
+    /// The parsed URI of `dialect`'s endpoint on `upstream` (see [`endpoint_url`]).
     fn url(
         &self,
         upstream: &UpstreamPolicy,
         dialect: Dialect,
         upstream_model: &str,
-    ) -> Result<reqwest::Url, UpstreamError> {
+    ) -> Result<http::Uri, UpstreamError> {
         // Azure's URLs also carry the deployment (model) and the API version.
         if upstream.kind != UpstreamKind::Azure {
             let mut known = self.by_base.lock().unwrap_or_else(|e| e.into_inner());
@@ -142,8 +170,8 @@ impl UpstreamClient {
                 return Ok(u.clone());
             }
             let text = endpoint_url(upstream, dialect, upstream_model);
-            let url = reqwest::Url::parse(&text)
-                .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
+            let url =
+                parse_uri(&text).ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
             if known.len() >= URL_CACHE_MAX {
                 known.clear();
             }
@@ -151,14 +179,13 @@ impl UpstreamClient {
             return Ok(url);
         }
         let text = endpoint_url(upstream, dialect, upstream_model);
-        let mut urls = self.urls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut urls = self.azure_urls.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = urls.get(&text) {
             return Ok(u.clone());
         }
         // Config validation accepted the base URL, so this fails only for
         // a model name that cannot appear in a URL path.
-        let url =
-            reqwest::Url::parse(&text).map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
+        let url = parse_uri(&text).ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
         if urls.len() >= URL_CACHE_MAX {
             urls.clear();
         }
@@ -218,43 +245,60 @@ impl UpstreamClient {
             .await;
         }
         let url = self.url(upstream, dialect, upstream_model)?;
-        let mut req = self
-            .client(upstream)?
-            .post(url)
-            .timeout(upstream.timeout)
-            .header(
-                reqwest::header::CONTENT_TYPE,
-                reqwest::header::HeaderValue::from_static("application/json"),
-            )
-            .header(X_REQUEST_ID, request_id)
-            .body(body);
+        let other = || UpstreamError::Other(upstream.name.clone());
+        let mut req = http::Request::post(url)
+            .body(http_body_util::Full::new(body))
+            .map_err(|_| other())?;
+        let headers = req.headers_mut();
+        headers.reserve(8 + extra_headers.len());
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        // What reqwest sent, kept for upstreams that read it.
+        headers.insert(http::header::ACCEPT, http::HeaderValue::from_static("*/*"));
+        headers.insert(X_REQUEST_ID, request_id);
         for (name, value) in extra_headers {
-            req = req.header(name.as_str(), value.as_bytes());
+            let name = http::HeaderName::try_from(name.as_str()).map_err(|_| other())?;
+            headers.append(name, value.clone());
         }
         if upstream.kind == UpstreamKind::Anthropic {
             // The client's version when it sent one (in `extra_headers`), else the upstream's.
             if !extra_headers.iter().any(|(n, _)| n == "anthropic-version") {
-                req = req.header(ANTHROPIC_VERSION, upstream.anthropic_version.as_str());
+                let version = http::HeaderValue::try_from(upstream.anthropic_version.as_str())
+                    .map_err(|_| other())?;
+                headers.append(ANTHROPIC_VERSION, version);
             }
         }
         if let Some(key) = &upstream.api_key {
-            req = match upstream.kind {
-                UpstreamKind::Azure => req.header("api-key", key),
-                UpstreamKind::Anthropic => req.header(X_API_KEY, key),
-                _ => req.bearer_auth(key),
+            let (name, value) = match upstream.kind {
+                UpstreamKind::Azure => (API_KEY, http::HeaderValue::try_from(key.as_str())),
+                UpstreamKind::Anthropic => (X_API_KEY, http::HeaderValue::try_from(key.as_str())),
+                _ => (
+                    http::header::AUTHORIZATION,
+                    http::HeaderValue::try_from(format!("Bearer {key}")),
+                ),
             };
+            let mut value = value.map_err(|_| other())?;
+            value.set_sensitive(true);
+            headers.append(name, value);
         }
-        req.send().await.map_err(|e| {
-            let name = upstream.name.clone();
-            if e.is_connect() {
-                UpstreamError::Connect(name)
-            } else if e.is_timeout() {
-                UpstreamError::Timeout(name)
-            } else {
-                UpstreamError::Other(name)
-            }
-        })
+        self.transport(upstream)?
+            .send(req, upstream.timeout)
+            .await
+            .map_err(|e| match e {
+                transport::CallError::Connect => UpstreamError::Connect(upstream.name.clone()),
+                transport::CallError::Timeout => UpstreamError::Timeout(upstream.name.clone()),
+                transport::CallError::Other => other(),
+            })
     }
+}
+
+/// `text` as the `Uri` a request is sent to, parsed as a URL first (as
+/// reqwest did: IDNA, percent-encoding, the default port dropped).
+fn parse_uri(text: &str) -> Option<http::Uri> {
+    let url = reqwest::Url::parse(text).ok()?;
+    http::Uri::try_from(url.as_str()).ok()
 }
 
 impl UpstreamClient {

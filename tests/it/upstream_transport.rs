@@ -5,7 +5,8 @@
 //! - Proxies from the environment: `HTTP_PROXY` carries a plain upstream's
 //!   call in absolute form, `HTTPS_PROXY` a TLS upstream's through a
 //!   `CONNECT` tunnel; an upstream host named in `NO_PROXY` is called
-//!   direct.
+//!   direct. A proxy URL's credentials go to the proxy, in the call's
+//!   `Proxy-Authorization` or in the tunnel's.
 //! - Trust: the gateway has no CA setting of its own; an upstream's
 //!   certificate is checked against the roots `SSL_CERT_FILE` /
 //!   `SSL_CERT_DIR` name (the platform's store when neither is set). A
@@ -301,6 +302,8 @@ async fn read_head(conn: &mut TcpStream) -> Option<(Vec<u8>, usize)> {
 struct Proxy {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<String>>>,
+    /// The `Proxy-Authorization` of each recorded request, when it had one.
+    auth: Arc<Mutex<Vec<String>>>,
 }
 
 impl Proxy {
@@ -308,13 +311,14 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
+        let auth = Arc::new(Mutex::new(Vec::new()));
+        let (s, a) = (seen.clone(), auth.clone());
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(Proxy::relay(conn, s.clone()));
+                tokio::spawn(Proxy::relay(conn, s.clone(), a.clone()));
             }
         });
-        Proxy { addr, seen }
+        Proxy { addr, seen, auth }
     }
 
     fn url(&self) -> String {
@@ -325,7 +329,15 @@ impl Proxy {
         self.seen.lock().unwrap().clone()
     }
 
-    async fn relay(mut client: TcpStream, seen: Arc<Mutex<Vec<String>>>) {
+    fn auth(&self) -> Vec<String> {
+        self.auth.lock().unwrap().clone()
+    }
+
+    async fn relay(
+        mut client: TcpStream,
+        seen: Arc<Mutex<Vec<String>>>,
+        auth: Arc<Mutex<Vec<String>>>,
+    ) {
         let Some((got, end)) = read_head(&mut client).await else {
             return;
         };
@@ -338,6 +350,13 @@ impl Proxy {
             parts.next().unwrap_or_default(),
         );
         seen.lock().unwrap().push(format!("{method} {target}"));
+        if let Some(value) = rest.split("\r\n").find_map(|h| {
+            let (name, value) = h.split_once(':')?;
+            name.eq_ignore_ascii_case("proxy-authorization")
+                .then(|| value.trim().to_string())
+        }) {
+            auth.lock().unwrap().push(value);
+        }
         let (authority, first) = if method == "CONNECT" {
             (target.to_string(), Vec::new())
         } else {
@@ -525,6 +544,43 @@ async fn https_proxy_tunnels_a_tls_upstream_call_and_no_proxy_sends_it_direct() 
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(proxy.seen().len(), 1, "NO_PROXY: not through the proxy");
     assert_eq!(upstream.versions().len(), 2);
+}
+
+/// Fault guarded against: the credentials of a proxy URL
+/// (`http://user:secret@proxy`) dropped, so that an egress proxy that
+/// authenticates refuses every call: a plain upstream's call carries them
+/// in its own `Proxy-Authorization`, a TLS upstream's in its `CONNECT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_url_s_credentials_go_to_the_proxy() {
+    let mock = start_mock().await;
+    let proxy = Proxy::start().await;
+    let with_user = format!("http://user:secret@{}", proxy.addr);
+    let plain = start(
+        &config(deployment("plain", &mock.base_url()), None),
+        &proxy_env("HTTP_PROXY", &with_user),
+    )
+    .await;
+    let a = ask(&plain.gw, "gpt-4o-mini").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+
+    let ca = Ca::new("transport proxy auth CA");
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = TlsUpstream::start(&ca, &[b"http/1.1"]).await;
+    let mut env = trust_env(&ca_file(dir.path(), "ca.pem", &ca)).to_vec();
+    env.extend(proxy_env("HTTPS_PROXY", &with_user));
+    let tls = start(&config(deployment("tls", &upstream.base_url()), None), &env).await;
+    let a = ask(&tls.gw, "gpt-4o-mini").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+
+    assert_eq!(
+        proxy.seen(),
+        [
+            format!("POST http://{}/v1/chat/completions", mock.addr),
+            format!("CONNECT {}", upstream.addr)
+        ]
+    );
+    // base64("user:secret")
+    assert_eq!(proxy.auth(), ["Basic dXNlcjpzZWNyZXQ="; 2]);
 }
 
 // ---------------------------------------------------------------------------

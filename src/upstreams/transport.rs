@@ -1,0 +1,266 @@
+//! The HTTP connections to upstream deployments: hyper's pooled client
+//! (HTTP/1.1, HTTP/2 where TLS offers it by ALPN), TLS verified by the
+//! system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured), the
+//! proxies the environment names (`HTTP_PROXY`, `HTTPS_PROXY`,
+//! `ALL_PROXY`, `NO_PROXY`, as curl reads them), no redirect ever
+//! followed, and one deadline over the whole call, body included.
+//!
+//! The direct providers' calls (OpenAI-compatible servers, Azure,
+//! Anthropic) go through [`Transport`]: a request there is the gateway's
+//! hot path, and a general client's layers (its URL type parsed back
+//! from the request's `Uri`, its redirect layer even with redirects off)
+//! cost more than the rest of the call. The clouds' calls (signing,
+//! token refresh) and the rare stored-response calls keep reqwest.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::proxy::matcher::Matcher;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long an unused kept-alive connection stays in the pool.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// One pool of connections to every upstream, for one connect timeout.
+#[derive(Clone)]
+pub struct Transport {
+    client: Client<hyper_rustls::HttpsConnector<Connector>, Full<Bytes>>,
+    proxies: Arc<Matcher>,
+}
+
+/// Why a call failed before its answer's headers arrived.
+#[derive(Debug)]
+pub enum CallError {
+    /// No connection (TCP, TLS or the proxy's tunnel): nothing was sent.
+    Connect,
+    /// The deadline passed first.
+    Timeout,
+    /// Any other failure (the connection closed without an answer).
+    Other,
+}
+
+impl Transport {
+    /// A pool whose connections must open within `connect_timeout`.
+    /// Fails only when the system's roots cannot be read.
+    pub fn new(connect_timeout: Duration) -> Result<Self, BoxError> {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+        let verifier = rustls_platform_verifier::Verifier::new(provider.clone())?;
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let proxies = Arc::new(Matcher::from_env());
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(Connector {
+                http,
+                proxies: proxies.clone(),
+            });
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Ok(Self { client, proxies })
+    }
+
+    /// Sends `request`; its answer's headers, and then its body, must all
+    /// arrive within `timeout` of now. The body comes back as reqwest's,
+    /// the type the gateway's answer handling reads.
+    pub async fn send(
+        &self,
+        mut request: http::Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, CallError> {
+        self.proxy_authorization(&mut request);
+        let mut deadline = Box::pin(tokio::time::sleep_until(Instant::now() + timeout));
+        let call = self.client.request(request);
+        let answer = tokio::select! {
+            biased;
+            answer = call => answer,
+            () = deadline.as_mut() => return Err(CallError::Timeout),
+        };
+        let answer = answer.map_err(|e| {
+            if e.is_connect() {
+                CallError::Connect
+            } else {
+                CallError::Other
+            }
+        })?;
+        let (parts, body) = answer.into_parts();
+        let body = reqwest::Body::wrap(Deadline { body, deadline });
+        Ok(reqwest::Response::from(http::Response::from_parts(
+            parts, body,
+        )))
+    }
+
+    /// A forward proxy of plain HTTP sees the request itself, so its
+    /// credentials go in a header (a tunnel's go in its `CONNECT`).
+    fn proxy_authorization(&self, request: &mut http::Request<Full<Bytes>>) {
+        if request.uri().scheme() != Some(&http::uri::Scheme::HTTP) {
+            return;
+        }
+        if let Some(auth) = self
+            .proxies
+            .intercept(request.uri())
+            .and_then(|i| i.basic_auth().cloned())
+        {
+            request
+                .headers_mut()
+                .insert(http::header::PROXY_AUTHORIZATION, auth);
+        }
+    }
+}
+
+/// Opens a connection to an upstream: directly, through the proxy's
+/// `CONNECT` tunnel (TLS upstreams), or to the proxy itself (plain HTTP
+/// upstreams, marked so that hyper sends the absolute URI).
+#[derive(Clone)]
+pub struct Connector {
+    http: HttpConnector,
+    proxies: Arc<Matcher>,
+}
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = Conn;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Conn, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, dst: http::Uri) -> Self::Future {
+        let mut http = self.http.clone();
+        let proxy = self.proxies.intercept(&dst);
+        Box::pin(async move {
+            let Some(proxy) = proxy else {
+                let io = tower_service::Service::call(&mut http, dst).await?;
+                return Ok(Conn { io, proxied: false });
+            };
+            if dst.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                let mut tunnel = Tunnel::new(proxy.uri().clone(), http);
+                if let Some(auth) = proxy.basic_auth() {
+                    tunnel = tunnel.with_auth(auth.clone());
+                }
+                let io = tower_service::Service::call(&mut tunnel, dst).await?;
+                return Ok(Conn { io, proxied: false });
+            }
+            let io = tower_service::Service::call(&mut http, proxy.uri().clone()).await?;
+            Ok(Conn { io, proxied: true })
+        })
+    }
+}
+
+/// A TCP connection, to the upstream or to a forward proxy.
+pub struct Conn {
+    io: TokioIo<TcpStream>,
+    proxied: bool,
+}
+
+impl Connection for Conn {
+    fn connected(&self) -> Connected {
+        self.io.connected().proxy(self.proxied)
+    }
+}
+
+impl Read for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl Write for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// An answer's body under the call's deadline: past it, a read fails
+/// with [`io::ErrorKind::TimedOut`] (which reqwest's `is_timeout` finds,
+/// and the stream relay reads as the request's time limit).
+struct Deadline {
+    body: hyper::body::Incoming,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl Body for Deadline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the upstream call reached its timeout",
+            )))));
+        }
+        Pin::new(&mut self.body)
+            .poll_frame(cx)
+            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
