@@ -12,6 +12,7 @@
 use axum::http::{header, HeaderName};
 use serde_json::Value;
 
+use super::json_scan::{Fields, Scan};
 use super::usage::{read_count, Rejected, UsageBreakdown};
 use super::KeyHeader;
 
@@ -33,6 +34,9 @@ pub fn usage_from_raw(raw: &str) -> Option<UsageBreakdown> {
     if !raw.starts_with('{') {
         return None;
     }
+    if let Some(u) = scanned_usage(raw) {
+        return Some(u);
+    }
     let u: RawUsage = serde_json::from_str(raw).ok()?;
     Some(breakdown(
         u.prompt_tokens.as_ref(),
@@ -40,6 +44,59 @@ pub fn usage_from_raw(raw: &str) -> Option<UsageBreakdown> {
         u.prompt_tokens_details.count.as_ref(),
         u.completion_tokens_details.count.as_ref(),
         u.total_tokens.as_ref(),
+    ))
+}
+
+/// [`usage_from_raw`] by the forward-only reader, for the usual `usage`:
+/// counts that are integers or `null`, details that are objects or
+/// `null`. Anything else (a count written `12.0`, a string, details of
+/// another shape) is declined and read by serde as [`RawUsage`], whose
+/// rules this follows: a repeated count refuses the object, the last of
+/// a repeated detail counts.
+fn scanned_usage(raw: &str) -> Option<UsageBreakdown> {
+    fn count(s: &mut Scan<'_>) -> Option<Value> {
+        s.u64().map(Value::from)
+    }
+    fn detail(s: &mut Scan<'_>, name: &str) -> Option<Option<Value>> {
+        let mut found = None;
+        s.object(|s, k| {
+            if k == name {
+                found = if s.null() { None } else { Some(count(s)?) };
+            } else {
+                s.skip()?;
+            }
+            Some(())
+        })?;
+        Some(found)
+    }
+    let mut s = Scan::new(raw);
+    let mut seen = Fields::default();
+    let [mut prompt, mut completion, mut total, mut cached, mut reasoning] =
+        [None, None, None, None, None];
+    s.object(|s, k| {
+        match &*k {
+            "prompt_tokens" => prompt = seen.once(0, s, count)?,
+            "completion_tokens" => completion = seen.once(1, s, count)?,
+            "total_tokens" => total = seen.once(2, s, count)?,
+            "prompt_tokens_details" => {
+                cached = seen.once(3, s, |s| detail(s, "cached_tokens"))?.flatten()
+            }
+            "completion_tokens_details" => {
+                reasoning = seen
+                    .once(4, s, |s| detail(s, "reasoning_tokens"))?
+                    .flatten()
+            }
+            _ => s.skip()?,
+        }
+        Some(())
+    })?;
+    s.end()?;
+    Some(breakdown(
+        prompt.as_ref(),
+        completion.as_ref(),
+        cached.as_ref(),
+        reasoning.as_ref(),
+        total.as_ref(),
     ))
 }
 
@@ -265,5 +322,82 @@ mod tests {
         assert_eq!((u.output, u.reasoning), (Some(30), 0));
         let u = read(r#"{"prompt_tokens":10,"completion_tokens":30,"total_tokens":-1}"#);
         assert_eq!((u.output, u.rejected_output), (Some(30), None));
+    }
+
+    mod reader {
+        use super::*;
+        use crate::dialects::json_scan::generate::{object, or_other, value};
+        use proptest::prelude::*;
+
+        /// What serde alone reads of `raw`.
+        fn by_serde(raw: &str) -> Option<UsageBreakdown> {
+            if !raw.starts_with('{') {
+                return None;
+            }
+            let u: RawUsage = serde_json::from_str(raw).ok()?;
+            Some(breakdown(
+                u.prompt_tokens.as_ref(),
+                u.completion_tokens.as_ref(),
+                u.prompt_tokens_details.count.as_ref(),
+                u.completion_tokens_details.count.as_ref(),
+                u.total_tokens.as_ref(),
+            ))
+        }
+
+        fn count() -> BoxedStrategy<String> {
+            prop_oneof![
+                6 => (0u64..100_000).prop_map(|n| n.to_string()),
+                1 => any::<u64>().prop_map(|n| n.to_string()),
+                1 => Just("12.0".to_string()),
+                1 => Just("-3".to_string()),
+            ]
+            .boxed()
+        }
+
+        fn usage() -> BoxedStrategy<String> {
+            let details = |name: &'static str| {
+                or_other(object(vec![
+                    (name, or_other(count())),
+                    ("audio_tokens", count()),
+                ]))
+            };
+            object(vec![
+                ("prompt_tokens", or_other(count())),
+                ("completion_tokens", or_other(count())),
+                ("total_tokens", or_other(count())),
+                ("prompt_tokens_details", details("cached_tokens")),
+                ("completion_tokens_details", details("reasoning_tokens")),
+                ("other", value().boxed()),
+            ])
+        }
+
+        /// The generated objects are mostly read by the reader itself.
+        #[test]
+        fn the_generated_usage_is_mostly_read() {
+            use proptest::strategy::ValueTree;
+            let mut runner = proptest::test_runner::TestRunner::deterministic();
+            let (mut read, mut detailed) = (0, 0);
+            for _ in 0..1000 {
+                let raw = usage().new_tree(&mut runner).expect("a usage").current();
+                if let Some(u) = scanned_usage(&raw) {
+                    read += 1;
+                    detailed += usize::from(u.cached_input > 0 || u.reasoning > 0);
+                }
+            }
+            assert!(
+                read > 300 && detailed > 50,
+                "read {read}, detailed {detailed}"
+            );
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(3000))]
+            /// The reader reads what serde reads: whenever it reads at
+            /// all, and so `usage_from_raw` whatever it is given.
+            #[test]
+            fn usage_reads_as_serde_reads_it(raw in usage()) {
+                prop_assert_eq!(usage_from_raw(&raw), by_serde(&raw), "{}", raw);
+            }
+        }
     }
 }
