@@ -29,7 +29,7 @@ use crate::gateway::AppState;
 use crate::metrics::DeploymentMetrics;
 use crate::settlement::Settling;
 use crate::upstreams::failure::{self, Failure, PassOn, Refusal};
-use crate::upstreams::UpstreamError;
+use crate::upstreams::{UpstreamError, UpstreamResponse};
 
 // Header names built at compile time: naming a header by a string at run
 // time searches the table of standard names on every use.
@@ -48,7 +48,7 @@ pub struct Answer {
     /// The reservation it runs under.
     pub hold: HeldReservation,
     /// The upstream's response (headers read, body not yet).
-    pub response: reqwest::Response,
+    pub response: UpstreamResponse,
     /// Headers for the client: rate limits and ids.
     pub headers: HeaderMap,
     /// The budgets the hold debited.
@@ -238,7 +238,7 @@ const MAX_ERROR_BODY: usize = 1024 * 1024;
 /// the deployment down, try another, fail, or pass the answer on.
 async fn upstream_failure(
     cx: &RequestContext,
-    resp: reqwest::Response,
+    resp: UpstreamResponse,
     hold: HeldReservation,
     refund: Settling,
     (upstream, metrics): (&UpstreamPolicy, &DeploymentMetrics),
@@ -325,9 +325,14 @@ fn api_error(refusal: Refusal, metrics: &DeploymentMetrics) -> ApiError {
     }
 }
 
-async fn read_bounded(mut resp: reqwest::Response) -> Vec<u8> {
+async fn read_bounded(resp: UpstreamResponse) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    let mut body = resp.into_body();
     let mut out = Vec::new();
-    while let Ok(Some(chunk)) = resp.chunk().await {
+    while let Some(Ok(frame)) = body.frame().await {
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
         out.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - out.len())]);
         if out.len() >= MAX_ERROR_BODY {
             break;

@@ -53,8 +53,8 @@ pub async fn meter(cx: &mut RequestContext, request: &Prepared, answer: Answer) 
     } = answer;
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-    let body = match response.bytes().await {
-        Ok(b) => b,
+    let body = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(b) => b.to_bytes(),
         Err(e) => {
             tracing::warn!(reservation_id = %hold.id(), error = %e, "upstream body failed");
             hold.settle(refund(&budgets));

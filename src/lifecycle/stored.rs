@@ -151,7 +151,7 @@ async fn stored_inner(
         .unwrap_or(HeaderValue::from_static("application/json"));
     // Passed on as it arrives (a GET with `stream=true` replays events).
     let mut out = Response::new(Body::from_stream(
-        resp.bytes_stream().map_err(std::io::Error::other),
+        http_body_util::BodyDataStream::new(resp.into_body()).map_err(std::io::Error::other),
     ));
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     *out.headers_mut() = rate_limit_headers(&admission.budgets);

@@ -32,6 +32,11 @@ use bytes::Bytes;
 use crate::config::{UpstreamKind, UpstreamPolicy};
 use crate::dialects::Dialect;
 
+/// An upstream's answer: its status and headers, the body still to read
+/// (reqwest's body type, which every client's answer converts to without
+/// a copy).
+pub type UpstreamResponse = http::Response<reqwest::Body>;
+
 /// A failure before any response arrived.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -68,12 +73,12 @@ pub struct UpstreamClient {
     /// endpoints × models), bounded by [`URL_CACHE_MAX`] anyway.
     urls: Arc<Mutex<HashMap<String, reqwest::Url>>>,
     /// The same for Azure's URIs (its URLs carry the deployment).
-    azure_urls: Arc<Mutex<HashMap<String, http::Uri>>>,
+    azure_urls: Arc<Mutex<HashMap<String, transport::Endpoint>>>,
     /// Parsed URLs of endpoints that depend only on the base URL and the
     /// dialect (every upstream kind but Azure), found
     /// by comparing the base URL: no URL text is formatted and hashed per
     /// request. A handful of entries (upstreams × dialects).
-    by_base: Arc<Mutex<Vec<(String, Dialect, http::Uri)>>>,
+    by_base: Arc<Mutex<Vec<(String, Dialect, transport::Endpoint)>>>,
     /// SigV4 credentials of Bedrock deployments.
     pub aws: Arc<bedrock::credentials::AwsCredentials>,
     /// Access tokens of `vertex` deployments.
@@ -159,7 +164,7 @@ impl UpstreamClient {
         upstream: &UpstreamPolicy,
         dialect: Dialect,
         upstream_model: &str,
-    ) -> Result<http::Uri, UpstreamError> {
+    ) -> Result<transport::Endpoint, UpstreamError> {
         // Azure's URLs also carry the deployment (model) and the API version.
         if upstream.kind != UpstreamKind::Azure {
             let mut known = self.by_base.lock().unwrap_or_else(|e| e.into_inner());
@@ -170,8 +175,8 @@ impl UpstreamClient {
                 return Ok(u.clone());
             }
             let text = endpoint_url(upstream, dialect, upstream_model);
-            let url =
-                parse_uri(&text).ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
+            let url = transport::Endpoint::parse(&text)
+                .ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
             if known.len() >= URL_CACHE_MAX {
                 known.clear();
             }
@@ -185,7 +190,8 @@ impl UpstreamClient {
         }
         // Config validation accepted the base URL, so this fails only for
         // a model name that cannot appear in a URL path.
-        let url = parse_uri(&text).ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
+        let url = transport::Endpoint::parse(&text)
+            .ok_or_else(|| UpstreamError::Other(upstream.name.clone()))?;
         if urls.len() >= URL_CACHE_MAX {
             urls.clear();
         }
@@ -206,7 +212,7 @@ impl UpstreamClient {
         body: Bytes,
         request_id: axum::http::HeaderValue,
         extra_headers: &[(String, axum::http::HeaderValue)],
-    ) -> Result<reqwest::Response, UpstreamError> {
+    ) -> Result<UpstreamResponse, UpstreamError> {
         // Boxed: the clouds' futures (signing, credential refresh) would
         // otherwise live inline in every request's future, which the
         // serving stack moves by value (memcpy) on every kind's hot path.
@@ -219,7 +225,8 @@ impl UpstreamClient {
                 request_id,
                 extra_headers,
             ))
-            .await;
+            .await
+            .map(Into::into);
         }
         if dialect == Dialect::Gemini || gemini::vertex_openai(upstream) {
             return Box::pin(self.send_gemini(
@@ -231,7 +238,8 @@ impl UpstreamClient {
                 request_id,
                 extra_headers,
             ))
-            .await;
+            .await
+            .map(Into::into);
         }
         if upstream.kind == UpstreamKind::Vertex {
             return Box::pin(self.send_vertex(
@@ -242,13 +250,12 @@ impl UpstreamClient {
                 request_id,
                 extra_headers,
             ))
-            .await;
+            .await
+            .map(Into::into);
         }
         let url = self.url(upstream, dialect, upstream_model)?;
         let other = || UpstreamError::Other(upstream.name.clone());
-        let mut req = http::Request::post(url)
-            .body(http_body_util::Full::new(body))
-            .map_err(|_| other())?;
+        let mut req = url.post(body);
         let headers = req.headers_mut();
         headers.reserve(8 + extra_headers.len());
         headers.insert(
@@ -294,13 +301,6 @@ impl UpstreamClient {
     }
 }
 
-/// `text` as the `Uri` a request is sent to, parsed as a URL first (as
-/// reqwest did: IDNA, percent-encoding, the default port dropped).
-fn parse_uri(text: &str) -> Option<http::Uri> {
-    let url = reqwest::Url::parse(text).ok()?;
-    http::Uri::try_from(url.as_str()).ok()
-}
-
 impl UpstreamClient {
     /// Sends a bodiless request on a stored response (`rest` after
     /// `responses`, e.g. `/resp_1/cancel`, query included) to `upstream`.
@@ -310,7 +310,7 @@ impl UpstreamClient {
         method: reqwest::Method,
         rest: &str,
         request_id: axum::http::HeaderValue,
-    ) -> Result<reqwest::Response, UpstreamError> {
+    ) -> Result<UpstreamResponse, UpstreamError> {
         let url = reqwest::Url::parse(&responses_url(upstream, rest))
             .map_err(|_| UpstreamError::Other(upstream.name.clone()))?;
         let mut req = self
@@ -326,6 +326,7 @@ impl UpstreamClient {
         }
         req.send()
             .await
+            .map(Into::into)
             .map_err(|e| classify_send_error(&upstream.name, &e))
     }
 }

@@ -36,11 +36,89 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// How long an unused kept-alive connection stays in the pool.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
+/// Where a call goes: the request's URI and its `Host` header, made once
+/// per endpoint (hyper's client would otherwise format the header from
+/// the URI on every call), and the basic auth of a URL's user info.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    uri: http::Uri,
+    host: http::HeaderValue,
+    basic_auth: Option<http::HeaderValue>,
+}
+
+impl Endpoint {
+    /// `text` parsed as a URL first (as reqwest did: IDNA,
+    /// percent-encoding, the default port dropped); `None` if it is not
+    /// an absolute http(s) URL with a host.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut url = reqwest::Url::parse(text).ok()?;
+        let basic_auth = match user_info(&url) {
+            Some((user, password)) => Some(basic(&user, password.as_deref())?),
+            None => None,
+        };
+        if basic_auth.is_some() {
+            url.set_username("").ok()?;
+            url.set_password(None).ok()?;
+        }
+        let uri = http::Uri::try_from(url.as_str()).ok()?;
+        // The host and any port but the scheme's own; never user info.
+        let host = match url.port() {
+            Some(port) => format!("{}:{port}", uri.host()?),
+            None => uri.host()?.to_string(),
+        };
+        let host = http::HeaderValue::try_from(host).ok()?;
+        Some(Self {
+            uri,
+            host,
+            basic_auth,
+        })
+    }
+
+    /// A `POST` of `body` here, its `Host` set.
+    pub fn post(&self, body: Bytes) -> http::Request<Full<Bytes>> {
+        let mut request = http::Request::new(Full::new(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.uri.clone();
+        let headers = request.headers_mut();
+        headers.insert(http::header::HOST, self.host.clone());
+        if let Some(auth) = &self.basic_auth {
+            headers.insert(http::header::AUTHORIZATION, auth.clone());
+        }
+        request
+    }
+}
+
+/// `Authorization: Basic` of `user` and `password`, sensitive (kept out
+/// of debug output and of HTTP/2's header table).
+fn basic(user: &str, password: Option<&str>) -> Option<http::HeaderValue> {
+    use base64::Engine;
+    let pair = format!("{user}:{}", password.unwrap_or_default());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = http::HeaderValue::try_from(format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// A URL's user name and password, percent-decoded; `None` when it has
+/// neither (or they are not UTF-8).
+fn user_info(url: &reqwest::Url) -> Option<(String, Option<String>)> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .ok()
+            .map(String::from)
+    };
+    let user = decode(url.username())?;
+    let password = url.password().and_then(decode);
+    (!user.is_empty() || password.is_some()).then_some((user, password))
+}
+
 /// One pool of connections to every upstream, for one connect timeout.
 #[derive(Clone)]
 pub struct Transport {
     client: Client<hyper_rustls::HttpsConnector<Connector>, Full<Bytes>>,
-    proxies: Arc<Matcher>,
+    /// The environment's proxies; `None` when it names none.
+    proxies: Option<Arc<Matcher>>,
 }
 
 /// Why a call failed before its answer's headers arrived.
@@ -72,6 +150,16 @@ impl Transport {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
         let proxies = Arc::new(Matcher::from_env());
+        let named = [
+            "HTTP_PROXY",
+            "http_proxy",
+            "HTTPS_PROXY",
+            "https_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -86,17 +174,21 @@ impl Transport {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .build(connector);
-        Ok(Self { client, proxies })
+        Ok(Self {
+            client,
+            proxies: named.then_some(proxies),
+        })
     }
 
     /// Sends `request`; its answer's headers, and then its body, must all
     /// arrive within `timeout` of now. The body comes back as reqwest's,
-    /// the type the gateway's answer handling reads.
+    /// the type the gateway's answer handling reads (wrapped, not
+    /// converted: a reqwest `Response` would parse a URL per answer).
     pub async fn send(
         &self,
         mut request: http::Request<Full<Bytes>>,
         timeout: Duration,
-    ) -> Result<reqwest::Response, CallError> {
+    ) -> Result<super::UpstreamResponse, CallError> {
         self.proxy_authorization(&mut request);
         let mut deadline = Box::pin(tokio::time::sleep_until(Instant::now() + timeout));
         let call = self.client.request(request);
@@ -114,9 +206,7 @@ impl Transport {
         })?;
         let (parts, body) = answer.into_parts();
         let body = reqwest::Body::wrap(Deadline { body, deadline });
-        Ok(reqwest::Response::from(http::Response::from_parts(
-            parts, body,
-        )))
+        Ok(http::Response::from_parts(parts, body))
     }
 
     /// A forward proxy of plain HTTP sees the request itself, so its
@@ -125,8 +215,10 @@ impl Transport {
         if request.uri().scheme() != Some(&http::uri::Scheme::HTTP) {
             return;
         }
-        if let Some(auth) = self
-            .proxies
+        let Some(proxies) = &self.proxies else {
+            return;
+        };
+        if let Some(auth) = proxies
             .intercept(request.uri())
             .and_then(|i| i.basic_auth().cloned())
         {
@@ -262,5 +354,56 @@ impl Body for Deadline {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `Host` a call sends is what hyper's client would have
+    /// written: the host and a port that is not the scheme's own, never
+    /// user info.
+    #[test]
+    fn an_endpoint_s_host_header_is_host_and_non_default_port() {
+        let host = |text: &str| {
+            let e = Endpoint::parse(text).expect("an endpoint");
+            let request = e.post(Bytes::new());
+            assert_eq!(request.uri(), &e.uri);
+            assert_eq!(request.method(), http::Method::POST);
+            request.headers()[http::header::HOST]
+                .to_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(
+            host("http://127.0.0.1:8080/v1/chat/completions"),
+            "127.0.0.1:8080"
+        );
+        assert_eq!(
+            host("https://api.openai.com:443/v1/responses"),
+            "api.openai.com"
+        );
+        assert_eq!(host("http://example.com:80/v1"), "example.com");
+        assert_eq!(
+            host("https://user:secret@example.com:8443/v1"),
+            "example.com:8443"
+        );
+        assert_eq!(host("http://[::1]:9000/v1"), "[::1]:9000");
+        // User info goes as basic auth, never in the URI.
+        let e = Endpoint::parse("https://us%40er:pa%3Ass@example.com/v1").unwrap();
+        let request = e.post(Bytes::new());
+        assert_eq!(request.uri().to_string(), "https://example.com/v1");
+        // base64("us@er:pa:ss")
+        assert_eq!(
+            request.headers()[http::header::AUTHORIZATION],
+            "Basic dXNAZXI6cGE6c3M="
+        );
+        let plain = Endpoint::parse("http://example.com/v1")
+            .unwrap()
+            .post(Bytes::new());
+        assert!(plain.headers().get(http::header::AUTHORIZATION).is_none());
+        assert_eq!(host("https://EXAMPLE.com/v1"), "example.com");
+        assert!(Endpoint::parse("not a url").is_none());
     }
 }

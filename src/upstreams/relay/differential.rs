@@ -211,7 +211,7 @@ async fn relay(c: &Case, exact: bool) -> (Vec<u8>, Ending, u64, Seen) {
         rest = b;
     }
     let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
-    let upstream = reqwest::Response::from(axum::http::Response::new(body));
+    let upstream = axum::http::Response::new(body);
     let mut proc = StreamProcessor::new(c.dialect, c.encoding, c.wants_usage, c.choices)
         .with_limits(5, c.cap)
         .with_token_ratio(c.ratio);

@@ -124,7 +124,7 @@ impl Extend<Bytes> for Batch {
 /// Relays `upstream`, metering and extending through `hold`; settles it
 /// when the stream ends (or the body is dropped) and then calls `on_end`.
 pub fn relay_body<M: Meter, F: FnOnce(RelaySummary) + Send + 'static>(
-    upstream: reqwest::Response,
+    upstream: crate::upstreams::UpstreamResponse,
     proc: StreamProcessor,
     hold: M,
     plan: ExtendPlan,
@@ -135,7 +135,9 @@ pub fn relay_body<M: Meter, F: FnOnce(RelaySummary) + Send + 'static>(
     let cutoffs = hold.stream_cutoffs().cloned();
     let stream = Arc::new(Mutex::new(Streaming {
         relay: Some(Relay {
-            upstream: Some(Box::pin(upstream.bytes_stream())),
+            upstream: Some(Box::pin(http_body_util::BodyDataStream::new(
+                upstream.into_body(),
+            ))),
             splitter: FrameSplitter::new(),
             proc,
             deadline: plan

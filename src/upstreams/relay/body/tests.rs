@@ -58,15 +58,14 @@ impl Meter for GatedMeter {
 }
 
 /// Ten one-word chat deltas, then an upstream that never ends.
-fn upstream() -> reqwest::Response {
+fn upstream() -> crate::upstreams::UpstreamResponse {
     let frames = (0..10).map(|_| {
         Ok::<Bytes, std::io::Error>(Bytes::from_static(
             b"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word\"}}]}\n\n",
         ))
     });
     let stream = futures_util::stream::iter(frames).chain(futures_util::stream::pending());
-    let body = reqwest::Body::wrap_stream(stream);
-    reqwest::Response::from(axum::http::Response::new(body))
+    axum::http::Response::new(reqwest::Body::wrap_stream(stream))
 }
 
 /// A reservation of 3 output tokens, extended by `step` (`None`: the
@@ -248,9 +247,7 @@ async fn an_event_past_the_frame_cap_ends_the_stream_with_the_truncation_error()
         .chain(std::iter::repeat_n(piece, 10_000_000 / (16 * 1024) + 1))
         .map(Ok::<Bytes, std::io::Error>);
     let stream = futures_util::stream::iter(reads).chain(futures_util::stream::pending());
-    let upstream = reqwest::Response::from(axum::http::Response::new(reqwest::Body::wrap_stream(
-        stream,
-    )));
+    let upstream = axum::http::Response::new(reqwest::Body::wrap_stream(stream));
     let log = Arc::new(Mutex::new(Vec::new()));
     let meter = GatedMeter {
         gate: None,
