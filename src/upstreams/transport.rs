@@ -205,7 +205,11 @@ impl Transport {
             }
         })?;
         let (parts, body) = answer.into_parts();
-        let body = reqwest::Body::wrap(Deadline { body, deadline });
+        let body = reqwest::Body::wrap(Deadline {
+            body,
+            deadline,
+            unchecked: 0,
+        });
         Ok(http::Response::from_parts(parts, body))
     }
 
@@ -327,6 +331,18 @@ impl Write for Conn {
 struct Deadline {
     body: hyper::body::Incoming,
     deadline: Pin<Box<Sleep>>,
+    /// Frames read since the timer was last looked at.
+    unchecked: u8,
+}
+
+/// Most frames read in a row without looking at the timer.
+const CHECK_EVERY_FRAMES: u8 = 8;
+
+fn timed_out() -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    Poll::Ready(Some(Err(Box::new(io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the upstream call reached its timeout",
+    )))))
 }
 
 impl Body for Deadline {
@@ -337,15 +353,21 @@ impl Body for Deadline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(Box::new(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the upstream call reached its timeout",
-            )))));
+        // The timer is looked at when the body must wait, and every few
+        // frames of one that never does: a stream's events then cost no
+        // timer poll each (the relay keeps the request's own time limit).
+        self.unchecked += 1;
+        if self.unchecked >= CHECK_EVERY_FRAMES {
+            self.unchecked = 0;
+            if self.deadline.as_mut().poll(cx).is_ready() {
+                return timed_out();
+            }
         }
-        Pin::new(&mut self.body)
-            .poll_frame(cx)
-            .map(|frame| frame.map(|f| f.map_err(Into::into)))
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending if self.deadline.as_mut().poll(cx).is_ready() => timed_out(),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {

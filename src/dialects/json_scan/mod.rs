@@ -217,15 +217,20 @@ impl<'a> Scan<'a> {
         if neg {
             return None;
         }
-        digits.parse().ok()
+        value(digits)
     }
 
     /// An integer that fits an `i64` (no fraction, no exponent).
     pub fn i64(&mut self) -> Option<i64> {
         self.peek()?;
-        let start = self.at;
-        self.integer()?;
-        self.src[start..self.at].parse().ok()
+        let (neg, digits) = self.integer()?;
+        let v = value(digits)?;
+        if neg {
+            // Down to i64::MIN, whose magnitude is i64::MAX + 1.
+            (v <= i64::MAX as u64 + 1).then(|| (v as i64).wrapping_neg())
+        } else {
+            i64::try_from(v).ok()
+        }
     }
 
     /// `-?(0|[1-9][0-9]*)` not followed by a fraction or an exponent:
@@ -362,6 +367,20 @@ impl Fields {
         }
         read(s).map(Some)
     }
+}
+
+/// The value of a run of ASCII digits; `None` past `u64::MAX`. Up to 19
+/// digits cannot overflow (10^19 − 1 < 2^64), so they are summed without
+/// checks; longer runs take the checked parse.
+fn value(digits: &str) -> Option<u64> {
+    if digits.len() > 19 {
+        return digits.parse().ok();
+    }
+    Some(
+        digits
+            .bytes()
+            .fold(0u64, |n, c| n * 10 + u64::from(c - b'0')),
+    )
 }
 
 fn hex4(h: &[u8]) -> Option<u32> {

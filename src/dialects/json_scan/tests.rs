@@ -64,6 +64,18 @@ fn numbers_are_integers_or_left_to_serde() {
     assert_eq!(i("-0"), Some(0));
     assert_eq!(i("-9223372036854775808"), Some(i64::MIN));
     assert_eq!(i("9223372036854775808"), None);
+    assert_eq!(i("-9223372036854775809"), None);
+    assert_eq!(u("9999999999999999999"), Some(9_999_999_999_999_999_999));
+}
+
+proptest::proptest! {
+    /// Integers of every size read as the standard parse reads them.
+    #[test]
+    fn integers_read_as_the_standard_parse(n in proptest::prelude::any::<i128>(), shift in 0u32..128) {
+        let text = (n >> shift).to_string();
+        proptest::prop_assert_eq!(Scan::new(&text).u64(), text.parse::<u64>().ok(), "{}", text);
+        proptest::prop_assert_eq!(Scan::new(&text).i64(), text.parse::<i64>().ok(), "{}", text);
+    }
 }
 
 #[test]
