@@ -255,9 +255,9 @@ impl UpstreamClient {
         }
         let url = self.url(upstream, dialect, upstream_model)?;
         let other = || UpstreamError::Other(upstream.name.clone());
-        let mut req = url.post(body);
+        // Content type, accept, request id, version, key; the client's.
+        let mut req = url.post(body, 5 + extra_headers.len());
         let headers = req.headers_mut();
-        headers.reserve(8 + extra_headers.len());
         headers.insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),

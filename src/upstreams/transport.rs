@@ -74,11 +74,13 @@ impl Endpoint {
         })
     }
 
-    /// A `POST` of `body` here, its `Host` set.
-    pub fn post(&self, body: Bytes) -> http::Request<Full<Bytes>> {
+    /// A `POST` of `body` here, its `Host` set, with room for `headers`
+    /// more headers (a header map that grows reallocates its tables).
+    pub fn post(&self, body: Bytes, headers: usize) -> http::Request<Full<Bytes>> {
         let mut request = http::Request::new(Full::new(body));
         *request.method_mut() = http::Method::POST;
         *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = http::HeaderMap::with_capacity(headers + 2);
         let headers = request.headers_mut();
         headers.insert(http::header::HOST, self.host.clone());
         if let Some(auth) = &self.basic_auth {
@@ -390,7 +392,7 @@ mod tests {
     fn an_endpoint_s_host_header_is_host_and_non_default_port() {
         let host = |text: &str| {
             let e = Endpoint::parse(text).expect("an endpoint");
-            let request = e.post(Bytes::new());
+            let request = e.post(Bytes::new(), 0);
             assert_eq!(request.uri(), &e.uri);
             assert_eq!(request.method(), http::Method::POST);
             request.headers()[http::header::HOST]
@@ -414,7 +416,7 @@ mod tests {
         assert_eq!(host("http://[::1]:9000/v1"), "[::1]:9000");
         // User info goes as basic auth, never in the URI.
         let e = Endpoint::parse("https://us%40er:pa%3Ass@example.com/v1").unwrap();
-        let request = e.post(Bytes::new());
+        let request = e.post(Bytes::new(), 0);
         assert_eq!(request.uri().to_string(), "https://example.com/v1");
         // base64("us@er:pa:ss")
         assert_eq!(
@@ -423,7 +425,7 @@ mod tests {
         );
         let plain = Endpoint::parse("http://example.com/v1")
             .unwrap()
-            .post(Bytes::new());
+            .post(Bytes::new(), 0);
         assert!(plain.headers().get(http::header::AUTHORIZATION).is_none());
         assert_eq!(host("https://EXAMPLE.com/v1"), "example.com");
         assert!(Endpoint::parse("not a url").is_none());
