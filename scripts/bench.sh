@@ -11,7 +11,10 @@
 #   DURATION=10s      measured time per point (overrides QUICK)
 #   WARMUP=2s         warm-up per point (overrides QUICK)
 #   CONCURRENCY="1 16 64"
-#   MODES="nonstream stream"
+#   MODES="nonstream stream"  (add `agent` for agent turns: a Codex turn
+#                     grown to ~30k input tokens by examples/agent_replay,
+#                     ~160 KB, streamed to /v1/responses, the same body to
+#                     every target; AGENT_TURN names another of its turns)
 #   REDIS=0           skip the Redis-store gateway
 #   BASELINE=path     also run this budgetgate binary (memory store) as
 #                     target gw-base: another version measured in the same run
@@ -321,13 +324,27 @@ url = \"redis://127.0.0.1:$RPORT/\"$LEASE_TOML"
 fi
 
 # --- load -------------------------------------------------------------------
+if [[ " $MODES " == *" agent "* ]]; then
+    # The agent turn: examples/agent_replay's deterministic growth of a
+    # recorded Codex first turn (its model renamed to gpt-4o-mini).
+    REPLAY="$TARGET_DIR/release/examples/agent_replay"
+    [[ -x $REPLAY ]] || die "release binary missing: $REPLAY"
+    "$REPLAY" "$TMP/turns" >"$TMP/turns.tsv" || die "agent_replay failed"
+    AGENT_TURN=${AGENT_TURN:-codex-0.171.0-30k.json}
+    AGENT_PATH=$(awk -F'\t' -v n="$AGENT_TURN" '$1 == n { print $2 }' "$TMP/turns.tsv")
+    [[ -n $AGENT_PATH ]] || die "no agent turn $AGENT_TURN (see $TMP/turns.tsv)"
+    AGENT_FILE="$TMP/turns/$AGENT_TURN"
+    say "agent turn $AGENT_TURN: $(wc -c <"$AGENT_FILE") bytes, $(awk -F'\t' -v n="$AGENT_TURN" '$1 == n { print $4 }' "$TMP/turns.tsv") input tokens, to $AGENT_PATH"
+fi
 BODY_NONSTREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64}'
 BODY_STREAM='{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello in one short sentence."}],"max_tokens":64,"stream":true}'
 
-run_oha() { # $1 addr, $2 body, $3 concurrency, $4 duration
+run_oha() { # $1 addr, $2 body (or @file), $3 concurrency, $4 duration, $5 path
+    local data=(-d "$2")
+    [[ $2 == @* ]] && data=(-D "${2#@}")
     "${ON_REST[@]}" oha "${OHA_EXTRA[@]}" "${OHA_JSON[@]}" -z "$4" -c "$3" -m POST \
         -H "Authorization: Bearer $KEY" -H 'content-type: application/json' \
-        -d "$2" "http://$1/v1/chat/completions"
+        "${data[@]}" "http://$1${5:-/v1/chat/completions}"
 }
 
 npoints=0
@@ -341,13 +358,18 @@ CPU="$TMP/cpu.txt"
 # utime and stime of a process, in clock ticks ("" for no process).
 cpu_ticks() { [[ -n $1 ]] && awk '{ print $14, $15 }' "/proc/$1/stat" 2>/dev/null || true; }
 for mode in $MODES; do
-    if [[ $mode == stream ]]; then body=$BODY_STREAM; else body=$BODY_NONSTREAM; fi
+    path=/v1/chat/completions
+    case $mode in
+        stream) body=$BODY_STREAM ;;
+        agent) body="@$AGENT_FILE" path=${AGENT_PATH%%\?*} ;;
+        *) body=$BODY_NONSTREAM ;;
+    esac
     for c in $CONCURRENCY; do
         for t in "${TARGETS[@]}"; do
-            run_oha "${ADDR[$t]}" "$body" "$c" "$WARMUP" >/dev/null 2>&1 || true
+            run_oha "${ADDR[$t]}" "$body" "$c" "$WARMUP" "$path" >/dev/null 2>&1 || true
             out="$TMP/oha-$t-$mode-$c.json"
             ticks0=$(cpu_ticks "${GW_PID[$t]:-}")
-            run_oha "${ADDR[$t]}" "$body" "$c" "$DURATION" >"$out" 2>"$out.err" ||
+            run_oha "${ADDR[$t]}" "$body" "$c" "$DURATION" "$path" >"$out" 2>"$out.err" ||
                 die "oha failed for $t $mode c=$c: $(tail -3 "$out.err")"
             ticks1=$(cpu_ticks "${GW_PID[$t]:-}")
             if [[ -n $ticks0 && -n $ticks1 ]]; then
