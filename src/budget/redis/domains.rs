@@ -10,7 +10,7 @@
 //! remembers which domains each of its reservations went to
 //! ([`Placements`]): a gateway settles the holds it made.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -57,7 +57,8 @@ mod scripts;
 mod store;
 mod wire;
 
-use std::collections::HashMap;
+// foldhash, as the memory store's maps: hold keys and domains are looked up on every call.
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -133,8 +134,8 @@ impl RedisStore {
             keys,
             timeout,
             scripts: Scripts::new(),
-            domain_batchers: Mutex::new(HashMap::new()),
-            holds: Mutex::new(HashMap::new()),
+            domain_batchers: Mutex::new(HashMap::default()),
+            holds: Mutex::new(HashMap::default()),
             placed: domains::Placements::default(),
             layout: Layout::Single,
             clock: None,
