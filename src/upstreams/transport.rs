@@ -3,7 +3,8 @@
 //! system's roots (`SSL_CERT_FILE` and `SSL_CERT_DIR` honoured), the
 //! proxies the environment names (`HTTP_PROXY`, `HTTPS_PROXY`,
 //! `ALL_PROXY`, `NO_PROXY`, as curl reads them), no redirect ever
-//! followed, and one deadline over the whole call, body included.
+//! followed, and one deadline over the whole call, body included. A
+//! proxy URL may be `http://` or `https://` (TLS to the proxy itself).
 //!
 //! The direct providers' calls (OpenAI-compatible servers, Azure,
 //! Anthropic) go through [`Transport`]: a request there is the gateway's
@@ -23,6 +24,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::proxy::Tunnel;
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
@@ -151,6 +153,15 @@ impl Transport {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
+        // To an `https://` proxy: TLS without ALPN (the proxy speaks
+        // HTTP/1.1; an `h2` there would be read as the upstream's).
+        let mut to_proxy_tls = tls.clone();
+        to_proxy_tls.alpn_protocols.clear();
+        let to_proxy = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(to_proxy_tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http.clone());
         let proxies = Arc::new(Matcher::from_env());
         let named = [
             "HTTP_PROXY",
@@ -169,6 +180,7 @@ impl Transport {
             .enable_http2()
             .wrap_connector(Connector {
                 http,
+                to_proxy,
                 proxies: proxies.clone(),
             });
         let client = Client::builder(TokioExecutor::new())
@@ -241,6 +253,8 @@ impl Transport {
 #[derive(Clone)]
 pub struct Connector {
     http: HttpConnector,
+    /// To a proxy: plain for an `http://` proxy URL, TLS for `https://`.
+    to_proxy: hyper_rustls::HttpsConnector<HttpConnector>,
     proxies: Arc<Matcher>,
 }
 
@@ -254,30 +268,39 @@ impl tower_service::Service<http::Uri> for Connector {
     }
 
     fn call(&mut self, dst: http::Uri) -> Self::Future {
-        let mut http = self.http.clone();
+        let (mut http, mut to_proxy) = (self.http.clone(), self.to_proxy.clone());
         let proxy = self.proxies.intercept(&dst);
         Box::pin(async move {
             let Some(proxy) = proxy else {
                 let io = tower_service::Service::call(&mut http, dst).await?;
-                return Ok(Conn { io, proxied: false });
+                return Ok(Conn {
+                    io: MaybeHttpsStream::Http(io),
+                    proxied: false,
+                });
             };
+            if !matches!(proxy.uri().scheme_str(), Some("http" | "https")) {
+                // SOCKS URLs match too; this client speaks HTTP to proxies.
+                return Err("the proxy's scheme is not http or https".into());
+            }
             if dst.scheme() == Some(&http::uri::Scheme::HTTPS) {
-                let mut tunnel = Tunnel::new(proxy.uri().clone(), http);
+                let mut tunnel = Tunnel::new(proxy.uri().clone(), to_proxy);
                 if let Some(auth) = proxy.basic_auth() {
                     tunnel = tunnel.with_auth(auth.clone());
                 }
                 let io = tower_service::Service::call(&mut tunnel, dst).await?;
                 return Ok(Conn { io, proxied: false });
             }
-            let io = tower_service::Service::call(&mut http, proxy.uri().clone()).await?;
+            let io = tower_service::Service::call(&mut to_proxy, proxy.uri().clone()).await?;
             Ok(Conn { io, proxied: true })
         })
     }
 }
 
-/// A TCP connection, to the upstream or to a forward proxy.
+/// A TCP connection to the upstream, to a forward proxy or through a
+/// proxy's tunnel; TLS when the proxy's URL is `https://` (the
+/// upstream's own TLS goes on top, in [`Transport`]'s connector).
 pub struct Conn {
-    io: TokioIo<TcpStream>,
+    io: MaybeHttpsStream<TokioIo<TcpStream>>,
     proxied: bool,
 }
 

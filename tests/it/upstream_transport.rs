@@ -6,7 +6,8 @@
 //!   call in absolute form, `HTTPS_PROXY` a TLS upstream's through a
 //!   `CONNECT` tunnel; an upstream host named in `NO_PROXY` is called
 //!   direct. A proxy URL's credentials go to the proxy, in the call's
-//!   `Proxy-Authorization` or in the tunnel's.
+//!   `Proxy-Authorization` or in the tunnel's; an `https://` proxy URL is
+//!   reached over TLS.
 //! - Trust: the gateway has no CA setting of its own; an upstream's
 //!   certificate is checked against the roots `SSL_CERT_FILE` /
 //!   `SSL_CERT_DIR` name (the platform's store when neither is set). A
@@ -44,7 +45,7 @@ use axum::Router;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::support::config::{model, RawModel, RawUpstream};
@@ -279,7 +280,7 @@ async fn counting() -> (SocketAddr, Arc<AtomicUsize>) {
 
 /// Reads `conn` until the end of a request head; the bytes read (head
 /// and whatever followed it) and where the head ends. `None` at EOF.
-async fn read_head(conn: &mut TcpStream) -> Option<(Vec<u8>, usize)> {
+async fn read_head<S: AsyncRead + Unpin>(conn: &mut S) -> Option<(Vec<u8>, usize)> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -321,8 +322,34 @@ impl Proxy {
         Proxy { addr, seen, auth }
     }
 
+    /// The same proxy behind TLS, with a certificate of `ca` for
+    /// 127.0.0.1: an `https://` proxy URL.
+    async fn start_tls(ca: &Ca) -> Proxy {
+        let acceptor = tls_acceptor(ca, &[]);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let auth = Arc::new(Mutex::new(Vec::new()));
+        let (s, a) = (seen.clone(), auth.clone());
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (acceptor, s, a) = (acceptor.clone(), s.clone(), a.clone());
+                tokio::spawn(async move {
+                    if let Ok(tls) = acceptor.accept(conn).await {
+                        Proxy::relay(tls, s, a).await;
+                    }
+                });
+            }
+        });
+        Proxy { addr, seen, auth }
+    }
+
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    fn https_url(&self) -> String {
+        format!("https://{}", self.addr)
     }
 
     fn seen(&self) -> Vec<String> {
@@ -333,8 +360,8 @@ impl Proxy {
         self.auth.lock().unwrap().clone()
     }
 
-    async fn relay(
-        mut client: TcpStream,
+    async fn relay<S: AsyncRead + AsyncWrite + Unpin>(
+        mut client: S,
         seen: Arc<Mutex<Vec<String>>>,
         auth: Arc<Mutex<Vec<String>>>,
     ) {
@@ -394,6 +421,25 @@ impl Proxy {
     }
 }
 
+/// A TLS acceptor with a certificate of `ca` for 127.0.0.1, offering `alpn`.
+fn tls_acceptor(ca: &Ca, alpn: &[&[u8]]) -> tokio_rustls::TlsAcceptor {
+    let (cert, key) = ca.leaf();
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsAcceptor::from(Arc::new(tls))
+}
+
 /// An upstream over TLS with a certificate of `ca` for 127.0.0.1,
 /// offering `alpn`: answers every request with [`CHAT_ANSWER`] and records
 /// the HTTP version it came in; counts the handshakes that failed.
@@ -405,21 +451,7 @@ struct TlsUpstream {
 
 impl TlsUpstream {
     async fn start(ca: &Ca, alpn: &[&[u8]]) -> TlsUpstream {
-        let (cert, key) = ca.leaf();
-        let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
-        let mut tls = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::aws_lc_rs::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let acceptor = tls_acceptor(ca, alpn);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let versions = Arc::new(Mutex::new(Vec::new()));
@@ -581,6 +613,36 @@ async fn a_proxy_url_s_credentials_go_to_the_proxy() {
     );
     // base64("user:secret")
     assert_eq!(proxy.auth(), ["Basic dXNlcjpzZWNyZXQ="; 2]);
+}
+
+/// Fault guarded against: an `https://` proxy URL (TLS to the proxy
+/// itself, as curl and reqwest read it) spoken to in the clear, so that
+/// every call through it fails; a TLS upstream behind it still gets its
+/// own TLS, HTTP/2 included, inside the proxy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_proxy_url_is_reached_over_tls() {
+    let ca = Ca::new("transport https proxy CA");
+    let dir = tempfile::tempdir().unwrap();
+    let mock = start_mock().await;
+    let proxy = Proxy::start_tls(&ca).await;
+    let upstream = TlsUpstream::start(&ca, &[b"h2", b"http/1.1"]).await;
+    let mut env = trust_env(&ca_file(dir.path(), "ca.pem", &ca)).to_vec();
+    env.extend(proxy_env("HTTP_PROXY", &proxy.https_url()));
+    env.extend(proxy_env("HTTPS_PROXY", &proxy.https_url()));
+    let plain = start(&config(deployment("plain", &mock.base_url()), None), &env).await;
+    let a = ask(&plain.gw, "gpt-4o-mini").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let tls = start(&config(deployment("tls", &upstream.base_url()), None), &env).await;
+    let a = ask(&tls.gw, "gpt-4o-mini").await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        proxy.seen(),
+        [
+            format!("POST http://{}/v1/chat/completions", mock.addr),
+            format!("CONNECT {}", upstream.addr)
+        ]
+    );
+    assert_eq!(upstream.versions(), [Version::HTTP_2]);
 }
 
 // ---------------------------------------------------------------------------
