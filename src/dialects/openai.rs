@@ -34,9 +34,12 @@ pub fn usage_from_raw(raw: &str) -> Option<UsageBreakdown> {
     if !raw.starts_with('{') {
         return None;
     }
-    if let Some(u) = scanned_usage(raw) {
-        return Some(u);
-    }
+    scanned_usage(raw).or_else(|| serde_usage(raw))
+}
+
+/// [`usage_from_raw`] by serde's rules ([`RawUsage`]): what the reader
+/// declines, and the reference its tests compare it with.
+fn serde_usage(raw: &str) -> Option<UsageBreakdown> {
     let u: RawUsage = serde_json::from_str(raw).ok()?;
     Some(breakdown(
         u.prompt_tokens.as_ref(),
@@ -331,17 +334,7 @@ mod tests {
 
         /// What serde alone reads of `raw`.
         fn by_serde(raw: &str) -> Option<UsageBreakdown> {
-            if !raw.starts_with('{') {
-                return None;
-            }
-            let u: RawUsage = serde_json::from_str(raw).ok()?;
-            Some(breakdown(
-                u.prompt_tokens.as_ref(),
-                u.completion_tokens.as_ref(),
-                u.prompt_tokens_details.count.as_ref(),
-                u.completion_tokens_details.count.as_ref(),
-                u.total_tokens.as_ref(),
-            ))
+            raw.starts_with('{').then(|| serde_usage(raw)).flatten()
         }
 
         fn count() -> BoxedStrategy<String> {

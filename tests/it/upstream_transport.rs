@@ -916,14 +916,8 @@ async fn a_connect_that_never_completes_is_a_voided_502_at_the_connect_timeout_a
         "never sent: voided, the request count too"
     );
 
-    // The next deployment serves, after the failing one was tried first
-    // again (no cool-down after a connect failure).
-    let a = ask(gw, "gpt-4o").await;
-    assert_eq!(a.status, 200, "{}", a.body);
-    assert!(a.took >= Duration::from_millis(950), "{:?}", a.took);
-    assert_eq!(mock.state.request_count(), 1);
-    assert_eq!(transport_failures(gw, 2).await.len(), 2);
-    assert_eq!(upstream_requests(gw, "blackhole", "error").await, 2.0);
+    // No cool-down after a connect failure.
+    the_next_deployment_serves_after_the_failing_one_again(gw, &mock, "blackhole").await;
 }
 
 /// Fault guarded against: an upstream that never answers holding the
@@ -965,15 +959,24 @@ async fn an_upstream_that_never_answers_is_a_504_at_the_timeout_keeping_the_requ
         "sent: tokens refunded, the request count spent"
     );
 
-    // The next deployment serves, after the silent one was tried first
-    // again (no cool-down after a timeout).
+    // No cool-down after a timeout.
+    the_next_deployment_serves_after_the_failing_one_again(gw, &mock, "silent").await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+/// The model's next deployment serves a second request, after `failing`
+/// was tried first again and failed again (it was not cooled down).
+async fn the_next_deployment_serves_after_the_failing_one_again(
+    gw: &GatewayProcess,
+    mock: &mock_upstream::MockUpstream,
+    failing: &str,
+) {
     let a = ask(gw, "gpt-4o").await;
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.took >= Duration::from_millis(950), "{:?}", a.took);
-    assert_eq!(accepted.load(Ordering::SeqCst), 2);
     assert_eq!(mock.state.request_count(), 1);
     assert_eq!(transport_failures(gw, 2).await.len(), 2);
-    assert_eq!(upstream_requests(gw, "silent", "error").await, 2.0);
+    assert_eq!(upstream_requests(gw, failing, "error").await, 2.0);
 }
 
 /// Fault guarded against: a connection closed after the request was sent
