@@ -23,6 +23,7 @@ pub mod sse;
 pub mod transport;
 pub mod vertex;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -111,51 +112,22 @@ impl UpstreamClient {
         &self.vertex
     }
 
-    /// The pooled client with `upstream`'s connect timeout, built on first
-    /// use. Each thread has its own clients (and so its own connections): a
-    /// request served by a thread-per-core runtime then never hands its
-    /// upstream I/O to another thread's connection task. A client that
-    /// cannot be built (its CA certificates unreadable: out of file
-    /// descriptors) fails this request, nothing sent, and is tried again
-    /// on the next.
+    /// The pooled reqwest client (the clouds' and stored-response calls)
+    /// with `upstream`'s connect timeout: see [`per_thread`].
     fn client(&self, upstream: &UpstreamPolicy) -> Result<reqwest::Client, UpstreamError> {
         thread_local! {
-            static CLIENTS: std::cell::RefCell<Vec<(Duration, reqwest::Client)>> =
-                const { std::cell::RefCell::new(Vec::new()) };
+            static CLIENTS: PerThread<reqwest::Client> = const { RefCell::new(Vec::new()) };
         }
-        let connect_timeout = upstream.connect_timeout;
-        CLIENTS.with_borrow_mut(|cs| {
-            if let Some((_, c)) = cs.iter().find(|(t, _)| *t == connect_timeout) {
-                return Ok(c.clone());
-            }
-            let c = build_client(connect_timeout).map_err(|e| {
-                tracing::error!(deployment = %upstream.name, error = %e, "cannot build the upstream HTTP client; request failed, nothing sent");
-                UpstreamError::Other(upstream.name.clone())
-            })?;
-            cs.push((connect_timeout, c.clone()));
-            Ok(c)
-        })
+        per_thread(&CLIENTS, upstream, |t| build_client(t).map_err(Into::into))
     }
 
-    /// The pooled [`transport::Transport`] with `upstream`'s connect
-    /// timeout, per thread as [`Self::client`]'s.
+    /// The pooled [`transport::Transport`] (the direct providers' calls)
+    /// with `upstream`'s connect timeout: see [`per_thread`].
     fn transport(&self, upstream: &UpstreamPolicy) -> Result<transport::Transport, UpstreamError> {
         thread_local! {
-            static TRANSPORTS: std::cell::RefCell<Vec<(Duration, transport::Transport)>> =
-                const { std::cell::RefCell::new(Vec::new()) };
+            static TRANSPORTS: PerThread<transport::Transport> = const { RefCell::new(Vec::new()) };
         }
-        let connect_timeout = upstream.connect_timeout;
-        TRANSPORTS.with_borrow_mut(|ts| {
-            if let Some((_, t)) = ts.iter().find(|(d, _)| *d == connect_timeout) {
-                return Ok(t.clone());
-            }
-            let t = transport::Transport::new(connect_timeout).map_err(|e| {
-                tracing::error!(deployment = %upstream.name, error = %e, "cannot build the upstream HTTP client; request failed, nothing sent");
-                UpstreamError::Other(upstream.name.clone())
-            })?;
-            ts.push((connect_timeout, t.clone()));
-            Ok(t)
-        })
+        per_thread(&TRANSPORTS, upstream, transport::Transport::new)
     }
 
     /// The parsed URI of `dialect`'s endpoint on `upstream` (see [`endpoint_url`]).
@@ -329,6 +301,35 @@ impl UpstreamClient {
             .map(Into::into)
             .map_err(|e| classify_send_error(&upstream.name, &e))
     }
+}
+
+/// A thread's pooled clients of one kind, by connect timeout.
+type PerThread<T> = RefCell<Vec<(Duration, T)>>;
+
+/// The client in `cache` with `upstream`'s connect timeout, built on
+/// first use (usually one for every upstream). Each thread has its own
+/// clients (and so its own connections): a request served by a
+/// thread-per-core runtime then never hands its upstream I/O to another
+/// thread's connection task. A client that cannot be built (its CA
+/// certificates unreadable: out of file descriptors) fails this request,
+/// nothing sent, and is tried again on the next.
+fn per_thread<T: Clone + 'static>(
+    cache: &'static std::thread::LocalKey<PerThread<T>>,
+    upstream: &UpstreamPolicy,
+    build: impl FnOnce(Duration) -> Result<T, Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<T, UpstreamError> {
+    let connect_timeout = upstream.connect_timeout;
+    cache.with_borrow_mut(|cs| {
+        if let Some((_, c)) = cs.iter().find(|(t, _)| *t == connect_timeout) {
+            return Ok(c.clone());
+        }
+        let c = build(connect_timeout).map_err(|e| {
+            tracing::error!(deployment = %upstream.name, error = %e, "cannot build the upstream HTTP client; request failed, nothing sent");
+            UpstreamError::Other(upstream.name.clone())
+        })?;
+        cs.push((connect_timeout, c.clone()));
+        Ok(c)
+    })
 }
 
 fn classify_send_error(name: &str, e: &reqwest::Error) -> UpstreamError {
